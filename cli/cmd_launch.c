@@ -1,0 +1,139 @@
+/* mmpipe launch: load and check the plan, prepare the run directory, train. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/ckpt.h"
+#include "common/config.h"
+#include "stages/single.h"
+
+static const char USAGE[] =
+    "usage: mmpipe launch PLAN.yaml [options]\n"
+    "\n"
+    "Trains the model the plan describes and writes the run directory:\n"
+    "metrics.jsonl, plan.json, ckpt/step_NNNNNNN/ and ckpt/latest.\n"
+    "\n"
+    "options:\n"
+    "  --single-process   run image branch, text branch and fusion in this one\n"
+    "                     process (the numerical reference and speed baseline).\n"
+    "                     Until the multi-process pipeline lands this is also\n"
+    "                     what a launch without the flag runs.\n"
+    "  --steps N          train N steps (same as --set job.steps=N)\n"
+    "  --out DIR          run directory (default runs/<job.name>-<YYYYmmdd-HHMMSS>)\n"
+    "  --set KEY=VALUE    override a plan key, e.g. --set train.microbatches=8\n"
+    "                     (repeatable; checked like the file)\n"
+    "  --force            replace DIR if it already holds a run\n"
+    "  -h, --help         this text\n";
+
+/* Removes a previous run's outputs from dir (only the files a run writes). */
+static int clear_run(const char *dir)
+{
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd, "rm -rf -- '%s/ckpt' '%s/metrics.jsonl' '%s/plan.json' '%s/trace.json'",
+             dir, dir, dir, dir);
+    return system(cmd);
+}
+
+int mmp_cmd_launch(int argc, char **argv)
+{
+    const char *plan_path = NULL, *out = NULL;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0, force = 0, ret = 1;
+    char steps_set[64];
+    if (!sets) {
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(USAGE, stdout);
+            ret = 0;
+            goto exit;
+        } else if (strcmp(a, "--single-process") == 0) {
+            /* the only mode for now; accepted so scripts keep working later */
+        } else if (strcmp(a, "--force") == 0) {
+            force = 1;
+        } else if ((strcmp(a, "--steps") == 0 || strcmp(a, "--out") == 0 ||
+                    strcmp(a, "--set") == 0) &&
+                   i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(a, "--out") == 0) {
+                out = v;
+            } else if (strcmp(a, "--set") == 0) {
+                sets[n_sets++] = v;
+            } else {
+                char *end;
+                long n = strtol(v, &end, 10);
+                if (*end || n < 1) {
+                    fprintf(stderr, "mmpipe launch: --steps wants a positive integer, got '%s'\n",
+                            v);
+                    ret = 2;
+                    goto exit;
+                }
+                snprintf(steps_set, sizeof steps_set, "job.steps=%ld", n);
+                sets[n_sets++] = steps_set;
+            }
+        } else if (a[0] == '-') {
+            fprintf(stderr, "mmpipe launch: unknown or incomplete option '%s'\n\n%s", a, USAGE);
+            ret = 2;
+            goto exit;
+        } else if (!plan_path) {
+            plan_path = a;
+        } else {
+            fprintf(stderr, "mmpipe launch: one plan only ('%s' and '%s')\n", plan_path, a);
+            ret = 2;
+            goto exit;
+        }
+    }
+    if (!plan_path) {
+        fprintf(stderr, "mmpipe launch: no plan given\n\n%s", USAGE);
+        ret = 2;
+        goto exit;
+    }
+    static mmp_plan plan;
+    if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        goto exit;
+    }
+    char out_buf[1024];
+    if (!out) {
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        char stamp[32];
+        strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+        snprintf(out_buf, sizeof out_buf, "runs/%s-%s", plan.job.name, stamp);
+        out = out_buf;
+    }
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);
+    if (access(probe, F_OK) == 0) {
+        if (!force) {
+            fprintf(stderr, "mmpipe launch: %s already holds a run; pass --force to replace it\n",
+                    out);
+            goto exit;
+        }
+        if (clear_run(out) != 0) {
+            fprintf(stderr, "mmpipe launch: cannot clear %s\n", out);
+            goto exit;
+        }
+    }
+    if (mmp_mkdirs(out) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        goto exit;
+    }
+    mmp_log_set_name("single");
+    if (mmp_train_single(&plan, out) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        goto exit;
+    }
+    ret = 0;
+exit:
+    free(sets);
+    return ret;
+}

@@ -1,0 +1,37 @@
+/* mmpipe: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char USAGE[] =
+    "usage: mmpipe <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  launch PLAN.yaml [--single-process] [--steps N] [--out DIR] [--set k=v]... [--force]\n"
+    "                     train the plan (see mmpipe launch --help)\n"
+    "  data synth|tokenize|check ...\n"
+    "                     make the demo data set, tokenize text, check a manifest\n"
+    "  ckpt diff A B      compare two checkpoints tensor by tensor\n"
+    "\n"
+    "mmpipe <command> --help shows a command's options.\n";
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "launch") == 0) {
+        return mmp_cmd_launch(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "data") == 0) {
+        return mmp_cmd_data(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "ckpt") == 0) {
+        return mmp_cmd_ckpt(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "mmpipe: unknown command '%s'\n\n%s", cmd, USAGE);
+    return 2;
+}

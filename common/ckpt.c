@@ -1,0 +1,372 @@
+/* Checkpoint file format: writer (temp + fsync + rename) and verifying reader. */
+#include "common/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char MAGIC[8] = {'M', 'M', 'P', 'C', 'K', 'P', 'T', 0};
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ b[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
+#define FNV_INIT 1469598103934665603ull
+
+mmp_err mmp_mkdirs(const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+                return mmp_errorf(MMP_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
+            }
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+        return mmp_errorf(MMP_ERR_IO, "mkdir %s: %s", buf, strerror(errno));
+    }
+    return MMP_OK;
+}
+
+/* ---- writer --------------------------------------------------------------------- */
+
+static void put(mmp_ckpt_writer *w, const void *p, size_t n)
+{
+    if (w->err != MMP_OK) {
+        return;
+    }
+    if (fwrite(p, 1, n, w->f) != n) {
+        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
+        return;
+    }
+}
+
+mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f) {
+        return mmp_errorf(MMP_ERR_IO, "create %s: %s", w->tmp, strerror(errno));
+    }
+    uint32_t version = MMP_CKPT_VERSION, count = 0;
+    put(w, MAGIC, sizeof MAGIC);
+    put(w, &version, 4);
+    put(w, &count, 4); /* patched at close */
+    return w->err;
+}
+
+mmp_err mmp_ckpt_write(mmp_ckpt_writer *w, const char *name, mmp_dtype dtype, int ndim,
+                       const int64_t *shape, const void *data)
+{
+    size_t len = strlen(name);
+    if (len == 0 || len >= sizeof(((mmp_ckpt_entry *)0)->name) || ndim < 0 ||
+        ndim > MMP_MAX_DIMS) {
+        return w->err = mmp_errorf(MMP_ERR_INVALID, "checkpoint tensor '%s': bad name or rank",
+                                   name);
+    }
+    uint16_t nl = (uint16_t)len;
+    uint8_t dt = (uint8_t)dtype, nd = (uint8_t)ndim;
+    uint64_t numel = 1;
+    put(w, &nl, 2);
+    put(w, name, len);
+    put(w, &dt, 1);
+    put(w, &nd, 1);
+    for (int i = 0; i < ndim; i++) {
+        put(w, &shape[i], 8);
+        numel *= (uint64_t)shape[i];
+    }
+    uint64_t nbytes = numel * mmp_dtype_size(dtype);
+    put(w, &nbytes, 8);
+    put(w, data, nbytes);
+    w->count++;
+    return w->err;
+}
+
+void mmp_ckpt_writer_abort(mmp_ckpt_writer *w)
+{
+    if (!w || !w->f) {
+        return;
+    }
+    fclose(w->f);
+    w->f = NULL;
+    unlink(w->tmp);
+}
+
+mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
+{
+    if (w->err != MMP_OK) {
+        mmp_ckpt_writer_abort(w);
+        return w->err;
+    }
+    /* The count is part of the checksummed header: rewrite it, then hash the
+     * whole file once more so the footer covers what is on disk. */
+    if (fseek(w->f, 12, SEEK_SET) != 0 || fwrite(&w->count, 4, 1, w->f) != 1 ||
+        fflush(w->f) != 0) {
+        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
+        mmp_ckpt_writer_abort(w);
+        return w->err;
+    }
+    uint64_t h = FNV_INIT;
+    rewind(w->f);
+    FILE *r = fopen(w->tmp, "rb");
+    if (!r) {
+        w->err = mmp_errorf(MMP_ERR_IO, "reopen %s: %s", w->tmp, strerror(errno));
+        mmp_ckpt_writer_abort(w);
+        return w->err;
+    }
+    char buf[1 << 16];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, r)) > 0) {
+        h = fnv1a(h, buf, got);
+    }
+    fclose(r);
+    if (fseek(w->f, 0, SEEK_END) != 0 || fwrite(&h, 8, 1, w->f) != 1 || fflush(w->f) != 0 ||
+        fsync(fileno(w->f)) != 0) {
+        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
+        mmp_ckpt_writer_abort(w);
+        return w->err;
+    }
+    fclose(w->f);
+    w->f = NULL;
+    if (rename(w->tmp, w->path) != 0) {
+        w->err = mmp_errorf(MMP_ERR_IO, "rename %s: %s", w->tmp, strerror(errno));
+        unlink(w->tmp);
+        return w->err;
+    }
+    return MMP_OK;
+}
+
+/* ---- reader --------------------------------------------------------------------- */
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const mmp_ckpt_entry *)a)->name, ((const mmp_ckpt_entry *)b)->name);
+}
+
+typedef struct cursor {
+    const unsigned char *p, *end;
+} cursor;
+
+static int take(cursor *c, void *out, size_t n)
+{
+    if ((size_t)(c->end - c->p) < n) {
+        return 0;
+    }
+    memcpy(out, c->p, n);
+    c->p += n;
+    return 1;
+}
+
+mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
+{
+    mmp_err ret = MMP_OK;
+    unsigned char *buf = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 24) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: too short to be a checkpoint", path);
+        goto exit;
+    }
+    size_t size = (size_t)st.st_size;
+    buf = malloc(size);
+    if (!buf) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "%s: %zu bytes", path, size);
+        goto exit;
+    }
+    if (fread(buf, 1, size, f) != size) {
+        ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
+        goto exit;
+    }
+    if (memcmp(buf, MAGIC, 8) != 0) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: not an mmpipe checkpoint (bad magic)", path);
+        goto exit;
+    }
+    uint64_t want;
+    memcpy(&want, buf + size - 8, 8);
+    if (fnv1a(FNV_INIT, buf, size - 8) != want) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: checksum mismatch (file corrupt or truncated)", path);
+        goto exit;
+    }
+    cursor cur = {buf + 8, buf + size - 8};
+    uint32_t version, count;
+    take(&cur, &version, 4);
+    take(&cur, &count, 4);
+    if (version != MMP_CKPT_VERSION) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: checkpoint version %u, this mmpipe reads %u", path,
+                         version, MMP_CKPT_VERSION);
+        goto exit;
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    for (uint32_t i = 0; i < count; i++) {
+        mmp_ckpt_entry e;
+        memset(&e, 0, sizeof e);
+        uint16_t nl;
+        uint8_t dt, nd;
+        int64_t shape[MMP_MAX_DIMS];
+        uint64_t nbytes;
+        if (!take(&cur, &nl, 2) || nl == 0 || nl >= sizeof e.name || !take(&cur, e.name, nl) ||
+            !take(&cur, &dt, 1) || !take(&cur, &nd, 1) || dt > MMP_I32 || nd > MMP_MAX_DIMS) {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s: tensor %u: bad record header", path, i);
+            goto exit;
+        }
+        for (int d = 0; d < nd; d++) {
+            if (!take(&cur, &shape[d], 8) || shape[d] < 0) {
+                ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: bad shape", path, e.name);
+                goto exit;
+            }
+        }
+        if (!take(&cur, &nbytes, 8)) {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: truncated", path, e.name);
+            goto exit;
+        }
+        ret = mmp_tensor_init(&e.t, (mmp_dtype)dt, nd, shape);
+        if (ret != MMP_OK) {
+            goto exit;
+        }
+        if (nbytes != mmp_tensor_bytes(&e.t) || !take(&cur, e.t.data, nbytes)) {
+            mmp_tensor_fini(&e.t);
+            ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: size does not match its shape", path, e.name);
+            goto exit;
+        }
+        snprintf(e.file, sizeof e.file, "%s", base);
+        if (mmp_ckpt_find(c, e.name)) {
+            mmp_tensor_fini(&e.t);
+            ret = mmp_errorf(MMP_ERR_DATA, "%s: tensor %s appears twice", path, e.name);
+            goto exit;
+        }
+        mmp_ckpt_entry *grown = realloc(c->entries, (size_t)(c->count + 1) * sizeof *grown);
+        if (!grown) {
+            mmp_tensor_fini(&e.t);
+            ret = mmp_errorf(MMP_ERR_NOMEM, "checkpoint index");
+            goto exit;
+        }
+        c->entries = grown;
+        c->entries[c->count++] = e;
+        qsort(c->entries, (size_t)c->count, sizeof *c->entries, cmp_entry);
+    }
+    if (cur.p != cur.end) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: trailing bytes after %u tensors", path, count);
+    }
+exit:
+    free(buf);
+    fclose(f);
+    return ret;
+}
+
+static int has_suffix(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir)
+{
+    memset(c, 0, sizeof *c);
+    char path[1024];
+    struct stat st;
+    /* Accept a run directory or its ckpt/ folder by following latest. */
+    snprintf(path, sizeof path, "%s/ckpt/latest", dir);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        dir = path;
+    } else {
+        snprintf(path, sizeof path, "%s/latest", dir);
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+            dir = path;
+        }
+    }
+    char resolved[1024];
+    snprintf(resolved, sizeof resolved, "%s", dir);
+    DIR *d = opendir(resolved);
+    if (!d) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", resolved, strerror(errno));
+    }
+    /* Read files in name order so errors and entries do not depend on readdir. */
+    char names[64][256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (has_suffix(de->d_name, ".ckpt") && n < 64) {
+            snprintf(names[n++], sizeof names[0], "%s", de->d_name);
+        }
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    if (n == 0) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: no .ckpt files (not a checkpoint directory)",
+                          resolved);
+    }
+    for (int i = 0; i < n; i++) {
+        char file[1400];
+        snprintf(file, sizeof file, "%s/%s", resolved, names[i]);
+        mmp_err e = mmp_ckpt_read_file(c, file);
+        if (e != MMP_OK) {
+            mmp_ckpt_fini(c);
+            return e;
+        }
+    }
+    return MMP_OK;
+}
+
+void mmp_ckpt_fini(mmp_ckpt *c)
+{
+    if (!c) {
+        return;
+    }
+    for (int i = 0; i < c->count; i++) {
+        mmp_tensor_fini(&c->entries[i].t);
+    }
+    free(c->entries);
+    c->entries = NULL;
+    c->count = 0;
+}
+
+const mmp_ckpt_entry *mmp_ckpt_find(const mmp_ckpt *c, const char *name)
+{
+    for (int i = 0; i < c->count; i++) {
+        if (strcmp(c->entries[i].name, name) == 0) {
+            return &c->entries[i];
+        }
+    }
+    return NULL;
+}
+
+void mmp_ckpt_step_dir(char *buf, size_t n, const char *run_dir, int64_t step)
+{
+    snprintf(buf, n, "%s/ckpt/step_%07lld", run_dir, (long long)step);
+}
+
+mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step)
+{
+    char target[64], link[1100], tmp[1100];
+    snprintf(target, sizeof target, "step_%07lld", (long long)step);
+    snprintf(link, sizeof link, "%s/ckpt/latest", run_dir);
+    snprintf(tmp, sizeof tmp, "%s/ckpt/.latest.tmp", run_dir);
+    unlink(tmp);
+    if (symlink(target, tmp) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "symlink %s: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, link) != 0) {
+        unlink(tmp);
+        return mmp_errorf(MMP_ERR_IO, "rename %s: %s", link, strerror(errno));
+    }
+    return MMP_OK;
+}

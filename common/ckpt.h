@@ -1,0 +1,77 @@
+/* Checkpoint files: named tensors with a magic, a version and a checksum.
+ *
+ * A checkpoint is a directory ckpt/step_NNNNNNN/ holding one file per stage
+ * process (image.ckpt, text.ckpt, fusion.ckpt, or image.0.ckpt ... when a
+ * branch is cut into sub-stages). Tensor names are global ("image.proj.weight",
+ * "image.proj.weight.adam_m", "meta.step"), so a checkpoint reads the same
+ * whether one process or a pipeline wrote it, and `mmpipe ckpt diff` compares
+ * by name across all files of the two directories.
+ *
+ * File layout (little-endian):
+ *   header  "MMPCKPT\0" u32 version u32 count
+ *   count x { u16 name_len, name, u8 dtype, u8 ndim, i64 shape[ndim], u64 nbytes, data }
+ *   footer  u64 FNV-1a of every byte before it
+ * Files are written to a temporary name, fsynced and renamed into place, so a
+ * crash leaves either the old file or the new one, never half of one. */
+#ifndef MMP_COMMON_CKPT_H
+#define MMP_COMMON_CKPT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/err.h"
+#include "common/tensor.h"
+
+#define MMP_CKPT_VERSION 1
+
+/* ---- writing -------------------------------------------------------------- */
+typedef struct mmp_ckpt_writer {
+    FILE *f;
+    char path[1024], tmp[1100];
+    uint32_t count;
+    mmp_err err;
+} mmp_ckpt_writer;
+
+/* Opens path's temporary sibling for writing. */
+mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path);
+/* Appends one tensor (CPU data). Errors are sticky: check the result of close. */
+mmp_err mmp_ckpt_write(mmp_ckpt_writer *w, const char *name, mmp_dtype dtype, int ndim,
+                       const int64_t *shape, const void *data);
+/* Finishes (count, checksum), fsyncs and renames into place. On failure the
+ * temporary file is removed and nothing replaces path. */
+mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w);
+/* Abandons a write (removes the temporary file). NULL-safe. */
+void mmp_ckpt_writer_abort(mmp_ckpt_writer *w);
+
+/* ---- reading -------------------------------------------------------------- */
+typedef struct mmp_ckpt_entry {
+    char name[128];
+    char file[64]; /* which file of the directory held it */
+    mmp_tensor t;  /* owned CPU tensor */
+} mmp_ckpt_entry;
+
+typedef struct mmp_ckpt {
+    mmp_ckpt_entry *entries; /* sorted by name */
+    int count;
+} mmp_ckpt;
+
+/* Reads every *.ckpt file of dir (a step directory, or a symlink such as
+ * ckpt/latest; a run directory's ckpt/latest is followed when dir is a run
+ * or its ckpt folder). Verifies magic, version, checksum; a tensor name found
+ * in two files is an error. */
+mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir);
+/* Reads one file and appends its tensors. */
+mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path);
+void mmp_ckpt_fini(mmp_ckpt *c);
+const mmp_ckpt_entry *mmp_ckpt_find(const mmp_ckpt *c, const char *name);
+
+/* ---- step directories ------------------------------------------------------ */
+/* "<run>/ckpt/step_0000042" into buf. */
+void mmp_ckpt_step_dir(char *buf, size_t n, const char *run_dir, int64_t step);
+/* Points <run>/ckpt/latest at step_NNNNNNN atomically (symlink + rename). */
+mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step);
+
+/* mkdir -p. */
+mmp_err mmp_mkdirs(const char *path);
+
+#endif

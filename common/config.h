@@ -1,0 +1,125 @@
+/* The plan: a stage placement file (YAML) parsed into one struct.
+ *
+ * mmp_plan_load() reads the YAML with libfyaml against a schema of every
+ * known key (type, range, default). An unknown key, a wrong type or an
+ * out-of-range value is an error naming file:line:column and the dotted key;
+ * a typo in a placement file is never silently ignored. `--set a.b=c`
+ * overrides are applied to the YAML tree before validation, with the same
+ * checks (an error names the override instead of a line). Configuration comes
+ * only from here: no environment variables steer behaviour. */
+#ifndef MMP_COMMON_CONFIG_H
+#define MMP_COMMON_CONFIG_H
+
+#include "common/err.h"
+
+#define MMP_PATH_MAX 1024
+#define MMP_MAX_HOSTS 16
+#define MMP_MAX_DEVICES 64
+#define MMP_MAX_IMAGE_STAGES 4 /* ResNet stages (blocks/channels entries) */
+#define MMP_MAX_SPLITS 8
+
+typedef enum mmp_schedule { MMP_SCHED_GPIPE = 0, MMP_SCHED_1F1B = 1 } mmp_schedule;
+typedef enum mmp_precision { MMP_PREC_FP32 = 0, MMP_PREC_BF16, MMP_PREC_FP16 } mmp_precision;
+typedef enum mmp_balance_mode { MMP_BALANCE_OFF = 0, MMP_BALANCE_DYNAMIC } mmp_balance_mode;
+typedef enum mmp_bad_sample { MMP_BAD_FAIL = 0, MMP_BAD_SKIP } mmp_bad_sample;
+
+typedef struct mmp_host {
+    char name[128];
+    int n_devices;
+    int devices[MMP_MAX_DEVICES]; /* -1 = cpu, k >= 0 = CUDA ordinal k */
+} mmp_host;
+
+typedef struct mmp_stage_cfg {
+    int replicas;                 /* >= 1 */
+    int n_split;                  /* number of layer cut points (0 = one sub-stage) */
+    int split[MMP_MAX_SPLITS];    /* strictly increasing layer indices */
+} mmp_stage_cfg;
+
+typedef struct mmp_plan {
+    char path[MMP_PATH_MAX]; /* the file it came from */
+
+    struct {
+        char name[128]; /* default "job" */
+        int steps;      /* default 100, >= 1 */
+        long long seed; /* default 1 */
+    } job;
+
+    struct {
+        char manifest[MMP_PATH_MAX];     /* required; relative paths are relative to the cwd */
+        char val_manifest[MMP_PATH_MAX]; /* default: val.jsonl beside the manifest */
+        char vocab[MMP_PATH_MAX];        /* default: vocab.txt beside the manifest */
+        int image_size;                  /* default 32, [8, 1024] */
+        int max_text_len;                /* default 32, [4, 512] (includes [CLS] and [SEP]) */
+        float mean[3];                   /* default ImageNet's */
+        float std[3];
+        int workers;                     /* default 1, [0, 64] */
+        mmp_bad_sample on_bad_sample;    /* default fail */
+        int val_samples;                 /* default 256 */
+    } data;
+
+    struct {
+        int width; /* D, the common token width; default 64 */
+        struct {
+            int n_stages;                            /* length of blocks / channels */
+            int blocks[MMP_MAX_IMAGE_STAGES];        /* BasicBlocks per stage */
+            int channels[MMP_MAX_IMAGE_STAGES];      /* widths per stage */
+            int stem_pool;                           /* 3x3/2 max pool after the stem; default 0 */
+        } image;
+        struct {
+            int layers;   /* default 2 */
+            int heads;    /* default 4; width % heads == 0 */
+            int ffn_mult; /* default 4 */
+        } text;
+        struct {
+            int layers; /* cross-attention layers, default 1 */
+            int heads;  /* default 4 */
+        } fusion;
+    } model;
+
+    struct {
+        int batch;         /* default 64 */
+        int microbatches;  /* default 4, [1, batch] */
+        mmp_schedule schedule;
+        mmp_precision precision;
+        struct {
+            float lr;           /* default 1e-3 */
+            float min_lr;       /* cosine floor, default 0.1 * lr */
+            float weight_decay; /* default 0.05 */
+            int warmup;         /* steps, default 20 */
+            float beta1, beta2, eps;
+        } optimizer;
+        float clip_grad_norm; /* default 1.0; 0 = off */
+        int eval_every;       /* default 50; 0 = only at the end */
+        int ckpt_every;       /* default 0 = only at the end */
+        int threads;          /* OpenBLAS threads per process, default 1 */
+        float init_temperature; /* ITC temperature at start, default 0.07 */
+    } train;
+
+    struct {
+        mmp_balance_mode mode;
+    } balance;
+
+    int n_hosts;
+    mmp_host hosts[MMP_MAX_HOSTS]; /* default: one "localhost" with three cpu devices */
+
+    struct {
+        mmp_stage_cfg image, text, fusion;
+    } stages;
+} mmp_plan;
+
+/* Fills every default (no file). */
+void mmp_plan_defaults(mmp_plan *p);
+
+/* Loads path, applies the n_overrides "a.b=c" strings in order, validates.
+ * On error returns MMP_ERR_CONFIG with "file:line:column: key: reason" (or
+ * "--set a.b=c: reason") in mmp_last_error(); *p is then unspecified. */
+mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *overrides,
+                      int n_overrides);
+
+/* Writes the resolved plan as JSON (plan.json) to path. */
+mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path);
+
+const char *mmp_schedule_name(mmp_schedule s);
+const char *mmp_precision_name(mmp_precision p);
+
+#endif

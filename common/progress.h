@@ -1,0 +1,26 @@
+/* The live progress line of long work (training, bench grids).
+ *
+ * On a terminal it rewrites one line in place; otherwise it prints a plain
+ * line at most every `plain_every` updates (and the last one), so logs stay
+ * readable. Writes to stderr; never to stdout, which belongs to results. */
+#ifndef MMP_COMMON_PROGRESS_H
+#define MMP_COMMON_PROGRESS_H
+
+typedef struct mmp_progress {
+    int tty;
+    int plain_every;
+    int total;
+    double t0;
+    int last_len;
+} mmp_progress;
+
+void mmp_progress_init(mmp_progress *p, int total, int plain_every);
+/* done of total finished; text is appended after "step done/total". */
+void mmp_progress_update(mmp_progress *p, int done, const char *text);
+/* Ends the live line (a newline on a terminal). */
+void mmp_progress_end(mmp_progress *p);
+
+/* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC). */
+double mmp_now(void);
+
+#endif

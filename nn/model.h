@@ -1,0 +1,118 @@
+/* The image-text model, as the three networks the pipeline places:
+ *
+ *   image branch  ResNet (BasicBlocks) -> final feature map flattened to
+ *                 tokens (B, Ni, C_last) -> linear to width D: (B, Ni, D)
+ *   text branch   token + position embedding -> N pre-LN transformer layers
+ *                 (masked self-attention, GELU FFN) -> final LayerNorm: (B, T, D)
+ *   fusion        ITC: symmetric InfoNCE between L2-normalised projections of
+ *                 the mean image token and the text [CLS] token, learnable
+ *                 temperature (logit_scale); ITM: L cross-attention layers
+ *                 (text queries, image keys/values) over each positive pair and
+ *                 one hard negative per sample (the most similar other image by
+ *                 ITC similarity), a linear head on [CLS], BCE. loss = ITC + ITM.
+ *
+ * Each branch is a sequence of numbered layers so that a pipeline can cut it
+ * into sub-stages by layer range [first, last); the single-process trainer
+ * uses the whole range. Parameter names are global ("image.layer3.conv1.weight")
+ * and initialisation is per name, so any cut holds the same numbers.
+ *
+ * Saved activations live in an `acts` object per micro-batch in flight; a
+ * network holds only parameters, so a stage may run several micro-batches'
+ * forwards before their backwards (GPipe, 1F1B). Backward accumulates into the
+ * parameter gradients (micro-batch accumulation) and writes (+=) the input
+ * gradient when asked. Everything here runs on the CPU reference kernels. */
+#ifndef MMP_NN_MODEL_H
+#define MMP_NN_MODEL_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "nn/params.h"
+
+/* ---- image branch --------------------------------------------------------- */
+typedef struct mmp_image_net mmp_image_net;
+typedef struct mmp_image_acts mmp_image_acts;
+
+/* Layers of the image branch for this plan (stem, each BasicBlock, projection). */
+int mmp_image_net_layers(const mmp_plan *plan);
+/* Tokens per image Ni and their width before projection, for this plan. */
+int mmp_image_net_tokens(const mmp_plan *plan);
+
+/* Builds layers [first, last) with their parameters initialised from seed. */
+mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int first, int last,
+                             uint64_t seed);
+void mmp_image_net_destroy(mmp_image_net *net);
+mmp_params *mmp_image_net_params(mmp_image_net *net);
+/* Floats per sample of this range's input and output activation
+ * (input of layer 0: 3*S*S image; output of the last layer: Ni*D tokens). */
+int64_t mmp_image_net_in_floats(const mmp_image_net *net);
+int64_t mmp_image_net_out_floats(const mmp_image_net *net);
+
+mmp_err mmp_image_acts_create(mmp_image_acts **out, mmp_image_net *net, int max_batch);
+void mmp_image_acts_destroy(mmp_image_acts *a);
+
+/* in (B, in_floats), out (B, out_floats). train: batch statistics + running
+ * statistics update; otherwise running statistics. B <= max_batch of acts. */
+void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float *in, int B,
+                           int train, float *out);
+/* dout (B, out_floats); din (B, in_floats) += when non-NULL. Uses acts of the
+ * matching forward (which must have been train = 1). */
+void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const float *dout, int B,
+                            float *din);
+
+/* ---- text branch ---------------------------------------------------------- */
+typedef struct mmp_text_net mmp_text_net;
+typedef struct mmp_text_acts mmp_text_acts;
+
+/* Layers: embedding, each transformer layer, final LayerNorm. */
+int mmp_text_net_layers(const mmp_plan *plan);
+mmp_err mmp_text_net_create(mmp_text_net **out, const mmp_plan *plan, int vocab_size, int first,
+                            int last, uint64_t seed);
+void mmp_text_net_destroy(mmp_text_net *net);
+mmp_params *mmp_text_net_params(mmp_text_net *net);
+/* Activation floats per sample: T*D between layers (layer 0's input is ids). */
+int64_t mmp_text_net_out_floats(const mmp_text_net *net);
+
+mmp_err mmp_text_acts_create(mmp_text_acts **out, mmp_text_net *net, int max_batch);
+void mmp_text_acts_destroy(mmp_text_acts *a);
+
+/* When first == 0 the input is ids (B,T) and in is ignored; otherwise in is
+ * (B,T,D) from the previous sub-stage and ids is ignored. mask (B,T) 1/0 is
+ * always given. out (B,T,D). */
+void mmp_text_net_forward(mmp_text_net *net, mmp_text_acts *acts, const int32_t *ids,
+                          const float *in, const float *mask, int B, float *out);
+void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *dout, int B,
+                           float *din);
+
+/* ---- fusion / loss -------------------------------------------------------- */
+typedef struct mmp_fusion_net mmp_fusion_net;
+typedef struct mmp_fusion_acts mmp_fusion_acts;
+
+typedef struct mmp_loss_parts {
+    float loss, itc, itm; /* unweighted means over this micro-batch */
+} mmp_loss_parts;
+
+mmp_err mmp_fusion_net_create(mmp_fusion_net **out, const mmp_plan *plan, uint64_t seed);
+void mmp_fusion_net_destroy(mmp_fusion_net *net);
+mmp_params *mmp_fusion_net_params(mmp_fusion_net *net);
+
+mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int max_batch);
+void mmp_fusion_acts_destroy(mmp_fusion_acts *a);
+
+/* img (B,Ni,D), txt (B,T,D), mask (B,T). Computes the loss parts. */
+void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const float *img,
+                            const float *txt, const float *mask, int B, mmp_loss_parts *parts);
+/* Backward of weight * loss (weight = this micro-batch's share of the batch's
+ * samples): parameter grads +=, dimg (B,Ni,D) +=, dtxt (B,T,D) +=. */
+void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float weight,
+                             float *dimg, float *dtxt);
+
+/* Retrieval embeddings (no grad): img_emb (B,E), txt_emb (B,E), L2-normalised,
+ * the same vectors ITC compares. E = mmp_fusion_embed_dim(). */
+int mmp_fusion_embed_dim(const mmp_fusion_net *net);
+void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const float *img,
+                          const float *txt, const float *mask, int B, float *img_emb,
+                          float *txt_emb);
+
+#endif

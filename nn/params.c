@@ -1,0 +1,160 @@
+/* Parameter arena: declaration, deterministic per-name initialisation. */
+#include "nn/params.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+#include "kernels/cpu.h"
+
+void mmp_params_init(mmp_params *p)
+{
+    memset(p, 0, sizeof *p);
+}
+
+mmp_err mmp_params_add(mmp_params *p, const char *name, int ndim, const int64_t *shape,
+                       int trainable, int decay, mmp_init init, float init_scale, int *index)
+{
+    if (ndim < 1 || ndim > 4 || strlen(name) >= MMP_NAME_MAX) {
+        return mmp_errorf(MMP_ERR_INVALID, "parameter '%s': bad rank or name", name);
+    }
+    if (p->values) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "parameter '%s' declared after alloc", name);
+    }
+    if (p->count == p->cap) {
+        int cap = p->cap ? p->cap * 2 : 64;
+        mmp_param *items = realloc(p->items, (size_t)cap * sizeof *items);
+        if (!items) {
+            return mmp_errorf(MMP_ERR_NOMEM, "parameter table");
+        }
+        p->items = items;
+        p->cap = cap;
+    }
+    mmp_param *q = &p->items[p->count];
+    memset(q, 0, sizeof *q);
+    snprintf(q->name, sizeof q->name, "%s", name);
+    q->ndim = ndim;
+    q->n = 1;
+    for (int i = 0; i < ndim; i++) {
+        q->shape[i] = shape[i];
+        q->n *= (size_t)shape[i];
+    }
+    /* fan_in: product of all dims but the first (linear (out,in), conv (oc,c,kh,kw)). */
+    q->fan_in = 1;
+    for (int i = 1; i < ndim; i++) {
+        q->fan_in *= shape[i];
+    }
+    q->trainable = trainable;
+    q->decay = decay;
+    q->init = init;
+    q->init_scale = init_scale;
+    q->offset = p->total;
+    /* Keep each tensor 16-float aligned inside the arena. */
+    p->total += (q->n + 15) / 16 * 16;
+    if (index) {
+        *index = p->count;
+    }
+    p->count++;
+    return MMP_OK;
+}
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) {
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    }
+    return h;
+}
+
+static void init_values(mmp_param *q, uint64_t seed)
+{
+    mmp_rng r;
+    mmp_rng_seed(&r, seed, name_hash(q->name));
+    float fan = (float)(q->fan_in > 0 ? q->fan_in : 1);
+    for (size_t i = 0; i < q->n; i++) {
+        float x = 0;
+        switch (q->init) {
+        case MMP_INIT_ZERO: x = 0; break;
+        case MMP_INIT_ONE: x = 1; break;
+        case MMP_INIT_CONST: x = q->init_scale; break;
+        case MMP_INIT_NORMAL: x = q->init_scale * mmp_rng_normal(&r); break;
+        case MMP_INIT_KAIMING: x = sqrtf(2.0f / fan) * mmp_rng_normal(&r); break;
+        case MMP_INIT_UNIFORM_FAN: {
+            float b = 1.0f / sqrtf(fan);
+            x = -b + 2 * b * mmp_rng_uniform(&r);
+            break;
+        }
+        }
+        q->w[i] = x;
+    }
+}
+
+mmp_err mmp_params_alloc(mmp_params *p, uint64_t seed)
+{
+    size_t bytes = (p->total ? p->total : 16) * sizeof(float);
+    p->values = aligned_alloc(64, bytes);
+    p->grads = aligned_alloc(64, bytes);
+    p->adam_m = aligned_alloc(64, bytes);
+    p->adam_v = aligned_alloc(64, bytes);
+    if (!p->values || !p->grads || !p->adam_m || !p->adam_v) {
+        return mmp_errorf(MMP_ERR_NOMEM, "parameter arena of %zu bytes x4", bytes);
+    }
+    memset(p->values, 0, bytes);
+    memset(p->grads, 0, bytes);
+    memset(p->adam_m, 0, bytes);
+    memset(p->adam_v, 0, bytes);
+    for (int i = 0; i < p->count; i++) {
+        mmp_param *q = &p->items[i];
+        q->w = p->values + q->offset;
+        q->g = q->trainable ? p->grads + q->offset : NULL;
+        q->m = q->trainable ? p->adam_m + q->offset : NULL;
+        q->v = q->trainable ? p->adam_v + q->offset : NULL;
+        init_values(q, seed);
+    }
+    return MMP_OK;
+}
+
+void mmp_params_fini(mmp_params *p)
+{
+    if (!p) {
+        return;
+    }
+    free(p->items);
+    free(p->values);
+    free(p->grads);
+    free(p->adam_m);
+    free(p->adam_v);
+    memset(p, 0, sizeof *p);
+}
+
+mmp_param *mmp_params_find(mmp_params *p, const char *name)
+{
+    for (int i = 0; i < p->count; i++) {
+        if (strcmp(p->items[i].name, name) == 0) {
+            return &p->items[i];
+        }
+    }
+    return NULL;
+}
+
+void mmp_params_zero_grad(mmp_params *p)
+{
+    if (p->grads) {
+        memset(p->grads, 0, p->total * sizeof(float));
+    }
+}
+
+double mmp_params_grad_sumsq(const mmp_params *p)
+{
+    double s = 0;
+    for (int i = 0; i < p->count; i++) {
+        const mmp_param *q = &p->items[i];
+        if (q->trainable) {
+            s += mmp_cpu_sumsq(q->g, q->n);
+        }
+    }
+    return s;
+}

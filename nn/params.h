@@ -1,0 +1,67 @@
+/* A network's parameters: named tensors in one flat arena.
+ *
+ * Values, gradients and the AdamW moments each live in one contiguous fp32
+ * block, so a replica all-reduce is one buffer and a checkpoint is a walk
+ * over names. Initialisation of each parameter is seeded by (seed, its name),
+ * never by declaration order, so a layer initialises to the same values
+ * whether it lives in the single-process model or in any pipeline sub-stage.
+ *
+ * Buffers (batch-norm running statistics) are entries with trainable == 0:
+ * checkpointed, never given a gradient or an optimizer step. */
+#ifndef MMP_NN_PARAMS_H
+#define MMP_NN_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define MMP_NAME_MAX 96
+
+typedef enum mmp_init {
+    MMP_INIT_ZERO = 0,
+    MMP_INIT_ONE,
+    MMP_INIT_NORMAL,      /* N(0, scale^2) */
+    MMP_INIT_KAIMING,     /* N(0, 2 / fan_in), scale ignored */
+    MMP_INIT_UNIFORM_FAN, /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch's linear/conv default) */
+    MMP_INIT_CONST,       /* every value = scale */
+} mmp_init;
+
+typedef struct mmp_param {
+    char name[MMP_NAME_MAX]; /* "image.layer1.0.conv1.weight" */
+    int ndim;
+    int64_t shape[4];
+    size_t n;      /* elements */
+    size_t offset; /* into the arena */
+    int trainable; /* 0 for buffers */
+    int decay;     /* AdamW weight decay applies (weights of linear/conv, not biases/norms) */
+    mmp_init init;
+    float init_scale;
+    int64_t fan_in;
+    /* set by mmp_params_alloc(): */
+    float *w, *g, *m, *v; /* g, m, v are NULL for buffers */
+} mmp_param;
+
+typedef struct mmp_params {
+    mmp_param *items;
+    int count, cap;
+    size_t total;         /* elements in the arena */
+    float *values;        /* total */
+    float *grads;         /* total (zero for buffers) */
+    float *adam_m, *adam_v;
+} mmp_params;
+
+void mmp_params_init(mmp_params *p);
+/* Declares a parameter; its pointers are set by mmp_params_alloc(). Returns its index. */
+mmp_err mmp_params_add(mmp_params *p, const char *name, int ndim, const int64_t *shape,
+                       int trainable, int decay, mmp_init init, float init_scale, int *index);
+/* Allocates the arenas and initialises every value from seed. */
+mmp_err mmp_params_alloc(mmp_params *p, uint64_t seed);
+void mmp_params_fini(mmp_params *p);
+
+mmp_param *mmp_params_find(mmp_params *p, const char *name);
+void mmp_params_zero_grad(mmp_params *p);
+/* Sum of squares of all trainable gradients (double). */
+double mmp_params_grad_sumsq(const mmp_params *p);
+
+#endif

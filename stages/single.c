@@ -1,0 +1,353 @@
+/* Single-process trainer: loads micro-batches, runs image -> text -> fusion
+ * forward and backward per micro-batch, accumulates gradients, clips by the
+ * global norm and steps AdamW; evaluates retrieval on held-out pairs and
+ * writes metrics and checkpoints. Never parallel inside: its order of
+ * operations is the spec the pipeline reproduces. */
+#include "stages/single.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "common/ckpt.h"
+#include "common/progress.h"
+#include "data/dataset.h"
+#include "kernels/cpu.h"
+#include "nn/model.h"
+#include "nn/optim.h"
+
+typedef struct trainer {
+    const mmp_plan *plan;
+    const char *out_dir;
+    mmp_dataset *train, *val;
+    mmp_image_net *img;
+    mmp_text_net *txt;
+    mmp_fusion_net *fus;
+    mmp_image_acts *ia;
+    mmp_text_acts *ta;
+    mmp_fusion_acts *fa;
+    int mb_max, T, S;
+    int64_t img_tok_floats, txt_tok_floats;
+    float *images, *mask, *img_tok, *txt_tok, *dimg, *dtxt;
+    int32_t *ids;
+    int64_t *samples;
+    FILE *metrics;
+} trainer;
+
+/* Samples in micro-batch mb when batch B is cut into m: the first B % m
+ * micro-batches take one more, so any m in [1, B] works. */
+static int mb_size(int B, int m, int mb)
+{
+    return B / m + (mb < B % m ? 1 : 0);
+}
+
+static int mb_offset(int B, int m, int mb)
+{
+    return mb * (B / m) + (mb < B % m ? mb : B % m);
+}
+
+static void *xcalloc(size_t n, size_t size, mmp_err *err)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p && *err == MMP_OK) {
+        *err = mmp_errorf(MMP_ERR_NOMEM, "trainer buffers: %zu x %zu bytes", n, size);
+    }
+    return p;
+}
+
+static void trainer_fini(trainer *t)
+{
+    mmp_image_acts_destroy(t->ia);
+    mmp_text_acts_destroy(t->ta);
+    mmp_fusion_acts_destroy(t->fa);
+    mmp_image_net_destroy(t->img);
+    mmp_text_net_destroy(t->txt);
+    mmp_fusion_net_destroy(t->fus);
+    mmp_dataset_close(t->train);
+    mmp_dataset_close(t->val);
+    free(t->images);
+    free(t->mask);
+    free(t->img_tok);
+    free(t->txt_tok);
+    free(t->dimg);
+    free(t->dtxt);
+    free(t->ids);
+    free(t->samples);
+    if (t->metrics) {
+        fclose(t->metrics);
+    }
+}
+
+static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_dir)
+{
+    memset(t, 0, sizeof *t);
+    t->plan = plan;
+    t->out_dir = out_dir;
+    uint64_t seed = (uint64_t)plan->job.seed;
+    MMP_TRY(mmp_dataset_open(&t->train, plan->data.manifest, plan->data.vocab, plan));
+    MMP_TRY(mmp_dataset_open(&t->val, plan->data.val_manifest, plan->data.vocab, plan));
+    int V = mmp_dataset_vocab_size(t->train);
+    MMP_TRY(mmp_image_net_create(&t->img, plan, 0, mmp_image_net_layers(plan), seed));
+    MMP_TRY(mmp_text_net_create(&t->txt, plan, V, 0, mmp_text_net_layers(plan), seed));
+    MMP_TRY(mmp_fusion_net_create(&t->fus, plan, seed));
+    int B = plan->train.batch, m = plan->train.microbatches;
+    t->mb_max = mb_size(B, m, 0);
+    MMP_TRY(mmp_image_acts_create(&t->ia, t->img, t->mb_max));
+    MMP_TRY(mmp_text_acts_create(&t->ta, t->txt, t->mb_max));
+    MMP_TRY(mmp_fusion_acts_create(&t->fa, t->fus, t->mb_max));
+    t->T = plan->data.max_text_len;
+    t->S = plan->data.image_size;
+    t->img_tok_floats = mmp_image_net_out_floats(t->img);
+    t->txt_tok_floats = mmp_text_net_out_floats(t->txt);
+    size_t n = (size_t)t->mb_max;
+    mmp_err err = MMP_OK;
+    t->images = xcalloc(n * 3 * (size_t)t->S * (size_t)t->S, sizeof(float), &err);
+    t->mask = xcalloc(n * (size_t)t->T, sizeof(float), &err);
+    t->ids = xcalloc(n * (size_t)t->T, sizeof(int32_t), &err);
+    t->img_tok = xcalloc(n * (size_t)t->img_tok_floats, sizeof(float), &err);
+    t->dimg = xcalloc(n * (size_t)t->img_tok_floats, sizeof(float), &err);
+    t->txt_tok = xcalloc(n * (size_t)t->txt_tok_floats, sizeof(float), &err);
+    t->dtxt = xcalloc(n * (size_t)t->txt_tok_floats, sizeof(float), &err);
+    t->samples = xcalloc(n, sizeof(int64_t), &err);
+    return err;
+}
+
+/* Retrieval recall@1 both ways over the first val_samples pairs, with the
+ * embeddings ITC compares. Ties count against the model. */
+static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
+{
+    int64_t nv = mmp_dataset_size(t->val);
+    if (nv > t->plan->data.val_samples) {
+        nv = t->plan->data.val_samples;
+    }
+    int E = mmp_fusion_embed_dim(t->fus);
+    mmp_err err = MMP_OK;
+    float *ie = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
+    float *te = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
+    float *sim = xcalloc((size_t)nv * (size_t)nv, sizeof(float), &err);
+    if (err != MMP_OK) {
+        goto exit;
+    }
+    for (int64_t s = 0; s < nv; s += t->mb_max) {
+        int n = (int)(nv - s < t->mb_max ? nv - s : t->mb_max);
+        for (int i = 0; i < n; i++) {
+            t->samples[i] = s + i;
+        }
+        err = mmp_dataset_load(t->val, t->samples, n, t->images, t->ids, t->mask);
+        if (err != MMP_OK) {
+            goto exit;
+        }
+        mmp_image_net_forward(t->img, t->ia, t->images, n, 0, t->img_tok);
+        mmp_text_net_forward(t->txt, t->ta, t->ids, NULL, t->mask, n, t->txt_tok);
+        mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, ie + s * E,
+                             te + s * E);
+    }
+    mmp_cpu_gemm(0, 1, (int)nv, (int)nv, E, 1.0f, ie, E, te, E, 0.0f, sim, (int)nv);
+    int hit_i = 0, hit_t = 0;
+    for (int64_t a = 0; a < nv; a++) {
+        int ok_i = 1, ok_t = 1;
+        for (int64_t b = 0; b < nv; b++) {
+            if (b == a) {
+                continue;
+            }
+            if (sim[a * nv + b] >= sim[a * nv + a]) {
+                ok_i = 0; /* image a retrieves text b at least as well as its own */
+            }
+            if (sim[b * nv + a] >= sim[a * nv + a]) {
+                ok_t = 0;
+            }
+        }
+        hit_i += ok_i;
+        hit_t += ok_t;
+    }
+    *i2t = (double)hit_i / (double)nv;
+    *t2i = (double)hit_t / (double)nv;
+exit:
+    free(ie);
+    free(te);
+    free(sim);
+    return err;
+}
+
+static mmp_err write_params(const char *dir, const char *file, mmp_params *p)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    mmp_ckpt_writer w;
+    MMP_TRY(mmp_ckpt_writer_open(&w, path));
+    for (int i = 0; i < p->count; i++) {
+        mmp_param *q = &p->items[i];
+        char name[MMP_NAME_MAX + 16];
+        mmp_ckpt_write(&w, q->name, MMP_F32, q->ndim, q->shape, q->w);
+        if (q->trainable) {
+            snprintf(name, sizeof name, "%s.adam_m", q->name);
+            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->m);
+            snprintf(name, sizeof name, "%s.adam_v", q->name);
+            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->v);
+        }
+    }
+    return mmp_ckpt_writer_close(&w);
+}
+
+static mmp_err write_checkpoint(trainer *t, int steps_done)
+{
+    char dir[1100];
+    mmp_ckpt_step_dir(dir, sizeof dir, t->out_dir, steps_done);
+    MMP_TRY(mmp_mkdirs(dir));
+    MMP_TRY(write_params(dir, "image.ckpt", mmp_image_net_params(t->img)));
+    MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
+    MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
+    /* Run state: the data cursor is a pure function of (seed, step), so the
+     * step and seed are all a resume needs. */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/train.ckpt", dir);
+    mmp_ckpt_writer w;
+    MMP_TRY(mmp_ckpt_writer_open(&w, path));
+    int64_t one = 1;
+    int32_t step = steps_done;
+    int32_t seed[2] = {(int32_t)(t->plan->job.seed & 0xffffffff),
+                       (int32_t)((uint64_t)t->plan->job.seed >> 32)};
+    mmp_ckpt_write(&w, "meta.step", MMP_I32, 1, &one, &step);
+    int64_t two = 2;
+    mmp_ckpt_write(&w, "meta.seed", MMP_I32, 1, &two, seed);
+    MMP_TRY(mmp_ckpt_writer_close(&w));
+    return mmp_ckpt_mark_latest(t->out_dir, steps_done);
+}
+
+static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *grad_norm,
+                          double *data_s)
+{
+    const mmp_plan *plan = t->plan;
+    int B = plan->train.batch, m = plan->train.microbatches;
+    mmp_params *pi = mmp_image_net_params(t->img), *pt = mmp_text_net_params(t->txt),
+               *pf = mmp_fusion_net_params(t->fus);
+    mmp_params_zero_grad(pi);
+    mmp_params_zero_grad(pt);
+    mmp_params_zero_grad(pf);
+    memset(out, 0, sizeof *out);
+    for (int mb = 0; mb < m; mb++) {
+        int n = mb_size(B, m, mb);
+        int64_t base = (int64_t)step * B + mb_offset(B, m, mb);
+        for (int i = 0; i < n; i++) {
+            t->samples[i] = mmp_dataset_sample_at(t->train, (uint64_t)plan->job.seed, base + i, 1);
+        }
+        double t0 = mmp_now();
+        MMP_TRY(mmp_dataset_load(t->train, t->samples, n, t->images, t->ids, t->mask));
+        *data_s += mmp_now() - t0;
+        float weight = (float)n / (float)B;
+        mmp_loss_parts parts;
+        mmp_image_net_forward(t->img, t->ia, t->images, n, 1, t->img_tok);
+        mmp_text_net_forward(t->txt, t->ta, t->ids, NULL, t->mask, n, t->txt_tok);
+        mmp_fusion_net_forward(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, &parts);
+        memset(t->dimg, 0, (size_t)n * (size_t)t->img_tok_floats * sizeof(float));
+        memset(t->dtxt, 0, (size_t)n * (size_t)t->txt_tok_floats * sizeof(float));
+        mmp_fusion_net_backward(t->fus, t->fa, weight, t->dimg, t->dtxt);
+        mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);
+        mmp_image_net_backward(t->img, t->ia, t->dimg, n, NULL);
+        out->loss += weight * parts.loss;
+        out->itc += weight * parts.itc;
+        out->itm += weight * parts.itm;
+    }
+    /* The global norm sums the stages in a fixed order (image, text, fusion),
+     * as the pipeline's coordinator does. */
+    double sumsq = mmp_params_grad_sumsq(pi) + mmp_params_grad_sumsq(pt) +
+                   mmp_params_grad_sumsq(pf);
+    *grad_norm = sqrt(sumsq);
+    if (!isfinite(*grad_norm) || !isfinite(out->loss)) {
+        return mmp_errorf(MMP_ERR_DATA, "step %d: loss or gradient is not finite (loss %g)",
+                          step + 1, (double)out->loss);
+    }
+    float coef = mmp_clip_coef(plan, *grad_norm);
+    float lr = mmp_lr_at(plan, step);
+    mmp_optim_step(pi, plan, step, lr, coef);
+    mmp_optim_step(pt, plan, step, lr, coef);
+    mmp_optim_step(pf, plan, step, lr, coef);
+    return MMP_OK;
+}
+
+static long peak_rss_bytes(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss * 1024L;
+}
+
+mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir)
+{
+    trainer t;
+    mmp_err err = trainer_init(&t, plan, out_dir);
+    if (err != MMP_OK) {
+        goto exit;
+    }
+    mmp_cpu_set_threads(plan->train.threads);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/plan.json", out_dir);
+    if ((err = mmp_plan_write_json(plan, path)) != MMP_OK) {
+        goto exit;
+    }
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
+    t.metrics = fopen(path, "w");
+    if (!t.metrics) {
+        err = mmp_errorf(MMP_ERR_IO, "cannot write %s", path);
+        goto exit;
+    }
+    MMP_INFO("single-process training: %d steps, batch %d in %d micro-batches, %lld train / "
+             "%lld val samples",
+             plan->job.steps, plan->train.batch, plan->train.microbatches,
+             (long long)mmp_dataset_size(t.train), (long long)mmp_dataset_size(t.val));
+    mmp_progress progress;
+    mmp_progress_init(&progress, plan->job.steps, 10);
+    double run_t0 = mmp_now();
+    for (int step = 0; step < plan->job.steps; step++) {
+        double t0 = mmp_now(), data_s = 0, grad_norm = 0;
+        mmp_loss_parts parts;
+        err = train_step(&t, step, &parts, &grad_norm, &data_s);
+        if (err != MMP_OK) {
+            mmp_progress_end(&progress);
+            goto exit;
+        }
+        double step_s = mmp_now() - t0;
+        int done = step + 1;
+        double sps = plan->train.batch / step_s;
+        fprintf(t.metrics,
+                "{\"step\":%d,\"loss\":%.6g,\"itc_loss\":%.6g,\"itm_loss\":%.6g,\"lr\":%.6g,"
+                "\"grad_norm\":%.6g,\"samples_per_s\":%.4g,\"step_ms\":%.4g,\"data_ms\":%.4g,"
+                "\"bubble\":0,\"stages\":[{\"name\":\"single\",\"replica\":0,\"busy_ms\":%.4g,"
+                "\"idle_ms\":0,\"peak_mem_bytes\":%ld}]",
+                done, (double)parts.loss, (double)parts.itc, (double)parts.itm,
+                (double)mmp_lr_at(plan, step), grad_norm, sps, step_s * 1e3, data_s * 1e3,
+                step_s * 1e3, peak_rss_bytes());
+        int eval_every = plan->train.eval_every;
+        if ((eval_every > 0 && done % eval_every == 0) || done == plan->job.steps) {
+            double i2t = 0, t2i = 0;
+            if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK) {
+                goto exit;
+            }
+            fprintf(t.metrics, ",\"val_i2t_r1\":%.4f,\"val_t2i_r1\":%.4f", i2t, t2i);
+            mmp_progress_end(&progress);
+            MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done, i2t, t2i);
+        }
+        fprintf(t.metrics, "}\n");
+        fflush(t.metrics);
+        if (plan->train.ckpt_every > 0 && done % plan->train.ckpt_every == 0 &&
+            done != plan->job.steps) {
+            if ((err = write_checkpoint(&t, done)) != MMP_OK) {
+                goto exit;
+            }
+        }
+        char text[256];
+        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s", (double)parts.loss, sps);
+        mmp_progress_update(&progress, done, text);
+    }
+    mmp_progress_end(&progress);
+    if ((err = write_checkpoint(&t, plan->job.steps)) != MMP_OK) {
+        goto exit;
+    }
+    MMP_INFO("done: %d steps in %.1f s; checkpoint %s/ckpt/latest", plan->job.steps,
+             mmp_now() - run_t0, out_dir);
+exit:
+    trainer_fini(&t);
+    return err;
+}

@@ -1,0 +1,115 @@
+#include "tests/harness.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "common/rng.h"
+
+int mmp_test_failures = 0;
+int mmp_test_checks = 0;
+
+int mmp_test_close(const char *label, const float *got, const float *ref, size_t n, double atol,
+                   double rtol)
+{
+    size_t bad = 0;
+    double max_abs = 0, max_rel = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)ref[i]);
+        double tol = atol + rtol * fabs((double)ref[i]);
+        int nan = isnan(got[i]) != isnan(ref[i]);
+        if (d > max_abs) {
+            max_abs = d;
+        }
+        if (ref[i] != 0 && d / fabs((double)ref[i]) > max_rel) {
+            max_rel = d / fabs((double)ref[i]);
+        }
+        if (nan || d > tol) {
+            if (bad < 5) {
+                fprintf(stderr, "  %s[%zu]: got %.9g want %.9g (diff %.3g, tol %.3g)\n", label, i,
+                        (double)got[i], (double)ref[i], d, tol);
+            }
+            bad++;
+        }
+    }
+    if (bad) {
+        fprintf(stderr, "  %s: %zu/%zu mismatches, max_abs=%.3g max_rel=%.3g\n", label, bad, n,
+                max_abs, max_rel);
+    }
+    return bad == 0;
+}
+
+void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long seed)
+{
+    mmp_rng r;
+    mmp_rng_seed(&r, seed, 12345);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = lo + (hi - lo) * mmp_rng_uniform(&r);
+    }
+}
+
+const char *mmp_test_tmpdir(const char *name)
+{
+    static char path[1024];
+    const char *base = getenv("MMP_TMP");
+    if (!base || !*base) {
+        base = "/tmp/mmpipe-test";
+    }
+    char cmd[1200];
+    snprintf(path, sizeof path, "%s/%s", base, name);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", path, path);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "cannot make %s\n", path);
+        exit(1);
+    }
+    return path;
+}
+
+const char *mmp_test_bin(void)
+{
+    const char *b = getenv("MMP_BIN");
+    return b && *b ? b : "build/mmpipe";
+}
+
+int mmp_test_run(const char *cmd, char *out, size_t n)
+{
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *f = popen(full, "r");
+    if (!f) {
+        return -1;
+    }
+    size_t len = 0;
+    char buf[4096];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+        if (out && len + 1 < n) {
+            size_t take = got < n - 1 - len ? got : n - 1 - len;
+            memcpy(out + len, buf, take);
+            len += take;
+        }
+    }
+    if (out && n) {
+        out[len] = 0;
+    }
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int mmp_test_finish(const char *name)
+{
+    if (mmp_test_checks == 0) {
+        fprintf(stderr, "%s: no checks ran\n", name);
+        return 1;
+    }
+    fprintf(stderr, "%s: %d checks, %d failed\n", name, mmp_test_checks, mmp_test_failures);
+    return mmp_test_failures ? 1 : 0;
+}
+
+int mmp_test_skip(const char *name, const char *why)
+{
+    fprintf(stderr, "%s: skipped: %s\n", name, why);
+    return 77;
+}

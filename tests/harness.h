@@ -1,0 +1,65 @@
+/* A small test harness shared by every ctest executable.
+ *
+ * CHECK(cond) records a failure with file:line and goes on; a test's main
+ * returns mmp_test_finish(), which prints a summary and returns 0 or 1.
+ * mmp_test_close() compares arrays with |a-b| <= atol + rtol*|ref| and prints
+ * the first few mismatches and the max difference. mmp_test_skip() returns 77,
+ * which ctest reports as skipped (GPU tests without a device). */
+#ifndef MMP_TESTS_HARNESS_H
+#define MMP_TESTS_HARNESS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+extern int mmp_test_failures;
+extern int mmp_test_checks;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        mmp_test_checks++;                                                                         \
+        if (!(cond)) {                                                                             \
+            mmp_test_failures++;                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                        \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        mmp_test_checks++;                                                                         \
+        mmp_err e_ = (expr);                                                                       \
+        if (e_ != MMP_OK) {                                                                        \
+            mmp_test_failures++;                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,               \
+                    mmp_err_name(e_), mmp_last_error());                                           \
+        }                                                                                          \
+    } while (0)
+
+/* Returns 1 when all n values are close; prints up to 5 mismatches under label. */
+int mmp_test_close(const char *label, const float *got, const float *ref, size_t n, double atol,
+                   double rtol);
+#define CHECK_CLOSE(label, got, ref, n, atol, rtol)                                                \
+    do {                                                                                           \
+        mmp_test_checks++;                                                                         \
+        if (!mmp_test_close(label, got, ref, n, atol, rtol)) {                                     \
+            mmp_test_failures++;                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s not close\n", __FILE__, __LINE__, label);              \
+        }                                                                                          \
+    } while (0)
+
+/* Fills x with uniform values in [lo, hi) from a fixed seed. */
+void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long seed);
+
+/* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
+const char *mmp_test_tmpdir(const char *name);
+
+/* Path of the mmpipe binary ($MMP_BIN, else build/mmpipe). */
+const char *mmp_test_bin(void);
+
+/* Runs a shell command, returns its exit status (-1 if it did not exit). Output
+ * (stdout+stderr) is stored in out (NUL-terminated, truncated to n) if out. */
+int mmp_test_run(const char *cmd, char *out, size_t n);
+
+int mmp_test_finish(const char *name);
+int mmp_test_skip(const char *name, const char *why);
+
+#endif
