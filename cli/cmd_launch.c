@@ -33,7 +33,7 @@ static const char USAGE[] =
 /* Removes a previous run's outputs from dir (only the files a run writes). */
 static int clear_run(const char *dir)
 {
-    char cmd[2400];
+    char cmd[4400];
     snprintf(cmd, sizeof cmd, "rm -rf -- '%s/ckpt' '%s/metrics.jsonl' '%s/plan.json' '%s/trace.json'",
              dir, dir, dir, dir);
     return system(cmd);

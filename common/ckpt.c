@@ -316,7 +316,10 @@ mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir)
     }
     for (int i = 0; i < n; i++) {
         char file[1400];
-        snprintf(file, sizeof file, "%s/%s", resolved, names[i]);
+        if (snprintf(file, sizeof file, "%s/%s", resolved, names[i]) >= (int)sizeof file) {
+            mmp_ckpt_fini(c);
+            return mmp_errorf(MMP_ERR_INVALID, "%s: path too long", resolved);
+        }
         mmp_err e = mmp_ckpt_read_file(c, file);
         if (e != MMP_OK) {
             mmp_ckpt_fini(c);

@@ -46,7 +46,16 @@ mmp_err mmp_error_prefix(mmp_err e, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, last_error, sizeof old);
-    snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+    /* "<prefix>: <old>", cut at the buffer's end (the start is the useful part). */
+    size_t n = strlen(prefix);
+    if (n > sizeof last_error - 3) {
+        n = sizeof last_error - 3;
+    }
+    memcpy(last_error, prefix, n);
+    memcpy(last_error + n, ": ", 2);
+    size_t room = sizeof last_error - n - 3, m = strlen(old);
+    memcpy(last_error + n + 2, old, m < room ? m : room);
+    last_error[n + 2 + (m < room ? m : room)] = 0;
     return e;
 }
 

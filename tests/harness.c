@@ -57,7 +57,7 @@ const char *mmp_test_tmpdir(const char *name)
     if (!base || !*base) {
         base = "/tmp/mmpipe-test";
     }
-    char cmd[1200];
+    char cmd[2200];
     snprintf(path, sizeof path, "%s/%s", base, name);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", path, path);
     if (system(cmd) != 0) {

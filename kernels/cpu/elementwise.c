@@ -1,0 +1,64 @@
+/* Elementwise ops on the CPU: ReLU, GELU (tanh approximation), add, scale. */
+#include "kernels/cpu.h"
+
+#include <math.h>
+
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_CUBIC 0.044715f
+
+void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n)
+{
+    // out (n), inp (n); out may alias inp
+    for (size_t i = 0; i < n; i++) {
+        out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+    }
+}
+
+void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n)
+{
+    // dinp (n), dout (n), out (n): the forward's output
+    for (size_t i = 0; i < n; i++) {
+        if (out[i] > 0.0f) {
+            dinp[i] += dout[i];
+        }
+    }
+}
+
+void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n)
+{
+    // out (n), inp (n)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n)
+{
+    // dinp (n), dout (n), inp (n)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+        float t = tanhf(u);
+        float du = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+        dinp[i] += grad * dout[i];
+    }
+}
+
+void mmp_cpu_add(float *out, const float *a, const float *b, size_t n)
+{
+    // out (n), a (n), b (n); out may alias a or b
+    for (size_t i = 0; i < n; i++) {
+        out[i] = a[i] + b[i];
+    }
+}
+
+void mmp_cpu_scale(float *x, float s, size_t n)
+{
+    // x (n)
+    for (size_t i = 0; i < n; i++) {
+        x[i] *= s;
+    }
+}

@@ -1,0 +1,404 @@
+/* Plan files: every key and default of a full plan, each kind of error with
+ * its exact "file:line:column: key: reason" message, --set overrides, and
+ * plan.json read back through libfyaml's JSON parser. Fixtures are in
+ * tests/data/config/; run from the repository root. */
+#include "common/config.h"
+
+#include <libfyaml.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/harness.h"
+
+#define DIR "tests/data/config/"
+
+static int feq(float a, double b)
+{
+    return fabs((double)a - b) <= 1e-7 + 1e-6 * fabs(b);
+}
+
+/* Loading file with the overrides fails with error want and exactly msg. */
+static void expect_error(const char *file, const char *const *ov, int n, mmp_err want,
+                         const char *msg)
+{
+    mmp_plan p;
+    mmp_err e = mmp_plan_load(&p, file, ov, n);
+    CHECK(e == want);
+    if (strcmp(mmp_last_error(), msg) != 0) {
+        fprintf(stderr, "  got:  %s\n  want: %s\n", mmp_last_error(), msg);
+    }
+    CHECK(strcmp(mmp_last_error(), msg) == 0);
+}
+
+/* As expect_error, for messages whose tail is libfyaml's wording. */
+static void expect_error_prefix(const char *file, const char *const *ov, int n,
+                                const char *prefix)
+{
+    mmp_plan p;
+    mmp_err e = mmp_plan_load(&p, file, ov, n);
+    CHECK(e == MMP_ERR_CONFIG);
+    if (strncmp(mmp_last_error(), prefix, strlen(prefix)) != 0) {
+        fprintf(stderr, "  got:  %s\n  want: %s...\n", mmp_last_error(), prefix);
+    }
+    CHECK(strncmp(mmp_last_error(), prefix, strlen(prefix)) == 0);
+}
+
+static void test_full_plan(void)
+{
+    mmp_plan p;
+    CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", NULL, 0));
+    CHECK(strcmp(p.path, DIR "good.yaml") == 0);
+    CHECK(strcmp(p.job.name, "full \"test\"") == 0);
+    CHECK(p.job.steps == 250);
+    CHECK(p.job.seed == 12345678901LL);
+
+    CHECK(strcmp(p.data.manifest, "data/full/train.jsonl") == 0);
+    CHECK(strcmp(p.data.val_manifest, "data/full/held_out.jsonl") == 0);
+    CHECK(strcmp(p.data.vocab, "data/full/words.txt") == 0);
+    CHECK(p.data.image_size == 64 && p.data.max_text_len == 40);
+    CHECK(feq(p.data.mean[0], 0.5) && feq(p.data.mean[1], 0.25) && feq(p.data.mean[2], 0.125));
+    CHECK(feq(p.data.std[0], 0.5) && feq(p.data.std[1], 0.5) && feq(p.data.std[2], 2));
+    CHECK(p.data.workers == 3);
+    CHECK(p.data.on_bad_sample == MMP_BAD_SKIP);
+    CHECK(p.data.val_samples == 512);
+
+    CHECK(p.model.width == 96);
+    CHECK(p.model.image.n_stages == 3);
+    CHECK(p.model.image.blocks[0] == 2 && p.model.image.blocks[1] == 2 &&
+          p.model.image.blocks[2] == 1);
+    CHECK(p.model.image.channels[0] == 8 && p.model.image.channels[1] == 16 &&
+          p.model.image.channels[2] == 32);
+    CHECK(p.model.image.stem_pool == 1);
+    CHECK(p.model.text.layers == 3 && p.model.text.heads == 6 && p.model.text.ffn_mult == 2);
+    CHECK(p.model.fusion.layers == 2 && p.model.fusion.heads == 3);
+
+    CHECK(p.train.batch == 48 && p.train.microbatches == 6);
+    CHECK(p.train.schedule == MMP_SCHED_GPIPE);
+    CHECK(p.train.precision == MMP_PREC_BF16);
+    CHECK(feq(p.train.optimizer.lr, 3e-4) && feq(p.train.optimizer.min_lr, 1e-5));
+    CHECK(feq(p.train.optimizer.weight_decay, 0.1) && p.train.optimizer.warmup == 7);
+    CHECK(feq(p.train.optimizer.beta1, 0.8) && feq(p.train.optimizer.beta2, 0.95));
+    CHECK(feq(p.train.optimizer.eps, 1e-6));
+    CHECK(feq(p.train.clip_grad_norm, 0.5));
+    CHECK(p.train.eval_every == 25 && p.train.ckpt_every == 100 && p.train.threads == 2);
+    CHECK(feq(p.train.init_temperature, 0.1));
+    CHECK(p.balance.mode == MMP_BALANCE_DYNAMIC);
+
+    CHECK(p.n_hosts == 2);
+    CHECK(strcmp(p.hosts[0].name, "alpha") == 0 && p.hosts[0].n_devices == 3);
+    CHECK(p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0 &&
+          p.hosts[0].devices[2] == 1);
+    CHECK(strcmp(p.hosts[1].name, "beta") == 0 && p.hosts[1].n_devices == 1 &&
+          p.hosts[1].devices[0] == -1);
+
+    CHECK(p.stages.image.replicas == 2 && p.stages.image.n_split == 2);
+    CHECK(p.stages.image.split[0] == 2 && p.stages.image.split[1] == 4);
+    CHECK(p.stages.text.replicas == 1 && p.stages.text.n_split == 1 &&
+          p.stages.text.split[0] == 2);
+    CHECK(p.stages.fusion.replicas == 3 && p.stages.fusion.n_split == 0);
+}
+
+static void check_defaults(const mmp_plan *p)
+{
+    CHECK(strcmp(p->job.name, "job") == 0 && p->job.steps == 100 && p->job.seed == 1);
+    CHECK(p->data.image_size == 32 && p->data.max_text_len == 32);
+    CHECK(feq(p->data.mean[0], 0.485) && feq(p->data.mean[1], 0.456) &&
+          feq(p->data.mean[2], 0.406));
+    CHECK(feq(p->data.std[0], 0.229) && feq(p->data.std[1], 0.224) &&
+          feq(p->data.std[2], 0.225));
+    CHECK(p->data.workers == 1 && p->data.on_bad_sample == MMP_BAD_FAIL);
+    CHECK(p->data.val_samples == 256);
+    CHECK(p->model.width == 64 && p->model.image.n_stages == 4);
+    for (int i = 0; i < 4; i++) {
+        CHECK(p->model.image.blocks[i] == 1);
+        CHECK(p->model.image.channels[i] == 16 << i);
+    }
+    CHECK(p->model.image.stem_pool == 0);
+    CHECK(p->model.text.layers == 2 && p->model.text.heads == 4 && p->model.text.ffn_mult == 4);
+    CHECK(p->model.fusion.layers == 1 && p->model.fusion.heads == 4);
+    CHECK(p->train.batch == 64 && p->train.microbatches == 4);
+    CHECK(p->train.schedule == MMP_SCHED_1F1B && p->train.precision == MMP_PREC_FP32);
+    CHECK(feq(p->train.optimizer.lr, 1e-3) && feq(p->train.optimizer.min_lr, 1e-4));
+    CHECK(feq(p->train.optimizer.weight_decay, 0.05) && p->train.optimizer.warmup == 20);
+    CHECK(feq(p->train.optimizer.beta1, 0.9) && feq(p->train.optimizer.beta2, 0.999));
+    CHECK(feq(p->train.optimizer.eps, 1e-8));
+    CHECK(feq(p->train.clip_grad_norm, 1.0) && feq(p->train.init_temperature, 0.07));
+    CHECK(p->train.eval_every == 50 && p->train.ckpt_every == 0 && p->train.threads == 1);
+    CHECK(p->balance.mode == MMP_BALANCE_OFF);
+    CHECK(p->n_hosts == 1 && strcmp(p->hosts[0].name, "localhost") == 0);
+    CHECK(p->hosts[0].n_devices == 3);
+    for (int d = 0; d < 3; d++) {
+        CHECK(p->hosts[0].devices[d] == -1);
+    }
+    CHECK(p->stages.image.replicas == 1 && p->stages.image.n_split == 0);
+    CHECK(p->stages.text.replicas == 1 && p->stages.text.n_split == 0);
+    CHECK(p->stages.fusion.replicas == 1);
+}
+
+static void test_defaults(void)
+{
+    mmp_plan p;
+    mmp_plan_defaults(&p);
+    check_defaults(&p);
+    CHECK(p.data.manifest[0] == 0);
+
+    CHECK_OK(mmp_plan_load(&p, DIR "minimal.yaml", NULL, 0));
+    check_defaults(&p);
+    CHECK(strcmp(p.data.manifest, "data/min/train.jsonl") == 0);
+    CHECK(strcmp(p.data.val_manifest, "data/min/val.jsonl") == 0);
+    CHECK(strcmp(p.data.vocab, "data/min/vocab.txt") == 0);
+
+    CHECK(strcmp(mmp_schedule_name(MMP_SCHED_GPIPE), "gpipe") == 0);
+    CHECK(strcmp(mmp_schedule_name(MMP_SCHED_1F1B), "1f1b") == 0);
+    CHECK(strcmp(mmp_precision_name(MMP_PREC_FP32), "fp32") == 0);
+    CHECK(strcmp(mmp_precision_name(MMP_PREC_BF16), "bf16") == 0);
+    CHECK(strcmp(mmp_precision_name(MMP_PREC_FP16), "fp16") == 0);
+}
+
+static void test_demo(void)
+{
+    /* configs/demo.yaml is the plan users copy: it must always load. */
+    if (access("configs/demo.yaml", R_OK) != 0) {
+        fprintf(stderr, "note: configs/demo.yaml absent, not checked\n");
+        return;
+    }
+    mmp_plan p;
+    CHECK_OK(mmp_plan_load(&p, "configs/demo.yaml", NULL, 0));
+    CHECK(p.data.manifest[0] != 0);
+}
+
+static void test_file_errors(void)
+{
+    expect_error(DIR "typo.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "typo.yaml:6:3: unknown key 'train.microbatchs' "
+                     "(did you mean 'train.microbatches'?)");
+    expect_error(DIR "wrongtype.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "wrongtype.yaml:4:10: train.batch: expected an integer, got 'abc'");
+    expect_error(DIR "range.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "range.yaml:2:35: train.microbatches: 0 is out of range [1, 4096]");
+    expect_error(DIR "badenum.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "badenum.yaml:3:13: train.schedule: unknown value 'pipedream' "
+                     "(accepted: gpipe, 1f1b)");
+    expect_error_prefix(DIR "syntax.yaml", NULL, 0, DIR "syntax.yaml:3:61: invalid YAML: ");
+    expect_error(DIR "dupkey.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "dupkey.yaml:5:3: duplicate key 'train.batch' "
+                     "(first given at line 3, column 3)");
+    expect_error(DIR "notmap.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "notmap.yaml:4:9: model.text: expected a mapping, got a list");
+    expect_error(DIR "meanlen.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "meanlen.yaml:3:9: data.mean: expected 3 values, got 2");
+    expect_error(DIR "nomanifest.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "nomanifest.yaml:2:1: data.manifest: required key is missing");
+    expect_error(DIR "device.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "device.yaml:4:20: hosts[0].devices[1]: expected 'cpu' or a CUDA device "
+                     "ordinal, got 'gpu0'");
+    expect_error(DIR "does_not_exist.yaml", NULL, 0, MMP_ERR_IO,
+                 DIR "does_not_exist.yaml: No such file or directory");
+    expect_error("tests/data/config", NULL, 0, MMP_ERR_IO,
+                 "tests/data/config: Is a directory");
+
+    /* checks across keys, placed at the key the file gave */
+    expect_error(DIR "microbatches.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "microbatches.yaml:4:17: train.microbatches (8) is more than "
+                     "train.batch (4)");
+    expect_error(DIR "heads.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "heads.yaml:3:10: model.width (66) is not divisible by "
+                     "model.text.heads (4)");
+    expect_error(DIR "stagelen.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "stagelen.yaml:3:20: model.image.channels has 4 values but "
+                     "model.image.blocks has 2");
+    expect_error(DIR "split.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "split.yaml:3:22: stages.text.split[1]: 2 must be greater than the split "
+                     "point before it (3)");
+}
+
+/* Plans written on the fly, for errors that need no fixture of their own. */
+static void test_written_errors(const char *tmp)
+{
+    static const struct {
+        const char *yaml, *msg;
+    } cases[] = {
+        {"", "%s:1:1: data.manifest: required key is missing"},
+        {"- a\n- b\n", "%s:1:1: expected a mapping of sections (job, data, model, ...), got a list"},
+        {"data: { manifest: t.jsonl }\n---\ntrain: { batch: 2 }\n",
+         "%s:3:1: a plan is one YAML document; this starts a second one"},
+        {"data: { manifest: t.jsonl }\nmodel: { text: { heads: 5 } }\n",
+         "%s:2:25: model.width (64) is not divisible by model.text.heads (5)"},
+        {"data: { manifest: t.jsonl }\nmodel: { fusion: { heads: 7 } }\n",
+         "%s:2:27: model.width (64) is not divisible by model.fusion.heads (7)"},
+        {"data: { manifest: t.jsonl }\ntrain: { optimizer: { lr: 1e-3, min_lr: 1e-2 } }\n",
+         "%s:2:41: train.optimizer.min_lr (0.01) is more than train.optimizer.lr (0.001)"},
+        {"data: { manifest: t.jsonl }\nmodel: { image: { stem_pool: 2 } }\n",
+         "%s:2:30: model.image.stem_pool: expected true or false, got '2'"},
+        {"data: { manifest: t.jsonl }\ntrain: { optimizer: { beta2: 1 } }\n",
+         "%s:2:30: train.optimizer.beta2: 1 is out of range [0, 1)"},
+        {"data: { manifest: t.jsonl }\ntrain: { batch: \"8\" }\n",
+         "%s:2:17: train.batch: expected an integer, got the quoted string \"8\""},
+        {"data: { manifest: t.jsonl }\nstages: { text: { split: [9] } }\n",
+         "%s:2:26: stages.text.split[0]: 9 is not below the 4 layers of the branch "
+         "(embedding, model.text.layers, final norm)"},
+        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, devices: [cpu] }\n"
+         "  - { name: a, devices: [0] }\n",
+         "%s:4:13: hosts[1].name: 'a' is already the name of hosts[0]"},
+        {"data: { manifest: t.jsonl }\nstages: { image: { layers: first } }\n",
+         "%s:2:28: stages.image.layers: unknown value 'first' (accepted: all)"},
+        {"data: { manifest: t.jsonl }\ntrian: {}\n",
+         "%s:2:1: unknown key 'trian' (did you mean 'train'?)"},
+    };
+    char path[1200], want[2048];
+    snprintf(path, sizeof path, "%s/plan.yaml", tmp);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL);
+        if (!f) {
+            return;
+        }
+        fputs(cases[i].yaml, f);
+        fclose(f);
+        snprintf(want, sizeof want, cases[i].msg, path);
+        expect_error(path, NULL, 0, MMP_ERR_CONFIG, want);
+    }
+}
+
+static void test_overrides(void)
+{
+    mmp_plan p;
+    const char *const ok[] = {
+        "train.batch=32",
+        "train.optimizer.lr=5e-4",
+        "model.image.blocks=[2,2]",
+        "model.image.channels=[8, 16]",
+        "stages.text.split=[1]",
+        "hosts=[{name: h1, devices: [cpu, 0]}]",
+        "balance.mode=dynamic", /* no balance section in the file: created */
+        "job.name=override run",
+    };
+    CHECK_OK(mmp_plan_load(&p, DIR "minimal.yaml", ok, 8));
+    CHECK(p.train.batch == 32);
+    CHECK(feq(p.train.optimizer.lr, 5e-4) && feq(p.train.optimizer.min_lr, 5e-5));
+    CHECK(p.model.image.n_stages == 2 && p.model.image.blocks[1] == 2 &&
+          p.model.image.channels[1] == 16);
+    CHECK(p.stages.text.n_split == 1 && p.stages.text.split[0] == 1);
+    CHECK(p.n_hosts == 1 && strcmp(p.hosts[0].name, "h1") == 0 && p.hosts[0].n_devices == 2 &&
+          p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0);
+    CHECK(p.balance.mode == MMP_BALANCE_DYNAMIC);
+    CHECK(strcmp(p.job.name, "override run") == 0);
+
+    /* later overrides win; a value in the file is replaced */
+    const char *const twice[] = {"train.batch=8", "train.batch=16", "train.microbatches=2"};
+    CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", twice, 3));
+    CHECK(p.train.batch == 16 && p.train.microbatches == 2);
+    CHECK(feq(p.train.optimizer.lr, 3e-4)); /* the rest of the file still applies */
+
+    /* a whole section as a flow mapping */
+    const char *const section[] = {"train={batch: 8, microbatches: 2}"};
+    CHECK_OK(mmp_plan_load(&p, DIR "minimal.yaml", section, 1));
+    CHECK(p.train.batch == 8 && p.train.microbatches == 2);
+
+    const char *const unknown[] = {"train.microbatchs=4"};
+    expect_error(DIR "minimal.yaml", unknown, 1, MMP_ERR_CONFIG,
+                 "--set train.microbatchs=4: unknown key 'train.microbatchs' "
+                 "(did you mean 'train.microbatches'?)");
+    const char *const bad_type[] = {"train.batch=abc"};
+    expect_error(DIR "minimal.yaml", bad_type, 1, MMP_ERR_CONFIG,
+                 "--set train.batch=abc: train.batch: expected an integer, got 'abc'");
+    const char *const bad_yaml[] = {"model.image.blocks=[1,2"};
+    expect_error_prefix(DIR "minimal.yaml", bad_yaml, 1,
+                        "--set model.image.blocks=[1,2: invalid YAML value: ");
+    const char *const no_value[] = {"train.batch"};
+    expect_error(DIR "minimal.yaml", no_value, 1, MMP_ERR_CONFIG,
+                 "--set train.batch: expected KEY=VALUE");
+    const char *const cross[] = {"train.microbatches=128"};
+    expect_error(DIR "minimal.yaml", cross, 1, MMP_ERR_CONFIG,
+                 "--set train.microbatches=128: train.microbatches (128) is more than "
+                 "train.batch (64)");
+    const char *const nested[] = {"train={batch: 8, microbatchs: 2}"};
+    expect_error(DIR "minimal.yaml", nested, 1, MMP_ERR_CONFIG,
+                 "--set train={batch: 8, microbatchs: 2}: unknown key 'train.microbatchs' "
+                 "(did you mean 'train.microbatches'?)");
+    const char *const dup[] = {"train={batch: 1, batch: 2}"};
+    expect_error(DIR "minimal.yaml", dup, 1, MMP_ERR_CONFIG,
+                 "--set train={batch: 1, batch: 2}: duplicate key 'train.batch'");
+    const char *const range[] = {"train.optimizer.lr=0"};
+    expect_error(DIR "minimal.yaml", range, 1, MMP_ERR_CONFIG,
+                 "--set train.optimizer.lr=0: train.optimizer.lr: 0 is out of range (0, 10]");
+    /* the file, not the override, is wrong here: the message points into it */
+    const char *const into_list[] = {"model.text.layers=3"};
+    expect_error(DIR "notmap.yaml", into_list, 1, MMP_ERR_CONFIG,
+                 DIR "notmap.yaml:4:9: model.text: expected a mapping, got a list");
+    const char *const no_manifest[] = {"data.workers=2"};
+    expect_error(DIR "nomanifest.yaml", no_manifest, 1, MMP_ERR_CONFIG,
+                 DIR "nomanifest.yaml:2:1: data.manifest: required key is missing");
+    /* the override only fixes what the file gets wrong */
+    const char *const fix[] = {"train.microbatches=4"};
+    CHECK_OK(mmp_plan_load(&p, DIR "range.yaml", fix, 1));
+}
+
+/* The scalar at path ("/a/0/b") in doc, or "" (for CHECKs to fail on). */
+static const char *json_at(struct fy_document *doc, const char *path, char *buf, size_t size)
+{
+    /* libfyaml 0.7.12's FYNWF_PTR_JSON mode loses its way in mappings
+     * inside lists ("/hosts/0/name"); its default path syntax does not. */
+    struct fy_node *n = doc ? fy_node_by_path(fy_document_root(doc), path, FY_NT,
+                                              FYNWF_DONT_FOLLOW)
+                            : NULL;
+    size_t len = 0;
+    const char *s = n ? fy_node_get_scalar(n, &len) : NULL;
+    snprintf(buf, size, "%.*s", s ? (int)len : 0, s ? s : "");
+    return buf;
+}
+
+static void test_json(const char *tmp)
+{
+    mmp_plan p;
+    char path[1200], buf[256];
+    CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", NULL, 0));
+    /* characters JSON must escape */
+    snprintf(p.job.name, sizeof p.job.name, "a \"quoted\" back\\slash\nnew\tline");
+    snprintf(path, sizeof path, "%s/plan.json", tmp);
+    CHECK_OK(mmp_plan_write_json(&p, path));
+
+    struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_JSON_FORCE};
+    struct fy_document *doc = fy_document_build_from_file(&cfg, path);
+    CHECK(doc != NULL);
+    CHECK(strcmp(json_at(doc, "/path", buf, sizeof buf), DIR "good.yaml") == 0);
+    CHECK(strcmp(json_at(doc, "/job/name", buf, sizeof buf), p.job.name) == 0);
+    CHECK(strcmp(json_at(doc, "/job/seed", buf, sizeof buf), "12345678901") == 0);
+    CHECK(strcmp(json_at(doc, "/train/batch", buf, sizeof buf), "48") == 0);
+    CHECK(strcmp(json_at(doc, "/train/schedule", buf, sizeof buf), "gpipe") == 0);
+    CHECK(strtof(json_at(doc, "/train/optimizer/lr", buf, sizeof buf), NULL) ==
+          p.train.optimizer.lr);
+    CHECK(strtof(json_at(doc, "/train/optimizer/eps", buf, sizeof buf), NULL) ==
+          p.train.optimizer.eps);
+    CHECK(strtof(json_at(doc, "/data/mean/2", buf, sizeof buf), NULL) == p.data.mean[2]);
+    CHECK(strcmp(json_at(doc, "/model/image/channels/2", buf, sizeof buf), "32") == 0);
+    CHECK(strcmp(json_at(doc, "/model/image/stem_pool", buf, sizeof buf), "true") == 0);
+    CHECK(strcmp(json_at(doc, "/hosts/0/devices/0", buf, sizeof buf), "cpu") == 0);
+    CHECK(strcmp(json_at(doc, "/hosts/0/devices/2", buf, sizeof buf), "1") == 0);
+    CHECK(strcmp(json_at(doc, "/hosts/1/name", buf, sizeof buf), "beta") == 0);
+    CHECK(strcmp(json_at(doc, "/stages/image/split/1", buf, sizeof buf), "4") == 0);
+    CHECK(strcmp(json_at(doc, "/stages/image/layers", buf, sizeof buf), "all") == 0);
+    CHECK(strcmp(json_at(doc, "/stages/fusion/replicas", buf, sizeof buf), "3") == 0);
+    fy_document_destroy(doc);
+
+    char bad[1300];
+    snprintf(bad, sizeof bad, "%s/no/such/dir/plan.json", tmp);
+    CHECK(mmp_plan_write_json(&p, bad) == MMP_ERR_IO);
+    CHECK(strstr(mmp_last_error(), "No such file or directory") != NULL);
+}
+
+int main(void)
+{
+    const char *tmp = mmp_test_tmpdir("test_config");
+    test_full_plan();
+    test_defaults();
+    test_demo();
+    test_file_errors();
+    test_written_errors(tmp);
+    test_overrides();
+    test_json(tmp);
+    return mmp_test_finish("test_config");
+}
