@@ -5,11 +5,15 @@
  *   text branch   token + position embedding -> N pre-LN transformer layers
  *                 (masked self-attention, GELU FFN) -> final LayerNorm: (B, T, D)
  *   fusion        ITC: symmetric InfoNCE between L2-normalised projections of
- *                 the mean image token and the text [CLS] token, learnable
+ *                 the flattened image tokens (all Ni*D values: the spatial
+ *                 layout survives, which captions such as "left of" need) and
+ *                 of the text [CLS] token, learnable
  *                 temperature (logit_scale); ITM: L cross-attention layers
  *                 (text queries, image keys/values) over each positive pair and
  *                 one hard negative per sample (the most similar other image by
  *                 ITC similarity), a linear head on [CLS], BCE. loss = ITC + ITM.
+ *                 The fusion layers have no text self-attention, so only the
+ *                 [CLS] row reaches the loss and only it is computed.
  *
  * Each branch is a sequence of numbered layers so that a pipeline can cut it
  * into sub-stages by layer range [first, last); the single-process trainer
