@@ -1,0 +1,200 @@
+/* The CUDA context (device, stream, cuBLAS and cuDNN handles, workspace),
+ * device memory helpers and the status checks every launcher uses.
+ *
+ * Must never be the place a process dies: a missing driver or device is a
+ * count of 0 or an error value, never an abort. */
+#include "kernels/cuda/internal.cuh"
+
+#include <stdlib.h>
+
+mmp_err mmp_cuda_status(cudaError_t e, const char *call, const char *file, int line)
+{
+    if (e == cudaSuccess) {
+        return MMP_OK;
+    }
+    return mmp_errorf(MMP_ERR_CUDA, "%s:%d: %s: %s", file, line, call, cudaGetErrorString(e));
+}
+
+mmp_err mmp_cuda_status(cublasStatus_t e, const char *call, const char *file, int line)
+{
+    if (e == CUBLAS_STATUS_SUCCESS) {
+        return MMP_OK;
+    }
+    return mmp_errorf(MMP_ERR_CUDA, "%s:%d: %s: %s", file, line, call, cublasGetStatusString(e));
+}
+
+mmp_err mmp_cuda_status(cudnnStatus_t e, const char *call, const char *file, int line)
+{
+    if (e == CUDNN_STATUS_SUCCESS) {
+        return MMP_OK;
+    }
+    return mmp_errorf(MMP_ERR_CUDA, "%s:%d: %s: %s", file, line, call, cudnnGetErrorString(e));
+}
+
+int mmp_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver / no device: not an error for the caller */
+        return 0;
+    }
+    return n;
+}
+
+/* Fills a zeroed ctx; on failure what was made is left for destroy. */
+static mmp_err ctx_init(mmp_cuda_ctx *ctx, int device)
+{
+    ctx->device = device;
+    CU_TRY(cudaSetDevice(device));
+    /* A blocking stream: code that still uses the legacy default stream
+     * (a plain cudaMemcpy) stays ordered with the kernels queued here. */
+    CU_TRY(cudaStreamCreate(&ctx->stream));
+    CU_TRY(cublasCreate(&ctx->cublas));
+    CU_TRY(cublasSetStream(ctx->cublas, ctx->stream));
+    /* Default math is fp32 compute without TF32 (that takes
+     * CUBLAS_TF32_TENSOR_OP_MATH), so GEMMs match the CPU's fp32. */
+    CU_TRY(cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH));
+    CU_TRY(cudnnCreate(&ctx->cudnn));
+    CU_TRY(cudnnSetStream(ctx->cudnn, ctx->stream));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_ctx_create(mmp_cuda_ctx **out, int device)
+{
+    *out = NULL;
+    mmp_cuda_ctx *ctx = (mmp_cuda_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx) {
+        return mmp_errorf(MMP_ERR_NOMEM, "mmp_cuda_ctx_create: %zu bytes", sizeof *ctx);
+    }
+    mmp_err ret = ctx_init(ctx, device);
+    if (ret != MMP_OK) {
+        mmp_cuda_ctx_destroy(ctx);
+        return mmp_error_prefix(ret, "CUDA context on device %d", device);
+    }
+    *out = ctx;
+    return MMP_OK;
+}
+
+void mmp_cuda_ctx_destroy(mmp_cuda_ctx *ctx)
+{
+    if (!ctx) {
+        return;
+    }
+    if (ctx->stream) {
+        (void)cudaStreamSynchronize(ctx->stream);
+    }
+    mmp_cuda_conv_plans_clear(ctx);
+    if (ctx->cudnn) {
+        cudnnDestroy(ctx->cudnn);
+    }
+    if (ctx->cublas) {
+        cublasDestroy(ctx->cublas);
+    }
+    if (ctx->ws) {
+        (void)cudaFree(ctx->ws);
+    }
+    if (ctx->stream) {
+        (void)cudaStreamDestroy(ctx->stream);
+    }
+    free(ctx);
+}
+
+int mmp_cuda_ctx_device(const mmp_cuda_ctx *ctx)
+{
+    return ctx->device;
+}
+
+void *mmp_cuda_ctx_stream(const mmp_cuda_ctx *ctx)
+{
+    return (void *)ctx->stream;
+}
+
+mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
+{
+    if (bytes > ctx->ws_bytes) {
+        /* Grow by half again so that a slowly growing shape does not
+         * reallocate every call. cudaFree waits for the device, so work
+         * still reading the old workspace finishes first. */
+        size_t want = bytes + bytes / 2;
+        CU_TRY(cudaFree(ctx->ws));
+        ctx->ws = NULL;
+        ctx->ws_bytes = 0;
+        if (cudaMalloc(&ctx->ws, want) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ctx->ws = NULL;
+            return mmp_errorf(MMP_ERR_NOMEM, "cudaMalloc(%zu bytes) for the CUDA workspace", want);
+        }
+        ctx->ws_bytes = want;
+    }
+    *out = ctx->ws;
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_malloc(void **out, size_t bytes)
+{
+    *out = NULL;
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        return mmp_errorf(e == cudaErrorMemoryAllocation ? MMP_ERR_NOMEM : MMP_ERR_CUDA,
+                          "cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_free(void *p)
+{
+    if (!p) {
+        return MMP_OK;
+    }
+    CU_TRY(cudaFree(p));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_memcpy_h2d(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU_TRY(cudaStreamSynchronize(ctx->stream));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_memcpy_d2h(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    CU_TRY(cudaStreamSynchronize(ctx->stream));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_memcpy_d2d(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_memset(mmp_cuda_ctx *ctx, void *dst, int value, size_t bytes)
+{
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    CU_TRY(cudaMemsetAsync(dst, value, bytes, ctx->stream));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_sync(mmp_cuda_ctx *ctx)
+{
+    CU_TRY(cudaStreamSynchronize(ctx->stream));
+    return MMP_OK;
+}

@@ -1,0 +1,229 @@
+/* 2-D convolution through cuDNN's legacy convolution API (NCHW, fp32).
+ *
+ * Each shape gets a plan: descriptors plus one algorithm per direction,
+ * chosen once by cuDNN's heuristics and cached in the context. The
+ * descriptors ask for FMA math (no TF32), and FFT / Winograd algorithms are
+ * passed over: their fp32 error is larger than the 1e-4 by which the CPU
+ * reference judges this file. Backward accumulates with beta = 1, as every
+ * backward in kernels/ does. */
+#include "kernels/cuda/internal.cuh"
+
+#include <string.h>
+
+static int fwd_algo_ok(cudnnConvolutionFwdAlgo_t a)
+{
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+
+static int bwd_data_algo_ok(cudnnConvolutionBwdDataAlgo_t a)
+{
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+
+static int bwd_filter_algo_ok(cudnnConvolutionBwdFilterAlgo_t a)
+{
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+static int math_ok(cudnnMathType_t m)
+{
+    return m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+}
+
+static void plan_fini(mmp_cuda_conv_plan *p)
+{
+    if (p->x) {
+        cudnnDestroyTensorDescriptor(p->x);
+    }
+    if (p->y) {
+        cudnnDestroyTensorDescriptor(p->y);
+    }
+    if (p->bias) {
+        cudnnDestroyTensorDescriptor(p->bias);
+    }
+    if (p->w) {
+        cudnnDestroyFilterDescriptor(p->w);
+    }
+    if (p->conv) {
+        cudnnDestroyConvolutionDescriptor(p->conv);
+    }
+    memset(p, 0, sizeof *p);
+}
+
+void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx)
+{
+    for (int i = 0; i < ctx->n_conv; i++) {
+        plan_fini(&ctx->conv[i]);
+    }
+    ctx->n_conv = 0;
+    ctx->conv_next = 0;
+}
+
+/* The first heuristic choice that passes the filters above, else fallback. */
+static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
+{
+    int got = 0;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CU_TRY(cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, p->x, p->w, p->conv, p->y,
+                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
+    p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    for (int i = 0; i < got; i++) {
+        if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd_algo_ok(fwd[i].algo) &&
+            math_ok(fwd[i].mathType)) {
+            p->fwd = fwd[i].algo;
+            break;
+        }
+    }
+    CU_TRY(cudnnGetConvolutionForwardWorkspaceSize(ctx->cudnn, p->x, p->w, p->conv, p->y, p->fwd,
+                                                   &p->fwd_ws));
+
+    cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CU_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        ctx->cudnn, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd));
+    p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    for (int i = 0; i < got; i++) {
+        if (bd[i].status == CUDNN_STATUS_SUCCESS && bwd_data_algo_ok(bd[i].algo) &&
+            math_ok(bd[i].mathType)) {
+            p->bwd_data = bd[i].algo;
+            break;
+        }
+    }
+    CU_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->cudnn, p->w, p->y, p->conv, p->x,
+                                                        p->bwd_data, &p->bwd_data_ws));
+
+    cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CU_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        ctx->cudnn, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf));
+    p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    for (int i = 0; i < got; i++) {
+        if (bf[i].status == CUDNN_STATUS_SUCCESS && bwd_filter_algo_ok(bf[i].algo) &&
+            math_ok(bf[i].mathType)) {
+            p->bwd_filter = bf[i].algo;
+            break;
+        }
+    }
+    CU_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->cudnn, p->x, p->y, p->conv, p->w,
+                                                          p->bwd_filter, &p->bwd_filter_ws));
+    return MMP_OK;
+}
+
+/* Fills a zeroed plan for shape s; on failure what was made is left for plan_fini. */
+static mmp_err plan_init(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p, const mmp_conv_shape *s)
+{
+    p->shape = *s;
+    CU_TRY(cudnnCreateTensorDescriptor(&p->x));
+    CU_TRY(cudnnCreateTensorDescriptor(&p->y));
+    CU_TRY(cudnnCreateTensorDescriptor(&p->bias));
+    CU_TRY(cudnnCreateFilterDescriptor(&p->w));
+    CU_TRY(cudnnCreateConvolutionDescriptor(&p->conv));
+    CU_TRY(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->N, s->C, s->H,
+                                      s->W));
+    CU_TRY(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->N, s->OC, s->OH,
+                                      s->OW));
+    CU_TRY(
+        cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, s->OC, 1, 1));
+    CU_TRY(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->OC, s->C, s->KH,
+                                      s->KW));
+    CU_TRY(cudnnSetConvolution2dDescriptor(p->conv, s->pad, s->pad, s->stride, s->stride, 1, 1,
+                                           CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CU_TRY(cudnnSetConvolutionMathType(p->conv, CUDNN_FMA_MATH));
+    int n, c, h, w;
+    CU_TRY(cudnnGetConvolution2dForwardOutputDim(p->conv, p->x, p->w, &n, &c, &h, &w));
+    if (n != s->N || c != s->OC || h != s->OH || w != s->OW) {
+        return mmp_errorf(MMP_ERR_INTERNAL,
+                          "conv2d: cuDNN's output (%d,%d,%d,%d) is not (%d,%d,%d,%d)", n, c, h, w,
+                          s->N, s->OC, s->OH, s->OW);
+    }
+    return choose_algos(ctx, p);
+}
+
+/* The cached plan for s, made on first use; the oldest goes when all are taken. */
+static mmp_err plan_get(mmp_cuda_ctx *ctx, const mmp_conv_shape *s, mmp_cuda_conv_plan **out)
+{
+    ARG_CHECK(s->N > 0 && s->C > 0 && s->H > 0 && s->W > 0 && s->OC > 0 && s->KH > 0 && s->KW > 0 &&
+              s->stride > 0 && s->pad >= 0);
+    ARG_CHECK(s->OH == (s->H + 2 * s->pad - s->KH) / s->stride + 1 && s->OH > 0);
+    ARG_CHECK(s->OW == (s->W + 2 * s->pad - s->KW) / s->stride + 1 && s->OW > 0);
+    for (int i = 0; i < ctx->n_conv; i++) {
+        if (memcmp(&ctx->conv[i].shape, s, sizeof *s) == 0) {
+            *out = &ctx->conv[i];
+            return MMP_OK;
+        }
+    }
+    mmp_cuda_conv_plan *p;
+    if (ctx->n_conv < MMP_CUDA_CONV_PLANS) {
+        p = &ctx->conv[ctx->n_conv];
+    } else {
+        p = &ctx->conv[ctx->conv_next];
+        ctx->conv_next = (ctx->conv_next + 1) % MMP_CUDA_CONV_PLANS;
+        plan_fini(p);
+    }
+    mmp_err ret = plan_init(ctx, p, s);
+    if (ret != MMP_OK) {
+        plan_fini(p);
+        if (p != &ctx->conv[ctx->n_conv]) {
+            /* an evicted slot left empty: keep the table dense */
+            *p = ctx->conv[ctx->n_conv - 1];
+            memset(&ctx->conv[ctx->n_conv - 1], 0, sizeof *p);
+            ctx->n_conv--;
+        }
+        return mmp_error_prefix(ret, "conv2d plan (%d,%d,%d,%d) k%dx%d s%d p%d -> %d", s->N, s->C,
+                                s->H, s->W, s->KH, s->KW, s->stride, s->pad, s->OC);
+    }
+    if (ctx->n_conv < MMP_CUDA_CONV_PLANS) {
+        ctx->n_conv++;
+    }
+    *out = p;
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_conv2d_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
+                            const float *b, const mmp_conv_shape *s)
+{
+    // out (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW), b (OC) or NULL
+    mmp_cuda_conv_plan *p;
+    MMP_TRY(plan_get(ctx, s, &p));
+    void *ws = NULL;
+    if (p->fwd_ws > 0) {
+        MMP_TRY(mmp_cuda_ws_get(ctx, p->fwd_ws, &ws));
+    }
+    const float one = 1.0f, zero = 0.0f;
+    CU_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->x, inp, p->w, w, p->conv, p->fwd, ws,
+                                   p->fwd_ws, &zero, p->y, out));
+    if (b) {
+        CU_TRY(cudnnAddTensor(ctx->cudnn, &one, p->bias, b, &one, p->y, out));
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_conv2d_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const mmp_conv_shape *s)
+{
+    // dinp (N,C,H,W), dw (OC,C,KH,KW), db (OC), dout (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW)
+    mmp_cuda_conv_plan *p;
+    MMP_TRY(plan_get(ctx, s, &p));
+    const float one = 1.0f;
+    if (db) {
+        CU_TRY(cudnnConvolutionBackwardBias(ctx->cudnn, &one, p->y, dout, &one, p->bias, db));
+    }
+    if (dw) {
+        void *ws = NULL;
+        if (p->bwd_filter_ws > 0) {
+            MMP_TRY(mmp_cuda_ws_get(ctx, p->bwd_filter_ws, &ws));
+        }
+        CU_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, inp, p->y, dout, p->conv,
+                                              p->bwd_filter, ws, p->bwd_filter_ws, &one, p->w, dw));
+    }
+    if (dinp) {
+        void *ws = NULL;
+        if (p->bwd_data_ws > 0) {
+            MMP_TRY(mmp_cuda_ws_get(ctx, p->bwd_data_ws, &ws));
+        }
+        CU_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dout, p->conv,
+                                            p->bwd_data, ws, p->bwd_data_ws, &one, p->x, dinp));
+    }
+    return MMP_OK;
+}

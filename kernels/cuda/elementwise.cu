@@ -1,0 +1,125 @@
+/* Elementwise ops: ReLU, GELU (tanh approximation), add, scale.
+ * Grid-stride loops over size_t n; the formulas are the CPU reference's. */
+#include "kernels/cuda/internal.cuh"
+
+#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
+#define GELU_CUBIC 0.044715f
+
+static __global__ void relu_fwd_kernel(float *out, const float *inp, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+    }
+}
+
+static __global__ void relu_bwd_kernel(float *dinp, const float *dout, const float *out, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        if (out[i] > 0.0f) {
+            dinp[i] += dout[i];
+        }
+    }
+}
+
+static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        float x = inp[i];
+        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+static __global__ void gelu_bwd_kernel(float *dinp, const float *dout, const float *inp, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        float x = inp[i];
+        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+        float t = tanhf(u);
+        float du = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+        dinp[i] += grad * dout[i];
+    }
+}
+
+static __global__ void add_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        out[i] = a[i] + b[i];
+    }
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n)
+{
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        x[i] *= s;
+    }
+}
+
+mmp_err mmp_cuda_relu_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, size_t n)
+{
+    // out (n), inp (n); out may alias inp
+    if (n == 0) {
+        return MMP_OK;
+    }
+    relu_fwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, n);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_relu_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *out,
+                          size_t n)
+{
+    // dinp (n), dout (n), out (n): the forward's output
+    if (n == 0) {
+        return MMP_OK;
+    }
+    relu_bwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, out, n);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_gelu_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, size_t n)
+{
+    // out (n), inp (n)
+    if (n == 0) {
+        return MMP_OK;
+    }
+    gelu_fwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, n);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_gelu_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *inp,
+                          size_t n)
+{
+    // dinp (n), dout (n), inp (n)
+    if (n == 0) {
+        return MMP_OK;
+    }
+    gelu_bwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, inp, n);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_add(mmp_cuda_ctx *ctx, float *out, const float *a, const float *b, size_t n)
+{
+    // out (n), a (n), b (n); out may alias a or b
+    if (n == 0) {
+        return MMP_OK;
+    }
+    add_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(out, a, b, n);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_scale(mmp_cuda_ctx *ctx, float *x, float s, size_t n)
+{
+    // x (n)
+    if (n == 0) {
+        return MMP_OK;
+    }
+    scale_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(x, s, n);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}

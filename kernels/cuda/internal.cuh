@@ -1,0 +1,204 @@
+/* Private to the .cu files of kernels/cuda: the context's layout, the one status-check
+ * macro, the workspace, launch-size helpers and the warp / block reductions
+ * the kernels share. Nothing outside kernels/cuda includes this. */
+#ifndef MMP_KERNELS_CUDA_INTERNAL_CUH
+#define MMP_KERNELS_CUDA_INTERNAL_CUH
+
+/* common/err.h is C11: its _Noreturn is spelled [[noreturn]] in C++. */
+#if defined(__cplusplus) && !defined(_Noreturn)
+#define _Noreturn [[noreturn]]
+#endif
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include "kernels/cuda.h" /* also brings common/err.h, with C linkage */
+
+/* ---- status checks ------------------------------------------------------ */
+/* One overload per library, so one macro checks any call. They return
+ * MMP_OK or record "<file>:<line>: <call>: <reason>" as MMP_ERR_CUDA. */
+mmp_err mmp_cuda_status(cudaError_t e, const char *call, const char *file, int line);
+mmp_err mmp_cuda_status(cublasStatus_t e, const char *call, const char *file, int line);
+mmp_err mmp_cuda_status(cudnnStatus_t e, const char *call, const char *file, int line);
+
+/* Returns from the enclosing function on failure. */
+#define CU_TRY(call) MMP_TRY(mmp_cuda_status((call), #call, __FILE__, __LINE__))
+/* After a kernel launch: a bad configuration shows up here, not later. */
+#define LAUNCH_CHECK() CU_TRY(cudaGetLastError())
+/* A shape or argument the op cannot take: nothing was queued. */
+#define ARG_CHECK(cond)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            return mmp_errorf(MMP_ERR_INVALID, "%s: %s does not hold", __func__, #cond);           \
+        }                                                                                          \
+    } while (0)
+
+/* Public functions are declared extern "C" in kernels/cuda.h; their
+ * definitions in the .cu files inherit that linkage. Kernels and helpers are
+ * static so that the files' names never collide. */
+
+/* ---- the context -------------------------------------------------------- */
+/* One convolution shape's cuDNN descriptors and chosen algorithms. */
+typedef struct mmp_cuda_conv_plan {
+    mmp_conv_shape shape;
+    cudnnTensorDescriptor_t x, y, bias;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    size_t fwd_ws, bwd_data_ws, bwd_filter_ws; /* bytes */
+} mmp_cuda_conv_plan;
+
+/* A ResNet at one micro-batch size has a few dozen conv shapes. */
+#define MMP_CUDA_CONV_PLANS 64
+
+struct mmp_cuda_ctx {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    cudnnHandle_t cudnn;
+    void *ws; /* workspace: grows, never shrinks */
+    size_t ws_bytes;
+    mmp_cuda_conv_plan conv[MMP_CUDA_CONV_PLANS];
+    int n_conv;    /* plans in use */
+    int conv_next; /* the plan evicted next once all are in use */
+};
+
+/* A workspace of at least bytes, valid until the next call that asks for
+ * workspace. Growing waits for the device (earlier work may use the old one). */
+mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out);
+/* Bytes rounded up so that carved sub-buffers stay 256-byte aligned. */
+static inline size_t ws_align(size_t bytes)
+{
+    return (bytes + 255) & ~(size_t)255;
+}
+
+/* Destroys every cached conv plan (conv.cu). */
+void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx);
+
+/* Row-major strided-batched GEMM on the context's stream (gemm.cu):
+ * for i < batch: C_i (M,N) = alpha op(A_i) @ op(B_i) + beta C_i,
+ * X_i = X + i * strideX. batch == 1 is a plain GEMM. */
+mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
+                              float alpha, const float *A, int lda, long long stride_a,
+                              const float *B, int ldb, long long stride_b, float beta, float *C,
+                              int ldc, long long stride_c, int batch);
+
+/* ---- launch sizes ------------------------------------------------------- */
+#define WARP 32
+#define BLOCK 256                     /* threads per block unless a kernel says otherwise */
+#define ROWS_PER_BLOCK (BLOCK / WARP) /* warp-per-row kernels */
+
+/* Blocks for a grid-stride loop over n items: enough to fill the device,
+ * never more than the items need. */
+static inline unsigned grid_for(size_t n, int threads)
+{
+    size_t blocks = (n + (size_t)threads - 1) / (size_t)threads;
+    const size_t cap = 65536;
+    return (unsigned)(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
+}
+
+/* Warp-per-row kernels: ROWS_PER_BLOCK rows to a block of BLOCK threads.
+ * warp_row() is the calling warp's row, or -1 past the end (the whole warp
+ * then leaves together, so its shuffles stay full). */
+static inline unsigned row_blocks(int rows)
+{
+    return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+}
+static __device__ inline int warp_row(int rows)
+{
+    const int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+    return row < rows ? row : -1;
+}
+
+/* Grid-stride loops read
+ *     for (size_t i = thread_index(); i < n; i += thread_count())
+ * and visit [0, n) whatever the grid's size. */
+static __device__ inline size_t thread_index()
+{
+    return blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+}
+static __device__ inline size_t thread_count()
+{
+    return (size_t)gridDim.x * blockDim.x;
+}
+
+/* ---- reductions --------------------------------------------------------- */
+struct sum_op {
+    template <typename T> __device__ T operator()(T a, T b) const
+    {
+        return a + b;
+    }
+};
+struct max_op {
+    __device__ float operator()(float a, float b) const
+    {
+        return fmaxf(a, b);
+    }
+};
+
+/* Every lane gets the reduction of the warp's 32 values. */
+template <typename T, typename Op> __device__ inline T warp_reduce(T v, Op op)
+{
+    for (int off = WARP / 2; off > 0; off /= 2) {
+        v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
+    }
+    return v;
+}
+
+/* Every thread gets the reduction of the block's values, in a fixed order.
+ * blockDim.x must be a multiple of 32; all threads must call it. */
+template <typename T, typename Op> __device__ inline T block_reduce(T v, Op op)
+{
+    __shared__ T partial[32];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int warps = blockDim.x / WARP;
+    v = warp_reduce(v, op);
+    __syncthreads(); /* an earlier call may still be reading partial */
+    if (lane == 0) {
+        partial[warp] = v;
+    }
+    __syncthreads();
+    v = partial[0];
+    for (int i = 1; i < warps; i++) {
+        v = op(v, partial[i]);
+    }
+    return v;
+}
+
+/* One warp writes p (n) = softmax of x (n) over the entries with
+ * valid[j] != 0 (all when valid is NULL); the rest get 0 and a row with none
+ * valid is all 0, as the CPU's masked_softmax. p may alias x. */
+__device__ inline void warp_softmax_row(float *p, const float *x, const float *valid, int n)
+{
+    const int lane = threadIdx.x % WARP;
+    float maxv = -INFINITY;
+    int any = 0;
+    for (int j = lane; j < n; j += WARP) {
+        if (!valid || valid[j] != 0.0f) {
+            maxv = fmaxf(maxv, x[j]);
+            any = 1;
+        }
+    }
+    maxv = warp_reduce(maxv, max_op());
+    if (!__any_sync(0xffffffffu, any)) {
+        for (int j = lane; j < n; j += WARP) {
+            p[j] = 0.0f;
+        }
+        return;
+    }
+    float sum = 0.0f;
+    for (int j = lane; j < n; j += WARP) {
+        if (!valid || valid[j] != 0.0f) {
+            sum += expf(x[j] - maxv);
+        }
+    }
+    const float inv = 1.0f / warp_reduce(sum, sum_op());
+    for (int j = lane; j < n; j += WARP) {
+        p[j] = (!valid || valid[j] != 0.0f) ? expf(x[j] - maxv) * inv : 0.0f;
+    }
+}
+
+#endif

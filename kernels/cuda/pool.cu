@@ -1,0 +1,164 @@
+/* Pooling: 2-D max pool over images (with saved argmax) and a masked mean
+ * over the token axis of sequences, as the CPU reference defines them. */
+#include "kernels/cuda/internal.cuh"
+
+/* One thread per output. Only real pixels compete (padding never wins), the
+ * first maximum in row-major order wins ties, and a window entirely in the
+ * padding outputs 0 with argmax -1. */
+static __global__ void maxpool_fwd_kernel(float *out, int32_t *argmax, const float *inp,
+                                          size_t total, int H, int W, int k, int stride, int pad,
+                                          int OH, int OW)
+{
+    for (size_t o = thread_index(); o < total; o += thread_count()) {
+        const size_t plane = o / ((size_t)OH * OW);
+        const int oh = (int)(o / OW % OH), ow = (int)(o % OW);
+        const float *x = inp + plane * H * W;
+        float best = 0.0f;
+        int32_t best_i = -1;
+        for (int kh = 0; kh < k; kh++) {
+            int ih = oh * stride - pad + kh;
+            if (ih < 0 || ih >= H) {
+                continue;
+            }
+            for (int kw = 0; kw < k; kw++) {
+                int iw = ow * stride - pad + kw;
+                if (iw < 0 || iw >= W) {
+                    continue;
+                }
+                float v = x[ih * W + iw];
+                if (best_i < 0 || v > best) {
+                    best = v;
+                    best_i = ih * W + iw;
+                }
+            }
+        }
+        out[o] = best;
+        argmax[o] = best_i;
+    }
+}
+
+/* Windows overlap when stride < k, so several outputs may add to one input. */
+static __global__ void maxpool_bwd_kernel(float *dinp, const float *dout, const int32_t *argmax,
+                                          size_t total, int HW, int OHW)
+{
+    for (size_t o = thread_index(); o < total; o += thread_count()) {
+        int32_t a = argmax[o];
+        if (a >= 0) {
+            atomicAdd(&dinp[o / OHW * HW + a], dout[o]);
+        }
+    }
+}
+
+/* Tokens of sequence b that count: all T without a mask. */
+static __device__ int token_count(const float *mask, int b, int T)
+{
+    if (!mask) {
+        return T;
+    }
+    int count = 0;
+    for (int t = 0; t < T; t++) {
+        count += mask[(size_t)b * T + t] != 0.0f;
+    }
+    return count;
+}
+
+/* One thread per (b, c): neighbouring threads read neighbouring channels. */
+static __global__ void meanpool_fwd_kernel(float *out, const float *inp, const float *mask, int B,
+                                           int T, int C)
+{
+    for (size_t o = thread_index(); o < (size_t)B * C; o += thread_count()) {
+        const int b = (int)(o / C), c = (int)(o % C);
+        const int count = token_count(mask, b, T);
+        float sum = 0.0f;
+        if (count > 0) {
+            for (int t = 0; t < T; t++) {
+                if (mask && mask[(size_t)b * T + t] == 0.0f) {
+                    continue;
+                }
+                sum += inp[((size_t)b * T + t) * C + c];
+            }
+            sum *= 1.0f / (float)count;
+        }
+        out[o] = sum;
+    }
+}
+
+static __global__ void meanpool_bwd_kernel(float *dinp, const float *dout, const float *mask, int B,
+                                           int T, int C)
+{
+    for (size_t o = thread_index(); o < (size_t)B * C; o += thread_count()) {
+        const int b = (int)(o / C), c = (int)(o % C);
+        const int count = token_count(mask, b, T);
+        if (count == 0) {
+            continue;
+        }
+        const float g = dout[o] * (1.0f / (float)count);
+        for (int t = 0; t < T; t++) {
+            if (mask && mask[(size_t)b * T + t] == 0.0f) {
+                continue;
+            }
+            dinp[((size_t)b * T + t) * C + c] += g;
+        }
+    }
+}
+
+mmp_err mmp_cuda_maxpool2d_fwd(mmp_cuda_ctx *ctx, float *out, int32_t *argmax, const float *inp,
+                               int N, int C, int H, int W, int k, int stride, int pad, int OH,
+                               int OW)
+{
+    // out (N,C,OH,OW), argmax (N,C,OH,OW), inp (N,C,H,W)
+    ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && k > 0 && stride > 0 && pad >= 0);
+    ARG_CHECK(OH > 0 && OW > 0);
+    size_t total = (size_t)N * C * OH * OW;
+    if (total == 0) {
+        return MMP_OK;
+    }
+    maxpool_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
+        out, argmax, inp, total, H, W, k, stride, pad, OH, OW);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
+                               const int32_t *argmax, int N, int C, int H, int W, int OH, int OW)
+{
+    // dinp (N,C,H,W), dout (N,C,OH,OW), argmax (N,C,OH,OW)
+    ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && OH > 0 && OW > 0);
+    size_t total = (size_t)N * C * OH * OW;
+    if (total == 0) {
+        return MMP_OK;
+    }
+    maxpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, argmax, total,
+                                                                          H * W, OH * OW);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *mask,
+                              int B, int T, int C)
+{
+    // out (B,C), inp (B,T,C), mask (B,T) or NULL
+    ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
+    size_t total = (size_t)B * C;
+    if (total == 0) {
+        return MMP_OK;
+    }
+    meanpool_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, mask, B, T, C);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_meanpool_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *mask,
+                              int B, int T, int C)
+{
+    // dinp (B,T,C), dout (B,C), mask (B,T) or NULL
+    ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
+    size_t total = (size_t)B * C;
+    if (total == 0) {
+        return MMP_OK;
+    }
+    meanpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, mask, B, T,
+                                                                           C);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
