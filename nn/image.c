@@ -1,0 +1,754 @@
+/* The image branch: a ResNet of BasicBlocks for small images, cut into
+ * numbered layers so a pipeline can place any range [first, last) of it.
+ *
+ *   layer 0        stem: conv3x3/1 (3 -> channels[0]) + BN + ReLU [+ maxpool 3x3/2]
+ *   layers 1..K    one BasicBlock each; stage s holds blocks[s] of them with
+ *                  channels[s], the first block of stage s > 0 has stride 2:
+ *                  relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), the
+ *                  shortcut a 1x1 conv + BN when the stride or width changes
+ *   layer K+1      projection: the final map (B,C,h,w) read as Ni = h*w tokens
+ *                  (B,Ni,C), linear C -> D with bias, plus a learned position
+ *                  embedding (Ni,D)
+ *
+ * Memory: the net owns the parameters plus one workspace (im2col scratch,
+ * gradient temporaries) shared by all its acts, sized by the largest
+ * max_batch any acts was created with; an acts owns the activations one
+ * micro-batch's backward needs. Neither forward nor backward allocates, so a
+ * net and all its acts must be used by one thread at a time.
+ *
+ * Must never: allocate or fail in forward/backward, read the caller's input
+ * after forward returns (it is copied: a pipeline's receive slot is reused
+ * before the backward runs), or depend on which layers are in range for any
+ * value it computes (a cut must be bitwise the whole net). */
+#include "nn/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu.h"
+
+#define BN_EPS 1e-5f
+#define BN_MOMENTUM 0.1f
+#define STEM_IN_CHANNELS 3
+#define GRAD_TEMPS 3 /* per-layer backward temporaries, besides the two inter-layer ones */
+
+typedef enum layer_kind { LAYER_STEM, LAYER_BLOCK, LAYER_PROJ } layer_kind;
+
+/* Indices into the net's params of one batch norm's tensors. */
+typedef struct bn_ref {
+    int gamma, beta, mean, var;
+} bn_ref;
+
+typedef struct image_layer {
+    layer_kind kind;
+    char name[48];           /* "image.stem", "image.layer2.0", "image.proj" */
+    int in_c, in_h, in_w;    /* input map (proj: the final feature map) */
+    int c, h, w;             /* the convolutions' output map (stem: before the pool) */
+    int out_c, out_h, out_w; /* output (proj: out_c = D, out_h = Ni, out_w = 1) */
+    int stride;              /* block: of conv1 and the shortcut */
+    int pool;                /* stem: a 3x3/2 max pool follows */
+    int down;                /* block: the shortcut is a 1x1 conv + BN */
+    /* parameter indices, set only for layers in range */
+    int conv1, conv2, conv_down;
+    bn_ref bn1, bn2, bn_down;
+    int proj_w, proj_b, proj_pos;
+} image_layer;
+
+struct mmp_image_net {
+    int n_all;           /* layers of the whole branch */
+    image_layer *layers; /* all n_all, geometry for every one */
+    int first, last;     /* the range this net computes */
+    mmp_params params;
+    /* workspace shared by this net's acts, sized for ws_batch samples */
+    int ws_batch;
+    float *ws;      /* scratch, then 2 inter-layer gradients, then GRAD_TEMPS temporaries */
+    float *scratch; /* im2col of one image */
+    float *grad[2];
+    float *tmp[GRAD_TEMPS];
+};
+
+/* Saved activations of one layer for one micro-batch (NULL where unused). */
+typedef struct layer_acts {
+    float *c1, *a1; /* conv1 output; relu(bn1(c1)) (stem: before the pool) */
+    float *c2, *cd; /* block: conv2 output; shortcut conv output */
+    float *mean1, *rstd1, *mean2, *rstd2, *mean_d, *rstd_d;
+    int32_t *argmax; /* stem pool */
+    float *tok;      /* proj: its input as tokens (B,Ni,C) */
+    float *out;      /* output, NULL for a last layer whose backward does not read it */
+} layer_acts;
+
+struct mmp_image_acts {
+    mmp_image_net *net;
+    int max_batch;
+    int batch;   /* the last forward's B */
+    int trained; /* the last forward used batch statistics: backward may run */
+    void *mem;
+    float *in;          /* copy of the range's input */
+    layer_acts *layers; /* last - first */
+};
+
+/* ---- geometry --------------------------------------------------------------- */
+
+static mmp_err check_plan(const mmp_plan *plan)
+{
+    int n_stages = plan->model.image.n_stages;
+    if (n_stages < 1 || n_stages > MMP_MAX_IMAGE_STAGES) {
+        return mmp_errorf(MMP_ERR_INVALID, "image branch: %d stages (must be 1..%d)", n_stages,
+                          MMP_MAX_IMAGE_STAGES);
+    }
+    for (int s = 0; s < n_stages; s++) {
+        int blocks = plan->model.image.blocks[s], channels = plan->model.image.channels[s];
+        if (blocks < 1 || channels < 1) {
+            return mmp_errorf(MMP_ERR_INVALID, "image branch stage %d: %d blocks of %d channels",
+                              s + 1, blocks, channels);
+        }
+    }
+    if (plan->data.image_size < 1 || plan->model.width < 1) {
+        return mmp_errorf(MMP_ERR_INVALID, "image branch: image size %d, width %d",
+                          plan->data.image_size, plan->model.width);
+    }
+    return MMP_OK;
+}
+
+/* Output size of a k x k window with stride and padding k / 2. */
+static int conv_out(int n, int k, int stride)
+{
+    return (n + 2 * (k / 2) - k) / stride + 1;
+}
+
+static int count_layers(const mmp_plan *plan)
+{
+    int n = 2;
+    for (int s = 0; s < plan->model.image.n_stages; s++) {
+        n += plan->model.image.blocks[s];
+    }
+    return n;
+}
+
+/* Fills the geometry of all count_layers(plan) layers (parameter indices come later,
+ * from add_layer_params, for the layers in range only). */
+static void describe_layers(const mmp_plan *plan, image_layer *layers)
+{
+    const int *blocks = plan->model.image.blocks, *channels = plan->model.image.channels;
+    int S = plan->data.image_size;
+    int n = 0;
+    image_layer *l = &layers[n++];
+    memset(l, 0, sizeof *l);
+    l->kind = LAYER_STEM;
+    snprintf(l->name, sizeof l->name, "image.stem");
+    l->in_c = STEM_IN_CHANNELS, l->in_h = S, l->in_w = S;
+    l->c = channels[0], l->h = S, l->w = S;
+    l->stride = 1;
+    l->pool = plan->model.image.stem_pool != 0;
+    l->out_c = l->c;
+    l->out_h = l->pool ? conv_out(l->h, 3, 2) : l->h;
+    l->out_w = l->pool ? conv_out(l->w, 3, 2) : l->w;
+    for (int s = 0; s < plan->model.image.n_stages; s++) {
+        for (int b = 0; b < blocks[s]; b++) {
+            const image_layer *prev = &layers[n - 1];
+            l = &layers[n++];
+            memset(l, 0, sizeof *l);
+            l->kind = LAYER_BLOCK;
+            snprintf(l->name, sizeof l->name, "image.layer%d.%d", s + 1, b);
+            l->in_c = prev->out_c, l->in_h = prev->out_h, l->in_w = prev->out_w;
+            l->stride = s > 0 && b == 0 ? 2 : 1;
+            l->c = channels[s];
+            l->h = conv_out(l->in_h, 3, l->stride);
+            l->w = conv_out(l->in_w, 3, l->stride);
+            l->out_c = l->c, l->out_h = l->h, l->out_w = l->w;
+            l->down = l->stride != 1 || l->in_c != l->c;
+        }
+    }
+    const image_layer *prev = &layers[n - 1];
+    l = &layers[n++];
+    memset(l, 0, sizeof *l);
+    l->kind = LAYER_PROJ;
+    snprintf(l->name, sizeof l->name, "image.proj");
+    l->in_c = prev->out_c, l->in_h = prev->out_h, l->in_w = prev->out_w;
+    l->c = l->in_c, l->h = l->in_h, l->w = l->in_w;
+    l->out_c = plan->model.width, l->out_h = l->in_h * l->in_w, l->out_w = 1;
+}
+
+static int64_t in_floats(const image_layer *l)
+{
+    return (int64_t)l->in_c * l->in_h * l->in_w;
+}
+
+static int64_t mid_floats(const image_layer *l)
+{
+    return (int64_t)l->c * l->h * l->w;
+}
+
+static int64_t out_floats(const image_layer *l)
+{
+    return (int64_t)l->out_c * l->out_h * l->out_w;
+}
+
+int mmp_image_net_layers(const mmp_plan *plan)
+{
+    return check_plan(plan) == MMP_OK ? count_layers(plan) : 0;
+}
+
+int mmp_image_net_tokens(const mmp_plan *plan)
+{
+    if (check_plan(plan) != MMP_OK) {
+        return 0;
+    }
+    /* The stem keeps the size, its pool and each stage after the first halve it. */
+    int h = plan->data.image_size;
+    if (plan->model.image.stem_pool) {
+        h = conv_out(h, 3, 2);
+    }
+    for (int s = 1; s < plan->model.image.n_stages; s++) {
+        h = conv_out(h, 3, 2);
+    }
+    return h * h;
+}
+
+/* ---- parameters ------------------------------------------------------------- */
+
+static mmp_err add_param(mmp_params *p, int *index, const image_layer *l, const char *what,
+                         int ndim, const int64_t *shape, int trainable, int decay, mmp_init init,
+                         float scale)
+{
+    char name[MMP_NAME_MAX];
+    snprintf(name, sizeof name, "%s.%s", l->name, what);
+    return mmp_params_add(p, name, ndim, shape, trainable, decay, init, scale, index);
+}
+
+static mmp_err add_conv(mmp_params *p, int *index, const image_layer *l, const char *what, int OC,
+                        int C, int k)
+{
+    int64_t shape[4] = {OC, C, k, k};
+    return add_param(p, index, l, what, 4, shape, 1, 1, MMP_INIT_KAIMING, 0.0f);
+}
+
+/* prefix "bn1" declares bn1.weight, bn1.bias and the running-statistics buffers. */
+static mmp_err add_bn(mmp_params *p, bn_ref *bn, const image_layer *l, const char *prefix, int C)
+{
+    char what[32]; /* "down.bn.running_mean" at most */
+    int64_t shape[1] = {C};
+    snprintf(what, sizeof what, "%s.weight", prefix);
+    MMP_TRY(add_param(p, &bn->gamma, l, what, 1, shape, 1, 0, MMP_INIT_ONE, 0.0f));
+    snprintf(what, sizeof what, "%s.bias", prefix);
+    MMP_TRY(add_param(p, &bn->beta, l, what, 1, shape, 1, 0, MMP_INIT_ZERO, 0.0f));
+    snprintf(what, sizeof what, "%s.running_mean", prefix);
+    MMP_TRY(add_param(p, &bn->mean, l, what, 1, shape, 0, 0, MMP_INIT_ZERO, 0.0f));
+    snprintf(what, sizeof what, "%s.running_var", prefix);
+    MMP_TRY(add_param(p, &bn->var, l, what, 1, shape, 0, 0, MMP_INIT_ONE, 0.0f));
+    return MMP_OK;
+}
+
+static mmp_err add_layer_params(mmp_params *p, image_layer *l)
+{
+    switch (l->kind) {
+    case LAYER_STEM:
+        MMP_TRY(add_conv(p, &l->conv1, l, "conv.weight", l->c, l->in_c, 3));
+        MMP_TRY(add_bn(p, &l->bn1, l, "bn", l->c));
+        break;
+    case LAYER_BLOCK:
+        MMP_TRY(add_conv(p, &l->conv1, l, "conv1.weight", l->c, l->in_c, 3));
+        MMP_TRY(add_bn(p, &l->bn1, l, "bn1", l->c));
+        MMP_TRY(add_conv(p, &l->conv2, l, "conv2.weight", l->c, l->c, 3));
+        MMP_TRY(add_bn(p, &l->bn2, l, "bn2", l->c));
+        if (l->down) {
+            MMP_TRY(add_conv(p, &l->conv_down, l, "down.conv.weight", l->c, l->in_c, 1));
+            MMP_TRY(add_bn(p, &l->bn_down, l, "down.bn", l->c));
+        }
+        break;
+    case LAYER_PROJ: {
+        int64_t w_shape[2] = {l->out_c, l->in_c};
+        int64_t b_shape[1] = {l->out_c};
+        int64_t pos_shape[2] = {l->out_h, l->out_c};
+        MMP_TRY(
+            add_param(p, &l->proj_w, l, "weight", 2, w_shape, 1, 1, MMP_INIT_UNIFORM_FAN, 0.0f));
+        MMP_TRY(add_param(p, &l->proj_b, l, "bias", 1, b_shape, 1, 0, MMP_INIT_ZERO, 0.0f));
+        MMP_TRY(add_param(p, &l->proj_pos, l, "pos", 2, pos_shape, 1, 0, MMP_INIT_NORMAL, 0.02f));
+        break;
+    }
+    }
+    return MMP_OK;
+}
+
+static float *pw(mmp_image_net *net, int index)
+{
+    return net->params.items[index].w;
+}
+
+static float *pg(mmp_image_net *net, int index)
+{
+    return net->params.items[index].g;
+}
+
+/* ---- net -------------------------------------------------------------------- */
+
+mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int first, int last,
+                             uint64_t seed)
+{
+    mmp_err ret = MMP_OK;
+    *out = NULL;
+    MMP_TRY(check_plan(plan));
+    int n_all = count_layers(plan);
+    if (first < 0 || first >= last || last > n_all) {
+        return mmp_errorf(MMP_ERR_INVALID, "image branch: layer range [%d, %d) not within [0, %d)",
+                          first, last, n_all);
+    }
+    mmp_image_net *net = calloc(1, sizeof *net);
+    if (!net) {
+        return mmp_errorf(MMP_ERR_NOMEM, "image branch: net");
+    }
+    mmp_params_init(&net->params);
+    net->layers = calloc((size_t)n_all, sizeof *net->layers);
+    if (!net->layers) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "image branch: %d layers", n_all);
+        goto fail;
+    }
+    net->n_all = n_all;
+    net->first = first;
+    net->last = last;
+    describe_layers(plan, net->layers);
+    for (int i = first; i < last; i++) {
+        if ((ret = add_layer_params(&net->params, &net->layers[i])) != MMP_OK) {
+            goto fail;
+        }
+    }
+    if ((ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
+        goto fail;
+    }
+    *out = net;
+exit:
+    return ret;
+fail:
+    mmp_error_prefix(ret, "image branch layers [%d, %d)", first, last);
+    mmp_image_net_destroy(net);
+    goto exit;
+}
+
+void mmp_image_net_destroy(mmp_image_net *net)
+{
+    if (!net) {
+        return;
+    }
+    mmp_params_fini(&net->params);
+    free(net->layers);
+    free(net->ws);
+    free(net);
+}
+
+mmp_params *mmp_image_net_params(mmp_image_net *net)
+{
+    return &net->params;
+}
+
+int64_t mmp_image_net_in_floats(const mmp_image_net *net)
+{
+    return in_floats(&net->layers[net->first]);
+}
+
+int64_t mmp_image_net_out_floats(const mmp_image_net *net)
+{
+    return out_floats(&net->layers[net->last - 1]);
+}
+
+/* Grows the shared workspace to hold batch samples (no-op when it already does). */
+static mmp_err reserve_workspace(mmp_image_net *net, int batch)
+{
+    if (batch <= net->ws_batch) {
+        return MMP_OK;
+    }
+    size_t per_sample = 0, scratch = 1;
+    for (int i = net->first; i < net->last; i++) {
+        const image_layer *l = &net->layers[i];
+        int64_t m = in_floats(l);
+        m = mid_floats(l) > m ? mid_floats(l) : m;
+        m = out_floats(l) > m ? out_floats(l) : m;
+        per_sample = (size_t)m > per_sample ? (size_t)m : per_sample;
+        if (l->kind != LAYER_PROJ) {
+            /* conv1 is the largest im2col of a layer: 3x3 over the most input channels */
+            mmp_conv_shape s;
+            mmp_conv_shape_set(&s, batch, l->in_c, l->in_h, l->in_w, l->c, 3, 3, l->stride, 1);
+            size_t f = mmp_cpu_conv2d_scratch_floats(&s);
+            if (l->kind == LAYER_BLOCK) {
+                mmp_conv_shape_set(&s, batch, l->c, l->h, l->w, l->c, 3, 3, 1, 1);
+                f = mmp_cpu_conv2d_scratch_floats(&s) > f ? mmp_cpu_conv2d_scratch_floats(&s) : f;
+            }
+            scratch = f > scratch ? f : scratch;
+        }
+    }
+    size_t temp = (per_sample * (size_t)batch + 15) / 16 * 16;
+    scratch = (scratch + 15) / 16 * 16;
+    size_t total = scratch + (2 + GRAD_TEMPS) * temp;
+    float *ws = aligned_alloc(64, total * sizeof(float));
+    if (!ws) {
+        return mmp_errorf(MMP_ERR_NOMEM, "image branch: workspace of %zu bytes",
+                          total * sizeof(float));
+    }
+    free(net->ws);
+    net->ws = ws;
+    net->ws_batch = batch;
+    net->scratch = ws;
+    for (int k = 0; k < 2; k++) {
+        net->grad[k] = ws + scratch + (size_t)k * temp;
+    }
+    for (int k = 0; k < GRAD_TEMPS; k++) {
+        net->tmp[k] = ws + scratch + (size_t)(2 + k) * temp;
+    }
+    return MMP_OK;
+}
+
+/* ---- acts ------------------------------------------------------------------- */
+
+/* Hands out 64-byte aligned pieces of one block; with base NULL it only counts. */
+typedef struct carver {
+    char *base;
+    size_t used;
+} carver;
+
+static void *carve(carver *c, size_t bytes)
+{
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += (bytes + 63) / 64 * 64;
+    return p;
+}
+
+static float *carve_f(carver *c, int64_t per_sample, int B)
+{
+    return carve(c, (size_t)per_sample * (size_t)B * sizeof(float));
+}
+
+/* Lays out the acts of net's range for B samples. */
+static void layout_acts(mmp_image_acts *a, carver *c)
+{
+    const mmp_image_net *net = a->net;
+    int B = a->max_batch;
+    a->in = carve_f(c, mmp_image_net_in_floats(net), B);
+    for (int i = net->first; i < net->last; i++) {
+        const image_layer *l = &net->layers[i];
+        layer_acts *la = &a->layers[i - net->first];
+        int is_last = i == net->last - 1;
+        memset(la, 0, sizeof *la);
+        switch (l->kind) {
+        case LAYER_STEM:
+            la->c1 = carve_f(c, mid_floats(l), B);
+            la->mean1 = carve_f(c, l->c, 1);
+            la->rstd1 = carve_f(c, l->c, 1);
+            if (l->pool) {
+                la->a1 = carve_f(c, mid_floats(l), B);
+                la->argmax = carve(c, (size_t)out_floats(l) * B * sizeof(int32_t));
+                la->out = is_last ? NULL : carve_f(c, out_floats(l), B);
+            } else {
+                /* the ReLU output is both what backward reads and the layer's output */
+                la->out = carve_f(c, out_floats(l), B);
+                la->a1 = la->out;
+            }
+            break;
+        case LAYER_BLOCK:
+            la->c1 = carve_f(c, mid_floats(l), B);
+            la->a1 = carve_f(c, mid_floats(l), B);
+            la->c2 = carve_f(c, mid_floats(l), B);
+            la->mean1 = carve_f(c, l->c, 1);
+            la->rstd1 = carve_f(c, l->c, 1);
+            la->mean2 = carve_f(c, l->c, 1);
+            la->rstd2 = carve_f(c, l->c, 1);
+            if (l->down) {
+                la->cd = carve_f(c, mid_floats(l), B);
+                la->mean_d = carve_f(c, l->c, 1);
+                la->rstd_d = carve_f(c, l->c, 1);
+            }
+            la->out = carve_f(c, out_floats(l), B); /* its ReLU's backward reads it */
+            break;
+        case LAYER_PROJ:
+            la->tok = carve_f(c, in_floats(l), B);
+            la->out = is_last ? NULL : carve_f(c, out_floats(l), B);
+            break;
+        }
+    }
+}
+
+mmp_err mmp_image_acts_create(mmp_image_acts **out, mmp_image_net *net, int max_batch)
+{
+    mmp_err ret = MMP_OK;
+    *out = NULL;
+    if (max_batch < 1) {
+        return mmp_errorf(MMP_ERR_INVALID, "image branch acts: max_batch %d", max_batch);
+    }
+    mmp_image_acts *a = calloc(1, sizeof *a);
+    if (!a) {
+        return mmp_errorf(MMP_ERR_NOMEM, "image branch acts");
+    }
+    a->net = net;
+    a->max_batch = max_batch;
+    a->layers = calloc((size_t)(net->last - net->first), sizeof *a->layers);
+    if (!a->layers) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "image branch acts: layer table");
+        goto fail;
+    }
+    carver c = {0};
+    layout_acts(a, &c);
+    a->mem = aligned_alloc(64, c.used);
+    if (!a->mem) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "image branch acts: %zu bytes for %d samples", c.used,
+                         max_batch);
+        goto fail;
+    }
+    c = (carver){.base = a->mem, .used = 0};
+    layout_acts(a, &c);
+    if ((ret = reserve_workspace(net, max_batch)) != MMP_OK) {
+        goto fail;
+    }
+    *out = a;
+exit:
+    return ret;
+fail:
+    mmp_image_acts_destroy(a);
+    goto exit;
+}
+
+void mmp_image_acts_destroy(mmp_image_acts *a)
+{
+    if (!a) {
+        return;
+    }
+    free(a->mem);
+    free(a->layers);
+    free(a);
+}
+
+/* ---- forward ---------------------------------------------------------------- */
+
+static void conv_fwd(mmp_image_net *net, int weight, float *out, const float *inp, int B, int C,
+                     int H, int W, int OC, int k, int stride)
+{
+    mmp_conv_shape s;
+    mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
+    mmp_cpu_conv2d_fwd(out, inp, pw(net, weight), NULL, &s, net->scratch);
+}
+
+static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean, float *rstd,
+                   const float *inp, int B, int C, int HW, int train)
+{
+    if (train) {
+        mmp_cpu_batchnorm_fwd_train(out, mean, rstd, pw(net, bn->mean), pw(net, bn->var), inp,
+                                    pw(net, bn->gamma), pw(net, bn->beta), B, C, HW, BN_EPS,
+                                    BN_MOMENTUM);
+    } else {
+        mmp_cpu_batchnorm_fwd_infer(out, inp, pw(net, bn->gamma), pw(net, bn->beta),
+                                    pw(net, bn->mean), pw(net, bn->var), B, C, HW, BN_EPS);
+    }
+}
+
+// x (B, 3, S, S) -> y (B, C, h, w)
+static void stem_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, const float *x,
+                     float *y, int B, int train)
+{
+    size_t n = (size_t)B * mid_floats(l);
+    conv_fwd(net, l->conv1, a->c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
+    float *act = l->pool ? a->a1 : y;
+    bn_fwd(net, &l->bn1, act, a->mean1, a->rstd1, a->c1, B, l->c, l->h * l->w, train);
+    mmp_cpu_relu_fwd(act, act, n);
+    if (l->pool) {
+        mmp_cpu_maxpool2d_fwd(y, a->argmax, act, B, l->c, l->h, l->w, 3, 2, 1, l->out_h, l->out_w);
+    }
+}
+
+// x (B, in_c, in_h, in_w) -> y (B, c, h, w)
+static void block_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, const float *x,
+                      float *y, int B, int train)
+{
+    size_t n = (size_t)B * mid_floats(l);
+    int HW = l->h * l->w;
+    conv_fwd(net, l->conv1, a->c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
+    bn_fwd(net, &l->bn1, a->a1, a->mean1, a->rstd1, a->c1, B, l->c, HW, train);
+    mmp_cpu_relu_fwd(a->a1, a->a1, n);
+    conv_fwd(net, l->conv2, a->c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
+    bn_fwd(net, &l->bn2, y, a->mean2, a->rstd2, a->c2, B, l->c, HW, train);
+    const float *shortcut = x;
+    if (l->down) {
+        /* a gradient temporary holds the shortcut: nothing else uses it in forward */
+        float *sc = net->tmp[0];
+        conv_fwd(net, l->conv_down, a->cd, x, B, l->in_c, l->in_h, l->in_w, l->c, 1, l->stride);
+        bn_fwd(net, &l->bn_down, sc, a->mean_d, a->rstd_d, a->cd, B, l->c, HW, train);
+        shortcut = sc;
+    }
+    mmp_cpu_add(y, y, shortcut, n);
+    mmp_cpu_relu_fwd(y, y, n);
+}
+
+// x (B, C, h, w) -> tokens (B, Ni, C) -> y (B, Ni, D)
+static void proj_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, const float *x,
+                     float *y, int B)
+{
+    int C = l->in_c, N = l->out_h, D = l->out_c;
+    for (int b = 0; b < B; b++) {
+        const float *xb = x + (size_t)b * C * N;
+        float *tb = a->tok + (size_t)b * N * C;
+        for (int c = 0; c < C; c++) {
+            for (int t = 0; t < N; t++) {
+                tb[(size_t)t * C + c] = xb[(size_t)c * N + t];
+            }
+        }
+    }
+    mmp_cpu_linear_fwd(y, a->tok, pw(net, l->proj_w), pw(net, l->proj_b), B * N, C, D);
+    const float *pos = pw(net, l->proj_pos);
+    for (int b = 0; b < B; b++) {
+        float *yb = y + (size_t)b * N * D;
+        mmp_cpu_add(yb, yb, pos, (size_t)N * D);
+    }
+}
+
+void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float *in, int B,
+                           int train, float *out)
+{
+    // in (B, in_floats), out (B, out_floats)
+    MMP_ASSERT(acts->net == net && B >= 1 && B <= acts->max_batch);
+    acts->batch = B;
+    acts->trained = train != 0;
+    memcpy(acts->in, in, sizeof(float) * (size_t)B * mmp_image_net_in_floats(net));
+    const float *x = acts->in;
+    for (int i = net->first; i < net->last; i++) {
+        const image_layer *l = &net->layers[i];
+        layer_acts *a = &acts->layers[i - net->first];
+        float *y = a->out ? a->out : out;
+        switch (l->kind) {
+        case LAYER_STEM:
+            stem_fwd(net, l, a, x, y, B, train);
+            break;
+        case LAYER_BLOCK:
+            block_fwd(net, l, a, x, y, B, train);
+            break;
+        case LAYER_PROJ:
+            proj_fwd(net, l, a, x, y, B);
+            break;
+        }
+        x = y;
+    }
+    if (x != out) {
+        memcpy(out, x, sizeof(float) * (size_t)B * mmp_image_net_out_floats(net));
+    }
+}
+
+/* ---- backward --------------------------------------------------------------- */
+
+static float *zeroed(float *buf, size_t n)
+{
+    memset(buf, 0, n * sizeof(float));
+    return buf;
+}
+
+static void conv_bwd(mmp_image_net *net, int weight, float *dinp, const float *dout,
+                     const float *inp, int B, int C, int H, int W, int OC, int k, int stride)
+{
+    mmp_conv_shape s;
+    mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
+    mmp_cpu_conv2d_bwd(dinp, pg(net, weight), NULL, dout, inp, pw(net, weight), &s, net->scratch);
+}
+
+static void bn_bwd(mmp_image_net *net, const bn_ref *bn, float *dinp, const float *dout,
+                   const float *inp, const float *mean, const float *rstd, int B, int C, int HW)
+{
+    mmp_cpu_batchnorm_bwd(dinp, pg(net, bn->gamma), pg(net, bn->beta), dout, inp, mean, rstd,
+                          pw(net, bn->gamma), B, C, HW);
+}
+
+// dy (B, C, out_h, out_w) -> dx (B, 3, S, S) += (dx NULL: weight gradients only)
+static void stem_bwd(mmp_image_net *net, const image_layer *l, const layer_acts *a, const float *x,
+                     const float *dy, float *dx, int B)
+{
+    size_t n = (size_t)B * mid_floats(l);
+    const float *d_act = dy;
+    if (l->pool) {
+        float *d = zeroed(net->tmp[0], n);
+        mmp_cpu_maxpool2d_bwd(d, dy, a->argmax, B, l->c, l->h, l->w, l->out_h, l->out_w);
+        d_act = d;
+    }
+    float *d_bn = zeroed(net->tmp[1], n);
+    mmp_cpu_relu_bwd(d_bn, d_act, a->a1, n);
+    float *d_conv = zeroed(net->tmp[2], n);
+    bn_bwd(net, &l->bn1, d_conv, d_bn, a->c1, a->mean1, a->rstd1, B, l->c, l->h * l->w);
+    conv_bwd(net, l->conv1, dx, d_conv, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
+}
+
+// dy (B, c, h, w) -> dx (B, in_c, in_h, in_w) += (dx NULL: weight gradients only)
+static void block_bwd(mmp_image_net *net, const image_layer *l, const layer_acts *a, const float *x,
+                      const float *dy, float *dx, int B)
+{
+    size_t n = (size_t)B * mid_floats(l);
+    int HW = l->h * l->w;
+    /* d_sum: gradient of the residual sum, shared by both branches until the end */
+    float *d_sum = zeroed(net->tmp[0], n);
+    mmp_cpu_relu_bwd(d_sum, dy, a->out, n);
+    float *d_c2 = zeroed(net->tmp[1], n);
+    bn_bwd(net, &l->bn2, d_c2, d_sum, a->c2, a->mean2, a->rstd2, B, l->c, HW);
+    float *d_a1 = zeroed(net->tmp[2], n);
+    conv_bwd(net, l->conv2, d_a1, d_c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
+    float *d_bn1 = zeroed(net->tmp[1], n);
+    mmp_cpu_relu_bwd(d_bn1, d_a1, a->a1, n);
+    float *d_c1 = zeroed(net->tmp[2], n);
+    bn_bwd(net, &l->bn1, d_c1, d_bn1, a->c1, a->mean1, a->rstd1, B, l->c, HW);
+    conv_bwd(net, l->conv1, dx, d_c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
+    if (l->down) {
+        float *d_cd = zeroed(net->tmp[1], n);
+        bn_bwd(net, &l->bn_down, d_cd, d_sum, a->cd, a->mean_d, a->rstd_d, B, l->c, HW);
+        conv_bwd(net, l->conv_down, dx, d_cd, x, B, l->in_c, l->in_h, l->in_w, l->c, 1, l->stride);
+    } else if (dx) {
+        mmp_cpu_add(dx, dx, d_sum, n);
+    }
+}
+
+// dy (B, Ni, D) -> dx (B, C, h, w) += (dx NULL: weight gradients only)
+static void proj_bwd(mmp_image_net *net, const image_layer *l, const layer_acts *a, const float *dy,
+                     float *dx, int B)
+{
+    int C = l->in_c, N = l->out_h, D = l->out_c;
+    float *d_tok = dx ? zeroed(net->tmp[0], (size_t)B * N * C) : NULL;
+    mmp_cpu_linear_bwd(d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
+                       pw(net, l->proj_w), B * N, C, D);
+    float *d_pos = pg(net, l->proj_pos);
+    for (int b = 0; b < B; b++) {
+        mmp_cpu_add(d_pos, d_pos, dy + (size_t)b * N * D, (size_t)N * D);
+    }
+    if (!dx) {
+        return;
+    }
+    for (int b = 0; b < B; b++) {
+        float *xb = dx + (size_t)b * C * N;
+        const float *tb = d_tok + (size_t)b * N * C;
+        for (int c = 0; c < C; c++) {
+            for (int t = 0; t < N; t++) {
+                xb[(size_t)c * N + t] += tb[(size_t)t * C + c];
+            }
+        }
+    }
+}
+
+void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const float *dout, int B,
+                            float *din)
+{
+    // dout (B, out_floats), din (B, in_floats) += or NULL
+    MMP_ASSERT(acts->net == net && B == acts->batch && acts->trained);
+    const float *dy = dout;
+    for (int i = net->last - 1; i >= net->first; i--) {
+        const image_layer *l = &net->layers[i];
+        const layer_acts *a = &acts->layers[i - net->first];
+        const float *x = i == net->first ? acts->in : acts->layers[i - 1 - net->first].out;
+        /* between layers the gradient ping-pongs through the workspace; the
+         * range's first layer accumulates straight into the caller's din */
+        float *dx = din;
+        if (i > net->first) {
+            dx = zeroed(net->grad[i & 1], (size_t)B * in_floats(l));
+        }
+        switch (l->kind) {
+        case LAYER_STEM:
+            stem_bwd(net, l, a, x, dy, dx, B);
+            break;
+        case LAYER_BLOCK:
+            block_bwd(net, l, a, x, dy, dx, B);
+            break;
+        case LAYER_PROJ:
+            proj_bwd(net, l, a, dy, dx, B);
+            break;
+        }
+        dy = dx;
+    }
+}
