@@ -1,0 +1,411 @@
+/* mmpipe data: make the demo set (synth), tokenize text, check a manifest.
+ *
+ * Argument parsing and printing only: the work is data/'s. Results go to
+ * stdout, errors to stderr; exit status 0 ok, 1 failure (or, for check, any
+ * problem found), 2 usage error. check reports problems and never stops at
+ * the first one. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "common/progress.h"
+#include "data/manifest.h"
+#include "data/png.h"
+#include "data/synth.h"
+#include "data/tokenizer.h"
+
+#define TOKENIZE_DEFAULT_MAX 512
+
+static const char USAGE[] =
+    "usage: mmpipe data <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  synth --out DIR --samples N [--seed S] [--image-size N]\n"
+    "                  write the synthetic shapes set (PNG images + JSONL + vocab.txt)\n"
+    "  tokenize --vocab FILE [--max-len N]\n"
+    "                  print the token ids of each line of stdin\n"
+    "  check MANIFEST [--vocab FILE]\n"
+    "                  report every bad line of a JSONL manifest\n"
+    "\n"
+    "mmpipe data <command> --help shows a command's options.\n";
+
+static const char SYNTH_USAGE[] =
+    "usage: mmpipe data synth --out DIR --samples N [--seed S] [--image-size N]\n"
+    "\n"
+    "Writes the synthetic shapes set to DIR (created if missing, files replaced):\n"
+    "  images/NNNNNN.png  1-3 coloured shapes on a dark background\n"
+    "  train.jsonl        N lines {\"image\": \"images/NNNNNN.png\", \"text\": caption}\n"
+    "  val.jsonl          max(1, min(256, N/8)) more samples, not in train\n"
+    "  vocab.txt          BERT vocab of the caption words\n"
+    "The same seed always writes the same bytes.\n"
+    "\n"
+    "  --samples N      training samples, 1..10000000\n"
+    "  --seed S         default 1\n"
+    "  --image-size N   pixels per side, 16..1024, default 32\n";
+
+static const char TOKENIZE_USAGE[] =
+    "usage: mmpipe data tokenize --vocab FILE [--max-len N]\n"
+    "\n"
+    "Reads text from stdin, one caption per line, and prints one line of\n"
+    "space-separated token ids for each: [CLS] tokens [SEP], as the model sees\n"
+    "them (lowercased, punctuation split, WordPiece, [UNK] for unknown words).\n"
+    "\n"
+    "  --vocab FILE     BERT vocab.txt, one token per line\n"
+    "  --max-len N      truncate to N ids and pad with [PAD] to exactly N (N >= 2);\n"
+    "                   without it: no padding, at most 512 ids\n";
+
+static const char CHECK_USAGE[] =
+    "usage: mmpipe data check MANIFEST [--vocab FILE]\n"
+    "\n"
+    "Reads every line of a JSONL manifest, decodes every image, and prints each\n"
+    "problem as MANIFEST:LINE: reason (bad JSON, missing or non-string field,\n"
+    "empty caption, missing or undecodable image), then one summary line.\n"
+    "\n"
+    "  --vocab FILE     also tokenize every caption: report the longest length\n"
+    "                   and how many captions have unknown ([UNK]) words\n"
+    "\n"
+    "Exit status: 0 when there is no problem, 1 otherwise, 2 on usage errors.\n";
+
+/* ---- argument helpers ------------------------------------------------------- */
+
+static int is_help(const char *a)
+{
+    return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
+}
+
+/* Matches argv[*i] against --name VALUE or --name=VALUE; on a match stores the
+ * value (NULL when it is missing) and advances *i past it. */
+static int take_opt(int argc, char **argv, int *i, const char *name, const char **value)
+{
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) {
+        return 0;
+    }
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        return 1;
+    }
+    if (a[n] != 0) {
+        return 0;
+    }
+    *value = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *what)
+{
+    fprintf(stderr, "mmpipe data %s: ", cmd);
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n\n%s", usage);
+    return 2;
+}
+
+static int parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!s || !*s) {
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi) {
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* ---- synth ------------------------------------------------------------------------ */
+
+static int cmd_synth(int argc, char **argv)
+{
+    const char *out = NULL, *samples_s = NULL, *seed_s = "1", *size_s = "32";
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (is_help(argv[i])) {
+            fputs(SYNTH_USAGE, stdout);
+            return 0;
+        }
+        int known = 1;
+        if (take_opt(argc, argv, &i, "--out", &v)) {
+            out = v;
+        } else if (take_opt(argc, argv, &i, "--samples", &v)) {
+            samples_s = v;
+        } else if (take_opt(argc, argv, &i, "--seed", &v)) {
+            seed_s = v;
+        } else if (take_opt(argc, argv, &i, "--image-size", &v)) {
+            size_s = v;
+        } else {
+            known = 0;
+        }
+        if (!known) {
+            return usage_error("synth", SYNTH_USAGE, "unknown argument '%s'", argv[i]);
+        }
+        if (!v) {
+            return usage_error("synth", SYNTH_USAGE, "%s needs a value", argv[i]);
+        }
+    }
+    long long samples, seed, size;
+    if (!out || !*out) {
+        return usage_error("synth", SYNTH_USAGE, "%s", "--out DIR is required");
+    }
+    if (!samples_s) {
+        return usage_error("synth", SYNTH_USAGE, "%s", "--samples N is required");
+    }
+    if (!parse_int(samples_s, 1, 10000000, &samples)) {
+        return usage_error("synth", SYNTH_USAGE, "--samples '%s': need an integer in [1, 10000000]",
+                           samples_s);
+    }
+    if (!parse_int(seed_s, 0, INT64_MAX, &seed)) {
+        return usage_error("synth", SYNTH_USAGE, "--seed '%s': need a non-negative integer",
+                           seed_s);
+    }
+    if (!parse_int(size_s, MMP_SYNTH_MIN_IMAGE, MMP_SYNTH_MAX_IMAGE, &size)) {
+        return usage_error("synth", SYNTH_USAGE, "--image-size '%s': need an integer in [16, 1024]",
+                           size_s);
+    }
+    double t0 = mmp_now();
+    if (mmp_synth_write(out, (int)samples, (uint64_t)seed, (int)size) != MMP_OK) {
+        fprintf(stderr, "mmpipe data synth: %s\n", mmp_last_error());
+        return 1;
+    }
+    double secs = mmp_now() - t0;
+    char vocab[4096];
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", out);
+    mmp_tokenizer *tok = NULL;
+    if (mmp_tokenizer_load(&tok, vocab) != MMP_OK) {
+        fprintf(stderr, "mmpipe data synth: wrote an unreadable vocab: %s\n", mmp_last_error());
+        return 1;
+    }
+    int n_val = mmp_synth_val_count((int)samples);
+    printf("wrote %s: %lld train + %d val samples (%lldx%lld, seed %lld) in %.2f s\n", out, samples,
+           n_val, size, size, seed, secs);
+    printf("  %s/train.jsonl\n  %s/val.jsonl\n  %s/vocab.txt (%d tokens)\n"
+           "  %s/images/ (%lld PNG files)\n",
+           out, out, out, mmp_tokenizer_vocab_size(tok), out, samples + n_val);
+    mmp_tokenizer_destroy(tok);
+    return 0;
+}
+
+/* ---- tokenize -------------------------------------------------------------------- */
+
+static int cmd_tokenize(int argc, char **argv)
+{
+    const char *vocab = NULL, *max_s = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (is_help(argv[i])) {
+            fputs(TOKENIZE_USAGE, stdout);
+            return 0;
+        }
+        int known = 1;
+        if (take_opt(argc, argv, &i, "--vocab", &v)) {
+            vocab = v;
+        } else if (take_opt(argc, argv, &i, "--max-len", &v)) {
+            max_s = v;
+        } else {
+            known = 0;
+        }
+        if (!known) {
+            return usage_error("tokenize", TOKENIZE_USAGE, "unknown argument '%s'", argv[i]);
+        }
+        if (!v) {
+            return usage_error("tokenize", TOKENIZE_USAGE, "%s needs a value", argv[i]);
+        }
+    }
+    if (!vocab || !*vocab) {
+        return usage_error("tokenize", TOKENIZE_USAGE, "%s", "--vocab FILE is required");
+    }
+    long long max_len = TOKENIZE_DEFAULT_MAX;
+    if (max_s && !parse_int(max_s, 2, 1 << 20, &max_len)) {
+        return usage_error("tokenize", TOKENIZE_USAGE,
+                           "--max-len '%s': need an integer in [2, 1048576]", max_s);
+    }
+    mmp_tokenizer *tok = NULL;
+    if (mmp_tokenizer_load(&tok, vocab) != MMP_OK) {
+        fprintf(stderr, "mmpipe data tokenize: %s\n", mmp_last_error());
+        return 1;
+    }
+    int rc = 0;
+    int32_t *ids = malloc((size_t)max_len * sizeof *ids);
+    char *line = NULL;
+    size_t cap = 0;
+    if (!ids) {
+        fprintf(stderr, "mmpipe data tokenize: out of memory\n");
+        rc = 1;
+        goto exit;
+    }
+    ssize_t got;
+    while ((got = getline(&line, &cap, stdin)) >= 0) {
+        while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) {
+            line[--got] = 0;
+        }
+        int n_real = 0;
+        mmp_tokenizer_encode(tok, line, (int)max_len, ids, NULL, &n_real, NULL);
+        int shown = max_s ? (int)max_len : n_real;
+        for (int i = 0; i < shown; i++) {
+            printf(i ? " %d" : "%d", ids[i]);
+        }
+        putchar('\n');
+    }
+    if (ferror(stdin)) {
+        fprintf(stderr, "mmpipe data tokenize: reading stdin: %s\n", strerror(errno));
+        rc = 1;
+    }
+exit:
+    free(line);
+    free(ids);
+    mmp_tokenizer_destroy(tok);
+    return rc;
+}
+
+/* ---- check ------------------------------------------------------------------------- */
+
+typedef struct check_state {
+    const char *manifest;
+    mmp_tokenizer *tok; /* NULL without --vocab */
+    int64_t lines, problems;
+    int width, height;   /* of the first good image */
+    int64_t other_sizes; /* good images of another size */
+    int64_t with_unk;    /* captions with an [UNK] */
+    int max_tokens;      /* longest caption, [CLS] and [SEP] included */
+    int32_t ids[TOKENIZE_DEFAULT_MAX];
+} check_state;
+
+static mmp_err check_line(void *user, const mmp_manifest_entry *e, const char *problem)
+{
+    check_state *st = user;
+    st->lines++;
+    if (problem) {
+        printf("%s\n", problem);
+        st->problems++;
+        return MMP_OK;
+    }
+    char path[4096];
+    mmp_image img;
+    struct stat sb;
+    mmp_err err = mmp_manifest_resolve(st->manifest, e->image, path, sizeof path);
+    if (err == MMP_OK && stat(path, &sb) != 0) {
+        printf("%s:%lld: missing image %s (%s)\n", st->manifest, (long long)e->line, path,
+               strerror(errno));
+        st->problems++;
+        return MMP_OK;
+    }
+    if (err == MMP_OK) {
+        err = mmp_png_read(path, &img);
+    }
+    if (err != MMP_OK) {
+        printf("%s:%lld: %s\n", st->manifest, (long long)e->line, mmp_last_error());
+        st->problems++;
+        return MMP_OK;
+    }
+    if (st->width == 0) {
+        st->width = img.width, st->height = img.height;
+    } else if (img.width != st->width || img.height != st->height) {
+        st->other_sizes++;
+    }
+    mmp_image_fini(&img);
+    if (st->tok) {
+        int n_real = 0, n_unk = 0;
+        mmp_tokenizer_encode(st->tok, e->text, TOKENIZE_DEFAULT_MAX, st->ids, NULL, &n_real,
+                             &n_unk);
+        st->with_unk += n_unk > 0;
+        st->max_tokens = n_real > st->max_tokens ? n_real : st->max_tokens;
+    }
+    return MMP_OK;
+}
+
+static int cmd_check(int argc, char **argv)
+{
+    const char *manifest = NULL, *vocab = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (is_help(argv[i])) {
+            fputs(CHECK_USAGE, stdout);
+            return 0;
+        }
+        if (take_opt(argc, argv, &i, "--vocab", &v)) {
+            if (!v) {
+                return usage_error("check", CHECK_USAGE, "%s needs a value", argv[i]);
+            }
+            vocab = v;
+        } else if (argv[i][0] == '-' && argv[i][1] != 0) {
+            return usage_error("check", CHECK_USAGE, "unknown argument '%s'", argv[i]);
+        } else if (manifest) {
+            return usage_error("check", CHECK_USAGE, "one manifest at a time ('%s')", argv[i]);
+        } else {
+            manifest = argv[i];
+        }
+    }
+    if (!manifest) {
+        return usage_error("check", CHECK_USAGE, "%s", "a MANIFEST is required");
+    }
+    check_state *st = calloc(1, sizeof *st);
+    if (!st) {
+        fprintf(stderr, "mmpipe data check: out of memory\n");
+        return 1;
+    }
+    st->manifest = manifest;
+    int rc = 0;
+    if (vocab && mmp_tokenizer_load(&st->tok, vocab) != MMP_OK) {
+        fprintf(stderr, "mmpipe data check: %s\n", mmp_last_error());
+        rc = 1;
+        goto exit;
+    }
+    if (mmp_manifest_scan(manifest, check_line, st) != MMP_OK) {
+        fprintf(stderr, "mmpipe data check: %s\n", mmp_last_error());
+        rc = 1;
+        goto exit;
+    }
+    int64_t good = st->lines - st->problems;
+    printf("%s: %lld samples, %lld good, %lld with problems", manifest, (long long)st->lines,
+           (long long)good, (long long)st->problems);
+    if (good > 0) {
+        printf("; images %dx%d", st->width, st->height);
+        if (st->other_sizes) {
+            printf(" (and %lld of other sizes, resized when loaded)", (long long)st->other_sizes);
+        }
+    }
+    if (st->tok && good > 0) {
+        printf("; longest caption %d tokens, %lld with [UNK]", st->max_tokens,
+               (long long)st->with_unk);
+    }
+    printf("\n");
+    if (st->lines == 0) {
+        printf("%s: no samples (the manifest is empty)\n", manifest);
+    }
+    rc = st->problems > 0 || st->lines == 0;
+exit:
+    mmp_tokenizer_destroy(st->tok);
+    free(st);
+    return rc;
+}
+
+int mmp_cmd_data(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(USAGE, stderr);
+        return 2;
+    }
+    const char *sub = argv[1];
+    if (is_help(sub)) {
+        fputs(USAGE, stdout);
+        return 0;
+    }
+    if (strcmp(sub, "synth") == 0) {
+        return cmd_synth(argc - 1, argv + 1);
+    }
+    if (strcmp(sub, "tokenize") == 0) {
+        return cmd_tokenize(argc - 1, argv + 1);
+    }
+    if (strcmp(sub, "check") == 0) {
+        return cmd_check(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "mmpipe data: unknown command '%s'\n\n%s", sub, USAGE);
+    return 2;
+}

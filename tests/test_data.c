@@ -1,0 +1,1195 @@
+/* The data path: PNG, the synthetic set, the tokenizer, manifests, the
+ * dataset, and (when the mmpipe binary is built) `mmpipe data`.
+ *
+ * Fixtures live in tests/data/manifests/ (run from the repository root);
+ * everything written goes to mmp_test_tmpdir(). */
+#include <spng.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "data/dataset.h"
+#include "data/manifest.h"
+#include "data/png.h"
+#include "data/synth.h"
+#include "data/tokenizer.h"
+#include "tests/harness.h"
+
+#define FIXTURES "tests/data/manifests"
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static int contains(const char *haystack, const char *needle)
+{
+    int ok = strstr(haystack, needle) != NULL;
+    if (!ok) {
+        fprintf(stderr, "  expected \"%s\" in \"%s\"\n", needle, haystack);
+    }
+    return ok;
+}
+
+/* A plan with only what the dataset reads filled in. */
+static void tiny_plan(mmp_plan *p, int image_size, int max_text_len)
+{
+    memset(p, 0, sizeof *p);
+    p->job.seed = 1;
+    p->data.image_size = image_size;
+    p->data.max_text_len = max_text_len;
+    const float mean[3] = {0.5f, 0.25f, 0.0f}, std[3] = {0.5f, 0.25f, 2.0f};
+    memcpy(p->data.mean, mean, sizeof mean);
+    memcpy(p->data.std, std, sizeof std);
+}
+
+/* Encodes raw pixels of any PNG colour type with libspng directly. */
+static void *encode_raw(int color_type, int bit_depth, const void *px, size_t n, int w, int h,
+                        const struct spng_plte *plte, size_t *len)
+{
+    spng_ctx *c = spng_ctx_new(SPNG_CTX_ENCODER);
+    spng_set_option(c, SPNG_ENCODE_TO_BUFFER, 1);
+    struct spng_ihdr ih = {.width = (uint32_t)w,
+                           .height = (uint32_t)h,
+                           .bit_depth = (uint8_t)bit_depth,
+                           .color_type = (uint8_t)color_type};
+    spng_set_ihdr(c, &ih);
+    if (plte) {
+        spng_set_plte(c, (struct spng_plte *)plte);
+    }
+    int rc = spng_encode_image(c, px, n, SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE);
+    int err = 0;
+    void *buf = rc == 0 ? spng_get_png_buffer(c, len, &err) : NULL;
+    spng_ctx_free(c);
+    return buf;
+}
+
+/* ---- PNG ---------------------------------------------------------------------- */
+
+static void test_png(void)
+{
+    const char *dir = mmp_test_tmpdir("data_png");
+    char path[1024];
+    enum { W = 7, H = 5 };
+    uint8_t px[W * H * 3];
+    for (int i = 0; i < W * H * 3; i++) {
+        px[i] = (uint8_t)(i * 37 + 11);
+    }
+    snprintf(path, sizeof path, "%s/a.png", dir);
+    CHECK_OK(mmp_png_write(path, px, W, H));
+    mmp_image img;
+    CHECK_OK(mmp_png_read(path, &img));
+    CHECK(img.width == W && img.height == H);
+    CHECK(img.rgb && memcmp(img.rgb, px, sizeof px) == 0);
+    mmp_image_fini(&img);
+    mmp_image_fini(&img); /* idempotent */
+
+    /* Other colour types and depths come back as RGB8. */
+    size_t len = 0;
+    const uint8_t gray[4] = {0, 100, 200, 255};
+    void *buf = encode_raw(SPNG_COLOR_TYPE_GRAYSCALE, 8, gray, 4, 2, 2, NULL, &len);
+    CHECK_OK(mmp_png_decode("gray", buf, len, &img));
+    CHECK(img.rgb && img.rgb[3] == 100 && img.rgb[4] == 100 && img.rgb[5] == 100);
+    mmp_image_fini(&img);
+    free(buf);
+
+    const uint16_t gray16[4] = {0, 0xffff, 0x8080, 0x0101};
+    buf = encode_raw(SPNG_COLOR_TYPE_GRAYSCALE, 16, gray16, 8, 2, 2, NULL, &len);
+    CHECK_OK(mmp_png_decode("gray16", buf, len, &img));
+    CHECK(img.rgb && img.rgb[3] == 255 && img.rgb[6] == 128 && img.rgb[9] == 1);
+    mmp_image_fini(&img);
+    free(buf);
+
+    struct spng_plte plte = {.n_entries = 2};
+    plte.entries[0] = (struct spng_plte_entry){.red = 10, .green = 20, .blue = 30};
+    plte.entries[1] = (struct spng_plte_entry){.red = 0, .green = 200, .blue = 7};
+    const uint8_t indices[2] = {0x40, 0x80}; /* 1 bit per pixel: rows 01, 10 */
+    buf = encode_raw(SPNG_COLOR_TYPE_INDEXED, 1, indices, 2, 2, 2, &plte, &len);
+    CHECK_OK(mmp_png_decode("palette", buf, len, &img));
+    CHECK(img.rgb && img.rgb[0] == 10 && img.rgb[1] == 20 && img.rgb[2] == 30);
+    CHECK(img.rgb && img.rgb[3] == 0 && img.rgb[4] == 200 && img.rgb[5] == 7);
+    mmp_image_fini(&img);
+    free(buf);
+
+    const uint8_t rgba[16] = {1, 2, 3, 0, 4, 5, 6, 255, 7, 8, 9, 100, 10, 11, 12, 13};
+    buf = encode_raw(SPNG_COLOR_TYPE_TRUECOLOR_ALPHA, 8, rgba, 16, 2, 2, NULL, &len);
+    CHECK_OK(mmp_png_decode("rgba", buf, len, &img));
+    CHECK(img.rgb && img.rgb[0] == 1 && img.rgb[3] == 4 && img.rgb[11] == 12); /* alpha dropped */
+    mmp_image_fini(&img);
+
+    /* Errors say what is wrong. */
+    CHECK(mmp_png_decode("cut", buf, len / 2, &img) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), "cut: truncated PNG"));
+    CHECK(img.rgb == NULL);
+    free(buf);
+    CHECK(mmp_png_decode("nothing", "", 0, &img) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), "nothing: empty file"));
+    snprintf(path, sizeof path, "%s/text.png", dir);
+    write_text(path, "hello, I am not an image\n");
+    CHECK(mmp_png_read(path, &img) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), "text.png: not a PNG"));
+    snprintf(path, sizeof path, "%s/empty.png", dir);
+    write_text(path, "");
+    CHECK(mmp_png_read(path, &img) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), "empty.png: empty file (0 bytes)"));
+    snprintf(path, sizeof path, "%s/absent.png", dir);
+    CHECK(mmp_png_read(path, &img) == MMP_ERR_IO);
+    CHECK(contains(mmp_last_error(), "absent.png: No such file"));
+    CHECK(mmp_png_write(path, px, 0, 3) == MMP_ERR_INVALID);
+}
+
+/* ---- synth -------------------------------------------------------------------- */
+
+static const char *const shape_words[] = {"circle", "square", "triangle", "cross", "ring"};
+
+static int count_shapes(const char *caption)
+{
+    int n = 0;
+    char buf[MMP_SYNTH_CAPTION_MAX];
+    snprintf(buf, sizeof buf, "%s", caption);
+    for (char *save = NULL, *w = strtok_r(buf, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+        for (size_t k = 0; k < sizeof shape_words / sizeof shape_words[0]; k++) {
+            n += strcmp(w, shape_words[k]) == 0;
+        }
+    }
+    return n;
+}
+
+/* Reads the "text" of every line of a synth manifest (plain ASCII captions). */
+static int read_captions(const char *manifest, char caps[][MMP_SYNTH_CAPTION_MAX], int max,
+                         char images[][32])
+{
+    FILE *f = fopen(manifest, "r");
+    if (!f) {
+        return -1;
+    }
+    char line[1024];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        mmp_manifest_entry e;
+        line[strcspn(line, "\n")] = 0;
+        if (mmp_manifest_parse_line(line, strlen(line), &e) != MMP_OK) {
+            n = -1;
+            break;
+        }
+        snprintf(caps[n], MMP_SYNTH_CAPTION_MAX, "%s", e.text);
+        snprintf(images[n], 32, "%s", e.image);
+        mmp_manifest_entry_fini(&e);
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static int cmp_caption(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* An oracle for "the caption tells the truth": finds the objects in the
+ * pixels (4-connected bright components; synth keeps a background pixel
+ * between objects) and checks the caption's count, colours, sizes, shapes,
+ * place and relations against them. It is written from the pictures' side,
+ * not from synth's code, so a change that makes captions lie fails here. */
+typedef struct blob {
+    int n, x0, y0, x1, y1; /* pixels, inclusive bbox */
+    double cx, cy, r, g, b;
+    int colour, large, shape;
+} blob;
+
+static const char *const colour_words[] = {"red", "green", "blue", "yellow", "purple", "white"};
+static const uint8_t colour_rgb[6][3] = {{225, 40, 40},  {40, 200, 60},  {50, 100, 245},
+                                         {235, 220, 40}, {170, 60, 220}, {240, 240, 240}};
+
+static int find_word(const char *w, const char *const *list, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (strcmp(w, list[i]) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int is_fg(const uint8_t *p)
+{
+    return p[0] >= 80 || p[1] >= 80 || p[2] >= 80;
+}
+
+static int row_width(const uint8_t *rgb, int S, const blob *b, int y)
+{
+    int w = 0;
+    for (int x = b->x0; x <= b->x1; x++) {
+        w += is_fg(rgb + (y * S + x) * 3);
+    }
+    return w;
+}
+
+static void classify(const uint8_t *rgb, int S, blob *b)
+{
+    double best = 1e30;
+    for (int c = 0; c < 6; c++) {
+        /* objects are drawn at 85-100% of their colour's brightness */
+        double dr = b->r / 0.925 - colour_rgb[c][0], dg = b->g / 0.925 - colour_rgb[c][1];
+        double db = b->b / 0.925 - colour_rgb[c][2];
+        double d = dr * dr + dg * dg + db * db;
+        if (d < best) {
+            best = d, b->colour = c;
+        }
+    }
+    int w = b->x1 - b->x0 + 1, h = b->y1 - b->y0 + 1;
+    b->large = (w > h ? w : h) >= 10;
+    double fill = (double)b->n / (w * h);
+    int cx = (b->x0 + b->x1) / 2, cy = (b->y0 + b->y1) / 2;
+    int top = row_width(rgb, S, b, b->y0), bottom = row_width(rgb, S, b, b->y1);
+    if (!is_fg(rgb + (cy * S + cx) * 3)) {
+        b->shape = 4; /* ring: a hole in the middle */
+    } else if (fill >= 0.9) {
+        b->shape = 1; /* square */
+    } else if (bottom >= w - 1 && top <= w / 2) {
+        b->shape = 2; /* triangle: a wide base, a narrow top */
+    } else if (fill >= 0.65) {
+        b->shape = 0; /* circle */
+    } else {
+        b->shape = 3; /* cross */
+    }
+}
+
+static int find_blobs(const uint8_t *rgb, int S, blob *out, int max)
+{
+    static int label[64 * 64], stack[64 * 64];
+    int n = 0;
+    memset(label, 0, sizeof label);
+    for (int start = 0; start < S * S; start++) {
+        if (label[start] || !is_fg(rgb + start * 3)) {
+            continue;
+        }
+        if (n == max) {
+            return max + 1;
+        }
+        blob *b = &out[n++];
+        memset(b, 0, sizeof *b);
+        b->x0 = b->y0 = S;
+        int top = 0;
+        stack[top++] = start;
+        label[start] = n;
+        while (top) {
+            int p = stack[--top], x = p % S, y = p / S;
+            const uint8_t *q = rgb + p * 3;
+            b->n++, b->cx += x + 0.5, b->cy += y + 0.5, b->r += q[0], b->g += q[1], b->b += q[2];
+            b->x0 = x < b->x0 ? x : b->x0, b->x1 = x > b->x1 ? x : b->x1;
+            b->y0 = y < b->y0 ? y : b->y0, b->y1 = y > b->y1 ? y : b->y1;
+            const int nb[4] = {x > 0 ? p - 1 : -1, x < S - 1 ? p + 1 : -1, y > 0 ? p - S : -1,
+                               y < S - 1 ? p + S : -1};
+            for (int k = 0; k < 4; k++) {
+                if (nb[k] >= 0 && !label[nb[k]] && is_fg(rgb + nb[k] * 3)) {
+                    label[nb[k]] = n;
+                    stack[top++] = nb[k];
+                }
+            }
+        }
+        b->cx /= b->n, b->cy /= b->n, b->r /= b->n, b->g /= b->n, b->b /= b->n;
+        classify(rgb, S, b);
+    }
+    return n;
+}
+
+typedef struct phrase {
+    int large, colour, shape;
+} phrase;
+
+/* 1 when blobs[assign[k]] can be phrase k for every k and the relation holds. */
+static int relation_true(const blob *blobs, const int *assign, int n, int rel)
+{
+    const blob *a = &blobs[assign[0]];
+    for (int k = 1; k < n; k++) {
+        const blob *o = &blobs[assign[k]];
+        int ok = rel == 0   ? a->cx < o->cx - 2
+                 : rel == 1 ? a->cx > o->cx + 2
+                 : rel == 2 ? a->cy < o->cy - 2
+                            : a->cy > o->cy + 2;
+        if (!ok) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Returns NULL when caption is true of rgb (S x S), else what is wrong. */
+static const char *caption_lie(const uint8_t *rgb, int S, const char *caption)
+{
+    static const char *const sizes[] = {"small", "large"};
+    static const char *const places[9] = {
+        "in the top left",    "at the top",    "in the top right",
+        "on the left",        "in the center", "on the right",
+        "in the bottom left", "at the bottom", "in the bottom right"};
+    static const char *const relations[] = {"left of", "right of", "above", "below"};
+    char buf[MMP_SYNTH_CAPTION_MAX];
+    char *w[40];
+    int nw = 0;
+    snprintf(buf, sizeof buf, "%s", caption);
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t && nw < 40;
+         t = strtok_r(NULL, " ", &save)) {
+        w[nw++] = t;
+    }
+    phrase ph[3];
+    int np = 0, at = 0, rel = -1, place = -1;
+    while (at + 4 <= nw && strcmp(w[at], "a") == 0 && np < 3) {
+        ph[np].large = find_word(w[at + 1], sizes, 2);
+        ph[np].colour = find_word(w[at + 2], colour_words, 6);
+        ph[np].shape = find_word(w[at + 3], shape_words, 5);
+        if (ph[np].large < 0 || ph[np].colour < 0 || ph[np].shape < 0) {
+            return "unknown attribute word";
+        }
+        np++, at += 4;
+        if (at == nw) {
+            break;
+        }
+        char rest[MMP_SYNTH_CAPTION_MAX] = "";
+        if (np == 1) {
+            for (int i = at; i < nw; i++) {
+                strcat(rest, i > at ? " " : "");
+                strcat(rest, w[i]);
+            }
+            place = find_word(rest, places, 9);
+            if (place >= 0) {
+                at = nw;
+                break;
+            }
+            int two = at + 1 < nw && strcmp(w[at + 1], "of") == 0;
+            snprintf(rest, sizeof rest, "%s%s", w[at], two ? " of" : "");
+            rel = find_word(rest, relations, 4);
+            if (rel < 0) {
+                return "neither a place nor a relation after the first object";
+            }
+            at += two ? 2 : 1;
+        } else if (np == 2 && strcmp(w[at], "and") == 0) {
+            at++;
+        } else {
+            return "unexpected words";
+        }
+    }
+    if (at != nw || np == 0 || (np == 1) != (place >= 0)) {
+        return "caption does not parse";
+    }
+    blob blobs[4];
+    int nb = find_blobs(rgb, S, blobs, 3);
+    if (nb != np) {
+        return "object count differs";
+    }
+    /* Some assignment of blobs to phrases must match attributes and relation. */
+    static const int perms[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
+                                    {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+    for (int p = 0; p < 6; p++) {
+        int assign[3], ok = 1;
+        for (int k = 0; k < np; k++) {
+            assign[k] = perms[p][k];
+            ok &= assign[k] < nb;
+        }
+        for (int k = 0; ok && k < np; k++) {
+            const blob *b = &blobs[assign[k]];
+            ok &= b->colour == ph[k].colour && b->large == ph[k].large && b->shape == ph[k].shape;
+        }
+        if (ok && place >= 0) {
+            int col = (int)(blobs[assign[0]].cx * 3 / S), row = (int)(blobs[assign[0]].cy * 3 / S);
+            ok = row * 3 + col == place;
+        }
+        if (ok && rel >= 0) {
+            ok = relation_true(blobs, assign, np, rel);
+        }
+        if (ok) {
+            return NULL;
+        }
+    }
+    return "no object assignment matches the caption";
+}
+
+static void test_synth_determinism(void)
+{
+    char a[1024], b[1024], c[1024], pa[1200], pb[1200];
+    snprintf(a, sizeof a, "%s", mmp_test_tmpdir("data_synth_a"));
+    snprintf(b, sizeof b, "%s", mmp_test_tmpdir("data_synth_b"));
+    snprintf(c, sizeof c, "%s", mmp_test_tmpdir("data_synth_c"));
+    CHECK_OK(mmp_synth_write(a, 40, 7, 32));
+    CHECK_OK(mmp_synth_write(b, 40, 7, 32));
+    CHECK_OK(mmp_synth_write(c, 40, 8, 32));
+    CHECK(mmp_synth_val_count(40) == 5);
+    CHECK(mmp_synth_val_count(1) == 1 && mmp_synth_val_count(100000) == 256);
+    static const char *const files[] = {"train.jsonl", "val.jsonl", "vocab.txt"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(pa, sizeof pa, "%s/%s", a, files[k]);
+        snprintf(pb, sizeof pb, "%s/%s", b, files[k]);
+        CHECK(same_file(pa, pb));
+    }
+    int same_images = 1, differ_c = 0;
+    for (int i = 0; i < 45; i++) {
+        snprintf(pa, sizeof pa, "%s/images/%06d.png", a, i);
+        snprintf(pb, sizeof pb, "%s/images/%06d.png", b, i);
+        same_images &= same_file(pa, pb);
+        snprintf(pb, sizeof pb, "%s/images/%06d.png", c, i);
+        differ_c += !same_file(pa, pb);
+    }
+    CHECK(same_images);
+    CHECK(differ_c >= 40); /* another seed, other pictures */
+    snprintf(pa, sizeof pa, "%s/train.jsonl", a);
+    snprintf(pb, sizeof pb, "%s/train.jsonl", c);
+    CHECK(!same_file(pa, pb));
+    snprintf(pa, sizeof pa, "%s/images/%06d.png", a, 45);
+    CHECK(access(pa, F_OK) != 0); /* 40 train + 5 val, nothing more */
+
+    /* The in-memory sample is the file's sample. */
+    uint8_t rgb[32 * 32 * 3];
+    char caption[MMP_SYNTH_CAPTION_MAX];
+    int n_objects = 0;
+    CHECK_OK(mmp_synth_sample(7, 3, 32, rgb, caption, &n_objects));
+    snprintf(pa, sizeof pa, "%s/images/%06d.png", a, 3);
+    mmp_image img;
+    CHECK_OK(mmp_png_read(pa, &img));
+    CHECK(img.rgb && memcmp(img.rgb, rgb, sizeof rgb) == 0);
+    mmp_image_fini(&img);
+    CHECK(n_objects >= 1 && n_objects <= 3 && count_shapes(caption) == n_objects);
+
+    CHECK(mmp_synth_write(a, 0, 7, 32) == MMP_ERR_INVALID);
+    CHECK(mmp_synth_write(a, 10, 7, 8) == MMP_ERR_INVALID);
+}
+
+static void test_synth_content(void)
+{
+    char dir[1024], path[1200], img_path[1200];
+    snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("data_synth_set"));
+    const int n_train = 2048; /* val = 256 */
+    CHECK_OK(mmp_synth_write(dir, n_train, 1, 32));
+
+    static char train[2048][MMP_SYNTH_CAPTION_MAX], val[256][MMP_SYNTH_CAPTION_MAX];
+    static char train_img[2048][32], val_img[256][32];
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    CHECK(read_captions(path, train, n_train, train_img) == n_train);
+    snprintf(path, sizeof path, "%s/val.jsonl", dir);
+    CHECK(read_captions(path, val, 256, val_img) == 256);
+
+    /* Val images are not train images. */
+    CHECK(strcmp(train_img[n_train - 1], "images/002047.png") == 0);
+    CHECK(strcmp(val_img[0], "images/002048.png") == 0);
+
+    /* Every image decodes, is 32x32, shows something bright, and its
+     * caption names 1 to 3 shapes; the object counts all occur. */
+    int bad_shapes = 0, bad_images = 0, lies = 0, counts[4] = {0};
+    for (int i = 0; i < n_train + 256; i++) {
+        const char *cap = i < n_train ? train[i] : val[i - n_train];
+        const char *rel = i < n_train ? train_img[i] : val_img[i - n_train];
+        int n = count_shapes(cap);
+        bad_shapes += n < 1 || n > 3;
+        counts[n >= 1 && n <= 3 ? n : 0]++;
+        snprintf(img_path, sizeof img_path, "%s/%s", dir, rel);
+        mmp_image img;
+        if (mmp_png_read(img_path, &img) != MMP_OK || img.width != 32 || img.height != 32) {
+            bad_images++;
+            mmp_image_fini(&img);
+            continue;
+        }
+        int bright = 0;
+        for (int p = 0; p < 32 * 32; p++) {
+            const uint8_t *q = img.rgb + p * 3;
+            bright += q[0] > 120 || q[1] > 120 || q[2] > 120;
+        }
+        bad_images += bright < 20 * n; /* a small object covers >= ~25 pixels */
+        const char *lie = caption_lie(img.rgb, 32, cap);
+        if (lie && lies < 5) {
+            fprintf(stderr, "  %s \"%s\": %s\n", rel, cap, lie);
+        }
+        lies += lie != NULL;
+        mmp_image_fini(&img);
+    }
+    CHECK(bad_shapes == 0);
+    CHECK(bad_images == 0);
+    CHECK(lies == 0);
+
+    /* The oracle is not blind: a wrong colour, size or relation is caught. */
+    int mutated = 0, caught = 0;
+    for (int i = 0; i < 64; i++) {
+        snprintf(img_path, sizeof img_path, "%s/%.31s", dir, val_img[i]);
+        mmp_image img;
+        if (mmp_png_read(img_path, &img) != MMP_OK) {
+            continue;
+        }
+        static const char *const swaps[][2] = {
+            {" red ", " green "},        {" green ", " blue "},   {" blue ", " yellow "},
+            {" yellow ", " purple "},    {" purple ", " white "}, {" white ", " red "},
+            {"a small", "a large"},      {"a large", "a small"},  {" left of ", " right of "},
+            {" right of ", " left of "}, {" above ", " below "},  {" below ", " above "}};
+        for (size_t k = 0; k < sizeof swaps / sizeof swaps[0]; k++) {
+            const char *hit = strstr(val[i], swaps[k][0]);
+            if (!hit) {
+                continue;
+            }
+            char wrong[2 * MMP_SYNTH_CAPTION_MAX];
+            snprintf(wrong, sizeof wrong, "%.*s%s%s", (int)(hit - val[i]), val[i], swaps[k][1],
+                     hit + strlen(swaps[k][0]));
+            mutated++;
+            caught += caption_lie(img.rgb, 32, wrong) != NULL;
+        }
+        mmp_image_fini(&img);
+    }
+    CHECK(mutated > 100 && caught == mutated);
+    CHECK(counts[1] > 0 && counts[2] > 0 && counts[3] > 0);
+
+    /* Variety: under 5% of the 256 val samples share their caption. */
+    static char sorted[256][MMP_SYNTH_CAPTION_MAX];
+    memcpy(sorted, val, sizeof sorted);
+    qsort(sorted, 256, sizeof sorted[0], cmp_caption);
+    int shared = 0;
+    for (int i = 0; i < 256; i++) {
+        shared += (i > 0 && strcmp(sorted[i], sorted[i - 1]) == 0) ||
+                  (i < 255 && strcmp(sorted[i], sorted[i + 1]) == 0);
+    }
+    fprintf(stderr, "  synth val: %d/256 samples (%.1f%%) share a caption\n", shared,
+            100.0 * shared / 256);
+    CHECK(shared < 256 * 5 / 100);
+
+    /* The vocab covers every caption word: no [UNK] anywhere. */
+    mmp_tokenizer *tok = NULL;
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    CHECK_OK(mmp_tokenizer_load(&tok, path));
+    if (tok) {
+        mmp_special_ids sp = mmp_tokenizer_specials(tok);
+        CHECK(sp.pad == 0 && sp.unk == 1 && sp.cls == 2 && sp.sep == 3 && sp.mask == 4);
+        CHECK(mmp_tokenizer_id(tok, ",", 1) >= 0 && mmp_tokenizer_id(tok, "ring", 4) >= 0);
+        int unk = 0, longest = 0;
+        int32_t ids[64];
+        for (int i = 0; i < n_train; i++) {
+            int n_real = 0, n_unk = 0;
+            mmp_tokenizer_encode(tok, train[i], 64, ids, NULL, &n_real, &n_unk);
+            unk += n_unk;
+            longest = n_real > longest ? n_real : longest;
+        }
+        CHECK(unk == 0);
+        CHECK(longest <= 24); /* fits the demo plan's max_text_len */
+    }
+    mmp_tokenizer_destroy(tok);
+}
+
+/* ---- tokenizer ------------------------------------------------------------------ */
+
+static const char *const VOCAB[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]",  "[MASK]", "hello",
+                                    "world", "un",    "##aff", "##able", ",",      ".",
+                                    "!",     "a",     "##a",   "café",   "x"};
+enum {
+    V_PAD,
+    V_UNK,
+    V_CLS,
+    V_SEP,
+    V_MASK,
+    V_HELLO,
+    V_WORLD,
+    V_UN,
+    V_AFF,
+    V_ABLE,
+    V_COMMA,
+    V_DOT,
+    V_BANG,
+    V_A,
+    V_HASH_A,
+    V_CAFE,
+    V_X
+};
+
+static int ids_are(const int32_t *ids, int n, const int32_t *want, int n_want)
+{
+    int ok = n == n_want && memcmp(ids, want, (size_t)n * sizeof *ids) == 0;
+    if (!ok) {
+        fprintf(stderr, "  got:");
+        for (int i = 0; i < n; i++) {
+            fprintf(stderr, " %d", ids[i]);
+        }
+        fprintf(stderr, "\n  want:");
+        for (int i = 0; i < n_want; i++) {
+            fprintf(stderr, " %d", want[i]);
+        }
+        fprintf(stderr, "\n");
+    }
+    return ok;
+}
+
+#define ENCODES(tok, text, ...)                                                                    \
+    do {                                                                                           \
+        const int32_t want_[] = {__VA_ARGS__};                                                     \
+        int32_t got_[128];                                                                         \
+        int n_ = 0;                                                                                \
+        CHECK_OK(mmp_tokenizer_encode(tok, text, 128, got_, NULL, &n_, NULL));                     \
+        CHECK(ids_are(got_, n_, want_, (int)(sizeof want_ / sizeof want_[0])));                    \
+    } while (0)
+
+static void test_tokenizer(void)
+{
+    const char *dir = mmp_test_tmpdir("data_tokenizer");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/vocab.txt", dir);
+    FILE *f = fopen(path, "w");
+    for (size_t i = 0; i < sizeof VOCAB / sizeof VOCAB[0]; i++) {
+        fprintf(f, "%s%s", VOCAB[i], i == 3 ? "\r\n" : "\n"); /* a CRLF line is fine */
+    }
+    fclose(f);
+    mmp_tokenizer *t = NULL;
+    CHECK_OK(mmp_tokenizer_load(&t, path));
+    if (!t) {
+        return;
+    }
+    CHECK(mmp_tokenizer_vocab_size(t) == (int)(sizeof VOCAB / sizeof VOCAB[0]));
+    CHECK(mmp_tokenizer_id(t, "[SEP]", 5) == V_SEP);
+    CHECK(mmp_tokenizer_id(t, "nope", 4) == -1);
+    CHECK(strcmp(mmp_tokenizer_token(t, V_AFF), "##aff") == 0);
+    CHECK(mmp_tokenizer_token(t, 999) == NULL);
+
+    ENCODES(t, "Hello, WORLD!", V_CLS, V_HELLO, V_COMMA, V_WORLD, V_BANG, V_SEP);
+    ENCODES(t, "  hello\tworld\n", V_CLS, V_HELLO, V_WORLD, V_SEP);
+    ENCODES(t, "unaffable", V_CLS, V_UN, V_AFF, V_ABLE, V_SEP);
+    ENCODES(t, "UnAffAble.", V_CLS, V_UN, V_AFF, V_ABLE, V_DOT, V_SEP);
+    ENCODES(t, "unx hello", V_CLS, V_UNK, V_HELLO, V_SEP); /* no ##x: the whole word is [UNK] */
+    ENCODES(t, "xa", V_CLS, V_X, V_HASH_A, V_SEP);
+    ENCODES(t, "zebra", V_CLS, V_UNK, V_SEP);
+    ENCODES(t, "hel\x01lo", V_CLS, V_HELLO, V_SEP); /* control characters are dropped */
+    ENCODES(t, "café", V_CLS, V_CAFE, V_SEP);       /* UTF-8 passes through whole */
+    ENCODES(t, "caf\xc3", V_CLS, V_UNK, V_SEP);     /* never split inside a character */
+    ENCODES(t, "", V_CLS, V_SEP);
+    ENCODES(t, "[MASK]", V_CLS, V_UNK, V_UNK, V_UNK, V_SEP); /* "[", "mask", "]": not in vocab */
+
+    /* Words of up to 100 characters are segmented; longer ones are [UNK]. */
+    char word[200];
+    memset(word, 'a', 100);
+    word[100] = 0;
+    int32_t ids[128];
+    float mask[128];
+    int n_real = 0, n_unk = 0;
+    CHECK_OK(mmp_tokenizer_encode(t, word, 128, ids, NULL, &n_real, &n_unk));
+    CHECK(n_real == 102 && ids[1] == V_A && ids[2] == V_HASH_A && ids[100] == V_HASH_A);
+    CHECK(ids[101] == V_SEP && n_unk == 0);
+    memset(word, 'a', 101);
+    word[101] = 0;
+    ENCODES(t, word, V_CLS, V_UNK, V_SEP);
+
+    /* Truncation keeps [SEP]; padding is [PAD] with mask 0. */
+    CHECK_OK(mmp_tokenizer_encode(t, "hello world hello world", 4, ids, mask, &n_real, NULL));
+    const int32_t trunc[4] = {V_CLS, V_HELLO, V_WORLD, V_SEP};
+    CHECK(ids_are(ids, 4, trunc, 4) && n_real == 4);
+    CHECK(mask[0] == 1 && mask[3] == 1);
+    CHECK_OK(mmp_tokenizer_encode(t, "Hello", 6, ids, mask, &n_real, NULL));
+    const int32_t padded[6] = {V_CLS, V_HELLO, V_SEP, V_PAD, V_PAD, V_PAD};
+    const float padded_mask[6] = {1, 1, 1, 0, 0, 0};
+    CHECK(ids_are(ids, 6, padded, 6) && n_real == 3);
+    CHECK(memcmp(mask, padded_mask, sizeof padded_mask) == 0);
+    CHECK_OK(mmp_tokenizer_encode(t, "hello", 2, ids, mask, &n_real, NULL));
+    CHECK(ids[0] == V_CLS && ids[1] == V_SEP && n_real == 2);
+    CHECK(mmp_tokenizer_encode(t, "hello", 1, ids, mask, &n_real, NULL) == MMP_ERR_INVALID);
+    mmp_tokenizer_destroy(t);
+    mmp_tokenizer_destroy(NULL);
+
+    /* Bad vocabs name the line. */
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"[PAD]\n[UNK]\n\n[CLS]\n[SEP]\n", "vocab_bad.txt:3: empty line"},
+        {"[PAD]\nab\xff\n[UNK]\n[CLS]\n[SEP]\n", "vocab_bad.txt:2: invalid UTF-8"},
+        {"[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\nhello\n", "vocab_bad.txt:6: duplicate token 'hello'"},
+        {"[PAD]\n[CLS]\n[SEP]\n", "vocab_bad.txt: no [UNK] token"},
+        {"", "vocab_bad.txt: empty vocab"},
+    };
+    snprintf(path, sizeof path, "%s/vocab_bad.txt", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_text(path, bad[i].text);
+        mmp_tokenizer *b = NULL;
+        CHECK(mmp_tokenizer_load(&b, path) == MMP_ERR_DATA);
+        CHECK(b == NULL);
+        CHECK(contains(mmp_last_error(), bad[i].want));
+    }
+    /* A last line without '\n' is a token. */
+    write_text(path, "[PAD]\n[UNK]\n[CLS]\n[SEP]");
+    CHECK_OK(mmp_tokenizer_load(&t, path));
+    CHECK(t && mmp_tokenizer_vocab_size(t) == 4);
+    mmp_tokenizer_destroy(t);
+    snprintf(path, sizeof path, "%s/absent.txt", dir);
+    CHECK(mmp_tokenizer_load(&t, path) == MMP_ERR_IO);
+}
+
+/* ---- manifests ------------------------------------------------------------------ */
+
+static void parses(const char *line, const char *image, const char *text, const char *id)
+{
+    mmp_manifest_entry e;
+    mmp_err err = mmp_manifest_parse_line(line, strlen(line), &e);
+    CHECK_OK(err);
+    if (err != MMP_OK) {
+        fprintf(stderr, "  line: %s\n", line);
+        return;
+    }
+    CHECK(strcmp(e.image, image) == 0);
+    CHECK(strcmp(e.text, text) == 0);
+    CHECK(id ? e.id && strcmp(e.id, id) == 0 : e.id == NULL);
+    mmp_manifest_entry_fini(&e);
+}
+
+static void rejects(const char *line, const char *why)
+{
+    mmp_manifest_entry e;
+    CHECK(mmp_manifest_parse_line(line, strlen(line), &e) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), why));
+    CHECK(e.image == NULL && e.storage == NULL);
+}
+
+static void test_manifest_lines(void)
+{
+    parses("{\"image\": \"a.png\", \"text\": \"hi\"}", "a.png", "hi", NULL);
+    parses("{\"text\":\"x\",\"image\":\"b\",\"id\":-12.5e3}", "b", "x", "-12.5e3");
+    parses("{\"image\": \"\\u00e9\\u4e2d\", \"text\": \"\\ud83d\\ude00 \\\"q\\\" \\\\ \\/ \\t\"}",
+           "\xc3\xa9\xe4\xb8\xad", "\xf0\x9f\x98\x80 \"q\" \\ / \t", NULL);
+    parses("{\"a\": [1, {\"b\": [null, true, false, \"\\n\"]}, -0.0], \"image\": \"i\", "
+           "\"text\": \"t\", \"id\": \"s1\", \"z\": {}}",
+           "i", "t", "s1");
+    parses("  {\"image\": \"i\", \"text\": \"caf\xc3\xa9\"}  ", "i", "caf\xc3\xa9", NULL);
+    parses("{\"im\\u0061ge\": \"i\", \"text\": \"escaped key\"}", "i", "escaped key", NULL);
+
+    rejects("[1, 2]", "not a JSON object");
+    rejects("{\"image\": \"a\" \"text\": \"b\"}", "not valid JSON at column 15: expected ','");
+    rejects("{\"image\" \"a\"}", "not valid JSON at column 10: expected ':' after a key");
+    rejects("{\"image\": \"a\", \"text\": \"b\"", "not valid JSON at the end of the line");
+    rejects("{\"image\": \"a\", \"text\": \"b}", "unterminated string");
+    rejects("{\"image\": \"a\", \"text\": \"b\"} x", "unexpected data after the object");
+    rejects("{\"image\": \"a\", \"text\": \"\\x\"}", "unknown escape '\\x'");
+    rejects("{\"image\": \"a\", \"text\": \"\\ud800\"}", "high surrogate without a low one");
+    rejects("{\"image\": \"a\", \"text\": \"\\udc00\"}", "low surrogate without a high one");
+    rejects("{\"image\": \"a\", \"text\": \"\\u12\"}", "four hex digits");
+    rejects("{\"image\": \"a\", \"text\": \"\xff\"}", "invalid UTF-8");
+    rejects("{\"image\": \"a\", \"text\": \"tab\there\"}", "control character 0x09");
+    rejects("{\"image\": \"a\", \"text\": 01}", "expected ',' or '}'");
+    rejects("{\"image\": \"a\", \"text\": 1.}", "digits after '.'");
+    rejects("{\"image\": \"a\", \"text\": tru}", "expected a value, found 't'");
+    rejects("{\"image\": \"a\", \"text\": \"b\",}", "expected a quoted key");
+    rejects("{\"image\": \"a\"}", "missing field \"text\"");
+    rejects("{\"text\": \"a\"}", "missing field \"image\"");
+    rejects("{\"image\": 5, \"text\": \"a\"}", "expected a string for \"image\"");
+    rejects("{\"image\": \"a\", \"text\": [\"a\"]}", "expected a string for \"text\"");
+    rejects("{\"image\": \"a\", \"text\": \"b\", \"id\": null}", "string or a number for \"id\"");
+    rejects("{\"image\": \"a\", \"image\": \"b\", \"text\": \"c\"}", "duplicate field \"image\"");
+    rejects("{\"image\": \"\", \"text\": \"c\"}", "empty image path");
+    rejects("{\"image\": \"a\", \"text\": \" \\t \"}", "empty caption");
+    rejects("{\"image\": \"a\\u0000b\", \"text\": \"c\"}", "NUL character");
+
+    char deep[200] = "{\"x\": ";
+    size_t at = strlen(deep);
+    memset(deep + at, '[', 100);
+    deep[at + 100] = 0;
+    rejects(deep, "nested deeper than 64");
+
+    char out[64];
+    CHECK_OK(mmp_manifest_resolve("data/set/train.jsonl", "images/1.png", out, sizeof out));
+    CHECK(strcmp(out, "data/set/images/1.png") == 0);
+    CHECK_OK(mmp_manifest_resolve("train.jsonl", "images/1.png", out, sizeof out));
+    CHECK(strcmp(out, "images/1.png") == 0);
+    CHECK_OK(mmp_manifest_resolve("data/train.jsonl", "/abs/1.png", out, sizeof out));
+    CHECK(strcmp(out, "/abs/1.png") == 0);
+    CHECK(mmp_manifest_resolve("d/t.jsonl", "x", out, 3) == MMP_ERR_INVALID);
+}
+
+typedef struct problems {
+    int n;
+    int64_t lines[32];
+    int good;
+} problems;
+
+static mmp_err collect(void *user, const mmp_manifest_entry *e, const char *problem)
+{
+    problems *p = user;
+    if (problem) {
+        if (p->n < 32) {
+            p->lines[p->n++] = e->line;
+        }
+        CHECK(e->image == NULL && e->text == NULL);
+    } else {
+        p->good++;
+        CHECK(e->image && e->text);
+    }
+    return MMP_OK;
+}
+
+static void open_fails(const char *file, const char *want)
+{
+    char path[256];
+    snprintf(path, sizeof path, FIXTURES "/%s", file);
+    mmp_manifest *m = NULL;
+    CHECK(mmp_manifest_open(&m, path, NULL, NULL) == MMP_ERR_DATA);
+    CHECK(m == NULL);
+    CHECK(contains(mmp_last_error(), want));
+}
+
+static void test_manifest_files(void)
+{
+    open_fails("bad_json.jsonl",
+               FIXTURES "/bad_json.jsonl:3: not valid JSON at column 20: expected ','");
+    open_fails("missing_text.jsonl", FIXTURES "/missing_text.jsonl:2: missing field \"text\"");
+    open_fails("nonstring_image.jsonl",
+               FIXTURES "/nonstring_image.jsonl:4: expected a string for \"image\"");
+    open_fails("empty_caption.jsonl", FIXTURES "/empty_caption.jsonl:2: empty caption");
+
+    /* The good fixture: blank lines skipped, line numbers kept, order kept. */
+    mmp_manifest *m = NULL;
+    CHECK_OK(mmp_manifest_open(&m, FIXTURES "/good.jsonl", NULL, NULL));
+    if (m) {
+        CHECK(mmp_manifest_size(m) == 4);
+        CHECK(mmp_manifest_line(m, 0) == 1 && mmp_manifest_line(m, 2) == 4);
+        CHECK(mmp_manifest_line(m, 3) == 5);
+        mmp_manifest_entry e;
+        CHECK_OK(mmp_manifest_read(m, 1, &e));
+        CHECK(e.line == 2 && strcmp(e.id, "s-2") == 0 && strcmp(e.image, "px.png") == 0);
+        CHECK(strcmp(e.text, "caf\xc3\xa9 \"quoted\" \\ back/slash \xf0\x9f\x98\x80") == 0);
+        mmp_manifest_entry_fini(&e);
+        CHECK_OK(mmp_manifest_read(m, 2, &e));
+        CHECK(e.line == 4 && strcmp(e.id, "17") == 0);
+        mmp_manifest_entry_fini(&e);
+        CHECK(mmp_manifest_read(m, 4, &e) == MMP_ERR_INVALID);
+    }
+    mmp_manifest_close(m);
+    mmp_manifest_close(NULL);
+
+    /* A scan reports every bad line, with its number. */
+    problems p = {0};
+    CHECK_OK(mmp_manifest_scan(FIXTURES "/many_problems.jsonl", collect, &p));
+    const int64_t want[] = {2, 4, 5, 6, 8, 9, 10}; /* JSON-level problems; 11, 13 are images */
+    CHECK(p.n == 7 && memcmp(p.lines, want, sizeof want) == 0);
+    CHECK(p.good == 6);
+
+    const char *dir = mmp_test_tmpdir("data_manifest");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/empty.jsonl", dir);
+    write_text(path, "\n  \n");
+    CHECK(mmp_manifest_open(&m, path, NULL, NULL) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), "no samples"));
+    snprintf(path, sizeof path, "%s/bom.jsonl", dir);
+    write_text(path,
+               "\xef\xbb\xbf{\"image\": \"i\", \"text\": \"t\"}\r\n{\"image\": \"j\", \"text\": "
+               "\"u\"}");
+    CHECK_OK(mmp_manifest_open(&m, path, NULL, NULL));
+    if (m) {
+        mmp_manifest_entry e;
+        CHECK(mmp_manifest_size(m) == 2);
+        CHECK_OK(mmp_manifest_read(m, 1, &e));
+        CHECK(e.image && strcmp(e.image, "j") == 0);
+        mmp_manifest_entry_fini(&e);
+        CHECK_OK(mmp_manifest_read(m, 0, &e));
+        CHECK(e.image && strcmp(e.image, "i") == 0);
+        mmp_manifest_entry_fini(&e);
+    }
+    mmp_manifest_close(m);
+    snprintf(path, sizeof path, "%s/absent.jsonl", dir);
+    CHECK(mmp_manifest_open(&m, path, NULL, NULL) == MMP_ERR_IO);
+}
+
+/* ---- dataset ---------------------------------------------------------------------- */
+
+static void test_dataset(void)
+{
+    char dir[1024], path[1200], manifest[1200], vocab[1200];
+    snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("data_dataset"));
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+    write_text(vocab, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nred\ndot\n.\n");
+
+    /* 2x2 exact size and 4x4 (resized to 2x2: each output pixel is the mean
+     * of a 2x2 block with half-pixel-centred bilinear). */
+    const uint8_t px2[12] = {255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255};
+    snprintf(path, sizeof path, "%s/two.png", dir);
+    CHECK_OK(mmp_png_write(path, px2, 2, 2));
+    uint8_t px4[4 * 4 * 3];
+    for (int y = 0; y < 4; y++) {
+        for (int x = 0; x < 4; x++) {
+            for (int c = 0; c < 3; c++) {
+                px4[(y * 4 + x) * 3 + c] = (uint8_t)(y * 40 + x * 10 + c);
+            }
+        }
+    }
+    snprintf(path, sizeof path, "%s/four.png", dir);
+    CHECK_OK(mmp_png_write(path, px4, 4, 4));
+
+    snprintf(manifest, sizeof manifest, "%s/m.jsonl", dir);
+    FILE *f = fopen(manifest, "w");
+    fprintf(f, "{\"image\": \"two.png\", \"text\": \"A red dot.\"}\n");
+    fprintf(f, "{\"image\": \"four.png\", \"text\": \"a blue dot\"}\n");
+    for (int i = 2; i < 37; i++) {
+        fprintf(f, "{\"image\": \"two.png\", \"text\": \"dot %d\"}\n", i);
+    }
+    fclose(f);
+
+    mmp_plan plan;
+    tiny_plan(&plan, 2, 6);
+    mmp_dataset *d = NULL;
+    CHECK_OK(mmp_dataset_open(&d, manifest, vocab, &plan));
+    if (!d) {
+        return;
+    }
+    CHECK(mmp_dataset_size(d) == 37);
+    CHECK(mmp_dataset_vocab_size(d) == 9);
+
+    float images[2 * 3 * 4];
+    int32_t ids[2 * 6];
+    float mask[2 * 6];
+    const int64_t samples[2] = {0, 1};
+    CHECK_OK(mmp_dataset_load(d, samples, 2, images, ids, mask));
+    /* NCHW, (x/255 - mean)/std with mean {.5,.25,0}, std {.5,.25,2}. */
+    float want[2 * 3 * 4];
+    for (int p = 0; p < 4; p++) {
+        for (int c = 0; c < 3; c++) {
+            float x = px2[p * 3 + c] / 255.0f;
+            want[c * 4 + p] = (x - plan.data.mean[c]) / plan.data.std[c];
+        }
+    }
+    for (int oy = 0; oy < 2; oy++) {
+        for (int ox = 0; ox < 2; ox++) {
+            for (int c = 0; c < 3; c++) {
+                float sum = 0;
+                for (int dy = 0; dy < 2; dy++) {
+                    for (int dx = 0; dx < 2; dx++) {
+                        sum += px4[((oy * 2 + dy) * 4 + ox * 2 + dx) * 3 + c];
+                    }
+                }
+                float x = sum / 4 / 255.0f;
+                want[12 + c * 4 + oy * 2 + ox] = (x - plan.data.mean[c]) / plan.data.std[c];
+            }
+        }
+    }
+    CHECK_CLOSE("images", images, want, 24, 1e-6, 1e-5);
+    CHECK(images[0] == 1.0f && images[4] == -1.0f && images[8] == 0.0f); /* red pixel, exact */
+    const int32_t want_ids[12] = {2, 5, 6, 7, 8, 3, 2, 5, 1, 7, 3, 0};
+    const float want_mask[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0};
+    CHECK(ids_are(ids, 12, want_ids, 12));
+    CHECK(memcmp(mask, want_mask, sizeof want_mask) == 0);
+
+    /* Order: a permutation per epoch, another one the next epoch, the
+     * identity without shuffle, a pure function of (seed, k). */
+    const int64_t n = mmp_dataset_size(d);
+    int perm_ok = 1, differs = 0, identity = 1, pure = 1, seeds_differ = 0;
+    for (int epoch = 0; epoch < 4; epoch++) {
+        int seen[37] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            int64_t k = epoch * n + i;
+            int64_t s = mmp_dataset_sample_at(d, 42, k, 1);
+            if (s < 0 || s >= n) {
+                perm_ok = 0;
+                continue;
+            }
+            seen[s]++;
+            differs += epoch > 0 && s != mmp_dataset_sample_at(d, 42, k - n, 1);
+            identity &= mmp_dataset_sample_at(d, 42, k, 0) == i;
+            pure &= s == mmp_dataset_sample_at(d, 42, k, 1);
+            seeds_differ += s != mmp_dataset_sample_at(d, 43, k, 1);
+        }
+        for (int i = 0; i < 37; i++) {
+            perm_ok &= seen[i] == 1;
+        }
+    }
+    CHECK(perm_ok && identity && pure);
+    CHECK(differs > 3 * 37 / 2);
+    CHECK(seeds_differ > 4 * 37 / 2);
+
+    /* Load errors name manifest:line; a bad index is refused. */
+    const int64_t out_of_range = 37;
+    CHECK(mmp_dataset_load(d, &out_of_range, 1, images, ids, mask) == MMP_ERR_INVALID);
+    snprintf(path, sizeof path, "%s/four.png", dir);
+    write_text(path, "not a png any more");
+    CHECK(mmp_dataset_load(d, samples, 2, images, ids, mask) == MMP_ERR_DATA);
+    char want_err[2600];
+    snprintf(want_err, sizeof want_err, "%s:2: %s/four.png: not a PNG", manifest, dir);
+    CHECK(contains(mmp_last_error(), want_err));
+    mmp_dataset_close(d);
+    mmp_dataset_close(NULL);
+
+    /* Open checks that images exist; vocab defaults to vocab.txt beside. */
+    d = NULL;
+    CHECK(mmp_dataset_open(&d, FIXTURES "/missing_image.jsonl", vocab, &plan) == MMP_ERR_DATA);
+    CHECK(d == NULL);
+    CHECK(contains(mmp_last_error(), FIXTURES "/missing_image.jsonl:3: missing image " FIXTURES
+                                              "/no_such_image.png"));
+    CHECK(mmp_dataset_open(&d, FIXTURES "/bad_json.jsonl", vocab, &plan) == MMP_ERR_DATA);
+    CHECK(contains(mmp_last_error(), "bad_json.jsonl:3: not valid JSON"));
+    snprintf(path, sizeof path, "%s/absent/m.jsonl", dir);
+    CHECK(mmp_dataset_open(&d, path, NULL, &plan) == MMP_ERR_IO);
+    CHECK(contains(mmp_last_error(), "absent/m.jsonl: No such file")); /* not the vocab */
+    CHECK_OK(mmp_dataset_open(&d, manifest, NULL, &plan));
+    CHECK(d && mmp_dataset_vocab_size(d) == 9);
+    mmp_dataset_close(d);
+    d = NULL;
+    plan.data.std[1] = 0;
+    CHECK(mmp_dataset_open(&d, manifest, vocab, &plan) == MMP_ERR_INVALID);
+    tiny_plan(&plan, 2, 1);
+    CHECK(mmp_dataset_open(&d, manifest, vocab, &plan) == MMP_ERR_INVALID);
+}
+
+/* Shuffling a set whose size is not a power of two, and a large one. */
+static void test_order_sizes(void)
+{
+    char dir[1024], manifest[1200], vocab[1200], path[1200];
+    snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("data_order"));
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
+    write_text(vocab, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n");
+    const uint8_t px[3] = {1, 2, 3};
+    snprintf(path, sizeof path, "%s/p.png", dir);
+    CHECK_OK(mmp_png_write(path, px, 1, 1));
+    static const int sizes[] = {1, 2, 3, 1000};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int n = sizes[s];
+        snprintf(manifest, sizeof manifest, "%s/m%d.jsonl", dir, n);
+        FILE *f = fopen(manifest, "w");
+        for (int i = 0; i < n; i++) {
+            fprintf(f, "{\"image\": \"p.png\", \"text\": \"x\"}\n");
+        }
+        fclose(f);
+        mmp_plan plan;
+        tiny_plan(&plan, 1, 4);
+        mmp_dataset *d = NULL;
+        CHECK_OK(mmp_dataset_open(&d, manifest, vocab, &plan));
+        if (!d) {
+            continue;
+        }
+        char *seen = calloc((size_t)n, 1);
+        int ok = 1;
+        for (int64_t k = 5 * n; k < 6 * n; k++) {
+            int64_t i = mmp_dataset_sample_at(d, 9, k, 1);
+            ok &= i >= 0 && i < n && !seen[i];
+            if (i >= 0 && i < n) {
+                seen[i] = 1;
+            }
+        }
+        CHECK(ok);
+        free(seen);
+        mmp_dataset_close(d);
+    }
+}
+
+/* ---- the CLI ---------------------------------------------------------------------- */
+
+static void test_cli(void)
+{
+    const char *bin = mmp_test_bin();
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "  (no %s: CLI checks not run)\n", bin);
+        return;
+    }
+    char dir[1024], cmd[4096];
+    static char out[1 << 16];
+    snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("data_cli"));
+
+    snprintf(cmd, sizeof cmd, "%s data synth --out %s/set --samples 64 --seed 3", bin, dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+    CHECK(contains(out, "64 train + 8 val samples"));
+
+    snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --vocab %s/set/vocab.txt", bin, dir,
+             dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+    CHECK(contains(out, "64 samples, 64 good, 0 with problems; images 32x32"));
+    CHECK(contains(out, "0 with [UNK]"));
+
+    snprintf(cmd, sizeof cmd, "%s data check " FIXTURES "/many_problems.jsonl", bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
+    static const char *const lines[] = {
+        ":2: ",  ":4: ",
+        ":5: ",  ":6: ",
+        ":8: ",  ":9: ",
+        ":10: ", ":11: missing image " FIXTURES "/missing.png (No such file",
+        ":13: ", "13 samples, 4 good, 9 with"};
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        CHECK(contains(out, lines[i]));
+    }
+    CHECK(contains(out, "not_a_png.png: not a PNG"));
+
+    snprintf(cmd, sizeof cmd,
+             "printf 'a red circle\\nZzz, ring.\\n' | %s data tokenize --vocab %s/set/vocab.txt "
+             "--max-len 7",
+             bin, dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+    mmp_tokenizer *t = NULL;
+    snprintf(cmd, sizeof cmd, "%s/set/vocab.txt", dir);
+    CHECK_OK(mmp_tokenizer_load(&t, cmd));
+    if (t) {
+        char want[256];
+        snprintf(want, sizeof want, "2 %d %d %d 3 0 0\n2 1 %d %d %d 3 0\n",
+                 mmp_tokenizer_id(t, "a", 1), mmp_tokenizer_id(t, "red", 3),
+                 mmp_tokenizer_id(t, "circle", 6), mmp_tokenizer_id(t, ",", 1),
+                 mmp_tokenizer_id(t, "ring", 4), mmp_tokenizer_id(t, ".", 1));
+        CHECK(strcmp(out, want) == 0);
+        if (strcmp(out, want) != 0) {
+            fprintf(stderr, "  got:\n%s  want:\n%s", out, want);
+        }
+    }
+    mmp_tokenizer_destroy(t);
+
+    snprintf(cmd, sizeof cmd, "%s data synth --samples 10", bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+    CHECK(contains(out, "--out DIR is required"));
+    snprintf(cmd, sizeof cmd, "%s data synth --out %s/x --samples ten", bin, dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+    snprintf(cmd, sizeof cmd, "%s data tokenize --vocab", bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+    snprintf(cmd, sizeof cmd, "%s data frobnicate", bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+    snprintf(cmd, sizeof cmd, "%s data check %s/absent.jsonl", bin, dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
+    CHECK(contains(out, "absent.jsonl: No such file"));
+    static const char *const helps[] = {"", " synth", " tokenize", " check"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "%s data%s --help", bin, helps[i]);
+        CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+        CHECK(contains(out, "usage: mmpipe data"));
+    }
+}
+
+int main(void)
+{
+    test_png();
+    test_synth_determinism();
+    test_synth_content();
+    test_tokenizer();
+    test_manifest_lines();
+    test_manifest_files();
+    test_dataset();
+    test_order_sizes();
+    test_cli();
+    return mmp_test_finish("test_data");
+}
