@@ -1077,18 +1077,29 @@ static mmp_err check_plan(loader *L, mmp_plan *p)
                     "train.optimizer.min_lr (%g) is more than train.optimizer.lr (%g)",
                     (double)p->train.optimizer.min_lr, (double)p->train.optimizer.lr);
     }
-    int image_layers = 2;
-    for (int i = 0; i < nb; i++) {
-        image_layers += p->model.image.blocks[i];
-    }
-    MMP_TRY(check_split(L, "stages.image.split", &p->stages.image, image_layers,
+    (void)nb;
+    MMP_TRY(check_split(L, "stages.image.split", &p->stages.image, mmp_plan_image_layers(p),
                         "stem, model.image.blocks, projection"));
-    MMP_TRY(check_split(L, "stages.text.split", &p->stages.text, p->model.text.layers + 2,
+    MMP_TRY(check_split(L, "stages.text.split", &p->stages.text, mmp_plan_text_layers(p),
                         "embedding, model.text.layers, final norm"));
     return MMP_OK;
 }
 
 /* ---- public ---------------------------------------------------------------- */
+
+int mmp_plan_image_layers(const mmp_plan *p)
+{
+    int n = 2; /* stem, projection */
+    for (int i = 0; i < p->model.image.n_stages; i++) {
+        n += p->model.image.blocks[i];
+    }
+    return n;
+}
+
+int mmp_plan_text_layers(const mmp_plan *p)
+{
+    return p->model.text.layers + 2; /* embedding, layers, final norm */
+}
 
 void mmp_plan_defaults(mmp_plan *p)
 {

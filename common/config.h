@@ -119,6 +119,12 @@ mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *override
 /* Writes the resolved plan as JSON (plan.json) to path. */
 mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path);
 
+/* Layers of each branch, the units a split cuts between (the networks in
+ * nn/model.h have exactly these): image = stem + every BasicBlock + projection,
+ * text = embedding + transformer layers + final norm. */
+int mmp_plan_image_layers(const mmp_plan *p);
+int mmp_plan_text_layers(const mmp_plan *p);
+
 const char *mmp_schedule_name(mmp_schedule s);
 const char *mmp_precision_name(mmp_precision p);
 

@@ -22,6 +22,7 @@ const char *mmp_err_name(mmp_err e)
     case MMP_ERR_CUDA: return "cuda";
     case MMP_ERR_PROTO: return "protocol";
     case MMP_ERR_PEER: return "peer";
+    case MMP_ERR_TIMEOUT: return "timeout";
     case MMP_ERR_UNSUPPORTED: return "unsupported";
     case MMP_ERR_INTERNAL: return "internal";
     }

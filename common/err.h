@@ -20,6 +20,7 @@ typedef enum mmp_err {
     MMP_ERR_CUDA,     /* a CUDA / cuBLAS / cuDNN / NCCL call failed */
     MMP_ERR_PROTO,    /* a control or data message that is not what it must be */
     MMP_ERR_PEER,     /* a peer process died or went silent */
+    MMP_ERR_TIMEOUT,  /* nothing arrived in time (not always a failure) */
     MMP_ERR_UNSUPPORTED,
     MMP_ERR_INTERNAL, /* a broken invariant */
 } mmp_err;

@@ -6,7 +6,7 @@
 # sanitizers, which would make it ten times longer).
 # ctest-labels: slow
 cd "$(dirname "$0")/.." || exit 1
-. tests/cli_lib.sh
+. tests/lib.sh
 W=$TMP/cli_learns
 rm -rf "$W"; mkdir -p "$W"
 "$BIN" data synth --out "$W/shapes" --samples 20000 --seed 1 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }

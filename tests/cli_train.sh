@@ -4,7 +4,7 @@
 # numbers, two runs with one seed give bit-identical checkpoints, another seed
 # does not, and `ckpt diff` reports structure and values as documented.
 cd "$(dirname "$0")/.." || exit 1
-. tests/cli_lib.sh
+. tests/lib.sh
 W=$TMP/cli_train
 rm -rf "$W"; mkdir -p "$W"
 

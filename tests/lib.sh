@@ -1,4 +1,4 @@
-# Shared helpers for the tests/cli_*.sh scripts (sourced, not a test itself).
+# Shared helpers for the tests/cli_*.sh scripts (sourced; not a test itself).
 set -uo pipefail
 BIN=${MMP_BIN:-build/mmpipe}
 TMP=${MMP_TMP:-/tmp/mmpipe-test}

@@ -1,0 +1,83 @@
+/* Data channels: one direction of one pipeline edge (activations forward or
+ * gradients backward), between exactly two processes.
+ *
+ * A channel is a ring of `slots` fixed-size slots with credit flow control:
+ * the sender fills a free slot and posts it; the receiver gets posted slots in
+ * order, reads the payload in place (zero-copy) and releases the slot, which
+ * returns the credit. A slot is never reused before its release. Every posted
+ * slot carries a header (step, mb, sample-id digest, payload bytes, flags) so
+ * the receiver can check what it pairs.
+ *
+ * Implementations are tables of function pointers (one exported symbol per
+ * implementation file); mmp_channel_open() walks the priority list, asking each
+ * can_connect() and logging why one is passed over. Every implementation runs
+ * the one conformance suite in tests/test_transport.c.
+ *
+ * Lifecycle: the creator end calls setup (allocates the shared resource under
+ * `address`); the other end calls connect (attaches; may wait for the creator
+ * up to timeout_ms). Once both are attached the name is unlinked, so a crash
+ * of either process leaves nothing in /dev/shm. close is NULL-safe and
+ * idempotent; a closed peer is reported as MMP_ERR_PEER by blocking calls. */
+#ifndef MMP_TRANSPORT_CHANNEL_H
+#define MMP_TRANSPORT_CHANNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct mmp_msg_header {
+    int32_t step;
+    int32_t mb;
+    uint64_t digest;  /* hash of the micro-batch's sample ids, in order */
+    uint64_t bytes;   /* payload bytes used (<= slot_bytes) */
+    int32_t n;        /* samples in the micro-batch */
+    int32_t flags;    /* MMP_MSG_* */
+} mmp_msg_header;
+
+enum {
+    MMP_MSG_EVAL = 1, /* an evaluation chunk, not a training micro-batch */
+    MMP_MSG_STOP = 2, /* the sender is done (no payload) */
+};
+
+typedef struct mmp_channel_cfg {
+    const char *address; /* transport-specific name, e.g. "/mmpipe-<token>-e3" */
+    size_t slot_bytes;   /* payload capacity of a slot */
+    int slots;           /* ring depth, >= 1 */
+    int send;            /* this end sends */
+    int timeout_ms;      /* how long connect and blocking calls wait before MMP_ERR_PEER (<=0: forever) */
+} mmp_channel_cfg;
+
+typedef struct mmp_channel mmp_channel;
+
+typedef struct mmp_transport {
+    const char *name;
+    /* 1 when this transport can join the two ends described (same host, CPU...). */
+    int (*can_connect)(const mmp_channel_cfg *cfg, const char **why_not);
+    mmp_err (*setup)(mmp_channel **out, const mmp_channel_cfg *cfg);   /* creator end */
+    mmp_err (*connect)(mmp_channel **out, const mmp_channel_cfg *cfg); /* other end */
+    /* Sender: a free slot to fill (blocks for a credit). */
+    mmp_err (*acquire)(mmp_channel *ch, void **payload);
+    /* Sender: publishes the acquired slot with header h and wakes the receiver. */
+    mmp_err (*post)(mmp_channel *ch, const mmp_msg_header *h);
+    /* Receiver: the next posted slot (blocks); payload stays valid until release. */
+    mmp_err (*recv)(mmp_channel *ch, mmp_msg_header *h, const void **payload);
+    /* Receiver: returns the slot's credit to the sender. */
+    mmp_err (*release)(mmp_channel *ch);
+    void (*close)(mmp_channel *ch);
+} mmp_transport;
+
+extern const mmp_transport mmp_transport_shm;
+
+/* Convenience over the table: */
+mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const char *name,
+                         const mmp_channel_cfg *cfg, int creator);
+/* Copying send: acquire + memcpy + post. */
+mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_header *h,
+                         const void *payload);
+
+/* Removes every shm segment whose name starts with prefix (crash clean-up by
+ * the coordinator). Returns how many were removed. */
+int mmp_shm_unlink_prefix(const char *prefix);
+
+#endif
