@@ -692,7 +692,10 @@ static mmp_err load_host(loader *L, mmp_plan *p, int i, site at)
                 site is = item_site(item, vs.node, at.origin);
                 snprintf(name, sizeof name, "hosts[%d].devices[%d]", i, d);
                 bool plain = is_scalar(item) && is_plain(item) && scalar_text(item, text, sizeof text);
-                if (plain && strcmp(text, "cpu") == 0) {
+                /* "cpu" may be quoted: plan.json writes it so. */
+                bool is_cpu = is_scalar(item) && scalar_text(item, text, sizeof text) &&
+                              strcmp(text, "cpu") == 0;
+                if (is_cpu) {
                     h->devices[d] = -1;
                     continue;
                 }
@@ -1428,10 +1431,9 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
     char open[DEPTH][64]; /* the sections now open, outermost first */
     bool first[DEPTH + 1] = {true};
     int n_open = 0;
+    /* Every key of the schema and nothing else, so plan.json loads back as a
+     * plan (JSON is YAML): stage processes load the resolved plan from it. */
     fputs("{", f);
-    next_item(f, first, 0);
-    fputs("\"path\": ", f);
-    put_string(f, p->path);
     for (size_t i = 0; i < N_KEYS; i++) {
         char parts[DEPTH][64];
         int n = split_path(keys[i].path, parts, DEPTH);

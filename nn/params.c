@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/ckpt.h"
 #include "common/rng.h"
 #include "kernels/cpu.h"
 
@@ -157,4 +158,58 @@ double mmp_params_grad_sumsq(const mmp_params *p)
         }
     }
     return s;
+}
+
+mmp_err mmp_params_save(const mmp_params *p, const char *path)
+{
+    mmp_ckpt_writer w;
+    MMP_TRY(mmp_ckpt_writer_open(&w, path));
+    for (int i = 0; i < p->count; i++) {
+        const mmp_param *q = &p->items[i];
+        char name[MMP_NAME_MAX + 16];
+        mmp_ckpt_write(&w, q->name, MMP_F32, q->ndim, q->shape, q->w);
+        if (q->trainable) {
+            snprintf(name, sizeof name, "%s.adam_m", q->name);
+            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->m);
+            snprintf(name, sizeof name, "%s.adam_v", q->name);
+            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->v);
+        }
+    }
+    return mmp_ckpt_writer_close(&w);
+}
+
+static mmp_err load_one(const mmp_ckpt *c, const char *name, const mmp_param *q, float *dst)
+{
+    const mmp_ckpt_entry *e = mmp_ckpt_find(c, name);
+    if (!e) {
+        return mmp_errorf(MMP_ERR_DATA, "checkpoint has no tensor '%s'", name);
+    }
+    int same = e->t.dtype == MMP_F32 && e->t.ndim == q->ndim;
+    for (int d = 0; same && d < q->ndim; d++) {
+        same = e->t.shape[d] == q->shape[d];
+    }
+    if (!same) {
+        char buf[96];
+        return mmp_errorf(MMP_ERR_DATA, "checkpoint tensor '%s' is %s %s, the model wants f32 of %zu",
+                          name, mmp_dtype_name(e->t.dtype), mmp_shape_str(&e->t, buf, sizeof buf),
+                          q->n);
+    }
+    memcpy(dst, e->t.data, q->n * sizeof(float));
+    return MMP_OK;
+}
+
+mmp_err mmp_params_load(mmp_params *p, const mmp_ckpt *c)
+{
+    for (int i = 0; i < p->count; i++) {
+        mmp_param *q = &p->items[i];
+        char name[MMP_NAME_MAX + 16];
+        MMP_TRY(load_one(c, q->name, q, q->w));
+        if (q->trainable) {
+            snprintf(name, sizeof name, "%s.adam_m", q->name);
+            MMP_TRY(load_one(c, name, q, q->m));
+            snprintf(name, sizeof name, "%s.adam_v", q->name);
+            MMP_TRY(load_one(c, name, q, q->v));
+        }
+    }
+    return MMP_OK;
 }

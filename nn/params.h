@@ -64,4 +64,12 @@ void mmp_params_zero_grad(mmp_params *p);
 /* Sum of squares of all trainable gradients (double). */
 double mmp_params_grad_sumsq(const mmp_params *p);
 
+/* Writes every entry (values; for trainable ones also "<name>.adam_m" and
+ * "<name>.adam_v") to a checkpoint file at path (common/ckpt.h format). */
+mmp_err mmp_params_save(const mmp_params *p, const char *path);
+/* Loads every entry of p from c by name; a missing tensor or a shape that
+ * differs is an error naming it. */
+struct mmp_ckpt;
+mmp_err mmp_params_load(mmp_params *p, const struct mmp_ckpt *c);
+
 #endif

@@ -175,20 +175,7 @@ static mmp_err write_params(const char *dir, const char *file, mmp_params *p)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    mmp_ckpt_writer w;
-    MMP_TRY(mmp_ckpt_writer_open(&w, path));
-    for (int i = 0; i < p->count; i++) {
-        mmp_param *q = &p->items[i];
-        char name[MMP_NAME_MAX + 16];
-        mmp_ckpt_write(&w, q->name, MMP_F32, q->ndim, q->shape, q->w);
-        if (q->trainable) {
-            snprintf(name, sizeof name, "%s.adam_m", q->name);
-            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->m);
-            snprintf(name, sizeof name, "%s.adam_v", q->name);
-            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->v);
-        }
-    }
-    return mmp_ckpt_writer_close(&w);
+    return mmp_params_save(p, path);
 }
 
 static mmp_err write_checkpoint(trainer *t, int steps_done)
