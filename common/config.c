@@ -1099,6 +1099,18 @@ int mmp_plan_image_layers(const mmp_plan *p)
     return n;
 }
 
+int mmp_plan_mb_size(const mmp_plan *p, int mb)
+{
+    int B = p->train.batch, m = p->train.microbatches;
+    return B / m + (mb < B % m ? 1 : 0);
+}
+
+int mmp_plan_mb_offset(const mmp_plan *p, int mb)
+{
+    int B = p->train.batch, m = p->train.microbatches;
+    return mb * (B / m) + (mb < B % m ? mb : B % m);
+}
+
 int mmp_plan_text_layers(const mmp_plan *p)
 {
     return p->model.text.layers + 2; /* embedding, layers, final norm */

@@ -125,6 +125,12 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path);
 int mmp_plan_image_layers(const mmp_plan *p);
 int mmp_plan_text_layers(const mmp_plan *p);
 
+/* Samples in micro-batch mb when train.batch is cut into train.microbatches:
+ * the first batch % m micro-batches take one more, so any m in [1, batch]
+ * works; and the offset of mb's first sample in the batch. */
+int mmp_plan_mb_size(const mmp_plan *p, int mb);
+int mmp_plan_mb_offset(const mmp_plan *p, int mb);
+
 const char *mmp_schedule_name(mmp_schedule s);
 const char *mmp_precision_name(mmp_precision p);
 

@@ -207,6 +207,9 @@ static mmp_err load_one(mmp_dataset *d, int64_t sample, float *image, int32_t *i
     const char *mpath = mmp_manifest_path(d->manifest);
     MMP_TRY(mmp_manifest_read(d->manifest, sample, &e));
     char path[4096];
+    if (!image) { /* the text branch: no decoding */
+        goto text;
+    }
     ret = mmp_manifest_resolve(mpath, e.image, path, sizeof path);
     if (ret == MMP_OK) {
         ret = mmp_png_read(path, &img);
@@ -239,6 +242,10 @@ static mmp_err load_one(mmp_dataset *d, int64_t sample, float *image, int32_t *i
             }
         }
     }
+text:
+    if (!ids) { /* the image branch: no tokenizing */
+        goto exit;
+    }
     ret = mmp_tokenizer_encode(d->tok, e.text, d->max_text_len, ids, mask, NULL, NULL);
     if (ret != MMP_OK) {
         ret = mmp_error_prefix(ret, "%s:%lld", mpath, (long long)e.line);
@@ -263,8 +270,9 @@ mmp_err mmp_dataset_load(mmp_dataset *d, const int64_t *samples, int n, float *i
                            mmp_manifest_path(d->manifest), (long long)samples[i], (long long)size);
             break;
         }
-        ret = load_one(d, samples[i], images + (size_t)i * 3 * S * S, ids + (size_t)i * T,
-                       mask + (size_t)i * T, &scratch);
+        ret = load_one(d, samples[i], images ? images + (size_t)i * 3 * S * S : NULL,
+                       ids ? ids + (size_t)i * T : NULL, ids ? mask + (size_t)i * T : NULL,
+                       &scratch);
     }
     free(scratch);
     return ret;

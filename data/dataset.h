@@ -32,7 +32,9 @@ int64_t mmp_dataset_sample_at(const mmp_dataset *d, uint64_t seed, int64_t k, in
 
 /* Loads samples[0..n) into images (n,3,S,S) normalised NCHW float, ids (n,T)
  * int32 ([CLS] ... [SEP] [PAD]...), mask (n,T) 1/0. Errors name the manifest
- * line and the reason (missing file, bad image, empty caption). Thread-safe
+ * line and the reason (missing file, bad image, empty caption). images NULL
+ * skips decoding (the text branch); ids NULL skips tokenizing and mask (the
+ * image branch). Thread-safe
  * for concurrent calls on distinct outputs. */
 mmp_err mmp_dataset_load(mmp_dataset *d, const int64_t *samples, int n, float *images,
                          int32_t *ids, float *mask);

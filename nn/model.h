@@ -119,4 +119,10 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
                           const float *txt, const float *mask, int B, float *img_emb,
                           float *txt_emb);
 
+/* Retrieval recall@1 both ways over n pairs of embeddings (n,E): pair i is a
+ * hit when its own partner scores strictly above every other candidate
+ * (ties count against the model). Allocates an n x n similarity matrix. */
+mmp_err mmp_retrieval_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,
+                         double *t2i);
+
 #endif

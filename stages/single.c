@@ -36,18 +36,6 @@ typedef struct trainer {
     FILE *metrics;
 } trainer;
 
-/* Samples in micro-batch mb when batch B is cut into m: the first B % m
- * micro-batches take one more, so any m in [1, B] works. */
-static int mb_size(int B, int m, int mb)
-{
-    return B / m + (mb < B % m ? 1 : 0);
-}
-
-static int mb_offset(int B, int m, int mb)
-{
-    return mb * (B / m) + (mb < B % m ? mb : B % m);
-}
-
 static void *xcalloc(size_t n, size_t size, mmp_err *err)
 {
     void *p = calloc(n ? n : 1, size);
@@ -92,8 +80,7 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     MMP_TRY(mmp_image_net_create(&t->img, plan, 0, mmp_image_net_layers(plan), seed));
     MMP_TRY(mmp_text_net_create(&t->txt, plan, V, 0, mmp_text_net_layers(plan), seed));
     MMP_TRY(mmp_fusion_net_create(&t->fus, plan, seed));
-    int B = plan->train.batch, m = plan->train.microbatches;
-    t->mb_max = mb_size(B, m, 0);
+    t->mb_max = mmp_plan_mb_size(plan, 0);
     MMP_TRY(mmp_image_acts_create(&t->ia, t->img, t->mb_max));
     MMP_TRY(mmp_text_acts_create(&t->ta, t->txt, t->mb_max));
     MMP_TRY(mmp_fusion_acts_create(&t->fa, t->fus, t->mb_max));
@@ -126,7 +113,6 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
     mmp_err err = MMP_OK;
     float *ie = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
     float *te = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
-    float *sim = xcalloc((size_t)nv * (size_t)nv, sizeof(float), &err);
     if (err != MMP_OK) {
         goto exit;
     }
@@ -144,30 +130,10 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, ie + s * E,
                              te + s * E);
     }
-    mmp_cpu_gemm(0, 1, (int)nv, (int)nv, E, 1.0f, ie, E, te, E, 0.0f, sim, (int)nv);
-    int hit_i = 0, hit_t = 0;
-    for (int64_t a = 0; a < nv; a++) {
-        int ok_i = 1, ok_t = 1;
-        for (int64_t b = 0; b < nv; b++) {
-            if (b == a) {
-                continue;
-            }
-            if (sim[a * nv + b] >= sim[a * nv + a]) {
-                ok_i = 0; /* image a retrieves text b at least as well as its own */
-            }
-            if (sim[b * nv + a] >= sim[a * nv + a]) {
-                ok_t = 0;
-            }
-        }
-        hit_i += ok_i;
-        hit_t += ok_t;
-    }
-    *i2t = (double)hit_i / (double)nv;
-    *t2i = (double)hit_t / (double)nv;
+    err = mmp_retrieval_r1(ie, te, (int)nv, E, i2t, t2i);
 exit:
     free(ie);
     free(te);
-    free(sim);
     return err;
 }
 
@@ -215,8 +181,8 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_params_zero_grad(pf);
     memset(out, 0, sizeof *out);
     for (int mb = 0; mb < m; mb++) {
-        int n = mb_size(B, m, mb);
-        int64_t base = (int64_t)step * B + mb_offset(B, m, mb);
+        int n = mmp_plan_mb_size(plan, mb);
+        int64_t base = (int64_t)step * B + mmp_plan_mb_offset(plan, mb);
         for (int i = 0; i < n; i++) {
             t->samples[i] = mmp_dataset_sample_at(t->train, (uint64_t)plan->job.seed, base + i, 1);
         }

@@ -3,11 +3,17 @@
  * The coordinator binds a ROUTER; each stage connects a DEALER whose routing
  * id is its process name ("image.0/0"). Every message is one frame holding a
  * packed Envelope (after the ROUTER's identity frame). Receiving checks, in
- * order: size (<= MMP_CTL_MAX_BYTES), decoding, version, job token, and that
- * a body is set; a message failing any check is logged with its sender and
- * reason, counted, and dropped: it never reaches the caller, and the run goes
- * on. Sockets are not thread-safe: one thread per mmp_ctl. LINGER is 0 so
- * closing never hangs on a dead peer. */
+ * order: framing (exactly one payload frame), size (<= MMP_CTL_MAX_BYTES),
+ * decoding, version, job token, and that a known body is set; a message
+ * failing any check is logged with its sender and reason, counted, and
+ * dropped: it never reaches the caller, and the run goes on. ZeroMQ itself
+ * disconnects a peer that sends a frame a few KiB over the limit (such a
+ * message is never seen here, so not counted); it reconnects on its own.
+ *
+ * Each mmp_ctl owns its own ZeroMQ context (one I/O thread), so closing one
+ * tears down only its own threads. Sockets are not thread-safe: one thread
+ * per mmp_ctl. LINGER is 0 so closing never hangs on a dead peer, and ZMTP
+ * heartbeats (every 1 s, 5 s timeout) drop dead connections. */
 #ifndef MMP_TRANSPORT_CONTROL_H
 #define MMP_TRANSPORT_CONTROL_H
 
@@ -25,28 +31,46 @@ typedef struct mmp_ctl mmp_ctl;
 typedef struct mmp_ctl_stats {
     long received, rejected; /* rejected: dropped for one of the reasons above */
     long too_big, undecodable, bad_version, bad_token, no_body;
+    long bad_frames; /* not exactly one payload frame */
 } mmp_ctl_stats;
 
-/* Coordinator: binds endpoint ("ipc://@mmpipe-<token>" or "tcp://*:port"). */
+/* Coordinator: binds endpoint ("ipc://@mmpipe-<token>" or "tcp://0.0.0.0:port").
+ * The token (1..128 characters) is copied. MMP_ERR_IO when the endpoint is
+ * malformed or in use; *out is NULL on failure. */
 mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token);
-/* Stage: connects with routing id `identity`. */
+/* Stage: connects with routing id `identity` (1..MMP_CTL_ID_MAX-1 printable
+ * ASCII characters). Does not wait for the peer: ZeroMQ connects (and
+ * reconnects) in the background and queues sends meanwhile. */
 mmp_err mmp_ctl_connect(mmp_ctl **out, const char *endpoint, const char *identity,
                         const char *job_token);
+/* Drops unsent messages and frees everything at once. NULL-safe. */
 void mmp_ctl_close(mmp_ctl *c);
 
 /* Sends env, after setting its version and job token. `to` is the peer's
  * routing id on a ROUTER, NULL on a DEALER. A ROUTER send to an unknown peer
- * fails with MMP_ERR_PEER (ROUTER_MANDATORY), never silently. */
+ * fails with MMP_ERR_PEER (ROUTER_MANDATORY), never silently. env->version
+ * is left set; env->job_token is pointed at this ctl's token only while
+ * packing and restored on return, so a received envelope can be re-sent and
+ * then freed. The caller keeps env. MMP_ERR_INVALID for an env without a body
+ * or one that packs to more than MMP_CTL_MAX_BYTES (the peer would reject
+ * it). Blocks only while the peer's queue is full (1000 unread messages), at
+ * most 5 s, then MMP_ERR_PEER. */
 mmp_err mmp_ctl_send(mmp_ctl *c, const char *to, Mmpipe__Envelope *env);
 
-/* Waits up to timeout_ms (-1: forever, 0: poll) for one valid message.
- * MMP_OK: *env is set (free with mmp_ctl_free) and `from` holds the sender's
- * routing id (ROUTER; "" on a DEALER). MMP_ERR_TIMEOUT when none came. */
+/* Waits up to timeout_ms (-1: forever, 0: poll) for one valid message;
+ * rejected messages do not restart the wait. MMP_OK: *env is set (free with
+ * mmp_ctl_free) and `from` holds the sender's routing id (ROUTER; "" on a
+ * DEALER; from_n >= MMP_CTL_ID_MAX holds any id mmp_ctl_connect accepts; a
+ * binary id from a foreign peer is written as "0x" + hex). MMP_ERR_TIMEOUT
+ * when none came, and also when a signal interrupted the wait, so the
+ * caller's loop can look at its signal flags. */
 mmp_err mmp_ctl_recv(mmp_ctl *c, int timeout_ms, Mmpipe__Envelope **env, char *from,
                      size_t from_n);
+/* Frees an envelope from mmp_ctl_recv. NULL-safe. */
 void mmp_ctl_free(Mmpipe__Envelope *env);
 
-/* The underlying socket, for zmq_poll alongside other descriptors. */
+/* The underlying socket, for zmq_poll alongside other descriptors (only
+ * poll it: reading it directly would bypass the checks). */
 void *mmp_ctl_socket(mmp_ctl *c);
 mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c);
 
