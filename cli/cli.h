@@ -6,5 +6,7 @@
 int mmp_cmd_launch(int argc, char **argv);
 int mmp_cmd_ckpt(int argc, char **argv);
 int mmp_cmd_data(int argc, char **argv);
+int mmp_cmd_stage(int argc, char **argv);
+int mmp_cmd_simulate(int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "common/ckpt.h"
 #include "common/config.h"
+#include "coordinator/run.h"
 #include "stages/single.h"
 
 static const char USAGE[] =
@@ -19,10 +20,14 @@ static const char USAGE[] =
     "metrics.jsonl, plan.json, ckpt/step_NNNNNNN/ and ckpt/latest.\n"
     "\n"
     "options:\n"
+    "Without --single-process the coordinator starts one process per stage\n"
+    "(image, text, fusion, and sub-stages when a branch is split), runs the\n"
+    "plan's schedule over shared-memory channels, and writes trace.json too.\n"
+    "\n"
     "  --single-process   run image branch, text branch and fusion in this one\n"
-    "                     process (the numerical reference and speed baseline).\n"
-    "                     Until the multi-process pipeline lands this is also\n"
-    "                     what a launch without the flag runs.\n"
+    "                     process (the numerical reference and speed baseline)\n"
+    "  --resume DIR       continue the run in DIR from its ckpt/latest (DIR is\n"
+    "                     also the output directory)\n"
     "  --steps N          train N steps (same as --set job.steps=N)\n"
     "  --out DIR          run directory (default runs/<job.name>-<YYYYmmdd-HHMMSS>)\n"
     "  --set KEY=VALUE    override a plan key, e.g. --set train.microbatches=8\n"
@@ -43,7 +48,8 @@ int mmp_cmd_launch(int argc, char **argv)
 {
     const char *plan_path = NULL, *out = NULL;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int n_sets = 0, force = 0, ret = 1;
+    const char *resume = NULL;
+    int n_sets = 0, force = 0, single = 0, ret = 1;
     char steps_set[64];
     if (!sets) {
         return 1;
@@ -55,14 +61,16 @@ int mmp_cmd_launch(int argc, char **argv)
             ret = 0;
             goto exit;
         } else if (strcmp(a, "--single-process") == 0) {
-            /* the only mode for now; accepted so scripts keep working later */
+            single = 1;
         } else if (strcmp(a, "--force") == 0) {
             force = 1;
         } else if ((strcmp(a, "--steps") == 0 || strcmp(a, "--out") == 0 ||
-                    strcmp(a, "--set") == 0) &&
+                    strcmp(a, "--set") == 0 || strcmp(a, "--resume") == 0) &&
                    i + 1 < argc) {
             const char *v = argv[++i];
-            if (strcmp(a, "--out") == 0) {
+            if (strcmp(a, "--resume") == 0) {
+                resume = v;
+            } else if (strcmp(a, "--out") == 0) {
                 out = v;
             } else if (strcmp(a, "--set") == 0) {
                 sets[n_sets++] = v;
@@ -100,6 +108,14 @@ int mmp_cmd_launch(int argc, char **argv)
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
         goto exit;
     }
+    if (resume) {
+        if (out && strcmp(out, resume) != 0) {
+            fprintf(stderr, "mmpipe launch: --resume DIR writes into DIR; drop --out\n");
+            ret = 2;
+            goto exit;
+        }
+        out = resume;
+    }
     char out_buf[1024];
     if (!out) {
         time_t now = time(NULL);
@@ -112,7 +128,7 @@ int mmp_cmd_launch(int argc, char **argv)
     }
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);
-    if (access(probe, F_OK) == 0) {
+    if (!resume && access(probe, F_OK) == 0) {
         if (!force) {
             fprintf(stderr, "mmpipe launch: %s already holds a run; pass --force to replace it\n",
                     out);
@@ -127,9 +143,14 @@ int mmp_cmd_launch(int argc, char **argv)
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
         goto exit;
     }
-    mmp_log_set_name("single");
-    if (mmp_train_single(&plan, out) != MMP_OK) {
-        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+    if (single) {
+        mmp_log_set_name("single");
+        if (mmp_train_single(&plan, out, resume != NULL) != MMP_OK) {
+            fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+            goto exit;
+        }
+    } else {
+        ret = mmp_coord_run(&plan, out, resume != NULL);
         goto exit;
     }
     ret = 0;

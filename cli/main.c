@@ -8,11 +8,15 @@ static const char USAGE[] =
     "usage: mmpipe <command> [args]\n"
     "\n"
     "commands:\n"
-    "  launch PLAN.yaml [--single-process] [--steps N] [--out DIR] [--set k=v]... [--force]\n"
+    "  launch PLAN.yaml [--single-process] [--steps N] [--out DIR] [--resume DIR]\n"
+    "                   [--set k=v]... [--force]\n"
     "                     train the plan (see mmpipe launch --help)\n"
     "  data synth|tokenize|check ...\n"
     "                     make the demo data set, tokenize text, check a manifest\n"
+    "  simulate PLAN.yaml [--costs RUN|metrics.jsonl]\n"
+    "                     predict step time and bubble of the plan's schedule\n"
     "  ckpt diff A B      compare two checkpoints tensor by tensor\n"
+    "  stage ...          one stage process (started by launch)\n"
     "\n"
     "mmpipe <command> --help shows a command's options.\n";
 
@@ -28,6 +32,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "data") == 0) {
         return mmp_cmd_data(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "stage") == 0) {
+        return mmp_cmd_stage(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "simulate") == 0) {
+        return mmp_cmd_simulate(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "ckpt") == 0) {
         return mmp_cmd_ckpt(argc - 1, argv + 1);

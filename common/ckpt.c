@@ -373,3 +373,42 @@ mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step)
     }
     return MMP_OK;
 }
+
+mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step)
+{
+    char latest[1100], target[256], meta[1400];
+    snprintf(latest, sizeof latest, "%s/ckpt/latest", run_dir);
+    ssize_t len = readlink(latest, target, sizeof target - 1);
+    if (len <= 0) {
+        return mmp_errorf(MMP_ERR_IO, "%s: no checkpoint to resume from", latest);
+    }
+    target[len] = 0;
+    snprintf(step_dir, n, "%s/ckpt/%s", run_dir, target);
+    snprintf(meta, sizeof meta, "%s/train.ckpt", step_dir);
+    mmp_ckpt ck = {0};
+    MMP_TRY(mmp_ckpt_read_file(&ck, meta));
+    const mmp_ckpt_entry *e = mmp_ckpt_find(&ck, "meta.step");
+    int s = e && e->t.dtype == MMP_I32 && mmp_tensor_numel(&e->t) == 1
+                ? ((const int32_t *)e->t.data)[0]
+                : -1;
+    mmp_ckpt_fini(&ck);
+    if (s < 0) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: no valid meta.step", meta);
+    }
+    *step = s;
+    return MMP_OK;
+}
+
+mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, long long seed)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/train.ckpt", dir);
+    mmp_ckpt_writer w;
+    MMP_TRY(mmp_ckpt_writer_open(&w, path));
+    int64_t one = 1, two = 2;
+    int32_t step = steps_done;
+    int32_t s[2] = {(int32_t)((uint64_t)seed & 0xffffffffu), (int32_t)((uint64_t)seed >> 32)};
+    mmp_ckpt_write(&w, "meta.step", MMP_I32, 1, &one, &step);
+    mmp_ckpt_write(&w, "meta.seed", MMP_I32, 1, &two, s);
+    return mmp_ckpt_writer_close(&w);
+}

@@ -71,6 +71,13 @@ void mmp_ckpt_step_dir(char *buf, size_t n, const char *run_dir, int64_t step);
 /* Points <run>/ckpt/latest at step_NNNNNNN atomically (symlink + rename). */
 mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step);
 
+/* Resolves <run>/ckpt/latest: its step directory into step_dir and the
+ * steps it holds (train.ckpt's meta.step) into *step. */
+mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step);
+/* Writes <dir>/train.ckpt: meta.step (steps done) and meta.seed. The data
+ * cursor is a pure function of (seed, step), so nothing else is needed. */
+mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, long long seed);
+
 /* mkdir -p. */
 mmp_err mmp_mkdirs(const char *path);
 

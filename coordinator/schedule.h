@@ -18,6 +18,8 @@
 #ifndef MMP_COORDINATOR_SCHEDULE_H
 #define MMP_COORDINATOR_SCHEDULE_H
 
+#include <stddef.h>
+
 #include "common/config.h"
 #include "common/err.h"
 
@@ -49,7 +51,7 @@ typedef struct mmp_sched_stage {
     char name[32];       /* "image.0", "text.0", "fusion" */
     mmp_stage_kind kind;
     int sub, n_sub;      /* sub-stage index in its branch, and the branch's count */
-    int layer_first, layer_last;
+    int layer_first, layer_last; /* the half-open range [first, last) of the branch's layers */
     int depth;           /* stages from this one to the end inclusive (fusion: 1) */
     int inflight_bound;  /* most activations the schedule may hold (1F1B: depth; GPipe: m) */
     int max_inflight;    /* what the compiled list actually holds at most */
@@ -78,11 +80,29 @@ typedef struct mmp_sched {
 mmp_err mmp_sched_compile(mmp_sched *s, const mmp_plan *plan);
 void mmp_sched_fini(mmp_sched *s);
 
+/* The lower half of mmp_sched_compile, for stage graphs no plan can express
+ * (tests, what-if placements): the caller fills s->n_stages and, per stage,
+ * name, kind, sub, n_sub and the layer range (exactly one FUSION stage; each
+ * branch's subs 0..n_sub-1 once each). Builds the edges, depths, bounds, slot
+ * counts and every list, then validates. Overwrites (does not free) the
+ * stages' lists and the edges; mmp_sched_fini frees what it made, also after a
+ * failure. MMP_ERR_CONFIG for a graph it cannot compile. */
+mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatches);
+
 /* Checks a compiled (or hand-made) schedule as described above. */
 mmp_err mmp_sched_validate(const mmp_sched *s);
 
-/* "F3" / "RECV_ACT e2 mb3" ... for error messages and --dump. */
+/* "RECV_ACT", "FWD", ...; "?" for a value that is no op. */
 const char *mmp_op_name(mmp_op op);
+/* "RECV_ACT e2 mb3", "FWD mb3", "GRAD_NORM": one instruction for error
+ * messages. Writes at most n bytes to buf and returns buf. */
+const char *mmp_instr_str(const mmp_instr *in, char *buf, size_t n);
+/* The compact form --dump prints: "L3" load, "Ra3"/"Sa3" receive/send
+ * activation, "F3" forward, "Rg3"/"Sg3" receive/send gradient, "B3" backward,
+ * "NORM", "OPT". A receive or send gets ":e<k>" appended when stage has more
+ * than one edge in that role (fusion's two inputs). Returns buf. */
+const char *mmp_instr_compact(const mmp_sched *s, int stage, const mmp_instr *in, char *buf,
+                              size_t n);
 /* Index of the stage named name, or -1. */
 int mmp_sched_find(const mmp_sched *s, const char *name);
 
@@ -104,7 +124,13 @@ typedef struct mmp_sim_result {
 
 /* Runs one step of the lists as a discrete-event simulation: every stage
  * executes its list in order; a RECV waits for its message's arrival
- * (send time + send_ms); a SEND waits for a free slot on its edge. */
+ * (send time + send_ms); a SEND waits for a free slot on its edge. A message
+ * holds its slot until the receiving stage finishes the first FWD or BWD
+ * after the RECV (that compute reads it in place). GRAD_NORM is a barrier
+ * over all stages, after which step_overhead_ms passes (counted as busy: it is
+ * every stage's own clip + optimizer work, not pipeline idle). Validates s
+ * first (its errors are returned as they are); MMP_ERR_INVALID for a cost
+ * that is negative or not finite. Never blocks, allocates O(list lengths). */
 mmp_err mmp_sched_simulate(const mmp_sched *s, const mmp_sim_costs *c, mmp_sim_result *r);
 
 #endif

@@ -152,20 +152,7 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     MMP_TRY(write_params(dir, "image.ckpt", mmp_image_net_params(t->img)));
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
-    /* Run state: the data cursor is a pure function of (seed, step), so the
-     * step and seed are all a resume needs. */
-    char path[1200];
-    snprintf(path, sizeof path, "%s/train.ckpt", dir);
-    mmp_ckpt_writer w;
-    MMP_TRY(mmp_ckpt_writer_open(&w, path));
-    int64_t one = 1;
-    int32_t step = steps_done;
-    int32_t seed[2] = {(int32_t)(t->plan->job.seed & 0xffffffff),
-                       (int32_t)((uint64_t)t->plan->job.seed >> 32)};
-    mmp_ckpt_write(&w, "meta.step", MMP_I32, 1, &one, &step);
-    int64_t two = 2;
-    mmp_ckpt_write(&w, "meta.seed", MMP_I32, 1, &two, seed);
-    MMP_TRY(mmp_ckpt_writer_close(&w));
+    MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan->job.seed));
     return mmp_ckpt_mark_latest(t->out_dir, steps_done);
 }
 
@@ -227,12 +214,35 @@ static long peak_rss_bytes(void)
     return ru.ru_maxrss * 1024L;
 }
 
-mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir)
+mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
 {
     trainer t;
+    int first_step = 0;
     mmp_err err = trainer_init(&t, plan, out_dir);
     if (err != MMP_OK) {
         goto exit;
+    }
+    if (resume) {
+        char dir[1200];
+        mmp_ckpt c = {0};
+        err = mmp_ckpt_latest(out_dir, dir, sizeof dir, &first_step);
+        if (err == MMP_OK) {
+            err = mmp_ckpt_read_dir(&c, dir);
+        }
+        if (err == MMP_OK) {
+            err = mmp_params_load(mmp_image_net_params(t.img), &c);
+        }
+        if (err == MMP_OK) {
+            err = mmp_params_load(mmp_text_net_params(t.txt), &c);
+        }
+        if (err == MMP_OK) {
+            err = mmp_params_load(mmp_fusion_net_params(t.fus), &c);
+        }
+        mmp_ckpt_fini(&c);
+        if (err != MMP_OK) {
+            goto exit;
+        }
+        MMP_INFO("resuming %s at step %d of %d", out_dir, first_step, plan->job.steps);
     }
     mmp_cpu_set_threads(plan->train.threads);
     char path[1200];
@@ -241,7 +251,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir)
         goto exit;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    t.metrics = fopen(path, "w");
+    t.metrics = fopen(path, resume ? "a" : "w");
     if (!t.metrics) {
         err = mmp_errorf(MMP_ERR_IO, "cannot write %s", path);
         goto exit;
@@ -253,7 +263,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir)
     mmp_progress progress;
     mmp_progress_init(&progress, plan->job.steps, 10);
     double run_t0 = mmp_now();
-    for (int step = 0; step < plan->job.steps; step++) {
+    for (int step = first_step; step < plan->job.steps; step++) {
         double t0 = mmp_now(), data_s = 0, grad_norm = 0;
         mmp_loss_parts parts;
         err = train_step(&t, step, &parts, &grad_norm, &data_s);

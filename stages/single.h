@@ -9,7 +9,8 @@
 #include "common/err.h"
 
 /* Trains plan->job.steps steps, writing metrics.jsonl, plan.json and a final
- * checkpoint under out_dir (which must exist). Progress goes to stderr. */
-mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir);
+ * checkpoint under out_dir (which must exist). resume: continue from
+ * out_dir/ckpt/latest (metrics are appended). Progress goes to stderr. */
+mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume);
 
 #endif

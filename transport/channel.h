@@ -60,16 +60,27 @@ typedef struct mmp_transport {
     mmp_err (*acquire)(mmp_channel *ch, void **payload);
     /* Sender: publishes the acquired slot with header h and wakes the receiver. */
     mmp_err (*post)(mmp_channel *ch, const mmp_msg_header *h);
-    /* Receiver: the next posted slot (blocks); payload stays valid until release. */
+    /* Receiver: the next posted slot (blocks); payload stays valid until release.
+     * Slots posted before the sender closed or died are still delivered;
+     * MMP_ERR_PEER comes once they are drained. */
     mmp_err (*recv)(mmp_channel *ch, mmp_msg_header *h, const void **payload);
     /* Receiver: returns the slot's credit to the sender. */
     mmp_err (*release)(mmp_channel *ch);
+    /* Frees ch, so the caller drops its pointer (a second close is close(NULL),
+     * a no-op). A creator closing before its peer connected removes the name. */
     void (*close)(mmp_channel *ch);
+    /* Payload capacity of each slot (the cfg's slot_bytes). */
+    size_t (*slot_bytes)(const mmp_channel *ch);
 } mmp_transport;
 
 extern const mmp_transport mmp_transport_shm;
 
 /* Convenience over the table: */
+/* Opens this end (creator: setup, else connect) with the transport called
+ * `name` (the coordinator's pick, e.g. "shm"), or with the first transport of
+ * the priority list whose can_connect() accepts cfg when name is NULL or "".
+ * Logs why each transport is passed over; MMP_ERR_UNSUPPORTED when none fits.
+ * *used (if used) is the transport whose close() and calls apply to *out. */
 mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const char *name,
                          const mmp_channel_cfg *cfg, int creator);
 /* Copying send: acquire + memcpy + post. */

@@ -8,7 +8,9 @@
  * failing any check is logged with its sender and reason, counted, and
  * dropped: it never reaches the caller, and the run goes on. ZeroMQ itself
  * disconnects a peer that sends a frame a few KiB over the limit (such a
- * message is never seen here, so not counted); it reconnects on its own.
+ * message is never seen here, so not counted); it reconnects on its own,
+ * and a reconnecting routing id takes over from the old connection
+ * (ROUTER_HANDOVER). Messages in flight when a connection drops are lost.
  *
  * Each mmp_ctl owns its own ZeroMQ context (one I/O thread), so closing one
  * tears down only its own threads. Sockets are not thread-safe: one thread
@@ -64,8 +66,7 @@ mmp_err mmp_ctl_send(mmp_ctl *c, const char *to, Mmpipe__Envelope *env);
  * binary id from a foreign peer is written as "0x" + hex). MMP_ERR_TIMEOUT
  * when none came, and also when a signal interrupted the wait, so the
  * caller's loop can look at its signal flags. */
-mmp_err mmp_ctl_recv(mmp_ctl *c, int timeout_ms, Mmpipe__Envelope **env, char *from,
-                     size_t from_n);
+mmp_err mmp_ctl_recv(mmp_ctl *c, int timeout_ms, Mmpipe__Envelope **env, char *from, size_t from_n);
 /* Frees an envelope from mmp_ctl_recv. NULL-safe. */
 void mmp_ctl_free(Mmpipe__Envelope *env);
 

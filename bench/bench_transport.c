@@ -1,0 +1,495 @@
+/* Benchmark of the shm data channel; prints Markdown tables, judges nothing.
+ *
+ * (a) Throughput between two processes (fork), slots=2: the sender either
+ *     memcpy's each message from its own source buffer into the slot (what a
+ *     stage that produced into its own buffer does, mmp_channel_send) or
+ *     writes the slot in place (memset; the zero-copy producer); the receiver
+ *     reads every byte in place (a 64-bit sum). Each rep sends enough messages
+ *     for ~256 MB and is timed by the receiver from its first message to its
+ *     last release (so the pipeline is full); the median rep is reported next
+ *     to a plain memcpy of the same size in this process (median of as many
+ *     reps).
+ * (b) Control overhead per message: a ping-pong of 8-byte messages (A posts
+ *     on A->B, B answers on B->A); half the round trip is the latency from
+ *     post to the peer's return. Back-to-back, a waiter's short spin can
+ *     catch the reply; after a 50 µs gap the peer sleeps, so each message
+ *     measures the futex doorbell's wake-up. The same over a ZeroMQ ipc PAIR
+ *     socket pair, the alternative a doorbell must beat.
+ *
+ * Options: --sizes 1,4,16 (MB) --reps N (default 7) --iters N (round trips,
+ * default 20000) --busy N (N spinning processes during the measurements, to
+ * see what the 2-core machine does when stages outnumber cores). */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/err.h"
+#include "transport/channel.h"
+
+#define MAX_REPS 64
+#define MAX_SIZES 16
+#define REP_BYTES (256u << 20)
+#define PING_BYTES 64
+#define GAP_US 50
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile (0..1) of v[0..n), sorting v. */
+static double quantile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(q * (n - 1) + 0.5);
+    return v[i];
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_transport: %s: %s\n", what, mmp_last_error());
+    exit(1);
+}
+
+static void *shared_pages(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "bench_transport: mmap: %s\n", strerror(errno));
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- (a) throughput ----------------------------------------------------- */
+
+enum { SEND_COPY = 0, SEND_IN_PLACE = 1, MODES = 2 };
+
+typedef struct tp_result {
+    double gbps[MODES][MAX_REPS];
+    uint64_t sink; /* the receiver's sums, so the reads are not optimised away */
+} tp_result;
+
+static uint64_t sum_bytes(const void *p, size_t n)
+{
+    const uint64_t *w = p;
+    uint64_t s = 0;
+    for (size_t i = 0; i < n / 8; i++) {
+        s += w[i];
+    }
+    return s;
+}
+
+static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_result *res)
+{
+    const mmp_transport *t = &mmp_transport_shm;
+    mmp_channel *ch;
+    if (t->connect(&ch, cfg) != MMP_OK) {
+        die("receiver connect");
+    }
+    uint64_t sink = 0;
+    for (int mode = 0; mode < MODES; mode++) {
+        for (int r = 0; r < reps; r++) {
+            double t0 = 0;
+            for (int m = 0; m < msgs; m++) {
+                mmp_msg_header h;
+                const void *p;
+                if (t->recv(ch, &h, &p) != MMP_OK) {
+                    die("recv");
+                }
+                sink += sum_bytes(p, h.bytes);
+                t->release(ch);
+                if (m == 0) {
+                    t0 = now_s();
+                }
+            }
+            res->gbps[mode][r] = (double)(msgs - 1) * cfg->slot_bytes / (now_s() - t0) / 1e9;
+        }
+    }
+    res->sink = sink;
+    t->close(ch);
+}
+
+static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t receiver)
+{
+    const mmp_transport *t = &mmp_transport_shm;
+    mmp_channel *ch;
+    if (t->setup(&ch, cfg) != MMP_OK) {
+        die("sender setup");
+    }
+    unsigned char *src = malloc(cfg->slot_bytes);
+    if (!src) {
+        die("malloc");
+    }
+    memset(src, 0x5a, cfg->slot_bytes);
+    for (int mode = 0; mode < MODES; mode++) {
+        for (int k = 0; k < reps * msgs; k++) {
+            mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
+            if (mode == SEND_COPY) {
+                if (mmp_channel_send(t, ch, &h, src) != MMP_OK) {
+                    die("send");
+                }
+            } else {
+                void *p;
+                if (t->acquire(ch, &p) != MMP_OK) {
+                    die("acquire");
+                }
+                memset(p, k & 0xff, cfg->slot_bytes);
+                if (t->post(ch, &h) != MMP_OK) {
+                    die("post");
+                }
+            }
+        }
+    }
+    int st;
+    waitpid(receiver, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "bench_transport: receiver failed (status %#x)\n", st);
+        exit(1);
+    }
+    free(src);
+    t->close(ch);
+}
+
+/* A plain memcpy of `bytes` between two private buffers, msgs times per rep. */
+static double memcpy_gbps(size_t bytes, int reps, int msgs)
+{
+    unsigned char *a = malloc(bytes), *b = malloc(bytes);
+    double v[MAX_REPS];
+    if (!a || !b) {
+        die("malloc");
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (int m = 0; m < msgs; m++) {
+            memcpy(b, a, bytes);
+            a[m % bytes] = b[bytes - 1 - m % bytes]; /* keep both buffers live */
+        }
+        v[r] = (double)msgs * bytes / (now_s() - t0) / 1e9;
+    }
+    free(a);
+    free(b);
+    return quantile(v, reps, 0.5);
+}
+
+/* The channel's work without the channel: the sender's write and the
+ * receiver's read of each message, one after the other in this thread,
+ * through two slot-sized buffers. Two processes on two cores beat it only if
+ * memory bandwidth lets them overlap. */
+static double serial_gbps(size_t bytes, int reps, int msgs, int mode)
+{
+    unsigned char *src = malloc(bytes), *slot[2] = {malloc(bytes), malloc(bytes)};
+    double v[MAX_REPS];
+    uint64_t sink = 0;
+    if (!src || !slot[0] || !slot[1]) {
+        die("malloc");
+    }
+    memset(src, 0x5a, bytes);
+    memset(slot[0], 0, bytes);
+    memset(slot[1], 0, bytes);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (int m = 0; m < msgs; m++) {
+            if (mode == SEND_COPY) {
+                memcpy(slot[m % 2], src, bytes);
+            } else {
+                memset(slot[m % 2], m & 0xff, bytes);
+            }
+            sink += sum_bytes(slot[m % 2], bytes);
+        }
+        v[r] = (double)msgs * bytes / (now_s() - t0) / 1e9;
+    }
+    src[0] = (unsigned char)sink;
+    free(src);
+    free(slot[0]);
+    free(slot[1]);
+    return quantile(v, reps, 0.5);
+}
+
+static void throughput(const int *sizes_mb, int nsizes, int reps)
+{
+    printf("## shm channel throughput: 2 processes, slots=2, median of %d reps of ~%u MB\n\n", reps,
+           REP_BYTES >> 20);
+    printf("GB/s = 1e9 bytes/s of payload delivered. The receiver reads every byte in place "
+           "(64-bit sum). memcpy = a plain memcpy of the same size in one process, this run, as "
+           "many per rep; ratio = "
+           "channel / memcpy. one thread = the same write + read of each message done serially by "
+           "one thread through two buffers (no channel): what the two processes overlap.\n\n");
+    printf("| MB | sender | channel GB/s | memcpy GB/s | ratio | one thread GB/s |\n");
+    printf("|---:|---|---:|---:|---:|---:|\n");
+    tp_result *res = shared_pages(sizeof *res);
+    for (int s = 0; s < nsizes; s++) {
+        size_t bytes = (size_t)sizes_mb[s] << 20;
+        int msgs = (int)(REP_BYTES / bytes) < 8 ? 8 : (int)(REP_BYTES / bytes);
+        char addr[96];
+        snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
+        double cp = memcpy_gbps(bytes, reps, msgs);
+        mmp_channel_cfg scfg = {addr, bytes, 2, 1, 60000}, rcfg = {addr, bytes, 2, 0, 60000};
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            tp_receiver(&rcfg, reps, msgs, res);
+            _exit(0);
+        }
+        tp_sender(&scfg, reps, msgs, pid);
+        static const char *modes[MODES] = {"memcpy from its buffer (mmp_channel_send)",
+                                           "writes the slot in place (memset, zero-copy)"};
+        for (int m = 0; m < MODES; m++) {
+            double g = quantile(res->gbps[m], reps, 0.5);
+            double one = serial_gbps(bytes, reps, msgs, m);
+            printf("| %d | %s | %.2f | %.2f | %.2f | %.2f |\n", sizes_mb[s], modes[m], g, cp,
+                   g / cp, one);
+        }
+    }
+    printf("\n");
+    munmap(res, sizeof *res);
+}
+
+/* ---- (b) ping-pong latency --------------------------------------------- */
+
+static void shm_pong(const char *ab, const char *ba, int n)
+{
+    const mmp_transport *t = &mmp_transport_shm;
+    mmp_channel_cfg out = {ba, PING_BYTES, 2, 1, 60000}, in = {ab, PING_BYTES, 2, 0, 60000};
+    mmp_channel *tx, *rx;
+    if (t->setup(&tx, &out) != MMP_OK || t->connect(&rx, &in) != MMP_OK) {
+        die("pong open");
+    }
+    for (int i = 0; i < n; i++) {
+        mmp_msg_header h;
+        const void *p;
+        void *q;
+        if (t->recv(rx, &h, &p) != MMP_OK) {
+            die("pong recv");
+        }
+        t->release(rx);
+        if (t->acquire(tx, &q) != MMP_OK || t->post(tx, &h) != MMP_OK) {
+            die("pong post");
+        }
+    }
+    t->close(rx);
+    t->close(tx);
+}
+
+/* One-way latencies in µs (half round trips) into us[0..n), each round trip
+ * after gap_us. */
+/* Busy-waits us microseconds: long enough for the peer to have gone to
+ * sleep, without this process sleeping too. */
+static void pause_us(double us)
+{
+    double end = now_s() + us * 1e-6;
+    while (now_s() < end) {
+    }
+}
+
+static void shm_ping(const char *ab, const char *ba, int warm, int n, double gap_us, double *us)
+{
+    const mmp_transport *t = &mmp_transport_shm;
+    mmp_channel_cfg out = {ab, PING_BYTES, 2, 1, 60000}, in = {ba, PING_BYTES, 2, 0, 60000};
+    mmp_channel *tx, *rx;
+    if (t->setup(&tx, &out) != MMP_OK || t->connect(&rx, &in) != MMP_OK) {
+        die("ping open");
+    }
+    for (int i = 0; i < warm + n; i++) {
+        mmp_msg_header h = {.step = i, .bytes = 8};
+        const void *p;
+        void *q;
+        pause_us(gap_us);
+        double t0 = now_s();
+        if (t->acquire(tx, &q) != MMP_OK) {
+            die("ping acquire");
+        }
+        memcpy(q, &i, sizeof i);
+        if (t->post(tx, &h) != MMP_OK || t->recv(rx, &h, &p) != MMP_OK) {
+            die("ping");
+        }
+        t->release(rx);
+        if (i >= warm) {
+            us[i - warm] = (now_s() - t0) * 1e6 / 2;
+        }
+    }
+    t->close(rx);
+    t->close(tx);
+}
+
+static void *zmq_pair(void **ctx, const char *endpoint, int bind)
+{
+    *ctx = zmq_ctx_new();
+    void *s = *ctx ? zmq_socket(*ctx, ZMQ_PAIR) : NULL;
+    int zero = 0;
+    if (!s || zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        (bind ? zmq_bind(s, endpoint) : zmq_connect(s, endpoint)) != 0) {
+        fprintf(stderr, "bench_transport: zmq %s: %s\n", endpoint, zmq_strerror(zmq_errno()));
+        exit(1);
+    }
+    return s;
+}
+
+static void zmq_pong(const char *endpoint, int n)
+{
+    void *ctx, *s = zmq_pair(&ctx, endpoint, 0);
+    char buf[PING_BYTES];
+    for (int i = 0; i < n; i++) {
+        int got = zmq_recv(s, buf, sizeof buf, 0);
+        if (got < 0 || zmq_send(s, buf, (size_t)got, 0) < 0) {
+            exit(1);
+        }
+    }
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
+static void zmq_ping(const char *endpoint, int warm, int n, double gap_us, double *us)
+{
+    void *ctx, *s = zmq_pair(&ctx, endpoint, 1);
+    char buf[PING_BYTES] = {0};
+    for (int i = 0; i < warm + n; i++) {
+        pause_us(gap_us);
+        double t0 = now_s();
+        if (zmq_send(s, buf, 8, 0) < 0 || zmq_recv(s, buf, sizeof buf, 0) < 0) {
+            fprintf(stderr, "bench_transport: zmq ping: %s\n", zmq_strerror(zmq_errno()));
+            exit(1);
+        }
+        if (i >= warm) {
+            us[i - warm] = (now_s() - t0) * 1e6 / 2;
+        }
+    }
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
+static void report_row(const char *name, double *us, int n)
+{
+    printf("| %s | %.2f | %.2f | %.2f |\n", name, quantile(us, n, 0.5), quantile(us, n, 0.9),
+           quantile(us, n, 0.99));
+}
+
+static void latency(int iters)
+{
+    int warm = iters / 10 + 100;
+    double *us = malloc(sizeof *us * (size_t)iters);
+    char ab[96], ba[96], ipc[128];
+    if (!us) {
+        die("malloc");
+    }
+    printf("## control overhead: one-way latency (half a ping-pong round trip), 8-byte "
+           "messages, %d round trips\n\n",
+           iters);
+    printf("back-to-back: the next ping follows the pong at once, so a waiter that spins "
+           "catches it; after a %d µs gap: the peer has gone to sleep, so every message is a "
+           "wake-up (the futex doorbell for shm, a socket wake-up for ZeroMQ), as for a stage "
+           "waiting for a micro-batch.\n\n",
+           GAP_US);
+    printf("| channel | median µs | p90 µs | p99 µs |\n|---|---:|---:|---:|\n");
+    static const struct {
+        const char *name;
+        int zmq;
+        double gap_us;
+    } rows[] = {
+        {"shm, back-to-back", 0, 0},
+        {"shm, after a gap (futex wake each way)", 0, GAP_US},
+        {"ZeroMQ ipc PAIR, back-to-back", 1, 0},
+        {"ZeroMQ ipc PAIR, after a gap", 1, GAP_US},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        snprintf(ab, sizeof ab, "/mmpipe-bench-%d-ab%zu", (int)getpid(), r);
+        snprintf(ba, sizeof ba, "/mmpipe-bench-%d-ba%zu", (int)getpid(), r);
+        snprintf(ipc, sizeof ipc, "ipc:///tmp/mmpipe-bench-%d-%zu.ipc", (int)getpid(), r);
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (rows[r].zmq) {
+                zmq_pong(ipc, warm + iters);
+            } else {
+                shm_pong(ab, ba, warm + iters);
+            }
+            _exit(0);
+        }
+        if (rows[r].zmq) {
+            zmq_ping(ipc, warm, iters, rows[r].gap_us, us);
+            unlink(ipc + strlen("ipc://"));
+        } else {
+            shm_ping(ab, ba, warm, iters, rows[r].gap_us, us);
+        }
+        waitpid(pid, NULL, 0);
+        report_row(rows[r].name, us, iters);
+    }
+    printf("\n");
+    free(us);
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: bench_transport [--sizes 1,4,16] [--reps N] [--iters N] [--busy N]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    int sizes[MAX_SIZES] = {1, 4, 16}, nsizes = 3, reps = 7, iters = 20000, busy = 0;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 >= argc) {
+            usage();
+        }
+        if (strcmp(argv[i], "--sizes") == 0) {
+            nsizes = 0;
+            for (char *s = argv[++i], *end; *s && nsizes < MAX_SIZES; s = *end ? end + 1 : end) {
+                long v = strtol(s, &end, 10);
+                if (end == s || v < 1 || v > 1024 || (*end && *end != ',')) {
+                    usage();
+                }
+                sizes[nsizes++] = (int)v;
+            }
+        } else if (strcmp(argv[i], "--reps") == 0) {
+            reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--iters") == 0) {
+            iters = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--busy") == 0) {
+            busy = atoi(argv[++i]);
+        } else {
+            usage();
+        }
+    }
+    if (nsizes < 1 || reps < 1 || reps > MAX_REPS || iters < 10 || busy < 0 || busy > 64) {
+        usage();
+    }
+    pid_t hogs[64];
+    for (int b = 0; b < busy; b++) {
+        hogs[b] = fork();
+        if (hogs[b] == 0) {
+            for (volatile unsigned long x = 0;; x++) {
+            }
+        }
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("# bench_transport (%ld CPUs online, %d extra spinning processes)\n\n", cpus, busy);
+    double t0 = now_s();
+    throughput(sizes, nsizes, reps);
+    latency(iters);
+    for (int b = 0; b < busy; b++) {
+        kill(hogs[b], SIGKILL);
+        waitpid(hogs[b], NULL, 0);
+    }
+    printf("(%.1f s)\n", now_s() - t0);
+    return 0;
+}

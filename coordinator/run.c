@@ -1,0 +1,657 @@
+/* Coordinator: launch, per-step control loop, metrics, checkpoints, clean-up. */
+#include "coordinator/run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/ckpt.h"
+#include "common/progress.h"
+#include "common/trace.h"
+#include "coordinator/schedule.h"
+#include "nn/optim.h"
+#include "transport/channel.h"
+#include "transport/control.h"
+
+extern char **environ;
+
+#define HELLO_TIMEOUT_S 30.0
+#define READY_TIMEOUT_S 120.0
+#define SILENCE_TIMEOUT_S 60.0
+
+typedef struct proc {
+    char name[64]; /* "image.0/0" */
+    pid_t pid;
+    int alive;
+    int exit_status;
+    double last_seen;
+    /* per-step inbox */
+    int have_norm, have_done, have_ack, have_ready, have_hello;
+    double sumsq;
+    Mmpipe__StepDone *done;
+} proc;
+
+typedef struct coord {
+    const mmp_plan *plan;
+    const char *out_dir;
+    mmp_sched sched;
+    char token[33];
+    char endpoint[128];
+    char shm_prefix[64];
+    mmp_ctl *ctl;
+    proc procs[MMP_SCHED_MAX_STAGES];
+    int n;
+    int have_eval;
+    float eval_i2t, eval_t2i;
+    char failure[2048];
+    FILE *metrics;
+    mmp_trace trace;
+} coord;
+
+static volatile sig_atomic_t interrupted = 0;
+
+static void on_signal(int sig)
+{
+    interrupted = sig;
+}
+
+static int find_proc(coord *c, const char *name)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->procs[i].name, name) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void fail(coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(coord *c, const char *fmt, ...)
+{
+    if (c->failure[0]) {
+        return; /* the first cause is the one to report */
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->failure, sizeof c->failure, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- processes ------------------------------------------------------------------- */
+
+static mmp_err spawn_all(coord *c)
+{
+    char exe[1024];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) {
+        return mmp_errorf(MMP_ERR_IO, "cannot find my own executable: %s", strerror(errno));
+    }
+    exe[len] = 0;
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    /* Own process group: a terminal's Ctrl-C reaches the coordinator only,
+     * which then stops the stages in order. */
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+    for (int i = 0; i < c->n; i++) {
+        proc *p = &c->procs[i];
+        char stage[64], replica[16];
+        snprintf(stage, sizeof stage, "%s", c->sched.stages[i].name);
+        snprintf(replica, sizeof replica, "%d", 0);
+        char *argv[] = {exe,      "stage",  "--connect", c->endpoint, "--stage", stage,
+                        "--replica", replica, "--token",   c->token,    NULL};
+        int rc = posix_spawn(&p->pid, exe, NULL, &attr, argv, environ);
+        if (rc != 0) {
+            posix_spawnattr_destroy(&attr);
+            return mmp_errorf(MMP_ERR_IO, "spawn %s: %s", p->name, strerror(rc));
+        }
+        p->alive = 1;
+        p->last_seen = mmp_now();
+        MMP_INFO("started %s (pid %d)", p->name, (int)p->pid);
+    }
+    posix_spawnattr_destroy(&attr);
+    return MMP_OK;
+}
+
+static const char *describe_exit(int status, char *buf, size_t n)
+{
+    if (WIFSIGNALED(status)) {
+        snprintf(buf, n, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    } else {
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+    }
+    return buf;
+}
+
+/* Reaps children that ended; an unexpected end is a failure naming the stage. */
+static void reap(coord *c, int expected)
+{
+    for (int i = 0; i < c->n; i++) {
+        proc *p = &c->procs[i];
+        if (!p->alive) {
+            continue;
+        }
+        int status;
+        pid_t r = waitpid(p->pid, &status, WNOHANG);
+        if (r == p->pid) {
+            p->alive = 0;
+            p->exit_status = status;
+            if (!expected) {
+                char why[128];
+                fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
+                     describe_exit(status, why, sizeof why));
+            }
+        }
+    }
+}
+
+static void stop_all(coord *c, int graceful)
+{
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Abort ab = MMPIPE__ABORT__INIT;
+    Mmpipe__Shutdown sd = MMPIPE__SHUTDOWN__INIT;
+    if (graceful) {
+        env.body_case = MMPIPE__ENVELOPE__BODY_SHUTDOWN;
+        env.shutdown = &sd;
+    } else {
+        ab.reason = c->failure[0] ? c->failure : "stopped";
+        env.body_case = MMPIPE__ENVELOPE__BODY_ABORT;
+        env.abort = &ab;
+    }
+    for (int i = 0; c->ctl && i < c->n; i++) {
+        if (c->procs[i].alive && c->procs[i].have_hello) {
+            mmp_ctl_send(c->ctl, c->procs[i].name, &env);
+        }
+    }
+    /* A stage blocked on a data channel cannot read the control message:
+     * give everyone a moment, then make sure. */
+    double t0 = mmp_now(), grace = graceful ? 5.0 : 1.0;
+    for (;;) {
+        reap(c, 1);
+        int left = 0;
+        for (int i = 0; i < c->n; i++) {
+            left += c->procs[i].alive;
+        }
+        if (!left) {
+            break;
+        }
+        if (mmp_now() - t0 > grace) {
+            for (int i = 0; i < c->n; i++) {
+                if (c->procs[i].alive) {
+                    kill(c->procs[i].pid, SIGKILL);
+                    waitpid(c->procs[i].pid, &c->procs[i].exit_status, 0);
+                    c->procs[i].alive = 0;
+                }
+            }
+            break;
+        }
+        usleep(20000);
+    }
+    mmp_shm_unlink_prefix(c->shm_prefix);
+}
+
+/* ---- messages ---------------------------------------------------------------------- */
+
+typedef int (*done_fn)(coord *c, void *arg);
+
+static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
+{
+    int i = find_proc(c, from);
+    if (i < 0) {
+        MMP_WARN("message from unknown process '%s' ignored", from);
+        return;
+    }
+    proc *p = &c->procs[i];
+    p->last_seen = mmp_now();
+    switch (env->body_case) {
+    case MMPIPE__ENVELOPE__BODY_HELLO: p->have_hello = 1; break;
+    case MMPIPE__ENVELOPE__BODY_READY: p->have_ready = 1; break;
+    case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
+        p->have_norm = 1;
+        p->sumsq = env->grad_norm->sumsq;
+        break;
+    case MMPIPE__ENVELOPE__BODY_EVAL_DONE:
+        c->have_eval = 1;
+        c->eval_i2t = env->eval_done->i2t_r1;
+        c->eval_t2i = env->eval_done->t2i_r1;
+        break;
+    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK:
+        p->have_ack = 1;
+        if (!env->checkpoint_ack->ok) {
+            fail(c, "stage %s could not write its checkpoint: %s", p->name,
+                 env->checkpoint_ack->error);
+        }
+        break;
+    case MMPIPE__ENVELOPE__BODY_HEARTBEAT: break;
+    case MMPIPE__ENVELOPE__BODY_ERROR: fail(c, "%s", env->error->message); break;
+    default: MMP_WARN("unexpected message %d from %s ignored", (int)env->body_case, from);
+    }
+}
+
+/* Serves the control socket until done(c) holds, a failure, or a timeout.
+ * Returns 0 when done. */
+static int wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what)
+{
+    double t0 = mmp_now();
+    while (!done(c, arg)) {
+        if (interrupted) {
+            fail(c, "interrupted by %s", strsignal(interrupted));
+        }
+        reap(c, 0);
+        if (c->failure[0]) {
+            return 1;
+        }
+        double now = mmp_now();
+        if (timeout_s > 0 && now - t0 > timeout_s) {
+            fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
+            return 1;
+        }
+        for (int i = 0; i < c->n; i++) {
+            if (c->procs[i].alive && c->procs[i].have_hello &&
+                now - c->procs[i].last_seen > SILENCE_TIMEOUT_S) {
+                fail(c, "stage %s has been silent for %.0f s (waiting for %s)",
+                     c->procs[i].name, now - c->procs[i].last_seen, what);
+                return 1;
+            }
+        }
+        Mmpipe__Envelope *env = NULL;
+        char from[MMP_CTL_ID_MAX];
+        mmp_err e = mmp_ctl_recv(c->ctl, 200, &env, from, sizeof from);
+        if (e == MMP_ERR_TIMEOUT) {
+            continue;
+        }
+        if (e != MMP_OK) {
+            fail(c, "control plane: %s", mmp_last_error());
+            return 1;
+        }
+        Mmpipe__StepDone *kept = NULL;
+        if (env->body_case == MMPIPE__ENVELOPE__BODY_STEP_DONE) {
+            /* StepDone is kept until the step's metrics are written. */
+            int i = find_proc(c, from);
+            if (i >= 0) {
+                c->procs[i].have_done = 1;
+                c->procs[i].last_seen = mmp_now();
+                if (c->procs[i].done) {
+                    mmp_ctl_free((Mmpipe__Envelope *)c->procs[i].done);
+                }
+                c->procs[i].done = (Mmpipe__StepDone *)env; /* the envelope owns it */
+                kept = c->procs[i].done;
+            }
+        }
+        if (!kept) {
+            handle(c, env, from);
+            mmp_ctl_free(env);
+        }
+    }
+    return 0;
+}
+
+static int all_flag(coord *c, void *arg)
+{
+    size_t off = (size_t)arg;
+    for (int i = 0; i < c->n; i++) {
+        if (!*(int *)((char *)&c->procs[i] + off)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int got_eval(coord *c, void *arg)
+{
+    (void)arg;
+    return c->have_eval;
+}
+
+#define ALL(field) ((void *)offsetof(proc, field))
+
+static mmp_err send_to(coord *c, int i, Mmpipe__Envelope *env)
+{
+    mmp_err e = mmp_ctl_send(c->ctl, c->procs[i].name, env);
+    if (e != MMP_OK) {
+        fail(c, "sending to %s: %s", c->procs[i].name, mmp_last_error());
+    }
+    return e;
+}
+
+static mmp_err broadcast(coord *c, Mmpipe__Envelope *env)
+{
+    for (int i = 0; i < c->n; i++) {
+        MMP_TRY(send_to(c, i, env));
+    }
+    return MMP_OK;
+}
+
+/* ---- assignments --------------------------------------------------------------------- */
+
+static mmp_err assign(coord *c, const char *plan_json, const char *resume_dir)
+{
+    const mmp_sched *s = &c->sched;
+    for (int i = 0; i < c->n; i++) {
+        const mmp_sched_stage *st = &s->stages[i];
+        Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
+        char addr[MMP_SCHED_MAX_EDGES][96], peer[MMP_SCHED_MAX_EDGES][64];
+        int nc = 0;
+        for (int e = 0; e < s->n_edges; e++) {
+            const mmp_sched_edge *ed = &s->edges[e];
+            if (ed->from != i && ed->to != i) {
+                continue;
+            }
+            Mmpipe__Channel *ch = &chans[nc];
+            mmpipe__channel__init(ch);
+            ch->id = e;
+            ch->send = ed->from == i;
+            ch->grad = ed->grad;
+            snprintf(peer[nc], sizeof peer[nc], "%s", c->procs[ch->send ? ed->to : ed->from].name);
+            ch->peer = peer[nc];
+            ch->transport = "shm";
+            snprintf(addr[nc], sizeof addr[nc], "%s-e%d", c->shm_prefix, e);
+            ch->address = addr[nc];
+            ch->slots = ed->slots;
+            ch->creator = ch->send; /* the sender creates and sizes the ring */
+            chp[nc] = ch;
+            nc++;
+        }
+        Mmpipe__Instr *ins = calloc((size_t)st->n_prog, sizeof *ins);
+        Mmpipe__Instr **insp = calloc((size_t)st->n_prog, sizeof *insp);
+        if (!ins || !insp) {
+            free(ins);
+            free(insp);
+            return mmp_errorf(MMP_ERR_NOMEM, "instruction list of %d", st->n_prog);
+        }
+        for (int k = 0; k < st->n_prog; k++) {
+            mmpipe__instr__init(&ins[k]);
+            ins[k].op = (Mmpipe__Op)st->prog[k].op;
+            ins[k].mb = st->prog[k].mb;
+            ins[k].edge = st->prog[k].edge;
+            insp[k] = &ins[k];
+        }
+        Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
+        char kind[16], ckpt_file[80];
+        snprintf(kind, sizeof kind, "%s",
+                 st->kind == MMP_KIND_IMAGE ? "image" : st->kind == MMP_KIND_TEXT ? "text" : "fusion");
+        /* One checkpoint file per process; a branch cut into sub-stages
+         * names them image.0.ckpt ..., a whole branch image.ckpt, so a
+         * pipeline's checkpoint reads like the single-process one. */
+        if (st->n_sub > 1) {
+            snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", st->name);
+        } else {
+            snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind);
+        }
+        a.name = c->procs[i].name;
+        a.kind = kind;
+        a.sub = st->sub;
+        a.replica = 0;
+        a.layer_first = st->layer_first;
+        a.layer_last = st->layer_last;
+        a.plan_path = (char *)plan_json;
+        a.run_dir = (char *)c->out_dir;
+        a.n_channels = (size_t)nc;
+        a.channels = chp;
+        a.n_program = (size_t)st->n_prog;
+        a.program = insp;
+        a.microbatches = s->microbatches;
+        a.ckpt_file = ckpt_file;
+        a.resume_dir = (char *)(resume_dir ? resume_dir : "");
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        env.body_case = MMPIPE__ENVELOPE__BODY_ASSIGNMENT;
+        env.assignment = &a;
+        mmp_err e = send_to(c, i, &env);
+        free(ins);
+        free(insp);
+        MMP_TRY(e);
+    }
+    return MMP_OK;
+}
+
+/* ---- per step -------------------------------------------------------------------------- */
+
+static void write_metrics(coord *c, int step, double step_ms, double grad_norm, int eval)
+{
+    const mmp_plan *p = c->plan;
+    double loss = 0, itc = 0, itm = 0, idle = 0, wall = 0, data = 0;
+    for (int i = 0; i < c->n; i++) {
+        const Mmpipe__StepDone *d = ((Mmpipe__Envelope *)c->procs[i].done)->step_done;
+        if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
+            loss = d->loss;
+            itc = d->itc;
+            itm = d->itm;
+        }
+        idle += d->idle_ms;
+        wall += d->wall_ms;
+        data = fmax(data, d->data_ms);
+    }
+    FILE *f = c->metrics;
+    fprintf(f,
+            "{\"step\":%d,\"loss\":%.6g,\"itc_loss\":%.6g,\"itm_loss\":%.6g,\"lr\":%.6g,"
+            "\"grad_norm\":%.6g,\"samples_per_s\":%.4g,\"step_ms\":%.4g,\"data_ms\":%.4g,"
+            "\"bubble\":%.4f,\"stages\":[",
+            step + 1, loss, itc, itm, (double)mmp_lr_at(p, step), grad_norm,
+            p->train.batch / (step_ms / 1e3), step_ms, data, wall > 0 ? idle / wall : 0);
+    for (int i = 0; i < c->n; i++) {
+        const Mmpipe__StepDone *d = ((Mmpipe__Envelope *)c->procs[i].done)->step_done;
+        double fwd = 0, bwd = 0;
+        for (size_t k = 0; k < d->n_mbs; k++) {
+            fwd += d->mbs[k]->fwd_ms;
+            bwd += d->mbs[k]->bwd_ms;
+        }
+        double m = d->n_mbs ? (double)d->n_mbs : 1;
+        fprintf(f,
+                "%s{\"name\":\"%s\",\"replica\":0,\"busy_ms\":%.4g,\"idle_ms\":%.4g,"
+                "\"wall_ms\":%.4g,\"fwd_ms\":%.4g,\"bwd_ms\":%.4g,\"load_ms\":%.4g,"
+                "\"max_inflight\":%d,\"peak_mem_bytes\":%llu}",
+                i ? "," : "", c->sched.stages[i].name, d->busy_ms, d->idle_ms, d->wall_ms,
+                fwd / m, bwd / m, d->data_ms / m, d->max_inflight,
+                (unsigned long long)d->peak_mem_bytes);
+    }
+    fprintf(f, "]");
+    if (eval) {
+        fprintf(f, ",\"val_i2t_r1\":%.4f,\"val_t2i_r1\":%.4f", (double)c->eval_i2t,
+                (double)c->eval_t2i);
+    }
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+static int checkpoint(coord *c, int steps_done)
+{
+    char dir[1100];
+    mmp_ckpt_step_dir(dir, sizeof dir, c->out_dir, steps_done);
+    if (mmp_mkdirs(dir) != MMP_OK) {
+        fail(c, "%s", mmp_last_error());
+        return 1;
+    }
+    for (int i = 0; i < c->n; i++) {
+        c->procs[i].have_ack = 0;
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__CheckpointRequest r = MMPIPE__CHECKPOINT_REQUEST__INIT;
+    r.step = steps_done;
+    r.dir = dir;
+    env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST;
+    env.checkpoint_request = &r;
+    if (broadcast(c, &env) != MMP_OK || wait_until(c, all_flag, ALL(have_ack), 600, "checkpoint acks")) {
+        return 1;
+    }
+    /* latest moves only after every stage acknowledged its file. */
+    if (mmp_ckpt_write_meta(dir, steps_done, c->plan->job.seed) != MMP_OK ||
+        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK) {
+        fail(c, "checkpoint: %s", mmp_last_error());
+        return 1;
+    }
+    mmp_trace_instant(&c->trace, "checkpoint", mmp_trace_now_us(), dir);
+    return 0;
+}
+
+static int run_steps(coord *c, int first_step)
+{
+    const mmp_plan *p = c->plan;
+    mmp_progress progress;
+    mmp_progress_init(&progress, p->job.steps, 10);
+    for (int step = first_step; step < p->job.steps; step++) {
+        double t0 = mmp_now();
+        for (int i = 0; i < c->n; i++) {
+            c->procs[i].have_norm = c->procs[i].have_done = 0;
+        }
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Start st = MMPIPE__START__INIT;
+        st.first_step = step;
+        st.steps = 1;
+        env.body_case = MMPIPE__ENVELOPE__BODY_START;
+        env.start = &st;
+        if (broadcast(c, &env) != MMP_OK ||
+            wait_until(c, all_flag, ALL(have_norm), 0, "gradient norms")) {
+            break;
+        }
+        /* Sum in stage order (image, text, fusion), as the single process does. */
+        double sumsq = 0;
+        for (int i = 0; i < c->n; i++) {
+            sumsq += c->procs[i].sumsq;
+        }
+        double norm = sqrt(sumsq);
+        if (!isfinite(norm)) {
+            fail(c, "step %d: gradient norm is not finite", step + 1);
+            break;
+        }
+        Mmpipe__Envelope cenv = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Clip clip = MMPIPE__CLIP__INIT;
+        clip.step = step;
+        clip.coef = mmp_clip_coef(p, norm);
+        cenv.body_case = MMPIPE__ENVELOPE__BODY_CLIP;
+        cenv.clip = &clip;
+        if (broadcast(c, &cenv) != MMP_OK ||
+            wait_until(c, all_flag, ALL(have_done), 0, "step results")) {
+            break;
+        }
+        double step_ms = (mmp_now() - t0) * 1e3;
+        int done = step + 1;
+        int eval = (p->train.eval_every > 0 && done % p->train.eval_every == 0) ||
+                   done == p->job.steps;
+        if (eval) {
+            c->have_eval = 0;
+            Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
+            Mmpipe__EvalRequest er = MMPIPE__EVAL_REQUEST__INIT;
+            er.step = step;
+            eenv.body_case = MMPIPE__ENVELOPE__BODY_EVAL_REQUEST;
+            eenv.eval_request = &er;
+            if (broadcast(c, &eenv) != MMP_OK ||
+                wait_until(c, got_eval, NULL, 600, "evaluation")) {
+                break;
+            }
+        }
+        write_metrics(c, step, step_ms, norm, eval);
+        if (eval) {
+            mmp_progress_end(&progress);
+            MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done,
+                     (double)c->eval_i2t, (double)c->eval_t2i);
+        }
+        if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps) {
+            if (checkpoint(c, done)) {
+                break;
+            }
+        }
+        const Mmpipe__StepDone *fd = ((Mmpipe__Envelope *)c->procs[c->n - 1].done)->step_done;
+        char text[256];
+        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s", (double)fd->loss,
+                 p->train.batch / (step_ms / 1e3));
+        mmp_progress_update(&progress, done, text);
+    }
+    mmp_progress_end(&progress);
+    return c->failure[0] ? 1 : 0;
+}
+
+/* ---- entry --------------------------------------------------------------------------------- */
+
+int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
+{
+    static coord c;
+    memset(&c, 0, sizeof c);
+    c.plan = plan;
+    c.out_dir = out_dir;
+    int rc = 1, first_step = 0;
+    char resume_dir[1200] = "", plan_json[1200];
+    mmp_log_set_name("coordinator");
+    if (mmp_sched_compile(&c.sched, plan) != MMP_OK) {
+        MMP_ERROR("%s", mmp_last_error());
+        return 1;
+    }
+    c.n = c.sched.n_stages;
+    for (int i = 0; i < c.n; i++) {
+        snprintf(c.procs[i].name, sizeof c.procs[i].name, "%s/0", c.sched.stages[i].name);
+    }
+    if (resume) {
+        if (mmp_ckpt_latest(out_dir, resume_dir, sizeof resume_dir, &first_step) != MMP_OK) {
+            MMP_ERROR("%s", mmp_last_error());
+            goto out;
+        }
+        MMP_INFO("resuming %s at step %d of %d", out_dir, first_step, plan->job.steps);
+    }
+    if (mmp_ctl_new_token(c.token) != MMP_OK) {
+        MMP_ERROR("%s", mmp_last_error());
+        goto out;
+    }
+    snprintf(c.endpoint, sizeof c.endpoint, "ipc://@mmpipe-%s", c.token);
+    snprintf(c.shm_prefix, sizeof c.shm_prefix, "/mmpipe-%.12s", c.token);
+    snprintf(plan_json, sizeof plan_json, "%s/plan.json", out_dir);
+    char metrics_path[1200];
+    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
+    if (mmp_plan_write_json(plan, plan_json) != MMP_OK ||
+        (c.metrics = fopen(metrics_path, resume ? "a" : "w")) == NULL ||
+        mmp_trace_open(&c.trace, out_dir, "coordinator", 0, "coordinator") != MMP_OK ||
+        mmp_ctl_bind(&c.ctl, c.endpoint, c.token) != MMP_OK) {
+        MMP_ERROR("%s", c.metrics ? mmp_last_error() : "cannot write metrics.jsonl");
+        goto out;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (spawn_all(&c) != MMP_OK) {
+        fail(&c, "%s", mmp_last_error());
+        goto stop;
+    }
+    MMP_INFO("%d stage processes, schedule %s, %d micro-batches; run directory %s", c.n,
+             mmp_schedule_name(plan->train.schedule), plan->train.microbatches, out_dir);
+    if (wait_until(&c, all_flag, ALL(have_hello), HELLO_TIMEOUT_S, "stage processes to connect") ||
+        assign(&c, plan_json, resume ? resume_dir : NULL) != MMP_OK ||
+        wait_until(&c, all_flag, ALL(have_ready), READY_TIMEOUT_S, "stages to be ready")) {
+        goto stop;
+    }
+    if (run_steps(&c, first_step) == 0) {
+        stop_all(&c, 1);
+        rc = 0;
+        MMP_INFO("done: %d steps; checkpoint %s/ckpt/latest", plan->job.steps, out_dir);
+        goto out;
+    }
+stop:
+    stop_all(&c, 0);
+    if (interrupted) {
+        rc = 130;
+    }
+    MMP_ERROR("%s", c.failure[0] ? c.failure : mmp_last_error());
+out:
+    for (int i = 0; i < c.n; i++) {
+        if (c.procs[i].done) {
+            mmp_ctl_free((Mmpipe__Envelope *)c.procs[i].done);
+        }
+    }
+    mmp_ctl_close(c.ctl);
+    mmp_trace_close(&c.trace);
+    if (c.metrics) {
+        fclose(c.metrics);
+    }
+    if (c.n) {
+        mmp_trace_merge(out_dir);
+    }
+    mmp_sched_fini(&c.sched);
+    return rc;
+}

@@ -1,0 +1,963 @@
+/* Stage worker: interprets the coordinator's instruction list for one stage
+ * process. Owns the stage's part of the model, its data channels and (for
+ * the first sub-stage of a branch) its data set. Holds one `acts` per
+ * micro-batch in flight, as many as its compiled list needs. Never touches
+ * the coordinator's decisions: it only checks that what arrives is what the
+ * list says should arrive. */
+#include "stages/worker.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "common/ckpt.h"
+#include "common/progress.h"
+#include "common/trace.h"
+#include "data/dataset.h"
+#include "nn/model.h"
+#include "nn/optim.h"
+#include "transport/channel.h"
+#include "transport/control.h"
+
+#define MAX_CHANNELS 16
+#define MAX_INFLIGHT 1024
+
+typedef struct chan {
+    int id;
+    int send, grad;
+    int peer_text; /* the other end is on the text branch (fusion uses it) */
+    const mmp_transport *t;
+    mmp_channel *ch;
+    /* A received message not yet consumed (zero-copy: payload is in the slot). */
+    int held;
+    mmp_msg_header hdr;
+    const float *payload;
+} chan;
+
+typedef struct flight {
+    int mb; /* -1 when free */
+    int n;
+    uint64_t digest;
+    void *acts;
+    float *mask; /* text: (mb_max, T) the micro-batch's mask, forwarded along */
+} flight;
+
+typedef struct worker {
+    char name[80];
+    mmp_ctl *ctl;
+    Mmpipe__Envelope *asg_env;
+    const Mmpipe__Assignment *asg;
+    mmp_plan plan;
+    int kind; /* 0 image, 1 text, 2 fusion */
+    int sub, n_sub, first, last;
+    mmp_image_net *img;
+    mmp_text_net *txt;
+    mmp_fusion_net *fus;
+    mmp_params *params;
+    mmp_dataset *train, *val;
+    chan chans[MAX_CHANNELS];
+    int n_chans;
+    flight *fl;
+    int n_fl;
+    int mb_max, T, D, B;
+    int64_t in_floats, out_floats; /* per sample, of this stage's range */
+    /* buffers */
+    float *images, *mask, *out, *din, *dimg, *dtxt;
+    int32_t *ids;
+    int64_t *samples;
+    int loaded_mb, loaded_n;
+    uint64_t loaded_digest;
+    int out_mb, out_n;
+    uint64_t out_digest;
+    float *out_mask;
+    /* per-step accounting */
+    double busy_ms, data_ms;
+    float *fwd_ms, *bwd_ms;
+    int inflight, max_inflight;
+    mmp_loss_parts loss;
+    float clip_coef;
+    mmp_trace trace;
+    double last_beat;
+} worker;
+
+static uint64_t digest_ids(const int64_t *ids, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) {
+        uint64_t x = (uint64_t)ids[i];
+        for (int b = 0; b < 8; b++) {
+            h = (h ^ ((x >> (8 * b)) & 0xff)) * 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+static uint64_t flow_id(int edge, int step, int mb, int eval)
+{
+    return ((uint64_t)(unsigned)edge << 48) ^ ((uint64_t)(unsigned)step << 20) ^
+           ((uint64_t)(unsigned)mb << 1) ^ (uint64_t)eval;
+}
+
+/* ---- control-plane helpers ---------------------------------------------------- */
+
+static mmp_err send_env(worker *w, Mmpipe__Envelope *env)
+{
+    return mmp_ctl_send(w->ctl, NULL, env);
+}
+
+static void send_error(worker *w, const char *msg)
+{
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Error e = MMPIPE__ERROR__INIT;
+    char buf[2300];
+    snprintf(buf, sizeof buf, "%s: %s", w->name, msg);
+    e.message = buf;
+    env.body_case = MMPIPE__ENVELOPE__BODY_ERROR;
+    env.error = &e;
+    send_env(w, &env);
+}
+
+static void heartbeat(worker *w, int step, int instr)
+{
+    double now = mmp_now();
+    if (now - w->last_beat < 1.0) {
+        return;
+    }
+    w->last_beat = now;
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Heartbeat hb = MMPIPE__HEARTBEAT__INIT;
+    hb.step = step;
+    hb.instr = instr;
+    env.body_case = MMPIPE__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    send_env(w, &env);
+}
+
+/* Waits for a message of body `want`; Abort and Shutdown end the wait with
+ * MMP_ERR_PEER (the caller exits). Other bodies are protocol errors. */
+static mmp_err wait_for(worker *w, Mmpipe__Envelope__BodyCase want, Mmpipe__Envelope **out)
+{
+    for (;;) {
+        Mmpipe__Envelope *env = NULL;
+        char from[MMP_CTL_ID_MAX];
+        mmp_err e = mmp_ctl_recv(w->ctl, 1000, &env, from, sizeof from);
+        if (e == MMP_ERR_TIMEOUT) {
+            if (getppid() == 1) {
+                return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
+            }
+            continue;
+        }
+        MMP_TRY(e);
+        if (env->body_case == want) {
+            *out = env;
+            return MMP_OK;
+        }
+        Mmpipe__Envelope__BodyCase got = env->body_case;
+        mmp_ctl_free(env);
+        if (got == MMPIPE__ENVELOPE__BODY_ABORT || got == MMPIPE__ENVELOPE__BODY_SHUTDOWN) {
+            return mmp_errorf(MMP_ERR_PEER, "stopped by the coordinator");
+        }
+        return mmp_errorf(MMP_ERR_PROTO, "coordinator sent message %d while %d was expected",
+                          (int)got, (int)want);
+    }
+}
+
+/* ---- set-up ---------------------------------------------------------------------- */
+
+static chan *find_chan(worker *w, int id)
+{
+    for (int i = 0; i < w->n_chans; i++) {
+        if (w->chans[i].id == id) {
+            return &w->chans[i];
+        }
+    }
+    return NULL;
+}
+
+/* Payload bytes of a channel, computed by each end on its own: a mismatch
+ * between the two ends is caught by the transport's geometry check. */
+static size_t chan_bytes(const worker *w, const Mmpipe__Channel *c)
+{
+    int64_t per = 0;
+    int from_text = w->kind == 1 || (w->kind == 2 && strncmp(c->peer, "text", 4) == 0);
+    int64_t text_tokens = (int64_t)w->T * w->D;
+    if (w->kind == 2) {
+        int64_t image_tokens = (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
+        per = from_text ? text_tokens + (c->grad ? 0 : w->T) : image_tokens;
+    } else if (from_text) {
+        per = text_tokens + (c->grad ? 0 : w->T);
+    } else {
+        /* image: what leaves forward is this range's output; what arrives
+         * forward is its input; gradients mirror them. */
+        int outward = c->send != c->grad; /* act send or grad recv: our output side */
+        per = outward ? w->out_floats : w->in_floats;
+    }
+    return (size_t)per * (size_t)w->mb_max * sizeof(float);
+}
+
+static mmp_err open_channels(worker *w)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    if (a->n_channels > MAX_CHANNELS) {
+        return mmp_errorf(MMP_ERR_PROTO, "%zu channels (at most %d)", a->n_channels, MAX_CHANNELS);
+    }
+    /* Creators (senders) first: setup never blocks, so no process waits for
+     * a peer that is itself waiting. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < a->n_channels; i++) {
+            const Mmpipe__Channel *c = a->channels[i];
+            if ((pass == 0) != (c->creator != 0)) {
+                continue;
+            }
+            chan *ch = &w->chans[w->n_chans++];
+            memset(ch, 0, sizeof *ch);
+            ch->id = c->id;
+            ch->send = c->send;
+            ch->grad = c->grad;
+            ch->peer_text = strncmp(c->peer, "text", 4) == 0;
+            mmp_channel_cfg cfg = {.address = c->address,
+                                   .slot_bytes = chan_bytes(w, c),
+                                   .slots = c->slots,
+                                   .send = c->send,
+                                   .timeout_ms = 60000};
+            mmp_err e = mmp_channel_open(&ch->ch, &ch->t, c->transport, &cfg, c->creator);
+            if (e != MMP_OK) {
+                w->n_chans--;
+                return mmp_error_prefix(e, "channel %d to %s", c->id, c->peer);
+            }
+        }
+    }
+    return MMP_OK;
+}
+
+static void *xcalloc(size_t n, size_t size, mmp_err *err)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p && *err == MMP_OK) {
+        *err = mmp_errorf(MMP_ERR_NOMEM, "%zu x %zu bytes", n, size);
+    }
+    return p;
+}
+
+static int program_max_inflight(const Mmpipe__Assignment *a)
+{
+    int cur = 0, most = 1;
+    for (size_t i = 0; i < a->n_program; i++) {
+        if (a->program[i]->op == MMPIPE__OP__FWD) {
+            cur++;
+        } else if (a->program[i]->op == MMPIPE__OP__BWD) {
+            cur--;
+        }
+        most = cur > most ? cur : most;
+    }
+    return most;
+}
+
+static mmp_err build(worker *w)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    mmp_plan *p = &w->plan;
+    MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
+    uint64_t seed = (uint64_t)p->job.seed;
+    w->sub = a->sub;
+    w->first = a->layer_first;
+    w->last = a->layer_last;
+    w->kind = strcmp(a->kind, "image") == 0 ? 0 : strcmp(a->kind, "text") == 0 ? 1 : 2;
+    w->mb_max = mmp_plan_mb_size(p, 0);
+    w->T = p->data.max_text_len;
+    w->D = p->model.width;
+    w->B = p->train.batch;
+    /* Branch stages that load data open the training set; every stage opens
+     * the validation set's index to know how many evaluation chunks come. */
+    if (w->kind != 2 && w->sub == 0) {
+        MMP_TRY(mmp_dataset_open(&w->train, p->data.manifest, p->data.vocab, p));
+    }
+    MMP_TRY(mmp_dataset_open(&w->val, p->data.val_manifest, p->data.vocab, p));
+    int V = mmp_dataset_vocab_size(w->val);
+    if (w->kind == 0) {
+        MMP_TRY(mmp_image_net_create(&w->img, p, w->first, w->last, seed));
+        w->params = mmp_image_net_params(w->img);
+        w->in_floats = mmp_image_net_in_floats(w->img);
+        w->out_floats = mmp_image_net_out_floats(w->img);
+    } else if (w->kind == 1) {
+        MMP_TRY(mmp_text_net_create(&w->txt, p, V, w->first, w->last, seed));
+        w->params = mmp_text_net_params(w->txt);
+        w->in_floats = w->out_floats = mmp_text_net_out_floats(w->txt);
+    } else {
+        MMP_TRY(mmp_fusion_net_create(&w->fus, p, seed));
+        w->params = mmp_fusion_net_params(w->fus);
+    }
+    if (a->resume_dir && a->resume_dir[0]) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", a->resume_dir, a->ckpt_file);
+        mmp_ckpt c = {0};
+        mmp_err e = mmp_ckpt_read_file(&c, path);
+        if (e == MMP_OK) {
+            e = mmp_params_load(w->params, &c);
+        }
+        mmp_ckpt_fini(&c);
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "resume from %s", path);
+        }
+    }
+    w->n_fl = program_max_inflight(a);
+    if (w->n_fl > MAX_INFLIGHT) {
+        return mmp_errorf(MMP_ERR_PROTO, "program holds %d micro-batches", w->n_fl);
+    }
+    mmp_err err = MMP_OK;
+    w->fl = xcalloc((size_t)w->n_fl, sizeof *w->fl, &err);
+    for (int i = 0; err == MMP_OK && i < w->n_fl; i++) {
+        w->fl[i].mb = -1;
+        if (w->kind == 0) {
+            err = mmp_image_acts_create((mmp_image_acts **)&w->fl[i].acts, w->img, w->mb_max);
+        } else if (w->kind == 1) {
+            err = mmp_text_acts_create((mmp_text_acts **)&w->fl[i].acts, w->txt, w->mb_max);
+            w->fl[i].mask = xcalloc((size_t)w->mb_max * w->T, sizeof(float), &err);
+        } else {
+            err = mmp_fusion_acts_create((mmp_fusion_acts **)&w->fl[i].acts, w->fus, w->mb_max);
+        }
+    }
+    size_t mbx = (size_t)w->mb_max;
+    int S = p->data.image_size;
+    if (w->kind == 0 && w->sub == 0) {
+        w->images = xcalloc(mbx * 3 * (size_t)S * S, sizeof(float), &err);
+    }
+    w->ids = xcalloc(mbx * (size_t)w->T, sizeof(int32_t), &err);
+    w->mask = xcalloc(mbx * (size_t)w->T, sizeof(float), &err);
+    w->out = xcalloc(mbx * (size_t)(w->out_floats + w->T), sizeof(float), &err);
+    w->din = xcalloc(mbx * (size_t)w->in_floats, sizeof(float), &err);
+    if (w->kind == 2) {
+        w->dimg = xcalloc(mbx * (size_t)mmp_image_net_tokens(p) * w->D, sizeof(float), &err);
+        w->dtxt = xcalloc(mbx * (size_t)w->T * w->D, sizeof(float), &err);
+    }
+    w->samples = xcalloc(mbx, sizeof(int64_t), &err);
+    w->fwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    w->bwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    MMP_TRY(err);
+    return open_channels(w);
+}
+
+static void teardown(worker *w)
+{
+    for (int i = 0; i < w->n_chans; i++) {
+        if (w->chans[i].t) {
+            w->chans[i].t->close(w->chans[i].ch);
+        }
+    }
+    for (int i = 0; w->fl && i < w->n_fl; i++) {
+        if (w->kind == 0) {
+            mmp_image_acts_destroy(w->fl[i].acts);
+        } else if (w->kind == 1) {
+            mmp_text_acts_destroy(w->fl[i].acts);
+        } else {
+            mmp_fusion_acts_destroy(w->fl[i].acts);
+        }
+        free(w->fl[i].mask);
+    }
+    free(w->fl);
+    mmp_image_net_destroy(w->img);
+    mmp_text_net_destroy(w->txt);
+    mmp_fusion_net_destroy(w->fus);
+    mmp_dataset_close(w->train);
+    mmp_dataset_close(w->val);
+    free(w->images);
+    free(w->ids);
+    free(w->mask);
+    free(w->out);
+    free(w->din);
+    free(w->dimg);
+    free(w->dtxt);
+    free(w->samples);
+    free(w->fwd_ms);
+    free(w->bwd_ms);
+    mmp_trace_close(&w->trace);
+    if (w->asg_env) {
+        mmp_ctl_free(w->asg_env);
+    }
+    mmp_ctl_close(w->ctl);
+}
+
+/* ---- data plane -------------------------------------------------------------------- */
+
+static mmp_err chan_recv(worker *w, chan *c, int step, int mb, int eval)
+{
+    if (c->held) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: receive while a message is held", c->id);
+    }
+    const void *payload;
+    MMP_TRY(c->t->recv(c->ch, &c->hdr, &payload));
+    double now = mmp_trace_now_us();
+    c->payload = payload;
+    c->held = 1;
+    int is_eval = (c->hdr.flags & MMP_MSG_EVAL) != 0;
+    if (c->hdr.step != step || c->hdr.mb != mb || is_eval != eval) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %d: expected %s step %d micro-batch %d, got %s step %d "
+                          "micro-batch %d",
+                          c->id, eval ? "eval" : "train", step, mb, is_eval ? "eval" : "train",
+                          c->hdr.step, c->hdr.mb);
+    }
+    mmp_trace_flow(&w->trace, 'f', flow_id(c->id, step, mb, eval), 0, now);
+    return MMP_OK;
+}
+
+static mmp_err chan_release(chan *c)
+{
+    if (!c->held) {
+        return MMP_OK;
+    }
+    c->held = 0;
+    return c->t->release(c->ch);
+}
+
+static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
+                         const float *a, size_t a_floats, const float *b, size_t b_floats)
+{
+    void *slot;
+    MMP_TRY(c->t->acquire(c->ch, &slot));
+    memcpy(slot, a, a_floats * sizeof(float));
+    if (b_floats) {
+        memcpy((float *)slot + a_floats, b, b_floats * sizeof(float));
+    }
+    mmp_msg_header h = {.step = step,
+                        .mb = mb,
+                        .digest = digest,
+                        .bytes = (a_floats + b_floats) * sizeof(float),
+                        .n = n,
+                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return c->t->post(c->ch, &h);
+}
+
+static flight *flight_take(worker *w, int mb)
+{
+    for (int i = 0; i < w->n_fl; i++) {
+        if (w->fl[i].mb < 0) {
+            w->fl[i].mb = mb;
+            if (++w->inflight > w->max_inflight) {
+                w->max_inflight = w->inflight;
+            }
+            return &w->fl[i];
+        }
+    }
+    return NULL;
+}
+
+static flight *flight_find(worker *w, int mb)
+{
+    for (int i = 0; i < w->n_fl; i++) {
+        if (w->fl[i].mb == mb) {
+            return &w->fl[i];
+        }
+    }
+    return NULL;
+}
+
+/* The channel of this stage with the given direction (and, for fusion, branch). */
+static chan *chan_of(worker *w, int id)
+{
+    chan *c = find_chan(w, id);
+    return c;
+}
+
+/* ---- one instruction ------------------------------------------------------------------ */
+
+static mmp_err do_load(worker *w, int step, int mb, int eval)
+{
+    const mmp_plan *p = &w->plan;
+    int n;
+    if (eval) {
+        int64_t nv = mmp_dataset_size(w->val);
+        nv = nv < p->data.val_samples ? nv : p->data.val_samples;
+        int64_t base = (int64_t)mb * w->mb_max;
+        n = (int)(nv - base < w->mb_max ? nv - base : w->mb_max);
+        for (int i = 0; i < n; i++) {
+            w->samples[i] = base + i;
+        }
+    } else {
+        n = mmp_plan_mb_size(p, mb);
+        int64_t base = (int64_t)step * w->B + mmp_plan_mb_offset(p, mb);
+        for (int i = 0; i < n; i++) {
+            w->samples[i] = mmp_dataset_sample_at(w->train, (uint64_t)p->job.seed, base + i, 1);
+        }
+    }
+    double t0 = mmp_now();
+    MMP_TRY(mmp_dataset_load(eval ? w->val : w->train, w->samples, n,
+                             w->kind == 0 ? w->images : NULL, w->kind == 1 ? w->ids : NULL,
+                             w->kind == 1 ? w->mask : NULL));
+    double ms = (mmp_now() - t0) * 1e3;
+    w->data_ms += ms;
+    w->loaded_mb = mb;
+    w->loaded_n = n;
+    w->loaded_digest = digest_ids(w->samples, n);
+    return MMP_OK;
+}
+
+/* The input chan of a branch sub-stage > 0 (receives activations). */
+static chan *act_in(worker *w, int want_text)
+{
+    for (int i = 0; i < w->n_chans; i++) {
+        chan *c = &w->chans[i];
+        if (!c->send && !c->grad && (w->kind != 2 || c->peer_text == want_text)) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+static mmp_err do_fwd(worker *w, int step, int mb, int eval)
+{
+    flight *f = eval ? &w->fl[0] : flight_take(w, mb);
+    if (!f) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "no free activation slot for micro-batch %d", mb);
+    }
+    double t0 = mmp_now();
+    int train = !eval;
+    if (w->kind == 2) {
+        chan *ci = act_in(w, 0), *ct = act_in(w, 1);
+        if (!ci || !ct || !ci->held || !ct->held) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "fusion forward %d without both inputs", mb);
+        }
+        if (ci->hdr.digest != ct->hdr.digest || ci->hdr.n != ct->hdr.n) {
+            return mmp_errorf(MMP_ERR_DATA,
+                              "step %d micro-batch %d: the image and text micro-batches hold "
+                              "different samples (digest %016llx, %d samples vs %016llx, %d "
+                              "samples); refusing to pair them",
+                              step + 1, mb, (unsigned long long)ci->hdr.digest, ci->hdr.n,
+                              (unsigned long long)ct->hdr.digest, ct->hdr.n);
+        }
+        int n = ci->hdr.n;
+        f->n = n;
+        const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
+        if (eval) {
+            /* The embeddings go to the caller's arrays: see run_eval. */
+            return MMP_OK;
+        }
+        mmp_loss_parts parts;
+        mmp_fusion_net_forward(w->fus, f->acts, ci->payload, txt, mask, n, &parts);
+        float weight = (float)n / (float)w->B;
+        w->loss.loss += weight * parts.loss;
+        w->loss.itc += weight * parts.itc;
+        w->loss.itm += weight * parts.itm;
+        MMP_TRY(chan_release(ci));
+        MMP_TRY(chan_release(ct));
+    } else {
+        const float *in = NULL, *mask = NULL;
+        int n;
+        uint64_t digest;
+        chan *ci = NULL;
+        if (w->sub == 0) {
+            if (w->loaded_mb != mb) {
+                return mmp_errorf(MMP_ERR_INTERNAL, "forward %d before its load", mb);
+            }
+            n = w->loaded_n;
+            digest = w->loaded_digest;
+            in = w->images;
+            mask = w->mask;
+        } else {
+            ci = act_in(w, w->kind == 1);
+            if (!ci || !ci->held) {
+                return mmp_errorf(MMP_ERR_INTERNAL, "forward %d without its input", mb);
+            }
+            n = ci->hdr.n;
+            digest = ci->hdr.digest;
+            in = ci->payload;
+            mask = ci->payload + (size_t)n * w->in_floats;
+        }
+        f->n = n;
+        f->digest = digest;
+        if (w->kind == 0) {
+            mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
+        } else {
+            memcpy(f->mask, mask, (size_t)n * w->T * sizeof(float));
+            mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? w->ids : NULL,
+                                 w->sub == 0 ? NULL : in, f->mask, n, w->out);
+        }
+        if (ci) {
+            MMP_TRY(chan_release(ci));
+        }
+        w->out_mb = mb;
+        w->out_n = n;
+        w->out_digest = digest;
+        w->out_mask = f->mask;
+    }
+    double ms = (mmp_now() - t0) * 1e3;
+    if (!eval) {
+        w->busy_ms += ms;
+        w->fwd_ms[mb] += (float)ms;
+        mmp_trace_span(&w->trace, "F", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
+    }
+    return MMP_OK;
+}
+
+static mmp_err do_send_act(worker *w, int step, int mb, chan *c, int eval)
+{
+    if (w->out_mb != mb) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "send of micro-batch %d before its forward", mb);
+    }
+    size_t a = (size_t)w->out_n * w->out_floats;
+    size_t b = w->kind == 1 ? (size_t)w->out_n * w->T : 0;
+    return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, w->out, a,
+                     w->out_mask, b);
+}
+
+static mmp_err do_bwd(worker *w, int step, int mb)
+{
+    flight *f = flight_find(w, mb);
+    if (!f) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its forward", mb);
+    }
+    double t0 = mmp_now();
+    int n = f->n;
+    if (w->kind == 2) {
+        memset(w->dimg, 0, (size_t)n * mmp_image_net_tokens(&w->plan) * w->D * sizeof(float));
+        memset(w->dtxt, 0, (size_t)n * w->T * w->D * sizeof(float));
+        mmp_fusion_net_backward(w->fus, f->acts, (float)n / (float)w->B, w->dimg, w->dtxt);
+    } else {
+        chan *cg = NULL;
+        for (int i = 0; i < w->n_chans; i++) {
+            if (!w->chans[i].send && w->chans[i].grad) {
+                cg = &w->chans[i];
+            }
+        }
+        if (!cg || !cg->held) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its gradient", mb);
+        }
+        float *din = NULL;
+        if (w->sub > 0) {
+            din = w->din;
+            memset(din, 0, (size_t)n * w->in_floats * sizeof(float));
+        }
+        if (w->kind == 0) {
+            mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
+        } else {
+            mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
+        }
+        MMP_TRY(chan_release(cg));
+    }
+    w->out_n = n;
+    w->out_digest = f->digest;
+    f->mb = -1;
+    w->inflight--;
+    double ms = (mmp_now() - t0) * 1e3;
+    w->busy_ms += ms;
+    w->bwd_ms[mb] += (float)ms;
+    mmp_trace_span(&w->trace, "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
+    return MMP_OK;
+}
+
+static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
+{
+    int n = w->out_n;
+    if (w->kind == 2) {
+        int64_t per = c->peer_text ? (int64_t)w->T * w->D
+                                   : (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
+        return chan_send(w, c, step, mb, 0, n, 0, c->peer_text ? w->dtxt : w->dimg,
+                         (size_t)n * per, NULL, 0);
+    }
+    return chan_send(w, c, step, mb, 0, n, w->out_digest, w->din, (size_t)n * w->in_floats,
+                     NULL, 0);
+}
+
+static mmp_err do_grad_norm(worker *w, int step)
+{
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
+    g.step = step;
+    g.sumsq = mmp_params_grad_sumsq(w->params);
+    env.body_case = MMPIPE__ENVELOPE__BODY_GRAD_NORM;
+    env.grad_norm = &g;
+    MMP_TRY(send_env(w, &env));
+    Mmpipe__Envelope *reply;
+    MMP_TRY(wait_for(w, MMPIPE__ENVELOPE__BODY_CLIP, &reply));
+    int ok = reply->clip->step == step;
+    w->clip_coef = reply->clip->coef;
+    mmp_ctl_free(reply);
+    if (!ok) {
+        return mmp_errorf(MMP_ERR_PROTO, "clip coefficient for another step");
+    }
+    return MMP_OK;
+}
+
+static long peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss * 1024L;
+}
+
+static mmp_err run_step(worker *w, int step)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    double t0 = mmp_now();
+    mmp_params_zero_grad(w->params);
+    w->busy_ms = w->data_ms = 0;
+    w->max_inflight = 0;
+    memset(&w->loss, 0, sizeof w->loss);
+    memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
+    memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));
+    for (size_t i = 0; i < a->n_program; i++) {
+        const Mmpipe__Instr *in = a->program[i];
+        chan *c = in->edge >= 0 ? chan_of(w, in->edge) : NULL;
+        int mb = in->mb;
+        if (in->edge >= 0 && !c) {
+            return mmp_errorf(MMP_ERR_PROTO, "instruction %zu names unknown channel %d", i,
+                              in->edge);
+        }
+        mmp_err e = MMP_OK;
+        switch (in->op) {
+        case MMPIPE__OP__LOAD: {
+            double l0 = mmp_now();
+            e = do_load(w, step, mb, 0);
+            double ms = (mmp_now() - l0) * 1e3;
+            w->busy_ms += ms;
+            mmp_trace_span(&w->trace, "L", "data", 0, l0 * 1e6, ms * 1e3, step + 1, mb);
+            break;
+        }
+        case MMPIPE__OP__RECV_ACT:
+        case MMPIPE__OP__RECV_GRAD: e = chan_recv(w, c, step, mb, 0); break;
+        case MMPIPE__OP__FWD: e = do_fwd(w, step, mb, 0); break;
+        case MMPIPE__OP__SEND_ACT: e = do_send_act(w, step, mb, c, 0); break;
+        case MMPIPE__OP__BWD: e = do_bwd(w, step, mb); break;
+        case MMPIPE__OP__SEND_GRAD: e = do_send_grad(w, step, mb, c); break;
+        case MMPIPE__OP__GRAD_NORM: e = do_grad_norm(w, step); break;
+        case MMPIPE__OP__OPT_STEP: {
+            double o0 = mmp_now();
+            mmp_optim_step(w->params, &w->plan, step, mmp_lr_at(&w->plan, step), w->clip_coef);
+            double ms = (mmp_now() - o0) * 1e3;
+            w->busy_ms += ms;
+            mmp_trace_span(&w->trace, "OPT", "compute", 0, o0 * 1e6, ms * 1e3, step + 1, -1);
+            break;
+        }
+        default: e = mmp_errorf(MMP_ERR_PROTO, "unknown instruction %d", (int)in->op);
+        }
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "step %d instruction %zu", step + 1, i);
+        }
+        heartbeat(w, step, (int)i);
+    }
+    double wall = (mmp_now() - t0) * 1e3;
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__StepDone d = MMPIPE__STEP_DONE__INIT;
+    Mmpipe__MbTiming *tp[MAX_INFLIGHT], tm[MAX_INFLIGHT];
+    int m = a->microbatches < MAX_INFLIGHT ? a->microbatches : MAX_INFLIGHT;
+    for (int i = 0; i < m; i++) {
+        mmpipe__mb_timing__init(&tm[i]);
+        tm[i].mb = i;
+        tm[i].fwd_ms = w->fwd_ms[i];
+        tm[i].bwd_ms = w->bwd_ms[i];
+        tp[i] = &tm[i];
+    }
+    d.step = step;
+    d.busy_ms = (float)w->busy_ms;
+    d.wall_ms = (float)wall;
+    d.idle_ms = (float)(wall - w->busy_ms);
+    d.data_ms = (float)w->data_ms;
+    d.peak_mem_bytes = (uint64_t)peak_rss();
+    d.n_mbs = (size_t)m;
+    d.mbs = tp;
+    d.loss = w->loss.loss;
+    d.itc = w->loss.itc;
+    d.itm = w->loss.itm;
+    d.max_inflight = w->max_inflight;
+    env.body_case = MMPIPE__ENVELOPE__BODY_STEP_DONE;
+    env.step_done = &d;
+    return send_env(w, &env);
+}
+
+/* ---- evaluation and checkpoints --------------------------------------------------------- */
+
+static mmp_err run_eval(worker *w, int step)
+{
+    int64_t nv = mmp_dataset_size(w->val);
+    nv = nv < w->plan.data.val_samples ? nv : w->plan.data.val_samples;
+    int chunks = (int)((nv + w->mb_max - 1) / w->mb_max);
+    float *ie = NULL, *te = NULL;
+    int E = 0;
+    mmp_err err = MMP_OK;
+    if (w->kind == 2) {
+        E = mmp_fusion_embed_dim(w->fus);
+        ie = xcalloc((size_t)nv * E, sizeof(float), &err);
+        te = xcalloc((size_t)nv * E, sizeof(float), &err);
+        if (err != MMP_OK) {
+            goto exit;
+        }
+    }
+    for (int c = 0; c < chunks; c++) {
+        if (w->kind == 2) {
+            chan *ci = act_in(w, 0), *ct = act_in(w, 1);
+            if ((err = chan_recv(w, ci, step, c, 1)) != MMP_OK ||
+                (err = chan_recv(w, ct, step, c, 1)) != MMP_OK ||
+                (err = do_fwd(w, step, c, 1)) != MMP_OK) {
+                goto exit;
+            }
+            int n = ci->hdr.n;
+            const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
+            mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
+                                 ie + (size_t)c * w->mb_max * E, te + (size_t)c * w->mb_max * E);
+            if ((err = chan_release(ci)) != MMP_OK || (err = chan_release(ct)) != MMP_OK) {
+                goto exit;
+            }
+            continue;
+        }
+        if (w->sub == 0) {
+            err = do_load(w, step, c, 1);
+        } else {
+            err = chan_recv(w, act_in(w, w->kind == 1), step, c, 1);
+        }
+        if (err == MMP_OK) {
+            err = do_fwd(w, step, c, 1);
+        }
+        chan *out = NULL;
+        for (int i = 0; i < w->n_chans; i++) {
+            if (w->chans[i].send && !w->chans[i].grad) {
+                out = &w->chans[i];
+            }
+        }
+        if (err == MMP_OK) {
+            err = do_send_act(w, step, c, out, 1);
+        }
+        if (err != MMP_OK) {
+            goto exit;
+        }
+    }
+    if (w->kind == 2) {
+        double i2t = 0, t2i = 0;
+        if ((err = mmp_retrieval_r1(ie, te, (int)nv, E, &i2t, &t2i)) != MMP_OK) {
+            goto exit;
+        }
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__EvalDone d = MMPIPE__EVAL_DONE__INIT;
+        d.step = step;
+        d.i2t_r1 = (float)i2t;
+        d.t2i_r1 = (float)t2i;
+        env.body_case = MMPIPE__ENVELOPE__BODY_EVAL_DONE;
+        env.eval_done = &d;
+        err = send_env(w, &env);
+    }
+exit:
+    free(ie);
+    free(te);
+    return err;
+}
+
+static mmp_err run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file);
+    mmp_err e = mmp_mkdirs(r->dir);
+    if (e == MMP_OK) {
+        e = mmp_params_save(w->params, path);
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__CheckpointAck ack = MMPIPE__CHECKPOINT_ACK__INIT;
+    ack.step = r->step;
+    ack.ok = e == MMP_OK;
+    ack.error = e == MMP_OK ? "" : (char *)mmp_last_error();
+    env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK;
+    env.checkpoint_ack = &ack;
+    return send_env(w, &env);
+}
+
+/* ---- main loop ------------------------------------------------------------------------------ */
+
+static mmp_err serve(worker *w)
+{
+    for (;;) {
+        Mmpipe__Envelope *env = NULL;
+        char from[MMP_CTL_ID_MAX];
+        mmp_err e = mmp_ctl_recv(w->ctl, 1000, &env, from, sizeof from);
+        if (e == MMP_ERR_TIMEOUT) {
+            if (getppid() == 1) {
+                return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
+            }
+            continue;
+        }
+        MMP_TRY(e);
+        switch (env->body_case) {
+        case MMPIPE__ENVELOPE__BODY_START:
+            for (int s = env->start->first_step; e == MMP_OK &&
+                                                 s < env->start->first_step + env->start->steps;
+                 s++) {
+                e = run_step(w, s);
+            }
+            break;
+        case MMPIPE__ENVELOPE__BODY_EVAL_REQUEST: e = run_eval(w, env->eval_request->step); break;
+        case MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST:
+            e = run_checkpoint(w, env->checkpoint_request);
+            break;
+        case MMPIPE__ENVELOPE__BODY_SHUTDOWN: mmp_ctl_free(env); return MMP_OK;
+        case MMPIPE__ENVELOPE__BODY_ABORT:
+            e = mmp_errorf(MMP_ERR_PEER, "aborted by the coordinator: %s", env->abort->reason);
+            mmp_ctl_free(env);
+            return e;
+        default:
+            MMP_WARN("ignoring control message %d between steps", (int)env->body_case);
+        }
+        mmp_ctl_free(env);
+        MMP_TRY(e);
+    }
+}
+
+int mmp_worker_main(const mmp_worker_args *args)
+{
+    /* Die with the coordinator: a SIGKILLed coordinator must not leave us. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) {
+        return 1;
+    }
+    static worker w;
+    memset(&w, 0, sizeof w);
+    w.loaded_mb = w.out_mb = -1;
+    snprintf(w.name, sizeof w.name, "%s/%d", args->stage, args->replica);
+    mmp_log_set_name(w.name);
+    mmp_err e = mmp_ctl_connect(&w.ctl, args->endpoint, w.name, args->token);
+    if (e != MMP_OK) {
+        MMP_ERROR("%s", mmp_last_error());
+        return 1;
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Hello hello = MMPIPE__HELLO__INIT;
+    hello.name = w.name;
+    hello.pid = getpid();
+    env.body_case = MMPIPE__ENVELOPE__BODY_HELLO;
+    env.hello = &hello;
+    e = send_env(&w, &env);
+    if (e == MMP_OK) {
+        e = wait_for(&w, MMPIPE__ENVELOPE__BODY_ASSIGNMENT, &w.asg_env);
+    }
+    if (e == MMP_OK) {
+        w.asg = w.asg_env->assignment;
+        char tag[96];
+        snprintf(tag, sizeof tag, "%s.%d", args->stage, args->replica);
+        e = mmp_trace_open(&w.trace, w.asg->run_dir, tag, w.asg->sub + 1 + 10 * (int)(w.asg->kind[0] == 't') + 20 * (int)(w.asg->kind[0] == 'f'), w.name);
+    }
+    if (e == MMP_OK) {
+        e = build(&w);
+    }
+    if (e == MMP_OK) {
+        Mmpipe__Envelope r = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Ready ready = MMPIPE__READY__INIT;
+        r.body_case = MMPIPE__ENVELOPE__BODY_READY;
+        r.ready = &ready;
+        e = send_env(&w, &r);
+    }
+    if (e == MMP_OK) {
+        e = serve(&w);
+    }
+    int rc = 0;
+    if (e != MMP_OK) {
+        rc = 1;
+        if (e != MMP_ERR_PEER || strstr(mmp_last_error(), "coordinator") == NULL) {
+            MMP_ERROR("%s", mmp_last_error());
+            send_error(&w, mmp_last_error());
+        }
+    }
+    teardown(&w);
+    return rc;
+}

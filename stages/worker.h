@@ -1,0 +1,21 @@
+/* The stage worker: one process of the pipeline (`mmpipe stage ...`).
+ *
+ * Connects to the coordinator, says Hello, receives its Assignment (stage,
+ * layer range, channels, one step's instruction list), builds its part of the
+ * model, opens its data channels, and then interprets its instruction list
+ * once per Start. Between steps it serves evaluation and checkpoint requests.
+ * It never decides anything about the schedule: the coordinator compiled it. */
+#ifndef MMP_STAGES_WORKER_H
+#define MMP_STAGES_WORKER_H
+
+typedef struct mmp_worker_args {
+    const char *endpoint; /* coordinator's ROUTER */
+    const char *stage;    /* "image.0", "text.0", "fusion" */
+    int replica;
+    const char *token;    /* job token */
+} mmp_worker_args;
+
+/* Runs the worker to its end; returns the process exit status. */
+int mmp_worker_main(const mmp_worker_args *args);
+
+#endif

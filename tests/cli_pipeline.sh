@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The multi-process pipeline on one host, end to end: separate stage
+# processes; the same checkpoints as --single-process for gpipe and 1f1b,
+# micro-batch counts 1, 4, 8 (and 5, which does not divide the batch) and
+# an image branch split into two sub-stages; the in-flight bound of each
+# schedule in the stages' own reports; nothing left behind after a normal
+# run, SIGINT to the coordinator, SIGKILL to a stage; resume after a kill.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_pipeline
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 800 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+cat > "$W/plan.yaml" <<YAML
+job:   { name: p, steps: 50, seed: 7 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 25,
+         clip_grad_norm: 0.5 }
+YAML
+
+shm_left() { ls /dev/shm 2>/dev/null | grep -c '^mmpipe-' ; }
+procs_left() { pgrep -f "$BIN stage" | wc -l; }
+shm0=$(shm_left)
+
+# --- same math as one process ---------------------------------------------------
+for m in 1 4 5 8; do
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_m$m" --set train.microbatches=$m \
+    >"$W/single_m$m.log" 2>&1 || { fail "single m=$m"; tail -3 "$W/single_m$m.log"; }
+done
+for sched in gpipe 1f1b; do
+  for m in 1 4 5 8; do
+    for split in none 2; do
+      name=${sched}_m${m}_s$split
+      extra=()
+      [ "$split" != none ] && extra=(--set "stages.image.split=[$split]")
+      "$BIN" launch "$W/plan.yaml" --out "$W/$name" --set train.schedule=$sched \
+        --set train.microbatches=$m "${extra[@]}" >"$W/$name.log" 2>&1
+      rc=$?
+      if [ $rc -ne 0 ]; then fail "$name: launch rc=$rc"; tail -5 "$W/$name.log" | sed 's/^/    /'; continue; fi
+      out=$("$BIN" ckpt diff "$W/single_m$m" "$W/$name" --tol 1e-5 --quiet); rc=$?
+      [ $rc -eq 0 ] && ok "$name vs single-process: $(tail -1 <<<"$out")" \
+        || { fail "$name differs from single-process: $(tail -1 <<<"$out")"; }
+    done
+  done
+done
+
+# --- separate processes ------------------------------------------------------------
+pids=$(grep -o 'started [a-z.0-9]*/0 (pid [0-9]*)' "$W/1f1b_m4_s2.log" | grep -o 'pid [0-9]*' | sort -u | wc -l)
+[ "$pids" -ge 4 ] && ok "split run used $pids stage processes" || fail "split run: $pids stage pids"
+pids=$(grep -o 'started [a-z.0-9]*/0 (pid [0-9]*)' "$W/1f1b_m4_snone.log" | grep -o 'pid [0-9]*' | sort -u | wc -l)
+[ "$pids" -eq 3 ] && ok "default placement: 3 stage processes" || fail "default placement: $pids stage pids"
+grep -q '"traceEvents"' "$W/1f1b_m4_s2/trace.json" && grep -q '"ph":"s"' "$W/1f1b_m4_s2/trace.json" \
+  && grep -q '"name":"F"' "$W/1f1b_m4_s2/trace.json" && ok "trace.json has spans and flows" \
+  || fail "trace.json incomplete"
+ls "$W/1f1b_m4_s2"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok "trace parts merged"
+
+# --- memory of the schedule: in-flight activations the stages report ---------------
+max_inflight() { grep -o "\"name\":\"$2\"[^}]*\"max_inflight\":[0-9]*" "$1/metrics.jsonl" | grep -o '[0-9]*$' | sort -n | tail -1; }
+check_inflight() { # run stage want
+  local got; got=$(max_inflight "$W/$1" "$2")
+  [ "$got" = "$3" ] && ok "$1: $2 held at most $got micro-batches" || fail "$1: $2 held $got, want $3"
+}
+check_inflight 1f1b_m8_s2 image.0 3
+check_inflight 1f1b_m8_s2 image.1 2
+check_inflight 1f1b_m8_s2 text.0 2
+check_inflight 1f1b_m8_s2 fusion 1
+check_inflight gpipe_m8_s2 image.0 8
+check_inflight gpipe_m8_s2 fusion 1
+grep -q '"bubble":0\.[0-9]' "$W/1f1b_m4_snone/metrics.jsonl" && ok "bubble reported" || fail "no bubble"
+[ "$(shm_left)" -eq "$shm0" ] && ok "no /dev/shm segments left after normal runs" || fail "shm segments left: $(ls /dev/shm)"
+[ "$(procs_left)" -eq 0 ] && ok "no stage processes left" || fail "stage processes left"
+
+# --- SIGINT to the coordinator ---------------------------------------------------------
+"$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=100000 >"$W/int.log" 2>&1 &
+cpid=$!
+for _ in $(seq 100); do grep -q '"step":3' "$W/int/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -INT $cpid; wait $cpid; rc=$?
+sleep 0.2
+[ $rc -eq 130 ] && ok "SIGINT: coordinator exits 130" || fail "SIGINT: rc=$rc"
+[ "$(procs_left)" -eq 0 ] && [ "$(shm_left)" -eq "$shm0" ] && ok "SIGINT: nothing left behind" \
+  || fail "SIGINT: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
+
+# --- SIGKILL to one stage --------------------------------------------------------------
+for victim in text.0 fusion; do
+  "$BIN" launch "$W/plan.yaml" --out "$W/kill_$victim" --set job.steps=100000 >"$W/kill_$victim.log" 2>&1 &
+  cpid=$!
+  for _ in $(seq 100); do grep -q '"step":3' "$W/kill_$victim/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  vpid=$(grep -o "started $victim/0 (pid [0-9]*)" "$W/kill_$victim.log" | grep -o '[0-9]*)$' | tr -d ')')
+  t0=$(date +%s.%N)
+  kill -KILL "$vpid"; wait $cpid; rc=$?
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  sleep 0.2
+  if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$W/kill_$victim.log" \
+     && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "SIGKILL $victim: noticed in ${dt}s, named, rc=$rc"
+  else fail "SIGKILL $victim: rc=$rc after ${dt}s"; tail -3 "$W/kill_$victim.log" | sed 's/^/    /'; fi
+  [ "$(procs_left)" -eq 0 ] && [ "$(shm_left)" -eq "$shm0" ] && ok "SIGKILL $victim: nothing left behind" \
+    || fail "SIGKILL $victim: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
+done
+
+# --- resume after a kill equals the uninterrupted run -----------------------------------
+cat > "$W/resume.yaml" <<YAML
+job:   { name: r, steps: 40, seed: 9 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0,
+         ckpt_every: 5 }
+YAML
+"$BIN" launch "$W/resume.yaml" --out "$W/full" >"$W/full.log" 2>&1 || fail "uninterrupted run"
+"$BIN" launch "$W/resume.yaml" --out "$W/cut" >"$W/cut.log" 2>&1 &
+cpid=$!
+for _ in $(seq 200); do [ -e "$W/cut/ckpt/step_0000010" ] && break; sleep 0.05; done
+kill -KILL $cpid; wait $cpid 2>/dev/null
+sleep 0.3
+latest=$(readlink "$W/cut/ckpt/latest")
+if [ -n "$latest" ] && [ "$latest" != step_0000040 ]; then ok "killed at $latest"
+else fail "the run was not cut short (latest=$latest)"; fi
+[ "$(procs_left)" -eq 0 ] && [ "$(shm_left)" -eq "$shm0" ] && ok "coordinator SIGKILL: stages gone, no shm left" \
+  || fail "coordinator SIGKILL: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
+"$BIN" launch "$W/resume.yaml" --resume "$W/cut" >"$W/resumed.log" 2>&1 || { fail "resume"; tail -3 "$W/resumed.log"; }
+out=$("$BIN" ckpt diff "$W/full" "$W/cut" --quiet); rc=$?
+[ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] && ok "resumed run equals the uninterrupted one" \
+  || fail "resumed run differs: $(tail -1 <<<"$out")"
+finish

@@ -1,0 +1,601 @@
+/* The control channel: a ROUTER/DEALER round trip, a send to an unknown peer,
+ * untrusted input from foreign raw ZeroMQ sockets (each kind of bad message is
+ * rejected and counted, and a valid message after it still gets through),
+ * timeouts (also under a flood of bad messages, and on a signal), and closing
+ * with unsent messages. Endpoints are in the abstract ipc namespace, so
+ * nothing is left on disk. */
+#include "transport/control.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "tests/harness.h"
+
+static void *zctx; /* for the foreign sockets */
+static char token[33];
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static const char *endpoint(const char *name)
+{
+    static char buf[8][128];
+    static int next;
+    char *b = buf[next++ % 8];
+    snprintf(b, sizeof buf[0], "ipc://@mmpipe-test-%d-%s", (int)getpid(), name);
+    return b;
+}
+
+static void *foreign(int type, const char *id)
+{
+    void *s = zmq_socket(zctx, type);
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    if (id) {
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    }
+    return s;
+}
+
+/* A packed Envelope carrying Hello{pid}; free() the result. */
+static unsigned char *pack_hello(unsigned version, const char *tok, int pid, size_t *n)
+{
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Hello hello = MMPIPE__HELLO__INIT;
+    hello.name = "foreign";
+    hello.pid = pid;
+    env.version = version;
+    env.job_token = (char *)tok;
+    env.body_case = MMPIPE__ENVELOPE__BODY_HELLO;
+    env.hello = &hello;
+    *n = mmpipe__envelope__get_packed_size(&env);
+    unsigned char *buf = malloc(*n);
+    mmpipe__envelope__pack(&env, buf);
+    return buf;
+}
+
+static void send_hello(void *sock, unsigned version, const char *tok, int pid, int flags)
+{
+    size_t n;
+    unsigned char *buf = pack_hello(version, tok, pid, &n);
+    CHECK(zmq_send(sock, buf, n, flags) == (int)n);
+    free(buf);
+}
+
+static int stats_equal(mmp_ctl_stats got, mmp_ctl_stats want)
+{
+    if (memcmp(&got, &want, sizeof got) == 0) {
+        return 1;
+    }
+    fprintf(stderr,
+            "  stats got:  received %ld rejected %ld too_big %ld undecodable %ld bad_version %ld "
+            "bad_token %ld no_body %ld bad_frames %ld\n"
+            "  stats want: received %ld rejected %ld too_big %ld undecodable %ld bad_version %ld "
+            "bad_token %ld no_body %ld bad_frames %ld\n",
+            got.received, got.rejected, got.too_big, got.undecodable, got.bad_version,
+            got.bad_token, got.no_body, got.bad_frames, want.received, want.rejected, want.too_big,
+            want.undecodable, want.bad_version, want.bad_token, want.no_body, want.bad_frames);
+    return 0;
+}
+
+static void test_round_trip(void)
+{
+    const char *ep = endpoint("rt");
+    mmp_ctl *r = NULL, *d = NULL;
+    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    CHECK_OK(mmp_ctl_connect(&d, ep, "image.0/0", token));
+    if (!r || !d) {
+        goto exit;
+    }
+
+    /* The caller leaves version and token unset: send fills them in. */
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Hello hello = MMPIPE__HELLO__INIT;
+    hello.name = "image.0/0";
+    hello.pid = 4242;
+    env.body_case = MMPIPE__ENVELOPE__BODY_HELLO;
+    env.hello = &hello;
+    char *callers_token = env.job_token;
+    CHECK_OK(mmp_ctl_send(d, NULL, &env));
+    CHECK(env.version == MMP_CTL_VERSION);
+    CHECK(env.job_token == callers_token);
+
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX];
+    CHECK_OK(mmp_ctl_recv(r, 2000, &got, from, sizeof from));
+    CHECK(strcmp(from, "image.0/0") == 0);
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_HELLO);
+    if (got && got->body_case == MMPIPE__ENVELOPE__BODY_HELLO) {
+        CHECK(strcmp(got->hello->name, "image.0/0") == 0);
+        CHECK(got->hello->pid == 4242);
+        CHECK(strcmp(got->job_token, token) == 0);
+    }
+    mmp_ctl_free(got);
+
+    Mmpipe__Envelope reply = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Start start = MMPIPE__START__INIT;
+    start.first_step = 7;
+    start.steps = 300;
+    reply.body_case = MMPIPE__ENVELOPE__BODY_START;
+    reply.start = &start;
+    CHECK_OK(mmp_ctl_send(r, "image.0/0", &reply));
+    strcpy(from, "junk");
+    CHECK_OK(mmp_ctl_recv(d, 2000, &got, from, sizeof from));
+    CHECK(from[0] == 0);
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_START);
+    if (got && got->body_case == MMPIPE__ENVELOPE__BODY_START) {
+        CHECK(got->start->first_step == 7 && got->start->steps == 300);
+    }
+    mmp_ctl_free(got);
+
+    /* Nested and repeated fields survive too. */
+    Mmpipe__Envelope asg_env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Assignment asg = MMPIPE__ASSIGNMENT__INIT;
+    Mmpipe__Channel ch = MMPIPE__CHANNEL__INIT;
+    Mmpipe__Instr i0 = MMPIPE__INSTR__INIT, i1 = MMPIPE__INSTR__INIT;
+    Mmpipe__Channel *chs[] = {&ch};
+    Mmpipe__Instr *prog[] = {&i0, &i1};
+    ch.id = 3;
+    ch.peer = "fusion/0";
+    ch.slot_bytes = 1ull << 33;
+    i0.op = MMPIPE__OP__LOAD;
+    i0.mb = 1;
+    i0.edge = -1;
+    i1.op = MMPIPE__OP__SEND_ACT;
+    i1.mb = 1;
+    i1.edge = 0;
+    asg.name = "image.0/0";
+    asg.n_channels = 1;
+    asg.channels = chs;
+    asg.n_program = 2;
+    asg.program = prog;
+    asg_env.body_case = MMPIPE__ENVELOPE__BODY_ASSIGNMENT;
+    asg_env.assignment = &asg;
+    CHECK_OK(mmp_ctl_send(r, "image.0/0", &asg_env));
+    CHECK_OK(mmp_ctl_recv(d, 2000, &got, from, sizeof from));
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_ASSIGNMENT);
+    if (got && got->body_case == MMPIPE__ENVELOPE__BODY_ASSIGNMENT) {
+        Mmpipe__Assignment *a = got->assignment;
+        CHECK(strcmp(a->name, "image.0/0") == 0);
+        CHECK(a->n_channels == 1 && a->channels[0]->id == 3 &&
+              strcmp(a->channels[0]->peer, "fusion/0") == 0 &&
+              a->channels[0]->slot_bytes == 1ull << 33);
+        CHECK(a->n_program == 2 && a->program[0]->op == MMPIPE__OP__LOAD &&
+              a->program[0]->edge == -1 && a->program[1]->op == MMPIPE__OP__SEND_ACT &&
+              a->program[1]->mb == 1);
+        /* A received envelope can be re-sent and then freed (its token
+         * pointer is restored); ASan checks the free. */
+        CHECK_OK(mmp_ctl_send(d, NULL, got));
+    }
+    mmp_ctl_free(got);
+    CHECK_OK(mmp_ctl_recv(r, 2000, &got, from, sizeof from));
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_ASSIGNMENT);
+    mmp_ctl_free(got);
+
+    mmp_ctl_stats want = {.received = 2};
+    CHECK(stats_equal(mmp_ctl_get_stats(r), want));
+    CHECK(stats_equal(mmp_ctl_get_stats(d), want));
+exit:
+    mmp_ctl_close(d);
+    mmp_ctl_close(r);
+}
+
+/* An Error body of `len` characters; returns its packed size. */
+static size_t error_env(Mmpipe__Envelope *env, Mmpipe__Error *err, char *text, size_t len)
+{
+    memset(text, 'x', len);
+    text[len] = 0;
+    err->message = text;
+    env->body_case = MMPIPE__ENVELOPE__BODY_ERROR;
+    env->error = err;
+    env->version = MMP_CTL_VERSION;
+    env->job_token = token;
+    return mmpipe__envelope__get_packed_size(env);
+}
+
+static void test_limits_and_misuse(void)
+{
+    const char *ep = endpoint("lim");
+    mmp_ctl *r = NULL, *d = NULL, *dup = NULL;
+    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    CHECK_OK(mmp_ctl_connect(&d, ep, "text.0/0", token));
+    if (!r || !d) {
+        goto exit;
+    }
+    /* The same endpoint twice, bad tokens and ids: errors, *out stays NULL. */
+    CHECK(mmp_ctl_bind(&dup, ep, token) == MMP_ERR_IO && !dup);
+    CHECK(mmp_ctl_bind(&dup, endpoint("other"), "") == MMP_ERR_INVALID && !dup);
+    CHECK(mmp_ctl_bind(&dup, "nonsense://x", token) == MMP_ERR_IO && !dup);
+    CHECK(mmp_ctl_connect(&dup, ep, "", token) == MMP_ERR_INVALID && !dup);
+    CHECK(mmp_ctl_connect(&dup, ep, "bad\nid", token) == MMP_ERR_INVALID && !dup);
+    char long_id[MMP_CTL_ID_MAX + 1];
+    memset(long_id, 'a', MMP_CTL_ID_MAX);
+    long_id[MMP_CTL_ID_MAX] = 0;
+    CHECK(mmp_ctl_connect(&dup, ep, long_id, token) == MMP_ERR_INVALID && !dup);
+
+    /* A ROUTER send to nobody in particular, or to an unknown peer. */
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Shutdown sd = MMPIPE__SHUTDOWN__INIT;
+    CHECK(mmp_ctl_send(r, "image.0/0", &env) == MMP_ERR_INVALID); /* no body */
+    env.body_case = MMPIPE__ENVELOPE__BODY_SHUTDOWN;
+    env.shutdown = &sd;
+    CHECK(mmp_ctl_send(r, NULL, &env) == MMP_ERR_INVALID);
+    CHECK(mmp_ctl_send(d, "fusion/0", &env) == MMP_ERR_INVALID);
+    CHECK(mmp_ctl_send(r, "nobody/0", &env) == MMP_ERR_PEER);
+    CHECK(strstr(mmp_last_error(), "nobody/0") != NULL);
+
+    /* Exactly MMP_CTL_MAX_BYTES goes through; one more is refused by send. */
+    char *text = malloc(MMP_CTL_MAX_BYTES + 1);
+    Mmpipe__Envelope big = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Error err = MMPIPE__ERROR__INIT;
+    size_t len = MMP_CTL_MAX_BYTES - 64;
+    for (int i = 0; i < 3; i++) {
+        len += MMP_CTL_MAX_BYTES - error_env(&big, &err, text, len);
+    }
+    CHECK(error_env(&big, &err, text, len) == MMP_CTL_MAX_BYTES);
+    CHECK_OK(mmp_ctl_send(d, NULL, &big));
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX];
+    CHECK_OK(mmp_ctl_recv(r, 5000, &got, from, sizeof from));
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_ERROR &&
+          strlen(got->error->message) == len);
+    mmp_ctl_free(got);
+    CHECK(error_env(&big, &err, text, len + 1) == MMP_CTL_MAX_BYTES + 1);
+    CHECK(mmp_ctl_send(d, NULL, &big) == MMP_ERR_INVALID);
+    free(text);
+exit:
+    mmp_ctl_close(d);
+    mmp_ctl_close(r);
+}
+
+/* A valid Hello{pid} from the foreign socket arrives next, from "foreign/0". */
+static void expect_valid(mmp_ctl *r, void *f, int pid, mmp_ctl_stats *want)
+{
+    send_hello(f, MMP_CTL_VERSION, token, pid, 0);
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX];
+    CHECK_OK(mmp_ctl_recv(r, 3000, &got, from, sizeof from));
+    CHECK(strcmp(from, "foreign/0") == 0);
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_HELLO && got->hello->pid == pid);
+    if (got && got->body_case == MMPIPE__ENVELOPE__BODY_HELLO && got->hello->pid != pid) {
+        fprintf(stderr, "  got Hello %d, want %d\n", got->hello->pid, pid);
+    }
+    mmp_ctl_free(got);
+    want->received++;
+    CHECK(stats_equal(mmp_ctl_get_stats(r), *want));
+}
+
+static void test_untrusted_router(void)
+{
+    const char *ep = endpoint("untrusted");
+    mmp_ctl *r = NULL;
+    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    if (!r) {
+        return;
+    }
+    void *f = foreign(ZMQ_DEALER, "foreign/0");
+    CHECK(zmq_connect(f, ep) == 0);
+    mmp_ctl_stats want = {0};
+    int pid = 100;
+    expect_valid(r, f, pid++, &want);
+
+    /* (1) bytes that do not decode: a varint that never ends, and a string
+     * field whose length runs past the end. */
+    static const unsigned char endless[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                            0xff, 0xff, 0xff, 0xff, 0xff};
+    static const unsigned char truncated[] = {0x08, 0x01, 0x12, 0x50, 'a', 'b'};
+    CHECK(zmq_send(f, endless, sizeof endless, 0) == sizeof endless);
+    want.undecodable++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    CHECK(zmq_send(f, truncated, sizeof truncated, 0) == sizeof truncated);
+    want.undecodable++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* (2) right version and token, no body; and an empty message, which
+     * decodes to all defaults (version 0). */
+    Mmpipe__Envelope empty = MMPIPE__ENVELOPE__INIT;
+    empty.version = MMP_CTL_VERSION;
+    empty.job_token = token;
+    unsigned char buf[256];
+    size_t n = mmpipe__envelope__pack(&empty, buf);
+    CHECK(zmq_send(f, buf, n, 0) == (int)n);
+    want.no_body++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    CHECK(zmq_send(f, "", 0, 0) == 0);
+    want.bad_version++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* (3) a body from a newer sender: field 99, as a varint and as a
+     * message, hand-encoded after version 1 and our token. */
+    size_t tl = strlen(token);
+    unsigned char unknown[64] = {0x08, 0x01, 0x12, (unsigned char)tl};
+    memcpy(unknown + 4, token, tl);
+    unsigned char *tail = unknown + 4 + tl;
+    tail[0] = 0x98, tail[1] = 0x06, tail[2] = 0x01; /* (99 << 3) | 0 = 792, value 1 */
+    CHECK(zmq_send(f, unknown, 4 + tl + 3, 0) == (int)(4 + tl + 3));
+    want.no_body++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    tail[0] = 0x9a, tail[1] = 0x06, tail[2] = 0x00; /* (99 << 3) | 2, empty message */
+    CHECK(zmq_send(f, unknown, 4 + tl + 3, 0) == (int)(4 + tl + 3));
+    want.no_body++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* (4) one byte over the limit, below ZeroMQ's cut: seen and counted. */
+    unsigned char *huge = calloc(2 * MMP_CTL_MAX_BYTES, 1);
+    CHECK(zmq_send(f, huge, MMP_CTL_MAX_BYTES + 1, 0) == (int)MMP_CTL_MAX_BYTES + 1);
+    want.too_big++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* (5) a wrong token: one character off, a prefix of ours, ours and more. */
+    char wrong[33];
+    memcpy(wrong, token, sizeof wrong);
+    wrong[17] = wrong[17] == 'a' ? 'b' : 'a';
+    send_hello(f, MMP_CTL_VERSION, wrong, 1, 0);
+    want.bad_token++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    memcpy(wrong, token, sizeof wrong);
+    wrong[31] = 0;
+    send_hello(f, MMP_CTL_VERSION, wrong, 1, 0);
+    want.bad_token++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    char longer[40];
+    snprintf(longer, sizeof longer, "%sx", token);
+    send_hello(f, MMP_CTL_VERSION, longer, 1, 0);
+    want.bad_token++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* (6) a wrong version; with a wrong token as well it is still counted as
+     * a version error (the checks' order). */
+    send_hello(f, MMP_CTL_VERSION + 1, token, 1, 0);
+    want.bad_version++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    send_hello(f, MMP_CTL_VERSION + 1, "not-the-token", 1, 0);
+    want.bad_version++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* (7) more than one payload frame: two valid envelopes in one message,
+     * and the empty delimiter a REQ socket would put first. */
+    send_hello(f, MMP_CTL_VERSION, token, 1, ZMQ_SNDMORE);
+    send_hello(f, MMP_CTL_VERSION, token, 2, 0);
+    want.bad_frames++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+    CHECK(zmq_send(f, "", 0, ZMQ_SNDMORE) == 0);
+    send_hello(f, MMP_CTL_VERSION, token, 1, 0);
+    want.bad_frames++, want.rejected++;
+    expect_valid(r, f, pid++, &want);
+
+    /* Far over the limit: ZeroMQ itself drops the connection, so the message
+     * is never seen (not counted); the peer reconnects and goes on. */
+    CHECK(zmq_send(f, huge, 2 * MMP_CTL_MAX_BYTES, 0) == 2 * (int)MMP_CTL_MAX_BYTES);
+    free(huge);
+    usleep(300 * 1000);
+    expect_valid(r, f, pid++, &want);
+
+    /* A peer with no routing id gets ZeroMQ's binary one: printed as hex,
+     * and its valid messages still come through. */
+    void *anon = foreign(ZMQ_DEALER, NULL);
+    CHECK(zmq_connect(anon, ep) == 0);
+    send_hello(anon, MMP_CTL_VERSION, wrong, 1, 0);
+    send_hello(anon, MMP_CTL_VERSION, token, 77, 0);
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX];
+    CHECK_OK(mmp_ctl_recv(r, 3000, &got, from, sizeof from));
+    CHECK(strncmp(from, "0x", 2) == 0 && strlen(from) == 12);
+    CHECK(got && got->hello->pid == 77);
+    mmp_ctl_free(got);
+    want.bad_token++, want.rejected++, want.received++;
+    CHECK(stats_equal(mmp_ctl_get_stats(r), want));
+    CHECK(want.rejected == want.too_big + want.undecodable + want.bad_version + want.bad_token +
+                               want.no_body + want.bad_frames);
+    zmq_close(anon);
+    zmq_close(f);
+    mmp_ctl_close(r);
+}
+
+/* The DEALER end checks what the coordinator's side sends just the same. */
+static void test_untrusted_dealer(void)
+{
+    const char *ep = endpoint("fake-coordinator");
+    void *fr = foreign(ZMQ_ROUTER, NULL);
+    CHECK(zmq_bind(fr, ep) == 0);
+    mmp_ctl *d = NULL;
+    CHECK_OK(mmp_ctl_connect(&d, ep, "fusion/0", token));
+    if (!d) {
+        zmq_close(fr);
+        return;
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Ready ready = MMPIPE__READY__INIT;
+    env.body_case = MMPIPE__ENVELOPE__BODY_READY;
+    env.ready = &ready;
+    CHECK_OK(mmp_ctl_send(d, NULL, &env));
+
+    /* What went on the wire: [id][Envelope with version and token]. */
+    char id[64] = {0};
+    unsigned char buf[256];
+    CHECK(zmq_recv(fr, id, sizeof id - 1, 0) == 8 && strcmp(id, "fusion/0") == 0);
+    int n = zmq_recv(fr, buf, sizeof buf, 0);
+    CHECK(n > 0);
+    Mmpipe__Envelope *wire = mmpipe__envelope__unpack(NULL, n > 0 ? (size_t)n : 0, buf);
+    CHECK(wire && wire->version == MMP_CTL_VERSION && strcmp(wire->job_token, token) == 0 &&
+          wire->body_case == MMPIPE__ENVELOPE__BODY_READY);
+    mmpipe__envelope__free_unpacked(wire, NULL);
+
+    /* A wrong token, three frames, then a valid one. */
+    CHECK(zmq_send(fr, "fusion/0", 8, ZMQ_SNDMORE) == 8);
+    send_hello(fr, MMP_CTL_VERSION, "0123", 1, 0);
+    CHECK(zmq_send(fr, "fusion/0", 8, ZMQ_SNDMORE) == 8);
+    send_hello(fr, MMP_CTL_VERSION, token, 2, ZMQ_SNDMORE);
+    CHECK(zmq_send(fr, "x", 1, ZMQ_SNDMORE) == 1);
+    send_hello(fr, MMP_CTL_VERSION, token, 3, 0);
+    CHECK(zmq_send(fr, "fusion/0", 8, ZMQ_SNDMORE) == 8);
+    send_hello(fr, MMP_CTL_VERSION, token, 4, 0);
+
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX] = "junk";
+    CHECK_OK(mmp_ctl_recv(d, 3000, &got, from, sizeof from));
+    CHECK(from[0] == 0);
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_HELLO && got->hello->pid == 4);
+    mmp_ctl_free(got);
+    mmp_ctl_stats want = {.received = 1, .rejected = 2, .bad_token = 1, .bad_frames = 1};
+    CHECK(stats_equal(mmp_ctl_get_stats(d), want));
+    mmp_ctl_close(d);
+    zmq_close(fr);
+}
+
+static volatile int flood_stop;
+
+/* Sends undecodable bytes every 20 ms until told to stop, for 1.5 s at most
+ * (so a recv that restarts its wait on each one fails instead of hanging). */
+static void *flood(void *ep)
+{
+    void *s = foreign(ZMQ_DEALER, "flood/0");
+    zmq_connect(s, ep);
+    double t0 = now_ms();
+    while (!flood_stop && now_ms() - t0 < 1500) {
+        zmq_send(s, "\xff\xff", 2, 0);
+        usleep(20 * 1000);
+    }
+    zmq_close(s);
+    return NULL;
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+}
+
+static void test_timeouts(void)
+{
+    const char *ep = endpoint("timeout");
+    mmp_ctl *r = NULL;
+    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    if (!r) {
+        return;
+    }
+    Mmpipe__Envelope *got = (Mmpipe__Envelope *)&got;
+    char from[MMP_CTL_ID_MAX] = "junk";
+    double t0 = now_ms();
+    CHECK(mmp_ctl_recv(r, 0, &got, from, sizeof from) == MMP_ERR_TIMEOUT);
+    double dt = now_ms() - t0;
+    CHECK(dt < 50);
+    CHECK(got == NULL && from[0] == 0);
+
+    t0 = now_ms();
+    CHECK(mmp_ctl_recv(r, 150, &got, from, sizeof from) == MMP_ERR_TIMEOUT);
+    dt = now_ms() - t0;
+    CHECK(dt >= 149 && dt < 1000);
+    if (!(dt >= 149 && dt < 1000)) {
+        fprintf(stderr, "  150 ms timeout took %.1f ms\n", dt);
+    }
+
+    /* Rejected messages arriving during the wait do not restart it: bad
+     * messages every 20 ms for 1.5 s, a 300 ms timeout. */
+    pthread_t th;
+    flood_stop = 0;
+    CHECK(pthread_create(&th, NULL, flood, (void *)ep) == 0);
+    usleep(100 * 1000);
+    long before = mmp_ctl_get_stats(r).undecodable;
+    t0 = now_ms();
+    CHECK(mmp_ctl_recv(r, 300, &got, from, sizeof from) == MMP_ERR_TIMEOUT);
+    dt = now_ms() - t0;
+    long during = mmp_ctl_get_stats(r).undecodable - before;
+    CHECK(dt >= 299 && dt < 1000);
+    CHECK(during >= 5);
+    if (!(dt >= 299 && dt < 1000) || during < 5) {
+        fprintf(stderr, "  300 ms timeout under a flood took %.1f ms, %ld rejected\n", dt, during);
+    }
+    flood_stop = 1;
+    pthread_join(th, NULL);
+
+    /* A signal ends the wait early with MMP_ERR_TIMEOUT. */
+    struct sigaction sa = {.sa_handler = on_alarm}; /* no SA_RESTART */
+    struct sigaction old;
+    sigaction(SIGALRM, &sa, &old);
+    struct itimerval it = {.it_value = {.tv_usec = 100 * 1000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    t0 = now_ms();
+    CHECK(mmp_ctl_recv(r, 5000, &got, from, sizeof from) == MMP_ERR_TIMEOUT);
+    dt = now_ms() - t0;
+    CHECK(dt < 2000);
+    sigaction(SIGALRM, &old, NULL);
+    mmp_ctl_close(r);
+}
+
+static void test_close_does_not_hang(void)
+{
+    /* A DEALER whose peer never came: the message waits in its queue. */
+    mmp_ctl *d = NULL;
+    CHECK_OK(mmp_ctl_connect(&d, endpoint("nobody"), "image.0/0", token));
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Heartbeat hb = MMPIPE__HEARTBEAT__INIT;
+    env.body_case = MMPIPE__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    CHECK_OK(mmp_ctl_send(d, NULL, &env));
+    double t0 = now_ms();
+    mmp_ctl_close(d);
+    CHECK(now_ms() - t0 < 2000);
+
+    /* A ROUTER with megabytes queued for a peer that stopped reading. */
+    const char *ep = endpoint("stuck");
+    mmp_ctl *r = NULL;
+    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    if (!r) {
+        return;
+    }
+    void *f = foreign(ZMQ_DEALER, "foreign/0");
+    CHECK(zmq_connect(f, ep) == 0);
+    mmp_ctl_stats want = {0};
+    expect_valid(r, f, 1, &want); /* now the ROUTER knows the peer */
+    Mmpipe__Envelope big = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Error err = MMPIPE__ERROR__INIT;
+    char *text = malloc(65537);
+    error_env(&big, &err, text, 65536);
+    int sent = 0;
+    for (int i = 0; i < 100; i++) {
+        sent += mmp_ctl_send(r, "foreign/0", &big) == MMP_OK;
+    }
+    free(text);
+    CHECK(sent == 100);
+    t0 = now_ms();
+    mmp_ctl_close(r);
+    CHECK(now_ms() - t0 < 2000);
+    zmq_close(f);
+}
+
+static void test_new_token(void)
+{
+    char a[33], b[33];
+    CHECK_OK(mmp_ctl_new_token(a));
+    CHECK_OK(mmp_ctl_new_token(b));
+    CHECK(strlen(a) == 32 && strspn(a, "0123456789abcdef") == 32);
+    CHECK(strlen(b) == 32 && strspn(b, "0123456789abcdef") == 32);
+    CHECK(strcmp(a, b) != 0);
+}
+
+int main(void)
+{
+    mmp_log_set_name("test_control");
+    zctx = zmq_ctx_new();
+    test_new_token();
+    CHECK_OK(mmp_ctl_new_token(token));
+    test_round_trip();
+    test_limits_and_misuse();
+    test_untrusted_router();
+    test_untrusted_dealer();
+    test_timeouts();
+    test_close_does_not_hang();
+    zmq_ctx_term(zctx);
+    return mmp_test_finish("test_control");
+}

@@ -1,0 +1,576 @@
+/* Schedules: every plan shape compiles and validates under both schedules;
+ * exact lists for a small case; memory bounds; ascending backward order;
+ * hand-broken schedules are rejected with their exact message; and the
+ * simulator reproduces step times derived by hand (the GPipe textbook
+ * formula, two branches running side by side) and stays fast at 30 stages
+ * and 1024 micro-batches. */
+#include "coordinator/schedule.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tests/harness.h"
+
+/* A plan with image layers 10 (stem, 8 blocks, projection), text layers 6
+ * (embedding, 4 layers, norm), and the given splits. */
+static void make_plan(mmp_plan *p, mmp_schedule kind, int m, int n_is, const int *is, int n_ts,
+                      const int *ts)
+{
+    mmp_plan_defaults(p);
+    p->model.image.n_stages = 4;
+    for (int i = 0; i < 4; i++) {
+        p->model.image.blocks[i] = 2;
+    }
+    p->model.text.layers = 4;
+    p->train.batch = 64;
+    p->train.microbatches = m;
+    p->train.schedule = kind;
+    p->stages.image.n_split = n_is;
+    for (int i = 0; i < n_is; i++) {
+        p->stages.image.split[i] = is[i];
+    }
+    p->stages.text.n_split = n_ts;
+    for (int i = 0; i < n_ts; i++) {
+        p->stages.text.split[i] = ts[i];
+    }
+}
+
+/* Stage st's list in compact form; only FWD/BWD when fb_only. */
+static const char *listing(const mmp_sched *s, int st, int fb_only)
+{
+    static char buf[8192];
+    size_t len = 0;
+    buf[0] = 0;
+    for (int pc = 0; pc < s->stages[st].n_prog; pc++) {
+        const mmp_instr *in = &s->stages[st].prog[pc];
+        if (fb_only && in->op != MMP_OP_FWD && in->op != MMP_OP_BWD) {
+            continue;
+        }
+        char tok[32];
+        mmp_instr_compact(s, st, in, tok, sizeof tok);
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s", len ? " " : "", tok);
+    }
+    return buf;
+}
+
+static void check_list(const mmp_sched *s, const char *stage, int fb_only, const char *want)
+{
+    int st = mmp_sched_find(s, stage);
+    CHECK(st >= 0);
+    if (st < 0) {
+        return;
+    }
+    const char *got = listing(s, st, fb_only);
+    if (strcmp(got, want) != 0) {
+        fprintf(stderr, "  %s:\n    got:  %s\n    want: %s\n", stage, got, want);
+    }
+    CHECK(strcmp(got, want) == 0);
+}
+
+/* A deep copy whose lists tests may break. */
+static void clone(mmp_sched *dst, const mmp_sched *src)
+{
+    *dst = *src;
+    for (int i = 0; i < src->n_stages; i++) {
+        size_t bytes = (size_t)src->stages[i].n_prog * sizeof(mmp_instr);
+        dst->stages[i].prog = malloc(bytes);
+        memcpy(dst->stages[i].prog, src->stages[i].prog, bytes);
+    }
+}
+
+/* Index of stage st's instruction (op, mb, edge); -1 if absent. */
+static int find_instr(const mmp_sched *s, int st, mmp_op op, int mb, int edge)
+{
+    for (int pc = 0; pc < s->stages[st].n_prog; pc++) {
+        const mmp_instr *in = &s->stages[st].prog[pc];
+        if (in->op == op && in->mb == mb && in->edge == edge) {
+            return pc;
+        }
+    }
+    return -1;
+}
+
+static void remove_instr(mmp_sched *s, int st, int pc)
+{
+    mmp_sched_stage *g = &s->stages[st];
+    memmove(&g->prog[pc], &g->prog[pc + 1], (size_t)(g->n_prog - pc - 1) * sizeof *g->prog);
+    g->n_prog--;
+}
+
+static void expect_reject(const mmp_sched *s, const char *want)
+{
+    mmp_err e = mmp_sched_validate(s);
+    CHECK(e == MMP_ERR_INTERNAL);
+    if (strcmp(mmp_last_error(), want) != 0) {
+        fprintf(stderr, "  got:  %s\n  want: %s\n", mmp_last_error(), want);
+    }
+    CHECK(strcmp(mmp_last_error(), want) == 0);
+}
+
+/* ---- every shape compiles ----------------------------------------------------------- */
+
+static void check_shape(const mmp_sched *s, mmp_schedule kind, int m, int n_image, int n_text)
+{
+    CHECK(s->n_stages == n_image + n_text + 1);
+    CHECK(s->n_edges == 2 * (n_image + n_text));
+    CHECK(s->microbatches == m && s->kind == kind);
+    for (int st = 0; st < s->n_stages; st++) {
+        const mmp_sched_stage *g = &s->stages[st];
+        int fusion = g->kind == MMP_KIND_FUSION;
+        CHECK(fusion == (st == s->n_stages - 1));
+        CHECK(g->depth == (fusion ? 1 : g->n_sub - g->sub + 1));
+        int want_bound = kind == MMP_SCHED_GPIPE ? m : (g->depth < m ? g->depth : m);
+        CHECK(g->inflight_bound == want_bound);
+        CHECK(g->max_inflight <= g->inflight_bound);
+        if (fusion) {
+            CHECK(g->max_inflight == 1);
+        } else {
+            CHECK(g->max_inflight == (kind == MMP_SCHED_GPIPE ? m : want_bound));
+        }
+        /* Backward in ascending order: bit-identical to the single process. */
+        int next_b = 0;
+        for (int pc = 0; pc < g->n_prog; pc++) {
+            if (g->prog[pc].op == MMP_OP_BWD) {
+                CHECK(g->prog[pc].mb == next_b);
+                next_b++;
+            }
+        }
+        CHECK(next_b == m);
+        CHECK(g->prog[g->n_prog - 2].op == MMP_OP_GRAD_NORM);
+        CHECK(g->prog[g->n_prog - 1].op == MMP_OP_OPT_STEP);
+    }
+    for (int e = 0; e < s->n_edges; e++) {
+        const mmp_sched_edge *E = &s->edges[e];
+        int producer = E->grad ? E->to : E->from;
+        CHECK(E->slots == s->stages[producer].inflight_bound);
+    }
+}
+
+static void test_all_shapes(void)
+{
+    static const int ms[] = {1, 2, 3, 4, 8, 13};
+    static const int one[] = {4}, two[] = {3, 7}, text[] = {2};
+    for (int k = 0; k < 2; k++) {
+        mmp_schedule kind = k ? MMP_SCHED_1F1B : MMP_SCHED_GPIPE;
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            mmp_plan p;
+            mmp_sched s;
+            make_plan(&p, kind, ms[i], 0, NULL, 0, NULL);
+            CHECK_OK(mmp_sched_compile(&s, &p));
+            check_shape(&s, kind, ms[i], 1, 1);
+            mmp_sched_fini(&s);
+
+            make_plan(&p, kind, ms[i], 1, one, 0, NULL);
+            CHECK_OK(mmp_sched_compile(&s, &p));
+            check_shape(&s, kind, ms[i], 2, 1);
+            CHECK(s.stages[0].layer_first == 0 && s.stages[0].layer_last == 4);
+            CHECK(s.stages[1].layer_first == 4 && s.stages[1].layer_last == 10);
+            mmp_sched_fini(&s);
+
+            make_plan(&p, kind, ms[i], 2, two, 1, text);
+            CHECK_OK(mmp_sched_compile(&s, &p));
+            check_shape(&s, kind, ms[i], 3, 2);
+            CHECK(strcmp(s.stages[2].name, "image.2") == 0 && s.stages[2].layer_first == 7 &&
+                  s.stages[2].layer_last == 10);
+            CHECK(strcmp(s.stages[4].name, "text.1") == 0 && s.stages[4].layer_first == 2 &&
+                  s.stages[4].layer_last == 6);
+            CHECK(mmp_sched_find(&s, "fusion") == 5 && mmp_sched_find(&s, "image.3") == -1);
+            CHECK_OK(mmp_sched_validate(&s));
+            mmp_sched_fini(&s);
+            mmp_sched_fini(&s); /* idempotent */
+        }
+    }
+    mmp_sched_fini(NULL);
+}
+
+/* ---- exact lists --------------------------------------------------------------------- */
+
+static void test_exact_lists(void)
+{
+    static const int one[] = {4};
+    mmp_plan p;
+    mmp_sched s;
+    make_plan(&p, MMP_SCHED_1F1B, 4, 1, one, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    /* e0/e1 image.0 <-> image.1, e2/e3 image.1 <-> fusion, e4/e5 text.0 <-> fusion */
+    CHECK(s.edges[0].from == 0 && s.edges[0].to == 1 && !s.edges[0].grad);
+    CHECK(s.edges[3].from == 3 && s.edges[3].to == 1 && s.edges[3].grad);
+    CHECK(s.edges[4].from == 2 && s.edges[4].to == 3 && !s.edges[4].grad);
+    CHECK(s.edges[0].slots == 3 && s.edges[2].slots == 2 && s.edges[5].slots == 2);
+    check_list(&s, "image.0", 1, "F0 F1 F2 B0 F3 B1 B2 B3");
+    check_list(&s, "image.0", 0,
+               "L0 F0 Sa0 L1 F1 Sa1 L2 F2 Sa2 Rg0 B0 L3 F3 Sa3 Rg1 B1 Rg2 B2 Rg3 B3 NORM OPT");
+    check_list(&s, "image.1", 0,
+               "Ra0 F0 Sa0 Ra1 F1 Sa1 Rg0 B0 Sg0 Ra2 F2 Sa2 Rg1 B1 Sg1 Ra3 F3 Sa3 Rg2 B2 Sg2 "
+               "Rg3 B3 Sg3 NORM OPT");
+    check_list(&s, "text.0", 1, "F0 F1 B0 F2 B1 F3 B2 B3");
+    check_list(&s, "fusion", 0,
+               "Ra0:e2 Ra0:e4 F0 B0 Sg0:e3 Sg0:e5 Ra1:e2 Ra1:e4 F1 B1 Sg1:e3 Sg1:e5 "
+               "Ra2:e2 Ra2:e4 F2 B2 Sg2:e3 Sg2:e5 Ra3:e2 Ra3:e4 F3 B3 Sg3:e3 Sg3:e5 NORM OPT");
+    CHECK(s.stages[0].max_inflight == 3 && s.stages[1].max_inflight == 2);
+    mmp_sched_fini(&s);
+
+    make_plan(&p, MMP_SCHED_GPIPE, 4, 1, one, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    check_list(&s, "image.0", 0,
+               "L0 F0 Sa0 L1 F1 Sa1 L2 F2 Sa2 L3 F3 Sa3 Rg0 B0 Rg1 B1 Rg2 B2 Rg3 B3 NORM OPT");
+    check_list(&s, "fusion", 1, "F0 B0 F1 B1 F2 B2 F3 B3");
+    CHECK(s.stages[0].max_inflight == 4 && s.edges[0].slots == 4);
+    mmp_sched_fini(&s);
+
+    /* m below the depth: 1F1B degenerates to all F then all B. */
+    make_plan(&p, MMP_SCHED_1F1B, 2, 1, one, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    check_list(&s, "image.0", 1, "F0 F1 B0 B1");
+    CHECK(s.stages[0].inflight_bound == 2 && s.stages[0].max_inflight == 2);
+    mmp_sched_fini(&s);
+
+    char buf[64];
+    mmp_instr in = {.op = MMP_OP_RECV_GRAD, .mb = 2, .edge = 3};
+    CHECK(strcmp(mmp_instr_str(&in, buf, sizeof buf), "RECV_GRAD e3 mb2") == 0);
+    CHECK(strcmp(mmp_op_name(MMP_OP_OPT_STEP), "OPT_STEP") == 0);
+    CHECK(strcmp(mmp_op_name((mmp_op)42), "?") == 0);
+}
+
+/* ---- broken schedules ------------------------------------------------------------------- */
+
+static void test_rejects(void)
+{
+    mmp_plan p;
+    mmp_sched base, s;
+    char want[512];
+    /* image.0 (e0 act to fusion, e1 grad back), text.0 (e2, e3), fusion */
+    make_plan(&p, MMP_SCHED_GPIPE, 4, 0, NULL, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&base, &p));
+
+    /* a missing send */
+    clone(&s, &base);
+    remove_instr(&s, 0, find_instr(&s, 0, MMP_OP_SEND_ACT, 2, 0));
+    snprintf(want, sizeof want,
+             "schedule gpipe: stage fusion instr %d (RECV_ACT e0 mb2): no matching send: image.0 "
+             "never sends mb2 on e0",
+             find_instr(&s, 2, MMP_OP_RECV_ACT, 2, 0));
+    expect_reject(&s, want);
+    mmp_sched_fini(&s);
+
+    /* a missing receive */
+    clone(&s, &base);
+    remove_instr(&s, 2, find_instr(&s, 2, MMP_OP_RECV_ACT, 1, 2));
+    snprintf(want, sizeof want,
+             "schedule gpipe: stage text.0 instr %d (SEND_ACT e2 mb1): no matching receive: "
+             "fusion never receives mb1 on e2",
+             find_instr(&s, 1, MMP_OP_SEND_ACT, 1, 2));
+    expect_reject(&s, want);
+    mmp_sched_fini(&s);
+
+    /* micro-batches sent in another order than received */
+    clone(&s, &base);
+    int s1 = find_instr(&s, 0, MMP_OP_SEND_ACT, 1, 0),
+        s2 = find_instr(&s, 0, MMP_OP_SEND_ACT, 2, 0);
+    s.stages[0].prog[s1].mb = 2;
+    s.stages[0].prog[s2].mb = 1;
+    snprintf(want, sizeof want,
+             "schedule gpipe: stage fusion instr %d (RECV_ACT e0 mb1): order differs on e0: "
+             "receive #1 expects mb1 but send #1 from image.0 (instr %d) carries mb2",
+             find_instr(&s, 2, MMP_OP_RECV_ACT, 1, 0), s1);
+    expect_reject(&s, want);
+    mmp_sched_fini(&s);
+
+    /* B before F */
+    clone(&s, &base);
+    CHECK(s.stages[2].prog[2].op == MMP_OP_FWD && s.stages[2].prog[3].op == MMP_OP_BWD);
+    s.stages[2].prog[2].op = MMP_OP_BWD;
+    s.stages[2].prog[3].op = MMP_OP_FWD;
+    expect_reject(&s, "schedule gpipe: stage fusion instr 2 (BWD mb0): mb0's backward comes "
+                      "before its forward (instr 3)");
+    mmp_sched_fini(&s);
+
+    /* a send after the compute it must precede... */
+    clone(&s, &base);
+    mmp_instr *pg = s.stages[0].prog;
+    CHECK(pg[0].op == MMP_OP_LOAD && pg[1].op == MMP_OP_FWD && pg[2].op == MMP_OP_SEND_ACT);
+    pg[1] = (mmp_instr){MMP_OP_SEND_ACT, 0, 0};
+    pg[2] = (mmp_instr){MMP_OP_FWD, 0, -1};
+    expect_reject(&s, "schedule gpipe: stage image.0 instr 1 (SEND_ACT e0 mb0): must come after "
+                      "FWD mb0 (instr 2)");
+    mmp_sched_fini(&s);
+
+    /* ...and an edge used the wrong way */
+    clone(&s, &base);
+    s.stages[0].prog[2].edge = 1;
+    expect_reject(&s, "schedule gpipe: stage image.0 instr 2 (SEND_ACT e1 mb0): e1 carries "
+                      "gradients");
+    mmp_sched_fini(&s);
+
+    /* too few slots: with one slot each way between image.0 and fusion,
+     * image.0 cannot send mb3 until fusion's F2, and fusion cannot send mb1's
+     * gradient until image.0's B0, which comes after all of its F. */
+    clone(&s, &base);
+    s.edges[0].slots = 1;
+    s.edges[1].slots = 1;
+    snprintf(want, sizeof want,
+             "schedule gpipe: deadlock, a cycle of waits: stage image.0 instr %d (SEND_ACT e0 mb3) "
+             "waits for a free slot: all 1 slots of e0 hold messages fusion has not released; "
+             "stage fusion instr %d (SEND_GRAD e1 mb1) waits for a free slot: all 1 slots of e1 "
+             "hold messages image.0 has not released",
+             find_instr(&s, 0, MMP_OP_SEND_ACT, 3, 0), find_instr(&s, 2, MMP_OP_SEND_GRAD, 1, 1));
+    expect_reject(&s, want);
+    s.edges[0].slots = 2; /* fusion gets as far as mb2's F: enough */
+    CHECK_OK(mmp_sched_validate(&s));
+    mmp_sched_fini(&s);
+
+    /* a received message holds its slot until the compute after the RECV
+     * (zero-copy): fusion taking image mb1 before running F0 needs two */
+    clone(&s, &base);
+    s.edges[0].slots = 1;
+    CHECK_OK(mmp_sched_validate(&s));
+    mmp_sched_stage *fu = &s.stages[2];
+    int r1 = find_instr(&s, 2, MMP_OP_RECV_ACT, 1, 0);
+    remove_instr(&s, 2, r1);
+    memmove(&fu->prog[3], &fu->prog[2], (size_t)(fu->n_prog - 2) * sizeof *fu->prog);
+    fu->prog[2] = (mmp_instr){MMP_OP_RECV_ACT, 1, 0};
+    fu->n_prog++;
+    CHECK(strncmp(listing(&s, 2, 0), "Ra0:e0 Ra0:e2 Ra1:e0 F0 B0 Sg0:e1 Sg0:e3 Ra1:e2 F1", 50) ==
+          0);
+    snprintf(want, sizeof want,
+             "schedule gpipe: deadlock, a cycle of waits: stage image.0 instr %d (SEND_ACT e0 mb1) "
+             "waits for a free slot: all 1 slots of e0 hold messages fusion has not released; "
+             "stage fusion instr 2 (RECV_ACT e0 mb1) waits for image.0 to send it",
+             find_instr(&s, 0, MMP_OP_SEND_ACT, 1, 0));
+    expect_reject(&s, want);
+    s.edges[0].slots = 2;
+    CHECK_OK(mmp_sched_validate(&s));
+    mmp_sched_fini(&s);
+
+    /* in-flight bound */
+    clone(&s, &base);
+    s.stages[0].inflight_bound = 2;
+    expect_reject(&s, "schedule gpipe: stage image.0 instr 7 (FWD mb2): 3 micro-batches in "
+                      "flight, more than the bound 2");
+    mmp_sched_fini(&s);
+
+    /* a list that does not end the step */
+    clone(&s, &base);
+    s.stages[1].n_prog--;
+    expect_reject(&s, "schedule gpipe: stage text.0: the list must end with GRAD_NORM, OPT_STEP");
+    mmp_sched_fini(&s);
+    mmp_sched_fini(&base);
+
+    /* two stages each waiting to receive from the other first */
+    static mmp_instr a[] = {{MMP_OP_LOAD, 0, -1},     {MMP_OP_FWD, 0, -1},
+                            {MMP_OP_RECV_GRAD, 0, 1}, {MMP_OP_BWD, 0, -1},
+                            {MMP_OP_SEND_ACT, 0, 0},  {MMP_OP_GRAD_NORM, -1, -1},
+                            {MMP_OP_OPT_STEP, -1, -1}};
+    static mmp_instr f[] = {{MMP_OP_RECV_ACT, 0, 0},    {MMP_OP_FWD, 0, -1},
+                            {MMP_OP_BWD, 0, -1},        {MMP_OP_SEND_GRAD, 0, 1},
+                            {MMP_OP_GRAD_NORM, -1, -1}, {MMP_OP_OPT_STEP, -1, -1}};
+    memset(&s, 0, sizeof s);
+    s.kind = MMP_SCHED_1F1B;
+    s.microbatches = 1;
+    s.n_stages = 2;
+    s.n_edges = 2;
+    s.stages[0] = (mmp_sched_stage){.name = "image.0",
+                                    .kind = MMP_KIND_IMAGE,
+                                    .n_sub = 1,
+                                    .depth = 2,
+                                    .inflight_bound = 1,
+                                    .prog = a,
+                                    .n_prog = 7};
+    s.stages[1] = (mmp_sched_stage){.name = "fusion",
+                                    .kind = MMP_KIND_FUSION,
+                                    .n_sub = 1,
+                                    .depth = 1,
+                                    .inflight_bound = 1,
+                                    .prog = f,
+                                    .n_prog = 6};
+    s.edges[0] = (mmp_sched_edge){.from = 0, .to = 1, .grad = 0, .slots = 1};
+    s.edges[1] = (mmp_sched_edge){.from = 1, .to = 0, .grad = 1, .slots = 1};
+    expect_reject(&s, "schedule 1f1b: deadlock, a cycle of waits: stage image.0 instr 2 "
+                      "(RECV_GRAD e1 mb0) waits for fusion to send it; stage fusion instr 0 "
+                      "(RECV_ACT e0 mb0) waits for image.0 to send it");
+    /* the same two stages in the right order run */
+    a[2] = (mmp_instr){MMP_OP_SEND_ACT, 0, 0};
+    a[3] = (mmp_instr){MMP_OP_RECV_GRAD, 0, 1};
+    a[4] = (mmp_instr){MMP_OP_BWD, 0, -1};
+    CHECK_OK(mmp_sched_validate(&s));
+
+    /* graphs compile refuses */
+    memset(&s, 0, sizeof s);
+    s.n_stages = 1;
+    snprintf(s.stages[0].name, sizeof s.stages[0].name, "image.0");
+    s.stages[0].n_sub = 1;
+    CHECK(mmp_sched_compile_stages(&s, MMP_SCHED_1F1B, 4) == MMP_ERR_CONFIG);
+    CHECK(strcmp(mmp_last_error(), "schedule: no fusion stage") == 0);
+    mmp_sched_fini(&s);
+    static const int bad[] = {0};
+    make_plan(&p, MMP_SCHED_1F1B, 4, 1, bad, 0, NULL);
+    CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
+    CHECK(strcmp(mmp_last_error(), "stages.image.split: sub-stage image.0 would hold no layers "
+                                   "(range [0, 0) of the branch's 10)") == 0);
+    mmp_sched_fini(&s);
+}
+
+/* ---- simulation ------------------------------------------------------------------------ */
+
+/* A branch of n_image sub-stages (and n_text, 0 for none) feeding fusion. */
+static mmp_err compile_graph(mmp_sched *s, mmp_schedule kind, int m, int n_image, int n_text)
+{
+    memset(s, 0, sizeof *s);
+    for (int b = 0; b < 2; b++) {
+        int n = b ? n_text : n_image;
+        for (int k = 0; k < n; k++) {
+            mmp_sched_stage *g = &s->stages[s->n_stages++];
+            snprintf(g->name, sizeof g->name, "%s.%d", b ? "text" : "image", k);
+            g->kind = b ? MMP_KIND_TEXT : MMP_KIND_IMAGE;
+            g->sub = k;
+            g->n_sub = n;
+            g->layer_first = k;
+            g->layer_last = k + 1;
+        }
+    }
+    mmp_sched_stage *g = &s->stages[s->n_stages++];
+    snprintf(g->name, sizeof g->name, "fusion");
+    g->kind = MMP_KIND_FUSION;
+    g->n_sub = 1;
+    g->layer_last = 1;
+    return mmp_sched_compile_stages(s, kind, m);
+}
+
+static int near(double a, double b)
+{
+    return fabs(a - b) <= 1e-9 * (1 + fabs(b));
+}
+
+static void test_sim_textbook(void)
+{
+    /* p = 2: image.0 -> fusion, F = 1, B = 2 everywhere, free messages.
+     * GPipe: (m + p - 1)(F + B), bubble (p - 1)/(m + p - 1); 1F1B the same. */
+    static const int ms[] = {1, 2, 4, 8, 13};
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            int m = ms[i], p = 2;
+            mmp_sched s;
+            CHECK_OK(compile_graph(&s, k ? MMP_SCHED_1F1B : MMP_SCHED_GPIPE, m, 1, 0));
+            mmp_sim_costs c = {0};
+            for (int st = 0; st < s.n_stages; st++) {
+                c.fwd_ms[st] = 1;
+                c.bwd_ms[st] = 2;
+            }
+            mmp_sim_result r;
+            CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+            double want = (m + p - 1) * 3.0;
+            if (!near(r.step_ms, want)) {
+                fprintf(stderr, "  %s m=%d: step %g ms, want %g\n", k ? "1f1b" : "gpipe", m,
+                        r.step_ms, want);
+            }
+            CHECK(near(r.step_ms, want));
+            CHECK(near(r.bubble, (p - 1.0) / (m + p - 1)));
+            CHECK(near(r.busy_ms[0], 3.0 * m) && near(r.idle_ms[0], want - 3.0 * m));
+
+            /* 0.25 ms per message. GPipe: fusion is the bottleneck and turns
+             * every micro-batch around in F + B, so the step grows by the
+             * first activation's and the last gradient's flight, 2 x 0.25.
+             * 1F1B at m = 4 loses more: image.0 holds back F2 until B0, whose
+             * gradient comes 4.5 ms in (F0 1, flight, fusion F+B 3, flight),
+             * which starves fusion: F0 F1 [0,2] B0 [4.5,6.5] F2 B1 [7.5,9.5]
+             * F3 B2 [11,13] B3 [14,16]. */
+            c.send_ms = 0.25;
+            CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+            if (k == 0) {
+                CHECK(near(r.step_ms, want + 0.5));
+            } else if (m == 4) {
+                CHECK(near(r.step_ms, 16));
+            }
+            mmp_sched_fini(&s);
+        }
+    }
+}
+
+static void test_sim_branches(void)
+{
+    /* image F=4 B=8, text F=1 B=2, fusion F=1 B=1, m=8, one sub-stage each.
+     * 1F1B, image.0 (depth 2): F0 [0,4] F1 [4,8]; fusion turns mb i around
+     * 2 ms after image's F_i ends, before image.0 needs it (after F_{i+1}),
+     * so image.0 never waits: B0 F2 B1 ... F7 B6 B7 back to back, ending at
+     * 8 * 12 = 96. Text and fusion finish earlier (84, 82) and wait at the
+     * barrier. Run one after the other the branches would take 96 + 24 + 16. */
+    for (int k = 0; k < 2; k++) {
+        mmp_sched s;
+        CHECK_OK(compile_graph(&s, k ? MMP_SCHED_1F1B : MMP_SCHED_GPIPE, 8, 1, 1));
+        mmp_sim_costs c = {0};
+        c.fwd_ms[0] = 4, c.bwd_ms[0] = 8;
+        c.fwd_ms[1] = 1, c.bwd_ms[1] = 2;
+        c.fwd_ms[2] = 1, c.bwd_ms[2] = 1;
+        mmp_sim_result r;
+        CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+        CHECK(near(r.step_ms, 96));
+        CHECK(near(r.busy_ms[0], 96) && near(r.busy_ms[1], 24) && near(r.busy_ms[2], 16));
+        CHECK(near(r.idle_ms[1], 72) && near(r.idle_ms[2], 80));
+        CHECK(near(r.bubble, (0 + 72 + 80) / (3 * 96.0)));
+
+        /* 0.5 ms per message: every hand-off still lands before image.0
+         * needs it (fusion's F7 starts at 80.5, its gradient is back at 83,
+         * image.0's B7 starts at 88); the 3 ms step overhead follows the
+         * barrier at 96 and counts as busy. */
+        c.send_ms = 0.5;
+        c.step_overhead_ms = 3;
+        CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+        CHECK(near(r.step_ms, 99));
+        CHECK(near(r.busy_ms[0], 99) && near(r.busy_ms[1], 27));
+
+        c.bwd_ms[1] = -1;
+        CHECK(mmp_sched_simulate(&s, &c, &r) == MMP_ERR_INVALID);
+        c.bwd_ms[1] = NAN;
+        CHECK(mmp_sched_simulate(&s, &c, &r) == MMP_ERR_INVALID);
+        mmp_sched_fini(&s);
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void test_sim_large(void)
+{
+    /* 15 image sub-stages, 14 text, fusion: 30 stages, 58 edges, m = 1024. */
+    for (int k = 0; k < 2; k++) {
+        mmp_schedule kind = k ? MMP_SCHED_1F1B : MMP_SCHED_GPIPE;
+        double t0 = now_s();
+        mmp_sched s;
+        CHECK_OK(compile_graph(&s, kind, 1024, 15, 14));
+        CHECK(s.n_stages == 30 && s.n_edges == 58);
+        mmp_sim_costs c = {0};
+        for (int st = 0; st < s.n_stages; st++) {
+            c.fwd_ms[st] = 1;
+            c.bwd_ms[st] = 2;
+        }
+        mmp_sim_result r;
+        CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+        double dt = now_s() - t0;
+        printf("30 stages, m=1024, %s: compile + simulate %.3f s, step %.0f ms, bubble %.4f\n",
+               mmp_schedule_name(kind), dt, r.step_ms, r.bubble);
+        CHECK(dt < 0.5);
+        /* The image chain (15 + fusion = 16 deep) is the critical path:
+         * (m + p - 1)(F + B) with p = 16. */
+        CHECK(near(r.step_ms, (1024 + 16 - 1) * 3.0));
+        CHECK(s.stages[0].max_inflight == (k ? 16 : 1024));
+        mmp_sched_fini(&s);
+    }
+}
+
+int main(void)
+{
+    test_all_shapes();
+    test_exact_lists();
+    test_rejects();
+    test_sim_textbook();
+    test_sim_branches();
+    test_sim_large();
+    return mmp_test_finish("test_schedule");
+}

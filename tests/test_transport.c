@@ -1,0 +1,948 @@
+/* The conformance suite for data-channel transports (transport/channel.h).
+ *
+ * Every case takes the transport under test; main runs them all for each
+ * entry of `transports`, so a new transport adds one line there. The two ends
+ * run in two processes (fork) unless a case says otherwise; one case also runs
+ * them as two threads of one process. Each end's body returns the number of
+ * problems it found (printing the first few), so the same body works in a
+ * child process (its exit status) and in a thread.
+ *
+ * Every name a case creates starts with "/mmpipe-test-<pid>-"; after each
+ * case /dev/shm must hold none of them, including after a peer was SIGKILLed.
+ * SIGALRM is the watchdog: a hang fails the test instead of stalling ctest. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "tests/harness.h"
+#include "transport/channel.h"
+
+static const mmp_transport *const transports[] = {
+    &mmp_transport_shm,
+};
+
+/* ---- names and /dev/shm ------------------------------------------------- */
+
+static char prefix[64]; /* "/mmpipe-test-<pid>-" */
+static int next_name;
+
+static const char *fresh_address(char *buf, size_t n)
+{
+    snprintf(buf, n, "%s%d", prefix, next_name++);
+    return buf;
+}
+
+/* Entries of /dev/shm whose name starts with p (without its leading '/');
+ * names them when `show`. */
+static int count_names(const char *p, int show)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) {
+        return -1;
+    }
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, p + 1, strlen(p + 1)) == 0) {
+            if (show) {
+                fprintf(stderr, "  left in /dev/shm: %s\n", e->d_name);
+            }
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static int leftovers(const char *p)
+{
+    return count_names(p, 0);
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static mmp_channel_cfg make_cfg(const char *address, size_t slot_bytes, int slots, int send,
+                                int timeout_ms)
+{
+    mmp_channel_cfg c = {.address = address,
+                         .slot_bytes = slot_bytes,
+                         .slots = slots,
+                         .send = send,
+                         .timeout_ms = timeout_ms};
+    return c;
+}
+
+/* ---- messages ----------------------------------------------------------- */
+
+static mmp_msg_header message(int k, size_t slot_bytes)
+{
+    mmp_msg_header h = {.step = k / 4,
+                        .mb = k % 4,
+                        .digest = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1),
+                        .bytes = slot_bytes ? 1 + ((uint64_t)k * 7919u) % slot_bytes : 0,
+                        .n = k % 17 + 1,
+                        .flags = k % 5 == 0 ? MMP_MSG_EVAL : 0};
+    return h;
+}
+
+static void fill(unsigned char *p, size_t n, uint64_t k)
+{
+    size_t w = n / 8;
+    for (size_t j = 0; j < w; j++) {
+        uint64_t v = k * 0x9E3779B97F4A7C15ull + j;
+        memcpy(p + 8 * j, &v, 8);
+    }
+    for (size_t i = w * 8; i < n; i++) {
+        p[i] = (unsigned char)(k * 31 + i);
+    }
+}
+
+/* Index of the first byte that differs from fill(.., k), or n. */
+static size_t first_bad(const unsigned char *p, size_t n, uint64_t k)
+{
+    size_t w = n / 8;
+    for (size_t j = 0; j < w; j++) {
+        uint64_t v = k * 0x9E3779B97F4A7C15ull + j, got;
+        memcpy(&got, p + 8 * j, 8);
+        if (got != v) {
+            return 8 * j;
+        }
+    }
+    for (size_t i = w * 8; i < n; i++) {
+        if (p[i] != (unsigned char)(k * 31 + i)) {
+            return i;
+        }
+    }
+    return n;
+}
+
+static int same_header(const mmp_msg_header *a, const mmp_msg_header *b)
+{
+    return a->step == b->step && a->mb == b->mb && a->digest == b->digest && a->bytes == b->bytes &&
+           a->n == b->n && a->flags == b->flags;
+}
+
+/* Prints a problem (the first few per end) and counts it. */
+#define PROBLEM(count, ...)                                                                        \
+    do {                                                                                           \
+        if ((count)++ < 5) {                                                                       \
+            fprintf(stderr, "  FAIL %s:%d: ", __FILE__, __LINE__);                                 \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* ---- two ends ----------------------------------------------------------- */
+
+/* State shared by both ends: an anonymous MAP_SHARED page, so it works
+ * across fork as well as between threads. */
+typedef struct shared {
+    _Atomic int flag;
+    _Atomic int connected;
+} shared;
+
+typedef struct side side;
+struct side {
+    const mmp_transport *t;
+    mmp_channel_cfg cfg;
+    int creator;
+    int n; /* messages */
+    shared *sh;
+    int (*body)(side *s, mmp_channel *ch);
+    int problems; /* thread mode: the result */
+};
+
+/* The sending and the receiving end of one channel: cfg's geometry, opposite
+ * directions; the creator is the sender when creator_sends. */
+static void make_ends(side *snd, side *rcv, const mmp_transport *t, mmp_channel_cfg cfg,
+                      int creator_sends, int n, shared *sh)
+{
+    *snd = (side){.t = t, .cfg = cfg, .creator = creator_sends, .n = n, .sh = sh};
+    *rcv = *snd;
+    snd->cfg.send = 1;
+    rcv->cfg.send = 0;
+    rcv->creator = !creator_sends;
+}
+
+static int side_run(side *s)
+{
+    mmp_channel *ch = NULL;
+    mmp_err e = s->creator ? s->t->setup(&ch, &s->cfg) : s->t->connect(&ch, &s->cfg);
+    if (e != MMP_OK) {
+        int problems = 0;
+        PROBLEM(problems, "%s %s: %s: %s", s->t->name, s->creator ? "setup" : "connect",
+                mmp_err_name(e), mmp_last_error());
+        return problems;
+    }
+    atomic_store(&s->sh->connected, 1);
+    int problems = s->body(s, ch);
+    s->t->close(ch);
+    return problems;
+}
+
+static void *side_thread(void *arg)
+{
+    side *s = arg;
+    s->problems = side_run(s);
+    return NULL;
+}
+
+/* Runs a here and b in a child process (or a thread); the problems of both. */
+static int run_pair(side *a, side *b, int threads)
+{
+    if (threads) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, side_thread, b) != 0) {
+            return 1;
+        }
+        int pa = side_run(a);
+        pthread_join(th, NULL);
+        return pa + b->problems;
+    }
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        return 1;
+    }
+    if (pid == 0) {
+        alarm(60);
+        _exit(side_run(b) ? 1 : 0);
+    }
+    int pa = side_run(a);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "  the other end (pid %d) failed: status %#x\n", (int)pid, st);
+        pa++;
+    }
+    return pa;
+}
+
+static shared *new_shared(void)
+{
+    shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        fprintf(stderr, "mmap: %s\n", strerror(errno));
+        exit(1);
+    }
+    memset(sh, 0, sizeof *sh);
+    return sh;
+}
+
+/* ---- (1) ordered delivery ----------------------------------------------- */
+
+static int send_ordered(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    size_t sb = s->cfg.slot_bytes;
+    unsigned char *src = malloc(sb ? sb : 1);
+    for (int k = 0; k < s->n && src; k++) {
+        mmp_msg_header h = message(k, sb);
+        mmp_err e;
+        if (k % 2) {
+            /* The copying helper, for half of them. */
+            fill(src, h.bytes, (uint64_t)k);
+            e = mmp_channel_send(s->t, ch, &h, src);
+        } else {
+            void *p = NULL;
+            e = s->t->acquire(ch, &p);
+            if (e == MMP_OK) {
+                fill(p, h.bytes, (uint64_t)k);
+                e = s->t->post(ch, &h);
+            }
+        }
+        if (e != MMP_OK) {
+            PROBLEM(bad, "send %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
+            break;
+        }
+    }
+    free(src);
+    return bad;
+}
+
+static int recv_ordered(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    size_t sb = s->cfg.slot_bytes;
+    for (int k = 0; k < s->n; k++) {
+        mmp_msg_header h, want = message(k, sb);
+        const void *p = NULL;
+        mmp_err e = s->t->recv(ch, &h, &p);
+        if (e != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
+            return bad;
+        }
+        if (!same_header(&h, &want)) {
+            PROBLEM(bad, "message %d: header step %d mb %d bytes %llu, want %d %d %llu", k, h.step,
+                    h.mb, (unsigned long long)h.bytes, want.step, want.mb,
+                    (unsigned long long)want.bytes);
+        }
+        size_t at = first_bad(p, h.bytes, (uint64_t)k);
+        if (at != h.bytes) {
+            PROBLEM(bad, "message %d: payload differs at byte %zu of %llu", k, at,
+                    (unsigned long long)h.bytes);
+        }
+        e = s->t->release(ch);
+        if (e != MMP_OK) {
+            PROBLEM(bad, "release %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
+        }
+    }
+    /* The sender closes after its last post: the next recv reports it. */
+    mmp_msg_header h;
+    const void *p;
+    mmp_err e = s->t->recv(ch, &h, &p);
+    if (e != MMP_ERR_PEER) {
+        PROBLEM(bad, "recv after the sender closed: %s, want peer", mmp_err_name(e));
+    }
+    return bad;
+}
+
+static void test_ordered(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    struct {
+        int slots, creator_sends, threads;
+    } runs[] = {{1, 1, 0}, {2, 0, 0}, {4, 1, 0}, {2, 1, 1}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        fresh_address(addr, sizeof addr);
+        size_t sb = 3000; /* not a multiple of 64 */
+        side snd, rcv;
+        make_ends(&snd, &rcv, t, make_cfg(addr, sb, runs[r].slots, 1, 10000), runs[r].creator_sends,
+                  1000, sh);
+        snd.body = send_ordered;
+        rcv.body = recv_ordered;
+        /* The receiver runs here so its problems are counted here too. */
+        int problems = run_pair(&rcv, &snd, runs[r].threads);
+        if (problems) {
+            fprintf(stderr, "  ordered: slots=%d creator %s, %s\n", runs[r].slots,
+                    runs[r].creator_sends ? "sends" : "receives",
+                    runs[r].threads ? "threads" : "processes");
+        }
+        CHECK(problems == 0);
+    }
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- (2) credits -------------------------------------------------------- */
+
+#define HOLD_MS 200
+
+static int send_credit(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    void *p;
+    for (int k = 0; k < 2; k++) {
+        mmp_msg_header h = message(k, 64);
+        if (s->t->acquire(ch, &p) != MMP_OK || s->t->post(ch, &h) != MMP_OK) {
+            PROBLEM(bad, "send %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    /* Both slots are in flight: the third acquire must wait for a release. */
+    double t0 = now_ms();
+    mmp_err e = s->t->acquire(ch, &p);
+    double waited = now_ms() - t0;
+    if (e != MMP_OK) {
+        PROBLEM(bad, "third acquire: %s: %s", mmp_err_name(e), mmp_last_error());
+        return bad;
+    }
+    if (!atomic_load(&s->sh->flag)) {
+        PROBLEM(bad, "third acquire returned before the receiver released a slot");
+    }
+    if (waited < HOLD_MS * 0.5) {
+        PROBLEM(bad, "third acquire waited %.1f ms, the receiver held the slots %d ms", waited,
+                HOLD_MS);
+    }
+    mmp_msg_header h = message(2, 64);
+    if (s->t->post(ch, &h) != MMP_OK) {
+        PROBLEM(bad, "post 2: %s", mmp_last_error());
+    }
+    return bad;
+}
+
+static int recv_credit(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    mmp_msg_header h;
+    const void *p[3];
+    /* Holding two slots at once is allowed; releases free the oldest. */
+    for (int k = 0; k < 2; k++) {
+        if (s->t->recv(ch, &h, &p[k]) != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    sleep_ms(HOLD_MS);
+    atomic_store(&s->sh->flag, 1);
+    if (s->t->release(ch) != MMP_OK || s->t->release(ch) != MMP_OK) {
+        PROBLEM(bad, "release: %s", mmp_last_error());
+    }
+    mmp_msg_header want = message(2, 64);
+    if (s->t->recv(ch, &h, &p[2]) != MMP_OK || !same_header(&h, &want)) {
+        PROBLEM(bad, "recv 2: %s", mmp_last_error());
+    } else if (p[2] != p[0]) {
+        PROBLEM(bad, "message 2 is not in slot 0");
+    }
+    s->t->release(ch);
+    return bad;
+}
+
+static void test_credit(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    fresh_address(addr, sizeof addr);
+    side snd, rcv;
+    make_ends(&snd, &rcv, t, make_cfg(addr, 64, 2, 1, 10000), 1, 3, sh);
+    snd.body = send_credit;
+    rcv.body = recv_credit;
+    CHECK(run_pair(&snd, &rcv, 0) == 0);
+
+    /* A live receiver that never releases: acquire gives up after timeout_ms. */
+    mmp_channel *a = NULL, *b = NULL;
+    fresh_address(addr, sizeof addr);
+    mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 200), cr = make_cfg(addr, 64, 1, 0, 200);
+    CHECK_OK(t->setup(&a, &cs));
+    CHECK_OK(t->connect(&b, &cr));
+    if (a && b) {
+        void *p;
+        mmp_msg_header h = message(0, 64);
+        CHECK_OK(t->acquire(a, &p));
+        CHECK_OK(t->post(a, &h));
+        double t0 = now_ms();
+        CHECK(t->acquire(a, &p) == MMP_ERR_PEER);
+        double waited = now_ms() - t0;
+        CHECK(waited >= 190 && waited < 1000);
+    }
+    t->close(a);
+    t->close(b);
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- (3) zero-copy ------------------------------------------------------ */
+
+#define ZC_SLOTS 3
+#define ZC_BYTES 1000
+
+static int check_slot_pointers(const char *who, const void *const *ptr, int n)
+{
+    int bad = 0;
+    for (int k = 0; k < n; k++) {
+        if ((uintptr_t)ptr[k] % 64) {
+            PROBLEM(bad, "%s: payload of message %d at %p is not 64-byte aligned", who, k, ptr[k]);
+        }
+        if (k >= ZC_SLOTS && ptr[k] != ptr[k % ZC_SLOTS]) {
+            PROBLEM(bad, "%s: message %d at %p, slot %d was at %p", who, k, ptr[k], k % ZC_SLOTS,
+                    ptr[k % ZC_SLOTS]);
+        }
+    }
+    for (int i = 0; i < ZC_SLOTS; i++) {
+        for (int j = 0; j < i; j++) {
+            intptr_t d = (const char *)ptr[i] - (const char *)ptr[j];
+            if ((d < 0 ? -d : d) < ZC_BYTES) {
+                PROBLEM(bad, "%s: slots %d and %d overlap (%p, %p)", who, i, j, ptr[i], ptr[j]);
+            }
+        }
+    }
+    return bad;
+}
+
+static int send_zc(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    const void *ptr[12];
+    for (int k = 0; k < 12; k++) {
+        void *p;
+        mmp_msg_header h = message(k, ZC_BYTES);
+        if (s->t->acquire(ch, &p) != MMP_OK) {
+            PROBLEM(bad, "acquire %d: %s", k, mmp_last_error());
+            return bad;
+        }
+        ptr[k] = p;
+        fill(p, h.bytes, (uint64_t)k);
+        if (s->t->post(ch, &h) != MMP_OK) {
+            PROBLEM(bad, "post %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    return bad + check_slot_pointers("sender", ptr, 12);
+}
+
+static int recv_zc(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    const void *ptr[12];
+    for (int k = 0; k < 12; k++) {
+        mmp_msg_header h;
+        if (s->t->recv(ch, &h, &ptr[k]) != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
+            return bad;
+        }
+        if (first_bad(ptr[k], h.bytes, (uint64_t)k) != h.bytes) {
+            PROBLEM(bad, "message %d: payload differs", k);
+        }
+        s->t->release(ch);
+    }
+    return bad + check_slot_pointers("receiver", ptr, 12);
+}
+
+static void test_zero_copy(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    fresh_address(addr, sizeof addr);
+    side snd, rcv;
+    make_ends(&snd, &rcv, t, make_cfg(addr, ZC_BYTES, ZC_SLOTS, 1, 10000), 0, 12, sh);
+    snd.body = send_zc;
+    rcv.body = recv_zc;
+    CHECK(run_pair(&rcv, &snd, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- (4) geometry and misuse ------------------------------------------- */
+
+static void test_mismatch(const mmp_transport *t)
+{
+    char addr[96];
+    fresh_address(addr, sizeof addr);
+    mmp_channel *a = NULL, *b = NULL;
+    mmp_channel_cfg cs = make_cfg(addr, 4096, 2, 1, 1000);
+    CHECK_OK(t->setup(&a, &cs));
+
+    mmp_channel_cfg bad = make_cfg(addr, 4096, 4, 0, 1000);
+    CHECK(t->connect(&b, &bad) == MMP_ERR_PROTO && b == NULL);
+    CHECK(strstr(mmp_last_error(), "2 slots") && strstr(mmp_last_error(), "4 slots"));
+    bad = make_cfg(addr, 8192, 2, 0, 1000);
+    CHECK(t->connect(&b, &bad) == MMP_ERR_PROTO && b == NULL);
+    CHECK(strstr(mmp_last_error(), "4096") && strstr(mmp_last_error(), "8192"));
+    bad = make_cfg(addr, 4096, 2, 1, 1000); /* both ends send */
+    CHECK(t->connect(&b, &bad) == MMP_ERR_PROTO && b == NULL);
+
+    /* Failed connects leave the creator usable. */
+    mmp_channel_cfg cr = make_cfg(addr, 4096, 2, 0, 1000);
+    CHECK_OK(t->connect(&b, &cr));
+    if (a && b) {
+        mmp_msg_header h = message(7, 4096), got;
+        unsigned char src[4096];
+        const void *p;
+        fill(src, h.bytes, 7);
+        CHECK_OK(mmp_channel_send(t, a, &h, src));
+        CHECK_OK(t->recv(b, &got, &p));
+        CHECK(same_header(&h, &got) && first_bad(p, got.bytes, 7) == got.bytes);
+        CHECK_OK(t->release(b));
+
+        /* Misuse is an error value, never a crash. */
+        void *q;
+        CHECK(t->release(b) == MMP_ERR_INVALID);        /* nothing held */
+        CHECK(t->post(a, &h) == MMP_ERR_INVALID);       /* nothing acquired */
+        CHECK(t->acquire(b, &q) == MMP_ERR_INVALID);    /* receiving end */
+        CHECK(t->recv(a, &got, &p) == MMP_ERR_INVALID); /* sending end */
+        CHECK_OK(t->acquire(a, &q));
+        CHECK(t->acquire(a, &q) == MMP_ERR_INVALID); /* twice */
+        mmp_msg_header big = h;
+        big.bytes = 4097;
+        CHECK(t->post(a, &big) == MMP_ERR_INVALID);
+        CHECK(mmp_channel_send(t, a, &big, src) == MMP_ERR_INVALID);
+        CHECK(t->slot_bytes(a) == 4096 && t->slot_bytes(b) == 4096);
+
+        /* A closed receiver fails the sender's acquire at once. */
+        t->close(b);
+        b = NULL;
+        CHECK_OK(t->post(a, &h));
+        double t0 = now_ms();
+        CHECK(t->acquire(a, &q) == MMP_ERR_PEER);
+        CHECK(now_ms() - t0 < 50);
+    }
+    t->close(a);
+    t->close(b);
+    t->close(NULL);
+
+    mmp_channel_cfg nameless = make_cfg("no-slash", 64, 2, 1, 100);
+    CHECK(t->setup(&a, &nameless) == MMP_ERR_INVALID && a == NULL);
+    fresh_address(addr, sizeof addr);
+    mmp_channel_cfg noslots = make_cfg(addr, 64, 0, 1, 100);
+    CHECK(t->setup(&a, &noslots) == MMP_ERR_INVALID && a == NULL);
+}
+
+/* ---- (5) no creator, creator gone -------------------------------------- */
+
+static void test_no_creator(const mmp_transport *t)
+{
+    char addr[96];
+    fresh_address(addr, sizeof addr);
+    mmp_channel *b = NULL;
+    mmp_channel_cfg cr = make_cfg(addr, 64, 2, 0, 300);
+    double t0 = now_ms();
+    mmp_err e = t->connect(&b, &cr);
+    double waited = now_ms() - t0;
+    CHECK(e == MMP_ERR_PEER && b == NULL);
+    CHECK(waited >= 290 && waited < 800);
+
+    /* A creator that closes before anyone connects removes its name. */
+    mmp_channel *a = NULL;
+    mmp_channel_cfg cs = make_cfg(addr, 64, 2, 1, 300);
+    CHECK_OK(t->setup(&a, &cs));
+    CHECK(leftovers(prefix) == 1);
+    t->close(a);
+    CHECK(leftovers(prefix) == 0);
+    CHECK(t->connect(&b, &cr) == MMP_ERR_PEER && b == NULL);
+
+    /* A creator SIGKILLed before anyone connects: connect reports it, and
+     * removes the name the dead creator could not. */
+    fresh_address(addr, sizeof addr);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        mmp_channel_cfg c = make_cfg(addr, 64, 2, 1, 0);
+        mmp_channel *x = NULL;
+        if (t->setup(&x, &c) == MMP_OK) {
+            raise(SIGKILL);
+        }
+        _exit(1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    cr = make_cfg(addr, 64, 2, 0, 300);
+    CHECK(t->connect(&b, &cr) == MMP_ERR_PEER && b == NULL);
+}
+
+/* ---- (6) a peer dies ---------------------------------------------------- */
+
+static int recv_then_die(side *s, mmp_channel *ch)
+{
+    mmp_msg_header h;
+    const void *p;
+    for (int k = 0; k < 5; k++) {
+        if (s->t->recv(ch, &h, &p) != MMP_OK || s->t->release(ch) != MMP_OK) {
+            return 1;
+        }
+    }
+    /* Hold one slot, then die without closing. */
+    if (s->t->recv(ch, &h, &p) != MMP_OK) {
+        return 1;
+    }
+    sleep_ms(100);
+    raise(SIGKILL);
+    return 1;
+}
+
+static int send_until_peer(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    for (int k = 0; k < 100; k++) {
+        void *p;
+        mmp_msg_header h = message(k, 256);
+        double t0 = now_ms();
+        mmp_err e = s->t->acquire(ch, &p);
+        double waited = now_ms() - t0;
+        if (e == MMP_ERR_PEER) {
+            if (k < 6) {
+                PROBLEM(bad, "acquire %d: peer error before the receiver died", k);
+            }
+            if (waited > 1100 + 100) {
+                PROBLEM(bad, "acquire %d noticed the dead receiver after %.0f ms", k, waited);
+            }
+            if (!strstr(mmp_last_error(), s->cfg.address)) {
+                PROBLEM(bad, "the error does not name the channel: %s", mmp_last_error());
+            }
+            return bad;
+        }
+        if (e != MMP_OK || s->t->post(ch, &h) != MMP_OK) {
+            PROBLEM(bad, "send %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    PROBLEM(bad, "100 messages to a receiver that died after 6");
+    return bad;
+}
+
+static int send_then_die(side *s, mmp_channel *ch)
+{
+    for (int k = 0; k < 3; k++) {
+        void *p;
+        mmp_msg_header h = message(k, 256);
+        if (s->t->acquire(ch, &p) != MMP_OK) {
+            return 1;
+        }
+        fill(p, h.bytes, (uint64_t)k);
+        if (s->t->post(ch, &h) != MMP_OK) {
+            return 1;
+        }
+    }
+    /* Die only once the receiver is attached, so the death is mid-stream. */
+    while (!atomic_load(&s->sh->flag)) {
+        sleep_ms(1);
+    }
+    sleep_ms(100);
+    raise(SIGKILL);
+    return 1;
+}
+
+static int recv_until_peer(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    atomic_store(&s->sh->flag, 1);
+    for (int k = 0; k < 4; k++) {
+        mmp_msg_header h;
+        const void *p;
+        double t0 = now_ms();
+        mmp_err e = s->t->recv(ch, &h, &p);
+        double waited = now_ms() - t0;
+        if (k < 3) {
+            /* Posted before the death: still delivered, intact. */
+            if (e != MMP_OK || first_bad(p, h.bytes, (uint64_t)k) != h.bytes) {
+                PROBLEM(bad, "recv %d (posted before the sender died): %s", k, mmp_err_name(e));
+            }
+            s->t->release(ch);
+        } else if (e != MMP_ERR_PEER || waited > 1200) {
+            PROBLEM(bad, "recv after the sender died: %s after %.0f ms", mmp_err_name(e), waited);
+        }
+    }
+    return bad;
+}
+
+/* Runs `here` in this process and `there` in a child that SIGKILLs itself. */
+static int run_killed(side *here, side *there)
+{
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60);
+        side_run(there);
+        _exit(1);
+    }
+    int problems = side_run(here);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL) {
+        fprintf(stderr, "  the dying end did not die of SIGKILL: status %#x\n", st);
+        problems++;
+    }
+    return problems;
+}
+
+static void test_peer_death(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    /* timeout_ms 0: only noticing the death can end the sender's wait. */
+    fresh_address(addr, sizeof addr);
+    side snd, rcv;
+    make_ends(&snd, &rcv, t, make_cfg(addr, 256, 2, 1, 0), 1, 0, sh);
+    snd.body = send_until_peer;
+    rcv.body = recv_then_die;
+    CHECK(run_killed(&snd, &rcv) == 0);
+    CHECK(leftovers(prefix) == 0);
+
+    fresh_address(addr, sizeof addr);
+    atomic_store(&sh->flag, 0);
+    side snd2, rcv2;
+    make_ends(&snd2, &rcv2, t, make_cfg(addr, 256, 4, 1, 0), 1, 0, sh);
+    snd2.body = send_then_die;
+    rcv2.body = recv_until_peer;
+    CHECK(run_killed(&rcv2, &snd2) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- (8) crash clean-up ------------------------------------------------- */
+
+static void test_unlink_prefix(void)
+{
+    char stray[96], keep[96];
+    snprintf(stray, sizeof stray, "%sstray-", prefix);
+    fresh_address(keep, sizeof keep);
+    mmp_channel *k = NULL;
+    mmp_channel_cfg ck = make_cfg(keep, 64, 1, 1, 100);
+    CHECK_OK(mmp_transport_shm.setup(&k, &ck));
+
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        for (int i = 0; i < 3; i++) {
+            char addr[128];
+            snprintf(addr, sizeof addr, "%s%d", stray, i);
+            mmp_channel_cfg c = make_cfg(addr, 4096, 2, 1, 0);
+            mmp_channel *x = NULL;
+            if (mmp_transport_shm.setup(&x, &c) != MMP_OK) {
+                _exit(1);
+            }
+        }
+        raise(SIGKILL);
+        _exit(1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st));
+    CHECK(leftovers(stray) == 3);
+    CHECK(mmp_shm_unlink_prefix("") == 0);
+    CHECK(mmp_shm_unlink_prefix("/") == 0);
+    CHECK(mmp_shm_unlink_prefix(stray) == 3);
+    CHECK(leftovers(stray) == 0);
+    CHECK(leftovers(prefix) == 1); /* the live one is untouched */
+    mmp_transport_shm.close(k);
+}
+
+/* ---- (9) a large slot --------------------------------------------------- */
+
+#define BIG (16u << 20)
+
+static int send_big(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    for (int k = 0; k < s->n; k++) {
+        void *p;
+        mmp_msg_header h = message(k, BIG);
+        h.bytes = BIG - (k % 2) * 13; /* a full slot, and a ragged end */
+        if (s->t->acquire(ch, &p) != MMP_OK) {
+            PROBLEM(bad, "acquire %d: %s", k, mmp_last_error());
+            return bad;
+        }
+        fill(p, h.bytes, (uint64_t)k);
+        if (s->t->post(ch, &h) != MMP_OK) {
+            PROBLEM(bad, "post %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    return bad;
+}
+
+static int recv_big(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    for (int k = 0; k < s->n; k++) {
+        mmp_msg_header h;
+        const void *p;
+        if (s->t->recv(ch, &h, &p) != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
+            return bad;
+        }
+        size_t at = first_bad(p, h.bytes, (uint64_t)k);
+        if (h.bytes != BIG - (k % 2) * 13 || at != h.bytes) {
+            PROBLEM(bad, "message %d: %llu bytes, differs at %zu", k, (unsigned long long)h.bytes,
+                    at);
+        }
+        s->t->release(ch);
+    }
+    return bad;
+}
+
+static void test_big(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    fresh_address(addr, sizeof addr);
+    side snd, rcv;
+    make_ends(&snd, &rcv, t, make_cfg(addr, BIG, 2, 1, 10000), 1, 6, sh);
+    snd.body = send_big;
+    rcv.body = recv_big;
+    CHECK(run_pair(&rcv, &snd, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- mmp_channel_open --------------------------------------------------- */
+
+static void test_open(void)
+{
+    char addr[96];
+    mmp_channel *a = NULL, *b = NULL;
+    const mmp_transport *ua = NULL, *ub = NULL;
+    mmp_channel_cfg nowhere = make_cfg("tcp-ish", 64, 2, 1, 100);
+    CHECK(mmp_channel_open(&a, &ua, NULL, &nowhere, 1) == MMP_ERR_UNSUPPORTED);
+    CHECK(a == NULL && ua == NULL);
+    fresh_address(addr, sizeof addr);
+    mmp_channel_cfg cs = make_cfg(addr, 64, 2, 1, 1000), cr = make_cfg(addr, 64, 2, 0, 1000);
+    CHECK(mmp_channel_open(&a, &ua, "no-such-transport", &cs, 1) == MMP_ERR_UNSUPPORTED);
+    CHECK(a == NULL && strstr(mmp_last_error(), "no-such-transport") != NULL);
+
+    /* By name (the coordinator's pick) and by the priority list. */
+    CHECK_OK(mmp_channel_open(&a, &ua, "shm", &cs, 1));
+    CHECK_OK(mmp_channel_open(&b, &ub, NULL, &cr, 0));
+    CHECK(ua == &mmp_transport_shm && ub == &mmp_transport_shm);
+    if (a && b && ua && ub) {
+        mmp_msg_header h = {.flags = MMP_MSG_STOP}, got;
+        const void *p;
+        CHECK_OK(mmp_channel_send(ua, a, &h, NULL));
+        CHECK_OK(ub->recv(b, &got, &p));
+        CHECK(got.flags == MMP_MSG_STOP && got.bytes == 0);
+        CHECK_OK(ub->release(b));
+    }
+    if (ua) {
+        ua->close(a);
+    }
+    if (ub) {
+        ub->close(b);
+    }
+    /* A failed setup names the channel and the transport. */
+    CHECK_OK(mmp_channel_open(&a, &ua, "", &cs, 1));
+    mmp_channel *c = NULL;
+    CHECK(mmp_channel_open(&c, NULL, "shm", &cs, 1) == MMP_ERR_IO && c == NULL);
+    CHECK(strstr(mmp_last_error(), "(shm setup)") && strstr(mmp_last_error(), addr));
+    mmp_transport_shm.close(a);
+}
+
+static void report(const char *transport, const char *name, int before, double t0)
+{
+    CHECK(count_names(prefix, 1) == 0);
+    fprintf(stderr, "%s %-14s %s (%.0f ms)\n", transport, name,
+            mmp_test_failures == before ? "ok" : "FAILED", now_ms() - t0);
+}
+
+int main(void)
+{
+    snprintf(prefix, sizeof prefix, "/mmpipe-test-%d-", (int)getpid());
+    alarm(300);
+    struct {
+        const char *name;
+        void (*fn)(const mmp_transport *t);
+    } cases[] = {
+        {"ordered", test_ordered},       {"credit", test_credit},
+        {"zero-copy", test_zero_copy},   {"mismatch", test_mismatch},
+        {"no-creator", test_no_creator}, {"peer-death", test_peer_death},
+        {"big-slot", test_big},
+    };
+    for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            int before = mmp_test_failures;
+            double t0 = now_ms();
+            cases[c].fn(transports[i]);
+            report(transports[i]->name, cases[c].name, before, t0);
+        }
+    }
+    /* Not per transport: the priority list and shm's crash clean-up. */
+    struct {
+        const char *name;
+        void (*fn)(void);
+    } global[] = {{"channel-open", test_open}, {"unlink-prefix", test_unlink_prefix}};
+    for (size_t c = 0; c < sizeof global / sizeof global[0]; c++) {
+        int before = mmp_test_failures;
+        double t0 = now_ms();
+        global[c].fn();
+        report("-", global[c].name, before, t0);
+    }
+    mmp_shm_unlink_prefix(prefix); /* whatever a failure left */
+    return mmp_test_finish("test_transport");
+}

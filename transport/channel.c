@@ -1,0 +1,111 @@
+/* Choosing a data-channel transport, the copying send over any of them, and
+ * the coordinator's crash clean-up of shm names.
+ *
+ * The choice depends only on can_connect() of each transport in priority
+ * order, never on whether a setup happened to fail, so both ends of an edge
+ * always pick the same transport. Must never: fall back to a later transport
+ * after an earlier one failed to set up (the peer would not follow). */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "transport/channel.h"
+
+/* Highest priority first. cuda_ipc, nccl and tcp go here as they arrive. */
+static const mmp_transport *const transports[] = {
+    &mmp_transport_shm,
+};
+
+mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const char *name,
+                         const mmp_channel_cfg *cfg, int creator)
+{
+    const char *addr = cfg && cfg->address ? cfg->address : "(no address)";
+    int any = !name || !*name;
+    *out = NULL;
+    if (used) {
+        *used = NULL;
+    }
+    for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
+        const mmp_transport *t = transports[i];
+        const char *why = NULL;
+        if (!any && strcmp(name, t->name) != 0) {
+            MMP_DEBUG("channel %s: transport %s passed over: %s was asked for", addr, t->name,
+                      name);
+            continue;
+        }
+        if (!t->can_connect(cfg, &why)) {
+            MMP_INFO("channel %s: transport %s passed over: %s", addr, t->name,
+                     why ? why : "(no reason given)");
+            continue;
+        }
+        mmp_err e = creator ? t->setup(out, cfg) : t->connect(out, cfg);
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "channel %s (%s %s)", addr, t->name,
+                                    creator ? "setup" : "connect");
+        }
+        MMP_DEBUG("channel %s: %s %s, %d slots of %zu bytes", addr, t->name,
+                  creator ? "set up" : "connected", cfg->slots, cfg->slot_bytes);
+        if (used) {
+            *used = t;
+        }
+        return MMP_OK;
+    }
+    return mmp_errorf(MMP_ERR_UNSUPPORTED, "channel %s: no transport%s%s can join it", addr,
+                      any ? "" : " named ", any ? "" : name);
+}
+
+mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_header *h,
+                         const void *payload)
+{
+    size_t cap = t->slot_bytes(ch);
+    if (h->bytes > cap) {
+        return mmp_errorf(MMP_ERR_INVALID, "channel send: %llu bytes into %zu-byte slots",
+                          (unsigned long long)h->bytes, cap);
+    }
+    if (h->bytes > 0 && !payload) {
+        return mmp_errorf(MMP_ERR_INVALID, "channel send: %llu bytes from a NULL payload",
+                          (unsigned long long)h->bytes);
+    }
+    void *slot;
+    MMP_TRY(t->acquire(ch, &slot));
+    if (h->bytes > 0) {
+        memcpy(slot, payload, h->bytes);
+    }
+    return t->post(ch, h);
+}
+
+int mmp_shm_unlink_prefix(const char *prefix)
+{
+    /* glibc's shm_open("/x") is /dev/shm/x. */
+    const char *p = prefix && prefix[0] == '/' ? prefix + 1 : prefix;
+    if (!p || !*p || strchr(p, '/')) {
+        /* An empty prefix would remove every segment on the host. */
+        MMP_WARN("shm clean-up: refusing prefix '%s'", prefix ? prefix : "(null)");
+        return 0;
+    }
+    DIR *d = opendir("/dev/shm");
+    if (!d) {
+        MMP_WARN("shm clean-up: /dev/shm: %s", strerror(errno));
+        return 0;
+    }
+    size_t n = strlen(p);
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, p, n) != 0) {
+            continue;
+        }
+        char name[sizeof e->d_name + 1];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0) {
+            MMP_INFO("shm clean-up: removed %s", name);
+            removed++;
+        } else if (errno != ENOENT) {
+            MMP_WARN("shm clean-up: %s: %s", name, strerror(errno));
+        }
+    }
+    closedir(d);
+    return removed;
+}

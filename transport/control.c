@@ -1,0 +1,528 @@
+/* The control channel: ZeroMQ ROUTER/DEALER sockets carrying protobuf-c
+ * Envelopes (the contract is in control.h).
+ *
+ * Everything that arrives is untrusted. A message reaches the caller only
+ * after the framing, size, decoding, version, token and body checks in
+ * check(); a message failing one is logged, counted and dropped, and must
+ * never end the run, be acted on, or restart the caller's wait. This file
+ * must never log the job token. */
+#include "transport/control.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* ZeroMQ disconnects a peer whose frame is bigger than this before buffering
+ * it whole. It sits a little above our own limit so that messages just over
+ * the limit still reach check() and are logged and counted. */
+#define ZMQ_MAX_FRAME ((int64_t)MMP_CTL_MAX_BYTES + 4096)
+#define HEARTBEAT_IVL_MS 1000
+#define HEARTBEAT_TIMEOUT_MS 5000
+#define SEND_TIMEOUT_MS 5000
+#define TOKEN_MAX 128
+#define PEER_TEXT_MAX 256
+
+struct mmp_ctl {
+    void *ctx, *sock;
+    int router;
+    char token[TOKEN_MAX + 1];
+    size_t token_len;
+    char peer[PEER_TEXT_MAX]; /* DEALER: the endpoint, to name the sender in log lines */
+    mmp_ctl_stats stats;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static mmp_err set_int(void *sock, int opt, int v, const char *name)
+{
+    if (zmq_setsockopt(sock, opt, &v, sizeof v) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "control: zmq_setsockopt %s: %s", name, zmq_strerror(errno));
+    }
+    return MMP_OK;
+}
+
+#define SET_INT(sock, opt, v) set_int(sock, opt, v, #opt)
+
+/* A routing id as text: as is when every byte is printable ASCII, else "0x"
+ * and hex (ZeroMQ's own ids for peers that set none start with a zero byte).
+ * Cut to fit n. */
+static void id_text(char *out, size_t n, const unsigned char *id, size_t len)
+{
+    if (n == 0) {
+        return;
+    }
+    int printable = len > 0;
+    for (size_t i = 0; i < len; i++) {
+        printable &= id[i] >= 0x20 && id[i] < 0x7f;
+    }
+    if (printable) {
+        snprintf(out, n, "%.*s", (int)len, (const char *)id);
+        return;
+    }
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    out[0] = 0;
+    if (n < 3) {
+        return;
+    }
+    out[o++] = '0';
+    out[o++] = 'x';
+    for (size_t i = 0; i < len && o + 2 < n; i++) {
+        out[o++] = hex[id[i] >> 4];
+        out[o++] = hex[id[i] & 15];
+    }
+    out[o] = 0;
+}
+
+/* Compares in time that depends only on the lengths, so a peer cannot learn
+ * the token byte by byte from how fast it is turned away. */
+static int token_equal(const mmp_ctl *c, const char *t)
+{
+    if (!t) {
+        return 0;
+    }
+    size_t n = strnlen(t, TOKEN_MAX + 1);
+    unsigned diff = n != c->token_len;
+    for (size_t i = 0; i < c->token_len; i++) {
+        unsigned char b = i < n ? (unsigned char)t[i] : 0;
+        diff |= (unsigned char)c->token[i] ^ b;
+    }
+    return diff == 0;
+}
+
+/* Opens the context and socket with the options every control socket has. */
+static mmp_err ctl_open(mmp_ctl **out, int type, const char *job_token)
+{
+    mmp_err ret = MMP_OK;
+    mmp_ctl *c = NULL;
+    size_t n = job_token ? strlen(job_token) : 0;
+    *out = NULL;
+    if (n == 0 || n > TOKEN_MAX) {
+        ret = mmp_errorf(MMP_ERR_INVALID, "control: job token must be 1..%d characters, got %zu",
+                         TOKEN_MAX, n);
+        goto fail;
+    }
+    c = calloc(1, sizeof *c);
+    if (!c) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "control: %zu bytes", sizeof *c);
+        goto fail;
+    }
+    memcpy(c->token, job_token, n + 1);
+    c->token_len = n;
+    c->router = type == ZMQ_ROUTER;
+    c->ctx = zmq_ctx_new();
+    if (!c->ctx) {
+        ret = mmp_errorf(MMP_ERR_IO, "control: zmq_ctx_new: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    c->sock = zmq_socket(c->ctx, type);
+    if (!c->sock) {
+        ret = mmp_errorf(MMP_ERR_IO, "control: zmq_socket: %s", zmq_strerror(errno));
+        goto fail;
+    }
+    /* HANDOVER: a stage whose connection ZeroMQ dropped (heartbeat timeout,
+     * oversized frame) reconnects under the same id. Without it the ROUTER
+     * may still hold the dead connection's id when the new one arrives, and
+     * then ignores the new connection for good (seen with libzmq 4.3.4). */
+    if ((ret = SET_INT(c->sock, ZMQ_LINGER, 0)) != MMP_OK ||
+        (ret = SET_INT(c->sock, ZMQ_HEARTBEAT_IVL, HEARTBEAT_IVL_MS)) != MMP_OK ||
+        (ret = SET_INT(c->sock, ZMQ_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)) != MMP_OK ||
+        (ret = SET_INT(c->sock, ZMQ_SNDTIMEO, SEND_TIMEOUT_MS)) != MMP_OK ||
+        (c->router && (ret = SET_INT(c->sock, ZMQ_ROUTER_MANDATORY, 1)) != MMP_OK) ||
+        (c->router && (ret = SET_INT(c->sock, ZMQ_ROUTER_HANDOVER, 1)) != MMP_OK)) {
+        goto fail;
+    }
+    int64_t max_frame = ZMQ_MAX_FRAME;
+    if (zmq_setsockopt(c->sock, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "control: zmq_setsockopt ZMQ_MAXMSGSIZE: %s",
+                         zmq_strerror(errno));
+        goto fail;
+    }
+    *out = c;
+exit:
+    return ret;
+fail:
+    mmp_ctl_close(c);
+    goto exit;
+}
+
+mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token)
+{
+    mmp_ctl *c = NULL;
+    *out = NULL;
+    if (!endpoint) {
+        return mmp_errorf(MMP_ERR_INVALID, "control: bind: no endpoint");
+    }
+    mmp_err ret = ctl_open(&c, ZMQ_ROUTER, job_token);
+    if (ret != MMP_OK) {
+        goto fail;
+    }
+    if (zmq_bind(c->sock, endpoint) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "control: bind %s: %s", endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    *out = c;
+exit:
+    return ret;
+fail:
+    mmp_ctl_close(c);
+    goto exit;
+}
+
+mmp_err mmp_ctl_connect(mmp_ctl **out, const char *endpoint, const char *identity,
+                        const char *job_token)
+{
+    mmp_ctl *c = NULL;
+    *out = NULL;
+    size_t n = identity ? strlen(identity) : 0;
+    int printable = n > 0 && n < MMP_CTL_ID_MAX;
+    for (size_t i = 0; printable && i < n; i++) {
+        printable = identity[i] >= 0x20 && identity[i] < 0x7f;
+    }
+    if (!endpoint || !printable) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "control: connect needs an endpoint and a routing id of 1..%d printable "
+                          "characters, got '%s'",
+                          MMP_CTL_ID_MAX - 1, identity ? identity : "(null)");
+    }
+    mmp_err ret = ctl_open(&c, ZMQ_DEALER, job_token);
+    if (ret != MMP_OK) {
+        goto fail;
+    }
+    snprintf(c->peer, sizeof c->peer, "%s", endpoint);
+    if (zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, identity, n) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "control: routing id '%s': %s", identity, zmq_strerror(errno));
+        goto fail;
+    }
+    if (zmq_connect(c->sock, endpoint) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "control: connect %s: %s", endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    *out = c;
+exit:
+    return ret;
+fail:
+    mmp_ctl_close(c);
+    goto exit;
+}
+
+void mmp_ctl_close(mmp_ctl *c)
+{
+    if (!c) {
+        return;
+    }
+    if (c->sock) {
+        zmq_close(c->sock);
+    }
+    /* LINGER 0 on the only socket: term does not wait on any peer. */
+    while (c->ctx && zmq_ctx_term(c->ctx) != 0 && errno == EINTR) {
+    }
+    explicit_bzero(c->token, sizeof c->token);
+    free(c);
+}
+
+/* zmq_send, retried when a signal interrupts the wait for queue room. */
+static int send_retry(void *sock, zmq_msg_t *msg, const void *buf, size_t n, int flags)
+{
+    for (;;) {
+        int r = msg ? zmq_msg_send(msg, sock, flags) : zmq_send(sock, buf, n, flags);
+        if (r >= 0 || errno != EINTR) {
+            return r;
+        }
+    }
+}
+
+static mmp_err send_error(const mmp_ctl *c, const char *to)
+{
+    const char *who = c->router ? to : c->peer;
+    if (errno == EHOSTUNREACH) {
+        return mmp_errorf(MMP_ERR_PEER, "control: no peer '%s' is connected", who);
+    }
+    if (errno == EAGAIN) {
+        return mmp_errorf(MMP_ERR_PEER, "control: peer '%s' is not reading (queue full for %d ms)",
+                          who, SEND_TIMEOUT_MS);
+    }
+    return mmp_errorf(MMP_ERR_IO, "control: send to '%s': %s", who, zmq_strerror(errno));
+}
+
+mmp_err mmp_ctl_send(mmp_ctl *c, const char *to, Mmpipe__Envelope *env)
+{
+    if (!c || !env) {
+        return mmp_errorf(MMP_ERR_INVALID, "control: send: no channel or envelope");
+    }
+    if (c->router ? !to || !*to : to != NULL) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "control: send: a ROUTER needs a peer id, a DEALER none");
+    }
+    if (env->body_case == MMPIPE__ENVELOPE__BODY__NOT_SET) {
+        return mmp_errorf(MMP_ERR_INVALID, "control: send: the envelope has no body");
+    }
+    /* Packed straight into the zmq message: no staging buffer, no copy. */
+    char *callers_token = env->job_token;
+    env->version = MMP_CTL_VERSION;
+    env->job_token = c->token;
+    size_t n = mmpipe__envelope__get_packed_size(env);
+    if (n > MMP_CTL_MAX_BYTES) {
+        env->job_token = callers_token;
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "control: send: envelope (body %d) packs to %zu bytes, over the %u limit",
+                          (int)env->body_case, n, MMP_CTL_MAX_BYTES);
+    }
+    zmq_msg_t msg;
+    if (zmq_msg_init_size(&msg, n) != 0) {
+        env->job_token = callers_token;
+        return mmp_errorf(MMP_ERR_NOMEM, "control: send: %zu bytes", n);
+    }
+    size_t packed = mmpipe__envelope__pack(env, zmq_msg_data(&msg));
+    env->job_token = callers_token;
+    MMP_ASSERT(packed == n);
+    if (c->router && send_retry(c->sock, NULL, to, strlen(to), ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&msg);
+        return send_error(c, to);
+    }
+    if (send_retry(c->sock, &msg, NULL, 0, 0) < 0) {
+        mmp_err e = send_error(c, to);
+        zmq_msg_close(&msg); /* only a failed send leaves msg ours */
+        return e;
+    }
+    return MMP_OK;
+}
+
+/* Receives and throws away the rest of a multi-frame message; returns how
+ * many frames that was. ZeroMQ delivers all frames of a message at once, so
+ * this never waits. */
+static size_t drain(void *sock)
+{
+    size_t frames = 0;
+    int more = 1;
+    size_t len = sizeof more;
+    while (zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len) == 0 && more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        int r = zmq_msg_recv(&m, sock, ZMQ_DONTWAIT);
+        zmq_msg_close(&m);
+        if (r < 0) {
+            break;
+        }
+        frames++;
+    }
+    return frames;
+}
+
+/* Applies the checks, in the contract's order, to one payload that came with
+ * `extra` frames after it. Returns the envelope, or NULL after counting the
+ * rejection and writing its reason. */
+static Mmpipe__Envelope *check(mmp_ctl *c, zmq_msg_t *payload, size_t extra, char *why,
+                               size_t why_n)
+{
+    size_t size = zmq_msg_size(payload);
+    Mmpipe__Envelope *env = NULL;
+    long *counter;
+    if (extra > 0) {
+        counter = &c->stats.bad_frames;
+        snprintf(why, why_n, "%zu payload frames, want 1", extra + 1);
+    } else if (size > MMP_CTL_MAX_BYTES) {
+        counter = &c->stats.too_big;
+        snprintf(why, why_n, "%zu bytes, over the %u limit", size, MMP_CTL_MAX_BYTES);
+    } else if (!(env = mmpipe__envelope__unpack(NULL, size, zmq_msg_data(payload)))) {
+        counter = &c->stats.undecodable;
+        snprintf(why, why_n, "%zu bytes that do not decode as an Envelope", size);
+    } else if (env->version != MMP_CTL_VERSION) {
+        counter = &c->stats.bad_version;
+        snprintf(why, why_n, "version %u, want %d", env->version, MMP_CTL_VERSION);
+    } else if (!token_equal(c, env->job_token)) {
+        counter = &c->stats.bad_token;
+        snprintf(why, why_n, "wrong job token");
+    } else if (env->body_case == MMPIPE__ENVELOPE__BODY__NOT_SET) {
+        counter = &c->stats.no_body;
+        snprintf(why, why_n, "no known body (none set, or a message type newer than this build)");
+    } else {
+        return env;
+    }
+    mmpipe__envelope__free_unpacked(env, NULL);
+    (*counter)++;
+    c->stats.rejected++;
+    return NULL;
+}
+
+/* Takes one message off the socket without waiting. 1: a valid envelope in
+ * *env; 0: a message came and was rejected; -1: nothing queued, or a signal
+ * (errno says which). `from` gets the sender's routing id on a ROUTER. */
+static int take_one(mmp_ctl *c, Mmpipe__Envelope **env, char *from, size_t from_n)
+{
+    zmq_msg_t id, payload;
+    char who[2 * MMP_CTL_ID_MAX + 8];
+    char why[160];
+    size_t extra = 0;
+    int ret = 0, err = 0;
+    zmq_msg_init(&id);
+    zmq_msg_init(&payload);
+    if (c->router) {
+        if (zmq_msg_recv(&id, c->sock, ZMQ_DONTWAIT) < 0) {
+            err = errno;
+            ret = -1;
+            goto exit;
+        }
+        id_text(who, sizeof who, zmq_msg_data(&id), zmq_msg_size(&id));
+        /* A ROUTER always prepends the id; a peer cannot send zero frames.
+         * Guard anyway rather than read the next message as this payload. */
+        if (!zmq_msg_more(&id)) {
+            c->stats.bad_frames++;
+            c->stats.rejected++;
+            MMP_WARN("control: rejected a message from %s: no payload frame", who);
+            goto exit;
+        }
+        zmq_msg_recv(&payload, c->sock, ZMQ_DONTWAIT);
+    } else {
+        if (zmq_msg_recv(&payload, c->sock, ZMQ_DONTWAIT) < 0) {
+            err = errno;
+            ret = -1;
+            goto exit;
+        }
+        snprintf(who, sizeof who, "%.*s", (int)sizeof who - 1, c->peer);
+    }
+    if (zmq_msg_more(&payload)) {
+        extra = drain(c->sock);
+    }
+    *env = check(c, &payload, extra, why, sizeof why);
+    if (!*env) {
+        MMP_WARN("control: rejected a message from %s: %s", who, why);
+        goto exit;
+    }
+    c->stats.received++;
+    if (from && from_n > 0) {
+        if (c->router) {
+            id_text(from, from_n, zmq_msg_data(&id), zmq_msg_size(&id));
+        } else {
+            from[0] = 0;
+        }
+    }
+    ret = 1;
+exit:
+    zmq_msg_close(&id);
+    zmq_msg_close(&payload);
+    errno = err; /* the caller tells EAGAIN from EINTR */
+    return ret;
+}
+
+mmp_err mmp_ctl_recv(mmp_ctl *c, int timeout_ms, Mmpipe__Envelope **env, char *from, size_t from_n)
+{
+    *env = NULL;
+    if (from && from_n > 0) {
+        from[0] = 0;
+    }
+    if (!c) {
+        return mmp_errorf(MMP_ERR_INVALID, "control: recv: no channel");
+    }
+    double deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    for (;;) {
+        int got = take_one(c, env, from, from_n);
+        if (got == 1) {
+            return MMP_OK;
+        }
+        if (got == 0) {
+            continue; /* rejected: whatever else is queued, within the same deadline */
+        }
+        if (errno == EINTR) {
+            return mmp_errorf(MMP_ERR_TIMEOUT, "control: wait interrupted by a signal");
+        }
+        if (errno != EAGAIN) {
+            return mmp_errorf(MMP_ERR_IO, "control: recv: %s", zmq_strerror(errno));
+        }
+        long wait = -1;
+        if (timeout_ms >= 0) {
+            double left = deadline - now_ms();
+            if (left <= 0) {
+                return mmp_errorf(MMP_ERR_TIMEOUT, "control: no message within %d ms", timeout_ms);
+            }
+            wait = (long)left + 1; /* round up: never return before the deadline */
+        }
+        zmq_pollitem_t item = {.socket = c->sock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&item, 1, wait) < 0) {
+            if (errno == EINTR) {
+                return mmp_errorf(MMP_ERR_TIMEOUT, "control: wait interrupted by a signal");
+            }
+            return mmp_errorf(MMP_ERR_IO, "control: zmq_poll: %s", zmq_strerror(errno));
+        }
+        /* Ready or not, loop: take_one finds out, and the deadline is rechecked. */
+    }
+}
+
+void mmp_ctl_free(Mmpipe__Envelope *env)
+{
+    mmpipe__envelope__free_unpacked(env, NULL);
+}
+
+void *mmp_ctl_socket(mmp_ctl *c)
+{
+    return c ? c->sock : NULL;
+}
+
+mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c)
+{
+    mmp_ctl_stats zero = {0};
+    return c ? c->stats : zero;
+}
+
+static mmp_err urandom(unsigned char *buf, size_t n)
+{
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return mmp_errorf(MMP_ERR_IO, "open /dev/urandom: %s", strerror(errno));
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            close(fd);
+            return mmp_errorf(MMP_ERR_IO, "read /dev/urandom: %s",
+                              r < 0 ? strerror(errno) : "end of file");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    return MMP_OK;
+}
+
+mmp_err mmp_ctl_new_token(char tok[33])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[16];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0 && errno == ENOSYS) {
+            MMP_TRY(urandom(raw + got, sizeof raw - got));
+            break;
+        }
+        if (r < 0) {
+            return mmp_errorf(MMP_ERR_IO, "getrandom: %s", strerror(errno));
+        }
+        got += (size_t)r;
+    }
+    for (size_t i = 0; i < sizeof raw; i++) {
+        tok[2 * i] = hex[raw[i] >> 4];
+        tok[2 * i + 1] = hex[raw[i] & 15];
+    }
+    tok[32] = 0;
+    explicit_bzero(raw, sizeof raw);
+    return MMP_OK;
+}
