@@ -131,23 +131,28 @@ static const char *describe_exit(int status, char *buf, size_t n)
     return buf;
 }
 
-/* Reaps children that ended; an unexpected end is a failure naming the stage. */
+/* Reaps children that ended; an unexpected end is a failure naming the stage.
+ * A stage killed by a signal is named before one that exited on its own: the
+ * others usually exit because their channel to the killed one broke. */
 static void reap(coord *c, int expected)
 {
+    int newly[MMP_SCHED_MAX_STAGES], n_new = 0;
     for (int i = 0; i < c->n; i++) {
         proc *p = &c->procs[i];
-        if (!p->alive) {
-            continue;
-        }
         int status;
-        pid_t r = waitpid(p->pid, &status, WNOHANG);
-        if (r == p->pid) {
+        if (p->alive && waitpid(p->pid, &status, WNOHANG) == p->pid) {
             p->alive = 0;
             p->exit_status = status;
-            if (!expected) {
+            newly[n_new++] = i;
+        }
+    }
+    for (int pass = 0; !expected && pass < 2; pass++) {
+        for (int k = 0; k < n_new; k++) {
+            proc *p = &c->procs[newly[k]];
+            if ((pass == 0) == WIFSIGNALED(p->exit_status)) {
                 char why[128];
                 fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
-                     describe_exit(status, why, sizeof why));
+                     describe_exit(p->exit_status, why, sizeof why));
             }
         }
     }
@@ -231,7 +236,13 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
         }
         break;
     case MMPIPE__ENVELOPE__BODY_HEARTBEAT: break;
-    case MMPIPE__ENVELOPE__BODY_ERROR: fail(c, "%s", env->error->message); break;
+    case MMPIPE__ENVELOPE__BODY_ERROR:
+        /* A stage's error is often the echo of a peer's death (its channel
+         * saw the peer go): name the dead stage first when there is one. */
+        usleep(50000);
+        reap(c, 0);
+        fail(c, "%s", env->error->message);
+        break;
     default: MMP_WARN("unexpected message %d from %s ignored", (int)env->body_case, from);
     }
 }
@@ -317,6 +328,9 @@ static mmp_err send_to(coord *c, int i, Mmpipe__Envelope *env)
 {
     mmp_err e = mmp_ctl_send(c->ctl, c->procs[i].name, env);
     if (e != MMP_OK) {
+        /* Most often the peer just died: let its death be the reported cause. */
+        usleep(50000);
+        reap(c, 0);
         fail(c, "sending to %s: %s", c->procs[i].name, mmp_last_error());
     }
     return e;

@@ -82,7 +82,7 @@ sleep 0.2
   || fail "SIGINT: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
 
 # --- SIGKILL to one stage --------------------------------------------------------------
-for victim in text.0 fusion; do
+for victim in text.0 fusion image.0; do
   "$BIN" launch "$W/plan.yaml" --out "$W/kill_$victim" --set job.steps=100000 >"$W/kill_$victim.log" 2>&1 &
   cpid=$!
   for _ in $(seq 100); do grep -q '"step":3' "$W/kill_$victim/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
