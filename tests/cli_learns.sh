@@ -1,23 +1,38 @@
 #!/usr/bin/env bash
-# The demo plan learns: trains configs/demo.yaml with the demo's seed and with
-# another seed (both at once, one core each) on the demo data set and checks
-# that each run's final image->text recall@1 over 256 held-out pairs is at
-# least 0.5 (chance: 1/256). Minutes long: labelled slow (not run under the
-# sanitizers, which would make it ten times longer).
+# The demo learns, and its schedule is predictable:
+#  - the pipeline (coordinator + 3 stage processes) trains configs/demo.yaml
+#    with the demo's seed; its final image->text recall@1 over 256 held-out
+#    pairs must be at least 0.5 (chance: 1/256);
+#  - `mmpipe simulate`, fed the run's own measured costs, must predict the
+#    measured step time within 15%;
+#  - the single-process trainer with another seed must reach the same bar.
+# Minutes long: labelled slow (not run under the sanitizers).
 # ctest-labels: slow
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_learns
 rm -rf "$W"; mkdir -p "$W"
 "$BIN" data synth --out "$W/shapes" --samples 20000 --seed 1 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-for seed in 1 2; do
-  "$BIN" launch configs/demo.yaml --out "$W/seed$seed" --set job.seed=$seed \
-    --set data.manifest="$W/shapes/train.jsonl" >"$W/seed$seed.log" 2>&1 &
-done
-wait
-for seed in 1 2; do
-  r=$(last_metric "$W/seed$seed/metrics.jsonl" val_i2t_r1)
-  if [ -n "$r" ] && awk -v r="$r" 'BEGIN{exit !(r >= 0.5)}'; then ok "seed $seed: final val_i2t_r1=$r >= 0.5"
-  else fail "seed $seed: final val_i2t_r1=${r:-none} < 0.5"; tail -5 "$W/seed$seed.log"; fi
-done
+set_data=(--set data.manifest="$W/shapes/train.jsonl")
+
+check_r1() { # name run
+  local r; r=$(last_metric "$2/metrics.jsonl" val_i2t_r1)
+  if [ -n "$r" ] && awk -v r="$r" 'BEGIN{exit !(r >= 0.5)}'; then ok "$1: final val_i2t_r1=$r >= 0.5"
+  else fail "$1: final val_i2t_r1=${r:-none} < 0.5"; tail -5 "$2.log"; fi
+}
+
+"$BIN" launch configs/demo.yaml --out "$W/pipe" "${set_data[@]}" >"$W/pipe.log" 2>&1 || fail "pipeline run"
+check_r1 "pipeline, seed 1" "$W/pipe"
+n=$(grep -c 'started .* (pid ' "$W/pipe.log")
+[ "$n" -ge 3 ] && ok "pipeline ran $n stage processes" || fail "pipeline ran $n stage processes"
+
+out=$("$BIN" simulate configs/demo.yaml --costs "$W/pipe" "${set_data[@]}" 2>&1)
+err=$(grep -o 'prediction error [-+0-9.]*%' <<<"$out" | grep -o '[-+0-9.]*')
+if [ -n "$err" ] && awk -v e="$err" 'BEGIN{e = e < 0 ? -e : e; exit !(e <= 15)}'; then
+  ok "simulate predicts the demo's step time within 15% (error $err%)"
+else fail "simulate prediction error ${err:-none}%"; echo "$out" | tail -4; fi
+
+"$BIN" launch configs/demo.yaml --single-process --out "$W/single2" --set job.seed=2 "${set_data[@]}" \
+  >"$W/single2.log" 2>&1 || fail "single-process run"
+check_r1 "single-process, seed 2" "$W/single2"
 finish
