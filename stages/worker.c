@@ -21,6 +21,7 @@
 #include "data/dataset.h"
 #include "nn/model.h"
 #include "nn/optim.h"
+#include "stages/pairing.h"
 #include "transport/channel.h"
 #include "transport/control.h"
 
@@ -84,18 +85,6 @@ typedef struct worker {
     mmp_trace trace;
     double last_beat;
 } worker;
-
-static uint64_t digest_ids(const int64_t *ids, int n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (int i = 0; i < n; i++) {
-        uint64_t x = (uint64_t)ids[i];
-        for (int b = 0; b < 8; b++) {
-            h = (h ^ ((x >> (8 * b)) & 0xff)) * 1099511628211ull;
-        }
-    }
-    return h;
-}
 
 static uint64_t flow_id(int edge, int step, int mb, int eval)
 {
@@ -494,7 +483,7 @@ static mmp_err do_load(worker *w, int step, int mb, int eval)
     w->data_ms += ms;
     w->loaded_mb = mb;
     w->loaded_n = n;
-    w->loaded_digest = digest_ids(w->samples, n);
+    w->loaded_digest = mmp_sample_digest(w->samples, n);
     return MMP_OK;
 }
 
@@ -523,14 +512,7 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
         if (!ci || !ct || !ci->held || !ct->held) {
             return mmp_errorf(MMP_ERR_INTERNAL, "fusion forward %d without both inputs", mb);
         }
-        if (ci->hdr.digest != ct->hdr.digest || ci->hdr.n != ct->hdr.n) {
-            return mmp_errorf(MMP_ERR_DATA,
-                              "step %d micro-batch %d: the image and text micro-batches hold "
-                              "different samples (digest %016llx, %d samples vs %016llx, %d "
-                              "samples); refusing to pair them",
-                              step + 1, mb, (unsigned long long)ci->hdr.digest, ci->hdr.n,
-                              (unsigned long long)ct->hdr.digest, ct->hdr.n);
-        }
+        MMP_TRY(mmp_pair_check(&ci->hdr, &ct->hdr, step, mb));
         int n = ci->hdr.n;
         f->n = n;
         const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;

@@ -45,6 +45,15 @@ for sched in gpipe 1f1b; do
   done
 done
 
+# both branches cut: image into three sub-stages, text into two (6 processes)
+"$BIN" launch "$W/plan.yaml" --out "$W/cuts" --set 'stages.image.split=[1,3]' \
+  --set 'stages.text.split=[2]' >"$W/cuts.log" 2>&1 || { fail "cuts: launch"; tail -5 "$W/cuts.log"; }
+out=$("$BIN" ckpt diff "$W/single_m4" "$W/cuts" --tol 1e-5 --quiet); rc=$?
+[ $rc -eq 0 ] && ok "image [1,3] + text [2] vs single-process: $(tail -1 <<<"$out")" \
+  || fail "image [1,3] + text [2] differs: $(tail -1 <<<"$out")"
+ls "$W/cuts/ckpt/latest/" | tr '\n' ' ' | grep -q "image.0.ckpt image.1.ckpt image.2.ckpt text.0.ckpt text.1.ckpt" \
+  && ok "one checkpoint file per sub-stage" || fail "checkpoint files: $(ls "$W/cuts/ckpt/latest/")"
+
 # --- separate processes ------------------------------------------------------------
 pids=$(grep -o 'started [a-z.0-9]*/0 (pid [0-9]*)' "$W/1f1b_m4_s2.log" | grep -o 'pid [0-9]*' | sort -u | wc -l)
 [ "$pids" -ge 4 ] && ok "split run used $pids stage processes" || fail "split run: $pids stage pids"

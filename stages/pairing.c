@@ -1,0 +1,32 @@
+#include "stages/pairing.h"
+
+uint64_t mmp_sample_digest(const int64_t *ids, int n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) {
+        uint64_t x = (uint64_t)ids[i];
+        for (int b = 0; b < 8; b++) {
+            h = (h ^ ((x >> (8 * b)) & 0xff)) * 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+mmp_err mmp_pair_check(const mmp_msg_header *img, const mmp_msg_header *txt, int step, int mb)
+{
+    if (img->step != txt->step || img->mb != txt->mb) {
+        return mmp_errorf(MMP_ERR_DATA,
+                          "step %d micro-batch %d: image is step %d micro-batch %d but text is "
+                          "step %d micro-batch %d; refusing to pair them",
+                          step + 1, mb, img->step + 1, img->mb, txt->step + 1, txt->mb);
+    }
+    if (img->digest != txt->digest || img->n != txt->n) {
+        return mmp_errorf(MMP_ERR_DATA,
+                          "step %d micro-batch %d: the image and text micro-batches hold "
+                          "different samples (digest %016llx, %d samples vs %016llx, %d "
+                          "samples); refusing to pair them",
+                          step + 1, mb, (unsigned long long)img->digest, img->n,
+                          (unsigned long long)txt->digest, txt->n);
+    }
+    return MMP_OK;
+}
