@@ -633,8 +633,10 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         fail(&c, "%s", mmp_last_error());
         goto stop;
     }
-    MMP_INFO("%d stage processes, schedule %s, %d micro-batches; run directory %s", c.n,
-             mmp_schedule_name(plan->train.schedule), plan->train.microbatches, out_dir);
+    MMP_INFO("%d stage processes, schedule %s, %d micro-batches; run directory %s; shared "
+             "memory %s-*",
+             c.n, mmp_schedule_name(plan->train.schedule), plan->train.microbatches, out_dir,
+             c.shm_prefix);
     if (wait_until(&c, all_flag, ALL(have_hello), HELLO_TIMEOUT_S, "stage processes to connect") ||
         assign(&c, plan_json, resume ? resume_dir : NULL) != MMP_OK ||
         wait_until(&c, all_flag, ALL(have_ready), READY_TIMEOUT_S, "stages to be ready")) {

@@ -19,9 +19,23 @@ train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_
          clip_grad_norm: 0.5 }
 YAML
 
-shm_left() { ls /dev/shm 2>/dev/null | grep -c '^mmpipe-' ; }
-procs_left() { pgrep -f "$BIN stage" | wc -l; }
-shm0=$(shm_left)
+# What a run left behind, from its own log (other tests may run beside this
+# one): its stage processes still alive, and its shared-memory segments.
+procs_left() { # LOG...
+  local n=0 pid
+  for pid in $(cat "$@" | grep -o 'started [^ ]* (pid [0-9]*)' | grep -o '[0-9]*)$' | tr -d ')'); do
+    # alive and not a zombie (an orphan's zombie waits for init, which may be slow)
+    [ -r /proc/$pid/stat ] && [ "$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)" != Z ] && n=$((n+1))
+  done
+  echo $n
+}
+shm_left() { # LOG...
+  local n=0 prefix
+  for prefix in $(cat "$@" | grep -o 'shared memory /mmpipe-[0-9a-f]*' | sed 's#.*/##'); do
+    n=$((n + $(ls /dev/shm 2>/dev/null | grep -c "^$prefix")))
+  done
+  echo $n
+}
 
 # --- same math as one process ---------------------------------------------------
 for m in 1 4 5 8; do
@@ -77,8 +91,8 @@ check_inflight 1f1b_m8_s2 fusion 1
 check_inflight gpipe_m8_s2 image.0 8
 check_inflight gpipe_m8_s2 fusion 1
 grep -q '"bubble":0\.[0-9]' "$W/1f1b_m4_snone/metrics.jsonl" && ok "bubble reported" || fail "no bubble"
-[ "$(shm_left)" -eq "$shm0" ] && ok "no /dev/shm segments left after normal runs" || fail "shm segments left: $(ls /dev/shm)"
-[ "$(procs_left)" -eq 0 ] && ok "no stage processes left" || fail "stage processes left"
+[ "$(shm_left "$W"/*.log)" -eq 0 ] && ok "no /dev/shm segments left after normal runs" || fail "shm segments left: $(ls /dev/shm)"
+[ "$(procs_left "$W"/*.log)" -eq 0 ] && ok "no stage processes left" || fail "stage processes left"
 
 # --- SIGINT to the coordinator ---------------------------------------------------------
 "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=100000 >"$W/int.log" 2>&1 &
@@ -87,8 +101,8 @@ for _ in $(seq 100); do grep -q '"step":3' "$W/int/metrics.jsonl" 2>/dev/null &&
 kill -INT $cpid; wait $cpid; rc=$?
 sleep 0.2
 [ $rc -eq 130 ] && ok "SIGINT: coordinator exits 130" || fail "SIGINT: rc=$rc"
-[ "$(procs_left)" -eq 0 ] && [ "$(shm_left)" -eq "$shm0" ] && ok "SIGINT: nothing left behind" \
-  || fail "SIGINT: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
+[ "$(procs_left "$W/int.log")" -eq 0 ] && [ "$(shm_left "$W/int.log")" -eq 0 ] && ok "SIGINT: nothing left behind" \
+  || fail "SIGINT: left $(procs_left "$W/int.log") processes, shm: $(ls /dev/shm | grep mmpipe)"
 
 # --- SIGKILL to one stage --------------------------------------------------------------
 for victim in text.0 fusion image.0; do
@@ -103,8 +117,9 @@ for victim in text.0 fusion image.0; do
   if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$W/kill_$victim.log" \
      && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "SIGKILL $victim: noticed in ${dt}s, named, rc=$rc"
   else fail "SIGKILL $victim: rc=$rc after ${dt}s"; tail -3 "$W/kill_$victim.log" | sed 's/^/    /'; fi
-  [ "$(procs_left)" -eq 0 ] && [ "$(shm_left)" -eq "$shm0" ] && ok "SIGKILL $victim: nothing left behind" \
-    || fail "SIGKILL $victim: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
+  L="$W/kill_$victim.log"
+  [ "$(procs_left "$L")" -eq 0 ] && [ "$(shm_left "$L")" -eq 0 ] && ok "SIGKILL $victim: nothing left behind" \
+    || fail "SIGKILL $victim: left $(procs_left "$L") processes, shm: $(ls /dev/shm | grep mmpipe)"
 done
 
 # --- resume after a kill equals the uninterrupted run -----------------------------------
@@ -125,8 +140,8 @@ sleep 0.3
 latest=$(readlink "$W/cut/ckpt/latest")
 if [ -n "$latest" ] && [ "$latest" != step_0000040 ]; then ok "killed at $latest"
 else fail "the run was not cut short (latest=$latest)"; fi
-[ "$(procs_left)" -eq 0 ] && [ "$(shm_left)" -eq "$shm0" ] && ok "coordinator SIGKILL: stages gone, no shm left" \
-  || fail "coordinator SIGKILL: left $(procs_left) processes, shm: $(ls /dev/shm | grep mmpipe)"
+[ "$(procs_left "$W/cut.log")" -eq 0 ] && [ "$(shm_left "$W/cut.log")" -eq 0 ] && ok "coordinator SIGKILL: stages gone, no shm left" \
+  || fail "coordinator SIGKILL: left $(procs_left "$W/cut.log") processes, shm: $(ls /dev/shm | grep mmpipe)"
 "$BIN" launch "$W/resume.yaml" --resume "$W/cut" >"$W/resumed.log" 2>&1 || { fail "resume"; tail -3 "$W/resumed.log"; }
 out=$("$BIN" ckpt diff "$W/full" "$W/cut" --quiet); rc=$?
 [ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] && ok "resumed run equals the uninterrupted one" \
