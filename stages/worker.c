@@ -127,21 +127,29 @@ static void heartbeat(worker *w, int step, int instr)
     send_env(w, &env);
 }
 
+/* The next control message; wakes every second to check that the
+ * coordinator is still there (PR_SET_PDEATHSIG covers its death too). */
+static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
+{
+    for (;;) {
+        char from[MMP_CTL_ID_MAX];
+        mmp_err e = mmp_ctl_recv(w->ctl, 1000, env, from, sizeof from);
+        if (e != MMP_ERR_TIMEOUT) {
+            return e;
+        }
+        if (getppid() == 1) {
+            return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
+        }
+    }
+}
+
 /* Waits for a message of body `want`; Abort and Shutdown end the wait with
  * MMP_ERR_PEER (the caller exits). Other bodies are protocol errors. */
 static mmp_err wait_for(worker *w, Mmpipe__Envelope__BodyCase want, Mmpipe__Envelope **out)
 {
     for (;;) {
         Mmpipe__Envelope *env = NULL;
-        char from[MMP_CTL_ID_MAX];
-        mmp_err e = mmp_ctl_recv(w->ctl, 1000, &env, from, sizeof from);
-        if (e == MMP_ERR_TIMEOUT) {
-            if (getppid() == 1) {
-                return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
-            }
-            continue;
-        }
-        MMP_TRY(e);
+        MMP_TRY(next_message(w, &env));
         if (env->body_case == want) {
             *out = env;
             return MMP_OK;
@@ -852,15 +860,8 @@ static mmp_err serve(worker *w)
 {
     for (;;) {
         Mmpipe__Envelope *env = NULL;
-        char from[MMP_CTL_ID_MAX];
-        mmp_err e = mmp_ctl_recv(w->ctl, 1000, &env, from, sizeof from);
-        if (e == MMP_ERR_TIMEOUT) {
-            if (getppid() == 1) {
-                return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
-            }
-            continue;
-        }
-        MMP_TRY(e);
+        MMP_TRY(next_message(w, &env));
+        mmp_err e = MMP_OK;
         switch (env->body_case) {
         case MMPIPE__ENVELOPE__BODY_START:
             for (int s = env->start->first_step; e == MMP_OK &&
