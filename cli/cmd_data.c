@@ -10,9 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "common/progress.h"
+#include "data/dataset.h"
+#include "data/image.h"
 #include "data/manifest.h"
 #include "data/png.h"
 #include "data/synth.h"
@@ -28,7 +31,7 @@ static const char USAGE[] =
     "                  write the synthetic shapes set (PNG images + JSONL + vocab.txt)\n"
     "  tokenize --vocab FILE [--max-len N]\n"
     "                  print the token ids of each line of stdin\n"
-    "  check MANIFEST [--vocab FILE]\n"
+    "  check MANIFEST [--vocab FILE] [--decode]\n"
     "                  report every bad line of a JSONL manifest\n"
     "\n"
     "mmpipe data <command> --help shows a command's options.\n";
@@ -59,14 +62,19 @@ static const char TOKENIZE_USAGE[] =
     "                   without it: no padding, at most 512 ids\n";
 
 static const char CHECK_USAGE[] =
-    "usage: mmpipe data check MANIFEST [--vocab FILE]\n"
+    "usage: mmpipe data check MANIFEST [--vocab FILE] [--decode]\n"
     "\n"
-    "Reads every line of a JSONL manifest, decodes every image, and prints each\n"
-    "problem as MANIFEST:LINE: reason (bad JSON, missing or non-string field,\n"
-    "empty caption, missing or undecodable image), then one summary line.\n"
+    "Reads a JSONL manifest line by line (in constant memory) and prints each\n"
+    "problem as MANIFEST:LINE: reason: malformed JSON, a missing, duplicate or\n"
+    "non-string field, invalid UTF-8, an empty caption, a missing or zero-size\n"
+    "image file. Then one summary line: N lines, K problems (by kind ...).\n"
+    "Progress goes to stderr when it is a terminal.\n"
     "\n"
-    "  --vocab FILE     also tokenize every caption: report the longest length\n"
-    "                   and how many captions have unknown ([UNK]) words\n"
+    "  --vocab FILE     also tokenize every caption: a caption with no tokens is\n"
+    "                   a problem; report the longest length and how many\n"
+    "                   captions have unknown ([UNK]) words\n"
+    "  --decode         also decode every image (PNG or JPEG): undecodable or\n"
+    "                   truncated images are problems; report the image sizes\n"
     "\n"
     "Exit status: 0 when there is no problem, 1 otherwise, 2 on usage errors.\n";
 
@@ -246,7 +254,8 @@ static int cmd_tokenize(int argc, char **argv)
             line[--got] = 0;
         }
         int n_real = 0;
-        mmp_tokenizer_encode(tok, line, (int)max_len, ids, NULL, &n_real, NULL);
+        /* by length: a NUL byte in the line is text too (the tokenizer drops it) */
+        mmp_tokenizer_encode_n(tok, line, (size_t)got, (int)max_len, ids, NULL, &n_real, NULL);
         int shown = max_s ? (int)max_len : n_real;
         for (int i = 0; i < shown; i++) {
             printf(i ? " %d" : "%d", ids[i]);
@@ -266,63 +275,144 @@ exit:
 
 /* ---- check ------------------------------------------------------------------------- */
 
+/* The live progress line appears after this long, on a terminal only. */
+#define CHECK_PROGRESS_AFTER_S 1.0
+
 typedef struct check_state {
     const char *manifest;
     mmp_tokenizer *tok; /* NULL without --vocab */
+    int decode;         /* --decode */
     int64_t lines, problems;
-    int width, height;   /* of the first good image */
+    int64_t by_kind[MMP_PROBLEM_KINDS];
+    int width, height;   /* of the first good image (--decode) */
     int64_t other_sizes; /* good images of another size */
     int64_t with_unk;    /* captions with an [UNK] */
     int max_tokens;      /* longest caption, [CLS] and [SEP] included */
     int32_t ids[TOKENIZE_DEFAULT_MAX];
+    /* progress on a terminal */
+    int tty, shown;
+    double t0, last;
+    uint64_t bytes;
 } check_state;
+
+static void clear_progress(check_state *st)
+{
+    if (st->shown) {
+        fputs("\r\033[K", stderr);
+        st->shown = 0;
+    }
+}
+
+static void show_progress(check_state *st, uint64_t offset)
+{
+    if (!st->tty || st->lines % 1024 != 0) {
+        return;
+    }
+    double now = mmp_now();
+    if (now - st->t0 < CHECK_PROGRESS_AFTER_S || now - st->last < 0.2) {
+        return;
+    }
+    st->last = now;
+    fprintf(stderr, "\r\033[Kchecking: %lld lines, %lld problems, %.0f%%", (long long)st->lines,
+            (long long)st->problems, st->bytes ? 100.0 * (double)offset / (double)st->bytes : 0.0);
+    fflush(stderr);
+    st->shown = 1;
+}
+
+static void report(check_state *st, mmp_sample_problem kind, int64_t line, const char *why)
+{
+    clear_progress(st);
+    if (line > 0) {
+        printf("%s:%lld: %s\n", st->manifest, (long long)line, why);
+    } else {
+        printf("%s\n", why); /* already "manifest:line: reason" */
+    }
+    st->problems++;
+    st->by_kind[kind]++;
+}
 
 static mmp_err check_line(void *user, const mmp_manifest_entry *e, const char *problem)
 {
     check_state *st = user;
     st->lines++;
+    show_progress(st, e->offset);
     if (problem) {
-        printf("%s\n", problem);
-        st->problems++;
+        report(st, e->problem, 0, problem);
         return MMP_OK;
     }
     char path[4096];
-    mmp_image img;
-    struct stat sb;
+    mmp_sample_problem kind = MMP_PROBLEM_MISSING_IMAGE;
     mmp_err err = mmp_manifest_resolve(st->manifest, e->image, path, sizeof path);
-    if (err == MMP_OK && stat(path, &sb) != 0) {
-        printf("%s:%lld: missing image %s (%s)\n", st->manifest, (long long)e->line, path,
-               strerror(errno));
-        st->problems++;
-        return MMP_OK;
-    }
     if (err == MMP_OK) {
-        err = mmp_png_read(path, &img);
+        err = mmp_dataset_check_file(path, &kind);
     }
     if (err != MMP_OK) {
-        printf("%s:%lld: %s\n", st->manifest, (long long)e->line, mmp_last_error());
-        st->problems++;
+        report(st, kind, e->line, mmp_last_error());
         return MMP_OK;
     }
-    if (st->width == 0) {
-        st->width = img.width, st->height = img.height;
-    } else if (img.width != st->width || img.height != st->height) {
-        st->other_sizes++;
+    if (st->decode) {
+        mmp_image img;
+        if (mmp_image_read(path, &img) != MMP_OK) {
+            report(st, MMP_PROBLEM_BAD_IMAGE, e->line, mmp_last_error());
+            return MMP_OK;
+        }
+        if (st->width == 0) {
+            st->width = img.width, st->height = img.height;
+        } else if (img.width != st->width || img.height != st->height) {
+            st->other_sizes++;
+        }
+        mmp_image_fini(&img);
     }
-    mmp_image_fini(&img);
     if (st->tok) {
         int n_real = 0, n_unk = 0;
         mmp_tokenizer_encode(st->tok, e->text, TOKENIZE_DEFAULT_MAX, st->ids, NULL, &n_real,
                              &n_unk);
+        if (n_real <= 2) {
+            report(st, MMP_PROBLEM_BAD_CAPTION, e->line,
+                   "caption has no tokens after normalisation");
+            return MMP_OK;
+        }
         st->with_unk += n_unk > 0;
         st->max_tokens = n_real > st->max_tokens ? n_real : st->max_tokens;
     }
     return MMP_OK;
 }
 
+/* "N lines, K problems (by kind: ...); G good samples; ..." */
+static void print_summary(const check_state *st)
+{
+    const int64_t good = st->lines - st->problems;
+    printf("%s: %lld lines, %lld problems", st->manifest, (long long)st->lines,
+           (long long)st->problems);
+    if (st->problems) {
+        const char *sep = " (by kind: ";
+        for (int k = 1; k < MMP_PROBLEM_KINDS; k++) {
+            if (st->by_kind[k]) {
+                printf("%s%lld %s", sep, (long long)st->by_kind[k],
+                       mmp_sample_problem_name((mmp_sample_problem)k));
+                sep = ", ";
+            }
+        }
+        printf(")");
+    }
+    printf("; %lld good samples", (long long)good);
+    if (st->decode && good > 0) {
+        printf("; images %dx%d", st->width, st->height);
+        if (st->other_sizes) {
+            printf(" (and %lld of other sizes, resized when loaded)", (long long)st->other_sizes);
+        }
+    }
+    if (st->tok && good > 0) {
+        printf("; longest caption %d tokens, %lld with [UNK]", st->max_tokens,
+               (long long)st->with_unk);
+    }
+    printf("\n");
+}
+
 static int cmd_check(int argc, char **argv)
 {
     const char *manifest = NULL, *vocab = NULL;
+    int decode = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         if (is_help(argv[i])) {
@@ -334,6 +424,8 @@ static int cmd_check(int argc, char **argv)
                 return usage_error("check", CHECK_USAGE, "%s needs a value", argv[i]);
             }
             vocab = v;
+        } else if (strcmp(argv[i], "--decode") == 0) {
+            decode = 1;
         } else if (argv[i][0] == '-' && argv[i][1] != 0) {
             return usage_error("check", CHECK_USAGE, "unknown argument '%s'", argv[i]);
         } else if (manifest) {
@@ -351,31 +443,25 @@ static int cmd_check(int argc, char **argv)
         return 1;
     }
     st->manifest = manifest;
+    st->decode = decode;
+    st->tty = isatty(2);
+    st->t0 = mmp_now();
+    struct stat sb;
+    st->bytes = stat(manifest, &sb) == 0 ? (uint64_t)sb.st_size : 0;
     int rc = 0;
     if (vocab && mmp_tokenizer_load(&st->tok, vocab) != MMP_OK) {
         fprintf(stderr, "mmpipe data check: %s\n", mmp_last_error());
         rc = 1;
         goto exit;
     }
-    if (mmp_manifest_scan(manifest, check_line, st) != MMP_OK) {
+    mmp_err err = mmp_manifest_scan(manifest, check_line, st);
+    clear_progress(st);
+    if (err != MMP_OK) {
         fprintf(stderr, "mmpipe data check: %s\n", mmp_last_error());
         rc = 1;
         goto exit;
     }
-    int64_t good = st->lines - st->problems;
-    printf("%s: %lld samples, %lld good, %lld with problems", manifest, (long long)st->lines,
-           (long long)good, (long long)st->problems);
-    if (good > 0) {
-        printf("; images %dx%d", st->width, st->height);
-        if (st->other_sizes) {
-            printf(" (and %lld of other sizes, resized when loaded)", (long long)st->other_sizes);
-        }
-    }
-    if (st->tok && good > 0) {
-        printf("; longest caption %d tokens, %lld with [UNK]", st->max_tokens,
-               (long long)st->with_unk);
-    }
-    printf("\n");
+    print_summary(st);
     if (st->lines == 0) {
         printf("%s: no samples (the manifest is empty)\n", manifest);
     }

@@ -432,12 +432,14 @@ static void write_metrics(coord *c, int step, double step_ms, double grad_norm, 
 {
     const mmp_plan *p = c->plan;
     double loss = 0, itc = 0, itm = 0, idle = 0, wall = 0, data = 0;
+    int skipped = 0;
     for (int i = 0; i < c->n; i++) {
         const Mmpipe__StepDone *d = ((Mmpipe__Envelope *)c->procs[i].done)->step_done;
         if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
             loss = d->loss;
             itc = d->itc;
             itm = d->itm;
+            skipped = d->skipped;
         }
         idle += d->idle_ms;
         wall += d->wall_ms;
@@ -447,9 +449,9 @@ static void write_metrics(coord *c, int step, double step_ms, double grad_norm, 
     fprintf(f,
             "{\"step\":%d,\"loss\":%.6g,\"itc_loss\":%.6g,\"itm_loss\":%.6g,\"lr\":%.6g,"
             "\"grad_norm\":%.6g,\"samples_per_s\":%.4g,\"step_ms\":%.4g,\"data_ms\":%.4g,"
-            "\"bubble\":%.4f,\"stages\":[",
+            "\"skipped_samples\":%d,\"bubble\":%.4f,\"stages\":[",
             step + 1, loss, itc, itm, (double)mmp_lr_at(p, step), grad_norm,
-            p->train.batch / (step_ms / 1e3), step_ms, data, wall > 0 ? idle / wall : 0);
+            p->train.batch / (step_ms / 1e3), step_ms, data, skipped, wall > 0 ? idle / wall : 0);
     for (int i = 0; i < c->n; i++) {
         const Mmpipe__StepDone *d = ((Mmpipe__Envelope *)c->procs[i].done)->step_done;
         double fwd = 0, bwd = 0;
@@ -460,10 +462,11 @@ static void write_metrics(coord *c, int step, double step_ms, double grad_norm, 
         double m = d->n_mbs ? (double)d->n_mbs : 1;
         fprintf(f,
                 "%s{\"name\":\"%s\",\"replica\":0,\"busy_ms\":%.4g,\"idle_ms\":%.4g,"
-                "\"wall_ms\":%.4g,\"fwd_ms\":%.4g,\"bwd_ms\":%.4g,\"load_ms\":%.4g,"
+                "\"wall_ms\":%.4g,\"data_wait_ms\":%.4g,\"fwd_ms\":%.4g,\"bwd_ms\":%.4g,"
+                "\"load_ms\":%.4g,"
                 "\"max_inflight\":%d,\"peak_mem_bytes\":%llu}",
                 i ? "," : "", c->sched.stages[i].name, d->busy_ms, d->idle_ms, d->wall_ms,
-                fwd / m, bwd / m, d->data_ms / m, d->max_inflight,
+                d->data_ms, fwd / m, bwd / m, d->data_ms / m, d->max_inflight,
                 (unsigned long long)d->peak_mem_bytes);
     }
     fprintf(f, "]");

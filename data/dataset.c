@@ -5,50 +5,81 @@
  * network over the next even power of two, cycle-walked into [0, size)), so
  * mmp_dataset_sample_at is O(1), keeps no state and is thread-safe: every
  * stage and every process computes the same order from (seed, k) alone.
- * mmp_dataset_load shares nothing mutable between calls. This file never
- * writes files and never caches decoded images. */
+ * mmp_dataset_load shares nothing mutable between calls but an atomic count
+ * of the skips it has logged. This file never
+ * writes files and never caches decoded images.
+ *
+ * Bad samples (data.on_bad_sample): what can be judged from the manifest
+ * line alone (malformed JSON, missing or non-string field, invalid UTF-8,
+ * empty caption) is judged at open, where under skip the line is left out of
+ * the index; every process opens the same file with the same rules, so the
+ * index, and with it the sample order, is the same everywhere. What needs
+ * the image file or the vocab is judged at load, by the branch that has it,
+ * and under skip only flagged (valid = 0): the index never depends on the
+ * file system, which two hosts may see differently. */
 #include "data/dataset.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "common/rng.h"
+#include "data/image.h"
 #include "data/manifest.h"
-#include "data/png.h"
 #include "data/tokenizer.h"
 
 /* Mixed into the seed: keeps the order's stream apart from other users of the seed. */
 #define ORDER_DOMAIN 0x6f72646572000000ull
 #define FEISTEL_ROUNDS 4
+/* Skipped samples logged with their reason, before they are only counted. */
+#define SKIP_LOG_MAX 10
 
 struct mmp_dataset {
     mmp_manifest *manifest;
     mmp_tokenizer *tok;
     int image_size;
     int max_text_len;
-    float mean[3], std[3];
+    mmp_image_prep prep; /* augment 0: the plan has no augmentation setting yet */
+    mmp_bad_sample policy;
+    atomic_int skips_logged;
 };
 
+mmp_err mmp_dataset_check_file(const char *path, mmp_sample_problem *kind)
+{
+    struct stat st;
+    *kind = MMP_PROBLEM_NONE;
+    if (stat(path, &st) != 0) {
+        *kind = MMP_PROBLEM_MISSING_IMAGE;
+        return mmp_errorf(MMP_ERR_DATA, "missing image %s (%s)", path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *kind = MMP_PROBLEM_MISSING_IMAGE;
+        return mmp_errorf(MMP_ERR_DATA, "image %s is not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        *kind = MMP_PROBLEM_EMPTY_IMAGE;
+        return mmp_errorf(MMP_ERR_DATA, "image %s is empty (0 bytes)", path);
+    }
+    return MMP_OK;
+}
+
+/* Under fail, open refuses a manifest whose image files are missing or empty
+ * (the earliest clear error); under skip it does not look (see the top). */
 static mmp_err check_image(void *user, const mmp_manifest_entry *e, const char *problem)
 {
     const char *manifest = user;
     (void)problem; /* only good lines reach a check */
     char path[4096];
+    mmp_sample_problem kind;
     mmp_err ret = mmp_manifest_resolve(manifest, e->image, path, sizeof path);
+    if (ret == MMP_OK) {
+        ret = mmp_dataset_check_file(path, &kind);
+    }
     if (ret != MMP_OK) {
         return mmp_error_prefix(ret, "%s:%lld", manifest, (long long)e->line);
-    }
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s:%lld: missing image %s (%s)", manifest,
-                          (long long)e->line, path, strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        return mmp_errorf(MMP_ERR_DATA, "%s:%lld: image %s is not a regular file", manifest,
-                          (long long)e->line, path);
     }
     return MMP_OK;
 }
@@ -80,8 +111,12 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
     }
     d->image_size = size;
     d->max_text_len = len;
-    memcpy(d->mean, plan->data.mean, sizeof d->mean);
-    memcpy(d->std, plan->data.std, sizeof d->std);
+    d->policy = plan->data.on_bad_sample;
+    atomic_init(&d->skips_logged, 0);
+    d->prep.size = size;
+    memcpy(d->prep.mean, plan->data.mean, sizeof d->prep.mean);
+    memcpy(d->prep.std, plan->data.std, sizeof d->prep.std);
+    d->prep.augment = 0;
 
     char vocab_path[4096];
     if (!vocab || !*vocab) {
@@ -93,7 +128,9 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
     }
     /* The manifest first: when it is missing, that is the error to report,
      * not the vocab that would be beside it. */
-    ret = mmp_manifest_open(&d->manifest, manifest, check_image, (void *)manifest);
+    ret = d->policy == MMP_BAD_SKIP
+              ? mmp_manifest_open_skip(&d->manifest, manifest, NULL, NULL)
+              : mmp_manifest_open(&d->manifest, manifest, check_image, (void *)manifest);
     if (ret != MMP_OK) {
         goto fail;
     }
@@ -121,6 +158,16 @@ void mmp_dataset_close(mmp_dataset *d)
 int64_t mmp_dataset_size(const mmp_dataset *d)
 {
     return mmp_manifest_size(d->manifest);
+}
+
+int64_t mmp_dataset_dropped(const mmp_dataset *d)
+{
+    return mmp_manifest_dropped(d->manifest);
+}
+
+size_t mmp_dataset_index_bytes(const mmp_dataset *d)
+{
+    return sizeof *d + mmp_manifest_index_bytes(d->manifest);
 }
 
 int mmp_dataset_vocab_size(const mmp_dataset *d)
@@ -169,111 +216,128 @@ int64_t mmp_dataset_sample_at(const mmp_dataset *d, uint64_t seed, int64_t k, in
     return (int64_t)x;
 }
 
-/* Bilinear resize with half-pixel centres (no antialiasing: fine for the
- * mild rescaling a manifest of mixed sizes needs), to float 0..255.
- * out (S, S, 3), in (h, w, 3). */
-static void resize_bilinear(const mmp_image *in, int size, float *out)
+/* Decodes the image at path into image (3, S, S) as data/image.h defines
+ * it; *kind says what was wrong on failure. */
+static mmp_err load_image(mmp_dataset *d, const char *path, float *image, mmp_sample_problem *kind)
 {
-    for (int y = 0; y < size; y++) {
-        float sy = ((float)y + 0.5f) * (float)in->height / (float)size - 0.5f;
-        sy = fminf(fmaxf(sy, 0.0f), (float)(in->height - 1));
-        int y0 = (int)sy, y1 = y0 + 1 < in->height ? y0 + 1 : y0;
-        float fy = sy - (float)y0;
-        for (int x = 0; x < size; x++) {
-            float sx = ((float)x + 0.5f) * (float)in->width / (float)size - 0.5f;
-            sx = fminf(fmaxf(sx, 0.0f), (float)(in->width - 1));
-            int x0 = (int)sx, x1 = x0 + 1 < in->width ? x0 + 1 : x0;
-            float fx = sx - (float)x0;
-            for (int c = 0; c < 3; c++) {
-                const uint8_t *p = in->rgb;
-                float a = p[((size_t)y0 * in->width + x0) * 3 + c];
-                float b = p[((size_t)y0 * in->width + x1) * 3 + c];
-                float e = p[((size_t)y1 * in->width + x0) * 3 + c];
-                float f = p[((size_t)y1 * in->width + x1) * 3 + c];
-                float top = a + (b - a) * fx, bottom = e + (f - e) * fx;
-                out[((size_t)y * size + x) * 3 + c] = top + (bottom - top) * fy;
-            }
-        }
+    MMP_TRY(mmp_dataset_check_file(path, kind));
+    mmp_err ret = mmp_image_load(path, &d->prep, NULL, image);
+    if (ret == MMP_ERR_DATA || ret == MMP_ERR_IO) {
+        *kind = MMP_PROBLEM_BAD_IMAGE; /* the file's problem (no memory is not) */
+        return MMP_ERR_DATA;
     }
+    return ret;
 }
 
-/* One sample into image (3, S, S), ids (T), mask (T). */
+/* One sample into image (3, S, S), ids (T), mask (T). A problem that is the
+ * sample's own (its image, its caption) is MMP_ERR_DATA with *kind set;
+ * anything else (no memory, the manifest unreadable) has *kind NONE. */
 static mmp_err load_one(mmp_dataset *d, int64_t sample, float *image, int32_t *ids, float *mask,
-                        float **scratch)
+                        mmp_sample_problem *kind)
 {
     mmp_err ret = MMP_OK;
     mmp_manifest_entry e;
-    mmp_image img = {0};
     const char *mpath = mmp_manifest_path(d->manifest);
+    *kind = MMP_PROBLEM_NONE;
     MMP_TRY(mmp_manifest_read(d->manifest, sample, &e));
-    char path[4096];
-    if (!image) { /* the text branch: no decoding */
-        goto text;
-    }
-    ret = mmp_manifest_resolve(mpath, e.image, path, sizeof path);
-    if (ret == MMP_OK) {
-        ret = mmp_png_read(path, &img);
-    }
-    if (ret != MMP_OK) {
-        ret = mmp_error_prefix(ret, "%s:%lld", mpath, (long long)e.line);
-        goto exit;
-    }
-    const int S = d->image_size;
-    const size_t plane = (size_t)S * S;
-    const float inv = 1.0f / 255.0f;
-    if (img.width == S && img.height == S) {
-        for (size_t i = 0; i < plane; i++) {
-            for (int c = 0; c < 3; c++) {
-                image[c * plane + i] = ((float)img.rgb[i * 3 + c] * inv - d->mean[c]) / d->std[c];
-            }
+    if (image) { /* the text branch does not decode */
+        char path[4096];
+        ret = mmp_manifest_resolve(mpath, e.image, path, sizeof path);
+        if (ret != MMP_OK) { /* a path too long to open is as good as missing */
+            *kind = MMP_PROBLEM_MISSING_IMAGE;
+            ret = MMP_ERR_DATA;
+        } else {
+            ret = load_image(d, path, image, kind);
         }
-    } else {
-        if (!*scratch) { /* only images of another size need it */
-            *scratch = malloc(plane * 3 * sizeof **scratch);
-            if (!*scratch) {
-                ret = mmp_errorf(MMP_ERR_NOMEM, "dataset: %zu bytes to resize", plane * 12);
-                goto exit;
-            }
-        }
-        resize_bilinear(&img, S, *scratch);
-        for (size_t i = 0; i < plane; i++) {
-            for (int c = 0; c < 3; c++) {
-                image[c * plane + i] = ((*scratch)[i * 3 + c] * inv - d->mean[c]) / d->std[c];
-            }
+        if (ret != MMP_OK) {
+            ret = mmp_error_prefix(ret, "%s:%lld", mpath, (long long)e.line);
+            goto exit;
         }
     }
-text:
-    if (!ids) { /* the image branch: no tokenizing */
-        goto exit;
-    }
-    ret = mmp_tokenizer_encode(d->tok, e.text, d->max_text_len, ids, mask, NULL, NULL);
-    if (ret != MMP_OK) {
-        ret = mmp_error_prefix(ret, "%s:%lld", mpath, (long long)e.line);
+    if (ids) { /* the image branch does not tokenise */
+        int n_real = 0;
+        ret = mmp_tokenizer_encode(d->tok, e.text, d->max_text_len, ids, mask, &n_real, NULL);
+        if (ret == MMP_OK && n_real <= 2) {
+            *kind = MMP_PROBLEM_BAD_CAPTION;
+            ret = mmp_errorf(MMP_ERR_DATA, "caption has no tokens after normalisation");
+        }
+        if (ret != MMP_OK) {
+            ret = mmp_error_prefix(ret, "%s:%lld", mpath, (long long)e.line);
+        }
     }
 exit:
-    mmp_image_fini(&img);
     mmp_manifest_entry_fini(&e);
     return ret;
 }
 
-mmp_err mmp_dataset_load(mmp_dataset *d, const int64_t *samples, int n, float *images, int32_t *ids,
-                         float *mask)
+/* What a skipped sample holds: a zero image and the empty caption [CLS]
+ * [SEP] (not all padding, so no attention row is fully masked). */
+static mmp_err blank_sample(mmp_dataset *d, float *image, int32_t *ids, float *mask)
+{
+    const size_t S = (size_t)d->image_size;
+    if (image) {
+        memset(image, 0, 3 * S * S * sizeof *image);
+    }
+    if (ids) {
+        return mmp_tokenizer_encode(d->tok, "", d->max_text_len, ids, mask, NULL, NULL);
+    }
+    return MMP_OK;
+}
+
+static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, int n, float *images,
+                            int32_t *ids, float *mask, mmp_bad_sample policy, uint8_t *valid,
+                            int *skipped)
 {
     const int64_t size = mmp_dataset_size(d);
     const size_t S = (size_t)d->image_size, T = (size_t)d->max_text_len;
-    float *scratch = NULL;
     mmp_err ret = MMP_OK;
-    for (int i = 0; i < n && ret == MMP_OK; i++) {
+    if (skipped) {
+        *skipped = 0;
+    }
+    for (int i = 0; i < n; i++) {
         if (samples[i] < 0 || samples[i] >= size) {
             ret =
                 mmp_errorf(MMP_ERR_INVALID, "%s: sample %lld out of range [0, %lld)",
                            mmp_manifest_path(d->manifest), (long long)samples[i], (long long)size);
             break;
         }
-        ret = load_one(d, samples[i], images ? images + (size_t)i * 3 * S * S : NULL,
-                       ids ? ids + (size_t)i * T : NULL, ids ? mask + (size_t)i * T : NULL,
-                       &scratch);
+        float *image = images ? images + (size_t)i * 3 * S * S : NULL;
+        int32_t *id = ids ? ids + (size_t)i * T : NULL;
+        float *m = ids ? mask + (size_t)i * T : NULL;
+        mmp_sample_problem kind;
+        ret = load_one(d, samples[i], image, id, m, &kind);
+        if (valid) {
+            valid[i] = ret == MMP_OK;
+        }
+        if (ret == MMP_OK) {
+            continue;
+        }
+        if (policy != MMP_BAD_SKIP || kind == MMP_PROBLEM_NONE) {
+            break; /* fail, or a problem that is not the sample's */
+        }
+        if (atomic_fetch_add(&d->skips_logged, 1) < SKIP_LOG_MAX) {
+            MMP_WARN("%s (%s; sample skipped: data.on_bad_sample is skip)", mmp_last_error(),
+                     mmp_sample_problem_name(kind));
+        }
+        if (skipped) {
+            (*skipped)++;
+        }
+        ret = blank_sample(d, image, id, m);
+        if (ret != MMP_OK) {
+            break;
+        }
     }
-    free(scratch);
     return ret;
+}
+
+mmp_err mmp_dataset_load(mmp_dataset *d, const int64_t *samples, int n, float *images, int32_t *ids,
+                         float *mask)
+{
+    return load_samples(d, samples, n, images, ids, mask, MMP_BAD_FAIL, NULL, NULL);
+}
+
+mmp_err mmp_dataset_load_valid(mmp_dataset *d, const int64_t *samples, int n, float *images,
+                               int32_t *ids, float *mask, uint8_t *valid, int *skipped)
+{
+    return load_samples(d, samples, n, images, ids, mask, d->policy, valid, skipped);
 }

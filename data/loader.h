@@ -7,9 +7,11 @@
  * samples the dataset's order gives (both branches compute the same ones).
  * Each micro-batch carries a per-sample valid flag: under
  * data.on_bad_sample = skip a bad sample (missing / unreadable / truncated /
- * empty image, undecodable or empty caption) is flagged 0, its data zeroed,
- * and counted; under fail the first bad sample is an error naming the
- * manifest line and reason, returned by mmp_loader_get for that micro-batch.
+ * empty image, a caption with no tokens) is flagged 0, its image zeroed and
+ * its caption [CLS] [SEP], and counted; under fail the first bad sample is an
+ * error naming the manifest line and reason, returned by mmp_loader_get for
+ * that micro-batch. (Lines bad in themselves, such as malformed JSON or an
+ * empty caption, never reach a batch: see data/dataset.h.)
  * workers = 0 loads synchronously inside mmp_loader_get (the reference
  * behaviour; results are identical for any worker count). */
 #ifndef MMP_DATA_LOADER_H
@@ -23,7 +25,7 @@
 typedef struct mmp_batch {
     int step, mb, n;
     int64_t *samples;  /* (n) dataset indices */
-    uint64_t digest;   /* of samples, in order */
+    uint64_t digest;   /* 0: data/ must not use stages/'s mmp_sample_digest */
     float *images;     /* (n,3,S,S) or NULL when the loader loads no images */
     int32_t *ids;      /* (n,T) or NULL when it loads no text */
     float *mask;       /* (n,T) or NULL */

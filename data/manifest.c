@@ -38,6 +38,7 @@ typedef struct parser {
     char *arena; /* NULL: validate only */
     size_t used;
     char why[240];
+    mmp_sample_problem kind; /* of the first failure */
 } parser;
 
 static int fail(parser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -48,6 +49,9 @@ static int fail(parser *p, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (p->kind == MMP_PROBLEM_NONE) {
+        p->kind = MMP_PROBLEM_JSON;
+    }
     if (p->i >= p->n) {
         snprintf(p->why, sizeof p->why, "not valid JSON at the end of the line: %s", msg);
     } else {
@@ -122,6 +126,7 @@ static int parse_string(parser *p, int keep, const char **out, int *has_nul)
         if (c != '\\') {
             size_t len = mmp_utf8_seq_len((const unsigned char *)p->s + p->i, p->n - p->i);
             if (len == 0) {
+                p->kind = MMP_PROBLEM_UTF8;
                 ok = fail(p, "invalid UTF-8 in a string");
                 break;
             }
@@ -183,12 +188,14 @@ static int parse_string(parser *p, int keep, const char **out, int *has_nul)
             break;
         }
         if (cp >= 0xdc00 && cp <= 0xdfff) {
+            p->kind = MMP_PROBLEM_UTF8; /* well-formed JSON, but no UTF-8 can hold it */
             ok = fail(p, "\\u%04x is a low surrogate without a high one", (unsigned)cp);
             break;
         }
         if (cp >= 0xd800 && cp <= 0xdbff) {
             uint32_t lo;
             if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
+                p->kind = MMP_PROBLEM_UTF8;
                 ok = fail(p, "\\u%04x is a high surrogate without a low one", (unsigned)cp);
                 break;
             }
@@ -198,6 +205,7 @@ static int parse_string(parser *p, int keep, const char **out, int *has_nul)
                 break;
             }
             if (lo < 0xdc00 || lo > 0xdfff) {
+                p->kind = MMP_PROBLEM_UTF8;
                 ok = fail(p, "\\u%04x after a high surrogate is not a low surrogate", (unsigned)lo);
                 break;
             }
@@ -388,7 +396,7 @@ static int blank(const char *s)
 }
 
 /* Parses line s[0..n) with arena (>= n + 1 bytes); fills e's strings or
- * writes the reason to why. */
+ * writes the reason to why and its kind to e->problem. */
 static int parse_entry(const char *s, size_t n, char *arena, mmp_manifest_entry *e, char *why,
                        size_t why_n)
 {
@@ -398,6 +406,7 @@ static int parse_entry(const char *s, size_t n, char *arena, mmp_manifest_entry 
     skip_ws(&p);
     if (p.i >= p.n || p.s[p.i] != '{') {
         snprintf(why, why_n, "not a JSON object (a line is {\"image\": ..., \"text\": ...})");
+        e->problem = MMP_PROBLEM_JSON;
         return 0;
     }
     int ok = parse_container(&p, 0, fields);
@@ -409,43 +418,71 @@ static int parse_entry(const char *s, size_t n, char *arena, mmp_manifest_entry 
     }
     if (!ok) {
         snprintf(why, why_n, "%s", p.why);
+        e->problem = p.kind;
         return 0;
     }
     for (int k = 0; k < 3; k++) {
         const field *f = &fields[k];
         if (f->count > 1) {
             snprintf(why, why_n, "duplicate field \"%s\"", names[k]);
+            e->problem = MMP_PROBLEM_DUPLICATE_FIELD;
             return 0;
         }
         if (k < 2 && f->count == 0) {
             snprintf(why, why_n, "missing field \"%s\"", names[k]);
+            e->problem = MMP_PROBLEM_MISSING_FIELD;
             return 0;
         }
         if (k < 2 && f->kind != K_STRING) {
             snprintf(why, why_n, "expected a string for \"%s\"", names[k]);
+            e->problem = MMP_PROBLEM_FIELD_TYPE;
             return 0;
         }
         if (k == 2 && f->count && f->kind != K_STRING && f->kind != K_NUMBER) {
             snprintf(why, why_n, "expected a string or a number for \"id\"");
+            e->problem = MMP_PROBLEM_FIELD_TYPE;
             return 0;
         }
         if (f->has_nul) {
             snprintf(why, why_n, "\"%s\" contains a NUL character (\\u0000)", names[k]);
+            e->problem = MMP_PROBLEM_UTF8;
             return 0;
         }
     }
     if (fields[0].str[0] == 0) {
         snprintf(why, why_n, "empty image path");
+        e->problem = MMP_PROBLEM_EMPTY_PATH;
         return 0;
     }
     if (blank(fields[1].str)) {
         snprintf(why, why_n, "empty caption");
+        e->problem = MMP_PROBLEM_EMPTY_CAPTION;
         return 0;
     }
     e->image = fields[0].str;
     e->text = fields[1].str;
     e->id = fields[2].count ? fields[2].str : NULL;
     return 1;
+}
+
+const char *mmp_sample_problem_name(mmp_sample_problem p)
+{
+    static const char *const names[MMP_PROBLEM_KINDS] = {
+        [MMP_PROBLEM_NONE] = "no problem",
+        [MMP_PROBLEM_JSON] = "malformed JSON",
+        [MMP_PROBLEM_MISSING_FIELD] = "missing field",
+        [MMP_PROBLEM_FIELD_TYPE] = "non-string field",
+        [MMP_PROBLEM_DUPLICATE_FIELD] = "duplicate field",
+        [MMP_PROBLEM_UTF8] = "invalid UTF-8",
+        [MMP_PROBLEM_EMPTY_PATH] = "empty image path",
+        [MMP_PROBLEM_EMPTY_CAPTION] = "empty caption",
+        [MMP_PROBLEM_LONG_LINE] = "line too long",
+        [MMP_PROBLEM_MISSING_IMAGE] = "missing image",
+        [MMP_PROBLEM_EMPTY_IMAGE] = "zero-size image",
+        [MMP_PROBLEM_BAD_IMAGE] = "undecodable image",
+        [MMP_PROBLEM_BAD_CAPTION] = "caption without tokens",
+    };
+    return p >= 0 && p < MMP_PROBLEM_KINDS && names[p] ? names[p] : "unknown problem";
 }
 
 void mmp_manifest_entry_fini(mmp_manifest_entry *e)
@@ -467,8 +504,10 @@ mmp_err mmp_manifest_parse_line(const char *line, size_t len, mmp_manifest_entry
     }
     char why[256];
     if (!parse_entry(line, len, arena, e, why, sizeof why)) {
+        mmp_sample_problem kind = e->problem;
         free(arena);
         memset(e, 0, sizeof *e);
+        e->problem = kind;
         return mmp_errorf(MMP_ERR_DATA, "%s", why);
     }
     e->storage = arena;
@@ -524,6 +563,7 @@ mmp_err mmp_manifest_scan(const char *path, mmp_manifest_visit visit, void *user
         if (n > MMP_MANIFEST_MAX_LINE) {
             snprintf(why, sizeof why, "line longer than %d bytes", MMP_MANIFEST_MAX_LINE);
             problem = why;
+            e.problem = MMP_PROBLEM_LONG_LINE;
         } else {
             if (arena_cap < n + 1) {
                 free(arena);
@@ -568,62 +608,151 @@ mmp_err mmp_manifest_resolve(const char *manifest_path, const char *image, char 
     return MMP_OK;
 }
 
+/* ---- the index ---------------------------------------------------------------- */
+
+/* One uint64 per sample: the line's byte offset in the high 40 bits (files up
+ * to 1 TiB) and its length in the low 24. Line numbers are not stored per
+ * sample: line(i) = i + 1 + (lines before sample i that are not samples:
+ * blank or left out), and that count changes only where such a line occurs,
+ * so `jumps` records it at each change; a clean manifest has none. */
+#define LENGTH_BITS 24
+#define OFFSET_LIMIT (1ull << (64 - LENGTH_BITS))
+_Static_assert(MMP_MANIFEST_MAX_LINE < (1 << LENGTH_BITS), "a line's length must fit its field");
+
+/* Warnings for lines left out, before they are only counted. */
+#define DROP_LOG_MAX 10
+
+typedef struct line_jump {
+    int64_t first; /* the first sample it applies to */
+    int64_t extra; /* lines before that sample which are not samples */
+} line_jump;
+
 struct mmp_manifest {
     char *path;
     int fd;
     int64_t n, cap;
-    uint64_t *offset;
-    uint32_t *length;
-    uint32_t *line;
+    uint64_t *slot; /* (n) offset << LENGTH_BITS | length */
+    int64_t n_jumps, jumps_cap;
+    line_jump *jumps;
+    int64_t dropped; /* bad lines left out (skip) */
 };
 
 typedef struct open_state {
     mmp_manifest *m;
     mmp_manifest_visit check;
     void *user;
+    int skip;
 } open_state;
+
+/* Grows *buf (of *cap elements of size elem) to hold at least need. */
+static int grow(void **buf, int64_t *cap, int64_t need, size_t elem)
+{
+    if (need <= *cap) {
+        return 1;
+    }
+    int64_t next = *cap ? 2 * *cap : 1024;
+    void *p = realloc(*buf, (size_t)next * elem);
+    if (!p) {
+        return 0;
+    }
+    *buf = p;
+    *cap = next;
+    return 1;
+}
+
+static mmp_err drop_line(open_state *st, const char *why)
+{
+    mmp_manifest *m = st->m;
+    if (m->dropped < DROP_LOG_MAX) {
+        MMP_WARN("%s (left out: data.on_bad_sample is skip)", why);
+    } else if (m->dropped == DROP_LOG_MAX) {
+        MMP_WARN("%s: more bad lines left out, not listed", m->path);
+    }
+    m->dropped++;
+    return MMP_OK;
+}
 
 static mmp_err index_line(void *user, const mmp_manifest_entry *e, const char *problem)
 {
     open_state *st = user;
     mmp_manifest *m = st->m;
     if (problem) {
-        return mmp_errorf(MMP_ERR_DATA, "%s", problem);
+        return st->skip ? drop_line(st, problem) : mmp_errorf(MMP_ERR_DATA, "%s", problem);
     }
     if (st->check) {
-        MMP_TRY(st->check(st->user, e, NULL));
+        mmp_err ret = st->check(st->user, e, NULL);
+        if (ret == MMP_ERR_DATA && st->skip) {
+            return drop_line(st, mmp_last_error());
+        }
+        MMP_TRY(ret);
     }
-    if (e->line > UINT32_MAX) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: more than %u lines", m->path, UINT32_MAX);
+    if (e->offset >= OFFSET_LIMIT) {
+        return mmp_errorf(MMP_ERR_DATA, "%s:%lld: manifest larger than %llu bytes (split it)",
+                          m->path, (long long)e->line, OFFSET_LIMIT);
     }
-    if (m->n == m->cap) {
-        int64_t cap = m->cap ? 2 * m->cap : 1024;
-        uint64_t *offset = realloc(m->offset, (size_t)cap * sizeof *offset);
-        if (offset) {
-            m->offset = offset;
-        }
-        uint32_t *length = realloc(m->length, (size_t)cap * sizeof *length);
-        if (length) {
-            m->length = length;
-        }
-        uint32_t *line = realloc(m->line, (size_t)cap * sizeof *line);
-        if (line) {
-            m->line = line;
-        }
-        if (!offset || !length || !line) {
-            return mmp_errorf(MMP_ERR_NOMEM, "%s: index of %lld samples", m->path, (long long)cap);
-        }
-        m->cap = cap;
+    /* Only a file that grew since it was counted needs more room. */
+    if (!grow((void **)&m->slot, &m->cap, m->n + 1, sizeof *m->slot)) {
+        return mmp_errorf(MMP_ERR_NOMEM, "%s: index of %lld samples", m->path,
+                          (long long)(2 * m->cap));
     }
-    m->offset[m->n] = e->offset;
-    m->length[m->n] = (uint32_t)e->length;
-    m->line[m->n] = (uint32_t)e->line;
-    m->n++;
+    const int64_t extra = e->line - 1 - m->n;
+    const int64_t last = m->n_jumps ? m->jumps[m->n_jumps - 1].extra : 0;
+    if (extra != last) {
+        if (!grow((void **)&m->jumps, &m->jumps_cap, m->n_jumps + 1, sizeof *m->jumps)) {
+            return mmp_errorf(MMP_ERR_NOMEM, "%s: line table of %lld entries", m->path,
+                              (long long)(2 * m->jumps_cap));
+        }
+        m->jumps[m->n_jumps++] = (line_jump){.first = m->n, .extra = extra};
+    }
+    m->slot[m->n++] = e->offset << LENGTH_BITS | (uint64_t)e->length;
     return MMP_OK;
 }
 
-mmp_err mmp_manifest_open(mmp_manifest **out, const char *path, mmp_manifest_visit check,
-                          void *user)
+/* Lines in the file at path (its newlines, plus one for a last line without
+ * one). The index is allocated once at this size: growing it by doubling
+ * would leave freed copies resident when the allocator serves it from the
+ * heap, making memory depend on allocation history. */
+static mmp_err count_lines(const char *path, int64_t *out)
+{
+    enum { CHUNK = 1 << 18 };
+    mmp_err ret = MMP_OK;
+    *out = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    char *buf = malloc(CHUNK);
+    if (!buf) {
+        close(fd);
+        return mmp_errorf(MMP_ERR_NOMEM, "%s: %d bytes to count lines", path, CHUNK);
+    }
+    int64_t lines = 0;
+    char last = '\n';
+    for (;;) {
+        ssize_t got = read(fd, buf, CHUNK);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got < 0) {
+            ret = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+            break;
+        }
+        if (got == 0) {
+            break;
+        }
+        for (const char *p = buf, *end = buf + got; (p = memchr(p, '\n', (size_t)(end - p))); p++) {
+            lines++;
+        }
+        last = buf[got - 1];
+    }
+    *out = lines + (last != '\n');
+    free(buf);
+    close(fd);
+    return ret;
+}
+
+static mmp_err open_index(mmp_manifest **out, const char *path, mmp_manifest_visit check,
+                          void *user, int skip)
 {
     mmp_err ret = MMP_OK;
     *out = NULL;
@@ -637,14 +766,40 @@ mmp_err mmp_manifest_open(mmp_manifest **out, const char *path, mmp_manifest_vis
         ret = mmp_errorf(MMP_ERR_NOMEM, "manifest path");
         goto fail;
     }
-    open_state st = {.m = m, .check = check, .user = user};
+    int64_t lines;
+    ret = count_lines(path, &lines);
+    if (ret != MMP_OK) {
+        goto fail;
+    }
+    if (lines > 0) {
+        m->slot = malloc((size_t)lines * sizeof *m->slot);
+        if (!m->slot) {
+            ret = mmp_errorf(MMP_ERR_NOMEM, "%s: index of %lld lines (%zu bytes)", path,
+                             (long long)lines, (size_t)lines * sizeof *m->slot);
+            goto fail;
+        }
+        m->cap = lines;
+    }
+    open_state st = {.m = m, .check = check, .user = user, .skip = skip};
     ret = mmp_manifest_scan(path, index_line, &st);
     if (ret != MMP_OK) {
         goto fail;
     }
     if (m->n == 0) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: no samples (the manifest is empty)", path);
+        ret = m->dropped ? mmp_errorf(MMP_ERR_DATA, "%s: no samples (all %lld lines are bad)", path,
+                                      (long long)m->dropped)
+                         : mmp_errorf(MMP_ERR_DATA, "%s: no samples (the manifest is empty)", path);
         goto fail;
+    }
+    if (m->dropped) {
+        MMP_WARN("%s: %lld bad lines left out, %lld samples kept", path, (long long)m->dropped,
+                 (long long)m->n);
+    }
+    /* Blank and left-out lines have slots; give them back (in place). */
+    uint64_t *fit = realloc(m->slot, (size_t)m->n * sizeof *m->slot);
+    if (fit) {
+        m->slot = fit;
+        m->cap = m->n;
     }
     m->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (m->fd < 0) {
@@ -658,6 +813,18 @@ fail:
     return ret;
 }
 
+mmp_err mmp_manifest_open(mmp_manifest **out, const char *path, mmp_manifest_visit check,
+                          void *user)
+{
+    return open_index(out, path, check, user, 0);
+}
+
+mmp_err mmp_manifest_open_skip(mmp_manifest **out, const char *path, mmp_manifest_visit check,
+                               void *user)
+{
+    return open_index(out, path, check, user, 1);
+}
+
 void mmp_manifest_close(mmp_manifest *m)
 {
     if (!m) {
@@ -667,15 +834,19 @@ void mmp_manifest_close(mmp_manifest *m)
         close(m->fd);
     }
     free(m->path);
-    free(m->offset);
-    free(m->length);
-    free(m->line);
+    free(m->slot);
+    free(m->jumps);
     free(m);
 }
 
 int64_t mmp_manifest_size(const mmp_manifest *m)
 {
     return m->n;
+}
+
+int64_t mmp_manifest_dropped(const mmp_manifest *m)
+{
+    return m->dropped;
 }
 
 const char *mmp_manifest_path(const mmp_manifest *m)
@@ -686,7 +857,22 @@ const char *mmp_manifest_path(const mmp_manifest *m)
 int64_t mmp_manifest_line(const mmp_manifest *m, int64_t i)
 {
     MMP_ASSERT(i >= 0 && i < m->n);
-    return m->line[i];
+    /* The last jump at or before i. */
+    int64_t lo = 0, hi = m->n_jumps;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (m->jumps[mid].first <= i) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return i + 1 + (lo ? m->jumps[lo - 1].extra : 0);
+}
+
+size_t mmp_manifest_index_bytes(const mmp_manifest *m)
+{
+    return (size_t)m->cap * sizeof *m->slot + (size_t)m->jumps_cap * sizeof *m->jumps;
 }
 
 mmp_err mmp_manifest_read(const mmp_manifest *m, int64_t i, mmp_manifest_entry *e)
@@ -696,15 +882,16 @@ mmp_err mmp_manifest_read(const mmp_manifest *m, int64_t i, mmp_manifest_entry *
         return mmp_errorf(MMP_ERR_INVALID, "%s: sample %lld out of range [0, %lld)", m->path,
                           (long long)i, (long long)m->n);
     }
-    size_t len = m->length[i];
-    long long line = m->line[i];
+    const uint64_t offset = m->slot[i] >> LENGTH_BITS;
+    const size_t len = (size_t)(m->slot[i] & ((1u << LENGTH_BITS) - 1));
+    const long long line = mmp_manifest_line(m, i);
     char *buf = malloc(len + 1);
     if (!buf) {
         return mmp_errorf(MMP_ERR_NOMEM, "%s:%lld: %zu bytes", m->path, line, len);
     }
     size_t done = 0;
     while (done < len) {
-        ssize_t got = pread(m->fd, buf + done, len - done, (off_t)(m->offset[i] + done));
+        ssize_t got = pread(m->fd, buf + done, len - done, (off_t)(offset + done));
         if (got < 0 && errno == EINTR) {
             continue;
         }
@@ -721,6 +908,6 @@ mmp_err mmp_manifest_read(const mmp_manifest *m, int64_t i, mmp_manifest_entry *
         return mmp_error_prefix(ret, "%s:%lld: changed since it was opened", m->path, line);
     }
     e->line = line;
-    e->offset = m->offset[i];
+    e->offset = offset;
     return MMP_OK;
 }

@@ -1,5 +1,7 @@
 #include "stages/pairing.h"
 
+#include <string.h>
+
 uint64_t mmp_sample_digest(const int64_t *ids, int n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -29,4 +31,33 @@ mmp_err mmp_pair_check(const mmp_msg_header *img, const mmp_msg_header *txt, int
                           (unsigned long long)txt->digest, txt->n);
     }
     return MMP_OK;
+}
+
+int mmp_pair_rows(const float *img_valid, const float *txt_valid, int n, int *rows)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (img_valid[i] != 0.0f && txt_valid[i] != 0.0f) {
+            rows[k++] = i;
+        }
+    }
+    return k;
+}
+
+void mmp_gather_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row)
+{
+    for (int i = 0; i < n_rows; i++) {
+        memcpy(dst + (size_t)i * row, src + (size_t)rows[i] * row, row * sizeof(float));
+    }
+}
+
+void mmp_scatter_add_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row)
+{
+    for (int i = 0; i < n_rows; i++) {
+        float *d = dst + (size_t)rows[i] * row;
+        const float *s = src + (size_t)i * row;
+        for (size_t j = 0; j < row; j++) {
+            d[j] += s[j];
+        }
+    }
 }

@@ -17,4 +17,14 @@ uint64_t mmp_sample_digest(const int64_t *ids, int n);
  * MMP_ERR_DATA with a message naming the step (1-based) and micro-batch. */
 mmp_err mmp_pair_check(const mmp_msg_header *img, const mmp_msg_header *txt, int step, int mb);
 
+/* Samples a micro-batch carries flags for (1 = good, 0 = skipped under
+ * data.on_bad_sample: skip). The fusion stage trains only on the rows good in
+ * both branches: rows (n) receives their indices in order; returns how many.
+ * img_valid / txt_valid are (n) floats, 1 or 0. */
+int mmp_pair_rows(const float *img_valid, const float *txt_valid, int n, int *rows);
+/* dst (n_rows, row) = src[rows[i]] rows. */
+void mmp_gather_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row);
+/* dst[rows[i]] += src (n_rows, row); other rows of dst are left as they are. */
+void mmp_scatter_add_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row);
+
 #endif

@@ -14,9 +14,11 @@
 #include "common/ckpt.h"
 #include "common/progress.h"
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/optim.h"
+#include "stages/fuse.h"
 
 typedef struct trainer {
     const mmp_plan *plan;
@@ -33,6 +35,9 @@ typedef struct trainer {
     float *images, *mask, *img_tok, *txt_tok, *dimg, *dtxt;
     int32_t *ids;
     int64_t *samples;
+    mmp_loader *img_loader, *txt_loader;
+    mmp_fuse fuse;
+    float *img_valid, *txt_valid;
     FILE *metrics;
 } trainer;
 
@@ -47,6 +52,11 @@ static void *xcalloc(size_t n, size_t size, mmp_err *err)
 
 static void trainer_fini(trainer *t)
 {
+    mmp_loader_destroy(t->img_loader);
+    mmp_loader_destroy(t->txt_loader);
+    mmp_fuse_fini(&t->fuse);
+    free(t->img_valid);
+    free(t->txt_valid);
     mmp_image_acts_destroy(t->ia);
     mmp_text_acts_destroy(t->ta);
     mmp_fusion_acts_destroy(t->fa);
@@ -98,7 +108,10 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     t->txt_tok = xcalloc(n * (size_t)t->txt_tok_floats, sizeof(float), &err);
     t->dtxt = xcalloc(n * (size_t)t->txt_tok_floats, sizeof(float), &err);
     t->samples = xcalloc(n, sizeof(int64_t), &err);
-    return err;
+    t->img_valid = xcalloc(n, sizeof(float), &err);
+    t->txt_valid = xcalloc(n, sizeof(float), &err);
+    MMP_TRY(err);
+    return mmp_fuse_init(&t->fuse, t->mb_max, (size_t)t->img_tok_floats, t->T, plan->model.width);
 }
 
 /* Retrieval recall@1 both ways over the first val_samples pairs, with the
@@ -156,8 +169,16 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     return mmp_ckpt_mark_latest(t->out_dir, steps_done);
 }
 
+/* n flags of a batch as floats (the form the pipeline's messages carry). */
+static void valid_floats(float *dst, const mmp_batch *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        dst[i] = b->valid[i] ? 1.0f : 0.0f;
+    }
+}
+
 static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *grad_norm,
-                          double *data_s)
+                          double *data_s, int *skipped)
 {
     const mmp_plan *plan = t->plan;
     int B = plan->train.batch, m = plan->train.microbatches;
@@ -167,28 +188,32 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_params_zero_grad(pt);
     mmp_params_zero_grad(pf);
     memset(out, 0, sizeof *out);
+    *skipped = 0;
     for (int mb = 0; mb < m; mb++) {
-        int n = mmp_plan_mb_size(plan, mb);
-        int64_t base = (int64_t)step * B + mmp_plan_mb_offset(plan, mb);
-        for (int i = 0; i < n; i++) {
-            t->samples[i] = mmp_dataset_sample_at(t->train, (uint64_t)plan->job.seed, base + i, 1);
-        }
+        /* Two loaders, one per modality, as the two branch stages have: a bad
+         * image and a bad caption are flagged (and zeroed) each on its side. */
+        mmp_batch *bi, *bt;
         double t0 = mmp_now();
-        MMP_TRY(mmp_dataset_load(t->train, t->samples, n, t->images, t->ids, t->mask));
+        MMP_TRY(mmp_loader_get(t->img_loader, step, mb, &bi));
+        mmp_err e = mmp_loader_get(t->txt_loader, step, mb, &bt);
+        if (e != MMP_OK) {
+            mmp_loader_release(t->img_loader, bi);
+            return e;
+        }
         *data_s += mmp_now() - t0;
-        float weight = (float)n / (float)B;
-        mmp_loss_parts parts;
-        mmp_image_net_forward(t->img, t->ia, t->images, n, 1, t->img_tok);
-        mmp_text_net_forward(t->txt, t->ta, t->ids, NULL, t->mask, n, t->txt_tok);
-        mmp_fusion_net_forward(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, &parts);
-        memset(t->dimg, 0, (size_t)n * (size_t)t->img_tok_floats * sizeof(float));
-        memset(t->dtxt, 0, (size_t)n * (size_t)t->txt_tok_floats * sizeof(float));
-        mmp_fusion_net_backward(t->fus, t->fa, weight, t->dimg, t->dtxt);
+        int n = bi->n, skip = 0;
+        valid_floats(t->img_valid, bi);
+        valid_floats(t->txt_valid, bt);
+        mmp_image_net_forward(t->img, t->ia, bi->images, n, 1, t->img_tok);
+        mmp_text_net_forward(t->txt, t->ta, bt->ids, NULL, bt->mask, n, t->txt_tok);
+        mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, bt->mask, t->img_valid,
+                         t->txt_valid, n, B, out, &skip);
+        mmp_loader_release(t->img_loader, bi);
+        mmp_loader_release(t->txt_loader, bt);
+        mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, t->dimg, t->dtxt);
         mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);
         mmp_image_net_backward(t->img, t->ia, t->dimg, n, NULL);
-        out->loss += weight * parts.loss;
-        out->itc += weight * parts.itc;
-        out->itm += weight * parts.itm;
+        *skipped += skip;
     }
     /* The global norm sums the stages in a fixed order (image, text, fusion),
      * as the pipeline's coordinator does. */
@@ -245,6 +270,18 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         MMP_INFO("resuming %s at step %d of %d", out_dir, first_step, plan->job.steps);
     }
     mmp_cpu_set_threads(plan->train.threads);
+    for (int k = 0; k < 2; k++) {
+        mmp_loader_cfg lc = {.ds = t.train,
+                             .plan = plan,
+                             .images = k == 0,
+                             .text = k == 1,
+                             .first_step = first_step,
+                             .last_step = plan->job.steps,
+                             .depth = plan->train.microbatches + 1};
+        if ((err = mmp_loader_create(k == 0 ? &t.img_loader : &t.txt_loader, &lc)) != MMP_OK) {
+            goto exit;
+        }
+    }
     char path[1200];
     snprintf(path, sizeof path, "%s/plan.json", out_dir);
     if ((err = mmp_plan_write_json(plan, path)) != MMP_OK) {
@@ -266,7 +303,8 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     for (int step = first_step; step < plan->job.steps; step++) {
         double t0 = mmp_now(), data_s = 0, grad_norm = 0;
         mmp_loss_parts parts;
-        err = train_step(&t, step, &parts, &grad_norm, &data_s);
+        int skipped = 0;
+        err = train_step(&t, step, &parts, &grad_norm, &data_s, &skipped);
         if (err != MMP_OK) {
             mmp_progress_end(&progress);
             goto exit;
@@ -277,10 +315,11 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         fprintf(t.metrics,
                 "{\"step\":%d,\"loss\":%.6g,\"itc_loss\":%.6g,\"itm_loss\":%.6g,\"lr\":%.6g,"
                 "\"grad_norm\":%.6g,\"samples_per_s\":%.4g,\"step_ms\":%.4g,\"data_ms\":%.4g,"
+                "\"skipped_samples\":%d,"
                 "\"bubble\":0,\"stages\":[{\"name\":\"single\",\"replica\":0,\"busy_ms\":%.4g,"
                 "\"idle_ms\":0,\"peak_mem_bytes\":%ld}]",
                 done, (double)parts.loss, (double)parts.itc, (double)parts.itm,
-                (double)mmp_lr_at(plan, step), grad_norm, sps, step_s * 1e3, data_s * 1e3,
+                (double)mmp_lr_at(plan, step), grad_norm, sps, step_s * 1e3, data_s * 1e3, skipped,
                 step_s * 1e3, peak_rss_bytes());
         int eval_every = plan->train.eval_every;
         if ((eval_every > 0 && done % eval_every == 0) || done == plan->job.steps) {

@@ -19,8 +19,10 @@
 #include "common/progress.h"
 #include "common/trace.h"
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "nn/model.h"
 #include "nn/optim.h"
+#include "stages/fuse.h"
 #include "stages/pairing.h"
 #include "transport/channel.h"
 #include "transport/control.h"
@@ -45,7 +47,8 @@ typedef struct flight {
     int n;
     uint64_t digest;
     void *acts;
-    float *mask; /* text: (mb_max, T) the micro-batch's mask, forwarded along */
+    float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along */
+    float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip) */
 } flight;
 
 typedef struct worker {
@@ -71,11 +74,18 @@ typedef struct worker {
     float *images, *mask, *out, *din, *dimg, *dtxt;
     int32_t *ids;
     int64_t *samples;
+    mmp_loader *loader; /* training micro-batches (first sub-stage of a branch) */
+    mmp_batch *batch;   /* the loaded micro-batch, until its forward */
+    const float *in_images, *in_mask;
+    const int32_t *in_ids;
+    float *in_valid;
     int loaded_mb, loaded_n;
     uint64_t loaded_digest;
+    mmp_fuse fuse;
+    int skipped;
     int out_mb, out_n;
     uint64_t out_digest;
-    float *out_mask;
+    float *out_mask, *out_valid;
     /* per-step accounting */
     double busy_ms, data_ms;
     float *fwd_ms, *bwd_ms;
@@ -193,6 +203,9 @@ static size_t chan_bytes(const worker *w, const Mmpipe__Channel *c)
          * forward is its input; gradients mirror them. */
         int outward = c->send != c->grad; /* act send or grad recv: our output side */
         per = outward ? w->out_floats : w->in_floats;
+    }
+    if (!c->grad) {
+        per += 1; /* the valid flag of each sample travels with activations */
     }
     return (size_t)per * (size_t)w->mb_max * sizeof(float);
 }
@@ -318,7 +331,9 @@ static mmp_err build(worker *w)
         } else {
             err = mmp_fusion_acts_create((mmp_fusion_acts **)&w->fl[i].acts, w->fus, w->mb_max);
         }
+        w->fl[i].valid = xcalloc((size_t)w->mb_max, sizeof(float), &err);
     }
+    w->in_valid = xcalloc((size_t)w->mb_max, sizeof(float), &err);
     size_t mbx = (size_t)w->mb_max;
     int S = p->data.image_size;
     if (w->kind == 0 && w->sub == 0) {
@@ -333,6 +348,10 @@ static mmp_err build(worker *w)
         w->dtxt = xcalloc(mbx * (size_t)w->T * w->D, sizeof(float), &err);
     }
     w->samples = xcalloc(mbx, sizeof(int64_t), &err);
+    if (w->kind == 2 && err == MMP_OK) {
+        err = mmp_fuse_init(&w->fuse, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D, w->T,
+                            w->D);
+    }
     w->fwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
     MMP_TRY(err);
@@ -355,7 +374,14 @@ static void teardown(worker *w)
             mmp_fusion_acts_destroy(w->fl[i].acts);
         }
         free(w->fl[i].mask);
+        free(w->fl[i].valid);
     }
+    if (w->batch) {
+        mmp_loader_release(w->loader, w->batch);
+    }
+    mmp_loader_destroy(w->loader);
+    mmp_fuse_fini(&w->fuse);
+    free(w->in_valid);
     free(w->fl);
     mmp_image_net_destroy(w->img);
     mmp_text_net_destroy(w->txt);
@@ -412,19 +438,26 @@ static mmp_err chan_release(chan *c)
     return c->t->release(c->ch);
 }
 
+/* Sends up to three consecutive segments (data, mask, valid flags) as one message. */
+typedef struct seg {
+    const float *p;
+    size_t n;
+} seg;
+
 static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
-                         const float *a, size_t a_floats, const float *b, size_t b_floats)
+                         const seg *segs, int n_segs)
 {
     void *slot;
     MMP_TRY(c->t->acquire(c->ch, &slot));
-    memcpy(slot, a, a_floats * sizeof(float));
-    if (b_floats) {
-        memcpy((float *)slot + a_floats, b, b_floats * sizeof(float));
+    size_t off = 0;
+    for (int i = 0; i < n_segs; i++) {
+        memcpy((float *)slot + off, segs[i].p, segs[i].n * sizeof(float));
+        off += segs[i].n;
     }
     mmp_msg_header h = {.step = step,
                         .mb = mb,
                         .digest = digest,
-                        .bytes = (a_floats + b_floats) * sizeof(float),
+                        .bytes = off * sizeof(float),
                         .n = n,
                         .flags = eval ? MMP_MSG_EVAL : 0};
     mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
@@ -464,31 +497,43 @@ static chan *chan_of(worker *w, int id)
 
 /* ---- one instruction ------------------------------------------------------------------ */
 
+/* Training: the next micro-batch from the prefetching loader (the wait is
+ * the stage's data wait). Evaluation: the validation chunk, loaded here. */
 static mmp_err do_load(worker *w, int step, int mb, int eval)
 {
     const mmp_plan *p = &w->plan;
-    int n;
-    if (eval) {
-        int64_t nv = mmp_dataset_size(w->val);
-        nv = nv < p->data.val_samples ? nv : p->data.val_samples;
-        int64_t base = (int64_t)mb * w->mb_max;
-        n = (int)(nv - base < w->mb_max ? nv - base : w->mb_max);
-        for (int i = 0; i < n; i++) {
-            w->samples[i] = base + i;
-        }
-    } else {
-        n = mmp_plan_mb_size(p, mb);
-        int64_t base = (int64_t)step * w->B + mmp_plan_mb_offset(p, mb);
-        for (int i = 0; i < n; i++) {
-            w->samples[i] = mmp_dataset_sample_at(w->train, (uint64_t)p->job.seed, base + i, 1);
-        }
-    }
     double t0 = mmp_now();
-    MMP_TRY(mmp_dataset_load(eval ? w->val : w->train, w->samples, n,
-                             w->kind == 0 ? w->images : NULL, w->kind == 1 ? w->ids : NULL,
-                             w->kind == 1 ? w->mask : NULL));
-    double ms = (mmp_now() - t0) * 1e3;
-    w->data_ms += ms;
+    if (!eval) {
+        if (w->batch) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "load of %d before the last one's forward", mb);
+        }
+        MMP_TRY(mmp_loader_get(w->loader, step, mb, &w->batch));
+        w->data_ms += (mmp_now() - t0) * 1e3;
+        mmp_batch *b = w->batch;
+        w->in_images = b->images;
+        w->in_ids = b->ids;
+        w->in_mask = b->mask;
+        for (int i = 0; i < b->n; i++) {
+            w->in_valid[i] = b->valid[i] ? 1.0f : 0.0f;
+        }
+        w->loaded_mb = mb;
+        w->loaded_n = b->n;
+        w->loaded_digest = mmp_sample_digest(b->samples, b->n);
+        return MMP_OK;
+    }
+    int64_t nv = mmp_dataset_size(w->val);
+    nv = nv < p->data.val_samples ? nv : p->data.val_samples;
+    int64_t base = (int64_t)mb * w->mb_max;
+    int n = (int)(nv - base < w->mb_max ? nv - base : w->mb_max);
+    for (int i = 0; i < n; i++) {
+        w->samples[i] = base + i;
+        w->in_valid[i] = 1.0f;
+    }
+    MMP_TRY(mmp_dataset_load(w->val, w->samples, n, w->kind == 0 ? w->images : NULL,
+                             w->kind == 1 ? w->ids : NULL, w->kind == 1 ? w->mask : NULL));
+    w->in_images = w->images;
+    w->in_ids = w->ids;
+    w->in_mask = w->mask;
     w->loaded_mb = mb;
     w->loaded_n = n;
     w->loaded_digest = mmp_sample_digest(w->samples, n);
@@ -507,6 +552,18 @@ static chan *act_in(worker *w, int want_text)
     return NULL;
 }
 
+/* Where a received activation's parts lie: data (n rows), then for text the
+ * mask (n, T), then the n valid flags. */
+static const float *payload_mask(const chan *c, size_t data_row)
+{
+    return c->payload + (size_t)c->hdr.n * data_row;
+}
+
+static const float *payload_valid(const worker *w, const chan *c, size_t data_row, int text)
+{
+    return c->payload + (size_t)c->hdr.n * (data_row + (text ? (size_t)w->T : 0));
+}
+
 static mmp_err do_fwd(worker *w, int step, int mb, int eval)
 {
     flight *f = eval ? &w->fl[0] : flight_take(w, mb);
@@ -523,21 +580,21 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
         MMP_TRY(mmp_pair_check(&ci->hdr, &ct->hdr, step, mb));
         int n = ci->hdr.n;
         f->n = n;
-        const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
         if (eval) {
             /* The embeddings go to the caller's arrays: see run_eval. */
             return MMP_OK;
         }
-        mmp_loss_parts parts;
-        mmp_fusion_net_forward(w->fus, f->acts, ci->payload, txt, mask, n, &parts);
-        float weight = (float)n / (float)w->B;
-        w->loss.loss += weight * parts.loss;
-        w->loss.itc += weight * parts.itc;
-        w->loss.itm += weight * parts.itm;
+        size_t img_row = w->fuse.img_row, txt_row = w->fuse.txt_row;
+        int skipped = 0;
+        mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
+                         payload_mask(ct, txt_row), payload_valid(w, ci, img_row, 0),
+                         payload_valid(w, ct, txt_row, 1), n, w->B, &w->loss, &skipped);
+        w->skipped += skipped;
         MMP_TRY(chan_release(ci));
         MMP_TRY(chan_release(ct));
     } else {
-        const float *in = NULL, *mask = NULL;
+        const float *in = NULL, *mask = NULL, *valid = NULL;
+        const int32_t *ids = NULL;
         int n;
         uint64_t digest;
         chan *ci = NULL;
@@ -547,8 +604,10 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
             }
             n = w->loaded_n;
             digest = w->loaded_digest;
-            in = w->images;
-            mask = w->mask;
+            in = w->in_images;
+            ids = w->in_ids;
+            mask = w->in_mask;
+            valid = w->in_valid;
         } else {
             ci = act_in(w, w->kind == 1);
             if (!ci || !ci->held) {
@@ -557,24 +616,31 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
             n = ci->hdr.n;
             digest = ci->hdr.digest;
             in = ci->payload;
-            mask = ci->payload + (size_t)n * w->in_floats;
+            mask = payload_mask(ci, (size_t)w->in_floats);
+            valid = payload_valid(w, ci, (size_t)w->in_floats, w->kind == 1);
         }
         f->n = n;
         f->digest = digest;
+        memcpy(f->valid, valid, (size_t)n * sizeof(float));
         if (w->kind == 0) {
             mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
         } else {
             memcpy(f->mask, mask, (size_t)n * w->T * sizeof(float));
-            mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? w->ids : NULL,
+            mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL,
                                  w->sub == 0 ? NULL : in, f->mask, n, w->out);
         }
         if (ci) {
             MMP_TRY(chan_release(ci));
         }
+        if (w->batch) {
+            mmp_loader_release(w->loader, w->batch);
+            w->batch = NULL;
+        }
         w->out_mb = mb;
         w->out_n = n;
         w->out_digest = digest;
         w->out_mask = f->mask;
+        w->out_valid = f->valid;
     }
     double ms = (mmp_now() - t0) * 1e3;
     if (!eval) {
@@ -590,10 +656,11 @@ static mmp_err do_send_act(worker *w, int step, int mb, chan *c, int eval)
     if (w->out_mb != mb) {
         return mmp_errorf(MMP_ERR_INTERNAL, "send of micro-batch %d before its forward", mb);
     }
-    size_t a = (size_t)w->out_n * w->out_floats;
-    size_t b = w->kind == 1 ? (size_t)w->out_n * w->T : 0;
-    return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, w->out, a,
-                     w->out_mask, b);
+    size_t n = (size_t)w->out_n;
+    seg segs[3] = {{w->out, n * (size_t)w->out_floats},
+                   {w->out_mask, w->kind == 1 ? n * (size_t)w->T : 0},
+                   {w->out_valid, n}};
+    return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
 static mmp_err do_bwd(worker *w, int step, int mb)
@@ -605,9 +672,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     double t0 = mmp_now();
     int n = f->n;
     if (w->kind == 2) {
-        memset(w->dimg, 0, (size_t)n * mmp_image_net_tokens(&w->plan) * w->D * sizeof(float));
-        memset(w->dtxt, 0, (size_t)n * w->T * w->D * sizeof(float));
-        mmp_fusion_net_backward(w->fus, f->acts, (float)n / (float)w->B, w->dimg, w->dtxt);
+        mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
     } else {
         chan *cg = NULL;
         for (int i = 0; i < w->n_chans; i++) {
@@ -645,13 +710,12 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
 {
     int n = w->out_n;
     if (w->kind == 2) {
-        int64_t per = c->peer_text ? (int64_t)w->T * w->D
-                                   : (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
-        return chan_send(w, c, step, mb, 0, n, 0, c->peer_text ? w->dtxt : w->dimg,
-                         (size_t)n * per, NULL, 0);
+        size_t row = c->peer_text ? w->fuse.txt_row : w->fuse.img_row;
+        seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row};
+        return chan_send(w, c, step, mb, 0, n, 0, &g, 1);
     }
-    return chan_send(w, c, step, mb, 0, n, w->out_digest, w->din, (size_t)n * w->in_floats,
-                     NULL, 0);
+    seg g = {w->din, (size_t)n * (size_t)w->in_floats};
+    return chan_send(w, c, step, mb, 0, n, w->out_digest, &g, 1);
 }
 
 static mmp_err do_grad_norm(worker *w, int step)
@@ -687,6 +751,7 @@ static mmp_err run_step(worker *w, int step)
     double t0 = mmp_now();
     mmp_params_zero_grad(w->params);
     w->busy_ms = w->data_ms = 0;
+    w->skipped = 0;
     w->max_inflight = 0;
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
@@ -755,6 +820,7 @@ static mmp_err run_step(worker *w, int step)
     d.itc = w->loss.itc;
     d.itm = w->loss.itm;
     d.max_inflight = w->max_inflight;
+    d.skipped = w->skipped;
     env.body_case = MMPIPE__ENVELOPE__BODY_STEP_DONE;
     env.step_done = &d;
     return send_env(w, &env);
@@ -864,6 +930,17 @@ static mmp_err serve(worker *w)
         mmp_err e = MMP_OK;
         switch (env->body_case) {
         case MMPIPE__ENVELOPE__BODY_START:
+            if (w->train && !w->loader) {
+                /* Prefetching starts with the first step this process runs. */
+                mmp_loader_cfg lc = {.ds = w->train,
+                                     .plan = &w->plan,
+                                     .images = w->kind == 0,
+                                     .text = w->kind == 1,
+                                     .first_step = env->start->first_step,
+                                     .last_step = w->plan.job.steps,
+                                     .depth = w->plan.train.microbatches + 1};
+                e = mmp_loader_create(&w->loader, &lc);
+            }
             for (int s = env->start->first_step; e == MMP_OK &&
                                                  s < env->start->first_step + env->start->steps;
                  s++) {

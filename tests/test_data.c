@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "data/dataset.h"
+#include "data/image.h"
 #include "data/manifest.h"
 #include "data/png.h"
 #include "data/synth.h"
@@ -933,8 +934,7 @@ static void test_dataset(void)
     snprintf(vocab, sizeof vocab, "%s/vocab.txt", dir);
     write_text(vocab, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nred\ndot\n.\n");
 
-    /* 2x2 exact size and 4x4 (resized to 2x2: each output pixel is the mean
-     * of a 2x2 block with half-pixel-centred bilinear). */
+    /* 2x2 exact size and 4x4 (resized to 2x2). */
     const uint8_t px2[12] = {255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255};
     snprintf(path, sizeof path, "%s/two.png", dir);
     CHECK_OK(mmp_png_write(path, px2, 2, 2));
@@ -981,20 +981,16 @@ static void test_dataset(void)
             want[c * 4 + p] = (x - plan.data.mean[c]) / plan.data.std[c];
         }
     }
-    for (int oy = 0; oy < 2; oy++) {
-        for (int ox = 0; ox < 2; ox++) {
-            for (int c = 0; c < 3; c++) {
-                float sum = 0;
-                for (int dy = 0; dy < 2; dy++) {
-                    for (int dx = 0; dx < 2; dx++) {
-                        sum += px4[((oy * 2 + dy) * 4 + ox * 2 + dx) * 3 + c];
-                    }
-                }
-                float x = sum / 4 / 255.0f;
-                want[12 + c * 4 + oy * 2 + ox] = (x - plan.data.mean[c]) / plan.data.std[c];
-            }
-        }
+    /* The 4x4 image is resized to 2x2 by data/image.c (PIL's bilinear, tested
+     * against PIL in test_image): the dataset must give exactly that. */
+    mmp_image_prep prep = {.size = 2, .augment = 0};
+    for (int c = 0; c < 3; c++) {
+        prep.mean[c] = plan.data.mean[c];
+        prep.std[c] = plan.data.std[c];
     }
+    char four[1200];
+    snprintf(four, sizeof four, "%s/four.png", dir);
+    CHECK_OK(mmp_image_load(four, &prep, NULL, want + 12));
     CHECK_CLOSE("images", images, want, 24, 1e-6, 1e-5);
     CHECK(images[0] == 1.0f && images[4] == -1.0f && images[8] == 0.0f); /* red pixel, exact */
     const int32_t want_ids[12] = {2, 5, 6, 7, 8, 3, 2, 5, 1, 7, 3, 0};
@@ -1120,24 +1116,24 @@ static void test_cli(void)
     CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
     CHECK(contains(out, "64 train + 8 val samples"));
 
-    snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --vocab %s/set/vocab.txt", bin, dir,
-             dir);
+    snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --vocab %s/set/vocab.txt --decode",
+             bin, dir, dir);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
-    CHECK(contains(out, "64 samples, 64 good, 0 with problems; images 32x32"));
+    CHECK(contains(out, "64 lines, 0 problems; 64 good samples; images 32x32"));
     CHECK(contains(out, "0 with [UNK]"));
 
-    snprintf(cmd, sizeof cmd, "%s data check " FIXTURES "/many_problems.jsonl", bin);
+    snprintf(cmd, sizeof cmd, "%s data check " FIXTURES "/many_problems.jsonl --decode", bin);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
     static const char *const lines[] = {
         ":2: ",  ":4: ",
         ":5: ",  ":6: ",
         ":8: ",  ":9: ",
         ":10: ", ":11: missing image " FIXTURES "/missing.png (No such file",
-        ":13: ", "13 samples, 4 good, 9 with"};
+        ":13: ", "13 lines, 9 problems"};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         CHECK(contains(out, lines[i]));
     }
-    CHECK(contains(out, "not_a_png.png: not a PNG"));
+    CHECK(contains(out, "not_a_png.png: not a PNG or JPEG image"));
 
     snprintf(cmd, sizeof cmd,
              "printf 'a red circle\\nZzz, ring.\\n' | %s data tokenize --vocab %s/set/vocab.txt "

@@ -1,0 +1,42 @@
+/* The fusion step over one micro-batch, with skipped samples.
+ *
+ * Under data.on_bad_sample: skip, a branch may flag samples of a micro-batch
+ * as bad (valid = 0). The fusion stage trains only on the rows good in both
+ * branches: it gathers them into contiguous buffers, runs the fusion net on
+ * those k rows with weight k / batch, and scatters the input gradients back
+ * (bad rows get zero gradient). With every row good this is exactly the plain
+ * fusion forward/backward. Shared by the single-process trainer and the
+ * fusion stage process, so both do the same arithmetic. One micro-batch at a
+ * time (the fusion stage runs F and B back to back). */
+#ifndef MMP_STAGES_FUSE_H
+#define MMP_STAGES_FUSE_H
+
+#include <stddef.h>
+
+#include "common/err.h"
+#include "nn/model.h"
+
+typedef struct mmp_fuse {
+    int mb_max, T;
+    size_t img_row, txt_row; /* floats per sample: Ni*D, T*D */
+    float *img, *txt, *mask, *dimg, *dtxt; /* compact staging, (mb_max, row) */
+    int *rows;
+    int n, k; /* this micro-batch: samples, rows used */
+} mmp_fuse;
+
+mmp_err mmp_fuse_init(mmp_fuse *f, int mb_max, size_t img_row, int T, int D);
+void mmp_fuse_fini(mmp_fuse *f);
+
+/* img (n,Ni,D), txt (n,T,D), mask (n,T), img_valid/txt_valid (n) 1/0 or NULL
+ * (all good). Adds weight * parts (weight = k / batch) to *acc; returns the
+ * rows skipped (n - k) through *skipped. */
+void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, const float *img,
+                      const float *txt, const float *mask, const float *img_valid,
+                      const float *txt_valid, int n, int batch, mmp_loss_parts *acc,
+                      int *skipped);
+/* Backward of the last forward: dimg (n,Ni,D) and dtxt (n,T,D) are
+ * overwritten (zero on skipped rows). */
+void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, int batch,
+                       float *dimg, float *dtxt);
+
+#endif
