@@ -1,12 +1,20 @@
-/* BERT-style WordPiece tokenizer over a vocab.txt.
+/* BERT's uncased WordPiece tokenizer over a vocab.txt.
  *
- * Two stages, so that each can grow on its own: a basic pre-tokenizer
- * (ASCII lowercasing, ASCII control characters dropped, split on whitespace,
- * every ASCII punctuation character its own word) and greedy longest-match-
- * first WordPiece over each word ("##" marks a continuation; a word with no
- * full segmentation, or longer than 100 characters, becomes [UNK]).
- * Non-ASCII bytes pass through unchanged inside words; Unicode case folding,
- * accent stripping and CJK splitting are not done yet. A loaded tokenizer is
+ * Its ids equal those of the reference, transformers' BertTokenizer (the
+ * pure-Python one; do_lower_case=True, tokenize_chinese_chars=True,
+ * strip_accents unset) run on the Python whose unicodedata generated
+ * data/unicode_tables.c; tests/test_tokenizer.c holds it to that on a
+ * committed corpus (tests/tokenizer/). In the reference's order:
+ *   - the special tokens [UNK] [SEP] [PAD] [CLS] [MASK], written exactly so
+ *     in the text, are tokens of their own (those the vocab has);
+ *   - the rest is cleaned (U+0000, U+FFFD and control characters dropped,
+ *     whitespace a separator), CJK ideographs become words of their own, and
+ *     each word is lowercased (Python's str.lower()), decomposed (NFD) and
+ *     stripped of its accents (category Mn), then split on punctuation;
+ *   - greedy longest-match-first WordPiece ("##" marks a continuation); a word
+ *     with no full segmentation, or longer than 100 characters, is [UNK].
+ * Bytes that are not UTF-8 are dropped, as the reference drops the U+FFFD
+ * that decoding them with errors="replace" gives. A loaded tokenizer is
  * read-only: concurrent encodes from many threads are safe. */
 #ifndef MMP_DATA_TOKENIZER_H
 #define MMP_DATA_TOKENIZER_H
@@ -41,10 +49,14 @@ mmp_special_ids mmp_tokenizer_specials(const mmp_tokenizer *t);
 
 /* Encodes text as the model sees it: ids[0..max_len) = [CLS] tokens [SEP]
  * [PAD]..., tokens truncated to max_len - 2 so [SEP] always ends the real
- * part; mask[i] (if mask is not NULL) is 1 for the real part, 0 for padding.
- * *n_real (may be NULL) receives the real length (2..max_len), *n_unk (may be
- * NULL) how many [UNK] were emitted. max_len >= 2. */
+ * part (the reference's truncation=True, padding="max_length"); mask[i] (if
+ * mask is not NULL) is 1 for the real part, 0 for padding. *n_real (may be
+ * NULL) receives the real length (2..max_len), *n_unk (may be NULL) how many
+ * [UNK] were emitted. max_len >= 2, else MMP_ERR_INVALID. Allocates nothing. */
 mmp_err mmp_tokenizer_encode(const mmp_tokenizer *t, const char *text, int max_len, int32_t *ids,
                              float *mask, int *n_real, int *n_unk);
+/* The same over text[0..len), which may hold NUL bytes (dropped, as U+0000). */
+mmp_err mmp_tokenizer_encode_n(const mmp_tokenizer *t, const char *text, size_t len, int max_len,
+                               int32_t *ids, float *mask, int *n_real, int *n_unk);
 
 #endif
