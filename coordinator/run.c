@@ -32,6 +32,7 @@ typedef struct proc {
     pid_t pid;
     int alive;
     int exit_status;
+    int reported; /* its end has been judged */
     double last_seen;
     /* per-step inbox */
     int have_norm, have_done, have_ack, have_ready, have_hello;
@@ -52,6 +53,7 @@ typedef struct coord {
     int have_eval;
     float eval_i2t, eval_t2i;
     char failure[2048];
+    char stage_error[2048]; /* the first Error a stage sent, reported in order (see settle) */
     FILE *metrics;
     mmp_trace trace;
 } coord;
@@ -131,31 +133,21 @@ static const char *describe_exit(int status, char *buf, size_t n)
     return buf;
 }
 
-/* Reaps children that ended; an unexpected end is a failure naming the stage.
- * A stage killed by a signal is named before one that exited on its own: the
- * others usually exit because their channel to the killed one broke. */
-static void reap(coord *c, int expected)
+/* Reaps children that ended (no judgement: see settle). Returns how many. */
+static int reap(coord *c)
 {
-    int newly[MMP_SCHED_MAX_STAGES], n_new = 0;
+    int n_new = 0;
     for (int i = 0; i < c->n; i++) {
         proc *p = &c->procs[i];
         int status;
         if (p->alive && waitpid(p->pid, &status, WNOHANG) == p->pid) {
             p->alive = 0;
             p->exit_status = status;
-            newly[n_new++] = i;
+            p->reported = 0;
+            n_new++;
         }
     }
-    for (int pass = 0; !expected && pass < 2; pass++) {
-        for (int k = 0; k < n_new; k++) {
-            proc *p = &c->procs[newly[k]];
-            if ((pass == 0) == WIFSIGNALED(p->exit_status)) {
-                char why[128];
-                fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
-                     describe_exit(p->exit_status, why, sizeof why));
-            }
-        }
-    }
+    return n_new;
 }
 
 static void stop_all(coord *c, int graceful)
@@ -180,7 +172,7 @@ static void stop_all(coord *c, int graceful)
      * give everyone a moment, then make sure. */
     double t0 = mmp_now(), grace = graceful ? 5.0 : 1.0;
     for (;;) {
-        reap(c, 1);
+        reap(c);
         int left = 0;
         for (int i = 0; i < c->n; i++) {
             left += c->procs[i].alive;
@@ -237,13 +229,82 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
         break;
     case MMPIPE__ENVELOPE__BODY_HEARTBEAT: break;
     case MMPIPE__ENVELOPE__BODY_ERROR:
-        /* A stage's error is often the echo of a peer's death (its channel
-         * saw the peer go): name the dead stage first when there is one. */
-        usleep(50000);
-        reap(c, 0);
-        fail(c, "%s", env->error->message);
+        /* Judged in settle: a stage's error is often the echo of a peer's
+         * death (its channel saw the peer go). */
+        if (!c->stage_error[0]) {
+            snprintf(c->stage_error, sizeof c->stage_error, "%s", env->error->message);
+        }
         break;
     default: MMP_WARN("unexpected message %d from %s ignored", (int)env->body_case, from);
+    }
+}
+
+/* Takes one control message (waiting up to timeout_ms) and files it.
+ * Returns 1 when one was taken. */
+static int take_one(coord *c, int timeout_ms)
+{
+    Mmpipe__Envelope *env = NULL;
+    char from[MMP_CTL_ID_MAX];
+    mmp_err e = mmp_ctl_recv(c->ctl, timeout_ms, &env, from, sizeof from);
+    if (e == MMP_ERR_TIMEOUT) {
+        return 0;
+    }
+    if (e != MMP_OK) {
+        fail(c, "control plane: %s", mmp_last_error());
+        return 0;
+    }
+    if (env->body_case == MMPIPE__ENVELOPE__BODY_STEP_DONE) {
+        /* StepDone is kept (the envelope owns it) until the step's metrics are written. */
+        int i = find_proc(c, from);
+        if (i >= 0) {
+            c->procs[i].have_done = 1;
+            c->procs[i].last_seen = mmp_now();
+            if (c->procs[i].done) {
+                mmp_ctl_free((Mmpipe__Envelope *)c->procs[i].done);
+            }
+            c->procs[i].done = (Mmpipe__StepDone *)env;
+            return 1;
+        }
+    }
+    handle(c, env, from);
+    mmp_ctl_free(env);
+    return 1;
+}
+
+/* Judges stage ends and errors, most telling cause first: a stage killed by
+ * a signal, then the first error a stage reported (a stage that exits on its
+ * own sends its reason first: the control messages it sent are read before
+ * its plain exit status is blamed), then an unexplained exit. */
+static void settle(coord *c)
+{
+    int dead = 0;
+    for (int i = 0; i < c->n; i++) {
+        dead += !c->procs[i].alive && !c->procs[i].reported;
+    }
+    if (!dead && !c->stage_error[0]) {
+        return;
+    }
+    if (dead && !c->stage_error[0]) {
+        double t0 = mmp_now();
+        while (!c->stage_error[0] && mmp_now() - t0 < 0.2) {
+            take_one(c, 20);
+        }
+    }
+    for (int signalled = 1; signalled >= 0; signalled--) {
+        if (!signalled && c->stage_error[0]) {
+            fail(c, "%s", c->stage_error);
+        }
+        for (int i = 0; i < c->n; i++) {
+            proc *p = &c->procs[i];
+            if (!p->alive && !p->reported && WIFSIGNALED(p->exit_status) == signalled) {
+                char why[128];
+                fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
+                     describe_exit(p->exit_status, why, sizeof why));
+            }
+        }
+    }
+    for (int i = 0; i < c->n; i++) {
+        c->procs[i].reported |= !c->procs[i].alive;
     }
 }
 
@@ -256,7 +317,8 @@ static int wait_until(coord *c, done_fn done, void *arg, double timeout_s, const
         if (interrupted) {
             fail(c, "interrupted by %s", strsignal(interrupted));
         }
-        reap(c, 0);
+        reap(c);
+        settle(c);
         if (c->failure[0]) {
             return 1;
         }
@@ -273,34 +335,7 @@ static int wait_until(coord *c, done_fn done, void *arg, double timeout_s, const
                 return 1;
             }
         }
-        Mmpipe__Envelope *env = NULL;
-        char from[MMP_CTL_ID_MAX];
-        mmp_err e = mmp_ctl_recv(c->ctl, 200, &env, from, sizeof from);
-        if (e == MMP_ERR_TIMEOUT) {
-            continue;
-        }
-        if (e != MMP_OK) {
-            fail(c, "control plane: %s", mmp_last_error());
-            return 1;
-        }
-        Mmpipe__StepDone *kept = NULL;
-        if (env->body_case == MMPIPE__ENVELOPE__BODY_STEP_DONE) {
-            /* StepDone is kept until the step's metrics are written. */
-            int i = find_proc(c, from);
-            if (i >= 0) {
-                c->procs[i].have_done = 1;
-                c->procs[i].last_seen = mmp_now();
-                if (c->procs[i].done) {
-                    mmp_ctl_free((Mmpipe__Envelope *)c->procs[i].done);
-                }
-                c->procs[i].done = (Mmpipe__StepDone *)env; /* the envelope owns it */
-                kept = c->procs[i].done;
-            }
-        }
-        if (!kept) {
-            handle(c, env, from);
-            mmp_ctl_free(env);
-        }
+        take_one(c, 200);
     }
     return 0;
 }
@@ -330,7 +365,8 @@ static mmp_err send_to(coord *c, int i, Mmpipe__Envelope *env)
     if (e != MMP_OK) {
         /* Most often the peer just died: let its death be the reported cause. */
         usleep(50000);
-        reap(c, 0);
+        reap(c);
+        settle(c);
         fail(c, "sending to %s: %s", c->procs[i].name, mmp_last_error());
     }
     return e;

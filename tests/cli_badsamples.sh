@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Bad samples in a real run, both policies (data.on_bad_sample):
+#  fail: a plan whose manifest has a malformed line or an empty caption stops
+#        before training, naming manifest:line; a truncated image stops the
+#        run when it is reached, naming its line;
+#  skip: the same data trains to the end; skipped samples are counted in
+#        metrics.jsonl; the fusion stage's alignment check stays silent; and
+#        the pipeline still equals --single-process bit for bit.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_badsamples
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 320 --seed 8 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+D=$W/data
+# load-time problems: missing, truncated, zero-size, not an image; a caption of control characters only
+rm "$D/images/000010.png"
+head -c 60 "$D/images/000020.png" > "$W/t.png" && mv "$W/t.png" "$D/images/000020.png"
+: > "$D/images/000030.png"
+echo "not a picture" > "$D/images/000040.png"
+cp "$D/train.jsonl" "$W/loadtime.jsonl"
+sed -i '51s/"text": "[^"]*"/"text": "\\u0001\\u0002"/' "$W/loadtime.jsonl"
+# open-time problems on top: a malformed line and an empty caption (skip drops them at open)
+cp "$W/loadtime.jsonl" "$W/all.jsonl"
+sed -i '61s/.*/{"image": "images\/000060.png", "text": /' "$W/all.jsonl"
+sed -i '71s/"text": "[^"]*"/"text": ""/' "$W/all.jsonl"
+ln -s "$D/images" "$W/images"
+cp "$D/vocab.txt" "$D/val.jsonl" "$W/"
+cat > "$W/plan.yaml" <<YAML
+job:   { name: b, steps: 24, seed: 3 }
+data:  { manifest: $W/all.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 32, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0 }
+YAML
+
+# --- fail (the default) ------------------------------------------------------------
+sed -n '1,9p' "$D/train.jsonl" > "$W/malformed.jsonl"
+sed -i '5s/.*/{"image": "images\/000004.png", "text": /' "$W/malformed.jsonl"
+expect_fail "fail: malformed line stops before training" "malformed.jsonl:5: not valid JSON" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/f1" --set data.manifest="$W/malformed.jsonl"
+[ ! -e "$W/f1/metrics.jsonl" ] || [ ! -s "$W/f1/metrics.jsonl" ] && ok "fail: no step ran" || fail "fail: steps ran"
+expect_fail "fail: missing image named by line at open" "loadtime.jsonl:11" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/f2" --set data.manifest="$W/loadtime.jsonl"
+# Only a truncated image left: found while training, named by its line.
+cp "$D/train.jsonl" "$W/trunc.jsonl"
+cp "$D/images/000011.png" "$D/images/000010.png"
+head -c 60 "$D/images/000021.png" > "$W/t.png"; cp "$D/images/000022.png" "$D/images/000030.png"
+cp "$D/images/000023.png" "$D/images/000040.png"
+# now: 000020 truncated (line 21), everything else decodes
+expect_fail "fail: truncated image stops the pipeline naming its line" "trunc.jsonl:21" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/f3" --set data.manifest="$W/trunc.jsonl"
+expect_fail "fail: same in one process" "trunc.jsonl:21" \
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$W/f4" --set data.manifest="$W/trunc.jsonl"
+
+# --- skip ----------------------------------------------------------------------------
+rm "$D/images/000010.png"; : > "$D/images/000030.png"; echo "not a picture" > "$D/images/000040.png"
+"$BIN" launch "$W/plan.yaml" --out "$W/s_pipe" --set data.on_bad_sample=skip >"$W/s_pipe.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && ok "skip: the pipeline trains to the end" || { fail "skip: pipeline rc=$rc"; tail -5 "$W/s_pipe.log"; }
+total=$(grep -o '"skipped_samples":[0-9]*' "$W/s_pipe/metrics.jsonl" | cut -d: -f2 | paste -sd+ | bc)
+[ -n "$total" ] && [ "$total" -ge 5 ] && ok "skip: $total skipped samples counted in metrics.jsonl" \
+  || fail "skip: skipped_samples total ${total:-none}"
+grep -q "refusing to pair" "$W/s_pipe.log" && fail "skip: alignment check fired" || ok "skip: alignment check silent"
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/s_single" --set data.on_bad_sample=skip \
+  >"$W/s_single.log" 2>&1 || { fail "skip: single-process"; tail -5 "$W/s_single.log"; }
+out=$("$BIN" ckpt diff "$W/s_single" "$W/s_pipe" --quiet); rc=$?
+[ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
+  && ok "skip: pipeline equals single-process" || fail "skip: pipeline vs single: $(tail -1 <<<"$out")"
+finish
