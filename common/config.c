@@ -118,6 +118,7 @@ static const key_spec keys[] = {
     INT("data.workers", data.workers, 0, 64, 1),
     ENUM("data.on_bad_sample", data.on_bad_sample, bad_sample_names, MMP_BAD_FAIL),
     INT("data.val_samples", data.val_samples, 0, 1000000000, 256),
+    BOOL("data.augment", data.augment, 0),
 
     INT("model.width", model.width, 1, 16384, 64),
     /* blocks and channels share n_stages; their lengths must agree (check_plan) */

@@ -53,6 +53,7 @@ typedef struct mmp_plan {
         float mean[3];                   /* default ImageNet's */
         float std[3];
         int workers;                     /* default 1, [0, 64] */
+        int augment;                     /* training: random resized crop + flip; default 0 */
         mmp_bad_sample on_bad_sample;    /* default fail */
         int val_samples;                 /* default 256 */
     } data;

@@ -34,6 +34,7 @@
 /* Mixed into the seed: keeps the order's stream apart from other users of the seed. */
 #define ORDER_DOMAIN 0x6f72646572000000ull
 #define FEISTEL_ROUNDS 4
+#define AUGMENT_DOMAIN 0x6175676d656e7400ull
 /* Skipped samples logged with their reason, before they are only counted. */
 #define SKIP_LOG_MAX 10
 
@@ -42,7 +43,9 @@ struct mmp_dataset {
     mmp_tokenizer *tok;
     int image_size;
     int max_text_len;
-    mmp_image_prep prep; /* augment 0: the plan has no augmentation setting yet */
+    mmp_image_prep prep; /* centre crop; training loads with positions may augment */
+    int augment;         /* plan's data.augment */
+    uint64_t seed;       /* job.seed: augmentation draws are a function of (seed, position) */
     mmp_bad_sample policy;
     atomic_int skips_logged;
 };
@@ -117,6 +120,8 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
     memcpy(d->prep.mean, plan->data.mean, sizeof d->prep.mean);
     memcpy(d->prep.std, plan->data.std, sizeof d->prep.std);
     d->prep.augment = 0;
+    d->augment = plan->data.augment;
+    d->seed = (uint64_t)plan->job.seed;
 
     char vocab_path[4096];
     if (!vocab || !*vocab) {
@@ -218,10 +223,22 @@ int64_t mmp_dataset_sample_at(const mmp_dataset *d, uint64_t seed, int64_t k, in
 
 /* Decodes the image at path into image (3, S, S) as data/image.h defines
  * it; *kind says what was wrong on failure. */
-static mmp_err load_image(mmp_dataset *d, const char *path, float *image, mmp_sample_problem *kind)
+static mmp_err load_image(mmp_dataset *d, const char *path, int64_t position, float *image,
+                          mmp_sample_problem *kind)
 {
     MMP_TRY(mmp_dataset_check_file(path, kind));
-    mmp_err ret = mmp_image_load(path, &d->prep, NULL, image);
+    mmp_err ret;
+    if (d->augment && position >= 0) {
+        /* The crop and flip are a pure function of (seed, run position):
+         * every worker count and every resume draws the same ones. */
+        mmp_image_prep prep = d->prep;
+        prep.augment = 1;
+        mmp_rng rng;
+        mmp_rng_seed(&rng, d->seed ^ AUGMENT_DOMAIN, (uint64_t)position);
+        ret = mmp_image_load(path, &prep, &rng, image);
+    } else {
+        ret = mmp_image_load(path, &d->prep, NULL, image);
+    }
     if (ret == MMP_ERR_DATA || ret == MMP_ERR_IO) {
         *kind = MMP_PROBLEM_BAD_IMAGE; /* the file's problem (no memory is not) */
         return MMP_ERR_DATA;
@@ -232,8 +249,8 @@ static mmp_err load_image(mmp_dataset *d, const char *path, float *image, mmp_sa
 /* One sample into image (3, S, S), ids (T), mask (T). A problem that is the
  * sample's own (its image, its caption) is MMP_ERR_DATA with *kind set;
  * anything else (no memory, the manifest unreadable) has *kind NONE. */
-static mmp_err load_one(mmp_dataset *d, int64_t sample, float *image, int32_t *ids, float *mask,
-                        mmp_sample_problem *kind)
+static mmp_err load_one(mmp_dataset *d, int64_t sample, int64_t position, float *image,
+                        int32_t *ids, float *mask, mmp_sample_problem *kind)
 {
     mmp_err ret = MMP_OK;
     mmp_manifest_entry e;
@@ -247,7 +264,7 @@ static mmp_err load_one(mmp_dataset *d, int64_t sample, float *image, int32_t *i
             *kind = MMP_PROBLEM_MISSING_IMAGE;
             ret = MMP_ERR_DATA;
         } else {
-            ret = load_image(d, path, image, kind);
+            ret = load_image(d, path, position, image, kind);
         }
         if (ret != MMP_OK) {
             ret = mmp_error_prefix(ret, "%s:%lld", mpath, (long long)e.line);
@@ -284,9 +301,9 @@ static mmp_err blank_sample(mmp_dataset *d, float *image, int32_t *ids, float *m
     return MMP_OK;
 }
 
-static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, int n, float *images,
-                            int32_t *ids, float *mask, mmp_bad_sample policy, uint8_t *valid,
-                            int *skipped)
+static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, const int64_t *positions,
+                            int n, float *images, int32_t *ids, float *mask,
+                            mmp_bad_sample policy, uint8_t *valid, int *skipped)
 {
     const int64_t size = mmp_dataset_size(d);
     const size_t S = (size_t)d->image_size, T = (size_t)d->max_text_len;
@@ -305,7 +322,7 @@ static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, int n, float
         int32_t *id = ids ? ids + (size_t)i * T : NULL;
         float *m = ids ? mask + (size_t)i * T : NULL;
         mmp_sample_problem kind;
-        ret = load_one(d, samples[i], image, id, m, &kind);
+        ret = load_one(d, samples[i], positions ? positions[i] : -1, image, id, m, &kind);
         if (valid) {
             valid[i] = ret == MMP_OK;
         }
@@ -333,11 +350,17 @@ static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, int n, float
 mmp_err mmp_dataset_load(mmp_dataset *d, const int64_t *samples, int n, float *images, int32_t *ids,
                          float *mask)
 {
-    return load_samples(d, samples, n, images, ids, mask, MMP_BAD_FAIL, NULL, NULL);
+    return load_samples(d, samples, NULL, n, images, ids, mask, MMP_BAD_FAIL, NULL, NULL);
 }
 
 mmp_err mmp_dataset_load_valid(mmp_dataset *d, const int64_t *samples, int n, float *images,
                                int32_t *ids, float *mask, uint8_t *valid, int *skipped)
 {
-    return load_samples(d, samples, n, images, ids, mask, d->policy, valid, skipped);
+    return load_samples(d, samples, NULL, n, images, ids, mask, d->policy, valid, skipped);
+}
+
+mmp_err mmp_dataset_load_at(mmp_dataset *d, const int64_t *samples, const int64_t *positions, int n,
+                            float *images, int32_t *ids, float *mask, uint8_t *valid, int *skipped)
+{
+    return load_samples(d, samples, positions, n, images, ids, mask, d->policy, valid, skipped);
 }

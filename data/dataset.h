@@ -69,6 +69,12 @@ mmp_err mmp_dataset_load(mmp_dataset *d, const int64_t *samples, int n, float *i
 mmp_err mmp_dataset_load_valid(mmp_dataset *d, const int64_t *samples, int n, float *images,
                                int32_t *ids, float *mask, uint8_t *valid, int *skipped);
 
+/* mmp_dataset_load_valid for training: positions (n) are the samples' run
+ * positions (step * batch + offset); with data.augment the random resized
+ * crop and flip of each are drawn from (job.seed, position). */
+mmp_err mmp_dataset_load_at(mmp_dataset *d, const int64_t *samples, const int64_t *positions, int n,
+                            float *images, int32_t *ids, float *mask, uint8_t *valid, int *skipped);
+
 /* Whether the image file at path can be a sample: MMP_ERR_DATA "missing image
  * PATH (reason)", "... not a regular file" or "... is empty (0 bytes)" with
  * *kind set, else MMP_OK. Looks at the file's metadata only. */

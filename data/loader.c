@@ -78,8 +78,10 @@ static void fill(mmp_loader *l, slot *s, int64_t seq)
             break;
         }
         int skipped = 0;
-        s->err = mmp_dataset_load_valid(
-            l->ds, &b->samples[i], 1, b->images ? b->images + (size_t)i * 3 * S * S : NULL,
+        const int64_t position = base + i;
+        s->err = mmp_dataset_load_at(
+            l->ds, &b->samples[i], &position, 1,
+            b->images ? b->images + (size_t)i * 3 * S * S : NULL,
             b->ids ? b->ids + (size_t)i * T : NULL, b->mask ? b->mask + (size_t)i * T : NULL,
             &b->valid[i], &skipped);
         b->skipped += skipped;
