@@ -5,6 +5,7 @@
 #    pairs must be at least 0.5 (chance: 1/256);
 #  - `mmpipe simulate`, fed the run's own measured costs, must predict the
 #    measured step time within 15%;
+#  - each branch stage waits on its data loader for under 5% of its step time;
 #  - the single-process trainer with another seed must reach the same bar.
 # Minutes long: labelled slow (not run under the sanitizers).
 # ctest-labels: slow
@@ -25,6 +26,15 @@ check_r1() { # name run
 check_r1 "pipeline, seed 1" "$W/pipe"
 n=$(grep -c 'started .* (pid ' "$W/pipe.log")
 [ "$n" -ge 3 ] && ok "pipeline ran $n stage processes" || fail "pipeline ran $n stage processes"
+
+# data wait of each branch stage (time blocked on the loader) under 5% of its step time
+for st in image.0 text.0; do
+  share=$(grep -o "\"name\":\"$st\"[^}]*" "$W/pipe/metrics.jsonl" | tail -n +2 |
+    sed -E 's/.*"wall_ms":([0-9.e+-]+),"data_wait_ms":([0-9.e+-]+).*/\2 \1/' |
+    awk '{w += $1; t += $2} END {if (t > 0) printf "%.4f", w / t}')
+  if [ -n "$share" ] && awk -v s="$share" 'BEGIN{exit !(s < 0.05)}'; then ok "$st: data wait $share of its step time (< 0.05)"
+  else fail "$st: data wait share ${share:-none}"; fi
+done
 
 out=$("$BIN" simulate configs/demo.yaml --costs "$W/pipe" "${set_data[@]}" 2>&1)
 err=$(grep -o 'prediction error [-+0-9.]*%' <<<"$out" | grep -o '[-+0-9.]*')
