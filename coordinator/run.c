@@ -53,7 +53,8 @@ typedef struct coord {
     int have_eval;
     float eval_i2t, eval_t2i;
     char failure[2048];
-    char stage_error[2048]; /* the first Error a stage sent, reported in order (see settle) */
+    char stage_error[2048]; /* the first Error a stage sent of its own failure (see settle) */
+    char peer_error[2048];  /* the first Error that echoes a peer's end */
     FILE *metrics;
     mmp_trace trace;
 } coord;
@@ -231,7 +232,11 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
     case MMPIPE__ENVELOPE__BODY_ERROR:
         /* Judged in settle: a stage's error is often the echo of a peer's
          * death (its channel saw the peer go). */
-        if (!c->stage_error[0]) {
+        if (env->error->peer_lost) {
+            if (!c->peer_error[0]) {
+                snprintf(c->peer_error, sizeof c->peer_error, "%s", env->error->message);
+            }
+        } else if (!c->stage_error[0]) {
             snprintf(c->stage_error, sizeof c->stage_error, "%s", env->error->message);
         }
         break;
@@ -272,22 +277,25 @@ static int take_one(coord *c, int timeout_ms)
 }
 
 /* Judges stage ends and errors, most telling cause first: a stage killed by
- * a signal, then the first error a stage reported (a stage that exits on its
- * own sends its reason first: the control messages it sent are read before
- * its plain exit status is blamed), then an unexplained exit. */
+ * a signal; the first failure a stage reported of its own (a stage that exits
+ * on its own sends its reason first: the control messages it sent are read
+ * before its plain exit status is blamed); an exit nobody explained (a crash
+ * that could not report); last, a stage's report that a peer went away. */
 static void settle(coord *c)
 {
     int dead = 0;
     for (int i = 0; i < c->n; i++) {
         dead += !c->procs[i].alive && !c->procs[i].reported;
     }
-    if (!dead && !c->stage_error[0]) {
+    if (!dead && !c->stage_error[0] && !c->peer_error[0]) {
         return;
     }
-    if (dead && !c->stage_error[0]) {
+    if (!c->stage_error[0]) {
+        /* Give the stage at fault a moment to be reaped or to be heard. */
         double t0 = mmp_now();
-        while (!c->stage_error[0] && mmp_now() - t0 < 0.2) {
+        while (!c->stage_error[0] && mmp_now() - t0 < 0.3) {
             take_one(c, 20);
+            reap(c);
         }
     }
     for (int signalled = 1; signalled >= 0; signalled--) {
@@ -302,6 +310,9 @@ static void settle(coord *c)
                      describe_exit(p->exit_status, why, sizeof why));
             }
         }
+    }
+    if (c->peer_error[0]) {
+        fail(c, "%s", c->peer_error);
     }
     for (int i = 0; i < c->n; i++) {
         c->procs[i].reported |= !c->procs[i].alive;

@@ -109,13 +109,16 @@ static mmp_err send_env(worker *w, Mmpipe__Envelope *env)
     return mmp_ctl_send(w->ctl, NULL, env);
 }
 
-static void send_error(worker *w, const char *msg)
+/* peer_lost: the error is the echo of a peer's end (a broken channel), not
+ * this stage's own failure; the coordinator ranks it after a peer's exit. */
+static void send_error(worker *w, const char *msg, int peer_lost)
 {
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__Error e = MMPIPE__ERROR__INIT;
     char buf[2300];
     snprintf(buf, sizeof buf, "%s: %s", w->name, msg);
     e.message = buf;
+    e.peer_lost = peer_lost;
     env.body_case = MMPIPE__ENVELOPE__BODY_ERROR;
     env.error = &e;
     send_env(w, &env);
@@ -451,8 +454,10 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
     MMP_TRY(c->t->acquire(c->ch, &slot));
     size_t off = 0;
     for (int i = 0; i < n_segs; i++) {
-        memcpy((float *)slot + off, segs[i].p, segs[i].n * sizeof(float));
-        off += segs[i].n;
+        if (segs[i].n) {
+            memcpy((float *)slot + off, segs[i].p, segs[i].n * sizeof(float));
+            off += segs[i].n;
+        }
     }
     mmp_msg_header h = {.step = step,
                         .mb = mb,
@@ -1015,7 +1020,7 @@ int mmp_worker_main(const mmp_worker_args *args)
         rc = 1;
         if (e != MMP_ERR_PEER || strstr(mmp_last_error(), "coordinator") == NULL) {
             MMP_ERROR("%s", mmp_last_error());
-            send_error(&w, mmp_last_error());
+            send_error(&w, mmp_last_error(), e == MMP_ERR_PEER);
         }
     }
     teardown(&w);
