@@ -28,6 +28,10 @@ expect_fail "bad --set names the override" "--set train.batch=0" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_set" --set train.batch=0
 expect_fail "missing manifest names the path" "$W/nope/train.jsonl" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_nomani" --set data.manifest=$W/nope/train.jsonl
+expect_fail "replicas (not runnable yet) are refused by name" "stages.image.replicas: .*not supported yet" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/r_rep" --set stages.image.replicas=2
+expect_fail "a CUDA device (not runnable yet) is refused by name" "hosts\[0\].devices\[0\]: GPU" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/r_gpu" --set 'hosts=[{name: a, devices: [0, cpu, cpu]}]'
 mkdir -p "$W/badmani"
 cp "$W/data/vocab.txt" "$W/data/val.jsonl" "$W/badmani/"
 ln -s "$W/data/images" "$W/badmani/images"
