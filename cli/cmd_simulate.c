@@ -2,7 +2,9 @@
  * schedule, then predicts one step with the discrete-event simulator
  * (coordinator/schedule.h): per-stage busy and idle time, step time,
  * throughput and bubble, from a nominal cost model or from the per-micro-batch
- * costs a run measured (its metrics.jsonl). Reads files only; it never
+ * costs a run measured (its metrics.jsonl). With --plan-devices it also asks
+ * the planner (coordinator/planner.h) for the best placement on that many
+ * devices, from the same costs per layer. Reads files only; it never
  * launches or touches a stage. */
 #include <errno.h>
 #include <libfyaml.h>
@@ -11,13 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "common/config.h"
+#include "coordinator/planner.h"
 #include "coordinator/schedule.h"
 
 static const char USAGE[] =
     "usage: mmpipe simulate PLAN.yaml [--costs FILE] [--set KEY=VALUE]... [--dump]\n"
+    "                       [--plan-devices N|all]\n"
     "\n"
     "Compiles the plan's schedule (train.schedule, train.microbatches, the\n"
     "stages' splits), checks it (matching sends and receives, F before B, no\n"
@@ -39,6 +44,16 @@ static const char USAGE[] =
     "                   gradients, B backward (each with its micro-batch), NORM\n"
     "                   grad-norm barrier, OPT optimizer step; :eK names the edge\n"
     "                   where a stage has several in one role\n"
+    "  --plan-devices N|all\n"
+    "                   also choose a placement for N devices ('all': every device\n"
+    "                   in the plan's hosts) with the planner: where to cut each\n"
+    "                   branch into sub-stages and how many replicas each sub-stage\n"
+    "                   and fusion get, minimising the bottleneck stage. It uses the\n"
+    "                   costs above per layer and per sample (measured ones spread\n"
+    "                   evenly over each stage's layers) and prints the placement,\n"
+    "                   its predicted step time, samples/s and balance efficiency\n"
+    "                   (busy time / (devices x step time)), and the time planning\n"
+    "                   took. Memory is not modelled here (no per-layer sizes)\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit status: 0 ok, 1 a plan, costs or schedule error, 2 usage error.\n";
@@ -355,11 +370,123 @@ static void report(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c
            r->step_ms > 0 ? p->train.batch / (r->step_ms / 1000) : 0.0, 100 * r->bubble);
 }
 
+/* The per-layer, per-sample costs behind c: each stage's per-micro-batch
+ * times spread evenly over its layers and samples (the nominal model is
+ * per layer already, so it comes back exactly). Fusion is one unit. The
+ * arrays hold the branches' layer counts and fusion's one entry. */
+static void layer_costs(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
+                        double *fwd[3], double *bwd[3])
+{
+    double samples = (double)p->train.batch / p->train.microbatches;
+    for (int st = 0; st < s->n_stages; st++) {
+        const mmp_sched_stage *g = &s->stages[st];
+        int u = g->kind == MMP_KIND_IMAGE ? 0 : g->kind == MMP_KIND_TEXT ? 1 : 2;
+        int first = u < 2 ? g->layer_first : 0, last = u < 2 ? g->layer_last : 1;
+        for (int l = first; l < last; l++) {
+            fwd[u][l] = c->fwd_ms[st] / (samples * (last - first));
+            bwd[u][l] = c->bwd_ms[st] / (samples * (last - first));
+        }
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Plans a placement for devices with the planner and prints it. 0 ok, 1 error
+ * (printed). */
+static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
+                          int measured, int devices)
+{
+    const int n[3] = {mmp_plan_image_layers(p), mmp_plan_text_layers(p), 1};
+    double *fwd[3] = {NULL, NULL, NULL}, *bwd[3] = {NULL, NULL, NULL};
+    int ret = 1;
+    for (int u = 0; u < 3; u++) {
+        fwd[u] = calloc((size_t)n[u], sizeof *fwd[u]);
+        bwd[u] = calloc((size_t)n[u], sizeof *bwd[u]);
+        if (!fwd[u] || !bwd[u]) {
+            fprintf(stderr, "mmpipe simulate: out of memory for the planner's costs\n");
+            goto exit;
+        }
+    }
+    layer_costs(p, s, c, fwd, bwd);
+    mmp_planner_input in;
+    memset(&in, 0, sizeof in);
+    mmp_planner_layers *units[3] = {&in.branch[MMP_PLANNER_IMAGE], &in.branch[MMP_PLANNER_TEXT],
+                                    &in.fusion};
+    for (int u = 0; u < 3; u++) {
+        units[u]->n = n[u];
+        units[u]->fwd_ms = fwd[u];
+        units[u]->bwd_ms = bwd[u];
+    }
+    in.devices = devices;
+    in.batch = p->train.batch;
+    in.microbatches = p->train.microbatches;
+    in.schedule = p->train.schedule;
+    in.send_ms = c->send_ms;
+    in.step_overhead_ms = c->step_overhead_ms;
+    in.method = MMP_PLANNER_AUTO;
+    mmp_planner_result r;
+    double t0 = now_s();
+    mmp_err e = mmp_planner_plan(&in, &r);
+    double took = now_s() - t0;
+    if (e != MMP_OK) {
+        fprintf(stderr, "mmpipe simulate: --plan-devices %d: %s\n", devices, mmp_last_error());
+        goto exit;
+    }
+    const mmp_planner_eval *v = &r.eval;
+    printf("\nplanner: %d devices, %s per-layer costs, %d micro-batches of %d samples at most; "
+           "planned in %.1f ms (%d candidates, %d simulated)\n",
+           devices, measured ? "measured" : "nominal", p->train.microbatches,
+           (p->train.batch + p->train.microbatches - 1) / p->train.microbatches, 1000 * took,
+           r.candidates, r.simulated);
+    printf("%-10s %-9s %8s %12s %10s\n", "stage", "layers", "replicas", "ms/mb/repl", "busy");
+    static const char *const names[2] = {"image", "text"};
+    for (int b = 0; b < 2; b++) {
+        for (int j = 0; j < r.placement.n_sub[b]; j++) {
+            const mmp_planner_stage *g = &r.placement.sub[b][j];
+            char name[32], layers[32];
+            snprintf(name, sizeof name, "%s.%d", names[b], j);
+            snprintf(layers, sizeof layers, "[%d,%d)", g->first, g->last);
+            printf("%-10s %-9s %8d %12.3f %9.1f%%\n", name, layers, g->replicas, v->stage_ms[b][j],
+                   100 * p->train.microbatches * v->stage_ms[b][j] / v->step_ms);
+        }
+    }
+    printf("%-10s %-9s %8d %12.3f %9.1f%%\n", "fusion", "[0,1)", r.placement.fusion_replicas,
+           v->fusion_ms, 100 * p->train.microbatches * v->fusion_ms / v->step_ms);
+    printf("(ms/mb/repl: one replica's forward + backward per micro-batch; busy: its share of "
+           "the step)\nas plan keys:");
+    for (int b = 0; b < 2; b++) {
+        printf(" stages.%s.split: [", names[b]);
+        for (int j = 1; j < r.placement.n_sub[b]; j++) {
+            printf("%s%d", j > 1 ? ", " : "", r.placement.sub[b][j].first);
+        }
+        printf("]%s", b ? "" : ",");
+    }
+    printf(" (plans and the runtime do not run replicas yet)\n");
+    printf("\npredicted step time %.3f ms (%s; closed form %.3f ms), %.1f samples/s, balance "
+           "efficiency %.1f%% (busy / (%d devices x step)); %d of %d devices used; bottleneck "
+           "%.3f ms per micro-batch (the least any placement reaches: %.3f)\n",
+           v->step_ms, mmp_planner_method_name(v->method), v->closed_form_ms, v->samples_per_s,
+           100 * v->efficiency, devices, v->devices_used, devices, v->bottleneck_ms, r.bound_ms);
+    ret = 0;
+exit:
+    for (int u = 0; u < 3; u++) {
+        free(fwd[u]);
+        free(bwd[u]);
+    }
+    return ret;
+}
+
 int mmp_cmd_simulate(int argc, char **argv)
 {
     const char *plan_path = NULL, *costs_arg = NULL;
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     int n_sets = 0, want_dump = 0, ret = 1;
+    const char *plan_devices = NULL;
     static mmp_plan plan;
     static mmp_sched sched;
     memset(&sched, 0, sizeof sched);
@@ -374,6 +501,8 @@ int mmp_cmd_simulate(int argc, char **argv)
             goto exit;
         } else if (strcmp(a, "--dump") == 0) {
             want_dump = 1;
+        } else if (strcmp(a, "--plan-devices") == 0 && i + 1 < argc) {
+            plan_devices = argv[++i];
         } else if ((strcmp(a, "--costs") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
             if (strcmp(a, "--costs") == 0) {
                 costs_arg = argv[++i];
@@ -396,6 +525,20 @@ int mmp_cmd_simulate(int argc, char **argv)
         fprintf(stderr, "mmpipe simulate: no plan given\n\n%s", USAGE);
         ret = 2;
         goto exit;
+    }
+    int devices = 0;
+    if (plan_devices && strcmp(plan_devices, "all") != 0) {
+        char *end;
+        long v = strtol(plan_devices, &end, 10);
+        if (*end || end == plan_devices || v < 1 || v > MMP_PLANNER_MAX_DEVICES) {
+            fprintf(stderr,
+                    "mmpipe simulate: --plan-devices '%s': expected a device count (1 to %d) or "
+                    "'all'\n",
+                    plan_devices, MMP_PLANNER_MAX_DEVICES);
+            ret = 2;
+            goto exit;
+        }
+        devices = (int)v;
     }
     if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK ||
         mmp_sched_compile(&sched, &plan) != MMP_OK) {
@@ -439,6 +582,16 @@ int mmp_cmd_simulate(int argc, char **argv)
     }
     if (want_dump) {
         dump(&sched);
+    }
+    if (plan_devices) {
+        if (devices == 0) { /* all */
+            for (int h = 0; h < plan.n_hosts; h++) {
+                devices += plan.hosts[h].n_devices;
+            }
+        }
+        if (plan_placement(&plan, &sched, &costs, costs_arg != NULL, devices) != 0) {
+            goto exit;
+        }
     }
     ret = 0;
 exit:

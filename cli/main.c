@@ -13,7 +13,7 @@ static const char USAGE[] =
     "                     train the plan (see mmpipe launch --help)\n"
     "  data synth|tokenize|check ...\n"
     "                     make the demo data set, tokenize text, check a manifest\n"
-    "  simulate PLAN.yaml [--costs RUN|metrics.jsonl]\n"
+    "  simulate PLAN.yaml [--costs RUN|metrics.jsonl] [--plan-devices N|all]\n"
     "                     predict step time and bubble of the plan's schedule\n"
     "  ckpt diff A B      compare two checkpoints tensor by tensor\n"
     "  stage ...          one stage process (started by launch)\n"

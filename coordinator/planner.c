@@ -1,0 +1,1064 @@
+/* The placement planner (coordinator/planner.h): splits and replica counts
+ * that minimise the bottleneck stage, for the live balancer and for
+ * `mmpipe simulate --plan-devices`.
+ *
+ * Pure arithmetic over per-layer cost tables. It must never do I/O, read a
+ * clock or depend on anything but its input: the balancer re-plans from it
+ * mid-run and the same input must give the same placement. */
+#include "coordinator/planner.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/schedule.h"
+
+#define GRID 12          /* bottleneck bounds tried for the fill/drain term */
+#define POLISH_ROUNDS 64 /* local-search rounds per finalist */
+#define TIE_RTOL 1e-9    /* steps closer than this are a tie */
+#define NO_FIT INT_MAX   /* no replica count makes a range fit */
+#define MAX_STAGES (2 * MMP_PLANNER_MAX_SUB + 1)
+
+static const char *const branch_names[2] = {"image", "text"};
+
+const char *mmp_planner_method_name(mmp_planner_method m)
+{
+    switch (m) {
+    case MMP_PLANNER_AUTO:
+        return "auto";
+    case MMP_PLANNER_CLOSED_FORM:
+        return "closed form";
+    case MMP_PLANNER_SIMULATED:
+        return "simulated";
+    }
+    return "?";
+}
+
+/* ---- input ------------------------------------------------------------------- */
+
+static int is_amount(double v)
+{
+    return isfinite(v) && v >= 0;
+}
+
+static mmp_err check_array(const char *unit, const char *what, const double *v, int n, int required)
+{
+    if (!v) {
+        return required ? mmp_errorf(MMP_ERR_INVALID, "planner: %s: no %s array", unit, what)
+                        : MMP_OK;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!is_amount(v[i])) {
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "planner: %s layer %d: %s %g (must be finite and >= 0)", unit, i,
+                              what, v[i]);
+        }
+    }
+    return MMP_OK;
+}
+
+static mmp_err check_layers(const char *unit, const mmp_planner_layers *u)
+{
+    if (u->n < 1 || u->n > MMP_PLANNER_MAX_LAYERS) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: %s: %d layers (1 to %d)", unit, u->n,
+                          MMP_PLANNER_MAX_LAYERS);
+    }
+    MMP_TRY(check_array(unit, "fwd_ms", u->fwd_ms, u->n, 1));
+    MMP_TRY(check_array(unit, "bwd_ms", u->bwd_ms, u->n, 1));
+    MMP_TRY(check_array(unit, "state_bytes", u->state_bytes, u->n, 0));
+    MMP_TRY(check_array(unit, "act_bytes", u->act_bytes, u->n, 0));
+    return check_array(unit, "grad_bytes", u->grad_bytes, u->n, 0);
+}
+
+mmp_err mmp_planner_check(const mmp_planner_input *in)
+{
+    if (!in) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: no input");
+    }
+    if (in->devices < 3 || in->devices > MMP_PLANNER_MAX_DEVICES) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "planner: %d devices (3 to %d: at least one per branch and one for "
+                          "fusion)",
+                          in->devices, MMP_PLANNER_MAX_DEVICES);
+    }
+    if (in->batch < 1) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: batch %d (at least 1)", in->batch);
+    }
+    if (in->microbatches < 1 || in->microbatches > in->batch) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: %d micro-batches (1 to the batch, %d)",
+                          in->microbatches, in->batch);
+    }
+    if (in->schedule != MMP_SCHED_GPIPE && in->schedule != MMP_SCHED_1F1B) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: unknown schedule %d", (int)in->schedule);
+    }
+    if (in->max_sub < 0 || in->max_sub > MMP_PLANNER_MAX_SUB) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: max_sub %d (0 for %d, or 1 to %d)",
+                          in->max_sub, MMP_PLANNER_DEFAULT_SUB, MMP_PLANNER_MAX_SUB);
+    }
+    if (in->method != MMP_PLANNER_AUTO && in->method != MMP_PLANNER_CLOSED_FORM &&
+        in->method != MMP_PLANNER_SIMULATED) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: unknown method %d", (int)in->method);
+    }
+    const double scalars[] = {in->mem_cap_bytes, in->send_ms, in->allreduce_bytes_per_ms,
+                              in->step_overhead_ms};
+    static const char *const scalar_names[] = {"mem_cap_bytes", "send_ms", "allreduce_bytes_per_ms",
+                                               "step_overhead_ms"};
+    for (int i = 0; i < 4; i++) {
+        if (!is_amount(scalars[i])) {
+            return mmp_errorf(MMP_ERR_INVALID, "planner: %s %g (must be finite and >= 0)",
+                              scalar_names[i], scalars[i]);
+        }
+    }
+    MMP_TRY(check_layers("image", &in->branch[MMP_PLANNER_IMAGE]));
+    MMP_TRY(check_layers("text", &in->branch[MMP_PLANNER_TEXT]));
+    return check_layers("fusion", &in->fusion);
+}
+
+/* ---- the cost model ------------------------------------------------------------ */
+
+/* Prefix sums of one unit's layers: q[k][i] sums quantity k over layers [0, i). */
+enum { Q_COST, Q_FWD, Q_BWD, Q_STATE, Q_ACT, Q_GRAD, N_Q };
+
+typedef struct sums {
+    int n;
+    double *q[N_Q]; /* [n + 1] each */
+} sums;
+
+typedef struct ctx {
+    const mmp_planner_input *in;
+    int m, q0, max_sub;
+    sums unit[3]; /* image, text, fusion */
+    double *store;
+} ctx;
+
+static void ctx_fini(ctx *c)
+{
+    free(c->store);
+    c->store = NULL;
+}
+
+static mmp_err ctx_init(ctx *c, const mmp_planner_input *in)
+{
+    memset(c, 0, sizeof *c);
+    c->in = in;
+    c->m = in->microbatches;
+    c->q0 = (in->batch + in->microbatches - 1) / in->microbatches;
+    c->max_sub = in->max_sub ? in->max_sub : MMP_PLANNER_DEFAULT_SUB;
+    const mmp_planner_layers *units[3] = {&in->branch[0], &in->branch[1], &in->fusion};
+    size_t total = 0;
+    for (int u = 0; u < 3; u++) {
+        total += (size_t)N_Q * (size_t)(units[u]->n + 1);
+    }
+    c->store = malloc(total * sizeof *c->store);
+    if (!c->store) {
+        return mmp_errorf(MMP_ERR_NOMEM, "planner: %zu prefix sums", total);
+    }
+    double *p = c->store;
+    for (int u = 0; u < 3; u++) {
+        const mmp_planner_layers *L = units[u];
+        sums *s = &c->unit[u];
+        s->n = L->n;
+        for (int k = 0; k < N_Q; k++) {
+            s->q[k] = p;
+            p += L->n + 1;
+            s->q[k][0] = 0;
+        }
+        for (int i = 0; i < L->n; i++) {
+            const double v[N_Q] = {
+                L->fwd_ms[i] + L->bwd_ms[i],
+                L->fwd_ms[i],
+                L->bwd_ms[i],
+                L->state_bytes ? L->state_bytes[i] : 0,
+                L->act_bytes ? L->act_bytes[i] : 0,
+                L->grad_bytes ? L->grad_bytes[i] : 0,
+            };
+            for (int k = 0; k < N_Q; k++) {
+                s->q[k][i + 1] = s->q[k][i] + v[k];
+            }
+        }
+    }
+    return MMP_OK;
+}
+
+static double range_sum(const sums *s, int k, int first, int last)
+{
+    return s->q[k][last] - s->q[k][first];
+}
+
+static int ceil_div(int a, int b)
+{
+    return (a + b - 1) / b;
+}
+
+/* Micro-batches whose activations a stage at depth holds at once; depth 1
+ * is fusion, which backs each micro-batch off right after its forward. */
+static int inflight(const ctx *c, int depth)
+{
+    if (depth <= 1) {
+        return 1;
+    }
+    return c->in->schedule == MMP_SCHED_GPIPE ? c->m : depth < c->m ? depth : c->m;
+}
+
+static double stage_bytes(const ctx *c, const sums *s, int first, int last, int depth, int r)
+{
+    return range_sum(s, Q_STATE, first, last) +
+           (double)inflight(c, depth) * ceil_div(c->q0, r) * range_sum(s, Q_ACT, first, last);
+}
+
+static double stage_ms(const ctx *c, const sums *s, int first, int last, int r)
+{
+    return ceil_div(c->q0, r) * range_sum(s, Q_COST, first, last);
+}
+
+static double allreduce_ms(const ctx *c, double grad_bytes, int r)
+{
+    double bw = c->in->allreduce_bytes_per_ms;
+    return r > 1 && bw > 0 ? 2.0 * (r - 1) / r * grad_bytes / bw : 0;
+}
+
+/* The fewest replicas that let the stage holding [first, last) of s, at
+ * depth, take at most T ms per micro-batch (T = INFINITY: any time) and fit
+ * the memory cap; NO_FIT when no count up to the device count does. Grows
+ * with last, for a fixed first: the programme below stops at the first
+ * NO_FIT. */
+static int min_replicas(const ctx *c, const sums *s, int first, int last, int depth, double T)
+{
+    int q = c->q0; /* the most samples one replica may take */
+    double cost = range_sum(s, Q_COST, first, last);
+    if (cost > 0 && T < INFINITY) {
+        double fit = floor(T / cost * (1 + 1e-12));
+        if (fit < 1) {
+            return NO_FIT;
+        }
+        q = fit < q ? (int)fit : q;
+    }
+    double cap = c->in->mem_cap_bytes;
+    if (cap > 0) {
+        double fixed = range_sum(s, Q_STATE, first, last);
+        double act = range_sum(s, Q_ACT, first, last) * inflight(c, depth);
+        if (fixed > cap) {
+            return NO_FIT;
+        }
+        if (act > 0) {
+            double fit = floor((cap - fixed) / act);
+            if (fit < 1) {
+                return NO_FIT;
+            }
+            q = fit < q ? (int)fit : q;
+        }
+    }
+    int r = ceil_div(c->q0, q);
+    return r <= c->in->devices ? r : NO_FIT;
+}
+
+/* Stage views of a placement, image sub-stages, text sub-stages, fusion. */
+typedef struct flat {
+    int n;
+    int unit[MAX_STAGES]; /* 0 image, 1 text, 2 fusion */
+    int *rep[MAX_STAGES]; /* into the placement */
+    double cost[MAX_STAGES], grad[MAX_STAGES];
+} flat;
+
+static void flatten(const ctx *c, mmp_placement *pl, flat *f)
+{
+    f->n = 0;
+    for (int b = 0; b < 2; b++) {
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            mmp_planner_stage *g = &pl->sub[b][j];
+            f->unit[f->n] = b;
+            f->rep[f->n] = &g->replicas;
+            f->cost[f->n] = range_sum(&c->unit[b], Q_COST, g->first, g->last);
+            f->grad[f->n] = range_sum(&c->unit[b], Q_GRAD, g->first, g->last);
+            f->n++;
+        }
+    }
+    const sums *fu = &c->unit[2];
+    f->unit[f->n] = 2;
+    f->rep[f->n] = &pl->fusion_replicas;
+    f->cost[f->n] = range_sum(fu, Q_COST, 0, fu->n);
+    f->grad[f->n] = range_sum(fu, Q_GRAD, 0, fu->n);
+    f->n++;
+}
+
+/* The closed form of planner.h; *bottleneck gets B. */
+static double closed_step(const ctx *c, const flat *f, double *bottleneck)
+{
+    double B = 0, path[3] = {0, 0, 0}, ar = 0;
+    for (int s = 0; s < f->n; s++) {
+        int r = *f->rep[s];
+        double t = ceil_div(c->q0, r) * f->cost[s];
+        B = t > B ? t : B;
+        path[f->unit[s]] += t + (f->unit[s] < 2 ? 2 * c->in->send_ms : 0);
+        double a = allreduce_ms(c, f->grad[s], r);
+        ar = a > ar ? a : ar;
+    }
+    *bottleneck = B;
+    return (c->m - 1) * B + (path[0] > path[1] ? path[0] : path[1]) + path[2] + ar +
+           c->in->step_overhead_ms;
+}
+
+static int devices_used(const mmp_placement *pl)
+{
+    int n = pl->fusion_replicas;
+    for (int b = 0; b < 2; b++) {
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            n += pl->sub[b][j].replicas;
+        }
+    }
+    return n;
+}
+
+/* ---- the search --------------------------------------------------------------- */
+
+/* need[k][l] (k = 1..max_sub, l = 0..n-1): the fewest devices that run
+ * layers [l, n) of a branch as exactly k sub-stages each within T; path[k][l]:
+ * the least sum of their times among those (it is the branch's fill and
+ * drain); cut[k][l]: where the first of them ends. */
+typedef struct dp {
+    int *need, *cut;
+    double *path;
+    int width; /* n + 1 */
+} dp;
+
+/* Fills d for branch b at bound T; returns the fewest devices over k
+ * (NO_FIT when none) and *best_k the fewest sub-stages that get it. */
+static int branch_need(const ctx *c, int b, double T, dp *d, int *best_k)
+{
+    const sums *s = &c->unit[b];
+    int n = s->n, W = d->width, K = c->max_sub < n ? c->max_sub : n;
+    for (int l = 0; l < n; l++) {
+        int r = min_replicas(c, s, l, n, 2, T);
+        d->need[W + l] = r;
+        d->path[W + l] = r == NO_FIT ? INFINITY : stage_ms(c, s, l, n, r);
+        d->cut[W + l] = n;
+    }
+    for (int k = 2; k <= K; k++) {
+        int *need = d->need + k * W, *prev = d->need + (k - 1) * W;
+        double *path = d->path + k * W, *prev_path = d->path + (k - 1) * W;
+        for (int l = 0; l < n; l++) {
+            int best = NO_FIT, at = -1;
+            double best_path = INFINITY;
+            for (int e = l + 1; e <= n - (k - 1); e++) {
+                int r = min_replicas(c, s, l, e, k + 1, T);
+                if (r == NO_FIT) {
+                    break; /* a longer range fits even less */
+                }
+                if (prev[e] == NO_FIT || r + prev[e] > best) {
+                    continue;
+                }
+                double p = stage_ms(c, s, l, e, r) + prev_path[e];
+                if (r + prev[e] < best || p < best_path) {
+                    best = r + prev[e];
+                    best_path = p;
+                    at = e;
+                }
+            }
+            need[l] = best;
+            path[l] = best_path;
+            d->cut[k * W + l] = at;
+        }
+    }
+    int best = NO_FIT;
+    *best_k = 0;
+    for (int k = 1; k <= K; k++) {
+        if (d->need[k * W] < best) {
+            best = d->need[k * W];
+            *best_k = k;
+        }
+    }
+    return best;
+}
+
+/* Branch b of pl as the k sub-stages d found at T. */
+static void take_cut(const ctx *c, int b, int k, double T, const dp *d, mmp_placement *pl)
+{
+    const sums *s = &c->unit[b];
+    int l = 0;
+    pl->n_sub[b] = k;
+    for (int j = 0; j < k; j++) {
+        int left = k - j; /* sub-stages from this one to the branch's end: depth left + 1 */
+        int e = d->cut[left * d->width + l];
+        MMP_ASSERT(e > l && e <= s->n);
+        pl->sub[b][j] = (mmp_planner_stage){
+            .first = l, .last = e, .replicas = min_replicas(c, s, l, e, left + 1, T)};
+        MMP_ASSERT(pl->sub[b][j].replicas != NO_FIT);
+        l = e;
+    }
+    MMP_ASSERT(l == s->n);
+}
+
+typedef struct search {
+    ctx *c;
+    dp d[2];
+    /* placements already filled (before the fill), open addressing */
+    mmp_placement *seen;
+    unsigned char *used;
+    size_t n_seen, cap_seen;
+    /* the best MMP_PLANNER_RESCORE, best first */
+    mmp_placement top[MMP_PLANNER_RESCORE];
+    double top_step[MMP_PLANNER_RESCORE];
+    int n_top, candidates;
+} search;
+
+static int total_subs(const mmp_placement *pl)
+{
+    return pl->n_sub[0] + pl->n_sub[1];
+}
+
+/* Whether (step a, placement pa) ranks before (step b, pb): shorter step,
+ * then fewer sub-stages, then fewer devices. */
+static int ranks_before(double a, const mmp_placement *pa, double b, const mmp_placement *pb)
+{
+    double tol = TIE_RTOL * (a > b ? a : b);
+    if (a < b - tol) {
+        return 1;
+    }
+    if (b < a - tol) {
+        return 0;
+    }
+    if (total_subs(pa) != total_subs(pb)) {
+        return total_subs(pa) < total_subs(pb);
+    }
+    return devices_used(pa) < devices_used(pb);
+}
+
+static uint64_t placement_hash(const mmp_placement *pl)
+{
+    const unsigned char *p = (const unsigned char *)pl;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *pl; i++) {
+        h = (h ^ p[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* 1 when pl was seen before; else records it and returns 0. */
+static int seen_before(search *S, const mmp_placement *pl)
+{
+    size_t i = (size_t)(placement_hash(pl) % S->cap_seen);
+    while (S->used[i]) {
+        if (memcmp(&S->seen[i], pl, sizeof *pl) == 0) {
+            return 1;
+        }
+        i = (i + 1) % S->cap_seen;
+    }
+    MMP_ASSERT(S->n_seen + 1 < S->cap_seen);
+    S->used[i] = 1;
+    S->seen[i] = *pl;
+    S->n_seen++;
+    return 0;
+}
+
+/* Hands the devices pl leaves unused to its stages, a move at a time: a
+ * move lowers one stage's samples per replica by one (or every stage tied
+ * at the bottleneck together, since lowering one of them alone gains
+ * nothing) and is taken when it shortens the closed-form step most per
+ * device spent. Stops when no move that fits shortens it. */
+static double fill(const ctx *c, mmp_placement *pl)
+{
+    flat f;
+    flatten(c, pl, &f);
+    int left = c->in->devices - devices_used(pl);
+    double B, cur = closed_step(c, &f, &B);
+    while (left > 0) {
+        int best_mask_n = 0, best_mask[MAX_STAGES], best_to[MAX_STAGES];
+        double best_rate = 0, best_step = cur;
+        int best_d = 0;
+        /* candidates 0..n-1: one stage; n: the bottleneck group */
+        for (int cand = 0; cand <= f.n; cand++) {
+            int members[MAX_STAGES], to[MAX_STAGES], n_members = 0, d = 0, ok = 1;
+            for (int s = 0; s < f.n; s++) {
+                double t = ceil_div(c->q0, *f.rep[s]) * f.cost[s];
+                int in_move = cand < f.n ? s == cand : B > 0 && t >= B * (1 - TIE_RTOL);
+                if (!in_move) {
+                    continue;
+                }
+                int q = ceil_div(c->q0, *f.rep[s]);
+                if (q <= 1) {
+                    ok = 0;
+                    break;
+                }
+                members[n_members] = s;
+                to[n_members] = ceil_div(c->q0, q - 1);
+                d += to[n_members] - *f.rep[s];
+                n_members++;
+            }
+            if (!ok || n_members == 0 || d > left) {
+                continue;
+            }
+            int was[MAX_STAGES];
+            for (int k = 0; k < n_members; k++) {
+                was[k] = *f.rep[members[k]];
+                *f.rep[members[k]] = to[k];
+            }
+            double B2, step = closed_step(c, &f, &B2);
+            for (int k = 0; k < n_members; k++) {
+                *f.rep[members[k]] = was[k];
+            }
+            double rate = (cur - step) / d;
+            if (cur - step > TIE_RTOL * cur && rate > best_rate) {
+                best_rate = rate;
+                best_step = step;
+                best_d = d;
+                best_mask_n = n_members;
+                memcpy(best_mask, members, (size_t)n_members * sizeof *members);
+                memcpy(best_to, to, (size_t)n_members * sizeof *to);
+            }
+        }
+        if (best_mask_n == 0) {
+            break;
+        }
+        for (int k = 0; k < best_mask_n; k++) {
+            *f.rep[best_mask[k]] = best_to[k];
+        }
+        left -= best_d;
+        cur = closed_step(c, &f, &B);
+        MMP_ASSERT(fabs(cur - best_step) <= 1e-9 * (1 + cur));
+    }
+    return cur;
+}
+
+/* Whether stage j of branch b (b == 2: fusion) fits the memory cap. */
+static int stage_fits(const ctx *c, const mmp_placement *pl, int b, int j)
+{
+    double cap = c->in->mem_cap_bytes;
+    if (cap <= 0) {
+        return 1;
+    }
+    if (b == 2) {
+        const sums *fu = &c->unit[2];
+        return stage_bytes(c, fu, 0, fu->n, 1, pl->fusion_replicas) <= cap * (1 + 1e-12);
+    }
+    const mmp_planner_stage *g = &pl->sub[b][j];
+    return stage_bytes(c, &c->unit[b], g->first, g->last, pl->n_sub[b] - j + 1, g->replicas) <=
+           cap * (1 + 1e-12);
+}
+
+/* Local search from a filled placement: move one cut by a layer, or take
+ * one replica off a stage and fill again, while either shortens the step.
+ * It mends what the greedy fill and the cheapest-cut programme miss (a cut
+ * that is as cheap in devices but drains slower once filled; spare devices
+ * spent where they gain least). Returns pl's step. */
+static double polish(const ctx *c, mmp_placement *pl, double step)
+{
+    for (int round = 0; round < POLISH_ROUNDS; round++) {
+        mmp_placement best = *pl, t;
+        double best_step = step;
+        for (int b = 0; b < 2; b++) {
+            for (int j = 0; j + 1 < pl->n_sub[b]; j++) {
+                for (int delta = -1; delta <= 1; delta += 2) {
+                    t = *pl;
+                    int cut = t.sub[b][j].last + delta;
+                    if (cut <= t.sub[b][j].first || cut >= t.sub[b][j + 1].last) {
+                        continue;
+                    }
+                    t.sub[b][j].last = t.sub[b][j + 1].first = cut;
+                    if (!stage_fits(c, &t, b, j) || !stage_fits(c, &t, b, j + 1)) {
+                        continue;
+                    }
+                    double s = fill(c, &t);
+                    if (s < best_step * (1 - TIE_RTOL)) {
+                        best = t;
+                        best_step = s;
+                    }
+                }
+            }
+        }
+        /* take a replica off stage a; give what that frees (and any spare)
+         * to stage g, as much as fits, or (g == a) to the greedy fill */
+        mmp_placement base = *pl;
+        flat f;
+        flatten(c, &base, &f);
+        int spare = c->in->devices - devices_used(pl);
+        for (int a = 0; a < f.n; a++) {
+            if (*f.rep[a] <= 1) {
+                continue;
+            }
+            for (int g = 0; g < f.n; g++) {
+                flat tf;
+                t = *pl;
+                flatten(c, &t, &tf);
+                int was = *tf.rep[a];
+                *tf.rep[a] = ceil_div(c->q0, ceil_div(c->q0, was - 1)); /* fewest for that share */
+                int left = spare + was - *tf.rep[a];
+                while (g != a && ceil_div(c->q0, *tf.rep[g]) > 1) {
+                    int up = ceil_div(c->q0, ceil_div(c->q0, *tf.rep[g]) - 1);
+                    if (up - *tf.rep[g] > left) {
+                        break;
+                    }
+                    left -= up - *tf.rep[g];
+                    *tf.rep[g] = up;
+                }
+                int ab = tf.unit[a], aj = ab < 2 ? a - (ab ? t.n_sub[0] : 0) : 0;
+                if (!stage_fits(c, &t, ab, aj)) {
+                    continue;
+                }
+                double s = fill(c, &t);
+                if (s < best_step * (1 - TIE_RTOL)) {
+                    best = t;
+                    best_step = s;
+                }
+            }
+        }
+        if (best_step >= step) {
+            break;
+        }
+        *pl = best;
+        step = best_step;
+    }
+    return step;
+}
+
+/* Keeps pl among the best MMP_PLANNER_RESCORE distinct placements. */
+static void offer(search *S, const mmp_placement *pl, double step)
+{
+    for (int i = 0; i < S->n_top; i++) {
+        if (memcmp(&S->top[i], pl, sizeof *pl) == 0) {
+            return;
+        }
+    }
+    int at = S->n_top;
+    while (at > 0 && ranks_before(step, pl, S->top_step[at - 1], &S->top[at - 1])) {
+        at--;
+    }
+    if (at >= MMP_PLANNER_RESCORE) {
+        return;
+    }
+    int last = S->n_top < MMP_PLANNER_RESCORE ? S->n_top : MMP_PLANNER_RESCORE - 1;
+    for (int i = last; i > at; i--) {
+        S->top[i] = S->top[i - 1];
+        S->top_step[i] = S->top_step[i - 1];
+    }
+    S->top[at] = *pl;
+    S->top_step[at] = step;
+    S->n_top += S->n_top < MMP_PLANNER_RESCORE;
+}
+
+/* Devices the cheapest placement within bound T needs (NO_FIT: none), with
+ * its sub-stage counts; leaves the programmes in S->d. */
+static long devices_at(search *S, double T, int k[2])
+{
+    const ctx *c = S->c;
+    const sums *fu = &c->unit[2];
+    int rf = min_replicas(c, fu, 0, fu->n, 1, T);
+    if (rf == NO_FIT) {
+        return NO_FIT;
+    }
+    long total = rf;
+    for (int b = 0; b < 2; b++) {
+        int need = branch_need(c, b, T, &S->d[b], &k[b]);
+        if (need == NO_FIT) {
+            return NO_FIT;
+        }
+        total += need;
+    }
+    return total;
+}
+
+/* The placement devices_at(T) counted. */
+static void cheapest_at(search *S, double T, mmp_placement *pl)
+{
+    int k[2];
+    long n = devices_at(S, T, k);
+    MMP_ASSERT(n != NO_FIT);
+    memset(pl, 0, sizeof *pl);
+    for (int b = 0; b < 2; b++) {
+        take_cut(S->c, b, k[b], T, &S->d[b], pl);
+    }
+    const sums *fu = &S->c->unit[2];
+    pl->fusion_replicas = min_replicas(S->c, fu, 0, fu->n, 1, T);
+}
+
+static double bottleneck_of(const ctx *c, mmp_placement *pl)
+{
+    flat f;
+    flatten(c, pl, &f);
+    double B;
+    closed_step(c, &f, &B);
+    return B;
+}
+
+/* Every pair of sub-stage counts that fits within bound T, filled and
+ * offered. */
+static void try_bound(search *S, double T)
+{
+    const ctx *c = S->c;
+    int kb[2];
+    if (devices_at(S, T, kb) == NO_FIT) {
+        return;
+    }
+    const sums *fu = &c->unit[2];
+    int rf = min_replicas(c, fu, 0, fu->n, 1, T);
+    int K[2];
+    for (int b = 0; b < 2; b++) {
+        K[b] = c->max_sub < c->unit[b].n ? c->max_sub : c->unit[b].n;
+    }
+    for (int ki = 1; ki <= K[0]; ki++) {
+        int ni = S->d[0].need[ki * S->d[0].width];
+        for (int kt = 1; kt <= K[1]; kt++) {
+            int nt = S->d[1].need[kt * S->d[1].width];
+            if (ni == NO_FIT || nt == NO_FIT || (long)ni + nt + rf > c->in->devices) {
+                continue;
+            }
+            mmp_placement pl;
+            memset(&pl, 0, sizeof pl);
+            take_cut(c, 0, ki, T, &S->d[0], &pl);
+            take_cut(c, 1, kt, T, &S->d[1], &pl);
+            pl.fusion_replicas = rf;
+            if (seen_before(S, &pl)) {
+                continue;
+            }
+            double step = fill(c, &pl);
+            S->candidates++;
+            offer(S, &pl, step);
+        }
+    }
+}
+
+static void search_fini(search *S)
+{
+    for (int b = 0; b < 2; b++) {
+        free(S->d[b].need);
+        free(S->d[b].cut);
+        free(S->d[b].path);
+    }
+    free(S->seen);
+    free(S->used);
+}
+
+static mmp_err search_init(search *S, ctx *c)
+{
+    memset(S, 0, sizeof *S);
+    S->c = c;
+    for (int b = 0; b < 2; b++) {
+        S->d[b].width = c->unit[b].n + 1;
+        size_t cells = (size_t)(c->max_sub + 1) * (size_t)S->d[b].width;
+        S->d[b].need = malloc(cells * sizeof *S->d[b].need);
+        S->d[b].cut = malloc(cells * sizeof *S->d[b].cut);
+        S->d[b].path = malloc(cells * sizeof *S->d[b].path);
+        if (!S->d[b].need || !S->d[b].cut || !S->d[b].path) {
+            return mmp_errorf(MMP_ERR_NOMEM, "planner: %zu programme cells", cells);
+        }
+    }
+    /* every (k_image, k_text) at every bound, at most, twice over */
+    S->cap_seen = 2 * (size_t)GRID * (size_t)c->max_sub * (size_t)c->max_sub + 1;
+    S->seen = malloc(S->cap_seen * sizeof *S->seen);
+    S->used = calloc(S->cap_seen, 1);
+    if (!S->seen || !S->used) {
+        return mmp_errorf(MMP_ERR_NOMEM, "planner: %zu placements", S->cap_seen);
+    }
+    return MMP_OK;
+}
+
+/* ---- scoring ------------------------------------------------------------------ */
+
+/* One step of pl through the schedule compiler and the simulator, each
+ * replicated stage folded into one with its per-replica times. */
+static mmp_err simulate(const ctx *c, const mmp_placement *pl, double ar_ms, double *step_ms)
+{
+    mmp_sched s;
+    mmp_sim_costs sc;
+    mmp_sim_result r;
+    memset(&s, 0, sizeof s);
+    memset(&sc, 0, sizeof sc);
+    int n = 0;
+    for (int b = 0; b < 2; b++) {
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            const mmp_planner_stage *g = &pl->sub[b][j];
+            mmp_sched_stage *st = &s.stages[n];
+            snprintf(st->name, sizeof st->name, "%s.%d", branch_names[b], j);
+            st->kind = b == MMP_PLANNER_IMAGE ? MMP_KIND_IMAGE : MMP_KIND_TEXT;
+            st->sub = j;
+            st->n_sub = pl->n_sub[b];
+            st->layer_first = g->first;
+            st->layer_last = g->last;
+            int q = ceil_div(c->q0, g->replicas);
+            sc.fwd_ms[n] = q * range_sum(&c->unit[b], Q_FWD, g->first, g->last);
+            sc.bwd_ms[n] = q * range_sum(&c->unit[b], Q_BWD, g->first, g->last);
+            n++;
+        }
+    }
+    const sums *fu = &c->unit[2];
+    mmp_sched_stage *st = &s.stages[n];
+    snprintf(st->name, sizeof st->name, "fusion");
+    st->kind = MMP_KIND_FUSION;
+    st->n_sub = 1;
+    st->layer_last = 1;
+    int q = ceil_div(c->q0, pl->fusion_replicas);
+    sc.fwd_ms[n] = q * range_sum(fu, Q_FWD, 0, fu->n);
+    sc.bwd_ms[n] = q * range_sum(fu, Q_BWD, 0, fu->n);
+    s.n_stages = ++n;
+    sc.send_ms = c->in->send_ms;
+    sc.step_overhead_ms = c->in->step_overhead_ms + ar_ms;
+    mmp_err ret = mmp_sched_compile_stages(&s, c->in->schedule, c->m);
+    if (ret == MMP_OK) {
+        ret = mmp_sched_simulate(&s, &sc, &r);
+    }
+    mmp_sched_fini(&s);
+    if (ret != MMP_OK) {
+        return mmp_error_prefix(ret, "planner: simulating the placement");
+    }
+    *step_ms = r.step_ms;
+    return MMP_OK;
+}
+
+static int simulable(const mmp_placement *pl)
+{
+    int stages = total_subs(pl) + 1;
+    return stages <= MMP_SCHED_MAX_STAGES && 2 * (stages - 1) <= MMP_SCHED_MAX_EDGES;
+}
+
+static mmp_err check_placement(const ctx *c, const mmp_placement *pl)
+{
+    long used = pl->fusion_replicas;
+    if (pl->fusion_replicas < 1) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: fusion has %d replicas (at least 1)",
+                          pl->fusion_replicas);
+    }
+    for (int b = 0; b < 2; b++) {
+        const char *name = branch_names[b];
+        int k = pl->n_sub[b], n = c->unit[b].n;
+        if (k < 1 || k > MMP_PLANNER_MAX_SUB) {
+            return mmp_errorf(MMP_ERR_INVALID, "planner: %s has %d sub-stages (1 to %d)", name, k,
+                              MMP_PLANNER_MAX_SUB);
+        }
+        int at = 0;
+        for (int j = 0; j < k; j++) {
+            const mmp_planner_stage *g = &pl->sub[b][j];
+            if (g->first != at || g->last <= g->first || g->last > n) {
+                return mmp_errorf(MMP_ERR_INVALID,
+                                  "planner: %s.%d holds [%d, %d): sub-stages must tile the "
+                                  "branch's %d layers in order (this one starts at %d)",
+                                  name, j, g->first, g->last, n, at);
+            }
+            if (g->replicas < 1) {
+                return mmp_errorf(MMP_ERR_INVALID, "planner: %s.%d has %d replicas (at least 1)",
+                                  name, j, g->replicas);
+            }
+            used += g->replicas;
+            at = g->last;
+        }
+        if (at != n) {
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "planner: %s's sub-stages end at layer %d, not at its %d", name, at,
+                              n);
+        }
+    }
+    if (used > c->in->devices) {
+        return mmp_errorf(MMP_ERR_INVALID, "planner: the placement uses %ld devices of %d", used,
+                          c->in->devices);
+    }
+    return MMP_OK;
+}
+
+/* Scores pl (already checked) with method; fills *ev. */
+static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method method,
+                     mmp_planner_eval *ev)
+{
+    const mmp_planner_input *in = c->in;
+    mmp_planner_eval e;
+    memset(&e, 0, sizeof e);
+    double cap = in->mem_cap_bytes, ar = 0;
+    for (int b = 0; b < 2; b++) {
+        const sums *s = &c->unit[b];
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            const mmp_planner_stage *g = &pl->sub[b][j];
+            int depth = pl->n_sub[b] - j + 1;
+            e.stage_ms[b][j] = stage_ms(c, s, g->first, g->last, g->replicas);
+            e.stage_bytes[b][j] = stage_bytes(c, s, g->first, g->last, depth, g->replicas);
+            if (cap > 0 && e.stage_bytes[b][j] > cap * (1 + 1e-12)) {
+                return mmp_errorf(MMP_ERR_INVALID,
+                                  "planner: %s.%d (layers [%d, %d), %d replicas) needs %.4g bytes "
+                                  "per device, over the cap of %.4g",
+                                  branch_names[b], j, g->first, g->last, g->replicas,
+                                  e.stage_bytes[b][j], cap);
+            }
+            e.busy_ms += in->batch * range_sum(s, Q_COST, g->first, g->last);
+            double a = allreduce_ms(c, range_sum(s, Q_GRAD, g->first, g->last), g->replicas);
+            ar = a > ar ? a : ar;
+        }
+    }
+    const sums *fu = &c->unit[2];
+    e.fusion_ms = stage_ms(c, fu, 0, fu->n, pl->fusion_replicas);
+    e.fusion_bytes = stage_bytes(c, fu, 0, fu->n, 1, pl->fusion_replicas);
+    if (cap > 0 && e.fusion_bytes > cap * (1 + 1e-12)) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "planner: fusion (%d replicas) needs %.4g bytes per device, over the "
+                          "cap of %.4g",
+                          pl->fusion_replicas, e.fusion_bytes, cap);
+    }
+    e.busy_ms += in->batch * range_sum(fu, Q_COST, 0, fu->n);
+    double a = allreduce_ms(c, range_sum(fu, Q_GRAD, 0, fu->n), pl->fusion_replicas);
+    ar = a > ar ? a : ar;
+
+    mmp_placement copy = *pl;
+    flat f;
+    flatten(c, &copy, &f);
+    e.closed_form_ms = closed_step(c, &f, &e.bottleneck_ms);
+    e.devices_used = devices_used(pl);
+    if (method == MMP_PLANNER_AUTO) {
+        method = simulable(pl) ? MMP_PLANNER_SIMULATED : MMP_PLANNER_CLOSED_FORM;
+    }
+    e.method = method;
+    e.step_ms = e.closed_form_ms;
+    if (method == MMP_PLANNER_SIMULATED) {
+        if (!simulable(pl)) {
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "planner: %d stages are more than the schedule compiler holds (%d)",
+                              total_subs(pl) + 1, MMP_SCHED_MAX_STAGES);
+        }
+        MMP_TRY(simulate(c, pl, ar, &e.step_ms));
+    }
+    e.samples_per_s = e.step_ms > 0 ? in->batch / (e.step_ms / 1000) : 0;
+    e.efficiency = e.step_ms > 0 ? e.busy_ms / (in->devices * e.step_ms) : 0;
+    *ev = e;
+    return MMP_OK;
+}
+
+mmp_err mmp_planner_evaluate(const mmp_planner_input *in, const mmp_placement *pl,
+                             mmp_planner_eval *ev)
+{
+    MMP_TRY(mmp_planner_check(in));
+    ctx c;
+    mmp_err ret = ctx_init(&c, in);
+    if (ret == MMP_OK) {
+        ret = check_placement(&c, pl);
+    }
+    if (ret == MMP_OK) {
+        ret = score(&c, pl, in->method, ev);
+    }
+    ctx_fini(&c);
+    return ret;
+}
+
+/* ---- the planner ---------------------------------------------------------------- */
+
+mmp_err mmp_planner_plan(const mmp_planner_input *in, mmp_planner_result *out)
+{
+    MMP_TRY(mmp_planner_check(in));
+    ctx c;
+    search S;
+    memset(&S, 0, sizeof S);
+    mmp_err ret = ctx_init(&c, in);
+    if (ret != MMP_OK) {
+        goto exit;
+    }
+    ret = search_init(&S, &c);
+    if (ret != MMP_OK) {
+        goto exit;
+    }
+    int D = in->devices, k[2];
+
+    /* 1. The least bottleneck. With no time bound only memory limits. */
+    long floor_devices = devices_at(&S, INFINITY, k);
+    if (floor_devices == NO_FIT || floor_devices > D) {
+        if (floor_devices == NO_FIT) {
+            ret = mmp_errorf(MMP_ERR_INVALID,
+                             "planner: no placement fits the memory cap of %.4g bytes per device "
+                             "in %d devices (a layer range holds more than the cap, or needs "
+                             "more replicas than there are devices)",
+                             in->mem_cap_bytes, D);
+        } else {
+            ret = mmp_errorf(MMP_ERR_INVALID,
+                             "planner: no placement fits the memory cap of %.4g bytes per device "
+                             "in %d devices: it takes at least %ld",
+                             in->mem_cap_bytes, D, floor_devices);
+        }
+        goto exit;
+    }
+    mmp_placement pl;
+    cheapest_at(&S, INFINITY, &pl);
+    double hi = bottleneck_of(&c, &pl);
+    /* No bottleneck is below the busiest single layer, nor below the work of
+     * a micro-batch spread over every device. */
+    double work = 0, layer = 0;
+    for (int u = 0; u < 3; u++) {
+        const sums *s = &c.unit[u];
+        int n = u < 2 ? s->n : 1;
+        for (int i = 0; i < n; i++) {
+            double v = u < 2 ? range_sum(s, Q_COST, i, i + 1) : range_sum(s, Q_COST, 0, s->n);
+            layer = v > layer ? v : layer;
+        }
+        work += range_sum(s, Q_COST, 0, s->n);
+    }
+    double lo = fmax(layer, work * c.q0 / D) * (1 - 1e-9);
+    if (lo < hi && devices_at(&S, lo, k) <= D) {
+        hi = lo;
+    }
+    for (int it = 0; it < 200 && hi - lo > 1e-9 * hi; it++) {
+        double mid = 0.5 * (lo + hi);
+        long need = devices_at(&S, mid, k);
+        if (need != NO_FIT && need <= D) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    cheapest_at(&S, hi, &pl);
+    double bound = bottleneck_of(&c, &pl);
+
+    /* 2. Cuts and fills for a grid of bounds above it: step >= m B, so a
+     * bottleneck past bound (1 + K / m) cannot beat the path of K + 1 stages
+     * at the bound. */
+    int K = c.max_sub;
+    double top = bound * (1 + (double)K / c.m);
+    double ratio = bound > 0 ? top / bound : 1;
+    for (int j = 0; j < GRID; j++) {
+        double T = j == 0 ? bound : bound * pow(ratio, (double)j / (GRID - 1));
+        try_bound(&S, T);
+        if (ratio <= 1) {
+            break;
+        }
+    }
+    MMP_ASSERT(S.n_top > 0); /* the bound itself fits */
+
+    /* 3. Polish the finalists. */
+    int finalists = S.n_top;
+    mmp_placement polished[MMP_PLANNER_RESCORE];
+    double polished_step[MMP_PLANNER_RESCORE];
+    for (int i = 0; i < finalists; i++) {
+        polished[i] = S.top[i];
+        polished_step[i] = polish(&c, &polished[i], S.top_step[i]);
+    }
+    for (int i = 0; i < finalists; i++) {
+        offer(&S, &polished[i], polished_step[i]);
+    }
+
+    /* 4. The winner, simulated where asked. */
+    mmp_planner_result res;
+    memset(&res, 0, sizeof res);
+    res.bound_ms = bound;
+    res.candidates = S.candidates;
+    int best = 0;
+    mmp_planner_eval best_ev;
+    ret = score(&c, &S.top[0], in->method, &best_ev);
+    if (ret != MMP_OK) {
+        goto exit;
+    }
+    res.simulated = best_ev.method == MMP_PLANNER_SIMULATED;
+    if (best_ev.method == MMP_PLANNER_SIMULATED) {
+        for (int i = 1; i < S.n_top; i++) {
+            mmp_planner_eval ev;
+            ret = score(&c, &S.top[i], MMP_PLANNER_SIMULATED, &ev);
+            if (ret != MMP_OK) {
+                goto exit;
+            }
+            res.simulated++;
+            if (ranks_before(ev.step_ms, &S.top[i], best_ev.step_ms, &S.top[best])) {
+                best = i;
+                best_ev = ev;
+            }
+        }
+    }
+    res.placement = S.top[best];
+    res.eval = best_ev;
+    *out = res;
+exit:
+    search_fini(&S);
+    ctx_fini(&c);
+    return ret;
+}

@@ -1,0 +1,524 @@
+/* The placement planner: hand-checkable balances (image:text:fusion =
+ * 4:1:1 on 6 devices, about twice the 2/2/2 placement), a cost change
+ * moving devices, a memory cap forcing sub-stages, 3 devices giving one
+ * process per stage, the exact bottleneck and near-best step against brute
+ * force on small cases, the closed form against the simulator, 64 and 1024
+ * devices in well under the 2 s target (times printed; also through
+ * `mmpipe simulate configs/cluster-1024.yaml --plan-devices all`),
+ * determinism, and invalid input rejected with a message that says what is
+ * wrong. */
+#include "coordinator/planner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/rng.h"
+#include "tests/harness.h"
+
+#define MAXL 128
+
+/* Storage behind one mmp_planner_input. */
+typedef struct model {
+    double fwd[3][MAXL], bwd[3][MAXL], state[3][MAXL], act[3][MAXL], grad[3][MAXL];
+    mmp_planner_input in;
+} model;
+
+/* Branch totals ci, ct and fusion cf (fwd + bwd per sample, backward twice
+ * the forward) spread evenly over li and lt layers; D devices, batch 256
+ * in 16 micro-batches of 16, 1F1B, free transfers. */
+static void uniform(model *M, int li, double ci, int lt, double ct, double cf, int D)
+{
+    memset(M, 0, sizeof *M);
+    const int n[3] = {li, lt, 1};
+    const double tot[3] = {ci, ct, cf};
+    for (int u = 0; u < 3; u++) {
+        for (int i = 0; i < n[u]; i++) {
+            M->fwd[u][i] = tot[u] / n[u] / 3;
+            M->bwd[u][i] = 2 * M->fwd[u][i];
+        }
+    }
+    mmp_planner_layers *units[3] = {&M->in.branch[0], &M->in.branch[1], &M->in.fusion};
+    for (int u = 0; u < 3; u++) {
+        units[u]->n = n[u];
+        units[u]->fwd_ms = M->fwd[u];
+        units[u]->bwd_ms = M->bwd[u];
+    }
+    M->in.devices = D;
+    M->in.batch = 256;
+    M->in.microbatches = 16;
+    M->in.schedule = MMP_SCHED_1F1B;
+}
+
+static void print_placement(const char *label, const mmp_placement *pl, const mmp_planner_eval *e)
+{
+    printf("  %s:", label);
+    static const char *const names[2] = {"image", "text"};
+    for (int b = 0; b < 2; b++) {
+        printf(" %s", names[b]);
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            const mmp_planner_stage *g = &pl->sub[b][j];
+            printf(" [%d,%d)x%d", g->first, g->last, g->replicas);
+        }
+        printf(";");
+    }
+    printf(" fusion x%d -> step %.3f ms (%s, closed form %.3f), %.1f samples/s, eff %.3f\n",
+           pl->fusion_replicas, e->step_ms, mmp_planner_method_name(e->method), e->closed_form_ms,
+           e->samples_per_s, e->efficiency);
+}
+
+static int branch_replicas(const mmp_placement *pl, int b)
+{
+    int n = 0;
+    for (int j = 0; j < pl->n_sub[b]; j++) {
+        n += pl->sub[b][j].replicas;
+    }
+    return n;
+}
+
+/* One sub-stage per branch with these replicas. */
+static mmp_placement flat_placement(const model *M, int ri, int rt, int rf)
+{
+    mmp_placement pl;
+    memset(&pl, 0, sizeof pl);
+    pl.n_sub[0] = pl.n_sub[1] = 1;
+    pl.sub[0][0] = (mmp_planner_stage){0, M->in.branch[0].n, ri};
+    pl.sub[1][0] = (mmp_planner_stage){0, M->in.branch[1].n, rt};
+    pl.fusion_replicas = rf;
+    return pl;
+}
+
+static void test_balance_4_1_1(void)
+{
+    model M;
+    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 6);
+    mmp_planner_result r;
+    CHECK_OK(mmp_planner_plan(&M.in, &r));
+    print_placement("4:1:1 on 6, planned", &r.placement, &r.eval);
+    mmp_placement base = flat_placement(&M, 2, 2, 2);
+    mmp_planner_eval be;
+    CHECK_OK(mmp_planner_evaluate(&M.in, &base, &be));
+    print_placement("4:1:1 on 6, 2/2/2  ", &base, &be);
+    CHECK(r.eval.method == MMP_PLANNER_SIMULATED && be.method == MMP_PLANNER_SIMULATED);
+    CHECK(r.eval.efficiency >= 0.9 && r.eval.efficiency <= 1.0);
+    CHECK(r.eval.samples_per_s >= 1.8 * be.samples_per_s);
+    CHECK(r.eval.devices_used == 6);
+    /* by hand: image 4 replicas of 4 samples x 4 ms = 16 ms; text and fusion
+     * 16 x 1 = 16 ms each; bottleneck 16, step (16 - 1) 16 + 16 + 16 = 272 */
+    CHECK(branch_replicas(&r.placement, 0) == 4 && r.placement.n_sub[0] == 1);
+    CHECK(fabs(r.eval.bottleneck_ms - 16) < 1e-9 && fabs(r.bound_ms - 16) < 1e-9);
+    CHECK(fabs(r.eval.closed_form_ms - 272) < 1e-9);
+    CHECK(fabs(r.eval.busy_ms - 256 * 6.0) < 1e-6);
+    CHECK(fabs(r.eval.efficiency - r.eval.busy_ms / (6 * r.eval.step_ms)) < 1e-12);
+    /* the baseline by hand: image 8 samples x 4 = 32 ms, step 15 x 32 + 32 + 8 */
+    CHECK(fabs(be.closed_form_ms - (15 * 32 + 32 + 8)) < 1e-9);
+
+    /* text three times dearer: devices move to text */
+    model M3;
+    uniform(&M3, 8, 4.0, 4, 3.0, 1.0, 6);
+    mmp_planner_result r3;
+    CHECK_OK(mmp_planner_plan(&M3.in, &r3));
+    print_placement("4:3:1 on 6, planned", &r3.placement, &r3.eval);
+    CHECK(memcmp(&r3.placement, &r.placement, sizeof r.placement) != 0);
+    CHECK(branch_replicas(&r3.placement, 1) >= 2);
+    CHECK(branch_replicas(&r3.placement, 0) < branch_replicas(&r.placement, 0));
+
+    /* the same input plans the same placement, to the bit */
+    mmp_planner_result again;
+    CHECK_OK(mmp_planner_plan(&M.in, &again));
+    CHECK(memcmp(&again.placement, &r.placement, sizeof r.placement) == 0);
+    CHECK(again.eval.step_ms == r.eval.step_ms);
+}
+
+static void test_memory_cap(void)
+{
+    model M;
+    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 6);
+    for (int i = 0; i < 8; i++) {
+        M.state[0][i] = 1e9; /* the image branch holds 8 GB */
+        M.act[0][i] = 1e6;   /* and 1 MB per sample per layer in flight */
+    }
+    M.in.branch[0].state_bytes = M.state[0];
+    M.in.branch[0].act_bytes = M.act[0];
+    mmp_planner_result free_r, capped;
+    CHECK_OK(mmp_planner_plan(&M.in, &free_r));
+    CHECK(free_r.placement.n_sub[0] == 1);
+    M.in.mem_cap_bytes = 4.5e9;
+    CHECK_OK(mmp_planner_plan(&M.in, &capped));
+    print_placement("4:1:1 on 6, 4.5 GB cap", &capped.placement, &capped.eval);
+    CHECK(capped.placement.n_sub[0] >= 2);
+    for (int j = 0; j < capped.placement.n_sub[0]; j++) {
+        CHECK(capped.eval.stage_bytes[0][j] <= 4.5e9);
+        CHECK(capped.placement.sub[0][j].last - capped.placement.sub[0][j].first <= 4);
+    }
+    /* the uncapped winner is now refused by the evaluator, naming the stage */
+    CHECK(mmp_planner_evaluate(&M.in, &free_r.placement, &capped.eval) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "image.0") && strstr(mmp_last_error(), "over the cap"));
+    /* no layer fits a 0.9 GB device: the planner says so */
+    M.in.mem_cap_bytes = 0.9e9;
+    CHECK(mmp_planner_plan(&M.in, &capped) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "memory cap") != NULL);
+    /* 2.5 GB holds two image layers: four image sub-stages, six devices */
+    M.in.mem_cap_bytes = 2.5e9;
+    CHECK_OK(mmp_planner_plan(&M.in, &capped));
+    print_placement("4:1:1 on 6, 2.5 GB cap", &capped.placement, &capped.eval);
+    CHECK(capped.placement.n_sub[0] == 4 && capped.eval.devices_used == 6);
+    M.in.devices = 5;
+    CHECK(mmp_planner_plan(&M.in, &capped) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "at least 6") != NULL);
+    printf("  2.5 GB cap on 5 devices: %s\n", mmp_last_error());
+    M.in.devices = 6;
+    M.in.max_sub = 3;
+    CHECK(mmp_planner_plan(&M.in, &capped) == MMP_ERR_INVALID);
+    M.in.max_sub = 0;
+    CHECK_OK(mmp_planner_plan(&M.in, &capped));
+    CHECK(capped.placement.n_sub[0] == 4);
+}
+
+static void test_three_devices(void)
+{
+    model M;
+    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 3);
+    mmp_planner_result r;
+    CHECK_OK(mmp_planner_plan(&M.in, &r));
+    print_placement("4:1:1 on 3", &r.placement, &r.eval);
+    CHECK(r.placement.n_sub[0] == 1 && r.placement.n_sub[1] == 1);
+    CHECK(r.placement.sub[0][0].replicas == 1 && r.placement.sub[1][0].replicas == 1);
+    CHECK(r.placement.fusion_replicas == 1);
+    CHECK(r.eval.devices_used == 3);
+}
+
+/* ---- brute force ------------------------------------------------------------- */
+
+typedef struct brute {
+    const model *M;
+    mmp_placement pl, best;
+    mmp_planner_eval best_eval;
+    double best_step, best_B;
+    long n;
+} brute;
+
+static void brute_replicas(brute *B, int stage, int left)
+{
+    int n_img = B->pl.n_sub[0], n_txt = B->pl.n_sub[1];
+    int stages = n_img + n_txt + 1;
+    if (stage == stages) {
+        mmp_planner_eval e;
+        mmp_planner_input in = B->M->in;
+        in.method = MMP_PLANNER_CLOSED_FORM;
+        if (mmp_planner_evaluate(&in, &B->pl, &e) == MMP_OK) {
+            B->n++;
+            if (e.closed_form_ms < B->best_step) {
+                B->best_step = e.closed_form_ms;
+                B->best = B->pl;
+                B->best_eval = e;
+            }
+            B->best_B = fmin(B->best_B, e.bottleneck_ms);
+        }
+        return;
+    }
+    int *r = stage < n_img           ? &B->pl.sub[0][stage].replicas
+             : stage < n_img + n_txt ? &B->pl.sub[1][stage - n_img].replicas
+                                     : &B->pl.fusion_replicas;
+    for (*r = 1; *r <= left - (stages - stage - 1); (*r)++) {
+        brute_replicas(B, stage + 1, left - *r);
+    }
+}
+
+/* Branch b cut where the bits of mask say (bit i: a cut after layer i). */
+static void cut_branch(mmp_placement *pl, int b, int n, unsigned mask)
+{
+    int k = 0, first = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == n - 1 || (mask >> i & 1)) {
+            pl->sub[b][k++] = (mmp_planner_stage){first, i + 1, 1};
+            first = i + 1;
+        }
+    }
+    pl->n_sub[b] = k;
+}
+
+static void test_brute_force(void)
+{
+    mmp_rng rng;
+    mmp_rng_seed(&rng, 7, 1);
+    int cases = 0, exact = 0;
+    double worst = 1;
+    for (int t = 0; t < 300; t++) {
+        model M;
+        int li = 2 + t % 4, lt = 1 + t % 3, D = 3 + t % 7;
+        uniform(&M, li, 1, lt, 1, 1, D);
+        M.in.batch = 8 + 8 * (t % 3);
+        M.in.microbatches = 2 + t % 4;
+        M.in.send_ms = t % 2 ? 0.05 : 0;
+        for (int u = 0; u < 3; u++) {
+            for (int i = 0; i < MAXL; i++) {
+                M.fwd[u][i] = 0.05 + mmp_rng_uniform(&rng);
+                M.bwd[u][i] = 2 * M.fwd[u][i];
+                M.grad[u][i] = 100 * mmp_rng_uniform(&rng);
+            }
+        }
+        if (t % 4 == 3) {
+            M.in.allreduce_bytes_per_ms = 200;
+            for (int u = 0; u < 3; u++) {
+                (u < 2 ? &M.in.branch[u] : &M.in.fusion)->grad_bytes = M.grad[u];
+            }
+        }
+        if (t % 5 == 2) { /* a cap that takes about two layers per device */
+            for (int i = 0; i < MAXL; i++) {
+                M.state[0][i] = M.state[1][i] = 1 + mmp_rng_uniform(&rng);
+                M.act[0][i] = 0.01 * mmp_rng_uniform(&rng);
+            }
+            M.in.branch[0].state_bytes = M.state[0];
+            M.in.branch[1].state_bytes = M.state[1];
+            M.in.branch[0].act_bytes = M.act[0];
+            M.in.mem_cap_bytes = 4.2;
+            M.in.schedule = t % 2 ? MMP_SCHED_GPIPE : MMP_SCHED_1F1B;
+        }
+        brute B = {.M = &M, .best_step = INFINITY, .best_B = INFINITY};
+        for (unsigned mi = 0; mi < 1u << (li - 1); mi++) {
+            for (unsigned mt = 0; mt < 1u << (lt - 1); mt++) {
+                memset(&B.pl, 0, sizeof B.pl);
+                cut_branch(&B.pl, 0, li, mi);
+                cut_branch(&B.pl, 1, lt, mt);
+                if (B.pl.n_sub[0] + B.pl.n_sub[1] + 1 <= D) {
+                    brute_replicas(&B, 0, D);
+                }
+            }
+        }
+        M.in.method = MMP_PLANNER_CLOSED_FORM;
+        mmp_planner_result r;
+        mmp_err err = mmp_planner_plan(&M.in, &r);
+        if (B.n == 0) { /* nothing fits: the planner must say so too */
+            CHECK(err == MMP_ERR_INVALID);
+            continue;
+        }
+        CHECK_OK(err);
+        if (err != MMP_OK) {
+            continue;
+        }
+        cases++;
+        /* the bottleneck is exact */
+        CHECK(fabs(r.bound_ms - B.best_B) <= 1e-9 * B.best_B);
+        double ratio = r.eval.closed_form_ms / B.best_step;
+        worst = fmax(worst, ratio);
+        exact += ratio <= 1 + 1e-9;
+        if (ratio > 1.02) {
+            fprintf(stderr, "  case %d: planner %.4f ms, brute force %.4f ms over %ld placements\n",
+                    t, r.eval.closed_form_ms, B.best_step, B.n);
+            print_placement("planner", &r.placement, &r.eval);
+            print_placement("brute force", &B.best, &B.best_eval);
+        }
+        CHECK(ratio <= 1.02);
+    }
+    printf("  brute force: %d cases, %d matched exactly, worst step ratio %.4f\n", cases, exact,
+           worst);
+    CHECK(cases >= 250);
+    CHECK(exact >= cases * 95 / 100);
+}
+
+/* ---- the closed form against the simulator ------------------------------------ */
+
+static void test_closed_vs_simulated(void)
+{
+    model M;
+    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 12);
+    const int shapes[][3] = {{1, 1, 1}, {4, 1, 1}, {2, 2, 2}, {8, 2, 2}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        mmp_placement pl = flat_placement(&M, shapes[i][0], shapes[i][1], shapes[i][2]);
+        mmp_planner_eval e;
+        CHECK_OK(mmp_planner_evaluate(&M.in, &pl, &e));
+        double err = fabs(e.step_ms - e.closed_form_ms) / e.step_ms;
+        if (err > 0.1) {
+            print_placement("closed form off", &pl, &e);
+        }
+        CHECK(err <= 0.1);
+    }
+    /* a chain of equal stages: the closed form is the textbook (m + p - 1) t */
+    uniform(&M, 4, 4.0, 1, 1.0, 1.0, 12);
+    M.in.schedule = MMP_SCHED_GPIPE;
+    mmp_placement pl = flat_placement(&M, 1, 1, 1);
+    pl.n_sub[0] = 4;
+    for (int j = 0; j < 4; j++) {
+        pl.sub[0][j] = (mmp_planner_stage){j, j + 1, 1};
+    }
+    mmp_planner_eval e;
+    CHECK_OK(mmp_planner_evaluate(&M.in, &pl, &e));
+    CHECK(fabs(e.closed_form_ms - (16 + 5 - 1) * 16.0) < 1e-9);
+    CHECK(fabs(e.step_ms - e.closed_form_ms) < 1e-6);
+}
+
+/* ---- scale --------------------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+/* A ResNet-152-like image branch (50 layers, dearer towards the middle) and
+ * a 24-layer text encoder, batch 4096 in 32 micro-batches. */
+static void big_model(model *M, int D)
+{
+    uniform(M, 52, 1, 26, 1, 1, D);
+    for (int i = 0; i < 52; i++) {
+        M->fwd[0][i] = 0.02 + 0.01 * (i % 13);
+        M->bwd[0][i] = 2 * M->fwd[0][i];
+        M->state[0][i] = 4e7 + 1e6 * i;
+        M->act[0][i] = 2e5;
+    }
+    for (int i = 0; i < 26; i++) {
+        M->fwd[1][i] = 0.03;
+        M->bwd[1][i] = 0.06;
+        M->state[1][i] = 1e8;
+        M->act[1][i] = 1e5;
+    }
+    M->fwd[2][0] = 0.05;
+    M->bwd[2][0] = 0.1;
+    M->in.branch[0].state_bytes = M->state[0];
+    M->in.branch[0].act_bytes = M->act[0];
+    M->in.branch[1].state_bytes = M->state[1];
+    M->in.branch[1].act_bytes = M->act[1];
+    M->in.batch = 4096;
+    M->in.microbatches = 32;
+    M->in.mem_cap_bytes = 8e9;
+    M->in.send_ms = 0.05;
+}
+
+static void test_scale(void)
+{
+    const int devices[] = {64, 1024};
+    for (int i = 0; i < 2; i++) {
+        model M;
+        big_model(&M, devices[i]);
+        mmp_planner_result r;
+        double t0 = now_s();
+        CHECK_OK(mmp_planner_plan(&M.in, &r));
+        double dt = now_s() - t0;
+        char label[64];
+        snprintf(label, sizeof label, "%d devices (%.3f s, %d candidates)", devices[i], dt,
+                 r.candidates);
+        print_placement(label, &r.placement, &r.eval);
+        CHECK(dt < 5.0); /* the target is 2 s; generous for loaded CI machines */
+        CHECK(r.eval.efficiency > 0 && r.eval.efficiency <= 1);
+        CHECK(r.eval.devices_used <= devices[i]);
+        CHECK(r.eval.bottleneck_ms >= r.bound_ms * (1 - 1e-9));
+        /* far better than the same devices as replicas of one stage each */
+        int ri = devices[i] * 52 / 79, rt = devices[i] * 26 / 79;
+        mmp_placement flat = flat_placement(&M, ri, rt, devices[i] - ri - rt);
+        mmp_planner_eval fe;
+        M.in.mem_cap_bytes = 0;
+        CHECK_OK(mmp_planner_evaluate(&M.in, &flat, &fe));
+        CHECK(r.eval.step_ms < fe.step_ms);
+    }
+}
+
+/* `mmpipe simulate configs/cluster-1024.yaml --plan-devices all`: the whole
+ * path from a plan with 1024 devices, under 2 s, with an efficiency. */
+static void test_cli(void)
+{
+    const char *bin = mmp_test_bin();
+    if (access(bin, X_OK) != 0 || access("configs/cluster-1024.yaml", R_OK) != 0) {
+        printf("  (no %s or no configs/cluster-1024.yaml here: CLI check left out)\n", bin);
+        return;
+    }
+    static char out[65536];
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s simulate configs/cluster-1024.yaml --plan-devices all", bin);
+    double t0 = now_s();
+    int rc = mmp_test_run(cmd, out, sizeof out);
+    double dt = now_s() - t0;
+    CHECK(rc == 0);
+    const char *at = strstr(out, "planner: 1024 devices");
+    double ms = -1, eff = -1;
+    CHECK(at && sscanf(strstr(at, "planned in "), "planned in %lf ms", &ms) == 1);
+    const char *e = strstr(out, "balance efficiency ");
+    CHECK(e && sscanf(e, "balance efficiency %lf%%", &eff) == 1);
+    printf("  cli: 1024 devices planned in %.1f ms (whole command %.3f s), efficiency %.1f%%\n", ms,
+           dt, eff);
+    CHECK(ms >= 0 && ms < 2000);
+    CHECK(eff > 0 && eff <= 100);
+    if (rc != 0 || !at || !e) {
+        fprintf(stderr, "%s\n", out);
+    }
+    snprintf(cmd, sizeof cmd, "%s simulate configs/cluster-1024.yaml --plan-devices 2", bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
+    CHECK(strstr(out, "2 devices (3 to") != NULL);
+    snprintf(cmd, sizeof cmd, "%s simulate configs/cluster-1024.yaml --plan-devices many", bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+}
+
+/* ---- invalid input ------------------------------------------------------------- */
+
+static void expect_invalid(const mmp_planner_input *in, const char *want)
+{
+    mmp_planner_result r;
+    mmp_err e = mmp_planner_plan(in, &r);
+    CHECK(e == MMP_ERR_INVALID);
+    if (!strstr(mmp_last_error(), want)) {
+        fprintf(stderr, "  message \"%s\" lacks \"%s\"\n", mmp_last_error(), want);
+    }
+    CHECK(strstr(mmp_last_error(), want) != NULL);
+}
+
+static void test_invalid(void)
+{
+    model M;
+    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 6);
+    mmp_planner_input in = M.in;
+    in.devices = 2;
+    expect_invalid(&in, "2 devices (3 to");
+    in = M.in;
+    in.branch[1].n = 0;
+    expect_invalid(&in, "text: 0 layers");
+    in = M.in;
+    M.bwd[0][3] = -1;
+    expect_invalid(&in, "image layer 3: bwd_ms -1");
+    M.bwd[0][3] = NAN;
+    expect_invalid(&in, "image layer 3: bwd_ms nan");
+    M.bwd[0][3] = 1;
+    in.microbatches = 300;
+    expect_invalid(&in, "300 micro-batches");
+    in = M.in;
+    in.fusion.fwd_ms = NULL;
+    expect_invalid(&in, "fusion: no fwd_ms");
+    in = M.in;
+    in.send_ms = -0.5;
+    expect_invalid(&in, "send_ms -0.5");
+    in = M.in;
+    in.max_sub = MMP_PLANNER_MAX_SUB + 1;
+    expect_invalid(&in, "max_sub");
+    CHECK(mmp_planner_plan(NULL, NULL) == MMP_ERR_INVALID);
+
+    /* placements the evaluator refuses */
+    mmp_planner_eval e;
+    mmp_placement pl = flat_placement(&M, 2, 2, 3);
+    CHECK(mmp_planner_evaluate(&M.in, &pl, &e) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "uses 7 devices of 6") != NULL);
+    pl = flat_placement(&M, 1, 1, 1);
+    pl.n_sub[0] = 2;
+    pl.sub[0][0] = (mmp_planner_stage){0, 3, 1};
+    pl.sub[0][1] = (mmp_planner_stage){4, 8, 1};
+    CHECK(mmp_planner_evaluate(&M.in, &pl, &e) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "image.1 holds [4, 8)") != NULL);
+    pl = flat_placement(&M, 1, 0, 1);
+    CHECK(mmp_planner_evaluate(&M.in, &pl, &e) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "text.0 has 0 replicas") != NULL);
+}
+
+int main(void)
+{
+    test_balance_4_1_1();
+    test_memory_cap();
+    test_three_devices();
+    test_brute_force();
+    test_closed_vs_simulated();
+    test_scale();
+    test_cli();
+    test_invalid();
+    return mmp_test_finish("test_planner");
+}
