@@ -9,18 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/rng.h"
+
 static const char MAGIC[8] = {'M', 'M', 'P', 'C', 'K', 'P', 'T', 0};
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h = (h ^ b[i]) * 1099511628211ull;
-    }
-    return h;
-}
-
-#define FNV_INIT 1469598103934665603ull
 
 mmp_err mmp_mkdirs(const char *path)
 {
@@ -121,7 +113,7 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
         mmp_ckpt_writer_abort(w);
         return w->err;
     }
-    uint64_t h = FNV_INIT;
+    uint64_t h = MMP_FNV1A_INIT;
     rewind(w->f);
     FILE *r = fopen(w->tmp, "rb");
     if (!r) {
@@ -132,7 +124,7 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
     char buf[1 << 16];
     size_t got;
     while ((got = fread(buf, 1, sizeof buf, r)) > 0) {
-        h = fnv1a(h, buf, got);
+        h = mmp_fnv1a(h, buf, got);
     }
     fclose(r);
     if (fseek(w->f, 0, SEEK_END) != 0 || fwrite(&h, 8, 1, w->f) != 1 || fflush(w->f) != 0 ||
@@ -201,7 +193,7 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
     }
     uint64_t want;
     memcpy(&want, buf + size - 8, 8);
-    if (fnv1a(FNV_INIT, buf, size - 8) != want) {
+    if (mmp_fnv1a(MMP_FNV1A_INIT, buf, size - 8) != want) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: checksum mismatch (file corrupt or truncated)", path);
         goto exit;
     }

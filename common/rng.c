@@ -2,6 +2,15 @@
 
 #include <math.h>
 
+uint64_t mmp_fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ b[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
 uint64_t mmp_hash64(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;

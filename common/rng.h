@@ -8,11 +8,17 @@
 #ifndef MMP_COMMON_RNG_H
 #define MMP_COMMON_RNG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct mmp_rng {
     uint64_t s[4]; /* xoshiro256** state */
 } mmp_rng;
+
+/* FNV-1a over n bytes, continuing from h (start with MMP_FNV1A_INIT): the
+ * checksum of checkpoint files, the sample-id digest, per-name seeds. */
+#define MMP_FNV1A_INIT 1469598103934665603ull
+uint64_t mmp_fnv1a(uint64_t h, const void *p, size_t n);
 
 /* A 64-bit mix of x (splitmix64 finaliser): use to derive stream seeds. */
 uint64_t mmp_hash64(uint64_t x);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/rng.h"
 #include "coordinator/schedule.h"
 
 #define GRID 12          /* bottleneck bounds tried for the fill/drain term */
@@ -428,12 +429,7 @@ static int ranks_before(double a, const mmp_placement *pa, double b, const mmp_p
 
 static uint64_t placement_hash(const mmp_placement *pl)
 {
-    const unsigned char *p = (const unsigned char *)pl;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof *pl; i++) {
-        h = (h ^ p[i]) * 1099511628211ull;
-    }
-    return h;
+    return mmp_fnv1a(MMP_FNV1A_INIT, pl, sizeof *pl);
 }
 
 /* 1 when pl was seen before; else records it and returns 0. */

@@ -63,11 +63,7 @@ mmp_err mmp_params_add(mmp_params *p, const char *name, int ndim, const int64_t 
 
 static uint64_t name_hash(const char *s)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) {
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    }
-    return h;
+    return mmp_fnv1a(MMP_FNV1A_INIT, s, strlen(s));
 }
 
 static void init_values(mmp_param *q, uint64_t seed)
