@@ -60,6 +60,7 @@ static const char *const schedule_names[] = {"gpipe", "1f1b", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const balance_names[] = {"off", "dynamic", NULL};
 static const char *const bad_sample_names[] = {"fail", "skip", NULL};
+static const char *const compute_names[] = {"real", "simulated", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
 
 static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
@@ -67,9 +68,11 @@ static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
               "precision_names order");
 static_assert(MMP_BALANCE_OFF == 0 && MMP_BALANCE_DYNAMIC == 1, "balance_names order");
 static_assert(MMP_BAD_FAIL == 0 && MMP_BAD_SKIP == 1, "bad_sample_names order");
+static_assert(MMP_COMPUTE_REAL == 0 && MMP_COMPUTE_SIMULATED == 1, "compute_names order");
 /* Enum fields are stored through an int pointer. */
 static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == sizeof(int) &&
-                  sizeof(mmp_balance_mode) == sizeof(int) && sizeof(mmp_bad_sample) == sizeof(int),
+                  sizeof(mmp_balance_mode) == sizeof(int) && sizeof(mmp_bad_sample) == sizeof(int) &&
+                  sizeof(mmp_compute) == sizeof(int),
               "enum fields are int-sized");
 
 static const double imagenet_mean[] = {0.485, 0.456, 0.406};
@@ -99,6 +102,9 @@ static const double image_channels_def[] = {16, 32, 64, 128};
     {.path = k, .type = T_FLOAT_LIST, .field = OFF(m), .size = LEN(m), .count_field = NO_FIELD,   \
      .min_len = (int)LEN(m), .fmin = lo, .fmax = hi, .lo_bracket = lb, .hi_bracket = hb,          \
      DEFS(defs)}
+#define FLOAT_VEC(k, m, count, minlen, lb, lo, hi, hb)                                             \
+    {.path = k, .type = T_FLOAT_LIST, .field = OFF(m), .size = LEN(m), .count_field = OFF(count), \
+     .min_len = minlen, .fmin = lo, .fmax = hi, .lo_bracket = lb, .hi_bracket = hb}
 
 /* Sections are contiguous: the JSON writer opens and closes objects as the
  * path prefix changes. Defaults follow config.h; min_lr, val_manifest and
@@ -151,6 +157,19 @@ static const key_spec keys[] = {
     FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
 
     ENUM("balance.mode", balance.mode, balance_names, MMP_BALANCE_OFF),
+
+    ENUM("compute", compute, compute_names, MMP_COMPUTE_REAL),
+    FLOAT("sim.cost.image", sim.cost.image, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.cost.text", sim.cost.text, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.cost.fusion", sim.cost.fusion, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.bwd_factor", sim.bwd_factor, '[', 0, 1000, ']', 2),
+    /* empty = 1.0 for every replica; replicas do not run yet, so only [0] is used */
+    FLOAT_VEC("sim.slowdown", sim.slowdown, sim.n_slowdown, 0, '(', 0, 1000, ']'),
+    INT("sim.change_step", sim.change_step, 0, 1000000000, 0),
+    /* defaults are the sim.cost.* values (resolve_defaults) */
+    FLOAT("sim.change.image", sim.change.image, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.change.text", sim.change.text, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.change.fusion", sim.change.fusion, '[', 0, 1e6, ']', 0),
 
     {.path = "hosts", .type = T_HOSTS, .field = NO_FIELD},
 
@@ -1013,6 +1032,15 @@ static mmp_err resolve_defaults(loader *L, mmp_plan *p)
     if (!given(L, "train.optimizer.min_lr")) {
         p->train.optimizer.min_lr = 0.1f * p->train.optimizer.lr;
     }
+    if (!given(L, "sim.change.image")) {
+        p->sim.change.image = p->sim.cost.image;
+    }
+    if (!given(L, "sim.change.text")) {
+        p->sim.change.text = p->sim.cost.text;
+    }
+    if (!given(L, "sim.change.fusion")) {
+        p->sim.change.fusion = p->sim.cost.fusion;
+    }
     if ((!given(L, "data.val_manifest") &&
          !beside(p->data.manifest, "val.jsonl", p->data.val_manifest, sizeof p->data.val_manifest)) ||
         (!given(L, "data.vocab") &&
@@ -1115,6 +1143,26 @@ int mmp_plan_mb_offset(const mmp_plan *p, int mb)
 int mmp_plan_text_layers(const mmp_plan *p)
 {
     return p->model.text.layers + 2; /* embedding, layers, final norm */
+}
+
+double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int n, int step,
+                       int backward)
+{
+    int changed = p->sim.change_step > 0 && step + 1 >= p->sim.change_step;
+    double per_sample = 0, share = 1;
+    switch (b) {
+    case MMP_BRANCH_IMAGE:
+        per_sample = changed ? p->sim.change.image : p->sim.cost.image;
+        share = (double)(last - first) / mmp_plan_image_layers(p);
+        break;
+    case MMP_BRANCH_TEXT:
+        per_sample = changed ? p->sim.change.text : p->sim.cost.text;
+        share = (double)(last - first) / mmp_plan_text_layers(p);
+        break;
+    case MMP_BRANCH_FUSION: per_sample = changed ? p->sim.change.fusion : p->sim.cost.fusion; break;
+    }
+    double slowdown = p->sim.n_slowdown > 0 ? p->sim.slowdown[0] : 1.0;
+    return per_sample * n * share * slowdown * (backward ? p->sim.bwd_factor : 1.0);
 }
 
 void mmp_plan_defaults(mmp_plan *p)

@@ -17,11 +17,15 @@
 #define MMP_MAX_DEVICES 64
 #define MMP_MAX_IMAGE_STAGES 4 /* ResNet stages (blocks/channels entries) */
 #define MMP_MAX_SPLITS 8
+#define MMP_MAX_REPLICAS 64 /* stages.*.replicas' upper bound */
 
 typedef enum mmp_schedule { MMP_SCHED_GPIPE = 0, MMP_SCHED_1F1B = 1 } mmp_schedule;
 typedef enum mmp_precision { MMP_PREC_FP32 = 0, MMP_PREC_BF16, MMP_PREC_FP16 } mmp_precision;
 typedef enum mmp_balance_mode { MMP_BALANCE_OFF = 0, MMP_BALANCE_DYNAMIC } mmp_balance_mode;
 typedef enum mmp_bad_sample { MMP_BAD_FAIL = 0, MMP_BAD_SKIP } mmp_bad_sample;
+typedef enum mmp_compute { MMP_COMPUTE_REAL = 0, MMP_COMPUTE_SIMULATED } mmp_compute;
+/* The branch whose simulated cost is asked for (the order of stage kinds). */
+typedef enum mmp_branch { MMP_BRANCH_IMAGE = 0, MMP_BRANCH_TEXT, MMP_BRANCH_FUSION } mmp_branch;
 
 typedef struct mmp_host {
     char name[128];
@@ -100,6 +104,28 @@ typedef struct mmp_plan {
         mmp_balance_mode mode;
     } balance;
 
+    /* real: the networks run. simulated: each forward / backward is a sleep
+     * of the costs below, while tensors of the real sizes still move through
+     * the real transport and control plane (outputs and gradients are zeros,
+     * the loss is 0, evaluation reports recall 0). */
+    mmp_compute compute; /* default real */
+
+    struct {
+        struct {
+            /* ms per sample, forward, of the whole branch; >= 0, default 0 */
+            float image, text, fusion;
+        } cost;
+        float bwd_factor;                 /* backward = factor x forward; default 2 */
+        int n_slowdown;                   /* default 0 entries = 1.0 everywhere */
+        float slowdown[MMP_MAX_REPLICAS]; /* per replica, multiplies its costs. Replicas do not
+                                             run yet: slowdown[0] applies to every stage */
+        int change_step;                  /* from this step on (1-based, as in metrics.jsonl)
+                                             costs are sim.change.*; default 0 = never */
+        struct {
+            float image, text, fusion; /* default: the sim.cost.* value */
+        } change;
+    } sim;
+
     int n_hosts;
     mmp_host hosts[MMP_MAX_HOSTS]; /* default: one "localhost" with three cpu devices */
 
@@ -131,6 +157,13 @@ int mmp_plan_text_layers(const mmp_plan *p);
  * works; and the offset of mb's first sample in the batch. */
 int mmp_plan_mb_size(const mmp_plan *p, int mb);
 int mmp_plan_mb_offset(const mmp_plan *p, int mb);
+
+/* Simulated compute: the milliseconds a forward (backward: x sim.bwd_factor)
+ * of n samples takes on layers [first, last) of branch b at step (0-based),
+ * for replica 0: the branch's per-sample cost spread evenly over its layers
+ * (fusion is one unit: first and last are ignored), times the slowdown. */
+double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int n, int step,
+                       int backward);
 
 const char *mmp_schedule_name(mmp_schedule s);
 const char *mmp_precision_name(mmp_precision p);

@@ -1,5 +1,6 @@
 #include "common/progress.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -9,6 +10,20 @@ double mmp_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void mmp_sleep_ms(double ms)
+{
+    if (!(ms > 0)) {
+        return;
+    }
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    long long ns = (long long)t.tv_nsec + (long long)(ms * 1e6);
+    t.tv_sec += (time_t)(ns / 1000000000LL);
+    t.tv_nsec = (long)(ns % 1000000000LL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR) {
+    }
 }
 
 void mmp_progress_init(mmp_progress *p, int total, int plain_every)

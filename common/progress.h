@@ -23,4 +23,8 @@ void mmp_progress_end(mmp_progress *p);
 /* Seconds since an arbitrary fixed point (CLOCK_MONOTONIC). */
 double mmp_now(void);
 
+/* Sleeps ms milliseconds to an absolute CLOCK_MONOTONIC deadline (signals do
+ * not shorten it; no busy wait). Simulated compute waits with it. */
+void mmp_sleep_ms(double ms);
+
 #endif

@@ -2,14 +2,18 @@
  * forward and backward per micro-batch, accumulates gradients, clips by the
  * global norm and steps AdamW; evaluates retrieval on held-out pairs and
  * writes metrics and checkpoints. Never parallel inside: its order of
- * operations is the spec the pipeline reproduces. */
+ * operations is the spec the pipeline reproduces. With `compute: simulated`
+ * each micro-batch sleeps the sum of every stage's simulated costs instead,
+ * the honest baseline for a simulated pipeline's speed-up. */
 #include "stages/single.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "common/ckpt.h"
 #include "common/progress.h"
@@ -122,6 +126,10 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
     if (nv > t->plan->data.val_samples) {
         nv = t->plan->data.val_samples;
     }
+    if (t->plan->compute == MMP_COMPUTE_SIMULATED) {
+        *i2t = *t2i = 0; /* no embeddings to compare */
+        return MMP_OK;
+    }
     int E = mmp_fusion_embed_dim(t->fus);
     mmp_err err = MMP_OK;
     float *ie = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
@@ -169,6 +177,17 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     return mmp_ckpt_mark_latest(t->out_dir, steps_done);
 }
 
+/* Simulated compute of one micro-batch of n samples: what the three whole
+ * branch stages would take one after the other. */
+static double sim_ms(const mmp_plan *plan, int step, int n, int backward)
+{
+    return mmp_plan_sim_ms(plan, MMP_BRANCH_IMAGE, 0, mmp_plan_image_layers(plan), n, step,
+                           backward) +
+           mmp_plan_sim_ms(plan, MMP_BRANCH_TEXT, 0, mmp_plan_text_layers(plan), n, step,
+                           backward) +
+           mmp_plan_sim_ms(plan, MMP_BRANCH_FUSION, 0, 0, n, step, backward);
+}
+
 /* n flags of a batch as floats (the form the pipeline's messages carry). */
 static void valid_floats(float *dst, const mmp_batch *b)
 {
@@ -202,6 +221,13 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         }
         *data_s += mmp_now() - t0;
         int n = bi->n, skip = 0;
+        if (plan->compute == MMP_COMPUTE_SIMULATED) {
+            mmp_loader_release(t->img_loader, bi);
+            mmp_loader_release(t->txt_loader, bt);
+            mmp_sleep_ms(sim_ms(plan, step, n, 0)); /* the loss stays 0, the gradients 0 */
+            mmp_sleep_ms(sim_ms(plan, step, n, 1));
+            continue;
+        }
         valid_floats(t->img_valid, bi);
         valid_floats(t->txt_valid, bt);
         mmp_image_net_forward(t->img, t->ia, bi->images, n, 1, t->img_tok);

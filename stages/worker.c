@@ -6,6 +6,7 @@
  * list says should arrive. */
 #include "stages/worker.h"
 
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/ckpt.h"
@@ -502,6 +504,18 @@ static chan *chan_of(worker *w, int id)
 
 /* ---- one instruction ------------------------------------------------------------------ */
 
+static int simulated(const worker *w)
+{
+    return w->plan.compute == MMP_COMPUTE_SIMULATED;
+}
+
+/* This stage's simulated forward (or backward) of n samples at step. */
+static void sim_compute(const worker *w, int step, int n, int backward)
+{
+    mmp_sleep_ms(
+        mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, backward));
+}
+
 /* Training: the next micro-batch from the prefetching loader (the wait is
  * the stage's data wait). Evaluation: the validation chunk, loaded here. */
 static mmp_err do_load(worker *w, int step, int mb, int eval)
@@ -591,9 +605,13 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
         }
         size_t img_row = w->fuse.img_row, txt_row = w->fuse.txt_row;
         int skipped = 0;
-        mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
-                         payload_mask(ct, txt_row), payload_valid(w, ci, img_row, 0),
-                         payload_valid(w, ct, txt_row, 1), n, w->B, &w->loss, &skipped);
+        if (simulated(w)) {
+            sim_compute(w, step, n, 0); /* the loss stays 0 */
+        } else {
+            mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
+                             payload_mask(ct, txt_row), payload_valid(w, ci, img_row, 0),
+                             payload_valid(w, ct, txt_row, 1), n, w->B, &w->loss, &skipped);
+        }
         w->skipped += skipped;
         MMP_TRY(chan_release(ci));
         MMP_TRY(chan_release(ct));
@@ -627,10 +645,17 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
         f->n = n;
         f->digest = digest;
         memcpy(f->valid, valid, (size_t)n * sizeof(float));
-        if (w->kind == 0) {
+        if (w->kind == 1) {
+            memcpy(f->mask, mask, (size_t)n * w->T * sizeof(float));
+        }
+        if (simulated(w)) {
+            /* w->out keeps its zeros; evaluation is not timed, so it does not wait */
+            if (train) {
+                sim_compute(w, step, n, 0);
+            }
+        } else if (w->kind == 0) {
             mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
         } else {
-            memcpy(f->mask, mask, (size_t)n * w->T * sizeof(float));
             mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL,
                                  w->sub == 0 ? NULL : in, f->mask, n, w->out);
         }
@@ -677,7 +702,11 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     double t0 = mmp_now();
     int n = f->n;
     if (w->kind == 2) {
-        mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
+        if (simulated(w)) {
+            sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
+        } else {
+            mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
+        }
     } else {
         chan *cg = NULL;
         for (int i = 0; i < w->n_chans; i++) {
@@ -693,7 +722,9 @@ static mmp_err do_bwd(worker *w, int step, int mb)
             din = w->din;
             memset(din, 0, (size_t)n * w->in_floats * sizeof(float));
         }
-        if (w->kind == 0) {
+        if (simulated(w)) {
+            sim_compute(w, step, n, 1); /* din keeps its zeros */
+        } else if (w->kind == 0) {
             mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
         } else {
             mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
@@ -859,8 +890,11 @@ static mmp_err run_eval(worker *w, int step)
             }
             int n = ci->hdr.n;
             const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
-            mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
-                                 ie + (size_t)c * w->mb_max * E, te + (size_t)c * w->mb_max * E);
+            if (!simulated(w)) {
+                mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
+                                     ie + (size_t)c * w->mb_max * E,
+                                     te + (size_t)c * w->mb_max * E);
+            }
             if ((err = chan_release(ci)) != MMP_OK || (err = chan_release(ct)) != MMP_OK) {
                 goto exit;
             }
@@ -888,8 +922,8 @@ static mmp_err run_eval(worker *w, int step)
         }
     }
     if (w->kind == 2) {
-        double i2t = 0, t2i = 0;
-        if ((err = mmp_retrieval_r1(ie, te, (int)nv, E, &i2t, &t2i)) != MMP_OK) {
+        double i2t = 0, t2i = 0; /* simulated: no embeddings, recall 0 */
+        if (!simulated(w) && (err = mmp_retrieval_r1(ie, te, (int)nv, E, &i2t, &t2i)) != MMP_OK) {
             goto exit;
         }
         Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;

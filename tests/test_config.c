@@ -136,6 +136,11 @@ static void check_defaults(const mmp_plan *p)
     CHECK(p->stages.image.replicas == 1 && p->stages.image.n_split == 0);
     CHECK(p->stages.text.replicas == 1 && p->stages.text.n_split == 0);
     CHECK(p->stages.fusion.replicas == 1);
+    CHECK(p->compute == MMP_COMPUTE_REAL);
+    CHECK(feq(p->sim.cost.image, 0) && feq(p->sim.cost.text, 0) && feq(p->sim.cost.fusion, 0));
+    CHECK(feq(p->sim.bwd_factor, 2) && p->sim.n_slowdown == 0 && p->sim.change_step == 0);
+    CHECK(feq(p->sim.change.image, 0) && feq(p->sim.change.text, 0) &&
+          feq(p->sim.change.fusion, 0));
 }
 
 static void test_defaults(void)
@@ -245,6 +250,12 @@ static void test_written_errors(const char *tmp)
          "%s:4:13: hosts[1].name: 'a' is already the name of hosts[0]"},
         {"data: { manifest: t.jsonl }\nstages: { image: { layers: first } }\n",
          "%s:2:28: stages.image.layers: unknown value 'first' (accepted: all)"},
+        {"data: { manifest: t.jsonl }\nsim: { cost: { text: -1 } }\n",
+         "%s:2:22: sim.cost.text: -1 is out of range [0, 1e+06]"},
+        {"data: { manifest: t.jsonl }\nsim: { slowdown: [1, 0] }\n",
+         "%s:2:22: sim.slowdown[1]: 0 is out of range (0, 1000]"},
+        {"data: { manifest: t.jsonl }\ncompute: fake\n",
+         "%s:2:10: compute: unknown value 'fake' (accepted: real, simulated)"},
         {"data: { manifest: t.jsonl }\ntrian: {}\n",
          "%s:2:1: unknown key 'trian' (did you mean 'train'?)"},
     };
@@ -337,6 +348,66 @@ static void test_overrides(void)
     CHECK_OK(mmp_plan_load(&p, DIR "range.yaml", fix, 1));
 }
 
+/* compute: simulated and the sim.* keys: loading, the change.* defaults
+ * (the costs before the change), and the costs mmp_plan_sim_ms derives. */
+static void test_sim(const char *tmp)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/sim.yaml", tmp);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) {
+        return;
+    }
+    fputs("data: { manifest: t.jsonl }\n"
+          "model: { image: { blocks: [1, 1, 1] }, text: { layers: 2 } }\n"
+          "compute: simulated\n"
+          "sim:\n"
+          "  cost: { image: 4, text: 1, fusion: 0.5 }\n"
+          "  bwd_factor: 3\n"
+          "  slowdown: [1.5, 1]\n"
+          "  change_step: 10\n"
+          "  change: { text: 2 }\n",
+          f);
+    fclose(f);
+    const char *const chans[] = {"model.image.channels=[8, 16, 32]"};
+    mmp_plan p;
+    CHECK_OK(mmp_plan_load(&p, path, chans, 1));
+    CHECK(p.compute == MMP_COMPUTE_SIMULATED);
+    CHECK(feq(p.sim.cost.image, 4) && feq(p.sim.cost.text, 1) && feq(p.sim.cost.fusion, 0.5));
+    CHECK(feq(p.sim.bwd_factor, 3) && p.sim.change_step == 10);
+    CHECK(p.sim.n_slowdown == 2 && feq(p.sim.slowdown[0], 1.5) && feq(p.sim.slowdown[1], 1));
+    /* not given: the cost before the change */
+    CHECK(feq(p.sim.change.image, 4) && feq(p.sim.change.text, 2) &&
+          feq(p.sim.change.fusion, 0.5));
+
+    /* image: 5 layers (stem, 3 blocks, projection); text: 4 */
+    CHECK(mmp_plan_image_layers(&p) == 5 && mmp_plan_text_layers(&p) == 4);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 0, 5, 8, 0, 0) - 4 * 8 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 1, 3, 8, 0, 0) - 4 * 8 * 0.4 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 0, 5, 8, 0, 1) - 4 * 8 * 1.5 * 3) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_FUSION, 0, 0, 2, 0, 0) - 0.5 * 2 * 1.5) < 1e-9);
+    /* step 9 (0-based) is metrics step 10: the change applies from there */
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 8, 0) - 1 * 4 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 9, 0) - 2 * 4 * 1.5) < 1e-9);
+
+    /* plan.json keeps them (stage processes read it) */
+    char json[1300];
+    snprintf(json, sizeof json, "%s/sim.json", tmp);
+    CHECK_OK(mmp_plan_write_json(&p, json));
+    mmp_plan q;
+    CHECK_OK(mmp_plan_load(&q, json, NULL, 0));
+    CHECK(q.compute == MMP_COMPUTE_SIMULATED && q.sim.n_slowdown == 2 &&
+          feq(q.sim.change.text, 2) && feq(q.sim.change.image, 4) && q.sim.change_step == 10);
+
+    const char *const factor[] = {"sim.bwd_factor=-0.5"};
+    expect_error(DIR "minimal.yaml", factor, 1, MMP_ERR_CONFIG,
+                 "--set sim.bwd_factor=-0.5: sim.bwd_factor: -0.5 is out of range [0, 1000]");
+    const char *const step[] = {"sim.change_step=-1"};
+    expect_error(DIR "minimal.yaml", step, 1, MMP_ERR_CONFIG,
+                 "--set sim.change_step=-1: sim.change_step: -1 is out of range [0, 1000000000]");
+}
+
 /* The scalar at path ("/a/0/b") in doc, or "" (for CHECKs to fail on). */
 static const char *json_at(struct fy_document *doc, const char *path, char *buf, size_t size)
 {
@@ -408,6 +479,7 @@ int main(void)
     test_file_errors();
     test_written_errors(tmp);
     test_overrides();
+    test_sim(tmp);
     test_json(tmp);
     return mmp_test_finish("test_config");
 }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# compute: simulated, end to end: each stage sleeps its plan's per-sample
+# costs instead of running its network, while tensors of the real sizes still
+# cross the real transport. A run completes; a stage's reported forward time
+# is its cost x samples; sim.change_step changes a stage's time from that
+# step on; and the pipeline (branches overlapping) beats the single process,
+# which sleeps the sum of every stage's costs.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_simulated
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 200 --seed 2 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+# micro-batches of 2 samples; ms per sample forward image:text:fusion = 4:1:1,
+# backward 2x: image forward 8 ms a micro-batch, one process 144 ms a step.
+cat > "$W/plan.yaml" <<YAML
+job:   { name: s, steps: 20, seed: 3 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 16, val_samples: 16 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 8, microbatches: 4, eval_every: 0 }
+compute: simulated
+sim:   { cost: { image: 4, text: 1, fusion: 1 }, bwd_factor: 2 }
+YAML
+
+# stage_metric FILE STAGE KEY: KEY of STAGE, one line per step.
+stage_metric() { grep -o "\"name\":\"$2\"[^}]*" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
+# median: of the numbers on stdin.
+median() { sort -g | awk '{ v[NR] = $1 } END { print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : "nan" }'; }
+# within A B FRAC: |A - B| <= FRAC * B
+within() { awk -v a="$1" -v b="$2" -v f="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= f * b) }'; }
+# less A B: A < B
+less() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+run() { # NAME ARGS...: a run into $W/NAME, its log beside it
+  local name=$1; shift
+  "$BIN" launch "$W/plan.yaml" --out "$W/$name" "$@" >"$W/$name.log" 2>&1 \
+    && [ "$(wc -l < "$W/$name/metrics.jsonl")" -eq 20 ] && ok "$name: the run completes" \
+    || { fail "$name: run failed"; tail -5 "$W/$name.log" | sed 's/^/    /'; }
+}
+run pipe
+run single --single-process
+run change --set sim.change_step=11 --set sim.change.text=5
+
+# --- each stage waits its cost --------------------------------------------------------
+fwd=$(stage_metric "$W/pipe/metrics.jsonl" image.0 fwd_ms | median)
+within "$fwd" 8 0.3 && ok "image.0 fwd_ms $fwd ~ 4 ms x 2 samples" || fail "image.0 fwd_ms $fwd, want ~8"
+bwd=$(stage_metric "$W/pipe/metrics.jsonl" image.0 bwd_ms | median)
+within "$bwd" 16 0.3 && ok "image.0 bwd_ms $bwd ~ 2 x forward" || fail "image.0 bwd_ms $bwd, want ~16"
+loss=$(last_metric "$W/pipe/metrics.jsonl" loss)
+[ "$loss" = 0 ] && ok "simulated loss is 0" || fail "simulated loss $loss"
+
+# --- a change of costs at a step ------------------------------------------------------
+before=$(head -10 "$W/change/metrics.jsonl" > "$W/before.jsonl"; stage_metric "$W/before.jsonl" text.0 fwd_ms | median)
+after=$(tail -10 "$W/change/metrics.jsonl" > "$W/after.jsonl"; stage_metric "$W/after.jsonl" text.0 fwd_ms | median)
+within "$before" 2 0.3 && within "$after" 10 0.3 && ok "text.0 fwd_ms $before -> $after from step 11" \
+  || fail "text.0 fwd_ms $before -> $after, want ~2 -> ~10"
+
+# --- the branches overlap -------------------------------------------------------------
+p=$(grep -o '"step_ms":[0-9.e+]*' "$W/pipe/metrics.jsonl" | cut -d: -f2 | median)
+s=$(grep -o '"step_ms":[0-9.e+]*' "$W/single/metrics.jsonl" | cut -d: -f2 | median)
+within "$s" 144 0.3 && ok "single-process step_ms $s ~ the sum of all costs" || fail "single step_ms $s, want ~144"
+less "$p" "$s" && ok "pipeline step_ms $p < single-process $s" || fail "pipeline step_ms $p not below single $s"
+finish
