@@ -9,4 +9,12 @@ int mmp_cmd_data(int argc, char **argv);
 int mmp_cmd_stage(int argc, char **argv);
 int mmp_cmd_simulate(int argc, char **argv);
 
+/* Shared argument handling of commands that take one PLAN.yaml: arg is an
+ * argument that matched none of the command's options. Records it as the
+ * plan (the first non-option) or prints the usage error; returns 0, or 2
+ * (the exit status) when arg is an unknown option or a second plan. */
+int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const char **plan_path);
+/* 0 when a plan was given, else prints "no plan given" with usage and returns 2. */
+int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path);
+
 #endif

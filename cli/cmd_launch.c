@@ -19,11 +19,11 @@ static const char USAGE[] =
     "Trains the model the plan describes and writes the run directory:\n"
     "metrics.jsonl, plan.json, ckpt/step_NNNNNNN/ and ckpt/latest.\n"
     "\n"
-    "options:\n"
     "Without --single-process the coordinator starts one process per stage\n"
     "(image, text, fusion, and sub-stages when a branch is split), runs the\n"
     "plan's schedule over shared-memory channels, and writes trace.json too.\n"
     "\n"
+    "options:\n"
     "  --single-process   run image branch, text branch and fusion in this one\n"
     "                     process (the numerical reference and speed baseline)\n"
     "  --resume DIR       continue the run in DIR from its ckpt/latest (DIR is\n"
@@ -122,23 +122,14 @@ int mmp_cmd_launch(int argc, char **argv)
                 snprintf(steps_set, sizeof steps_set, "job.steps=%ld", n);
                 sets[n_sets++] = steps_set;
             }
-        } else if (a[0] == '-') {
-            fprintf(stderr, "mmpipe launch: unknown or incomplete option '%s'\n\n%s", a, USAGE);
-            ret = 2;
-            goto exit;
-        } else if (!plan_path) {
-            plan_path = a;
-        } else {
-            fprintf(stderr, "mmpipe launch: one plan only ('%s' and '%s')\n", plan_path, a);
-            ret = 2;
+        } else if ((ret = mmp_cli_take_plan("launch", USAGE, a, &plan_path)) != 0) {
             goto exit;
         }
     }
-    if (!plan_path) {
-        fprintf(stderr, "mmpipe launch: no plan given\n\n%s", USAGE);
-        ret = 2;
+    if ((ret = mmp_cli_need_plan("launch", USAGE, plan_path)) != 0) {
         goto exit;
     }
+    ret = 1;
     static mmp_plan plan;
     if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());

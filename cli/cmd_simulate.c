@@ -509,23 +509,14 @@ int mmp_cmd_simulate(int argc, char **argv)
             } else {
                 sets[n_sets++] = argv[++i];
             }
-        } else if (a[0] == '-') {
-            fprintf(stderr, "mmpipe simulate: unknown or incomplete option '%s'\n\n%s", a, USAGE);
-            ret = 2;
-            goto exit;
-        } else if (!plan_path) {
-            plan_path = a;
-        } else {
-            fprintf(stderr, "mmpipe simulate: one plan only ('%s' and '%s')\n", plan_path, a);
-            ret = 2;
+        } else if ((ret = mmp_cli_take_plan("simulate", USAGE, a, &plan_path)) != 0) {
             goto exit;
         }
     }
-    if (!plan_path) {
-        fprintf(stderr, "mmpipe simulate: no plan given\n\n%s", USAGE);
-        ret = 2;
+    if ((ret = mmp_cli_need_plan("simulate", USAGE, plan_path)) != 0) {
         goto exit;
     }
+    ret = 1;
     int devices = 0;
     if (plan_devices && strcmp(plan_devices, "all") != 0) {
         char *end;
