@@ -65,6 +65,28 @@ void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float
 void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const float *dout, int B,
                             float *din);
 
+/* Batch-norm statistics of replicas. Replicas of an image sub-stage see
+ * different micro-batches, so updating running statistics in place would make
+ * them differ from each other and from one process. Instead each replica
+ * records, per micro-batch, every batch-norm layer's batch mean and unbiased
+ * variance (one row), the rows are gathered across replicas, and every
+ * replica replays the running-statistics update in micro-batch order: the
+ * same arithmetic as an in-place update, so the result is bitwise what one
+ * process computes.
+ *
+ * mmp_image_net_bn_row_floats: floats in one row (2 x channels summed over
+ * this range's batch-norm layers; 0 when it has none). Layout: for each
+ * batch-norm layer in parameter order, mean[C] then var[C].
+ * mmp_image_net_bn_log: while row is non-NULL, training forwards write their
+ * statistics into row (overwriting it) and leave the running statistics
+ * untouched; NULL restores in-place updates (the default).
+ * mmp_image_net_bn_replay: applies the momentum update
+ * r = (1 - momentum) r + momentum x of rows[0], rows[1], ... rows[n-1] (each
+ * bn_row_floats long) to the running statistics, in that order. */
+int64_t mmp_image_net_bn_row_floats(const mmp_image_net *net);
+void mmp_image_net_bn_log(mmp_image_net *net, float *row);
+void mmp_image_net_bn_replay(mmp_image_net *net, const float *rows, int n);
+
 /* ---- text branch ---------------------------------------------------------- */
 typedef struct mmp_text_net mmp_text_net;
 typedef struct mmp_text_acts mmp_text_acts;

@@ -1,0 +1,52 @@
+/* Replica gradient reduce on one host: the R replica processes of one stage
+ * sum their gradient vectors through one POSIX shared-memory segment.
+ *
+ * Each rank writes its vector into its own region of the segment, waits at a
+ * barrier for every rank, then sums all regions in rank order
+ * ((v0 + v1) + v2) + ... into its own vector, and passes a second barrier so
+ * no region is overwritten while a peer still reads it. Every rank therefore
+ * ends with the bitwise-identical sum, whatever the arrival order: replicas
+ * stay in lock-step through the optimizer step without a broadcast.
+ *
+ * Weighting: mmpipe's losses are normalised by the global batch (every
+ * micro-batch's gradient is already scaled by 1 / train.batch), so the plain
+ * sum of the replicas' sums is the sample-weighted mean one process computes
+ * over the same samples. A vector of partial rows that are zero everywhere but
+ * on one rank (per-micro-batch records) is gathered exactly by the same sum.
+ *
+ * Lifecycle: rank 0 creates the segment under `name`; the others attach,
+ * waiting for it up to timeout_ms. Once all R ranks are attached the name is
+ * unlinked, so a crash leaves nothing in /dev/shm. Waits sleep on a futex in
+ * the segment (no spinning) and check that the peers are alive (their pids are
+ * in the segment): a dead peer is MMP_ERR_PEER naming its rank and pid, and a
+ * wait longer than timeout_ms is MMP_ERR_PEER too, never a silent hang. R = 1
+ * is allowed and makes mmp_reduce_sum a no-op. */
+#ifndef MMP_TRANSPORT_REDUCE_H
+#define MMP_TRANSPORT_REDUCE_H
+
+#include <stddef.h>
+
+#include "common/err.h"
+
+typedef struct mmp_reduce_cfg {
+    const char *name; /* shm name, "/mmpipe-<token12>-r-image.0" */
+    int replicas;     /* R, 1 to 64 */
+    int rank;         /* 0 .. R-1 */
+    size_t capacity;  /* floats per rank, the largest n mmp_reduce_sum is given */
+    int timeout_ms;   /* attach and every wait; <= 0: 60000 */
+} mmp_reduce_cfg;
+
+typedef struct mmp_reduce mmp_reduce;
+
+/* Rank 0 creates, the others attach. MMP_ERR_INVALID for a bad cfg (named),
+ * MMP_ERR_IO for shm failures, MMP_ERR_PEER when rank 0's segment does not
+ * appear in time or its geometry (R, capacity) differs from cfg's. */
+mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg);
+/* v (n <= capacity floats) becomes the rank-order sum of every rank's v. All
+ * ranks must call it the same number of times with the same n (a differing n
+ * is MMP_ERR_PROTO on the rank that sees it). */
+mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n);
+/* NULL-safe. Removes the name if the segment was never fully attached. */
+void mmp_reduce_close(mmp_reduce *r);
+
+#endif
