@@ -43,10 +43,6 @@ static int check_supported(const mmp_plan *p, const char *path)
         int bad;
         const char *key, *why;
     } rules[] = {
-        {p->stages.image.replicas != 1, "stages.image.replicas", "stage replicas"},
-        {p->stages.text.replicas != 1, "stages.text.replicas", "stage replicas"},
-        {p->stages.fusion.replicas != 1, "stages.fusion.replicas", "stage replicas"},
-        {p->balance.mode != MMP_BALANCE_OFF, "balance.mode", "dynamic load balancing"},
         {p->train.precision != MMP_PREC_FP32, "train.precision", "mixed precision (GPU only)"},
         {p->n_hosts > 1, "hosts", "more than one host"},
     };

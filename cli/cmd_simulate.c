@@ -325,6 +325,16 @@ static void nominal_costs(const mmp_plan *p, const mmp_sched *s, mmp_sim_costs *
         const mmp_sched_stage *g = &s->stages[st];
         int layers =
             g->kind == MMP_KIND_FUSION ? p->model.fusion.layers : g->layer_last - g->layer_first;
+        if (p->compute == MMP_COMPUTE_SIMULATED) {
+            /* the plan's own costs, on the slot the coordinator gives process st */
+            int slots = mmp_plan_slots(p), slot = slots > 0 ? st % slots : 0;
+            int n = mmp_plan_mb_size(p, 0);
+            c->fwd_ms[st] = mmp_plan_sim_ms(p, (mmp_branch)g->kind, g->layer_first, g->layer_last,
+                                            n, 0, 0, slot);
+            c->bwd_ms[st] = mmp_plan_sim_ms(p, (mmp_branch)g->kind, g->layer_first, g->layer_last,
+                                            n, 0, 1, slot);
+            continue;
+        }
         c->fwd_ms[st] = NOMINAL_FWD_MS_PER_LAYER_SAMPLE * layers * samples;
         c->bwd_ms[st] = 2 * c->fwd_ms[st];
     }
@@ -335,13 +345,13 @@ static void dump(const mmp_sched *s)
     printf("\nedges:\n");
     for (int e = 0; e < s->n_edges; e++) {
         const mmp_sched_edge *E = &s->edges[e];
-        printf("  e%d %s -> %s, %s, %d slot%s\n", e, s->stages[E->from].name, s->stages[E->to].name,
+        printf("  e%d %s -> %s, %s, %d slot%s\n", e, s->stages[E->from].proc, s->stages[E->to].proc,
                E->grad ? "gradients" : "activations", E->slots, E->slots == 1 ? "" : "s");
     }
     printf("instruction lists:\n");
     for (int st = 0; st < s->n_stages; st++) {
         const mmp_sched_stage *g = &s->stages[st];
-        printf("%s:", g->name);
+        printf("%s:", g->n_replicas > 1 ? g->proc : g->name);
         for (int pc = 0; pc < g->n_prog; pc++) {
             char tok[32];
             printf(" %s", mmp_instr_compact(s, st, &g->prog[pc], tok, sizeof tok));
@@ -360,7 +370,8 @@ static void report(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c
         char layers[32], inflight[32];
         snprintf(layers, sizeof layers, "[%d,%d)", g->layer_first, g->layer_last);
         snprintf(inflight, sizeof inflight, "%d/%d", g->max_inflight, g->inflight_bound);
-        printf("%-10s %-9s %5d %9s %9.3f %9.3f %9.3f %10.3f %10.3f %6.1f%%\n", g->name, layers,
+        printf("%-10s %-9s %5d %9s %9.3f %9.3f %9.3f %10.3f %10.3f %6.1f%%\n",
+               g->n_replicas > 1 ? g->proc : g->name, layers,
                g->depth, inflight, c->load_ms[st], c->fwd_ms[st], c->bwd_ms[st], r->busy_ms[st],
                r->idle_ms[st], r->step_ms > 0 ? 100 * r->idle_ms[st] / r->step_ms : 0.0);
     }
@@ -464,9 +475,13 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
         for (int j = 1; j < r.placement.n_sub[b]; j++) {
             printf("%s%d", j > 1 ? ", " : "", r.placement.sub[b][j].first);
         }
-        printf("]%s", b ? "" : ",");
+        printf("], stages.%s.replicas: [", names[b]);
+        for (int j = 0; j < r.placement.n_sub[b]; j++) {
+            printf("%s%d", j ? ", " : "", r.placement.sub[b][j].replicas);
+        }
+        printf("],");
     }
-    printf(" (plans and the runtime do not run replicas yet)\n");
+    printf(" stages.fusion.replicas: %d\n", r.placement.fusion_replicas);
     printf("\npredicted step time %.3f ms (%s; closed form %.3f ms), %.1f samples/s, balance "
            "efficiency %.1f%% (busy / (%d devices x step)); %d of %d devices used; bottleneck "
            "%.3f ms per micro-batch (the least any placement reaches: %.3f)\n",
@@ -560,6 +575,9 @@ int mmp_cmd_simulate(int argc, char **argv)
         printf("costs: measured, medians over %d step%s of %s (first step left out as warm-up); "
                "send %.3f ms per message, step overhead %.3f ms\n\n",
                n_steps, n_steps == 1 ? "" : "s", costs_path, costs.send_ms, costs.step_overhead_ms);
+    } else if (plan.compute == MMP_COMPUTE_SIMULATED) {
+        printf("costs: the plan's sim.* (compute: simulated), per device slot's slowdown; "
+               "load/send/step overhead free\n\n");
     } else {
         printf("nominal costs (not measured): forward %.2g ms per layer per sample, backward 2x "
                "forward, load/send/step overhead free\n\n",

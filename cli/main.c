@@ -15,6 +15,10 @@ static const char USAGE[] =
     "                     make the demo data set, tokenize text, check a manifest\n"
     "  simulate PLAN.yaml [--costs RUN|metrics.jsonl] [--plan-devices N|all]\n"
     "                     predict step time and bubble of the plan's schedule\n"
+    "  bench PLAN.yaml [--schedules LIST] [--microbatches LIST] [--placement NAME=K=V,...]\n"
+    "                  [--balance LIST] [--steps N] [--warmup W] [--out DIR] [--set k=v]...\n"
+    "                     run a grid of launches against the single-process baseline;\n"
+    "                     results.csv, results.md and gnuplot charts\n"
     "  ckpt diff A B      compare two checkpoints tensor by tensor\n"
     "  stage ...          one stage process (started by launch)\n"
     "\n"
@@ -38,6 +42,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "simulate") == 0) {
         return mmp_cmd_simulate(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "bench") == 0) {
+        return mmp_cmd_bench(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "ckpt") == 0) {
         return mmp_cmd_ckpt(argc - 1, argv + 1);

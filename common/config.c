@@ -49,6 +49,7 @@ typedef struct key_spec {
     char lo_bracket, hi_bracket; /* '[' / ']' closed, '(' / ')' open */
     bool increasing;             /* list entries strictly increasing */
     bool required;
+    bool scalar_ok;           /* T_INT_LIST: a plain number is a one-entry list */
     const char *const *names; /* T_ENUM: NULL-terminated, index = value */
     double def;               /* numbers, bools, enum values */
     const char *def_str;
@@ -59,6 +60,7 @@ typedef struct key_spec {
 static const char *const schedule_names[] = {"gpipe", "1f1b", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const balance_names[] = {"off", "dynamic", NULL};
+static const char *const routing_names[] = {"weighted", "round_robin", NULL};
 static const char *const bad_sample_names[] = {"fail", "skip", NULL};
 static const char *const compute_names[] = {"real", "simulated", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
@@ -78,6 +80,7 @@ static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == si
 static const double imagenet_mean[] = {0.485, 0.456, 0.406};
 static const double imagenet_std[] = {0.229, 0.224, 0.225};
 static const double image_blocks_def[] = {1, 1, 1, 1};
+static const double one_def[] = {1};
 static const double image_channels_def[] = {16, 32, 64, 128};
 
 #define OFF(m) offsetof(mmp_plan, m)
@@ -157,13 +160,18 @@ static const key_spec keys[] = {
     FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
 
     ENUM("balance.mode", balance.mode, balance_names, MMP_BALANCE_OFF),
+    ENUM("balance.routing", balance.routing, routing_names, MMP_ROUTE_WEIGHTED),
+    INT("balance.window", balance.window, 1, 1000, 3),
+    FLOAT("balance.min_gain", balance.min_gain, '[', 0, 10, ']', 0.1),
+    INT("balance.force.step", balance.force.step, 0, 1000000000, 0),
+    STR("balance.force.set", balance.force.set, "", false),
 
     ENUM("compute", compute, compute_names, MMP_COMPUTE_REAL),
     FLOAT("sim.cost.image", sim.cost.image, '[', 0, 1e6, ']', 0),
     FLOAT("sim.cost.text", sim.cost.text, '[', 0, 1e6, ']', 0),
     FLOAT("sim.cost.fusion", sim.cost.fusion, '[', 0, 1e6, ']', 0),
     FLOAT("sim.bwd_factor", sim.bwd_factor, '[', 0, 1000, ']', 2),
-    /* empty = 1.0 for every replica; replicas do not run yet, so only [0] is used */
+    /* per device slot; empty = 1.0 everywhere */
     FLOAT_VEC("sim.slowdown", sim.slowdown, sim.n_slowdown, 0, '(', 0, 1000, ']'),
     INT("sim.change_step", sim.change_step, 0, 1000000000, 0),
     /* defaults are the sim.cost.* values (resolve_defaults) */
@@ -173,12 +181,15 @@ static const key_spec keys[] = {
 
     {.path = "hosts", .type = T_HOSTS, .field = NO_FIELD},
 
-    INT("stages.image.replicas", stages.image.replicas, 1, 64, 1),
+    INTS("stages.image.replicas", stages.image.replicas, stages.image.n_replicas, 1, 1, MMP_MAX_REPLICAS,
+         false, DEFS(one_def), .scalar_ok = true),
     INTS("stages.image.split", stages.image.split, stages.image.n_split, 0, 1, 4096, true),
     CHECKED_ENUM("stages.image.layers", layers_names),
-    INT("stages.text.replicas", stages.text.replicas, 1, 64, 1),
+    INTS("stages.text.replicas", stages.text.replicas, stages.text.n_replicas, 1, 1, MMP_MAX_REPLICAS,
+         false, DEFS(one_def), .scalar_ok = true),
     INTS("stages.text.split", stages.text.split, stages.text.n_split, 0, 1, 4096, true),
-    INT("stages.fusion.replicas", stages.fusion.replicas, 1, 64, 1),
+    INTS("stages.fusion.replicas", stages.fusion.replicas, stages.fusion.n_replicas, 1, 1, MMP_MAX_REPLICAS,
+         false, DEFS(one_def), .scalar_ok = true),
 };
 
 #define N_KEYS (sizeof keys / sizeof keys[0])
@@ -643,6 +654,14 @@ static mmp_err load_list(loader *L, mmp_plan *p, int idx, site at)
 {
     const key_spec *k = &keys[idx];
     int n;
+    if (k->scalar_ok && at.node && fy_node_get_type(at.node) == FYNT_SCALAR) {
+        long long v = 0;
+        MMP_TRY(parse_int(L, k->path, at, k->imin, k->imax, &v));
+        ((int *)field_of(p, k))[0] = (int)v;
+        *(int *)((char *)p + k->count_field) = 1;
+        L->list_len[idx] = 1;
+        return MMP_OK;
+    }
     MMP_TRY(check_list(L, k->path, at, k->min_len, (int)k->size, &n));
     void *iter = NULL;
     struct fy_node *item;
@@ -1067,6 +1086,21 @@ static mmp_err check_split(loader *L, const char *key, const mmp_stage_cfg *s, i
     return MMP_OK;
 }
 
+/* One entry for every sub-stage, or one per sub-stage. */
+static mmp_err check_replicas(loader *L, const char *key, const char *split_key,
+                              const mmp_stage_cfg *s)
+{
+    int subs = s->n_split + 1;
+    if (s->n_replicas != 1 && s->n_replicas != subs) {
+        return fail(L, site_of(L, key, split_key),
+                    "%s: %d values for %d sub-stage%s (%s%s): give one number for all, or one "
+                    "per sub-stage",
+                    key, s->n_replicas, subs, subs == 1 ? "" : "s", split_key ? split_key : "",
+                    split_key ? " cuts the branch" : "fusion is never cut");
+    }
+    return MMP_OK;
+}
+
 static mmp_err check_plan(loader *L, mmp_plan *p)
 {
     for (size_t i = 0; i < N_KEYS; i++) {
@@ -1114,6 +1148,9 @@ static mmp_err check_plan(loader *L, mmp_plan *p)
                         "stem, model.image.blocks, projection"));
     MMP_TRY(check_split(L, "stages.text.split", &p->stages.text, mmp_plan_text_layers(p),
                         "embedding, model.text.layers, final norm"));
+    MMP_TRY(check_replicas(L, "stages.image.replicas", "stages.image.split", &p->stages.image));
+    MMP_TRY(check_replicas(L, "stages.text.replicas", "stages.text.split", &p->stages.text));
+    MMP_TRY(check_replicas(L, "stages.fusion.replicas", NULL, &p->stages.fusion));
     return MMP_OK;
 }
 
@@ -1145,8 +1182,28 @@ int mmp_plan_text_layers(const mmp_plan *p)
     return p->model.text.layers + 2; /* embedding, layers, final norm */
 }
 
+int mmp_plan_replicas(const mmp_plan *p, mmp_branch b, int sub)
+{
+    const mmp_stage_cfg *s = b == MMP_BRANCH_IMAGE  ? &p->stages.image
+                             : b == MMP_BRANCH_TEXT ? &p->stages.text
+                                                    : &p->stages.fusion;
+    if (s->n_replicas <= 1) {
+        return s->n_replicas == 1 ? s->replicas[0] : 1;
+    }
+    return sub >= 0 && sub < s->n_replicas ? s->replicas[sub] : 1;
+}
+
+int mmp_plan_slots(const mmp_plan *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_hosts; i++) {
+        n += p->hosts[i].n_devices;
+    }
+    return n;
+}
+
 double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int n, int step,
-                       int backward)
+                       int backward, int slot)
 {
     int changed = p->sim.change_step > 0 && step + 1 >= p->sim.change_step;
     double per_sample = 0, share = 1;
@@ -1161,7 +1218,7 @@ double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int
         break;
     case MMP_BRANCH_FUSION: per_sample = changed ? p->sim.change.fusion : p->sim.cost.fusion; break;
     }
-    double slowdown = p->sim.n_slowdown > 0 ? p->sim.slowdown[0] : 1.0;
+    double slowdown = slot >= 0 && slot < p->sim.n_slowdown ? p->sim.slowdown[slot] : 1.0;
     return per_sample * n * share * slowdown * (backward ? p->sim.bwd_factor : 1.0);
 }
 

@@ -22,6 +22,8 @@
 typedef enum mmp_schedule { MMP_SCHED_GPIPE = 0, MMP_SCHED_1F1B = 1 } mmp_schedule;
 typedef enum mmp_precision { MMP_PREC_FP32 = 0, MMP_PREC_BF16, MMP_PREC_FP16 } mmp_precision;
 typedef enum mmp_balance_mode { MMP_BALANCE_OFF = 0, MMP_BALANCE_DYNAMIC } mmp_balance_mode;
+/* How micro-batches are dealt to a stage's replicas. */
+typedef enum mmp_routing { MMP_ROUTE_WEIGHTED = 0, MMP_ROUTE_ROUND_ROBIN } mmp_routing;
 typedef enum mmp_bad_sample { MMP_BAD_FAIL = 0, MMP_BAD_SKIP } mmp_bad_sample;
 typedef enum mmp_compute { MMP_COMPUTE_REAL = 0, MMP_COMPUTE_SIMULATED } mmp_compute;
 /* The branch whose simulated cost is asked for (the order of stage kinds). */
@@ -34,7 +36,11 @@ typedef struct mmp_host {
 } mmp_host;
 
 typedef struct mmp_stage_cfg {
-    int replicas;                 /* >= 1 */
+    /* Replica processes of each sub-stage: one entry for every sub-stage, or
+     * one per sub-stage (n_split + 1); a plain number in YAML is one entry.
+     * Use mmp_plan_replicas() to read it. */
+    int n_replicas;
+    int replicas[MMP_MAX_SPLITS + 1]; /* each >= 1 */
     int n_split;                  /* number of layer cut points (0 = one sub-stage) */
     int split[MMP_MAX_SPLITS];    /* strictly increasing layer indices */
 } mmp_stage_cfg;
@@ -100,8 +106,27 @@ typedef struct mmp_plan {
         float init_temperature; /* ITC temperature at start, default 0.07 */
     } train;
 
+    /* The load balancer (coordinator/balancer.h). */
     struct {
+        /* off: the placement stays the plan's. dynamic: the balancer re-plans
+         * splits and replica counts from measured costs and relaunches the
+         * stages at a step boundary when it predicts a gain. */
         mmp_balance_mode mode;
+        /* weighted (default): micro-batches go to a stage's replicas in
+         * proportion to their measured speed, updated between steps;
+         * round_robin: in turn, whatever their speed. */
+        mmp_routing routing;
+        int window;     /* steps measured before a decision (after a relaunch, one more
+                           to warm up); default 3, >= 1 */
+        float min_gain; /* predicted step-time gain a re-placement must promise; default 0.1 */
+        /* A scripted re-placement (tests, experiments): after step force.step
+         * completes, the stages are relaunched with the plan's stages.* keys
+         * overridden by force.set ("stages.image.split=[3];stages.image.replicas=2").
+         * 0: none. */
+        struct {
+            int step;
+            char set[512];
+        } force;
     } balance;
 
     /* real: the networks run. simulated: each forward / backward is a sleep
@@ -116,9 +141,12 @@ typedef struct mmp_plan {
             float image, text, fusion;
         } cost;
         float bwd_factor;                 /* backward = factor x forward; default 2 */
-        int n_slowdown;                   /* default 0 entries = 1.0 everywhere */
-        float slowdown[MMP_MAX_REPLICAS]; /* per replica, multiplies its costs. Replicas do not
-                                             run yet: slowdown[0] applies to every stage */
+        /* Per device slot: slowdown[k] multiplies the costs of the process on
+         * slot k (slots number the hosts' devices in order; the coordinator
+         * places processes on them in stage order, replicas in order). Default
+         * empty = 1.0 everywhere; slots past the list run at 1.0. */
+        int n_slowdown;
+        float slowdown[MMP_MAX_DEVICES];
         int change_step;                  /* from this step on (1-based, as in metrics.jsonl)
                                              costs are sim.change.*; default 0 = never */
         struct {
@@ -160,10 +188,16 @@ int mmp_plan_mb_offset(const mmp_plan *p, int mb);
 
 /* Simulated compute: the milliseconds a forward (backward: x sim.bwd_factor)
  * of n samples takes on layers [first, last) of branch b at step (0-based),
- * for replica 0: the branch's per-sample cost spread evenly over its layers
- * (fusion is one unit: first and last are ignored), times the slowdown. */
+ * on device slot `slot`: the branch's per-sample cost spread evenly over its
+ * layers (fusion is one unit: first and last are ignored), times the slot's
+ * slowdown. */
 double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int n, int step,
-                       int backward);
+                       int backward, int slot);
+
+/* Replicas of sub-stage sub of branch b (fusion: sub 0). */
+int mmp_plan_replicas(const mmp_plan *p, mmp_branch b, int sub);
+/* Device slots the plan's hosts offer (sum of their devices). */
+int mmp_plan_slots(const mmp_plan *p);
 
 const char *mmp_schedule_name(mmp_schedule s);
 const char *mmp_precision_name(mmp_precision p);

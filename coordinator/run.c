@@ -16,6 +16,7 @@
 #include "common/ckpt.h"
 #include "common/progress.h"
 #include "common/trace.h"
+#include "coordinator/balancer.h"
 #include "coordinator/schedule.h"
 #include "nn/optim.h"
 #include "transport/channel.h"
@@ -41,9 +42,18 @@ typedef struct proc {
 } proc;
 
 typedef struct coord {
-    const mmp_plan *plan;
+    const mmp_plan *plan; /* as launched */
+    mmp_plan cur;         /* the placement running now (the balancer may change it) */
     const char *out_dir;
+    char plan_json[1200];
     mmp_sched sched;
+    mmp_balancer bal;
+    double speed[MMP_SCHED_MAX_STAGES]; /* the routing's weights */
+    int replan;                         /* run_steps stopped for a re-placement */
+    mmp_plan next;                      /* ... to this placement */
+    char decision[1200];                /* this step's balancer decision, JSON, or empty */
+    int replan_step;                    /* steps done when it stopped for one */
+    int launch;                         /* launches so far (names each one's shm) */
     char token[33];
     char endpoint[128];
     char shm_prefix[64];
@@ -108,7 +118,7 @@ static mmp_err spawn_all(coord *c)
         proc *p = &c->procs[i];
         char stage[64], replica[16];
         snprintf(stage, sizeof stage, "%s", c->sched.stages[i].name);
-        snprintf(replica, sizeof replica, "%d", 0);
+        snprintf(replica, sizeof replica, "%d", c->sched.stages[i].replica);
         char *argv[] = {exe,      "stage",  "--connect", c->endpoint, "--stage", stage,
                         "--replica", replica, "--token",   c->token,    NULL};
         int rc = posix_spawn(&p->pid, exe, NULL, &attr, argv, environ);
@@ -414,7 +424,7 @@ static mmp_err assign(coord *c, const char *plan_json, const char *resume_dir)
             snprintf(peer[nc], sizeof peer[nc], "%s", c->procs[ch->send ? ed->to : ed->from].name);
             ch->peer = peer[nc];
             ch->transport = "shm";
-            snprintf(addr[nc], sizeof addr[nc], "%s-e%d", c->shm_prefix, e);
+            snprintf(addr[nc], sizeof addr[nc], "%s-g%d-e%d", c->shm_prefix, c->launch, e);
             ch->address = addr[nc];
             ch->slots = ed->slots;
             ch->creator = ch->send; /* the sender creates and sizes the ring */
@@ -447,10 +457,17 @@ static mmp_err assign(coord *c, const char *plan_json, const char *resume_dir)
         } else {
             snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind);
         }
+        char reduce[128];
+        snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
+        int slots = mmp_plan_slots(&c->cur);
         a.name = c->procs[i].name;
         a.kind = kind;
         a.sub = st->sub;
-        a.replica = 0;
+        a.replica = st->replica;
+        a.replicas = st->n_replicas;
+        a.reduce_address = reduce;
+        a.slot = slots > 0 ? i % slots : 0;
+        a.inflight_bound = st->stage_bound;
         a.layer_first = st->layer_first;
         a.layer_last = st->layer_last;
         a.plan_path = (char *)plan_json;
@@ -475,18 +492,25 @@ static mmp_err assign(coord *c, const char *plan_json, const char *resume_dir)
 
 /* ---- per step -------------------------------------------------------------------------- */
 
+static const Mmpipe__StepDone *done_of(const coord *c, int i)
+{
+    return ((const Mmpipe__Envelope *)c->procs[i].done)->step_done;
+}
+
 static void write_metrics(coord *c, int step, double step_ms, double grad_norm, int eval)
 {
     const mmp_plan *p = c->plan;
     double loss = 0, itc = 0, itm = 0, idle = 0, wall = 0, data = 0;
     int skipped = 0;
     for (int i = 0; i < c->n; i++) {
-        const Mmpipe__StepDone *d = ((Mmpipe__Envelope *)c->procs[i].done)->step_done;
+        const Mmpipe__StepDone *d = done_of(c, i);
         if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
-            loss = d->loss;
-            itc = d->itc;
-            itm = d->itm;
-            skipped = d->skipped;
+            /* Each fusion replica sums its micro-batches' losses, already
+             * divided by the global batch: the step's loss is their sum. */
+            loss += d->loss;
+            itc += d->itc;
+            itm += d->itm;
+            skipped += d->skipped;
         }
         idle += d->idle_ms;
         wall += d->wall_ms;
@@ -500,7 +524,7 @@ static void write_metrics(coord *c, int step, double step_ms, double grad_norm, 
             step + 1, loss, itc, itm, (double)mmp_lr_at(p, step), grad_norm,
             p->train.batch / (step_ms / 1e3), step_ms, data, skipped, wall > 0 ? idle / wall : 0);
     for (int i = 0; i < c->n; i++) {
-        const Mmpipe__StepDone *d = ((Mmpipe__Envelope *)c->procs[i].done)->step_done;
+        const Mmpipe__StepDone *d = done_of(c, i);
         double fwd = 0, bwd = 0;
         for (size_t k = 0; k < d->n_mbs; k++) {
             fwd += d->mbs[k]->fwd_ms;
@@ -508,15 +532,18 @@ static void write_metrics(coord *c, int step, double step_ms, double grad_norm, 
         }
         double m = d->n_mbs ? (double)d->n_mbs : 1;
         fprintf(f,
-                "%s{\"name\":\"%s\",\"replica\":0,\"busy_ms\":%.4g,\"idle_ms\":%.4g,"
-                "\"wall_ms\":%.4g,\"data_wait_ms\":%.4g,\"fwd_ms\":%.4g,\"bwd_ms\":%.4g,"
-                "\"load_ms\":%.4g,"
+                "%s{\"name\":\"%s\",\"replica\":%d,\"microbatches\":%d,\"busy_ms\":%.4g,"
+                "\"idle_ms\":%.4g,\"wall_ms\":%.4g,\"data_wait_ms\":%.4g,\"fwd_ms\":%.4g,"
+                "\"bwd_ms\":%.4g,\"load_ms\":%.4g,"
                 "\"max_inflight\":%d,\"peak_mem_bytes\":%llu}",
-                i ? "," : "", c->sched.stages[i].name, d->busy_ms, d->idle_ms, d->wall_ms,
-                d->data_ms, fwd / m, bwd / m, d->data_ms / m, d->max_inflight,
-                (unsigned long long)d->peak_mem_bytes);
+                i ? "," : "", c->sched.stages[i].name, c->sched.stages[i].replica,
+                (int)d->n_mbs, d->busy_ms, d->idle_ms, d->wall_ms, d->data_ms, fwd / m, bwd / m,
+                d->data_ms / m, d->max_inflight, (unsigned long long)d->peak_mem_bytes);
     }
-    fprintf(f, "]");
+    char placement[1024];
+    fprintf(f, "],\"balance\":{\"efficiency\":%.4f,\"placement\":\"%s\",\"decision\":%s}",
+            c->bal.efficiency, mmp_placement_str(&c->sched, placement, sizeof placement),
+            c->decision[0] ? c->decision : "null");
     if (eval) {
         fprintf(f, ",\"val_i2t_r1\":%.4f,\"val_t2i_r1\":%.4f", (double)c->eval_i2t,
                 (double)c->eval_t2i);
@@ -555,6 +582,136 @@ static int checkpoint(coord *c, int steps_done)
     return 0;
 }
 
+/* Writes s into buf as a JSON string body (quotes and controls escaped). */
+static const char *json_escape(const char *s, char *buf, size_t n)
+{
+    size_t k = 0;
+    for (; *s && k + 7 < n; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            buf[k++] = '\\';
+            buf[k++] = (char)ch;
+        } else if (ch < 0x20) {
+            k += (size_t)snprintf(buf + k, n - k, "\\u%04x", ch);
+        } else {
+            buf[k++] = (char)ch;
+        }
+    }
+    buf[k] = 0;
+    return buf;
+}
+
+/* Sends every process its list under the routing c->speed, from step on. */
+static int reroute(coord *c, int step)
+{
+    mmp_sched next;
+    if (mmp_sched_compile_routed(&next, &c->cur, c->speed) != MMP_OK) {
+        fail(c, "re-routing: %s", mmp_last_error());
+        mmp_sched_fini(&next);
+        return 1;
+    }
+    for (int i = 0; i < c->n; i++) {
+        const mmp_sched_stage *st = &next.stages[i];
+        Mmpipe__Instr *ins = calloc((size_t)st->n_prog + 1, sizeof *ins);
+        Mmpipe__Instr **insp = calloc((size_t)st->n_prog + 1, sizeof *insp);
+        if (!ins || !insp) {
+            free(ins);
+            free(insp);
+            fail(c, "out of memory re-routing");
+            mmp_sched_fini(&next);
+            return 1;
+        }
+        for (int k = 0; k < st->n_prog; k++) {
+            mmpipe__instr__init(&ins[k]);
+            ins[k].op = (Mmpipe__Op)st->prog[k].op;
+            ins[k].mb = st->prog[k].mb;
+            ins[k].edge = st->prog[k].edge;
+            insp[k] = &ins[k];
+        }
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Program pr = MMPIPE__PROGRAM__INIT;
+        pr.first_step = step;
+        pr.n_program = (size_t)st->n_prog;
+        pr.program = insp;
+        env.body_case = MMPIPE__ENVELOPE__BODY_PROGRAM;
+        env.program = &pr;
+        mmp_err e = send_to(c, i, &env);
+        free(ins);
+        free(insp);
+        if (e != MMP_OK) {
+            mmp_sched_fini(&next);
+            return 1;
+        }
+    }
+    mmp_sched_fini(&c->sched);
+    c->sched = next;
+    c->bal.sched = &c->sched;
+    mmp_balancer_routed(&c->bal, c->speed);
+    return 0;
+}
+
+/* The balancer's turn after step `done`: feeds it the step's reports, and
+ * re-routes now or asks for a re-placement (c->replan). Fills c->decision. */
+static int balance(coord *c, int done, double step_ms)
+{
+    mmp_bal_proc bp[MMP_SCHED_MAX_STAGES];
+    for (int i = 0; i < c->n; i++) {
+        const Mmpipe__StepDone *d = done_of(c, i);
+        bp[i] = (mmp_bal_proc){.busy_ms = d->busy_ms};
+        for (size_t k = 0; k < d->n_mbs; k++) {
+            bp[i].fwd_ms += d->mbs[k]->fwd_ms;
+            bp[i].bwd_ms += d->mbs[k]->bwd_ms;
+            bp[i].samples += mmp_plan_mb_size(c->plan, d->mbs[k]->mb);
+        }
+    }
+    mmp_balancer_observe(&c->bal, bp, step_ms);
+    c->decision[0] = 0;
+    char why[1024], esc[1100];
+    double gain;
+    int go = 0;
+    if (done < c->plan->job.steps &&
+        mmp_balancer_replan(&c->bal, done, &c->next, &go, why, sizeof why, &gain) != MMP_OK) {
+        fail(c, "balancer: %s", mmp_last_error());
+        return 1;
+    }
+    if (go) {
+        mmp_sched probe;
+        mmp_err e = mmp_sched_compile(&probe, &c->next);
+        char to[1024] = "";
+        if (e == MMP_OK) {
+            mmp_placement_str(&probe, to, sizeof to);
+        }
+        mmp_sched_fini(&probe);
+        if (e != MMP_OK) {
+            fail(c, "balancer: the new placement does not compile: %s", mmp_last_error());
+            return 1;
+        }
+        char g[32];
+        snprintf(g, sizeof g, isfinite(gain) ? "%.4f" : "null", gain);
+        snprintf(c->decision, sizeof c->decision,
+                 "{\"action\":\"replace\",\"to\":\"%s\",\"predicted_gain\":%s,\"reason\":\"%s\"}",
+                 to, g, json_escape(why, esc, sizeof esc));
+        MMP_INFO("balancer: after step %d, re-placing to %s: %s", done, to, why);
+        mmp_trace_instant(&c->trace, "re-place", mmp_trace_now_us(), to);
+        c->replan = 1;
+        return 0;
+    }
+    double speed[MMP_SCHED_MAX_STAGES];
+    if (done < c->plan->job.steps && mmp_balancer_route(&c->bal, speed, why, sizeof why)) {
+        memcpy(c->speed, speed, sizeof speed);
+        if (reroute(c, done)) {
+            return 1;
+        }
+        snprintf(c->decision, sizeof c->decision,
+                 "{\"action\":\"route\",\"reason\":\"%s\"}", json_escape(why, esc, sizeof esc));
+        MMP_INFO("balancer: after step %d, routing by %s", done, why);
+        mmp_trace_instant(&c->trace, "re-route", mmp_trace_now_us(), why);
+    }
+    return 0;
+}
+
+/* Runs steps from first_step; returns 0 at the end or when the balancer asks
+ * for a re-placement (c->replan, after checkpointing), 1 on a failure. */
 static int run_steps(coord *c, int first_step)
 {
     const mmp_plan *p = c->plan;
@@ -575,10 +732,13 @@ static int run_steps(coord *c, int first_step)
             wait_until(c, all_flag, ALL(have_norm), 0, "gradient norms")) {
             break;
         }
-        /* Sum in stage order (image, text, fusion), as the single process does. */
+        /* Sum in stage order (image, text, fusion), as the single process
+         * does; replicas hold the same reduced gradients: replica 0 counts. */
         double sumsq = 0;
         for (int i = 0; i < c->n; i++) {
-            sumsq += c->procs[i].sumsq;
+            if (c->sched.stages[i].replica == 0) {
+                sumsq += c->procs[i].sumsq;
+            }
         }
         double norm = sqrt(sumsq);
         if (!isfinite(norm)) {
@@ -611,22 +771,35 @@ static int run_steps(coord *c, int first_step)
                 break;
             }
         }
+        if (balance(c, done, step_ms)) {
+            break;
+        }
         write_metrics(c, step, step_ms, norm, eval);
         if (eval) {
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done,
                      (double)c->eval_i2t, (double)c->eval_t2i);
         }
-        if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps) {
+        if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps ||
+            c->replan) {
             if (checkpoint(c, done)) {
                 break;
             }
         }
-        const Mmpipe__StepDone *fd = ((Mmpipe__Envelope *)c->procs[c->n - 1].done)->step_done;
+        double lsum = 0;
+        for (int i = 0; i < c->n; i++) {
+            if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
+                lsum += done_of(c, i)->loss;
+            }
+        }
         char text[256];
-        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s", (double)fd->loss,
-                 p->train.batch / (step_ms / 1e3));
+        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s  efficiency %.2f", lsum,
+                 p->train.batch / (step_ms / 1e3), c->bal.efficiency);
         mmp_progress_update(&progress, done, text);
+        if (c->replan) {
+            c->replan_step = done;
+            break;
+        }
     }
     mmp_progress_end(&progress);
     return c->failure[0] ? 1 : 0;
@@ -634,23 +807,68 @@ static int run_steps(coord *c, int first_step)
 
 /* ---- entry --------------------------------------------------------------------------------- */
 
+/* One launch of the current placement: compile, spawn, hello, assign, ready,
+ * run; stops the stages. Returns 0 when the run ended or a re-placement is
+ * due (c->replan), 1 on a failure. */
+static int launch(coord *c, int first_step, const char *resume_dir)
+{
+    if (mmp_sched_compile(&c->sched, &c->cur) != MMP_OK) {
+        fail(c, "%s", mmp_last_error());
+        return 1;
+    }
+    c->n = c->sched.n_stages;
+    memset(c->procs, 0, sizeof c->procs);
+    for (int i = 0; i < c->n; i++) {
+        snprintf(c->procs[i].name, sizeof c->procs[i].name, "%s", c->sched.stages[i].proc);
+        c->speed[i] = 1;
+    }
+    mmp_balancer_reset(&c->bal, &c->cur, &c->sched, c->plan_json);
+    c->replan = 0;
+    if (spawn_all(c) != MMP_OK) {
+        fail(c, "%s", mmp_last_error());
+        return 1;
+    }
+    char placement[1024];
+    MMP_INFO("%d stage processes (%s), schedule %s, %d micro-batches; run directory %s; shared "
+             "memory %s-*",
+             c->n, mmp_placement_str(&c->sched, placement, sizeof placement),
+             mmp_schedule_name(c->cur.train.schedule), c->cur.train.microbatches, c->out_dir,
+             c->shm_prefix);
+    if (wait_until(c, all_flag, ALL(have_hello), HELLO_TIMEOUT_S, "stage processes to connect") ||
+        assign(c, c->plan_json, resume_dir) != MMP_OK ||
+        wait_until(c, all_flag, ALL(have_ready), READY_TIMEOUT_S, "stages to be ready") ||
+        run_steps(c, first_step) != 0) {
+        return 1;
+    }
+    stop_all(c, 1);
+    return 0;
+}
+
+static void free_dones(coord *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (c->procs[i].done) {
+            mmp_ctl_free((Mmpipe__Envelope *)c->procs[i].done);
+            c->procs[i].done = NULL;
+        }
+    }
+}
+
 int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
 {
     static coord c;
     memset(&c, 0, sizeof c);
     c.plan = plan;
+    c.cur = *plan;
     c.out_dir = out_dir;
     int rc = 1, first_step = 0;
-    char resume_dir[1200] = "", plan_json[1200];
+    char resume_dir[1200] = "";
     mmp_log_set_name("coordinator");
     if (mmp_sched_compile(&c.sched, plan) != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());
         return 1;
     }
-    c.n = c.sched.n_stages;
-    for (int i = 0; i < c.n; i++) {
-        snprintf(c.procs[i].name, sizeof c.procs[i].name, "%s/0", c.sched.stages[i].name);
-    }
+    mmp_sched_fini(&c.sched);
     if (resume) {
         if (mmp_ckpt_latest(out_dir, resume_dir, sizeof resume_dir, &first_step) != MMP_OK) {
             MMP_ERROR("%s", mmp_last_error());
@@ -664,60 +882,67 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     }
     snprintf(c.endpoint, sizeof c.endpoint, "ipc://@mmpipe-%s", c.token);
     snprintf(c.shm_prefix, sizeof c.shm_prefix, "/mmpipe-%.12s", c.token);
-    snprintf(plan_json, sizeof plan_json, "%s/plan.json", out_dir);
+    snprintf(c.plan_json, sizeof c.plan_json, "%s/plan.json", out_dir);
     char metrics_path[1200];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
-    if (mmp_plan_write_json(plan, plan_json) != MMP_OK ||
+    if (mmp_plan_write_json(plan, c.plan_json) != MMP_OK ||
         (c.metrics = fopen(metrics_path, resume ? "a" : "w")) == NULL ||
         mmp_trace_open(&c.trace, out_dir, "coordinator", 0, "coordinator") != MMP_OK ||
         mmp_ctl_bind(&c.ctl, c.endpoint, c.token) != MMP_OK) {
         MMP_ERROR("%s", c.metrics ? mmp_last_error() : "cannot write metrics.jsonl");
         goto out;
     }
+    if (plan->balance.force.step > 0) {
+        /* A scripted re-placement is checked now, not when it is due. */
+        mmp_plan probe;
+        mmp_balancer_reset(&c.bal, plan, &c.sched, c.plan_json);
+        int go;
+        double gain;
+        char why[256];
+        mmp_balancer probe_bal = c.bal;
+        if (mmp_balancer_replan(&probe_bal, plan->balance.force.step, &probe, &go, why,
+                                sizeof why, &gain) != MMP_OK) {
+            MMP_ERROR("%s", mmp_last_error());
+            goto out;
+        }
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    if (spawn_all(&c) != MMP_OK) {
-        fail(&c, "%s", mmp_last_error());
-        goto stop;
+    for (;;) {
+        c.launch++;
+        int bad = launch(&c, first_step, resume_dir[0] ? resume_dir : NULL);
+        if (bad) {
+            break;
+        }
+        if (!c.replan) {
+            rc = 0;
+            MMP_INFO("done: %d steps; checkpoint %s/ckpt/latest", plan->job.steps, out_dir);
+            goto out;
+        }
+        /* Re-placement: the stages stopped after checkpointing step
+         * replan_step; the new placement resumes from it. */
+        free_dones(&c);
+        mmp_sched_fini(&c.sched);
+        c.cur = c.next;
+        first_step = c.replan_step;
+        mmp_ckpt_step_dir(resume_dir, sizeof resume_dir, out_dir, first_step);
     }
-    MMP_INFO("%d stage processes, schedule %s, %d micro-batches; run directory %s; shared "
-             "memory %s-*",
-             c.n, mmp_schedule_name(plan->train.schedule), plan->train.microbatches, out_dir,
-             c.shm_prefix);
-    if (wait_until(&c, all_flag, ALL(have_hello), HELLO_TIMEOUT_S, "stage processes to connect") ||
-        assign(&c, plan_json, resume ? resume_dir : NULL) != MMP_OK ||
-        wait_until(&c, all_flag, ALL(have_ready), READY_TIMEOUT_S, "stages to be ready")) {
-        goto stop;
-    }
-    if (run_steps(&c, first_step) == 0) {
-        stop_all(&c, 1);
-        rc = 0;
-        MMP_INFO("done: %d steps; checkpoint %s/ckpt/latest", plan->job.steps, out_dir);
-        goto out;
-    }
-stop:
     stop_all(&c, 0);
     if (interrupted) {
         rc = 130;
     }
     MMP_ERROR("%s", c.failure[0] ? c.failure : mmp_last_error());
 out:
-    for (int i = 0; i < c.n; i++) {
-        if (c.procs[i].done) {
-            mmp_ctl_free((Mmpipe__Envelope *)c.procs[i].done);
-        }
-    }
+    free_dones(&c);
     mmp_ctl_close(c.ctl);
     mmp_trace_close(&c.trace);
     if (c.metrics) {
         fclose(c.metrics);
     }
-    if (c.n) {
-        mmp_trace_merge(out_dir);
-    }
+    mmp_trace_merge(out_dir);
     mmp_sched_fini(&c.sched);
     return rc;
 }

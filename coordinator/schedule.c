@@ -112,11 +112,37 @@ const char *mmp_instr_compact(const mmp_sched *s, int stage, const mmp_instr *in
 int mmp_sched_find(const mmp_sched *s, const char *name)
 {
     for (int i = 0; i < s->n_stages; i++) {
-        if (strcmp(s->stages[i].name, name) == 0) {
+        if (strcmp(s->stages[i].name, name) == 0 || strcmp(s->stages[i].proc, name) == 0) {
             return i;
         }
     }
     return -1;
+}
+
+void mmp_sched_route(const double *speed, int R, int m, int *owner)
+{
+    int count[MMP_SCHED_MAX_STAGES] = {0};
+    MMP_ASSERT(R >= 1 && R <= MMP_SCHED_MAX_STAGES);
+    for (int mb = 0; mb < m; mb++) {
+        int best = 0;
+        double best_t = INFINITY;
+        for (int r = 0; r < R; r++) {
+            double t = (count[r] + 1) / speed[r];
+            if (t < best_t * (1 - 1e-12)) {
+                best = r;
+                best_t = t;
+            }
+        }
+        owner[mb] = best;
+        count[best]++;
+    }
+}
+
+/* Whether process st handles micro-batch mb (a hand-made schedule without a
+ * routing table: every one). */
+static int owns(const mmp_sched_stage *g, int mb)
+{
+    return !g->owns || g->owns[mb];
 }
 
 void mmp_sched_fini(mmp_sched *s)
@@ -129,14 +155,35 @@ void mmp_sched_fini(mmp_sched *s)
                                                  : s->n_stages;
     for (int i = 0; i < n; i++) {
         free(s->stages[i].prog);
+        free(s->stages[i].owns);
         s->stages[i].prog = NULL;
+        s->stages[i].owns = NULL;
         s->stages[i].n_prog = 0;
     }
 }
 
 /* ---- the stage graph ------------------------------------------------------------ */
 
-/* Appends one branch's sub-stages, cut at cfg's split points. */
+/* Appends replicas processes of the stage g describes. */
+static mmp_err add_replicas(mmp_sched *s, const mmp_sched_stage *g, int replicas, const char *key)
+{
+    if (s->n_stages + replicas > MMP_SCHED_MAX_STAGES - 1) {
+        return mmp_errorf(MMP_ERR_CONFIG,
+                          "%s: %d replicas of %s make more than the %d processes a schedule may "
+                          "have",
+                          key, replicas, g->name, MMP_SCHED_MAX_STAGES);
+    }
+    for (int r = 0; r < replicas; r++) {
+        mmp_sched_stage *h = &s->stages[s->n_stages++];
+        *h = *g;
+        h->replica = r;
+        h->n_replicas = replicas;
+    }
+    return MMP_OK;
+}
+
+/* Appends one branch's sub-stages, cut at cfg's split points, each with its
+ * replicas. */
 static mmp_err add_branch(mmp_sched *s, mmp_stage_kind kind, const char *branch,
                           const mmp_stage_cfg *cfg, int layers)
 {
@@ -160,13 +207,17 @@ static mmp_err add_branch(mmp_sched *s, mmp_stage_kind kind, const char *branch,
                               "[%d, %d) of the branch's %d)",
                               branch, branch, k, first, last, layers);
         }
-        mmp_sched_stage *g = &s->stages[s->n_stages++];
-        snprintf(g->name, sizeof g->name, "%s.%d", branch, k);
-        g->kind = kind;
-        g->sub = k;
-        g->n_sub = n_sub;
-        g->layer_first = first;
-        g->layer_last = last;
+        mmp_sched_stage g = {0};
+        snprintf(g.name, sizeof g.name, "%s.%d", branch, k);
+        g.kind = kind;
+        g.sub = k;
+        g.n_sub = n_sub;
+        g.layer_first = first;
+        g.layer_last = last;
+        char key[40];
+        snprintf(key, sizeof key, "stages.%s.replicas", branch);
+        int reps = cfg->n_replicas == n_sub ? cfg->replicas[k] : cfg->replicas[0];
+        MMP_TRY(add_replicas(s, &g, cfg->n_replicas >= 1 ? reps : 1, key));
         first = last;
     }
     return MMP_OK;
@@ -174,17 +225,27 @@ static mmp_err add_branch(mmp_sched *s, mmp_stage_kind kind, const char *branch,
 
 mmp_err mmp_sched_compile(mmp_sched *s, const mmp_plan *plan)
 {
+    return mmp_sched_compile_routed(s, plan, NULL);
+}
+
+mmp_err mmp_sched_compile_routed(mmp_sched *s, const mmp_plan *plan, const double *speed)
+{
     memset(s, 0, sizeof *s);
     MMP_TRY(
         add_branch(s, MMP_KIND_IMAGE, "image", &plan->stages.image, mmp_plan_image_layers(plan)));
     MMP_TRY(add_branch(s, MMP_KIND_TEXT, "text", &plan->stages.text, mmp_plan_text_layers(plan)));
-    mmp_sched_stage *f = &s->stages[s->n_stages++];
-    snprintf(f->name, sizeof f->name, "fusion");
-    f->kind = MMP_KIND_FUSION;
-    f->sub = 0;
-    f->n_sub = 1;
-    f->layer_first = 0;
-    f->layer_last = 1;
+    mmp_sched_stage f = {0};
+    snprintf(f.name, sizeof f.name, "fusion");
+    f.kind = MMP_KIND_FUSION;
+    f.sub = 0;
+    f.n_sub = 1;
+    f.layer_first = 0;
+    f.layer_last = 1;
+    MMP_TRY(add_replicas(s, &f, mmp_plan_replicas(plan, MMP_BRANCH_FUSION, 0),
+                         "stages.fusion.replicas"));
+    for (int i = 0; speed && i < s->n_stages; i++) {
+        s->stages[i].speed = speed[i];
+    }
     return mmp_sched_compile_stages(s, plan->train.schedule, plan->train.microbatches);
 }
 
@@ -197,7 +258,7 @@ static int next_stage(const mmp_sched *s, int i, int fusion)
     }
     for (int j = 0; j < s->n_stages; j++) {
         const mmp_sched_stage *h = &s->stages[j];
-        if (h->kind == g->kind && h->sub == g->sub + 1) {
+        if (h->kind == g->kind && h->sub == g->sub + 1 && h->replica == 0) {
             return j;
         }
     }
@@ -214,6 +275,22 @@ static mmp_err check_graph(const mmp_sched *s, int *fusion)
     *fusion = -1;
     for (int i = 0; i < s->n_stages; i++) {
         const mmp_sched_stage *g = &s->stages[i];
+        if (g->n_replicas < 1 || g->replica < 0 || g->replica >= g->n_replicas ||
+            !(g->speed > 0) || !isfinite(g->speed)) {
+            return mmp_errorf(MMP_ERR_CONFIG, "schedule: stage %s is replica %d of %d, speed %g",
+                              g->name, g->replica, g->n_replicas, g->speed);
+        }
+        if (g->replica > 0) {
+            const mmp_sched_stage *h = &s->stages[i - 1];
+            if (strcmp(h->name, g->name) != 0 || h->replica != g->replica - 1 ||
+                h->n_replicas != g->n_replicas || h->kind != g->kind || h->sub != g->sub ||
+                h->layer_first != g->layer_first || h->layer_last != g->layer_last) {
+                return mmp_errorf(MMP_ERR_CONFIG,
+                                  "schedule: replica %d of %s does not follow replica %d of it",
+                                  g->replica, g->name, g->replica - 1);
+            }
+            continue;
+        }
         if (g->kind == MMP_KIND_FUSION) {
             if (*fusion >= 0) {
                 return mmp_errorf(MMP_ERR_CONFIG, "schedule: two fusion stages (%s and %s)",
@@ -229,6 +306,9 @@ static mmp_err check_graph(const mmp_sched *s, int *fusion)
         }
         for (int j = 0; j < i; j++) {
             const mmp_sched_stage *h = &s->stages[j];
+            if (h->replica > 0) {
+                continue;
+            }
             if (strcmp(h->name, g->name) == 0) {
                 return mmp_errorf(MMP_ERR_CONFIG, "schedule: two stages named %s", g->name);
             }
@@ -269,21 +349,36 @@ static void put(builder *b, mmp_op op, int mb, int edge)
 /* Micro-batch mb's forward with its inputs and outputs: LOAD where the stage
  * has no input edge, else a RECV_ACT per input (in edge order: image before
  * text at fusion); then FWD; then a SEND_ACT per output. */
-static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
+/* Whether micro-batch mb travels on edge e: both ends handle it. */
+static int edge_carries(const mmp_sched *s, int e, int mb)
 {
-    int inputs = 0;
+    return owns(&s->stages[s->edges[e].from], mb) && owns(&s->stages[s->edges[e].to], mb);
+}
+
+/* Whether stage st receives activations (else it loads its inputs). */
+static int has_inputs(const mmp_sched *s, int st)
+{
     for (int e = 0; e < s->n_edges; e++) {
         if (!s->edges[e].grad && s->edges[e].to == st) {
-            put(b, MMP_OP_RECV_ACT, mb, e);
-            inputs++;
+            return 1;
         }
     }
-    if (!inputs) {
+    return 0;
+}
+
+static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
+{
+    for (int e = 0; e < s->n_edges; e++) {
+        if (!s->edges[e].grad && s->edges[e].to == st && edge_carries(s, e, mb)) {
+            put(b, MMP_OP_RECV_ACT, mb, e);
+        }
+    }
+    if (!has_inputs(s, st)) {
         put(b, MMP_OP_LOAD, mb, -1);
     }
     put(b, MMP_OP_FWD, mb, -1);
     for (int e = 0; e < s->n_edges; e++) {
-        if (!s->edges[e].grad && s->edges[e].from == st) {
+        if (!s->edges[e].grad && s->edges[e].from == st && edge_carries(s, e, mb)) {
             put(b, MMP_OP_SEND_ACT, mb, e);
         }
     }
@@ -292,13 +387,13 @@ static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
 static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
 {
     for (int e = 0; e < s->n_edges; e++) {
-        if (s->edges[e].grad && s->edges[e].to == st) {
+        if (s->edges[e].grad && s->edges[e].to == st && edge_carries(s, e, mb)) {
             put(b, MMP_OP_RECV_GRAD, mb, e);
         }
     }
     put(b, MMP_OP_BWD, mb, -1);
     for (int e = 0; e < s->n_edges; e++) {
-        if (s->edges[e].grad && s->edges[e].from == st) {
+        if (s->edges[e].grad && s->edges[e].from == st && edge_carries(s, e, mb)) {
             put(b, MMP_OP_SEND_GRAD, mb, e);
         }
     }
@@ -312,26 +407,33 @@ static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
 static mmp_err build_list(mmp_sched *s, int st)
 {
     mmp_sched_stage *g = &s->stages[st];
-    int m = s->microbatches, touching = 0, sink = 1;
-    for (int e = 0; e < s->n_edges; e++) {
-        touching += s->edges[e].from == st || s->edges[e].to == st;
-        sink &= !(!s->edges[e].grad && s->edges[e].from == st);
-    }
-    builder b = {.n = 0, .cap = m * (touching + 3) + 2};
+    int m = s->microbatches;
+    /* A micro-batch's forward and backward each take at most one receive,
+     * one load and one send per branch input plus the compute. */
+    builder b = {.n = 0, .cap = g->n_owned * 8 + 2};
     b.p = malloc((size_t)b.cap * sizeof *b.p);
     if (!b.p) {
         return mmp_errorf(MMP_ERR_NOMEM, "schedule: stage %s: %d instructions", g->name, b.cap);
     }
-    int warm = sink ? 0 : s->kind == MMP_SCHED_GPIPE ? m : g->depth - 1 < m ? g->depth - 1 : m;
+    /* The stage's order; this replica keeps its own micro-batches' part. */
+    int warm = g->warm;
     for (int i = 0; i < warm; i++) {
-        put_forward(s, st, &b, i);
+        if (owns(g, i)) {
+            put_forward(s, st, &b, i);
+        }
     }
     for (int i = 0; i < m - warm; i++) {
-        put_forward(s, st, &b, warm + i);
-        put_backward(s, st, &b, i);
+        if (owns(g, warm + i)) {
+            put_forward(s, st, &b, warm + i);
+        }
+        if (owns(g, i)) {
+            put_backward(s, st, &b, i);
+        }
     }
     for (int i = m - warm; i < m; i++) {
-        put_backward(s, st, &b, i);
+        if (owns(g, i)) {
+            put_backward(s, st, &b, i);
+        }
     }
     put(&b, MMP_OP_GRAD_NORM, -1, -1);
     put(&b, MMP_OP_OPT_STEP, -1, -1);
@@ -365,6 +467,7 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
     for (int i = 0; i < MMP_SCHED_MAX_STAGES; i++) {
         s->stages[i].prog = NULL;
         s->stages[i].n_prog = 0;
+        s->stages[i].owns = NULL;
     }
     if (kind != MMP_SCHED_GPIPE && kind != MMP_SCHED_1F1B) {
         return mmp_errorf(MMP_ERR_CONFIG, "train.schedule: unknown schedule %d", (int)kind);
@@ -374,16 +477,56 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
     }
     s->kind = kind;
     s->microbatches = microbatches;
-    int fusion = -1;
-    MMP_TRY(check_graph(s, &fusion));
-    if (2 * (s->n_stages - 1) > MMP_SCHED_MAX_EDGES) {
-        return mmp_errorf(MMP_ERR_CONFIG, "schedule: %d stages need %d edges (at most %d)",
-                          s->n_stages, 2 * (s->n_stages - 1), MMP_SCHED_MAX_EDGES);
+    if (s->n_stages < 1 || s->n_stages > MMP_SCHED_MAX_STAGES) {
+        return mmp_errorf(MMP_ERR_CONFIG, "schedule: %d processes (1 to %d)", s->n_stages,
+                          MMP_SCHED_MAX_STAGES);
     }
-    /* Edge 2k carries activations, edge 2k+1 the paired gradients back. */
     for (int i = 0; i < s->n_stages; i++) {
         mmp_sched_stage *g = &s->stages[i];
-        if (i == fusion) {
+        g->owns = NULL;
+        g->n_owned = 0;
+        if (g->n_replicas == 0 && g->replica == 0) {
+            g->n_replicas = 1;
+        }
+        if (g->speed == 0) {
+            g->speed = 1;
+        }
+        snprintf(g->proc, sizeof g->proc, "%s/%d", g->name, g->replica);
+    }
+    int fusion = -1;
+    MMP_TRY(check_graph(s, &fusion));
+    int m = microbatches;
+    /* Routing: each stage's micro-batches dealt among its replicas. */
+    int *owner = malloc((size_t)m * sizeof *owner);
+    if (!owner) {
+        return mmp_errorf(MMP_ERR_NOMEM, "schedule: %d micro-batches", m);
+    }
+    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
+        int R = s->stages[i].n_replicas;
+        double speed[MMP_SCHED_MAX_STAGES];
+        for (int r = 0; r < R; r++) {
+            speed[r] = s->stages[i + r].speed;
+        }
+        mmp_sched_route(speed, R, m, owner);
+        for (int r = 0; r < R; r++) {
+            mmp_sched_stage *g = &s->stages[i + r];
+            g->owns = calloc((size_t)m, 1);
+            if (!g->owns) {
+                free(owner);
+                return mmp_errorf(MMP_ERR_NOMEM, "schedule: routing of %d micro-batches", m);
+            }
+            for (int mb = 0; mb < m; mb++) {
+                g->owns[mb] = owner[mb] == r;
+                g->n_owned += owner[mb] == r;
+            }
+        }
+    }
+    free(owner);
+    /* Per replica pair of consecutive stages, edge 2k carries activations,
+     * edge 2k+1 the paired gradients back. */
+    for (int i = 0; i < s->n_stages; i++) {
+        mmp_sched_stage *g = &s->stages[i];
+        if (g->kind == MMP_KIND_FUSION) {
             g->depth = 1;
             continue;
         }
@@ -392,20 +535,49 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
             return mmp_errorf(MMP_ERR_CONFIG, "schedule: stage %s: no sub-stage %d after it",
                               g->name, g->sub + 1);
         }
-        add_edge(s, i, next, 0);
-        add_edge(s, next, i, 1);
+        int R = s->stages[next].n_replicas;
+        if (s->n_edges + 2 * R > MMP_SCHED_MAX_EDGES) {
+            return mmp_errorf(MMP_ERR_CONFIG,
+                              "schedule: the replicas' edges are more than the %d a schedule may "
+                              "have (every replica pair of consecutive stages needs two)",
+                              MMP_SCHED_MAX_EDGES);
+        }
+        for (int r = 0; r < R; r++) {
+            add_edge(s, i, next + r, 0);
+            add_edge(s, next + r, i, 1);
+        }
         g->depth = g->n_sub - g->sub + 1;
     }
-    int m = microbatches;
+    /* Warm-ups, from fusion (a sink: each backward right after its forward)
+     * back along each branch: a stage must send at least one micro-batch
+     * more than the next stage takes in before that one's first backward. */
+    for (int pass = 0; pass < MMP_SCHED_MAX_STAGES; pass++) {
+        for (int i = s->n_stages - 1; i >= 0; i--) {
+            mmp_sched_stage *g = &s->stages[i];
+            int w = 0;
+            if (g->kind != MMP_KIND_FUSION) {
+                int next = next_stage(s, i, fusion);
+                int rw = g->n_replicas * (g->depth - 1);
+                w = kind == MMP_SCHED_GPIPE ? m : rw > s->stages[next].warm + 1 ? rw
+                                                                           : s->stages[next].warm + 1;
+            }
+            g->warm = w < m ? w : m;
+        }
+    }
     for (int i = 0; i < s->n_stages; i++) {
         mmp_sched_stage *g = &s->stages[i];
-        g->inflight_bound = kind == MMP_SCHED_GPIPE ? m : g->depth < m ? g->depth : m;
+        g->stage_bound = kind == MMP_SCHED_GPIPE || g->warm + 1 >= m ? m : g->warm + 1;
+        g->inflight_bound = g->n_owned < g->stage_bound ? g->n_owned : g->stage_bound;
+        if (g->inflight_bound < 1) {
+            g->inflight_bound = 1; /* a replica routed no micro-batch holds none */
+        }
     }
     /* A message on an act edge belongs to a micro-batch its producer holds in
      * flight until the gradient comes back, and one on the paired grad edge
-     * to a micro-batch its consumer holds: the producer's bound covers both. */
+     * to a micro-batch its consumer holds: the producer's bound covers both.
+     * The bound any routing allows, so a new routing keeps the channels. */
     for (int e = 0; e < s->n_edges; e += 2) {
-        s->edges[e].slots = s->stages[s->edges[e].from].inflight_bound;
+        s->edges[e].slots = s->stages[s->edges[e].from].stage_bound;
         s->edges[e + 1].slots = s->edges[e].slots;
     }
     for (int i = 0; i < s->n_stages; i++) {
@@ -597,6 +769,13 @@ static int exec_run(sched_exec *x)
 
 /* ---- validation ----------------------------------------------------------------- */
 
+/* The process's name for messages ("image.0/1"), or the stage's. */
+static const char *pname(const mmp_sched_stage *g)
+{
+    return g->proc[0] && g->n_replicas > 1 ? g->proc : g->name;
+}
+
+
 static mmp_err sched_err(const mmp_sched *s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static mmp_err sched_err(const mmp_sched *s, const char *fmt, ...)
@@ -621,9 +800,9 @@ static mmp_err stage_err(const mmp_sched *s, int st, int pc, const char *fmt, ..
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     if (pc < 0) {
-        return sched_err(s, "stage %s: %s", s->stages[st].name, why);
+        return sched_err(s, "stage %s: %s", pname(&s->stages[st]), why);
     }
-    return sched_err(s, "stage %s instr %d (%s): %s", s->stages[st].name, pc,
+    return sched_err(s, "stage %s instr %d (%s): %s", pname(&s->stages[st]), pc,
                      mmp_instr_str(&s->stages[st].prog[pc], ins, sizeof ins), why);
 }
 
@@ -661,9 +840,30 @@ static mmp_err check_structure(const mmp_sched *s)
         if (!memchr(g->name, 0, sizeof g->name) || !g->name[0]) {
             return sched_err(s, "stage %d has no name", st);
         }
+        if (!memchr(g->proc, 0, sizeof g->proc)) {
+            return sched_err(s, "stage %d has no process name", st);
+        }
         for (int j = 0; j < st; j++) {
-            if (strcmp(s->stages[j].name, g->name) == 0) {
-                return sched_err(s, "two stages named %s", g->name);
+            if (strcmp(s->stages[j].name, g->name) == 0 &&
+                s->stages[j].replica == g->replica) {
+                return sched_err(s, "two processes are replica %d of %s", g->replica, g->name);
+            }
+        }
+        /* Routing: each micro-batch on exactly one replica of the stage. */
+        if (g->replica == 0 && (g->n_replicas > 1 || g->owns)) {
+            if (g->n_replicas < 1 || st + g->n_replicas > s->n_stages) {
+                return stage_err(s, st, -1, "%d replicas", g->n_replicas);
+            }
+            for (int mb = 0; mb < m; mb++) {
+                int n = 0;
+                for (int r = 0; r < g->n_replicas; r++) {
+                    const mmp_sched_stage *h = &s->stages[st + r];
+                    n += h->owns && h->owns[mb] && strcmp(h->name, g->name) == 0;
+                }
+                if (n != 1) {
+                    return stage_err(s, st, -1, "mb%d is routed to %d of its %d replicas", mb, n,
+                                     g->n_replicas);
+                }
             }
         }
         if (g->n_prog < 0 || (g->n_prog > 0 && !g->prog)) {
@@ -701,7 +901,7 @@ static mmp_err check_structure(const mmp_sched *s)
             }
             if ((op_is_send(in->op) ? E->from : E->to) != st) {
                 return stage_err(s, st, pc, "e%d runs from %s to %s: this stage does not %s on it",
-                                 in->edge, s->stages[E->from].name, s->stages[E->to].name,
+                                 in->edge, pname(&s->stages[E->from]), pname(&s->stages[E->to]),
                                  op_is_send(in->op) ? "send" : "receive");
             }
         }
@@ -734,7 +934,7 @@ static mmp_err check_edge(const mmp_sched *s, int e, int *sent_n, int *recv_n)
         if (in->op == rop && in->edge == e && sent_n[in->mb] != recv_n[in->mb]) {
             if (!sent_n[in->mb]) {
                 return stage_err(s, E->to, pc, "no matching send: %s never sends mb%d on e%d",
-                                 src->name, in->mb, e);
+                                 pname(src), in->mb, e);
             }
             return stage_err(s, E->to, pc, "mb%d is received %d times on e%d but sent %d times",
                              in->mb, recv_n[in->mb], e, sent_n[in->mb]);
@@ -744,7 +944,7 @@ static mmp_err check_edge(const mmp_sched *s, int e, int *sent_n, int *recv_n)
         const mmp_instr *in = &src->prog[pc];
         if (in->op == sop && in->edge == e && !recv_n[in->mb]) {
             return stage_err(s, E->from, pc, "no matching receive: %s never receives mb%d on e%d",
-                             dst->name, in->mb, e);
+                             pname(dst), in->mb, e);
         }
     }
     /* Same multiset on both ends: walk the two sequences side by side. */
@@ -763,7 +963,7 @@ static mmp_err check_edge(const mmp_sched *s, int e, int *sent_n, int *recv_n)
             return stage_err(s, E->to, rp,
                              "order differs on e%d: receive #%d expects mb%d but send #%d from %s "
                              "(instr %d) carries mb%d",
-                             e, k, dst->prog[rp].mb, k, src->name, sp, src->prog[sp].mb);
+                             e, k, dst->prog[rp].mb, k, pname(src), sp, src->prog[sp].mb);
         }
         sp++;
         rp++;
@@ -792,6 +992,14 @@ static mmp_err check_role(const mmp_sched *s, int st, mmp_op op, int e, const in
         at[in->mb] = pc;
     }
     for (int mb = 0; mb < m; mb++) {
+        int routed = e < 0 ? owns(g, mb) : edge_carries(s, e, mb);
+        if (!routed) {
+            if (at[mb] >= 0) {
+                return stage_err(s, st, at[mb], "mb%d is not routed %s", mb,
+                                 e < 0 ? "to this replica" : "over this edge");
+            }
+            continue;
+        }
         if (at[mb] < 0) {
             char ins[64];
             mmp_instr_str(&(mmp_instr){.op = op, .mb = mb, .edge = e}, ins, sizeof ins);
@@ -839,6 +1047,13 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
         }
     }
     for (int mb = 0; mb < m; mb++) {
+        if (!owns(g, mb)) {
+            if (fwd_at[mb] >= 0 || bwd_at[mb] >= 0) {
+                return stage_err(s, st, fwd_at[mb] >= 0 ? fwd_at[mb] : bwd_at[mb],
+                                 "mb%d is routed to another replica", mb);
+            }
+            continue;
+        }
         if (fwd_at[mb] < 0) {
             return stage_err(s, st, -1, "mb%d is never forwarded", mb);
         }
@@ -880,7 +1095,7 @@ static int waits_on(const mmp_sched *s, const sched_exec *x, int st, char *why, 
     if (in->op == MMP_OP_GRAD_NORM) {
         for (int j = 0; j < s->n_stages; j++) {
             if (!x->stages[j].at_barrier) {
-                snprintf(why, n, "waits at the GRAD_NORM barrier for %s", s->stages[j].name);
+                snprintf(why, n, "waits at the GRAD_NORM barrier for %s", pname(&s->stages[j]));
                 return j;
             }
         }
@@ -888,11 +1103,11 @@ static int waits_on(const mmp_sched *s, const sched_exec *x, int st, char *why, 
     }
     const mmp_sched_edge *E = &s->edges[in->edge];
     if (op_is_recv(in->op)) {
-        snprintf(why, n, "waits for %s to send it", s->stages[E->from].name);
+        snprintf(why, n, "waits for %s to send it", pname(&s->stages[E->from]));
         return E->from;
     }
     snprintf(why, n, "waits for a free slot: all %d slots of e%d hold messages %s has not released",
-             E->slots, in->edge, s->stages[E->to].name);
+             E->slots, in->edge, pname(&s->stages[E->to]));
     return E->to;
 }
 
@@ -927,7 +1142,7 @@ static mmp_err deadlock_err(const mmp_sched *s, const sched_exec *x)
         int pc = x->stages[st].pc;
         waits_on(s, x, st, why, sizeof why);
         len += (size_t)snprintf(msg + len, sizeof msg - len, "%sstage %s instr %d (%s) %s",
-                                k > cycle_from ? "; " : "", s->stages[st].name, pc,
+                                k > cycle_from ? "; " : "", pname(&s->stages[st]), pc,
                                 mmp_instr_str(&s->stages[st].prog[pc], ins, sizeof ins), why);
     }
     return sched_err(s, "%s", msg);
@@ -982,7 +1197,7 @@ mmp_err mmp_sched_simulate(const mmp_sched *s, const mmp_sim_costs *c, mmp_sim_r
             return mmp_errorf(MMP_ERR_INVALID,
                               "simulate: stage %s: costs fwd %g bwd %g load %g ms (each must be "
                               "finite and >= 0)",
-                              s->stages[st].name, c->fwd_ms[st], c->bwd_ms[st], c->load_ms[st]);
+                              pname(&s->stages[st]), c->fwd_ms[st], c->bwd_ms[st], c->load_ms[st]);
         }
     }
     if (!is_cost(c->send_ms) || !is_cost(c->step_overhead_ms)) {

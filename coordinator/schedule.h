@@ -11,10 +11,30 @@
  * activations than the schedule's bound (1F1B: its depth, the number of
  * stages from it to the end of the pipeline inclusive; GPipe: all m).
  *
- * Backward always runs micro-batches in ascending order on every stage, the
+ * Replicas: a stage may run as R replica processes (data parallel inside
+ * the stage). Every process is one entry of the compiled schedule (replicas
+ * of a stage are consecutive, replica 0 first). Each micro-batch is handled by
+ * exactly one replica of every stage; which one is the routing table
+ * (`owns`), compiled from the replicas' relative speeds (mmp_sched_route):
+ * equal speeds deal micro-batches in turn, a replica half as fast gets half
+ * as many. Consecutive stages are joined by an edge pair between every
+ * replica pair, so a new routing changes the lists but never the channels.
+ * Replicas of a stage sum their gradients before GRAD_NORM (the worker does
+ * it; the lists do not name it).
+ *
+ * A replica's list is its micro-batches' part of one order for the whole
+ * stage: `warm` forwards, then forward / backward pairs, then the remaining
+ * backwards. 1F1B warms up with max(R (depth - 1), warm of the next stage +
+ * 1), at most m (R = 1: depth - 1, the textbook); GPipe with m. Every
+ * replica runs a sub-sequence of the stage's order, so the replicated lists
+ * finish whenever the one-process lists do (the checker proves it anyway),
+ * and R replicas keep about depth micro-batches each in flight.
+ *
+ * Backward always runs micro-batches in ascending order on every process, the
  * order the single-process trainer accumulates gradients in, so every
- * schedule gives bit-identical gradients. The same lists drive the
- * discrete-event simulation behind `mmpipe simulate`. */
+ * schedule without replicas gives bit-identical gradients (with replicas, the
+ * replica sums are added in replica order: equal up to float rounding). The
+ * same lists drive the discrete-event simulation behind `mmpipe simulate`. */
 #ifndef MMP_COORDINATOR_SCHEDULE_H
 #define MMP_COORDINATOR_SCHEDULE_H
 
@@ -23,8 +43,8 @@
 #include "common/config.h"
 #include "common/err.h"
 
-#define MMP_SCHED_MAX_STAGES 32
-#define MMP_SCHED_MAX_EDGES 64
+#define MMP_SCHED_MAX_STAGES 64 /* processes: sub-stages x replicas, fusion's included */
+#define MMP_SCHED_MAX_EDGES 512
 
 /* Values equal the proto's mmpipe.Op. */
 typedef enum mmp_op {
@@ -48,12 +68,20 @@ typedef struct mmp_instr {
 } mmp_instr;
 
 typedef struct mmp_sched_stage {
-    char name[32];       /* "image.0", "text.0", "fusion" */
+    char name[32];       /* "image.0", "text.0", "fusion": the stage, shared by its replicas */
+    char proc[40];       /* "image.0/1": this process (set by the compiler) */
+    int replica, n_replicas; /* 0 .. n_replicas-1; 0 and 0 are read as 0 of 1 */
+    double speed;        /* routing weight, > 0 (0 is read as 1): relative throughput */
+    unsigned char *owns; /* [microbatches] 1 where this replica handles mb (compiled) */
+    int n_owned;
     mmp_stage_kind kind;
     int sub, n_sub;      /* sub-stage index in its branch, and the branch's count */
     int layer_first, layer_last; /* the half-open range [first, last) of the branch's layers */
     int depth;           /* stages from this one to the end inclusive (fusion: 1) */
-    int inflight_bound;  /* most activations the schedule may hold (1F1B: depth; GPipe: m) */
+    int inflight_bound;  /* most activations the schedule may hold (1F1B: depth; GPipe: m;
+                            of its own micro-batches) */
+    int stage_bound;     /* the same for any routing and replica: warm + 1 (at most m) */
+    int warm;            /* forwards before the first backward in the stage's order */
     int max_inflight;    /* what the compiled list actually holds at most */
     mmp_instr *prog;
     int n_prog;
@@ -73,20 +101,31 @@ typedef struct mmp_sched {
     mmp_sched_edge edges[MMP_SCHED_MAX_EDGES];
 } mmp_sched;
 
-/* Builds the stage graph from plan->stages (splits) and plan->train
- * (microbatches, schedule) and compiles every stage's list, then validates it.
- * MMP_ERR_CONFIG on a plan it cannot compile, MMP_ERR_INTERNAL (with the
+/* Builds the stage graph from plan->stages (splits, replicas) and plan->train
+ * (microbatches, schedule) and compiles every process's list, then validates
+ * it. MMP_ERR_CONFIG on a plan it cannot compile, MMP_ERR_INTERNAL (with the
  * stage, instruction index and reason) when validation fails. */
 mmp_err mmp_sched_compile(mmp_sched *s, const mmp_plan *plan);
+/* The same with routing weights: speed[i] for process i in the order
+ * mmp_sched_compile gives (NULL: all equal). */
+mmp_err mmp_sched_compile_routed(mmp_sched *s, const mmp_plan *plan, const double *speed);
 void mmp_sched_fini(mmp_sched *s);
 
+/* Deals micro-batches 0..m-1 to R replicas of relative speeds speed[0..R-1]
+ * (each > 0): in order, each goes to the replica that would finish it first,
+ * the least (count + 1) / speed, ties to the lower index. owner[mb] gets the
+ * replica. Equal speeds deal in turn (round robin). */
+void mmp_sched_route(const double *speed, int R, int m, int *owner);
+
 /* The lower half of mmp_sched_compile, for stage graphs no plan can express
- * (tests, what-if placements): the caller fills s->n_stages and, per stage,
- * name, kind, sub, n_sub and the layer range (exactly one FUSION stage; each
- * branch's subs 0..n_sub-1 once each). Builds the edges, depths, bounds, slot
- * counts and every list, then validates. Overwrites (does not free) the
- * stages' lists and the edges; mmp_sched_fini frees what it made, also after a
- * failure. MMP_ERR_CONFIG for a graph it cannot compile. */
+ * (tests, what-if placements): the caller fills s->n_stages and, per
+ * process, name, kind, sub, n_sub, the layer range, and replica, n_replicas
+ * and speed (zeros: one replica) -- exactly one FUSION stage; each branch's
+ * subs 0..n_sub-1 once each; a stage's replicas consecutive, in order. Builds
+ * the routing, edges, depths, bounds, slot counts and every list, then
+ * validates. Overwrites (does not free) the stages' lists, routing and the
+ * edges; mmp_sched_fini frees what it made, also after a failure.
+ * MMP_ERR_CONFIG for a graph it cannot compile. */
 mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatches);
 
 /* Checks a compiled (or hand-made) schedule as described above. */
@@ -103,7 +142,8 @@ const char *mmp_instr_str(const mmp_instr *in, char *buf, size_t n);
  * than one edge in that role (fusion's two inputs). Returns buf. */
 const char *mmp_instr_compact(const mmp_sched *s, int stage, const mmp_instr *in, char *buf,
                               size_t n);
-/* Index of the stage named name, or -1. */
+/* Index of the first process (replica 0) of the stage named name, or of the
+ * process named name ("image.0/1"), or -1. */
 int mmp_sched_find(const mmp_sched *s, const char *name);
 
 /* ---- simulation ---------------------------------------------------------------- */

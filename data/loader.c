@@ -1,7 +1,10 @@
 /* The prefetching loader of data/loader.h.
  *
- * The run's micro-batches are numbered in order, seq = (step - first_step) *
- * microbatches + mb, and seq lives in ring slot seq % depth. A worker claims
+ * The run's owned micro-batches are numbered in order, seq = (step -
+ * first_step) * n_owned + rank[mb], where rank[mb] counts the owned
+ * micro-batches before mb (unowned ones get no seq at all, so neither the
+ * workers nor the consumer ever see them), and seq lives in ring slot
+ * seq % depth. A worker claims
  * the lowest unclaimed seq whose slot is free, fills it outside the lock and
  * publishes it; the consumer waits for exactly the seq it asks for. What a
  * batch holds is a function of its seq alone (samples from the dataset's
@@ -37,6 +40,9 @@ struct mmp_loader {
     mmp_dataset *ds;
     mmp_plan plan; /* a copy: the caller's may go before the workers do */
     int microbatches, mb_max;
+    int n_owned;   /* owned micro-batches per step */
+    int *owned_mb; /* [n_owned]: the owned mbs, ascending */
+    int *rank;     /* [microbatches]: index into owned_mb, -1 when not owned */
     int images, text, first_step;
     int64_t total; /* micro-batches in the run */
     int depth;
@@ -62,8 +68,8 @@ static void fill(mmp_loader *l, slot *s, int64_t seq)
     const double t0 = mmp_now();
     const mmp_plan *p = &l->plan;
     const size_t S = (size_t)p->data.image_size, T = (size_t)p->data.max_text_len;
-    b->step = l->first_step + (int)(seq / l->microbatches);
-    b->mb = (int)(seq % l->microbatches);
+    b->step = l->first_step + (int)(seq / l->n_owned);
+    b->mb = l->owned_mb[seq % l->n_owned];
     b->n = mmp_plan_mb_size(p, b->mb);
     b->digest = 0; /* the stage's: see the top of the file */
     b->skipped = 0;
@@ -188,7 +194,25 @@ mmp_err mmp_loader_create(mmp_loader **out, const mmp_loader_cfg *cfg)
     l->images = cfg->images != 0;
     l->text = cfg->text != 0;
     l->first_step = cfg->first_step;
-    l->total = (int64_t)(cfg->last_step - cfg->first_step) * l->microbatches;
+    l->owned_mb = calloc((size_t)l->microbatches, sizeof *l->owned_mb);
+    l->rank = calloc((size_t)l->microbatches, sizeof *l->rank);
+    if (!l->owned_mb || !l->rank) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "loader: tables of %d micro-batches", l->microbatches);
+        goto fail;
+    }
+    for (int mb = 0; mb < l->microbatches; mb++) {
+        l->rank[mb] = -1;
+        if (!cfg->owns || cfg->owns[mb]) {
+            l->rank[mb] = l->n_owned;
+            l->owned_mb[l->n_owned++] = mb;
+        }
+    }
+    if (l->n_owned == 0) {
+        ret = mmp_errorf(MMP_ERR_INVALID, "loader: owns none of the %d micro-batches",
+                         l->microbatches);
+        goto fail;
+    }
+    l->total = (int64_t)(cfg->last_step - cfg->first_step) * l->n_owned;
     l->depth = cfg->depth;
     atomic_init(&l->stop, 0);
     l->ring = calloc((size_t)l->depth, sizeof *l->ring);
@@ -244,9 +268,16 @@ fail:
 mmp_err mmp_loader_get(mmp_loader *l, int step, int mb, mmp_batch **b)
 {
     *b = NULL;
-    const int64_t seq = (int64_t)(step - l->first_step) * l->microbatches + mb;
-    if (mb < 0 || mb >= l->microbatches || step < l->first_step || seq != l->next_get ||
-        seq >= l->total) {
+    if (mb >= 0 && mb < l->microbatches && l->rank[mb] < 0) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "loader: step %d micro-batch %d asked for, but this loader does not "
+                          "own micro-batch %d",
+                          step, mb, mb);
+    }
+    const int64_t seq = mb >= 0 && mb < l->microbatches
+                            ? (int64_t)(step - l->first_step) * l->n_owned + l->rank[mb]
+                            : -1;
+    if (seq < 0 || step < l->first_step || seq != l->next_get || seq >= l->total) {
         const int64_t want = l->next_get;
         if (want >= l->total) {
             return mmp_errorf(MMP_ERR_INVALID,
@@ -256,8 +287,8 @@ mmp_err mmp_loader_get(mmp_loader *l, int step, int mb, mmp_batch **b)
         return mmp_errorf(MMP_ERR_INVALID,
                           "loader: step %d micro-batch %d asked for out of order (next is step %d "
                           "micro-batch %d)",
-                          step, mb, l->first_step + (int)(want / l->microbatches),
-                          (int)(want % l->microbatches));
+                          step, mb, l->first_step + (int)(want / l->n_owned),
+                          l->owned_mb[want % l->n_owned]);
     }
     slot *s = &l->ring[seq % l->depth];
     pthread_mutex_lock(&l->mu);
@@ -331,5 +362,7 @@ void mmp_loader_destroy(mmp_loader *l)
     }
     free(l->ring);
     free(l->threads);
+    free(l->owned_mb);
+    free(l->rank);
     free(l);
 }

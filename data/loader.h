@@ -13,7 +13,11 @@
  * that micro-batch. (Lines bad in themselves, such as malformed JSON or an
  * empty caption, never reach a batch: see data/dataset.h.)
  * workers = 0 loads synchronously inside mmp_loader_get (the reference
- * behaviour; results are identical for any worker count). */
+ * behaviour; results are identical for any worker count).
+ * With cfg.owns the loader produces only the owned micro-batches of each
+ * step (a replica's share), in the same order, and each with the same
+ * contents as the unfiltered loader's (step, mb): the samples of a
+ * micro-batch are a function of (step, mb) alone. */
 #ifndef MMP_DATA_LOADER_H
 #define MMP_DATA_LOADER_H
 
@@ -39,14 +43,18 @@ typedef struct mmp_loader_cfg {
     const mmp_plan *plan; /* batch, microbatches, seed, data.workers, on_bad_sample */
     int images, text;     /* which modalities to produce */
     int first_step, last_step;
-    int depth;            /* micro-batches buffered ahead (>= 1) */
+    int depth; /* micro-batches buffered ahead (>= 1) */
+    /* [plan->train.microbatches]: produce only micro-batches mb with
+     * owns[mb] != 0 (every step); NULL: all. Copied at create. */
+    const unsigned char *owns;
 } mmp_loader_cfg;
 
 typedef struct mmp_loader mmp_loader;
 
 mmp_err mmp_loader_create(mmp_loader **out, const mmp_loader_cfg *cfg);
 /* Blocks until (step, mb), the next in order, is ready. The batch stays valid
- * until mmp_loader_release. Requests must come in order. */
+ * until mmp_loader_release. Requests must come in order of the owned
+ * (step, mb); an unowned mb is an error naming it (nothing is consumed). */
 mmp_err mmp_loader_get(mmp_loader *l, int step, int mb, mmp_batch **b);
 void mmp_loader_release(mmp_loader *l, mmp_batch *b);
 /* Stops the workers and frees everything; NULL-safe. */

@@ -16,6 +16,10 @@
  * micro-batch's backward needs. Neither forward nor backward allocates, so a
  * net and all its acts must be used by one thread at a time.
  *
+ * Batch-norm running statistics update in place in a training forward, unless
+ * a statistics row is set (mmp_image_net_bn_log): replicas of a sub-stage log
+ * each micro-batch's statistics there and replay them all in order later.
+ *
  * Must never: allocate or fail in forward/backward, read the caller's input
  * after forward returns (it is copied: a pipeline's receive slot is reused
  * before the backward runs), or depend on which layers are in range for any
@@ -35,9 +39,12 @@
 
 typedef enum layer_kind { LAYER_STEM, LAYER_BLOCK, LAYER_PROJ } layer_kind;
 
-/* Indices into the net's params of one batch norm's tensors. */
+/* Indices into the net's params of one batch norm's tensors, its channels,
+ * and where its mean[C] then var[C] sit in a statistics row. */
 typedef struct bn_ref {
     int gamma, beta, mean, var;
+    int C;
+    int64_t row;
 } bn_ref;
 
 typedef struct image_layer {
@@ -60,6 +67,8 @@ struct mmp_image_net {
     image_layer *layers; /* all n_all, geometry for every one */
     int first, last;     /* the range this net computes */
     mmp_params params;
+    int64_t bn_row_floats; /* 2 x channels over the range's batch norms */
+    float *bn_row;         /* non-NULL: training forwards log statistics here, not in place */
     /* workspace shared by this net's acts, sized for ws_batch samples */
     int ws_batch;
     float *ws;      /* scratch, then 2 inter-layer gradients, then GRAD_TEMPS temporaries */
@@ -224,11 +233,16 @@ static mmp_err add_conv(mmp_params *p, int *index, const image_layer *l, const c
     return add_param(p, index, l, what, 4, shape, 1, 1, MMP_INIT_KAIMING, 0.0f);
 }
 
-/* prefix "bn1" declares bn1.weight, bn1.bias and the running-statistics buffers. */
-static mmp_err add_bn(mmp_params *p, bn_ref *bn, const image_layer *l, const char *prefix, int C)
+/* prefix "bn1" declares bn1.weight, bn1.bias and the running-statistics
+ * buffers; *row counts statistics-row floats, so rows follow parameter order. */
+static mmp_err add_bn(mmp_params *p, bn_ref *bn, const image_layer *l, const char *prefix, int C,
+                      int64_t *row)
 {
     char what[32]; /* "down.bn.running_mean" at most */
     int64_t shape[1] = {C};
+    bn->C = C;
+    bn->row = *row;
+    *row += 2 * (int64_t)C;
     snprintf(what, sizeof what, "%s.weight", prefix);
     MMP_TRY(add_param(p, &bn->gamma, l, what, 1, shape, 1, 0, MMP_INIT_ONE, 0.0f));
     snprintf(what, sizeof what, "%s.bias", prefix);
@@ -240,21 +254,21 @@ static mmp_err add_bn(mmp_params *p, bn_ref *bn, const image_layer *l, const cha
     return MMP_OK;
 }
 
-static mmp_err add_layer_params(mmp_params *p, image_layer *l)
+static mmp_err add_layer_params(mmp_params *p, image_layer *l, int64_t *row)
 {
     switch (l->kind) {
     case LAYER_STEM:
         MMP_TRY(add_conv(p, &l->conv1, l, "conv.weight", l->c, l->in_c, 3));
-        MMP_TRY(add_bn(p, &l->bn1, l, "bn", l->c));
+        MMP_TRY(add_bn(p, &l->bn1, l, "bn", l->c, row));
         break;
     case LAYER_BLOCK:
         MMP_TRY(add_conv(p, &l->conv1, l, "conv1.weight", l->c, l->in_c, 3));
-        MMP_TRY(add_bn(p, &l->bn1, l, "bn1", l->c));
+        MMP_TRY(add_bn(p, &l->bn1, l, "bn1", l->c, row));
         MMP_TRY(add_conv(p, &l->conv2, l, "conv2.weight", l->c, l->c, 3));
-        MMP_TRY(add_bn(p, &l->bn2, l, "bn2", l->c));
+        MMP_TRY(add_bn(p, &l->bn2, l, "bn2", l->c, row));
         if (l->down) {
             MMP_TRY(add_conv(p, &l->conv_down, l, "down.conv.weight", l->c, l->in_c, 1));
-            MMP_TRY(add_bn(p, &l->bn_down, l, "down.bn", l->c));
+            MMP_TRY(add_bn(p, &l->bn_down, l, "down.bn", l->c, row));
         }
         break;
     case LAYER_PROJ: {
@@ -309,7 +323,8 @@ mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int firs
     net->last = last;
     describe_layers(plan, net->layers);
     for (int i = first; i < last; i++) {
-        if ((ret = add_layer_params(&net->params, &net->layers[i])) != MMP_OK) {
+        if ((ret = add_layer_params(&net->params, &net->layers[i], &net->bn_row_floats)) !=
+            MMP_OK) {
             goto fail;
         }
     }
@@ -529,9 +544,19 @@ static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean
                    const float *inp, int B, int C, int HW, int train)
 {
     if (train) {
-        mmp_cpu_batchnorm_fwd_train(out, mean, rstd, pw(net, bn->mean), pw(net, bn->var), inp,
-                                    pw(net, bn->gamma), pw(net, bn->beta), B, C, HW, BN_EPS,
-                                    BN_MOMENTUM);
+        float *rm = pw(net, bn->mean), *rv = pw(net, bn->var);
+        float momentum = BN_MOMENTUM;
+        if (net->bn_row) {
+            /* The kernel's own update with momentum 1 into zeros writes the
+             * batch mean and unbiased variance exactly ((1 - 1) 0 + 1 x == x),
+             * so a replay starts from the very floats an in-place update uses. */
+            rm = net->bn_row + bn->row;
+            rv = rm + C;
+            memset(rm, 0, 2 * (size_t)C * sizeof(float));
+            momentum = 1.0f;
+        }
+        mmp_cpu_batchnorm_fwd_train(out, mean, rstd, rm, rv, inp, pw(net, bn->gamma),
+                                    pw(net, bn->beta), B, C, HW, BN_EPS, momentum);
     } else {
         mmp_cpu_batchnorm_fwd_infer(out, inp, pw(net, bn->gamma), pw(net, bn->beta),
                                     pw(net, bn->mean), pw(net, bn->var), B, C, HW, BN_EPS);
@@ -625,6 +650,61 @@ void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float
     }
     if (x != out) {
         memcpy(out, x, sizeof(float) * (size_t)B * mmp_image_net_out_floats(net));
+    }
+}
+
+/* ---- batch-norm statistics log and replay ------------------------------------- */
+
+int64_t mmp_image_net_bn_row_floats(const mmp_image_net *net)
+{
+    return net->bn_row_floats;
+}
+
+void mmp_image_net_bn_log(mmp_image_net *net, float *row)
+{
+    net->bn_row = row;
+}
+
+/* r (C) = (1 - momentum) r + momentum x (C): the kernel's expression and
+ * operand types, so a replayed row lands on the in-place update's bits. */
+static void replay_one(float *r, const float *x, int C)
+{
+    const float momentum = BN_MOMENTUM;
+    for (int c = 0; c < C; c++) {
+        r[c] = (1.0f - momentum) * r[c] + momentum * x[c];
+    }
+}
+
+static void replay_bn(mmp_image_net *net, const bn_ref *bn, const float *row)
+{
+    replay_one(pw(net, bn->mean), row + bn->row, bn->C);
+    replay_one(pw(net, bn->var), row + bn->row + bn->C, bn->C);
+}
+
+void mmp_image_net_bn_replay(mmp_image_net *net, const float *rows, int n)
+{
+    if (net->bn_row_floats == 0) {
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        const float *row = rows + (size_t)k * (size_t)net->bn_row_floats;
+        for (int i = net->first; i < net->last; i++) {
+            const image_layer *l = &net->layers[i];
+            switch (l->kind) {
+            case LAYER_STEM:
+                replay_bn(net, &l->bn1, row);
+                break;
+            case LAYER_BLOCK:
+                replay_bn(net, &l->bn1, row);
+                replay_bn(net, &l->bn2, row);
+                if (l->down) {
+                    replay_bn(net, &l->bn_down, row);
+                }
+                break;
+            case LAYER_PROJ:
+                break;
+            }
+        }
     }
 }
 

@@ -182,10 +182,10 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
 static double sim_ms(const mmp_plan *plan, int step, int n, int backward)
 {
     return mmp_plan_sim_ms(plan, MMP_BRANCH_IMAGE, 0, mmp_plan_image_layers(plan), n, step,
-                           backward) +
+                           backward, 0) +
            mmp_plan_sim_ms(plan, MMP_BRANCH_TEXT, 0, mmp_plan_text_layers(plan), n, step,
-                           backward) +
-           mmp_plan_sim_ms(plan, MMP_BRANCH_FUSION, 0, 0, n, step, backward);
+                           backward, 0) +
+           mmp_plan_sim_ms(plan, MMP_BRANCH_FUSION, 0, 0, n, step, backward, 0);
 }
 
 /* n flags of a batch as floats (the form the pipeline's messages carry). */

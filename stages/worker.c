@@ -28,14 +28,16 @@
 #include "stages/pairing.h"
 #include "transport/channel.h"
 #include "transport/control.h"
+#include "transport/reduce.h"
 
-#define MAX_CHANNELS 16
+#define MAX_CHANNELS 256
 #define MAX_INFLIGHT 1024
 
 typedef struct chan {
     int id;
     int send, grad;
     int peer_text; /* the other end is on the text branch (fusion uses it) */
+    int peer_r0;   /* the other end is replica 0 of its stage (evaluation's path) */
     const mmp_transport *t;
     mmp_channel *ch;
     /* A received message not yet consumed (zero-copy: payload is in the slot). */
@@ -58,6 +60,15 @@ typedef struct worker {
     mmp_ctl *ctl;
     Mmpipe__Envelope *asg_env;
     const Mmpipe__Assignment *asg;
+    /* This step's list: the assignment's, or the last Program's (routing). */
+    Mmpipe__Instr **prog;
+    size_t n_prog;
+    Mmpipe__Envelope *prog_env;
+    unsigned char *owns; /* [microbatches] from the list's LOADs / FWDs */
+    int replica, replicas, slot;
+    mmp_reduce *reduce;  /* replicas > 1 */
+    float *bn_rows;      /* image replicas: [microbatches][bn_row] batch-norm statistics */
+    int64_t bn_row;
     mmp_plan plan;
     int kind; /* 0 image, 1 text, 2 fusion */
     int sub, n_sub, first, last;
@@ -68,6 +79,10 @@ typedef struct worker {
     mmp_dataset *train, *val;
     chan chans[MAX_CHANNELS];
     int n_chans;
+    /* The channels of the last receives (with replicas, an input may come
+     * from any replica of the stage before). */
+    chan *in_act[2]; /* [0] image / own branch, [1] text (fusion) */
+    chan *in_grad;
     flight *fl;
     int n_fl;
     int mb_max, T, D, B;
@@ -97,6 +112,8 @@ typedef struct worker {
     mmp_trace trace;
     double last_beat;
 } worker;
+
+static int simulated(const worker *w);
 
 static uint64_t flow_id(int edge, int step, int mb, int eval)
 {
@@ -235,6 +252,8 @@ static mmp_err open_channels(worker *w)
             ch->send = c->send;
             ch->grad = c->grad;
             ch->peer_text = strncmp(c->peer, "text", 4) == 0;
+            size_t pl = strlen(c->peer);
+            ch->peer_r0 = pl >= 2 && strcmp(c->peer + pl - 2, "/0") == 0;
             mmp_channel_cfg cfg = {.address = c->address,
                                    .slot_bytes = chan_bytes(w, c),
                                    .slots = c->slots,
@@ -259,18 +278,42 @@ static void *xcalloc(size_t n, size_t size, mmp_err *err)
     return p;
 }
 
-static int program_max_inflight(const Mmpipe__Assignment *a)
+static int program_max_inflight(Mmpipe__Instr *const *prog, size_t n)
 {
     int cur = 0, most = 1;
-    for (size_t i = 0; i < a->n_program; i++) {
-        if (a->program[i]->op == MMPIPE__OP__FWD) {
+    for (size_t i = 0; i < n; i++) {
+        if (prog[i]->op == MMPIPE__OP__FWD) {
             cur++;
-        } else if (a->program[i]->op == MMPIPE__OP__BWD) {
+        } else if (prog[i]->op == MMPIPE__OP__BWD) {
             cur--;
         }
         most = cur > most ? cur : most;
     }
     return most;
+}
+
+/* Makes prog this process's list: which micro-batches it handles (its
+ * loader loads only those) and that it fits the activation slots. */
+static mmp_err set_program(worker *w, Mmpipe__Instr **prog, size_t n)
+{
+    int m = w->asg->microbatches;
+    if (program_max_inflight(prog, n) > w->n_fl) {
+        return mmp_errorf(MMP_ERR_PROTO, "list holds %d micro-batches, more than the %d slots",
+                          program_max_inflight(prog, n), w->n_fl);
+    }
+    memset(w->owns, 0, (size_t)m);
+    for (size_t i = 0; i < n; i++) {
+        int mb = prog[i]->mb;
+        if (prog[i]->op == MMPIPE__OP__FWD) {
+            if (mb < 0 || mb >= m) {
+                return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: micro-batch %d of %d", i, mb, m);
+            }
+            w->owns[mb] = 1;
+        }
+    }
+    w->prog = prog;
+    w->n_prog = n;
+    return MMP_OK;
 }
 
 static mmp_err build(worker *w)
@@ -280,6 +323,8 @@ static mmp_err build(worker *w)
     MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
     uint64_t seed = (uint64_t)p->job.seed;
     w->sub = a->sub;
+    w->replicas = a->replicas > 0 ? a->replicas : 1;
+    w->slot = a->slot;
     w->first = a->layer_first;
     w->last = a->layer_last;
     w->kind = strcmp(a->kind, "image") == 0 ? 0 : strcmp(a->kind, "text") == 0 ? 1 : 2;
@@ -308,19 +353,22 @@ static mmp_err build(worker *w)
         w->params = mmp_fusion_net_params(w->fus);
     }
     if (a->resume_dir && a->resume_dir[0]) {
-        char path[1200];
-        snprintf(path, sizeof path, "%s/%s", a->resume_dir, a->ckpt_file);
+        /* By name from every file of the step: a re-placement may have cut
+         * the branch elsewhere than the processes that wrote it. */
         mmp_ckpt c = {0};
-        mmp_err e = mmp_ckpt_read_file(&c, path);
+        mmp_err e = mmp_ckpt_read_dir(&c, a->resume_dir);
         if (e == MMP_OK) {
             e = mmp_params_load(w->params, &c);
         }
         mmp_ckpt_fini(&c);
         if (e != MMP_OK) {
-            return mmp_error_prefix(e, "resume from %s", path);
+            return mmp_error_prefix(e, "resume from %s", a->resume_dir);
         }
     }
-    w->n_fl = program_max_inflight(a);
+    w->n_fl = program_max_inflight(a->program, a->n_program);
+    if (a->inflight_bound > w->n_fl) {
+        w->n_fl = a->inflight_bound; /* room for any routing the balancer sends */
+    }
     if (w->n_fl > MAX_INFLIGHT) {
         return mmp_errorf(MMP_ERR_PROTO, "program holds %d micro-batches", w->n_fl);
     }
@@ -359,7 +407,26 @@ static mmp_err build(worker *w)
     }
     w->fwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    w->owns = xcalloc((size_t)a->microbatches, 1, &err);
+    if (w->kind == 0 && w->replicas > 1 && !simulated(w)) {
+        w->bn_row = mmp_image_net_bn_row_floats(w->img);
+        w->bn_rows = xcalloc((size_t)a->microbatches * (size_t)(w->bn_row ? w->bn_row : 1),
+                             sizeof(float), &err);
+    }
     MMP_TRY(err);
+    MMP_TRY(set_program(w, a->program, a->n_program));
+    if (w->replicas > 1) {
+        size_t cap = w->params->total;
+        if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
+            cap = (size_t)a->microbatches * (size_t)w->bn_row;
+        }
+        mmp_reduce_cfg rc = {.name = a->reduce_address,
+                             .replicas = w->replicas,
+                             .rank = a->replica,
+                             .capacity = cap,
+                             .timeout_ms = 60000};
+        MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
+    }
     return open_channels(w);
 }
 
@@ -385,6 +452,12 @@ static void teardown(worker *w)
         mmp_loader_release(w->loader, w->batch);
     }
     mmp_loader_destroy(w->loader);
+    mmp_reduce_close(w->reduce);
+    free(w->owns);
+    free(w->bn_rows);
+    if (w->prog_env) {
+        mmp_ctl_free(w->prog_env);
+    }
     mmp_fuse_fini(&w->fuse);
     free(w->in_valid);
     free(w->fl);
@@ -431,6 +504,11 @@ static mmp_err chan_recv(worker *w, chan *c, int step, int mb, int eval)
                           c->hdr.step, c->hdr.mb);
     }
     mmp_trace_flow(&w->trace, 'f', flow_id(c->id, step, mb, eval), 0, now);
+    if (c->grad) {
+        w->in_grad = c;
+    } else {
+        w->in_act[w->kind == 2 && c->peer_text] = c;
+    }
     return MMP_OK;
 }
 
@@ -513,7 +591,8 @@ static int simulated(const worker *w)
 static void sim_compute(const worker *w, int step, int n, int backward)
 {
     mmp_sleep_ms(
-        mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, backward));
+        mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, backward,
+                        w->slot));
 }
 
 /* Training: the next micro-batch from the prefetching loader (the wait is
@@ -559,12 +638,14 @@ static mmp_err do_load(worker *w, int step, int mb, int eval)
     return MMP_OK;
 }
 
-/* The input chan of a branch sub-stage > 0 (receives activations). */
+/* Evaluation's input channel: activations from replica 0 of the stage
+ * before (fusion: of the image or the text branch). Evaluation runs on the
+ * replicas 0 only. */
 static chan *act_in(worker *w, int want_text)
 {
     for (int i = 0; i < w->n_chans; i++) {
         chan *c = &w->chans[i];
-        if (!c->send && !c->grad && (w->kind != 2 || c->peer_text == want_text)) {
+        if (!c->send && !c->grad && c->peer_r0 && (w->kind != 2 || c->peer_text == want_text)) {
             return c;
         }
     }
@@ -592,7 +673,7 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
     double t0 = mmp_now();
     int train = !eval;
     if (w->kind == 2) {
-        chan *ci = act_in(w, 0), *ct = act_in(w, 1);
+        chan *ci = w->in_act[0], *ct = w->in_act[1];
         if (!ci || !ct || !ci->held || !ct->held) {
             return mmp_errorf(MMP_ERR_INTERNAL, "fusion forward %d without both inputs", mb);
         }
@@ -632,7 +713,7 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
             mask = w->in_mask;
             valid = w->in_valid;
         } else {
-            ci = act_in(w, w->kind == 1);
+            ci = w->in_act[0];
             if (!ci || !ci->held) {
                 return mmp_errorf(MMP_ERR_INTERNAL, "forward %d without its input", mb);
             }
@@ -654,7 +735,13 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
                 sim_compute(w, step, n, 0);
             }
         } else if (w->kind == 0) {
+            if (train && w->bn_rows) {
+                /* Replicas: this micro-batch's batch-norm statistics go to
+                 * its row, replayed in order after the reduce (do_grad_norm). */
+                mmp_image_net_bn_log(w->img, w->bn_rows + (size_t)mb * (size_t)w->bn_row);
+            }
             mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
+            mmp_image_net_bn_log(w->img, NULL);
         } else {
             mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL,
                                  w->sub == 0 ? NULL : in, f->mask, n, w->out);
@@ -708,12 +795,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
             mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
         }
     } else {
-        chan *cg = NULL;
-        for (int i = 0; i < w->n_chans; i++) {
-            if (!w->chans[i].send && w->chans[i].grad) {
-                cg = &w->chans[i];
-            }
-        }
+        chan *cg = w->in_grad;
         if (!cg || !cg->held) {
             return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its gradient", mb);
         }
@@ -754,8 +836,31 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
     return chan_send(w, c, step, mb, 0, n, w->out_digest, &g, 1);
 }
 
+/* Replicas: every replica ends with the sum of all replicas' gradients
+ * (transport/reduce.h: the plain sum is the sample-weighted one, since each
+ * micro-batch's loss is already divided by the global batch) and with every
+ * micro-batch's batch-norm statistics, replayed in micro-batch order. */
+static mmp_err reduce_replicas(worker *w, int step)
+{
+    double t0 = mmp_now();
+    MMP_TRY(mmp_reduce_sum(w->reduce, w->params->grads, w->params->total));
+    if (w->bn_rows && w->bn_row > 0) {
+        int m = w->asg->microbatches;
+        MMP_TRY(mmp_reduce_sum(w->reduce, w->bn_rows, (size_t)m * (size_t)w->bn_row));
+        mmp_image_net_bn_replay(w->img, w->bn_rows, m);
+    }
+    /* Communication, like a channel's wait: traced, not counted as busy
+     * (most of it is waiting at the barrier for the slowest replica). */
+    double ms = (mmp_now() - t0) * 1e3;
+    mmp_trace_span(&w->trace, "REDUCE", "comm", 0, t0 * 1e6, ms * 1e3, step + 1, -1);
+    return MMP_OK;
+}
+
 static mmp_err do_grad_norm(worker *w, int step)
 {
+    if (w->reduce) {
+        MMP_TRY(reduce_replicas(w, step));
+    }
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
     g.step = step;
@@ -786,14 +891,17 @@ static mmp_err run_step(worker *w, int step)
     const Mmpipe__Assignment *a = w->asg;
     double t0 = mmp_now();
     mmp_params_zero_grad(w->params);
+    if (w->bn_rows) {
+        memset(w->bn_rows, 0, (size_t)a->microbatches * (size_t)w->bn_row * sizeof(float));
+    }
     w->busy_ms = w->data_ms = 0;
     w->skipped = 0;
     w->max_inflight = 0;
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
     memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));
-    for (size_t i = 0; i < a->n_program; i++) {
-        const Mmpipe__Instr *in = a->program[i];
+    for (size_t i = 0; i < w->n_prog; i++) {
+        const Mmpipe__Instr *in = w->prog[i];
         chan *c = in->edge >= 0 ? chan_of(w, in->edge) : NULL;
         int mb = in->mb;
         if (in->edge >= 0 && !c) {
@@ -836,13 +944,18 @@ static mmp_err run_step(worker *w, int step)
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__StepDone d = MMPIPE__STEP_DONE__INIT;
     Mmpipe__MbTiming *tp[MAX_INFLIGHT], tm[MAX_INFLIGHT];
-    int m = a->microbatches < MAX_INFLIGHT ? a->microbatches : MAX_INFLIGHT;
-    for (int i = 0; i < m; i++) {
-        mmpipe__mb_timing__init(&tm[i]);
-        tm[i].mb = i;
-        tm[i].fwd_ms = w->fwd_ms[i];
-        tm[i].bwd_ms = w->bwd_ms[i];
-        tp[i] = &tm[i];
+    /* The micro-batches this process handled (its routing). */
+    int m = 0;
+    for (int i = 0; i < a->microbatches && m < MAX_INFLIGHT; i++) {
+        if (!w->owns[i]) {
+            continue;
+        }
+        mmpipe__mb_timing__init(&tm[m]);
+        tm[m].mb = i;
+        tm[m].fwd_ms = w->fwd_ms[i];
+        tm[m].bwd_ms = w->bwd_ms[i];
+        tp[m] = &tm[m];
+        m++;
     }
     d.step = step;
     d.busy_ms = (float)w->busy_ms;
@@ -866,6 +979,9 @@ static mmp_err run_step(worker *w, int step)
 
 static mmp_err run_eval(worker *w, int step)
 {
+    if (w->asg->replica > 0) {
+        return MMP_OK; /* evaluation runs on the replicas 0 */
+    }
     int64_t nv = mmp_dataset_size(w->val);
     nv = nv < w->plan.data.val_samples ? nv : w->plan.data.val_samples;
     int chunks = (int)((nv + w->mb_max - 1) / w->mb_max);
@@ -945,9 +1061,12 @@ static mmp_err run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file);
-    mmp_err e = mmp_mkdirs(r->dir);
-    if (e == MMP_OK) {
-        e = mmp_params_save(w->params, path);
+    mmp_err e = MMP_OK;
+    if (w->asg->replica == 0) { /* replicas hold identical state: one file */
+        e = mmp_mkdirs(r->dir);
+        if (e == MMP_OK) {
+            e = mmp_params_save(w->params, path);
+        }
     }
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__CheckpointAck ack = MMPIPE__CHECKPOINT_ACK__INIT;
@@ -977,6 +1096,7 @@ static mmp_err serve(worker *w)
                                      .text = w->kind == 1,
                                      .first_step = env->start->first_step,
                                      .last_step = w->plan.job.steps,
+                                     .owns = w->owns,
                                      .depth = w->plan.train.microbatches + 1};
                 e = mmp_loader_create(&w->loader, &lc);
             }
@@ -984,6 +1104,18 @@ static mmp_err serve(worker *w)
                                                  s < env->start->first_step + env->start->steps;
                  s++) {
                 e = run_step(w, s);
+            }
+            break;
+        case MMPIPE__ENVELOPE__BODY_PROGRAM:
+            /* A new routing: a new list, and a loader for its micro-batches
+             * (made again at the next Start). */
+            e = set_program(w, env->program->program, env->program->n_program);
+            if (e == MMP_OK) {
+                mmp_ctl_free(w->prog_env);
+                w->prog_env = env;
+                env = NULL;
+                mmp_loader_destroy(w->loader);
+                w->loader = NULL;
             }
             break;
         case MMPIPE__ENVELOPE__BODY_EVAL_REQUEST: e = run_eval(w, env->eval_request->step); break;
@@ -1032,9 +1164,13 @@ int mmp_worker_main(const mmp_worker_args *args)
     }
     if (e == MMP_OK) {
         w.asg = w.asg_env->assignment;
+        /* One part file per process (a re-placement starts new ones); one
+         * trace row per stage replica. */
         char tag[96];
-        snprintf(tag, sizeof tag, "%s.%d", args->stage, args->replica);
-        e = mmp_trace_open(&w.trace, w.asg->run_dir, tag, w.asg->sub + 1 + 10 * (int)(w.asg->kind[0] == 't') + 20 * (int)(w.asg->kind[0] == 'f'), w.name);
+        snprintf(tag, sizeof tag, "%s.%d.p%d", args->stage, args->replica, (int)getpid());
+        int kind = w.asg->kind[0] == 't' ? 1 : w.asg->kind[0] == 'f' ? 2 : 0;
+        int row = 1 + 1000 * kind + 100 * w.asg->sub + args->replica;
+        e = mmp_trace_open(&w.trace, w.asg->run_dir, tag, row, w.name);
     }
     if (e == MMP_OK) {
         e = build(&w);

@@ -28,8 +28,8 @@ expect_fail "bad --set names the override" "--set train.batch=0" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_set" --set train.batch=0
 expect_fail "missing manifest names the path" "$W/nope/train.jsonl" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_nomani" --set data.manifest=$W/nope/train.jsonl
-expect_fail "replicas (not runnable yet) are refused by name" "stages.image.replicas: .*not supported yet" \
-  "$BIN" launch "$W/plan.yaml" --out "$W/r_rep" --set stages.image.replicas=2
+expect_fail "replicas: one number, or one per sub-stage" "stages.image.replicas: 3 values for 2 sub-stages" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/r_rep" --set stages.image.split=[2] --set stages.image.replicas=[1,2,1]
 expect_fail "a CUDA device (not runnable yet) is refused by name" "hosts\[0\].devices\[0\]: GPU" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_gpu" --set 'hosts=[{name: a, devices: [0, cpu, cpu]}]'
 mkdir -p "$W/badmani"

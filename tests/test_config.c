@@ -94,11 +94,11 @@ static void test_full_plan(void)
     CHECK(strcmp(p.hosts[1].name, "beta") == 0 && p.hosts[1].n_devices == 1 &&
           p.hosts[1].devices[0] == -1);
 
-    CHECK(p.stages.image.replicas == 2 && p.stages.image.n_split == 2);
+    CHECK(mmp_plan_replicas(&p, MMP_BRANCH_IMAGE, 1) == 2 && p.stages.image.n_split == 2);
     CHECK(p.stages.image.split[0] == 2 && p.stages.image.split[1] == 4);
-    CHECK(p.stages.text.replicas == 1 && p.stages.text.n_split == 1 &&
+    CHECK(mmp_plan_replicas(&p, MMP_BRANCH_TEXT, 0) == 1 && p.stages.text.n_split == 1 &&
           p.stages.text.split[0] == 2);
-    CHECK(p.stages.fusion.replicas == 3 && p.stages.fusion.n_split == 0);
+    CHECK(mmp_plan_replicas(&p, MMP_BRANCH_FUSION, 0) == 3 && p.stages.fusion.n_split == 0);
 }
 
 static void check_defaults(const mmp_plan *p)
@@ -133,9 +133,12 @@ static void check_defaults(const mmp_plan *p)
     for (int d = 0; d < 3; d++) {
         CHECK(p->hosts[0].devices[d] == -1);
     }
-    CHECK(p->stages.image.replicas == 1 && p->stages.image.n_split == 0);
-    CHECK(p->stages.text.replicas == 1 && p->stages.text.n_split == 0);
-    CHECK(p->stages.fusion.replicas == 1);
+    CHECK(p->stages.image.n_replicas == 1 && p->stages.image.replicas[0] == 1 &&
+          p->stages.image.n_split == 0);
+    CHECK(mmp_plan_replicas(p, MMP_BRANCH_TEXT, 0) == 1 && p->stages.text.n_split == 0);
+    CHECK(mmp_plan_replicas(p, MMP_BRANCH_FUSION, 0) == 1);
+    CHECK(p->balance.routing == MMP_ROUTE_WEIGHTED && p->balance.window == 3 &&
+          p->balance.force.step == 0);
     CHECK(p->compute == MMP_COMPUTE_REAL);
     CHECK(feq(p->sim.cost.image, 0) && feq(p->sim.cost.text, 0) && feq(p->sim.cost.fusion, 0));
     CHECK(feq(p->sim.bwd_factor, 2) && p->sim.n_slowdown == 0 && p->sim.change_step == 0);
@@ -383,13 +386,16 @@ static void test_sim(const char *tmp)
 
     /* image: 5 layers (stem, 3 blocks, projection); text: 4 */
     CHECK(mmp_plan_image_layers(&p) == 5 && mmp_plan_text_layers(&p) == 4);
-    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 0, 5, 8, 0, 0) - 4 * 8 * 1.5) < 1e-9);
-    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 1, 3, 8, 0, 0) - 4 * 8 * 0.4 * 1.5) < 1e-9);
-    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 0, 5, 8, 0, 1) - 4 * 8 * 1.5 * 3) < 1e-9);
-    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_FUSION, 0, 0, 2, 0, 0) - 0.5 * 2 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 0, 5, 8, 0, 0, 0) - 4 * 8 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 1, 3, 8, 0, 0, 0) - 4 * 8 * 0.4 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_IMAGE, 0, 5, 8, 0, 1, 0) - 4 * 8 * 1.5 * 3) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_FUSION, 0, 0, 2, 0, 0, 0) - 0.5 * 2 * 1.5) < 1e-9);
     /* step 9 (0-based) is metrics step 10: the change applies from there */
-    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 8, 0) - 1 * 4 * 1.5) < 1e-9);
-    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 9, 0) - 2 * 4 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 8, 0, 0) - 1 * 4 * 1.5) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 9, 0, 0) - 2 * 4 * 1.5) < 1e-9);
+    /* the slowdown is per device slot; slots past the list run at 1.0 */
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 9, 0, 1) - 2 * 4 * 1.0) < 1e-9);
+    CHECK(fabs(mmp_plan_sim_ms(&p, MMP_BRANCH_TEXT, 0, 4, 4, 9, 0, 5) - 2 * 4 * 1.0) < 1e-9);
 
     /* plan.json keeps them (stage processes read it) */
     char json[1300];
@@ -452,7 +458,7 @@ static void test_json(const char *tmp)
     CHECK(strcmp(json_at(doc, "/hosts/1/name", buf, sizeof buf), "beta") == 0);
     CHECK(strcmp(json_at(doc, "/stages/image/split/1", buf, sizeof buf), "4") == 0);
     CHECK(strcmp(json_at(doc, "/stages/image/layers", buf, sizeof buf), "all") == 0);
-    CHECK(strcmp(json_at(doc, "/stages/fusion/replicas", buf, sizeof buf), "3") == 0);
+    CHECK(strcmp(json_at(doc, "/stages/fusion/replicas/0", buf, sizeof buf), "3") == 0);
     fy_document_destroy(doc);
 
     /* plan.json loads back as the same plan (stage processes rely on it). */

@@ -5,7 +5,8 @@
  * worker count and depth must give the same bytes. Then every kind of bad
  * sample under data.on_bad_sample = fail (an error naming manifest:line and
  * the reason) and skip (flagged 0 and counted, the other rows untouched),
- * and destroying a loader whose workers are busy. */
+ * destroying a loader whose workers are busy, and a loader producing only
+ * the micro-batches it owns (bitwise the unfiltered loader's). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -633,6 +634,252 @@ static void test_destroy_mid_stream(void)
     mmp_dataset_close(d);
 }
 
+/* ---- owned micro-batches ----------------------------------------------------------- */
+
+/* A copy of one micro-batch, to compare loaders that cannot share buffers. */
+typedef struct batch_copy {
+    int n, skipped;
+    int64_t samples[64];
+    uint8_t valid[64];
+    float *images;
+    int32_t *ids;
+    float *mask;
+} batch_copy;
+
+static void copy_batch(batch_copy *c, const mmp_batch *b, const mmp_plan *p)
+{
+    const size_t S = (size_t)p->data.image_size, T = (size_t)p->data.max_text_len;
+    const size_t n = (size_t)b->n;
+    c->n = b->n;
+    c->skipped = b->skipped;
+    memcpy(c->samples, b->samples, n * sizeof *b->samples);
+    memcpy(c->valid, b->valid, n * sizeof *b->valid);
+    c->images = malloc(n * 3 * S * S * sizeof(float));
+    c->ids = malloc(n * T * sizeof(int32_t));
+    c->mask = malloc(n * T * sizeof(float));
+    if (!c->images || !c->ids || !c->mask) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    memcpy(c->images, b->images, n * 3 * S * S * sizeof(float));
+    memcpy(c->ids, b->ids, n * T * sizeof(int32_t));
+    memcpy(c->mask, b->mask, n * T * sizeof(float));
+}
+
+static int same_as_copy(const mmp_batch *b, const batch_copy *c, const mmp_plan *p)
+{
+    const size_t S = (size_t)p->data.image_size, T = (size_t)p->data.max_text_len;
+    const size_t n = (size_t)c->n;
+    return b->n == c->n && b->skipped == c->skipped &&
+           memcmp(b->samples, c->samples, n * sizeof *c->samples) == 0 &&
+           memcmp(b->valid, c->valid, n * sizeof *c->valid) == 0 &&
+           memcmp(b->images, c->images, n * 3 * S * S * sizeof(float)) == 0 &&
+           memcmp(b->ids, c->ids, n * T * sizeof(int32_t)) == 0 &&
+           memcmp(b->mask, c->mask, n * T * sizeof(float)) == 0;
+}
+
+#define OWN_STEPS 4
+#define OWN_MB 5
+
+/* Steps [1, 1 + OWN_STEPS) of plan (OWN_MB micro-batches) through a loader
+ * owning the micro-batches owns marks, for workers 0, 1 and 2 and depths 1
+ * and 3: exactly the owned (step, mb) come out, in order, each bitwise the
+ * unfiltered loader's. Returns the samples the unfiltered loader flagged
+ * bad, -1 when it failed. */
+static int check_owned(mmp_dataset *d, mmp_plan *plan, const unsigned char *owns)
+{
+    const int first = 1, last = 1 + OWN_STEPS;
+    batch_copy all[OWN_STEPS][OWN_MB];
+    memset(all, 0, sizeof all);
+    int skipped = 0;
+    plan->data.workers = 0;
+    mmp_loader_cfg cfg = {.ds = d,
+                          .plan = plan,
+                          .images = 1,
+                          .text = 1,
+                          .first_step = first,
+                          .last_step = last,
+                          .depth = 2};
+    mmp_loader *l = NULL;
+    CHECK_OK(mmp_loader_create(&l, &cfg));
+    int got_all = l != NULL;
+    for (int step = first; l && step < last; step++) {
+        for (int mb = 0; mb < OWN_MB; mb++) {
+            mmp_batch *b = NULL;
+            mmp_err err = mmp_loader_get(l, step, mb, &b);
+            CHECK(err == MMP_OK && b);
+            if (err != MMP_OK || !b) {
+                got_all = 0;
+                continue;
+            }
+            copy_batch(&all[step - first][mb], b, plan);
+            skipped += b->skipped;
+            mmp_loader_release(l, b);
+        }
+    }
+    mmp_loader_destroy(l);
+    if (!got_all) {
+        return -1;
+    }
+
+    static const int workers[] = {0, 1, 2};
+    static const int depths[] = {1, 3};
+    for (size_t w = 0; w < 3; w++) {
+        for (size_t k = 0; k < 2; k++) {
+            plan->data.workers = workers[w];
+            cfg.depth = depths[k];
+            cfg.owns = owns;
+            l = NULL;
+            CHECK_OK(mmp_loader_create(&l, &cfg));
+            if (!l) {
+                continue;
+            }
+            int ok = 1, produced = 0;
+            mmp_batch *held[4] = {0};
+            int n_held = 0;
+            for (int step = first; step < last; step++) {
+                for (int mb = 0; mb < OWN_MB; mb++) {
+                    if (!owns[mb]) {
+                        continue;
+                    }
+                    if (n_held == depths[k]) {
+                        mmp_loader_release(l, held[0]);
+                        memmove(held, held + 1, (size_t)--n_held * sizeof *held);
+                    }
+                    mmp_batch *b = NULL;
+                    mmp_err err = mmp_loader_get(l, step, mb, &b);
+                    ok &= err == MMP_OK && b && b->step == step && b->mb == mb;
+                    if (err != MMP_OK || !b) {
+                        fprintf(stderr, "  owned get %d/%d: %s\n", step, mb, mmp_last_error());
+                        continue;
+                    }
+                    ok &= same_as_copy(b, &all[step - first][mb], plan);
+                    produced++;
+                    held[n_held++] = b;
+                }
+            }
+            while (n_held > 0) {
+                mmp_loader_release(l, held[--n_held]);
+            }
+            int want = 0;
+            for (int mb = 0; mb < OWN_MB; mb++) {
+                want += owns[mb] != 0;
+            }
+            if (!ok) {
+                fprintf(stderr, "  owned differs: workers %d depth %d\n", workers[w], depths[k]);
+            }
+            CHECK(ok);
+            CHECK(produced == want * OWN_STEPS);
+            mmp_batch *b = NULL;
+            CHECK(mmp_loader_get(l, last, 0, &b) == MMP_ERR_INVALID && b == NULL);
+            mmp_loader_destroy(l);
+        }
+    }
+    for (int s = 0; s < OWN_STEPS; s++) {
+        for (int mb = 0; mb < OWN_MB; mb++) {
+            free(all[s][mb].images);
+            free(all[s][mb].ids);
+            free(all[s][mb].mask);
+        }
+    }
+    return skipped;
+}
+
+static void test_owned(void)
+{
+    char manifest[1200], vocab[1200];
+    snprintf(manifest, sizeof manifest, "%s/m.jsonl", mmp_test_tmpdir("loader_owned"));
+    snprintf(vocab, sizeof vocab, "%s/vocab.txt", FIXTURES);
+    write_manifest(manifest, 53);
+
+    /* batch 12 in 5 micro-batches: sizes 3 3 2 2 2 */
+    mmp_plan plan;
+    small_plan(&plan, 8, 7, 12, OWN_MB, 0, MMP_BAD_FAIL);
+    mmp_dataset *d = NULL;
+    CHECK_OK(mmp_dataset_open(&d, manifest, vocab, &plan));
+    if (!d) {
+        return;
+    }
+    static const unsigned char owns[][OWN_MB] = {
+        {1, 0, 1, 1, 0}, {0, 1, 0, 0, 1}, {0, 0, 0, 0, 1}, {1, 1, 1, 1, 1}};
+    for (size_t k = 0; k < sizeof owns / sizeof owns[0]; k++) {
+        CHECK(check_owned(d, &plan, owns[k]) == 0);
+    }
+
+    /* Asking for an unowned micro-batch names it and consumes nothing;
+     * owned ones out of order are out of order. */
+    plan.data.workers = 2;
+    mmp_loader_cfg cfg = {.ds = d,
+                          .plan = &plan,
+                          .images = 1,
+                          .text = 1,
+                          .first_step = 0,
+                          .last_step = 2,
+                          .depth = 2,
+                          .owns = owns[0]};
+    mmp_loader *l = NULL;
+    CHECK_OK(mmp_loader_create(&l, &cfg));
+    if (l) {
+        mmp_batch *b = NULL;
+        CHECK_OK(mmp_loader_get(l, 0, 0, &b));
+        mmp_loader_release(l, b);
+        b = NULL;
+        CHECK(mmp_loader_get(l, 0, 1, &b) == MMP_ERR_INVALID && b == NULL);
+        CHECK(contains(mmp_last_error(), "step 0 micro-batch 1"));
+        CHECK(contains(mmp_last_error(), "does not own micro-batch 1"));
+        CHECK(mmp_loader_get(l, 0, 3, &b) == MMP_ERR_INVALID && b == NULL);
+        CHECK(contains(mmp_last_error(), "out of order (next is step 0 micro-batch 2)"));
+        CHECK(mmp_loader_get(l, 1, 4, &b) == MMP_ERR_INVALID && b == NULL);
+        CHECK(contains(mmp_last_error(), "does not own micro-batch 4"));
+        CHECK_OK(mmp_loader_get(l, 0, 2, &b));
+        CHECK(b && b->step == 0 && b->mb == 2);
+        mmp_loader_release(l, b);
+        CHECK_OK(mmp_loader_get(l, 0, 3, &b));
+        mmp_loader_release(l, b);
+        CHECK(mmp_loader_get(l, 1, 2, &b) == MMP_ERR_INVALID);
+        CHECK(contains(mmp_last_error(), "out of order (next is step 1 micro-batch 0)"));
+        CHECK_OK(mmp_loader_get(l, 1, 0, &b));
+        CHECK(b && b->step == 1 && b->mb == 0);
+        mmp_loader_release(l, b);
+    }
+    mmp_loader_destroy(l);
+
+    /* The caller's array may go once the loader exists. */
+    unsigned char mine[OWN_MB] = {0, 0, 1, 0, 0};
+    cfg.owns = mine;
+    l = NULL;
+    CHECK_OK(mmp_loader_create(&l, &cfg));
+    memset(mine, 1, sizeof mine);
+    if (l) {
+        mmp_batch *b = NULL;
+        CHECK(mmp_loader_get(l, 0, 0, &b) == MMP_ERR_INVALID);
+        CHECK_OK(mmp_loader_get(l, 0, 2, &b));
+        mmp_loader_release(l, b);
+        CHECK_OK(mmp_loader_get(l, 1, 2, &b));
+        mmp_loader_release(l, b);
+    }
+    mmp_loader_destroy(l);
+
+    /* Owning nothing is an error at create. */
+    static const unsigned char none[OWN_MB] = {0};
+    cfg.owns = none;
+    l = NULL;
+    CHECK(mmp_loader_create(&l, &cfg) == MMP_ERR_INVALID && l == NULL);
+    CHECK(contains(mmp_last_error(), "owns none of the 5 micro-batches"));
+    mmp_dataset_close(d);
+
+    /* Under skip the valid flags and counts carry over too: bad_samples.jsonl
+     * has 5 bad of 8, in micro-batches of 2 2 2 1 1. */
+    small_plan(&plan, 8, 6, 8, OWN_MB, 0, MMP_BAD_SKIP);
+    d = NULL;
+    CHECK_OK(mmp_dataset_open(&d, FIXTURES "/bad_samples.jsonl", FIXTURES "/vocab.txt", &plan));
+    if (d) {
+        CHECK(check_owned(d, &plan, owns[0]) > 0);
+        CHECK(check_owned(d, &plan, owns[1]) > 0);
+    }
+    mmp_dataset_close(d);
+}
+
 int main(void)
 {
     mmp_log_set_level(MMP_LOG_ERROR); /* skip warnings are expected here */
@@ -641,6 +888,7 @@ int main(void)
     test_skip_at_open();
     test_skip_at_load();
     test_destroy_mid_stream();
+    test_owned();
     test_check_cli();
     return mmp_test_finish("test_loader");
 }

@@ -1,6 +1,7 @@
 /* The image branch (nn/image.c): gradients against finite differences, a
  * pipeline cut against the whole net (bitwise), deterministic initialisation,
- * inference with running statistics, and the layer / token arithmetic. */
+ * inference with running statistics, the batch-norm statistics log and its
+ * replay (bitwise the in-place update), and the layer / token arithmetic. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -695,6 +696,139 @@ static void test_eval_net(void)
     rig_fini(&r);
 }
 
+/* ---- batch-norm statistics: log, then replay ----------------------------------------- */
+
+#define LOG_MB 5 /* micro-batches of one step */
+
+/* The running-statistics buffers of p, in parameter order, must equal
+ * (1 - 0.1) init + 0.1 row, init 0 for means and 1 for variances, with
+ * row laid out as mean[C] then var[C] per batch norm. */
+static int row_layout_matches(mmp_params *p, const float *row, const float *want_values,
+                              int64_t row_floats)
+{
+    const float momentum = 0.1f;
+    int64_t off = 0;
+    int ok = 1;
+    for (int i = 0; i < p->count; i++) {
+        mmp_param *q = &p->items[i];
+        int is_mean = strstr(q->name, ".running_mean") != NULL;
+        int is_var = strstr(q->name, ".running_var") != NULL;
+        if (!is_mean && !is_var) {
+            continue;
+        }
+        float init = is_var ? 1.0f : 0.0f;
+        for (size_t c = 0; c < q->n && off + (int64_t)c < row_floats; c++) {
+            float got = (1.0f - momentum) * init + momentum * row[off + (int64_t)c];
+            ok &= memcmp(&got, &want_values[q->offset + c], sizeof got) == 0;
+        }
+        off += (int64_t)q->n;
+    }
+    return ok && off == row_floats;
+}
+
+/* Layers [first, last): net A updates its running statistics in place over
+ * LOG_MB training forwards of different micro-batches; net B (same seed) logs
+ * micro-batch k into row k, which leaves its statistics alone, and replays
+ * rows 0..LOG_MB-1 afterwards (in two calls when split_replay). Both must end
+ * bitwise equal and compute bitwise equal outputs all along. */
+static void bn_log_range(const mmp_plan *plan, int first, int last, int64_t want_row_floats,
+                         int split_replay)
+{
+    const int B = 3;
+    rig a, b;
+    if (!rig_init(&a, plan, first, last, 17, B)) {
+        return;
+    }
+    if (!rig_init(&b, plan, first, last, 17, B)) {
+        rig_fini(&a);
+        return;
+    }
+    int64_t rf = mmp_image_net_bn_row_floats(b.net);
+    CHECK(rf == want_row_floats);
+    CHECK(mmp_image_net_bn_row_floats(a.net) == rf);
+    mmp_params *pa = mmp_image_net_params(a.net), *pb = mmp_image_net_params(b.net);
+    size_t n_in = (size_t)B * a.in_n, n_out = (size_t)B * a.out_n;
+    float *x = alloc_floats(n_in), *out_a = alloc_floats(n_out), *out_b = alloc_floats(n_out);
+    float *rows = alloc_floats((size_t)LOG_MB * (size_t)rf);
+    float *init = alloc_floats(pb->total), *after0 = alloc_floats(pa->total);
+    memcpy(init, pb->values, pb->total * sizeof(float));
+    /* garbage in the rows: a logged forward must overwrite all of its row */
+    for (size_t i = 0; i < (size_t)LOG_MB * (size_t)rf; i++) {
+        rows[i] = NAN;
+    }
+    int outputs_same = 1, untouched = 1;
+    for (int k = 0; k < LOG_MB; k++) {
+        int Bk = k == 3 ? 2 : B; /* micro-batches need not be the same size */
+        mmp_test_fill(x, n_in, -1.0f, 1.5f, 300 + (unsigned long long)k);
+        mmp_image_net_forward(a.net, a.acts, x, Bk, 1, out_a);
+        if (k == 0) {
+            memcpy(after0, pa->values, pa->total * sizeof(float));
+        }
+        mmp_image_net_bn_log(b.net, rows + (size_t)k * (size_t)rf);
+        mmp_image_net_forward(b.net, b.acts, x, Bk, 1, out_b);
+        outputs_same &= same_bits(out_a, out_b, (size_t)Bk * a.out_n);
+        untouched &= same_bits(pb->values, init, pb->total);
+    }
+    mmp_image_net_bn_log(b.net, NULL);
+    CHECK(outputs_same);
+    CHECK(untouched); /* logging left the running statistics where they were */
+    int finite = 1;
+    for (size_t i = 0; i < (size_t)LOG_MB * (size_t)rf; i++) {
+        finite &= isfinite(rows[i]) != 0;
+    }
+    CHECK(finite);
+    CHECK(row_layout_matches(pb, rows, after0, rf));
+    if (rf > 0) {
+        CHECK(!same_bits(pa->values, init, pa->total)); /* A's statistics did move */
+    } else {
+        CHECK(same_bits(pa->values, init, pa->total)); /* nothing to move */
+    }
+
+    if (split_replay) {
+        mmp_image_net_bn_replay(b.net, rows, 2);
+        mmp_image_net_bn_replay(b.net, rows + 2 * (size_t)rf, LOG_MB - 2);
+    } else {
+        mmp_image_net_bn_replay(b.net, rows, LOG_MB);
+    }
+    mmp_image_net_bn_replay(b.net, rows, 0); /* no rows: nothing */
+    CHECK(same_bits(pa->values, pb->values, pa->total));
+
+    /* inference reads the replayed statistics; with the log cleared, a
+     * training forward updates in place again */
+    mmp_test_fill(x, n_in, -1.0f, 1.5f, 399);
+    mmp_image_net_forward(a.net, a.acts, x, B, 0, out_a);
+    mmp_image_net_forward(b.net, b.acts, x, B, 0, out_b);
+    CHECK(same_bits(out_a, out_b, n_out));
+    memcpy(init, pb->values, pb->total * sizeof(float));
+    mmp_image_net_forward(a.net, a.acts, x, B, 1, out_a);
+    mmp_image_net_forward(b.net, b.acts, x, B, 1, out_b);
+    CHECK(same_bits(out_a, out_b, n_out));
+    CHECK(same_bits(pa->values, pb->values, pa->total));
+    CHECK(rf == 0 || !same_bits(pb->values, init, pb->total));
+    free(x);
+    free(out_a);
+    free(out_b);
+    free(rows);
+    free(init);
+    free(after0);
+    rig_fini(&a);
+    rig_fini(&b);
+}
+
+static void test_bn_log(void)
+{
+    int ch[2] = {4, 8}, bl[2] = {1, 2};
+    mmp_plan plan;
+    make_plan(&plan, 8, 2, ch, bl, 6, 1);
+    int L = mmp_image_net_layers(&plan);
+    CHECK(L == 5); /* stem (with pool), layer1.0, layer2.0 (down), layer2.1, proj */
+    /* stem 4 + layer1.0 2x4 + layer2.0 3x8 + layer2.1 2x8 channels, mean and var each */
+    bn_log_range(&plan, 0, L, 2 * (4 + 8 + 24 + 16), 0);
+    bn_log_range(&plan, 2, 4, 2 * (24 + 16), 1); /* a cut: its own batch norms only */
+    bn_log_range(&plan, L - 1, L, 0, 0);         /* the projection has none */
+    bn_log_range(&plan, 0, 1, 2 * 4, 1);
+}
+
 int main(void)
 {
     test_shapes();
@@ -706,5 +840,6 @@ int main(void)
     test_init();
     test_eval_stem();
     test_eval_net();
+    test_bn_log();
     return mmp_test_finish("test_nn_image");
 }

@@ -78,6 +78,10 @@ static void clone(mmp_sched *dst, const mmp_sched *src)
         size_t bytes = (size_t)src->stages[i].n_prog * sizeof(mmp_instr);
         dst->stages[i].prog = malloc(bytes);
         memcpy(dst->stages[i].prog, src->stages[i].prog, bytes);
+        if (src->stages[i].owns) {
+            dst->stages[i].owns = malloc((size_t)src->microbatches);
+            memcpy(dst->stages[i].owns, src->stages[i].owns, (size_t)src->microbatches);
+        }
     }
 }
 
@@ -564,8 +568,109 @@ static void test_sim_large(void)
     }
 }
 
+/* ---- replicas and routing ----------------------------------------------------------- */
+
+static void test_route(void)
+{
+    int owner[12];
+    double equal[3] = {1, 1, 1}, half[2] = {1, 0.5};
+    mmp_sched_route(equal, 3, 7, owner);
+    int want_rr[7] = {0, 1, 2, 0, 1, 2, 0};
+    CHECK(memcmp(owner, want_rr, sizeof want_rr) == 0);
+    mmp_sched_route(half, 2, 12, owner);
+    int n1 = 0;
+    for (int i = 0; i < 12; i++) {
+        n1 += owner[i];
+    }
+    CHECK(n1 == 4); /* half as fast: a third of them */
+}
+
+static void test_replicas(void)
+{
+    static const int is[1] = {5};
+    for (int kind = 0; kind < 2; kind++) {
+        for (int m = 1; m <= 9; m += 4) {
+            mmp_plan p;
+            make_plan(&p, (mmp_schedule)kind, m, 1, is, 0, NULL);
+            p.stages.image.n_replicas = 2; /* image.0 x2, image.1 x3 */
+            p.stages.image.replicas[0] = 2;
+            p.stages.image.replicas[1] = 3;
+            p.stages.text.n_replicas = 1;
+            p.stages.text.replicas[0] = 2;
+            p.stages.fusion.n_replicas = 1;
+            p.stages.fusion.replicas[0] = 2;
+            double speed[MMP_SCHED_MAX_STAGES];
+            for (int i = 0; i < MMP_SCHED_MAX_STAGES; i++) {
+                speed[i] = 1 + (i % 3 == 1); /* uneven: some replicas twice as fast */
+            }
+            for (int routed = 0; routed < 2; routed++) {
+                mmp_sched s;
+                mmp_err e = mmp_sched_compile_routed(&s, &p, routed ? speed : NULL);
+                if (e != MMP_OK) {
+                    fprintf(stderr, "  %s m=%d: %s\n", kind ? "1f1b" : "gpipe", m, mmp_last_error());
+                }
+                CHECK_OK(e);
+                CHECK(s.n_stages == 2 + 3 + 2 + 2);
+                /* every replica pair of consecutive stages: 2x3 + 3x2 + 2x2 pairs, two edges each */
+                CHECK(s.n_edges == 2 * (6 + 6 + 4));
+                CHECK(strcmp(s.stages[3].proc, "image.1/1") == 0 && s.stages[3].replica == 1);
+                CHECK(mmp_sched_find(&s, "text.0/1") == 6 && mmp_sched_find(&s, "fusion") == 7);
+                /* each micro-batch forwarded once per stage, by the replica it is routed to */
+                for (int st = 0; st < s.n_stages; st += s.stages[st].n_replicas) {
+                    for (int mb = 0; mb < m; mb++) {
+                        int n = 0;
+                        for (int r = 0; r < s.stages[st].n_replicas; r++) {
+                            int f = find_instr(&s, st + r, MMP_OP_FWD, mb, -1) >= 0;
+                            CHECK(f == s.stages[st + r].owns[mb]);
+                            n += f;
+                        }
+                        CHECK(n == 1);
+                    }
+                }
+                /* a broken routing is caught by the checker */
+                if (m > 1) {
+                    mmp_sched bad;
+                    clone(&bad, &s);
+                    bad.stages[7].owns[0] = !bad.stages[7].owns[0];
+                    CHECK(mmp_sched_validate(&bad) == MMP_ERR_INTERNAL);
+                    CHECK(strstr(mmp_last_error(), "is routed to") != NULL);
+                    mmp_sched_fini(&bad);
+                }
+                mmp_sim_costs c = {0};
+                for (int i = 0; i < s.n_stages; i++) {
+                    c.fwd_ms[i] = 1;
+                    c.bwd_ms[i] = 2;
+                }
+                mmp_sim_result r;
+                CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+                mmp_sched_fini(&s);
+            }
+        }
+    }
+    /* two replicas halve the bottleneck stage's share of the step */
+    mmp_plan p;
+    make_plan(&p, MMP_SCHED_1F1B, 16, 0, NULL, 0, NULL);
+    mmp_sched one, two;
+    CHECK_OK(mmp_sched_compile(&one, &p));
+    p.stages.image.replicas[0] = 2;
+    CHECK_OK(mmp_sched_compile(&two, &p));
+    mmp_sim_costs c1 = {0}, c2 = {0};
+    c1.fwd_ms[0] = 4, c1.bwd_ms[0] = 8, c1.fwd_ms[1] = 1, c1.bwd_ms[1] = 2, c1.fwd_ms[2] = 1,
+    c1.bwd_ms[2] = 2;
+    c2.fwd_ms[0] = c2.fwd_ms[1] = 4, c2.bwd_ms[0] = c2.bwd_ms[1] = 8, c2.fwd_ms[2] = 1,
+    c2.bwd_ms[2] = 2, c2.fwd_ms[3] = 1, c2.bwd_ms[3] = 2;
+    mmp_sim_result r1, r2;
+    CHECK_OK(mmp_sched_simulate(&one, &c1, &r1));
+    CHECK_OK(mmp_sched_simulate(&two, &c2, &r2));
+    CHECK(r2.step_ms < 0.6 * r1.step_ms);
+    mmp_sched_fini(&one);
+    mmp_sched_fini(&two);
+}
+
 int main(void)
 {
+    test_route();
+    test_replicas();
     test_all_shapes();
     test_exact_lists();
     test_rejects();

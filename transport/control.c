@@ -462,7 +462,9 @@ mmp_err mmp_ctl_recv(mmp_ctl *c, int timeout_ms, Mmpipe__Envelope **env, char *f
 
 void mmp_ctl_free(Mmpipe__Envelope *env)
 {
-    mmpipe__envelope__free_unpacked(env, NULL);
+    if (env) {
+        mmpipe__envelope__free_unpacked(env, NULL);
+    }
 }
 
 void *mmp_ctl_socket(mmp_ctl *c)

@@ -1,0 +1,335 @@
+/* The load balancer (coordinator/balancer.h): routing weights from measured
+ * replica speeds, and re-placement through the planner. */
+#include "coordinator/balancer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/planner.h"
+
+#define ROUTE_TOLERANCE 0.10 /* a speed this far from the routed one re-routes */
+#define SEND_MS 0.05         /* planner: one hand-off between stages */
+/* The planner splits each micro-batch's samples among a stage's replicas, a
+ * replica taking whole samples; the runtime deals whole micro-batches to the
+ * replicas, which over a step divides the same work r ways. So that the
+ * planner's whole-sample rounding (2 samples a micro-batch: a third replica
+ * "buys nothing") does not stand in for the runtime's, it is asked with
+ * PLAN_UNITS units a micro-batch, each 1/PLAN_UNITS of its cost: divisible by
+ * every replica count up to 6 and by 8, 10, 12. */
+#define PLAN_UNITS 120
+
+static int window_of(const mmp_balancer *b)
+{
+    int w = b->cur.balance.window;
+    return w < 1 ? 1 : w > MMP_BAL_WINDOW_MAX ? MMP_BAL_WINDOW_MAX : w;
+}
+
+void mmp_balancer_reset(mmp_balancer *b, const mmp_plan *cur, const mmp_sched *sched,
+                        const char *plan_json)
+{
+    memset(b, 0, sizeof *b);
+    b->cur = *cur;
+    b->sched = sched;
+    b->plan_json = plan_json;
+    b->slots = mmp_plan_slots(cur);
+    if (b->slots < sched->n_stages) {
+        b->slots = sched->n_stages; /* more processes than slots share them */
+    }
+    for (int i = 0; i < sched->n_stages; i++) {
+        b->routed_speed[i] = sched->stages[i].speed > 0 ? sched->stages[i].speed : 1;
+    }
+}
+
+void mmp_balancer_observe(mmp_balancer *b, const mmp_bal_proc *procs, double step_ms)
+{
+    int n = b->sched->n_stages;
+    double busy = 0;
+    for (int i = 0; i < n; i++) {
+        busy += procs[i].busy_ms;
+    }
+    b->efficiency = step_ms > 0 ? busy / (b->slots * step_ms) : 0;
+    b->steps_seen++;
+    if (b->steps_seen == 1) {
+        return; /* a launch's first step warms up: not a measure */
+    }
+    int k = (b->steps_seen - 2) % window_of(b);
+    for (int i = 0; i < n; i++) {
+        double t = procs[i].fwd_ms + procs[i].bwd_ms;
+        b->ms_per_sample[i][k] = procs[i].samples > 0 ? t / procs[i].samples : NAN;
+        if (t > 0) {
+            b->fwd_share[i] = procs[i].fwd_ms / t;
+        }
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median ms per sample of process i over the measured steps (NAN: none). */
+static double median_ms(const mmp_balancer *b, int i)
+{
+    int have = b->steps_seen - 1;
+    int w = window_of(b);
+    have = have > w ? w : have;
+    double v[MMP_BAL_WINDOW_MAX];
+    int n = 0;
+    for (int k = 0; k < have; k++) {
+        if (isfinite(b->ms_per_sample[i][k])) {
+            v[n++] = b->ms_per_sample[i][k];
+        }
+    }
+    if (!n) {
+        return NAN;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int mmp_balancer_route(mmp_balancer *b, double *speed, char *why, size_t why_n)
+{
+    const mmp_sched *s = b->sched;
+    if (b->cur.balance.routing != MMP_ROUTE_WEIGHTED || b->steps_seen < 2) {
+        return 0;
+    }
+    int change = 0;
+    size_t len = 0;
+    why[0] = 0;
+    for (int i = 0; i < s->n_stages; i++) {
+        speed[i] = b->routed_speed[i];
+    }
+    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
+        int R = s->stages[i].n_replicas;
+        if (R < 2) {
+            continue;
+        }
+        double sp[MMP_SCHED_MAX_STAGES], top = 0, rtop = 0;
+        int ok = 1;
+        for (int r = 0; r < R; r++) {
+            double ms = median_ms(b, i + r);
+            /* A replica routed nothing has no measure: keep its weight. */
+            sp[r] = isfinite(ms) && ms > 0 ? 1.0 / ms : NAN;
+            ok &= isfinite(sp[r]) || b->routed_speed[i + r] > 0;
+            top = fmax(top, isfinite(sp[r]) ? sp[r] : 0);
+            rtop = fmax(rtop, b->routed_speed[i + r]);
+        }
+        if (!ok || top <= 0) {
+            continue;
+        }
+        int differs = 0;
+        for (int r = 0; r < R; r++) {
+            double now = isfinite(sp[r]) ? sp[r] / top : b->routed_speed[i + r] / rtop;
+            differs |= fabs(now / (b->routed_speed[i + r] / rtop) - 1) > ROUTE_TOLERANCE;
+            sp[r] = now;
+        }
+        if (!differs) {
+            continue;
+        }
+        change = 1;
+        len += (size_t)snprintf(why + len, len < why_n ? why_n - len : 0, "%s%s speeds",
+                                len ? "; " : "", s->stages[i].name);
+        for (int r = 0; r < R; r++) {
+            speed[i + r] = sp[r];
+            len += (size_t)snprintf(why + len, len < why_n ? why_n - len : 0, "%s%.2f",
+                                    r ? ":" : " ", sp[r]);
+        }
+    }
+    return change;
+}
+
+void mmp_balancer_routed(mmp_balancer *b, const double *speed)
+{
+    for (int i = 0; i < b->sched->n_stages; i++) {
+        b->routed_speed[i] = speed[i];
+    }
+}
+
+const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
+        const mmp_sched_stage *g = &s->stages[i];
+        if (g->n_sub > 1) {
+            len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%s[%d,%d):%d",
+                                    len ? " " : "", g->name, g->layer_first, g->layer_last,
+                                    g->n_replicas);
+        } else {
+            len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%s:%d", len ? " " : "",
+                                    g->name, g->n_replicas);
+        }
+    }
+    return buf;
+}
+
+/* ---- placement ------------------------------------------------------------------- */
+
+/* The per-layer costs the measurements imply (see balancer.h). Arrays are
+ * [2][MMP_PLANNER_MAX_LAYERS] and [1]. 0 when a stage has no measure yet. */
+static int estimate_costs(const mmp_balancer *b, double fwd[2][MMP_PLANNER_MAX_LAYERS],
+                          double bwd[2][MMP_PLANNER_MAX_LAYERS], double *ffwd, double *fbwd)
+{
+    const mmp_sched *s = b->sched;
+    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
+        const mmp_sched_stage *g = &s->stages[i];
+        double best = INFINITY, share = 0.5;
+        for (int r = 0; r < g->n_replicas; r++) {
+            double ms = median_ms(b, i + r);
+            if (isfinite(ms) && ms < best) {
+                best = ms;
+                share = b->fwd_share[i + r];
+            }
+        }
+        if (!isfinite(best)) {
+            return 0;
+        }
+        if (g->kind == MMP_KIND_FUSION) {
+            *ffwd = best * share;
+            *fbwd = best * (1 - share);
+            continue;
+        }
+        int br = g->kind == MMP_KIND_IMAGE ? MMP_PLANNER_IMAGE : MMP_PLANNER_TEXT;
+        int nl = g->layer_last - g->layer_first;
+        for (int l = g->layer_first; l < g->layer_last && l < MMP_PLANNER_MAX_LAYERS; l++) {
+            fwd[br][l] = best * share / nl;
+            bwd[br][l] = best * (1 - share) / nl;
+        }
+    }
+    return 1;
+}
+
+static void placement_of(const mmp_sched *s, mmp_placement *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
+        const mmp_sched_stage *g = &s->stages[i];
+        if (g->kind == MMP_KIND_FUSION) {
+            pl->fusion_replicas = g->n_replicas;
+            continue;
+        }
+        int br = g->kind == MMP_KIND_IMAGE ? MMP_PLANNER_IMAGE : MMP_PLANNER_TEXT;
+        pl->n_sub[br] = g->n_sub;
+        pl->sub[br][g->sub] =
+            (mmp_planner_stage){.first = g->layer_first, .last = g->layer_last, .replicas = g->n_replicas};
+    }
+}
+
+static void apply_placement(mmp_plan *p, const mmp_placement *pl)
+{
+    mmp_stage_cfg *cfg[2] = {&p->stages.image, &p->stages.text};
+    for (int br = 0; br < 2; br++) {
+        int n = pl->n_sub[br];
+        cfg[br]->n_split = n - 1;
+        cfg[br]->n_replicas = n;
+        for (int j = 0; j < n; j++) {
+            if (j < n - 1) {
+                cfg[br]->split[j] = pl->sub[br][j].last;
+            }
+            cfg[br]->replicas[j] = pl->sub[br][j].replicas;
+        }
+    }
+    p->stages.fusion.n_replicas = 1;
+    p->stages.fusion.replicas[0] = pl->fusion_replicas;
+}
+
+/* Scripted: the plan.json with balance.force.set's overrides. */
+static mmp_err forced(const mmp_balancer *b, mmp_plan *next)
+{
+    char buf[sizeof b->cur.balance.force.set];
+    const char *ov[16];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", b->cur.balance.force.set);
+    for (char *save = NULL, *t = strtok_r(buf, ";", &save); t && n < 16;
+         t = strtok_r(NULL, ";", &save)) {
+        while (*t == ' ') {
+            t++;
+        }
+        if (*t) {
+            ov[n++] = t;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (strncmp(ov[i], "stages.", 7) != 0) {
+            return mmp_errorf(MMP_ERR_CONFIG,
+                              "balance.force.set: '%s': only stages.* keys can change while the "
+                              "job runs",
+                              ov[i]);
+        }
+    }
+    mmp_err e = mmp_plan_load(next, b->plan_json, ov, n);
+    if (e != MMP_OK) {
+        return mmp_error_prefix(e, "balance.force.set");
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
+                            size_t why_n, double *gain)
+{
+    *go = 0;
+    *gain = NAN;
+    why[0] = 0;
+    if (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) {
+        MMP_TRY(forced(b, next));
+        *go = 1;
+        snprintf(why, why_n, "scripted by balance.force at step %d: %s", done,
+                 b->cur.balance.force.set);
+        return MMP_OK;
+    }
+    if (b->cur.balance.mode != MMP_BALANCE_DYNAMIC || b->steps_seen < window_of(b) + 1) {
+        return MMP_OK;
+    }
+    static double fwd[2][MMP_PLANNER_MAX_LAYERS], bwd[2][MMP_PLANNER_MAX_LAYERS];
+    memset(fwd, 0, sizeof fwd);
+    memset(bwd, 0, sizeof bwd);
+    double ffwd = 0, fbwd = 0;
+    if (!estimate_costs(b, fwd, bwd, &ffwd, &fbwd)) {
+        return MMP_OK;
+    }
+    const mmp_plan *p = &b->cur;
+    double per_unit = (double)p->train.batch / p->train.microbatches / PLAN_UNITS;
+    for (int br = 0; br < 2; br++) {
+        for (int l = 0; l < MMP_PLANNER_MAX_LAYERS; l++) {
+            fwd[br][l] *= per_unit;
+            bwd[br][l] *= per_unit;
+        }
+    }
+    ffwd *= per_unit;
+    fbwd *= per_unit;
+    mmp_planner_input in = {0};
+    in.branch[MMP_PLANNER_IMAGE] =
+        (mmp_planner_layers){.n = mmp_plan_image_layers(p), .fwd_ms = fwd[0], .bwd_ms = bwd[0]};
+    in.branch[MMP_PLANNER_TEXT] =
+        (mmp_planner_layers){.n = mmp_plan_text_layers(p), .fwd_ms = fwd[1], .bwd_ms = bwd[1]};
+    in.fusion = (mmp_planner_layers){.n = 1, .fwd_ms = &ffwd, .bwd_ms = &fbwd};
+    in.devices = b->slots;
+    in.batch = p->train.microbatches * PLAN_UNITS;
+    in.microbatches = p->train.microbatches;
+    in.schedule = p->train.schedule;
+    in.send_ms = SEND_MS;
+    in.method = MMP_PLANNER_AUTO;
+    mmp_placement now;
+    placement_of(b->sched, &now);
+    mmp_planner_eval cur_ev;
+    mmp_planner_result res;
+    MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
+    MMP_TRY(mmp_planner_plan(&in, &res));
+    double g = cur_ev.step_ms / res.eval.step_ms - 1;
+    if (memcmp(&now, &res.placement, sizeof now) == 0 || !(g >= p->balance.min_gain)) {
+        return MMP_OK;
+    }
+    *next = b->cur;
+    apply_placement(next, &res.placement);
+    *go = 1;
+    *gain = g;
+    snprintf(why, why_n,
+             "measured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
+             "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency %.2f)",
+             cur_ev.step_ms, cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms,
+             res.eval.bottleneck_ms, res.eval.efficiency);
+    return MMP_OK;
+}

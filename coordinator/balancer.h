@@ -1,0 +1,82 @@
+/* The load balancer: the coordinator's judgement between steps, never on the
+ * per-micro-batch path.
+ *
+ * It is fed, once per step, what each process reported in its StepDone (the
+ * compute time of its own micro-batches and how many samples they held, its
+ * busy time) and makes two kinds of decision:
+ *
+ * 1. Routing (balance.routing: weighted): each replica's speed is its
+ *    samples per millisecond of compute, the median over the last
+ *    balance.window steps. When the replicas of a stage differ by more than
+ *    10% from the speeds the current routing was compiled with, the routing
+ *    is recompiled with the new speeds (coordinator/schedule.h,
+ *    mmp_sched_route): a replica twice as slow gets half the micro-batches.
+ *    round_robin keeps equal speeds.
+ * 2. Placement (balance.mode: dynamic): once balance.window steps have been
+ *    measured since the stages were (re)launched, the per-layer costs are
+ *    estimated (each stage's time per sample on its fastest replica, spread
+ *    evenly over its layers; fusion one unit) and given to the planner
+ *    (coordinator/planner.h) with the plan's device slots. When the planner's
+ *    placement is predicted to shorten the step by at least balance.min_gain
+ *    over the current placement scored with the same costs, the balancer
+ *    proposes it: the coordinator checkpoints, stops the stages, relaunches
+ *    them with the new placement and resumes (weights and optimizer state
+ *    travel by name through the checkpoint, whatever the new cuts).
+ *    A scripted re-placement (balance.force) is proposed at its step whatever
+ *    the mode.
+ *
+ * Balance efficiency, measured: sum over processes of busy time / (device
+ * slots x step time) -- the share of the devices' time spent working. */
+#ifndef MMP_COORDINATOR_BALANCER_H
+#define MMP_COORDINATOR_BALANCER_H
+
+#include "common/config.h"
+#include "coordinator/schedule.h"
+
+#define MMP_BAL_WINDOW_MAX 64
+
+/* What one process reported for one step. */
+typedef struct mmp_bal_proc {
+    double fwd_ms, bwd_ms; /* forward, backward of its micro-batches */
+    int samples;       /* samples in them */
+    double busy_ms;
+} mmp_bal_proc;
+
+typedef struct mmp_balancer {
+    mmp_plan cur;        /* the plan with the placement running now */
+    const mmp_sched *sched;
+    int slots;           /* device slots (>= 1) */
+    int steps_seen;      /* steps observed since the (re)launch */
+    /* per process, the last steps' ms per sample (ring of balance.window) */
+    double ms_per_sample[MMP_SCHED_MAX_STAGES][MMP_BAL_WINDOW_MAX];
+    double fwd_share[MMP_SCHED_MAX_STAGES]; /* forward's share of it, last step */
+    double routed_speed[MMP_SCHED_MAX_STAGES]; /* what the routing was compiled with */
+    double efficiency;   /* the last step's, measured */
+    const char *plan_json; /* the run's plan.json, which balance.force.set overrides */
+} mmp_balancer;
+
+/* Starts over for a (re)launched placement: cur is copied; sched (its
+ * compiled schedule, speeds included) must outlive the next calls. */
+void mmp_balancer_reset(mmp_balancer *b, const mmp_plan *cur, const mmp_sched *sched,
+                        const char *plan_json);
+
+/* One step's reports, procs[i] for process i of sched; step_ms its wall time. */
+void mmp_balancer_observe(mmp_balancer *b, const mmp_bal_proc *procs, double step_ms);
+
+/* Whether the routing should change; if so speed[i] (per process) are the
+ * weights to compile it with and why (a sentence) says which stage and how. */
+int mmp_balancer_route(mmp_balancer *b, double *speed, char *why, size_t why_n);
+/* The coordinator compiled and sent the routing with speed. */
+void mmp_balancer_routed(mmp_balancer *b, const double *speed);
+
+/* Whether to re-place after step `done` (steps completed). If so *next is
+ * cur with the new stages.*, why says the reason and *gain the predicted
+ * step-time gain (current / new - 1; NAN for a scripted one).
+ * MMP_ERR_* (with a message) when the planner or a scripted override fails. */
+mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
+                            size_t why_n, double *gain);
+
+/* "image.0:2 text.0:2 fusion:2" (with cuts: "image.0[0,3):2 image.1[3,6):1 ..."). */
+const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# ctest-labels: slow
+# Load balancing end to end (coordinator/balancer.h):
+#  1. balancing changes speed, never the math: real compute, two image
+#     replicas, one re-partition of the image layers between two sub-stages in
+#     the middle of the run (balance.force): 60 steps match --single-process
+#     (ckpt diff max_rel_diff <= 1e-5); nothing left behind;
+#  2. throughput-weighted routing vs round robin with one image replica
+#     slowed 2x (sim.slowdown on its device slot): >= 1.3x;
+#  3. configs/sim-uneven.yaml (4:1:1, six slots, from 2/2/2): dynamic reaches,
+#     within 30 steps, a placement with predicted balance efficiency >= 0.9
+#     and measured throughput >= 1.8x the static 2/2/2;
+#  4. cost drift: text triples at step 100; within 15 steps the balancer
+#     re-plans and the measured efficiency is back >= 0.85.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_balance
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 800 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+
+# median: of the numbers on stdin.
+median() { sort -g | awk '{ v[NR] = $1 } END { print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : "nan" }'; }
+# ge A B: A >= B
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
+# metric FILE KEY FROM TO: KEY of metrics lines FROM..TO (1-based steps), one per line
+metric() { sed -n "$3,$4p" "$1" | grep -o "\"$2\":[-0-9.e+]*" | sed 's/.*://'; }
+# what a run left behind: its stage processes alive, its shm segments
+left_behind() { # LOG
+  local n=0 pid prefix
+  for pid in $(grep -o 'started [^ ]* (pid [0-9]*)' "$1" | grep -o '[0-9]*)$' | tr -d ')'); do
+    [ -r /proc/$pid/stat ] && [ "$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)" != Z ] && n=$((n+1))
+  done
+  for prefix in $(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$1" | sed 's#.*/##' | sort -u); do
+    n=$((n + $(ls /dev/shm 2>/dev/null | grep -c "^$prefix")))
+  done
+  echo $n
+}
+
+# --- 1. the math -------------------------------------------------------------------
+cat > "$W/real.yaml" <<YAML
+job:   { name: r, steps: 60, seed: 7 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
+model: { width: 32, image: { blocks: [1, 1, 1], channels: [8, 16, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 30,
+         clip_grad_norm: 0.5 }
+hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu] } ]
+stages: { image: { split: [2], replicas: [2, 1] } }
+balance: { force: { step: 30, set: "stages.image.split=[4]" } }
+YAML
+"$BIN" launch "$W/real.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
+  || { fail "single-process run failed"; tail -5 "$W/single.log"; }
+"$BIN" launch "$W/real.yaml" --out "$W/bal" >"$W/bal.log" 2>&1 \
+  && ok "real compute, image.0 x2, re-partition at step 30: the run completes" \
+  || { fail "replicated run failed"; tail -8 "$W/bal.log" | sed 's/^/    /'; }
+n0=$(grep -c 'started image.0/1' "$W/bal.log")
+[ "$n0" -eq 2 ] && ok "two launches, each with image.0/0 and image.0/1" || fail "image.0/1 started $n0 times"
+grep -q '"placement":"image.0\[0,2):2 image.1\[2,5):1 text.0:1 fusion:1"' "$W/bal/metrics.jsonl" &&
+  grep -q '"placement":"image.0\[0,4):2 image.1\[4,5):1 text.0:1 fusion:1"' "$W/bal/metrics.jsonl" \
+  && ok "metrics show the placement before and after the re-partition" \
+  || fail "placements not in metrics.jsonl"
+sed -n 30p "$W/bal/metrics.jsonl" | grep -q '"decision":{"action":"replace".*scripted' \
+  && ok "the decision is logged at step 30 with its reason" || fail "no decision at step 30"
+grep -q '"name":"re-place"' "$W/bal/trace.json" && ok "trace.json marks the re-placement" \
+  || fail "no re-place mark in trace.json"
+out=$("$BIN" ckpt diff "$W/single" "$W/bal" --tol 1e-5 --quiet); rc=$?
+[ $rc -eq 0 ] && ok "60 steps vs single-process: $(tail -1 <<<"$out")" \
+  || fail "replicas + re-partition differ from single-process: $(tail -1 <<<"$out")"
+[ "$(left_behind "$W/bal.log")" -eq 0 ] && ok "no stage process or /dev/shm segment left" \
+  || fail "left behind: $(left_behind "$W/bal.log")"
+expect_fail "a bad balance.force.set is refused before training" "balance.force.set" \
+  "$BIN" launch "$W/real.yaml" --out "$W/badforce" --set 'balance.force.set=stages.image.split=[99]'
+expect_fail "balance.force.set may only change stages.*" "only stages.\* keys" \
+  "$BIN" launch "$W/real.yaml" --out "$W/badforce2" --set 'balance.force.set=train.batch=8'
+
+# --- 2. weighted routing vs round robin, one slow replica --------------------------
+sim_plan() { # FILE: the uneven simulated plan on a small model
+  cat > "$1" <<YAML
+job:   { name: s, steps: 40, seed: 3 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 16 }
+model: { width: 64, image: { blocks: [1, 1, 1, 1], channels: [16, 32, 64, 128] },
+         text: { layers: 2, heads: 4 }, fusion: { layers: 1, heads: 4 } }
+train: { batch: 96, microbatches: 48, eval_every: 0 }
+compute: simulated
+sim:   { cost: { image: 4.0, text: 1.0, fusion: 1.0 }, bwd_factor: 2 }
+hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu, cpu] } ]
+YAML
+}
+sim_plan "$W/sim.yaml"
+route() { # NAME ROUTING
+  "$BIN" launch "$W/sim.yaml" --out "$W/$1" --set job.steps=12 --set stages.image.replicas=2 \
+    --set 'sim.slowdown=[1, 2]' --set balance.routing=$2 >"$W/$1.log" 2>&1 \
+    || { fail "$1 run failed"; tail -5 "$W/$1.log"; }
+}
+route rr round_robin
+route wt weighted
+rr=$(metric "$W/rr/metrics.jsonl" samples_per_s 5 12 | median)
+wt=$(metric "$W/wt/metrics.jsonl" samples_per_s 5 12 | median)
+grep -q '"action":"route","reason":"image.0 speeds 1.00:0.5' "$W/wt/metrics.jsonl" \
+  && ok "weighted routing re-weights image.0 by measured speed" || fail "no routing decision"
+grep -q '"microbatches":32' "$W/wt/metrics.jsonl" && grep -q '"microbatches":16' "$W/wt/metrics.jsonl" \
+  && ok "the slow replica gets half the micro-batches of the fast one (32:16)" \
+  || fail "routing shares are not 32:16"
+ratio=$(awk -v a="$wt" -v b="$rr" 'BEGIN { printf "%.3f", a / b }')
+ge "$ratio" 1.3 && ok "weighted vs round-robin routing with a 2x slower image replica: $ratio x ($wt vs $rr samples/s)" \
+  || fail "weighted routing only $ratio x round robin ($wt vs $rr samples/s)"
+
+# --- 3. configs/sim-uneven.yaml: static 2/2/2 vs dynamic -----------------------------
+SU="--set data.manifest=$W/data/train.jsonl"
+"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/static" --set job.steps=8 \
+  --set balance.mode=off >"$W/static.log" 2>&1 || { fail "static run failed"; tail -5 "$W/static.log"; }
+"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/dynamic" --set job.steps=30 >"$W/dynamic.log" 2>&1 \
+  || { fail "dynamic run failed"; tail -5 "$W/dynamic.log"; }
+t_static=$(metric "$W/static/metrics.jsonl" samples_per_s 2 8 | median)
+t_dyn=$(metric "$W/dynamic/metrics.jsonl" samples_per_s 21 30 | median)
+eff_dyn=$(metric "$W/dynamic/metrics.jsonl" efficiency 21 30 | median)
+at=$(grep -n '"action":"replace"' "$W/dynamic/metrics.jsonl" | head -1 | cut -d: -f1)
+[ -n "$at" ] && [ "$at" -le 30 ] && ok "dynamic: re-placed after step $at: $(grep -o '"to":"[^"]*"' "$W/dynamic/metrics.jsonl" | head -1)" \
+  || fail "dynamic: no re-placement within 30 steps"
+pred=$(grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' "$W/dynamic/metrics.jsonl" | head -1 | sed 's/.*efficiency //')
+ge "${pred:-0}" 0.9 && ok "the new placement's predicted balance efficiency $pred >= 0.9" \
+  || fail "predicted efficiency ${pred:-none} < 0.9"
+ratio=$(awk -v a="$t_dyn" -v b="$t_static" 'BEGIN { printf "%.3f", a / b }')
+ge "$ratio" 1.8 && ok "dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (>= 1.8; measured efficiency $eff_dyn)" \
+  || fail "dynamic only $ratio x static ($t_dyn vs $t_static samples/s, efficiency $eff_dyn)"
+[ "$(left_behind "$W/dynamic.log")" -eq 0 ] && ok "dynamic: nothing left behind after the relaunch" \
+  || fail "dynamic left behind: $(left_behind "$W/dynamic.log")"
+
+# --- 4. cost drift: text x3 at step 100 ---------------------------------------------
+"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/drift" --set job.steps=125 \
+  --set sim.change_step=100 --set sim.change.text=3.0 >"$W/drift.log" 2>&1 \
+  || { fail "drift run failed"; tail -5 "$W/drift.log"; }
+re=$(grep -n '"action":"replace"' "$W/drift/metrics.jsonl" | cut -d: -f1 | awk '$1 >= 100' | head -1)
+[ -n "$re" ] && [ "$re" -le 115 ] && ok "text cost x3 at step 100: re-planned after step $re ($(sed -n ${re}p "$W/drift/metrics.jsonl" | grep -o '"to":"[^"]*"'))" \
+  || fail "no re-plan within 15 steps of the drift (at: ${re:-none})"
+eff=$(metric "$W/drift/metrics.jsonl" efficiency 118 125 | median)
+ge "$eff" 0.85 && ok "efficiency after the drift back to $eff (>= 0.85)" || fail "efficiency after the drift $eff < 0.85"
+finish

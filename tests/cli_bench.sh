@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# mmpipe bench, end to end on a tiny simulated plan (runs take a fraction of
+# a second): a grid of 2 schedules x 2 micro-batch counts x 2 placements plus
+# the single-process baseline writes results.csv (9 rows with numbers),
+# results.md, a run directory with trace.json per pipeline run, and two PNG
+# charts; --dry-run runs nothing; a bad --placement or --schedules value is a
+# usage error; a run that fails is reported in the table, the others still
+# run, and the exit status is 1; an existing bench needs --force, which
+# replaces it.
+# Needs gnuplot (scripts/setup installs gnuplot-nox).
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_bench
+rm -rf "$W"; mkdir -p "$W"
+if ! command -v gnuplot >/dev/null 2>&1; then
+  echo "FAIL gnuplot not found: mmpipe bench draws its charts with it; install gnuplot-nox (scripts/setup does)"
+  exit 1
+fi
+"$BIN" data synth --out "$W/data" --samples 200 --seed 2 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+# 4 layers in the image branch (stem, 2 blocks, projection): split [2] cuts
+# it in two sub-stages, split [9] is beyond it (launch refuses the plan).
+cat > "$W/plan.yaml" <<YAML
+job:   { name: b, steps: 50, seed: 3 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 16, val_samples: 16 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 8, microbatches: 4, eval_every: 0 }
+compute: simulated
+sim:   { cost: { image: 1, text: 0.3, fusion: 0.3 }, bwd_factor: 2 }
+YAML
+grid=(--steps 3 --warmup 1 --schedules gpipe,1f1b --microbatches 2,4
+      --placement plan --placement 'split=stages.image.split=[2]')
+is_num() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v x="$1" 'BEGIN { exit !(x > 0) }'; }
+png() { [ "$(head -c 8 "$1" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ]; }
+
+# --- --dry-run: the runs, nothing run -----------------------------------------------------
+out=$("$BIN" bench "$W/plan.yaml" --out "$W/dry" "${grid[@]}" --dry-run 2>&1); rc=$?
+n=$(grep -c '^\[[0-9]*/9\]' <<<"$out")
+if [ $rc -eq 0 ] && [ "$n" -eq 9 ] && grep -q -- "--single-process" <<<"$out" \
+   && grep -q "stages.image.split=\[2\]" <<<"$out" && [ ! -e "$W/dry" ]; then
+  ok "--dry-run lists 9 runs and runs none"
+else
+  fail "--dry-run (rc=$rc, $n runs listed, dir made: $([ -e "$W/dry" ] && echo yes || echo no))"
+  echo "$out" | tail -5 | sed 's/^/    /'
+fi
+
+# --- usage errors ---------------------------------------------------------------------------
+usage_error() { # NAME PATTERN ARGS...: exit status 2 and PATTERN on stderr
+  local name=$1 pat=$2; shift 2
+  local out rc
+  out=$("$BIN" bench "$W/plan.yaml" --out "$W/usage" "$@" 2>&1); rc=$?
+  if [ $rc -eq 2 ] && grep -qE -- "$pat" <<<"$out" && [ ! -e "$W/usage" ]; then ok "$name"
+  else fail "$name (rc=$rc, wanted 2 and /$pat/):"; echo "$out" | head -3 | sed 's/^/    /'; fi
+}
+usage_error "unknown --schedules value" "--schedules: unknown value 'zb'" --schedules gpipe,zb
+usage_error "--placement without KEY=VALUE" "--placement 'split=stages.image.split': .* is not KEY=VALUE" \
+  --placement 'split=stages.image.split'
+usage_error "--placement without a name" "--placement '=stages.image.split=\[2\]': no NAME" \
+  --placement '=stages.image.split=[2]'
+usage_error "--microbatches not numbers" "--microbatches: '2,four'" --microbatches 2,four
+usage_error "--set of a key the grid sets" "--set 'train.microbatches=8': the grid sets this key" \
+  --set train.microbatches=8
+
+# --- the grid ------------------------------------------------------------------------------------
+t0=$(date +%s.%N)
+"$BIN" bench "$W/plan.yaml" --out "$W/grid" "${grid[@]}" >"$W/grid.out" 2>"$W/grid.err"; rc=$?
+took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+[ $rc -eq 0 ] && ok "grid of 9 runs: exit 0 in ${took} s" \
+  || { fail "grid rc=$rc"; tail -5 "$W/grid.err" | sed 's/^/    /'; }
+csv=$W/grid/results.csv
+header=run_id,schedule,microbatches,placement,balance,samples_per_s,ratio_to_single,step_ms,bubble_measured,bubble_predicted,balance_efficiency,peak_mem,status
+[ "$(head -1 "$csv" 2>/dev/null)" = "$header" ] && ok "results.csv header" \
+  || fail "results.csv header: $(head -1 "$csv" 2>/dev/null)"
+rows=$(tail -n +2 "$csv" 2>/dev/null | grep -c .)
+[ "$rows" -eq 9 ] && ok "results.csv has 9 rows" || fail "results.csv has $rows rows, want 9"
+bad=0
+while IFS=, read -r id sched m place bal sps ratio step bm bp eff peak status; do
+  if ! is_num "$sps" || ! is_num "$ratio" || ! is_num "$step" || [ "$status" != ok ]; then
+    bad=$((bad+1)); echo "    bad row: $id sps=$sps ratio=$ratio step=$step status=$status"
+  fi
+  if [ "$id" != single ] && ! is_num "$bp"; then
+    bad=$((bad+1)); echo "    no predicted bubble: $id '$bp'"
+  fi
+done < <(tail -n +2 "$csv" 2>/dev/null)
+[ $bad -eq 0 ] && ok "every row: numeric samples/s, ratio, step time; status ok; predicted bubble" \
+  || fail "$bad bad rows"
+ratio=$(grep '^single,' "$csv" | cut -d, -f7)
+[ "$ratio" = 1.0000 ] && ok "baseline ratio 1" || fail "baseline ratio '$ratio'"
+grep -q '^1f1b-m4-split-off,1f1b,4,split,off,.*image\.1:[0-9.]*MB' "$csv" \
+  && ok "split run: its stages' peak memory, image.1 included" || fail "split run row: $(grep split-off "$csv" | head -1)"
+[ -s "$W/grid/results.md" ] && grep -q '^| run |' "$W/grid/results.md" && grep -q '^| run |' "$W/grid.out" \
+  && ok "results.md written and printed" || fail "results.md"
+traces=0
+for d in "$W"/grid/runs/*-m*-*; do [ -s "$d/trace.json" ] && traces=$((traces+1)); done
+[ "$traces" -eq 8 ] && ok "8 pipeline runs, each with trace.json" || fail "$traces run dirs with trace.json, want 8"
+[ "$(grep -c '^\[[0-9]/9\] .*samples/s (step [0-9]* ms)' "$W/grid.err")" -eq 9 ] \
+  && ok "one progress line per run" || { fail "progress lines:"; head -12 "$W/grid.err" | sed 's/^/    /'; }
+for c in throughput stages; do
+  png "$W/grid/$c.png" && ok "$c.png is a PNG" || fail "$c.png missing or not a PNG ($(tail -2 "$W/grid/gnuplot.log" 2>/dev/null))"
+done
+
+# --- an existing bench needs --force --------------------------------------------------------------
+expect_fail "a second bench into the same DIR is refused" "pass --force" \
+  "$BIN" bench "$W/plan.yaml" --out "$W/grid" --steps 1 --warmup 0
+
+# --- a failing run ----------------------------------------------------------------------------------
+"$BIN" bench "$W/plan.yaml" --out "$W/fail" --steps 2 --warmup 1 --schedules 1f1b --microbatches 2 \
+  --placement plan --placement 'beyond=stages.image.split=[9]' >"$W/fail.out" 2>"$W/fail.err"; rc=$?
+[ $rc -eq 1 ] && ok "a failed run makes the exit status 1" || fail "failing grid rc=$rc, want 1"
+grep -q '^| 1f1b-m2-beyond-off |.*| failed: .*split' "$W/fail/results.md" 2>/dev/null \
+  && ok "the failed run is in the table with its error" \
+  || { fail "no failed row in results.md:"; cat "$W/fail/results.md" 2>/dev/null | sed 's/^/    /'; }
+grep -q '^1f1b-m2-beyond-off,.*,"failed: ' "$W/fail/results.csv" 2>/dev/null \
+  && ok "results.csv: failed status" || fail "results.csv: no failed status"
+okrows=$(grep -c ',ok$' "$W/fail/results.csv" 2>/dev/null)
+[ "$okrows" -eq 2 ] && ok "the other runs completed (baseline + plan)" || fail "$okrows ok rows, want 2"
+
+# --- --force replaces the earlier bench ---------------------------------------------------------------
+"$BIN" bench "$W/plan.yaml" --out "$W/fail" --force --no-single --steps 1 --warmup 0 --schedules gpipe \
+  --microbatches 2 >"$W/force.out" 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ ! -e "$W/fail/runs/single" ] && [ "$(tail -n +2 "$W/fail/results.csv" | wc -l)" -eq 1 ]; then
+  ok "--force replaces the earlier bench (its runs gone, one new row)"
+else
+  fail "--force (rc=$rc): $(ls "$W/fail/runs" | tr '\n' ' ')"
+fi
+finish

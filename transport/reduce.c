@@ -1,0 +1,615 @@
+/* The replica gradient reduce (transport/reduce.h): R processes on one host
+ * sum float vectors through one POSIX shared-memory segment.
+ *
+ * Layout, mapped once by every rank:
+ *
+ *   page 0..   reduce_header: magic (stored last by rank 0), version,
+ *              geometry, the attach count, the barrier's arrival counter and
+ *              doorbell (futex word) on their own cache line, then per rank:
+ *              pid, closed flag, barriers entered and this round's n.
+ *   then       R regions of region_stride floats (capacity rounded up to 16),
+ *              starting on a page boundary, so every region is 64-byte aligned.
+ *
+ * One sum is: write v into my region and my n; barrier; check every rank's
+ * n; v = region 0 + region 1 + ... in rank order; barrier. The second barrier
+ * keeps a fast rank from overwriting its region for the next round while a
+ * slow one still reads it.
+ *
+ * The barrier is one 64-bit arrival counter that only grows: a rank's b-th
+ * barrier is passed once arrived >= b * R. Nobody resets it, so there is no
+ * generation to get wrong: a rank cannot arrive at barrier b + 1 before all R
+ * arrivals of barrier b are counted. The last arrival rings the doorbell
+ * (bumps `bell`, FUTEX_WAKE); waiters sleep on it in slices of SLICE_MS and
+ * after each slice check that every peer is alive (a pidfd, which also sees an
+ * unreaped zombie as dead) and has not closed, and the caller's timeout. The
+ * counter's RMWs are acq_rel and the waiters' loads acquire, so passing a
+ * barrier makes every region and n written before it visible.
+ *
+ * Naming: rank 0 creates the name with O_CREAT|O_EXCL; the rank whose attach
+ * makes the count R removes it, so once everyone is attached a crash leaves
+ * nothing in /dev/shm. A rank closing earlier removes it itself. The
+ * `unlinked` flag makes that happen exactly once.
+ *
+ * Must never: spin, wait without a timeout, leave a name behind once all
+ * ranks are attached, trust a header it did not check, or add in any order
+ * but rank order (every rank must end with the same bits). */
+#include "transport/reduce.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Bitwise-identical sums on every rank need float additions done in float. */
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "transport/reduce.c needs FLT_EVAL_METHOD == 0 (SSE/NEON float arithmetic)"
+#endif
+
+#define REDUCE_MAGIC 0x31304452504d4d00ull /* "\0MMPRD01" */
+#define REDUCE_VERSION 1u
+#define MAX_RANKS 64
+#define REGION_ALIGN 16 /* floats: 64 bytes */
+#define PAGE 4096
+/* Far beyond any model; keeps R * capacity * 4 + header far from overflow. */
+#define MAX_CAPACITY ((size_t)1 << 36)
+/* A blocked wait checks on its peers this often: a dead one is noticed within
+ * one slice. */
+#define SLICE_MS 100
+/* Floats summed per pass over the R regions: v's chunk stays in L1/L2 while
+ * every region's chunk is added to it. */
+#define CHUNK 4096
+
+typedef struct reduce_header {
+    _Atomic uint64_t magic; /* REDUCE_MAGIC once rank 0 has set up the rest */
+    uint32_t version;
+    uint32_t replicas;
+    uint64_t capacity;      /* floats per rank */
+    uint64_t region_stride; /* floats between regions */
+    uint64_t data_offset;   /* bytes from the segment's start to region 0 */
+    uint64_t total_bytes;
+    _Atomic uint32_t attached;            /* ranks attached so far (rank 0 included) */
+    _Atomic uint32_t unlinked;            /* 1 once a rank has claimed removing the name */
+    alignas(64) _Atomic uint64_t arrived; /* barrier arrivals, all ranks, ever */
+    _Atomic uint32_t bell;                /* futex word: rung by the last arrival and by close */
+    alignas(64) _Atomic int32_t pid[MAX_RANKS]; /* 0 until that rank attached */
+    _Atomic uint32_t closed[MAX_RANKS];
+    _Atomic uint64_t entered[MAX_RANKS]; /* barriers that rank arrived at: names a laggard */
+    _Atomic uint64_t n[MAX_RANKS];       /* that rank's n in the current round */
+} reduce_header;
+
+static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
+              "futex words must be plain lock-free 32-bit integers");
+static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "counters must be lock-free across processes");
+static_assert(sizeof(reduce_header) == 1664, "reduce_header is part of the segment layout");
+static_assert(sizeof(reduce_header) <= PAGE, "the header fits the first page");
+
+struct mmp_reduce {
+    reduce_header *hdr; /* NULL when R == 1: no segment */
+    size_t map_bytes;
+    float *regions; /* region 0; region k at regions + k * stride */
+    size_t stride;  /* floats */
+    size_t capacity;
+    int replicas, rank;
+    int timeout_ms;
+    uint64_t barriers; /* barriers this rank has arrived at */
+    uint64_t rounds;   /* sums this rank has started */
+    int failed;        /* a sum failed: the ranks are out of step */
+    int pidfd[MAX_RANKS];
+    char name[NAME_MAX + 1];
+};
+
+typedef struct layout {
+    size_t stride, data_offset, total;
+} layout;
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static void sleep_ms(double ms)
+{
+    struct timespec t = {(time_t)(ms / 1e3), (long)((ms - (time_t)(ms / 1e3) * 1e3) * 1e6)};
+    nanosleep(&t, NULL);
+}
+
+/* Sleeps while *word == seen, at most ms. Returns 0 when woken (or the word
+ * had already changed), ETIMEDOUT, or EINTR. Not FUTEX_PRIVATE: the waiters
+ * are different processes. */
+static int futex_wait(_Atomic uint32_t *word, uint32_t seen, int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    if (syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &t, NULL, 0) == 0) {
+        return 0;
+    }
+    return errno == EAGAIN ? 0 : errno;
+}
+
+/* Bumps the doorbell after the caller's state change and wakes every waiter.
+ * One FUTEX_WAKE per barrier: cheap beside summing R vectors. */
+static void ring(reduce_header *h)
+{
+    atomic_fetch_add_explicit(&h->bell, 1, memory_order_seq_cst);
+    syscall(SYS_futex, (uint32_t *)&h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void claim_unlink(mmp_reduce *r)
+{
+    uint32_t zero = 0;
+    if (atomic_compare_exchange_strong(&r->hdr->unlinked, &zero, 1)) {
+        shm_unlink(r->name); /* ENOENT is harmless: someone removed it by hand */
+    }
+}
+
+static float *region(const mmp_reduce *r, int k)
+{
+    return r->regions + (size_t)k * r->stride;
+}
+
+/* 1 when rank k's process is known to have exited (a zombie counts). */
+static int peer_dead(mmp_reduce *r, int k)
+{
+    pid_t pid = atomic_load_explicit(&r->hdr->pid[k], memory_order_acquire);
+    if (pid <= 0) {
+        return 0; /* not attached yet: only the timeout can end the wait */
+    }
+    if (r->pidfd[k] < 0) {
+        /* A pidfd pins the process: unlike kill(pid, 0) it reports a
+         * not-yet-reaped child as exited and is immune to pid reuse. */
+        int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (fd < 0 && errno == ESRCH) {
+            return 1;
+        }
+        if (fd < 0) {
+            return kill(pid, 0) == -1 && errno == ESRCH;
+        }
+        r->pidfd[k] = fd;
+    }
+    struct pollfd p = {.fd = r->pidfd[k], .events = POLLIN};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+/* ---- the barrier -------------------------------------------------------- */
+
+/* A peer that will never arrive: one that died without closing (checked when
+ * check_alive), or one that closed. Returns its rank and sets *dead, or -1.
+ * A crash is named in preference to a close: when one rank dies, the first
+ * survivor to notice fails, closes and exits, and the others should still
+ * report the crash, not that survivor. */
+static int gone_peer(mmp_reduce *r, int check_alive, int *dead)
+{
+    int closed = -1;
+    for (int k = 0; k < r->replicas; k++) {
+        if (k != r->rank && atomic_load_explicit(&r->hdr->closed[k], memory_order_acquire) &&
+            closed < 0) {
+            closed = k;
+        }
+    }
+    if (check_alive || closed >= 0) {
+        for (int k = 0; k < r->replicas; k++) {
+            /* Death first, then the flag: a dead rank's flag is final. */
+            if (k != r->rank && peer_dead(r, k) &&
+                !atomic_load_explicit(&r->hdr->closed[k], memory_order_acquire)) {
+                *dead = 1;
+                return k;
+            }
+        }
+    }
+    *dead = 0;
+    return closed;
+}
+
+/* The first rank that has not arrived at barrier b (for the timeout message). */
+static int laggard(const mmp_reduce *r, uint64_t b)
+{
+    for (int k = 0; k < r->replicas; k++) {
+        if (k != r->rank && atomic_load_explicit(&r->hdr->entered[k], memory_order_relaxed) < b) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+static mmp_err wait_barrier(mmp_reduce *r, uint64_t b)
+{
+    reduce_header *h = r->hdr;
+    uint64_t target = b * (uint64_t)r->replicas;
+    double start = now_ms();
+    int check_alive = 0;
+    for (;;) {
+        /* The bell before the counter: a ring after this load changes the
+         * word, so FUTEX_WAIT below returns at once instead of sleeping. */
+        uint32_t seen = atomic_load_explicit(&h->bell, memory_order_acquire);
+        if (atomic_load_explicit(&h->arrived, memory_order_acquire) >= target) {
+            return MMP_OK;
+        }
+        int dead = 0;
+        int k = gone_peer(r, check_alive, &dead);
+        if (k >= 0) {
+            /* It may have arrived before it went: then this barrier is whole. */
+            if (atomic_load_explicit(&h->arrived, memory_order_acquire) >= target) {
+                return MMP_OK;
+            }
+            return mmp_errorf(MMP_ERR_PEER, "reduce %s: replica rank %d (pid %d) %s (round %llu)",
+                              r->name, k, (int)atomic_load(&h->pid[k]),
+                              dead ? "is gone" : "closed the reduce",
+                              (unsigned long long)r->rounds);
+        }
+        double left = r->timeout_ms - (now_ms() - start);
+        if (left <= 0) {
+            if (atomic_load_explicit(&h->arrived, memory_order_acquire) >= target) {
+                return MMP_OK;
+            }
+            int lag = laggard(r, b);
+            char who[32] = "never attached";
+            if (lag >= 0 && atomic_load(&h->pid[lag]) > 0) {
+                snprintf(who, sizeof who, "pid %d", (int)atomic_load(&h->pid[lag]));
+            }
+            return mmp_errorf(MMP_ERR_PEER,
+                              "reduce %s: timed out after %.1f s waiting for rank %d (%s) "
+                              "(round %llu)",
+                              r->name, r->timeout_ms / 1e3, lag, who,
+                              (unsigned long long)r->rounds);
+        }
+        int slice = left < SLICE_MS ? (int)left + 1 : SLICE_MS;
+        check_alive = futex_wait(&h->bell, seen, slice) == ETIMEDOUT;
+    }
+}
+
+/* Arrives at this rank's next barrier and waits for every other rank. */
+static mmp_err barrier(mmp_reduce *r)
+{
+    reduce_header *h = r->hdr;
+    uint64_t b = ++r->barriers;
+    uint64_t now = atomic_fetch_add_explicit(&h->arrived, 1, memory_order_acq_rel) + 1;
+    atomic_store_explicit(&h->entered[r->rank], b, memory_order_relaxed);
+    if (now == b * (uint64_t)r->replicas) {
+        ring(h); /* the last arrival: the acq_rel add already saw everyone's writes */
+        return MMP_OK;
+    }
+    return wait_barrier(r, b);
+}
+
+/* ---- open --------------------------------------------------------------- */
+
+static mmp_err check_cfg(const mmp_reduce_cfg *cfg, layout *g)
+{
+    if (!cfg) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce: no cfg");
+    }
+    const char *a = cfg->name;
+    if (!a || a[0] != '/' || !a[1] || strchr(a + 1, '/') || strlen(a) > NAME_MAX) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "reduce: name '%s' is not a POSIX shm name ('/' then up to %d "
+                          "characters, no other '/')",
+                          a ? a : "(null)", NAME_MAX - 1);
+    }
+    if (cfg->replicas < 1 || cfg->replicas > MAX_RANKS) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: replicas %d not in 1..%d", a, cfg->replicas,
+                          MAX_RANKS);
+    }
+    if (cfg->rank < 0 || cfg->rank >= cfg->replicas) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: rank %d not in 0..%d", a, cfg->rank,
+                          cfg->replicas - 1);
+    }
+    if (cfg->capacity > MAX_CAPACITY) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: capacity %zu floats is absurd", a,
+                          cfg->capacity);
+    }
+    g->stride = (cfg->capacity + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
+    g->data_offset = (sizeof(reduce_header) + PAGE - 1) / PAGE * PAGE;
+    g->total = g->data_offset + (size_t)cfg->replicas * g->stride * sizeof(float);
+    return MMP_OK;
+}
+
+static void attach(mmp_reduce *r, void *base, const layout *g)
+{
+    r->hdr = base;
+    r->map_bytes = g->total;
+    r->regions = (float *)(void *)((unsigned char *)base + g->data_offset);
+}
+
+static mmp_err create(mmp_reduce *r, const layout *g)
+{
+    mmp_err ret = MMP_OK;
+    void *base = MAP_FAILED;
+    int fd = shm_open(r->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        return mmp_errorf(MMP_ERR_IO, "reduce %s: create: %s%s", r->name, strerror(errno),
+                          errno == EEXIST ? " (left by a crashed run? mmp_shm_unlink_prefix)" : "");
+    }
+    /* posix_fallocate, not just ftruncate: a full /dev/shm is an error here,
+     * not a SIGBUS in some later sum. */
+    int e = posix_fallocate(fd, 0, (off_t)g->total);
+    if (e != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: reserve %zu bytes: %s", r->name, g->total,
+                         strerror(e));
+        goto fail;
+    }
+    base = mmap(NULL, g->total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) {
+        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: map %zu bytes: %s", r->name, g->total,
+                         strerror(errno));
+        goto fail;
+    }
+    reduce_header *h = base; /* a fresh segment reads as zeros */
+    h->version = REDUCE_VERSION;
+    h->replicas = (uint32_t)r->replicas;
+    h->capacity = r->capacity;
+    h->region_stride = g->stride;
+    h->data_offset = g->data_offset;
+    h->total_bytes = g->total;
+    atomic_store(&h->pid[0], (int32_t)getpid());
+    atomic_store(&h->attached, 1);
+    atomic_store_explicit(&h->magic, REDUCE_MAGIC, memory_order_release);
+    attach(r, base, g);
+    close(fd);
+    return MMP_OK;
+
+fail:
+    shm_unlink(r->name);
+    close(fd);
+    return ret;
+}
+
+/* One attempt to attach: MMP_OK, MMP_ERR_TIMEOUT when the segment is not
+ * there or not ready yet (try again), or a real error. */
+static mmp_err try_attach(mmp_reduce *r, const layout *g)
+{
+    mmp_err ret = MMP_OK;
+    void *base = MAP_FAILED;
+    size_t mapped = 0;
+    int fd = shm_open(r->name, O_RDWR, 0);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            return MMP_ERR_TIMEOUT;
+        }
+        return mmp_errorf(MMP_ERR_IO, "reduce %s: open: %s", r->name, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: stat: %s", r->name, strerror(errno));
+        goto exit;
+    }
+    if ((size_t)st.st_size < sizeof(reduce_header)) {
+        ret = MMP_ERR_TIMEOUT; /* created, not sized yet */
+        goto exit;
+    }
+    /* Read rank 0's header through a small mapping before trusting its size:
+     * a mismatched segment may be of any size. */
+    mapped = sizeof(reduce_header);
+    base = mmap(NULL, mapped, PROT_READ, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: map header: %s", r->name, strerror(errno));
+        goto exit;
+    }
+    const reduce_header *h = base;
+    uint64_t magic = atomic_load_explicit(&((reduce_header *)base)->magic, memory_order_acquire);
+    if (magic == 0) {
+        ret = MMP_ERR_TIMEOUT; /* rank 0 has not published it yet */
+        goto exit;
+    }
+    if (magic != REDUCE_MAGIC || h->version != REDUCE_VERSION) {
+        ret = mmp_errorf(MMP_ERR_PEER,
+                         "reduce %s: not an mmpipe reduce segment of version %u (magic %#llx, "
+                         "version %u)",
+                         r->name, REDUCE_VERSION, (unsigned long long)magic, h->version);
+        goto exit;
+    }
+    if (h->replicas != (uint32_t)r->replicas || h->capacity != r->capacity) {
+        ret = mmp_errorf(MMP_ERR_PEER,
+                         "reduce %s: geometry mismatch: rank 0 made %u replicas of capacity "
+                         "%llu floats, rank %d expects %d replicas of capacity %zu",
+                         r->name, h->replicas, (unsigned long long)h->capacity, r->rank,
+                         r->replicas, r->capacity);
+        goto exit;
+    }
+    if (h->region_stride != g->stride || h->data_offset != g->data_offset ||
+        h->total_bytes != g->total || (size_t)st.st_size != g->total) {
+        ret = mmp_errorf(MMP_ERR_PEER,
+                         "reduce %s: layout mismatch: segment stride %llu offset %llu size %lld, "
+                         "rank %d computes stride %zu offset %zu size %zu",
+                         r->name, (unsigned long long)h->region_stride,
+                         (unsigned long long)h->data_offset, (long long)st.st_size, r->rank,
+                         g->stride, g->data_offset, g->total);
+        goto exit;
+    }
+    munmap(base, mapped);
+    mapped = g->total;
+    base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (base == MAP_FAILED) {
+        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: map %zu bytes: %s", r->name, mapped,
+                         strerror(errno));
+        goto exit;
+    }
+    int32_t none = 0;
+    if (!atomic_compare_exchange_strong(&((reduce_header *)base)->pid[r->rank], &none,
+                                        (int32_t)getpid())) {
+        ret = mmp_errorf(MMP_ERR_PEER, "reduce %s: rank %d is already attached (pid %d)", r->name,
+                         r->rank, (int)none);
+        goto exit;
+    }
+    attach(r, base, g);
+    base = MAP_FAILED;
+    /* The last to attach removes the name: it has done its job. */
+    if (atomic_fetch_add(&r->hdr->attached, 1) + 1 == (uint32_t)r->replicas) {
+        claim_unlink(r);
+    }
+
+exit:
+    if (base != MAP_FAILED) {
+        munmap(base, mapped);
+    }
+    close(fd);
+    return ret;
+}
+
+mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
+{
+    layout g = {0};
+    if (!out) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce: no out pointer");
+    }
+    *out = NULL;
+    MMP_TRY(check_cfg(cfg, &g));
+    mmp_reduce *r = calloc(1, sizeof *r);
+    if (!r) {
+        return mmp_errorf(MMP_ERR_NOMEM, "reduce %s: handle", cfg->name);
+    }
+    snprintf(r->name, sizeof r->name, "%s", cfg->name);
+    r->replicas = cfg->replicas;
+    r->rank = cfg->rank;
+    r->capacity = cfg->capacity;
+    r->stride = g.stride;
+    r->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 60000;
+    for (int k = 0; k < MAX_RANKS; k++) {
+        r->pidfd[k] = -1;
+    }
+    if (r->replicas == 1) {
+        *out = r; /* nothing to share: no segment, sum is a no-op */
+        return MMP_OK;
+    }
+    mmp_err ret;
+    if (r->rank == 0) {
+        ret = create(r, &g);
+    } else {
+        double start = now_ms(), pause = 0.5;
+        while ((ret = try_attach(r, &g)) == MMP_ERR_TIMEOUT) {
+            if (now_ms() - start >= r->timeout_ms) {
+                ret =
+                    mmp_errorf(MMP_ERR_PEER, "reduce %s: rank 0's segment did not appear in %d ms",
+                               r->name, r->timeout_ms);
+                break;
+            }
+            sleep_ms(pause);
+            pause = pause * 2 < 5 ? pause * 2 : 5;
+        }
+    }
+    if (ret != MMP_OK) {
+        free(r); /* nothing mapped: create and try_attach undo their own work */
+        return ret;
+    }
+    *out = r;
+    return MMP_OK;
+}
+
+/* ---- sum ---------------------------------------------------------------- */
+
+/* v (n) = region 0 + region 1 + ... + region R-1, added in exactly that order
+ * for every element: the order fixes the rounding, so every rank gets the
+ * same bits. Chunked so v stays in cache across the R passes; the chunking
+ * does not change any element's order of additions. */
+static void sum_regions(const mmp_reduce *r, float *restrict v, size_t n)
+{
+    for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
+        size_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        float *restrict out = v + i0;
+        memcpy(out, region(r, 0) + i0, m * sizeof(float));
+        for (int k = 1; k < r->replicas; k++) {
+            const float *restrict src = region(r, k) + i0;
+            for (size_t i = 0; i < m; i++) {
+                out[i] += src[i];
+            }
+        }
+    }
+}
+
+/* Every rank reads the same n[] after the first barrier, so a mismatch is
+ * reported by all of them alike and nobody is left waiting. */
+static mmp_err check_rounds_n(const mmp_reduce *r)
+{
+    reduce_header *h = r->hdr;
+    uint64_t n0 = atomic_load_explicit(&h->n[0], memory_order_relaxed);
+    for (int k = 1; k < r->replicas; k++) {
+        uint64_t nk = atomic_load_explicit(&h->n[k], memory_order_relaxed);
+        if (nk != n0) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "reduce %s: ranks disagree on n in round %llu: rank 0 has %llu, "
+                              "rank %d has %llu (every rank must sum the same length)",
+                              r->name, (unsigned long long)r->rounds, (unsigned long long)n0, k,
+                              (unsigned long long)nk);
+        }
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n)
+{
+    if (!r) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce: sum on a NULL handle");
+    }
+    if (n > r->capacity) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: sum of %zu floats exceeds the capacity %zu",
+                          r->name, n, r->capacity);
+    }
+    if (!v && n > 0) {
+        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: sum of %zu floats from NULL", r->name, n);
+    }
+    if (r->replicas == 1) {
+        return MMP_OK;
+    }
+    if (r->failed) {
+        return mmp_errorf(MMP_ERR_PEER,
+                          "reduce %s: an earlier sum failed and the replicas are out of step",
+                          r->name);
+    }
+    r->rounds++;
+    if (n > 0) {
+        memcpy(region(r, r->rank), v, n * sizeof(float));
+    }
+    atomic_store_explicit(&r->hdr->n[r->rank], n, memory_order_relaxed);
+    mmp_err ret = barrier(r);
+    if (ret == MMP_OK) {
+        ret = check_rounds_n(r);
+    }
+    if (ret == MMP_OK) {
+        sum_regions(r, v, n);
+        /* Nobody writes its region for the next round until all have read. */
+        ret = barrier(r);
+    }
+    if (ret != MMP_OK) {
+        r->failed = 1;
+    }
+    return ret;
+}
+
+/* ---- close -------------------------------------------------------------- */
+
+void mmp_reduce_close(mmp_reduce *r)
+{
+    if (!r) {
+        return;
+    }
+    if (r->hdr) {
+        /* Peers blocked in a sum this rank will never join fail at once. */
+        atomic_store_explicit(&r->hdr->closed[r->rank], 1, memory_order_release);
+        ring(r->hdr);
+        claim_unlink(r); /* a no-op once every rank attached */
+        munmap(r->hdr, r->map_bytes);
+    }
+    for (int k = 0; k < MAX_RANKS; k++) {
+        if (r->pidfd[k] >= 0) {
+            close(r->pidfd[k]);
+        }
+    }
+    free(r);
+}
