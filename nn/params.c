@@ -96,9 +96,11 @@ mmp_err mmp_params_alloc(mmp_params *p, uint64_t seed)
     p->grads = aligned_alloc(64, bytes);
     p->adam_m = aligned_alloc(64, bytes);
     p->adam_v = aligned_alloc(64, bytes);
-    if (!p->values || !p->grads || !p->adam_m || !p->adam_v) {
-        return mmp_errorf(MMP_ERR_NOMEM, "parameter arena of %zu bytes x4", bytes);
+    p->grad_acc = aligned_alloc(64, 2 * bytes);
+    if (!p->values || !p->grads || !p->adam_m || !p->adam_v || !p->grad_acc) {
+        return mmp_errorf(MMP_ERR_NOMEM, "parameter arena of %zu bytes x6", bytes);
     }
+    memset(p->grad_acc, 0, 2 * bytes);
     memset(p->values, 0, bytes);
     memset(p->grads, 0, bytes);
     memset(p->adam_m, 0, bytes);
@@ -124,6 +126,7 @@ void mmp_params_fini(mmp_params *p)
     free(p->grads);
     free(p->adam_m);
     free(p->adam_v);
+    free(p->grad_acc);
     memset(p, 0, sizeof *p);
 }
 
@@ -141,6 +144,34 @@ void mmp_params_zero_grad(mmp_params *p)
 {
     if (p->grads) {
         memset(p->grads, 0, p->total * sizeof(float));
+    }
+    if (p->grad_acc) {
+        memset(p->grad_acc, 0, p->total * sizeof(double));
+    }
+}
+
+void mmp_params_mb_begin(mmp_params *p)
+{
+    if (p->grads) {
+        memset(p->grads, 0, p->total * sizeof(float));
+    }
+}
+
+void mmp_params_mb_end(mmp_params *p)
+{
+    const float *restrict g = p->grads;
+    double *restrict a = p->grad_acc;
+    for (size_t i = 0; g && a && i < p->total; i++) {
+        a[i] += g[i];
+    }
+}
+
+void mmp_params_grad_finish(mmp_params *p)
+{
+    float *restrict g = p->grads;
+    const double *restrict a = p->grad_acc;
+    for (size_t i = 0; g && a && i < p->total; i++) {
+        g[i] = (float)a[i];
     }
 }
 

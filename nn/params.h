@@ -49,6 +49,7 @@ typedef struct mmp_params {
     float *values;        /* total */
     float *grads;         /* total (zero for buffers) */
     float *adam_m, *adam_v;
+    double *grad_acc;     /* total: gradients summed over a step's micro-batches */
 } mmp_params;
 
 void mmp_params_init(mmp_params *p);
@@ -60,7 +61,23 @@ mmp_err mmp_params_alloc(mmp_params *p, uint64_t seed);
 void mmp_params_fini(mmp_params *p);
 
 mmp_param *mmp_params_find(mmp_params *p, const char *name);
+/* Zeroes the gradients and their step accumulator. */
 void mmp_params_zero_grad(mmp_params *p);
+
+/* Gradient accumulation over micro-batches. Each micro-batch's backward
+ * writes its gradients into zeroed float buffers (mb_begin); mb_end adds them
+ * to a double accumulator; grad_finish rounds the sum back into the float
+ * gradients the norm and the optimizer read. A sum of a few floats is exact
+ * in double (unless their magnitudes are 2^28 apart, where rounding to float
+ * hides the difference), so the step's gradients do not depend on how the
+ * micro-batches were grouped -- one process, or replicas each summing theirs
+ * before the replicas' sum (transport/reduce.h, mmp_reduce_sum_f64): the same
+ * bits. The kernels' own "+=" into a non-zero buffer would make the grouping
+ * show in the last bits, which Adam turns into visible differences for
+ * parameters whose true gradient is near zero. */
+void mmp_params_mb_begin(mmp_params *p);
+void mmp_params_mb_end(mmp_params *p);
+void mmp_params_grad_finish(mmp_params *p);
 /* Sum of squares of all trainable gradients (double). */
 double mmp_params_grad_sumsq(const mmp_params *p);
 

@@ -230,6 +230,9 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         }
         valid_floats(t->img_valid, bi);
         valid_floats(t->txt_valid, bt);
+        mmp_params_mb_begin(pi); /* each micro-batch's gradients apart: see nn/params.h */
+        mmp_params_mb_begin(pt);
+        mmp_params_mb_begin(pf);
         mmp_image_net_forward(t->img, t->ia, bi->images, n, 1, t->img_tok);
         mmp_text_net_forward(t->txt, t->ta, bt->ids, NULL, bt->mask, n, t->txt_tok);
         mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, bt->mask, t->img_valid,
@@ -239,8 +242,14 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, t->dimg, t->dtxt);
         mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);
         mmp_image_net_backward(t->img, t->ia, t->dimg, n, NULL);
+        mmp_params_mb_end(pi);
+        mmp_params_mb_end(pt);
+        mmp_params_mb_end(pf);
         *skipped += skip;
     }
+    mmp_params_grad_finish(pi);
+    mmp_params_grad_finish(pt);
+    mmp_params_grad_finish(pf);
     /* The global norm sums the stages in a fixed order (image, text, fusion),
      * as the pipeline's coordinator does. */
     double sumsq = mmp_params_grad_sumsq(pi) + mmp_params_grad_sumsq(pt) +

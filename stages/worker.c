@@ -416,7 +416,7 @@ static mmp_err build(worker *w)
     MMP_TRY(err);
     MMP_TRY(set_program(w, a->program, a->n_program));
     if (w->replicas > 1) {
-        size_t cap = w->params->total;
+        size_t cap = 2 * w->params->total; /* the gradients in double */
         if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
             cap = (size_t)a->microbatches * (size_t)w->bn_row;
         }
@@ -689,6 +689,7 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
         if (simulated(w)) {
             sim_compute(w, step, n, 0); /* the loss stays 0 */
         } else {
+            mmp_params_mb_begin(w->params); /* its backward follows at once */
             mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
                              payload_mask(ct, txt_row), payload_valid(w, ci, img_row, 0),
                              payload_valid(w, ct, txt_row, 1), n, w->B, &w->loss, &skipped);
@@ -793,6 +794,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
             sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
         } else {
             mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
+            mmp_params_mb_end(w->params);
         }
     } else {
         chan *cg = w->in_grad;
@@ -806,10 +808,15 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         }
         if (simulated(w)) {
             sim_compute(w, step, n, 1); /* din keeps its zeros */
-        } else if (w->kind == 0) {
-            mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
         } else {
-            mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
+            /* each micro-batch's gradients apart, summed in double: nn/params.h */
+            mmp_params_mb_begin(w->params);
+            if (w->kind == 0) {
+                mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
+            } else {
+                mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
+            }
+            mmp_params_mb_end(w->params);
         }
         MMP_TRY(chan_release(cg));
     }
@@ -843,7 +850,7 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
 static mmp_err reduce_replicas(worker *w, int step)
 {
     double t0 = mmp_now();
-    MMP_TRY(mmp_reduce_sum(w->reduce, w->params->grads, w->params->total));
+    MMP_TRY(mmp_reduce_sum_f64(w->reduce, w->params->grad_acc, w->params->total));
     if (w->bn_rows && w->bn_row > 0) {
         int m = w->asg->microbatches;
         MMP_TRY(mmp_reduce_sum(w->reduce, w->bn_rows, (size_t)m * (size_t)w->bn_row));
@@ -861,6 +868,7 @@ static mmp_err do_grad_norm(worker *w, int step)
     if (w->reduce) {
         MMP_TRY(reduce_replicas(w, step));
     }
+    mmp_params_grad_finish(w->params);
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
     g.step = step;
@@ -1026,7 +1034,7 @@ static mmp_err run_eval(worker *w, int step)
         }
         chan *out = NULL;
         for (int i = 0; i < w->n_chans; i++) {
-            if (w->chans[i].send && !w->chans[i].grad) {
+            if (w->chans[i].send && !w->chans[i].grad && w->chans[i].peer_r0) {
                 out = &w->chans[i];
             }
         }

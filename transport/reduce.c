@@ -533,6 +533,23 @@ static void sum_regions(const mmp_reduce *r, float *restrict v, size_t n)
     }
 }
 
+/* The same over doubles (a region then holds n doubles in 2n floats' room;
+ * regions are 64-byte aligned). */
+static void sum_regions_f64(const mmp_reduce *r, double *restrict v, size_t n)
+{
+    for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
+        size_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        double *restrict out = v + i0;
+        memcpy(out, (const double *)region(r, 0) + i0, m * sizeof(double));
+        for (int k = 1; k < r->replicas; k++) {
+            const double *restrict src = (const double *)region(r, k) + i0;
+            for (size_t i = 0; i < m; i++) {
+                out[i] += src[i];
+            }
+        }
+    }
+}
+
 /* Every rank reads the same n[] after the first barrier, so a mismatch is
  * reported by all of them alike and nobody is left waiting. */
 static mmp_err check_rounds_n(const mmp_reduce *r)
@@ -552,17 +569,20 @@ static mmp_err check_rounds_n(const mmp_reduce *r)
     return MMP_OK;
 }
 
-mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n)
+/* One round: n elements of `size` bytes (4: float, 8: double) at v. */
+static mmp_err reduce_round(mmp_reduce *r, void *v, size_t n, size_t size)
 {
+    size_t floats = n * (size / sizeof(float));
     if (!r) {
         return mmp_errorf(MMP_ERR_INVALID, "reduce: sum on a NULL handle");
     }
-    if (n > r->capacity) {
-        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: sum of %zu floats exceeds the capacity %zu",
-                          r->name, n, r->capacity);
+    if (floats > r->capacity) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "reduce %s: sum of %zu %s exceeds the capacity %zu floats", r->name, n,
+                          size == sizeof(float) ? "floats" : "doubles", r->capacity);
     }
     if (!v && n > 0) {
-        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: sum of %zu floats from NULL", r->name, n);
+        return mmp_errorf(MMP_ERR_INVALID, "reduce %s: sum of %zu values from NULL", r->name, n);
     }
     if (r->replicas == 1) {
         return MMP_OK;
@@ -574,15 +594,19 @@ mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n)
     }
     r->rounds++;
     if (n > 0) {
-        memcpy(region(r, r->rank), v, n * sizeof(float));
+        memcpy(region(r, r->rank), v, n * size);
     }
-    atomic_store_explicit(&r->hdr->n[r->rank], n, memory_order_relaxed);
+    atomic_store_explicit(&r->hdr->n[r->rank], floats, memory_order_relaxed);
     mmp_err ret = barrier(r);
     if (ret == MMP_OK) {
         ret = check_rounds_n(r);
     }
     if (ret == MMP_OK) {
-        sum_regions(r, v, n);
+        if (size == sizeof(float)) {
+            sum_regions(r, v, n);
+        } else {
+            sum_regions_f64(r, v, n);
+        }
         /* Nobody writes its region for the next round until all have read. */
         ret = barrier(r);
     }
@@ -590,6 +614,16 @@ mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n)
         r->failed = 1;
     }
     return ret;
+}
+
+mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n)
+{
+    return reduce_round(r, v, n, sizeof(float));
+}
+
+mmp_err mmp_reduce_sum_f64(mmp_reduce *r, double *v, size_t n)
+{
+    return reduce_round(r, v, n, sizeof(double));
 }
 
 /* ---- close -------------------------------------------------------------- */

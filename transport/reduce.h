@@ -39,14 +39,32 @@ typedef struct mmp_reduce_cfg {
 typedef struct mmp_reduce mmp_reduce;
 
 /* Rank 0 creates, the others attach. MMP_ERR_INVALID for a bad cfg (named),
- * MMP_ERR_IO for shm failures, MMP_ERR_PEER when rank 0's segment does not
- * appear in time or its geometry (R, capacity) differs from cfg's. */
+ * MMP_ERR_IO for shm failures (rank 0: also when the name already exists),
+ * MMP_ERR_PEER when rank 0's segment does not appear in time, its geometry
+ * (R, capacity) differs from cfg's, or cfg's rank is already attached.
+ * Does not wait for the other ranks: rank 0 returns once its segment exists,
+ * rank k > 0 once it has attached; the first sum waits for everyone. R = 1
+ * creates no segment at all. *out is NULL on failure. */
 mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg);
 /* v (n <= capacity floats) becomes the rank-order sum of every rank's v. All
- * ranks must call it the same number of times with the same n (a differing n
- * is MMP_ERR_PROTO on the rank that sees it). */
+ * ranks must call it the same number of times with the same n. Blocks until
+ * every rank has contributed; each of its two waits lasts at most timeout_ms.
+ * Errors:
+ * - n > capacity, or v NULL with n > 0: MMP_ERR_INVALID, found before anything
+ *   is shared, so the ranks stay in step and the call may be repeated.
+ * - ranks disagree on n: MMP_ERR_PROTO on every rank (each sees all the n's).
+ * - a peer died, closed, or did not arrive in timeout_ms: MMP_ERR_PEER naming
+ *   its rank and pid.
+ * After a failure other than MMP_ERR_INVALID the ranks are out of step: every
+ * later sum is MMP_ERR_PEER at once; close and reopen. */
 mmp_err mmp_reduce_sum(mmp_reduce *r, float *v, size_t n);
-/* NULL-safe. Removes the name if the segment was never fully attached. */
+/* The same over doubles: n doubles take 2n floats of the capacity. The
+ * gradients a stage accumulates in double (nn/params.h) are reduced this way. */
+mmp_err mmp_reduce_sum_f64(mmp_reduce *r, double *v, size_t n);
+/* NULL-safe; frees r. Marks this rank closed, so a peer blocked in (or later
+ * entering) a sum this rank will not join gets MMP_ERR_PEER at once rather
+ * than after timeout_ms. Removes the name if the segment was never fully
+ * attached (a rank that has not attached yet then times out in open). */
 void mmp_reduce_close(mmp_reduce *r);
 
 #endif
