@@ -155,7 +155,7 @@ const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n)
     for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
         const mmp_sched_stage *g = &s->stages[i];
         if (g->n_sub > 1) {
-            len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%s[%d,%d):%d",
+            len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%s[%d:%d):%d",
                                     len ? " " : "", g->name, g->layer_first, g->layer_last,
                                     g->n_replicas);
         } else {

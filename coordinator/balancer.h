@@ -76,7 +76,7 @@ void mmp_balancer_routed(mmp_balancer *b, const double *speed);
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
                             size_t why_n, double *gain);
 
-/* "image.0:2 text.0:2 fusion:2" (with cuts: "image.0[0,3):2 image.1[3,6):1 ..."). */
+/* "image.0:2 text.0:2 fusion:2" (with cuts: "image.0[0:3):2 image.1[3:6):1 ...", no commas). */
 const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
 
 #endif

@@ -557,7 +557,7 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
             int w = 0;
             if (g->kind != MMP_KIND_FUSION) {
                 int next = next_stage(s, i, fusion);
-                int rw = g->n_replicas * (g->depth - 1);
+                int rw = g->n_replicas * g->depth - 1;
                 w = kind == MMP_SCHED_GPIPE ? m : rw > s->stages[next].warm + 1 ? rw
                                                                            : s->stages[next].warm + 1;
             }

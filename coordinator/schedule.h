@@ -24,11 +24,13 @@
  *
  * A replica's list is its micro-batches' part of one order for the whole
  * stage: `warm` forwards, then forward / backward pairs, then the remaining
- * backwards. 1F1B warms up with max(R (depth - 1), warm of the next stage +
+ * backwards. 1F1B warms up with max(R depth - 1, warm of the next stage +
  * 1), at most m (R = 1: depth - 1, the textbook); GPipe with m. Every
  * replica runs a sub-sequence of the stage's order, so the replicated lists
  * finish whenever the one-process lists do (the checker proves it anyway),
- * and R replicas keep about depth micro-batches each in flight.
+ * and R replicas keep about depth micro-batches each in flight (one more
+ * than a lone stage's depth - 1 warm-up each: a replica that is slow or
+ * routed unevenly does not stall the others at every hand-off).
  *
  * Backward always runs micro-batches in ascending order on every process, the
  * order the single-process trainer accumulates gradients in, so every
