@@ -853,7 +853,15 @@ static mmp_err load_mapping(loader *L, mmp_plan *p, site at, const char *prefix)
         }
         snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", key);
         int idx = find_key(path);
-        if (idx >= 0) {
+        if (strcmp(path, "stages") == 0 && is_scalar(v) && !is_null(v)) {
+            char word[16];
+            if (!scalar_text(v, word, sizeof word) || strcmp(word, "auto") != 0) {
+                return fail(L, vs, "stages: expected a mapping (image, text, fusion) or 'auto', "
+                                   "got %s",
+                            describe(v, got, sizeof got));
+            }
+            p->stages_auto = 1;
+        } else if (idx >= 0) {
             MMP_TRY(load_value(L, p, idx, vs));
         } else if (is_section(path)) {
             MMP_TRY(load_mapping(L, p, vs, path));

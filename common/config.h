@@ -160,6 +160,11 @@ typedef struct mmp_plan {
     struct {
         mmp_stage_cfg image, text, fusion;
     } stages;
+    /* `stages: auto`: start with one process per stage, profile for
+     * balance.window steps, then take the planner's placement for the plan's
+     * device slots (coordinator/balancer.h). plan.json records the initial
+     * placement. */
+    int stages_auto;
 } mmp_plan;
 
 /* Fills every default (no file). */

@@ -280,7 +280,9 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
                  b->cur.balance.force.set);
         return MMP_OK;
     }
-    if (b->cur.balance.mode != MMP_BALANCE_DYNAMIC || b->steps_seen < window_of(b) + 1) {
+    int profiling = b->cur.stages_auto; /* stages: auto, its first placement */
+    if ((b->cur.balance.mode != MMP_BALANCE_DYNAMIC && !profiling) ||
+        b->steps_seen < window_of(b) + 1) {
         return MMP_OK;
     }
     static double fwd[2][MMP_PLANNER_MAX_LAYERS], bwd[2][MMP_PLANNER_MAX_LAYERS];
@@ -319,17 +321,20 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
     MMP_TRY(mmp_planner_plan(&in, &res));
     double g = cur_ev.step_ms / res.eval.step_ms - 1;
-    if (memcmp(&now, &res.placement, sizeof now) == 0 || !(g >= p->balance.min_gain)) {
+    if (memcmp(&now, &res.placement, sizeof now) == 0 ||
+        !(g >= (profiling ? 0 : p->balance.min_gain))) {
         return MMP_OK;
     }
     *next = b->cur;
+    next->stages_auto = 0;
     apply_placement(next, &res.placement);
     *go = 1;
     *gain = g;
     snprintf(why, why_n,
-             "measured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
+             "%smeasured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
              "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency %.2f)",
-             cur_ev.step_ms, cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms,
+             profiling ? "stages: auto, after profiling: " : "", cur_ev.step_ms,
+             cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms,
              res.eval.bottleneck_ms, res.eval.efficiency);
     return MMP_OK;
 }

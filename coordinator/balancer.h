@@ -24,6 +24,9 @@
  *    travel by name through the checkpoint, whatever the new cuts).
  *    A scripted re-placement (balance.force) is proposed at its step whatever
  *    the mode.
+ *    `stages: auto` starts with one process per stage and takes the
+ *    planner's placement after the first balance.window measured steps,
+ *    whatever the gain and the mode.
  *
  * Balance efficiency, measured: sum over processes of busy time / (device
  * slots x step time) -- the share of the devices' time spent working. */

@@ -147,4 +147,16 @@ re=$(grep -n '"action":"replace"' "$W/drift/metrics.jsonl" | cut -d: -f1 | awk '
   || fail "no re-plan within 15 steps of the drift (at: ${re:-none})"
 eff=$(metric "$W/drift/metrics.jsonl" efficiency 118 125 | median)
 ge "$eff" 0.85 && ok "efficiency after the drift back to $eff (>= 0.85)" || fail "efficiency after the drift $eff < 0.85"
+# --- 5. stages: auto -------------------------------------------------------------------
+sed 's/^stages:$/stages: auto/; /^  image:  { replicas/d; /^  text:   { replicas/d; /^  fusion: { replicas/d' \
+  configs/sim-uneven.yaml > "$W/auto.yaml"
+grep -q '^stages: auto$' "$W/auto.yaml" || fail "could not make the stages: auto plan"
+"$BIN" launch "$W/auto.yaml" $SU --out "$W/auto" --set job.steps=10 --set balance.mode=off >"$W/auto.log" 2>&1 \
+  || { fail "stages: auto run failed"; tail -5 "$W/auto.log"; }
+head -1 "$W/auto/metrics.jsonl" | grep -q '"placement":"image.0:1 text.0:1 fusion:1"' \
+  && sed -n 4p "$W/auto/metrics.jsonl" | grep -q '"action":"replace".*stages: auto, after profiling' \
+  && ok "stages: auto profiles 1/1/1 for 4 steps, then takes the planner's placement: $(tail -1 "$W/auto/metrics.jsonl" | grep -o '"placement":"[^"]*"')" \
+  || fail "stages: auto did not re-place after profiling"
+expect_fail "stages: a word other than auto is an error" "stages: expected a mapping .* or 'auto'" \
+  "$BIN" launch <(sed 's/^stages: auto$/stages: manual/' "$W/auto.yaml") --out "$W/auto2"
 finish
