@@ -131,8 +131,14 @@ static void discard_diag(struct fy_diag *diag, void *user, const char *buf, size
  * when it was a step record, 0 for a line without "stages", -1 on an error
  * (printed). */
 static int read_record(const char *path, int lineno, const char *line, size_t len,
-                       struct fy_diag *diag, const mmp_sched *s, measured *m)
+                       struct fy_diag *diag, const mmp_sched *s, measured *m, const char *placement)
 {
+    /* A balanced run changes placement: only the steps of the one simulated count. */
+    char want[1100];
+    snprintf(want, sizeof want, "\"placement\":\"%s\"", placement);
+    if (placement[0] && !strstr(line, want)) {
+        return 0;
+    }
     struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_JSON_FORCE, .diag = diag};
     struct fy_document *doc = fy_document_build_from_string(&cfg, line, len);
     struct fy_node *root = doc ? fy_document_root(doc) : NULL;
@@ -190,9 +196,18 @@ static int read_record(const char *path, int lineno, const char *line, size_t le
                     lineno);
             goto exit;
         }
-        int st = mmp_sched_find(s, name);
+        int replica = 0;
+        if (number_at(item, "replica", &v) == 1) {
+            replica = (int)v;
+        }
+        int st = -1;
+        for (int i = 0; i < s->n_stages; i++) {
+            if (strcmp(s->stages[i].name, name) == 0 && s->stages[i].replica == replica) {
+                st = i;
+            }
+        }
         if (st < 0) {
-            continue; /* a stage this plan does not have */
+            continue; /* a process this placement does not have */
         }
         static const char *const keys[] = {"fwd_ms", "bwd_ms", "load_ms"};
         for (int i = 0; i < 3; i++) {
@@ -207,6 +222,15 @@ static int read_record(const char *path, int lineno, const char *line, size_t le
         count[st]++;
     }
     for (int st = 0; st < s->n_stages; st++) {
+        /* a replica without its own entry: its stage's other replicas */
+        for (int r = 0; !count[st] && r < s->n_stages; r++) {
+            if (count[r] && strcmp(s->stages[r].name, s->stages[st].name) == 0) {
+                for (int i = 0; i < 3; i++) {
+                    sum[i][st] = sum[i][r];
+                }
+                count[st] = count[r];
+            }
+        }
         if (!count[st]) {
             fprintf(stderr,
                     "mmpipe simulate: %s:%d: no stage \"%s\" in this step's stages (the plan has "
@@ -226,11 +250,73 @@ exit:
     return ret;
 }
 
+/* The placement of a run's last step ("image.0[0:3):2 image.1[3:6):1 text.0:1
+ * fusion:1", see coordinator/balancer.h) into out; "" when its metrics carry
+ * none. */
+static void last_placement(const char *arg, char *out, size_t n)
+{
+    char path[1100];
+    struct stat sb;
+    snprintf(path, sizeof path, stat(arg, &sb) == 0 && S_ISDIR(sb.st_mode) ? "%s/metrics.jsonl" : "%s",
+             arg);
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        const char *at = strstr(line, "\"placement\":\"");
+        if (at) {
+            at += strlen("\"placement\":\"");
+            size_t len = strcspn(at, "\"");
+            snprintf(out, n, "%.*s", (int)(len < n ? len : n - 1), at);
+        }
+    }
+    free(line);
+    fclose(f);
+}
+
+/* Sets p's stages.* to placement (last_placement's form). 0 ok, 1 when it
+ * cannot be read (printed). */
+static int apply_placement(mmp_plan *p, const char *placement)
+{
+    mmp_stage_cfg *cfg[3] = {&p->stages.image, &p->stages.text, &p->stages.fusion};
+    for (int b = 0; b < 3; b++) {
+        cfg[b]->n_split = 0;
+        cfg[b]->n_replicas = 0;
+    }
+    char buf[1100];
+    snprintf(buf, sizeof buf, "%s", placement);
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        int b = strncmp(t, "image.", 6) == 0 ? 0 : strncmp(t, "text.", 5) == 0 ? 1
+                : strncmp(t, "fusion", 6) == 0                           ? 2
+                                                                          : -1;
+        int first = 0, last = 0, reps = 0, sub = 0;
+        const char *colon = strrchr(t, ':');
+        const char *br = strchr(t, '[');
+        if (b < 0 || !colon || sscanf(colon + 1, "%d", &reps) != 1 || reps < 1 ||
+            (br && sscanf(br, "[%d:%d)", &first, &last) != 2) ||
+            (b < 2 && sscanf(t + (b ? 5 : 6), "%d", &sub) != 1) || sub != cfg[b]->n_replicas ||
+            sub > MMP_MAX_SPLITS) {
+            fprintf(stderr, "mmpipe simulate: cannot read the measured placement '%s' at '%s'\n",
+                    placement, t);
+            return 1;
+        }
+        if (sub > 0) {
+            cfg[b]->split[cfg[b]->n_split++] = first;
+        }
+        cfg[b]->replicas[cfg[b]->n_replicas++] = reps;
+    }
+    return 0;
+}
+
 /* Fills c with the medians of a run's metrics (path: metrics.jsonl or the run
  * directory); *step_ms and *n_steps get the measured step time and how many
  * steps it is the median of. 0 ok, 1 error (printed). */
 static int read_costs(const char *arg, const mmp_sched *s, mmp_sim_costs *c, double *step_ms,
-                      int *n_steps, char *path, size_t path_n)
+                      int *n_steps, char *path, size_t path_n, const char *placement)
 {
     struct stat sb;
     if (stat(arg, &sb) == 0 && S_ISDIR(sb.st_mode)) {
@@ -287,7 +373,7 @@ static int read_costs(const char *arg, const mmp_sched *s, mmp_sim_costs *c, dou
         if (strspn(line, " \t") == (size_t)len) {
             continue;
         }
-        if (read_record(path, lineno, line, (size_t)len, diag, s, &m) < 0) {
+        if (read_record(path, lineno, line, (size_t)len, diag, s, &m, placement) < 0) {
             goto exit;
         }
     }
@@ -546,8 +632,20 @@ int mmp_cmd_simulate(int argc, char **argv)
         }
         devices = (int)v;
     }
-    if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK ||
-        mmp_sched_compile(&sched, &plan) != MMP_OK) {
+    char placement[1100] = "";
+    if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK) {
+        fprintf(stderr, "mmpipe simulate: %s\n", mmp_last_error());
+        goto exit;
+    }
+    if (costs_arg) {
+        /* Costs measured on another placement (a balanced run re-places its
+         * stages) are simulated on the placement they were measured on. */
+        last_placement(costs_arg, placement, sizeof placement);
+        if (placement[0] && apply_placement(&plan, placement) != 0) {
+            goto exit;
+        }
+    }
+    if (mmp_sched_compile(&sched, &plan) != MMP_OK) {
         fprintf(stderr, "mmpipe simulate: %s\n", mmp_last_error());
         goto exit;
     }
@@ -557,7 +655,7 @@ int mmp_cmd_simulate(int argc, char **argv)
     char costs_path[1100];
     if (costs_arg) {
         if (read_costs(costs_arg, &sched, &costs, &measured_ms, &n_steps, costs_path,
-                       sizeof costs_path) != 0) {
+                       sizeof costs_path, placement) != 0) {
             goto exit;
         }
     } else {
@@ -573,8 +671,9 @@ int mmp_cmd_simulate(int argc, char **argv)
            (double)plan.train.batch / sched.microbatches, plan.train.batch, sched.n_stages);
     if (costs_arg) {
         printf("costs: measured, medians over %d step%s of %s (first step left out as warm-up); "
-               "send %.3f ms per message, step overhead %.3f ms\n\n",
+               "send %.3f ms per message, step overhead %.3f ms\n",
                n_steps, n_steps == 1 ? "" : "s", costs_path, costs.send_ms, costs.step_overhead_ms);
+        printf("placement: %s (the run's last)\n\n", placement[0] ? placement : "the plan's");
     } else if (plan.compute == MMP_COMPUTE_SIMULATED) {
         printf("costs: the plan's sim.* (compute: simulated), per device slot's slowdown; "
                "load/send/step overhead free\n\n");
