@@ -664,32 +664,6 @@ static double mean(const series *s)
     return s->n ? sum / s->n : NAN;
 }
 
-/* The number under key in a mapping node: 1, 0 absent, -1 not a number. */
-static int number_at(struct fy_node *node, const char *key, double *out)
-{
-    struct fy_node *v =
-        node ? fy_node_mapping_lookup_value_by_simple_key(node, key, strlen(key)) : NULL;
-    if (!v) {
-        return 0;
-    }
-    size_t len;
-    const char *text = fy_node_is_scalar(v) ? fy_node_get_scalar(v, &len) : NULL;
-    char buf[64];
-    if (!text || len == 0 || len >= sizeof buf) {
-        return -1;
-    }
-    memcpy(buf, text, len);
-    buf[len] = 0;
-    char *end;
-    *out = strtod(buf, &end);
-    return *end == 0 && isfinite(*out) ? 1 : -1;
-}
-
-static void discard_diag(struct fy_diag *diag, void *user, const char *buf, size_t len)
-{
-    (void)diag, (void)user, (void)buf, (void)len;
-}
-
 typedef struct stage_acc {
     char label[48];
     series busy, idle;
@@ -724,8 +698,8 @@ static const char *read_record(struct fy_node *root, int measured, acc *a)
     if (!stages || !fy_node_is_sequence(stages)) {
         return "no \"stages\" list";
     }
-    if (number_at(root, "samples_per_s", &sps) != 1 || number_at(root, "step_ms", &step_ms) != 1 ||
-        number_at(root, "bubble", &bubble) != 1) {
+    if (mmp_cli_json_number(root, "samples_per_s", &sps) != 1 || mmp_cli_json_number(root, "step_ms", &step_ms) != 1 ||
+        mmp_cli_json_number(root, "bubble", &bubble) != 1) {
         return "no samples_per_s, step_ms or bubble number";
     }
     struct fy_node *bal = fy_node_mapping_lookup_value_by_simple_key(root, "balance", 7);
@@ -750,8 +724,8 @@ static const char *read_record(struct fy_node *root, int measured, acc *a)
             return "a stages entry without a name";
         }
         double replica = 0, busy = 0, idle = 0, peak = 0;
-        if (number_at(item, "replica", &replica) < 0 || number_at(item, "busy_ms", &busy) < 0 ||
-            number_at(item, "idle_ms", &idle) < 0 || number_at(item, "peak_mem_bytes", &peak) < 0) {
+        if (mmp_cli_json_number(item, "replica", &replica) < 0 || mmp_cli_json_number(item, "busy_ms", &busy) < 0 ||
+            mmp_cli_json_number(item, "idle_ms", &idle) < 0 || mmp_cli_json_number(item, "peak_mem_bytes", &peak) < 0) {
             return "a stages entry with a field that is not a number";
         }
         char label[48];
@@ -784,7 +758,7 @@ static const char *read_record(struct fy_node *root, int measured, acc *a)
         return NULL;
     }
     double eff;
-    if (number_at(bal, "efficiency", &x) == 1) {
+    if (mmp_cli_json_number(bal, "efficiency", &x) == 1) {
         eff = x;
     } else {
         eff = entries && step_ms > 0 ? busy_sum / (entries * step_ms) : NAN;
@@ -810,7 +784,7 @@ static int read_metrics(const char *run_dir, int warmup, run *r)
     struct fy_diag_cfg dcfg;
     fy_diag_cfg_default(&dcfg);
     dcfg.fp = NULL;
-    dcfg.output_fn = discard_diag;
+    dcfg.output_fn = mmp_cli_json_quiet;
     dcfg.level = FYET_ERROR;
     struct fy_diag *diag = fy_diag_create(&dcfg);
     static acc a;
@@ -837,7 +811,7 @@ static int read_metrics(const char *run_dir, int warmup, run *r)
         const char *why = NULL;
         if (!root || !fy_node_is_mapping(root)) {
             why = "not a JSON object";
-        } else if (number_at(root, "step", &step) != 1) {
+        } else if (mmp_cli_json_number(root, "step", &step) != 1) {
             why = "no step number";
         } else {
             why = read_record(root, step > warmup, &a);

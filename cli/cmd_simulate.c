@@ -101,31 +101,6 @@ static void measured_fini(measured *m)
     memset(m, 0, sizeof *m);
 }
 
-/* The number under key in mapping node (1), absent (0), or not a number (-1). */
-static int number_at(struct fy_node *node, const char *key, double *out)
-{
-    struct fy_node *v = fy_node_mapping_lookup_value_by_simple_key(node, key, strlen(key));
-    if (!v) {
-        return 0;
-    }
-    size_t len;
-    const char *text = fy_node_is_scalar(v) ? fy_node_get_scalar(v, &len) : NULL;
-    char buf[64];
-    if (!text || len == 0 || len >= sizeof buf) {
-        return -1;
-    }
-    memcpy(buf, text, len);
-    buf[len] = 0;
-    char *end;
-    *out = strtod(buf, &end);
-    return *end == 0 && isfinite(*out) ? 1 : -1;
-}
-
-static void discard_diag(struct fy_diag *diag, void *user, const char *buf, size_t len)
-{
-    (void)diag, (void)user, (void)buf, (void)len;
-}
-
 /* Reads one step record (a JSON object on line lineno) into m's next slot;
  * diag collects the parser's complaints (it must print nothing). Returns 1
  * when it was a step record, 0 for a line without "stages", -1 on an error
@@ -164,7 +139,7 @@ static int read_record(const char *path, int lineno, const char *line, size_t le
         goto exit;
     }
     double v;
-    if (number_at(root, "step_ms", &v) != 1) {
+    if (mmp_cli_json_number(root, "step_ms", &v) != 1) {
         fprintf(stderr, "mmpipe simulate: %s:%d: no step_ms number\n", path, lineno);
         goto exit;
     }
@@ -172,7 +147,7 @@ static int read_record(const char *path, int lineno, const char *line, size_t le
     static const char *const top_keys[] = {"send_ms", "overhead_ms"};
     series *top[] = {&m->send, &m->overhead};
     for (int i = 0; i < 2; i++) {
-        int got = number_at(root, top_keys[i], &v);
+        int got = mmp_cli_json_number(root, top_keys[i], &v);
         if (got < 0) {
             fprintf(stderr, "mmpipe simulate: %s:%d: %s is not a number\n", path, lineno,
                     top_keys[i]);
@@ -197,7 +172,7 @@ static int read_record(const char *path, int lineno, const char *line, size_t le
             goto exit;
         }
         int replica = 0;
-        if (number_at(item, "replica", &v) == 1) {
+        if (mmp_cli_json_number(item, "replica", &v) == 1) {
             replica = (int)v;
         }
         int st = -1;
@@ -211,7 +186,7 @@ static int read_record(const char *path, int lineno, const char *line, size_t le
         }
         static const char *const keys[] = {"fwd_ms", "bwd_ms", "load_ms"};
         for (int i = 0; i < 3; i++) {
-            int got = number_at(item, keys[i], &v);
+            int got = mmp_cli_json_number(item, keys[i], &v);
             if (got < 0 || (got == 0 && i < 2)) {
                 fprintf(stderr, "mmpipe simulate: %s:%d: stage %s: %s %s\n", path, lineno, name,
                         keys[i], got ? "is not a number" : "is missing");
@@ -332,7 +307,7 @@ static int read_costs(const char *arg, const mmp_sched *s, mmp_sim_costs *c, dou
     struct fy_diag_cfg dcfg;
     fy_diag_cfg_default(&dcfg);
     dcfg.fp = NULL;
-    dcfg.output_fn = discard_diag;
+    dcfg.output_fn = mmp_cli_json_quiet;
     dcfg.level = FYET_ERROR;
     struct fy_diag *diag = fy_diag_create(&dcfg);
     if (diag) {

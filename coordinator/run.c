@@ -403,6 +403,27 @@ static mmp_err broadcast(coord *c, Mmpipe__Envelope *env)
 
 /* ---- assignments --------------------------------------------------------------------- */
 
+/* Stage st's list as protobuf instructions: *ins (the messages) and *insp
+ * (pointers to them), both for the caller to free. */
+static mmp_err program_msg(const mmp_sched_stage *st, Mmpipe__Instr **ins, Mmpipe__Instr ***insp)
+{
+    *ins = calloc((size_t)st->n_prog + 1, sizeof **ins);
+    *insp = calloc((size_t)st->n_prog + 1, sizeof **insp);
+    if (!*ins || !*insp) {
+        free(*ins);
+        free(*insp);
+        return mmp_errorf(MMP_ERR_NOMEM, "instruction list of %d", st->n_prog);
+    }
+    for (int k = 0; k < st->n_prog; k++) {
+        mmpipe__instr__init(&(*ins)[k]);
+        (*ins)[k].op = (Mmpipe__Op)st->prog[k].op;
+        (*ins)[k].mb = st->prog[k].mb;
+        (*ins)[k].edge = st->prog[k].edge;
+        (*insp)[k] = &(*ins)[k];
+    }
+    return MMP_OK;
+}
+
 static mmp_err assign(coord *c, const char *plan_json, const char *resume_dir)
 {
     const mmp_sched *s = &c->sched;
@@ -431,20 +452,8 @@ static mmp_err assign(coord *c, const char *plan_json, const char *resume_dir)
             chp[nc] = ch;
             nc++;
         }
-        Mmpipe__Instr *ins = calloc((size_t)st->n_prog, sizeof *ins);
-        Mmpipe__Instr **insp = calloc((size_t)st->n_prog, sizeof *insp);
-        if (!ins || !insp) {
-            free(ins);
-            free(insp);
-            return mmp_errorf(MMP_ERR_NOMEM, "instruction list of %d", st->n_prog);
-        }
-        for (int k = 0; k < st->n_prog; k++) {
-            mmpipe__instr__init(&ins[k]);
-            ins[k].op = (Mmpipe__Op)st->prog[k].op;
-            ins[k].mb = st->prog[k].mb;
-            ins[k].edge = st->prog[k].edge;
-            insp[k] = &ins[k];
-        }
+        Mmpipe__Instr *ins, **insp;
+        MMP_TRY(program_msg(st, &ins, &insp));
         Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
         char kind[16], ckpt_file[80];
         snprintf(kind, sizeof kind, "%s",
@@ -612,21 +621,11 @@ static int reroute(coord *c, int step)
     }
     for (int i = 0; i < c->n; i++) {
         const mmp_sched_stage *st = &next.stages[i];
-        Mmpipe__Instr *ins = calloc((size_t)st->n_prog + 1, sizeof *ins);
-        Mmpipe__Instr **insp = calloc((size_t)st->n_prog + 1, sizeof *insp);
-        if (!ins || !insp) {
-            free(ins);
-            free(insp);
-            fail(c, "out of memory re-routing");
+        Mmpipe__Instr *ins, **insp;
+        if (program_msg(st, &ins, &insp) != MMP_OK) {
+            fail(c, "re-routing: %s", mmp_last_error());
             mmp_sched_fini(&next);
             return 1;
-        }
-        for (int k = 0; k < st->n_prog; k++) {
-            mmpipe__instr__init(&ins[k]);
-            ins[k].op = (Mmpipe__Op)st->prog[k].op;
-            ins[k].mb = st->prog[k].mb;
-            ins[k].edge = st->prog[k].edge;
-            insp[k] = &ins[k];
         }
         Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
         Mmpipe__Program pr = MMPIPE__PROGRAM__INIT;
