@@ -491,7 +491,10 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
         if (g->speed == 0) {
             g->speed = 1;
         }
-        snprintf(g->proc, sizeof g->proc, "%s/%d", g->name, g->replica);
+        char name[sizeof g->name];
+        memcpy(name, g->name, sizeof name); /* not name and proc of one struct in one call */
+        name[sizeof name - 1] = 0;
+        snprintf(g->proc, sizeof g->proc, "%s/%d", name, g->replica);
     }
     int fusion = -1;
     MMP_TRY(check_graph(s, &fusion));

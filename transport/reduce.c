@@ -11,9 +11,10 @@
  *              starting on a page boundary, so every region is 64-byte aligned.
  *
  * One sum is: write v into my region and my n; barrier; check every rank's
- * n; v = region 0 + region 1 + ... in rank order; barrier. The second barrier
- * keeps a fast rank from overwriting its region for the next round while a
- * slow one still reads it.
+ * n; sum my slice of the elements over all regions in rank order into my
+ * region; barrier; copy every slice from its owner's region into v; barrier.
+ * The last barrier keeps a fast rank from overwriting its region for the next
+ * round while a slow one still reads it.
  *
  * The barrier is one 64-bit arrival counter that only grows: a rank's b-th
  * barrier is passed once arrived >= b * R. Nobody resets it, so there is no
@@ -30,6 +31,10 @@
  * nothing in /dev/shm. A rank closing earlier removes it itself. The
  * `unlinked` flag makes that happen exactly once.
  *
+ * Creating, attaching, the futex calls, the pidfds and the unlink flag are
+ * transport/segment.h's, shared with the shm data channel; this file owns the
+ * layout, the barrier and the sum.
+ *
  * Must never: spin, wait without a timeout, leave a name behind once all
  * ranks are attached, trust a header it did not check, or add in any order
  * but rank order (every rank must end with the same bits). */
@@ -37,23 +42,19 @@
 
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <float.h>
 #include <limits.h>
-#include <linux/futex.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "transport/segment.h"
 
 /* Bitwise-identical sums on every rank need float additions done in float. */
 #if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
@@ -92,17 +93,16 @@ typedef struct reduce_header {
     _Atomic uint64_t n[MAX_RANKS];       /* that rank's n in the current round */
 } reduce_header;
 
-static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
-              "futex words must be plain lock-free 32-bit integers");
-static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "counters must be lock-free across processes");
+static_assert(offsetof(reduce_header, magic) == 0, "a segment's magic comes first (segment.h)");
 static_assert(sizeof(reduce_header) == 1664, "reduce_header is part of the segment layout");
 static_assert(sizeof(reduce_header) <= PAGE, "the header fits the first page");
 
 struct mmp_reduce {
     reduce_header *hdr; /* NULL when R == 1: no segment */
-    size_t map_bytes;
-    float *regions; /* region 0; region k at regions + k * stride */
-    size_t stride;  /* floats */
+    size_t map_bytes;   /* the segment's size, as this rank computes it */
+    size_t data_offset; /* from hdr to region 0 */
+    float *regions;     /* region 0; region k at regions + k * stride */
+    size_t stride;      /* floats */
     size_t capacity;
     int replicas, rank;
     int timeout_ms;
@@ -126,38 +126,12 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
-static void sleep_ms(double ms)
-{
-    struct timespec t = {(time_t)(ms / 1e3), (long)((ms - (time_t)(ms / 1e3) * 1e3) * 1e6)};
-    nanosleep(&t, NULL);
-}
-
-/* Sleeps while *word == seen, at most ms. Returns 0 when woken (or the word
- * had already changed), ETIMEDOUT, or EINTR. Not FUTEX_PRIVATE: the waiters
- * are different processes. */
-static int futex_wait(_Atomic uint32_t *word, uint32_t seen, int ms)
-{
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    if (syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &t, NULL, 0) == 0) {
-        return 0;
-    }
-    return errno == EAGAIN ? 0 : errno;
-}
-
-/* Bumps the doorbell after the caller's state change and wakes every waiter.
- * One FUTEX_WAKE per barrier: cheap beside summing R vectors. */
+/* Bumps the doorbell after the caller's state change and wakes every waiter
+ * (they do not count themselves): one FUTEX_WAKE per barrier, cheap beside
+ * summing R vectors. */
 static void ring(reduce_header *h)
 {
-    atomic_fetch_add_explicit(&h->bell, 1, memory_order_seq_cst);
-    syscall(SYS_futex, (uint32_t *)&h->bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-static void claim_unlink(mmp_reduce *r)
-{
-    uint32_t zero = 0;
-    if (atomic_compare_exchange_strong(&r->hdr->unlinked, &zero, 1)) {
-        shm_unlink(r->name); /* ENOENT is harmless: someone removed it by hand */
-    }
+    mmp_segment_bell_ring(&h->bell, NULL);
 }
 
 static float *region(const mmp_reduce *r, int k)
@@ -168,24 +142,7 @@ static float *region(const mmp_reduce *r, int k)
 /* 1 when rank k's process is known to have exited (a zombie counts). */
 static int peer_dead(mmp_reduce *r, int k)
 {
-    pid_t pid = atomic_load_explicit(&r->hdr->pid[k], memory_order_acquire);
-    if (pid <= 0) {
-        return 0; /* not attached yet: only the timeout can end the wait */
-    }
-    if (r->pidfd[k] < 0) {
-        /* A pidfd pins the process: unlike kill(pid, 0) it reports a
-         * not-yet-reaped child as exited and is immune to pid reuse. */
-        int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-        if (fd < 0 && errno == ESRCH) {
-            return 1;
-        }
-        if (fd < 0) {
-            return kill(pid, 0) == -1 && errno == ESRCH;
-        }
-        r->pidfd[k] = fd;
-    }
-    struct pollfd p = {.fd = r->pidfd[k], .events = POLLIN};
-    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+    return mmp_segment_peer_dead(&r->hdr->pid[k], &r->pidfd[k]);
 }
 
 /* ---- the barrier -------------------------------------------------------- */
@@ -271,7 +228,7 @@ static mmp_err wait_barrier(mmp_reduce *r, uint64_t b)
                               (unsigned long long)r->rounds);
         }
         int slice = left < SLICE_MS ? (int)left + 1 : SLICE_MS;
-        check_alive = futex_wait(&h->bell, seen, slice) == ETIMEDOUT;
+        check_alive = mmp_segment_bell_wait(&h->bell, seen, NULL, slice) == ETIMEDOUT;
     }
 }
 
@@ -297,12 +254,7 @@ static mmp_err check_cfg(const mmp_reduce_cfg *cfg, layout *g)
         return mmp_errorf(MMP_ERR_INVALID, "reduce: no cfg");
     }
     const char *a = cfg->name;
-    if (!a || a[0] != '/' || !a[1] || strchr(a + 1, '/') || strlen(a) > NAME_MAX) {
-        return mmp_errorf(MMP_ERR_INVALID,
-                          "reduce: name '%s' is not a POSIX shm name ('/' then up to %d "
-                          "characters, no other '/')",
-                          a ? a : "(null)", NAME_MAX - 1);
-    }
+    MMP_TRY(mmp_segment_check_name("reduce", "name", a));
     if (cfg->replicas < 1 || cfg->replicas > MAX_RANKS) {
         return mmp_errorf(MMP_ERR_INVALID, "reduce %s: replicas %d not in 1..%d", a, cfg->replicas,
                           MAX_RANKS);
@@ -321,146 +273,89 @@ static mmp_err check_cfg(const mmp_reduce_cfg *cfg, layout *g)
     return MMP_OK;
 }
 
-static void attach(mmp_reduce *r, void *base, const layout *g)
+/* r takes over the mapping at base (map_bytes): close unmaps it. */
+static void adopt(mmp_reduce *r, void *base)
 {
     r->hdr = base;
-    r->map_bytes = g->total;
-    r->regions = (float *)(void *)((unsigned char *)base + g->data_offset);
+    r->regions = (float *)(void *)((unsigned char *)base + r->data_offset);
 }
 
-static mmp_err create(mmp_reduce *r, const layout *g)
+static mmp_err create(mmp_reduce *r)
 {
-    mmp_err ret = MMP_OK;
-    void *base = MAP_FAILED;
-    int fd = shm_open(r->name, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        return mmp_errorf(MMP_ERR_IO, "reduce %s: create: %s%s", r->name, strerror(errno),
-                          errno == EEXIST ? " (left by a crashed run? mmp_shm_unlink_prefix)" : "");
-    }
-    /* posix_fallocate, not just ftruncate: a full /dev/shm is an error here,
-     * not a SIGBUS in some later sum. */
-    int e = posix_fallocate(fd, 0, (off_t)g->total);
-    if (e != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: reserve %zu bytes: %s", r->name, g->total,
-                         strerror(e));
-        goto fail;
-    }
-    base = mmap(NULL, g->total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: map %zu bytes: %s", r->name, g->total,
-                         strerror(errno));
-        goto fail;
-    }
+    void *base = NULL;
+    MMP_TRY(mmp_segment_create(&base, "reduce", r->name, r->map_bytes));
     reduce_header *h = base; /* a fresh segment reads as zeros */
     h->version = REDUCE_VERSION;
     h->replicas = (uint32_t)r->replicas;
     h->capacity = r->capacity;
-    h->region_stride = g->stride;
-    h->data_offset = g->data_offset;
-    h->total_bytes = g->total;
+    h->region_stride = r->stride;
+    h->data_offset = r->data_offset;
+    h->total_bytes = r->map_bytes;
     atomic_store(&h->pid[0], (int32_t)getpid());
     atomic_store(&h->attached, 1);
-    atomic_store_explicit(&h->magic, REDUCE_MAGIC, memory_order_release);
-    attach(r, base, g);
-    close(fd);
+    mmp_segment_publish(base, REDUCE_MAGIC);
+    adopt(r, base);
     return MMP_OK;
-
-fail:
-    shm_unlink(r->name);
-    close(fd);
-    return ret;
 }
 
-/* One attempt to attach: MMP_OK, MMP_ERR_TIMEOUT when the segment is not
- * there or not ready yet (try again), or a real error. */
-static mmp_err try_attach(mmp_reduce *r, const layout *g)
+/* Rank 0's header against the attaching rank r (an mmp_segment_check): magic
+ * and version, geometry, and the layout as r computes it. */
+static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_t file_bytes)
 {
-    mmp_err ret = MMP_OK;
-    void *base = MAP_FAILED;
-    size_t mapped = 0;
-    int fd = shm_open(r->name, O_RDWR, 0);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            return MMP_ERR_TIMEOUT;
-        }
-        return mmp_errorf(MMP_ERR_IO, "reduce %s: open: %s", r->name, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: stat: %s", r->name, strerror(errno));
-        goto exit;
-    }
-    if ((size_t)st.st_size < sizeof(reduce_header)) {
-        ret = MMP_ERR_TIMEOUT; /* created, not sized yet */
-        goto exit;
-    }
-    /* Read rank 0's header through a small mapping before trusting its size:
-     * a mismatched segment may be of any size. */
-    mapped = sizeof(reduce_header);
-    base = mmap(NULL, mapped, PROT_READ, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: map header: %s", r->name, strerror(errno));
-        goto exit;
-    }
-    const reduce_header *h = base;
-    uint64_t magic = atomic_load_explicit(&((reduce_header *)base)->magic, memory_order_acquire);
-    if (magic == 0) {
-        ret = MMP_ERR_TIMEOUT; /* rank 0 has not published it yet */
-        goto exit;
-    }
+    const mmp_reduce *r = ctx;
+    const reduce_header *h = header;
     if (magic != REDUCE_MAGIC || h->version != REDUCE_VERSION) {
-        ret = mmp_errorf(MMP_ERR_PEER,
-                         "reduce %s: not an mmpipe reduce segment of version %u (magic %#llx, "
-                         "version %u)",
-                         r->name, REDUCE_VERSION, (unsigned long long)magic, h->version);
-        goto exit;
+        return mmp_errorf(MMP_ERR_PEER,
+                          "reduce %s: not an mmpipe reduce segment of version %u (magic %#llx, "
+                          "version %u)",
+                          r->name, REDUCE_VERSION, (unsigned long long)magic, h->version);
     }
     if (h->replicas != (uint32_t)r->replicas || h->capacity != r->capacity) {
-        ret = mmp_errorf(MMP_ERR_PEER,
-                         "reduce %s: geometry mismatch: rank 0 made %u replicas of capacity "
-                         "%llu floats, rank %d expects %d replicas of capacity %zu",
-                         r->name, h->replicas, (unsigned long long)h->capacity, r->rank,
-                         r->replicas, r->capacity);
-        goto exit;
+        return mmp_errorf(MMP_ERR_PEER,
+                          "reduce %s: geometry mismatch: rank 0 made %u replicas of capacity "
+                          "%llu floats, rank %d expects %d replicas of capacity %zu",
+                          r->name, h->replicas, (unsigned long long)h->capacity, r->rank,
+                          r->replicas, r->capacity);
     }
-    if (h->region_stride != g->stride || h->data_offset != g->data_offset ||
-        h->total_bytes != g->total || (size_t)st.st_size != g->total) {
-        ret = mmp_errorf(MMP_ERR_PEER,
-                         "reduce %s: layout mismatch: segment stride %llu offset %llu size %lld, "
-                         "rank %d computes stride %zu offset %zu size %zu",
-                         r->name, (unsigned long long)h->region_stride,
-                         (unsigned long long)h->data_offset, (long long)st.st_size, r->rank,
-                         g->stride, g->data_offset, g->total);
-        goto exit;
+    if (h->region_stride != r->stride || h->data_offset != r->data_offset ||
+        h->total_bytes != r->map_bytes || file_bytes != r->map_bytes) {
+        return mmp_errorf(MMP_ERR_PEER,
+                          "reduce %s: layout mismatch: segment stride %llu offset %llu size %lld, "
+                          "rank %d computes stride %zu offset %zu size %zu",
+                          r->name, (unsigned long long)h->region_stride,
+                          (unsigned long long)h->data_offset, (long long)file_bytes, r->rank,
+                          r->stride, r->data_offset, r->map_bytes);
     }
-    munmap(base, mapped);
-    mapped = g->total;
-    base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "reduce %s: map %zu bytes: %s", r->name, mapped,
-                         strerror(errno));
-        goto exit;
+    return MMP_OK;
+}
+
+/* Rank k > 0: waits for rank 0's segment, checks it and takes rank k's place;
+ * the last rank to attach removes the name. On failure nothing is mapped. */
+static mmp_err join(mmp_reduce *r)
+{
+    void *base = NULL;
+    mmp_err ret = mmp_segment_attach(&base, "reduce", r->name, sizeof(reduce_header), r->map_bytes,
+                                     r->timeout_ms, check_header, r);
+    if (ret == MMP_ERR_TIMEOUT) {
+        return mmp_errorf(MMP_ERR_PEER, "reduce %s: rank 0's segment did not appear in %d ms",
+                          r->name, r->timeout_ms);
+    }
+    if (ret != MMP_OK) {
+        return ret;
     }
     int32_t none = 0;
     if (!atomic_compare_exchange_strong(&((reduce_header *)base)->pid[r->rank], &none,
                                         (int32_t)getpid())) {
-        ret = mmp_errorf(MMP_ERR_PEER, "reduce %s: rank %d is already attached (pid %d)", r->name,
-                         r->rank, (int)none);
-        goto exit;
+        mmp_segment_unmap(base, r->map_bytes);
+        return mmp_errorf(MMP_ERR_PEER, "reduce %s: rank %d is already attached (pid %d)", r->name,
+                          r->rank, (int)none);
     }
-    attach(r, base, g);
-    base = MAP_FAILED;
+    adopt(r, base);
     /* The last to attach removes the name: it has done its job. */
     if (atomic_fetch_add(&r->hdr->attached, 1) + 1 == (uint32_t)r->replicas) {
-        claim_unlink(r);
+        mmp_segment_unlink_once(&r->hdr->unlinked, r->name);
     }
-
-exit:
-    if (base != MAP_FAILED) {
-        munmap(base, mapped);
-    }
-    close(fd);
-    return ret;
+    return MMP_OK;
 }
 
 mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
@@ -480,6 +375,8 @@ mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
     r->rank = cfg->rank;
     r->capacity = cfg->capacity;
     r->stride = g.stride;
+    r->data_offset = g.data_offset;
+    r->map_bytes = g.total;
     r->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 60000;
     for (int k = 0; k < MAX_RANKS; k++) {
         r->pidfd[k] = -1;
@@ -488,24 +385,9 @@ mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
         *out = r; /* nothing to share: no segment, sum is a no-op */
         return MMP_OK;
     }
-    mmp_err ret;
-    if (r->rank == 0) {
-        ret = create(r, &g);
-    } else {
-        double start = now_ms(), pause = 0.5;
-        while ((ret = try_attach(r, &g)) == MMP_ERR_TIMEOUT) {
-            if (now_ms() - start >= r->timeout_ms) {
-                ret =
-                    mmp_errorf(MMP_ERR_PEER, "reduce %s: rank 0's segment did not appear in %d ms",
-                               r->name, r->timeout_ms);
-                break;
-            }
-            sleep_ms(pause);
-            pause = pause * 2 < 5 ? pause * 2 : 5;
-        }
-    }
+    mmp_err ret = r->rank == 0 ? create(r) : join(r);
     if (ret != MMP_OK) {
-        free(r); /* nothing mapped: create and try_attach undo their own work */
+        free(r); /* nothing mapped: create and join undo their own work */
         return ret;
     }
     *out = r;
@@ -514,39 +396,48 @@ mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
 
 /* ---- sum ---------------------------------------------------------------- */
 
-/* v (n) = region 0 + region 1 + ... + region R-1, added in exactly that order
- * for every element: the order fixes the rounding, so every rank gets the
- * same bits. Chunked so v stays in cache across the R passes; the chunking
- * does not change any element's order of additions. */
-static void sum_regions(const mmp_reduce *r, float *restrict v, size_t n)
+/* Reduce-scatter, then all-gather. Rank k owns the slice [lo_k, hi_k) of the
+ * elements: it adds region 0 + region 1 + ... + region R-1 there, in exactly
+ * that order for every element (the order fixes the rounding, so each element
+ * has the same bits whichever rank computed it), and writes the sums into its
+ * own region's slice -- which no other rank reads. After a barrier every rank
+ * copies each slice from its owner's region. Each rank reads about 2n values
+ * instead of R n, and the ranks add in parallel. */
+static void slice_of(const mmp_reduce *r, int k, size_t n, size_t *lo, size_t *hi)
 {
-    for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
-        size_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
-        float *restrict out = v + i0;
-        memcpy(out, region(r, 0) + i0, m * sizeof(float));
-        for (int k = 1; k < r->replicas; k++) {
-            const float *restrict src = region(r, k) + i0;
-            for (size_t i = 0; i < m; i++) {
-                out[i] += src[i];
-            }
-        }
-    }
+    *lo = n * (size_t)k / (size_t)r->replicas;
+    *hi = n * (size_t)(k + 1) / (size_t)r->replicas;
 }
 
-/* The same over doubles (a region then holds n doubles in 2n floats' room;
- * regions are 64-byte aligned). */
-static void sum_regions_f64(const mmp_reduce *r, double *restrict v, size_t n)
+#define DEFINE_SUM_SLICE(NAME, T)                                                                  \
+    static void NAME(const mmp_reduce *r, size_t n)                                              \
+    {                                                                                              \
+        size_t lo, hi;                                                                             \
+        slice_of(r, r->rank, n, &lo, &hi);                                                         \
+        T *restrict out = (T *)region(r, r->rank);                                                 \
+        for (size_t i0 = lo; i0 < hi; i0 += CHUNK) {                                               \
+            size_t m = hi - i0 < CHUNK ? hi - i0 : CHUNK;                                          \
+            T acc[CHUNK];                                                                          \
+            memcpy(acc, (const T *)region(r, 0) + i0, m * sizeof(T));                              \
+            for (int k = 1; k < r->replicas; k++) {                                                \
+                const T *restrict src = (const T *)region(r, k) + i0;                              \
+                for (size_t i = 0; i < m; i++) {                                                   \
+                    acc[i] += src[i];                                                              \
+                }                                                                                  \
+            }                                                                                      \
+            memcpy(out + i0, acc, m * sizeof(T));                                                  \
+        }                                                                                          \
+    }
+DEFINE_SUM_SLICE(sum_slice_f32, float)
+DEFINE_SUM_SLICE(sum_slice_f64, double)
+
+/* v (n elements of size bytes) = every slice from its owner's region. */
+static void gather_slices(const mmp_reduce *r, void *v, size_t n, size_t size)
 {
-    for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
-        size_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
-        double *restrict out = v + i0;
-        memcpy(out, (const double *)region(r, 0) + i0, m * sizeof(double));
-        for (int k = 1; k < r->replicas; k++) {
-            const double *restrict src = (const double *)region(r, k) + i0;
-            for (size_t i = 0; i < m; i++) {
-                out[i] += src[i];
-            }
-        }
+    for (int k = 0; k < r->replicas; k++) {
+        size_t lo, hi;
+        slice_of(r, k, n, &lo, &hi);
+        memcpy((char *)v + lo * size, (const char *)region(r, k) + lo * size, (hi - lo) * size);
     }
 }
 
@@ -603,10 +494,14 @@ static mmp_err reduce_round(mmp_reduce *r, void *v, size_t n, size_t size)
     }
     if (ret == MMP_OK) {
         if (size == sizeof(float)) {
-            sum_regions(r, v, n);
+            sum_slice_f32(r, n);
         } else {
-            sum_regions_f64(r, v, n);
+            sum_slice_f64(r, n);
         }
+        ret = barrier(r); /* every slice summed */
+    }
+    if (ret == MMP_OK) {
+        gather_slices(r, v, n, size);
         /* Nobody writes its region for the next round until all have read. */
         ret = barrier(r);
     }
@@ -637,8 +532,8 @@ void mmp_reduce_close(mmp_reduce *r)
         /* Peers blocked in a sum this rank will never join fail at once. */
         atomic_store_explicit(&r->hdr->closed[r->rank], 1, memory_order_release);
         ring(r->hdr);
-        claim_unlink(r); /* a no-op once every rank attached */
-        munmap(r->hdr, r->map_bytes);
+        mmp_segment_unlink_once(&r->hdr->unlinked, r->name); /* a no-op once every rank attached */
+        mmp_segment_unmap(r->hdr, r->map_bytes);
     }
     for (int k = 0; k < MAX_RANKS; k++) {
         if (r->pidfd[k] >= 0) {

@@ -37,27 +37,25 @@
  * creator closing before anyone connected unlinks it itself. Exactly one of
  * them unlinks: the one that wins the `unlinked` flag in the header.
  *
+ * Creating, attaching, the futex calls, the pidfd and the unlink flag are
+ * transport/segment.h's, shared with the replica reduce; this file owns the
+ * layout, the roles and the ring protocol.
+ *
  * Must never: allocate or map per message, leave a name behind on an error
  * path, or trust the peer's header fields without checking them. */
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "transport/channel.h"
+#include "transport/segment.h"
 
 #define SHM_MAGIC 0x31304d4853504d4dull /* "MMPSHM01" */
 #define SHM_VERSION 1u
@@ -106,15 +104,14 @@ typedef struct shm_header {
     alignas(SHM_ALIGN) mmp_msg_header msg[]; /* one per slot */
 } shm_header;
 
-static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
-              "futex words must be plain lock-free 32-bit integers");
-static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "counters must be lock-free across processes");
+static_assert(offsetof(shm_header, magic) == 0, "a segment's magic comes first (segment.h)");
 static_assert(sizeof(mmp_msg_header) == 32, "mmp_msg_header is part of the segment layout");
 static_assert(sizeof(shm_header) == 256, "shm_header is part of the segment layout");
 
 typedef struct shm_channel {
     shm_header *hdr;
-    size_t map_bytes;
+    size_t map_bytes;       /* the segment's size, as this end computes it */
+    size_t payload_offset;  /* from hdr to slot 0's payload */
     unsigned char *payload; /* slot 0 */
     size_t slot_bytes, stride;
     uint32_t slots;
@@ -142,12 +139,6 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
-static void sleep_ms(double ms)
-{
-    struct timespec t = {(time_t)(ms / 1e3), (long)((ms - (time_t)(ms / 1e3) * 1e3) * 1e6)};
-    nanosleep(&t, NULL);
-}
-
 #if MMP_SHM_SPIN_NS > 0
 static void cpu_relax(void)
 {
@@ -157,53 +148,10 @@ static void cpu_relax(void)
 }
 #endif
 
-/* Sleeps while *word == seen, at most ms. Returns 0 when woken (or the word
- * had already changed), ETIMEDOUT, or EINTR. */
-static int futex_wait(_Atomic uint32_t *word, uint32_t seen, int ms)
-{
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    if (syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &t, NULL, 0) == 0) {
-        return 0;
-    }
-    return errno == EAGAIN ? 0 : errno;
-}
-
-/* Rings a doorbell: bumps the word, then wakes a sleeper if one announced
- * itself (or `always`, on close). The RMW on the word and the load of
- * sleepers are both seq_cst, the mirror of the waiter's increment of sleepers
- * before its FUTEX_WAIT reads the word, so either the waiter sees the new
- * value or the ringer sees the sleeper. Waking unconditionally would cost a
- * system call per message even when the peer is awake: measured 1.4-2.3 M
- * msg/s against 11-12 M msg/s with the check, streaming 64-byte messages. */
-static void ring(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers, int always)
-{
-    atomic_fetch_add_explicit(bell, 1, memory_order_seq_cst);
-    if (always || atomic_load_explicit(sleepers, memory_order_seq_cst) != 0) {
-        syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    }
-}
-
 /* 1 when the peer's process is known to have exited (a zombie counts). */
 static int peer_dead(shm_channel *ch)
 {
-    pid_t pid = atomic_load_explicit(&ch->hdr->pid[ch->peer], memory_order_acquire);
-    if (pid <= 0) {
-        return 0; /* not attached yet: only the timeout can end the wait */
-    }
-    if (ch->peer_pidfd < 0) {
-        /* A pidfd pins the process: unlike kill(pid, 0) it reports a
-         * not-yet-reaped child as exited and is immune to pid reuse. */
-        int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-        if (fd < 0 && errno == ESRCH) {
-            return 1;
-        }
-        if (fd < 0) {
-            return kill(pid, 0) == -1 && errno == ESRCH;
-        }
-        ch->peer_pidfd = fd;
-    }
-    struct pollfd p = {.fd = ch->peer_pidfd, .events = POLLIN};
-    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+    return mmp_segment_peer_dead(&ch->hdr->pid[ch->peer], &ch->peer_pidfd);
 }
 
 static const char *role_name(int role)
@@ -251,25 +199,13 @@ static mmp_err wait_counter(shm_channel *ch, _Atomic uint64_t *counter, uint64_t
             }
             slice = left < SLICE_MS ? (int)left + 1 : SLICE_MS;
         }
-        atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
-        int r = futex_wait(bell, seen, slice);
-        atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+        int r = mmp_segment_bell_wait(bell, seen, sleepers, slice);
         if (r == ETIMEDOUT && peer_dead(ch)) {
             return mmp_errorf(MMP_ERR_PEER, "shm %s: waiting for %s: the %s end (pid %d) died",
                               ch->name, what, role_name(ch->peer),
                               (int)atomic_load(&ch->hdr->pid[ch->peer]));
         }
     }
-}
-
-static int claim_unlink(shm_channel *ch)
-{
-    uint32_t zero = 0;
-    if (!atomic_compare_exchange_strong(&ch->hdr->unlinked, &zero, 1)) {
-        return 0;
-    }
-    shm_unlink(ch->name);
-    return 1;
 }
 
 /* ---- geometry ----------------------------------------------------------- */
@@ -281,12 +217,7 @@ typedef struct shm_geometry {
 static mmp_err check_cfg(const mmp_channel_cfg *cfg, shm_geometry *g)
 {
     const char *a = cfg ? cfg->address : NULL;
-    if (!a || a[0] != '/' || !a[1] || strchr(a + 1, '/') || strlen(a) > NAME_MAX) {
-        return mmp_errorf(MMP_ERR_INVALID,
-                          "shm: address '%s' is not a POSIX shm name ('/' then up to %d "
-                          "characters, no other '/')",
-                          a ? a : "(null)", NAME_MAX - 1);
-    }
+    MMP_TRY(mmp_segment_check_name("shm", "address", a));
     if (cfg->slots < 1 || cfg->slots > SHM_MAX_SLOTS) {
         return mmp_errorf(MMP_ERR_INVALID, "shm %s: slots %d not in 1..%d", a, cfg->slots,
                           SHM_MAX_SLOTS);
@@ -301,23 +232,26 @@ static mmp_err check_cfg(const mmp_channel_cfg *cfg, shm_geometry *g)
     return MMP_OK;
 }
 
-static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, const shm_geometry *g,
-                           int me)
+/* This end of the channel cfg describes (checked), not attached yet. */
+static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me)
 {
+    shm_geometry g = {0};
+    MMP_TRY(check_cfg(cfg, &g));
     shm_channel *ch = calloc(1, sizeof *ch);
     if (!ch) {
         return mmp_errorf(MMP_ERR_NOMEM, "shm %s: channel", cfg->address);
     }
     snprintf(ch->name, sizeof ch->name, "%s", cfg->address);
     ch->slot_bytes = cfg->slot_bytes;
-    ch->stride = g->stride;
+    ch->stride = g.stride;
     ch->slots = (uint32_t)cfg->slots;
     ch->send = cfg->send != 0;
     ch->me = me;
     ch->peer = 1 - me;
     ch->timeout_ms = cfg->timeout_ms;
     ch->peer_pidfd = -1;
-    ch->map_bytes = g->total;
+    ch->map_bytes = g.total;
+    ch->payload_offset = g.payload_offset;
     *out = ch;
     return MMP_OK;
 }
@@ -339,197 +273,115 @@ static int shm_can_connect(const mmp_channel_cfg *cfg, const char **why_not)
 
 static mmp_err shm_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
 {
-    shm_geometry g = {0};
     shm_channel *ch = NULL;
-    int fd = -1;
-    void *base = MAP_FAILED;
+    void *base = NULL;
     *out = NULL;
-    mmp_err ret = check_cfg(cfg, &g);
+    MMP_TRY(new_channel(&ch, cfg, CREATOR));
+    mmp_err ret = mmp_segment_create(&base, "shm", ch->name, ch->map_bytes);
     if (ret != MMP_OK) {
+        free(ch);
         return ret;
     }
-    fd = shm_open(cfg->address, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        return mmp_errorf(MMP_ERR_IO, "shm %s: create: %s%s", cfg->address, strerror(errno),
-                          errno == EEXIST ? " (left by a crashed run? mmp_shm_unlink_prefix)" : "");
-    }
-    /* posix_fallocate, not just ftruncate: a full /dev/shm is an error here,
-     * not a SIGBUS on some later message. */
-    int e = posix_fallocate(fd, 0, (off_t)g.total);
-    if (e != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "shm %s: reserve %zu bytes: %s", cfg->address, g.total,
-                         strerror(e));
-        goto fail;
-    }
-    base = mmap(NULL, g.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "shm %s: map %zu bytes: %s", cfg->address, g.total,
-                         strerror(errno));
-        goto fail;
-    }
-    ret = new_channel(&ch, cfg, &g, CREATOR);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
     ch->hdr = base;
-    ch->payload = (unsigned char *)base + g.payload_offset;
+    ch->payload = (unsigned char *)base + ch->payload_offset;
     shm_header *h = ch->hdr; /* a fresh segment reads as zeros */
     h->version = SHM_VERSION;
-    h->slots = (uint32_t)cfg->slots;
-    h->slot_bytes = cfg->slot_bytes;
-    h->slot_stride = g.stride;
-    h->payload_offset = g.payload_offset;
-    h->total_bytes = g.total;
+    h->slots = ch->slots;
+    h->slot_bytes = ch->slot_bytes;
+    h->slot_stride = ch->stride;
+    h->payload_offset = ch->payload_offset;
+    h->total_bytes = ch->map_bytes;
     h->creator_sends = ch->send;
     atomic_store(&h->pid[CREATOR], (int32_t)getpid());
-    atomic_store_explicit(&h->magic, SHM_MAGIC, memory_order_release);
-    close(fd);
+    mmp_segment_publish(base, SHM_MAGIC);
     *out = (mmp_channel *)(void *)ch;
     return MMP_OK;
-
-fail:
-    free(ch);
-    if (base != MAP_FAILED) {
-        munmap(base, g.total);
-    }
-    shm_unlink(cfg->address);
-    close(fd);
-    return ret;
 }
 
-/* One attempt to attach: MMP_OK, MMP_ERR_TIMEOUT when the segment is not
- * there or not ready yet (try again), or a real error. */
-static mmp_err try_connect(shm_channel *ch, const mmp_channel_cfg *cfg, const shm_geometry *g)
+/* The creator's header against the connecting end ch (an mmp_segment_check):
+ * magic, version, geometry and layout as ch computes them, and opposite
+ * directions. */
+static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_t file_bytes)
 {
-    mmp_err ret = MMP_OK;
-    void *base = MAP_FAILED;
-    size_t mapped = 0;
-    int fd = shm_open(cfg->address, O_RDWR, 0);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            return MMP_ERR_TIMEOUT;
-        }
-        return mmp_errorf(MMP_ERR_IO, "shm %s: open: %s", cfg->address, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "shm %s: stat: %s", cfg->address, strerror(errno));
-        goto exit;
-    }
-    if ((size_t)st.st_size < sizeof(shm_header)) {
-        ret = MMP_ERR_TIMEOUT; /* created, not sized yet */
-        goto exit;
-    }
-    /* Read the creator's header through a small mapping before trusting its
-     * size: a mismatched segment may be of any size. */
-    mapped = sizeof(shm_header);
-    base = mmap(NULL, mapped, PROT_READ, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "shm %s: map header: %s", cfg->address, strerror(errno));
-        goto exit;
-    }
-    const shm_header *h = base;
-    uint64_t magic = atomic_load_explicit(&((shm_header *)base)->magic, memory_order_acquire);
-    if (magic == 0) {
-        ret = MMP_ERR_TIMEOUT; /* the creator has not published it yet */
-        goto exit;
-    }
+    const shm_channel *ch = ctx;
+    const shm_header *h = header;
     if (magic != SHM_MAGIC) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "shm %s: not an mmpipe channel (magic %#llx, want %#llx)",
-                         cfg->address, (unsigned long long)magic, (unsigned long long)SHM_MAGIC);
-        goto exit;
+        return mmp_errorf(MMP_ERR_PROTO, "shm %s: not an mmpipe channel (magic %#llx, want %#llx)",
+                          ch->name, (unsigned long long)magic, (unsigned long long)SHM_MAGIC);
     }
     if (h->version != SHM_VERSION) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "shm %s: segment version %u, this end speaks %u",
-                         cfg->address, h->version, SHM_VERSION);
-        goto exit;
+        return mmp_errorf(MMP_ERR_PROTO, "shm %s: segment version %u, this end speaks %u", ch->name,
+                          h->version, SHM_VERSION);
     }
-    if (h->slots != (uint32_t)cfg->slots || h->slot_bytes != cfg->slot_bytes) {
-        ret = mmp_errorf(MMP_ERR_PROTO,
-                         "shm %s: geometry mismatch: segment has %u slots of %llu bytes, this "
-                         "end expects %d slots of %zu bytes",
-                         cfg->address, h->slots, (unsigned long long)h->slot_bytes, cfg->slots,
-                         cfg->slot_bytes);
-        goto exit;
+    if (h->slots != ch->slots || h->slot_bytes != ch->slot_bytes) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "shm %s: geometry mismatch: segment has %u slots of %llu bytes, this "
+                          "end expects %u slots of %zu bytes",
+                          ch->name, h->slots, (unsigned long long)h->slot_bytes, ch->slots,
+                          ch->slot_bytes);
     }
-    if (h->slot_stride != g->stride || h->payload_offset != g->payload_offset ||
-        h->total_bytes != g->total || (size_t)st.st_size != g->total) {
-        ret = mmp_errorf(MMP_ERR_PROTO,
-                         "shm %s: layout mismatch: segment stride %llu offset %llu size %lld, "
-                         "this end computes stride %zu offset %zu size %zu",
-                         cfg->address, (unsigned long long)h->slot_stride,
-                         (unsigned long long)h->payload_offset, (long long)st.st_size, g->stride,
-                         g->payload_offset, g->total);
-        goto exit;
+    if (h->slot_stride != ch->stride || h->payload_offset != ch->payload_offset ||
+        h->total_bytes != ch->map_bytes || file_bytes != ch->map_bytes) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "shm %s: layout mismatch: segment stride %llu offset %llu size %lld, "
+                          "this end computes stride %zu offset %zu size %zu",
+                          ch->name, (unsigned long long)h->slot_stride,
+                          (unsigned long long)h->payload_offset, (long long)file_bytes, ch->stride,
+                          ch->payload_offset, ch->map_bytes);
     }
-    if ((h->creator_sends != 0) == (cfg->send != 0)) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "shm %s: both ends %s", cfg->address,
-                         cfg->send ? "send" : "receive");
-        goto exit;
+    if ((h->creator_sends != 0) == ch->send) {
+        return mmp_errorf(MMP_ERR_PROTO, "shm %s: both ends %s", ch->name,
+                          ch->send ? "send" : "receive");
     }
-    munmap(base, mapped);
-    mapped = g->total;
-    base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "shm %s: map %zu bytes: %s", cfg->address, mapped,
-                         strerror(errno));
-        goto exit;
-    }
+    return MMP_OK;
+}
+
+/* Takes the connector's place in the segment mapped at base (map_bytes,
+ * header checked). Once the place is taken ch owns the mapping, whatever this
+ * returns: closing ch then closes this end like any other close, so the
+ * creator sees it. When another connector holds the place, unmaps base. */
+static mmp_err join(shm_channel *ch, void *base)
+{
     int32_t none = 0;
     if (!atomic_compare_exchange_strong(&((shm_header *)base)->pid[CONNECTOR], &none,
                                         (int32_t)getpid())) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "shm %s: already has a connector (pid %d)", cfg->address,
-                         (int)none);
-        goto exit;
+        mmp_segment_unmap(base, ch->map_bytes);
+        return mmp_errorf(MMP_ERR_PROTO, "shm %s: already has a connector (pid %d)", ch->name,
+                          (int)none);
     }
-    /* Attached: from here on ch owns the mapping, and a failure closes this
-     * end like any other close, so the creator sees it. */
     ch->hdr = base;
-    ch->payload = (unsigned char *)base + g->payload_offset;
-    base = MAP_FAILED;
+    ch->payload = (unsigned char *)base + ch->payload_offset;
     /* Both ends are attached: the name has done its job. */
-    claim_unlink(ch);
+    mmp_segment_unlink_once(&ch->hdr->unlinked, ch->name);
     if (atomic_load(&ch->hdr->closed[CREATOR])) {
-        ret =
-            mmp_errorf(MMP_ERR_PEER, "shm %s: the creator closed before the connect", cfg->address);
-        goto exit;
+        return mmp_errorf(MMP_ERR_PEER, "shm %s: the creator closed before the connect", ch->name);
     }
     if (peer_dead(ch)) {
-        ret = mmp_errorf(MMP_ERR_PEER, "shm %s: the creator (pid %d) is dead", cfg->address,
-                         (int)atomic_load(&ch->hdr->pid[CREATOR]));
-        goto exit;
+        return mmp_errorf(MMP_ERR_PEER, "shm %s: the creator (pid %d) is dead", ch->name,
+                          (int)atomic_load(&ch->hdr->pid[CREATOR]));
     }
-
-exit:
-    if (base != MAP_FAILED) {
-        munmap(base, mapped);
-    }
-    close(fd);
-    return ret;
+    return MMP_OK;
 }
 
 static void shm_close(mmp_channel *c);
 
 static mmp_err shm_connect(mmp_channel **out, const mmp_channel_cfg *cfg)
 {
-    shm_geometry g = {0};
     shm_channel *ch = NULL;
+    void *base = NULL;
     *out = NULL;
-    MMP_TRY(check_cfg(cfg, &g));
-    MMP_TRY(new_channel(&ch, cfg, &g, CONNECTOR));
-    double start = now_ms(), pause = 0.2;
-    mmp_err ret;
-    while ((ret = try_connect(ch, cfg, &g)) == MMP_ERR_TIMEOUT) {
-        if (cfg->timeout_ms > 0 && now_ms() - start >= cfg->timeout_ms) {
-            ret = mmp_errorf(MMP_ERR_PEER, "shm %s: no ready creator after %d ms", cfg->address,
-                             cfg->timeout_ms);
-            break;
-        }
-        sleep_ms(pause);
-        pause = pause * 2 < 10 ? pause * 2 : 10;
+    MMP_TRY(new_channel(&ch, cfg, CONNECTOR));
+    mmp_err ret = mmp_segment_attach(&base, "shm", ch->name, sizeof(shm_header), ch->map_bytes,
+                                     ch->timeout_ms, check_header, ch);
+    if (ret == MMP_ERR_TIMEOUT) {
+        ret = mmp_errorf(MMP_ERR_PEER, "shm %s: no ready creator after %d ms", ch->name,
+                         ch->timeout_ms);
+    }
+    if (ret == MMP_OK) {
+        ret = join(ch, base);
     }
     if (ret != MMP_OK) {
-        shm_close((mmp_channel *)(void *)ch); /* unmaps if mapped; never unlinks a creator's name */
+        shm_close((mmp_channel *)(void *)ch); /* unmaps if joined; never unlinks a creator's name */
         return ret;
     }
     *out = (mmp_channel *)(void *)ch;
@@ -572,7 +424,7 @@ static mmp_err shm_post(mmp_channel *c, const mmp_msg_header *h)
     ch->count++;
     ch->acquired = 0;
     atomic_store_explicit(&ch->hdr->head, ch->count, memory_order_release);
-    ring(&ch->hdr->data_bell, &ch->hdr->data_sleepers, 0);
+    mmp_segment_bell_ring(&ch->hdr->data_bell, &ch->hdr->data_sleepers);
     return MMP_OK;
 }
 
@@ -604,7 +456,7 @@ static mmp_err shm_release(mmp_channel *c)
     }
     ch->released++;
     atomic_store_explicit(&ch->hdr->tail, ch->released, memory_order_release);
-    ring(&ch->hdr->credit_bell, &ch->hdr->credit_sleepers, 0);
+    mmp_segment_bell_ring(&ch->hdr->credit_bell, &ch->hdr->credit_sleepers);
     return MMP_OK;
 }
 
@@ -620,12 +472,13 @@ static void shm_close(mmp_channel *c)
     }
     if (ch->hdr) {
         atomic_store_explicit(&ch->hdr->closed[ch->me], 1, memory_order_release);
-        ring(&ch->hdr->data_bell, &ch->hdr->data_sleepers, 1);
-        ring(&ch->hdr->credit_bell, &ch->hdr->credit_sleepers, 1);
+        /* Every waiter, whatever the sleepers count says. */
+        mmp_segment_bell_ring(&ch->hdr->data_bell, NULL);
+        mmp_segment_bell_ring(&ch->hdr->credit_bell, NULL);
         if (ch->me == CREATOR) {
-            claim_unlink(ch);
+            mmp_segment_unlink_once(&ch->hdr->unlinked, ch->name);
         }
-        munmap(ch->hdr, ch->map_bytes);
+        mmp_segment_unmap(ch->hdr, ch->map_bytes);
     }
     if (ch->peer_pidfd >= 0) {
         close(ch->peer_pidfd);
