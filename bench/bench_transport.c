@@ -242,7 +242,16 @@ static void throughput(const int *sizes_mb, int nsizes, int reps)
         char addr[96];
         snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
         double cp = memcpy_gbps(bytes, reps, msgs);
-        mmp_channel_cfg scfg = {addr, bytes, 2, 1, 60000}, rcfg = {addr, bytes, 2, 0, 60000};
+        mmp_channel_cfg scfg = {.address = addr,
+                                .slot_bytes = bytes,
+                                .slots = 2,
+                                .send = 1,
+                                .timeout_ms = 60000},
+                        rcfg = {.address = addr,
+                                .slot_bytes = bytes,
+                                .slots = 2,
+                                .send = 0,
+                                .timeout_ms = 60000};
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
@@ -268,7 +277,9 @@ static void throughput(const int *sizes_mb, int nsizes, int reps)
 static void shm_pong(const char *ab, const char *ba, int n)
 {
     const mmp_transport *t = &mmp_transport_shm;
-    mmp_channel_cfg out = {ba, PING_BYTES, 2, 1, 60000}, in = {ab, PING_BYTES, 2, 0, 60000};
+    mmp_channel_cfg
+        out = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
+        in = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
     mmp_channel *tx, *rx;
     if (t->setup(&tx, &out) != MMP_OK || t->connect(&rx, &in) != MMP_OK) {
         die("pong open");
@@ -303,7 +314,9 @@ static void pause_us(double us)
 static void shm_ping(const char *ab, const char *ba, int warm, int n, double gap_us, double *us)
 {
     const mmp_transport *t = &mmp_transport_shm;
-    mmp_channel_cfg out = {ab, PING_BYTES, 2, 1, 60000}, in = {ba, PING_BYTES, 2, 0, 60000};
+    mmp_channel_cfg
+        out = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
+        in = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
     mmp_channel *tx, *rx;
     if (t->setup(&tx, &out) != MMP_OK || t->connect(&rx, &in) != MMP_OK) {
         die("ping open");

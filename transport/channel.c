@@ -13,8 +13,13 @@
 
 #include "transport/channel.h"
 
-/* Highest priority first. cuda_ipc, nccl and tcp go here as they arrive. */
+/* Highest priority first. nccl and tcp go here as they arrive. cuda_ipc
+ * accepts only cfgs with on_gpu set and asks nothing of CUDA otherwise, so
+ * host channels still reach shm without touching the driver. */
 static const mmp_transport *const transports[] = {
+#ifdef MMP_HAVE_CUDA
+    &mmp_transport_cuda_ipc,
+#endif
     &mmp_transport_shm,
 };
 
@@ -71,7 +76,11 @@ mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_
     void *slot;
     MMP_TRY(t->acquire(ch, &slot));
     if (h->bytes > 0) {
-        memcpy(slot, payload, h->bytes);
+        if (t->fill) {
+            MMP_TRY(t->fill(ch, slot, payload, h->bytes));
+        } else {
+            memcpy(slot, payload, h->bytes);
+        }
     }
     return t->post(ch, h);
 }

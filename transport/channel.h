@@ -46,6 +46,15 @@ typedef struct mmp_channel_cfg {
     int slots;           /* ring depth, >= 1 */
     int send;            /* this end sends */
     int timeout_ms;      /* how long connect and blocking calls wait before MMP_ERR_PEER (<=0: forever) */
+    /* Where the payloads live. All zero (the default of every existing cfg)
+     * means host memory. on_gpu describes the edge, not one end: both ends
+     * must set the same value, or they would pick different transports. */
+    int on_gpu;          /* 1: both ends are GPU processes on one host and the slots
+                          * are device memory (cuda_ipc); 0: host memory */
+    int device;          /* on_gpu: this end's CUDA device ordinal (setup/connect
+                          * make it the calling thread's current device) */
+    void *cuda_stream;   /* on_gpu: this end's cudaStream_t (void *, so this header
+                          * needs no CUDA); NULL: the legacy default stream */
 } mmp_channel_cfg;
 
 typedef struct mmp_channel mmp_channel;
@@ -71,9 +80,17 @@ typedef struct mmp_transport {
     void (*close)(mmp_channel *ch);
     /* Payload capacity of each slot (the cfg's slot_bytes). */
     size_t (*slot_bytes)(const mmp_channel *ch);
+    /* Optional: how mmp_channel_send fills an acquired slot with bytes from
+     * src (NULL: memcpy). Transports whose slots are not host memory set it. */
+    mmp_err (*fill)(mmp_channel *ch, void *slot, const void *src, size_t bytes);
 } mmp_transport;
 
 extern const mmp_transport mmp_transport_shm;
+#ifdef MMP_HAVE_CUDA
+/* Device-memory slots between two GPU processes of one host (cfg.on_gpu);
+ * transport/cuda/cuda_ipc.c states the stream-ordering contract of its calls. */
+extern const mmp_transport mmp_transport_cuda_ipc;
+#endif
 
 /* Convenience over the table: */
 /* Opens this end (creator: setup, else connect) with the transport called
@@ -83,7 +100,7 @@ extern const mmp_transport mmp_transport_shm;
  * *used (if used) is the transport whose close() and calls apply to *out. */
 mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const char *name,
                          const mmp_channel_cfg *cfg, int creator);
-/* Copying send: acquire + memcpy + post. */
+/* Copying send: acquire + memcpy (or the transport's fill) + post. */
 mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_header *h,
                          const void *payload);
 
