@@ -92,6 +92,7 @@
 #include <cuda_runtime_api.h>
 
 #include "transport/channel.h"
+#include "transport/segment.h"
 
 #define CIPC_MAGIC 0x3143504943504d4dull /* "MMPCIPC1" */
 #define CIPC_VERSION 1u
@@ -127,7 +128,7 @@ typedef struct cipc_header {
      * freed[slots] (see layout()). */
 } cipc_header;
 
-static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2,
+static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2, /* also segment.h's */
               "futex words must be plain lock-free 32-bit integers");
 static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "counters must be lock-free across processes");
 static_assert(sizeof(mmp_msg_header) == 32, "mmp_msg_header is part of the segment layout");
@@ -186,44 +187,16 @@ static void sleep_ms(double ms)
     nanosleep(&t, NULL);
 }
 
-static int futex_wait(_Atomic uint32_t *word, uint32_t seen, int ms)
-{
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    if (syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, seen, &t, NULL, 0) == 0) {
-        return 0;
-    }
-    return errno == EAGAIN ? 0 : errno;
-}
-
-/* See shm.c's ring(): the seq_cst pair with the waiter's sleepers increment
- * means a ring between a waiter's check and its sleep is never lost. */
+/* The doorbells, liveness and unlinking are transport/segment.h's, as shm.c's. */
 static void ring(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers, int always)
 {
-    atomic_fetch_add_explicit(bell, 1, memory_order_seq_cst);
-    if (always || atomic_load_explicit(sleepers, memory_order_seq_cst) != 0) {
-        syscall(SYS_futex, (uint32_t *)bell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    }
+    mmp_segment_bell_ring(bell, always ? NULL : sleepers);
 }
 
 /* 1 when the peer's process is known to have exited (a zombie counts). */
 static int peer_dead(cipc_channel *ch)
 {
-    pid_t pid = atomic_load_explicit(&ch->hdr->pid[ch->peer], memory_order_acquire);
-    if (pid <= 0) {
-        return 0;
-    }
-    if (ch->peer_pidfd < 0) {
-        int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-        if (fd < 0 && errno == ESRCH) {
-            return 1;
-        }
-        if (fd < 0) {
-            return kill(pid, 0) == -1 && errno == ESRCH;
-        }
-        ch->peer_pidfd = fd;
-    }
-    struct pollfd p = {.fd = ch->peer_pidfd, .events = POLLIN};
-    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+    return mmp_segment_peer_dead(&ch->hdr->pid[ch->peer], &ch->peer_pidfd);
 }
 
 static const char *role_name(int role)
@@ -257,9 +230,7 @@ static mmp_err wait_counter(cipc_channel *ch, _Atomic uint64_t *counter, uint64_
             }
             slice = left < SLICE_MS ? (int)left + 1 : SLICE_MS;
         }
-        atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
-        int r = futex_wait(bell, seen, slice);
-        atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+        int r = mmp_segment_bell_wait(bell, seen, sleepers, slice);
         if (r == ETIMEDOUT && peer_dead(ch)) {
             return mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: waiting for %s: the %s end (pid %d) died",
                               ch->name, what, role_name(ch->peer),
@@ -270,12 +241,7 @@ static mmp_err wait_counter(cipc_channel *ch, _Atomic uint64_t *counter, uint64_
 
 static int claim_unlink(cipc_channel *ch)
 {
-    uint32_t zero = 0;
-    if (!atomic_compare_exchange_strong(&ch->hdr->unlinked, &zero, 1)) {
-        return 0;
-    }
-    shm_unlink(ch->name);
-    return 1;
+    return mmp_segment_unlink_once(&ch->hdr->unlinked, ch->name);
 }
 
 /* ---- geometry ----------------------------------------------------------- */
