@@ -69,26 +69,6 @@ static const char *fresh_address(char *buf, size_t n)
     return buf;
 }
 
-static int count_names(const char *p, int show)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) {
-        return -1;
-    }
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, p + 1, strlen(p + 1)) == 0) {
-            if (show) {
-                fprintf(stderr, "  left in /dev/shm: %s\n", e->d_name);
-            }
-            n++;
-        }
-    }
-    closedir(d);
-    return n;
-}
-
 static double now_ms(void)
 {
     struct timespec t;
@@ -866,11 +846,11 @@ static int setup_close(side *s, mmp_channel *unused)
         PROBLEM(bad, "setup: %s", mmp_last_error());
         return bad;
     }
-    if (count_names(s->cfg.address, 0) != 1) {
+    if (mmp_test_shm_count(s->cfg.address, 0) != 1) {
         PROBLEM(bad, "setup made no name");
     }
     T->close(a);
-    if (count_names(s->cfg.address, 0) != 0) {
+    if (mmp_test_shm_count(s->cfg.address, 0) != 0) {
         PROBLEM(bad, "a creator closed before any connect left its name");
     }
     return bad;
@@ -1231,7 +1211,7 @@ int main(void)
         int before = mmp_test_failures;
         double t0 = now_ms();
         cases[c].fn();
-        CHECK(count_names(prefix, 1) == 0);
+        CHECK(mmp_test_shm_count(prefix, 1) == 0);
         fprintf(stderr, "cuda_ipc %-14s %s (%.0f ms)\n", cases[c].name,
                 mmp_test_failures == before ? "ok" : "FAILED", now_ms() - t0);
     }

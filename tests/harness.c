@@ -1,5 +1,6 @@
 #include "tests/harness.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,4 +113,24 @@ int mmp_test_skip(const char *name, const char *why)
 {
     fprintf(stderr, "%s: skipped: %s\n", name, why);
     return 77;
+}
+
+int mmp_test_shm_count(const char *p, int show)
+{
+    DIR *d = opendir("/dev/shm");
+    if (!d) {
+        return -1;
+    }
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, p + 1, strlen(p + 1)) == 0) {
+            if (show) {
+                fprintf(stderr, "  left in /dev/shm: %s\n", e->d_name);
+            }
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
 }

@@ -46,6 +46,11 @@ int mmp_test_close(const char *label, const float *got, const float *ref, size_t
         }                                                                                          \
     } while (0)
 
+/* Entries of /dev/shm whose name starts with the shm name prefix p (given
+ * with its leading '/'); prints each on stderr when show. -1 when /dev/shm
+ * cannot be read. Tests use it to prove nothing was left behind. */
+int mmp_test_shm_count(const char *p, int show);
+
 /* Fills x with uniform values in [lo, hi) from a fixed seed. */
 void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long seed);
 

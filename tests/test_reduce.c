@@ -46,31 +46,10 @@ static const char *fresh_name(char *buf, size_t n)
     return buf;
 }
 
-/* Entries of /dev/shm whose name starts with p (without its leading '/');
- * names them when `show`. */
-static int count_names(const char *p, int show)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) {
-        return -1;
-    }
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, p + 1, strlen(p + 1)) == 0) {
-            if (show) {
-                fprintf(stderr, "  left in /dev/shm: %s\n", e->d_name);
-            }
-            n++;
-        }
-    }
-    closedir(d);
-    return n;
-}
 
 static int leftovers(void)
 {
-    return count_names(prefix, 0);
+    return mmp_test_shm_count(prefix, 0);
 }
 
 static double now_ms(void)
@@ -740,7 +719,7 @@ int main(void)
         int before = mmp_test_failures;
         double t0 = now_ms();
         cases[c].fn();
-        CHECK(count_names(prefix, 1) == 0);
+        CHECK(mmp_test_shm_count(prefix, 1) == 0);
         fprintf(stderr, "%-12s %s (%.0f ms)\n", cases[c].name,
                 mmp_test_failures == before ? "ok" : "FAILED", now_ms() - t0);
     }

@@ -43,31 +43,10 @@ static const char *fresh_address(char *buf, size_t n)
     return buf;
 }
 
-/* Entries of /dev/shm whose name starts with p (without its leading '/');
- * names them when `show`. */
-static int count_names(const char *p, int show)
-{
-    DIR *d = opendir("/dev/shm");
-    if (!d) {
-        return -1;
-    }
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, p + 1, strlen(p + 1)) == 0) {
-            if (show) {
-                fprintf(stderr, "  left in /dev/shm: %s\n", e->d_name);
-            }
-            n++;
-        }
-    }
-    closedir(d);
-    return n;
-}
 
 static int leftovers(const char *p)
 {
-    return count_names(p, 0);
+    return mmp_test_shm_count(p, 0);
 }
 
 static double now_ms(void)
@@ -906,7 +885,7 @@ static void test_open(void)
 
 static void report(const char *transport, const char *name, int before, double t0)
 {
-    CHECK(count_names(prefix, 1) == 0);
+    CHECK(mmp_test_shm_count(prefix, 1) == 0);
     fprintf(stderr, "%s %-14s %s (%.0f ms)\n", transport, name,
             mmp_test_failures == before ? "ok" : "FAILED", now_ms() - t0);
 }
