@@ -236,13 +236,12 @@ static void apply_placement(mmp_plan *p, const mmp_placement *pl)
     p->stages.fusion.replicas[0] = pl->fusion_replicas;
 }
 
-/* Scripted: the plan.json with balance.force.set's overrides. */
-static mmp_err forced(const mmp_balancer *b, mmp_plan *next)
+mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp_plan *next)
 {
-    char buf[sizeof b->cur.balance.force.set];
+    char buf[sizeof cur->balance.force.set];
     const char *ov[16];
     int n = 0;
-    snprintf(buf, sizeof buf, "%s", b->cur.balance.force.set);
+    snprintf(buf, sizeof buf, "%s", cur->balance.force.set);
     for (char *save = NULL, *t = strtok_r(buf, ";", &save); t && n < 16;
          t = strtok_r(NULL, ";", &save)) {
         while (*t == ' ') {
@@ -260,7 +259,7 @@ static mmp_err forced(const mmp_balancer *b, mmp_plan *next)
                               ov[i]);
         }
     }
-    mmp_err e = mmp_plan_load(next, b->plan_json, ov, n);
+    mmp_err e = mmp_plan_load(next, plan_json, ov, n);
     if (e != MMP_OK) {
         return mmp_error_prefix(e, "balance.force.set");
     }
@@ -274,7 +273,7 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     *gain = NAN;
     why[0] = 0;
     if (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) {
-        MMP_TRY(forced(b, next));
+        MMP_TRY(mmp_balancer_forced_plan(&b->cur, b->plan_json, next));
         *go = 1;
         snprintf(why, why_n, "scripted by balance.force at step %d: %s", done,
                  b->cur.balance.force.set);

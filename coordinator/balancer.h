@@ -79,6 +79,12 @@ void mmp_balancer_routed(mmp_balancer *b, const double *speed);
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
                             size_t why_n, double *gain);
 
+/* The scripted re-placement: plan_json (the run's plan) loaded with
+ * cur's balance.force.set overrides, only stages.* keys allowed. The
+ * coordinator calls it at start too, so a bad script fails before training.
+ * MMP_ERR_CONFIG naming balance.force.set. */
+mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp_plan *next);
+
 /* "image.0:2 text.0:2 fusion:2" (with cuts: "image.0[0:3):2 image.1[3:6):1 ...", no commas). */
 const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
 

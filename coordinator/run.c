@@ -893,14 +893,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     }
     if (plan->balance.force.step > 0) {
         /* A scripted re-placement is checked now, not when it is due. */
-        mmp_plan probe;
-        mmp_balancer_reset(&c.bal, plan, &c.sched, c.plan_json);
-        int go;
-        double gain;
-        char why[256];
-        mmp_balancer probe_bal = c.bal;
-        if (mmp_balancer_replan(&probe_bal, plan->balance.force.step, &probe, &go, why,
-                                sizeof why, &gain) != MMP_OK) {
+        if (mmp_balancer_forced_plan(plan, c.plan_json, &c.next) != MMP_OK) {
             MMP_ERROR("%s", mmp_last_error());
             goto out;
         }

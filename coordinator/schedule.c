@@ -554,17 +554,24 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
     /* Warm-ups, from fusion (a sink: each backward right after its forward)
      * back along each branch: a stage must send at least one micro-batch
      * more than the next stage takes in before that one's first backward. */
-    for (int pass = 0; pass < MMP_SCHED_MAX_STAGES; pass++) {
+    for (int i = 0; i < s->n_stages; i++) {
+        s->stages[i].warm = 0;
+    }
+    /* Until nothing changes: at most one sweep per sub-stage of a branch
+     * (stages may be listed in any order). */
+    for (int changed = 1; changed;) {
+        changed = 0;
         for (int i = s->n_stages - 1; i >= 0; i--) {
             mmp_sched_stage *g = &s->stages[i];
-            int w = 0;
-            if (g->kind != MMP_KIND_FUSION) {
-                int next = next_stage(s, i, fusion);
-                int rw = g->n_replicas * g->depth - 1;
-                w = kind == MMP_SCHED_GPIPE ? m : rw > s->stages[next].warm + 1 ? rw
-                                                                           : s->stages[next].warm + 1;
+            if (g->kind == MMP_KIND_FUSION) {
+                continue;
             }
-            g->warm = w < m ? w : m;
+            int after = s->stages[next_stage(s, i, fusion)].warm + 1;
+            int w = g->n_replicas * g->depth - 1;
+            w = kind == MMP_SCHED_GPIPE ? m : w > after ? w : after;
+            w = w < m ? w : m;
+            changed |= w != g->warm;
+            g->warm = w;
         }
     }
     for (int i = 0; i < s->n_stages; i++) {

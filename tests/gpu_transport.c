@@ -26,6 +26,7 @@
  *   ctest --test-dir build -R gpu_transport --output-on-failure
  * Exit 77 (skipped) when built without CUDA or no device is visible. */
 #include "tests/harness.h"
+#include "tests/transport_msgs.h"
 
 #ifndef MMP_HAVE_CUDA
 
@@ -94,62 +95,6 @@ static mmp_channel_cfg make_cfg(const char *address, size_t slot_bytes, int slot
                          .device = 0};
     return c;
 }
-
-static mmp_msg_header message(int k, size_t slot_bytes)
-{
-    mmp_msg_header h = {.step = k / 4,
-                        .mb = k % 4,
-                        .digest = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1),
-                        .bytes = slot_bytes ? 1 + ((uint64_t)k * 7919u) % slot_bytes : 0,
-                        .n = k % 17 + 1,
-                        .flags = k % 5 == 0 ? MMP_MSG_EVAL : 0};
-    return h;
-}
-
-static void fill(unsigned char *p, size_t n, uint64_t k)
-{
-    size_t w = n / 8;
-    for (size_t j = 0; j < w; j++) {
-        uint64_t v = k * 0x9E3779B97F4A7C15ull + j;
-        memcpy(p + 8 * j, &v, 8);
-    }
-    for (size_t i = w * 8; i < n; i++) {
-        p[i] = (unsigned char)(k * 31 + i);
-    }
-}
-
-static size_t first_bad(const unsigned char *p, size_t n, uint64_t k)
-{
-    size_t w = n / 8;
-    for (size_t j = 0; j < w; j++) {
-        uint64_t v = k * 0x9E3779B97F4A7C15ull + j, got;
-        memcpy(&got, p + 8 * j, 8);
-        if (got != v) {
-            return 8 * j;
-        }
-    }
-    for (size_t i = w * 8; i < n; i++) {
-        if (p[i] != (unsigned char)(k * 31 + i)) {
-            return i;
-        }
-    }
-    return n;
-}
-
-static int same_header(const mmp_msg_header *a, const mmp_msg_header *b)
-{
-    return a->step == b->step && a->mb == b->mb && a->digest == b->digest && a->bytes == b->bytes &&
-           a->n == b->n && a->flags == b->flags;
-}
-
-#define PROBLEM(count, ...)                                                                        \
-    do {                                                                                           \
-        if ((count)++ < 5) {                                                                       \
-            fprintf(stderr, "  FAIL %s:%d (pid %d): ", __FILE__, __LINE__, (int)getpid());         \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
 
 /* A CUDA call in a test body: a failure is a problem, and the body stops. */
 #define CU(count, call)                                                                            \

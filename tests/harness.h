@@ -34,6 +34,18 @@ extern int mmp_test_checks;
         }                                                                                          \
     } while (0)
 
+/* For checks in forked children and threads: prints the problem (the first
+ * five per counter, with file:line) and counts it in the caller's counter,
+ * which the child reports to its parent. */
+#define PROBLEM(count, ...)                                                                        \
+    do {                                                                                           \
+        if ((count)++ < 5) {                                                                       \
+            fprintf(stderr, "  FAIL %s:%d: ", __FILE__, __LINE__);                                 \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+        }                                                                                          \
+    } while (0)
+
 /* Returns 1 when all n values are close; prints up to 5 mismatches under label. */
 int mmp_test_close(const char *label, const float *got, const float *ref, size_t n, double atol,
                    double rtol);

@@ -76,15 +76,6 @@ static mmp_reduce_cfg make_cfg(const char *name, int replicas, int rank, size_t 
     return c;
 }
 
-/* Prints a problem (the first few per rank) and counts it. */
-#define PROBLEM(count, ...)                                                                        \
-    do {                                                                                           \
-        if ((count)++ < 5) {                                                                       \
-            fprintf(stderr, "  FAIL %s:%d: ", __FILE__, __LINE__);                                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
 
 /* ---- ranks as processes ------------------------------------------------- */
 

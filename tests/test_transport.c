@@ -26,6 +26,7 @@
 
 #include "common/err.h"
 #include "tests/harness.h"
+#include "tests/transport_msgs.h"
 #include "transport/channel.h"
 
 static const mmp_transport *const transports[] = {
@@ -72,66 +73,6 @@ static mmp_channel_cfg make_cfg(const char *address, size_t slot_bytes, int slot
                          .timeout_ms = timeout_ms};
     return c;
 }
-
-/* ---- messages ----------------------------------------------------------- */
-
-static mmp_msg_header message(int k, size_t slot_bytes)
-{
-    mmp_msg_header h = {.step = k / 4,
-                        .mb = k % 4,
-                        .digest = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1),
-                        .bytes = slot_bytes ? 1 + ((uint64_t)k * 7919u) % slot_bytes : 0,
-                        .n = k % 17 + 1,
-                        .flags = k % 5 == 0 ? MMP_MSG_EVAL : 0};
-    return h;
-}
-
-static void fill(unsigned char *p, size_t n, uint64_t k)
-{
-    size_t w = n / 8;
-    for (size_t j = 0; j < w; j++) {
-        uint64_t v = k * 0x9E3779B97F4A7C15ull + j;
-        memcpy(p + 8 * j, &v, 8);
-    }
-    for (size_t i = w * 8; i < n; i++) {
-        p[i] = (unsigned char)(k * 31 + i);
-    }
-}
-
-/* Index of the first byte that differs from fill(.., k), or n. */
-static size_t first_bad(const unsigned char *p, size_t n, uint64_t k)
-{
-    size_t w = n / 8;
-    for (size_t j = 0; j < w; j++) {
-        uint64_t v = k * 0x9E3779B97F4A7C15ull + j, got;
-        memcpy(&got, p + 8 * j, 8);
-        if (got != v) {
-            return 8 * j;
-        }
-    }
-    for (size_t i = w * 8; i < n; i++) {
-        if (p[i] != (unsigned char)(k * 31 + i)) {
-            return i;
-        }
-    }
-    return n;
-}
-
-static int same_header(const mmp_msg_header *a, const mmp_msg_header *b)
-{
-    return a->step == b->step && a->mb == b->mb && a->digest == b->digest && a->bytes == b->bytes &&
-           a->n == b->n && a->flags == b->flags;
-}
-
-/* Prints a problem (the first few per end) and counts it. */
-#define PROBLEM(count, ...)                                                                        \
-    do {                                                                                           \
-        if ((count)++ < 5) {                                                                       \
-            fprintf(stderr, "  FAIL %s:%d: ", __FILE__, __LINE__);                                 \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
 
 /* ---- two ends ----------------------------------------------------------- */
 
