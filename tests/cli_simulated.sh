@@ -4,7 +4,9 @@
 # cross the real transport. A run completes; a stage's reported forward time
 # is its cost x samples; sim.change_step changes a stage's time from that
 # step on; and the pipeline (branches overlapping) beats the single process,
-# which sleeps the sum of every stage's costs.
+# which sleeps the sum of every stage's costs. A sleep never ends early but
+# may end late on a loaded machine, so each wait is checked to be at least its
+# cost and below twice it: a bar that proves the mechanism, not a speed.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_simulated
@@ -24,10 +26,9 @@ YAML
 
 # stage_metric FILE STAGE KEY: KEY of STAGE, one line per step.
 stage_metric() { grep -o "\"name\":\"$2\"[^}]*" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }
-# median: of the numbers on stdin.
-median() { sort -g | awk '{ v[NR] = $1 } END { print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : "nan" }'; }
-# within A B FRAC: |A - B| <= FRAC * B
-within() { awk -v a="$1" -v b="$2" -v f="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= f * b) }'; }
+# waited A B: B * 0.95 <= A < 2 B (a measured wait A for a cost B; 0.95 for the
+# rounding of the reported milliseconds)
+waited() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= 0.95 * b && a < 2 * b) }'; }
 # less A B: A < B
 less() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
 
@@ -43,21 +44,21 @@ run change --set sim.change_step=11 --set sim.change.text=5
 
 # --- each stage waits its cost --------------------------------------------------------
 fwd=$(stage_metric "$W/pipe/metrics.jsonl" image.0 fwd_ms | median)
-within "$fwd" 8 0.3 && ok "image.0 fwd_ms $fwd ~ 4 ms x 2 samples" || fail "image.0 fwd_ms $fwd, want ~8"
+waited "$fwd" 8 && ok "image.0 fwd_ms $fwd ~ 4 ms x 2 samples" || fail "image.0 fwd_ms $fwd, want ~8"
 bwd=$(stage_metric "$W/pipe/metrics.jsonl" image.0 bwd_ms | median)
-within "$bwd" 16 0.3 && ok "image.0 bwd_ms $bwd ~ 2 x forward" || fail "image.0 bwd_ms $bwd, want ~16"
+waited "$bwd" 16 && ok "image.0 bwd_ms $bwd ~ 2 x forward" || fail "image.0 bwd_ms $bwd, want ~16"
 loss=$(last_metric "$W/pipe/metrics.jsonl" loss)
 [ "$loss" = 0 ] && ok "simulated loss is 0" || fail "simulated loss $loss"
 
 # --- a change of costs at a step ------------------------------------------------------
 before=$(head -10 "$W/change/metrics.jsonl" > "$W/before.jsonl"; stage_metric "$W/before.jsonl" text.0 fwd_ms | median)
 after=$(tail -10 "$W/change/metrics.jsonl" > "$W/after.jsonl"; stage_metric "$W/after.jsonl" text.0 fwd_ms | median)
-within "$before" 2 0.3 && within "$after" 10 0.3 && ok "text.0 fwd_ms $before -> $after from step 11" \
+waited "$before" 2 && waited "$after" 10 && ok "text.0 fwd_ms $before -> $after from step 11" \
   || fail "text.0 fwd_ms $before -> $after, want ~2 -> ~10"
 
 # --- the branches overlap -------------------------------------------------------------
 p=$(grep -o '"step_ms":[0-9.e+]*' "$W/pipe/metrics.jsonl" | cut -d: -f2 | median)
 s=$(grep -o '"step_ms":[0-9.e+]*' "$W/single/metrics.jsonl" | cut -d: -f2 | median)
-within "$s" 144 0.3 && ok "single-process step_ms $s ~ the sum of all costs" || fail "single step_ms $s, want ~144"
+waited "$s" 144 && ok "single-process step_ms $s ~ the sum of all costs" || fail "single step_ms $s, want ~144"
 less "$p" "$s" && ok "pipeline step_ms $p < single-process $s" || fail "pipeline step_ms $p not below single $s"
 finish

@@ -16,6 +16,10 @@ expect_fail() {
 }
 # last_metric FILE KEY: the value of KEY in the last line of FILE that has it.
 last_metric() { grep "\"$2\"" "$1" | tail -1 | sed -E "s/.*\"$2\":([-0-9.e+]+).*/\1/"; }
+# median: of the numbers on stdin ("nan" when none).
+median() { sort -g | awk '{ v[NR] = $1 } END { print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : "nan" }'; }
+# metric FILE KEY FROM TO: KEY of metrics lines FROM..TO (1-based steps), one per line
+metric() { sed -n "$3,$4p" "$1" | grep -o "\"$2\":[-0-9.e+]*" | sed 's/.*://'; }
 finish() {
   echo "$(basename "$0"): $checks checks, $fails failed"
   [ $checks -gt 0 ] && [ $fails -eq 0 ]

@@ -488,13 +488,15 @@ static void test_mismatch(const mmp_transport *t)
         CHECK(mmp_channel_send(t, a, &big, src) == MMP_ERR_INVALID);
         CHECK(t->slot_bytes(a) == 4096 && t->slot_bytes(b) == 4096);
 
-        /* A closed receiver fails the sender's acquire at once. */
+        /* A closed receiver fails the sender's acquire at once: well before
+         * the channel's 1000 ms timeout (the bar leaves room for a loaded
+         * machine; the expected wait is ~0). */
         t->close(b);
         b = NULL;
         CHECK_OK(t->post(a, &h));
         double t0 = now_ms();
         CHECK(t->acquire(a, &q) == MMP_ERR_PEER);
-        CHECK(now_ms() - t0 < 50);
+        CHECK(now_ms() - t0 < 400);
     }
     t->close(a);
     t->close(b);

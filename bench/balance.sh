@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The load balancer's measured figures, one run, medians; judges nothing.
+# tests/cli_balance.sh asserts the balancer's decisions; the speed they buy
+# is measured here (speed lives in bench/, never in timed tests):
+#  1. weighted vs round-robin routing, image.0 x2 with one replica slowed 2x
+#     (sim.slowdown): end-to-end samples/s and the image stage's own
+#     throughput (samples per second of its slowest replica's busy time);
+#  2. configs/sim-uneven.yaml (4:1:1 on six slots): dynamic balancing vs the
+#     static 2/2/2 placement, steady samples/s and balance efficiency;
+#  3. cost drift (text x3 at step 100): the step of the re-plan and the
+#     measured efficiency after it;
+#  4. `mmpipe simulate --costs` on a demo pipeline run: predicted vs measured
+#     step time.
+# Prints a Markdown table (for the README).
+#   bench/balance.sh [--bin build/mmpipe] [--out runs/bench-balance]
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+BIN=build/mmpipe
+OUT=runs/bench-balance
+while [ $# -gt 0 ]; do
+  case $1 in
+    --bin) BIN=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench/balance.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$BIN" ] || { echo "bench/balance.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
+. tests/lib.sh # median, metric
+rm -rf "$OUT"; mkdir -p "$OUT"
+say() { echo "bench/balance.sh: $*" >&2; }
+run() { # NAME ARGS...: a run into $OUT/NAME; its log beside it
+  local name=$1; shift
+  say "$name ..."
+  "$BIN" launch "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 \
+    || { say "$name failed (see $OUT/$name.log)"; exit 1; }
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+"$BIN" data synth --out "$OUT/data" --samples 2000 --seed 4 >/dev/null 2>&1 || { say "synth failed"; exit 1; }
+D="--set data.manifest=$OUT/data/train.jsonl"
+
+# --- 1. routing ---------------------------------------------------------------------------
+cat > "$OUT/sim.yaml" <<YAML
+job:   { name: s, steps: 12, seed: 3 }
+data:  { manifest: $OUT/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 16 }
+model: { width: 64, image: { blocks: [1, 1, 1, 1], channels: [16, 32, 64, 128] },
+         text: { layers: 2, heads: 4 }, fusion: { layers: 1, heads: 4 } }
+train: { batch: 96, microbatches: 48, eval_every: 0 }
+compute: simulated
+sim:   { cost: { image: 4.0, text: 1.0, fusion: 1.0 }, bwd_factor: 2 }
+hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu, cpu] } ]
+stages: { image: { replicas: 2 } }
+YAML
+for r in round_robin weighted; do
+  run "$r" "$OUT/sim.yaml" --set 'sim.slowdown=[1, 2]' --set balance.routing=$r
+done
+stage_tp() { # METRICS: the image stage's samples/s over its slowest replica's busy time, median of steps 5..12
+  sed -n 5,12p "$1" | while read -r line; do
+    grep -o '"name":"image.0","replica":[0-9]*,"microbatches":[0-9]*,"busy_ms":[0-9.e+]*' <<<"$line" \
+      | sed 's/.*://' | sort -g | tail -1 | awk '{ printf "%.2f\n", 96 * 1000 / $1 }'
+  done | median
+}
+rr=$(metric "$OUT/round_robin/metrics.jsonl" samples_per_s 5 12 | median)
+wt=$(metric "$OUT/weighted/metrics.jsonl" samples_per_s 5 12 | median)
+srr=$(stage_tp "$OUT/round_robin/metrics.jsonl")
+swt=$(stage_tp "$OUT/weighted/metrics.jsonl")
+
+# --- 2. sim-uneven: static vs dynamic ---------------------------------------------------------
+run static configs/sim-uneven.yaml $D --set job.steps=8 --set balance.mode=off
+run dynamic configs/sim-uneven.yaml $D --set job.steps=30
+t_static=$(metric "$OUT/static/metrics.jsonl" samples_per_s 2 8 | median)
+e_static=$(metric "$OUT/static/metrics.jsonl" efficiency 2 8 | median)
+t_dyn=$(metric "$OUT/dynamic/metrics.jsonl" samples_per_s 21 30 | median)
+e_dyn=$(metric "$OUT/dynamic/metrics.jsonl" efficiency 21 30 | median)
+
+# --- 3. drift ------------------------------------------------------------------------------------
+run drift configs/sim-uneven.yaml $D --set job.steps=125 --set sim.change_step=100 --set sim.change.text=3.0
+re=$(grep -n '"action":"replace"' "$OUT/drift/metrics.jsonl" | cut -d: -f1 | awk '$1 >= 100' | head -1)
+e_drift=$(metric "$OUT/drift/metrics.jsonl" efficiency 118 125 | median)
+
+# --- 4. simulate vs measured on the demo model ------------------------------------------------------
+run demo configs/demo.yaml $D --set job.steps=60 --set train.eval_every=0
+err=$("$BIN" simulate configs/demo.yaml --costs "$OUT/demo" $D 2>&1 | grep -o 'prediction error [-+0-9.]*%' | grep -o '[-+0-9.]*%')
+
+echo "| comparison (one run, medians) | measured | baseline | ratio |"
+echo "|---|---|---|---|"
+echo "| weighted vs round-robin routing, one of two image replicas 2x slow: samples/s | $wt | $rr | $(ratio "$wt" "$rr")x |"
+echo "| the same, image stage throughput (slowest replica's busy time) | $swt | $srr | $(ratio "$swt" "$srr")x |"
+echo "| sim-uneven: dynamic (steps 21-30) vs static 2/2/2: samples/s | $t_dyn | $t_static | $(ratio "$t_dyn" "$t_static")x |"
+echo "| sim-uneven: balance efficiency, dynamic vs static | $e_dyn | $e_static | |"
+echo "| drift (text x3 at step 100): re-planned after step, efficiency steps 118-125 | ${re:-none}, $e_drift | | |"
+echo "| demo pipeline, 60 steps: \`simulate --costs\` step time prediction error | ${err:-none} | | |"
