@@ -778,8 +778,7 @@ static int run_steps(coord *c, int first_step)
         }
         double step_ms = (mmp_now() - t0) * 1e3;
         int done = step + 1;
-        int eval = (p->train.eval_every > 0 && done % p->train.eval_every == 0) ||
-                   done == p->job.steps;
+        int eval = mmp_plan_eval_due(p, done);
         if (eval) {
             c->have_eval = 0;
             Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
