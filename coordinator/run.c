@@ -604,7 +604,7 @@ static int checkpoint(coord *c, int steps_done)
         return 1;
     }
     /* latest moves only after every stage acknowledged its file. */
-    if (mmp_ckpt_write_meta(dir, steps_done, c->plan->job.seed) != MMP_OK ||
+    if (mmp_ckpt_write_meta(dir, steps_done, c->plan) != MMP_OK ||
         mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK) {
         fail(c, "checkpoint: %s", mmp_last_error());
         return 1;

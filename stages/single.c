@@ -121,7 +121,9 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
 }
 
 /* Retrieval recall@1 both ways over the first val_samples pairs, with the
- * embeddings ITC compares. Ties count against the model. */
+ * embeddings ITC compares. Ties count against the model. Bad pairs follow
+ * data.on_bad_sample: under skip they are left out of both sides (and
+ * counted in the log), as training leaves them out of the loss. */
 static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
 {
     int64_t nv = mmp_dataset_size(t->val);
@@ -196,7 +198,7 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     MMP_TRY(write_params(dir, "image.ckpt", mmp_image_net_params(t->img)));
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
-    MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan->job.seed));
+    MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan));
     return mmp_ckpt_mark_latest(t->out_dir, steps_done);
 }
 
