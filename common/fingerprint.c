@@ -12,8 +12,8 @@
 /* Exact keys, or prefixes ending in '.' (a section: keys added to it later
  * are bound too). See the header for why each is in and others are not. */
 static const char *const BOUND[] = {
-    "model.",        "data.manifest", "data.vocab", "data.image_size", "data.max_text_len",
-    "data.mean",     "data.std",      "data.augment", "job.seed",      "train.batch",
+    "model.",    "data.manifest", "data.vocab",   "data.image_size", "data.max_text_len",
+    "data.mean", "data.std",      "data.augment", "job.seed",        "train.batch",
 };
 
 int mmp_fingerprint_has(const char *key)
