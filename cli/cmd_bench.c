@@ -10,7 +10,6 @@
  * than reading them: a run is only ever what `mmpipe launch` made of it. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <libfyaml.h>
 #include <math.h>
 #include <signal.h>
@@ -26,6 +25,7 @@
 #include "cli/cli.h"
 #include "common/ckpt.h"
 #include "common/config.h"
+#include "common/fsutil.h"
 
 extern char **environ;
 
@@ -1356,12 +1356,6 @@ static int write_results(const bench *b)
 
 /* ---- the directory ------------------------------------------------------------------------ */
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
-}
-
 /* Makes DIR ready: refuses one that holds a bench unless force, then removes
  * only what a bench writes. 0 ok, 1 error (printed). */
 static int prepare_out(const bench *b)
@@ -1379,9 +1373,8 @@ static int prepare_out(const bench *b)
     }
     for (size_t i = 0; held && i < sizeof BENCH_FILES / sizeof BENCH_FILES[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", b->out, BENCH_FILES[i]);
-        struct stat sb;
-        if (lstat(path, &sb) == 0 && nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
-            fprintf(stderr, "mmpipe bench: cannot remove %s: %s\n", path, strerror(errno));
+        if (mmp_fs_rmtree(path) != MMP_OK) {
+            fprintf(stderr, "mmpipe bench: %s\n", mmp_last_error());
             return 1;
         }
     }

@@ -1,4 +1,5 @@
 /* mmpipe launch: load and check the plan, prepare the run directory, train. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +11,10 @@
 #include "cli/cli.h"
 #include "common/ckpt.h"
 #include "common/config.h"
+#include "common/fingerprint.h"
+#include "common/fsutil.h"
 #include "coordinator/run.h"
+#include "data/preflight.h"
 #include "stages/single.h"
 
 static const char USAGE[] =
@@ -27,13 +31,25 @@ static const char USAGE[] =
     "  --single-process   run image branch, text branch and fusion in this one\n"
     "                     process (the numerical reference and speed baseline)\n"
     "  --resume DIR       continue the run in DIR from its ckpt/latest (DIR is\n"
-    "                     also the output directory)\n"
+    "                     also the output directory). Refused, naming the key,\n"
+    "                     when the plan changes a key the checkpoint is bound to\n"
+    "                     (model.*, data.manifest, data.vocab, data.image_size,\n"
+    "                     data.max_text_len, data.mean, data.std, data.augment,\n"
+    "                     job.seed, train.batch); job.steps, the optimizer,\n"
+    "                     schedule, evaluation and stages.* may change\n"
     "  --steps N          train N steps (same as --set job.steps=N)\n"
     "  --out DIR          run directory (default runs/<job.name>-<YYYYmmdd-HHMMSS>)\n"
     "  --set KEY=VALUE    override a plan key, e.g. --set train.microbatches=8\n"
     "                     (repeatable; checked like the file)\n"
     "  --force            replace DIR if it already holds a run\n"
-    "  -h, --help         this text\n";
+    "  -h, --help         this text\n"
+    "\n"
+    "Before anything is created or started, the plan's data files are checked\n"
+    "(data.manifest, data.vocab, and data.val_manifest unless evaluation is off:\n"
+    "train.eval_every 0 and train.final_eval false). A run holds a lock on its\n"
+    "directory (DIR/.mmpipe.lock) while it runs: --force or --resume into a\n"
+    "live run is refused, naming the pid that holds it. A refused launch\n"
+    "changes nothing on disk.\n";
 
 /* Settings the schema accepts (they are part of the plan format) but this
  * version cannot run yet: refused by name, never silently ignored. */
@@ -67,13 +83,60 @@ static int check_supported(const mmp_plan *p, const char *path)
     return 1;
 }
 
-/* Removes a previous run's outputs from dir (only the files a run writes). */
+/* Removes a previous run's outputs from dir (only the files a run writes,
+ * trace parts of a killed run included). No shell: dir is any bytes. */
 static int clear_run(const char *dir)
 {
-    char cmd[4400];
-    snprintf(cmd, sizeof cmd, "rm -rf -- '%s/ckpt' '%s/metrics.jsonl' '%s/plan.json' '%s/trace.json'",
-             dir, dir, dir, dir);
-    return system(cmd);
+    static const char *const outputs[] = {"ckpt", "metrics.jsonl", "plan.json", "trace.json"};
+    char path[1400];
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, outputs[i]);
+        if (mmp_fs_rmtree(path) != MMP_OK) {
+            fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+            return 1;
+        }
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "mmpipe launch: %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    struct dirent *de;
+    int bad = 0;
+    while (!bad && (de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (strncmp(de->d_name, "trace.", 6) == 0 && n > 11 &&
+            strcmp(de->d_name + n - 5, ".part") == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            if (mmp_fs_rmtree(path) != MMP_OK) {
+                fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+                bad = 1;
+            }
+        }
+    }
+    closedir(d);
+    return bad;
+}
+
+/* Checks, reading only, that DIR's latest checkpoint can continue under
+ * plan: it exists and was trained with the same fingerprinted keys
+ * (common/fingerprint.h). 0 ok, 1 refused (printed). */
+static int check_resume(const mmp_plan *plan, const char *dir)
+{
+    char step_dir[1200];
+    int step, checked;
+    if (mmp_ckpt_latest(dir, step_dir, sizeof step_dir, &step) != MMP_OK ||
+        mmp_fingerprint_check(step_dir, plan, &checked) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: --resume %s: %s\n", dir, mmp_last_error());
+        return 1;
+    }
+    if (!checked) {
+        fprintf(stderr,
+                "mmpipe launch: warning: %s has no %s (written before checkpoints carried "
+                "one): only tensor shapes are checked\n",
+                step_dir, MMP_FINGERPRINT_FILE);
+    }
+    return 0;
 }
 
 int mmp_cmd_launch(int argc, char **argv)
@@ -82,6 +145,7 @@ int mmp_cmd_launch(int argc, char **argv)
     const char **sets = calloc((size_t)argc + 1, sizeof *sets);
     const char *resume = NULL;
     int n_sets = 0, force = 0, single = 0, ret = 1;
+    mmp_run_lock lock = {0};
     char steps_set[64];
     if (!sets) {
         return 1;
@@ -152,21 +216,34 @@ int mmp_cmd_launch(int argc, char **argv)
         snprintf(out_buf, sizeof out_buf, "runs/%s-%s", plan.job.name, stamp);
         out = out_buf;
     }
+    /* Everything that can refuse the command without a lock is checked
+     * before anything is created or changed. */
+    if (mmp_data_preflight(&plan) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
+        goto exit;
+    }
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);
-    if (!resume && access(probe, F_OK) == 0) {
-        if (!force) {
-            fprintf(stderr, "mmpipe launch: %s already holds a run; pass --force to replace it\n",
-                    out);
-            goto exit;
-        }
-        if (clear_run(out) != 0) {
-            fprintf(stderr, "mmpipe launch: cannot clear %s\n", out);
-            goto exit;
-        }
+    int held = !resume && access(probe, F_OK) == 0;
+    if (resume && check_resume(&plan, out) != 0) {
+        goto exit;
+    }
+    if (held && !force) {
+        fprintf(stderr, "mmpipe launch: %s already holds a run; pass --force to replace it\n", out);
+        goto exit;
     }
     if (mmp_mkdirs(out) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        goto exit;
+    }
+    /* Held by this process (coordinator or single-process trainer) until it
+     * exits: a second launch into a live run is refused, naming the pid. */
+    pid_t holder;
+    if (mmp_run_lock_take(&lock, out, &holder) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        goto exit;
+    }
+    if (held && clear_run(out) != 0) {
         goto exit;
     }
     if (single) {
@@ -181,6 +258,7 @@ int mmp_cmd_launch(int argc, char **argv)
     }
     ret = 0;
 exit:
+    mmp_run_unlock(&lock);
     free(sets);
     return ret;
 }

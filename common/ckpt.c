@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fingerprint.h"
 #include "common/rng.h"
 
 static const char MAGIC[8] = {'M', 'M', 'P', 'C', 'K', 'P', 'T', 0};
@@ -391,8 +392,10 @@ mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step
     return MMP_OK;
 }
 
-mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, long long seed)
+mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *plan)
 {
+    long long seed = plan->job.seed;
+    MMP_TRY(mmp_fingerprint_write(dir, plan));
     char path[1200];
     snprintf(path, sizeof path, "%s/train.ckpt", dir);
     mmp_ckpt_writer w;

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/config.h"
 #include "common/err.h"
 #include "common/tensor.h"
 
@@ -74,9 +75,11 @@ mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step);
 /* Resolves <run>/ckpt/latest: its step directory into step_dir and the
  * steps it holds (train.ckpt's meta.step) into *step. */
 mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step);
-/* Writes <dir>/train.ckpt: meta.step (steps done) and meta.seed. The data
- * cursor is a pure function of (seed, step), so nothing else is needed. */
-mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, long long seed);
+/* Writes <dir>/train.ckpt: meta.step (steps done) and meta.seed (the data
+ * cursor is a pure function of (seed, step), so nothing else is needed), and
+ * <dir>/fingerprint.txt: the plan keys the checkpoint is bound to
+ * (common/fingerprint.h), which `launch --resume` checks. */
+mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *plan);
 
 /* mkdir -p. */
 mmp_err mmp_mkdirs(const char *path);

@@ -155,6 +155,7 @@ static const key_spec keys[] = {
     FLOAT("train.optimizer.eps", train.optimizer.eps, '(', 0, 1, ']', 1e-8),
     FLOAT("train.clip_grad_norm", train.clip_grad_norm, '[', 0, 1e6, ']', 1.0),
     INT("train.eval_every", train.eval_every, 0, 1000000000, 50),
+    BOOL("train.final_eval", train.final_eval, 1),
     INT("train.ckpt_every", train.ckpt_every, 0, 1000000000, 0),
     INT("train.threads", train.threads, 1, 256, 1),
     FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
@@ -1591,6 +1592,53 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
         return mmp_errorf(MMP_ERR_IO, "%s: write failed", path);
     }
     return MMP_OK;
+}
+
+/* ---- keys as text (checkpoint fingerprints) ---------------------------------- */
+
+int mmp_plan_key_count(void)
+{
+    return (int)N_KEYS;
+}
+
+const char *mmp_plan_key_name(int i)
+{
+    return i >= 0 && i < (int)N_KEYS ? keys[i].path : NULL;
+}
+
+mmp_err mmp_plan_key_text(const mmp_plan *p, int i, char *buf, size_t n)
+{
+    if (i < 0 || i >= (int)N_KEYS || n == 0) {
+        return mmp_errorf(MMP_ERR_INVALID, "plan key %d: no such key", i);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        return mmp_errorf(MMP_ERR_NOMEM, "plan key %s: %s", keys[i].path, strerror(errno));
+    }
+    put_value(f, p, &keys[i]);
+    fclose(f);
+    if (!text) {
+        return mmp_errorf(MMP_ERR_NOMEM, "plan key %s", keys[i].path);
+    }
+    int fits = len < n;
+    snprintf(buf, n, "%s", text);
+    free(text);
+    return fits ? MMP_OK
+                : mmp_errorf(MMP_ERR_INVALID, "plan key %s: value longer than %zu bytes",
+                             keys[i].path, n - 1);
+}
+
+int mmp_plan_evaluates(const mmp_plan *p)
+{
+    return p->train.eval_every > 0 || p->train.final_eval;
+}
+
+int mmp_plan_eval_due(const mmp_plan *p, int steps_done)
+{
+    return (p->train.eval_every > 0 && steps_done % p->train.eval_every == 0) ||
+           (p->train.final_eval && steps_done == p->job.steps);
 }
 
 const char *mmp_schedule_name(mmp_schedule s)

@@ -10,6 +10,8 @@
 #ifndef MMP_COMMON_CONFIG_H
 #define MMP_COMMON_CONFIG_H
 
+#include <stddef.h>
+
 #include "common/err.h"
 
 #define MMP_PATH_MAX 1024
@@ -100,7 +102,8 @@ typedef struct mmp_plan {
             float beta1, beta2, eps;
         } optimizer;
         float clip_grad_norm; /* default 1.0; 0 = off */
-        int eval_every;       /* default 50; 0 = only at the end */
+        int eval_every;       /* default 50; 0 = none between steps */
+        int final_eval;       /* evaluate after the last step; default 1 (true) */
         int ckpt_every;       /* default 0 = only at the end */
         int threads;          /* OpenBLAS threads per process, default 1 */
         float init_temperature; /* ITC temperature at start, default 0.07 */
@@ -203,6 +206,21 @@ double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int
 int mmp_plan_replicas(const mmp_plan *p, mmp_branch b, int sub);
 /* Device slots the plan's hosts offer (sum of their devices). */
 int mmp_plan_slots(const mmp_plan *p);
+
+/* Evaluation (retrieval on data.val_manifest) runs after step `steps_done`
+ * (1-based) when train.eval_every divides it, and after the last step when
+ * train.final_eval. mmp_plan_evaluates: whether it runs at all (only then is
+ * the validation set needed). */
+int mmp_plan_evaluates(const mmp_plan *p);
+int mmp_plan_eval_due(const mmp_plan *p, int steps_done);
+
+/* The schema's keys in order ("job.name", ..., "hosts", "stages.image.replicas",
+ * ...): count, the i-th dotted name (NULL out of range), and p's value of the
+ * i-th key as plan.json writes it (strings quoted and escaped: one line) into
+ * buf. Errors: MMP_ERR_INVALID for a bad i or a value that does not fit. */
+int mmp_plan_key_count(void);
+const char *mmp_plan_key_name(int i);
+mmp_err mmp_plan_key_text(const mmp_plan *p, int i, char *buf, size_t n);
 
 const char *mmp_schedule_name(mmp_schedule s);
 const char *mmp_precision_name(mmp_precision p);

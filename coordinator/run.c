@@ -114,16 +114,37 @@ static mmp_err spawn_all(coord *c)
      * which then stops the stages in order. */
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
     posix_spawnattr_setpgroup(&attr, 0);
+    /* The token travels in the stages' environment, never in argv (ps shows
+     * argv to every user; /proc/PID/environ only to the owner). */
+    size_t n_env = 0;
+    while (environ[n_env]) {
+        n_env++;
+    }
+    char **envp = calloc(n_env + 2, sizeof *envp);
+    if (!envp) {
+        posix_spawnattr_destroy(&attr);
+        return mmp_errorf(MMP_ERR_NOMEM, "stage environment");
+    }
+    char token_env[sizeof MMP_CTL_TOKEN_ENV + sizeof c->token + 1];
+    snprintf(token_env, sizeof token_env, "%s=%s", MMP_CTL_TOKEN_ENV, c->token);
+    size_t k = 0;
+    for (size_t e = 0; e < n_env; e++) {
+        if (strncmp(environ[e], MMP_CTL_TOKEN_ENV "=", sizeof MMP_CTL_TOKEN_ENV) != 0) {
+            envp[k++] = environ[e];
+        }
+    }
+    envp[k++] = token_env;
     for (int i = 0; i < c->n; i++) {
         proc *p = &c->procs[i];
         char stage[64], replica[16];
         snprintf(stage, sizeof stage, "%s", c->sched.stages[i].name);
         snprintf(replica, sizeof replica, "%d", c->sched.stages[i].replica);
         char *argv[] = {exe,      "stage",  "--connect", c->endpoint, "--stage", stage,
-                        "--replica", replica, "--token",   c->token,    NULL};
-        int rc = posix_spawn(&p->pid, exe, NULL, &attr, argv, environ);
+                        "--replica", replica, NULL};
+        int rc = posix_spawn(&p->pid, exe, NULL, &attr, argv, envp);
         if (rc != 0) {
             posix_spawnattr_destroy(&attr);
+            free(envp);
             return mmp_errorf(MMP_ERR_IO, "spawn %s: %s", p->name, strerror(rc));
         }
         p->alive = 1;
@@ -131,6 +152,7 @@ static mmp_err spawn_all(coord *c)
         MMP_INFO("started %s (pid %d)", p->name, (int)p->pid);
     }
     posix_spawnattr_destroy(&attr);
+    free(envp);
     return MMP_OK;
 }
 
@@ -582,7 +604,7 @@ static int checkpoint(coord *c, int steps_done)
         return 1;
     }
     /* latest moves only after every stage acknowledged its file. */
-    if (mmp_ckpt_write_meta(dir, steps_done, c->plan->job.seed) != MMP_OK ||
+    if (mmp_ckpt_write_meta(dir, steps_done, c->plan) != MMP_OK ||
         mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK) {
         fail(c, "checkpoint: %s", mmp_last_error());
         return 1;
@@ -756,8 +778,7 @@ static int run_steps(coord *c, int first_step)
         }
         double step_ms = (mmp_now() - t0) * 1e3;
         int done = step + 1;
-        int eval = (p->train.eval_every > 0 && done % p->train.eval_every == 0) ||
-                   done == p->job.steps;
+        int eval = mmp_plan_eval_due(p, done);
         if (eval) {
             c->have_eval = 0;
             Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
@@ -879,8 +900,15 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         MMP_ERROR("%s", mmp_last_error());
         goto out;
     }
-    snprintf(c.endpoint, sizeof c.endpoint, "ipc://@mmpipe-%s", c.token);
-    snprintf(c.shm_prefix, sizeof c.shm_prefix, "/mmpipe-%.12s", c.token);
+    /* Socket and shm names are public (/proc/net/unix, /dev/shm): they come
+     * from a second random id, never from the token. */
+    char run_id[33];
+    if (mmp_ctl_new_token(run_id) != MMP_OK) {
+        MMP_ERROR("%s", mmp_last_error());
+        goto out;
+    }
+    snprintf(c.endpoint, sizeof c.endpoint, "ipc://@mmpipe-%d-%.16s", (int)getpid(), run_id);
+    snprintf(c.shm_prefix, sizeof c.shm_prefix, "/mmpipe-%.12s", run_id);
     snprintf(c.plan_json, sizeof c.plan_json, "%s/plan.json", out_dir);
     char metrics_path[1200];
     snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);

@@ -89,7 +89,9 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     t->out_dir = out_dir;
     uint64_t seed = (uint64_t)plan->job.seed;
     MMP_TRY(mmp_dataset_open(&t->train, plan->data.manifest, plan->data.vocab, plan));
-    MMP_TRY(mmp_dataset_open(&t->val, plan->data.val_manifest, plan->data.vocab, plan));
+    if (mmp_plan_evaluates(plan)) { /* only then is there a validation set to read */
+        MMP_TRY(mmp_dataset_open(&t->val, plan->data.val_manifest, plan->data.vocab, plan));
+    }
     int V = mmp_dataset_vocab_size(t->train);
     MMP_TRY(mmp_image_net_create(&t->img, plan, 0, mmp_image_net_layers(plan), seed));
     MMP_TRY(mmp_text_net_create(&t->txt, plan, V, 0, mmp_text_net_layers(plan), seed));
@@ -119,7 +121,9 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
 }
 
 /* Retrieval recall@1 both ways over the first val_samples pairs, with the
- * embeddings ITC compares. Ties count against the model. */
+ * embeddings ITC compares. Ties count against the model. Bad pairs follow
+ * data.on_bad_sample: under skip they are left out of both sides (and
+ * counted in the log), as training leaves them out of the loss. */
 static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
 {
     int64_t nv = mmp_dataset_size(t->val);
@@ -134,6 +138,8 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
     mmp_err err = MMP_OK;
     float *ie = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
     float *te = xcalloc((size_t)nv * (size_t)E, sizeof(float), &err);
+    uint8_t *valid = xcalloc((size_t)t->mb_max, 1, &err);
+    int64_t kept = 0;
     if (err != MMP_OK) {
         goto exit;
     }
@@ -142,19 +148,38 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         for (int i = 0; i < n; i++) {
             t->samples[i] = s + i;
         }
-        err = mmp_dataset_load(t->val, t->samples, n, t->images, t->ids, t->mask);
+        err = mmp_dataset_load_valid(t->val, t->samples, n, t->images, t->ids, t->mask, valid,
+                                     NULL);
         if (err != MMP_OK) {
             goto exit;
         }
         mmp_image_net_forward(t->img, t->ia, t->images, n, 0, t->img_tok);
         mmp_text_net_forward(t->txt, t->ta, t->ids, NULL, t->mask, n, t->txt_tok);
-        mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, ie + s * E,
-                             te + s * E);
+        mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, ie + kept * E,
+                             te + kept * E);
+        int64_t base = kept;
+        for (int i = 0; i < n; i++) { /* keep the good rows, in order */
+            if (valid[i]) {
+                memmove(ie + kept * E, ie + (base + i) * E, (size_t)E * sizeof(float));
+                memmove(te + kept * E, te + (base + i) * E, (size_t)E * sizeof(float));
+                kept++;
+            }
+        }
     }
-    err = mmp_retrieval_r1(ie, te, (int)nv, E, i2t, t2i);
+    if (kept < nv) {
+        MMP_WARN("evaluation: %lld of %lld validation pairs skipped (bad data, "
+                 "data.on_bad_sample: skip)",
+                 (long long)(nv - kept), (long long)nv);
+    }
+    if (kept == 0) {
+        *i2t = *t2i = 0;
+        goto exit;
+    }
+    err = mmp_retrieval_r1(ie, te, (int)kept, E, i2t, t2i);
 exit:
     free(ie);
     free(te);
+    free(valid);
     return err;
 }
 
@@ -173,7 +198,7 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     MMP_TRY(write_params(dir, "image.ckpt", mmp_image_net_params(t->img)));
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
-    MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan->job.seed));
+    MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan));
     return mmp_ckpt_mark_latest(t->out_dir, steps_done);
 }
 
@@ -331,7 +356,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     MMP_INFO("single-process training: %d steps, batch %d in %d micro-batches, %lld train / "
              "%lld val samples",
              plan->job.steps, plan->train.batch, plan->train.microbatches,
-             (long long)mmp_dataset_size(t.train), (long long)mmp_dataset_size(t.val));
+             (long long)mmp_dataset_size(t.train), (long long)(t.val ? mmp_dataset_size(t.val) : 0));
     mmp_progress progress;
     mmp_progress_init(&progress, plan->job.steps, 10);
     double run_t0 = mmp_now();
@@ -356,8 +381,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
                 done, (double)parts.loss, (double)parts.itc, (double)parts.itm,
                 (double)mmp_lr_at(plan, step), grad_norm, sps, step_s * 1e3, data_s * 1e3, skipped,
                 step_s * 1e3, peak_rss_bytes());
-        int eval_every = plan->train.eval_every;
-        if ((eval_every > 0 && done % eval_every == 0) || done == plan->job.steps) {
+        if (mmp_plan_eval_due(plan, done)) {
             double i2t = 0, t2i = 0;
             if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK) {
                 goto exit;

@@ -22,6 +22,7 @@
 #include "common/trace.h"
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "nn/model.h"
 #include "nn/optim.h"
 #include "stages/fuse.h"
@@ -96,6 +97,7 @@ typedef struct worker {
     const float *in_images, *in_mask;
     const int32_t *in_ids;
     float *in_valid;
+    uint8_t *eval_valid; /* evaluation's load: each validation sample good (1) or skipped */
     int loaded_mb, loaded_n;
     uint64_t loaded_digest;
     mmp_fuse fuse;
@@ -337,8 +339,18 @@ static mmp_err build(worker *w)
     if (w->kind != 2 && w->sub == 0) {
         MMP_TRY(mmp_dataset_open(&w->train, p->data.manifest, p->data.vocab, p));
     }
-    MMP_TRY(mmp_dataset_open(&w->val, p->data.val_manifest, p->data.vocab, p));
-    int V = mmp_dataset_vocab_size(w->val);
+    int V;
+    if (mmp_plan_evaluates(p)) { /* only then is there a validation set to read */
+        MMP_TRY(mmp_dataset_open(&w->val, p->data.val_manifest, p->data.vocab, p));
+        V = mmp_dataset_vocab_size(w->val);
+    } else if (w->train) {
+        V = mmp_dataset_vocab_size(w->train);
+    } else {
+        mmp_tokenizer *tok;
+        MMP_TRY(mmp_tokenizer_load(&tok, p->data.vocab));
+        V = mmp_tokenizer_vocab_size(tok);
+        mmp_tokenizer_destroy(tok);
+    }
     if (w->kind == 0) {
         MMP_TRY(mmp_image_net_create(&w->img, p, w->first, w->last, seed));
         w->params = mmp_image_net_params(w->img);
@@ -387,6 +399,7 @@ static mmp_err build(worker *w)
         w->fl[i].valid = xcalloc((size_t)w->mb_max, sizeof(float), &err);
     }
     w->in_valid = xcalloc((size_t)w->mb_max, sizeof(float), &err);
+    w->eval_valid = xcalloc((size_t)w->mb_max, 1, &err);
     size_t mbx = (size_t)w->mb_max;
     int S = p->data.image_size;
     if (w->kind == 0 && w->sub == 0) {
@@ -460,6 +473,7 @@ static void teardown(worker *w)
     }
     mmp_fuse_fini(&w->fuse);
     free(w->in_valid);
+    free(w->eval_valid);
     free(w->fl);
     mmp_image_net_destroy(w->img);
     mmp_text_net_destroy(w->txt);
@@ -625,10 +639,15 @@ static mmp_err do_load(worker *w, int step, int mb, int eval)
     int n = (int)(nv - base < w->mb_max ? nv - base : w->mb_max);
     for (int i = 0; i < n; i++) {
         w->samples[i] = base + i;
-        w->in_valid[i] = 1.0f;
     }
-    MMP_TRY(mmp_dataset_load(w->val, w->samples, n, w->kind == 0 ? w->images : NULL,
-                             w->kind == 1 ? w->ids : NULL, w->kind == 1 ? w->mask : NULL));
+    /* Under data.on_bad_sample: skip a bad pair travels flagged, and fusion
+     * leaves it out of the retrieval (run_eval). */
+    MMP_TRY(mmp_dataset_load_valid(w->val, w->samples, n, w->kind == 0 ? w->images : NULL,
+                                   w->kind == 1 ? w->ids : NULL, w->kind == 1 ? w->mask : NULL,
+                                   w->eval_valid, NULL));
+    for (int i = 0; i < n; i++) {
+        w->in_valid[i] = w->eval_valid[i] ? 1.0f : 0.0f;
+    }
     w->in_images = w->images;
     w->in_ids = w->ids;
     w->in_mask = w->mask;
@@ -990,8 +1009,12 @@ static mmp_err run_eval(worker *w, int step)
     if (w->asg->replica > 0) {
         return MMP_OK; /* evaluation runs on the replicas 0 */
     }
+    if (!w->val) {
+        return mmp_errorf(MMP_ERR_PROTO, "evaluation requested, but the plan turns it off");
+    }
     int64_t nv = mmp_dataset_size(w->val);
     nv = nv < w->plan.data.val_samples ? nv : w->plan.data.val_samples;
+    int64_t kept = 0; /* fusion: pairs good in both branches, compacted to the front */
     int chunks = (int)((nv + w->mb_max - 1) / w->mb_max);
     float *ie = NULL, *te = NULL;
     int E = 0;
@@ -1016,8 +1039,17 @@ static mmp_err run_eval(worker *w, int step)
             const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
             if (!simulated(w)) {
                 mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
-                                     ie + (size_t)c * w->mb_max * E,
-                                     te + (size_t)c * w->mb_max * E);
+                                     ie + (size_t)kept * E, te + (size_t)kept * E);
+                const float *iv = payload_valid(w, ci, w->fuse.img_row, 0);
+                const float *tv = payload_valid(w, ct, w->fuse.txt_row, 1);
+                int64_t base = kept;
+                for (int i = 0; i < n; i++) { /* keep the good pairs, in order */
+                    if (iv[i] != 0 && tv[i] != 0) {
+                        memmove(ie + kept * E, ie + (base + i) * E, (size_t)E * sizeof(float));
+                        memmove(te + kept * E, te + (base + i) * E, (size_t)E * sizeof(float));
+                        kept++;
+                    }
+                }
             }
             if ((err = chan_release(ci)) != MMP_OK || (err = chan_release(ct)) != MMP_OK) {
                 goto exit;
@@ -1047,7 +1079,13 @@ static mmp_err run_eval(worker *w, int step)
     }
     if (w->kind == 2) {
         double i2t = 0, t2i = 0; /* simulated: no embeddings, recall 0 */
-        if (!simulated(w) && (err = mmp_retrieval_r1(ie, te, (int)nv, E, &i2t, &t2i)) != MMP_OK) {
+        if (!simulated(w) && kept < nv) {
+            MMP_WARN("evaluation: %lld of %lld validation pairs skipped (bad data, "
+                     "data.on_bad_sample: skip)",
+                     (long long)(nv - kept), (long long)nv);
+        }
+        if (!simulated(w) && kept > 0 &&
+            (err = mmp_retrieval_r1(ie, te, (int)kept, E, &i2t, &t2i)) != MMP_OK) {
             goto exit;
         }
         Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;

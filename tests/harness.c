@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "common/ckpt.h"
+#include "common/fsutil.h"
 #include "common/rng.h"
 
 int mmp_test_failures = 0;
@@ -58,11 +60,10 @@ const char *mmp_test_tmpdir(const char *name)
     if (!base || !*base) {
         base = "/tmp/mmpipe-test";
     }
-    char cmd[2200];
     snprintf(path, sizeof path, "%s/%s", base, name);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", path, path);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "cannot make %s\n", path);
+    /* MMP_TMP is the user's: no shell (common/fsutil.h). */
+    if (mmp_fs_rmtree(path) != MMP_OK || mmp_mkdirs(path) != MMP_OK) {
+        fprintf(stderr, "cannot make %s: %s\n", path, mmp_last_error());
         exit(1);
     }
     return path;

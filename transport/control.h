@@ -78,4 +78,9 @@ mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c);
 /* Fills tok (33 bytes) with a fresh random hex job token. */
 mmp_err mmp_ctl_new_token(char tok[33]);
 
+/* The environment variable a stage process gets its job token from (the
+ * coordinator sets it for each stage it spawns; the stage reads it, wipes it
+ * and unsets it). Never on a command line: any user can read argv with ps. */
+#define MMP_CTL_TOKEN_ENV "MMP_JOB_TOKEN"
+
 #endif

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# The run directory and what launch does before it trains (issue 11):
+#  lock:        --force or --resume into a live run is refused naming the
+#               holder's pid, and changes nothing; a dead holder does not block;
+#  no shell:    --force on paths with quotes, spaces, an apostrophe and a
+#               newline replaces that run's outputs and nothing else
+#               (--out "runs/victim' 'x" leaves runs/victim alone);
+#  fingerprint: --resume under a plan that changes the model or the data
+#               order (same shapes) is refused naming the key, nothing changes
+#               on disk; keys a resume may change are accepted;
+#  preflight:   a missing manifest, vocab or validation set is one error
+#               naming its key, before any process or file exists; no
+#               validation set is needed with evaluation off; evaluation
+#               obeys data.on_bad_sample: skip;
+#  token:       no stage process has the job token in its argv or environ.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_rundir
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 300 --seed 3 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+cat > "$W/plan.yaml" <<YAML
+job:   { name: r, steps: 2, seed: 5 }
+data:  { manifest: $W/data/train.jsonl, image_size: 16, max_text_len: 16, val_samples: 16 }
+model: { width: 16, image: { blocks: [1], channels: [8] },
+         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 8, microbatches: 2, optimizer: { lr: 1.0e-3, warmup: 1 }, eval_every: 0 }
+YAML
+# state DIR: every entry under DIR with its size and mtime (what "changes nothing" compares)
+state() { find "$1" -printf '%p %s %T@\n' 2>/dev/null | sort; }
+
+# --- a live run: lock and token ---------------------------------------------------------------
+L=$W/live
+"$BIN" launch "$W/plan.yaml" --out "$L" --steps 100000 --set train.ckpt_every=1 >"$W/live.log" 2>&1 &
+LPID=$!
+for _ in $(seq 200); do [ -e "$L/ckpt/latest" ] && break; sleep 0.1; done
+[ -e "$L/ckpt/latest" ] || fail "the live run wrote no checkpoint"
+kids=$(pgrep -P "$LPID" | tr '\n' ' ')
+[ -n "$kids" ] && ok "live run has stage processes ($kids)" || fail "no stage processes under $LPID"
+leak=0
+for k in $kids; do
+  args=$(tr '\0' ' ' < "/proc/$k/cmdline" 2>/dev/null)
+  envs=$(tr '\0' '\n' < "/proc/$k/environ" 2>/dev/null)
+  if grep -q -- '--token' <<<"$args" || grep -qE '[0-9a-f]{32}' <<<"$args" ||
+     grep -qE '^MMP_JOB_TOKEN=.' <<<"$envs"; then
+    leak=1; echo "    pid $k: $args"
+  fi
+done
+[ -n "$kids" ] && [ $leak -eq 0 ] && ok "no job token in any stage's argv or environ" \
+  || fail "a stage shows the job token"
+"$BIN" stage --help | grep -q MMP_JOB_TOKEN && ok "stage --help documents MMP_JOB_TOKEN" \
+  || fail "stage --help does not say where the token comes from"
+
+before=$(state "$L/ckpt/step_0000001"; state "$L/plan.json"; ls -a "$L")
+expect_fail "--force into a live run is refused naming its pid" "in use .*pid $LPID" \
+  "$BIN" launch "$W/plan.yaml" --out "$L" --force
+expect_fail "--resume of a live run is refused naming its pid" "in use .*pid $LPID" \
+  "$BIN" launch "$W/plan.yaml" --resume "$L" --steps 500
+expect_fail "--single-process --force into a live run is refused" "in use .*pid $LPID" \
+  "$BIN" launch "$W/plan.yaml" --out "$L" --force --single-process
+after=$(state "$L/ckpt/step_0000001"; state "$L/plan.json"; ls -a "$L")
+[ "$before" = "$after" ] && [ -e "$L/ckpt/step_0000001" ] && ok "refused launches left the live run alone" \
+  || fail "a refused launch changed the live run"
+kill -INT "$LPID"; wait "$LPID"
+n=$(cat "$L/metrics.jsonl" 2>/dev/null | wc -l)
+torn=$(cat "$L/metrics.jsonl" 2>/dev/null | grep -cvE '^\{"step":.*\}$')
+[ "$torn" -eq 0 ] && [ "$n" -ge 1 ] && ok "live run's metrics intact ($n lines, none torn)" \
+  || fail "live run's metrics.jsonl: $n lines, $torn torn"
+
+# a dead holder's lock file does not block
+"$BIN" launch "$W/plan.yaml" --out "$W/dead" --steps 100000 --single-process >"$W/dead.log" 2>&1 &
+DPID=$!
+for _ in $(seq 100); do [ -s "$W/dead/.mmpipe.lock" ] && break; sleep 0.1; done
+kill -KILL "$DPID"; wait "$DPID" 2>/dev/null
+"$BIN" launch "$W/plan.yaml" --out "$W/dead" --force --single-process >"$W/dead2.log" 2>&1 \
+  && ok "a killed run's lock does not block --force" || { fail "stale lock blocked"; tail -3 "$W/dead2.log"; }
+
+# --- no shell: odd paths ----------------------------------------------------------------------
+R=$W/runs
+mkdir -p "$R/victim" && echo keep > "$R/victim/precious"
+for d in "$R/victim' 'x" "$R/it's" "$R/two words \"quoted\"" "$R/new
+line"; do
+  name=$(printf '%q' "$d")
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$d" >"$W/odd.log" 2>&1 || { fail "run into $name"; continue; }
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$d" --force --steps 1 >"$W/odd.log" 2>&1 \
+    || { fail "--force into $name"; tail -3 "$W/odd.log"; continue; }
+  [ ! -e "$d/ckpt/step_0000002" ] && [ -e "$d/ckpt/step_0000001" ] && [ "$(wc -l < "$d/metrics.jsonl")" -eq 1 ] \
+    && ok "--force replaced the run in $name" || fail "--force left the old run in $name"
+done
+[ -f "$R/victim/precious" ] && ok "--out \"runs/victim' 'x\" left runs/victim alone" \
+  || fail "runs/victim was deleted"
+
+# --- resume fingerprint -----------------------------------------------------------------------
+F=$W/fp
+"$BIN" launch "$W/plan.yaml" --single-process --out "$F" >"$W/fp.log" 2>&1 || fail "fingerprint base run"
+grep -q '^model.text.heads=2$' "$F/ckpt/latest/fingerprint.txt" 2>/dev/null \
+  && ok "the checkpoint holds its fingerprint" || fail "no fingerprint.txt in the checkpoint"
+before=$(state "$F")
+expect_fail "--resume with other model.text.heads (same shapes) is refused naming it" \
+  "model.text.heads: .*model.text.heads=2.*model.text.heads=1" \
+  "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set model.text.heads=1
+expect_fail "--resume with another job.seed is refused naming it" "job.seed" \
+  "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set job.seed=6
+expect_fail "--resume with another train.batch is refused naming it" "train.batch" \
+  "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set train.batch=6 --set train.microbatches=2
+expect_fail "pipeline --resume with other model.fusion.heads is refused" "model.fusion.heads" \
+  "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set model.fusion.heads=1
+[ "$before" = "$(state "$F")" ] && ok "refused resumes changed nothing on disk" \
+  || { fail "a refused resume changed the run"; diff <(echo "$before") <(state "$F") | head -5; }
+"$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set train.microbatches=4 \
+  --set 'stages.image.replicas=2' --set train.optimizer.lr=5e-4 >"$W/fp2.log" 2>&1 \
+  && [ "$(wc -l < "$F/metrics.jsonl")" -eq 4 ] \
+  && ok "resume may change steps, micro-batches, lr and placement" || { fail "legit resume refused"; tail -3 "$W/fp2.log"; }
+
+# --- preflight --------------------------------------------------------------------------------
+expect_fail "missing manifest: one error naming data.manifest" "data.manifest: .*$W/nope.jsonl" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf1" --set data.manifest="$W/nope.jsonl"
+n=$("$BIN" launch "$W/plan.yaml" --out "$W/pf1" --set data.manifest="$W/nope.jsonl" 2>&1 | grep -c nope.jsonl)
+[ "$n" -eq 1 ] && [ ! -e "$W/pf1" ] && ok "... printed once, no run directory" \
+  || fail "missing manifest printed $n times or left $W/pf1"
+expect_fail "missing vocab: error naming data.vocab" "data.vocab: .*$W/none.txt" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf2" --set data.vocab="$W/none.txt"
+mkdir -p "$W/noval" && cp "$W/data/train.jsonl" "$W/data/vocab.txt" "$W/noval/" && ln -s "$W/data/images" "$W/noval/images"
+expect_fail "missing validation set: error naming data.val_manifest" "data.val_manifest: .*noval/val.jsonl" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl"
+[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && ok "no run directory after a preflight error" || fail "preflight left a directory"
+"$BIN" launch "$W/plan.yaml" --out "$W/pf4" --set data.manifest="$W/noval/train.jsonl" \
+  --set train.final_eval=false >"$W/pf4.log" 2>&1 \
+  && ! grep -q val_i2t_r1 "$W/pf4/metrics.jsonl" && ok "evaluation off: no validation set needed" \
+  || { fail "evaluation off still wants val.jsonl"; tail -3 "$W/pf4.log"; }
+
+# a bad validation image under on_bad_sample: skip is skipped, not fatal
+B=$W/badval
+mkdir -p "$B/images" && cp "$W/data/"*.jsonl "$W/data/vocab.txt" "$B/" && cp "$W/data/images/"* "$B/images/"
+img=$(sed -n '3s/.*"image": "\([^"]*\)".*/\1/p' "$B/val.jsonl")
+echo "not a picture" > "$B/$img"
+for mode in "" --single-process; do
+  "$BIN" launch "$W/plan.yaml" $mode --out "$W/bv$mode" --set data.manifest="$B/train.jsonl" \
+    --set data.on_bad_sample=skip --set train.eval_every=1 >"$W/bv.log" 2>&1 \
+    && [ "$(grep -c val_i2t_r1 "$W/bv$mode/metrics.jsonl")" -eq 2 ] && grep -q "1 of 16 validation pairs skipped" "$W/bv.log" \
+    && ok "skip: a bad validation image is skipped and counted ${mode:-(pipeline)}" \
+    || { fail "skip: a bad validation image ${mode:-(pipeline)}"; tail -3 "$W/bv.log"; }
+done
+expect_fail "fail: a bad validation image still stops the run, naming it" "val.jsonl:3" \
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$W/bvf" --set data.manifest="$B/train.jsonl" --set train.eval_every=1
+
+finish

@@ -1,0 +1,118 @@
+/* common/fsutil: tree removal takes any bytes as a path and never follows a
+ * symlink; the run lock refuses a second holder naming its pid and is free
+ * again once the holder is gone. Also the fingerprint's key selection. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/fingerprint.h"
+#include "common/fsutil.h"
+#include "tests/harness.h"
+
+static void touch(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+        close(fd);
+    }
+}
+
+static void test_rmtree(const char *tmp)
+{
+    char keep[1200], tree[1200], p[1400];
+    snprintf(keep, sizeof keep, "%s/keep", tmp);
+    mkdir(keep, 0755);
+    snprintf(p, sizeof p, "%s/file", keep);
+    touch(p);
+    /* quotes, spaces, a newline and a leading dash in one name */
+    snprintf(tree, sizeof tree, "%s/-it's \"a\"\ntree", tmp);
+    CHECK(mkdir(tree, 0755) == 0);
+    snprintf(p, sizeof p, "%s/sub", tree);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/sub/f", tree);
+    touch(p);
+    snprintf(p, sizeof p, "%s/link", tree); /* a symlink into keep: removed, not followed */
+    CHECK(symlink(keep, p) == 0);
+    CHECK_OK(mmp_fs_rmtree(tree));
+    struct stat st;
+    CHECK(lstat(tree, &st) != 0 && errno == ENOENT);
+    snprintf(p, sizeof p, "%s/file", keep);
+    CHECK(stat(p, &st) == 0);
+    CHECK_OK(mmp_fs_rmtree(tree)); /* absent: not an error */
+    CHECK_OK(mmp_fs_rmtree(p));    /* a plain file */
+    CHECK(stat(p, &st) != 0);
+}
+
+static void test_lock(const char *tmp)
+{
+    mmp_run_lock a = {0}, b = {0};
+    pid_t holder = -1;
+    mmp_run_unlock(&a); /* zeroed: a no-op */
+    CHECK_OK(mmp_run_lock_take(&a, tmp, &holder));
+    mmp_run_unlock(&a);
+    mmp_run_unlock(&a);
+
+    int ready[2], go[2];
+    CHECK(pipe(ready) == 0 && pipe(go) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        mmp_run_lock l = {0};
+        pid_t h;
+        char c = mmp_run_lock_take(&l, tmp, &h) == MMP_OK ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) {
+            _exit(1);
+        }
+        _exit(0); /* dies holding it */
+    }
+    char c = 0;
+    CHECK(read(ready[0], &c, 1) == 1 && c == 'y');
+    CHECK(mmp_run_lock_take(&b, tmp, &holder) == MMP_ERR_IO);
+    CHECK(holder == child);
+    char want[64];
+    snprintf(want, sizeof want, "pid %d", (int)child);
+    CHECK(strstr(mmp_last_error(), want) != NULL);
+    CHECK(write(go[1], "x", 1) == 1);
+    waitpid(child, NULL, 0);
+    CHECK_OK(mmp_run_lock_take(&b, tmp, &holder)); /* the dead holder's lock is gone */
+    mmp_run_unlock(&b);
+    close(ready[0]), close(ready[1]), close(go[0]), close(go[1]);
+
+    char missing[1200];
+    snprintf(missing, sizeof missing, "%s/no/such/dir", tmp);
+    CHECK(mmp_run_lock_take(&b, missing, &holder) == MMP_ERR_IO && holder == 0);
+    mmp_run_unlock(&b);
+}
+
+static void test_fingerprint_keys(void)
+{
+    CHECK(mmp_fingerprint_has("model.text.heads"));
+    CHECK(mmp_fingerprint_has("model.image.channels"));
+    CHECK(mmp_fingerprint_has("job.seed") && mmp_fingerprint_has("train.batch"));
+    CHECK(mmp_fingerprint_has("data.manifest") && mmp_fingerprint_has("data.augment"));
+    CHECK(!mmp_fingerprint_has("job.steps"));
+    CHECK(!mmp_fingerprint_has("train.microbatches") && !mmp_fingerprint_has("train.batches"));
+    CHECK(!mmp_fingerprint_has("stages.image.split") && !mmp_fingerprint_has("data.on_bad_sample"));
+    mmp_plan p;
+    mmp_plan_defaults(&p);
+    char text[8192];
+    CHECK_OK(mmp_fingerprint_text(&p, text, sizeof text));
+    CHECK(strstr(text, "model.text.heads=4\n") != NULL);
+    CHECK(strstr(text, "job.seed=1\n") != NULL);
+    CHECK(strstr(text, "job.steps") == NULL);
+    CHECK(mmp_fingerprint_text(&p, text, 16) == MMP_ERR_INVALID);
+}
+
+int main(void)
+{
+    const char *tmp = mmp_test_tmpdir("test_fsutil");
+    test_rmtree(tmp);
+    test_lock(tmp);
+    test_fingerprint_keys();
+    return mmp_test_finish("test_fsutil");
+}
