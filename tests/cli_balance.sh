@@ -69,9 +69,8 @@ sed -n 30p "$W/bal/metrics.jsonl" | grep -q '"decision":{"action":"replace".*scr
   && ok "the decision is logged at step 30 with its reason" || fail "no decision at step 30"
 grep -q '"name":"re-place"' "$W/bal/trace.json" && ok "trace.json marks the re-placement" \
   || fail "no re-place mark in trace.json"
-out=$("$BIN" ckpt diff "$W/single" "$W/bal" --quiet); rc=$?
-[ $rc -eq 0 ] && ok "60 steps vs single-process: $(tail -1 <<<"$out")" \
-  || fail "replicas + re-partition differ from single-process: $(tail -1 <<<"$out")"
+out=$(same_ckpt "$W/single" "$W/bal") && ok "60 steps vs single-process: $out" \
+  || fail "replicas + re-partition differ from single-process: $out"
 [ "$(left_behind "$W/bal.log")" -eq 0 ] && ok "no stage process or /dev/shm segment left" \
   || fail "left behind: $(left_behind "$W/bal.log")"
 expect_fail "a bad balance.force.set is refused before training" "balance.force.set" \

@@ -20,6 +20,14 @@ last_metric() { grep "\"$2\"" "$1" | tail -1 | sed -E "s/.*\"$2\":([-0-9.e+]+).*
 median() { sort -g | awk '{ v[NR] = $1 } END { print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : "nan" }'; }
 # metric FILE KEY FROM TO: KEY of metrics lines FROM..TO (1-based steps), one per line
 metric() { sed -n "$3,$4p" "$1" | grep -o "\"$2\":[-0-9.e+]*" | sed 's/.*://'; }
+# same_ckpt A B: `ckpt diff A B` finds no difference at all (max_abs_diff=0);
+# prints the diff's last line either way.
+same_ckpt() {
+  local out rc last
+  out=$("$BIN" ckpt diff "$1" "$2" --quiet); rc=$?
+  last=$(tail -1 <<<"$out"); echo "$last"
+  [ $rc -eq 0 ] && [ "$last" = "max_abs_diff=0 max_rel_diff=0" ]
+}
 finish() {
   echo "$(basename "$0"): $checks checks, $fails failed"
   [ $checks -gt 0 ] && [ $fails -eq 0 ]
