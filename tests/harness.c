@@ -110,6 +110,37 @@ int mmp_test_finish(const char *name)
     return mmp_test_failures ? 1 : 0;
 }
 
+int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+        for (size_t i = 0; i < n; i++) {
+            printf("%s\n", cases[i].name);
+        }
+        return 0;
+    }
+    for (int a = 1; a < argc; a++) {
+        size_t i = 0;
+        while (i < n && strcmp(cases[i].name, argv[a]) != 0) {
+            i++;
+        }
+        if (i == n) {
+            fprintf(stderr, "%s: no case '%s' (--list names them)\n", suite, argv[a]);
+            return 2;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        int wanted = argc <= 1;
+        for (int a = 1; a < argc && !wanted; a++) {
+            wanted = strcmp(cases[i].name, argv[a]) == 0;
+        }
+        if (wanted) {
+            fprintf(stderr, "-- %s\n", cases[i].name);
+            cases[i].run();
+        }
+    }
+    return mmp_test_finish(suite);
+}
+
 int mmp_test_skip(const char *name, const char *why)
 {
     fprintf(stderr, "%s: skipped: %s\n", name, why);

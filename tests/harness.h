@@ -77,6 +77,22 @@ const char *mmp_test_bin(void);
 int mmp_test_run(const char *cmd, char *out, size_t n);
 
 int mmp_test_finish(const char *name);
+
+/* A test file's cases, by name (as nng's TEST_LIST): main hands the table to
+ * mmp_test_main, which runs every case in order, or only the ones named on
+ * the command line (`tests/test_schedule test_route`), and lists them with
+ * --list. Returns mmp_test_finish(suite), or 2 for an unknown case name. */
+typedef struct {
+    const char *name;
+    void (*run)(void);
+} mmp_test_case;
+#define MMP_TEST_CASE(fn)                                                                          \
+    {                                                                                              \
+#fn, fn                                                                                    \
+    }
+int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int argc, char **argv);
+#define MMP_TEST_MAIN(suite, table, argc, argv)                                                    \
+    mmp_test_main(suite, table, sizeof(table) / sizeof((table)[0]), argc, argv)
 int mmp_test_skip(const char *name, const char *why);
 
 #endif

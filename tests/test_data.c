@@ -1177,16 +1177,19 @@ static void test_cli(void)
     }
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_png),
+    MMP_TEST_CASE(test_synth_determinism),
+    MMP_TEST_CASE(test_synth_content),
+    MMP_TEST_CASE(test_tokenizer),
+    MMP_TEST_CASE(test_manifest_lines),
+    MMP_TEST_CASE(test_manifest_files),
+    MMP_TEST_CASE(test_dataset),
+    MMP_TEST_CASE(test_order_sizes),
+    MMP_TEST_CASE(test_cli),
+};
+
+int main(int argc, char **argv)
 {
-    test_png();
-    test_synth_determinism();
-    test_synth_content();
-    test_tokenizer();
-    test_manifest_lines();
-    test_manifest_files();
-    test_dataset();
-    test_order_sizes();
-    test_cli();
-    return mmp_test_finish("test_data");
+    return MMP_TEST_MAIN("test_data", cases, argc, argv);
 }

@@ -528,15 +528,18 @@ static void test_bad_prep(void)
     CHECK(strstr(mmp_last_error(), "rng") != NULL);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_reference),
+    MMP_TEST_CASE(test_png_vs_jpeg),
+    MMP_TEST_CASE(test_gray_and_progressive),
+    MMP_TEST_CASE(test_bad_files),
+    MMP_TEST_CASE(test_augment_determinism),
+    MMP_TEST_CASE(test_flip),
+    MMP_TEST_CASE(test_constant_normalisation),
+    MMP_TEST_CASE(test_bad_prep),
+};
+
+int main(int argc, char **argv)
 {
-    test_reference();
-    test_png_vs_jpeg();
-    test_gray_and_progressive();
-    test_bad_files();
-    test_augment_determinism();
-    test_flip();
-    test_constant_normalisation();
-    test_bad_prep();
-    return mmp_test_finish("test_image");
+    return MMP_TEST_MAIN("test_image", cases, argc, argv);
 }

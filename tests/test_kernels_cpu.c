@@ -1292,26 +1292,17 @@ static void test_sumsq(void)
     CHECK(mmp_cpu_sumsq(x, 0) == 0.0);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_gemm),      MMP_TEST_CASE(test_linear),    MMP_TEST_CASE(test_conv),
+    MMP_TEST_CASE(test_batchnorm), MMP_TEST_CASE(test_relu),      MMP_TEST_CASE(test_gelu),
+    MMP_TEST_CASE(test_add_scale), MMP_TEST_CASE(test_maxpool),   MMP_TEST_CASE(test_meanpool),
+    MMP_TEST_CASE(test_layernorm), MMP_TEST_CASE(test_embedding), MMP_TEST_CASE(test_attention),
+    MMP_TEST_CASE(test_softmax),   MMP_TEST_CASE(test_l2norm),    MMP_TEST_CASE(test_infonce),
+    MMP_TEST_CASE(test_bce),       MMP_TEST_CASE(test_adamw),     MMP_TEST_CASE(test_sumsq),
+};
+
+int main(int argc, char **argv)
 {
     mmp_cpu_set_threads(1);
-    test_gemm();
-    test_linear();
-    test_conv();
-    test_batchnorm();
-    test_relu();
-    test_gelu();
-    test_add_scale();
-    test_maxpool();
-    test_meanpool();
-    test_layernorm();
-    test_embedding();
-    test_attention();
-    test_softmax();
-    test_l2norm();
-    test_infonce();
-    test_bce();
-    test_adamw();
-    test_sumsq();
-    return mmp_test_finish("test_kernels_cpu");
+    return MMP_TEST_MAIN("test_kernels_cpu", cases, argc, argv);
 }

@@ -880,15 +880,15 @@ static void test_owned(void)
     mmp_dataset_close(d);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_order_and_contents), MMP_TEST_CASE(test_fail_policy),
+    MMP_TEST_CASE(test_skip_at_open),       MMP_TEST_CASE(test_skip_at_load),
+    MMP_TEST_CASE(test_destroy_mid_stream), MMP_TEST_CASE(test_owned),
+    MMP_TEST_CASE(test_check_cli),
+};
+
+int main(int argc, char **argv)
 {
     mmp_log_set_level(MMP_LOG_ERROR); /* skip warnings are expected here */
-    test_order_and_contents();
-    test_fail_policy();
-    test_skip_at_open();
-    test_skip_at_load();
-    test_destroy_mid_stream();
-    test_owned();
-    test_check_cli();
-    return mmp_test_finish("test_loader");
+    return MMP_TEST_MAIN("test_loader", cases, argc, argv);
 }

@@ -829,17 +829,20 @@ static void test_bn_log(void)
     bn_log_range(&plan, 0, 1, 2 * 4, 1);
 }
 
-int main(void)
+static void test_gradients(void)
 {
-    test_shapes();
     int blocks_11[2] = {1, 1}, blocks_12[2] = {1, 2};
     gradcheck(4, 0, blocks_11);
     gradcheck(6, 1, blocks_12);
-    test_split();
-    test_in_flight();
-    test_init();
-    test_eval_stem();
-    test_eval_net();
-    test_bn_log();
-    return mmp_test_finish("test_nn_image");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_shapes),    MMP_TEST_CASE(test_gradients), MMP_TEST_CASE(test_split),
+    MMP_TEST_CASE(test_in_flight), MMP_TEST_CASE(test_init),      MMP_TEST_CASE(test_eval_stem),
+    MMP_TEST_CASE(test_eval_net),  MMP_TEST_CASE(test_bn_log),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("test_nn_image", cases, argc, argv);
 }

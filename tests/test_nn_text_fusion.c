@@ -837,7 +837,7 @@ static void test_fusion_image_tokens(const mmp_plan *plan)
     }
 }
 
-int main(void)
+static void test_text(void)
 {
     mmp_plan plan;
     plan_tiny(&plan);
@@ -854,7 +854,12 @@ int main(void)
     text_split(&plan, cuts_b, 1);
     text_split(&plan, cuts_c, 3);
     test_text_init_and_mask(&plan);
+}
 
+static void test_fusion(void)
+{
+    mmp_plan plan;
+    plan_tiny(&plan);
     max_fd_abs = max_fd_rel = 0;
     fusion_gradcheck(&plan, FB, 0);
     fusion_gradcheck(&plan, 1, 0);
@@ -865,17 +870,37 @@ int main(void)
             max_fd_abs, max_fd_rel, fusion_fd_skipped, fusion_fd_total);
     /* Skips must stay rare or the check would check nothing. */
     CHECK(fusion_fd_skipped * 20 < fusion_fd_total);
+}
 
-    /* Degenerate depths: embedding + ln_f only; the ITM head straight on [CLS]. */
-    mmp_plan shallow = plan;
+/* Degenerate depths: embedding + ln_f only; the ITM head straight on [CLS]. */
+static void test_shallow(void)
+{
+    mmp_plan shallow;
+    plan_tiny(&shallow);
     shallow.model.text.layers = 0;
     shallow.model.fusion.layers = 0;
     text_gradcheck(&shallow, 0, mmp_text_net_layers(&shallow));
     fusion_gradcheck(&shallow, FB, 0);
+}
 
+static void test_fusion_behaviour(void)
+{
+    mmp_plan plan;
+    plan_tiny(&plan);
     test_fusion_misc(&plan);
     test_fusion_pairs(&plan);
     test_fusion_hard_negatives(&plan);
     test_fusion_image_tokens(&plan);
-    return mmp_test_finish("nn_text_fusion");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_text),
+    MMP_TEST_CASE(test_fusion),
+    MMP_TEST_CASE(test_shallow),
+    MMP_TEST_CASE(test_fusion_behaviour),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("nn_text_fusion", cases, argc, argv);
 }

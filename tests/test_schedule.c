@@ -607,11 +607,13 @@ static void test_replicas(void)
                 mmp_sched s;
                 mmp_err e = mmp_sched_compile_routed(&s, &p, routed ? speed : NULL);
                 if (e != MMP_OK) {
-                    fprintf(stderr, "  %s m=%d: %s\n", kind ? "1f1b" : "gpipe", m, mmp_last_error());
+                    fprintf(stderr, "  %s m=%d: %s\n", kind ? "1f1b" : "gpipe", m,
+                            mmp_last_error());
                 }
                 CHECK_OK(e);
                 CHECK(s.n_stages == 2 + 3 + 2 + 2);
-                /* every replica pair of consecutive stages: 2x3 + 3x2 + 2x2 pairs, two edges each */
+                /* every replica pair of consecutive stages: 2x3 + 3x2 + 2x2 pairs, two edges each
+                 */
                 CHECK(s.n_edges == 2 * (6 + 6 + 4));
                 CHECK(strcmp(s.stages[3].proc, "image.1/1") == 0 && s.stages[3].replica == 1);
                 CHECK(mmp_sched_find(&s, "text.0/1") == 6 && mmp_sched_find(&s, "fusion") == 7);
@@ -667,15 +669,14 @@ static void test_replicas(void)
     mmp_sched_fini(&two);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_route),        MMP_TEST_CASE(test_replicas),
+    MMP_TEST_CASE(test_all_shapes),   MMP_TEST_CASE(test_exact_lists),
+    MMP_TEST_CASE(test_rejects),      MMP_TEST_CASE(test_sim_textbook),
+    MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large),
+};
+
+int main(int argc, char **argv)
 {
-    test_route();
-    test_replicas();
-    test_all_shapes();
-    test_exact_lists();
-    test_rejects();
-    test_sim_textbook();
-    test_sim_branches();
-    test_sim_large();
-    return mmp_test_finish("test_schedule");
+    return MMP_TEST_MAIN("test_schedule", cases, argc, argv);
 }

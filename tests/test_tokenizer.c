@@ -592,14 +592,13 @@ static void test_threads(const mmp_tokenizer *t, const reference *r, const lines
     }
 }
 
-int main(void)
+/* The reference corpus and the CLI against the committed reference file. */
+static void test_reference(void)
 {
-    test_unicode();
-    test_reordering();
     mmp_tokenizer *t = NULL;
     CHECK_OK(mmp_tokenizer_load(&t, VOCAB));
     if (!t) {
-        return mmp_test_finish("test_tokenizer");
+        return;
     }
     test_contract(t);
     reference r = {.n_lines = 0};
@@ -619,5 +618,15 @@ int main(void)
     lines_free(&corpus);
     lines_free(&r.file);
     mmp_tokenizer_destroy(t);
-    return mmp_test_finish("test_tokenizer");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_unicode),
+    MMP_TEST_CASE(test_reordering),
+    MMP_TEST_CASE(test_reference),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("test_tokenizer", cases, argc, argv);
 }
