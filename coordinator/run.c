@@ -18,7 +18,7 @@
 #include "common/trace.h"
 #include "coordinator/balancer.h"
 #include "coordinator/schedule.h"
-#include "nn/optim.h"
+#include "common/lr.h"
 #include "transport/channel.h"
 #include "transport/control.h"
 
