@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "common/ckpt.h"
 #include "common/config.h"
+#include "common/interrupt.h"
 #include "coordinator/run.h"
 #include "stages/single.h"
 
@@ -33,7 +34,23 @@ static const char USAGE[] =
     "  --set KEY=VALUE    override a plan key, e.g. --set train.microbatches=8\n"
     "                     (repeatable; checked like the file)\n"
     "  --force            replace DIR if it already holds a run\n"
-    "  -h, --help         this text\n";
+    "  -h, --help         this text\n"
+    "\n"
+    "Stopping, resuming, restarting:\n"
+    "  Ctrl-C or SIGTERM  finishes the step in flight, writes a checkpoint, stops\n"
+    "                     every stage, prints the command to resume and exits 130\n"
+    "                     (SIGINT) or 143 (SIGTERM); a second signal stops at once\n"
+    "                     (stages killed, shared memory removed, nothing saved).\n"
+    "  --resume DIR       goes on from DIR/ckpt/latest: metrics.jsonl keeps its\n"
+    "                     lines up to that step, trace.json keeps every launch.\n"
+    "  train.ckpt_every   checkpoint every N steps (default 50): what a crash loses.\n"
+    "  train.stall_timeout  a stage the coordinator waits on that reports nothing\n"
+    "                     for this many seconds is named and the job stopped (or\n"
+    "                     restarted); default 60, 0 = off.\n"
+    "  train.max_restarts N  when a stage dies or stalls, stop the others and\n"
+    "                     relaunch all from ckpt/latest, up to N times (default 0);\n"
+    "                     each restart is logged (\"restarts\" in metrics.jsonl, a\n"
+    "                     \"restart\" mark in trace.json).\n";
 
 /* Settings the schema accepts (they are part of the plan format) but this
  * version cannot run yet: refused by name, never silently ignored. */
@@ -173,6 +190,10 @@ int mmp_cmd_launch(int argc, char **argv)
         mmp_log_set_name("single");
         if (mmp_train_single(&plan, out, resume != NULL) != MMP_OK) {
             fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+            goto exit;
+        }
+        if (mmp_interrupt_status()) {
+            ret = mmp_interrupt_status(); /* stopped by a signal, after a checkpoint */
             goto exit;
         }
     } else {

@@ -36,7 +36,9 @@ void mmp_trace_flow(mmp_trace *t, char phase, uint64_t id, int tid, double ts_us
 void mmp_trace_instant(mmp_trace *t, const char *name, double ts_us, const char *note);
 
 /* Merges every trace.*.part of run_dir into run_dir/trace.json and removes the
- * parts. Lines that are not complete events (a killed writer) are dropped. */
+ * parts. Lines that are not complete events (a killed writer) are dropped.
+ * The events of an existing trace.json (earlier launches of a resumed run)
+ * are kept, before the new ones: the file holds every launch segment. */
 mmp_err mmp_trace_merge(const char *run_dir);
 
 #endif
