@@ -76,6 +76,7 @@ void mmp_trace_instant(mmp_trace *t, const char *name, double ts_us, const char 
             "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"g\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
             "\"args\":{\"note\":\"%s\"}}\n",
             name, t->pid, ts_us, note ? note : "");
+    fflush(t->f); /* rare and telling: kept even if the process is killed next */
 }
 
 static int is_part(const char *n)

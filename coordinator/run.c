@@ -993,9 +993,13 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         unlink(trace_path); /* a new run's trace starts empty; a resumed one appends */
     }
     c.steps_done = first_step;
+    /* One part file per coordinator process: a killed one's part, left for
+     * the resumed run to merge, is not overwritten. */
+    char coord_tag[48];
+    snprintf(coord_tag, sizeof coord_tag, "coordinator.p%d", (int)getpid());
     if (mmp_plan_write_json(plan, c.plan_json) != MMP_OK ||
         mmp_metrics_open(out_dir, resume ? first_step : -1, &c.metrics) != MMP_OK ||
-        mmp_trace_open(&c.trace, out_dir, "coordinator", 0, "coordinator") != MMP_OK ||
+        mmp_trace_open(&c.trace, out_dir, coord_tag, 0, "coordinator") != MMP_OK ||
         mmp_ctl_bind(&c.ctl, c.endpoint, c.token) != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());
         goto out;
