@@ -48,5 +48,18 @@ early=$(grep -c '"name":"F".*"args":{"step":3,' "$T"); late=$(grep -c '"name":"F
 [ "$early" -gt 0 ] && [ "$late" -gt 0 ] && ok "trace.json has spans of step 3 (first launch) and 55 (second)" \
   || fail "trace.json spans: step 3: $early, step 55: $late"
 ls "$W/pipeline"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok "trace parts merged"
-left_behind "resume" "$W/pipeline.log" "$W/pipeline_resumed.log"
+# A launch that ended cleanly (stopped by SIGINT: trace.json already merged),
+# then resumed: the first segment's events stay in trace.json.
+"$BIN" launch "$W/plan.yaml" --out "$W/int" >"$W/int.log" 2>&1 &
+cpid=$!
+wait_step "$W/int/metrics.jsonl" 12 || fail "int: no step 12"
+kill -INT $cpid; wait $cpid
+at=$(last_step "$W/int/metrics.jsonl")
+"$BIN" launch "$W/plan.yaml" --resume "$W/int" >"$W/int_resumed.log" 2>&1 || fail "int: resume"
+T=$W/int/trace.json
+early=$(grep -c '"name":"F".*"args":{"step":2,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":55,' "$T")
+trace_ok "$T" && [ "$early" -gt 0 ] && [ "$late" -gt 0 ] \
+  && ok "stopped at step $at by SIGINT, resumed: trace.json keeps both segments (step 2 and 55 spans)" \
+  || fail "stopped and resumed: trace.json spans: step 2: $early, step 55: $late"
+left_behind "resume" "$W/pipeline.log" "$W/pipeline_resumed.log" "$W/int.log" "$W/int_resumed.log"
 finish
