@@ -620,7 +620,8 @@ static int checkpoint(coord *c, int steps_done)
     }
     /* latest moves only after every stage acknowledged its file. */
     if (mmp_ckpt_write_meta(dir, steps_done, c->plan->job.seed) != MMP_OK ||
-        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK) {
+        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK ||
+        mmp_ckpt_prune(c->out_dir, steps_done, c->plan->train.ckpt_keep) != MMP_OK) {
         fail(c, "checkpoint: %s", mmp_last_error());
         return 1;
     }

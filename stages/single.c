@@ -176,7 +176,8 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
     MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan->job.seed));
-    return mmp_ckpt_mark_latest(t->out_dir, steps_done);
+    MMP_TRY(mmp_ckpt_mark_latest(t->out_dir, steps_done));
+    return mmp_ckpt_prune(t->out_dir, steps_done, t->plan->train.ckpt_keep);
 }
 
 /* Simulated compute of one micro-batch of n samples: what the three whole

@@ -1,11 +1,13 @@
 /* The run directory's records across resumes and restarts: metrics.jsonl
  * continues from a checkpoint's step (later and partial lines dropped,
  * earlier lines kept byte for byte), trace.json keeps every launch segment
- * when parts are merged again, and restarts ride on the next kept step
- * line (handed on when a rewind drops that line). */
+ * when parts are merged again, restarts ride on the next kept step line
+ * (handed on when a rewind drops that line), and only the newest
+ * train.ckpt_keep step directories stay. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/ckpt.h"
 #include "common/metrics.h"
@@ -167,6 +169,30 @@ static void test_restarts(const char *dir)
     }
 }
 
+static void test_prune(const char *dir)
+{
+    int steps[] = {5, 10, 15, 20, 25};
+    char d[1200], f[1400];
+    for (int i = 0; i < 5; i++) {
+        mmp_ckpt_step_dir(d, sizeof d, dir, steps[i]);
+        CHECK_OK(mmp_mkdirs(d));
+        snprintf(f, sizeof f, "%s/image.ckpt", d);
+        write_file(f, "x");
+    }
+    /* latest is 20; 25 is a write cut short: left alone */
+    CHECK_OK(mmp_ckpt_prune(dir, 20, 2));
+    for (int i = 0; i < 5; i++) {
+        mmp_ckpt_step_dir(d, sizeof d, dir, steps[i]);
+        struct stat sb;
+        int kept = stat(d, &sb) == 0;
+        CHECK(kept == (steps[i] >= 15));
+    }
+    CHECK_OK(mmp_ckpt_prune(dir, 20, 0)); /* keep all */
+    mmp_ckpt_step_dir(d, sizeof d, dir, 15);
+    struct stat sb;
+    CHECK(stat(d, &sb) == 0);
+}
+
 int main(void)
 {
     char dir[1100];
@@ -181,5 +207,8 @@ int main(void)
     snprintf(sub, sizeof sub, "%s/restarts", dir);
     CHECK_OK(mmp_mkdirs(sub));
     test_restarts(sub);
+    snprintf(sub, sizeof sub, "%s/prune", dir);
+    CHECK_OK(mmp_mkdirs(sub));
+    test_prune(sub);
     return mmp_test_finish("test_records");
 }
