@@ -72,6 +72,7 @@ typedef struct coord {
     mmp_trace trace;
     /* supervision */
     int fault;       /* the failure is a stage's death or stall: a restart may help */
+    int killed;      /* a stage of this launch died by a signal we did not send */
     int in_steps;    /* stages are training (the watchdog and graceful stop apply) */
     int steps_done;  /* steps completed (of the whole run) */
     int ckpt_step;   /* steps the newest checkpoint of this launch holds; -1 none */
@@ -158,6 +159,7 @@ static int reap(coord *c)
             p->alive = 0;
             p->exit_status = status;
             p->reported = 0;
+            c->killed |= WIFSIGNALED(status); /* stop_all's own kills are not reaped here */
             n_new++;
         }
     }
@@ -864,6 +866,7 @@ static int launch(coord *c, int first_step, const char *resume_dir)
     mmp_balancer_reset(&c->bal, &c->cur, &c->sched, c->plan_json);
     c->replan = 0;
     c->ckpt_step = -1;
+    c->killed = 0;
     char note[96];
     snprintf(note, sizeof note, "launch %d from step %d", c->launch, first_step);
     mmp_trace_instant(&c->trace, "launch", mmp_trace_now_us(), note);
@@ -902,11 +905,7 @@ static void free_dones(coord *c)
  * restarts are left. */
 static int should_restart(const coord *c)
 {
-    int signalled = 0;
-    for (int i = 0; i < c->n; i++) {
-        signalled |= !c->procs[i].alive && WIFSIGNALED(c->procs[i].exit_status);
-    }
-    return (c->fault || signalled) && c->restarts.n < c->plan->train.max_restarts &&
+    return (c->fault || c->killed) && c->restarts.n < c->plan->train.max_restarts &&
            c->restarts.n < MMP_RESTART_MAX && !mmp_interrupt_signal();
 }
 
