@@ -106,7 +106,9 @@ typedef struct mmp_plan {
         int ckpt_keep; /* step directories kept (the newest); default 3, 0 = all */
         /* Pipeline runs: seconds a stage the coordinator waits on may go
          * without a report (a heartbeat, a result) before the watchdog names
-         * it and stops (or restarts) the job; default 60, 0 = off. */
+         * it and stops (or restarts) the job; default 60, 0 = off. Stages
+         * report after each instruction, so it must exceed the longest one.
+         * Stages wait on a peer for twice this long (at least 60 s). */
         int stall_timeout;
         /* Pipeline runs: how many times a dead or stalled stage makes the
          * coordinator stop the others and relaunch them all from ckpt/latest
