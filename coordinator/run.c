@@ -829,7 +829,7 @@ static int run_steps(coord *c, int first_step)
             c->replan_step = done;
             break;
         }
-        if (mmp_interrupt_signal()) {
+        if (mmp_interrupt_signal() && done < p->job.steps) {
             mmp_progress_end(&progress);
             MMP_INFO("%s: step %d finished; checkpointing and stopping (a second signal stops "
                      "at once)",
