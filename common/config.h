@@ -103,7 +103,7 @@ typedef struct mmp_plan {
         int eval_every;       /* default 50; 0 = only at the end */
         int ckpt_every;       /* default 50 (an interrupted run loses at most that much);
                                  0 = only at the end and when stopped by a signal */
-        int ckpt_keep; /* step directories kept (the newest); default 3, 0 = all */
+        int ckpt_keep;        /* step directories kept (the newest); default 3, 0 = all */
         /* Pipeline runs: seconds a stage the coordinator waits on may go
          * without a report (a heartbeat, a result) before the watchdog names
          * it and stops (or restarts) the job; default 60, 0 = off. Stages

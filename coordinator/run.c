@@ -71,12 +71,12 @@ typedef struct coord {
     FILE *metrics;
     mmp_trace trace;
     /* supervision */
-    int fault;       /* the failure is a stage's death or stall: a restart may help */
-    int killed;      /* a stage of this launch died by a signal we did not send */
-    int in_steps;    /* stages are training (the watchdog and graceful stop apply) */
-    int steps_done;  /* steps completed (of the whole run) */
-    int ckpt_step;   /* steps the newest checkpoint of this launch holds; -1 none */
-    int stopped;     /* run_steps stopped for a signal, after checkpointing */
+    int fault;      /* the failure is a stage's death or stall: a restart may help */
+    int killed;     /* a stage of this launch died by a signal we did not send */
+    int in_steps;   /* stages are training (the watchdog and graceful stop apply) */
+    int steps_done; /* steps completed (of the whole run) */
+    int ckpt_step;  /* steps the newest checkpoint of this launch holds; -1 none */
+    int stopped;    /* run_steps stopped for a signal, after checkpointing */
     mmp_restarts restarts;
 } coord;
 
@@ -723,8 +723,8 @@ static int balance(coord *c, int done, double step_ms)
         if (reroute(c, done)) {
             return 1;
         }
-        snprintf(c->decision, sizeof c->decision,
-                 "{\"action\":\"route\",\"reason\":\"%s\"}", mmp_json_escape(why, esc, sizeof esc));
+        snprintf(c->decision, sizeof c->decision, "{\"action\":\"route\",\"reason\":\"%s\"}",
+                 mmp_json_escape(why, esc, sizeof esc));
         MMP_INFO("balancer: after step %d, routing by %s", done, why);
         mmp_trace_instant(&c->trace, "re-route", mmp_trace_now_us(), why);
     }

@@ -383,8 +383,8 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             mmp_ckpt_step_dir(dir, sizeof dir, out_dir, done);
             MMP_INFO("stopped by %s after step %d of %d; checkpoint %s",
                      strsignal(mmp_interrupt_signal()), done, plan->job.steps, dir);
-            MMP_INFO("resume with: mmpipe launch %s/plan.json --single-process --resume %s", out_dir,
-                     out_dir);
+            MMP_INFO("resume with: mmpipe launch %s/plan.json --single-process --resume %s",
+                     out_dir, out_dir);
             goto exit;
         }
         char text[256];
