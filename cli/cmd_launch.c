@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "common/fingerprint.h"
 #include "common/fsutil.h"
+#include "common/interrupt.h"
 #include "coordinator/run.h"
 #include "data/preflight.h"
 #include "stages/single.h"
@@ -49,7 +50,24 @@ static const char USAGE[] =
     "train.eval_every 0 and train.final_eval false). A run holds a lock on its\n"
     "directory (DIR/.mmpipe.lock) while it runs: --force or --resume into a\n"
     "live run is refused, naming the pid that holds it. A refused launch\n"
-    "changes nothing on disk.\n";
+    "changes nothing on disk.\n"
+    "\n"
+    "Stopping, resuming, restarting:\n"
+    "  Ctrl-C or SIGTERM  finishes the step in flight, writes a checkpoint, stops\n"
+    "                     every stage, prints the command to resume and exits 130\n"
+    "                     (SIGINT) or 143 (SIGTERM); a second signal stops at once\n"
+    "                     (stages killed, shared memory removed, nothing saved).\n"
+    "  --resume DIR       goes on from DIR/ckpt/latest: metrics.jsonl keeps its\n"
+    "                     lines up to that step, trace.json keeps every launch.\n"
+    "  train.ckpt_every   checkpoint every N steps (default 50): what a crash loses;\n"
+    "                     train.ckpt_keep: the newest K step directories stay (3).\n"
+    "  train.stall_timeout  a stage the coordinator waits on that reports nothing\n"
+    "                     for this many seconds is named and the job stopped (or\n"
+    "                     restarted); default 60, 0 = off.\n"
+    "  train.max_restarts N  when a stage dies or stalls, stop the others and\n"
+    "                     relaunch all from ckpt/latest, up to N times (default 0);\n"
+    "                     each restart is logged (\"restarts\" in metrics.jsonl, a\n"
+    "                     \"restart\" mark in trace.json).\n";
 
 /* Settings the schema accepts (they are part of the plan format) but this
  * version cannot run yet: refused by name, never silently ignored. */
@@ -250,6 +268,10 @@ int mmp_cmd_launch(int argc, char **argv)
         mmp_log_set_name("single");
         if (mmp_train_single(&plan, out, resume != NULL) != MMP_OK) {
             fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+            goto exit;
+        }
+        if (mmp_interrupt_status()) {
+            ret = mmp_interrupt_status(); /* stopped by a signal, after a checkpoint */
             goto exit;
         }
     } else {

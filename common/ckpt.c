@@ -367,6 +367,82 @@ mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step)
     return MMP_OK;
 }
 
+/* Removes one step directory: its files (checkpoints are flat), then it. */
+static mmp_err remove_step_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", dir, strerror(errno));
+    }
+    struct dirent *de;
+    char path[1600];
+    while ((de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            unlink(path);
+        }
+    }
+    closedir(d);
+    if (rmdir(dir) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "remove %s: %s", dir, strerror(errno));
+    }
+    return MMP_OK;
+}
+
+static int by_step_desc(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+mmp_err mmp_ckpt_prune(const char *run_dir, int64_t latest_step, int keep)
+{
+    if (keep <= 0) {
+        return MMP_OK;
+    }
+    char ckdir[1100];
+    snprintf(ckdir, sizeof ckdir, "%s/ckpt", run_dir);
+    DIR *d = opendir(ckdir);
+    if (!d) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", ckdir, strerror(errno));
+    }
+    long long *steps = NULL;
+    size_t n = 0, cap = 0;
+    mmp_err ret = MMP_OK;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        long long st;
+        char tail;
+        if (strlen(de->d_name) != 12 || sscanf(de->d_name, "step_%7lld%c", &st, &tail) != 1 ||
+            st > latest_step) {
+            continue; /* not a step directory, or newer than latest (a write cut short) */
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            long long *grown = realloc(steps, cap * sizeof *steps);
+            if (!grown) {
+                ret = mmp_errorf(MMP_ERR_NOMEM, "pruning %s", ckdir);
+                goto exit;
+            }
+            steps = grown;
+        }
+        steps[n++] = st;
+    }
+    qsort(steps, n, sizeof *steps, by_step_desc);
+    for (size_t i = (size_t)keep; i < n; i++) {
+        char dir[1200];
+        mmp_ckpt_step_dir(dir, sizeof dir, run_dir, steps[i]);
+        mmp_err e = remove_step_dir(dir);
+        if (ret == MMP_OK) {
+            ret = e;
+        }
+    }
+exit:
+    free(steps);
+    closedir(d);
+    return ret;
+}
+
 mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step)
 {
     char latest[1100], target[256], meta[1400];

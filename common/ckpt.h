@@ -72,6 +72,12 @@ void mmp_ckpt_step_dir(char *buf, size_t n, const char *run_dir, int64_t step);
 /* Points <run>/ckpt/latest at step_NNNNNNN atomically (symlink + rename). */
 mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step);
 
+/* Keeps the keep newest step directories up to latest_step (latest_step's
+ * own included) and removes older ones; keep <= 0 keeps all. Directories
+ * newer than latest_step (a checkpoint whose write was cut short) are left
+ * alone. Call after mmp_ckpt_mark_latest(latest_step). */
+mmp_err mmp_ckpt_prune(const char *run_dir, int64_t latest_step, int keep);
+
 /* Resolves <run>/ckpt/latest: its step directory into step_dir and the
  * steps it holds (train.ckpt's meta.step) into *step. */
 mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step);

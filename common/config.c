@@ -156,7 +156,10 @@ static const key_spec keys[] = {
     FLOAT("train.clip_grad_norm", train.clip_grad_norm, '[', 0, 1e6, ']', 1.0),
     INT("train.eval_every", train.eval_every, 0, 1000000000, 50),
     BOOL("train.final_eval", train.final_eval, 1),
-    INT("train.ckpt_every", train.ckpt_every, 0, 1000000000, 0),
+    INT("train.ckpt_every", train.ckpt_every, 0, 1000000000, 50),
+    INT("train.ckpt_keep", train.ckpt_keep, 0, 1000000000, 3),
+    INT("train.stall_timeout", train.stall_timeout, 0, 86400, 60),
+    INT("train.max_restarts", train.max_restarts, 0, 1000, 0),
     INT("train.threads", train.threads, 1, 256, 1),
     FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
 

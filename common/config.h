@@ -104,7 +104,19 @@ typedef struct mmp_plan {
         float clip_grad_norm; /* default 1.0; 0 = off */
         int eval_every;       /* default 50; 0 = none between steps */
         int final_eval;       /* evaluate after the last step; default 1 (true) */
-        int ckpt_every;       /* default 0 = only at the end */
+        int ckpt_every;       /* default 50 (an interrupted run loses at most that much);
+                                 0 = only at the end and when stopped by a signal */
+        int ckpt_keep;        /* step directories kept (the newest); default 3, 0 = all */
+        /* Pipeline runs: seconds a stage the coordinator waits on may go
+         * without a report (a heartbeat, a result) before the watchdog names
+         * it and stops (or restarts) the job; default 60, 0 = off. Stages
+         * report after each instruction, so it must exceed the longest one.
+         * Stages wait on a peer for twice this long (at least 60 s). */
+        int stall_timeout;
+        /* Pipeline runs: how many times a dead or stalled stage makes the
+         * coordinator stop the others and relaunch them all from ckpt/latest
+         * before giving up; default 0, at most 1000. */
+        int max_restarts;
         int threads;          /* OpenBLAS threads per process, default 1 */
         float init_temperature; /* ITC temperature at start, default 0.07 */
     } train;

@@ -76,6 +76,7 @@ void mmp_trace_instant(mmp_trace *t, const char *name, double ts_us, const char 
             "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"g\",\"pid\":%d,\"tid\":0,\"ts\":%.3f,"
             "\"args\":{\"note\":\"%s\"}}\n",
             name, t->pid, ts_us, note ? note : "");
+    fflush(t->f); /* rare and telling: kept even if the process is killed next */
 }
 
 static int is_part(const char *n)
@@ -103,6 +104,23 @@ mmp_err mmp_trace_merge(const char *run_dir)
     struct dirent *de;
     char *line = NULL;
     size_t cap = 0;
+    /* A resumed run appends its segment: the events of the launches before
+     * it (this file's own format: one event per line) come first. */
+    FILE *old = fopen(out_path, "r");
+    if (old) {
+        ssize_t n;
+        while ((n = getline(&line, &cap, old)) > 0) {
+            while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == ',')) {
+                line[--n] = 0;
+            }
+            if (n >= 2 && line[0] == '{' && line[n - 1] == '}' &&
+                strncmp(line, "{\"displayTimeUnit\"", 18) != 0) {
+                fprintf(out, "%s%s", first ? "" : ",\n", line);
+                first = 0;
+            }
+        }
+        fclose(old);
+    }
     while ((de = readdir(d)) != NULL) {
         if (!is_part(de->d_name)) {
             continue;

@@ -32,11 +32,15 @@ void mmp_trace_span(mmp_trace *t, const char *name, const char *cat, int tid, do
                     double dur_us, int step, int mb);
 /* Flow start ('s') at a send / finish ('f') at the matching receive: same id. */
 void mmp_trace_flow(mmp_trace *t, char phase, uint64_t id, int tid, double ts_us);
-/* An instant event (balance decisions, checkpoints...) with a note. */
+/* An instant event (balance decisions, checkpoints, launches, restarts...)
+ * with a note (a JSON string body: escaped by the caller); written through at
+ * once, so a process killed right after still leaves it. */
 void mmp_trace_instant(mmp_trace *t, const char *name, double ts_us, const char *note);
 
 /* Merges every trace.*.part of run_dir into run_dir/trace.json and removes the
- * parts. Lines that are not complete events (a killed writer) are dropped. */
+ * parts. Lines that are not complete events (a killed writer) are dropped.
+ * The events of an existing trace.json (earlier launches of a resumed run)
+ * are kept, before the new ones: the file holds every launch segment. */
 mmp_err mmp_trace_merge(const char *run_dir);
 
 #endif

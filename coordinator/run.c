@@ -14,11 +14,15 @@
 #include <unistd.h>
 
 #include "common/ckpt.h"
+#include "common/interrupt.h"
+#include "common/metrics.h"
 #include "common/progress.h"
 #include "common/trace.h"
 #include "coordinator/balancer.h"
+#include "coordinator/restart.h"
 #include "coordinator/schedule.h"
 #include "common/lr.h"
+#include "coordinator/watchdog.h"
 #include "transport/channel.h"
 #include "transport/control.h"
 
@@ -26,7 +30,6 @@ extern char **environ;
 
 #define HELLO_TIMEOUT_S 30.0
 #define READY_TIMEOUT_S 120.0
-#define SILENCE_TIMEOUT_S 60.0
 
 typedef struct proc {
     char name[64]; /* "image.0/0" */
@@ -67,14 +70,15 @@ typedef struct coord {
     char peer_error[2048];  /* the first Error that echoes a peer's end */
     FILE *metrics;
     mmp_trace trace;
+    /* supervision */
+    int fault;      /* the failure is a stage's death or stall: a restart may help */
+    int killed;     /* a stage of this launch died by a signal we did not send */
+    int in_steps;   /* stages are training (the watchdog and graceful stop apply) */
+    int steps_done; /* steps completed (of the whole run) */
+    int ckpt_step;  /* steps the newest checkpoint of this launch holds; -1 none */
+    int stopped;    /* run_steps stopped for a signal, after checkpointing */
+    mmp_restarts restarts;
 } coord;
-
-static volatile sig_atomic_t interrupted = 0;
-
-static void on_signal(int sig)
-{
-    interrupted = sig;
-}
 
 static int find_proc(coord *c, const char *name)
 {
@@ -177,6 +181,7 @@ static int reap(coord *c)
             p->alive = 0;
             p->exit_status = status;
             p->reported = 0;
+            c->killed |= WIFSIGNALED(status); /* stop_all's own kills are not reaped here */
             n_new++;
         }
     }
@@ -205,6 +210,9 @@ static void stop_all(coord *c, int graceful)
      * give everyone a moment, then make sure. */
     double t0 = mmp_now(), grace = graceful ? 5.0 : 1.0;
     for (;;) {
+        if (mmp_interrupt_count() >= 2) {
+            grace = 0; /* a second signal: at once */
+        }
         reap(c);
         int left = 0;
         for (int i = 0; i < c->n; i++) {
@@ -338,12 +346,14 @@ static void settle(coord *c)
             proc *p = &c->procs[i];
             if (!p->alive && !p->reported && WIFSIGNALED(p->exit_status) == signalled) {
                 char why[128];
+                c->fault |= !c->failure[0];
                 fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
                      describe_exit(p->exit_status, why, sizeof why));
             }
         }
     }
     if (c->peer_error[0]) {
+        c->fault |= !c->failure[0];
         fail(c, "%s", c->peer_error);
     }
     for (int i = 0; i < c->n; i++) {
@@ -351,14 +361,47 @@ static void settle(coord *c)
     }
 }
 
+static int all_flag(coord *c, void *arg);
+
+/* The stall watchdog's turn (while training): names the stage to blame when
+ * one the coordinator waits on has been silent for train.stall_timeout. */
+static int watch(coord *c, done_fn done, void *arg, const char *what)
+{
+    mmp_watch_proc w[MMP_SCHED_MAX_STAGES];
+    for (int i = 0; i < c->n; i++) {
+        const proc *p = &c->procs[i];
+        /* Waiting on a flag: the processes without it. Waiting on the
+         * evaluation: the fusion stage, which sends its result. */
+        int awaited = done == all_flag ? !*(const int *)((const char *)p + (size_t)arg)
+                                       : c->sched.stages[i].kind == MMP_KIND_FUSION;
+        w[i] = (mmp_watch_proc){.name = p->name,
+                                .pid = (int)p->pid,
+                                .alive = p->alive,
+                                .awaited = awaited && p->have_hello,
+                                .last_seen = p->last_seen};
+    }
+    char why[1024];
+    if (mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what, why,
+                           sizeof why) < 0) {
+        return 0;
+    }
+    c->fault |= !c->failure[0];
+    fail(c, "watchdog: %s", why);
+    return 1;
+}
+
 /* Serves the control socket until done(c) holds, a failure, or a timeout.
- * Returns 0 when done. */
+ * A first SIGINT/SIGTERM ends the wait only before training (a step in
+ * flight is finished and checkpointed: see run_steps); a second ends it at
+ * once. Returns 0 when done. */
 static int wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what)
 {
     double t0 = mmp_now();
     while (!done(c, arg)) {
-        if (interrupted) {
-            fail(c, "interrupted by %s", strsignal(interrupted));
+        if (mmp_interrupt_count() >= 2) {
+            fail(c, "stopped at once by a second signal");
+        } else if (mmp_interrupt_signal() && !c->in_steps) {
+            fail(c, "interrupted by %s", strsignal(mmp_interrupt_signal()));
         }
         reap(c);
         settle(c);
@@ -370,13 +413,8 @@ static int wait_until(coord *c, done_fn done, void *arg, double timeout_s, const
             fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
             return 1;
         }
-        for (int i = 0; i < c->n; i++) {
-            if (c->procs[i].alive && c->procs[i].have_hello &&
-                now - c->procs[i].last_seen > SILENCE_TIMEOUT_S) {
-                fail(c, "stage %s has been silent for %.0f s (waiting for %s)",
-                     c->procs[i].name, now - c->procs[i].last_seen, what);
-                return 1;
-            }
+        if (c->in_steps && watch(c, done, arg, what)) {
+            return 1;
         }
         take_one(c, 200);
     }
@@ -579,6 +617,7 @@ static void write_metrics(coord *c, int step, double step_ms, double grad_norm, 
         fprintf(f, ",\"val_i2t_r1\":%.4f,\"val_t2i_r1\":%.4f", (double)c->eval_i2t,
                 (double)c->eval_t2i);
     }
+    mmp_restart_write_field(&c->restarts, f, step + 1);
     fprintf(f, "}\n");
     fflush(f);
 }
@@ -605,31 +644,14 @@ static int checkpoint(coord *c, int steps_done)
     }
     /* latest moves only after every stage acknowledged its file. */
     if (mmp_ckpt_write_meta(dir, steps_done, c->plan) != MMP_OK ||
-        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK) {
+        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK ||
+        mmp_ckpt_prune(c->out_dir, steps_done, c->plan->train.ckpt_keep) != MMP_OK) {
         fail(c, "checkpoint: %s", mmp_last_error());
         return 1;
     }
     mmp_trace_instant(&c->trace, "checkpoint", mmp_trace_now_us(), dir);
+    c->ckpt_step = steps_done;
     return 0;
-}
-
-/* Writes s into buf as a JSON string body (quotes and controls escaped). */
-static const char *json_escape(const char *s, char *buf, size_t n)
-{
-    size_t k = 0;
-    for (; *s && k + 7 < n; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') {
-            buf[k++] = '\\';
-            buf[k++] = (char)ch;
-        } else if (ch < 0x20) {
-            k += (size_t)snprintf(buf + k, n - k, "\\u%04x", ch);
-        } else {
-            buf[k++] = (char)ch;
-        }
-    }
-    buf[k] = 0;
-    return buf;
 }
 
 /* Sends every process its list under the routing c->speed, from step on. */
@@ -711,7 +733,7 @@ static int balance(coord *c, int done, double step_ms)
         snprintf(g, sizeof g, isfinite(gain) ? "%.4f" : "null", gain);
         snprintf(c->decision, sizeof c->decision,
                  "{\"action\":\"replace\",\"to\":\"%s\",\"predicted_gain\":%s,\"reason\":\"%s\"}",
-                 to, g, json_escape(why, esc, sizeof esc));
+                 to, g, mmp_json_escape(why, esc, sizeof esc));
         MMP_INFO("balancer: after step %d, re-placing to %s: %s", done, to, why);
         mmp_trace_instant(&c->trace, "re-place", mmp_trace_now_us(), to);
         c->replan = 1;
@@ -723,22 +745,29 @@ static int balance(coord *c, int done, double step_ms)
         if (reroute(c, done)) {
             return 1;
         }
-        snprintf(c->decision, sizeof c->decision,
-                 "{\"action\":\"route\",\"reason\":\"%s\"}", json_escape(why, esc, sizeof esc));
+        snprintf(c->decision, sizeof c->decision, "{\"action\":\"route\",\"reason\":\"%s\"}",
+                 mmp_json_escape(why, esc, sizeof esc));
         MMP_INFO("balancer: after step %d, routing by %s", done, why);
         mmp_trace_instant(&c->trace, "re-route", mmp_trace_now_us(), why);
     }
     return 0;
 }
 
-/* Runs steps from first_step; returns 0 at the end or when the balancer asks
- * for a re-placement (c->replan, after checkpointing), 1 on a failure. */
+/* Runs steps from first_step; returns 0 at the end, when the balancer asks
+ * for a re-placement (c->replan, after checkpointing) or when a signal asked
+ * to stop (c->stopped, after finishing the step in flight and checkpointing
+ * it), 1 on a failure. */
 static int run_steps(coord *c, int first_step)
 {
     const mmp_plan *p = c->plan;
     mmp_progress progress;
     mmp_progress_init(&progress, p->job.steps, 10);
+    c->in_steps = 1;
     for (int step = first_step; step < p->job.steps; step++) {
+        if (step == first_step && mmp_interrupt_signal()) {
+            c->stopped = 1; /* nothing trained since the state this launch started from */
+            break;
+        }
         double t0 = mmp_now();
         for (int i = 0; i < c->n; i++) {
             c->procs[i].have_norm = c->procs[i].have_done = 0;
@@ -816,11 +845,24 @@ static int run_steps(coord *c, int first_step)
         snprintf(text, sizeof text, "loss %.4f  %.0f samples/s  efficiency %.2f", lsum,
                  p->train.batch / (step_ms / 1e3), c->bal.efficiency);
         mmp_progress_update(&progress, done, text);
+        c->steps_done = done;
         if (c->replan) {
             c->replan_step = done;
             break;
         }
+        if (mmp_interrupt_signal() && done < p->job.steps) {
+            mmp_progress_end(&progress);
+            MMP_INFO("%s: step %d finished; checkpointing and stopping (a second signal stops "
+                     "at once)",
+                     strsignal(mmp_interrupt_signal()), done);
+            if (c->ckpt_step != done && checkpoint(c, done)) {
+                break;
+            }
+            c->stopped = 1;
+            break;
+        }
     }
+    c->in_steps = 0;
     mmp_progress_end(&progress);
     return c->failure[0] ? 1 : 0;
 }
@@ -844,6 +886,11 @@ static int launch(coord *c, int first_step, const char *resume_dir)
     }
     mmp_balancer_reset(&c->bal, &c->cur, &c->sched, c->plan_json);
     c->replan = 0;
+    c->ckpt_step = -1;
+    c->killed = 0;
+    char note[96];
+    snprintf(note, sizeof note, "launch %d from step %d", c->launch, first_step);
+    mmp_trace_instant(&c->trace, "launch", mmp_trace_now_us(), note);
     if (spawn_all(c) != MMP_OK) {
         fail(c, "%s", mmp_last_error());
         return 1;
@@ -872,6 +919,64 @@ static void free_dones(coord *c)
             c->procs[i].done = NULL;
         }
     }
+}
+
+/* Whether the failure that ended a launch calls for a restart: a stage died
+ * or stalled (not a stage's own reported error, not a signal to us), and
+ * restarts are left. */
+static int should_restart(const coord *c)
+{
+    return (c->fault || c->killed) && c->restarts.n < c->plan->train.max_restarts &&
+           c->restarts.n < MMP_RESTART_MAX && !mmp_interrupt_signal();
+}
+
+/* After a fault: stops what is left of the launch (shared memory removed),
+ * drops the control messages its processes left, and rewinds the records to
+ * the newest checkpoint (coordinator/restart.h; the trace keeps everything
+ * and marks the restart). Sets *first_step and resume_dir (empty: from the
+ * start) for the relaunch. Returns 0, or 1 when the run cannot go on
+ * (c->failure says why). */
+static int prepare_restart(coord *c, int *first_step, char *resume_dir, size_t n)
+{
+    char cause[sizeof c->failure], esc[1100], note[1300];
+    snprintf(cause, sizeof cause, "%s", c->failure);
+    stop_all(c, 0);
+    Mmpipe__Envelope *env;
+    char from_id[MMP_CTL_ID_MAX];
+    while (mmp_ctl_recv(c->ctl, 50, &env, from_id, sizeof from_id) == MMP_OK) {
+        mmp_ctl_free(env); /* from the stopped processes: stale */
+    }
+    free_dones(c);
+    mmp_sched_fini(&c->sched);
+    c->failure[0] = c->stage_error[0] = c->peer_error[0] = 0;
+    c->fault = 0;
+    if (mmp_restart_rewind(&c->restarts, c->out_dir, c->steps_done, cause, first_step, resume_dir,
+                           n, &c->metrics) != MMP_OK) {
+        fail(c, "cannot restart: %s", mmp_last_error());
+        return 1;
+    }
+    MMP_WARN("restart %d of %d after step %d: %s; relaunching every stage from step %d",
+             c->restarts.n, c->plan->train.max_restarts, c->steps_done, cause, *first_step);
+    snprintf(note, sizeof note, "restart %d from step %d: %s", c->restarts.n, *first_step,
+             mmp_json_escape(cause, esc, sizeof esc));
+    mmp_trace_instant(&c->trace, "restart", mmp_trace_now_us(), note);
+    c->steps_done = *first_step;
+    return 0;
+}
+
+/* Says how a run stopped by a signal goes on. */
+static void say_how_to_resume(const coord *c)
+{
+    char dir[1200];
+    int step;
+    if (mmp_ckpt_latest(c->out_dir, dir, sizeof dir, &step) != MMP_OK) {
+        MMP_INFO("stopped by %s before any checkpoint: nothing to resume",
+                 strsignal(mmp_interrupt_signal()));
+        return;
+    }
+    MMP_INFO("stopped by %s; checkpoint %s (step %d of %d)", strsignal(mmp_interrupt_signal()), dir,
+             step, c->plan->job.steps);
+    MMP_INFO("resume with: mmpipe launch %s --resume %s", c->plan_json, c->out_dir);
 }
 
 int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
@@ -910,13 +1015,21 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     snprintf(c.endpoint, sizeof c.endpoint, "ipc://@mmpipe-%d-%.16s", (int)getpid(), run_id);
     snprintf(c.shm_prefix, sizeof c.shm_prefix, "/mmpipe-%.12s", run_id);
     snprintf(c.plan_json, sizeof c.plan_json, "%s/plan.json", out_dir);
-    char metrics_path[1200];
-    snprintf(metrics_path, sizeof metrics_path, "%s/metrics.jsonl", out_dir);
+    char trace_path[1200];
+    snprintf(trace_path, sizeof trace_path, "%s/trace.json", out_dir);
+    if (!resume) {
+        unlink(trace_path); /* a new run's trace starts empty; a resumed one appends */
+    }
+    c.steps_done = first_step;
+    /* One part file per coordinator process: a killed one's part, left for
+     * the resumed run to merge, is not overwritten. */
+    char coord_tag[48];
+    snprintf(coord_tag, sizeof coord_tag, "coordinator.p%d", (int)getpid());
     if (mmp_plan_write_json(plan, c.plan_json) != MMP_OK ||
-        (c.metrics = fopen(metrics_path, resume ? "a" : "w")) == NULL ||
-        mmp_trace_open(&c.trace, out_dir, "coordinator", 0, "coordinator") != MMP_OK ||
+        mmp_metrics_open(out_dir, resume ? first_step : -1, &c.metrics) != MMP_OK ||
+        mmp_trace_open(&c.trace, out_dir, coord_tag, 0, "coordinator") != MMP_OK ||
         mmp_ctl_bind(&c.ctl, c.endpoint, c.token) != MMP_OK) {
-        MMP_ERROR("%s", c.metrics ? mmp_last_error() : "cannot write metrics.jsonl");
+        MMP_ERROR("%s", mmp_last_error());
         goto out;
     }
     if (plan->balance.force.step > 0) {
@@ -926,20 +1039,29 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
             goto out;
         }
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    mmp_interrupt_install(0);
     for (;;) {
         c.launch++;
         int bad = launch(&c, first_step, resume_dir[0] ? resume_dir : NULL);
         if (bad) {
+            if (should_restart(&c) &&
+                prepare_restart(&c, &first_step, resume_dir, sizeof resume_dir) == 0) {
+                continue;
+            }
             break;
+        }
+        if (c.stopped) {
+            rc = mmp_interrupt_status();
+            say_how_to_resume(&c);
+            goto out;
         }
         if (!c.replan) {
             rc = 0;
             MMP_INFO("done: %d steps; checkpoint %s/ckpt/latest", plan->job.steps, out_dir);
+            if (c.restarts.n) {
+                MMP_INFO("%d restart%s (see \"restarts\" in metrics.jsonl)", c.restarts.n,
+                         c.restarts.n == 1 ? "" : "s");
+            }
             goto out;
         }
         /* Re-placement: the stages stopped after checkpointing step
@@ -951,10 +1073,14 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         mmp_ckpt_step_dir(resume_dir, sizeof resume_dir, out_dir, first_step);
     }
     stop_all(&c, 0);
-    if (interrupted) {
-        rc = 130;
-    }
     MMP_ERROR("%s", c.failure[0] ? c.failure : mmp_last_error());
+    if (mmp_interrupt_signal()) {
+        rc = mmp_interrupt_status();
+        say_how_to_resume(&c);
+    } else if (c.restarts.n > 0 && c.restarts.n >= c.plan->train.max_restarts) {
+        MMP_ERROR("no restart left: %d of train.max_restarts %d used", c.restarts.n,
+                  c.plan->train.max_restarts);
+    }
 out:
     free_dones(&c);
     mmp_ctl_close(c.ctl);

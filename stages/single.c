@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include "common/ckpt.h"
+#include "common/interrupt.h"
+#include "common/metrics.h"
 #include "common/progress.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -199,7 +201,8 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
     MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan));
-    return mmp_ckpt_mark_latest(t->out_dir, steps_done);
+    MMP_TRY(mmp_ckpt_mark_latest(t->out_dir, steps_done));
+    return mmp_ckpt_prune(t->out_dir, steps_done, t->plan->train.ckpt_keep);
 }
 
 /* Simulated compute of one micro-batch of n samples: what the three whole
@@ -347,12 +350,10 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     if ((err = mmp_plan_write_json(plan, path)) != MMP_OK) {
         goto exit;
     }
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out_dir);
-    t.metrics = fopen(path, resume ? "a" : "w");
-    if (!t.metrics) {
-        err = mmp_errorf(MMP_ERR_IO, "cannot write %s", path);
+    if ((err = mmp_metrics_open(out_dir, resume ? first_step : -1, &t.metrics)) != MMP_OK) {
         goto exit;
     }
+    mmp_interrupt_install(1);
     MMP_INFO("single-process training: %d steps, batch %d in %d micro-batches, %lld train / "
              "%lld val samples",
              plan->job.steps, plan->train.batch, plan->train.microbatches,
@@ -392,11 +393,23 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         }
         fprintf(t.metrics, "}\n");
         fflush(t.metrics);
-        if (plan->train.ckpt_every > 0 && done % plan->train.ckpt_every == 0 &&
-            done != plan->job.steps) {
+        int stop = mmp_interrupt_signal() && done != plan->job.steps;
+        if ((plan->train.ckpt_every > 0 && done % plan->train.ckpt_every == 0 &&
+             done != plan->job.steps) ||
+            stop) {
             if ((err = write_checkpoint(&t, done)) != MMP_OK) {
                 goto exit;
             }
+        }
+        if (stop) {
+            mmp_progress_end(&progress);
+            char dir[1200];
+            mmp_ckpt_step_dir(dir, sizeof dir, out_dir, done);
+            MMP_INFO("stopped by %s after step %d of %d; checkpoint %s",
+                     strsignal(mmp_interrupt_signal()), done, plan->job.steps, dir);
+            MMP_INFO("resume with: mmpipe launch %s/plan.json --single-process --resume %s",
+                     out_dir, out_dir);
+            goto exit;
         }
         char text[256];
         snprintf(text, sizeof text, "loss %.4f  %.0f samples/s", (double)parts.loss, sps);

@@ -10,7 +10,12 @@
 
 /* Trains plan->job.steps steps, writing metrics.jsonl, plan.json and a final
  * checkpoint under out_dir (which must exist). resume: continue from
- * out_dir/ckpt/latest (metrics are appended). Progress goes to stderr. */
+ * out_dir/ckpt/latest (metrics.jsonl keeps its lines up to that step and
+ * goes on from there). Progress goes to stderr.
+ * Installs the SIGINT/SIGTERM handler (common/interrupt.h): the first signal
+ * finishes the step in flight, checkpoints it and returns MMP_OK early
+ * (mmp_interrupt_status() is then the exit status to report); a second one
+ * ends the process at once. */
 mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume);
 
 #endif

@@ -234,6 +234,15 @@ static size_t chan_bytes(const worker *w, const Mmpipe__Channel *c)
     return (size_t)per * (size_t)w->mb_max * sizeof(float);
 }
 
+/* How long a channel or the replicas' reduce waits on a peer before it
+ * reports the peer lost: longer than the coordinator's stall watchdog
+ * (train.stall_timeout), which names the stage at fault first. */
+static int peer_timeout_ms(const worker *w)
+{
+    int stall = w->plan.train.stall_timeout;
+    return stall > 30 ? 2000 * stall : 60000;
+}
+
 static mmp_err open_channels(worker *w)
 {
     const Mmpipe__Assignment *a = w->asg;
@@ -260,7 +269,7 @@ static mmp_err open_channels(worker *w)
                                    .slot_bytes = chan_bytes(w, c),
                                    .slots = c->slots,
                                    .send = c->send,
-                                   .timeout_ms = 60000};
+                                   .timeout_ms = peer_timeout_ms(w)};
             mmp_err e = mmp_channel_open(&ch->ch, &ch->t, c->transport, &cfg, c->creator);
             if (e != MMP_OK) {
                 w->n_chans--;
@@ -437,7 +446,7 @@ static mmp_err build(worker *w)
                              .replicas = w->replicas,
                              .rank = a->replica,
                              .capacity = cap,
-                             .timeout_ms = 60000};
+                             .timeout_ms = peer_timeout_ms(w)};
         MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
     }
     return open_channels(w);

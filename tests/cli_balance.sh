@@ -30,17 +30,6 @@ rm -rf "$W"; mkdir -p "$W"
 
 # ge A B: A >= B
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
-# what a run left behind: its stage processes alive, its shm segments
-left_behind() { # LOG
-  local n=0 pid prefix
-  for pid in $(grep -o 'started [^ ]* (pid [0-9]*)' "$1" | grep -o '[0-9]*)$' | tr -d ')'); do
-    [ -r /proc/$pid/stat ] && [ "$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)" != Z ] && n=$((n+1))
-  done
-  for prefix in $(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$1" | sed 's#.*/##' | sort -u); do
-    n=$((n + $(ls /dev/shm 2>/dev/null | grep -c "^$prefix")))
-  done
-  echo $n
-}
 
 # --- 1. the math -------------------------------------------------------------------
 cat > "$W/real.yaml" <<YAML
@@ -71,8 +60,7 @@ grep -q '"name":"re-place"' "$W/bal/trace.json" && ok "trace.json marks the re-p
   || fail "no re-place mark in trace.json"
 out=$(same_ckpt "$W/single" "$W/bal") && ok "60 steps vs single-process: $out" \
   || fail "replicas + re-partition differ from single-process: $out"
-[ "$(left_behind "$W/bal.log")" -eq 0 ] && ok "no stage process or /dev/shm segment left" \
-  || fail "left behind: $(left_behind "$W/bal.log")"
+left_behind "replicas + re-partition" "$W/bal.log"
 expect_fail "a bad balance.force.set is refused before training" "balance.force.set" \
   "$BIN" launch "$W/real.yaml" --out "$W/badforce" --set 'balance.force.set=stages.image.split=[99]'
 expect_fail "balance.force.set may only change stages.*" "only stages.\* keys" \
@@ -152,8 +140,7 @@ ratio=$(awk -v a="$t_dyn" -v b="$t_static" 'BEGIN { printf "%.3f", a / b }')
 # Far bar (expected ~1.8x, bench/balance.sh measures it): re-placing pays at all.
 ge "$ratio" 1.2 && ok "dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (bar 1.2, a bench figure; measured efficiency $eff_dyn)" \
   || fail "dynamic only $ratio x static ($t_dyn vs $t_static samples/s, efficiency $eff_dyn)"
-[ "$(left_behind "$W/dynamic.log")" -eq 0 ] && ok "dynamic: nothing left behind after the relaunch" \
-  || fail "dynamic left behind: $(left_behind "$W/dynamic.log")"
+left_behind "dynamic, after the relaunch" "$W/dynamic.log"
 
 # --- 4. cost drift: text x3 at step 100 ---------------------------------------------
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/drift" --set job.steps=125 \

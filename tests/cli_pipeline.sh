@@ -19,24 +19,6 @@ train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_
          clip_grad_norm: 0.5 }
 YAML
 
-# What a run left behind, from its own log (other tests may run beside this
-# one): its stage processes still alive, and its shared-memory segments.
-procs_left() { # LOG...
-  local n=0 pid
-  for pid in $(cat "$@" | grep -o 'started [^ ]* (pid [0-9]*)' | grep -o '[0-9]*)$' | tr -d ')'); do
-    # alive and not a zombie (an orphan's zombie waits for init, which may be slow)
-    [ -r /proc/$pid/stat ] && [ "$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)" != Z ] && n=$((n+1))
-  done
-  echo $n
-}
-shm_left() { # LOG...
-  local n=0 prefix
-  for prefix in $(cat "$@" | grep -o 'shared memory /mmpipe-[0-9a-f]*' | sed 's#.*/##'); do
-    n=$((n + $(ls /dev/shm 2>/dev/null | grep -c "^$prefix")))
-  done
-  echo $n
-}
-
 # --- same math as one process ---------------------------------------------------
 for m in 1 4 5 8; do
   "$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_m$m" --set train.microbatches=$m \

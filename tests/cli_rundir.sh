@@ -30,7 +30,7 @@ state() { find "$1" -printf '%p %s %T@\n' 2>/dev/null | sort; }
 
 # --- a live run: lock and token ---------------------------------------------------------------
 L=$W/live
-"$BIN" launch "$W/plan.yaml" --out "$L" --steps 100000 --set train.ckpt_every=1 >"$W/live.log" 2>&1 &
+"$BIN" launch "$W/plan.yaml" --out "$L" --steps 100000 --set train.ckpt_every=1 --set train.ckpt_keep=0 >"$W/live.log" 2>&1 &
 LPID=$!
 for _ in $(seq 200); do [ -e "$L/ckpt/latest" ] && break; sleep 0.1; done
 [ -e "$L/ckpt/latest" ] || fail "the live run wrote no checkpoint"

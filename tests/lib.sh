@@ -28,6 +28,55 @@ same_ckpt() {
   last=$(tail -1 <<<"$out"); echo "$last"
   [ $rc -eq 0 ] && [ "$last" = "max_abs_diff=0 max_rel_diff=0" ]
 }
+# What a run left behind, from its own log (other tests may run beside this
+# one): its stage processes still alive, and its shared-memory segments.
+procs_left() { # LOG...
+  local n=0 pid
+  for pid in $(cat "$@" | grep -o 'started [^ ]* (pid [0-9]*)' | grep -o '[0-9]*)$' | tr -d ')'); do
+    # alive and not a zombie (an orphan's zombie waits for init, which may be slow)
+    [ -r /proc/$pid/stat ] && [ "$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)" != Z ] && n=$((n+1))
+  done
+  echo $n
+}
+shm_left() { # LOG...
+  local n=0 prefix
+  for prefix in $(cat "$@" | grep -o 'shared memory /mmpipe-[0-9a-f]*' | sed 's#.*/##'); do
+    n=$((n + $(ls /dev/shm 2>/dev/null | grep -c "^$prefix")))
+  done
+  echo $n
+}
+# left_behind NAME LOG...: one check that the run left no process and no segment.
+left_behind() {
+  local name=$1; shift
+  local p s; p=$(procs_left "$@"); s=$(shm_left "$@")
+  [ "$p" -eq 0 ] && [ "$s" -eq 0 ] && ok "$name: nothing left behind" \
+    || fail "$name: left $p stage processes, $s shm segments"
+}
+# last_step FILE: the step of metrics.jsonl's last line (0 when none).
+last_step() { tail -1 "$1" 2>/dev/null | grep -o '^{"step":[0-9]*' | grep -o '[0-9]*$' || echo 0; }
+# wait_step FILE N [SECONDS]: waits until metrics.jsonl FILE reached step N.
+wait_step() {
+  local i
+  for i in $(seq $((${3:-60} * 20))); do
+    [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# steps_once FILE N: metrics.jsonl FILE holds steps 1..N, each exactly once, in order.
+steps_once() {
+  [ "$(grep -o '^{"step":[0-9]*' "$1" | grep -o '[0-9]*$' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
+}
+# trace_ok FILE: trace.json is one Chrome-trace JSON object, one event per line
+# (the writer's format); python3's json parser too when there is one.
+trace_ok() {
+  awk 'NR==1 { if ($0 != "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[") bad=1; next }
+       { if (NR > 2 && $0 != "]}" && prev !~ /^\{.*\},$/) bad=1
+         if (NR > 2 && $0 == "]}" && prev !~ /^\{.*\}$/) bad=1
+         prev=$0 }
+       END { if (prev != "]}" || bad) exit 1 }' "$1" || return 1
+  if command -v python3 >/dev/null; then python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$1" || return 1; fi
+}
 finish() {
   echo "$(basename "$0"): $checks checks, $fails failed"
   [ $checks -gt 0 ] && [ $fails -eq 0 ]

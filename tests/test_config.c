@@ -147,7 +147,8 @@ static void check_defaults(const mmp_plan *p)
     CHECK(feq(p->train.optimizer.beta1, 0.9) && feq(p->train.optimizer.beta2, 0.999));
     CHECK(feq(p->train.optimizer.eps, 1e-8));
     CHECK(feq(p->train.clip_grad_norm, 1.0) && feq(p->train.init_temperature, 0.07));
-    CHECK(p->train.eval_every == 50 && p->train.ckpt_every == 0 && p->train.threads == 1);
+    CHECK(p->train.eval_every == 50 && p->train.ckpt_every == 50 && p->train.threads == 1);
+    CHECK(p->train.stall_timeout == 60 && p->train.max_restarts == 0 && p->train.ckpt_keep == 3);
     CHECK(p->balance.mode == MMP_BALANCE_OFF);
     CHECK(p->n_hosts == 1 && strcmp(p->hosts[0].name, "localhost") == 0);
     CHECK(p->hosts[0].n_devices == 3);

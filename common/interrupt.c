@@ -1,0 +1,53 @@
+/* SIGINT/SIGTERM: first asks for a stop at a step boundary, second for a stop
+ * at once. Must never do more in the handler than async-signal-safe stores,
+ * signal() and raise(). */
+#include "common/interrupt.h"
+
+#include <signal.h>
+#include <string.h>
+
+static volatile sig_atomic_t first_sig = 0;
+static volatile sig_atomic_t count = 0;
+static volatile sig_atomic_t die_second = 0;
+
+static void on_signal(int sig)
+{
+    if (count == 0) {
+        first_sig = sig;
+        count = 1;
+        return;
+    }
+    count = 2;
+    if (die_second) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+}
+
+void mmp_interrupt_install(int die_on_second)
+{
+    first_sig = 0;
+    count = 0;
+    die_second = die_on_second;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+int mmp_interrupt_signal(void)
+{
+    return first_sig;
+}
+
+int mmp_interrupt_count(void)
+{
+    return count;
+}
+
+int mmp_interrupt_status(void)
+{
+    return first_sig ? 128 + first_sig : 0;
+}

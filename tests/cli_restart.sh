@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Recover, not just stop: with train.max_restarts, SIGKILL to a random stage
+# at a random step, again and again over one run (seeded, so the same kills
+# repeat), makes the coordinator stop the others and relaunch every stage
+# from the latest checkpoint each time; the run finishes with a final
+# checkpoint equal to the uninterrupted run's (max_abs_diff=0), every
+# restart recorded in metrics.jsonl (which holds each step once) and in
+# trace.json, and no stage process or /dev/shm segment left.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_restart
+KILLS=${MMP_RESTART_KILLS:-12}
+SEED=${MMP_RESTART_SEED:-20261124}
+STEPS=150
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+cat > "$W/plan.yaml" <<YAML
+job:   { name: k, steps: $STEPS, seed: 13 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 50,
+         ckpt_every: 3, max_restarts: $((KILLS + 5)) }
+hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu] } ]
+stages: { image: { split: [2] } }
+YAML
+t_start=$(date +%s.%N)
+"$BIN" launch "$W/plan.yaml" --out "$W/ref" >"$W/ref.log" 2>&1 || { fail "uninterrupted run"; tail -3 "$W/ref.log"; }
+
+RANDOM=$SEED
+victims=(image.0/0 image.1/0 text.0/0 fusion/0)
+L=$W/killed.log
+"$BIN" launch "$W/plan.yaml" --out "$W/killed" >"$L" 2>&1 &
+cpid=$!
+kills=0; plan_of_kills=""
+while [ $kills -lt $KILLS ]; do
+  base=$(last_step "$W/killed/metrics.jsonl")
+  target=$((base + 1 + RANDOM % 6))
+  victim=${victims[$((RANDOM % ${#victims[@]}))]}
+  [ $target -ge $((STEPS - 5)) ] && break
+  wait_step "$W/killed/metrics.jsonl" $target 120 || break
+  vpid=$(grep -o "started $victim (pid [0-9]*)" "$L" | tail -1 | grep -o '[0-9]*)$' | tr -d ')')
+  kill -KILL "$vpid" 2>/dev/null || break
+  kills=$((kills + 1)); plan_of_kills="$plan_of_kills $victim@$target"
+  for _ in $(seq 600); do grep -q "restart $kills of" "$L" && break; kill -0 $cpid 2>/dev/null || break; sleep 0.05; done
+  grep -q "restart $kills of" "$L" || { fail "kill $kills ($victim at step $target): no restart"; break; }
+done
+wait $cpid; rc=$?
+secs=$(echo "$(date +%s.%N) - $t_start" | bc)
+echo "kills (stage@step):$plan_of_kills"
+[ $kills -ge 10 ] && [ $kills -eq $KILLS ] && ok "$kills SIGKILLs to random stages at random steps (seed $SEED)" \
+  || fail "only $kills of $KILLS kills happened"
+restarts=$(grep -c "restart [0-9]* of $((KILLS + 5)) after step" "$L")
+[ $rc -eq 0 ] && [ "$restarts" -eq $kills ] && ok "the run finished (rc 0) after $restarts restarts" \
+  || { fail "rc=$rc, $restarts restarts for $kills kills"; grep -E "error|restart" "$L" | tail -4 | sed 's/^/    /'; }
+out=$("$BIN" ckpt diff "$W/ref" "$W/killed"); drc=$?
+[ $drc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
+  && ok "final checkpoint equals the uninterrupted run's: $(tail -1 <<<"$out")" \
+  || fail "final checkpoint differs (rc $drc): $(tail -1 <<<"$out")"
+steps_once "$W/killed/metrics.jsonl" $STEPS && ok "metrics.jsonl holds steps 1..$STEPS once each" \
+  || fail "metrics.jsonl steps repeat or miss"
+logged=$(grep -o '"restarts":\[[^]]*\]' "$W/killed/metrics.jsonl" | grep -o '"n":[0-9]*' | sort -u | wc -l)
+[ "$logged" -eq "$kills" ] && ok "metrics.jsonl records all $logged restarts (field \"restarts\")" \
+  || fail "metrics.jsonl records $logged restarts of $kills"
+marks=$(grep -c '"name":"restart"' "$W/killed/trace.json")
+trace_ok "$W/killed/trace.json" && [ "$marks" -eq "$kills" ] && ok "trace.json valid, $marks restart marks" \
+  || fail "trace.json: valid? restart marks $marks"
+sleep 0.2
+left_behind "after $kills kills" "$L"
+echo "cli_restart: $kills kills, ${secs}s"
+finish

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Resume keeps the records whole: after a crash (SIGKILL to the coordinator,
+# metrics ahead of the last checkpoint) and --resume, metrics.jsonl holds
+# every step exactly once (the lines after the checkpoint are dropped, the
+# earlier ones kept) and trace.json keeps both launch segments and stays one
+# valid Chrome-trace JSON file. Same for --single-process's metrics.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_resume
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+cat > "$W/plan.yaml" <<YAML
+job:   { name: r, steps: 60, seed: 9 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 20,
+         ckpt_every: 10 }
+YAML
+
+for mode in pipeline single; do
+  extra=(); [ $mode = single ] && extra=(--single-process)
+  R=$W/$mode
+  "$BIN" launch "$W/plan.yaml" --out "$R" "${extra[@]}" >"$W/$mode.log" 2>&1 &
+  cpid=$!
+  wait_step "$R/metrics.jsonl" 14 || fail "$mode: no step 14"
+  kill -KILL $cpid; wait $cpid 2>/dev/null
+  sleep 0.3
+  at=$(last_step "$R/metrics.jsonl"); latest=$(readlink "$R/ckpt/latest")
+  if [ -n "$latest" ] && [ "$at" -gt "$((10#${latest#step_}))" ] && [ "$at" -lt 60 ]; then
+    ok "$mode: killed with metrics at step $at, ahead of $latest"
+  else fail "$mode: the kill did not leave metrics ahead of a checkpoint (step $at, latest '$latest')"; fi
+  head -n "$((10#${latest#step_}))" "$R/metrics.jsonl" > "$W/$mode.kept"
+  "$BIN" launch "$W/plan.yaml" --resume "$R" "${extra[@]}" >"$W/${mode}_resumed.log" 2>&1 \
+    || { fail "$mode: resume"; tail -3 "$W/${mode}_resumed.log"; }
+  steps_once "$R/metrics.jsonl" 60 && ok "$mode: metrics.jsonl holds steps 1..60 once each" \
+    || fail "$mode: metrics.jsonl steps: $(grep -o '^{"step":[0-9]*' "$R/metrics.jsonl" | grep -o '[0-9]*$' | tr '\n' ' ')"
+  cmp -s "$W/$mode.kept" <(head -n "$((10#${latest#step_}))" "$R/metrics.jsonl") \
+    && ok "$mode: the lines up to the checkpoint are kept as they were" || fail "$mode: earlier lines changed"
+done
+
+T=$W/pipeline/trace.json
+trace_ok "$T" && ok "trace.json is valid after resume" || fail "trace.json is not valid JSON"
+segs=$(grep -c '"name":"launch"' "$T")
+grep -q '"note":"launch 1 from step 0"' "$T" && grep -q '"note":"launch 1 from step [1-9][0-9]*"' "$T" && [ "$segs" -eq 2 ] \
+  && ok "trace.json keeps both launch segments ($segs launch marks)" || fail "trace.json segments: $segs launch marks"
+early=$(grep -c '"name":"F".*"args":{"step":3,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":55,' "$T")
+[ "$early" -gt 0 ] && [ "$late" -gt 0 ] && ok "trace.json has spans of step 3 (first launch) and 55 (second)" \
+  || fail "trace.json spans: step 3: $early, step 55: $late"
+ls "$W/pipeline"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok "trace parts merged"
+# A launch that ended cleanly (stopped by SIGINT: trace.json already merged),
+# then resumed: the first segment's events stay in trace.json.
+"$BIN" launch "$W/plan.yaml" --out "$W/int" >"$W/int.log" 2>&1 &
+cpid=$!
+wait_step "$W/int/metrics.jsonl" 12 || fail "int: no step 12"
+kill -INT $cpid; wait $cpid
+at=$(last_step "$W/int/metrics.jsonl")
+"$BIN" launch "$W/plan.yaml" --resume "$W/int" >"$W/int_resumed.log" 2>&1 || fail "int: resume"
+T=$W/int/trace.json
+early=$(grep -c '"name":"F".*"args":{"step":2,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":55,' "$T")
+trace_ok "$T" && [ "$early" -gt 0 ] && [ "$late" -gt 0 ] \
+  && ok "stopped at step $at by SIGINT, resumed: trace.json keeps both segments (step 2 and 55 spans)" \
+  || fail "stopped and resumed: trace.json spans: step 2: $early, step 55: $late"
+left_behind "resume" "$W/pipeline.log" "$W/pipeline_resumed.log" "$W/int.log" "$W/int_resumed.log"
+finish

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Stopping by signal loses no work: the first SIGINT/SIGTERM to the
+# coordinator (and to --single-process) finishes the step in flight, writes a
+# checkpoint of it, exits 130/143 and prints the command that resumes; that
+# command continues to a result equal to an uninterrupted run's. A second
+# signal stops at once. Nothing is left behind either way. A plan without
+# train.ckpt_every still checkpoints (the default), so a killed run resumes.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+W=$TMP/cli_stop
+rm -rf "$W"; mkdir -p "$W"
+"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+cat > "$W/plan.yaml" <<YAML
+job:   { name: s, steps: 50, seed: 5 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0,
+         ckpt_every: 0 }
+YAML
+
+# stop_by SIG NAME [launch options...]: starts a run into $W/NAME, sends SIG
+# once step 5 is done, waits; sets rc.
+stop_by() {
+  local sig=$1 name=$2; shift 2
+  "$BIN" launch "$W/plan.yaml" --out "$W/$name" "$@" >"$W/$name.log" 2>&1 &
+  local cpid=$!
+  wait_step "$W/$name/metrics.jsonl" 5 || fail "$name: no step 5"
+  kill -$sig $cpid; wait $cpid; rc=$?
+}
+# resume_cmd LOG: the command the stopped run printed, minus "mmpipe".
+resume_cmd() { grep -o 'resume with: mmpipe launch .*' "$1" | tail -1 | sed 's/^resume with: mmpipe //'; }
+
+"$BIN" launch "$W/plan.yaml" --out "$W/full" >"$W/full.log" 2>&1 || fail "uninterrupted pipeline run"
+"$BIN" launch "$W/plan.yaml" --out "$W/single_full" --single-process >"$W/single_full.log" 2>&1 \
+  || fail "uninterrupted single-process run"
+
+# --- first SIGINT to the coordinator: step finished, checkpointed, resumable ------------
+for sig in INT TERM; do
+  want=$([ $sig = INT ] && echo 130 || echo 143)
+  name=pipe_$sig
+  stop_by $sig $name
+  step=$(last_step "$W/$name/metrics.jsonl")
+  latest=$(readlink "$W/$name/ckpt/latest")
+  [ $rc -eq $want ] && ok "SIG$sig: coordinator exits $rc" || { fail "SIG$sig: rc=$rc, want $want"; tail -3 "$W/$name.log"; }
+  [ "$latest" = "$(printf 'step_%07d' "$step")" ] && [ "$step" -lt 50 ] \
+    && ok "SIG$sig: the step in flight (step $step) was checkpointed" \
+    || fail "SIG$sig: latest checkpoint '$latest', last metrics step $step"
+  cmd=$(resume_cmd "$W/$name.log")
+  grep -q -- "--resume $W/$name\$" <<<"$cmd" && ok "SIG$sig: says how to resume: mmpipe $cmd" \
+    || fail "SIG$sig: no resume command in the log"
+  left_behind "SIG$sig" "$W/$name.log"
+  [ $sig = TERM ] && continue # resuming is the same after either signal
+  # shellcheck disable=SC2086
+  "$BIN" $cmd >"$W/${name}_resumed.log" 2>&1 || { fail "SIG$sig: resume"; tail -3 "$W/${name}_resumed.log"; }
+  out=$("$BIN" ckpt diff "$W/full" "$W/$name" --quiet); rc=$?
+  [ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
+    && ok "SIG$sig: stopped at $step + resumed equals the uninterrupted run" \
+    || fail "SIG$sig: resumed run differs: $(tail -1 <<<"$out")"
+  steps_once "$W/$name/metrics.jsonl" 50 && ok "SIG$sig: metrics.jsonl holds steps 1..50 once each" \
+    || fail "SIG$sig: metrics.jsonl steps wrong"
+done
+
+# --- the same for --single-process ------------------------------------------------------
+stop_by INT single_INT --single-process
+step=$(last_step "$W/single_INT/metrics.jsonl")
+[ $rc -eq 130 ] && [ "$(readlink "$W/single_INT/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
+  && ok "single-process SIGINT: exits 130, step $step checkpointed" \
+  || fail "single-process SIGINT: rc=$rc, latest $(readlink "$W/single_INT/ckpt/latest"), step $step"
+cmd=$(resume_cmd "$W/single_INT.log")
+# shellcheck disable=SC2086
+if [ -n "$cmd" ] && "$BIN" $cmd >"$W/single_resumed.log" 2>&1; then
+  out=$("$BIN" ckpt diff "$W/single_full" "$W/single_INT" --quiet); rc=$?
+  [ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
+    && ok "single-process: stopped + resumed ($cmd) equals the uninterrupted run" \
+    || fail "single-process resumed run differs: $(tail -1 <<<"$out")"
+else fail "single-process: resume command '$cmd' failed"; fi
+
+# --- a second signal stops at once: no checkpoint, nothing left ---------------------------
+# Slow simulated steps (about 2 s each) so both signals land inside one step.
+"$BIN" launch "$W/plan.yaml" --out "$W/twice" --set compute=simulated --set sim.cost.image=40 \
+  --set sim.cost.text=5 --set sim.cost.fusion=5 >"$W/twice.log" 2>&1 &
+cpid=$!
+wait_step "$W/twice/metrics.jsonl" 1 || fail "twice: no step 1"
+kill -INT $cpid; sleep 0.3; t0=$(date +%s.%N); kill -INT $cpid; wait $cpid; rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+[ $rc -eq 130 ] && grep -q "stopped at once by a second signal" "$W/twice.log" \
+  && ! ls "$W/twice/ckpt"/step_* >/dev/null 2>&1 \
+  && ok "second SIGINT: stopped at once (${dt}s), no checkpoint, rc 130" \
+  || { fail "second SIGINT: rc=$rc after ${dt}s, ckpt: $(ls "$W/twice/ckpt" 2>/dev/null)"; tail -3 "$W/twice.log"; }
+left_behind "second SIGINT" "$W/twice.log"
+
+# --- the default train.ckpt_every: a killed run has something to resume from ---------------
+grep -v ckpt_every "$W/plan.yaml" | sed 's/eval_every: 0,/eval_every: 0 }/' > "$W/default.yaml"
+"$BIN" launch "$W/default.yaml" --out "$W/killed" --steps 100000 >"$W/killed.log" 2>&1 &
+cpid=$!
+wait_step "$W/killed/metrics.jsonl" 52 || fail "default ckpt_every: no step 52"
+kill -KILL $cpid; wait $cpid 2>/dev/null
+sleep 0.3
+[ "$(readlink "$W/killed/ckpt/latest")" = step_0000050 ] && ok "default train.ckpt_every: step 50 checkpointed before the kill" \
+  || fail "default train.ckpt_every: latest is '$(readlink "$W/killed/ckpt/latest")'"
+left_behind "coordinator SIGKILL" "$W/killed.log"
+finish

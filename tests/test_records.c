@@ -1,0 +1,216 @@
+/* The run directory's records across resumes and restarts: metrics.jsonl
+ * continues from a checkpoint's step (later and partial lines dropped,
+ * earlier lines kept byte for byte), trace.json keeps every launch segment
+ * when parts are merged again, restarts ride on the next kept step line
+ * (handed on when a rewind drops that line), and only the newest
+ * train.ckpt_keep step directories stay. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/ckpt.h"
+#include "common/metrics.h"
+#include "common/trace.h"
+#include "coordinator/restart.h"
+#include "tests/harness.h"
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return NULL;
+    }
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+static int count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; p && (p = strstr(p, needle)) != NULL; p += strlen(needle)) {
+        n++;
+    }
+    return n;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void test_metrics(const char *dir)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    CHECK(mmp_metrics_line_step("{\"step\":12,\"loss\":1}") == 12);
+    CHECK(mmp_metrics_line_step("{\"loss\":1,\"step\":12}") == -1);
+    CHECK(mmp_metrics_line_step("garbage") == -1);
+
+    /* A crashed run: steps 1..5 and a line cut short by the kill. */
+    write_file(path, "{\"step\":1,\"a\":1}\n{\"step\":2,\"a\":2}\n{\"step\":3,\"a\":3}\n"
+                     "{\"step\":4,\"a\":4}\n{\"step\":5,\"a\":5}\n{\"step\":6,\"a\"");
+    FILE *f = NULL;
+    CHECK_OK(mmp_metrics_open(dir, 3, &f));
+    CHECK(f != NULL);
+    if (f) {
+        fputs("{\"step\":4,\"a\":40}\n", f);
+        fclose(f);
+    }
+    const char *s = slurp(path);
+    CHECK(s && strcmp(s, "{\"step\":1,\"a\":1}\n{\"step\":2,\"a\":2}\n{\"step\":3,\"a\":3}\n"
+                         "{\"step\":4,\"a\":40}\n") == 0);
+
+    /* A new run starts empty; a resume of a run without metrics creates it. */
+    CHECK_OK(mmp_metrics_open(dir, -1, &f));
+    if (f) {
+        fclose(f);
+    }
+    s = slurp(path);
+    CHECK(s && s[0] == 0);
+    remove(path);
+    CHECK_OK(mmp_metrics_open(dir, 7, &f));
+    if (f) {
+        fclose(f);
+    }
+    CHECK(slurp(path) != NULL);
+
+    char esc[64];
+    CHECK(strcmp(mmp_json_escape("a\"b\\c\n", esc, sizeof esc), "a\\\"b\\\\c\\u000a") == 0);
+}
+
+static void test_trace(const char *dir)
+{
+    char path[1400];
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    for (int seg = 0; seg < 2; seg++) {
+        mmp_trace t;
+        char tag[32];
+        snprintf(tag, sizeof tag, "stage.p%d", 100 + seg);
+        CHECK_OK(mmp_trace_open(&t, dir, tag, 1, "image.0/0"));
+        mmp_trace_span(&t, "F", "compute", 0, 1000.0 * (seg + 1), 5, seg ? 11 : 1, 0);
+        mmp_trace_instant(&t, "launch", 10, seg ? "launch 1 from step 10" : "launch 1 from step 0");
+        mmp_trace_close(&t);
+        CHECK_OK(mmp_trace_merge(dir));
+    }
+    const char *s = slurp(path);
+    CHECK(s != NULL);
+    if (!s) {
+        return;
+    }
+    CHECK(count(s, "\"traceEvents\"") == 1);
+    CHECK(count(s, "\"args\":{\"step\":1,") == 1);
+    CHECK(count(s, "\"args\":{\"step\":11,") == 1);
+    CHECK(count(s, "launch 1 from step 0") == 1);
+    CHECK(count(s, "launch 1 from step 10") == 1);
+    /* one event per line, comma-separated, closed once */
+    CHECK(strncmp(s, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", 39) == 0);
+    CHECK(count(s, "]}") == 1 && strcmp(s + strlen(s) - 3, "]}\n") == 0);
+    CHECK(count(s, "},\n{") == count(s, "\n{") - 1);
+}
+
+static void test_restarts(const char *dir)
+{
+    char ck[1200], resume_dir[1200];
+    mmp_ckpt_step_dir(ck, sizeof ck, dir, 6);
+    CHECK_OK(mmp_mkdirs(ck));
+    static mmp_plan plan;
+    mmp_plan_defaults(&plan);
+    CHECK_OK(mmp_ckpt_write_meta(ck, 6, &plan));
+    CHECK_OK(mmp_ckpt_mark_latest(dir, 6));
+
+    static mmp_restarts r;
+    memset(&r, 0, sizeof r);
+    FILE *f = NULL;
+    CHECK_OK(mmp_metrics_open(dir, -1, &f));
+    for (int step = 1; step <= 7 && f; step++) {
+        fprintf(f, "{\"step\":%d}\n", step);
+    }
+    int from = -1;
+    CHECK_OK(mmp_restart_rewind(&r, dir, 7, "stage text.0/0 died: \"killed\"", &from, resume_dir,
+                                sizeof resume_dir, &f));
+    CHECK(from == 6 && strcmp(resume_dir, ck) == 0 && r.n == 1);
+    /* step 7 is trained again and carries the restart */
+    fputs("{\"step\":7", f);
+    mmp_restart_write_field(&r, f, 7);
+    fputs("}\n", f);
+    fputs("{\"step\":8", f);
+    mmp_restart_write_field(&r, f, 8); /* nothing: already carried */
+    fputs("}\n", f);
+    /* a second fault before a new checkpoint drops line 7: both ride on it again */
+    CHECK_OK(mmp_restart_rewind(&r, dir, 8, "watchdog: stage fusion/0 stalled", &from, resume_dir,
+                                sizeof resume_dir, &f));
+    fputs("{\"step\":7", f);
+    mmp_restart_write_field(&r, f, 7);
+    fputs("}\n", f);
+    fclose(f);
+    char path[1400];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    const char *s = slurp(path);
+    CHECK(s && count(s, "{\"step\":7") == 1 && count(s, "{\"step\":8") == 0);
+    CHECK(s && strstr(s, "{\"step\":7,\"restarts\":[{\"n\":1,\"after_step\":7,\"from_step\":6,"
+                         "\"cause\":\"stage text.0/0 died: \\\"killed\\\"\"},{\"n\":2,") != NULL);
+
+    /* no checkpoint yet: from the start */
+    char fresh[1400];
+    snprintf(fresh, sizeof fresh, "%s/fresh", dir);
+    CHECK_OK(mmp_mkdirs(fresh));
+    memset(&r, 0, sizeof r);
+    f = NULL;
+    CHECK_OK(mmp_restart_rewind(&r, fresh, 3, "x", &from, resume_dir, sizeof resume_dir, &f));
+    CHECK(from == 0 && resume_dir[0] == 0);
+    if (f) {
+        fclose(f);
+    }
+}
+
+static void test_prune(const char *dir)
+{
+    int steps[] = {5, 10, 15, 20, 25};
+    char d[1200], f[1400];
+    for (int i = 0; i < 5; i++) {
+        mmp_ckpt_step_dir(d, sizeof d, dir, steps[i]);
+        CHECK_OK(mmp_mkdirs(d));
+        snprintf(f, sizeof f, "%s/image.ckpt", d);
+        write_file(f, "x");
+    }
+    /* latest is 20; 25 is a write cut short: left alone */
+    CHECK_OK(mmp_ckpt_prune(dir, 20, 2));
+    for (int i = 0; i < 5; i++) {
+        mmp_ckpt_step_dir(d, sizeof d, dir, steps[i]);
+        struct stat sb;
+        int kept = stat(d, &sb) == 0;
+        CHECK(kept == (steps[i] >= 15));
+    }
+    CHECK_OK(mmp_ckpt_prune(dir, 20, 0)); /* keep all */
+    mmp_ckpt_step_dir(d, sizeof d, dir, 15);
+    struct stat sb;
+    CHECK(stat(d, &sb) == 0);
+}
+
+int main(void)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("test_records"));
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/metrics", dir);
+    CHECK_OK(mmp_mkdirs(sub));
+    test_metrics(sub);
+    snprintf(sub, sizeof sub, "%s/trace", dir);
+    CHECK_OK(mmp_mkdirs(sub));
+    test_trace(sub);
+    snprintf(sub, sizeof sub, "%s/restarts", dir);
+    CHECK_OK(mmp_mkdirs(sub));
+    test_restarts(sub);
+    snprintf(sub, sizeof sub, "%s/prune", dir);
+    CHECK_OK(mmp_mkdirs(sub));
+    test_prune(sub);
+    return mmp_test_finish("test_records");
+}

@@ -1,0 +1,51 @@
+/* The stall watchdog: quiet while every awaited stage reported within the
+ * timeout or the watchdog is off; when the job stalls, it names a stopped
+ * process (SIGSTOP) before the stage silent the longest. */
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coordinator/watchdog.h"
+#include "tests/harness.h"
+
+int main(void)
+{
+    pid_t child = fork();
+    if (child == 0) {
+        for (;;) {
+            pause();
+        }
+    }
+    CHECK(child > 0);
+    char why[512];
+    mmp_watch_proc p[3] = {
+        {.name = "image.0/0", .pid = (int)getpid(), .alive = 1, .awaited = 1, .last_seen = 95},
+        {.name = "text.0/0", .pid = (int)child, .alive = 1, .awaited = 0, .last_seen = 96},
+        {.name = "fusion/0", .pid = (int)getpid(), .alive = 1, .awaited = 1, .last_seen = 90},
+    };
+    CHECK(mmp_watchdog_check(p, 3, 100, 20, "results", why, sizeof why) == -1);
+    CHECK(mmp_watchdog_check(p, 3, 200, 0, "results", why, sizeof why) == -1); /* off */
+    /* stalled, nobody stopped: the awaited stage silent the longest */
+    CHECK(mmp_watchdog_check(p, 3, 200, 20, "results", why, sizeof why) == 2);
+    CHECK(strstr(why, "fusion/0") && strstr(why, "no progress for 110 s") &&
+          strstr(why, "waiting for results"));
+    /* the same with text.0 stopped: it is named though it is not awaited */
+    kill(child, SIGSTOP);
+    char st = '?';
+    for (int i = 0; i < 200 && st != 'T'; i++) {
+        usleep(5000);
+        st = mmp_watchdog_proc_state((int)child);
+    }
+    CHECK(st == 'T');
+    CHECK(mmp_watchdog_check(p, 3, 200, 20, "results", why, sizeof why) == 1);
+    CHECK(strstr(why, "text.0/0") && strstr(why, "is stopped"));
+    /* a dead (reaped) process is not judged */
+    p[0].alive = p[2].alive = 0;
+    CHECK(mmp_watchdog_check(p, 3, 200, 20, "results", why, sizeof why) == -1);
+    CHECK(mmp_watchdog_proc_state((int)getpid()) == 'R');
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    CHECK(mmp_watchdog_proc_state((int)child) == '?');
+    return mmp_test_finish("test_watchdog");
+}
