@@ -2,7 +2,10 @@
 # ctest-labels: slow
 # Load balancing end to end (coordinator/balancer.h). This test asserts the
 # balancer's decisions, which follow from the plan: where it re-places, to
-# what, after which step and why, the planner's predicted efficiency, the
+# what, after which step and why, the routing shares, bitwise equality and
+# nothing left behind. The planner's predicted efficiency is computed from
+# measured costs, so it moves with the machine's load (0.84-0.98 seen for the
+# same placement): it gets a far bar, like the measured speeds. The
 # routing shares, bitwise equality and nothing left behind. Measured speed
 # is a bench figure (bench/balance.sh, README): where a check must look at a
 # measured figure to prove a mechanism works, its bar is far below the
@@ -17,11 +20,13 @@
 #     deals it the matching share; weighted beats round robin at all (> 1.2x,
 #     expected ~1.5x);
 #  3. configs/sim-uneven.yaml (4:1:1, six slots, from 2/2/2): dynamic
-#     re-places within 30 steps to a placement with predicted balance
-#     efficiency >= 0.9, and runs faster than the static 2/2/2 at all
+#     re-places within 30 steps to image.0:4 text.0:1 fusion:1 (the one
+#     placement that balances 4:1:1 on six slots; predicted efficiency
+#     > 0.7), and runs faster than the static 2/2/2 at all
 #     (> 1.2x, expected ~1.8x);
 #  4. cost drift: text triples at step 100; within 15 steps the balancer
-#     re-plans to a placement predicted >= 0.85 efficient.
+#     re-plans to image.0:3 text.0:2 fusion:1 (the best for 4:3:1 on six
+#     slots; predicted efficiency > 0.7).
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_balance
@@ -134,8 +139,12 @@ at=$(grep -n '"action":"replace"' "$W/dynamic/metrics.jsonl" | head -1 | cut -d:
 [ -n "$at" ] && [ "$at" -le 30 ] && ok "dynamic: re-placed after step $at: $(grep -o '"to":"[^"]*"' "$W/dynamic/metrics.jsonl" | head -1)" \
   || fail "dynamic: no re-placement within 30 steps"
 pred=$(grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' "$W/dynamic/metrics.jsonl" | head -1 | sed 's/.*efficiency //')
-ge "${pred:-0}" 0.9 && ok "the new placement's predicted balance efficiency $pred >= 0.9" \
-  || fail "predicted efficiency ${pred:-none} < 0.9"
+grep -q '"action":"replace","to":"image.0:4 text.0:1 fusion:1"' "$W/dynamic/metrics.jsonl" \
+  && ok "dynamic: the new placement is image.0:4 text.0:1 fusion:1" \
+  || fail "dynamic: re-placed to $(grep -o '"to":"[^"]*"' "$W/dynamic/metrics.jsonl" | head -1), not image.0:4 text.0:1 fusion:1"
+# Far bar: the prediction comes from measured costs (0.96-0.98 on an idle machine).
+ge "${pred:-0}" 0.7 && ok "the new placement's predicted balance efficiency $pred (bar 0.7)" \
+  || fail "predicted efficiency ${pred:-none} < 0.7"
 ratio=$(awk -v a="$t_dyn" -v b="$t_static" 'BEGIN { printf "%.3f", a / b }')
 # Far bar (expected ~1.8x, bench/balance.sh measures it): re-placing pays at all.
 ge "$ratio" 1.2 && ok "dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (bar 1.2, a bench figure; measured efficiency $eff_dyn)" \
@@ -150,8 +159,11 @@ re=$(grep -n '"action":"replace"' "$W/drift/metrics.jsonl" | cut -d: -f1 | awk '
 [ -n "$re" ] && [ "$re" -le 115 ] && ok "text cost x3 at step 100: re-planned after step $re ($(sed -n ${re}p "$W/drift/metrics.jsonl" | grep -o '"to":"[^"]*"'))" \
   || fail "no re-plan within 15 steps of the drift (at: ${re:-none})"
 pred=$(sed -n "${re:-1}p" "$W/drift/metrics.jsonl" | grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' | sed 's/.*efficiency //')
-ge "${pred:-0}" 0.85 && ok "the re-plan after the drift is predicted $pred efficient (>= 0.85)" \
-  || fail "re-plan after the drift predicted ${pred:-none} < 0.85"
+sed -n "${re:-1}p" "$W/drift/metrics.jsonl" | grep -q '"action":"replace","to":"image.0:3 text.0:2 fusion:1"' \
+  && ok "after the drift the new placement is image.0:3 text.0:2 fusion:1" \
+  || fail "after the drift: $(sed -n "${re:-1}p" "$W/drift/metrics.jsonl" | grep -o '"to":"[^"]*"'), not image.0:3 text.0:2 fusion:1"
+ge "${pred:-0}" 0.7 && ok "the re-plan after the drift is predicted $pred efficient (bar 0.7; 0.88 on an idle machine)" \
+  || fail "re-plan after the drift predicted ${pred:-none} < 0.7"
 eff=$(metric "$W/drift/metrics.jsonl" efficiency 118 125 | median)
 echo "     measured efficiency after the drift: $eff (not asserted; bench/balance.sh)"
 # --- 5. stages: auto -------------------------------------------------------------------
