@@ -69,38 +69,6 @@ static const char USAGE[] =
     "                     each restart is logged (\"restarts\" in metrics.jsonl, a\n"
     "                     \"restart\" mark in trace.json).\n";
 
-/* Settings the schema accepts (they are part of the plan format) but this
- * version cannot run yet: refused by name, never silently ignored. */
-static int check_supported(const mmp_plan *p, const char *path)
-{
-    const struct {
-        int bad;
-        const char *key, *why;
-    } rules[] = {
-        {p->train.precision != MMP_PREC_FP32, "train.precision", "mixed precision (GPU only)"},
-        {p->n_hosts > 1, "hosts", "more than one host"},
-    };
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
-        if (rules[i].bad) {
-            fprintf(stderr, "mmpipe launch: %s: %s: %s is not supported yet\n", path, rules[i].key,
-                    rules[i].why);
-            return 0;
-        }
-    }
-    for (int h = 0; h < p->n_hosts; h++) {
-        for (int d = 0; d < p->hosts[h].n_devices; d++) {
-            if (p->hosts[h].devices[d] >= 0) {
-                fprintf(stderr,
-                        "mmpipe launch: %s: hosts[%d].devices[%d]: GPU stages are not supported "
-                        "yet (use cpu)\n",
-                        path, h, d);
-                return 0;
-            }
-        }
-    }
-    return 1;
-}
-
 /* Removes a previous run's outputs from dir (only the files a run writes,
  * trace parts of a killed run included). No shell: dir is any bytes. */
 static int clear_run(const char *dir)
@@ -221,7 +189,8 @@ int mmp_cmd_launch(int argc, char **argv)
         }
         out = resume;
     }
-    if (!check_supported(&plan, plan_path)) {
+    if (mmp_plan_check_runnable(&plan) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
         goto exit;
     }
     char out_buf[1024];

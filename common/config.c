@@ -143,7 +143,7 @@ static const key_spec keys[] = {
     INT("model.fusion.heads", model.fusion.heads, 1, 256, 4),
 
     INT("train.batch", train.batch, 1, 1 << 20, 64),
-    INT("train.microbatches", train.microbatches, 1, 4096, 4),
+    INT("train.microbatches", train.microbatches, 1, MMP_MAX_MICROBATCHES, 4),
     ENUM("train.schedule", train.schedule, schedule_names, MMP_SCHED_1F1B),
     ENUM("train.precision", train.precision, precision_names, MMP_PREC_FP32),
     FLOAT("train.optimizer.lr", train.optimizer.lr, '(', 0, 10, ']', 1e-3),
@@ -1652,4 +1652,31 @@ const char *mmp_schedule_name(mmp_schedule s)
 const char *mmp_precision_name(mmp_precision p)
 {
     return (unsigned)p < 3 ? precision_names[p] : "?";
+}
+
+mmp_err mmp_plan_check_runnable(const mmp_plan *p)
+{
+    const struct {
+        int bad;
+        const char *key, *why;
+    } rules[] = {
+        {p->train.precision != MMP_PREC_FP32, "train.precision", "mixed precision (GPU only)"},
+        {p->n_hosts > 1, "hosts", "more than one host"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        if (rules[i].bad) {
+            return mmp_errorf(MMP_ERR_INVALID, "%s: %s is not supported yet", rules[i].key,
+                              rules[i].why);
+        }
+    }
+    for (int h = 0; h < p->n_hosts; h++) {
+        for (int d = 0; d < p->hosts[h].n_devices; d++) {
+            if (p->hosts[h].devices[d] >= 0) {
+                return mmp_errorf(MMP_ERR_INVALID,
+                                  "hosts[%d].devices[%d]: GPU stages are not supported yet (use cpu)",
+                                  h, d);
+            }
+        }
+    }
+    return MMP_OK;
 }

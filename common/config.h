@@ -15,6 +15,8 @@
 #include "common/err.h"
 
 #define MMP_PATH_MAX 1024
+/* train.microbatches at most: every process sizes its per-step tables by it. */
+#define MMP_MAX_MICROBATCHES 1024
 #define MMP_MAX_HOSTS 16
 #define MMP_MAX_DEVICES 64
 #define MMP_MAX_IMAGE_STAGES 4 /* ResNet stages (blocks/channels entries) */
@@ -190,6 +192,13 @@ void mmp_plan_defaults(mmp_plan *p);
  * "--set a.b=c: reason") in mmp_last_error(); *p is then unspecified. */
 mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *overrides,
                       int n_overrides);
+
+/* Whether this version can run the plan: settings the schema accepts (they
+ * are part of the plan format) but no process can run yet are refused by
+ * key, never silently ignored. MMP_ERR_INVALID with "KEY: what is not
+ * supported yet" in mmp_last_error() otherwise. Every entry point that runs
+ * a plan (launch, the coordinator, the single-process trainer) asks it. */
+mmp_err mmp_plan_check_runnable(const mmp_plan *p);
 
 /* Writes the resolved plan as JSON (plan.json) to path. */
 mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path);

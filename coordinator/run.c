@@ -989,7 +989,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     int rc = 1, first_step = 0;
     char resume_dir[1200] = "";
     mmp_log_set_name("coordinator");
-    if (mmp_sched_compile(&c.sched, plan) != MMP_OK) {
+    if (mmp_plan_check_runnable(plan) != MMP_OK || mmp_sched_compile(&c.sched, plan) != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());
         return 1;
     }

@@ -306,7 +306,11 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
 {
     trainer t;
     int first_step = 0;
-    mmp_err err = trainer_init(&t, plan, out_dir);
+    mmp_err err = mmp_plan_check_runnable(plan);
+    if (err != MMP_OK) {
+        return err;
+    }
+    err = trainer_init(&t, plan, out_dir);
     if (err != MMP_OK) {
         goto exit;
     }

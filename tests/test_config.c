@@ -208,7 +208,7 @@ static void test_file_errors(void)
     expect_error(DIR "wrongtype.yaml", NULL, 0, MMP_ERR_CONFIG,
                  DIR "wrongtype.yaml:4:10: train.batch: expected an integer, got 'abc'");
     expect_error(DIR "range.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "range.yaml:2:35: train.microbatches: 0 is out of range [1, 4096]");
+                 DIR "range.yaml:2:35: train.microbatches: 0 is out of range [1, 1024]");
     expect_error(DIR "badenum.yaml", NULL, 0, MMP_ERR_CONFIG,
                  DIR "badenum.yaml:3:13: train.schedule: unknown value 'pipedream' "
                      "(accepted: gpipe, 1f1b)");
