@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$BIN" ] || { echo "bench/balance.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
-. tests/lib.sh # median, metric
+. tests/lib.sh # median, metric, stage_tp
 rm -rf "$OUT"; mkdir -p "$OUT"
 say() { echo "bench/balance.sh: $*" >&2; }
 run() { # NAME ARGS...: a run into $OUT/NAME; its log beside it
@@ -40,30 +40,13 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 D="--set data.manifest=$OUT/data/train.jsonl"
 
 # --- 1. routing ---------------------------------------------------------------------------
-cat > "$OUT/sim.yaml" <<YAML
-job:   { name: s, steps: 12, seed: 3 }
-data:  { manifest: $OUT/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 16 }
-model: { width: 64, image: { blocks: [1, 1, 1, 1], channels: [16, 32, 64, 128] },
-         text: { layers: 2, heads: 4 }, fusion: { layers: 1, heads: 4 } }
-train: { batch: 96, microbatches: 48, eval_every: 0 }
-compute: simulated
-sim:   { cost: { image: 4.0, text: 1.0, fusion: 1.0 }, bwd_factor: 2 }
-hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu, cpu] } ]
-stages: { image: { replicas: 2 } }
-YAML
 for r in round_robin weighted; do
-  run "$r" "$OUT/sim.yaml" --set 'sim.slowdown=[1, 2]' --set balance.routing=$r
+  run "$r" configs/sim-slow-replica.yaml $D --set balance.routing=$r
 done
-stage_tp() { # METRICS: the image stage's samples/s over its slowest replica's busy time, median of steps 5..12
-  sed -n 5,12p "$1" | while read -r line; do
-    grep -o '"name":"image.0","replica":[0-9]*,"microbatches":[0-9]*,"busy_ms":[0-9.e+]*' <<<"$line" \
-      | sed 's/.*://' | sort -g | tail -1 | awk '{ printf "%.2f\n", 96 * 1000 / $1 }'
-  done | median
-}
 rr=$(metric "$OUT/round_robin/metrics.jsonl" samples_per_s 5 12 | median)
 wt=$(metric "$OUT/weighted/metrics.jsonl" samples_per_s 5 12 | median)
-srr=$(stage_tp "$OUT/round_robin/metrics.jsonl")
-swt=$(stage_tp "$OUT/weighted/metrics.jsonl")
+srr=$(stage_tp "$OUT/round_robin/metrics.jsonl" 96)
+swt=$(stage_tp "$OUT/weighted/metrics.jsonl" 96)
 
 # --- 2. sim-uneven: static vs dynamic ---------------------------------------------------------
 run static configs/sim-uneven.yaml $D --set job.steps=8 --set balance.mode=off

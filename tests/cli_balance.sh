@@ -72,23 +72,9 @@ expect_fail "balance.force.set may only change stages.*" "only stages.\* keys" \
   "$BIN" launch "$W/real.yaml" --out "$W/badforce2" --set 'balance.force.set=train.batch=8'
 
 # --- 2. weighted routing vs round robin, one slow replica --------------------------
-sim_plan() { # FILE: the uneven simulated plan on a small model
-  cat > "$1" <<YAML
-job:   { name: s, steps: 40, seed: 3 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 16 }
-model: { width: 64, image: { blocks: [1, 1, 1, 1], channels: [16, 32, 64, 128] },
-         text: { layers: 2, heads: 4 }, fusion: { layers: 1, heads: 4 } }
-train: { batch: 96, microbatches: 48, eval_every: 0 }
-compute: simulated
-sim:   { cost: { image: 4.0, text: 1.0, fusion: 1.0 }, bwd_factor: 2 }
-hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu, cpu] } ]
-YAML
-}
-sim_plan "$W/sim.yaml"
-route() { # NAME ROUTING
-  "$BIN" launch "$W/sim.yaml" --out "$W/$1" --set job.steps=12 --set stages.image.replicas=2 \
-    --set 'sim.slowdown=[1, 2]' --set balance.routing=$2 >"$W/$1.log" 2>&1 \
-    || { fail "$1 run failed"; tail -5 "$W/$1.log"; }
+route() { # NAME ROUTING: configs/sim-slow-replica.yaml (image.0 x2, its replica 1 2x slower)
+  "$BIN" launch configs/sim-slow-replica.yaml --set "data.manifest=$W/data/train.jsonl" --out "$W/$1" \
+    --set balance.routing=$2 >"$W/$1.log" 2>&1 || { fail "$1 run failed"; tail -5 "$W/$1.log"; }
 }
 route rr round_robin
 route wt weighted
@@ -110,15 +96,8 @@ want=$(awk -v s="${slow:-0}" 'BEGIN { printf "%.2f", 48 * s / (1 + s) }')
   awk -v n="$n_slow" -v w="$want" 'BEGIN { d = n - w; exit !(d <= 1 && d >= -1) }' \
   && ok "routing shares follow the measured speed: $n_fast:$n_slow (slow replica ~$want of 48)" \
   || fail "routing shares ${n_fast:-?}:${n_slow:-?} do not follow speed $slow (want ~$want of 48)"
-# the image stage's own throughput: samples per second of its slowest replica's busy time
-stage_tp() { # METRICS: median over steps 5..12
-  sed -n 5,12p "$1" | while read -r line; do
-    grep -o '"name":"image.0","replica":[0-9]*,"microbatches":[0-9]*,"busy_ms":[0-9.e+]*' <<<"$line" \
-      | sed 's/.*://' | sort -g | tail -1 | awk '{ printf "%.2f\n", 96 * 1000 / $1 }'
-  done | median
-}
-srr=$(stage_tp "$W/rr/metrics.jsonl")
-swt=$(stage_tp "$W/wt/metrics.jsonl")
+srr=$(stage_tp "$W/rr/metrics.jsonl" 96)
+swt=$(stage_tp "$W/wt/metrics.jsonl" 96)
 sratio=$(awk -v a="$swt" -v b="$srr" 'BEGIN { printf "%.3f", a / b }')
 ratio=$(awk -v a="$wt" -v b="$rr" 'BEGIN { printf "%.3f", a / b }')
 # Far bar (expected ~1.5x): a measured figure, only to show routing pays at all.

@@ -20,6 +20,14 @@ last_metric() { grep "\"$2\"" "$1" | tail -1 | sed -E "s/.*\"$2\":([-0-9.e+]+).*
 median() { sort -g | awk '{ v[NR] = $1 } END { print NR ? (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) : "nan" }'; }
 # metric FILE KEY FROM TO: KEY of metrics lines FROM..TO (1-based steps), one per line
 metric() { sed -n "$3,$4p" "$1" | grep -o "\"$2\":[-0-9.e+]*" | sed 's/.*://'; }
+# stage_tp METRICS BATCH: the image.0 stage's own throughput, median over
+# steps 5..12: BATCH samples per second of its slowest replica's busy time.
+stage_tp() {
+  sed -n 5,12p "$1" | while read -r line; do
+    grep -o '"name":"image.0","replica":[0-9]*,"microbatches":[0-9]*,"busy_ms":[0-9.e+]*' <<<"$line" \
+      | sed 's/.*://' | sort -g | tail -1 | awk -v b="$2" '{ printf "%.2f\n", b * 1000 / $1 }'
+  done | median
+}
 # same_ckpt A B: `ckpt diff A B` finds no difference at all (max_abs_diff=0);
 # prints the diff's last line either way.
 same_ckpt() {
