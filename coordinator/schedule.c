@@ -123,18 +123,28 @@ void mmp_sched_route(const double *speed, int R, int m, int *owner)
 {
     int count[MMP_SCHED_MAX_STAGES] = {0};
     MMP_ASSERT(R >= 1 && R <= MMP_SCHED_MAX_STAGES);
+    int idle = R; /* replicas dealt nothing yet */
     for (int mb = 0; mb < m; mb++) {
         int best = 0;
-        double best_t = INFINITY;
-        for (int r = 0; r < R; r++) {
-            double t = (count[r] + 1) / speed[r];
-            if (t < best_t * (1 - 1e-12)) {
-                best = r;
-                best_t = t;
+        if (m - mb <= idle) {
+            /* The last micro-batches go to replicas that have none: each
+             * replica takes part in every step (and so keeps being
+             * measured), however slow it was measured. */
+            while (count[best] > 0) {
+                best++;
+            }
+        } else {
+            double best_t = INFINITY;
+            for (int r = 0; r < R; r++) {
+                double t = (count[r] + 1) / speed[r];
+                if (t < best_t * (1 - 1e-12)) {
+                    best = r;
+                    best_t = t;
+                }
             }
         }
         owner[mb] = best;
-        count[best]++;
+        idle -= count[best]++ == 0;
     }
 }
 

@@ -115,8 +115,11 @@ void mmp_sched_fini(mmp_sched *s);
 
 /* Deals micro-batches 0..m-1 to R replicas of relative speeds speed[0..R-1]
  * (each > 0): in order, each goes to the replica that would finish it first,
- * the least (count + 1) / speed, ties to the lower index. owner[mb] gets the
- * replica. Equal speeds deal in turn (round robin). */
+ * the least (count + 1) / speed, ties to the lower index, except that every
+ * replica gets at least one when m >= R (the last micro-batches go to
+ * replicas that have none): a replica measured very slow once still takes
+ * part and is measured again. owner[mb] gets the replica. Equal speeds deal
+ * in turn (round robin). */
 void mmp_sched_route(const double *speed, int R, int m, int *owner);
 
 /* The lower half of mmp_sched_compile, for stage graphs no plan can express

@@ -583,6 +583,14 @@ static void test_route(void)
         n1 += owner[i];
     }
     CHECK(n1 == 4); /* half as fast: a third of them */
+
+    /* However slow a replica was measured, it keeps one micro-batch. */
+    double crawl[3] = {1, 0.01, 1};
+    mmp_sched_route(crawl, 3, 4, owner);
+    int want_crawl[4] = {0, 2, 0, 1};
+    CHECK(memcmp(owner, want_crawl, sizeof want_crawl) == 0);
+    mmp_sched_route(crawl, 3, 2, owner); /* fewer micro-batches than replicas */
+    CHECK(owner[0] == 0 && owner[1] == 1);
 }
 
 static void test_replicas(void)
