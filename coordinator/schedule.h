@@ -36,7 +36,11 @@
  * order the single-process trainer accumulates gradients in, so every
  * schedule without replicas gives bit-identical gradients (with replicas, the
  * replica sums are added in replica order: equal up to float rounding). The
- * same lists drive the discrete-event simulation behind `mmpipe simulate`. */
+ * same lists drive the discrete-event simulation behind `mmpipe simulate`.
+ *
+ * One file per job: schedule_compile.c (mmp_sched_compile*, mmp_sched_route),
+ * schedule_validate.c (mmp_sched_validate), schedule_simulate.c
+ * (mmp_sched_simulate), schedule.c (instruction names, mmp_sched_find). */
 #ifndef MMP_COORDINATOR_SCHEDULE_H
 #define MMP_COORDINATOR_SCHEDULE_H
 
