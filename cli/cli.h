@@ -18,4 +18,7 @@ int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const
 /* 0 when a plan was given, else prints "no plan given" with usage and returns 2. */
 int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path);
 
+/* 1 after printing usage on stdout when arg is -h or --help, else 0. */
+int mmp_cli_help(const char *arg, const char *usage);
+
 #endif

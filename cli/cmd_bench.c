@@ -273,8 +273,7 @@ int mmp_cmd_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(USAGE, stdout);
+        if (mmp_cli_help(a, USAGE)) {
             ret = 0;
             goto exit;
         } else if (strcmp(a, "--force") == 0) {

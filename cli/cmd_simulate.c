@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/cli.h"
 #include "common/config.h"
+#include "common/progress.h"
 #include "coordinator/costs.h"
 #include "coordinator/planner.h"
 #include "coordinator/schedule.h"
@@ -76,13 +76,6 @@ static void dump(const mmp_sched *s)
     }
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Plans a placement for devices with the planner and prints it. 0 ok, 1 error
  * (printed). */
 static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
@@ -98,23 +91,15 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
     }
     mmp_costs_per_layer(s, fwd, bwd, &lc);
     mmp_planner_input in;
-    memset(&in, 0, sizeof in);
-    in.branch[MMP_PLANNER_IMAGE] = (mmp_planner_layers){
-        .n = mmp_plan_image_layers(p), .fwd_ms = lc.fwd[0], .bwd_ms = lc.bwd[0]};
-    in.branch[MMP_PLANNER_TEXT] = (mmp_planner_layers){
-        .n = mmp_plan_text_layers(p), .fwd_ms = lc.fwd[1], .bwd_ms = lc.bwd[1]};
-    in.fusion = (mmp_planner_layers){.n = 1, .fwd_ms = &lc.fusion_fwd, .bwd_ms = &lc.fusion_bwd};
+    mmp_costs_planner_input(p, &lc, &in);
     in.devices = devices;
     in.batch = p->train.batch;
-    in.microbatches = p->train.microbatches;
-    in.schedule = p->train.schedule;
     in.send_ms = c->send_ms;
     in.step_overhead_ms = c->step_overhead_ms;
-    in.method = MMP_PLANNER_AUTO;
     mmp_planner_result r;
-    double t0 = now_s();
+    double t0 = mmp_now();
     mmp_err e = mmp_planner_plan(&in, &r);
-    double took = now_s() - t0;
+    double took = mmp_now() - t0;
     if (e != MMP_OK) {
         fprintf(stderr, "mmpipe simulate: --plan-devices %d: %s\n", devices, mmp_last_error());
         return 1;
@@ -175,8 +160,7 @@ int mmp_cmd_simulate(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(USAGE, stdout);
+        if (mmp_cli_help(a, USAGE)) {
             ret = 0;
             goto exit;
         } else if (strcmp(a, "--dump") == 0) {

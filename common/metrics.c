@@ -6,10 +6,13 @@
 #include <errno.h>
 #include <libfyaml.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "common/json.h"
 
 static void stage_clear(mmp_metrics_stage *s)
 {
@@ -54,29 +57,81 @@ static int json_number(struct fy_node *node, const char *key, double *out)
     return *end == 0 && isfinite(*out) ? 1 : -1;
 }
 
+/* The schema as data: every number field, where it lives, how the writer
+ * prints it. The reader and the writer both walk this one table. */
+enum { IN_STEP, IN_STAGE, IN_BALANCE, IN_EVAL };
+
 typedef struct field {
     const char *key;
-    double *d; /* one of d, i */
-    int *i;
-    int lenient; /* not a number: NAN rather than an error */
+    int in;          /* IN_*: the object it belongs to */
+    size_t off;      /* offsetof into mmp_metrics_step (mmp_metrics_stage for IN_STAGE) */
+    int is_int;      /* an int field, else a double */
+    const char *fmt; /* the writer's format */
+    int optional;    /* the writer leaves it out when absent (NAN, -1) */
+    int lenient;     /* the reader takes a value that is no number as absent */
 } field;
 
-/* Reads fields[0..n) of node; the first one that is not a number is an
- * error naming where (what: "" or "stage NAME: "). */
-static mmp_err read_fields(struct fy_node *node, const field *fields, int n, const char *what)
+#define STEP(k, fmt, len)                                                                          \
+    {                                                                                              \
+#k, IN_STEP, offsetof(mmp_metrics_step, k), 0, fmt, 0, len                                 \
+    }
+#define STEP_INT(k)                                                                                \
+    {                                                                                              \
+#k, IN_STEP, offsetof(mmp_metrics_step, k), 1, "%d", 0, 0                                  \
+    }
+#define STAGE(k)                                                                                   \
+    {                                                                                              \
+#k, IN_STAGE, offsetof(mmp_metrics_stage, k), 0, "%.4g", 1, 0                              \
+    }
+#define STAGE_INT(k, opt)                                                                          \
+    {                                                                                              \
+#k, IN_STAGE, offsetof(mmp_metrics_stage, k), 1, "%d", opt, 0                              \
+    }
+
+static const field FIELDS[] = {
+    STEP_INT(step),
+    STEP(loss, "%.6g", 1),
+    STEP(itc_loss, "%.6g", 1),
+    STEP(itm_loss, "%.6g", 1),
+    STEP(lr, "%.6g", 1),
+    STEP(grad_norm, "%.6g", 1),
+    STEP(samples_per_s, "%.4g", 0),
+    STEP(step_ms, "%.4g", 0),
+    STEP(data_ms, "%.4g", 0),
+    STEP_INT(skipped_samples),
+    STEP(bubble, "%.4f", 0),
+    STAGE_INT(replica, 0),
+    STAGE_INT(microbatches, 1),
+    STAGE(busy_ms),
+    STAGE(idle_ms),
+    STAGE(wall_ms),
+    STAGE(data_wait_ms),
+    STAGE(fwd_ms),
+    STAGE(bwd_ms),
+    STAGE(load_ms),
+    STAGE_INT(max_inflight, 1),
+    {"peak_mem_bytes", IN_STAGE, offsetof(mmp_metrics_stage, peak_mem_bytes), 0, "%.0f", 1, 0},
+    {"efficiency", IN_BALANCE, offsetof(mmp_metrics_step, efficiency), 0, "%.4f", 0, 0},
+    {"val_i2t_r1", IN_EVAL, offsetof(mmp_metrics_step, val_i2t_r1), 0, "%.4f", 0, 1},
+    {"val_t2i_r1", IN_EVAL, offsetof(mmp_metrics_step, val_t2i_r1), 0, "%.4f", 0, 1},
+};
+#define N_FIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
+
+/* Reads the fields of group `in` from node into base; the first one that
+ * is not a number is an error naming where (what: "" or "stage NAME: "). */
+static mmp_err read_fields(struct fy_node *node, int in, void *base, const char *what)
 {
-    for (int k = 0; k < n; k++) {
+    for (int k = 0; k < N_FIELDS; k++) {
+        const field *f = &FIELDS[k];
         double v;
-        int got = json_number(node, fields[k].key, &v);
-        if (got < 0 && !fields[k].lenient) {
-            return mmp_errorf(MMP_ERR_DATA, "%s%s is not a number", what, fields[k].key);
+        int got = f->in == in ? json_number(node, f->key, &v) : 0;
+        if (got < 0 && !f->lenient) {
+            return mmp_errorf(MMP_ERR_DATA, "%s%s is not a number", what, f->key);
         }
-        if (got == 1) {
-            if (fields[k].d) {
-                *fields[k].d = v;
-            } else {
-                *fields[k].i = (int)v;
-            }
+        if (got == 1 && f->is_int) {
+            *(int *)((char *)base + f->off) = (int)v;
+        } else if (got == 1) {
+            *(double *)((char *)base + f->off) = v;
         }
     }
     return MMP_OK;
@@ -92,22 +147,9 @@ static mmp_err read_stage(struct fy_node *item, mmp_metrics_stage *s)
         return mmp_errorf(MMP_ERR_DATA, "a stages entry without a name");
     }
     snprintf(s->name, sizeof s->name, "%s", name);
-    const field f[] = {
-        {"replica", NULL, &s->replica, 0},
-        {"microbatches", NULL, &s->microbatches, 0},
-        {"busy_ms", &s->busy_ms, NULL, 0},
-        {"idle_ms", &s->idle_ms, NULL, 0},
-        {"wall_ms", &s->wall_ms, NULL, 0},
-        {"data_wait_ms", &s->data_wait_ms, NULL, 0},
-        {"fwd_ms", &s->fwd_ms, NULL, 0},
-        {"bwd_ms", &s->bwd_ms, NULL, 0},
-        {"load_ms", &s->load_ms, NULL, 0},
-        {"max_inflight", NULL, &s->max_inflight, 0},
-        {"peak_mem_bytes", &s->peak_mem_bytes, NULL, 0},
-    };
     char what[80];
     snprintf(what, sizeof what, "stage %s: ", s->name);
-    return read_fields(item, f, (int)(sizeof f / sizeof f[0]), what);
+    return read_fields(item, IN_STAGE, s, what);
 }
 
 static mmp_err read_root(struct fy_node *root, mmp_metrics_step *m)
@@ -115,22 +157,8 @@ static mmp_err read_root(struct fy_node *root, mmp_metrics_step *m)
     if (!fy_node_is_mapping(root)) {
         return mmp_errorf(MMP_ERR_DATA, "not a JSON object");
     }
-    const field f[] = {
-        {"step", NULL, &m->step, 0},
-        {"loss", &m->loss, NULL, 1},
-        {"itc_loss", &m->itc_loss, NULL, 1},
-        {"itm_loss", &m->itm_loss, NULL, 1},
-        {"lr", &m->lr, NULL, 1},
-        {"grad_norm", &m->grad_norm, NULL, 1},
-        {"samples_per_s", &m->samples_per_s, NULL, 0},
-        {"step_ms", &m->step_ms, NULL, 0},
-        {"data_ms", &m->data_ms, NULL, 0},
-        {"skipped_samples", NULL, &m->skipped_samples, 0},
-        {"bubble", &m->bubble, NULL, 0},
-        {"val_i2t_r1", &m->val_i2t_r1, NULL, 1},
-        {"val_t2i_r1", &m->val_t2i_r1, NULL, 1},
-    };
-    MMP_TRY(read_fields(root, f, (int)(sizeof f / sizeof f[0]), ""));
+    MMP_TRY(read_fields(root, IN_STEP, m, ""));
+    MMP_TRY(read_fields(root, IN_EVAL, m, ""));
     m->has_eval = fy_node_mapping_lookup_value_by_simple_key(root, "val_i2t_r1", 10) != NULL;
     struct fy_node *stages = fy_node_mapping_lookup_value_by_simple_key(root, "stages", 6);
     if (stages) {
@@ -155,8 +183,7 @@ static mmp_err read_root(struct fy_node *root, mmp_metrics_step *m)
             return mmp_errorf(MMP_ERR_DATA, "\"balance\" is not an object");
         }
         m->has_balance = 1;
-        const field bf[] = {{"efficiency", &m->efficiency, NULL, 0}};
-        MMP_TRY(read_fields(bal, bf, 1, "balance: "));
+        MMP_TRY(read_fields(bal, IN_BALANCE, m, "balance: "));
         const char *pl = fy_node_mapping_lookup_scalar0_by_simple_key(bal, "placement", 9);
         if (pl) {
             if (strlen(pl) >= sizeof m->placement) {
@@ -277,89 +304,67 @@ void mmp_metrics_close(mmp_metrics_reader *r)
     if (!r) {
         return;
     }
-    if (r->f) {
-        fclose(r->f);
-    }
-    if (r->diag) {
-        fy_diag_destroy(r->diag);
-    }
     free(r->line);
-    r->f = NULL;
-    r->diag = NULL;
     r->line = NULL;
     r->cap = 0;
+    if (r->diag) {
+        fy_diag_destroy(r->diag);
+        r->diag = NULL;
+    }
+    if (r->f) {
+        fclose(r->f);
+        r->f = NULL;
+    }
 }
 
 /* ---- writing -------------------------------------------------------------------- */
 
-/* s as a JSON string body: quotes, backslashes and controls escaped. */
-static void put_string(FILE *f, const char *s)
+/* Writes the fields of group `in` from base as ",\"key\":value" (the first
+ * without its comma when first); returns whether it wrote any. */
+static int put_fields(FILE *f, int in, const void *base, int first)
 {
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            fprintf(f, "\\%c", c);
-        } else if (c < 0x20) {
-            fprintf(f, "\\u%04x", c);
+    for (int k = 0; k < N_FIELDS; k++) {
+        const field *fd = &FIELDS[k];
+        if (fd->in != in) {
+            continue;
+        }
+        const char *at = (const char *)base + fd->off;
+        int absent = fd->is_int ? *(const int *)at < 0 : isnan(*(const double *)at);
+        if (fd->optional && absent) {
+            continue;
+        }
+        fprintf(f, "%s\"%s\":", first ? "" : ",", fd->key);
+        if (fd->is_int) {
+            fprintf(f, fd->fmt, *(const int *)at);
         } else {
-            fputc(c, f);
+            fprintf(f, fd->fmt, *(const double *)at);
         }
+        first = 0;
     }
-    fputc('"', f);
-}
-
-static void put_stage(FILE *f, const mmp_metrics_stage *s)
-{
-    fputs("{\"name\":", f);
-    put_string(f, s->name);
-    fprintf(f, ",\"replica\":%d", s->replica < 0 ? 0 : s->replica);
-    if (s->microbatches >= 0) {
-        fprintf(f, ",\"microbatches\":%d", s->microbatches);
-    }
-    const struct {
-        const char *key;
-        double v;
-    } ms[] = {{"busy_ms", s->busy_ms}, {"idle_ms", s->idle_ms},
-              {"wall_ms", s->wall_ms}, {"data_wait_ms", s->data_wait_ms},
-              {"fwd_ms", s->fwd_ms},   {"bwd_ms", s->bwd_ms},
-              {"load_ms", s->load_ms}};
-    for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
-        if (!isnan(ms[k].v)) {
-            fprintf(f, ",\"%s\":%.4g", ms[k].key, ms[k].v);
-        }
-    }
-    if (s->max_inflight >= 0) {
-        fprintf(f, ",\"max_inflight\":%d", s->max_inflight);
-    }
-    if (!isnan(s->peak_mem_bytes)) {
-        fprintf(f, ",\"peak_mem_bytes\":%llu", (unsigned long long)s->peak_mem_bytes);
-    }
-    fputc('}', f);
+    return !first;
 }
 
 mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
 {
-    fprintf(f,
-            "{\"step\":%d,\"loss\":%.6g,\"itc_loss\":%.6g,\"itm_loss\":%.6g,\"lr\":%.6g,"
-            "\"grad_norm\":%.6g,\"samples_per_s\":%.4g,\"step_ms\":%.4g,\"data_ms\":%.4g,"
-            "\"skipped_samples\":%d,\"bubble\":%.4f,\"stages\":[",
-            m->step, m->loss, m->itc_loss, m->itm_loss, m->lr, m->grad_norm, m->samples_per_s,
-            m->step_ms, m->data_ms, m->skipped_samples < 0 ? 0 : m->skipped_samples, m->bubble);
+    fputc('{', f);
+    put_fields(f, IN_STEP, m, 1);
+    fputs(",\"stages\":[", f);
     for (int i = 0; i < m->n_stages; i++) {
-        if (i) {
-            fputc(',', f);
-        }
-        put_stage(f, &m->stages[i]);
+        fprintf(f, "%s{\"name\":", i ? "," : "");
+        mmp_json_put_string(f, m->stages[i].name);
+        put_fields(f, IN_STAGE, &m->stages[i], 0);
+        fputc('}', f);
     }
     fputc(']', f);
     if (m->has_balance) {
-        fprintf(f, ",\"balance\":{\"efficiency\":%.4f,\"placement\":", m->efficiency);
-        put_string(f, m->placement);
+        fputs(",\"balance\":{", f);
+        put_fields(f, IN_BALANCE, m, 1);
+        fputs(",\"placement\":", f);
+        mmp_json_put_string(f, m->placement);
         fprintf(f, ",\"decision\":%s}", m->decision && m->decision[0] ? m->decision : "null");
     }
     if (m->has_eval) {
-        fprintf(f, ",\"val_i2t_r1\":%.4f,\"val_t2i_r1\":%.4f", m->val_i2t_r1, m->val_t2i_r1);
+        put_fields(f, IN_EVAL, m, 0);
     }
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) {

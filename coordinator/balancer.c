@@ -220,18 +220,11 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     }
     lc.fusion_fwd *= per_unit;
     lc.fusion_bwd *= per_unit;
-    mmp_planner_input in = {0};
-    in.branch[MMP_PLANNER_IMAGE] = (mmp_planner_layers){
-        .n = mmp_plan_image_layers(p), .fwd_ms = lc.fwd[0], .bwd_ms = lc.bwd[0]};
-    in.branch[MMP_PLANNER_TEXT] = (mmp_planner_layers){
-        .n = mmp_plan_text_layers(p), .fwd_ms = lc.fwd[1], .bwd_ms = lc.bwd[1]};
-    in.fusion = (mmp_planner_layers){.n = 1, .fwd_ms = &lc.fusion_fwd, .bwd_ms = &lc.fusion_bwd};
+    mmp_planner_input in;
+    mmp_costs_planner_input(p, &lc, &in);
     in.devices = b->slots;
     in.batch = p->train.microbatches * PLAN_UNITS;
-    in.microbatches = p->train.microbatches;
-    in.schedule = p->train.schedule;
     in.send_ms = SEND_MS;
-    in.method = MMP_PLANNER_AUTO;
     mmp_placement now;
     mmp_placement_of_sched(b->sched, &now);
     mmp_planner_eval cur_ev;

@@ -237,6 +237,19 @@ int mmp_costs_per_layer(const mmp_sched *s, const double *fwd_ms, const double *
     return 1;
 }
 
+void mmp_costs_planner_input(const mmp_plan *p, const mmp_layer_costs *lc, mmp_planner_input *in)
+{
+    memset(in, 0, sizeof *in);
+    in->branch[MMP_PLANNER_IMAGE] = (mmp_planner_layers){
+        .n = mmp_plan_image_layers(p), .fwd_ms = lc->fwd[0], .bwd_ms = lc->bwd[0]};
+    in->branch[MMP_PLANNER_TEXT] = (mmp_planner_layers){
+        .n = mmp_plan_text_layers(p), .fwd_ms = lc->fwd[1], .bwd_ms = lc->bwd[1]};
+    in->fusion = (mmp_planner_layers){.n = 1, .fwd_ms = &lc->fusion_fwd, .bwd_ms = &lc->fusion_bwd};
+    in->microbatches = p->train.microbatches;
+    in->schedule = p->train.schedule;
+    in->method = MMP_PLANNER_AUTO;
+}
+
 /* ---- the printed prediction ----------------------------------------------------------- */
 
 void mmp_costs_report(FILE *f, const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,

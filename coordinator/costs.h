@@ -64,6 +64,12 @@ typedef struct mmp_layer_costs {
 int mmp_costs_per_layer(const mmp_sched *s, const double *fwd_ms, const double *bwd_ms,
                         mmp_layer_costs *out);
 
+/* The planner's input for plan p with lc's costs (lc must outlive in's
+ * use): the branches' layer counts, fusion as one unit, p's micro-batches
+ * and schedule, method MMP_PLANNER_AUTO. devices, batch, send_ms and the
+ * rest are zero: the caller's to set. */
+void mmp_costs_planner_input(const mmp_plan *p, const mmp_layer_costs *lc, mmp_planner_input *in);
+
 /* The prediction as `mmpipe simulate` prints it: per process its layers,
  * depth, in-flight, costs, busy and idle time, then "predicted step time X
  * ms, Y samples/s, bubble Z%". Writes to f only. */
