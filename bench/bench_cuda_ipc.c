@@ -47,6 +47,7 @@ int main(void)
 #include <cuda_runtime_api.h>
 
 #include "common/err.h"
+#include "common/stats.h"
 #include "transport/channel.h"
 
 #define MAX_REPS 1000
@@ -58,18 +59,6 @@ static double now_us(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Shared by the processes of one measurement (anonymous MAP_SHARED). */
@@ -163,7 +152,7 @@ static void receiver(shared *sh, mmp_channel_cfg cfg, int n)
     for (int k = 0; k < m; k++) {
         d[k] = sh->ready[k + WARMUP] - sh->posted[k + WARMUP];
     }
-    sh->result_us = median(d, m);
+    sh->result_us = mmp_median(d, m);
     t->close(ch);
     _exit(0);
 }
@@ -188,7 +177,7 @@ static void memcpy_d2d(shared *sh, size_t bytes, int reps)
         }
         d[k] = ms * 1e3;
     }
-    sh->result_us = median(d + WARMUP, reps);
+    sh->result_us = mmp_median(d + WARMUP, reps);
     _exit(0);
 }
 

@@ -32,6 +32,7 @@
 #include <zmq.h>
 
 #include "common/err.h"
+#include "common/stats.h"
 #include "transport/channel.h"
 
 #define MAX_REPS 64
@@ -47,16 +48,10 @@ static double now_s(void)
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* The q-quantile (0..1) of v[0..n), sorting v. */
 static double quantile(double *v, int n, double q)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    qsort(v, (size_t)n, sizeof *v, mmp_cmp_double);
     int i = (int)(q * (n - 1) + 0.5);
     return v[i];
 }

@@ -1,5 +1,6 @@
 /* Argument handling shared by the commands that take a plan. */
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/cli.h"
 
@@ -24,4 +25,13 @@ int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path)
         return 2;
     }
     return 0;
+}
+
+int mmp_cli_help(const char *arg, const char *usage)
+{
+    if (strcmp(arg, "-h") != 0 && strcmp(arg, "--help") != 0) {
+        return 0;
+    }
+    fputs(usage, stdout);
+    return 1;
 }

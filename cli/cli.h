@@ -18,13 +18,7 @@ int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const
 /* 0 when a plan was given, else prints "no plan given" with usage and returns 2. */
 int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path);
 
-/* metrics.jsonl records (cli/json.c). The number under key in a JSON mapping
- * node: 1, 0 when absent (or node is NULL), -1 when not a finite number. */
-struct fy_node;
-struct fy_diag;
-int mmp_cli_json_number(struct fy_node *node, const char *key, double *out);
-/* A libfyaml diagnostic output function that prints nothing (errors are
- * collected and reported by the caller). */
-void mmp_cli_json_quiet(struct fy_diag *diag, void *user, const char *buf, size_t len);
+/* 1 after printing usage on stdout when arg is -h or --help, else 0. */
+int mmp_cli_help(const char *arg, const char *usage);
 
 #endif

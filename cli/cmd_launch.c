@@ -138,8 +138,7 @@ int mmp_cmd_launch(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            fputs(USAGE, stdout);
+        if (mmp_cli_help(a, USAGE)) {
             ret = 0;
             goto exit;
         } else if (strcmp(a, "--single-process") == 0) {

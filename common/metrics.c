@@ -1,29 +1,380 @@
-/* metrics.jsonl: opening it for a new, resumed or restarted run. Must never
- * reorder or edit the lines it keeps. */
+/* metrics.jsonl reader and writer (common/metrics.h). libfyaml parses each
+ * line (JSON is YAML); the writer prints the schema's order by hand, the
+ * same bytes the coordinator has always written. Never prints. */
 #include "common/metrics.h"
 
 #include <errno.h>
+#include <libfyaml.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-const char *mmp_json_escape(const char *s, char *buf, size_t n)
+#include "common/json.h"
+
+static void stage_clear(mmp_metrics_stage *s)
 {
-    size_t k = 0;
-    for (; *s && k + 7 < n; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') {
-            buf[k++] = '\\';
-            buf[k++] = (char)ch;
-        } else if (ch < 0x20) {
-            k += (size_t)snprintf(buf + k, n - k, "\\u%04x", ch);
-        } else {
-            buf[k++] = (char)ch;
+    memset(s, 0, sizeof *s);
+    s->replica = s->microbatches = s->max_inflight = -1;
+    s->busy_ms = s->idle_ms = s->wall_ms = s->data_wait_ms = NAN;
+    s->fwd_ms = s->bwd_ms = s->load_ms = s->peak_mem_bytes = NAN;
+}
+
+void mmp_metrics_step_clear(mmp_metrics_step *m)
+{
+    memset(m, 0, sizeof *m);
+    m->step = m->skipped_samples = -1;
+    m->loss = m->itc_loss = m->itm_loss = m->lr = m->grad_norm = NAN;
+    m->samples_per_s = m->step_ms = m->data_ms = m->bubble = NAN;
+    m->efficiency = m->val_i2t_r1 = m->val_t2i_r1 = NAN;
+    for (int i = 0; i < MMP_METRICS_MAX_STAGES; i++) {
+        stage_clear(&m->stages[i]);
+    }
+}
+
+/* ---- reading -------------------------------------------------------------------- */
+
+/* The number under key in mapping node: 1, 0 when absent, -1 when not a
+ * finite number. */
+static int json_number(struct fy_node *node, const char *key, double *out)
+{
+    struct fy_node *v = fy_node_mapping_lookup_value_by_simple_key(node, key, strlen(key));
+    if (!v) {
+        return 0;
+    }
+    size_t len;
+    const char *text = fy_node_is_scalar(v) ? fy_node_get_scalar(v, &len) : NULL;
+    char buf[64];
+    if (!text || len == 0 || len >= sizeof buf) {
+        return -1;
+    }
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    char *end;
+    *out = strtod(buf, &end);
+    return *end == 0 && isfinite(*out) ? 1 : -1;
+}
+
+/* The schema as data: every number field, where it lives, how the writer
+ * prints it. The reader and the writer both walk this one table. */
+enum { IN_STEP, IN_STAGE, IN_BALANCE, IN_EVAL };
+
+typedef struct field {
+    const char *key;
+    int in;          /* IN_*: the object it belongs to */
+    size_t off;      /* offsetof into mmp_metrics_step (mmp_metrics_stage for IN_STAGE) */
+    int is_int;      /* an int field, else a double */
+    const char *fmt; /* the writer's format */
+    int optional;    /* the writer leaves it out when absent (NAN, -1) */
+    int lenient;     /* the reader takes a value that is no number as absent */
+} field;
+
+#define STEP(k, fmt, len)                                                                          \
+    {                                                                                              \
+#k, IN_STEP, offsetof(mmp_metrics_step, k), 0, fmt, 0, len                                 \
+    }
+#define STEP_INT(k)                                                                                \
+    {                                                                                              \
+#k, IN_STEP, offsetof(mmp_metrics_step, k), 1, "%d", 0, 0                                  \
+    }
+#define STAGE(k)                                                                                   \
+    {                                                                                              \
+#k, IN_STAGE, offsetof(mmp_metrics_stage, k), 0, "%.4g", 1, 0                              \
+    }
+#define STAGE_INT(k, opt)                                                                          \
+    {                                                                                              \
+#k, IN_STAGE, offsetof(mmp_metrics_stage, k), 1, "%d", opt, 0                              \
+    }
+
+static const field FIELDS[] = {
+    STEP_INT(step),
+    STEP(loss, "%.6g", 1),
+    STEP(itc_loss, "%.6g", 1),
+    STEP(itm_loss, "%.6g", 1),
+    STEP(lr, "%.6g", 1),
+    STEP(grad_norm, "%.6g", 1),
+    STEP(samples_per_s, "%.4g", 0),
+    STEP(step_ms, "%.4g", 0),
+    STEP(data_ms, "%.4g", 0),
+    STEP_INT(skipped_samples),
+    STEP(bubble, "%.4f", 0),
+    STAGE_INT(replica, 0),
+    STAGE_INT(microbatches, 1),
+    STAGE(busy_ms),
+    STAGE(idle_ms),
+    STAGE(wall_ms),
+    STAGE(data_wait_ms),
+    STAGE(fwd_ms),
+    STAGE(bwd_ms),
+    STAGE(load_ms),
+    STAGE_INT(max_inflight, 1),
+    {"peak_mem_bytes", IN_STAGE, offsetof(mmp_metrics_stage, peak_mem_bytes), 0, "%.0f", 1, 0},
+    {"efficiency", IN_BALANCE, offsetof(mmp_metrics_step, efficiency), 0, "%.4f", 0, 0},
+    {"val_i2t_r1", IN_EVAL, offsetof(mmp_metrics_step, val_i2t_r1), 0, "%.4f", 0, 1},
+    {"val_t2i_r1", IN_EVAL, offsetof(mmp_metrics_step, val_t2i_r1), 0, "%.4f", 0, 1},
+};
+#define N_FIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
+
+/* Reads the fields of group `in` from node into base; the first one that
+ * is not a number is an error naming where (what: "" or "stage NAME: "). */
+static mmp_err read_fields(struct fy_node *node, int in, void *base, const char *what)
+{
+    for (int k = 0; k < N_FIELDS; k++) {
+        const field *f = &FIELDS[k];
+        double v;
+        int got = f->in == in ? json_number(node, f->key, &v) : 0;
+        if (got < 0 && !f->lenient) {
+            return mmp_errorf(MMP_ERR_DATA, "%s%s is not a number", what, f->key);
+        }
+        if (got == 1 && f->is_int) {
+            *(int *)((char *)base + f->off) = (int)v;
+        } else if (got == 1) {
+            *(double *)((char *)base + f->off) = v;
         }
     }
-    buf[k] = 0;
-    return buf;
+    return MMP_OK;
 }
+
+static mmp_err read_stage(struct fy_node *item, mmp_metrics_stage *s)
+{
+    stage_clear(s);
+    const char *name = fy_node_is_mapping(item)
+                           ? fy_node_mapping_lookup_scalar0_by_simple_key(item, "name", 4)
+                           : NULL;
+    if (!name) {
+        return mmp_errorf(MMP_ERR_DATA, "a stages entry without a name");
+    }
+    snprintf(s->name, sizeof s->name, "%s", name);
+    char what[80];
+    snprintf(what, sizeof what, "stage %s: ", s->name);
+    return read_fields(item, IN_STAGE, s, what);
+}
+
+static mmp_err read_root(struct fy_node *root, mmp_metrics_step *m)
+{
+    if (!fy_node_is_mapping(root)) {
+        return mmp_errorf(MMP_ERR_DATA, "not a JSON object");
+    }
+    MMP_TRY(read_fields(root, IN_STEP, m, ""));
+    MMP_TRY(read_fields(root, IN_EVAL, m, ""));
+    m->has_eval = fy_node_mapping_lookup_value_by_simple_key(root, "val_i2t_r1", 10) != NULL;
+    struct fy_node *stages = fy_node_mapping_lookup_value_by_simple_key(root, "stages", 6);
+    if (stages) {
+        if (!fy_node_is_sequence(stages)) {
+            return mmp_errorf(MMP_ERR_DATA, "\"stages\" is not a list");
+        }
+        m->has_stages = 1;
+        void *iter = NULL;
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(stages, &iter)) != NULL) {
+            if (m->n_stages == MMP_METRICS_MAX_STAGES) {
+                return mmp_errorf(MMP_ERR_DATA, "more than %d stages entries",
+                                  MMP_METRICS_MAX_STAGES);
+            }
+            MMP_TRY(read_stage(item, &m->stages[m->n_stages]));
+            m->n_stages++;
+        }
+    }
+    struct fy_node *bal = fy_node_mapping_lookup_value_by_simple_key(root, "balance", 7);
+    if (bal) {
+        if (!fy_node_is_mapping(bal)) {
+            return mmp_errorf(MMP_ERR_DATA, "\"balance\" is not an object");
+        }
+        m->has_balance = 1;
+        MMP_TRY(read_fields(bal, IN_BALANCE, m, "balance: "));
+        const char *pl = fy_node_mapping_lookup_scalar0_by_simple_key(bal, "placement", 9);
+        if (pl) {
+            if (strlen(pl) >= sizeof m->placement) {
+                return mmp_errorf(MMP_ERR_DATA, "balance: placement longer than %zu bytes",
+                                  sizeof m->placement - 1);
+            }
+            snprintf(m->placement, sizeof m->placement, "%s", pl);
+        }
+    }
+    return MMP_OK;
+}
+
+static void quiet(struct fy_diag *diag, void *user, const char *buf, size_t len)
+{
+    (void)diag, (void)user, (void)buf, (void)len;
+}
+
+/* Parses with diag (errors collected, nothing printed); *column gets the
+ * parser's column of a JSON error (0: none). */
+static mmp_err parse_with(struct fy_diag *diag, const char *line, size_t len, mmp_metrics_step *m,
+                          int *column)
+{
+    mmp_metrics_step_clear(m);
+    *column = 0;
+    struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_JSON_FORCE, .diag = diag};
+    struct fy_document *doc = fy_document_build_from_string(&cfg, line, len);
+    struct fy_node *root = doc ? fy_document_root(doc) : NULL;
+    mmp_err ret;
+    if (!root) {
+        void *iter = NULL;
+        struct fy_diag_error *e = diag ? fy_diag_errors_iterate(diag, &iter) : NULL;
+        *column = e && e->column > 0 ? e->column : 1;
+        ret = mmp_errorf(MMP_ERR_DATA, "malformed JSON: %s", e && e->msg ? e->msg : "cannot parse");
+    } else {
+        ret = read_root(root, m);
+    }
+    fy_document_destroy(doc);
+    return ret;
+}
+
+static struct fy_diag *quiet_diag(void)
+{
+    struct fy_diag_cfg dcfg;
+    fy_diag_cfg_default(&dcfg);
+    dcfg.fp = NULL;
+    dcfg.output_fn = quiet;
+    dcfg.level = FYET_ERROR;
+    struct fy_diag *diag = fy_diag_create(&dcfg);
+    if (diag) {
+        fy_diag_set_collect_errors(diag, true);
+    }
+    return diag;
+}
+
+mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m)
+{
+    struct fy_diag *diag = quiet_diag();
+    if (!diag) {
+        return mmp_errorf(MMP_ERR_NOMEM, "metrics: parser diagnostics");
+    }
+    int column;
+    mmp_err e = parse_with(diag, line, len, m, &column);
+    fy_diag_destroy(diag);
+    return e;
+}
+
+mmp_err mmp_metrics_open(mmp_metrics_reader *r, const char *path)
+{
+    memset(r, 0, sizeof *r);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(r->path, sizeof r->path, "%s/metrics.jsonl", path);
+    } else {
+        snprintf(r->path, sizeof r->path, "%s", path);
+    }
+    r->f = fopen(r->path, "r");
+    if (!r->f) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", r->path, strerror(errno));
+    }
+    r->diag = quiet_diag();
+    if (!r->diag) {
+        return mmp_errorf(MMP_ERR_NOMEM, "%s: parser diagnostics", r->path);
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_metrics_next(mmp_metrics_reader *r, mmp_metrics_step *m, int *got)
+{
+    *got = 0;
+    ssize_t len;
+    while ((len = getline(&r->line, &r->cap, r->f)) >= 0) {
+        r->lineno++;
+        while (len > 0 && strchr(" \t\r\n", r->line[len - 1])) {
+            r->line[--len] = 0; /* keeps the parser's column on this line */
+        }
+        if (strspn(r->line, " \t") == (size_t)len) {
+            continue;
+        }
+        int column;
+        mmp_err e = parse_with(r->diag, r->line, (size_t)len, m, &column);
+        if (e != MMP_OK) {
+            if (column > 0) {
+                return mmp_error_prefix(e, "%s:%d:%d", r->path, r->lineno, column);
+            }
+            return mmp_error_prefix(e, "%s:%d", r->path, r->lineno);
+        }
+        *got = 1;
+        return MMP_OK;
+    }
+    if (ferror(r->f)) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", r->path, strerror(errno));
+    }
+    return MMP_OK;
+}
+
+void mmp_metrics_close(mmp_metrics_reader *r)
+{
+    if (!r) {
+        return;
+    }
+    free(r->line);
+    r->line = NULL;
+    r->cap = 0;
+    if (r->diag) {
+        fy_diag_destroy(r->diag);
+        r->diag = NULL;
+    }
+    if (r->f) {
+        fclose(r->f);
+        r->f = NULL;
+    }
+}
+
+/* ---- writing -------------------------------------------------------------------- */
+
+/* Writes the fields of group `in` from base as ",\"key\":value" (the first
+ * without its comma when first); returns whether it wrote any. */
+static int put_fields(FILE *f, int in, const void *base, int first)
+{
+    for (int k = 0; k < N_FIELDS; k++) {
+        const field *fd = &FIELDS[k];
+        if (fd->in != in) {
+            continue;
+        }
+        const char *at = (const char *)base + fd->off;
+        int absent = fd->is_int ? *(const int *)at < 0 : isnan(*(const double *)at);
+        if (fd->optional && absent) {
+            continue;
+        }
+        fprintf(f, "%s\"%s\":", first ? "" : ",", fd->key);
+        if (fd->is_int) {
+            fprintf(f, fd->fmt, *(const int *)at);
+        } else {
+            fprintf(f, fd->fmt, *(const double *)at);
+        }
+        first = 0;
+    }
+    return !first;
+}
+
+mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
+{
+    fputc('{', f);
+    put_fields(f, IN_STEP, m, 1);
+    fputs(",\"stages\":[", f);
+    for (int i = 0; i < m->n_stages; i++) {
+        fprintf(f, "%s{\"name\":", i ? "," : "");
+        mmp_json_put_string(f, m->stages[i].name);
+        put_fields(f, IN_STAGE, &m->stages[i], 0);
+        fputc('}', f);
+    }
+    fputc(']', f);
+    if (m->has_balance) {
+        fputs(",\"balance\":{", f);
+        put_fields(f, IN_BALANCE, m, 1);
+        fputs(",\"placement\":", f);
+        mmp_json_put_string(f, m->placement);
+        fprintf(f, ",\"decision\":%s}", m->decision && m->decision[0] ? m->decision : "null");
+    }
+    if (m->has_eval) {
+        put_fields(f, IN_EVAL, m, 0);
+    }
+    fputs("}\n", f);
+    if (fflush(f) != 0 || ferror(f)) {
+        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+    }
+    return MMP_OK;
+}
+
+/* ---- continuing a run's file ---------------------------------------------- */
 
 long mmp_metrics_line_step(const char *line)
 {
@@ -36,7 +387,7 @@ long mmp_metrics_line_step(const char *line)
     return end == line + sizeof key - 1 || step < 0 ? -1 : step;
 }
 
-mmp_err mmp_metrics_open(const char *run_dir, int keep_steps, FILE **out)
+mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
 {
     char path[1200], tmp[1300];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);

@@ -1,17 +1,124 @@
-/* metrics.jsonl: one JSON object per completed step, {"step":N,...} with the
- * step first (readers: cli/cmd_bench.c, cli/cmd_simulate.c, tests).
+/* metrics.jsonl: the one module that knows its schema. A run directory's
+ * metrics.jsonl holds one JSON object per line, one line per training step,
+ * written by the coordinator (pipeline runs) and the single-process trainer;
+ * `mmpipe simulate --costs` and `mmpipe bench` read it back through this
+ * reader, never by scraping lines.
  *
- * This module owns how a run opens the file, so that a resumed or restarted
- * run continues the record instead of repeating it: the lines of steps after
- * the checkpoint it resumes from are dropped (their steps are trained again),
- * every earlier line is kept. The writers (coordinator/run.c,
- * stages/single.c) format their own lines. */
+ * The schema (times in milliseconds; "-" marks a field the single-process
+ * trainer does not write):
+ *
+ *   step             int     steps completed (1 for the first)
+ *   loss, itc_loss, itm_loss, lr, grad_norm
+ *                    number  the step's loss (ITC + ITM), learning rate, gradient norm
+ *   samples_per_s    number  batch / step time
+ *   step_ms          number  wall time of the step
+ *   data_ms          number  the longest data loading of any process
+ *   skipped_samples  int     bad samples left out (data.on_bad_sample: skip)
+ *   bubble           number  idle share of the stages' wall time (0 single-process)
+ *   stages           list, one object per process:
+ *     name           string  "image.0", "text.0", "fusion" ("single" single-process)
+ *     replica        int     0 .. replicas - 1
+ *     microbatches   int     -  micro-batches this process handled
+ *     busy_ms        number  compute, loads and optimizer
+ *     idle_ms        number  waiting on peers
+ *     wall_ms        number  -  the process's step wall time
+ *     data_wait_ms   number  -  waiting on its loader
+ *     fwd_ms, bwd_ms number  -  forward, backward per micro-batch (mean over its own)
+ *     load_ms        number  -  loading per micro-batch
+ *     max_inflight   int     -  most micro-batches held between F and B
+ *     peak_mem_bytes int     peak resident memory
+ *   balance          object  -  {efficiency: number, placement: string
+ *                               ("image.0[0:3):2 image.1[3:6):1 text.0:1 fusion:1",
+ *                               coordinator/placement.h), decision: object or null}
+ *   val_i2t_r1, val_t2i_r1
+ *                    number  validation recall@1, on evaluation steps only
+ *
+ * No field carries the hand-off latency between stages or the step's
+ * grad-norm + optimizer overhead as such: a reader that needs them must
+ * assume them (mmpipe simulate assumes zero). */
 #ifndef MMP_COMMON_METRICS_H
 #define MMP_COMMON_METRICS_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include "common/err.h"
+
+#define MMP_METRICS_MAX_STAGES 128     /* process entries per step */
+#define MMP_METRICS_PLACEMENT_MAX 1024 /* the placement string, NUL included */
+
+/* Every number is NAN (ints: -1) when its field is absent. */
+typedef struct mmp_metrics_stage {
+    char name[48];
+    int replica;
+    int microbatches;
+    double busy_ms, idle_ms, wall_ms, data_wait_ms, fwd_ms, bwd_ms, load_ms;
+    int max_inflight;
+    double peak_mem_bytes;
+} mmp_metrics_stage;
+
+typedef struct mmp_metrics_step {
+    int step;
+    double loss, itc_loss, itm_loss, lr, grad_norm;
+    double samples_per_s, step_ms, data_ms;
+    int skipped_samples;
+    double bubble;
+    int has_stages; /* the line has a "stages" list (every step record does) */
+    int n_stages;
+    mmp_metrics_stage stages[MMP_METRICS_MAX_STAGES];
+    int has_balance;
+    double efficiency;
+    char placement[MMP_METRICS_PLACEMENT_MAX]; /* "" when absent */
+    const char *decision; /* writer only: a JSON object's text, or NULL (null) */
+    int has_eval;
+    double val_i2t_r1, val_t2i_r1;
+} mmp_metrics_step;
+
+/* Sets every field of m, every stages[] entry included, to "absent" (NAN,
+ * -1, 0 flags, ""). */
+void mmp_metrics_step_clear(mmp_metrics_step *m);
+
+/* ---- reading -------------------------------------------------------------------- */
+
+typedef struct mmp_metrics_reader {
+    FILE *f;
+    char path[1100];
+    char *line;
+    size_t cap;
+    int lineno; /* of the record last returned */
+    struct fy_diag *diag;
+} mmp_metrics_reader;
+
+/* Opens path: a metrics.jsonl, or a run directory holding one. MMP_ERR_IO
+ * naming the file; mmp_metrics_close is valid after a failure. */
+mmp_err mmp_metrics_open(mmp_metrics_reader *r, const char *path);
+/* The next record into *m (blank lines skipped): *got 1, or 0 at the end of
+ * the file. MMP_ERR_DATA "PATH:LINE[:COLUMN]: why" for a line that is not a
+ * record (mmp_metrics_parse). Blocks on file reads only. */
+mmp_err mmp_metrics_next(mmp_metrics_reader *r, mmp_metrics_step *m, int *got);
+/* NULL-safe, idempotent. */
+void mmp_metrics_close(mmp_metrics_reader *r);
+
+/* One line (len bytes, no newline needed) into *m. MMP_ERR_DATA when it is
+ * malformed JSON or not an object, when "stages" is not a list of objects
+ * with a name, "balance" not an object, or a field is not a finite number
+ * (the loss-like fields -- loss, itc_loss, itm_loss, lr, grad_norm, val_* --
+ * are then NAN instead: a diverged step is still a record). Absent fields
+ * stay absent (see mmp_metrics_step). */
+mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m);
+
+/* ---- writing -------------------------------------------------------------------- */
+
+/* Appends m as one line to f in the order of the schema above and flushes.
+ * Absent stage fields (NAN / -1) are left out; balance only when
+ * has_balance, val_* only when has_eval. MMP_ERR_IO when the write fails. */
+mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m);
+
+/* ---- continuing a run's file ---------------------------------------------
+ * How a run opens its metrics.jsonl, so that a resumed or restarted run
+ * continues the record instead of repeating it: the lines of steps after
+ * the checkpoint it resumes from are dropped (their steps are trained
+ * again), every earlier line is kept, never reordered or edited. */
 
 /* Opens <run_dir>/metrics.jsonl for appending step lines. keep_steps < 0:
  * a new run, the file starts empty. keep_steps >= 0: the lines whose step is
@@ -19,11 +126,7 @@
  * writer left incomplete, are dropped (rewritten through a temporary file
  * and a rename, so a crash leaves either the old or the new file). A missing
  * file is created. *out is the caller's to fclose. */
-mmp_err mmp_metrics_open(const char *run_dir, int keep_steps, FILE **out);
-
-/* s as the body of a JSON string (quotes, backslashes and control
- * characters escaped) in buf (n bytes; cut short to fit). Returns buf. */
-const char *mmp_json_escape(const char *s, char *buf, size_t n);
+mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out);
 
 /* The step of one metrics line ({"step":N,...}), -1 when it has none. */
 long mmp_metrics_line_step(const char *line);

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/stats.h"
+#include "coordinator/costs.h"
+#include "coordinator/placement.h"
 #include "coordinator/planner.h"
 
 #define ROUTE_TOLERANCE 0.10 /* a speed this far from the routed one re-routes */
@@ -64,12 +67,6 @@ void mmp_balancer_observe(mmp_balancer *b, const mmp_bal_proc *procs, double ste
     }
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median ms per sample of process i over the measured steps (NAN: none). */
 static double median_ms(const mmp_balancer *b, int i)
 {
@@ -83,11 +80,7 @@ static double median_ms(const mmp_balancer *b, int i)
             v[n++] = b->ms_per_sample[i][k];
         }
     }
-    if (!n) {
-        return NAN;
-    }
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    return mmp_median(v, n); /* NAN when none */
 }
 
 int mmp_balancer_route(mmp_balancer *b, double *speed, char *why, size_t why_n)
@@ -148,92 +141,21 @@ void mmp_balancer_routed(mmp_balancer *b, const double *speed)
     }
 }
 
-const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n)
-{
-    size_t len = 0;
-    buf[0] = 0;
-    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
-        const mmp_sched_stage *g = &s->stages[i];
-        if (g->n_sub > 1) {
-            len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%s[%d:%d):%d",
-                                    len ? " " : "", g->name, g->layer_first, g->layer_last,
-                                    g->n_replicas);
-        } else {
-            len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "%s%s:%d", len ? " " : "",
-                                    g->name, g->n_replicas);
-        }
-    }
-    return buf;
-}
-
 /* ---- placement ------------------------------------------------------------------- */
 
-/* The per-layer costs the measurements imply (see balancer.h). Arrays are
- * [2][MMP_PLANNER_MAX_LAYERS] and [1]. 0 when a stage has no measure yet. */
-static int estimate_costs(const mmp_balancer *b, double fwd[2][MMP_PLANNER_MAX_LAYERS],
-                          double bwd[2][MMP_PLANNER_MAX_LAYERS], double *ffwd, double *fbwd)
+/* The per-layer costs the measurements imply (coordinator/costs.h): each
+ * process's median ms per sample, split by its last step's forward share.
+ * 0 when a stage has no measure yet. */
+static int estimate_costs(const mmp_balancer *b, mmp_layer_costs *out)
 {
     const mmp_sched *s = b->sched;
-    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
-        const mmp_sched_stage *g = &s->stages[i];
-        double best = INFINITY, share = 0.5;
-        for (int r = 0; r < g->n_replicas; r++) {
-            double ms = median_ms(b, i + r);
-            if (isfinite(ms) && ms < best) {
-                best = ms;
-                share = b->fwd_share[i + r];
-            }
-        }
-        if (!isfinite(best)) {
-            return 0;
-        }
-        if (g->kind == MMP_KIND_FUSION) {
-            *ffwd = best * share;
-            *fbwd = best * (1 - share);
-            continue;
-        }
-        int br = g->kind == MMP_KIND_IMAGE ? MMP_PLANNER_IMAGE : MMP_PLANNER_TEXT;
-        int nl = g->layer_last - g->layer_first;
-        for (int l = g->layer_first; l < g->layer_last && l < MMP_PLANNER_MAX_LAYERS; l++) {
-            fwd[br][l] = best * share / nl;
-            bwd[br][l] = best * (1 - share) / nl;
-        }
+    double fwd[MMP_SCHED_MAX_STAGES], bwd[MMP_SCHED_MAX_STAGES];
+    for (int i = 0; i < s->n_stages; i++) {
+        double ms = median_ms(b, i);
+        fwd[i] = ms * b->fwd_share[i];
+        bwd[i] = ms * (1 - b->fwd_share[i]);
     }
-    return 1;
-}
-
-static void placement_of(const mmp_sched *s, mmp_placement *pl)
-{
-    memset(pl, 0, sizeof *pl);
-    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
-        const mmp_sched_stage *g = &s->stages[i];
-        if (g->kind == MMP_KIND_FUSION) {
-            pl->fusion_replicas = g->n_replicas;
-            continue;
-        }
-        int br = g->kind == MMP_KIND_IMAGE ? MMP_PLANNER_IMAGE : MMP_PLANNER_TEXT;
-        pl->n_sub[br] = g->n_sub;
-        pl->sub[br][g->sub] =
-            (mmp_planner_stage){.first = g->layer_first, .last = g->layer_last, .replicas = g->n_replicas};
-    }
-}
-
-static void apply_placement(mmp_plan *p, const mmp_placement *pl)
-{
-    mmp_stage_cfg *cfg[2] = {&p->stages.image, &p->stages.text};
-    for (int br = 0; br < 2; br++) {
-        int n = pl->n_sub[br];
-        cfg[br]->n_split = n - 1;
-        cfg[br]->n_replicas = n;
-        for (int j = 0; j < n; j++) {
-            if (j < n - 1) {
-                cfg[br]->split[j] = pl->sub[br][j].last;
-            }
-            cfg[br]->replicas[j] = pl->sub[br][j].replicas;
-        }
-    }
-    p->stages.fusion.n_replicas = 1;
-    p->stages.fusion.replicas[0] = pl->fusion_replicas;
+    return mmp_costs_per_layer(s, fwd, bwd, out);
 }
 
 mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp_plan *next)
@@ -284,37 +206,27 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         b->steps_seen < window_of(b) + 1) {
         return MMP_OK;
     }
-    static double fwd[2][MMP_PLANNER_MAX_LAYERS], bwd[2][MMP_PLANNER_MAX_LAYERS];
-    memset(fwd, 0, sizeof fwd);
-    memset(bwd, 0, sizeof bwd);
-    double ffwd = 0, fbwd = 0;
-    if (!estimate_costs(b, fwd, bwd, &ffwd, &fbwd)) {
+    static mmp_layer_costs lc;
+    if (!estimate_costs(b, &lc)) {
         return MMP_OK;
     }
     const mmp_plan *p = &b->cur;
     double per_unit = (double)p->train.batch / p->train.microbatches / PLAN_UNITS;
     for (int br = 0; br < 2; br++) {
         for (int l = 0; l < MMP_PLANNER_MAX_LAYERS; l++) {
-            fwd[br][l] *= per_unit;
-            bwd[br][l] *= per_unit;
+            lc.fwd[br][l] *= per_unit;
+            lc.bwd[br][l] *= per_unit;
         }
     }
-    ffwd *= per_unit;
-    fbwd *= per_unit;
-    mmp_planner_input in = {0};
-    in.branch[MMP_PLANNER_IMAGE] =
-        (mmp_planner_layers){.n = mmp_plan_image_layers(p), .fwd_ms = fwd[0], .bwd_ms = bwd[0]};
-    in.branch[MMP_PLANNER_TEXT] =
-        (mmp_planner_layers){.n = mmp_plan_text_layers(p), .fwd_ms = fwd[1], .bwd_ms = bwd[1]};
-    in.fusion = (mmp_planner_layers){.n = 1, .fwd_ms = &ffwd, .bwd_ms = &fbwd};
+    lc.fusion_fwd *= per_unit;
+    lc.fusion_bwd *= per_unit;
+    mmp_planner_input in;
+    mmp_costs_planner_input(p, &lc, &in);
     in.devices = b->slots;
     in.batch = p->train.microbatches * PLAN_UNITS;
-    in.microbatches = p->train.microbatches;
-    in.schedule = p->train.schedule;
     in.send_ms = SEND_MS;
-    in.method = MMP_PLANNER_AUTO;
     mmp_placement now;
-    placement_of(b->sched, &now);
+    mmp_placement_of_sched(b->sched, &now);
     mmp_planner_eval cur_ev;
     mmp_planner_result res;
     MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
@@ -326,14 +238,14 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     }
     *next = b->cur;
     next->stages_auto = 0;
-    apply_placement(next, &res.placement);
+    mmp_placement_to_plan(&res.placement, next);
     *go = 1;
     *gain = g;
     snprintf(why, why_n,
              "%smeasured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
              "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency %.2f)",
              profiling ? "stages: auto, after profiling: " : "", cur_ev.step_ms,
-             cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms,
-             res.eval.bottleneck_ms, res.eval.efficiency);
+             cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms, res.eval.bottleneck_ms,
+             res.eval.efficiency);
     return MMP_OK;
 }

@@ -34,6 +34,7 @@
 #define MMP_COORDINATOR_BALANCER_H
 
 #include "common/config.h"
+#include "coordinator/placement.h" /* mmp_placement_str, for the coordinator */
 #include "coordinator/schedule.h"
 
 #define MMP_BAL_WINDOW_MAX 64
@@ -41,20 +42,20 @@
 /* What one process reported for one step. */
 typedef struct mmp_bal_proc {
     double fwd_ms, bwd_ms; /* forward, backward of its micro-batches */
-    int samples;       /* samples in them */
+    int samples;           /* samples in them */
     double busy_ms;
 } mmp_bal_proc;
 
 typedef struct mmp_balancer {
-    mmp_plan cur;        /* the plan with the placement running now */
+    mmp_plan cur; /* the plan with the placement running now */
     const mmp_sched *sched;
-    int slots;           /* device slots (>= 1) */
-    int steps_seen;      /* steps observed since the (re)launch */
+    int slots;      /* device slots (>= 1) */
+    int steps_seen; /* steps observed since the (re)launch */
     /* per process, the last steps' ms per sample (ring of balance.window) */
     double ms_per_sample[MMP_SCHED_MAX_STAGES][MMP_BAL_WINDOW_MAX];
-    double fwd_share[MMP_SCHED_MAX_STAGES]; /* forward's share of it, last step */
+    double fwd_share[MMP_SCHED_MAX_STAGES];    /* forward's share of it, last step */
     double routed_speed[MMP_SCHED_MAX_STAGES]; /* what the routing was compiled with */
-    double efficiency;   /* the last step's, measured */
+    double efficiency;                         /* the last step's, measured */
     const char *plan_json; /* the run's plan.json, which balance.force.set overrides */
 } mmp_balancer;
 
@@ -84,8 +85,5 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
  * coordinator calls it at start too, so a bad script fails before training.
  * MMP_ERR_CONFIG naming balance.force.set. */
 mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp_plan *next);
-
-/* "image.0:2 text.0:2 fusion:2" (with cuts: "image.0[0:3):2 image.1[3:6):1 ...", no commas). */
-const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
 
 #endif

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include "common/ckpt.h"
+#include "common/json.h"
 #include "common/metrics.h"
 
 mmp_err mmp_restart_rewind(mmp_restarts *r, const char *run_dir, int steps_done, const char *cause,
@@ -25,7 +26,7 @@ mmp_err mmp_restart_rewind(mmp_restarts *r, const char *run_dir, int steps_done,
         fclose(*metrics);
         *metrics = NULL;
     }
-    MMP_TRY(mmp_metrics_open(run_dir, from, metrics));
+    MMP_TRY(mmp_metrics_continue(run_dir, from, metrics));
     for (int k = 0; k < r->n; k++) {
         if (r->log[k].line_step > from) {
             r->log[k].line_step = 0; /* its line was dropped: the next one carries it */

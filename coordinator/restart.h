@@ -35,7 +35,7 @@ typedef struct mmp_restarts {
 /* Records restart r->n + 1 of a run in run_dir whose stages stopped after
  * steps_done steps for `cause`, and rewinds: *from_step and resume_dir (n
  * bytes; "" when there is no checkpoint yet: from the start) get
- * ckpt/latest, and *metrics (open, as mmp_metrics_open gave it) is closed
+ * ckpt/latest, and *metrics (open, as mmp_metrics_continue gave it) is closed
  * and reopened keeping the lines up to *from_step. On failure (latest
  * unreadable, metrics not rewritable) returns the error; *metrics may then
  * be NULL. Needs r->n < MMP_RESTART_MAX. */

@@ -15,6 +15,7 @@
 
 #include "common/ckpt.h"
 #include "common/interrupt.h"
+#include "common/json.h"
 #include "common/metrics.h"
 #include "common/progress.h"
 #include "common/trace.h"
@@ -1026,7 +1027,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     char coord_tag[48];
     snprintf(coord_tag, sizeof coord_tag, "coordinator.p%d", (int)getpid());
     if (mmp_plan_write_json(plan, c.plan_json) != MMP_OK ||
-        mmp_metrics_open(out_dir, resume ? first_step : -1, &c.metrics) != MMP_OK ||
+        mmp_metrics_continue(out_dir, resume ? first_step : -1, &c.metrics) != MMP_OK ||
         mmp_trace_open(&c.trace, out_dir, coord_tag, 0, "coordinator") != MMP_OK ||
         mmp_ctl_bind(&c.ctl, c.endpoint, c.token) != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());

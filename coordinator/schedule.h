@@ -36,7 +36,11 @@
  * order the single-process trainer accumulates gradients in, so every
  * schedule without replicas gives bit-identical gradients (with replicas, the
  * replica sums are added in replica order: equal up to float rounding). The
- * same lists drive the discrete-event simulation behind `mmpipe simulate`. */
+ * same lists drive the discrete-event simulation behind `mmpipe simulate`.
+ *
+ * One file per job: schedule_compile.c (mmp_sched_compile*, mmp_sched_route),
+ * schedule_validate.c (mmp_sched_validate), schedule_simulate.c
+ * (mmp_sched_simulate), schedule.c (instruction names, mmp_sched_find). */
 #ifndef MMP_COORDINATOR_SCHEDULE_H
 #define MMP_COORDINATOR_SCHEDULE_H
 
@@ -61,7 +65,11 @@ typedef enum mmp_op {
     MMP_OP_OPT_STEP = 9,
 } mmp_op;
 
-typedef enum mmp_stage_kind { MMP_KIND_IMAGE = 0, MMP_KIND_TEXT = 1, MMP_KIND_FUSION = 2 } mmp_stage_kind;
+typedef enum mmp_stage_kind {
+    MMP_KIND_IMAGE = 0,
+    MMP_KIND_TEXT = 1,
+    MMP_KIND_FUSION = 2
+} mmp_stage_kind;
 
 typedef struct mmp_instr {
     mmp_op op;
@@ -70,29 +78,29 @@ typedef struct mmp_instr {
 } mmp_instr;
 
 typedef struct mmp_sched_stage {
-    char name[32];       /* "image.0", "text.0", "fusion": the stage, shared by its replicas */
-    char proc[40];       /* "image.0/1": this process (set by the compiler) */
+    char name[32];           /* "image.0", "text.0", "fusion": the stage, shared by its replicas */
+    char proc[40];           /* "image.0/1": this process (set by the compiler) */
     int replica, n_replicas; /* 0 .. n_replicas-1; 0 and 0 are read as 0 of 1 */
-    double speed;        /* routing weight, > 0 (0 is read as 1): relative throughput */
-    unsigned char *owns; /* [microbatches] 1 where this replica handles mb (compiled) */
+    double speed;            /* routing weight, > 0 (0 is read as 1): relative throughput */
+    unsigned char *owns;     /* [microbatches] 1 where this replica handles mb (compiled) */
     int n_owned;
     mmp_stage_kind kind;
-    int sub, n_sub;      /* sub-stage index in its branch, and the branch's count */
+    int sub, n_sub;              /* sub-stage index in its branch, and the branch's count */
     int layer_first, layer_last; /* the half-open range [first, last) of the branch's layers */
-    int depth;           /* stages from this one to the end inclusive (fusion: 1) */
-    int inflight_bound;  /* most activations the schedule may hold (1F1B: depth; GPipe: m;
-                            of its own micro-batches) */
-    int stage_bound;     /* the same for any routing and replica: warm + 1 (at most m) */
-    int warm;            /* forwards before the first backward in the stage's order */
-    int max_inflight;    /* what the compiled list actually holds at most */
+    int depth;                   /* stages from this one to the end inclusive (fusion: 1) */
+    int inflight_bound;          /* most activations the schedule may hold (1F1B: depth; GPipe: m;
+                                    of its own micro-batches) */
+    int stage_bound;             /* the same for any routing and replica: warm + 1 (at most m) */
+    int warm;                    /* forwards before the first backward in the stage's order */
+    int max_inflight;            /* what the compiled list actually holds at most */
     mmp_instr *prog;
     int n_prog;
 } mmp_sched_stage;
 
 typedef struct mmp_sched_edge {
-    int from, to;  /* stage indices */
-    int grad;      /* 0: activations from -> to; 1: gradients from -> to */
-    int slots;     /* ring depth this schedule needs on the edge */
+    int from, to; /* stage indices */
+    int grad;     /* 0: activations from -> to; 1: gradients from -> to */
+    int slots;    /* ring depth this schedule needs on the edge */
 } mmp_sched_edge;
 
 typedef struct mmp_sched {

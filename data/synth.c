@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/json.h"
 #include "common/rng.h"
 #include "data/png.h"
 
@@ -426,22 +427,6 @@ static mmp_err write_vocab(const char *path)
     return MMP_OK;
 }
 
-static void put_json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            fprintf(f, "\\%c", c);
-        } else if (c < 0x20) {
-            fprintf(f, "\\u%04x", c);
-        } else {
-            fputc(c, f);
-        }
-    }
-    fputc('"', f);
-}
-
 static mmp_err close_checked(FILE *f, const char *path, mmp_err ret)
 {
     if (!f) {
@@ -511,9 +496,9 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
         }
         FILE *f = i < samples ? train : val;
         fputs("{\"image\": ", f);
-        put_json_string(f, rel);
+        mmp_json_put_string(f, rel);
         fputs(", \"text\": ", f);
-        put_json_string(f, caption);
+        mmp_json_put_string(f, caption);
         fputs("}\n", f);
     }
 exit:

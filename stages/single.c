@@ -150,8 +150,8 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         for (int i = 0; i < n; i++) {
             t->samples[i] = s + i;
         }
-        err = mmp_dataset_load_valid(t->val, t->samples, n, t->images, t->ids, t->mask, valid,
-                                     NULL);
+        err =
+            mmp_dataset_load_valid(t->val, t->samples, n, t->images, t->ids, t->mask, valid, NULL);
         if (err != MMP_OK) {
             goto exit;
         }
@@ -211,8 +211,8 @@ static double sim_ms(const mmp_plan *plan, int step, int n, int backward)
 {
     return mmp_plan_sim_ms(plan, MMP_BRANCH_IMAGE, 0, mmp_plan_image_layers(plan), n, step,
                            backward, 0) +
-           mmp_plan_sim_ms(plan, MMP_BRANCH_TEXT, 0, mmp_plan_text_layers(plan), n, step,
-                           backward, 0) +
+           mmp_plan_sim_ms(plan, MMP_BRANCH_TEXT, 0, mmp_plan_text_layers(plan), n, step, backward,
+                           0) +
            mmp_plan_sim_ms(plan, MMP_BRANCH_FUSION, 0, 0, n, step, backward, 0);
 }
 
@@ -280,8 +280,8 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_params_grad_finish(pf);
     /* The global norm sums the stages in a fixed order (image, text, fusion),
      * as the pipeline's coordinator does. */
-    double sumsq = mmp_params_grad_sumsq(pi) + mmp_params_grad_sumsq(pt) +
-                   mmp_params_grad_sumsq(pf);
+    double sumsq =
+        mmp_params_grad_sumsq(pi) + mmp_params_grad_sumsq(pt) + mmp_params_grad_sumsq(pf);
     *grad_norm = sqrt(sumsq);
     if (!isfinite(*grad_norm) || !isfinite(out->loss)) {
         return mmp_errorf(MMP_ERR_DATA, "step %d: loss or gradient is not finite (loss %g)",
@@ -354,14 +354,15 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     if ((err = mmp_plan_write_json(plan, path)) != MMP_OK) {
         goto exit;
     }
-    if ((err = mmp_metrics_open(out_dir, resume ? first_step : -1, &t.metrics)) != MMP_OK) {
+    if ((err = mmp_metrics_continue(out_dir, resume ? first_step : -1, &t.metrics)) != MMP_OK) {
         goto exit;
     }
     mmp_interrupt_install(1);
     MMP_INFO("single-process training: %d steps, batch %d in %d micro-batches, %lld train / "
              "%lld val samples",
              plan->job.steps, plan->train.batch, plan->train.microbatches,
-             (long long)mmp_dataset_size(t.train), (long long)(t.val ? mmp_dataset_size(t.val) : 0));
+             (long long)mmp_dataset_size(t.train),
+             (long long)(t.val ? mmp_dataset_size(t.val) : 0));
     mmp_progress progress;
     mmp_progress_init(&progress, plan->job.steps, 10);
     double run_t0 = mmp_now();
@@ -377,25 +378,40 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         double step_s = mmp_now() - t0;
         int done = step + 1;
         double sps = plan->train.batch / step_s;
-        fprintf(t.metrics,
-                "{\"step\":%d,\"loss\":%.6g,\"itc_loss\":%.6g,\"itm_loss\":%.6g,\"lr\":%.6g,"
-                "\"grad_norm\":%.6g,\"samples_per_s\":%.4g,\"step_ms\":%.4g,\"data_ms\":%.4g,"
-                "\"skipped_samples\":%d,"
-                "\"bubble\":0,\"stages\":[{\"name\":\"single\",\"replica\":0,\"busy_ms\":%.4g,"
-                "\"idle_ms\":0,\"peak_mem_bytes\":%ld}]",
-                done, (double)parts.loss, (double)parts.itc, (double)parts.itm,
-                (double)mmp_lr_at(plan, step), grad_norm, sps, step_s * 1e3, data_s * 1e3, skipped,
-                step_s * 1e3, peak_rss_bytes());
+        static mmp_metrics_step rec;
+        mmp_metrics_step_clear(&rec);
+        rec.step = done;
+        rec.loss = parts.loss;
+        rec.itc_loss = parts.itc;
+        rec.itm_loss = parts.itm;
+        rec.lr = mmp_lr_at(plan, step);
+        rec.grad_norm = grad_norm;
+        rec.samples_per_s = sps;
+        rec.step_ms = step_s * 1e3;
+        rec.data_ms = data_s * 1e3;
+        rec.skipped_samples = skipped;
+        rec.bubble = 0;
+        rec.n_stages = 1;
+        mmp_metrics_stage *st = &rec.stages[0];
+        snprintf(st->name, sizeof st->name, "single");
+        st->replica = 0;
+        st->busy_ms = step_s * 1e3;
+        st->idle_ms = 0;
+        st->peak_mem_bytes = (double)peak_rss_bytes();
         if (mmp_plan_eval_due(plan, done)) {
             double i2t = 0, t2i = 0;
             if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK) {
                 goto exit;
             }
-            fprintf(t.metrics, ",\"val_i2t_r1\":%.4f,\"val_t2i_r1\":%.4f", i2t, t2i);
+            rec.has_eval = 1;
+            rec.val_i2t_r1 = i2t;
+            rec.val_t2i_r1 = t2i;
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done, i2t, t2i);
         }
-        fprintf(t.metrics, "}\n");
+        if ((err = mmp_metrics_write(t.metrics, &rec)) != MMP_OK) {
+            goto exit;
+        }
         fflush(t.metrics);
         int stop = mmp_interrupt_signal() && done != plan->job.steps;
         if ((plan->train.ckpt_every > 0 && done % plan->train.ckpt_every == 0 &&

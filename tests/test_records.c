@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common/ckpt.h"
+#include "common/json.h"
 #include "common/metrics.h"
 #include "common/trace.h"
 #include "coordinator/restart.h"
@@ -58,7 +59,7 @@ static void test_metrics(const char *dir)
     write_file(path, "{\"step\":1,\"a\":1}\n{\"step\":2,\"a\":2}\n{\"step\":3,\"a\":3}\n"
                      "{\"step\":4,\"a\":4}\n{\"step\":5,\"a\":5}\n{\"step\":6,\"a\"");
     FILE *f = NULL;
-    CHECK_OK(mmp_metrics_open(dir, 3, &f));
+    CHECK_OK(mmp_metrics_continue(dir, 3, &f));
     CHECK(f != NULL);
     if (f) {
         fputs("{\"step\":4,\"a\":40}\n", f);
@@ -69,14 +70,14 @@ static void test_metrics(const char *dir)
                          "{\"step\":4,\"a\":40}\n") == 0);
 
     /* A new run starts empty; a resume of a run without metrics creates it. */
-    CHECK_OK(mmp_metrics_open(dir, -1, &f));
+    CHECK_OK(mmp_metrics_continue(dir, -1, &f));
     if (f) {
         fclose(f);
     }
     s = slurp(path);
     CHECK(s && s[0] == 0);
     remove(path);
-    CHECK_OK(mmp_metrics_open(dir, 7, &f));
+    CHECK_OK(mmp_metrics_continue(dir, 7, &f));
     if (f) {
         fclose(f);
     }
@@ -129,7 +130,7 @@ static void test_restarts(const char *dir)
     static mmp_restarts r;
     memset(&r, 0, sizeof r);
     FILE *f = NULL;
-    CHECK_OK(mmp_metrics_open(dir, -1, &f));
+    CHECK_OK(mmp_metrics_continue(dir, -1, &f));
     for (int step = 1; step <= 7 && f; step++) {
         fprintf(f, "{\"step\":%d}\n", step);
     }

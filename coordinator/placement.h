@@ -1,0 +1,49 @@
+/* A placement: where each branch is cut into sub-stages and how many replica
+ * processes every sub-stage and fusion get (mmp_placement, defined with the
+ * planner that chooses them). This is the one module that converts between
+ * its forms:
+ *
+ *   - a compiled schedule (coordinator/schedule.h) -> a placement;
+ *   - a placement -> a plan's stages.* keys (what a relaunch runs);
+ *   - a placement <-> its text, "image.0[0:3):2 image.1[3:6):1 text.0:1
+ *     fusion:1": sub-stages in branch order, the layer range only where a
+ *     branch is cut, ":R" the replicas; spaces between, no commas. The text
+ *     is what metrics.jsonl records (balance.placement) and what people read
+ *     in logs; mmp_placement_parse is the only reader of it.
+ *
+ * Pure functions: no I/O, no allocation. */
+#ifndef MMP_COORDINATOR_PLACEMENT_H
+#define MMP_COORDINATOR_PLACEMENT_H
+
+#include <stddef.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "coordinator/planner.h"
+#include "coordinator/schedule.h"
+
+/* The placement s runs (replica 0 of each stage gives its range and count). */
+void mmp_placement_of_sched(const mmp_sched *s, mmp_placement *pl);
+
+/* Sets p's stages.image, stages.text and stages.fusion splits and replica
+ * counts to pl's; a branch with no sub-stages (n_sub 0) or fusion_replicas 0
+ * is left to the plan's defaults (one sub-stage, one replica). pl's branches
+ * have at most MMP_MAX_SPLITS + 1 sub-stages (asserted). */
+void mmp_placement_to_plan(const mmp_placement *pl, mmp_plan *p);
+
+/* The text form of pl into buf (at most n bytes, NUL included); returns buf. */
+const char *mmp_placement_format(const mmp_placement *pl, char *buf, size_t n);
+/* The text form of the placement s runs: mmp_placement_format of
+ * mmp_placement_of_sched. */
+const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
+
+/* Reads the text form into *pl. image_layers and text_layers are the
+ * branches' layer counts: the range of a branch that is not cut. Branches
+ * missing from text get n_sub 0, a missing fusion 0 replicas.
+ * MMP_ERR_DATA "cannot read the placement 'TEXT' at 'TOKEN'" for a token
+ * that is not one of the forms above, sub-stages out of order or more than a
+ * plan can cut (MMP_MAX_SPLITS + 1), or ranges that do not follow each
+ * other. */
+mmp_err mmp_placement_parse(const char *text, int image_layers, int text_layers, mmp_placement *pl);
+
+#endif

@@ -1,0 +1,159 @@
+/* common/metrics (the metrics.jsonl schema) and common/stats: a line in the
+ * coordinator's exact format is read field by field; the writer's line reads
+ * back the same and is byte-identical to what the coordinator writes; a
+ * single-process line leaves the pipeline-only fields absent; malformed
+ * lines are errors naming path:line; medians. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/metrics.h"
+#include "common/stats.h"
+#include "tests/harness.h"
+
+/* One line as coordinator/run.c writes it (two processes, balance, eval). */
+static const char PIPE_LINE[] =
+    "{\"step\":7,\"loss\":4.15888,\"itc_loss\":3.46574,\"itm_loss\":0.693147,\"lr\":0.0001,"
+    "\"grad_norm\":1.25,\"samples_per_s\":312.5,\"step_ms\":204.8,\"data_ms\":1.5,"
+    "\"skipped_samples\":2,\"bubble\":0.4521,\"stages\":["
+    "{\"name\":\"image.0\",\"replica\":0,\"microbatches\":4,\"busy_ms\":150.2,\"idle_ms\":54.6,"
+    "\"wall_ms\":204.8,\"data_wait_ms\":0.1,\"fwd_ms\":12.5,\"bwd_ms\":25.1,\"load_ms\":0.375,"
+    "\"max_inflight\":3,\"peak_mem_bytes\":71000000},"
+    "{\"name\":\"fusion\",\"replica\":1,\"microbatches\":2,\"busy_ms\":30,\"idle_ms\":174.8,"
+    "\"wall_ms\":204.8,\"data_wait_ms\":0,\"fwd_ms\":3,\"bwd_ms\":6,\"load_ms\":0,"
+    "\"max_inflight\":1,\"peak_mem_bytes\":18400000}],"
+    "\"balance\":{\"efficiency\":0.4400,\"placement\":\"image.0[0:3):1 image.1[3:6):1 text.0:1 "
+    "fusion:2\",\"decision\":{\"action\":\"route\",\"reason\":\"x\"}},"
+    "\"val_i2t_r1\":0.6560,\"val_t2i_r1\":0.6600}\n";
+
+static void test_read_pipeline_line(void)
+{
+    mmp_metrics_step m;
+    CHECK_OK(mmp_metrics_parse(PIPE_LINE, strlen(PIPE_LINE), &m));
+    CHECK(m.step == 7 && m.skipped_samples == 2);
+    CHECK(m.step_ms == 204.8 && m.samples_per_s == 312.5 && m.bubble == 0.4521);
+    CHECK(m.has_stages && m.n_stages == 2);
+    CHECK(strcmp(m.stages[0].name, "image.0") == 0 && m.stages[0].replica == 0);
+    CHECK(m.stages[0].fwd_ms == 12.5 && m.stages[0].bwd_ms == 25.1 && m.stages[0].load_ms == 0.375);
+    CHECK(m.stages[0].microbatches == 4 && m.stages[0].max_inflight == 3);
+    CHECK(m.stages[0].peak_mem_bytes == 71000000);
+    CHECK(strcmp(m.stages[1].name, "fusion") == 0 && m.stages[1].replica == 1);
+    CHECK(m.has_balance && m.efficiency == 0.44);
+    CHECK(strcmp(m.placement, "image.0[0:3):1 image.1[3:6):1 text.0:1 fusion:2") == 0);
+    CHECK(m.has_eval && m.val_i2t_r1 == 0.656 && m.val_t2i_r1 == 0.66);
+}
+
+/* The writer prints the coordinator's bytes: parse, write, compare. */
+static void test_write_round_trip(void)
+{
+    mmp_metrics_step m, back;
+    CHECK_OK(mmp_metrics_parse(PIPE_LINE, strlen(PIPE_LINE), &m));
+    m.decision = "{\"action\":\"route\",\"reason\":\"x\"}";
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    CHECK(f != NULL);
+    if (!f) {
+        return;
+    }
+    CHECK_OK(mmp_metrics_write(f, &m));
+    fclose(f);
+    CHECK(strcmp(buf, PIPE_LINE) == 0);
+    if (strcmp(buf, PIPE_LINE) != 0) {
+        fprintf(stderr, "  wrote: %s  want:  %s", buf, PIPE_LINE);
+    }
+    CHECK_OK(mmp_metrics_parse(buf, n, &back));
+    CHECK(back.n_stages == 2 && back.stages[1].bwd_ms == 6 && back.efficiency == 0.44);
+    free(buf);
+}
+
+/* The single-process trainer's record: pipeline-only fields stay absent. */
+static void test_single_line(void)
+{
+    mmp_metrics_step m;
+    mmp_metrics_step_clear(&m);
+    m.step = 1;
+    m.loss = m.itc_loss = m.itm_loss = m.lr = m.grad_norm = 1;
+    m.samples_per_s = 229.4;
+    m.step_ms = m.data_ms = 278.9;
+    m.skipped_samples = 0;
+    m.bubble = 0;
+    m.n_stages = 1;
+    snprintf(m.stages[0].name, sizeof m.stages[0].name, "single");
+    m.stages[0].replica = 0;
+    m.stages[0].busy_ms = 278.9;
+    m.stages[0].idle_ms = 0;
+    m.stages[0].peak_mem_bytes = 47700000;
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    CHECK_OK(mmp_metrics_write(f, &m));
+    fclose(f);
+    CHECK(strstr(buf, "\"stages\":[{\"name\":\"single\",\"replica\":0,\"busy_ms\":278.9,"
+                      "\"idle_ms\":0,\"peak_mem_bytes\":47700000}]}") != NULL);
+    CHECK(!strstr(buf, "balance") && !strstr(buf, "val_"));
+    mmp_metrics_step back;
+    CHECK_OK(mmp_metrics_parse(buf, n, &back));
+    CHECK(!back.has_balance && !back.has_eval && isnan(back.efficiency));
+    CHECK(isnan(back.stages[0].fwd_ms) && back.stages[0].microbatches == -1);
+    free(buf);
+}
+
+static void test_errors(const char *tmp)
+{
+    mmp_metrics_step m;
+    CHECK(mmp_metrics_parse("[1,2]", 5, &m) == MMP_ERR_DATA);
+    CHECK(mmp_metrics_parse("{\"step\":1,\"step_ms\":\"x\"}", 24, &m) == MMP_ERR_DATA);
+    CHECK(strstr(mmp_last_error(), "step_ms is not a number") != NULL);
+    const char *bad_stage = "{\"stages\":[{\"replica\":0}]}";
+    CHECK(mmp_metrics_parse(bad_stage, strlen(bad_stage), &m) == MMP_ERR_DATA);
+    const char *nan_loss = "{\"step\":3,\"loss\":null,\"step_ms\":5}";
+    CHECK_OK(mmp_metrics_parse(nan_loss, strlen(nan_loss), &m));
+    CHECK(isnan(m.loss) && m.step_ms == 5 && !m.has_stages);
+
+    /* A run directory: blank lines skipped, the bad line named by number. */
+    char dir[1200], path[1300];
+    snprintf(dir, sizeof dir, "%s", tmp);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) {
+        return;
+    }
+    fputs(PIPE_LINE, f);
+    fputs("\n   \n{\"step\":8, oops}\n", f);
+    fclose(f);
+    mmp_metrics_reader r;
+    int got = 0;
+    CHECK_OK(mmp_metrics_open(&r, dir));
+    CHECK_OK(mmp_metrics_next(&r, &m, &got));
+    CHECK(got == 1 && m.step == 7);
+    CHECK(mmp_metrics_next(&r, &m, &got) == MMP_ERR_DATA);
+    CHECK(strstr(mmp_last_error(), "metrics.jsonl:4:") != NULL);
+    mmp_metrics_close(&r);
+    mmp_metrics_close(&r);
+    CHECK(mmp_metrics_open(&r, "/nonexistent/metrics.jsonl") == MMP_ERR_IO);
+    mmp_metrics_close(&r);
+}
+
+static void test_median(void)
+{
+    double odd[] = {5, 1, 3}, even[] = {4, 1, 3, 2};
+    CHECK(mmp_median(odd, 3) == 3);
+    CHECK(mmp_median(even, 4) == 2.5);
+    CHECK(isnan(mmp_median(odd, 0)));
+    double v[] = {1, 2, 6};
+    CHECK(mmp_mean(v, 3) == 3 && isnan(mmp_mean(v, 0)));
+}
+
+int main(void)
+{
+    const char *tmp = mmp_test_tmpdir("test_metrics");
+    test_read_pipeline_line();
+    test_write_round_trip();
+    test_single_line();
+    test_errors(tmp);
+    test_median();
+    return mmp_test_finish("test_metrics");
+}

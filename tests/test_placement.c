@@ -1,0 +1,100 @@
+/* coordinator/placement: the text form metrics.jsonl records reads back into
+ * the placement it was written from (compiled schedule -> text -> placement
+ * -> plan -> schedule gives the same text); malformed text is an error
+ * naming the token; coordinator/costs: the per-layer estimate takes each
+ * stage's fastest replica, spread evenly over its layers. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "coordinator/costs.h"
+#include "coordinator/placement.h"
+#include "tests/harness.h"
+
+/* The default model with 64 samples in 8 micro-batches; the image branch
+ * has more than 3 layers. */
+static void make_plan(mmp_plan *p)
+{
+    mmp_plan_defaults(p);
+    p->train.batch = 64;
+    p->train.microbatches = 8;
+}
+
+static void test_round_trip(void)
+{
+    static mmp_plan p, q;
+    static mmp_sched s, t;
+    make_plan(&p);
+    p.stages.image.n_split = 1;
+    p.stages.image.split[0] = 3;
+    p.stages.image.n_replicas = 2;
+    p.stages.image.replicas[0] = 2;
+    p.stages.image.replicas[1] = 1;
+    p.stages.fusion.n_replicas = 1;
+    p.stages.fusion.replicas[0] = 2;
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    char text[256], again[256];
+    mmp_placement_str(&s, text, sizeof text);
+    char want[256];
+    snprintf(want, sizeof want, "image.0[0:3):2 image.1[3:%d):1 text.0:1 fusion:2",
+             mmp_plan_image_layers(&p));
+    CHECK(strcmp(text, want) == 0);
+    mmp_placement pl;
+    CHECK_OK(mmp_placement_parse(text, mmp_plan_image_layers(&p), mmp_plan_text_layers(&p), &pl));
+    mmp_placement from_sched;
+    mmp_placement_of_sched(&s, &from_sched);
+    CHECK(memcmp(&pl, &from_sched, sizeof pl) == 0);
+    make_plan(&q);
+    mmp_placement_to_plan(&pl, &q);
+    CHECK_OK(mmp_sched_compile(&t, &q));
+    CHECK(strcmp(mmp_placement_str(&t, again, sizeof again), text) == 0);
+    mmp_sched_fini(&s);
+    mmp_sched_fini(&t);
+}
+
+static void test_bad_text(void)
+{
+    mmp_placement pl;
+    const char *bad[] = {
+        "image.0:0 text.0:1 fusion:1",             /* no replicas */
+        "image.1:1 text.0:1 fusion:1",             /* sub-stage out of order */
+        "image.0[0:3):1 image.1[4:10):1 fusion:1", /* ranges with a gap */
+        "image.0:1 text.0:x fusion:1",             /* not a count */
+        "video.0:1",                               /* no such branch */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(mmp_placement_parse(bad[i], 10, 6, &pl) == MMP_ERR_DATA);
+        CHECK(strstr(mmp_last_error(), "cannot read the placement") != NULL);
+    }
+}
+
+static void test_per_layer(void)
+{
+    static mmp_plan p;
+    static mmp_sched s;
+    static mmp_layer_costs lc;
+    make_plan(&p);
+    p.stages.text.n_replicas = 1;
+    p.stages.text.replicas[0] = 2;
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    /* processes: image.0, text.0/0, text.0/1, fusion */
+    CHECK(s.n_stages == 4);
+    double fwd[4] = {10, 6, 3, 1}, bwd[4] = {20, 12, 6, 2};
+    CHECK(mmp_costs_per_layer(&s, fwd, bwd, &lc) == 1);
+    int il = mmp_plan_image_layers(&p), tl = mmp_plan_text_layers(&p);
+    CHECK(fabs(lc.fwd[MMP_PLANNER_IMAGE][0] - 10.0 / il) < 1e-12);
+    CHECK(fabs(lc.bwd[MMP_PLANNER_IMAGE][il - 1] - 20.0 / il) < 1e-12);
+    CHECK(fabs(lc.fwd[MMP_PLANNER_TEXT][tl - 1] - 3.0 / tl) < 1e-12); /* the faster replica */
+    CHECK(lc.fusion_fwd == 1 && lc.fusion_bwd == 2);
+    fwd[0] = bwd[0] = NAN;
+    CHECK(mmp_costs_per_layer(&s, fwd, bwd, &lc) == 0);
+    mmp_sched_fini(&s);
+}
+
+int main(void)
+{
+    test_round_trip();
+    test_bad_text();
+    test_per_layer();
+    return mmp_test_finish("test_placement");
+}
