@@ -777,12 +777,11 @@ static mmp_err cipc_recv(mmp_channel *c, mmp_msg_header *h, const void **payload
     MMP_TRY(wait_counter(ch, &ch->hdr->head, ch->count + 1, &ch->hdr->data_bell,
                          &ch->hdr->data_sleepers, "a message"));
     uint32_t i = (uint32_t)(ch->count % ch->slots);
-    *h = ch->msg[i];
-    if (h->bytes > ch->slot_bytes) {
-        return mmp_errorf(
-            MMP_ERR_PROTO, "cuda_ipc %s: message %llu claims %llu bytes in %zu-byte slots",
-            ch->name, (unsigned long long)ch->count, (unsigned long long)h->bytes, ch->slot_bytes);
-    }
+    *h = ch->msg[i]; /* a copy: the checks hold whatever the peer writes next */
+    char what[sizeof ch->name + 40];
+    snprintf(what, sizeof what, "cuda_ipc %s message %llu", ch->name,
+             (unsigned long long)ch->count);
+    MMP_TRY(mmp_msg_check(what, h, ch->slot_bytes));
     /* The device waits for the sender's writes; the host goes on at once. */
     cudaError_t ce = cudaStreamWaitEvent(ch->stream, ch->ready[i], 0);
     if (ce != cudaSuccess) {
