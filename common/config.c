@@ -938,7 +938,6 @@ static size_t bad_text_at(const char *text, size_t len)
     return nul ? (size_t)(nul - text) : bad;
 }
 
-
 /* Puts node into map under name, or into pair's value when pair is given;
  * 0 on success. On failure node is not attached and stays the caller's. */
 static int attach(struct fy_document *fyd, struct fy_node *map, struct fy_node_pair *pair,

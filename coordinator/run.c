@@ -282,8 +282,8 @@ static int take_one(coord *c, int timeout_ms)
         int m = c->sched.microbatches, bad = 0;
         for (size_t k = 0; i >= 0 && !bad && k < d->n_mbs; k++) {
             if (d->mbs[k]->mb >= m) {
-                fail(c, "stage %s: step result field mb = %d, outside 0..%d", from,
-                     d->mbs[k]->mb, m - 1);
+                fail(c, "stage %s: step result field mb = %d, outside 0..%d", from, d->mbs[k]->mb,
+                     m - 1);
                 bad = 1;
             }
         }

@@ -45,13 +45,24 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
         switch (in->op) {
         case MMPIPE__OP__LOAD:
         case MMPIPE__OP__FWD:
-        case MMPIPE__OP__BWD: break;
-        case MMPIPE__OP__RECV_ACT: send = 0, grad = 0; break;
-        case MMPIPE__OP__SEND_ACT: send = 1, grad = 0; break;
-        case MMPIPE__OP__RECV_GRAD: send = 0, grad = 1; break;
-        case MMPIPE__OP__SEND_GRAD: send = 1, grad = 1; break;
+        case MMPIPE__OP__BWD:
+            break;
+        case MMPIPE__OP__RECV_ACT:
+            send = 0, grad = 0;
+            break;
+        case MMPIPE__OP__SEND_ACT:
+            send = 1, grad = 0;
+            break;
+        case MMPIPE__OP__RECV_GRAD:
+            send = 0, grad = 1;
+            break;
+        case MMPIPE__OP__SEND_GRAD:
+            send = 1, grad = 1;
+            break;
         case MMPIPE__OP__GRAD_NORM:
-        case MMPIPE__OP__OPT_STEP: per_mb = 0; break;
+        case MMPIPE__OP__OPT_STEP:
+            per_mb = 0;
+            break;
         default:
             return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: field op = %d, not a known op", i,
                               (int)in->op);
@@ -70,8 +81,7 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
                               in->edge, a->n_channels);
         }
         if ((c->send != 0) != send || (c->grad != 0) != grad) {
-            return mmp_errorf(MMP_ERR_PROTO,
-                              "instruction %zu: %s on channel %d, which %s %s", i,
+            return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: %s on channel %d, which %s %s", i,
                               send ? "a send" : "a receive", in->edge,
                               c->send ? "sends" : "receives",
                               c->grad ? "gradients" : "activations");
@@ -111,8 +121,9 @@ mmp_err mmp_peer_check_assignment(const Mmpipe__Assignment *a)
             return mmp_errorf(MMP_ERR_PROTO, "assignment: channel %zu is incomplete", i);
         }
         if (c->slots < 1 || c->slots > 4096) {
-            return mmp_errorf(MMP_ERR_PROTO, "assignment: channel %d: field slots = %d, outside 1..4096",
-                              c->id, c->slots);
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "assignment: channel %d: field slots = %d, outside 1..4096", c->id,
+                              c->slots);
         }
         for (size_t j = 0; j < i; j++) {
             if (a->channels[j]->id == c->id) {

@@ -328,8 +328,7 @@ static mmp_err build(worker *w)
     MMP_TRY(mmp_peer_check_assignment(a));
     MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
     if (a->microbatches != p->train.microbatches) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "assignment: field microbatches = %d, but the plan has %d",
+        return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, but the plan has %d",
                           a->microbatches, p->train.microbatches);
     }
     int layers = strcmp(a->kind, "image") == 0  ? mmp_plan_image_layers(p)
@@ -558,8 +557,8 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
                          const seg *segs, int n_segs)
 {
     if (!c) {
-        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on",
-                          step + 1, mb);
+        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on", step + 1,
+                          mb);
     }
     mmp_channel_seg v[3];
     if (n_segs > 3) {
@@ -568,11 +567,8 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
     for (int i = 0; i < n_segs; i++) {
         v[i] = (mmp_channel_seg){segs[i].p, segs[i].n * sizeof(float)};
     }
-    mmp_msg_header h = {.step = step,
-                        .mb = mb,
-                        .digest = digest,
-                        .n = n,
-                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_msg_header h = {
+        .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
     char what[32];
     snprintf(what, sizeof what, "%d", c->id);
     mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());

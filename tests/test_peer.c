@@ -19,8 +19,8 @@ static void test_rows_live(void)
     char addr[64];
     snprintf(addr, sizeof addr, "/mmpipe-test-peer-%d", (int)getpid());
     const mmp_transport *t = &mmp_transport_shm;
-    mmp_channel_cfg cs = {.address = addr, .slot_bytes = MB_MAX * ROW, .slots = 4, .send = 1,
-                          .timeout_ms = 1000};
+    mmp_channel_cfg cs = {
+        .address = addr, .slot_bytes = MB_MAX * ROW, .slots = 4, .send = 1, .timeout_ms = 1000};
     mmp_channel_cfg cr = cs;
     cr.send = 0;
     mmp_channel *a = NULL, *b = NULL;

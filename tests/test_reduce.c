@@ -735,7 +735,8 @@ static void test_forged(void)
     forged_rank fr[2] = {0};
     unsigned char *seg = NULL;
     size_t seg_n = 0;
-    mmp_reduce_cfg c0 = {.name = name, .replicas = 2, .rank = 0, .capacity = 64, .timeout_ms = 2000};
+    mmp_reduce_cfg c0 = {
+        .name = name, .replicas = 2, .rank = 0, .capacity = 64, .timeout_ms = 2000};
     mmp_reduce_cfg c1 = c0;
     c1.rank = 1;
     CHECK_OK(mmp_reduce_open(&fr[0].r, &c0));

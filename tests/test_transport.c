@@ -900,8 +900,8 @@ static void test_forged(const mmp_transport *t)
     };
     unsigned char src[64];
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
-        mmp_msg_header h = {.step = 1, .mb = 2, .n = 3, .bytes = 8,
-                            .digest = 0xF0F6ED0000000000ull + r};
+        mmp_msg_header h = {
+            .step = 1, .mb = 2, .n = 3, .bytes = 8, .digest = 0xF0F6ED0000000000ull + r};
         memset(src, (int)r, sizeof src);
         CHECK_OK(mmp_channel_send(t, a, &h, src));
         mmp_msg_header *raw = forger_find(&f, h.digest);
@@ -936,7 +936,8 @@ static void test_forged(const mmp_transport *t)
      * found as the word before the first header that a post moves by one
      * (other such words are doorbells, harmless to overwrite). */
     {
-        mmp_msg_header h = {.step = 1, .mb = 0, .n = 1, .bytes = 0, .digest = 0xF0F6ED00000000FFull};
+        mmp_msg_header h = {
+            .step = 1, .mb = 0, .n = 1, .bytes = 0, .digest = 0xF0F6ED00000000FFull};
         size_t scan = 4096 < f.bytes ? 4096 : f.bytes;
         unsigned char before[4096];
         memcpy(before, f.base, scan);

@@ -124,16 +124,19 @@ mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_byt
 {
     const int32_t known = MMP_MSG_EVAL | MMP_MSG_STOP;
     if (h->bytes > slot_bytes) {
-        return mmp_errorf(MMP_ERR_PROTO, "channel %s: header field bytes = %llu, over the %zu-byte slot",
-                          what, (unsigned long long)h->bytes, slot_bytes);
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %s: header field bytes = %llu, over the %zu-byte slot", what,
+                          (unsigned long long)h->bytes, slot_bytes);
     }
     if (h->flags & ~known) {
-        return mmp_errorf(MMP_ERR_PROTO, "channel %s: header field flags = %#x, unknown bits (known %#x)",
-                          what, (unsigned)h->flags, (unsigned)known);
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %s: header field flags = %#x, unknown bits (known %#x)", what,
+                          (unsigned)h->flags, (unsigned)known);
     }
     if ((h->flags & MMP_MSG_STOP) && h->bytes != 0) {
-        return mmp_errorf(MMP_ERR_PROTO, "channel %s: header field bytes = %llu on a STOP message (limit 0)",
-                          what, (unsigned long long)h->bytes);
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %s: header field bytes = %llu on a STOP message (limit 0)", what,
+                          (unsigned long long)h->bytes);
     }
     if (h->step < 0 || h->mb < 0 || h->n < 0) {
         const char *f = h->step < 0 ? "step" : h->mb < 0 ? "mb" : "n";

@@ -336,7 +336,8 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
 {
 #define BAD(...) (snprintf(why, why_n, __VA_ARGS__), 0)
     switch (env->body_case) {
-    case MMPIPE__ENVELOPE__BODY_HELLO: return env->hello ? 1 : BAD("hello: missing");
+    case MMPIPE__ENVELOPE__BODY_HELLO:
+        return env->hello ? 1 : BAD("hello: missing");
     case MMPIPE__ENVELOPE__BODY_ASSIGNMENT: {
         const Mmpipe__Assignment *a = env->assignment;
         if (!a) {
@@ -369,14 +370,14 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
     case MMPIPE__ENVELOPE__BODY_START:
         if (!env->start || env->start->first_step < 0 || env->start->steps < 0) {
             return BAD("start: fields first_step = %d, steps = %d, below 0",
-                       env->start ? env->start->first_step : -1, env->start ? env->start->steps : -1);
+                       env->start ? env->start->first_step : -1,
+                       env->start ? env->start->steps : -1);
         }
         return 1;
     case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
         /* sumsq may be NaN: a diverging model's norm is news, not forgery. */
-        return env->grad_norm && env->grad_norm->step >= 0
-                   ? 1
-                   : BAD("grad_norm: field step below 0");
+        return env->grad_norm && env->grad_norm->step >= 0 ? 1
+                                                           : BAD("grad_norm: field step below 0");
     case MMPIPE__ENVELOPE__BODY_CLIP:
         return env->clip && env->clip->step >= 0 ? 1 : BAD("clip: field step below 0");
     case MMPIPE__ENVELOPE__BODY_STEP_DONE: {
@@ -384,8 +385,8 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         if (!d || d->step < 0) {
             return BAD("step_done: field step = %d, below 0", d ? d->step : -1);
         }
-        if (!finite_nonneg(d->busy_ms) || !isfinite(d->idle_ms) ||
-            !finite_nonneg(d->wall_ms) || !finite_nonneg(d->data_ms)) {
+        if (!finite_nonneg(d->busy_ms) || !isfinite(d->idle_ms) || !finite_nonneg(d->wall_ms) ||
+            !finite_nonneg(d->data_ms)) {
             return BAD("step_done: step %d: a timing that is negative or not finite", d->step);
         }
         if (d->max_inflight < 0 || d->skipped < 0 || d->n_mbs > 65536) {
@@ -427,7 +428,8 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         return env->checkpoint_ack && env->checkpoint_ack->step >= 0
                    ? 1
                    : BAD("checkpoint_ack: field step below 0");
-    default: return 1; /* bodies without numbers: Ready, Abort, Shutdown, Error */
+    default:
+        return 1; /* bodies without numbers: Ready, Abort, Shutdown, Error */
     }
 #undef BAD
 }
@@ -479,13 +481,26 @@ static Mmpipe__Envelope *check(mmp_ctl *c, zmq_msg_t *payload, size_t extra, cha
     } else {
         switch (mmp_ctl_decode(zmq_msg_data(payload), zmq_msg_size(payload), c->token, &env, why,
                                why_n)) {
-        case MMP_CTL_OK: return env;
-        case MMP_CTL_TOO_BIG: counter = &c->stats.too_big; break;
-        case MMP_CTL_UNDECODABLE: counter = &c->stats.undecodable; break;
-        case MMP_CTL_BAD_VERSION: counter = &c->stats.bad_version; break;
-        case MMP_CTL_BAD_TOKEN: counter = &c->stats.bad_token; break;
-        case MMP_CTL_NO_BODY: counter = &c->stats.no_body; break;
-        case MMP_CTL_BAD_BODY: counter = &c->stats.bad_body; break;
+        case MMP_CTL_OK:
+            return env;
+        case MMP_CTL_TOO_BIG:
+            counter = &c->stats.too_big;
+            break;
+        case MMP_CTL_UNDECODABLE:
+            counter = &c->stats.undecodable;
+            break;
+        case MMP_CTL_BAD_VERSION:
+            counter = &c->stats.bad_version;
+            break;
+        case MMP_CTL_BAD_TOKEN:
+            counter = &c->stats.bad_token;
+            break;
+        case MMP_CTL_NO_BODY:
+            counter = &c->stats.no_body;
+            break;
+        case MMP_CTL_BAD_BODY:
+            counter = &c->stats.bad_body;
+            break;
         }
     }
     (*counter)++;

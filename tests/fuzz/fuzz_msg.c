@@ -34,8 +34,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     size_t n = (size_t)h.n;
     volatile float sum = 0;
-    const float *mask = payload + n * row_floats;       /* payload_mask */
-    const float *valid = mask + n * mask_floats;        /* payload_valid */
+    const float *mask = payload + n * row_floats; /* payload_mask */
+    const float *valid = mask + n * mask_floats;  /* payload_valid */
     for (size_t i = 0; i < n; i++) {
         sum += payload[i * row_floats + row_floats - 1];
         if (mask_floats) {

@@ -29,8 +29,8 @@ static void fix_crcs(uint8_t *p, size_t n)
 {
     size_t off = 8;
     while (off + 12 <= n) {
-        size_t len = (size_t)p[off] << 24 | (size_t)p[off + 1] << 16 | (size_t)p[off + 2] << 8 |
-                     p[off + 3];
+        size_t len =
+            (size_t)p[off] << 24 | (size_t)p[off + 1] << 16 | (size_t)p[off + 2] << 8 | p[off + 3];
         if (len > n - off - 12) {
             break;
         }
