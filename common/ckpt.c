@@ -231,6 +231,25 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
             ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: truncated", path, e.name);
             goto exit;
         }
+        /* The shape is the file's word: its size must be the record's bytes
+         * and fit in what is left of the file before anything is allocated
+         * (a forged shape would overflow the element count or ask for TBs). */
+        /* The product of the non-zero dims is bounded too: with a zero dim
+         * the tensor is empty, but its shape is still multiplied out. */
+        uint64_t numel = 1, left = (uint64_t)(cur.end - cur.p);
+        uint64_t esize = mmp_dtype_size((mmp_dtype)dt);
+        int empty = 0;
+        for (int d = 0; d < nd && numel != UINT64_MAX; d++) {
+            uint64_t s = (uint64_t)shape[d];
+            empty |= s == 0;
+            numel = s == 0 ? numel : numel > left / esize / s ? UINT64_MAX : numel * s;
+        }
+        if (numel == UINT64_MAX || (empty ? 0 : numel * esize) != nbytes || nbytes > left) {
+            ret = mmp_errorf(MMP_ERR_DATA,
+                             "%s: %s: shape and size disagree (%llu bytes recorded, %llu left)",
+                             path, e.name, (unsigned long long)nbytes, (unsigned long long)left);
+            goto exit;
+        }
         ret = mmp_tensor_init(&e.t, (mmp_dtype)dt, nd, shape);
         if (ret != MMP_OK) {
             goto exit;

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/utf8.h"
+
 /* ---- the schema ----------------------------------------------------------- */
 
 typedef enum key_type {
@@ -929,6 +931,17 @@ static mmp_err check_duplicates(loader *L, struct fy_node *n, const char *path, 
 
 /* ---- --set overrides ------------------------------------------------------- */
 
+/* YAML text must be UTF-8 without NULs before libfyaml sees it: Debian's
+ * libfyaml 0.8 loops for ever on a directive holding an invalid byte
+ * ("%\xf7 1:", found by tests/fuzz/fuzz_plan.c). Returns the offset of the
+ * first bad byte, or len. */
+static size_t bad_text_at(const char *text, size_t len)
+{
+    size_t bad = mmp_utf8_check(text, len);
+    const char *nul = memchr(text, 0, bad);
+    return nul ? (size_t)(nul - text) : bad;
+}
+
 /* Puts node into map under name, or into pair's value when pair is given;
  * 0 on success. On failure node is not attached and stays the caller's. */
 static int attach(struct fy_document *fyd, struct fy_node *map, struct fy_node_pair *pair,
@@ -995,6 +1008,9 @@ static mmp_err apply_override(loader *L, int i)
     }
 
     const char *text = eq[1] ? eq + 1 : "~"; /* "key=" sets nothing: a null */
+    if (bad_text_at(text, strlen(text)) < strlen(text)) {
+        return mmp_errorf(MMP_ERR_CONFIG, "--set %s: invalid YAML value: not UTF-8 text", key);
+    }
     int before = diag_count(L->diag);
     struct fy_node *value = fy_node_build_from_string(L->fyd, text, FY_NT);
     if (!value) {
@@ -1322,6 +1338,16 @@ static mmp_err yaml_error(loader *L, int first)
  * document, or an empty one for a file without any (empty, or comments). */
 static mmp_err parse_text(loader *L, const char *text, size_t len)
 {
+    size_t bad = bad_text_at(text, len);
+    if (bad < len) {
+        int line = 1, col = 1;
+        for (size_t i = 0; i < bad; i++) {
+            line += text[i] == '\n';
+            col = text[i] == '\n' ? 1 : col + 1;
+        }
+        return mmp_errorf(MMP_ERR_CONFIG, "%s:%d:%d: invalid YAML: byte 0x%02x is not UTF-8 text",
+                          L->path, line, col, (unsigned char)text[bad]);
+    }
     /* Duplicates are let through so check_duplicates can name them properly;
      * aliases are resolved only after that check, as merges can repeat keys. */
     struct fy_parse_cfg cfg = {.flags = FYPCF_QUIET | FYPCF_ALLOW_DUPLICATE_KEYS, .diag = L->diag};

@@ -58,6 +58,7 @@ typedef struct coord {
     char decision[1200];                /* this step's balancer decision, JSON, or empty */
     int replan_step;                    /* steps done when it stopped for one */
     int launch;                         /* launches so far (names each one's shm) */
+    int cur_step;                       /* the step running (0-based), -1 between runs */
     char token[33];
     char endpoint[128];
     char shm_prefix[64];
@@ -254,6 +255,11 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
     case MMPIPE__ENVELOPE__BODY_HELLO: p->have_hello = 1; break;
     case MMPIPE__ENVELOPE__BODY_READY: p->have_ready = 1; break;
     case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
+        if (env->grad_norm->step != c->cur_step) {
+            fail(c, "stage %s sent a gradient norm for step %d during step %d", p->name,
+                 env->grad_norm->step + 1, c->cur_step + 1);
+            break;
+        }
         p->have_norm = 1;
         p->sumsq = env->grad_norm->sumsq;
         break;
@@ -302,6 +308,25 @@ static int take_one(coord *c, int timeout_ms)
     if (env->body_case == MMPIPE__ENVELOPE__BODY_STEP_DONE) {
         /* StepDone is kept (the envelope owns it) until the step's metrics are written. */
         int i = find_proc(c, from);
+        /* Fields checked against this run (mmp_ctl_decode did the rest). */
+        const Mmpipe__StepDone *d = env->step_done;
+        int m = c->sched.microbatches, bad = 0;
+        for (size_t k = 0; i >= 0 && !bad && k < d->n_mbs; k++) {
+            if (d->mbs[k]->mb >= m) {
+                fail(c, "stage %s: step result field mb = %d, outside 0..%d", from, d->mbs[k]->mb,
+                     m - 1);
+                bad = 1;
+            }
+        }
+        if (i >= 0 && !bad && d->step != c->cur_step) {
+            fail(c, "stage %s sent the results of step %d during step %d", from, d->step + 1,
+                 c->cur_step + 1);
+            bad = 1;
+        }
+        if (bad) {
+            mmp_ctl_free(env);
+            return 1;
+        }
         if (i >= 0) {
             c->procs[i].have_done = 1;
             c->procs[i].last_seen = mmp_now();
@@ -770,6 +795,7 @@ static int run_steps(coord *c, int first_step)
             break;
         }
         double t0 = mmp_now();
+        c->cur_step = step;
         for (int i = 0; i < c->n; i++) {
             c->procs[i].have_norm = c->procs[i].have_done = 0;
         }
@@ -984,6 +1010,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
 {
     static coord c;
     memset(&c, 0, sizeof c);
+    c.cur_step = -1;
     c.plan = plan;
     c.cur = *plan;
     c.out_dir = out_dir;

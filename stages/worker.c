@@ -27,6 +27,7 @@
 #include "nn/optim.h"
 #include "stages/fuse.h"
 #include "stages/pairing.h"
+#include "stages/peer.h"
 #include "transport/channel.h"
 #include "transport/control.h"
 #include "transport/reduce.h"
@@ -41,6 +42,7 @@ typedef struct chan {
     int peer_r0;   /* the other end is replica 0 of its stage (evaluation's path) */
     const mmp_transport *t;
     mmp_channel *ch;
+    size_t row_bytes; /* payload bytes per sample (a message of n samples carries n rows) */
     /* A received message not yet consumed (zero-copy: payload is in the slot). */
     int held;
     mmp_msg_header hdr;
@@ -210,9 +212,10 @@ static chan *find_chan(worker *w, int id)
     return NULL;
 }
 
-/* Payload bytes of a channel, computed by each end on its own: a mismatch
- * between the two ends is caught by the transport's geometry check. */
-static size_t chan_bytes(const worker *w, const Mmpipe__Channel *c)
+/* Payload bytes per sample of a channel, computed by each end on its own:
+ * a mismatch between the two ends is caught by the transport's geometry
+ * check (slots of mb_max rows), a forged row count by chan_recv. */
+static size_t chan_row_bytes(const worker *w, const Mmpipe__Channel *c)
 {
     int64_t per = 0;
     int from_text = w->kind == 1 || (w->kind == 2 && strncmp(c->peer, "text", 4) == 0);
@@ -231,7 +234,7 @@ static size_t chan_bytes(const worker *w, const Mmpipe__Channel *c)
     if (!c->grad) {
         per += 1; /* the valid flag of each sample travels with activations */
     }
-    return (size_t)per * (size_t)w->mb_max * sizeof(float);
+    return (size_t)per * sizeof(float);
 }
 
 /* How long a channel or the replicas' reduce waits on a peer before it
@@ -265,8 +268,9 @@ static mmp_err open_channels(worker *w)
             ch->peer_text = strncmp(c->peer, "text", 4) == 0;
             size_t pl = strlen(c->peer);
             ch->peer_r0 = pl >= 2 && strcmp(c->peer + pl - 2, "/0") == 0;
+            ch->row_bytes = chan_row_bytes(w, c);
             mmp_channel_cfg cfg = {.address = c->address,
-                                   .slot_bytes = chan_bytes(w, c),
+                                   .slot_bytes = ch->row_bytes * (size_t)w->mb_max,
                                    .slots = c->slots,
                                    .send = c->send,
                                    .timeout_ms = peer_timeout_ms(w)};
@@ -308,6 +312,7 @@ static int program_max_inflight(Mmpipe__Instr *const *prog, size_t n)
 static mmp_err set_program(worker *w, Mmpipe__Instr **prog, size_t n)
 {
     int m = w->asg->microbatches;
+    MMP_TRY(mmp_peer_check_program(w->asg, prog, n));
     if (program_max_inflight(prog, n) > w->n_fl) {
         return mmp_errorf(MMP_ERR_PROTO, "list holds %d micro-batches, more than the %d slots",
                           program_max_inflight(prog, n), w->n_fl);
@@ -331,7 +336,19 @@ static mmp_err build(worker *w)
 {
     const Mmpipe__Assignment *a = w->asg;
     mmp_plan *p = &w->plan;
+    MMP_TRY(mmp_peer_check_assignment(a));
     MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
+    if (a->microbatches != p->train.microbatches) {
+        return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, but the plan has %d",
+                          a->microbatches, p->train.microbatches);
+    }
+    int layers = strcmp(a->kind, "image") == 0  ? mmp_plan_image_layers(p)
+                 : strcmp(a->kind, "text") == 0 ? mmp_plan_text_layers(p)
+                                                : 1;
+    if (a->layer_last > layers) {
+        return mmp_errorf(MMP_ERR_PROTO, "assignment: field layer_last = %d, over the %d layers",
+                          a->layer_last, layers);
+    }
     uint64_t seed = (uint64_t)p->job.seed;
     w->sub = a->sub;
     w->replicas = a->replicas > 0 ? a->replicas : 1;
@@ -510,6 +527,10 @@ static void teardown(worker *w)
 
 static mmp_err chan_recv(worker *w, chan *c, int step, int mb, int eval)
 {
+    if (!c) {
+        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to receive on",
+                          step + 1, mb);
+    }
     if (c->held) {
         return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: receive while a message is held", c->id);
     }
@@ -518,6 +539,9 @@ static mmp_err chan_recv(worker *w, chan *c, int step, int mb, int eval)
     double now = mmp_trace_now_us();
     c->payload = payload;
     c->held = 1;
+    /* The peer's rows against our buffers (mb_max rows) and this channel's
+     * row size, before anything reads the payload by hdr.n. */
+    MMP_TRY(mmp_peer_check_rows(c->id, &c->hdr, w->mb_max, c->row_bytes));
     int is_eval = (c->hdr.flags & MMP_MSG_EVAL) != 0;
     if (c->hdr.step != step || c->hdr.mb != mb || is_eval != eval) {
         return mmp_errorf(MMP_ERR_PROTO,
@@ -550,26 +574,28 @@ typedef struct seg {
     size_t n;
 } seg;
 
+/* The size is checked against the slot before anything is copied
+ * (mmp_channel_sendv), and the bytes go through the transport. */
 static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
                          const seg *segs, int n_segs)
 {
-    void *slot;
-    MMP_TRY(c->t->acquire(c->ch, &slot));
-    size_t off = 0;
-    for (int i = 0; i < n_segs; i++) {
-        if (segs[i].n) {
-            memcpy((float *)slot + off, segs[i].p, segs[i].n * sizeof(float));
-            off += segs[i].n;
-        }
+    if (!c) {
+        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on", step + 1,
+                          mb);
     }
-    mmp_msg_header h = {.step = step,
-                        .mb = mb,
-                        .digest = digest,
-                        .bytes = off * sizeof(float),
-                        .n = n,
-                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_channel_seg v[3];
+    if (n_segs > 3) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %d segments", c->id, n_segs);
+    }
+    for (int i = 0; i < n_segs; i++) {
+        v[i] = (mmp_channel_seg){segs[i].p, segs[i].n * sizeof(float)};
+    }
+    mmp_msg_header h = {
+        .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
+    char what[32];
+    snprintf(what, sizeof what, "%d", c->id);
     mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
-    return c->t->post(c->ch, &h);
+    return mmp_channel_sendv(c->t, c->ch, what, h, v, n_segs);
 }
 
 static flight *flight_take(worker *w, int mb)
@@ -828,6 +854,12 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         chan *cg = w->in_grad;
         if (!cg || !cg->held) {
             return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its gradient", mb);
+        }
+        if (cg->hdr.n != n) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "channel %d: step %d micro-batch %d: header field n = %d, but the "
+                              "forward had %d samples",
+                              cg->id, step + 1, mb, cg->hdr.n, n);
         }
         float *din = NULL;
         if (w->sub > 0) {
@@ -1143,6 +1175,14 @@ static mmp_err serve(worker *w)
         mmp_err e = MMP_OK;
         switch (env->body_case) {
         case MMPIPE__ENVELOPE__BODY_START:
+            if (env->start->first_step < 0 || env->start->steps < 0 ||
+                env->start->first_step > w->plan.job.steps - env->start->steps) {
+                e = mmp_errorf(MMP_ERR_PROTO,
+                               "start: fields first_step = %d, steps = %d, outside the plan's %d "
+                               "steps",
+                               env->start->first_step, env->start->steps, w->plan.job.steps);
+                break;
+            }
             if (w->train && !w->loader) {
                 /* Prefetching starts with the first step this process runs. */
                 mmp_loader_cfg lc = {.ds = w->train,

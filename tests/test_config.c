@@ -225,6 +225,13 @@ static void test_file_errors(void)
     expect_error(DIR "device.yaml", NULL, 0, MMP_ERR_CONFIG,
                  DIR "device.yaml:4:20: hosts[0].devices[1]: expected 'cpu' or a CUDA device "
                      "ordinal, got 'gpu0'");
+    /* Not UTF-8: refused before libfyaml, which loops for ever on this one
+     * (a directive holding invalid bytes; found by tests/fuzz/fuzz_plan.c). */
+    expect_error(DIR "notutf8.yaml", NULL, 0, MMP_ERR_CONFIG,
+                 DIR "notutf8.yaml:2:2: invalid YAML: byte 0xf7 is not UTF-8 text");
+    const char *bad_set[] = {"train.schedule=gpipe\xf7"};
+    expect_error(DIR "minimal.yaml", bad_set, 1, MMP_ERR_CONFIG,
+                 "--set train.schedule: invalid YAML value: not UTF-8 text");
     expect_error(DIR "does_not_exist.yaml", NULL, 0, MMP_ERR_IO,
                  DIR "does_not_exist.yaml: No such file or directory");
     expect_error("tests/data/config", NULL, 0, MMP_ERR_IO,

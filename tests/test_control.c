@@ -6,6 +6,7 @@
  * nothing is left on disk. */
 #include "transport/control.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -375,6 +376,40 @@ static void test_untrusted_router(void)
     want.bad_frames++, want.rejected++;
     expect_valid(r, f, pid++, &want);
 
+    /* (8) a known body with a field no sender may write: a StepDone whose
+     * micro-batch timing names micro-batch -1, one with a NaN time. */
+    {
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__StepDone d = MMPIPE__STEP_DONE__INIT;
+        Mmpipe__MbTiming t = MMPIPE__MB_TIMING__INIT, *tp = &t;
+        env.version = MMP_CTL_VERSION;
+        env.job_token = token;
+        env.body_case = MMPIPE__ENVELOPE__BODY_STEP_DONE;
+        env.step_done = &d;
+        d.n_mbs = 1;
+        d.mbs = &tp;
+        t.mb = -1;
+        unsigned char sd[256];
+        size_t sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(zmq_send(f, sd, sn, 0) == (int)sn);
+        want.bad_body++, want.rejected++;
+        expect_valid(r, f, pid++, &want);
+        t.mb = 0;
+        t.fwd_ms = NAN;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(zmq_send(f, sd, sn, 0) == (int)sn);
+        want.bad_body++, want.rejected++;
+        expect_valid(r, f, pid++, &want);
+        char why[160];
+        Mmpipe__Envelope *e = NULL;
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_BAD_BODY && !e);
+        CHECK(strstr(why, "step_done") != NULL);
+        t.fwd_ms = 1.5f;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+        mmp_ctl_free(e);
+    }
+
     /* Far over the limit: ZeroMQ itself drops the connection, so the message
      * is never seen (not counted); the peer reconnects and goes on. */
     CHECK(zmq_send(f, huge, 2 * MMP_CTL_MAX_BYTES, 0) == 2 * (int)MMP_CTL_MAX_BYTES);
@@ -397,7 +432,7 @@ static void test_untrusted_router(void)
     want.bad_token++, want.rejected++, want.received++;
     CHECK(stats_equal(mmp_ctl_get_stats(r), want));
     CHECK(want.rejected == want.too_big + want.undecodable + want.bad_version + want.bad_token +
-                               want.no_body + want.bad_frames);
+                               want.no_body + want.bad_frames + want.bad_body);
     zmq_close(anon);
     zmq_close(f);
     mmp_ctl_close(r);

@@ -14,6 +14,8 @@
  * stalling ctest. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -694,6 +696,101 @@ static void test_mismatch(void)
     munmap(bd, sizeof *bd);
 }
 
+/* ---- forged barrier counter ---------------------------------------------- */
+
+/* Two ranks as two threads of this process, and a third mapping of their
+ * segment written behind their backs (what a hostile or broken rank could
+ * do). The barrier counter is found without knowing the layout: the only
+ * 64-bit word a round moves by 2 ranks x 3 barriers. Forged far ahead, the
+ * next sum fails on both ranks with MMP_ERR_PROTO naming the field, instead
+ * of passing barriers nobody reached. */
+typedef struct forged_rank {
+    mmp_reduce *r;
+    float v[64];
+    mmp_err e;
+} forged_rank;
+
+static void *forged_sum(void *arg)
+{
+    forged_rank *fr = arg;
+    fr->e = mmp_reduce_sum(fr->r, fr->v, 64);
+    return NULL;
+}
+
+static void both_sum(forged_rank *fr)
+{
+    pthread_t th;
+    fr[1].e = MMP_ERR_INTERNAL;
+    if (pthread_create(&th, NULL, forged_sum, &fr[1]) != 0) {
+        fr[0].e = fr[1].e = MMP_ERR_INTERNAL;
+        return;
+    }
+    forged_sum(&fr[0]);
+    pthread_join(th, NULL);
+}
+
+static void test_forged(void)
+{
+    char name[96];
+    fresh_name(name, sizeof name);
+    forged_rank fr[2] = {0};
+    unsigned char *seg = NULL;
+    size_t seg_n = 0;
+    mmp_reduce_cfg c0 = {
+        .name = name, .replicas = 2, .rank = 0, .capacity = 64, .timeout_ms = 2000};
+    mmp_reduce_cfg c1 = c0;
+    c1.rank = 1;
+    CHECK_OK(mmp_reduce_open(&fr[0].r, &c0));
+    int fd = shm_open(name, O_RDWR, 0); /* before rank 1's attach unlinks it */
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        seg_n = (size_t)lseek(fd, 0, SEEK_END);
+        seg = mmap(NULL, seg_n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        CHECK(seg != MAP_FAILED);
+        if (seg == MAP_FAILED) {
+            seg = NULL;
+        }
+    }
+    CHECK_OK(mmp_reduce_open(&fr[1].r, &c1));
+    if (!fr[0].r || !fr[1].r || !seg) {
+        goto exit;
+    }
+    enum { SCAN = 4096 };
+    static unsigned char before[SCAN];
+    size_t scan = seg_n < SCAN ? seg_n : SCAN;
+    memcpy(before, seg, scan);
+    both_sum(fr);
+    CHECK_OK(fr[0].e);
+    CHECK_OK(fr[1].e);
+    int found = 0;
+    for (size_t off = 0; off + 8 <= scan; off += 8) {
+        uint64_t was, now;
+        memcpy(&was, before + off, 8);
+        memcpy(&now, seg + off, 8);
+        if (now == was + 6) {
+            uint64_t bad = now + 1000;
+            memcpy(seg + off, &bad, 8);
+            found++;
+        }
+    }
+    CHECK(found == 1);
+    both_sum(fr);
+    for (int k = 0; k < 2; k++) {
+        CHECK(fr[k].e == MMP_ERR_PROTO);
+        if (fr[k].e != MMP_ERR_PROTO) {
+            fprintf(stderr, "  rank %d: %s\n", k, mmp_err_name(fr[k].e));
+        }
+    }
+    CHECK(strstr(mmp_last_error(), "field arrived") != NULL);
+exit:
+    if (seg) {
+        munmap(seg, seg_n);
+    }
+    mmp_reduce_close(fr[0].r);
+    mmp_reduce_close(fr[1].r);
+}
+
 int main(void)
 {
     snprintf(prefix, sizeof prefix, "/mmpipe-test-reduce-%d-", (int)getpid());
@@ -706,6 +803,7 @@ int main(void)
         {"rounds-3", test_rounds_3}, {"rounds-4", test_rounds_4},
         {"killed", test_killed},     {"absent-peer", test_absent_peer},
         {"geometry", test_geometry}, {"n-mismatch", test_mismatch},
+        {"forged", test_forged},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int before = mmp_test_failures;

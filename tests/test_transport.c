@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -826,6 +827,151 @@ static void test_open(void)
     mmp_transport_shm.close(a);
 }
 
+/* ---- (9) forged headers in a live channel ------------------------------ */
+
+/* The segment as a hostile or broken peer sees it: a second mapping of the
+ * live channel's shared memory, written without going through the
+ * transport. The test knows nothing of the layout: it finds a posted
+ * message's header by its digest. */
+typedef struct forger {
+    unsigned char *base;
+    size_t bytes;
+} forger;
+
+static int forger_map(forger *f, const char *addr)
+{
+    *f = (forger){0};
+    int fd = shm_open(addr, O_RDWR, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    off_t n = lseek(fd, 0, SEEK_END);
+    void *p = n > 0 ? mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) {
+        return -1;
+    }
+    f->base = p;
+    f->bytes = (size_t)n;
+    return 0;
+}
+
+/* The posted header whose digest is d, or NULL. */
+static mmp_msg_header *forger_find(const forger *f, uint64_t d)
+{
+    size_t at = offsetof(mmp_msg_header, digest);
+    for (size_t off = at; off + sizeof(mmp_msg_header) - at <= f->bytes; off += 8) {
+        uint64_t v;
+        memcpy(&v, f->base + off, 8);
+        if (v == d) {
+            return (mmp_msg_header *)(void *)(f->base + off - at);
+        }
+    }
+    return NULL;
+}
+
+static void test_forged(const mmp_transport *t)
+{
+    enum { SLOT = 4096, SLOTS = 4 };
+    char addr[96];
+    fresh_address(addr, sizeof addr);
+    mmp_channel *a = NULL, *b = NULL;
+    mmp_channel_cfg cs = make_cfg(addr, SLOT, SLOTS, 1, 1000);
+    mmp_channel_cfg cr = make_cfg(addr, SLOT, SLOTS, 0, 1000);
+    forger f = {0};
+    CHECK_OK(t->setup(&a, &cs));
+    CHECK(forger_map(&f, addr) == 0); /* before the connect unlinks the name */
+    CHECK_OK(t->connect(&b, &cr));
+    if (!a || !b || !f.base) {
+        goto exit;
+    }
+    /* One forged field per row; the error must name the field. */
+    static const struct {
+        const char *field;
+        uint64_t bytes;
+        int32_t n, step, mb, flags;
+    } rows[] = {
+        {"bytes", SLOT + 1, 1, 0, 0, 0},
+        {"bytes", UINT64_MAX, 1, 0, 0, 0},
+        {"n", 8, -1, 0, 0, 0},
+        {"n", 8, INT32_MIN, 0, 0, 0},
+        {"step", 8, 1, -3, 0, 0},
+        {"mb", 8, 1, 0, -1, 0},
+        {"flags", 8, 1, 0, 0, 0x40},
+        {"bytes", 8, 1, 0, 0, MMP_MSG_STOP}, /* a STOP carries no payload */
+    };
+    unsigned char src[64];
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        mmp_msg_header h = {
+            .step = 1, .mb = 2, .n = 3, .bytes = 8, .digest = 0xF0F6ED0000000000ull + r};
+        memset(src, (int)r, sizeof src);
+        CHECK_OK(mmp_channel_send(t, a, &h, src));
+        mmp_msg_header *raw = forger_find(&f, h.digest);
+        CHECK(raw != NULL);
+        if (!raw) {
+            break;
+        }
+        raw->bytes = rows[r].bytes;
+        raw->n = rows[r].n;
+        raw->step = rows[r].step;
+        raw->mb = rows[r].mb;
+        raw->flags = rows[r].flags;
+        mmp_msg_header got;
+        const void *p = NULL;
+        mmp_err e = t->recv(b, &got, &p);
+        CHECK(e == MMP_ERR_PROTO);
+        char want[32];
+        snprintf(want, sizeof want, "field %s", rows[r].field);
+        CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), want) != NULL);
+        if (e == MMP_OK) {
+            t->release(b);
+            continue;
+        }
+        /* Nothing was taken: mend the header and the message comes through. */
+        *raw = h;
+        CHECK_OK(t->recv(b, &got, &p));
+        CHECK(same_header(&h, &got) && p && memcmp(p, src, 8) == 0);
+        CHECK_OK(t->release(b));
+    }
+
+    /* The posted counter, forged more than a ring ahead of the receiver:
+     * found as the word before the first header that a post moves by one
+     * (other such words are doorbells, harmless to overwrite). */
+    {
+        mmp_msg_header h = {
+            .step = 1, .mb = 0, .n = 1, .bytes = 0, .digest = 0xF0F6ED00000000FFull};
+        size_t scan = 4096 < f.bytes ? 4096 : f.bytes;
+        unsigned char before[4096];
+        memcpy(before, f.base, scan);
+        CHECK_OK(mmp_channel_send(t, a, &h, NULL));
+        mmp_msg_header *raw = forger_find(&f, h.digest);
+        size_t limit = raw ? (size_t)((unsigned char *)raw - f.base) : 0;
+        limit = limit / 8 * 8;
+        int forged = 0;
+        for (size_t off = 0; off + 8 <= limit && off + 8 <= scan; off += 8) {
+            uint64_t was, now;
+            memcpy(&was, before + off, 8);
+            memcpy(&now, f.base + off, 8);
+            if (now == was + 1) {
+                uint64_t bad = now + SLOTS + 5;
+                memcpy(f.base + off, &bad, 8);
+                forged++;
+            }
+        }
+        CHECK(forged >= 1);
+        mmp_msg_header got;
+        const void *p;
+        CHECK(t->recv(b, &got, &p) == MMP_ERR_PROTO);
+        CHECK(strstr(mmp_last_error(), "field head") != NULL);
+    }
+exit:
+    if (f.base) {
+        munmap(f.base, f.bytes);
+    }
+    t->close(a);
+    t->close(b);
+}
+
 static void report(const char *transport, const char *name, int before, double t0)
 {
     CHECK(mmp_test_shm_count(prefix, 1) == 0);
@@ -844,7 +990,7 @@ int main(void)
         {"ordered", test_ordered},       {"credit", test_credit},
         {"zero-copy", test_zero_copy},   {"mismatch", test_mismatch},
         {"no-creator", test_no_creator}, {"peer-death", test_peer_death},
-        {"big-slot", test_big},
+        {"big-slot", test_big},          {"forged-headers", test_forged},
     };
     for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

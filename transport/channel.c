@@ -85,6 +85,67 @@ mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_
     return t->post(ch, h);
 }
 
+mmp_err mmp_channel_sendv(const mmp_transport *t, mmp_channel *ch, const char *what,
+                          mmp_msg_header h, const mmp_channel_seg *segs, int n_segs)
+{
+    size_t cap = t->slot_bytes(ch), total = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (segs[i].bytes > cap - total) {
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "channel %s send: step %d micro-batch %d: segment %d takes the "
+                              "message past the %zu-byte slot",
+                              what, h.step, h.mb, i, cap);
+        }
+        if (segs[i].bytes > 0 && !segs[i].p) {
+            return mmp_errorf(MMP_ERR_INVALID, "channel %s send: segment %d is NULL", what, i);
+        }
+        total += segs[i].bytes;
+    }
+    h.bytes = total;
+    void *slot;
+    MMP_TRY(t->acquire(ch, &slot));
+    size_t off = 0;
+    for (int i = 0; i < n_segs; i++) {
+        if (segs[i].bytes == 0) {
+            continue;
+        }
+        unsigned char *dst = (unsigned char *)slot + off;
+        if (t->fill) {
+            MMP_TRY(t->fill(ch, dst, segs[i].p, segs[i].bytes));
+        } else {
+            memcpy(dst, segs[i].p, segs[i].bytes);
+        }
+        off += segs[i].bytes;
+    }
+    return t->post(ch, &h);
+}
+
+mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_bytes)
+{
+    const int32_t known = MMP_MSG_EVAL | MMP_MSG_STOP;
+    if (h->bytes > slot_bytes) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %s: header field bytes = %llu, over the %zu-byte slot", what,
+                          (unsigned long long)h->bytes, slot_bytes);
+    }
+    if (h->flags & ~known) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %s: header field flags = %#x, unknown bits (known %#x)", what,
+                          (unsigned)h->flags, (unsigned)known);
+    }
+    if ((h->flags & MMP_MSG_STOP) && h->bytes != 0) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %s: header field bytes = %llu on a STOP message (limit 0)", what,
+                          (unsigned long long)h->bytes);
+    }
+    if (h->step < 0 || h->mb < 0 || h->n < 0) {
+        const char *f = h->step < 0 ? "step" : h->mb < 0 ? "mb" : "n";
+        int v = h->step < 0 ? h->step : h->mb < 0 ? h->mb : h->n;
+        return mmp_errorf(MMP_ERR_PROTO, "channel %s: header field %s = %d, below 0", what, f, v);
+    }
+    return MMP_OK;
+}
+
 int mmp_shm_unlink_prefix(const char *prefix)
 {
     /* glibc's shm_open("/x") is /dev/shm/x. */

@@ -104,6 +104,28 @@ mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const ch
 mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_header *h,
                          const void *payload);
 
+/* One piece of a gathered payload. */
+typedef struct mmp_channel_seg {
+    const void *p;
+    size_t bytes;
+} mmp_channel_seg;
+/* Gathering send: the segments, back to back, as one message whose header is
+ * h with h->bytes set to their sum. The size is checked against the slot
+ * before anything is acquired or copied (MMP_ERR_INVALID naming the channel
+ * `what`); bytes go into the slot through the transport (its fill, or
+ * memcpy for host slots). */
+mmp_err mmp_channel_sendv(const mmp_transport *t, mmp_channel *ch, const char *what,
+                          mmp_msg_header h, const mmp_channel_seg *segs, int n_segs);
+
+/* The checks every transport applies to a header read from its peer's side
+ * of a shared segment before anyone uses it: payload bytes within the slot
+ * (slot_bytes), no unknown flag, no payload on a STOP, and step, mb and n
+ * not negative. What the fields must be beyond that (rows against the
+ * receiver's buffers, the expected step) is the receiver's to check.
+ * MMP_ERR_PROTO with a message naming `what` (the channel), the field, its
+ * value and the limit. Pure: safe on any bytes (the fuzz harness feeds it). */
+mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_bytes);
+
 /* Removes every shm segment whose name starts with prefix (crash clean-up by
  * the coordinator). Returns how many were removed. */
 int mmp_shm_unlink_prefix(const char *prefix);

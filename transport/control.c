@@ -9,6 +9,7 @@
 #include "transport/control.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,16 +89,19 @@ static void id_text(char *out, size_t n, const unsigned char *id, size_t len)
 
 /* Compares in time that depends only on the lengths, so a peer cannot learn
  * the token byte by byte from how fast it is turned away. */
-static int token_equal(const mmp_ctl *c, const char *t)
+/* Constant time in the received token's bytes (up to our length): no
+ * timing tells a peer how much of a guess was right. */
+static int token_equal(const char *ours, const char *t)
 {
-    if (!t) {
+    if (!t || !ours) {
         return 0;
     }
+    size_t len = strnlen(ours, TOKEN_MAX + 1);
     size_t n = strnlen(t, TOKEN_MAX + 1);
-    unsigned diff = n != c->token_len;
-    for (size_t i = 0; i < c->token_len; i++) {
+    unsigned diff = n != len;
+    for (size_t i = 0; i < len; i++) {
         unsigned char b = i < n ? (unsigned char)t[i] : 0;
-        diff |= (unsigned char)c->token[i] ^ b;
+        diff |= (unsigned char)ours[i] ^ b;
     }
     return diff == 0;
 }
@@ -321,37 +325,184 @@ static size_t drain(void *sock)
     return frames;
 }
 
+static int finite_nonneg(double x)
+{
+    return isfinite(x) && x >= 0;
+}
+
+/* The body's fields that no sender may write, whatever the receiver's
+ * geometry; 0 with why set when one is out of range. */
+static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
+{
+#define BAD(...) (snprintf(why, why_n, __VA_ARGS__), 0)
+    switch (env->body_case) {
+    case MMPIPE__ENVELOPE__BODY_HELLO:
+        return env->hello ? 1 : BAD("hello: missing");
+    case MMPIPE__ENVELOPE__BODY_ASSIGNMENT: {
+        const Mmpipe__Assignment *a = env->assignment;
+        if (!a) {
+            return BAD("assignment: missing");
+        }
+        for (size_t i = 0; i < a->n_channels; i++) {
+            if (!a->channels[i]) {
+                return BAD("assignment: channel %zu missing", i);
+            }
+        }
+        for (size_t i = 0; i < a->n_program; i++) {
+            if (!a->program[i]) {
+                return BAD("assignment: instruction %zu missing", i);
+            }
+        }
+        return 1;
+    }
+    case MMPIPE__ENVELOPE__BODY_PROGRAM: {
+        const Mmpipe__Program *p = env->program;
+        if (!p || p->first_step < 0) {
+            return BAD("program: field first_step = %d, below 0", p ? p->first_step : -1);
+        }
+        for (size_t i = 0; i < p->n_program; i++) {
+            if (!p->program[i]) {
+                return BAD("program: instruction %zu missing", i);
+            }
+        }
+        return 1;
+    }
+    case MMPIPE__ENVELOPE__BODY_START:
+        if (!env->start || env->start->first_step < 0 || env->start->steps < 0) {
+            return BAD("start: fields first_step = %d, steps = %d, below 0",
+                       env->start ? env->start->first_step : -1,
+                       env->start ? env->start->steps : -1);
+        }
+        return 1;
+    case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
+        /* sumsq may be NaN: a diverging model's norm is news, not forgery. */
+        return env->grad_norm && env->grad_norm->step >= 0 ? 1
+                                                           : BAD("grad_norm: field step below 0");
+    case MMPIPE__ENVELOPE__BODY_CLIP:
+        return env->clip && env->clip->step >= 0 ? 1 : BAD("clip: field step below 0");
+    case MMPIPE__ENVELOPE__BODY_STEP_DONE: {
+        const Mmpipe__StepDone *d = env->step_done;
+        if (!d || d->step < 0) {
+            return BAD("step_done: field step = %d, below 0", d ? d->step : -1);
+        }
+        if (!finite_nonneg(d->busy_ms) || !isfinite(d->idle_ms) || !finite_nonneg(d->wall_ms) ||
+            !finite_nonneg(d->data_ms)) {
+            return BAD("step_done: step %d: a timing that is negative or not finite", d->step);
+        }
+        if (d->max_inflight < 0 || d->skipped < 0 || d->n_mbs > 65536) {
+            return BAD("step_done: step %d: fields max_inflight = %d, skipped = %d, %zu "
+                       "micro-batch timings (limit 65536)",
+                       d->step, d->max_inflight, d->skipped, d->n_mbs);
+        }
+        for (size_t k = 0; k < d->n_mbs; k++) {
+            const Mmpipe__MbTiming *t = d->mbs[k];
+            if (!t || t->mb < 0 || !finite_nonneg(t->fwd_ms) || !finite_nonneg(t->bwd_ms)) {
+                return BAD("step_done: step %d: micro-batch timing %zu: field mb = %d or its "
+                           "times out of range",
+                           d->step, k, t ? t->mb : -1);
+            }
+        }
+        return 1;
+    }
+    case MMPIPE__ENVELOPE__BODY_EVAL_REQUEST:
+        return env->eval_request && env->eval_request->step >= 0
+                   ? 1
+                   : BAD("eval_request: field step below 0");
+    case MMPIPE__ENVELOPE__BODY_EVAL_DONE: {
+        const Mmpipe__EvalDone *d = env->eval_done;
+        if (!d || d->step < 0 || !(d->i2t_r1 >= 0 && d->i2t_r1 <= 1) ||
+            !(d->t2i_r1 >= 0 && d->t2i_r1 <= 1)) {
+            return BAD("eval_done: field step below 0 or a recall outside 0..1");
+        }
+        return 1;
+    }
+    case MMPIPE__ENVELOPE__BODY_HEARTBEAT:
+        return env->heartbeat && env->heartbeat->step >= 0 && env->heartbeat->instr >= 0
+                   ? 1
+                   : BAD("heartbeat: field step or instr below 0");
+    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST:
+        return env->checkpoint_request && env->checkpoint_request->step >= 0
+                   ? 1
+                   : BAD("checkpoint_request: field step below 0");
+    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK:
+        return env->checkpoint_ack && env->checkpoint_ack->step >= 0
+                   ? 1
+                   : BAD("checkpoint_ack: field step below 0");
+    default:
+        return 1; /* bodies without numbers: Ready, Abort, Shutdown, Error */
+    }
+#undef BAD
+}
+
+mmp_ctl_verdict mmp_ctl_decode(const void *data, size_t size, const char *job_token,
+                               Mmpipe__Envelope **out, char *why, size_t why_n)
+{
+    Mmpipe__Envelope *env = NULL;
+    mmp_ctl_verdict v;
+    *out = NULL;
+    if (size > MMP_CTL_MAX_BYTES) {
+        v = MMP_CTL_TOO_BIG;
+        snprintf(why, why_n, "%zu bytes, over the %u limit", size, MMP_CTL_MAX_BYTES);
+    } else if (!(env = mmpipe__envelope__unpack(NULL, size, data))) {
+        v = MMP_CTL_UNDECODABLE;
+        snprintf(why, why_n, "%zu bytes that do not decode as an Envelope", size);
+    } else if (env->version != MMP_CTL_VERSION) {
+        v = MMP_CTL_BAD_VERSION;
+        snprintf(why, why_n, "version %u, want %d", env->version, MMP_CTL_VERSION);
+    } else if (!token_equal(job_token, env->job_token)) {
+        v = MMP_CTL_BAD_TOKEN;
+        snprintf(why, why_n, "wrong job token");
+    } else if (env->body_case == MMPIPE__ENVELOPE__BODY__NOT_SET) {
+        v = MMP_CTL_NO_BODY;
+        snprintf(why, why_n, "no known body (none set, or a message type newer than this build)");
+    } else if (!body_ok(env, why, why_n)) {
+        v = MMP_CTL_BAD_BODY;
+    } else {
+        *out = env;
+        return MMP_CTL_OK;
+    }
+    if (env) {
+        mmpipe__envelope__free_unpacked(env, NULL);
+    }
+    return v;
+}
+
 /* Applies the checks, in the contract's order, to one payload that came with
  * `extra` frames after it. Returns the envelope, or NULL after counting the
  * rejection and writing its reason. */
 static Mmpipe__Envelope *check(mmp_ctl *c, zmq_msg_t *payload, size_t extra, char *why,
                                size_t why_n)
 {
-    size_t size = zmq_msg_size(payload);
     Mmpipe__Envelope *env = NULL;
-    long *counter;
+    long *counter = NULL;
     if (extra > 0) {
         counter = &c->stats.bad_frames;
         snprintf(why, why_n, "%zu payload frames, want 1", extra + 1);
-    } else if (size > MMP_CTL_MAX_BYTES) {
-        counter = &c->stats.too_big;
-        snprintf(why, why_n, "%zu bytes, over the %u limit", size, MMP_CTL_MAX_BYTES);
-    } else if (!(env = mmpipe__envelope__unpack(NULL, size, zmq_msg_data(payload)))) {
-        counter = &c->stats.undecodable;
-        snprintf(why, why_n, "%zu bytes that do not decode as an Envelope", size);
-    } else if (env->version != MMP_CTL_VERSION) {
-        counter = &c->stats.bad_version;
-        snprintf(why, why_n, "version %u, want %d", env->version, MMP_CTL_VERSION);
-    } else if (!token_equal(c, env->job_token)) {
-        counter = &c->stats.bad_token;
-        snprintf(why, why_n, "wrong job token");
-    } else if (env->body_case == MMPIPE__ENVELOPE__BODY__NOT_SET) {
-        counter = &c->stats.no_body;
-        snprintf(why, why_n, "no known body (none set, or a message type newer than this build)");
     } else {
-        return env;
+        switch (mmp_ctl_decode(zmq_msg_data(payload), zmq_msg_size(payload), c->token, &env, why,
+                               why_n)) {
+        case MMP_CTL_OK:
+            return env;
+        case MMP_CTL_TOO_BIG:
+            counter = &c->stats.too_big;
+            break;
+        case MMP_CTL_UNDECODABLE:
+            counter = &c->stats.undecodable;
+            break;
+        case MMP_CTL_BAD_VERSION:
+            counter = &c->stats.bad_version;
+            break;
+        case MMP_CTL_BAD_TOKEN:
+            counter = &c->stats.bad_token;
+            break;
+        case MMP_CTL_NO_BODY:
+            counter = &c->stats.no_body;
+            break;
+        case MMP_CTL_BAD_BODY:
+            counter = &c->stats.bad_body;
+            break;
+        }
     }
-    mmpipe__envelope__free_unpacked(env, NULL);
     (*counter)++;
     c->stats.rejected++;
     return NULL;

@@ -34,7 +34,32 @@ typedef struct mmp_ctl_stats {
     long received, rejected; /* rejected: dropped for one of the reasons above */
     long too_big, undecodable, bad_version, bad_token, no_body;
     long bad_frames; /* not exactly one payload frame */
+    long bad_body;   /* a body field outside what any sender may write (mmp_ctl_decode) */
 } mmp_ctl_stats;
+
+/* Why mmp_ctl_decode refused a payload (MMP_CTL_OK: it did not). */
+typedef enum mmp_ctl_verdict {
+    MMP_CTL_OK = 0,
+    MMP_CTL_TOO_BIG,
+    MMP_CTL_UNDECODABLE,
+    MMP_CTL_BAD_VERSION,
+    MMP_CTL_BAD_TOKEN,
+    MMP_CTL_NO_BODY,
+    MMP_CTL_BAD_BODY,
+} mmp_ctl_verdict;
+
+/* The receive checks on one payload frame's bytes, in the contract's order:
+ * size, decoding, version, job token (compared in constant time), a known
+ * body, and then the body's own fields where no sender may write them
+ * whatever the geometry (negative step or micro-batch numbers, counts past
+ * the limits, timings that are not finite, a missing sub-message). What a
+ * field must be against a receiver's state (micro-batch < microbatches, the
+ * channel it names) is the receiver's check (stages/peer.h, the
+ * coordinator). On MMP_CTL_OK *out is the envelope (free with
+ * mmp_ctl_free); otherwise *out is NULL and why holds the reason. Pure: no
+ * socket, safe on any bytes (tests/fuzz/fuzz_control.c feeds it). */
+mmp_ctl_verdict mmp_ctl_decode(const void *data, size_t size, const char *job_token,
+                               Mmpipe__Envelope **out, char *why, size_t why_n);
 
 /* Coordinator: binds endpoint ("ipc://@mmpipe-<token>" or "tcp://0.0.0.0:port").
  * The token (1..128 characters) is copied. MMP_ERR_IO when the endpoint is

@@ -196,7 +196,19 @@ static mmp_err wait_barrier(mmp_reduce *r, uint64_t b)
         /* The bell before the counter: a ring after this load changes the
          * word, so FUTEX_WAIT below returns at once instead of sleeping. */
         uint32_t seen = atomic_load_explicit(&h->bell, memory_order_acquire);
-        if (atomic_load_explicit(&h->arrived, memory_order_acquire) >= target) {
+        uint64_t arrived = atomic_load_explicit(&h->arrived, memory_order_acquire);
+        if (arrived >= target) {
+            /* The counter is every rank's word: while this rank has not left
+             * barrier b, the others can be at most one barrier ahead, so a
+             * larger count is forged or corrupt, not a barrier passed. */
+            if (arrived > target + (uint64_t)r->replicas - 1) {
+                return mmp_errorf(MMP_ERR_PROTO,
+                                  "reduce %s: header field arrived = %llu at barrier %llu, over "
+                                  "the %llu that %d ranks can reach (round %llu)",
+                                  r->name, (unsigned long long)arrived, (unsigned long long)b,
+                                  (unsigned long long)(target + (uint64_t)r->replicas - 1),
+                                  r->replicas, (unsigned long long)r->rounds);
+            }
             return MMP_OK;
         }
         int dead = 0;

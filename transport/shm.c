@@ -405,6 +405,13 @@ static mmp_err shm_acquire(mmp_channel *c, void **payload)
         MMP_TRY(wait_counter(ch, &ch->hdr->tail, ch->count - ch->slots + 1, &ch->hdr->credit_bell,
                              &ch->hdr->credit_sleepers, "a credit"));
     }
+    /* tail is the peer's word: a receiver cannot release what was never posted. */
+    uint64_t tail = atomic_load_explicit(&ch->hdr->tail, memory_order_acquire);
+    if (tail > ch->count) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "shm %s: header field tail = %llu, more than the %llu messages posted",
+                          ch->name, (unsigned long long)tail, (unsigned long long)ch->count);
+    }
     ch->acquired = 1;
     *payload = ch->payload + (size_t)(ch->count % ch->slots) * ch->stride;
     return MMP_OK;
@@ -436,13 +443,21 @@ static mmp_err shm_recv(mmp_channel *c, mmp_msg_header *h, const void **payload)
     }
     MMP_TRY(wait_counter(ch, &ch->hdr->head, ch->count + 1, &ch->hdr->data_bell,
                          &ch->hdr->data_sleepers, "a message"));
-    uint32_t i = (uint32_t)(ch->count % ch->slots);
-    *h = ch->hdr->msg[i];
-    if (h->bytes > ch->slot_bytes) {
-        return mmp_errorf(MMP_ERR_PROTO, "shm %s: message %llu claims %llu bytes in %zu-byte slots",
-                          ch->name, (unsigned long long)ch->count, (unsigned long long)h->bytes,
-                          ch->slot_bytes);
+    /* head is the peer's word: more than a ring ahead of what we took means
+     * it is forged or corrupt (the sender may never lap the receiver). */
+    uint64_t head = atomic_load_explicit(&ch->hdr->head, memory_order_acquire);
+    if (head - ch->count > ch->slots) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "shm %s: header field head = %llu, more than the %u slots ahead of the "
+                          "%llu messages received",
+                          ch->name, (unsigned long long)head, ch->slots,
+                          (unsigned long long)ch->count);
     }
+    uint32_t i = (uint32_t)(ch->count % ch->slots);
+    *h = ch->hdr->msg[i]; /* a copy: the checks below hold whatever the peer writes next */
+    char what[NAME_MAX + 40];
+    snprintf(what, sizeof what, "shm %s message %llu", ch->name, (unsigned long long)ch->count);
+    MMP_TRY(mmp_msg_check(what, h, ch->slot_bytes));
     ch->count++;
     *payload = ch->payload + (size_t)i * ch->stride;
     return MMP_OK;

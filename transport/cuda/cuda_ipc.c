@@ -722,6 +722,14 @@ static mmp_err cipc_acquire(mmp_channel *c, void **payload)
             return cuda_fail(ce, ch->name, "acquire: cudaStreamWaitEvent");
         }
     }
+    /* tail is the peer's word: a receiver cannot release what was never posted. */
+    uint64_t tail = atomic_load_explicit(&ch->hdr->tail, memory_order_acquire);
+    if (tail > ch->count) {
+        return mmp_errorf(
+            MMP_ERR_PROTO,
+            "cuda_ipc %s: header field tail = %llu, more than the %llu messages posted", ch->name,
+            (unsigned long long)tail, (unsigned long long)ch->count);
+    }
     ch->acquired = 1;
     *payload = ch->dev + (size_t)i * ch->stride;
     return MMP_OK;
@@ -776,13 +784,21 @@ static mmp_err cipc_recv(mmp_channel *c, mmp_msg_header *h, const void **payload
     }
     MMP_TRY(wait_counter(ch, &ch->hdr->head, ch->count + 1, &ch->hdr->data_bell,
                          &ch->hdr->data_sleepers, "a message"));
-    uint32_t i = (uint32_t)(ch->count % ch->slots);
-    *h = ch->msg[i];
-    if (h->bytes > ch->slot_bytes) {
-        return mmp_errorf(
-            MMP_ERR_PROTO, "cuda_ipc %s: message %llu claims %llu bytes in %zu-byte slots",
-            ch->name, (unsigned long long)ch->count, (unsigned long long)h->bytes, ch->slot_bytes);
+    /* head is the peer's word: more than a ring ahead is forged or corrupt. */
+    uint64_t head = atomic_load_explicit(&ch->hdr->head, memory_order_acquire);
+    if (head - ch->count > ch->slots) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "cuda_ipc %s: header field head = %llu, more than the %u slots ahead of "
+                          "the %llu messages received",
+                          ch->name, (unsigned long long)head, (unsigned)ch->slots,
+                          (unsigned long long)ch->count);
     }
+    uint32_t i = (uint32_t)(ch->count % ch->slots);
+    *h = ch->msg[i]; /* a copy: the checks hold whatever the peer writes next */
+    char what[sizeof ch->name + 40];
+    snprintf(what, sizeof what, "cuda_ipc %s message %llu", ch->name,
+             (unsigned long long)ch->count);
+    MMP_TRY(mmp_msg_check(what, h, ch->slot_bytes));
     /* The device waits for the sender's writes; the host goes on at once. */
     cudaError_t ce = cudaStreamWaitEvent(ch->stream, ch->ready[i], 0);
     if (ce != cudaSuccess) {

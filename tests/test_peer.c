@@ -1,0 +1,139 @@
+/* What a stage accepts from its peers (stages/peer.h), on a live channel:
+ * a sender that claims more rows than the receiver's buffers hold, or a
+ * byte count that does not match its rows, passes the transport (the bytes
+ * fit the slot) and must then be refused by the stage's check, the one
+ * chan_recv in stages/worker.c applies before reading the payload by hdr.n.
+ * Then the coordinator's instruction lists: every field that indexes
+ * something in the stage is checked against the assignment. */
+#include <string.h>
+#include <unistd.h>
+
+#include "stages/peer.h"
+#include "tests/harness.h"
+#include "transport/channel.h"
+
+enum { MB_MAX = 4, ROW = 12 * sizeof(float) };
+
+static void test_rows_live(void)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "/mmpipe-test-peer-%d", (int)getpid());
+    const mmp_transport *t = &mmp_transport_shm;
+    mmp_channel_cfg cs = {
+        .address = addr, .slot_bytes = MB_MAX * ROW, .slots = 4, .send = 1, .timeout_ms = 1000};
+    mmp_channel_cfg cr = cs;
+    cr.send = 0;
+    mmp_channel *a = NULL, *b = NULL;
+    CHECK_OK(t->setup(&a, &cs));
+    CHECK_OK(t->connect(&b, &cr));
+    if (!a || !b) {
+        t->close(a);
+        t->close(b);
+        return;
+    }
+    static float rows[MB_MAX * ROW / sizeof(float)];
+    static const struct {
+        int n;
+        size_t bytes;
+        mmp_err want;
+        const char *says;
+    } cases[] = {
+        {MB_MAX, MB_MAX * ROW, MMP_OK, NULL},
+        {0, 0, MMP_OK, NULL},
+        /* The worker bug: n rows copied into mb_max-row buffers unchecked. */
+        {MB_MAX + 1, MB_MAX * ROW, MMP_ERR_PROTO, "field n = 5, outside 0..4"},
+        {1000000, 8, MMP_ERR_PROTO, "field n = 1000000"},
+        /* bytes that do not cover n rows: the mask/valid parts would be read past them */
+        {2, ROW, MMP_ERR_PROTO, "field bytes = 48, want 96"},
+        {1, 2 * ROW, MMP_ERR_PROTO, "field bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mmp_msg_header h = {.step = 2, .mb = 1, .n = cases[i].n, .bytes = cases[i].bytes};
+        CHECK_OK(mmp_channel_send(t, a, &h, rows));
+        mmp_msg_header got;
+        const void *p;
+        CHECK_OK(t->recv(b, &got, &p)); /* the transport lets it through: it fits the slot */
+        mmp_err e = mmp_peer_check_rows(7, &got, MB_MAX, ROW);
+        CHECK(e == cases[i].want);
+        if (cases[i].says) {
+            CHECK(strstr(mmp_last_error(), cases[i].says) != NULL);
+            CHECK(strstr(mmp_last_error(), "channel 7") != NULL);
+        }
+        CHECK_OK(t->release(b));
+    }
+    t->close(a);
+    t->close(b);
+}
+
+static void test_program(void)
+{
+    Mmpipe__Channel in = MMPIPE__CHANNEL__INIT, out = MMPIPE__CHANNEL__INIT;
+    in.id = 3, in.send = 0, in.grad = 0, in.slots = 2;
+    in.peer = "image.0/0", in.address = "/x", in.transport = "shm";
+    out = in;
+    out.id = 5, out.send = 1;
+    Mmpipe__Channel *chans[] = {&in, &out};
+    Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
+    a.kind = "image";
+    a.microbatches = 4;
+    a.replicas = 1;
+    a.layer_last = 2;
+    a.n_channels = 2;
+    a.channels = chans;
+    Mmpipe__Instr i0 = MMPIPE__INSTR__INIT;
+    Mmpipe__Instr *prog[] = {&i0};
+    a.program = prog;
+    a.n_program = 1;
+    static const struct {
+        int op, mb, edge;
+        mmp_err want;
+        const char *says;
+    } cases[] = {
+        {MMPIPE__OP__RECV_ACT, 3, 3, MMP_OK, NULL},
+        {MMPIPE__OP__SEND_ACT, 0, 5, MMP_OK, NULL},
+        {MMPIPE__OP__GRAD_NORM, -1, -1, MMP_OK, NULL},
+        {MMPIPE__OP__RECV_ACT, 0, -1, MMP_ERR_PROTO, "field edge = -1"}, /* worker: NULL channel */
+        {MMPIPE__OP__RECV_ACT, 0, 5, MMP_ERR_PROTO, "a receive on channel 5, which sends"},
+        {MMPIPE__OP__RECV_GRAD, 0, 3, MMP_ERR_PROTO, "receives activations"},
+        {MMPIPE__OP__BWD, 4, -1, MMP_ERR_PROTO, "field mb = 4, outside 0..3"}, /* bwd_ms[mb] */
+        {MMPIPE__OP__LOAD, -2, -1, MMP_ERR_PROTO, "field mb = -2"},
+        {99, 0, -1, MMP_ERR_PROTO, "field op = 99"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        i0.op = cases[i].op;
+        i0.mb = cases[i].mb;
+        i0.edge = cases[i].edge;
+        mmp_err e = mmp_peer_check_assignment(&a);
+        CHECK(e == cases[i].want);
+        if (e != cases[i].want) {
+            fprintf(stderr, "  case %zu: %s\n", i, mmp_last_error());
+        }
+        if (cases[i].says) {
+            CHECK(strstr(mmp_last_error(), cases[i].says) != NULL);
+        }
+    }
+    i0 = (Mmpipe__Instr)MMPIPE__INSTR__INIT;
+    i0.op = MMPIPE__OP__FWD;
+    CHECK_OK(mmp_peer_check_assignment(&a));
+    a.microbatches = 0;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO);
+    a.microbatches = 4;
+    a.replica = 1;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO);
+    a.replica = 0;
+    a.kind = "gpu";
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO);
+    a.kind = "image";
+    out.id = 3;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "twice"));
+    out.id = 5;
+    out.slots = 0;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "slots"));
+}
+
+int main(void)
+{
+    test_rows_live();
+    test_program();
+    return mmp_test_finish("test_peer");
+}
