@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "data/utf8.h"
+#include "common/utf8.h"
 
 #define MAX_DEPTH 64
 

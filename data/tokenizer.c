@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 
 #include "data/unicode.h"
-#include "data/utf8.h"
+#include "common/utf8.h"
 
 /* A word of at most MMP_TOKENIZER_MAX_WORD_CHARS characters of valid UTF-8
  * fits; anything longer becomes [UNK] without being copied. */

@@ -1,6 +1,7 @@
-/* UTF-8 helpers shared by the manifest's JSON strings and the tokenizer. */
-#ifndef MMP_DATA_UTF8_H
-#define MMP_DATA_UTF8_H
+/* UTF-8 helpers shared by the plan loader (YAML text is checked before
+ * libfyaml sees it), the manifest's JSON strings and the tokenizer. */
+#ifndef MMP_COMMON_UTF8_H
+#define MMP_COMMON_UTF8_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* UTF-8 validation and encoding (RFC 3629: no overlong forms, no surrogates).
  * Pure functions over caller buffers: never allocates, never reads past n. */
-#include "data/utf8.h"
+#include "common/utf8.h"
 
 size_t mmp_utf8_seq_len(const unsigned char *s, size_t n)
 {

@@ -1,0 +1,259 @@
+/* The plan after its keys are read: defaults computed from other keys,
+ * cross-key rules (each failing at the file:line:column of the key it
+ * names), the topology questions every process asks of a plan (layers,
+ * micro-batch sizes, replicas, device slots, simulated costs, evaluation
+ * steps), and whether this version can run it.
+ *
+ * The keys themselves are common/plan_keys.c; reading YAML is the schema
+ * engine's (common/schema.h). Nothing here prints or exits. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/config.h"
+#include "common/plan_schema.h"
+
+/* ---- after loading --------------------------------------------------------- */
+
+/* "dir/train.jsonl" + "val.jsonl" -> "dir/val.jsonl". */
+static bool beside(const char *file, const char *name, char *out, size_t size)
+{
+    const char *slash = strrchr(file, '/');
+    int dir = slash ? (int)(slash - file + 1) : 0;
+    return snprintf(out, size, "%.*s%s", dir, file, name) < (int)size;
+}
+
+static mmp_err resolve_defaults(mmp_schema_loader *L, mmp_plan *p)
+{
+    if (!mmp_schema_given(L, "train.optimizer.min_lr")) {
+        p->train.optimizer.min_lr = 0.1f * p->train.optimizer.lr;
+    }
+    if (!mmp_schema_given(L, "sim.change.image")) {
+        p->sim.change.image = p->sim.cost.image;
+    }
+    if (!mmp_schema_given(L, "sim.change.text")) {
+        p->sim.change.text = p->sim.cost.text;
+    }
+    if (!mmp_schema_given(L, "sim.change.fusion")) {
+        p->sim.change.fusion = p->sim.cost.fusion;
+    }
+    if ((!mmp_schema_given(L, "data.val_manifest") &&
+         !beside(p->data.manifest, "val.jsonl", p->data.val_manifest,
+                 sizeof p->data.val_manifest)) ||
+        (!mmp_schema_given(L, "data.vocab") &&
+         !beside(p->data.manifest, "vocab.txt", p->data.vocab, sizeof p->data.vocab))) {
+        return mmp_schema_fail_at(
+            L, "data.manifest", NULL,
+            "data.manifest: path too long to put val.jsonl / vocab.txt beside it");
+    }
+    return MMP_OK;
+}
+
+/* Layers of each branch, as nn/model.h counts them: image = stem, each
+ * BasicBlock, projection; text = embedding, each transformer layer, final
+ * LayerNorm. A split point k cuts between layers k-1 and k. */
+static mmp_err check_split(mmp_schema_loader *L, const char *key, const mmp_stage_cfg *s,
+                           int layers, const char *why)
+{
+    for (int i = 0; i < s->n_split; i++) {
+        if (s->split[i] >= layers) {
+            return mmp_schema_fail_at(L, key, NULL,
+                                      "%s[%d]: %d is not below the %d layers of the branch (%s)",
+                                      key, i, s->split[i], layers, why);
+        }
+    }
+    return MMP_OK;
+}
+
+/* One entry for every sub-stage, or one per sub-stage. */
+static mmp_err check_replicas(mmp_schema_loader *L, const char *key, const char *split_key,
+                              const mmp_stage_cfg *s)
+{
+    int subs = s->n_split + 1;
+    if (s->n_replicas != 1 && s->n_replicas != subs) {
+        return mmp_schema_fail_at(
+            L, key, split_key,
+            "%s: %d values for %d sub-stage%s (%s%s): give one number for all, or one "
+            "per sub-stage",
+            key, s->n_replicas, subs, subs == 1 ? "" : "s", split_key ? split_key : "",
+            split_key ? " cuts the branch" : "fusion is never cut");
+    }
+    return MMP_OK;
+}
+
+static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
+{
+    if (p->train.microbatches > p->train.batch) {
+        return mmp_schema_fail_at(L, "train.microbatches", "train.batch",
+                                  "train.microbatches (%d) is more than train.batch (%d)",
+                                  p->train.microbatches, p->train.batch);
+    }
+    if (p->model.width % p->model.text.heads != 0) {
+        return mmp_schema_fail_at(L, "model.text.heads", "model.width",
+                                  "model.width (%d) is not divisible by model.text.heads (%d)",
+                                  p->model.width, p->model.text.heads);
+    }
+    if (p->model.width % p->model.fusion.heads != 0) {
+        return mmp_schema_fail_at(L, "model.fusion.heads", "model.width",
+                                  "model.width (%d) is not divisible by model.fusion.heads (%d)",
+                                  p->model.width, p->model.fusion.heads);
+    }
+    int nb = mmp_schema_list_len(L, "model.image.blocks");
+    int nc = mmp_schema_list_len(L, "model.image.channels");
+    if (nb != nc) {
+        return mmp_schema_fail_at(
+            L, "model.image.channels", "model.image.blocks",
+            "model.image.channels has %d values but model.image.blocks has %d", nc, nb);
+    }
+    p->model.image.n_stages = nb;
+    if (p->train.optimizer.min_lr > p->train.optimizer.lr) {
+        return mmp_schema_fail_at(
+            L, "train.optimizer.min_lr", "train.optimizer.lr",
+            "train.optimizer.min_lr (%g) is more than train.optimizer.lr (%g)",
+            (double)p->train.optimizer.min_lr, (double)p->train.optimizer.lr);
+    }
+    MMP_TRY(check_split(L, "stages.image.split", &p->stages.image, mmp_plan_image_layers(p),
+                        "stem, model.image.blocks, projection"));
+    MMP_TRY(check_split(L, "stages.text.split", &p->stages.text, mmp_plan_text_layers(p),
+                        "embedding, model.text.layers, final norm"));
+    MMP_TRY(check_replicas(L, "stages.image.replicas", "stages.image.split", &p->stages.image));
+    MMP_TRY(check_replicas(L, "stages.text.replicas", "stages.text.split", &p->stages.text));
+    MMP_TRY(check_replicas(L, "stages.fusion.replicas", NULL, &p->stages.fusion));
+    return MMP_OK;
+}
+
+/* The schema engine's check hook: runs while the keys' positions are known. */
+static mmp_err check_loaded(mmp_schema_loader *L, void *obj)
+{
+    MMP_TRY(resolve_defaults(L, obj));
+    return check_plan(L, obj);
+}
+
+void mmp_plan_defaults(mmp_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    mmp_schema_defaults(&mmp_plan_schema, p);
+    p->train.optimizer.min_lr = 0.1f * p->train.optimizer.lr;
+    p->n_hosts = 1;
+    snprintf(p->hosts[0].name, sizeof p->hosts[0].name, "localhost");
+    p->hosts[0].n_devices = 3;
+    for (int d = 0; d < 3; d++) {
+        p->hosts[0].devices[d] = -1;
+    }
+}
+
+mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *overrides, int n_overrides)
+{
+    mmp_plan_defaults(p);
+    if (snprintf(p->path, sizeof p->path, "%s", path) >= (int)sizeof p->path) {
+        return mmp_errorf(MMP_ERR_CONFIG, "%.64s...: plan path too long", path);
+    }
+    return mmp_schema_load(&mmp_plan_schema, p, path, overrides, n_overrides, check_loaded);
+}
+
+mmp_err mmp_plan_check_runnable(const mmp_plan *p)
+{
+    const struct {
+        int bad;
+        const char *key, *why;
+    } rules[] = {
+        {p->train.precision != MMP_PREC_FP32, "train.precision", "mixed precision (GPU only)"},
+        {p->n_hosts > 1, "hosts", "more than one host"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
+        if (rules[i].bad) {
+            return mmp_errorf(MMP_ERR_INVALID, "%s: %s is not supported yet", rules[i].key,
+                              rules[i].why);
+        }
+    }
+    for (int h = 0; h < p->n_hosts; h++) {
+        for (int d = 0; d < p->hosts[h].n_devices; d++) {
+            if (p->hosts[h].devices[d] >= 0) {
+                return mmp_errorf(
+                    MMP_ERR_INVALID,
+                    "hosts[%d].devices[%d]: GPU stages are not supported yet (use cpu)", h, d);
+            }
+        }
+    }
+    return MMP_OK;
+}
+
+/* ---- topology ------------------------------------------------------------------ */
+
+int mmp_plan_image_layers(const mmp_plan *p)
+{
+    int n = 2; /* stem, projection */
+    for (int i = 0; i < p->model.image.n_stages; i++) {
+        n += p->model.image.blocks[i];
+    }
+    return n;
+}
+
+int mmp_plan_mb_size(const mmp_plan *p, int mb)
+{
+    int B = p->train.batch, m = p->train.microbatches;
+    return B / m + (mb < B % m ? 1 : 0);
+}
+
+int mmp_plan_mb_offset(const mmp_plan *p, int mb)
+{
+    int B = p->train.batch, m = p->train.microbatches;
+    return mb * (B / m) + (mb < B % m ? mb : B % m);
+}
+
+int mmp_plan_text_layers(const mmp_plan *p)
+{
+    return p->model.text.layers + 2; /* embedding, layers, final norm */
+}
+
+int mmp_plan_replicas(const mmp_plan *p, mmp_branch b, int sub)
+{
+    const mmp_stage_cfg *s = b == MMP_BRANCH_IMAGE  ? &p->stages.image
+                             : b == MMP_BRANCH_TEXT ? &p->stages.text
+                                                    : &p->stages.fusion;
+    if (s->n_replicas <= 1) {
+        return s->n_replicas == 1 ? s->replicas[0] : 1;
+    }
+    return sub >= 0 && sub < s->n_replicas ? s->replicas[sub] : 1;
+}
+
+int mmp_plan_slots(const mmp_plan *p)
+{
+    int n = 0;
+    for (int i = 0; i < p->n_hosts; i++) {
+        n += p->hosts[i].n_devices;
+    }
+    return n;
+}
+
+double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int n, int step,
+                       int backward, int slot)
+{
+    int changed = p->sim.change_step > 0 && step + 1 >= p->sim.change_step;
+    double per_sample = 0, share = 1;
+    switch (b) {
+    case MMP_BRANCH_IMAGE:
+        per_sample = changed ? p->sim.change.image : p->sim.cost.image;
+        share = (double)(last - first) / mmp_plan_image_layers(p);
+        break;
+    case MMP_BRANCH_TEXT:
+        per_sample = changed ? p->sim.change.text : p->sim.cost.text;
+        share = (double)(last - first) / mmp_plan_text_layers(p);
+        break;
+    case MMP_BRANCH_FUSION:
+        per_sample = changed ? p->sim.change.fusion : p->sim.cost.fusion;
+        break;
+    }
+    double slowdown = slot >= 0 && slot < p->sim.n_slowdown ? p->sim.slowdown[slot] : 1.0;
+    return per_sample * n * share * slowdown * (backward ? p->sim.bwd_factor : 1.0);
+}
+
+int mmp_plan_evaluates(const mmp_plan *p)
+{
+    return p->train.eval_every > 0 || p->train.final_eval;
+}
+
+int mmp_plan_eval_due(const mmp_plan *p, int steps_done)
+{
+    return (p->train.eval_every > 0 && steps_done % p->train.eval_every == 0) ||
+           (p->train.final_eval && steps_done == p->job.steps);
+}

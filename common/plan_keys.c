@@ -1,0 +1,366 @@
+/* mmpipe's plan keys: every leaf key of mmp_plan once, with its type, range,
+ * default and place in the struct (keys[]), read and written by the schema
+ * engine (common/schema.h). A key added here is parsed, defaulted, written to
+ * plan.json and fingerprinted without another edit. Also: the hosts list
+ * (the one key the engine's types do not describe) and the keys as text.
+ *
+ * Cross-key rules and defaults computed from other keys live in
+ * common/plan.c, not here. Nothing here prints, exits or keeps state. */
+#include <assert.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config.h"
+#include "common/plan_schema.h"
+
+/* ---- hosts: [{name, devices: [cpu | ordinal, ...]}, ...] ------------------ */
+
+static mmp_err load_devices(mmp_schema_loader *L, mmp_host *h, int i, mmp_schema_site at)
+{
+    char name[MMP_SCHEMA_KEY_MAX], got[96];
+    snprintf(name, sizeof name, "hosts[%d].devices", i);
+    MMP_TRY(mmp_schema_check_list(L, name, at, 1, MMP_MAX_DEVICES, &h->n_devices));
+    void *iter = NULL;
+    mmp_schema_site is;
+    for (int d = 0; mmp_schema_next_item(at, &iter, &is); d++) {
+        char text[16];
+        bool plain = false;
+        long long ordinal = 0;
+        snprintf(name, sizeof name, "hosts[%d].devices[%d]", i, d);
+        bool scalar = mmp_schema_text(is, text, sizeof text, &plain);
+        /* "cpu" may be quoted: plan.json writes it so. */
+        if (scalar && strcmp(text, "cpu") == 0) {
+            h->devices[d] = -1;
+            continue;
+        }
+        if (!scalar || !plain || !mmp_schema_is_integer(text)) {
+            return mmp_schema_fail(L, is, "%s: expected 'cpu' or a CUDA device ordinal, got %s",
+                                   name, mmp_schema_describe(is, got, sizeof got));
+        }
+        MMP_TRY(mmp_schema_parse_int(L, name, is, 0, 1023, &ordinal));
+        h->devices[d] = (int)ordinal;
+    }
+    return MMP_OK;
+}
+
+static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_site at)
+{
+    char name[MMP_SCHEMA_KEY_MAX], got[96];
+    mmp_host *h = &p->hosts[i];
+    memset(h, 0, sizeof *h);
+    if (!mmp_schema_is_mapping(at)) {
+        return mmp_schema_fail(L, at, "hosts[%d]: expected a mapping {name, devices}, got %s", i,
+                               mmp_schema_describe(at, got, sizeof got));
+    }
+    bool have_name = false, have_devices = false;
+    void *iter = NULL;
+    mmp_schema_site ks, vs;
+    while (mmp_schema_next_pair(at, &iter, &ks, &vs)) {
+        char key[64];
+        if (!mmp_schema_text(ks, key, sizeof key, NULL)) {
+            snprintf(key, sizeof key, "?");
+        }
+        if (strcmp(key, "name") == 0) {
+            snprintf(name, sizeof name, "hosts[%d].name", i);
+            MMP_TRY(mmp_schema_parse_string(L, name, vs, h->name, sizeof h->name));
+            for (int j = 0; j < i; j++) {
+                if (strcmp(p->hosts[j].name, h->name) == 0) {
+                    return mmp_schema_fail(L, vs, "%s: '%s' is already the name of hosts[%d]", name,
+                                           h->name, j);
+                }
+            }
+            have_name = true;
+        } else if (strcmp(key, "devices") == 0) {
+            MMP_TRY(load_devices(L, h, i, vs));
+            have_devices = true;
+        } else {
+            static const char *const host_keys[] = {"name", "devices"};
+            char hint[128] = "";
+            for (int c = 0; c < 2; c++) {
+                if (mmp_schema_edit_distance(key, host_keys[c]) <= 2) {
+                    snprintf(hint, sizeof hint, " (did you mean 'hosts[%d].%s'?)", i, host_keys[c]);
+                    break;
+                }
+            }
+            return mmp_schema_fail(L, ks, "unknown key 'hosts[%d].%s'%s", i, key, hint);
+        }
+    }
+    if (!have_name || !have_devices) {
+        return mmp_schema_fail(L, at, "hosts[%d].%s: required key is missing", i,
+                               have_name ? "devices" : "name");
+    }
+    return MMP_OK;
+}
+
+static mmp_err load_hosts(mmp_schema_loader *L, void *obj, mmp_schema_site at)
+{
+    mmp_plan *p = obj;
+    char got[96];
+    int n = mmp_schema_items(at);
+    if (n < 0) {
+        return mmp_schema_fail(L, at, "hosts: expected a list of {name, devices}, got %s",
+                               mmp_schema_describe(at, got, sizeof got));
+    }
+    if (n < 1 || n > MMP_MAX_HOSTS) {
+        return mmp_schema_fail(L, at, "hosts: expected 1 to %d hosts, got %d", MMP_MAX_HOSTS, n);
+    }
+    void *iter = NULL;
+    mmp_schema_site item;
+    for (int i = 0; mmp_schema_next_item(at, &iter, &item); i++) {
+        MMP_TRY(load_host(L, p, i, item));
+    }
+    p->n_hosts = n;
+    return MMP_OK;
+}
+
+static void put_hosts(FILE *f, const void *obj)
+{
+    const mmp_plan *p = obj;
+    fputc('[', f);
+    for (int i = 0; i < p->n_hosts && i < MMP_MAX_HOSTS; i++) {
+        const mmp_host *h = &p->hosts[i];
+        fputs(i ? ",\n    {\"name\": " : "\n    {\"name\": ", f);
+        mmp_schema_put_string(f, h->name);
+        fputs(", \"devices\": [", f);
+        for (int d = 0; d < h->n_devices && d < MMP_MAX_DEVICES; d++) {
+            fputs(d ? ", " : "", f);
+            if (h->devices[d] < 0) {
+                fputs("\"cpu\"", f);
+            } else {
+                fprintf(f, "%d", h->devices[d]);
+            }
+        }
+        fputs("]}", f);
+    }
+    fputs("\n  ]", f);
+}
+
+/* ---- the table ---------------------------------------------------------------- */
+
+static const char *const schedule_names[] = {"gpipe", "1f1b", NULL};
+static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const balance_names[] = {"off", "dynamic", NULL};
+static const char *const routing_names[] = {"weighted", "round_robin", NULL};
+static const char *const bad_sample_names[] = {"fail", "skip", NULL};
+static const char *const compute_names[] = {"real", "simulated", NULL};
+static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
+
+static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
+static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
+              "precision_names order");
+static_assert(MMP_BALANCE_OFF == 0 && MMP_BALANCE_DYNAMIC == 1, "balance_names order");
+static_assert(MMP_BAD_FAIL == 0 && MMP_BAD_SKIP == 1, "bad_sample_names order");
+static_assert(MMP_COMPUTE_REAL == 0 && MMP_COMPUTE_SIMULATED == 1, "compute_names order");
+/* Enum fields are stored through an int pointer. */
+static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == sizeof(int) &&
+                  sizeof(mmp_balance_mode) == sizeof(int) &&
+                  sizeof(mmp_bad_sample) == sizeof(int) && sizeof(mmp_compute) == sizeof(int),
+              "enum fields are int-sized");
+
+static const double imagenet_mean[] = {0.485, 0.456, 0.406};
+static const double imagenet_std[] = {0.229, 0.224, 0.225};
+static const double image_blocks_def[] = {1, 1, 1, 1};
+static const double one_def[] = {1};
+static const double image_channels_def[] = {16, 32, 64, 128};
+
+#define OFF(m) offsetof(mmp_plan, m)
+#define SIZE(m) sizeof(((mmp_plan *)0)->m)
+#define LEN(m) (SIZE(m) / sizeof(((mmp_plan *)0)->m[0]))
+#define DEFS(a) .def_list = a, .def_len = (int)(sizeof a / sizeof a[0])
+
+#define INT(k, m, lo, hi, d)                                                                       \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_INT, .field = OFF(m), .size = SIZE(m), .imin = lo, .imax = hi,  \
+        .def = d                                                                                   \
+    }
+#define FLOAT(k, m, lb, lo, hi, hb, d)                                                             \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_FLOAT, .field = OFF(m), .fmin = lo, .fmax = hi,                 \
+        .lo_bracket = lb, .hi_bracket = hb, .def = d                                               \
+    }
+#define STR(k, m, d, req)                                                                          \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_STRING, .field = OFF(m), .size = SIZE(m), .def_str = d,         \
+        .required = req                                                                            \
+    }
+#define BOOL(k, m, d)                                                                              \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_BOOL, .field = OFF(m), .def = d                                 \
+    }
+#define ENUM(k, m, n, d)                                                                           \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_ENUM, .field = OFF(m), .names = n, .def = d                     \
+    }
+#define CHECKED_ENUM(k, n)                                                                         \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_ENUM, .field = MMP_KEY_NO_FIELD, .names = n                     \
+    }
+#define INTS(k, m, count, minlen, lo, hi, what_increases, ...)                                     \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_INT_LIST, .field = OFF(m), .size = LEN(m),                      \
+        .count_field = OFF(count), .min_len = minlen, .imin = lo, .imax = hi,                      \
+        .increasing = what_increases, __VA_ARGS__                                                  \
+    }
+#define FLOATS(k, m, lb, lo, hi, hb, defs)                                                         \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_FLOAT_LIST, .field = OFF(m), .size = LEN(m),                    \
+        .count_field = MMP_KEY_NO_FIELD, .min_len = (int)LEN(m), .fmin = lo, .fmax = hi,           \
+        .lo_bracket = lb, .hi_bracket = hb, DEFS(defs)                                             \
+    }
+#define FLOAT_VEC(k, m, count, minlen, lb, lo, hi, hb)                                             \
+    {                                                                                              \
+        .path = k, .type = MMP_KEY_FLOAT_LIST, .field = OFF(m), .size = LEN(m),                    \
+        .count_field = OFF(count), .min_len = minlen, .fmin = lo, .fmax = hi, .lo_bracket = lb,    \
+        .hi_bracket = hb                                                                           \
+    }
+
+/* Sections are contiguous: the JSON writer opens and closes objects as the
+ * path prefix changes. Defaults follow config.h; min_lr, val_manifest and
+ * vocab are resolved from other keys after loading (resolve_defaults, plan.c). */
+static const mmp_key_spec keys[] = {
+    STR("job.name", job.name, "job", false),
+    INT("job.steps", job.steps, 1, 1000000000, 100),
+    INT("job.seed", job.seed, 0, LLONG_MAX, 1),
+
+    STR("data.manifest", data.manifest, "", true),
+    STR("data.val_manifest", data.val_manifest, "", false),
+    STR("data.vocab", data.vocab, "", false),
+    INT("data.image_size", data.image_size, 8, 1024, 32),
+    INT("data.max_text_len", data.max_text_len, 4, 512, 32),
+    FLOATS("data.mean", data.mean, '[', -1000, 1000, ']', imagenet_mean),
+    FLOATS("data.std", data.std, '(', 0, 1000, ']', imagenet_std),
+    INT("data.workers", data.workers, 0, 64, 1),
+    ENUM("data.on_bad_sample", data.on_bad_sample, bad_sample_names, MMP_BAD_FAIL),
+    INT("data.val_samples", data.val_samples, 0, 1000000000, 256),
+    BOOL("data.augment", data.augment, 0),
+
+    INT("model.width", model.width, 1, 16384, 64),
+    /* blocks and channels share n_stages; their lengths must agree (check_plan, plan.c) */
+    INTS("model.image.blocks", model.image.blocks, model.image.n_stages, 1, 1, 64, NULL,
+         DEFS(image_blocks_def)),
+    INTS("model.image.channels", model.image.channels, model.image.n_stages, 1, 1, 4096, NULL,
+         DEFS(image_channels_def)),
+    BOOL("model.image.stem_pool", model.image.stem_pool, 0),
+    INT("model.text.layers", model.text.layers, 1, 256, 2),
+    INT("model.text.heads", model.text.heads, 1, 256, 4),
+    INT("model.text.ffn_mult", model.text.ffn_mult, 1, 64, 4),
+    INT("model.fusion.layers", model.fusion.layers, 1, 64, 1),
+    INT("model.fusion.heads", model.fusion.heads, 1, 256, 4),
+
+    INT("train.batch", train.batch, 1, 1 << 20, 64),
+    INT("train.microbatches", train.microbatches, 1, MMP_MAX_MICROBATCHES, 4),
+    ENUM("train.schedule", train.schedule, schedule_names, MMP_SCHED_1F1B),
+    ENUM("train.precision", train.precision, precision_names, MMP_PREC_FP32),
+    FLOAT("train.optimizer.lr", train.optimizer.lr, '(', 0, 10, ']', 1e-3),
+    FLOAT("train.optimizer.min_lr", train.optimizer.min_lr, '[', 0, 10, ']', 1e-4),
+    FLOAT("train.optimizer.weight_decay", train.optimizer.weight_decay, '[', 0, 10, ']', 0.05),
+    INT("train.optimizer.warmup", train.optimizer.warmup, 0, 1000000000, 20),
+    FLOAT("train.optimizer.beta1", train.optimizer.beta1, '[', 0, 1, ')', 0.9),
+    FLOAT("train.optimizer.beta2", train.optimizer.beta2, '[', 0, 1, ')', 0.999),
+    FLOAT("train.optimizer.eps", train.optimizer.eps, '(', 0, 1, ']', 1e-8),
+    FLOAT("train.clip_grad_norm", train.clip_grad_norm, '[', 0, 1e6, ']', 1.0),
+    INT("train.eval_every", train.eval_every, 0, 1000000000, 50),
+    BOOL("train.final_eval", train.final_eval, 1),
+    INT("train.ckpt_every", train.ckpt_every, 0, 1000000000, 50),
+    INT("train.ckpt_keep", train.ckpt_keep, 0, 1000000000, 3),
+    INT("train.stall_timeout", train.stall_timeout, 0, 86400, 60),
+    INT("train.max_restarts", train.max_restarts, 0, 1000, 0),
+    INT("train.threads", train.threads, 1, 256, 1),
+    FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
+
+    ENUM("balance.mode", balance.mode, balance_names, MMP_BALANCE_OFF),
+    ENUM("balance.routing", balance.routing, routing_names, MMP_ROUTE_WEIGHTED),
+    INT("balance.window", balance.window, 1, 1000, 3),
+    FLOAT("balance.min_gain", balance.min_gain, '[', 0, 10, ']', 0.1),
+    INT("balance.force.step", balance.force.step, 0, 1000000000, 0),
+    STR("balance.force.set", balance.force.set, "", false),
+
+    ENUM("compute", compute, compute_names, MMP_COMPUTE_REAL),
+    FLOAT("sim.cost.image", sim.cost.image, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.cost.text", sim.cost.text, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.cost.fusion", sim.cost.fusion, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.bwd_factor", sim.bwd_factor, '[', 0, 1000, ']', 2),
+    /* per device slot; empty = 1.0 everywhere */
+    FLOAT_VEC("sim.slowdown", sim.slowdown, sim.n_slowdown, 0, '(', 0, 1000, ']'),
+    INT("sim.change_step", sim.change_step, 0, 1000000000, 0),
+    /* defaults are the sim.cost.* values (resolve_defaults) */
+    FLOAT("sim.change.image", sim.change.image, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.change.text", sim.change.text, '[', 0, 1e6, ']', 0),
+    FLOAT("sim.change.fusion", sim.change.fusion, '[', 0, 1e6, ']', 0),
+
+    {.path = "hosts",
+     .type = MMP_KEY_CUSTOM,
+     .field = MMP_KEY_NO_FIELD,
+     .load = load_hosts,
+     .put_json = put_hosts},
+
+    INTS("stages.image.replicas", stages.image.replicas, stages.image.n_replicas, 1, 1,
+         MMP_MAX_REPLICAS, NULL, DEFS(one_def), .scalar_ok = true),
+    INTS("stages.image.split", stages.image.split, stages.image.n_split, 0, 1, 4096, "split point"),
+    CHECKED_ENUM("stages.image.layers", layers_names),
+    INTS("stages.text.replicas", stages.text.replicas, stages.text.n_replicas, 1, 1,
+         MMP_MAX_REPLICAS, NULL, DEFS(one_def), .scalar_ok = true),
+    INTS("stages.text.split", stages.text.split, stages.text.n_split, 0, 1, 4096, "split point"),
+    INTS("stages.fusion.replicas", stages.fusion.replicas, stages.fusion.n_replicas, 1, 1,
+         MMP_MAX_REPLICAS, NULL, DEFS(one_def), .scalar_ok = true),
+};
+const mmp_schema mmp_plan_schema = {
+    .keys = keys,
+    .n_keys = (int)(sizeof keys / sizeof keys[0]),
+    .sections = "job, data, model, ...",
+    .word_section = {.path = "stages",
+                     .what = "image, text, fusion",
+                     .word = "auto",
+                     .field = offsetof(mmp_plan, stages_auto)},
+};
+
+/* ---- keys as text (checkpoint fingerprints) ---------------------------------- */
+
+int mmp_plan_key_count(void)
+{
+    return mmp_plan_schema.n_keys;
+}
+
+const char *mmp_plan_key_name(int i)
+{
+    return i >= 0 && i < mmp_plan_schema.n_keys ? keys[i].path : NULL;
+}
+
+mmp_err mmp_plan_key_text(const mmp_plan *p, int i, char *buf, size_t n)
+{
+    if (i < 0 || i >= mmp_plan_schema.n_keys || n == 0) {
+        return mmp_errorf(MMP_ERR_INVALID, "plan key %d: no such key", i);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        return mmp_errorf(MMP_ERR_NOMEM, "plan key %s: %s", keys[i].path, strerror(errno));
+    }
+    mmp_schema_put_json(f, &keys[i], p);
+    fclose(f);
+    if (!text) {
+        return mmp_errorf(MMP_ERR_NOMEM, "plan key %s", keys[i].path);
+    }
+    int fits = len < n;
+    snprintf(buf, n, "%s", text);
+    free(text);
+    return fits ? MMP_OK
+                : mmp_errorf(MMP_ERR_INVALID, "plan key %s: value longer than %zu bytes",
+                             keys[i].path, n - 1);
+}
+
+const char *mmp_schedule_name(mmp_schedule s)
+{
+    return (unsigned)s < 2 ? schedule_names[s] : "?";
+}
+
+const char *mmp_precision_name(mmp_precision p)
+{
+    return (unsigned)p < 3 ? precision_names[p] : "?";
+}
