@@ -367,6 +367,9 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
     if (m->has_eval) {
         put_fields(f, IN_EVAL, m, 0);
     }
+    if (m->restarts) {
+        fprintf(f, ",\"restarts\":%s", m->restarts);
+    }
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) {
         return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));

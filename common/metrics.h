@@ -32,6 +32,8 @@
  *                               coordinator/placement.h), decision: object or null}
  *   val_i2t_r1, val_t2i_r1
  *                    number  validation recall@1, on evaluation steps only
+ *   restarts         list    -  pipeline runs, on the first step line after a restart:
+ *                               [{n, after_step, from_step, cause}] (coordinator/restart.h)
  *
  * No field carries the hand-off latency between stages or the step's
  * grad-norm + optimizer overhead as such: a reader that needs them must
@@ -72,6 +74,7 @@ typedef struct mmp_metrics_step {
     const char *decision; /* writer only: a JSON object's text, or NULL (null) */
     int has_eval;
     double val_i2t_r1, val_t2i_r1;
+    const char *restarts; /* writer only: the "restarts" JSON array's text, or NULL (left out) */
 } mmp_metrics_step;
 
 /* Sets every field of m, every stages[] entry included, to "absent" (NAN,

@@ -39,22 +39,33 @@ mmp_err mmp_restart_rewind(mmp_restarts *r, const char *run_dir, int steps_done,
     return MMP_OK;
 }
 
-void mmp_restart_write_field(mmp_restarts *r, FILE *f, int step_no)
+const char *mmp_restart_field(mmp_restarts *r, int step_no, char *buf, size_t n)
 {
-    int any = 0;
+    size_t len = 0;
     for (int k = 0; k < r->n; k++) {
         mmp_restart *e = &r->log[k];
         if (e->line_step) {
             continue;
         }
         char esc[1000];
-        fprintf(f, "%s{\"n\":%d,\"after_step\":%d,\"from_step\":%d,\"cause\":\"%s\"}",
-                any ? "," : ",\"restarts\":[", e->n, e->after_step, e->from_step,
-                mmp_json_escape(e->cause, esc, sizeof esc));
+        len += (size_t)snprintf(buf + len, len < n ? n - len : 0,
+                                "%s{\"n\":%d,\"after_step\":%d,\"from_step\":%d,\"cause\":\"%s\"}",
+                                len ? "," : "[", e->n, e->after_step, e->from_step,
+                                mmp_json_escape(e->cause, esc, sizeof esc));
         e->line_step = step_no;
-        any = 1;
     }
-    if (any) {
-        fputs("]", f);
+    if (!len) {
+        return NULL;
+    }
+    len += (size_t)snprintf(buf + len, len < n ? n - len : 0, "]");
+    return len < n ? buf : NULL;
+}
+
+void mmp_restart_write_field(mmp_restarts *r, FILE *f, int step_no)
+{
+    static char buf[MMP_RESTART_FIELD_MAX];
+    const char *t = mmp_restart_field(r, step_no, buf, sizeof buf);
+    if (t) {
+        fprintf(f, ",\"restarts\":%s", t);
     }
 }

@@ -42,9 +42,15 @@ typedef struct mmp_restarts {
 mmp_err mmp_restart_rewind(mmp_restarts *r, const char *run_dir, int steps_done, const char *cause,
                            int *from_step, char *resume_dir, size_t n, FILE **metrics);
 
-/* Writes ,"restarts":[{n, after_step, from_step, cause}...] for the restarts
- * no kept line carries yet into f (inside the JSON object of step step_no,
- * 1-based), or nothing when there are none. */
+/* The "restarts" field's value, [{n, after_step, from_step, cause}...], for
+ * the restarts no kept line carries yet, in buf (n bytes; at most
+ * MMP_RESTART_FIELD_MAX needed); they are then carried by step step_no
+ * (1-based). NULL when there are none (or buf is too small). */
+#define MMP_RESTART_FIELD_MAX (64 * 1024)
+const char *mmp_restart_field(mmp_restarts *r, int step_no, char *buf, size_t n);
+
+/* The same written as ,"restarts":[...] into f (inside the JSON object of
+ * step step_no), or nothing when there are none. */
 void mmp_restart_write_field(mmp_restarts *r, FILE *f, int step_no);
 
 #endif

@@ -1,0 +1,286 @@
+/* The coordinator's control loop: files each control message from the
+ * stages (checked against this run first), judges stage ends and errors,
+ * waits for a condition while watching for stalls and signals, and sends.
+ * The coordinator never touches a tensor. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/progress.h"
+#include "coordinator/coord.h"
+#include "common/interrupt.h"
+#include "coordinator/watchdog.h"
+
+static int find_proc(coord *c, const char *name)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->procs[i].name, name) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+void coord_fail(coord *c, const char *fmt, ...)
+{
+    if (c->failure[0]) {
+        return; /* the first cause is the one to report */
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->failure, sizeof c->failure, fmt, ap);
+    va_end(ap);
+}
+
+static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
+{
+    int i = find_proc(c, from);
+    if (i < 0) {
+        MMP_WARN("message from unknown process '%s' ignored", from);
+        return;
+    }
+    proc *p = &c->procs[i];
+    p->last_seen = mmp_now();
+    switch (env->body_case) {
+    case MMPIPE__ENVELOPE__BODY_HELLO:
+        p->have_hello = 1;
+        break;
+    case MMPIPE__ENVELOPE__BODY_READY:
+        p->have_ready = 1;
+        break;
+    case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
+        if (env->grad_norm->step != c->cur_step) {
+            coord_fail(c, "stage %s sent a gradient norm for step %d during step %d", p->name,
+                       env->grad_norm->step + 1, c->cur_step + 1);
+            break;
+        }
+        p->have_norm = 1;
+        p->sumsq = env->grad_norm->sumsq;
+        break;
+    case MMPIPE__ENVELOPE__BODY_EVAL_DONE:
+        c->have_eval = 1;
+        c->eval_i2t = env->eval_done->i2t_r1;
+        c->eval_t2i = env->eval_done->t2i_r1;
+        break;
+    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK:
+        p->have_ack = 1;
+        if (!env->checkpoint_ack->ok) {
+            coord_fail(c, "stage %s could not write its checkpoint: %s", p->name,
+                       env->checkpoint_ack->error);
+        }
+        break;
+    case MMPIPE__ENVELOPE__BODY_HEARTBEAT:
+        break;
+    case MMPIPE__ENVELOPE__BODY_ERROR:
+        /* Judged in settle: a stage's error is often the echo of a peer's
+         * death (its channel saw the peer go). */
+        if (env->error->peer_lost) {
+            if (!c->peer_error[0]) {
+                snprintf(c->peer_error, sizeof c->peer_error, "%s", env->error->message);
+            }
+        } else if (!c->stage_error[0]) {
+            snprintf(c->stage_error, sizeof c->stage_error, "%s", env->error->message);
+        }
+        break;
+    default:
+        MMP_WARN("unexpected message %d from %s ignored", (int)env->body_case, from);
+    }
+}
+
+/* Takes one control message (waiting up to timeout_ms) and files it.
+ * Returns 1 when one was taken. */
+static int take_one(coord *c, int timeout_ms)
+{
+    Mmpipe__Envelope *env = NULL;
+    char from[MMP_CTL_ID_MAX];
+    mmp_err e = mmp_ctl_recv(c->ctl, timeout_ms, &env, from, sizeof from);
+    if (e == MMP_ERR_TIMEOUT) {
+        return 0;
+    }
+    if (e != MMP_OK) {
+        coord_fail(c, "control plane: %s", mmp_last_error());
+        return 0;
+    }
+    if (env->body_case == MMPIPE__ENVELOPE__BODY_STEP_DONE) {
+        /* StepDone is kept (the envelope owns it) until the step's metrics are written. */
+        int i = find_proc(c, from);
+        /* Fields checked against this run (mmp_ctl_decode did the rest). */
+        const Mmpipe__StepDone *d = env->step_done;
+        int m = c->sched.microbatches, bad = 0;
+        for (size_t k = 0; i >= 0 && !bad && k < d->n_mbs; k++) {
+            if (d->mbs[k]->mb >= m) {
+                coord_fail(c, "stage %s: step result field mb = %d, outside 0..%d", from,
+                           d->mbs[k]->mb, m - 1);
+                bad = 1;
+            }
+        }
+        if (i >= 0 && !bad && d->step != c->cur_step) {
+            coord_fail(c, "stage %s sent the results of step %d during step %d", from, d->step + 1,
+                       c->cur_step + 1);
+            bad = 1;
+        }
+        if (bad) {
+            mmp_ctl_free(env);
+            return 1;
+        }
+        if (i >= 0) {
+            c->procs[i].have_done = 1;
+            c->procs[i].last_seen = mmp_now();
+            if (c->procs[i].done) {
+                mmp_ctl_free(c->procs[i].done);
+            }
+            c->procs[i].done = env;
+            return 1;
+        }
+    }
+    handle(c, env, from);
+    mmp_ctl_free(env);
+    return 1;
+}
+
+/* Judges stage ends and errors, most telling cause first: a stage killed by
+ * a signal; the first failure a stage reported of its own (a stage that exits
+ * on its own sends its reason first: the control messages it sent are read
+ * before its plain exit status is blamed); an exit nobody explained (a crash
+ * that could not report); last, a stage's report that a peer went away. */
+void coord_settle(coord *c)
+{
+    int dead = 0;
+    for (int i = 0; i < c->n; i++) {
+        dead += !c->procs[i].alive && !c->procs[i].reported;
+    }
+    if (!dead && !c->stage_error[0] && !c->peer_error[0]) {
+        return;
+    }
+    if (!c->stage_error[0]) {
+        /* Give the stage at fault a moment to be reaped or to be heard. */
+        double t0 = mmp_now();
+        while (!c->stage_error[0] && mmp_now() - t0 < 0.3) {
+            take_one(c, 20);
+            coord_reap(c);
+        }
+    }
+    for (int signalled = 1; signalled >= 0; signalled--) {
+        if (!signalled && c->stage_error[0]) {
+            coord_fail(c, "%s", c->stage_error);
+        }
+        for (int i = 0; i < c->n; i++) {
+            proc *p = &c->procs[i];
+            if (!p->alive && !p->reported && WIFSIGNALED(p->exit_status) == signalled) {
+                char why[128];
+                c->fault |= !c->failure[0];
+                coord_fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
+                           coord_describe_exit(p->exit_status, why, sizeof why));
+            }
+        }
+    }
+    if (c->peer_error[0]) {
+        c->fault |= !c->failure[0];
+        coord_fail(c, "%s", c->peer_error);
+    }
+    for (int i = 0; i < c->n; i++) {
+        c->procs[i].reported |= !c->procs[i].alive;
+    }
+}
+
+/* The stall watchdog's turn (while training): names the stage to blame when
+ * one the coordinator waits on has been silent for train.stall_timeout. */
+static int watch(coord *c, done_fn done, void *arg, const char *what)
+{
+    mmp_watch_proc w[MMP_SCHED_MAX_STAGES];
+    for (int i = 0; i < c->n; i++) {
+        const proc *p = &c->procs[i];
+        /* Waiting on a flag: the processes without it. Waiting on the
+         * evaluation: the fusion stage, which sends its result. */
+        int awaited = done == coord_all_flag ? !*(const int *)((const char *)p + (size_t)arg)
+                                             : c->sched.stages[i].kind == MMP_KIND_FUSION;
+        w[i] = (mmp_watch_proc){.name = p->name,
+                                .pid = (int)p->pid,
+                                .alive = p->alive,
+                                .awaited = awaited && p->have_hello,
+                                .last_seen = p->last_seen};
+    }
+    char why[1024];
+    if (mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what, why,
+                           sizeof why) < 0) {
+        return 0;
+    }
+    c->fault |= !c->failure[0];
+    coord_fail(c, "watchdog: %s", why);
+    return 1;
+}
+
+/* Serves the control socket until done(c) holds, a failure, or a timeout.
+ * A first SIGINT/SIGTERM ends the wait only before training (a step in
+ * flight is finished and checkpointed: see run_steps); a second ends it at
+ * once. Returns 0 when done. */
+int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what)
+{
+    double t0 = mmp_now();
+    while (!done(c, arg)) {
+        if (mmp_interrupt_count() >= 2) {
+            coord_fail(c, "stopped at once by a second signal");
+        } else if (mmp_interrupt_signal() && !c->in_steps) {
+            coord_fail(c, "interrupted by %s", strsignal(mmp_interrupt_signal()));
+        }
+        coord_reap(c);
+        coord_settle(c);
+        if (c->failure[0]) {
+            return 1;
+        }
+        double now = mmp_now();
+        if (timeout_s > 0 && now - t0 > timeout_s) {
+            coord_fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
+            return 1;
+        }
+        if (c->in_steps && watch(c, done, arg, what)) {
+            return 1;
+        }
+        take_one(c, 200);
+    }
+    return 0;
+}
+
+int coord_all_flag(coord *c, void *arg)
+{
+    size_t off = (size_t)arg;
+    for (int i = 0; i < c->n; i++) {
+        if (!*(int *)((char *)&c->procs[i] + off)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int coord_got_eval(coord *c, void *arg)
+{
+    (void)arg;
+    return c->have_eval;
+}
+
+mmp_err coord_send_to(coord *c, int i, Mmpipe__Envelope *env)
+{
+    mmp_err e = mmp_ctl_send(c->ctl, c->procs[i].name, env);
+    if (e != MMP_OK) {
+        /* Most often the peer just died: let its death be the reported cause. */
+        usleep(50000);
+        coord_reap(c);
+        coord_settle(c);
+        coord_fail(c, "sending to %s: %s", c->procs[i].name, mmp_last_error());
+    }
+    return e;
+}
+
+mmp_err coord_broadcast(coord *c, Mmpipe__Envelope *env)
+{
+    for (int i = 0; i < c->n; i++) {
+        MMP_TRY(coord_send_to(c, i, env));
+    }
+    return MMP_OK;
+}

@@ -1,0 +1,121 @@
+/* The coordinator's internals, shared by its files (internal to
+ * coordinator/; the contract users see is coordinator/run.h):
+ *   procs.c         starting, reaping and stopping the stage processes;
+ *   control_loop.c  the control socket: filing messages, judging stage ends
+ *                   and errors, waiting for a condition (with the stall
+ *                   watchdog), sending;
+ *   steps.c         a launch's assignments and its step loop: start, clip,
+ *                   results, evaluation, balancing, metrics, checkpoints;
+ *   run.c           launches, re-placements and restarts of one run.
+ * One coord per run; every function runs on the coordinator's one thread.
+ * A failure is recorded once with coord_fail (the first cause is the one
+ * reported) and every caller then unwinds. */
+#ifndef MMP_COORDINATOR_COORD_H
+#define MMP_COORDINATOR_COORD_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "common/config.h"
+#include "common/trace.h"
+#include "coordinator/balancer.h"
+#include "coordinator/restart.h"
+#include "coordinator/schedule.h"
+#include "transport/control.h"
+
+#define HELLO_TIMEOUT_S 30.0
+#define READY_TIMEOUT_S 120.0
+
+typedef struct proc {
+    char name[64]; /* "image.0/0" */
+    pid_t pid;
+    int alive;
+    int exit_status;
+    int reported; /* its end has been judged */
+    double last_seen;
+    /* per-step inbox */
+    int have_norm, have_done, have_ack, have_ready, have_hello;
+    double sumsq;
+    Mmpipe__Envelope
+        *done; /* its StepDone, kept (the envelope owns it) until the metrics are written */
+} proc;
+
+typedef struct coord {
+    const mmp_plan *plan; /* as launched */
+    mmp_plan cur;         /* the placement running now (the balancer may change it) */
+    const char *out_dir;
+    char plan_json[1200];
+    mmp_sched sched;
+    mmp_balancer bal;
+    double speed[MMP_SCHED_MAX_STAGES]; /* the routing's weights */
+    int replan;                         /* run_steps stopped for a re-placement */
+    mmp_plan next;                      /* ... to this placement */
+    char decision[1200];                /* this step's balancer decision, JSON, or empty */
+    int replan_step;                    /* steps done when it stopped for one */
+    int launch;                         /* launches so far (names each one's shm) */
+    int cur_step;                       /* the step running (0-based), -1 between runs */
+    char token[33];
+    char endpoint[128];
+    char shm_prefix[64];
+    mmp_ctl *ctl;
+    proc procs[MMP_SCHED_MAX_STAGES];
+    int n;
+    int have_eval;
+    float eval_i2t, eval_t2i;
+    char failure[2048];
+    char stage_error[2048]; /* the first Error a stage sent of its own failure (see settle) */
+    char peer_error[2048];  /* the first Error that echoes a peer's end */
+    FILE *metrics;
+    mmp_trace trace;
+    /* supervision */
+    int fault;      /* the failure is a stage's death or stall: a restart may help */
+    int killed;     /* a stage of this launch died by a signal we did not send */
+    int in_steps;   /* stages are training (the watchdog and graceful stop apply) */
+    int steps_done; /* steps completed (of the whole run) */
+    int ckpt_step;  /* steps the newest checkpoint of this launch holds; -1 none */
+    int stopped;    /* run_steps stopped for a signal, after checkpointing */
+    mmp_restarts restarts;
+} coord;
+
+/* Records the run's failure (the first one sticks). */
+void coord_fail(coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- procs.c ---- */
+/* Starts every process of c->sched (the token in their environment, never
+ * in argv). */
+mmp_err coord_spawn_all(coord *c);
+/* Reaps children that ended (no judgement: see coord_settle). Returns how many. */
+int coord_reap(coord *c);
+/* Asks every process to end (Shutdown when graceful, else Abort), kills
+ * what is left after a grace period (none after a second signal), and
+ * removes the run's shared memory. */
+void coord_stop_all(coord *c, int graceful);
+/* "killed by signal N (NAME)" or "exited with status N" into buf. */
+const char *coord_describe_exit(int status, char *buf, size_t n);
+
+/* ---- control_loop.c ---- */
+typedef int (*done_fn)(coord *c, void *arg);
+/* Judges stage ends and errors into c->failure, most telling cause first. */
+void coord_settle(coord *c);
+/* Serves the control socket until done(c, arg) holds, a failure, or
+ * timeout_s (0: none); the watchdog while training. Returns 0 when done. */
+int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what);
+/* done_fn: every process has the int flag at offset arg (ALL(field)) set. */
+int coord_all_flag(coord *c, void *arg);
+#define ALL(field) ((void *)offsetof(proc, field))
+/* done_fn: the evaluation's result arrived. */
+int coord_got_eval(coord *c, void *arg);
+mmp_err coord_send_to(coord *c, int i, Mmpipe__Envelope *env);
+mmp_err coord_broadcast(coord *c, Mmpipe__Envelope *env);
+
+/* ---- steps.c ---- */
+/* Sends every process its assignment: channels, instruction list, files. */
+mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir);
+/* Runs steps from first_step; returns 0 at the end, when the balancer asks
+ * for a re-placement (c->replan, after checkpointing) or when a signal asked
+ * to stop (c->stopped, after finishing the step in flight and checkpointing
+ * it), 1 on a failure. */
+int coord_run_steps(coord *c, int first_step);
+
+#endif

@@ -1,0 +1,446 @@
+/* A launch's assignments and its step loop: per step Start, the gradient
+ * norm and the clip coefficient, the stages' results, evaluation, the
+ * balancer's turn, one metrics.jsonl line and the checkpoints. Per step,
+ * never per micro-batch. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "coordinator/coord.h"
+#include "common/ckpt.h"
+#include "common/interrupt.h"
+#include "common/json.h"
+#include "common/lr.h"
+#include "common/metrics.h"
+#include "common/progress.h"
+#include "coordinator/placement.h"
+
+/* Stage st's list as protobuf instructions: *ins (the messages) and *insp
+ * (pointers to them), both for the caller to free. */
+static mmp_err program_msg(const mmp_sched_stage *st, Mmpipe__Instr **ins, Mmpipe__Instr ***insp)
+{
+    *ins = calloc((size_t)st->n_prog + 1, sizeof **ins);
+    *insp = calloc((size_t)st->n_prog + 1, sizeof **insp);
+    if (!*ins || !*insp) {
+        free(*ins);
+        free(*insp);
+        return mmp_errorf(MMP_ERR_NOMEM, "instruction list of %d", st->n_prog);
+    }
+    for (int k = 0; k < st->n_prog; k++) {
+        mmpipe__instr__init(&(*ins)[k]);
+        (*ins)[k].op = (Mmpipe__Op)st->prog[k].op;
+        (*ins)[k].mb = st->prog[k].mb;
+        (*ins)[k].edge = st->prog[k].edge;
+        (*insp)[k] = &(*ins)[k];
+    }
+    return MMP_OK;
+}
+
+mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
+{
+    const mmp_sched *s = &c->sched;
+    for (int i = 0; i < c->n; i++) {
+        const mmp_sched_stage *st = &s->stages[i];
+        Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
+        char addr[MMP_SCHED_MAX_EDGES][96], peer[MMP_SCHED_MAX_EDGES][64];
+        int nc = 0;
+        for (int e = 0; e < s->n_edges; e++) {
+            const mmp_sched_edge *ed = &s->edges[e];
+            if (ed->from != i && ed->to != i) {
+                continue;
+            }
+            Mmpipe__Channel *ch = &chans[nc];
+            mmpipe__channel__init(ch);
+            ch->id = e;
+            ch->send = ed->from == i;
+            ch->grad = ed->grad;
+            snprintf(peer[nc], sizeof peer[nc], "%s", c->procs[ch->send ? ed->to : ed->from].name);
+            ch->peer = peer[nc];
+            ch->transport = "shm";
+            snprintf(addr[nc], sizeof addr[nc], "%s-g%d-e%d", c->shm_prefix, c->launch, e);
+            ch->address = addr[nc];
+            ch->slots = ed->slots;
+            ch->creator = ch->send; /* the sender creates and sizes the ring */
+            chp[nc] = ch;
+            nc++;
+        }
+        Mmpipe__Instr *ins, **insp;
+        MMP_TRY(program_msg(st, &ins, &insp));
+        Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
+        char kind[16], ckpt_file[80];
+        snprintf(kind, sizeof kind, "%s",
+                 st->kind == MMP_KIND_IMAGE  ? "image"
+                 : st->kind == MMP_KIND_TEXT ? "text"
+                                             : "fusion");
+        /* One checkpoint file per process; a branch cut into sub-stages
+         * names them image.0.ckpt ..., a whole branch image.ckpt, so a
+         * pipeline's checkpoint reads like the single-process one. */
+        if (st->n_sub > 1) {
+            snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", st->name);
+        } else {
+            snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind);
+        }
+        char reduce[128];
+        snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
+        int slots = mmp_plan_slots(&c->cur);
+        a.name = c->procs[i].name;
+        a.kind = kind;
+        a.sub = st->sub;
+        a.replica = st->replica;
+        a.replicas = st->n_replicas;
+        a.reduce_address = reduce;
+        a.slot = slots > 0 ? i % slots : 0;
+        a.inflight_bound = st->stage_bound;
+        a.layer_first = st->layer_first;
+        a.layer_last = st->layer_last;
+        a.plan_path = (char *)plan_json;
+        a.run_dir = (char *)c->out_dir;
+        a.n_channels = (size_t)nc;
+        a.channels = chp;
+        a.n_program = (size_t)st->n_prog;
+        a.program = insp;
+        a.microbatches = s->microbatches;
+        a.ckpt_file = ckpt_file;
+        a.resume_dir = (char *)(resume_dir ? resume_dir : "");
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        env.body_case = MMPIPE__ENVELOPE__BODY_ASSIGNMENT;
+        env.assignment = &a;
+        mmp_err e = coord_send_to(c, i, &env);
+        free(ins);
+        free(insp);
+        MMP_TRY(e);
+    }
+    return MMP_OK;
+}
+
+static const Mmpipe__StepDone *done_of(const coord *c, int i)
+{
+    return c->procs[i].done->step_done;
+}
+
+/* The step's metrics.jsonl line (common/metrics.h), from the stages'
+ * reports. Returns 1 (c->failure set) when it cannot be written. */
+static int write_metrics(coord *c, int step, double step_ms, double grad_norm, int eval)
+{
+    const mmp_plan *p = c->plan;
+    static mmp_metrics_step m;
+    static char restarts[MMP_RESTART_FIELD_MAX];
+    mmp_metrics_step_clear(&m);
+    double idle = 0, wall = 0;
+    m.step = step + 1;
+    m.loss = m.itc_loss = m.itm_loss = m.data_ms = 0;
+    m.skipped_samples = 0;
+    for (int i = 0; i < c->n; i++) {
+        const Mmpipe__StepDone *d = done_of(c, i);
+        if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
+            /* Each fusion replica sums its micro-batches' losses, already
+             * divided by the global batch: the step's loss is their sum. */
+            m.loss += d->loss;
+            m.itc_loss += d->itc;
+            m.itm_loss += d->itm;
+            m.skipped_samples += d->skipped;
+        }
+        idle += d->idle_ms;
+        wall += d->wall_ms;
+        m.data_ms = fmax(m.data_ms, d->data_ms);
+    }
+    m.lr = mmp_lr_at(p, step);
+    m.grad_norm = grad_norm;
+    m.samples_per_s = p->train.batch / (step_ms / 1e3);
+    m.step_ms = step_ms;
+    m.bubble = wall > 0 ? idle / wall : 0;
+    m.has_stages = 1;
+    m.n_stages = c->n;
+    for (int i = 0; i < c->n && i < MMP_METRICS_MAX_STAGES; i++) {
+        const Mmpipe__StepDone *d = done_of(c, i);
+        mmp_metrics_stage *st = &m.stages[i];
+        double fwd = 0, bwd = 0;
+        for (size_t k = 0; k < d->n_mbs; k++) {
+            fwd += d->mbs[k]->fwd_ms;
+            bwd += d->mbs[k]->bwd_ms;
+        }
+        double n_mb = d->n_mbs ? (double)d->n_mbs : 1;
+        snprintf(st->name, sizeof st->name, "%s", c->sched.stages[i].name);
+        st->replica = c->sched.stages[i].replica;
+        st->microbatches = (int)d->n_mbs;
+        st->busy_ms = d->busy_ms;
+        st->idle_ms = d->idle_ms;
+        st->wall_ms = d->wall_ms;
+        st->data_wait_ms = d->data_ms;
+        st->fwd_ms = fwd / n_mb;
+        st->bwd_ms = bwd / n_mb;
+        st->load_ms = d->data_ms / n_mb;
+        st->max_inflight = d->max_inflight;
+        st->peak_mem_bytes = (double)d->peak_mem_bytes;
+    }
+    m.has_balance = 1;
+    m.efficiency = c->bal.efficiency;
+    mmp_placement_str(&c->sched, m.placement, sizeof m.placement);
+    m.decision = c->decision[0] ? c->decision : NULL;
+    if (eval) {
+        m.has_eval = 1;
+        m.val_i2t_r1 = c->eval_i2t;
+        m.val_t2i_r1 = c->eval_t2i;
+    }
+    m.restarts = mmp_restart_field(&c->restarts, step + 1, restarts, sizeof restarts);
+    if (mmp_metrics_write(c->metrics, &m) != MMP_OK) {
+        coord_fail(c, "%s", mmp_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static int checkpoint(coord *c, int steps_done)
+{
+    char dir[1100];
+    mmp_ckpt_step_dir(dir, sizeof dir, c->out_dir, steps_done);
+    if (mmp_mkdirs(dir) != MMP_OK) {
+        coord_fail(c, "%s", mmp_last_error());
+        return 1;
+    }
+    for (int i = 0; i < c->n; i++) {
+        c->procs[i].have_ack = 0;
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__CheckpointRequest r = MMPIPE__CHECKPOINT_REQUEST__INIT;
+    r.step = steps_done;
+    r.dir = dir;
+    env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST;
+    env.checkpoint_request = &r;
+    if (coord_broadcast(c, &env) != MMP_OK ||
+        coord_wait_until(c, coord_all_flag, ALL(have_ack), 600, "checkpoint acks")) {
+        return 1;
+    }
+    /* latest moves only after every stage acknowledged its file. */
+    if (mmp_ckpt_write_meta(dir, steps_done, c->plan) != MMP_OK ||
+        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK ||
+        mmp_ckpt_prune(c->out_dir, steps_done, c->plan->train.ckpt_keep) != MMP_OK) {
+        coord_fail(c, "checkpoint: %s", mmp_last_error());
+        return 1;
+    }
+    mmp_trace_instant(&c->trace, "checkpoint", mmp_trace_now_us(), dir);
+    c->ckpt_step = steps_done;
+    return 0;
+}
+
+/* Sends every process its list under the routing c->speed, from step on. */
+static int reroute(coord *c, int step)
+{
+    mmp_sched next;
+    if (mmp_sched_compile_routed(&next, &c->cur, c->speed) != MMP_OK) {
+        coord_fail(c, "re-routing: %s", mmp_last_error());
+        mmp_sched_fini(&next);
+        return 1;
+    }
+    for (int i = 0; i < c->n; i++) {
+        const mmp_sched_stage *st = &next.stages[i];
+        Mmpipe__Instr *ins, **insp;
+        if (program_msg(st, &ins, &insp) != MMP_OK) {
+            coord_fail(c, "re-routing: %s", mmp_last_error());
+            mmp_sched_fini(&next);
+            return 1;
+        }
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Program pr = MMPIPE__PROGRAM__INIT;
+        pr.first_step = step;
+        pr.n_program = (size_t)st->n_prog;
+        pr.program = insp;
+        env.body_case = MMPIPE__ENVELOPE__BODY_PROGRAM;
+        env.program = &pr;
+        mmp_err e = coord_send_to(c, i, &env);
+        free(ins);
+        free(insp);
+        if (e != MMP_OK) {
+            mmp_sched_fini(&next);
+            return 1;
+        }
+    }
+    mmp_sched_fini(&c->sched);
+    c->sched = next;
+    c->bal.sched = &c->sched;
+    mmp_balancer_routed(&c->bal, c->speed);
+    return 0;
+}
+
+/* The balancer's turn after step `done`: feeds it the step's reports, and
+ * re-routes now or asks for a re-placement (c->replan). Fills c->decision. */
+static int balance(coord *c, int done, double step_ms)
+{
+    mmp_bal_proc bp[MMP_SCHED_MAX_STAGES];
+    for (int i = 0; i < c->n; i++) {
+        const Mmpipe__StepDone *d = done_of(c, i);
+        bp[i] = (mmp_bal_proc){.busy_ms = d->busy_ms};
+        for (size_t k = 0; k < d->n_mbs; k++) {
+            bp[i].fwd_ms += d->mbs[k]->fwd_ms;
+            bp[i].bwd_ms += d->mbs[k]->bwd_ms;
+            bp[i].samples += mmp_plan_mb_size(c->plan, d->mbs[k]->mb);
+        }
+    }
+    mmp_balancer_observe(&c->bal, bp, step_ms);
+    c->decision[0] = 0;
+    char why[1024], esc[1100];
+    double gain;
+    int go = 0;
+    if (done < c->plan->job.steps &&
+        mmp_balancer_replan(&c->bal, done, &c->next, &go, why, sizeof why, &gain) != MMP_OK) {
+        coord_fail(c, "balancer: %s", mmp_last_error());
+        return 1;
+    }
+    if (go) {
+        mmp_sched probe;
+        mmp_err e = mmp_sched_compile(&probe, &c->next);
+        char to[1024] = "";
+        if (e == MMP_OK) {
+            mmp_placement_str(&probe, to, sizeof to);
+        }
+        mmp_sched_fini(&probe);
+        if (e != MMP_OK) {
+            coord_fail(c, "balancer: the new placement does not compile: %s", mmp_last_error());
+            return 1;
+        }
+        char g[32];
+        snprintf(g, sizeof g, isfinite(gain) ? "%.4f" : "null", gain);
+        snprintf(c->decision, sizeof c->decision,
+                 "{\"action\":\"replace\",\"to\":\"%s\",\"predicted_gain\":%s,\"reason\":\"%s\"}",
+                 to, g, mmp_json_escape(why, esc, sizeof esc));
+        MMP_INFO("balancer: after step %d, re-placing to %s: %s", done, to, why);
+        mmp_trace_instant(&c->trace, "re-place", mmp_trace_now_us(), to);
+        c->replan = 1;
+        return 0;
+    }
+    double speed[MMP_SCHED_MAX_STAGES];
+    if (done < c->plan->job.steps && mmp_balancer_route(&c->bal, speed, why, sizeof why)) {
+        memcpy(c->speed, speed, sizeof speed);
+        if (reroute(c, done)) {
+            return 1;
+        }
+        snprintf(c->decision, sizeof c->decision, "{\"action\":\"route\",\"reason\":\"%s\"}",
+                 mmp_json_escape(why, esc, sizeof esc));
+        MMP_INFO("balancer: after step %d, routing by %s", done, why);
+        mmp_trace_instant(&c->trace, "re-route", mmp_trace_now_us(), why);
+    }
+    return 0;
+}
+
+/* Runs steps from first_step; returns 0 at the end, when the balancer asks
+ * for a re-placement (c->replan, after checkpointing) or when a signal asked
+ * to stop (c->stopped, after finishing the step in flight and checkpointing
+ * it), 1 on a failure. */
+int coord_run_steps(coord *c, int first_step)
+{
+    const mmp_plan *p = c->plan;
+    mmp_progress progress;
+    mmp_progress_init(&progress, p->job.steps, 10);
+    c->in_steps = 1;
+    for (int step = first_step; step < p->job.steps; step++) {
+        if (step == first_step && mmp_interrupt_signal()) {
+            c->stopped = 1; /* nothing trained since the state this launch started from */
+            break;
+        }
+        double t0 = mmp_now();
+        c->cur_step = step;
+        for (int i = 0; i < c->n; i++) {
+            c->procs[i].have_norm = c->procs[i].have_done = 0;
+        }
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Start st = MMPIPE__START__INIT;
+        st.first_step = step;
+        st.steps = 1;
+        env.body_case = MMPIPE__ENVELOPE__BODY_START;
+        env.start = &st;
+        if (coord_broadcast(c, &env) != MMP_OK ||
+            coord_wait_until(c, coord_all_flag, ALL(have_norm), 0, "gradient norms")) {
+            break;
+        }
+        /* Sum in stage order (image, text, fusion), as the single process
+         * does; replicas hold the same reduced gradients: replica 0 counts. */
+        double sumsq = 0;
+        for (int i = 0; i < c->n; i++) {
+            if (c->sched.stages[i].replica == 0) {
+                sumsq += c->procs[i].sumsq;
+            }
+        }
+        double norm = sqrt(sumsq);
+        if (!isfinite(norm)) {
+            coord_fail(c, "step %d: gradient norm is not finite", step + 1);
+            break;
+        }
+        Mmpipe__Envelope cenv = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__Clip clip = MMPIPE__CLIP__INIT;
+        clip.step = step;
+        clip.coef = mmp_clip_coef(p, norm);
+        cenv.body_case = MMPIPE__ENVELOPE__BODY_CLIP;
+        cenv.clip = &clip;
+        if (coord_broadcast(c, &cenv) != MMP_OK ||
+            coord_wait_until(c, coord_all_flag, ALL(have_done), 0, "step results")) {
+            break;
+        }
+        double step_ms = (mmp_now() - t0) * 1e3;
+        int done = step + 1;
+        int eval = mmp_plan_eval_due(p, done);
+        if (eval) {
+            c->have_eval = 0;
+            Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
+            Mmpipe__EvalRequest er = MMPIPE__EVAL_REQUEST__INIT;
+            er.step = step;
+            eenv.body_case = MMPIPE__ENVELOPE__BODY_EVAL_REQUEST;
+            eenv.eval_request = &er;
+            if (coord_broadcast(c, &eenv) != MMP_OK ||
+                coord_wait_until(c, coord_got_eval, NULL, 600, "evaluation")) {
+                break;
+            }
+        }
+        if (balance(c, done, step_ms)) {
+            break;
+        }
+        if (write_metrics(c, step, step_ms, norm, eval)) {
+            break;
+        }
+        if (eval) {
+            mmp_progress_end(&progress);
+            MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done,
+                     (double)c->eval_i2t, (double)c->eval_t2i);
+        }
+        if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps ||
+            c->replan) {
+            if (checkpoint(c, done)) {
+                break;
+            }
+        }
+        double lsum = 0;
+        for (int i = 0; i < c->n; i++) {
+            if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
+                lsum += done_of(c, i)->loss;
+            }
+        }
+        char text[256];
+        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s  efficiency %.2f", lsum,
+                 p->train.batch / (step_ms / 1e3), c->bal.efficiency);
+        mmp_progress_update(&progress, done, text);
+        c->steps_done = done;
+        if (c->replan) {
+            c->replan_step = done;
+            break;
+        }
+        if (mmp_interrupt_signal() && done < p->job.steps) {
+            mmp_progress_end(&progress);
+            MMP_INFO("%s: step %d finished; checkpointing and stopping (a second signal stops "
+                     "at once)",
+                     strsignal(mmp_interrupt_signal()), done);
+            if (c->ckpt_step != done && checkpoint(c, done)) {
+                break;
+            }
+            c->stopped = 1;
+            break;
+        }
+    }
+    c->in_steps = 0;
+    mmp_progress_end(&progress);
+    return c->failure[0] ? 1 : 0;
+}
