@@ -103,8 +103,8 @@ typedef struct mmp_backend_ops {
                                 const float *beta, const float *running_mean,
                                 const float *running_var, int N, int C, int HW, float eps);
     void (*batchnorm_bwd)(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
-                          const float *dout, const float *inp, const float *mean,
-                          const float *rstd, const float *gamma, int N, int C, int HW);
+                          const float *dout, const float *inp, const float *mean, const float *rstd,
+                          const float *gamma, int N, int C, int HW);
 
     /* ---- elementwise ----------------------------------------------------- */
     // out, inp, dinp, dout (n)

@@ -5,10 +5,10 @@
 #define MMP_KERNELS_SHAPE_H
 
 typedef struct mmp_conv_shape {
-    int N, C, H, W;     /* input (N,C,H,W) */
-    int OC, KH, KW;     /* weight (OC,C,KH,KW) */
-    int stride, pad;    /* same in both spatial dims */
-    int OH, OW;         /* output (N,OC,OH,OW), derived */
+    int N, C, H, W;  /* input (N,C,H,W) */
+    int OC, KH, KW;  /* weight (OC,C,KH,KW) */
+    int stride, pad; /* same in both spatial dims */
+    int OH, OW;      /* output (N,OC,OH,OW), derived */
 } mmp_conv_shape;
 
 /* Fills s and derives OH/OW = (H + 2 pad - KH) / stride + 1. */

@@ -82,12 +82,12 @@ struct mmp_fusion_acts {
     float scale;                /* logit scale used (clamped) */
     int clamped;
     /* ITM */
-    int *neg;                               /* (B) hard negative image of each text */
-    float *host_sim, *host_labels;          /* HOST (B,B) and (P): what forward reads/writes there */
-    int *pair_img, *pair_txt;               /* (P) */
-    float *labels, *logits;                 /* (P) */
-    float **stream;                         /* L+1 of (P,Tq,D) */
-    fusion_layer_acts *layer;               /* L */
+    int *neg;                      /* (B) hard negative image of each text */
+    float *host_sim, *host_labels; /* HOST (B,B) and (P): what forward reads/writes there */
+    int *pair_img, *pair_txt;      /* (P) */
+    float *labels, *logits;        /* (P) */
+    float **stream;                /* L+1 of (P,Tq,D) */
+    fusion_layer_acts *layer;      /* L */
     float *head_ln, *head_mean, *head_rstd; /* (P,D), (P), (P) */
     /* backward scratch */
     float *dx, *dhead_ln, *dlogits;                         /* (P,Tq,D), (P,D), (P) */
@@ -288,7 +288,8 @@ mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int m
     a->pair_txt = calloc(2 * (size_t)max_batch, sizeof *a->pair_txt);
     a->stream = calloc((size_t)net->L + 1, sizeof *a->stream);
     a->layer = calloc(net->L > 0 ? (size_t)net->L : 1, sizeof *a->layer);
-    if (!a->neg || !a->host_sim || !a->host_labels || !a->pair_img || !a->pair_txt || !a->stream || !a->layer) {
+    if (!a->neg || !a->host_sim || !a->host_labels || !a->pair_img || !a->pair_txt || !a->stream ||
+        !a->layer) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "fusion acts tables");
         goto fail;
     }
@@ -357,7 +358,8 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
     /* ITC */
     be->ops->copy(be, a->img, img, (size_t)B * Ni * D * sizeof(float));
     gather_cls(be, a->cls, txt, B, net->T, D);
-    be->ops->linear_fwd(be, a->img_proj, a->img, net->img_proj.w.w, net->img_proj.b.w, B, Ni * D, E);
+    be->ops->linear_fwd(be, a->img_proj, a->img, net->img_proj.w.w, net->img_proj.b.w, B, Ni * D,
+                        E);
     be->ops->linear_fwd(be, a->txt_proj, a->cls, net->txt_proj.w.w, net->txt_proj.b.w, B, D, E);
     be->ops->l2norm_fwd(be, a->img_emb, a->img_norm, a->img_proj, B, E, L2NORM_EPS);
     be->ops->l2norm_fwd(be, a->txt_emb, a->txt_norm, a->txt_proj, B, E, L2NORM_EPS);
@@ -434,7 +436,7 @@ void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float w
     be->ops->zero(be, a->dcls, (size_t)B * D * sizeof(float));
     for (int p = 0; p < P; p++) {
         be->ops->add(be, a->dcls + (size_t)a->pair_txt[p] * D, a->dcls + (size_t)a->pair_txt[p] * D,
-                    a->dx + (size_t)p * Tq * D, (size_t)D);
+                     a->dx + (size_t)p * Tq * D, (size_t)D);
     }
 
     /* ITC */
@@ -448,10 +450,8 @@ void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float w
     be->ops->infonce_bwd(be, a->d_img_emb, a->d_txt_emb, a->clamped ? NULL : net->logit_scale.g,
                          a->sim, a->p_i2t, a->p_t2i, a->img_emb, a->txt_emb, a->scale, weight, B,
                          E);
-    be->ops->l2norm_bwd(be, a->d_img_proj, a->d_img_emb, a->img_emb, a->img_norm, B, E,
-                        L2NORM_EPS);
-    be->ops->l2norm_bwd(be, a->d_txt_proj, a->d_txt_emb, a->txt_emb, a->txt_norm, B, E,
-                        L2NORM_EPS);
+    be->ops->l2norm_bwd(be, a->d_img_proj, a->d_img_emb, a->img_emb, a->img_norm, B, E, L2NORM_EPS);
+    be->ops->l2norm_bwd(be, a->d_txt_proj, a->d_txt_emb, a->txt_emb, a->txt_norm, B, E, L2NORM_EPS);
     be->ops->linear_bwd(be, dimg, net->img_proj.w.g, net->img_proj.b.g, a->d_img_proj, a->img,
                         net->img_proj.w.w, B, Ni * D, E);
     be->ops->linear_bwd(be, a->dcls, net->txt_proj.w.g, net->txt_proj.b.g, a->d_txt_proj, a->cls,
@@ -481,8 +481,8 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
         be->ops->l2norm_fwd(be, img_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
                             L2NORM_EPS);
         gather_cls(be, acts->emb_cls, txt + (size_t)b0 * T * D, n, T, D);
-        be->ops->linear_fwd(be, acts->emb_proj, acts->emb_cls, net->txt_proj.w.w,
-                            net->txt_proj.b.w, n, D, E);
+        be->ops->linear_fwd(be, acts->emb_proj, acts->emb_cls, net->txt_proj.w.w, net->txt_proj.b.w,
+                            n, D, E);
         be->ops->l2norm_fwd(be, txt_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
                             L2NORM_EPS);
     }

@@ -37,7 +37,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 #define BN_EPS 1e-5f
 #define BN_MOMENTUM 0.1f
 #define STEM_IN_CHANNELS 3
@@ -432,8 +431,7 @@ static mmp_err reserve_workspace(mmp_image_net *net, int batch)
     mmp_err err;
     float *ws = be_alloc(net->be, total * sizeof(float), &err);
     if (err != MMP_OK) {
-        return mmp_error_prefix(err, "image branch: workspace of %zu bytes",
-                                total * sizeof(float));
+        return mmp_error_prefix(err, "image branch: workspace of %zu bytes", total * sizeof(float));
     }
     net->be->ops->free(net->be, net->ws);
     net->ws = ws;
@@ -594,11 +592,10 @@ static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean
             momentum = 1.0f;
         }
         net->be->ops->batchnorm_fwd_train(net->be, out, mean, rstd, rm, rv, inp, pw(net, bn->gamma),
-                                    pw(net, bn->beta), B, C, HW, BN_EPS, momentum);
+                                          pw(net, bn->beta), B, C, HW, BN_EPS, momentum);
     } else {
-        net->be->ops->batchnorm_fwd_infer(net->be, out, inp, pw(net, bn->gamma),
-                                          pw(net, bn->beta), pw(net, bn->mean), pw(net, bn->var),
-                                          B, C, HW, BN_EPS);
+        net->be->ops->batchnorm_fwd_infer(net->be, out, inp, pw(net, bn->gamma), pw(net, bn->beta),
+                                          pw(net, bn->mean), pw(net, bn->var), B, C, HW, BN_EPS);
     }
 }
 
@@ -613,7 +610,8 @@ static void stem_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, co
     mmp_backend *be = net->be;
     be->ops->relu_fwd(be, act, act, n);
     if (l->pool) {
-        be->ops->maxpool2d_fwd(be, y, a->argmax, act, B, l->c, l->h, l->w, 3, 2, 1, l->out_h, l->out_w);
+        be->ops->maxpool2d_fwd(be, y, a->argmax, act, B, l->c, l->h, l->w, 3, 2, 1, l->out_h,
+                               l->out_w);
     }
 }
 
@@ -866,7 +864,7 @@ static void proj_bwd(mmp_image_net *net, const image_layer *l, const layer_acts 
     mmp_backend *be = net->be;
     float *d_tok = dx ? zeroed(net, net->tmp[0], (size_t)B * N * C) : NULL;
     be->ops->linear_bwd(be, d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
-                       pw(net, l->proj_w), B * N, C, D);
+                        pw(net, l->proj_w), B * N, C, D);
     float *d_pos = pg(net, l->proj_pos);
     for (int b = 0; b < B; b++) {
         be->ops->add(be, d_pos, d_pos, dy + (size_t)b * N * D, (size_t)N * D);

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* ---- parameter pieces ------------------------------------------------------ */
 static mmp_err declare(mmp_tf_ref *r, mmp_params *p, const char *name, const char *suffix, int ndim,
                        const int64_t *shape, int decay, mmp_init init)
@@ -57,8 +56,7 @@ void mmp_tf_norm_bind(mmp_tf_norm *n, mmp_params *p)
     bind(&n->b, p);
 }
 
-static void linear_fwd(mmp_backend *be, const mmp_tf_linear *l, float *out, const float *inp,
-                       int N)
+static void linear_fwd(mmp_backend *be, const mmp_tf_linear *l, float *out, const float *inp, int N)
 {
     be->ops->linear_fwd(be, out, inp, l->w.w, l->b.w, N, l->in, l->out);
 }
@@ -240,8 +238,8 @@ void mmp_tf_self_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scra
     be->ops->zero(be, w->d_ln, nd * sizeof(float));
     /* dout is read only here, so dx may alias it. */
     linear_bwd(be, &a->o, w->dctx, dout, s->ctx, N);
-    be->ops->attention_bwd(be, w->dq, w->dk, w->dv, w->dctx, s->att, s->q, s->k, s->v, B, T, T, a->D,
-                          a->NH);
+    be->ops->attention_bwd(be, w->dq, w->dk, w->dv, w->dctx, s->att, s->q, s->k, s->v, B, T, T,
+                           a->D, a->NH);
     linear_bwd(be, &a->q, w->d_ln, w->dq, s->ln, N);
     linear_bwd(be, &a->k, w->d_ln, w->dk, s->ln, N);
     linear_bwd(be, &a->v, w->d_ln, w->dv, s->ln, N);
@@ -262,8 +260,8 @@ void mmp_tf_cross_attn_fwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, float *out
     for (int b = 0; b < B; b++) {
         size_t kv = (size_t)src_of[b] * Tk * D;
         be->ops->attention_fwd(be, s->ctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
-                              s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, NULL, 1, Tq, Tk, D,
-                              NH);
+                               s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, NULL, 1, Tq, Tk, D,
+                               NH);
     }
     out_proj_fwd(a, s, out, x, N);
 }
@@ -287,8 +285,8 @@ void mmp_tf_cross_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scr
     for (int b = 0; b < B; b++) {
         size_t kv = (size_t)src_of[b] * Tk * D;
         be->ops->attention_bwd(be, w->dq + (size_t)b * Tq * D, w->dk + kv, w->dv + kv,
-                              w->dctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
-                              s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, 1, Tq, Tk, D, NH);
+                               w->dctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
+                               s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, 1, Tq, Tk, D, NH);
     }
     linear_bwd(be, &a->q, w->d_ln, w->dq, s->ln, N);
     norm_bwd(be, &a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);

@@ -182,8 +182,8 @@ static void check_adam(const char *what, mmp_params *pc, mmp_params *pg, float l
 }
 
 /* ---- image ---------------------------------------------------------------- */
-static void image_step(mmp_image_net *net, mmp_image_acts *acts, const float *in,
-                       const float *dout, float *out, float *din)
+static void image_step(mmp_image_net *net, mmp_image_acts *acts, const float *in, const float *dout,
+                       float *out, float *din)
 {
     mmp_params *p = mmp_image_net_params(net);
     mmp_params_zero_grad(p);

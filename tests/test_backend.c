@@ -18,13 +18,15 @@
 
 /* Every op of the table, for the counters and the completeness check. */
 #define OPS(X)                                                                                     \
-    X(alloc) X(free) X(zero) X(to_device) X(to_host) X(copy) X(sync) X(gemm) X(linear_fwd)        \
-    X(linear_bwd) X(conv2d_scratch_floats) X(conv2d_fwd) X(conv2d_bwd) X(batchnorm_fwd_train)     \
-    X(batchnorm_fwd_infer) X(batchnorm_bwd) X(relu_fwd) X(relu_bwd) X(gelu_fwd) X(gelu_bwd)       \
-    X(add) X(scale) X(transpose) X(acc_f64) X(round_f64) X(maxpool2d_fwd) X(maxpool2d_bwd)        \
-    X(layernorm_fwd) X(layernorm_bwd) X(embedding_fwd) X(embedding_bwd) X(attention_fwd)         \
-    X(attention_bwd) X(l2norm_fwd) X(l2norm_bwd) X(infonce_fwd) X(infonce_bwd) X(bce_fwd)         \
-    X(bce_bwd) X(adamw) X(sumsq)
+    X(alloc)                                                                                       \
+    X(free) X(zero) X(to_device) X(to_host) X(copy) X(sync) X(gemm) X(linear_fwd) X(linear_bwd)    \
+        X(conv2d_scratch_floats) X(conv2d_fwd) X(conv2d_bwd) X(batchnorm_fwd_train)                \
+            X(batchnorm_fwd_infer) X(batchnorm_bwd) X(relu_fwd) X(relu_bwd) X(gelu_fwd)            \
+                X(gelu_bwd) X(add) X(scale) X(transpose) X(acc_f64) X(round_f64) X(maxpool2d_fwd)  \
+                    X(maxpool2d_bwd) X(layernorm_fwd) X(layernorm_bwd) X(embedding_fwd)            \
+                        X(embedding_bwd) X(attention_fwd) X(attention_bwd) X(l2norm_fwd)           \
+                            X(l2norm_bwd) X(infonce_fwd) X(infonce_bwd) X(bce_fwd) X(bce_bwd)      \
+                                X(adamw) X(sumsq)
 
 #define ENUM(op) K_##op,
 enum { OPS(ENUM) K_COUNT };
@@ -141,8 +143,8 @@ FWD(maxpool2d_bwd,
      int OH, int OW),
     (be, di, d, am, N, C, H, W, OH, OW))
 FWD(layernorm_fwd,
-    (mmp_backend * be, float *o, float *m, float *r, const float *i, const float *w,
-     const float *b, int N, int C, float eps),
+    (mmp_backend * be, float *o, float *m, float *r, const float *i, const float *w, const float *b,
+     int N, int C, float eps),
     (be, o, m, r, i, w, b, N, C, eps))
 FWD(layernorm_bwd,
     (mmp_backend * be, float *di, float *dw, float *db, const float *d, const float *i,
@@ -174,8 +176,7 @@ FWD(infonce_bwd,
     (mmp_backend * be, float *di, float *dt, float *ds, const float *sim, const float *pi,
      const float *pt, const float *img, const float *txt, float ls, float dl, int B, int C),
     (be, di, dt, ds, sim, pi, pt, img, txt, ls, dl, B, C))
-FWD(bce_bwd,
-    (mmp_backend * be, float *dl, const float *l, const float *y, float dloss, int n),
+FWD(bce_bwd, (mmp_backend * be, float *dl, const float *l, const float *y, float dloss, int n),
     (be, dl, l, y, dloss, n))
 FWD(adamw,
     (mmp_backend * be, float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
@@ -196,8 +197,7 @@ static void check_called(const char *what, const int *need, int n)
 {
     for (int i = 0; i < n; i++) {
         if (calls[need[i]] == 0) {
-            fprintf(stderr, "%s: %s never called through the backend\n", what,
-                    op_names[need[i]]);
+            fprintf(stderr, "%s: %s never called through the backend\n", what, op_names[need[i]]);
         }
         CHECK(calls[need[i]] > 0);
     }
@@ -324,12 +324,29 @@ static void test_image_through_table(void)
     CHECK(same_bits(buf[0][1], buf[1][1], n_in * sizeof(float)));
     CHECK(same_bits(buf[0][2], buf[1][2], total * sizeof(float)));
     CHECK(same_bits(buf[0][3], buf[1][3], total * sizeof(float)));
-    const int need[] = {K_alloc,         K_free,          K_zero,       K_to_device,
-                        K_to_host,       K_copy,          K_conv2d_fwd, K_conv2d_bwd,
-                        K_batchnorm_fwd_train, K_batchnorm_fwd_infer, K_batchnorm_bwd,
-                        K_relu_fwd,      K_relu_bwd,      K_add,        K_transpose,
-                        K_maxpool2d_fwd, K_maxpool2d_bwd, K_linear_fwd, K_linear_bwd,
-                        K_acc_f64,       K_round_f64,     K_sumsq,      K_scale,
+    const int need[] = {K_alloc,
+                        K_free,
+                        K_zero,
+                        K_to_device,
+                        K_to_host,
+                        K_copy,
+                        K_conv2d_fwd,
+                        K_conv2d_bwd,
+                        K_batchnorm_fwd_train,
+                        K_batchnorm_fwd_infer,
+                        K_batchnorm_bwd,
+                        K_relu_fwd,
+                        K_relu_bwd,
+                        K_add,
+                        K_transpose,
+                        K_maxpool2d_fwd,
+                        K_maxpool2d_bwd,
+                        K_linear_fwd,
+                        K_linear_bwd,
+                        K_acc_f64,
+                        K_round_f64,
+                        K_sumsq,
+                        K_scale,
                         K_adamw};
     check_called("image", need, (int)(sizeof need / sizeof need[0]));
     CHECK(live_allocs == 0); /* the net and its acts gave back all they took */
@@ -433,8 +450,8 @@ static void test_text_fusion_through_table(void)
     CHECK(same_bits(dtxt[0], dtxt[1], sizeof dtxt[0]));
     CHECK(same_bits(grads[0], grads[1], sizeof grads[0]));
     CHECK(same_bits(emb[0], emb[1], sizeof emb[0]));
-    const int need_f[] = {K_infonce_fwd, K_infonce_bwd, K_bce_fwd,  K_bce_bwd,
-                          K_l2norm_fwd,  K_l2norm_bwd,  K_to_host,  K_to_device,
+    const int need_f[] = {K_infonce_fwd,   K_infonce_bwd,   K_bce_fwd,       K_bce_bwd,
+                          K_l2norm_fwd,    K_l2norm_bwd,    K_to_host,       K_to_device,
                           K_attention_fwd, K_attention_bwd, K_layernorm_fwd, K_linear_bwd};
     check_called("fusion", need_f, (int)(sizeof need_f / sizeof need_f[0]));
     CHECK(live_allocs == 0);

@@ -53,7 +53,8 @@ static void cpu_sync(mmp_backend *be)
 
 /* ---- ops: one line each onto the reference kernel --------------------------- */
 static void cpu_gemm(mmp_backend *be, int ta, int tb, int M, int N, int K, float alpha,
-                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                     int ldc)
 {
     (void)be;
     mmp_cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -93,8 +94,7 @@ static void cpu_bn_train(mmp_backend *be, float *out, float *mean, float *rstd, 
                          int C, int HW, float eps, float momentum)
 {
     (void)be;
-    mmp_cpu_batchnorm_fwd_train(out, mean, rstd, rm, rv, inp, gamma, beta, N, C, HW, eps,
-                                momentum);
+    mmp_cpu_batchnorm_fwd_train(out, mean, rstd, rm, rv, inp, gamma, beta, N, C, HW, eps, momentum);
 }
 
 static void cpu_bn_infer(mmp_backend *be, float *out, const float *inp, const float *gamma,

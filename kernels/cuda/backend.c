@@ -125,16 +125,16 @@ static void cuda_conv2d_bwd(mmp_backend *be, float *dinp, float *dw, float *db, 
 }
 
 static void cuda_bn_train(mmp_backend *be, float *out, float *mean, float *rstd, float *rm,
-                          float *rv, const float *inp, const float *gamma, const float *beta,
-                          int N, int C, int HW, float eps, float momentum)
+                          float *rv, const float *inp, const float *gamma, const float *beta, int N,
+                          int C, int HW, float eps, float momentum)
 {
     REC(be, mmp_cuda_batchnorm_fwd_train(CTX(be), out, mean, rstd, rm, rv, inp, gamma, beta, N, C,
                                          HW, eps, momentum));
 }
 
 static void cuda_bn_infer(mmp_backend *be, float *out, const float *inp, const float *gamma,
-                          const float *beta, const float *rm, const float *rv, int N, int C,
-                          int HW, float eps)
+                          const float *beta, const float *rm, const float *rv, int N, int C, int HW,
+                          float eps)
 {
     REC(be, mmp_cuda_batchnorm_fwd_infer(CTX(be), out, inp, gamma, beta, rm, rv, N, C, HW, eps));
 }
@@ -143,8 +143,8 @@ static void cuda_bn_bwd(mmp_backend *be, float *dinp, float *dgamma, float *dbet
                         const float *dout, const float *inp, const float *mean, const float *rstd,
                         const float *gamma, int N, int C, int HW)
 {
-    REC(be, mmp_cuda_batchnorm_bwd(CTX(be), dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N,
-                                   C, HW));
+    REC(be, mmp_cuda_batchnorm_bwd(CTX(be), dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C,
+                                   HW));
 }
 
 static void cuda_relu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
@@ -201,8 +201,8 @@ static void cuda_maxpool_fwd(mmp_backend *be, float *out, int32_t *argmax, const
     REC(be, mmp_cuda_maxpool2d_fwd(CTX(be), out, argmax, inp, N, C, H, W, k, stride, pad, OH, OW));
 }
 
-static void cuda_maxpool_bwd(mmp_backend *be, float *dinp, const float *dout,
-                             const int32_t *argmax, int N, int C, int H, int W, int OH, int OW)
+static void cuda_maxpool_bwd(mmp_backend *be, float *dinp, const float *dout, const int32_t *argmax,
+                             int N, int C, int H, int W, int OH, int OW)
 {
     REC(be, mmp_cuda_maxpool2d_bwd(CTX(be), dinp, dout, argmax, N, C, H, W, OH, OW));
 }
@@ -262,8 +262,7 @@ static float cuda_infonce_fwd(mmp_backend *be, float *sim, float *p_i2t, float *
                               const float *img, const float *txt, float logit_scale, int B, int C)
 {
     float loss = NAN;
-    REC(be,
-        mmp_cuda_infonce_fwd(CTX(be), &loss, sim, p_i2t, p_t2i, img, txt, logit_scale, B, C));
+    REC(be, mmp_cuda_infonce_fwd(CTX(be), &loss, sim, p_i2t, p_t2i, img, txt, logit_scale, B, C));
     return loss;
 }
 
@@ -290,8 +289,8 @@ static void cuda_bce_bwd(mmp_backend *be, float *dlogits, const float *logits, c
 }
 
 static void cuda_adamw(mmp_backend *be, float *param, const float *grad, float *m, float *v,
-                       size_t n, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, int t)
+                       size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int t)
 {
     REC(be, mmp_cuda_adamw(CTX(be), param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
 }

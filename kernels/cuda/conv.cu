@@ -6,8 +6,8 @@
  * passed over: their fp32 error is larger than the 1e-4 by which the CPU
  * reference judges this file. Backward algorithms must also be
  * CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 / ALGO_3 add with
- * atomics), so the fallbacks are the deterministic ALGO_1 of each. Backward accumulates with beta = 1, as every
- * backward in kernels/ does. */
+ * atomics), so the fallbacks are the deterministic ALGO_1 of each. Backward accumulates with beta =
+ * 1, as every backward in kernels/ does. */
 #include "kernels/cuda/internal.cuh"
 
 #include <string.h>
