@@ -89,6 +89,7 @@ void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const floa
  * mmp_image_net_bn_row_floats: floats in one row (2 x channels summed over
  * this range's batch-norm layers; 0 when it has none). Layout: for each
  * batch-norm layer in parameter order, mean[C] then var[C].
+ * Rows are HOST memory on every backend.
  * mmp_image_net_bn_log: while row is non-NULL, training forwards write their
  * statistics into row (overwriting it) and leave the running statistics
  * untouched; NULL restores in-place updates (the default).
