@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/shape.h" /* mmp_conv_shape */
+
 /* Threads OpenBLAS may use (default 1). */
 void mmp_cpu_set_threads(int n);
 
@@ -38,16 +40,6 @@ void mmp_cpu_linear_bwd(float *dinp, float *dw, float *db, const float *dout, co
                         const float *w, int N, int C, int OC);
 
 /* ---- conv2d ------------------------------------------------------------ */
-typedef struct mmp_conv_shape {
-    int N, C, H, W;     /* input (N,C,H,W) */
-    int OC, KH, KW;     /* weight (OC,C,KH,KW) */
-    int stride, pad;    /* same in both spatial dims */
-    int OH, OW;         /* output (N,OC,OH,OW), derived */
-} mmp_conv_shape;
-
-/* Fills s and derives OH/OW = (H + 2 pad - KH) / stride + 1. */
-void mmp_conv_shape_set(mmp_conv_shape *s, int N, int C, int H, int W, int OC, int KH, int KW,
-                        int stride, int pad);
 /* Floats of scratch conv2d needs (one image's im2col matrix). */
 size_t mmp_cpu_conv2d_scratch_floats(const mmp_conv_shape *s);
 /* out (N,OC,OH,OW) = conv(inp, w) + b;  b (OC) or NULL. scratch may be NULL (then allocated). */
@@ -85,6 +77,13 @@ void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n
 void mmp_cpu_add(float *out, const float *a, const float *b, size_t n);
 /* x *= s */
 void mmp_cpu_scale(float *x, float s, size_t n);
+/* out (B,C,R) = inp (B,R,C) with its last two axes swapped (out[b,c,r] =
+ * inp[b,r,c]); accumulate: out += instead of =. */
+void mmp_cpu_transpose(float *out, const float *inp, int B, int R, int C, int accumulate);
+/* acc (n) += x (n) in double; x (n) = (float) acc (n): a step's gradient
+ * accumulator (nn/params.h says why it is double). */
+void mmp_cpu_acc_f64(double *acc, const float *x, size_t n);
+void mmp_cpu_round_f64(float *x, const double *acc, size_t n);
 
 /* ---- pooling ----------------------------------------------------------- */
 /* Max pool, square window k, stride, padding pad (padding never wins).

@@ -36,7 +36,7 @@ extern "C" { /* the headers below are C and declare no linkage themselves */
 #endif
 
 #include "common/err.h"
-#include "kernels/cpu.h" /* mmp_conv_shape */
+#include "kernels/shape.h" /* mmp_conv_shape */
 
 /* ---- context ------------------------------------------------------------ */
 typedef struct mmp_cuda_ctx mmp_cuda_ctx;
@@ -117,12 +117,18 @@ mmp_err mmp_cuda_gelu_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, con
                           size_t n);
 mmp_err mmp_cuda_add(mmp_cuda_ctx *ctx, float *out, const float *a, const float *b, size_t n);
 mmp_err mmp_cuda_scale(mmp_cuda_ctx *ctx, float *x, float s, size_t n);
+/* As mmp_cpu_transpose: out (B,C,R) = (or +=) inp (B,R,C), last two axes swapped. */
+mmp_err mmp_cuda_transpose(mmp_cuda_ctx *ctx, float *out, const float *inp, int B, int R, int C,
+                           int accumulate);
+/* acc (n) += x (n) in double;  x (n) = (float) acc (n). */
+mmp_err mmp_cuda_acc_f64(mmp_cuda_ctx *ctx, double *acc, const float *x, size_t n);
+mmp_err mmp_cuda_round_f64(mmp_cuda_ctx *ctx, float *x, const double *acc, size_t n);
 
 /* ---- pooling -------------------------------------------------------------- */
 mmp_err mmp_cuda_maxpool2d_fwd(mmp_cuda_ctx *ctx, float *out, int32_t *argmax, const float *inp,
                                int N, int C, int H, int W, int k, int stride, int pad, int OH,
                                int OW);
-/* Overlapping windows add with atomics: the sum's order is not fixed. */
+/* Deterministic: each plane's outputs add in row-major order (no atomics). */
 mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
                                const int32_t *argmax, int N, int C, int H, int W, int OH, int OW);
 mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *mask,
@@ -142,7 +148,7 @@ mmp_err mmp_cuda_layernorm_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
 /* ids in [0,V) as for the CPU (not checked on the device). */
 mmp_err mmp_cuda_embedding_fwd(mmp_cuda_ctx *ctx, float *out, const int32_t *ids, const float *wte,
                                const float *wpe, int B, int T, int C);
-/* dwte rows of repeated ids add with atomics: the sum's order is not fixed. */
+/* dwte rows of repeated ids add in position order (no atomics): deterministic. */
 mmp_err mmp_cuda_embedding_bwd(mmp_cuda_ctx *ctx, float *dwte, float *dwpe, const float *dout,
                                const int32_t *ids, int B, int T, int C);
 

@@ -27,13 +27,18 @@
  * deterministic. The hard-negative choice is piecewise constant in the
  * similarities, so no gradient flows through it.
  *
+ * Everything computes on the params' backend: img, txt, mask, dimg, dtxt and
+ * embed's outputs are memory of that backend. Forward copies to the host only
+ * what it must read there: the logit scale (1 float), the similarity matrix
+ * (B x B) it mines hard negatives from, and the two losses; the ITM labels
+ * go the other way (2B floats).
+ *
  * This file must never allocate in forward/backward/embed. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/transformer.h"
 
@@ -46,6 +51,7 @@ typedef struct fusion_layer {
 } fusion_layer;
 
 struct mmp_fusion_net {
+    mmp_backend *be;
     mmp_params params;
     int D, E, Ni, T, L, NH, H;
     mmp_tf_linear img_proj, txt_proj;
@@ -76,11 +82,12 @@ struct mmp_fusion_acts {
     float scale;                /* logit scale used (clamped) */
     int clamped;
     /* ITM */
-    int *neg;                               /* (B) hard negative image of each text */
-    int *pair_img, *pair_txt;               /* (P) */
-    float *labels, *logits;                 /* (P) */
-    float **stream;                         /* L+1 of (P,Tq,D) */
-    fusion_layer_acts *layer;               /* L */
+    int *neg;                      /* (B) hard negative image of each text */
+    float *host_sim, *host_labels; /* HOST (B,B) and (P): what forward reads/writes there */
+    int *pair_img, *pair_txt;      /* (P) */
+    float *labels, *logits;        /* (P) */
+    float **stream;                /* L+1 of (P,Tq,D) */
+    fusion_layer_acts *layer;      /* L */
     float *head_ln, *head_mean, *head_rstd; /* (P,D), (P), (P) */
     /* backward scratch */
     float *dx, *dhead_ln, *dlogits;                         /* (P,Tq,D), (P,D), (P) */
@@ -142,6 +149,12 @@ static void bind(mmp_fusion_net *net)
 
 mmp_err mmp_fusion_net_create(mmp_fusion_net **out, const mmp_plan *plan, uint64_t seed)
 {
+    return mmp_fusion_net_create_on(out, mmp_backend_cpu(), plan, seed);
+}
+
+mmp_err mmp_fusion_net_create_on(mmp_fusion_net **out, mmp_backend *be, const mmp_plan *plan,
+                                 uint64_t seed)
+{
     *out = NULL;
     const int D = plan->model.width, NH = plan->model.fusion.heads;
     const int Ni = image_tokens(plan);
@@ -159,7 +172,8 @@ mmp_err mmp_fusion_net_create(mmp_fusion_net **out, const mmp_plan *plan, uint64
     if (!net) {
         return mmp_errorf(MMP_ERR_NOMEM, "fusion net");
     }
-    mmp_params_init(&net->params);
+    net->be = be;
+    mmp_params_init_on(&net->params, be);
     net->D = D;
     net->E = D;
     net->Ni = Ni;
@@ -268,15 +282,18 @@ mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int m
     a->net = net;
     a->max_batch = max_batch;
     a->neg = calloc((size_t)max_batch, sizeof *a->neg);
+    a->host_sim = calloc((size_t)max_batch * (size_t)max_batch, sizeof *a->host_sim);
+    a->host_labels = calloc(2 * (size_t)max_batch, sizeof *a->host_labels);
     a->pair_img = calloc(2 * (size_t)max_batch, sizeof *a->pair_img);
     a->pair_txt = calloc(2 * (size_t)max_batch, sizeof *a->pair_txt);
     a->stream = calloc((size_t)net->L + 1, sizeof *a->stream);
     a->layer = calloc(net->L > 0 ? (size_t)net->L : 1, sizeof *a->layer);
-    if (!a->neg || !a->pair_img || !a->pair_txt || !a->stream || !a->layer) {
+    if (!a->neg || !a->host_sim || !a->host_labels || !a->pair_img || !a->pair_txt || !a->stream ||
+        !a->layer) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "fusion acts tables");
         goto fail;
     }
-    if ((ret = mmp_tf_slab_alloc(&a->slab, carve_acts, a)) != MMP_OK) {
+    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
         goto fail;
     }
     *out = a;
@@ -294,6 +311,8 @@ void mmp_fusion_acts_destroy(mmp_fusion_acts *a)
     }
     mmp_tf_slab_free(&a->slab);
     free(a->neg);
+    free(a->host_sim);
+    free(a->host_labels);
     free(a->pair_img);
     free(a->pair_txt);
     free(a->stream);
@@ -302,10 +321,11 @@ void mmp_fusion_acts_destroy(mmp_fusion_acts *a)
 }
 
 /* ---- forward / backward ------------------------------------------------- */
-static void gather_cls(float *cls, const float *txt, int B, int T, int D)
+// cls (B,D) = txt (B,T,D)[:, 0, :]
+static void gather_cls(mmp_backend *be, float *cls, const float *txt, int B, int T, int D)
 {
     for (int b = 0; b < B; b++) {
-        memcpy(cls + (size_t)b * D, txt + (size_t)b * T * D, (size_t)D * sizeof(float));
+        be->ops->copy(be, cls + (size_t)b * D, txt + (size_t)b * T * D, (size_t)D * sizeof(float));
     }
 }
 
@@ -331,40 +351,45 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
     const int D = net->D, E = net->E, Ni = net->Ni, Tq = ITM_QUERY_ROWS;
     const int P = B > 1 ? 2 * B : B;
     mmp_fusion_acts *a = acts;
+    mmp_backend *be = net->be;
     a->B = B;
     a->P = P;
 
     /* ITC */
-    memcpy(a->img, img, (size_t)B * Ni * D * sizeof(float));
-    gather_cls(a->cls, txt, B, net->T, D);
-    mmp_cpu_linear_fwd(a->img_proj, a->img, net->img_proj.w.w, net->img_proj.b.w, B, Ni * D, E);
-    mmp_cpu_linear_fwd(a->txt_proj, a->cls, net->txt_proj.w.w, net->txt_proj.b.w, B, D, E);
-    mmp_cpu_l2norm_fwd(a->img_emb, a->img_norm, a->img_proj, B, E, L2NORM_EPS);
-    mmp_cpu_l2norm_fwd(a->txt_emb, a->txt_norm, a->txt_proj, B, E, L2NORM_EPS);
+    be->ops->copy(be, a->img, img, (size_t)B * Ni * D * sizeof(float));
+    gather_cls(be, a->cls, txt, B, net->T, D);
+    be->ops->linear_fwd(be, a->img_proj, a->img, net->img_proj.w.w, net->img_proj.b.w, B, Ni * D,
+                        E);
+    be->ops->linear_fwd(be, a->txt_proj, a->cls, net->txt_proj.w.w, net->txt_proj.b.w, B, D, E);
+    be->ops->l2norm_fwd(be, a->img_emb, a->img_norm, a->img_proj, B, E, L2NORM_EPS);
+    be->ops->l2norm_fwd(be, a->txt_emb, a->txt_norm, a->txt_proj, B, E, L2NORM_EPS);
     const float max_scale = logf(100.0f);
-    float ls = net->logit_scale.w[0];
+    float ls = 0;
+    be->ops->to_host(be, &ls, net->logit_scale.w, sizeof ls);
     a->clamped = ls > max_scale;
     a->scale = a->clamped ? max_scale : ls;
-    float itc =
-        mmp_cpu_infonce_fwd(a->sim, a->p_i2t, a->p_t2i, a->img_emb, a->txt_emb, a->scale, B, E);
+    float itc = be->ops->infonce_fwd(be, a->sim, a->p_i2t, a->p_t2i, a->img_emb, a->txt_emb,
+                                     a->scale, B, E);
 
-    /* ITM pairs */
+    /* ITM pairs: mined on the host from a copy of the similarities. */
     for (int t = 0; t < B; t++) {
         a->pair_img[t] = t;
         a->pair_txt[t] = t;
-        a->labels[t] = 1.0f;
+        a->host_labels[t] = 1.0f;
     }
     if (B > 1) {
-        mine_hard_negatives(a->neg, a->sim, B);
+        be->ops->to_host(be, a->host_sim, a->sim, (size_t)B * B * sizeof(float));
+        mine_hard_negatives(a->neg, a->host_sim, B);
         for (int t = 0; t < B; t++) {
             a->pair_img[B + t] = a->neg[t];
             a->pair_txt[B + t] = t;
-            a->labels[B + t] = 0.0f;
+            a->host_labels[B + t] = 0.0f;
         }
     }
+    be->ops->to_device(be, a->labels, a->host_labels, (size_t)P * sizeof(float));
     for (int p = 0; p < P; p++) {
-        memcpy(a->stream[0] + (size_t)p * Tq * D, a->cls + (size_t)a->pair_txt[p] * D,
-               (size_t)Tq * D * sizeof(float));
+        be->ops->copy(be, a->stream[0] + (size_t)p * Tq * D, a->cls + (size_t)a->pair_txt[p] * D,
+                      (size_t)Tq * D * sizeof(float));
     }
     for (int l = 0; l < net->L; l++) {
         fusion_layer_acts *la = &a->layer[l];
@@ -373,10 +398,10 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
         mmp_tf_ffn_fwd(&net->layers[l].ffn, &la->ffn, a->stream[l + 1], la->mid, P * Tq);
     }
     /* Head on row 0 of each pair (Tq == 1: the stream is already (P,D)). */
-    mmp_cpu_layernorm_fwd(a->head_ln, a->head_mean, a->head_rstd, a->stream[net->L],
-                          net->itm_ln.w.w, net->itm_ln.b.w, P, D, MMP_TF_LN_EPS);
-    mmp_cpu_linear_fwd(a->logits, a->head_ln, net->itm_head.w.w, net->itm_head.b.w, P, D, 1);
-    float itm = mmp_cpu_bce_fwd(a->logits, a->labels, P);
+    be->ops->layernorm_fwd(be, a->head_ln, a->head_mean, a->head_rstd, a->stream[net->L],
+                           net->itm_ln.w.w, net->itm_ln.b.w, P, D, MMP_TF_LN_EPS);
+    be->ops->linear_fwd(be, a->logits, a->head_ln, net->itm_head.w.w, net->itm_head.b.w, P, D, 1);
+    float itm = be->ops->bce_fwd(be, a->logits, a->labels, P);
 
     parts->itc = itc;
     parts->itm = itm;
@@ -388,18 +413,19 @@ void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float w
 {
     MMP_ASSERT(acts->net == net && acts->B > 0);
     mmp_fusion_acts *a = acts;
+    mmp_backend *be = net->be;
     const int B = a->B, P = a->P, D = net->D, E = net->E, Ni = net->Ni, Tq = ITM_QUERY_ROWS;
     const size_t pd = (size_t)P * D;
 
     /* ITM: head, then the cross-attention layers top-down. */
-    memset(a->dlogits, 0, (size_t)P * sizeof(float));
-    memset(a->dhead_ln, 0, pd * sizeof(float));
-    memset(a->dx, 0, pd * Tq * sizeof(float));
-    mmp_cpu_bce_bwd(a->dlogits, a->logits, a->labels, weight, P);
-    mmp_cpu_linear_bwd(a->dhead_ln, net->itm_head.w.g, net->itm_head.b.g, a->dlogits, a->head_ln,
-                       net->itm_head.w.w, P, D, 1);
-    mmp_cpu_layernorm_bwd(a->dx, net->itm_ln.w.g, net->itm_ln.b.g, a->dhead_ln, a->stream[net->L],
-                          net->itm_ln.w.w, a->head_mean, a->head_rstd, P, D);
+    be->ops->zero(be, a->dlogits, (size_t)P * sizeof(float));
+    be->ops->zero(be, a->dhead_ln, pd * sizeof(float));
+    be->ops->zero(be, a->dx, pd * Tq * sizeof(float));
+    be->ops->bce_bwd(be, a->dlogits, a->logits, a->labels, weight, P);
+    be->ops->linear_bwd(be, a->dhead_ln, net->itm_head.w.g, net->itm_head.b.g, a->dlogits,
+                        a->head_ln, net->itm_head.w.w, P, D, 1);
+    be->ops->layernorm_bwd(be, a->dx, net->itm_ln.w.g, net->itm_ln.b.g, a->dhead_ln,
+                           a->stream[net->L], net->itm_ln.w.w, a->head_mean, a->head_rstd, P, D);
     for (int l = net->L - 1; l >= 0; l--) {
         fusion_layer_acts *la = &a->layer[l];
         mmp_tf_ffn_bwd(&net->layers[l].ffn, &la->ffn, &a->scratch, a->dx, a->dx, la->mid, P * Tq);
@@ -407,34 +433,33 @@ void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float w
                               a->stream[l], P, Tq, a->img, B, Ni, a->pair_img);
     }
     /* Each pair's text gradient back to its [CLS] row, in pair order. */
-    memset(a->dcls, 0, (size_t)B * D * sizeof(float));
+    be->ops->zero(be, a->dcls, (size_t)B * D * sizeof(float));
     for (int p = 0; p < P; p++) {
-        mmp_cpu_add(a->dcls + (size_t)a->pair_txt[p] * D, a->dcls + (size_t)a->pair_txt[p] * D,
-                    a->dx + (size_t)p * Tq * D, (size_t)D);
+        be->ops->add(be, a->dcls + (size_t)a->pair_txt[p] * D, a->dcls + (size_t)a->pair_txt[p] * D,
+                     a->dx + (size_t)p * Tq * D, (size_t)D);
     }
 
     /* ITC */
-    size_t be = (size_t)B * E;
-    memset(a->d_img_emb, 0, be * sizeof(float));
-    memset(a->d_txt_emb, 0, be * sizeof(float));
-    memset(a->d_img_proj, 0, be * sizeof(float));
-    memset(a->d_txt_proj, 0, be * sizeof(float));
-    float dscale = 0;
-    mmp_cpu_infonce_bwd(a->d_img_emb, a->d_txt_emb, &dscale, a->sim, a->p_i2t, a->p_t2i, a->img_emb,
-                        a->txt_emb, a->scale, weight, B, E);
-    if (!a->clamped) {
-        net->logit_scale.g[0] += dscale;
-    }
-    mmp_cpu_l2norm_bwd(a->d_img_proj, a->d_img_emb, a->img_emb, a->img_norm, B, E, L2NORM_EPS);
-    mmp_cpu_l2norm_bwd(a->d_txt_proj, a->d_txt_emb, a->txt_emb, a->txt_norm, B, E, L2NORM_EPS);
-    mmp_cpu_linear_bwd(dimg, net->img_proj.w.g, net->img_proj.b.g, a->d_img_proj, a->img,
-                       net->img_proj.w.w, B, Ni * D, E);
-    mmp_cpu_linear_bwd(a->dcls, net->txt_proj.w.g, net->txt_proj.b.g, a->d_txt_proj, a->cls,
-                       net->txt_proj.w.w, B, D, E);
+    size_t bE = (size_t)B * E;
+    be->ops->zero(be, a->d_img_emb, bE * sizeof(float));
+    be->ops->zero(be, a->d_txt_emb, bE * sizeof(float));
+    be->ops->zero(be, a->d_img_proj, bE * sizeof(float));
+    be->ops->zero(be, a->d_txt_proj, bE * sizeof(float));
+    /* The kernel adds its one dscale into the parameter's gradient: the same
+     * float sum as adding it from a zeroed temporary. A clamped scale gets none. */
+    be->ops->infonce_bwd(be, a->d_img_emb, a->d_txt_emb, a->clamped ? NULL : net->logit_scale.g,
+                         a->sim, a->p_i2t, a->p_t2i, a->img_emb, a->txt_emb, a->scale, weight, B,
+                         E);
+    be->ops->l2norm_bwd(be, a->d_img_proj, a->d_img_emb, a->img_emb, a->img_norm, B, E, L2NORM_EPS);
+    be->ops->l2norm_bwd(be, a->d_txt_proj, a->d_txt_emb, a->txt_emb, a->txt_norm, B, E, L2NORM_EPS);
+    be->ops->linear_bwd(be, dimg, net->img_proj.w.g, net->img_proj.b.g, a->d_img_proj, a->img,
+                        net->img_proj.w.w, B, Ni * D, E);
+    be->ops->linear_bwd(be, a->dcls, net->txt_proj.w.g, net->txt_proj.b.g, a->d_txt_proj, a->cls,
+                        net->txt_proj.w.w, B, D, E);
     if (dtxt) {
         for (int b = 0; b < B; b++) {
             float *row = dtxt + (size_t)b * net->T * D;
-            mmp_cpu_add(row, row, a->dcls + (size_t)b * D, (size_t)D);
+            be->ops->add(be, row, row, a->dcls + (size_t)b * D, (size_t)D);
         }
     }
 }
@@ -445,19 +470,20 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
 {
     (void)mask;
     MMP_ASSERT(acts->net == net && B >= 0);
+    mmp_backend *be = net->be;
     const int D = net->D, E = net->E, Ni = net->Ni, T = net->T;
     /* Rows are independent, so any B runs in chunks of the acts' max_batch:
      * retrieval over 256 samples needs no acts (and no ITM buffers) sized 256. */
     for (int b0 = 0; b0 < B; b0 += acts->max_batch) {
         int n = B - b0 < acts->max_batch ? B - b0 : acts->max_batch;
-        mmp_cpu_linear_fwd(acts->emb_proj, img + (size_t)b0 * Ni * D, net->img_proj.w.w,
-                           net->img_proj.b.w, n, Ni * D, E);
-        mmp_cpu_l2norm_fwd(img_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
-                           L2NORM_EPS);
-        gather_cls(acts->emb_cls, txt + (size_t)b0 * T * D, n, T, D);
-        mmp_cpu_linear_fwd(acts->emb_proj, acts->emb_cls, net->txt_proj.w.w, net->txt_proj.b.w, n,
-                           D, E);
-        mmp_cpu_l2norm_fwd(txt_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
-                           L2NORM_EPS);
+        be->ops->linear_fwd(be, acts->emb_proj, img + (size_t)b0 * Ni * D, net->img_proj.w.w,
+                            net->img_proj.b.w, n, Ni * D, E);
+        be->ops->l2norm_fwd(be, img_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
+                            L2NORM_EPS);
+        gather_cls(be, acts->emb_cls, txt + (size_t)b0 * T * D, n, T, D);
+        be->ops->linear_fwd(be, acts->emb_proj, acts->emb_cls, net->txt_proj.w.w, net->txt_proj.b.w,
+                            n, D, E);
+        be->ops->l2norm_fwd(be, txt_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
+                            L2NORM_EPS);
     }
 }

@@ -20,6 +20,13 @@
  * a statistics row is set (mmp_image_net_bn_log): replicas of a sub-stage log
  * each micro-batch's statistics there and replay them all in order later.
  *
+ * Everything computes on the params' backend (kernels/backend.h): the net's
+ * workspace, every acts, and forward's in/out and backward's dout/din are that
+ * backend's memory. The batch-norm statistics row (mmp_image_net_bn_log) and
+ * the replayed rows are HOST memory: a training forward copies the row it
+ * wrote on the backend to the host, and a replay updates a host copy of the
+ * running statistics and copies it back.
+ *
  * Must never: allocate or fail in forward/backward, read the caller's input
  * after forward returns (it is copied: a pipeline's receive slot is reused
  * before the backward runs), or depend on which layers are in range for any
@@ -29,8 +36,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "kernels/cpu.h"
 
 #define BN_EPS 1e-5f
 #define BN_MOMENTUM 0.1f
@@ -63,12 +68,15 @@ typedef struct image_layer {
 } image_layer;
 
 struct mmp_image_net {
+    mmp_backend *be;
     int n_all;           /* layers of the whole branch */
     image_layer *layers; /* all n_all, geometry for every one */
     int first, last;     /* the range this net computes */
     mmp_params params;
     int64_t bn_row_floats; /* 2 x channels over the range's batch norms */
-    float *bn_row;         /* non-NULL: training forwards log statistics here, not in place */
+    float *bn_row;         /* HOST, non-NULL: training forwards log statistics here, not in place */
+    float *bn_dev;         /* backend (bn_row_floats): where the kernels write the row */
+    float *bn_host;        /* HOST (bn_row_floats): running statistics during a replay */
     /* workspace shared by this net's acts, sized for ws_batch samples */
     int ws_batch;
     float *ws;      /* scratch, then 2 inter-layer gradients, then GRAD_TEMPS temporaries */
@@ -285,6 +293,13 @@ static mmp_err add_layer_params(mmp_params *p, image_layer *l, int64_t *row)
     return MMP_OK;
 }
 
+static void *be_alloc(mmp_backend *be, size_t bytes, mmp_err *err)
+{
+    void *p = NULL;
+    *err = be->ops->alloc(be, &p, bytes);
+    return p;
+}
+
 static float *pw(mmp_image_net *net, int index)
 {
     return net->params.items[index].w;
@@ -300,6 +315,12 @@ static float *pg(mmp_image_net *net, int index)
 mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int first, int last,
                              uint64_t seed)
 {
+    return mmp_image_net_create_on(out, mmp_backend_cpu(), plan, first, last, seed);
+}
+
+mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_plan *plan,
+                                int first, int last, uint64_t seed)
+{
     mmp_err ret = MMP_OK;
     *out = NULL;
     MMP_TRY(check_plan(plan));
@@ -312,7 +333,8 @@ mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int firs
     if (!net) {
         return mmp_errorf(MMP_ERR_NOMEM, "image branch: net");
     }
-    mmp_params_init(&net->params);
+    net->be = be;
+    mmp_params_init_on(&net->params, be);
     net->layers = calloc((size_t)n_all, sizeof *net->layers);
     if (!net->layers) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "image branch: %d layers", n_all);
@@ -331,6 +353,15 @@ mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int firs
     if ((ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
         goto fail;
     }
+    if (net->bn_row_floats > 0) {
+        net->bn_dev = be_alloc(be, (size_t)net->bn_row_floats * sizeof(float), &ret);
+        net->bn_host = calloc((size_t)net->bn_row_floats, sizeof(float));
+        if (ret != MMP_OK || !net->bn_host) {
+            ret = mmp_errorf(MMP_ERR_NOMEM, "batch-norm statistics row of %lld floats",
+                             (long long)net->bn_row_floats);
+            goto fail;
+        }
+    }
     *out = net;
 exit:
     return ret;
@@ -347,7 +378,9 @@ void mmp_image_net_destroy(mmp_image_net *net)
     }
     mmp_params_fini(&net->params);
     free(net->layers);
-    free(net->ws);
+    net->be->ops->free(net->be, net->ws);
+    net->be->ops->free(net->be, net->bn_dev);
+    free(net->bn_host);
     free(net);
 }
 
@@ -383,10 +416,11 @@ static mmp_err reserve_workspace(mmp_image_net *net, int batch)
             /* conv1 is the largest im2col of a layer: 3x3 over the most input channels */
             mmp_conv_shape s;
             mmp_conv_shape_set(&s, batch, l->in_c, l->in_h, l->in_w, l->c, 3, 3, l->stride, 1);
-            size_t f = mmp_cpu_conv2d_scratch_floats(&s);
+            size_t f = net->be->ops->conv2d_scratch_floats(&s);
             if (l->kind == LAYER_BLOCK) {
                 mmp_conv_shape_set(&s, batch, l->c, l->h, l->w, l->c, 3, 3, 1, 1);
-                f = mmp_cpu_conv2d_scratch_floats(&s) > f ? mmp_cpu_conv2d_scratch_floats(&s) : f;
+                size_t f2 = net->be->ops->conv2d_scratch_floats(&s);
+                f = f2 > f ? f2 : f;
             }
             scratch = f > scratch ? f : scratch;
         }
@@ -394,12 +428,12 @@ static mmp_err reserve_workspace(mmp_image_net *net, int batch)
     size_t temp = (per_sample * (size_t)batch + 15) / 16 * 16;
     scratch = (scratch + 15) / 16 * 16;
     size_t total = scratch + (2 + GRAD_TEMPS) * temp;
-    float *ws = aligned_alloc(64, total * sizeof(float));
-    if (!ws) {
-        return mmp_errorf(MMP_ERR_NOMEM, "image branch: workspace of %zu bytes",
-                          total * sizeof(float));
+    mmp_err err;
+    float *ws = be_alloc(net->be, total * sizeof(float), &err);
+    if (err != MMP_OK) {
+        return mmp_error_prefix(err, "image branch: workspace of %zu bytes", total * sizeof(float));
     }
-    free(net->ws);
+    net->be->ops->free(net->be, net->ws);
     net->ws = ws;
     net->ws_batch = batch;
     net->scratch = ws;
@@ -501,10 +535,9 @@ mmp_err mmp_image_acts_create(mmp_image_acts **out, mmp_image_net *net, int max_
     }
     carver c = {0};
     layout_acts(a, &c);
-    a->mem = aligned_alloc(64, c.used);
-    if (!a->mem) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "image branch acts: %zu bytes for %d samples", c.used,
-                         max_batch);
+    a->mem = be_alloc(net->be, c.used, &ret);
+    if (ret != MMP_OK) {
+        mmp_error_prefix(ret, "image branch acts: %zu bytes for %d samples", c.used, max_batch);
         goto fail;
     }
     c = (carver){.base = a->mem, .used = 0};
@@ -525,7 +558,9 @@ void mmp_image_acts_destroy(mmp_image_acts *a)
     if (!a) {
         return;
     }
-    free(a->mem);
+    if (a->mem) {
+        a->net->be->ops->free(a->net->be, a->mem);
+    }
     free(a->layers);
     free(a);
 }
@@ -537,7 +572,7 @@ static void conv_fwd(mmp_image_net *net, int weight, float *out, const float *in
 {
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
-    mmp_cpu_conv2d_fwd(out, inp, pw(net, weight), NULL, &s, net->scratch);
+    net->be->ops->conv2d_fwd(net->be, out, inp, pw(net, weight), NULL, &s, net->scratch);
 }
 
 static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean, float *rstd,
@@ -549,17 +584,18 @@ static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean
         if (net->bn_row) {
             /* The kernel's own update with momentum 1 into zeros writes the
              * batch mean and unbiased variance exactly ((1 - 1) 0 + 1 x == x),
-             * so a replay starts from the very floats an in-place update uses. */
-            rm = net->bn_row + bn->row;
+             * so a replay starts from the very floats an in-place update uses.
+             * The row is written on the backend; forward copies it out. */
+            rm = net->bn_dev + bn->row;
             rv = rm + C;
-            memset(rm, 0, 2 * (size_t)C * sizeof(float));
+            net->be->ops->zero(net->be, rm, 2 * (size_t)C * sizeof(float));
             momentum = 1.0f;
         }
-        mmp_cpu_batchnorm_fwd_train(out, mean, rstd, rm, rv, inp, pw(net, bn->gamma),
-                                    pw(net, bn->beta), B, C, HW, BN_EPS, momentum);
+        net->be->ops->batchnorm_fwd_train(net->be, out, mean, rstd, rm, rv, inp, pw(net, bn->gamma),
+                                          pw(net, bn->beta), B, C, HW, BN_EPS, momentum);
     } else {
-        mmp_cpu_batchnorm_fwd_infer(out, inp, pw(net, bn->gamma), pw(net, bn->beta),
-                                    pw(net, bn->mean), pw(net, bn->var), B, C, HW, BN_EPS);
+        net->be->ops->batchnorm_fwd_infer(net->be, out, inp, pw(net, bn->gamma), pw(net, bn->beta),
+                                          pw(net, bn->mean), pw(net, bn->var), B, C, HW, BN_EPS);
     }
 }
 
@@ -571,9 +607,11 @@ static void stem_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, co
     conv_fwd(net, l->conv1, a->c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
     float *act = l->pool ? a->a1 : y;
     bn_fwd(net, &l->bn1, act, a->mean1, a->rstd1, a->c1, B, l->c, l->h * l->w, train);
-    mmp_cpu_relu_fwd(act, act, n);
+    mmp_backend *be = net->be;
+    be->ops->relu_fwd(be, act, act, n);
     if (l->pool) {
-        mmp_cpu_maxpool2d_fwd(y, a->argmax, act, B, l->c, l->h, l->w, 3, 2, 1, l->out_h, l->out_w);
+        be->ops->maxpool2d_fwd(be, y, a->argmax, act, B, l->c, l->h, l->w, 3, 2, 1, l->out_h,
+                               l->out_w);
     }
 }
 
@@ -583,9 +621,10 @@ static void block_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, c
 {
     size_t n = (size_t)B * mid_floats(l);
     int HW = l->h * l->w;
+    mmp_backend *be = net->be;
     conv_fwd(net, l->conv1, a->c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
     bn_fwd(net, &l->bn1, a->a1, a->mean1, a->rstd1, a->c1, B, l->c, HW, train);
-    mmp_cpu_relu_fwd(a->a1, a->a1, n);
+    be->ops->relu_fwd(be, a->a1, a->a1, n);
     conv_fwd(net, l->conv2, a->c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
     bn_fwd(net, &l->bn2, y, a->mean2, a->rstd2, a->c2, B, l->c, HW, train);
     const float *shortcut = x;
@@ -596,8 +635,8 @@ static void block_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, c
         bn_fwd(net, &l->bn_down, sc, a->mean_d, a->rstd_d, a->cd, B, l->c, HW, train);
         shortcut = sc;
     }
-    mmp_cpu_add(y, y, shortcut, n);
-    mmp_cpu_relu_fwd(y, y, n);
+    be->ops->add(be, y, y, shortcut, n);
+    be->ops->relu_fwd(be, y, y, n);
 }
 
 // x (B, C, h, w) -> tokens (B, Ni, C) -> y (B, Ni, D)
@@ -605,20 +644,13 @@ static void proj_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, co
                      float *y, int B)
 {
     int C = l->in_c, N = l->out_h, D = l->out_c;
-    for (int b = 0; b < B; b++) {
-        const float *xb = x + (size_t)b * C * N;
-        float *tb = a->tok + (size_t)b * N * C;
-        for (int c = 0; c < C; c++) {
-            for (int t = 0; t < N; t++) {
-                tb[(size_t)t * C + c] = xb[(size_t)c * N + t];
-            }
-        }
-    }
-    mmp_cpu_linear_fwd(y, a->tok, pw(net, l->proj_w), pw(net, l->proj_b), B * N, C, D);
+    mmp_backend *be = net->be;
+    be->ops->transpose(be, a->tok, x, B, C, N, 0); /* (B,C,N) -> (B,N,C) */
+    be->ops->linear_fwd(be, y, a->tok, pw(net, l->proj_w), pw(net, l->proj_b), B * N, C, D);
     const float *pos = pw(net, l->proj_pos);
     for (int b = 0; b < B; b++) {
         float *yb = y + (size_t)b * N * D;
-        mmp_cpu_add(yb, yb, pos, (size_t)N * D);
+        be->ops->add(be, yb, yb, pos, (size_t)N * D);
     }
 }
 
@@ -629,7 +661,8 @@ void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float
     MMP_ASSERT(acts->net == net && B >= 1 && B <= acts->max_batch);
     acts->batch = B;
     acts->trained = train != 0;
-    memcpy(acts->in, in, sizeof(float) * (size_t)B * mmp_image_net_in_floats(net));
+    mmp_backend *be = net->be;
+    be->ops->copy(be, acts->in, in, sizeof(float) * (size_t)B * mmp_image_net_in_floats(net));
     const float *x = acts->in;
     for (int i = net->first; i < net->last; i++) {
         const image_layer *l = &net->layers[i];
@@ -649,7 +682,10 @@ void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float
         x = y;
     }
     if (x != out) {
-        memcpy(out, x, sizeof(float) * (size_t)B * mmp_image_net_out_floats(net));
+        be->ops->copy(be, out, x, sizeof(float) * (size_t)B * mmp_image_net_out_floats(net));
+    }
+    if (train && net->bn_row && net->bn_row_floats > 0) {
+        be->ops->to_host(be, net->bn_row, net->bn_dev, (size_t)net->bn_row_floats * sizeof(float));
     }
 }
 
@@ -675,10 +711,66 @@ static void replay_one(float *r, const float *x, int C)
     }
 }
 
+/* Copies one batch norm's running statistics between the backend and the
+ * host mirror (bn_host, in row layout): to_host 1 fetches, 0 stores. */
+static void mirror_bn(mmp_image_net *net, const bn_ref *bn, int to_host)
+{
+    mmp_backend *be = net->be;
+    float *h = net->bn_host + bn->row;
+    size_t bytes = (size_t)bn->C * sizeof(float);
+    if (to_host) {
+        be->ops->to_host(be, h, pw(net, bn->mean), bytes);
+        be->ops->to_host(be, h + bn->C, pw(net, bn->var), bytes);
+    } else {
+        be->ops->to_device(be, pw(net, bn->mean), h, bytes);
+        be->ops->to_device(be, pw(net, bn->var), h + bn->C, bytes);
+    }
+}
+
 static void replay_bn(mmp_image_net *net, const bn_ref *bn, const float *row)
 {
-    replay_one(pw(net, bn->mean), row + bn->row, bn->C);
-    replay_one(pw(net, bn->var), row + bn->row + bn->C, bn->C);
+    replay_one(net->bn_host + bn->row, row + bn->row, bn->C);
+    replay_one(net->bn_host + bn->row + bn->C, row + bn->row + bn->C, bn->C);
+}
+
+/* Applies fn to every batch norm in range. */
+static void each_bn(mmp_image_net *net, void (*fn)(mmp_image_net *, const bn_ref *, const void *),
+                    const void *arg)
+{
+    for (int i = net->first; i < net->last; i++) {
+        const image_layer *l = &net->layers[i];
+        switch (l->kind) {
+        case LAYER_STEM:
+            fn(net, &l->bn1, arg);
+            break;
+        case LAYER_BLOCK:
+            fn(net, &l->bn1, arg);
+            fn(net, &l->bn2, arg);
+            if (l->down) {
+                fn(net, &l->bn_down, arg);
+            }
+            break;
+        case LAYER_PROJ:
+            break;
+        }
+    }
+}
+
+static void fetch_fn(mmp_image_net *net, const bn_ref *bn, const void *arg)
+{
+    (void)arg;
+    mirror_bn(net, bn, 1);
+}
+
+static void store_fn(mmp_image_net *net, const bn_ref *bn, const void *arg)
+{
+    (void)arg;
+    mirror_bn(net, bn, 0);
+}
+
+static void replay_fn(mmp_image_net *net, const bn_ref *bn, const void *row)
+{
+    replay_bn(net, bn, row);
 }
 
 void mmp_image_net_bn_replay(mmp_image_net *net, const float *rows, int n)
@@ -686,33 +778,18 @@ void mmp_image_net_bn_replay(mmp_image_net *net, const float *rows, int n)
     if (net->bn_row_floats == 0) {
         return;
     }
+    each_bn(net, fetch_fn, NULL);
     for (int k = 0; k < n; k++) {
-        const float *row = rows + (size_t)k * (size_t)net->bn_row_floats;
-        for (int i = net->first; i < net->last; i++) {
-            const image_layer *l = &net->layers[i];
-            switch (l->kind) {
-            case LAYER_STEM:
-                replay_bn(net, &l->bn1, row);
-                break;
-            case LAYER_BLOCK:
-                replay_bn(net, &l->bn1, row);
-                replay_bn(net, &l->bn2, row);
-                if (l->down) {
-                    replay_bn(net, &l->bn_down, row);
-                }
-                break;
-            case LAYER_PROJ:
-                break;
-            }
-        }
+        each_bn(net, replay_fn, rows + (size_t)k * (size_t)net->bn_row_floats);
     }
+    each_bn(net, store_fn, NULL);
 }
 
 /* ---- backward --------------------------------------------------------------- */
 
-static float *zeroed(float *buf, size_t n)
+static float *zeroed(mmp_image_net *net, float *buf, size_t n)
 {
-    memset(buf, 0, n * sizeof(float));
+    net->be->ops->zero(net->be, buf, n * sizeof(float));
     return buf;
 }
 
@@ -721,14 +798,15 @@ static void conv_bwd(mmp_image_net *net, int weight, float *dinp, const float *d
 {
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
-    mmp_cpu_conv2d_bwd(dinp, pg(net, weight), NULL, dout, inp, pw(net, weight), &s, net->scratch);
+    net->be->ops->conv2d_bwd(net->be, dinp, pg(net, weight), NULL, dout, inp, pw(net, weight), &s,
+                             net->scratch);
 }
 
 static void bn_bwd(mmp_image_net *net, const bn_ref *bn, float *dinp, const float *dout,
                    const float *inp, const float *mean, const float *rstd, int B, int C, int HW)
 {
-    mmp_cpu_batchnorm_bwd(dinp, pg(net, bn->gamma), pg(net, bn->beta), dout, inp, mean, rstd,
-                          pw(net, bn->gamma), B, C, HW);
+    net->be->ops->batchnorm_bwd(net->be, dinp, pg(net, bn->gamma), pg(net, bn->beta), dout, inp,
+                                mean, rstd, pw(net, bn->gamma), B, C, HW);
 }
 
 // dy (B, C, out_h, out_w) -> dx (B, 3, S, S) += (dx NULL: weight gradients only)
@@ -736,15 +814,16 @@ static void stem_bwd(mmp_image_net *net, const image_layer *l, const layer_acts 
                      const float *dy, float *dx, int B)
 {
     size_t n = (size_t)B * mid_floats(l);
+    mmp_backend *be = net->be;
     const float *d_act = dy;
     if (l->pool) {
-        float *d = zeroed(net->tmp[0], n);
-        mmp_cpu_maxpool2d_bwd(d, dy, a->argmax, B, l->c, l->h, l->w, l->out_h, l->out_w);
+        float *d = zeroed(net, net->tmp[0], n);
+        be->ops->maxpool2d_bwd(be, d, dy, a->argmax, B, l->c, l->h, l->w, l->out_h, l->out_w);
         d_act = d;
     }
-    float *d_bn = zeroed(net->tmp[1], n);
-    mmp_cpu_relu_bwd(d_bn, d_act, a->a1, n);
-    float *d_conv = zeroed(net->tmp[2], n);
+    float *d_bn = zeroed(net, net->tmp[1], n);
+    be->ops->relu_bwd(be, d_bn, d_act, a->a1, n);
+    float *d_conv = zeroed(net, net->tmp[2], n);
     bn_bwd(net, &l->bn1, d_conv, d_bn, a->c1, a->mean1, a->rstd1, B, l->c, l->h * l->w);
     conv_bwd(net, l->conv1, dx, d_conv, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
 }
@@ -755,24 +834,25 @@ static void block_bwd(mmp_image_net *net, const image_layer *l, const layer_acts
 {
     size_t n = (size_t)B * mid_floats(l);
     int HW = l->h * l->w;
+    mmp_backend *be = net->be;
     /* d_sum: gradient of the residual sum, shared by both branches until the end */
-    float *d_sum = zeroed(net->tmp[0], n);
-    mmp_cpu_relu_bwd(d_sum, dy, a->out, n);
-    float *d_c2 = zeroed(net->tmp[1], n);
+    float *d_sum = zeroed(net, net->tmp[0], n);
+    be->ops->relu_bwd(be, d_sum, dy, a->out, n);
+    float *d_c2 = zeroed(net, net->tmp[1], n);
     bn_bwd(net, &l->bn2, d_c2, d_sum, a->c2, a->mean2, a->rstd2, B, l->c, HW);
-    float *d_a1 = zeroed(net->tmp[2], n);
+    float *d_a1 = zeroed(net, net->tmp[2], n);
     conv_bwd(net, l->conv2, d_a1, d_c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
-    float *d_bn1 = zeroed(net->tmp[1], n);
-    mmp_cpu_relu_bwd(d_bn1, d_a1, a->a1, n);
-    float *d_c1 = zeroed(net->tmp[2], n);
+    float *d_bn1 = zeroed(net, net->tmp[1], n);
+    be->ops->relu_bwd(be, d_bn1, d_a1, a->a1, n);
+    float *d_c1 = zeroed(net, net->tmp[2], n);
     bn_bwd(net, &l->bn1, d_c1, d_bn1, a->c1, a->mean1, a->rstd1, B, l->c, HW);
     conv_bwd(net, l->conv1, dx, d_c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
     if (l->down) {
-        float *d_cd = zeroed(net->tmp[1], n);
+        float *d_cd = zeroed(net, net->tmp[1], n);
         bn_bwd(net, &l->bn_down, d_cd, d_sum, a->cd, a->mean_d, a->rstd_d, B, l->c, HW);
         conv_bwd(net, l->conv_down, dx, d_cd, x, B, l->in_c, l->in_h, l->in_w, l->c, 1, l->stride);
     } else if (dx) {
-        mmp_cpu_add(dx, dx, d_sum, n);
+        be->ops->add(be, dx, dx, d_sum, n);
     }
 }
 
@@ -781,25 +861,18 @@ static void proj_bwd(mmp_image_net *net, const image_layer *l, const layer_acts 
                      float *dx, int B)
 {
     int C = l->in_c, N = l->out_h, D = l->out_c;
-    float *d_tok = dx ? zeroed(net->tmp[0], (size_t)B * N * C) : NULL;
-    mmp_cpu_linear_bwd(d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
-                       pw(net, l->proj_w), B * N, C, D);
+    mmp_backend *be = net->be;
+    float *d_tok = dx ? zeroed(net, net->tmp[0], (size_t)B * N * C) : NULL;
+    be->ops->linear_bwd(be, d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
+                        pw(net, l->proj_w), B * N, C, D);
     float *d_pos = pg(net, l->proj_pos);
     for (int b = 0; b < B; b++) {
-        mmp_cpu_add(d_pos, d_pos, dy + (size_t)b * N * D, (size_t)N * D);
+        be->ops->add(be, d_pos, d_pos, dy + (size_t)b * N * D, (size_t)N * D);
     }
     if (!dx) {
         return;
     }
-    for (int b = 0; b < B; b++) {
-        float *xb = dx + (size_t)b * C * N;
-        const float *tb = d_tok + (size_t)b * N * C;
-        for (int c = 0; c < C; c++) {
-            for (int t = 0; t < N; t++) {
-                xb[(size_t)c * N + t] += tb[(size_t)t * C + c];
-            }
-        }
-    }
+    be->ops->transpose(be, dx, d_tok, B, N, C, 1); /* (B,N,C) -> (B,C,N), += */
 }
 
 void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const float *dout, int B,
@@ -816,7 +889,7 @@ void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const floa
          * range's first layer accumulates straight into the caller's din */
         float *dx = din;
         if (i > net->first) {
-            dx = zeroed(net->grad[i & 1], (size_t)B * in_floats(l));
+            dx = zeroed(net, net->grad[i & 1], (size_t)B * in_floats(l));
         }
         switch (l->kind) {
         case LAYER_STEM:

@@ -24,7 +24,16 @@
  * network holds only parameters, so a stage may run several micro-batches'
  * forwards before their backwards (GPipe, 1F1B). Backward accumulates into the
  * parameter gradients (micro-batch accumulation) and writes (+=) the input
- * gradient when asked. Everything here runs on the CPU reference kernels. */
+ * gradient when asked.
+ *
+ * Devices: a network computes on the backend it was created on
+ * (kernels/backend.h; *_create uses the CPU backend, *_create_on takes one),
+ * and its parameters, gradients, optimizer state and saved activations are
+ * that backend's memory. The tensor arguments of forward, backward and embed
+ * (in, out, ids, mask, dout, din, img, txt, dimg, dtxt, img_emb, txt_emb) are
+ * memory of the same backend; loss parts come back as host values. Ops do not
+ * report errors one by one: after a step, mmp_backend_error() on the backend
+ * says whether one failed (the CPU backend never does). */
 #ifndef MMP_NN_MODEL_H
 #define MMP_NN_MODEL_H
 
@@ -32,6 +41,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "kernels/backend.h"
 #include "nn/params.h"
 
 /* ---- image branch --------------------------------------------------------- */
@@ -46,6 +56,8 @@ int mmp_image_net_tokens(const mmp_plan *plan);
 /* Builds layers [first, last) with their parameters initialised from seed. */
 mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int first, int last,
                              uint64_t seed);
+mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_plan *plan,
+                                int first, int last, uint64_t seed);
 void mmp_image_net_destroy(mmp_image_net *net);
 mmp_params *mmp_image_net_params(mmp_image_net *net);
 /* Floats per sample of this range's input and output activation
@@ -77,6 +89,7 @@ void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const floa
  * mmp_image_net_bn_row_floats: floats in one row (2 x channels summed over
  * this range's batch-norm layers; 0 when it has none). Layout: for each
  * batch-norm layer in parameter order, mean[C] then var[C].
+ * Rows are HOST memory on every backend.
  * mmp_image_net_bn_log: while row is non-NULL, training forwards write their
  * statistics into row (overwriting it) and leave the running statistics
  * untouched; NULL restores in-place updates (the default).
@@ -95,6 +108,8 @@ typedef struct mmp_text_acts mmp_text_acts;
 int mmp_text_net_layers(const mmp_plan *plan);
 mmp_err mmp_text_net_create(mmp_text_net **out, const mmp_plan *plan, int vocab_size, int first,
                             int last, uint64_t seed);
+mmp_err mmp_text_net_create_on(mmp_text_net **out, mmp_backend *be, const mmp_plan *plan,
+                               int vocab_size, int first, int last, uint64_t seed);
 void mmp_text_net_destroy(mmp_text_net *net);
 mmp_params *mmp_text_net_params(mmp_text_net *net);
 /* Activation floats per sample: T*D between layers (layer 0's input is ids). */
@@ -120,6 +135,8 @@ typedef struct mmp_loss_parts {
 } mmp_loss_parts;
 
 mmp_err mmp_fusion_net_create(mmp_fusion_net **out, const mmp_plan *plan, uint64_t seed);
+mmp_err mmp_fusion_net_create_on(mmp_fusion_net **out, mmp_backend *be, const mmp_plan *plan,
+                                 uint64_t seed);
 void mmp_fusion_net_destroy(mmp_fusion_net *net);
 mmp_params *mmp_fusion_net_params(mmp_fusion_net *net);
 
@@ -141,7 +158,7 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
                           const float *txt, const float *mask, int B, float *img_emb,
                           float *txt_emb);
 
-/* Retrieval recall@1 both ways over n pairs of embeddings (n,E): pair i is a
+/* Retrieval recall@1 both ways over n pairs of HOST embeddings (n,E): pair i is a
  * hit when its own partner scores strictly above every other candidate
  * (ties count against the model). Allocates an n x n similarity matrix. */
 mmp_err mmp_retrieval_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,

@@ -8,11 +8,16 @@
 
 #include "common/ckpt.h"
 #include "common/rng.h"
-#include "kernels/cpu.h"
 
 void mmp_params_init(mmp_params *p)
 {
+    mmp_params_init_on(p, mmp_backend_cpu());
+}
+
+void mmp_params_init_on(mmp_params *p, mmp_backend *be)
+{
     memset(p, 0, sizeof *p);
+    p->be = be;
 }
 
 mmp_err mmp_params_add(mmp_params *p, const char *name, int ndim, const int64_t *shape,
@@ -66,7 +71,8 @@ static uint64_t name_hash(const char *s)
     return mmp_fnv1a(MMP_FNV1A_INIT, s, strlen(s));
 }
 
-static void init_values(mmp_param *q, uint64_t seed)
+/* Writes q's initial values to host (q->n floats). */
+static void init_values(const mmp_param *q, uint64_t seed, float *host)
 {
     mmp_rng r;
     mmp_rng_seed(&r, seed, name_hash(q->name));
@@ -85,35 +91,46 @@ static void init_values(mmp_param *q, uint64_t seed)
             break;
         }
         }
-        q->w[i] = x;
+        host[i] = x;
     }
 }
 
 mmp_err mmp_params_alloc(mmp_params *p, uint64_t seed)
 {
+    mmp_backend *be = p->be;
     size_t bytes = (p->total ? p->total : 16) * sizeof(float);
-    p->values = aligned_alloc(64, bytes);
-    p->grads = aligned_alloc(64, bytes);
-    p->adam_m = aligned_alloc(64, bytes);
-    p->adam_v = aligned_alloc(64, bytes);
-    p->grad_acc = aligned_alloc(64, 2 * bytes);
-    if (!p->values || !p->grads || !p->adam_m || !p->adam_v || !p->grad_acc) {
-        return mmp_errorf(MMP_ERR_NOMEM, "parameter arena of %zu bytes x6", bytes);
+    void *mem[5] = {NULL, NULL, NULL, NULL, NULL};
+    size_t sizes[5] = {bytes, bytes, bytes, bytes, 2 * bytes};
+    for (int i = 0; i < 5; i++) {
+        mmp_err e = be->ops->alloc(be, &mem[i], sizes[i]); /* zeroed */
+        if (e != MMP_OK) {
+            for (int k = 0; k < i; k++) {
+                be->ops->free(be, mem[k]);
+            }
+            return mmp_error_prefix(e, "parameter arena of %zu bytes x6", bytes);
+        }
     }
-    memset(p->grad_acc, 0, 2 * bytes);
-    memset(p->values, 0, bytes);
-    memset(p->grads, 0, bytes);
-    memset(p->adam_m, 0, bytes);
-    memset(p->adam_v, 0, bytes);
+    p->values = mem[0];
+    p->grads = mem[1];
+    p->adam_m = mem[2];
+    p->adam_v = mem[3];
+    p->grad_acc = mem[4];
+    /* Initial values on the host, then one copy to the backend. */
+    float *host = calloc(p->total ? p->total : 16, sizeof(float));
+    if (!host) {
+        return mmp_errorf(MMP_ERR_NOMEM, "parameter initial values: %zu bytes", bytes);
+    }
     for (int i = 0; i < p->count; i++) {
         mmp_param *q = &p->items[i];
         q->w = p->values + q->offset;
         q->g = q->trainable ? p->grads + q->offset : NULL;
         q->m = q->trainable ? p->adam_m + q->offset : NULL;
         q->v = q->trainable ? p->adam_v + q->offset : NULL;
-        init_values(q, seed);
+        init_values(q, seed, host + q->offset);
     }
-    return MMP_OK;
+    be->ops->to_device(be, p->values, host, p->total * sizeof(float));
+    free(host);
+    return mmp_backend_error(be);
 }
 
 void mmp_params_fini(mmp_params *p)
@@ -121,13 +138,15 @@ void mmp_params_fini(mmp_params *p)
     if (!p) {
         return;
     }
+    mmp_backend *be = p->be ? p->be : mmp_backend_cpu();
     free(p->items);
-    free(p->values);
-    free(p->grads);
-    free(p->adam_m);
-    free(p->adam_v);
-    free(p->grad_acc);
+    be->ops->free(be, p->values);
+    be->ops->free(be, p->grads);
+    be->ops->free(be, p->adam_m);
+    be->ops->free(be, p->adam_v);
+    be->ops->free(be, p->grad_acc);
     memset(p, 0, sizeof *p);
+    p->be = be;
 }
 
 mmp_param *mmp_params_find(mmp_params *p, const char *name)
@@ -143,35 +162,31 @@ mmp_param *mmp_params_find(mmp_params *p, const char *name)
 void mmp_params_zero_grad(mmp_params *p)
 {
     if (p->grads) {
-        memset(p->grads, 0, p->total * sizeof(float));
+        p->be->ops->zero(p->be, p->grads, p->total * sizeof(float));
     }
     if (p->grad_acc) {
-        memset(p->grad_acc, 0, p->total * sizeof(double));
+        p->be->ops->zero(p->be, p->grad_acc, p->total * sizeof(double));
     }
 }
 
 void mmp_params_mb_begin(mmp_params *p)
 {
     if (p->grads) {
-        memset(p->grads, 0, p->total * sizeof(float));
+        p->be->ops->zero(p->be, p->grads, p->total * sizeof(float));
     }
 }
 
 void mmp_params_mb_end(mmp_params *p)
 {
-    const float *restrict g = p->grads;
-    double *restrict a = p->grad_acc;
-    for (size_t i = 0; g && a && i < p->total; i++) {
-        a[i] += g[i];
+    if (p->grads && p->grad_acc) {
+        p->be->ops->acc_f64(p->be, p->grad_acc, p->grads, p->total);
     }
 }
 
 void mmp_params_grad_finish(mmp_params *p)
 {
-    float *restrict g = p->grads;
-    const double *restrict a = p->grad_acc;
-    for (size_t i = 0; g && a && i < p->total; i++) {
-        g[i] = (float)a[i];
+    if (p->grads && p->grad_acc) {
+        p->be->ops->round_f64(p->be, p->grads, p->grad_acc, p->total);
     }
 }
 
@@ -181,31 +196,63 @@ double mmp_params_grad_sumsq(const mmp_params *p)
     for (int i = 0; i < p->count; i++) {
         const mmp_param *q = &p->items[i];
         if (q->trainable) {
-            s += mmp_cpu_sumsq(q->g, q->n);
+            s += p->be->ops->sumsq(p->be, q->g, q->n);
         }
     }
     return s;
 }
 
+/* Largest tensor of p, in floats: the size of a host staging buffer. */
+static size_t largest(const mmp_params *p)
+{
+    size_t n = 1;
+    for (int i = 0; i < p->count; i++) {
+        n = p->items[i].n > n ? p->items[i].n : n;
+    }
+    return n;
+}
+
+/* Copies one backend tensor to host and appends it. */
+static void write_one(mmp_ckpt_writer *w, const mmp_params *p, const char *name,
+                      const mmp_param *q, const float *src, float *host)
+{
+    p->be->ops->to_host(p->be, host, src, q->n * sizeof(float));
+    mmp_ckpt_write(w, name, MMP_F32, q->ndim, q->shape, host);
+}
+
 mmp_err mmp_params_save(const mmp_params *p, const char *path)
 {
+    float *host = malloc(largest(p) * sizeof(float));
+    if (!host) {
+        return mmp_errorf(MMP_ERR_NOMEM, "checkpoint staging buffer");
+    }
     mmp_ckpt_writer w;
-    MMP_TRY(mmp_ckpt_writer_open(&w, path));
+    mmp_err e = mmp_ckpt_writer_open(&w, path);
+    if (e != MMP_OK) {
+        free(host);
+        return e;
+    }
     for (int i = 0; i < p->count; i++) {
         const mmp_param *q = &p->items[i];
         char name[MMP_NAME_MAX + 16];
-        mmp_ckpt_write(&w, q->name, MMP_F32, q->ndim, q->shape, q->w);
+        write_one(&w, p, q->name, q, q->w, host);
         if (q->trainable) {
             snprintf(name, sizeof name, "%s.adam_m", q->name);
-            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->m);
+            write_one(&w, p, name, q, q->m, host);
             snprintf(name, sizeof name, "%s.adam_v", q->name);
-            mmp_ckpt_write(&w, name, MMP_F32, q->ndim, q->shape, q->v);
+            write_one(&w, p, name, q, q->v, host);
         }
+    }
+    free(host);
+    if ((e = mmp_backend_error(p->be)) != MMP_OK) {
+        mmp_ckpt_writer_abort(&w); /* a device copy failed: never publish what it wrote */
+        return e;
     }
     return mmp_ckpt_writer_close(&w);
 }
 
-static mmp_err load_one(const mmp_ckpt *c, const char *name, const mmp_param *q, float *dst)
+static mmp_err load_one(mmp_params *p, const mmp_ckpt *c, const char *name, const mmp_param *q,
+                        float *dst)
 {
     const mmp_ckpt_entry *e = mmp_ckpt_find(c, name);
     if (!e) {
@@ -221,8 +268,8 @@ static mmp_err load_one(const mmp_ckpt *c, const char *name, const mmp_param *q,
                           name, mmp_dtype_name(e->t.dtype), mmp_shape_str(&e->t, buf, sizeof buf),
                           q->n);
     }
-    memcpy(dst, e->t.data, q->n * sizeof(float));
-    return MMP_OK;
+    p->be->ops->to_device(p->be, dst, e->t.data, q->n * sizeof(float));
+    return mmp_backend_error(p->be);
 }
 
 mmp_err mmp_params_load(mmp_params *p, const mmp_ckpt *c)
@@ -230,12 +277,12 @@ mmp_err mmp_params_load(mmp_params *p, const mmp_ckpt *c)
     for (int i = 0; i < p->count; i++) {
         mmp_param *q = &p->items[i];
         char name[MMP_NAME_MAX + 16];
-        MMP_TRY(load_one(c, q->name, q, q->w));
+        MMP_TRY(load_one(p, c, q->name, q, q->w));
         if (q->trainable) {
             snprintf(name, sizeof name, "%s.adam_m", q->name);
-            MMP_TRY(load_one(c, name, q, q->m));
+            MMP_TRY(load_one(p, c, name, q, q->m));
             snprintf(name, sizeof name, "%s.adam_v", q->name);
-            MMP_TRY(load_one(c, name, q, q->v));
+            MMP_TRY(load_one(p, c, name, q, q->v));
         }
     }
     return MMP_OK;

@@ -7,7 +7,15 @@
  * whether it lives in the single-process model or in any pipeline sub-stage.
  *
  * Buffers (batch-norm running statistics) are entries with trainable == 0:
- * checkpointed, never given a gradient or an optimizer step. */
+ * checkpointed, never given a gradient or an optimizer step.
+ *
+ * Every arena (values, gradients, AdamW moments, the double accumulator) is
+ * memory of the arena's backend (kernels/backend.h): device memory on a GPU
+ * backend, so mmp_param's w/g/m/v and mmp_params' arrays are backend pointers
+ * that only the backend's ops and copies may touch. On the CPU backend (the
+ * default) they are host memory, as before. Initial values are computed on
+ * the host and copied over; checkpoints are written from and read into host
+ * copies. */
 #ifndef MMP_NN_PARAMS_H
 #define MMP_NN_PARAMS_H
 
@@ -15,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "kernels/backend.h"
 
 #define MMP_NAME_MAX 96
 
@@ -43,6 +52,7 @@ typedef struct mmp_param {
 } mmp_param;
 
 typedef struct mmp_params {
+    mmp_backend *be; /* where the arenas live and what computes on them */
     mmp_param *items;
     int count, cap;
     size_t total;         /* elements in the arena */
@@ -52,7 +62,9 @@ typedef struct mmp_params {
     double *grad_acc;     /* total: gradients summed over a step's micro-batches */
 } mmp_params;
 
+/* An empty table on the CPU backend; _on: on backend be (not owned). */
 void mmp_params_init(mmp_params *p);
+void mmp_params_init_on(mmp_params *p, mmp_backend *be);
 /* Declares a parameter; its pointers are set by mmp_params_alloc(). Returns its index. */
 mmp_err mmp_params_add(mmp_params *p, const char *name, int ndim, const int64_t *shape,
                        int trainable, int decay, mmp_init init, float init_scale, int *index);
@@ -78,7 +90,7 @@ void mmp_params_zero_grad(mmp_params *p);
 void mmp_params_mb_begin(mmp_params *p);
 void mmp_params_mb_end(mmp_params *p);
 void mmp_params_grad_finish(mmp_params *p);
-/* Sum of squares of all trainable gradients (double). */
+/* Sum of squares of all trainable gradients (double; waits for the backend). */
 double mmp_params_grad_sumsq(const mmp_params *p);
 
 /* Writes every entry (values; for trainable ones also "<name>.adam_m" and

@@ -1,7 +1,10 @@
-/* Retrieval metrics over ITC embeddings (validation recall@1). */
+/* Retrieval metrics over ITC embeddings (validation recall@1). A metric the
+ * host reads element by element: the embeddings are HOST memory (a device
+ * stage copies its embeddings to the host first) and the similarity GEMM
+ * runs on the CPU backend. */
 #include <stdlib.h>
 
-#include "kernels/cpu.h"
+#include "kernels/backend.h"
 #include "nn/model.h"
 
 mmp_err mmp_retrieval_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,
@@ -12,7 +15,8 @@ mmp_err mmp_retrieval_r1(const float *img_emb, const float *txt_emb, int n, int 
         return mmp_errorf(MMP_ERR_NOMEM, "similarity matrix %d x %d", n, n);
     }
     /* sim (n,n) = img (n,E) @ txt^T: row a = image a against every text. */
-    mmp_cpu_gemm(0, 1, n, n, E, 1.0f, img_emb, E, txt_emb, E, 0.0f, sim, n);
+    mmp_backend *cpu = mmp_backend_cpu();
+    cpu->ops->gemm(cpu, 0, 1, n, n, E, 1.0f, img_emb, E, txt_emb, E, 0.0f, sim, n);
     int hit_i = 0, hit_t = 0;
     for (int a = 0; a < n; a++) {
         int ok_i = 1, ok_t = 1;

@@ -7,13 +7,14 @@
  *
  * A range [first, last) holds only its layers' parameters, named globally, so
  * any cut initialises to the same numbers as the whole. Between layers the
- * activation is the residual stream (B,T,D). This file must never allocate in
- * forward/backward and never read the mask beyond using it as the key mask. */
+ * activation is the residual stream (B,T,D). Everything computes on the
+ * params' backend; ids, in, mask, out, dout and din are memory of that
+ * backend. This file must never allocate in forward/backward and never read
+ * the mask beyond using it as the key mask. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/transformer.h"
 
@@ -23,6 +24,7 @@ typedef struct text_layer {
 } text_layer;
 
 struct mmp_text_net {
+    mmp_backend *be;
     mmp_params params;
     int first, last; /* global layer range [first, last) */
     int L, V, T, D, NH, H;
@@ -42,7 +44,7 @@ struct mmp_text_acts {
     int max_batch;
     int B; /* of the last forward */
     mmp_tf_slab slab;
-    int32_t *ids;           /* (max_batch,T) copy for the embedding backward */
+    int32_t *ids;           /* (max_batch,T) copy for the embedding backward (in the slab) */
     float **stream;         /* n+1 (B,T,D): stream[k] is the input of layer first+k */
     text_layer_acts *layer; /* L entries, those in range carved */
     float *lnf_mean, *lnf_rstd;
@@ -104,6 +106,12 @@ static void bind(mmp_text_net *net)
 mmp_err mmp_text_net_create(mmp_text_net **out, const mmp_plan *plan, int vocab_size, int first,
                             int last, uint64_t seed)
 {
+    return mmp_text_net_create_on(out, mmp_backend_cpu(), plan, vocab_size, first, last, seed);
+}
+
+mmp_err mmp_text_net_create_on(mmp_text_net **out, mmp_backend *be, const mmp_plan *plan,
+                               int vocab_size, int first, int last, uint64_t seed)
+{
     *out = NULL;
     int n_layers = mmp_text_net_layers(plan);
     const int D = plan->model.width, NH = plan->model.text.heads;
@@ -123,7 +131,8 @@ mmp_err mmp_text_net_create(mmp_text_net **out, const mmp_plan *plan, int vocab_
     if (!net) {
         return mmp_errorf(MMP_ERR_NOMEM, "text net");
     }
-    mmp_params_init(&net->params);
+    net->be = be;
+    mmp_params_init_on(&net->params, be);
     net->first = first;
     net->last = last;
     net->L = plan->model.text.layers;
@@ -176,6 +185,8 @@ static void carve_acts(void *ctx, mmp_tf_slab *slab)
     const mmp_text_net *net = a->net;
     int N = a->max_batch * net->T;
     size_t nd = (size_t)N * net->D;
+    /* int32 ids in float-sized slots: the slab is floats, the sizes match */
+    a->ids = (int32_t *)mmp_tf_slab_take(slab, (size_t)N);
     for (int k = 0; k <= net->last - net->first; k++) {
         a->stream[k] = mmp_tf_slab_take(slab, nd);
     }
@@ -208,14 +219,13 @@ mmp_err mmp_text_acts_create(mmp_text_acts **out, mmp_text_net *net, int max_bat
     }
     a->net = net;
     a->max_batch = max_batch;
-    a->ids = calloc((size_t)max_batch * net->T, sizeof *a->ids);
     a->stream = calloc((size_t)(net->last - net->first + 1), sizeof *a->stream);
     a->layer = calloc(net->L > 0 ? (size_t)net->L : 1, sizeof *a->layer);
-    if (!a->ids || !a->stream || !a->layer) {
+    if (!a->stream || !a->layer) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "text acts tables");
         goto fail;
     }
-    if ((ret = mmp_tf_slab_alloc(&a->slab, carve_acts, a)) != MMP_OK) {
+    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
         goto fail;
     }
     *out = a;
@@ -232,7 +242,6 @@ void mmp_text_acts_destroy(mmp_text_acts *a)
         return;
     }
     mmp_tf_slab_free(&a->slab);
-    free(a->ids);
     free(a->stream);
     free(a->layer);
     free(a);
@@ -245,30 +254,31 @@ void mmp_text_net_forward(mmp_text_net *net, mmp_text_acts *acts, const int32_t 
     MMP_ASSERT(acts->net == net && B > 0 && B <= acts->max_batch);
     const int T = net->T, D = net->D, N = B * T;
     const size_t nd = (size_t)N * D;
+    mmp_backend *be = net->be;
     acts->B = B;
     if (net->first == 0) {
-        memcpy(acts->ids, ids, (size_t)N * sizeof *ids);
+        be->ops->copy(be, acts->ids, ids, (size_t)N * sizeof *ids);
     } else {
         /* Kept: the LayerNorm backward of the first layer needs its input, and
          * the caller's receive buffer may be reused before the backward. */
-        memcpy(acts->stream[0], in, nd * sizeof(float));
+        be->ops->copy(be, acts->stream[0], in, nd * sizeof(float));
     }
     for (int g = net->first; g < net->last; g++) {
         int k = g - net->first;
         float *x = acts->stream[k], *y = acts->stream[k + 1];
         if (g == 0) {
-            mmp_cpu_embedding_fwd(y, acts->ids, net->wte.w, net->wpe.w, B, T, D);
+            be->ops->embedding_fwd(be, y, acts->ids, net->wte.w, net->wpe.w, B, T, D);
         } else if (is_block(net, g)) {
             text_layer *l = &net->layers[g - 1];
             text_layer_acts *la = &acts->layer[g - 1];
             mmp_tf_self_attn_fwd(&l->attn, &la->attn, la->mid, x, mask, B, T);
             mmp_tf_ffn_fwd(&l->ffn, &la->ffn, y, la->mid, N);
         } else {
-            mmp_cpu_layernorm_fwd(y, acts->lnf_mean, acts->lnf_rstd, x, net->ln_f.w.w,
-                                  net->ln_f.b.w, N, D, MMP_TF_LN_EPS);
+            be->ops->layernorm_fwd(be, y, acts->lnf_mean, acts->lnf_rstd, x, net->ln_f.w.w,
+                                   net->ln_f.b.w, N, D, MMP_TF_LN_EPS);
         }
     }
-    memcpy(out, acts->stream[net->last - net->first], nd * sizeof(float));
+    be->ops->copy(be, out, acts->stream[net->last - net->first], nd * sizeof(float));
 }
 
 void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *dout, int B,
@@ -277,13 +287,14 @@ void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *
     MMP_ASSERT(acts->net == net && B == acts->B);
     const int T = net->T, D = net->D, N = B * T;
     const size_t nd = (size_t)N * D;
+    mmp_backend *be = net->be;
     float *dx = acts->dx;
-    memcpy(dx, dout, nd * sizeof(float));
+    be->ops->copy(be, dx, dout, nd * sizeof(float));
     for (int g = net->last - 1; g >= net->first; g--) {
         int k = g - net->first;
         float *x = acts->stream[k];
         if (g == 0) {
-            mmp_cpu_embedding_bwd(net->wte.g, net->wpe.g, dx, acts->ids, B, T, D);
+            be->ops->embedding_bwd(be, net->wte.g, net->wpe.g, dx, acts->ids, B, T, D);
         } else if (is_block(net, g)) {
             text_layer *l = &net->layers[g - 1];
             text_layer_acts *la = &acts->layer[g - 1];
@@ -293,14 +304,14 @@ void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *
             mmp_tf_self_attn_bwd(&l->attn, &la->attn, &acts->scratch, dx, dx, x, B, T);
         } else {
             float *dprev = acts->dtmp;
-            memset(dprev, 0, nd * sizeof(float));
-            mmp_cpu_layernorm_bwd(dprev, net->ln_f.w.g, net->ln_f.b.g, dx, x, net->ln_f.w.w,
-                                  acts->lnf_mean, acts->lnf_rstd, N, D);
+            be->ops->zero(be, dprev, nd * sizeof(float));
+            be->ops->layernorm_bwd(be, dprev, net->ln_f.w.g, net->ln_f.b.g, dx, x, net->ln_f.w.w,
+                                   acts->lnf_mean, acts->lnf_rstd, N, D);
             acts->dtmp = dx;
             acts->dx = dx = dprev;
         }
     }
     if (net->first > 0 && din) {
-        mmp_cpu_add(din, din, dx, nd);
+        be->ops->add(be, din, din, dx, nd);
     }
 }

@@ -1,4 +1,4 @@
-/* Pre-LN transformer sublayers (attention, feed-forward) over the CPU kernels.
+/* Pre-LN transformer sublayers (attention, feed-forward) over a device backend.
  *
  * Used by the text encoder (self-attention) and the fusion stage
  * (cross-attention). Must never allocate in forward/backward and never own a
@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "kernels/cpu.h"
 
 /* ---- parameter pieces ------------------------------------------------------ */
 static mmp_err declare(mmp_tf_ref *r, mmp_params *p, const char *name, const char *suffix, int ndim,
@@ -58,27 +56,27 @@ void mmp_tf_norm_bind(mmp_tf_norm *n, mmp_params *p)
     bind(&n->b, p);
 }
 
-static void linear_fwd(const mmp_tf_linear *l, float *out, const float *inp, int N)
+static void linear_fwd(mmp_backend *be, const mmp_tf_linear *l, float *out, const float *inp, int N)
 {
-    mmp_cpu_linear_fwd(out, inp, l->w.w, l->b.w, N, l->in, l->out);
+    be->ops->linear_fwd(be, out, inp, l->w.w, l->b.w, N, l->in, l->out);
 }
 
-static void linear_bwd(const mmp_tf_linear *l, float *dinp, const float *dout, const float *inp,
-                       int N)
+static void linear_bwd(mmp_backend *be, const mmp_tf_linear *l, float *dinp, const float *dout,
+                       const float *inp, int N)
 {
-    mmp_cpu_linear_bwd(dinp, l->w.g, l->b.g, dout, inp, l->w.w, N, l->in, l->out);
+    be->ops->linear_bwd(be, dinp, l->w.g, l->b.g, dout, inp, l->w.w, N, l->in, l->out);
 }
 
-static void norm_fwd(const mmp_tf_norm *n, float *out, float *mean, float *rstd, const float *inp,
-                     int N)
+static void norm_fwd(mmp_backend *be, const mmp_tf_norm *n, float *out, float *mean, float *rstd,
+                     const float *inp, int N)
 {
-    mmp_cpu_layernorm_fwd(out, mean, rstd, inp, n->w.w, n->b.w, N, n->C, MMP_TF_LN_EPS);
+    be->ops->layernorm_fwd(be, out, mean, rstd, inp, n->w.w, n->b.w, N, n->C, MMP_TF_LN_EPS);
 }
 
-static void norm_bwd(const mmp_tf_norm *n, float *dinp, const float *dout, const float *inp,
-                     const float *mean, const float *rstd, int N)
+static void norm_bwd(mmp_backend *be, const mmp_tf_norm *n, float *dinp, const float *dout,
+                     const float *inp, const float *mean, const float *rstd, int N)
 {
-    mmp_cpu_layernorm_bwd(dinp, n->w.g, n->b.g, dout, inp, n->w.w, mean, rstd, N, n->C);
+    be->ops->layernorm_bwd(be, dinp, n->w.g, n->b.g, dout, inp, n->w.w, mean, rstd, N, n->C);
 }
 
 /* ---- activation slab ----------------------------------------------------- */
@@ -89,17 +87,20 @@ float *mmp_tf_slab_take(mmp_tf_slab *s, size_t n)
     return p;
 }
 
-mmp_err mmp_tf_slab_alloc(mmp_tf_slab *s, void (*carve)(void *ctx, mmp_tf_slab *s), void *ctx)
+mmp_err mmp_tf_slab_alloc(mmp_tf_slab *s, mmp_backend *be, void (*carve)(void *ctx, mmp_tf_slab *s),
+                          void *ctx)
 {
+    s->be = be;
     s->base = NULL;
     s->used = 0;
     carve(ctx, s);
     size_t bytes = (s->used ? s->used : 16) * sizeof(float);
-    s->base = aligned_alloc(64, bytes);
-    if (!s->base) {
-        return mmp_errorf(MMP_ERR_NOMEM, "activation slab of %zu bytes", bytes);
+    void *mem = NULL;
+    mmp_err e = be->ops->alloc(be, &mem, bytes); /* zeroed */
+    if (e != MMP_OK) {
+        return mmp_error_prefix(e, "activation slab of %zu bytes", bytes);
     }
-    memset(s->base, 0, bytes);
+    s->base = mem;
     s->used = 0;
     carve(ctx, s);
     return MMP_OK;
@@ -110,7 +111,9 @@ void mmp_tf_slab_free(mmp_tf_slab *s)
     if (!s) {
         return;
     }
-    free(s->base);
+    if (s->base) {
+        s->be->ops->free(s->be, s->base);
+    }
     s->base = NULL;
     s->used = 0;
 }
@@ -134,6 +137,7 @@ mmp_err mmp_tf_attn_declare(mmp_tf_attn *a, mmp_params *p, const char *prefix, i
                           NH);
     }
     memset(a, 0, sizeof *a);
+    a->be = p->be;
     a->D = D;
     a->NH = NH;
     a->cross = cross;
@@ -203,57 +207,61 @@ void mmp_tf_scratch_carve(mmp_tf_scratch *s, mmp_tf_slab *slab, int D, int N, in
 static void out_proj_fwd(const mmp_tf_attn *a, const mmp_tf_attn_acts *s, float *out,
                          const float *x, int N)
 {
-    linear_fwd(&a->o, out, s->ctx, N);
-    mmp_cpu_add(out, out, x, (size_t)N * a->D);
+    mmp_backend *be = a->be;
+    linear_fwd(be, &a->o, out, s->ctx, N);
+    be->ops->add(be, out, out, x, (size_t)N * a->D);
 }
 
 void mmp_tf_self_attn_fwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, float *out, const float *x,
                           const float *key_mask, int B, int T)
 {
+    mmp_backend *be = a->be;
     int N = B * T;
-    norm_fwd(&a->ln1, s->ln, s->ln_mean, s->ln_rstd, x, N);
-    linear_fwd(&a->q, s->q, s->ln, N);
-    linear_fwd(&a->k, s->k, s->ln, N);
-    linear_fwd(&a->v, s->v, s->ln, N);
-    mmp_cpu_attention_fwd(s->ctx, s->att, s->q, s->k, s->v, key_mask, B, T, T, a->D, a->NH);
+    norm_fwd(be, &a->ln1, s->ln, s->ln_mean, s->ln_rstd, x, N);
+    linear_fwd(be, &a->q, s->q, s->ln, N);
+    linear_fwd(be, &a->k, s->k, s->ln, N);
+    linear_fwd(be, &a->v, s->v, s->ln, N);
+    be->ops->attention_fwd(be, s->ctx, s->att, s->q, s->k, s->v, key_mask, B, T, T, a->D, a->NH);
     out_proj_fwd(a, s, out, x, N);
 }
 
 void mmp_tf_self_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scratch *w, float *dx,
                           const float *dout, const float *x, int B, int T)
 {
+    mmp_backend *be = a->be;
     int N = B * T;
     size_t nd = (size_t)N * a->D;
-    memset(w->dctx, 0, nd * sizeof(float));
-    memset(w->dq, 0, nd * sizeof(float));
-    memset(w->dk, 0, nd * sizeof(float));
-    memset(w->dv, 0, nd * sizeof(float));
-    memset(w->d_ln, 0, nd * sizeof(float));
+    be->ops->zero(be, w->dctx, nd * sizeof(float));
+    be->ops->zero(be, w->dq, nd * sizeof(float));
+    be->ops->zero(be, w->dk, nd * sizeof(float));
+    be->ops->zero(be, w->dv, nd * sizeof(float));
+    be->ops->zero(be, w->d_ln, nd * sizeof(float));
     /* dout is read only here, so dx may alias it. */
-    linear_bwd(&a->o, w->dctx, dout, s->ctx, N);
-    mmp_cpu_attention_bwd(w->dq, w->dk, w->dv, w->dctx, s->att, s->q, s->k, s->v, B, T, T, a->D,
-                          a->NH);
-    linear_bwd(&a->q, w->d_ln, w->dq, s->ln, N);
-    linear_bwd(&a->k, w->d_ln, w->dk, s->ln, N);
-    linear_bwd(&a->v, w->d_ln, w->dv, s->ln, N);
-    norm_bwd(&a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
+    linear_bwd(be, &a->o, w->dctx, dout, s->ctx, N);
+    be->ops->attention_bwd(be, w->dq, w->dk, w->dv, w->dctx, s->att, s->q, s->k, s->v, B, T, T,
+                           a->D, a->NH);
+    linear_bwd(be, &a->q, w->d_ln, w->dq, s->ln, N);
+    linear_bwd(be, &a->k, w->d_ln, w->dk, s->ln, N);
+    linear_bwd(be, &a->v, w->d_ln, w->dv, s->ln, N);
+    norm_bwd(be, &a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
 }
 
 void mmp_tf_cross_attn_fwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, float *out, const float *x,
                            int B, int Tq, const float *src, int Ns, int Tk, const int *src_of)
 {
+    mmp_backend *be = a->be;
     int N = B * Tq, Nk = Ns * Tk, D = a->D, NH = a->NH;
-    norm_fwd(&a->ln1, s->ln, s->ln_mean, s->ln_rstd, x, N);
-    linear_fwd(&a->q, s->q, s->ln, N);
+    norm_fwd(be, &a->ln1, s->ln, s->ln_mean, s->ln_rstd, x, N);
+    linear_fwd(be, &a->q, s->q, s->ln, N);
     /* Keys and values once per source, however many query sequences share it. */
-    norm_fwd(&a->ln_kv, s->kv_ln, s->kv_mean, s->kv_rstd, src, Nk);
-    linear_fwd(&a->k, s->k, s->kv_ln, Nk);
-    linear_fwd(&a->v, s->v, s->kv_ln, Nk);
+    norm_fwd(be, &a->ln_kv, s->kv_ln, s->kv_mean, s->kv_rstd, src, Nk);
+    linear_fwd(be, &a->k, s->k, s->kv_ln, Nk);
+    linear_fwd(be, &a->v, s->v, s->kv_ln, Nk);
     for (int b = 0; b < B; b++) {
         size_t kv = (size_t)src_of[b] * Tk * D;
-        mmp_cpu_attention_fwd(s->ctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
-                              s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, NULL, 1, Tq, Tk, D,
-                              NH);
+        be->ops->attention_fwd(be, s->ctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
+                               s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, NULL, 1, Tq, Tk, D,
+                               NH);
     }
     out_proj_fwd(a, s, out, x, N);
 }
@@ -262,28 +270,29 @@ void mmp_tf_cross_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scr
                            float *dsrc, const float *dout, const float *x, int B, int Tq,
                            const float *src, int Ns, int Tk, const int *src_of)
 {
+    mmp_backend *be = a->be;
     int N = B * Tq, Nk = Ns * Tk, D = a->D, NH = a->NH;
     size_t nd = (size_t)N * D, nkd = (size_t)Nk * D;
-    memset(w->dctx, 0, nd * sizeof(float));
-    memset(w->dq, 0, nd * sizeof(float));
-    memset(w->d_ln, 0, nd * sizeof(float));
-    memset(w->dk, 0, nkd * sizeof(float));
-    memset(w->dv, 0, nkd * sizeof(float));
-    memset(w->d_kvln, 0, nkd * sizeof(float));
-    linear_bwd(&a->o, w->dctx, dout, s->ctx, N);
+    be->ops->zero(be, w->dctx, nd * sizeof(float));
+    be->ops->zero(be, w->dq, nd * sizeof(float));
+    be->ops->zero(be, w->d_ln, nd * sizeof(float));
+    be->ops->zero(be, w->dk, nkd * sizeof(float));
+    be->ops->zero(be, w->dv, nkd * sizeof(float));
+    be->ops->zero(be, w->d_kvln, nkd * sizeof(float));
+    linear_bwd(be, &a->o, w->dctx, dout, s->ctx, N);
     /* The kernel accumulates, so a source's dk/dv sum its query sequences in
      * the fixed order b = 0..B-1. */
     for (int b = 0; b < B; b++) {
         size_t kv = (size_t)src_of[b] * Tk * D;
-        mmp_cpu_attention_bwd(w->dq + (size_t)b * Tq * D, w->dk + kv, w->dv + kv,
-                              w->dctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
-                              s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, 1, Tq, Tk, D, NH);
+        be->ops->attention_bwd(be, w->dq + (size_t)b * Tq * D, w->dk + kv, w->dv + kv,
+                               w->dctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
+                               s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, 1, Tq, Tk, D, NH);
     }
-    linear_bwd(&a->q, w->d_ln, w->dq, s->ln, N);
-    norm_bwd(&a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
-    linear_bwd(&a->k, w->d_kvln, w->dk, s->kv_ln, Nk);
-    linear_bwd(&a->v, w->d_kvln, w->dv, s->kv_ln, Nk);
-    norm_bwd(&a->ln_kv, dsrc, w->d_kvln, src, s->kv_mean, s->kv_rstd, Nk);
+    linear_bwd(be, &a->q, w->d_ln, w->dq, s->ln, N);
+    norm_bwd(be, &a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
+    linear_bwd(be, &a->k, w->d_kvln, w->dk, s->kv_ln, Nk);
+    linear_bwd(be, &a->v, w->d_kvln, w->dv, s->kv_ln, Nk);
+    norm_bwd(be, &a->ln_kv, dsrc, w->d_kvln, src, s->kv_mean, s->kv_rstd, Nk);
 }
 
 /* ---- feed-forward sublayer ------------------------------------------------ */
@@ -294,6 +303,7 @@ mmp_err mmp_tf_ffn_declare(mmp_tf_ffn *f, mmp_params *p, const char *prefix, int
         return mmp_errorf(MMP_ERR_INVALID, "%sffn: bad width %d or hidden %d", prefix, D, H);
     }
     memset(f, 0, sizeof *f);
+    f->be = p->be;
     f->D = D;
     f->H = H;
     MMP_TRY(join(name, prefix, "ln2"));
@@ -323,23 +333,25 @@ void mmp_tf_ffn_acts_carve(mmp_tf_ffn_acts *s, mmp_tf_slab *slab, const mmp_tf_f
 
 void mmp_tf_ffn_fwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, float *out, const float *x, int N)
 {
-    norm_fwd(&f->ln2, s->ln, s->ln_mean, s->ln_rstd, x, N);
-    linear_fwd(&f->fc1, s->h, s->ln, N);
-    mmp_cpu_gelu_fwd(s->g, s->h, (size_t)N * f->H);
-    linear_fwd(&f->fc2, out, s->g, N);
-    mmp_cpu_add(out, out, x, (size_t)N * f->D);
+    mmp_backend *be = f->be;
+    norm_fwd(be, &f->ln2, s->ln, s->ln_mean, s->ln_rstd, x, N);
+    linear_fwd(be, &f->fc1, s->h, s->ln, N);
+    be->ops->gelu_fwd(be, s->g, s->h, (size_t)N * f->H);
+    linear_fwd(be, &f->fc2, out, s->g, N);
+    be->ops->add(be, out, out, x, (size_t)N * f->D);
 }
 
 void mmp_tf_ffn_bwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, mmp_tf_scratch *w, float *dx,
                     const float *dout, const float *x, int N)
 {
+    mmp_backend *be = f->be;
     size_t nh = (size_t)N * f->H;
-    memset(w->dg, 0, nh * sizeof(float));
-    memset(w->dh, 0, nh * sizeof(float));
-    memset(w->d_ln, 0, (size_t)N * f->D * sizeof(float));
+    be->ops->zero(be, w->dg, nh * sizeof(float));
+    be->ops->zero(be, w->dh, nh * sizeof(float));
+    be->ops->zero(be, w->d_ln, (size_t)N * f->D * sizeof(float));
     /* dout is read only here, so dx may alias it. */
-    linear_bwd(&f->fc2, w->dg, dout, s->g, N);
-    mmp_cpu_gelu_bwd(w->dh, w->dg, s->h, nh);
-    linear_bwd(&f->fc1, w->d_ln, w->dh, s->ln, N);
-    norm_bwd(&f->ln2, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
+    linear_bwd(be, &f->fc2, w->dg, dout, s->g, N);
+    be->ops->gelu_bwd(be, w->dh, w->dg, s->h, nh);
+    linear_bwd(be, &f->fc1, w->d_ln, w->dh, s->ln, N);
+    norm_bwd(be, &f->ln2, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
 }

@@ -15,7 +15,9 @@
  * none of those three decayed.
  *
  * A sublayer holds pointers into an mmp_params arena: declare its parameters
- * before mmp_params_alloc(), bind them after. Saved activations live in a
+ * before mmp_params_alloc(), bind them after. It computes on the arena's
+ * backend (kept at declare time); every tensor argument below is memory of
+ * that backend, except src_of, a HOST table. Saved activations live in a
  * caller's acts struct carved from one slab at acts-creation time; forward and
  * backward never allocate. Backward follows the kernels' convention and
  * accumulates (+=) into parameter gradients and into dx. It adds only the
@@ -28,6 +30,7 @@
 #include <stddef.h>
 
 #include "common/err.h"
+#include "kernels/backend.h"
 #include "nn/params.h"
 
 #define MMP_TF_LN_EPS 1e-5f
@@ -59,17 +62,20 @@ void mmp_tf_norm_bind(mmp_tf_norm *n, mmp_params *p);
 /* Two-pass carving: with base == NULL take() only counts (returns NULL); after
  * allocating `used` floats, reset used to 0 and carve the same way again. */
 typedef struct mmp_tf_slab {
+    mmp_backend *be; /* the memory's owner, set by alloc */
     float *base;
     size_t used; /* floats, each take rounded up to 16 (64 bytes) */
 } mmp_tf_slab;
 
 float *mmp_tf_slab_take(mmp_tf_slab *s, size_t n);
-/* Runs carve(ctx, slab) twice around one 64-byte aligned, zeroed allocation. */
-mmp_err mmp_tf_slab_alloc(mmp_tf_slab *s, void (*carve)(void *ctx, mmp_tf_slab *s), void *ctx);
+/* Runs carve(ctx, slab) twice around one zeroed allocation of backend be. */
+mmp_err mmp_tf_slab_alloc(mmp_tf_slab *s, mmp_backend *be, void (*carve)(void *ctx, mmp_tf_slab *s),
+                          void *ctx);
 void mmp_tf_slab_free(mmp_tf_slab *s);
 
 /* ---- attention sublayer --------------------------------------------------- */
 typedef struct mmp_tf_attn {
+    mmp_backend *be; /* the params' backend */
     int D, NH, cross;
     mmp_tf_norm ln1, ln_kv; /* ln_kv only when cross */
     mmp_tf_linear q, k, v, o;
@@ -124,6 +130,7 @@ void mmp_tf_cross_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scr
 
 /* ---- feed-forward sublayer ------------------------------------------------ */
 typedef struct mmp_tf_ffn {
+    mmp_backend *be; /* the params' backend */
     int D, H;
     mmp_tf_norm ln2;
     mmp_tf_linear fc1, fc2;

@@ -95,9 +95,10 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
         MMP_TRY(mmp_dataset_open(&t->val, plan->data.val_manifest, plan->data.vocab, plan));
     }
     int V = mmp_dataset_vocab_size(t->train);
-    MMP_TRY(mmp_image_net_create(&t->img, plan, 0, mmp_image_net_layers(plan), seed));
-    MMP_TRY(mmp_text_net_create(&t->txt, plan, V, 0, mmp_text_net_layers(plan), seed));
-    MMP_TRY(mmp_fusion_net_create(&t->fus, plan, seed));
+    mmp_backend *be = mmp_backend_cpu(); /* the single-process trainer is the CPU reference */
+    MMP_TRY(mmp_image_net_create_on(&t->img, be, plan, 0, mmp_image_net_layers(plan), seed));
+    MMP_TRY(mmp_text_net_create_on(&t->txt, be, plan, V, 0, mmp_text_net_layers(plan), seed));
+    MMP_TRY(mmp_fusion_net_create_on(&t->fus, be, plan, seed));
     t->mb_max = mmp_plan_mb_size(plan, 0);
     MMP_TRY(mmp_image_acts_create(&t->ia, t->img, t->mb_max));
     MMP_TRY(mmp_text_acts_create(&t->ta, t->txt, t->mb_max));

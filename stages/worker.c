@@ -378,16 +378,16 @@ static mmp_err build(worker *w)
         mmp_tokenizer_destroy(tok);
     }
     if (w->kind == 0) {
-        MMP_TRY(mmp_image_net_create(&w->img, p, w->first, w->last, seed));
+        MMP_TRY(mmp_image_net_create_on(&w->img, mmp_backend_cpu(), p, w->first, w->last, seed));
         w->params = mmp_image_net_params(w->img);
         w->in_floats = mmp_image_net_in_floats(w->img);
         w->out_floats = mmp_image_net_out_floats(w->img);
     } else if (w->kind == 1) {
-        MMP_TRY(mmp_text_net_create(&w->txt, p, V, w->first, w->last, seed));
+        MMP_TRY(mmp_text_net_create_on(&w->txt, mmp_backend_cpu(), p, V, w->first, w->last, seed));
         w->params = mmp_text_net_params(w->txt);
         w->in_floats = w->out_floats = mmp_text_net_out_floats(w->txt);
     } else {
-        MMP_TRY(mmp_fusion_net_create(&w->fus, p, seed));
+        MMP_TRY(mmp_fusion_net_create_on(&w->fus, mmp_backend_cpu(), p, seed));
         w->params = mmp_fusion_net_params(w->fus);
     }
     if (a->resume_dir && a->resume_dir[0]) {

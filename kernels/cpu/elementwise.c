@@ -62,3 +62,37 @@ void mmp_cpu_scale(float *x, float s, size_t n)
         x[i] *= s;
     }
 }
+
+void mmp_cpu_transpose(float *out, const float *inp, int B, int R, int C, int accumulate)
+{
+    // out (B,C,R), inp (B,R,C)
+    for (int b = 0; b < B; b++) {
+        const float *x = inp + (size_t)b * R * C;
+        float *y = out + (size_t)b * R * C;
+        for (int c = 0; c < C; c++) {
+            for (int r = 0; r < R; r++) {
+                if (accumulate) {
+                    y[(size_t)c * R + r] += x[(size_t)r * C + c];
+                } else {
+                    y[(size_t)c * R + r] = x[(size_t)r * C + c];
+                }
+            }
+        }
+    }
+}
+
+void mmp_cpu_acc_f64(double *restrict acc, const float *restrict x, size_t n)
+{
+    // acc (n), x (n)
+    for (size_t i = 0; i < n; i++) {
+        acc[i] += x[i];
+    }
+}
+
+void mmp_cpu_round_f64(float *restrict x, const double *restrict acc, size_t n)
+{
+    // x (n), acc (n)
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)acc[i];
+    }
+}

@@ -4,8 +4,10 @@
  * chosen once by cuDNN's heuristics and cached in the context. The
  * descriptors ask for FMA math (no TF32), and FFT / Winograd algorithms are
  * passed over: their fp32 error is larger than the 1e-4 by which the CPU
- * reference judges this file. Backward accumulates with beta = 1, as every
- * backward in kernels/ does. */
+ * reference judges this file. Backward algorithms must also be
+ * CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 / ALGO_3 add with
+ * atomics), so the fallbacks are the deterministic ALGO_1 of each. Backward accumulates with beta =
+ * 1, as every backward in kernels/ does. */
 #include "kernels/cuda/internal.cuh"
 
 #include <string.h>
@@ -86,7 +88,7 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
     for (int i = 0; i < got; i++) {
         if (bd[i].status == CUDNN_STATUS_SUCCESS && bwd_data_algo_ok(bd[i].algo) &&
-            math_ok(bd[i].mathType)) {
+            bd[i].determinism == CUDNN_DETERMINISTIC && math_ok(bd[i].mathType)) {
             p->bwd_data = bd[i].algo;
             break;
         }
@@ -100,7 +102,7 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
     for (int i = 0; i < got; i++) {
         if (bf[i].status == CUDNN_STATUS_SUCCESS && bwd_filter_algo_ok(bf[i].algo) &&
-            math_ok(bf[i].mathType)) {
+            bf[i].determinism == CUDNN_DETERMINISTIC && math_ok(bf[i].mathType)) {
             p->bwd_filter = bf[i].algo;
             break;
         }

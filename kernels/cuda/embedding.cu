@@ -16,14 +16,18 @@ static __global__ void embedding_fwd_kernel(float *out, const int32_t *ids, cons
     }
 }
 
-/* Repeated ids add into the same row of dwte: atomics, order not fixed. */
+/* Repeated ids add into the same row of dwte. Deterministic, no atomics:
+ * one thread per channel c walks the positions bt = 0..B*T-1 in order, so
+ * every dwte[v, c] sums its positions in the CPU reference's order (bitwise
+ * the same sums); threads never share an address. Parallel over C only,
+ * which is plenty for the text branch's B*T of a micro-batch. */
 static __global__ void embedding_bwd_wte_kernel(float *dwte, const float *dout, const int32_t *ids,
                                                 int B, int T, int C)
 {
-    for (size_t i = thread_index(); i < (size_t)B * T * C; i += thread_count()) {
-        const size_t bt = i / C;
-        const int c = (int)(i % C);
-        atomicAdd(&dwte[(size_t)ids[bt] * C + c], dout[i]);
+    for (size_t c = thread_index(); c < (size_t)C; c += thread_count()) {
+        for (size_t bt = 0; bt < (size_t)B * T; bt++) {
+            dwte[(size_t)ids[bt] * C + c] += dout[bt * C + c];
+        }
     }
 }
 
@@ -64,8 +68,8 @@ mmp_err mmp_cuda_embedding_bwd(mmp_cuda_ctx *ctx, float *dwte, float *dwpe, cons
         return MMP_OK;
     }
     if (dwte) {
-        embedding_bwd_wte_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(dwte, dout, ids,
-                                                                                    B, T, C);
+        embedding_bwd_wte_kernel<<<grid_for((size_t)C, BLOCK), BLOCK, 0, ctx->stream>>>(
+            dwte, dout, ids, B, T, C);
         LAUNCH_CHECK();
     }
     if (dwpe) {

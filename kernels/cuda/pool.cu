@@ -37,14 +37,21 @@ static __global__ void maxpool_fwd_kernel(float *out, int32_t *argmax, const flo
     }
 }
 
-/* Windows overlap when stride < k, so several outputs may add to one input. */
+/* Windows overlap when stride < k, so several outputs may add to one input.
+ * Deterministic, no atomics: one thread per (n, c) plane walks that plane's
+ * outputs in row-major order, so each input sums its contributions in the
+ * CPU reference's order (bitwise the same sums). */
 static __global__ void maxpool_bwd_kernel(float *dinp, const float *dout, const int32_t *argmax,
-                                          size_t total, int HW, int OHW)
+                                          size_t planes, int HW, int OHW)
 {
-    for (size_t o = thread_index(); o < total; o += thread_count()) {
-        int32_t a = argmax[o];
-        if (a >= 0) {
-            atomicAdd(&dinp[o / OHW * HW + a], dout[o]);
+    for (size_t p = thread_index(); p < planes; p += thread_count()) {
+        float *dx = dinp + p * HW;
+        const float *dy = dout + p * OHW;
+        const int32_t *am = argmax + p * OHW;
+        for (int i = 0; i < OHW; i++) {
+            if (am[i] >= 0) {
+                dx[am[i]] += dy[i];
+            }
         }
     }
 }
@@ -124,12 +131,12 @@ mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout
 {
     // dinp (N,C,H,W), dout (N,C,OH,OW), argmax (N,C,OH,OW)
     ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && OH > 0 && OW > 0);
-    size_t total = (size_t)N * C * OH * OW;
-    if (total == 0) {
+    size_t planes = (size_t)N * C;
+    if (planes == 0) {
         return MMP_OK;
     }
-    maxpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, argmax, total,
-                                                                          H * W, OH * OW);
+    maxpool_bwd_kernel<<<grid_for(planes, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, argmax,
+                                                                           planes, H * W, OH * OW);
     LAUNCH_CHECK();
     return MMP_OK;
 }

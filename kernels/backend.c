@@ -1,0 +1,60 @@
+/* Backend instances: creation, the shared CPU instance, the sticky error.
+ * The implementations themselves are the tables in kernels/cpu/backend.c and
+ * kernels/cuda/backend.cu; nothing here knows a device. */
+#include "kernels/backend.h"
+
+#include <stdlib.h>
+
+static mmp_backend cpu_instance = {.ops = &mmp_backend_cpu_ops, .ctx = NULL, .err = MMP_OK};
+
+mmp_backend *mmp_backend_cpu(void)
+{
+    return &cpu_instance;
+}
+
+mmp_err mmp_backend_create(mmp_backend **out, const mmp_backend_ops *ops, int device)
+{
+    *out = NULL;
+    mmp_backend *be = calloc(1, sizeof *be);
+    if (!be) {
+        return mmp_errorf(MMP_ERR_NOMEM, "backend %s", ops->name);
+    }
+    be->ops = ops;
+    if (ops->open) {
+        mmp_err e = ops->open(&be->ctx, device);
+        if (e != MMP_OK) {
+            free(be);
+            return mmp_error_prefix(e, "backend %s on device %d", ops->name, device);
+        }
+    }
+    *out = be;
+    return MMP_OK;
+}
+
+void mmp_backend_destroy(mmp_backend *be)
+{
+    if (!be || be == &cpu_instance) {
+        return;
+    }
+    if (be->ops->close) {
+        be->ops->close(be->ctx);
+    }
+    free(be);
+}
+
+mmp_err mmp_backend_error(const mmp_backend *be)
+{
+    return be->err;
+}
+
+void mmp_backend_clear_error(mmp_backend *be)
+{
+    be->err = MMP_OK;
+}
+
+void mmp_backend_fail(mmp_backend *be, mmp_err e)
+{
+    if (e != MMP_OK && be->err == MMP_OK) {
+        be->err = e;
+    }
+}

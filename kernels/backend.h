@@ -1,0 +1,210 @@
+/* The device backend: the one seam between the model code (nn/) and the
+ * kernels of a device. nn/ allocates, copies and computes only through it, so
+ * the same model code runs on the CPU reference kernels (kernels/cpu.h,
+ * mmp_backend_cpu_ops in kernels/cpu/backend.c) and on the CUDA kernels
+ * (kernels/cuda.h, mmp_backend_cuda_ops in kernels/cuda/backend.cu, only in a
+ * build with MMP_HAVE_CUDA).
+ *
+ * An implementation is a const table of function pointers (mmp_backend_ops,
+ * written with designated initializers, one exported table per file); a
+ * backend INSTANCE (mmp_backend) pairs a table with its device state: NULL for
+ * the CPU, an mmp_cuda_ctx (stream, cuBLAS/cuDNN handles, workspace) for CUDA.
+ *
+ * Contract, shared by every implementation:
+ *  - Memory. "Backend memory" is what alloc returned (device memory for CUDA,
+ *    64-byte aligned host memory for the CPU). Every tensor pointer an op
+ *    takes is backend memory of the same instance, unless its comment says
+ *    HOST. alloc returns zeroed memory; the caller owns it and gives it back
+ *    with free (NULL-safe). alloc is the only call that fails by return
+ *    value.
+ *  - Copies. to_device (host -> backend) and to_host (backend -> host) run
+ *    after the work already queued and return when the copy is complete, so
+ *    the host buffer may be reused or read at once. copy (backend ->
+ *    backend) and zero are queued like any op. The CPU backend's copies are
+ *    memcpy (a copy onto itself is skipped), so on the CPU a to_host is a
+ *    plain read of memory that is already host memory: nn/ copies to the host
+ *    only what it must read there (a loss value, the similarity matrix it
+ *    mines hard negatives from, batch-norm statistics, checkpoints), never a
+ *    whole activation.
+ *  - Blocking. Ops are queued on the instance's stream and may return before
+ *    the work is done (CUDA); the CPU does everything at once. Ops whose
+ *    result comes back through a HOST value (infonce_fwd, bce_fwd, sumsq,
+ *    to_host) wait for the stream. sync waits for everything queued.
+ *  - Failures. Ops other than alloc return no error: a failed op records the
+ *    FIRST error in the instance (mmp_backend_error) and later ops still run
+ *    (their outputs are then undefined). Callers check once, after a forward,
+ *    backward or optimizer step. The CPU backend never fails. An op a
+ *    backend does not implement records MMP_ERR_UNSUPPORTED naming it: never
+ *    a silently wrong result.
+ *  - Semantics are kernels/cpu.h's, op for op: forward ops overwrite their
+ *    outputs, backward ops ACCUMULATE (+=) into every gradient they are given,
+ *    a NULL gradient pointer skips that gradient. The CPU backend is bitwise
+ *    today's reference kernels; the CUDA backend agrees with it to fp32
+ *    rounding and is deterministic (no atomics in backward scatters,
+ *    deterministic cuDNN algorithms only).
+ *  - Threads: one thread uses an instance at a time (the CPU instance has no
+ *    state to race on, so mmp_backend_cpu() is shared). */
+#ifndef MMP_KERNELS_BACKEND_H
+#define MMP_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kernels/shape.h"
+
+typedef struct mmp_backend mmp_backend;
+
+typedef struct mmp_backend_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- instance ------------------------------------------------------ */
+    /* Creates the device state for device (ignored by the CPU); *ctx NULL on failure. */
+    mmp_err (*open)(void **ctx, int device);
+    void (*close)(void *ctx); /* NULL-safe; waits for queued work */
+
+    /* ---- memory -------------------------------------------------------- */
+    mmp_err (*alloc)(mmp_backend *be, void **out, size_t bytes); /* zeroed; bytes 0 -> one line */
+    void (*free)(mmp_backend *be, void *p);
+    void (*zero)(mmp_backend *be, void *dst, size_t bytes);
+    void (*to_device)(mmp_backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*to_host)(mmp_backend *be, void *dst_host, const void *src, size_t bytes);
+    void (*copy)(mmp_backend *be, void *dst, const void *src, size_t bytes);
+    void (*sync)(mmp_backend *be);
+
+    /* ---- GEMM / linear ------------------------------------------------- */
+    // C (M,N) = alpha op(A) @ op(B) + beta C, row-major
+    void (*gemm)(mmp_backend *be, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+    // out (N,OC), inp (N,C), w (OC,C), b (OC) or NULL
+    void (*linear_fwd)(mmp_backend *be, float *out, const float *inp, const float *w,
+                       const float *b, int N, int C, int OC);
+    // dinp (N,C) +=, dw (OC,C) +=, db (OC) +=, dout (N,OC)
+    void (*linear_bwd)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC);
+
+    /* ---- conv2d -------------------------------------------------------- */
+    /* Floats of scratch the caller passes to conv2d (CPU: one im2col; CUDA: 0,
+     * cuDNN uses the context's workspace). scratch may be NULL when it is 0. */
+    size_t (*conv2d_scratch_floats)(const mmp_conv_shape *s);
+    // out (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW), b (OC) or NULL
+    void (*conv2d_fwd)(mmp_backend *be, float *out, const float *inp, const float *w,
+                       const float *b, const mmp_conv_shape *s, float *scratch);
+    void (*conv2d_bwd)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                       const float *inp, const float *w, const mmp_conv_shape *s, float *scratch);
+
+    /* ---- batch norm ------------------------------------------------------ */
+    // out, inp (N,C,HW); mean, rstd, running_*, gamma, beta (C)
+    void (*batchnorm_fwd_train)(mmp_backend *be, float *out, float *mean, float *rstd,
+                                float *running_mean, float *running_var, const float *inp,
+                                const float *gamma, const float *beta, int N, int C, int HW,
+                                float eps, float momentum);
+    void (*batchnorm_fwd_infer)(mmp_backend *be, float *out, const float *inp, const float *gamma,
+                                const float *beta, const float *running_mean,
+                                const float *running_var, int N, int C, int HW, float eps);
+    void (*batchnorm_bwd)(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
+                          const float *dout, const float *inp, const float *mean, const float *rstd,
+                          const float *gamma, int N, int C, int HW);
+
+    /* ---- elementwise ----------------------------------------------------- */
+    // out, inp, dinp, dout (n)
+    void (*relu_fwd)(mmp_backend *be, float *out, const float *inp, size_t n);
+    void (*relu_bwd)(mmp_backend *be, float *dinp, const float *dout, const float *out, size_t n);
+    void (*gelu_fwd)(mmp_backend *be, float *out, const float *inp, size_t n);
+    void (*gelu_bwd)(mmp_backend *be, float *dinp, const float *dout, const float *inp, size_t n);
+    void (*add)(mmp_backend *be, float *out, const float *a, const float *b, size_t n);
+    void (*scale)(mmp_backend *be, float *x, float s, size_t n);
+    // out (B,C,R) = (or +=) inp (B,R,C) with the last two axes swapped
+    void (*transpose)(mmp_backend *be, float *out, const float *inp, int B, int R, int C,
+                      int accumulate);
+    // acc (n) += x (n) in double;  x (n) = (float) acc (n)
+    void (*acc_f64)(mmp_backend *be, double *acc, const float *x, size_t n);
+    void (*round_f64)(mmp_backend *be, float *x, const double *acc, size_t n);
+
+    /* ---- pooling --------------------------------------------------------- */
+    // out, argmax (N,C,OH,OW), inp (N,C,H,W)
+    void (*maxpool2d_fwd)(mmp_backend *be, float *out, int32_t *argmax, const float *inp, int N,
+                          int C, int H, int W, int k, int stride, int pad, int OH, int OW);
+    void (*maxpool2d_bwd)(mmp_backend *be, float *dinp, const float *dout, const int32_t *argmax,
+                          int N, int C, int H, int W, int OH, int OW);
+
+    /* ---- layer norm ------------------------------------------------------ */
+    // out, inp (N,C), w, b (C), mean, rstd (N)
+    void (*layernorm_fwd)(mmp_backend *be, float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps);
+    void (*layernorm_bwd)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int N, int C);
+
+    /* ---- embedding ------------------------------------------------------- */
+    // out (B,T,C), ids (B,T) in [0,V), wte (V,C), wpe (>=T,C) or NULL
+    void (*embedding_fwd)(mmp_backend *be, float *out, const int32_t *ids, const float *wte,
+                          const float *wpe, int B, int T, int C);
+    void (*embedding_bwd)(mmp_backend *be, float *dwte, float *dwpe, const float *dout,
+                          const int32_t *ids, int B, int T, int C);
+
+    /* ---- attention ------------------------------------------------------- */
+    // out, q (B,Tq,C), k, v (B,Tk,C), key_mask (B,Tk) or NULL, att (B,NH,Tq,Tk)
+    void (*attention_fwd)(mmp_backend *be, float *out, float *att, const float *q, const float *k,
+                          const float *v, const float *key_mask, int B, int Tq, int Tk, int C,
+                          int NH);
+    void (*attention_bwd)(mmp_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *att, const float *q, const float *k, const float *v, int B,
+                          int Tq, int Tk, int C, int NH);
+
+    /* ---- normalisation --------------------------------------------------- */
+    // out, inp (N,C), norm (N)
+    void (*l2norm_fwd)(mmp_backend *be, float *out, float *norm, const float *inp, int N, int C,
+                       float eps);
+    void (*l2norm_bwd)(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                       const float *norm, int N, int C, float eps);
+
+    /* ---- losses (the returned loss is a HOST value; waits) ----------------- */
+    // sim, p_i2t, p_t2i (B,B), img, txt (B,C); dlogit_scale (1) is backend memory
+    float (*infonce_fwd)(mmp_backend *be, float *sim, float *p_i2t, float *p_t2i, const float *img,
+                         const float *txt, float logit_scale, int B, int C);
+    void (*infonce_bwd)(mmp_backend *be, float *dimg, float *dtxt, float *dlogit_scale,
+                        const float *sim, const float *p_i2t, const float *p_t2i, const float *img,
+                        const float *txt, float logit_scale, float dloss, int B, int C);
+    // logits, labels, dlogits (n)
+    float (*bce_fwd)(mmp_backend *be, const float *logits, const float *labels, int n);
+    void (*bce_bwd)(mmp_backend *be, float *dlogits, const float *logits, const float *labels,
+                    float dloss, int n);
+
+    /* ---- optimizer ------------------------------------------------------- */
+    // param, grad, m, v (n)
+    void (*adamw)(mmp_backend *be, float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int t);
+    double (*sumsq)(mmp_backend *be, const float *x, size_t n); /* HOST result; waits */
+} mmp_backend_ops;
+
+struct mmp_backend {
+    const mmp_backend_ops *ops;
+    void *ctx;   /* the implementation's device state (CUDA: mmp_cuda_ctx *), NULL on the CPU */
+    mmp_err err; /* the first failed op's error, MMP_OK while none failed */
+};
+
+/* The implementations. mmp_backend_cuda_ops exists only where the build
+ * defines MMP_HAVE_CUDA. */
+extern const mmp_backend_ops mmp_backend_cpu_ops;
+extern const mmp_backend_ops mmp_backend_cuda_ops;
+
+/* The shared CPU instance (stateless, never fails, never freed). */
+mmp_backend *mmp_backend_cpu(void);
+
+/* An instance of ops on device (CPU: device ignored). *out NULL on failure. */
+mmp_err mmp_backend_create(mmp_backend **out, const mmp_backend_ops *ops, int device);
+/* Waits for queued work and frees the device state; NULL-safe; never frees
+ * the shared CPU instance. */
+void mmp_backend_destroy(mmp_backend *be);
+
+/* The first error an op recorded (MMP_OK if none); the failing op also set
+ * mmp_last_error() then (a later error may have replaced that message).
+ * clear resets it. */
+mmp_err mmp_backend_error(const mmp_backend *be);
+void mmp_backend_clear_error(mmp_backend *be);
+/* Records e as the instance's error unless one is already kept (for
+ * implementations). */
+void mmp_backend_fail(mmp_backend *be, mmp_err e);
+
+#endif

@@ -1,0 +1,350 @@
+/* The CUDA backend: kernels/cuda.h's launchers behind the table of
+ * kernels/backend.h. Compiled only where the build defines MMP_HAVE_CUDA.
+ *
+ * The instance's ctx is an mmp_cuda_ctx (its device is made current by
+ * open, and must stay current on the thread that uses the instance). Memory
+ * is device memory; to_device / to_host wait for the copy, everything else
+ * is queued on the context's stream. Every launcher's error is recorded in
+ * the instance (the first one is kept) instead of being returned: nn/ checks
+ * mmp_backend_error() once per step. Every op nn/ uses is implemented; all
+ * of them are deterministic (no atomics in backward scatters, deterministic
+ * cuDNN algorithms). */
+#include "kernels/backend.h"
+
+#include <math.h>
+
+#include "kernels/cuda.h"
+
+#define CTX(be) ((mmp_cuda_ctx *)(be)->ctx)
+/* Records a launcher's error in the instance (the first one wins). */
+#define REC(be, call) mmp_backend_fail((be), (call))
+
+/* ---- instance and memory -------------------------------------------------- */
+static mmp_err cuda_open(void **ctx, int device)
+{
+    mmp_cuda_ctx *c = NULL;
+    mmp_err e = mmp_cuda_ctx_create(&c, device);
+    *ctx = c;
+    return e;
+}
+
+static void cuda_close(void *ctx)
+{
+    mmp_cuda_ctx_destroy(ctx);
+}
+
+static mmp_err cuda_alloc(mmp_backend *be, void **out, size_t bytes)
+{
+    size_t rounded = bytes ? (bytes + 255) / 256 * 256 : 256;
+    MMP_TRY(mmp_cuda_malloc(out, rounded));
+    mmp_err e = mmp_cuda_memset(CTX(be), *out, 0, rounded);
+    if (e != MMP_OK) {
+        (void)mmp_cuda_free(*out);
+        *out = NULL;
+    }
+    return e;
+}
+
+static void cuda_free(mmp_backend *be, void *p)
+{
+    REC(be, mmp_cuda_free(p));
+}
+
+static void cuda_zero(mmp_backend *be, void *dst, size_t bytes)
+{
+    if (bytes) {
+        REC(be, mmp_cuda_memset(CTX(be), dst, 0, bytes));
+    }
+}
+
+static void cuda_to_device(mmp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes) {
+        REC(be, mmp_cuda_memcpy_h2d(CTX(be), dst, src, bytes));
+    }
+}
+
+static void cuda_to_host(mmp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes) {
+        REC(be, mmp_cuda_memcpy_d2h(CTX(be), dst, src, bytes));
+    }
+}
+
+static void cuda_copy(mmp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (bytes && dst != src) {
+        REC(be, mmp_cuda_memcpy_d2d(CTX(be), dst, src, bytes));
+    }
+}
+
+static void cuda_sync(mmp_backend *be)
+{
+    REC(be, mmp_cuda_sync(CTX(be)));
+}
+
+/* ---- ops ------------------------------------------------------------------ */
+static void cuda_gemm(mmp_backend *be, int ta, int tb, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc)
+{
+    REC(be, mmp_cuda_gemm(CTX(be), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+}
+
+static void cuda_linear_fwd(mmp_backend *be, float *out, const float *inp, const float *w,
+                            const float *b, int N, int C, int OC)
+{
+    REC(be, mmp_cuda_linear_fwd(CTX(be), out, inp, w, b, N, C, OC));
+}
+
+static void cuda_linear_bwd(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC)
+{
+    REC(be, mmp_cuda_linear_bwd(CTX(be), dinp, dw, db, dout, inp, w, N, C, OC));
+}
+
+static size_t cuda_conv2d_scratch_floats(const mmp_conv_shape *s)
+{
+    (void)s;
+    return 0; /* cuDNN's workspace is the context's */
+}
+
+static void cuda_conv2d_fwd(mmp_backend *be, float *out, const float *inp, const float *w,
+                            const float *b, const mmp_conv_shape *s, float *scratch)
+{
+    (void)scratch;
+    REC(be, mmp_cuda_conv2d_fwd(CTX(be), out, inp, w, b, s));
+}
+
+static void cuda_conv2d_bwd(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                            const float *inp, const float *w, const mmp_conv_shape *s,
+                            float *scratch)
+{
+    (void)scratch;
+    REC(be, mmp_cuda_conv2d_bwd(CTX(be), dinp, dw, db, dout, inp, w, s));
+}
+
+static void cuda_bn_train(mmp_backend *be, float *out, float *mean, float *rstd, float *rm,
+                          float *rv, const float *inp, const float *gamma, const float *beta, int N,
+                          int C, int HW, float eps, float momentum)
+{
+    REC(be, mmp_cuda_batchnorm_fwd_train(CTX(be), out, mean, rstd, rm, rv, inp, gamma, beta, N, C,
+                                         HW, eps, momentum));
+}
+
+static void cuda_bn_infer(mmp_backend *be, float *out, const float *inp, const float *gamma,
+                          const float *beta, const float *rm, const float *rv, int N, int C, int HW,
+                          float eps)
+{
+    REC(be, mmp_cuda_batchnorm_fwd_infer(CTX(be), out, inp, gamma, beta, rm, rv, N, C, HW, eps));
+}
+
+static void cuda_bn_bwd(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
+                        const float *dout, const float *inp, const float *mean, const float *rstd,
+                        const float *gamma, int N, int C, int HW)
+{
+    REC(be, mmp_cuda_batchnorm_bwd(CTX(be), dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C,
+                                   HW));
+}
+
+static void cuda_relu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
+{
+    REC(be, mmp_cuda_relu_fwd(CTX(be), out, inp, n));
+}
+
+static void cuda_relu_bwd(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                          size_t n)
+{
+    REC(be, mmp_cuda_relu_bwd(CTX(be), dinp, dout, out, n));
+}
+
+static void cuda_gelu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
+{
+    REC(be, mmp_cuda_gelu_fwd(CTX(be), out, inp, n));
+}
+
+static void cuda_gelu_bwd(mmp_backend *be, float *dinp, const float *dout, const float *inp,
+                          size_t n)
+{
+    REC(be, mmp_cuda_gelu_bwd(CTX(be), dinp, dout, inp, n));
+}
+
+static void cuda_add(mmp_backend *be, float *out, const float *a, const float *b, size_t n)
+{
+    REC(be, mmp_cuda_add(CTX(be), out, a, b, n));
+}
+
+static void cuda_scale(mmp_backend *be, float *x, float s, size_t n)
+{
+    REC(be, mmp_cuda_scale(CTX(be), x, s, n));
+}
+
+static void cuda_transpose(mmp_backend *be, float *out, const float *inp, int B, int R, int C,
+                           int accumulate)
+{
+    REC(be, mmp_cuda_transpose(CTX(be), out, inp, B, R, C, accumulate));
+}
+
+static void cuda_acc_f64(mmp_backend *be, double *acc, const float *x, size_t n)
+{
+    REC(be, mmp_cuda_acc_f64(CTX(be), acc, x, n));
+}
+
+static void cuda_round_f64(mmp_backend *be, float *x, const double *acc, size_t n)
+{
+    REC(be, mmp_cuda_round_f64(CTX(be), x, acc, n));
+}
+
+static void cuda_maxpool_fwd(mmp_backend *be, float *out, int32_t *argmax, const float *inp, int N,
+                             int C, int H, int W, int k, int stride, int pad, int OH, int OW)
+{
+    REC(be, mmp_cuda_maxpool2d_fwd(CTX(be), out, argmax, inp, N, C, H, W, k, stride, pad, OH, OW));
+}
+
+static void cuda_maxpool_bwd(mmp_backend *be, float *dinp, const float *dout, const int32_t *argmax,
+                             int N, int C, int H, int W, int OH, int OW)
+{
+    REC(be, mmp_cuda_maxpool2d_bwd(CTX(be), dinp, dout, argmax, N, C, H, W, OH, OW));
+}
+
+static void cuda_ln_fwd(mmp_backend *be, float *out, float *mean, float *rstd, const float *inp,
+                        const float *w, const float *b, int N, int C, float eps)
+{
+    REC(be, mmp_cuda_layernorm_fwd(CTX(be), out, mean, rstd, inp, w, b, N, C, eps));
+}
+
+static void cuda_ln_bwd(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, const float *mean, const float *rstd,
+                        int N, int C)
+{
+    REC(be, mmp_cuda_layernorm_bwd(CTX(be), dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+}
+
+static void cuda_emb_fwd(mmp_backend *be, float *out, const int32_t *ids, const float *wte,
+                         const float *wpe, int B, int T, int C)
+{
+    REC(be, mmp_cuda_embedding_fwd(CTX(be), out, ids, wte, wpe, B, T, C));
+}
+
+static void cuda_emb_bwd(mmp_backend *be, float *dwte, float *dwpe, const float *dout,
+                         const int32_t *ids, int B, int T, int C)
+{
+    REC(be, mmp_cuda_embedding_bwd(CTX(be), dwte, dwpe, dout, ids, B, T, C));
+}
+
+static void cuda_attn_fwd(mmp_backend *be, float *out, float *att, const float *q, const float *k,
+                          const float *v, const float *key_mask, int B, int Tq, int Tk, int C,
+                          int NH)
+{
+    REC(be, mmp_cuda_attention_fwd(CTX(be), out, att, q, k, v, key_mask, B, Tq, Tk, C, NH));
+}
+
+static void cuda_attn_bwd(mmp_backend *be, float *dq, float *dk, float *dv, const float *dout,
+                          const float *att, const float *q, const float *k, const float *v, int B,
+                          int Tq, int Tk, int C, int NH)
+{
+    REC(be, mmp_cuda_attention_bwd(CTX(be), dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH));
+}
+
+static void cuda_l2_fwd(mmp_backend *be, float *out, float *norm, const float *inp, int N, int C,
+                        float eps)
+{
+    REC(be, mmp_cuda_l2norm_fwd(CTX(be), out, norm, inp, N, C, eps));
+}
+
+static void cuda_l2_bwd(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                        const float *norm, int N, int C, float eps)
+{
+    REC(be, mmp_cuda_l2norm_bwd(CTX(be), dinp, dout, out, norm, N, C, eps));
+}
+
+static float cuda_infonce_fwd(mmp_backend *be, float *sim, float *p_i2t, float *p_t2i,
+                              const float *img, const float *txt, float logit_scale, int B, int C)
+{
+    float loss = NAN;
+    REC(be, mmp_cuda_infonce_fwd(CTX(be), &loss, sim, p_i2t, p_t2i, img, txt, logit_scale, B, C));
+    return loss;
+}
+
+static void cuda_infonce_bwd(mmp_backend *be, float *dimg, float *dtxt, float *dlogit_scale,
+                             const float *sim, const float *p_i2t, const float *p_t2i,
+                             const float *img, const float *txt, float logit_scale, float dloss,
+                             int B, int C)
+{
+    REC(be, mmp_cuda_infonce_bwd(CTX(be), dimg, dtxt, dlogit_scale, sim, p_i2t, p_t2i, img, txt,
+                                 logit_scale, dloss, B, C));
+}
+
+static float cuda_bce_fwd(mmp_backend *be, const float *logits, const float *labels, int n)
+{
+    float loss = NAN;
+    REC(be, mmp_cuda_bce_fwd(CTX(be), &loss, logits, labels, n));
+    return loss;
+}
+
+static void cuda_bce_bwd(mmp_backend *be, float *dlogits, const float *logits, const float *labels,
+                         float dloss, int n)
+{
+    REC(be, mmp_cuda_bce_bwd(CTX(be), dlogits, logits, labels, dloss, n));
+}
+
+static void cuda_adamw(mmp_backend *be, float *param, const float *grad, float *m, float *v,
+                       size_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int t)
+{
+    REC(be, mmp_cuda_adamw(CTX(be), param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
+}
+
+static double cuda_sumsq(mmp_backend *be, const float *x, size_t n)
+{
+    double s = NAN;
+    REC(be, mmp_cuda_sumsq(CTX(be), &s, x, n));
+    return s;
+}
+
+const mmp_backend_ops mmp_backend_cuda_ops = {
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .zero = cuda_zero,
+    .to_device = cuda_to_device,
+    .to_host = cuda_to_host,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .gemm = cuda_gemm,
+    .linear_fwd = cuda_linear_fwd,
+    .linear_bwd = cuda_linear_bwd,
+    .conv2d_scratch_floats = cuda_conv2d_scratch_floats,
+    .conv2d_fwd = cuda_conv2d_fwd,
+    .conv2d_bwd = cuda_conv2d_bwd,
+    .batchnorm_fwd_train = cuda_bn_train,
+    .batchnorm_fwd_infer = cuda_bn_infer,
+    .batchnorm_bwd = cuda_bn_bwd,
+    .relu_fwd = cuda_relu_fwd,
+    .relu_bwd = cuda_relu_bwd,
+    .gelu_fwd = cuda_gelu_fwd,
+    .gelu_bwd = cuda_gelu_bwd,
+    .add = cuda_add,
+    .scale = cuda_scale,
+    .transpose = cuda_transpose,
+    .acc_f64 = cuda_acc_f64,
+    .round_f64 = cuda_round_f64,
+    .maxpool2d_fwd = cuda_maxpool_fwd,
+    .maxpool2d_bwd = cuda_maxpool_bwd,
+    .layernorm_fwd = cuda_ln_fwd,
+    .layernorm_bwd = cuda_ln_bwd,
+    .embedding_fwd = cuda_emb_fwd,
+    .embedding_bwd = cuda_emb_bwd,
+    .attention_fwd = cuda_attn_fwd,
+    .attention_bwd = cuda_attn_bwd,
+    .l2norm_fwd = cuda_l2_fwd,
+    .l2norm_bwd = cuda_l2_bwd,
+    .infonce_fwd = cuda_infonce_fwd,
+    .infonce_bwd = cuda_infonce_bwd,
+    .bce_fwd = cuda_bce_fwd,
+    .bce_bwd = cuda_bce_bwd,
+    .adamw = cuda_adamw,
+    .sumsq = cuda_sumsq,
+};
