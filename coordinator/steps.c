@@ -2,6 +2,7 @@
  * norm and the clip coefficient, the stages' results, evaluation, the
  * balancer's turn, one metrics.jsonl line and the checkpoints. Per step,
  * never per micro-batch. */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -73,24 +74,25 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
         Mmpipe__Instr *ins, **insp;
         MMP_TRY(program_msg(st, &ins, &insp));
         Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
-        char kind[16], ckpt_file[80];
-        snprintf(kind, sizeof kind, "%s",
-                 st->kind == MMP_KIND_IMAGE  ? "image"
-                 : st->kind == MMP_KIND_TEXT ? "text"
-                                             : "fusion");
+        static const char *const kind_names[] = {"image", "text", "fusion"};
+        static_assert(MMP_KIND_IMAGE == (int)MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE &&
+                          MMP_KIND_TEXT == (int)MMPIPE__STAGE_KIND__STAGE_KIND_TEXT &&
+                          MMP_KIND_FUSION == (int)MMPIPE__STAGE_KIND__STAGE_KIND_FUSION,
+                      "schedule kinds are the wire's stage kinds");
+        char ckpt_file[80];
         /* One checkpoint file per process; a branch cut into sub-stages
          * names them image.0.ckpt ..., a whole branch image.ckpt, so a
          * pipeline's checkpoint reads like the single-process one. */
         if (st->n_sub > 1) {
             snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", st->name);
         } else {
-            snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind);
+            snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind_names[st->kind]);
         }
         char reduce[128];
         snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
         int slots = mmp_plan_slots(&c->cur);
         a.name = c->procs[i].name;
-        a.kind = kind;
+        a.kind = (Mmpipe__StageKind)st->kind;
         a.sub = st->sub;
         a.replica = st->replica;
         a.replicas = st->n_replicas;

@@ -92,19 +92,20 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
 
 mmp_err mmp_peer_check_assignment(const Mmpipe__Assignment *a)
 {
-    if (a->microbatches < 1 || a->microbatches > MMP_PEER_MAX_MICROBATCHES) {
+    if (a->microbatches < 1 || a->microbatches > MMP_MAX_MICROBATCHES) {
         return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, outside 1..%d",
-                          a->microbatches, MMP_PEER_MAX_MICROBATCHES);
+                          a->microbatches, MMP_MAX_MICROBATCHES);
     }
     int replicas = a->replicas > 0 ? a->replicas : 1;
     if (a->replica < 0 || a->replica >= replicas) {
         return mmp_errorf(MMP_ERR_PROTO, "assignment: field replica = %d, outside 0..%d",
                           a->replica, replicas - 1);
     }
-    const char *k = a->kind ? a->kind : "";
-    if (strcmp(k, "image") != 0 && strcmp(k, "text") != 0 && strcmp(k, "fusion") != 0) {
-        return mmp_errorf(MMP_ERR_PROTO, "assignment: field kind = '%.40s', not image|text|fusion",
-                          k);
+    if ((int)a->kind < MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE ||
+        (int)a->kind > MMPIPE__STAGE_KIND__STAGE_KIND_FUSION) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "assignment: field kind = %d, not image|text|fusion (0..2)",
+                          (int)a->kind);
     }
     if (a->sub < 0 || a->layer_first < 0 || a->layer_last < a->layer_first) {
         return mmp_errorf(MMP_ERR_PROTO,

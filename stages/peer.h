@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 
+#include "common/config.h"
 #include "common/err.h"
 #include "proto/mmpipe.pb-c.h"
 #include "transport/channel.h"
@@ -25,10 +26,9 @@
 mmp_err mmp_peer_check_rows(int chan, const mmp_msg_header *h, int mb_max, size_t row_bytes);
 
 /* An Assignment's shape, before the stage builds anything from it:
- * 1..MMP_PEER_MAX_MICROBATCHES micro-batches, replica < replicas, a known
+ * 1..MMP_MAX_MICROBATCHES micro-batches, replica < replicas, a known
  * kind, sub and layers not negative, channels with unique ids, slots in
  * 1..4096, and its program (mmp_peer_check_program). */
-#define MMP_PEER_MAX_MICROBATCHES 65536
 mmp_err mmp_peer_check_assignment(const Mmpipe__Assignment *a);
 
 /* An instruction list for assignment a (its first program or a later

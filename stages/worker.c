@@ -23,6 +23,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/optim.h"
 #include "stages/fuse.h"
@@ -33,7 +34,7 @@
 #include "transport/reduce.h"
 
 #define MAX_CHANNELS 256
-#define MAX_INFLIGHT 1024
+#define MAX_INFLIGHT MMP_MAX_MICROBATCHES /* the plan and the assignment check allow no more */
 
 typedef struct chan {
     int id;
@@ -61,6 +62,9 @@ typedef struct flight {
 typedef struct worker {
     char name[80];
     mmp_ctl *ctl;
+    /* The coordinator ended this process (Abort, Shutdown while waiting) or
+     * went away: the end is its doing, nothing to report back. */
+    int ended_by_coordinator;
     Mmpipe__Envelope *asg_env;
     const Mmpipe__Assignment *asg;
     /* This step's list: the assignment's, or the last Program's (routing). */
@@ -69,11 +73,11 @@ typedef struct worker {
     Mmpipe__Envelope *prog_env;
     unsigned char *owns; /* [microbatches] from the list's LOADs / FWDs */
     int replica, replicas, slot;
-    mmp_reduce *reduce;  /* replicas > 1 */
-    float *bn_rows;      /* image replicas: [microbatches][bn_row] batch-norm statistics */
+    mmp_reduce *reduce; /* replicas > 1 */
+    float *bn_rows;     /* image replicas: [microbatches][bn_row] batch-norm statistics */
     int64_t bn_row;
     mmp_plan plan;
-    int kind; /* 0 image, 1 text, 2 fusion */
+    mmp_branch kind; /* which stage: image, text or fusion (the wire's StageKind) */
     int sub, n_sub, first, last;
     mmp_image_net *img;
     mmp_text_net *txt;
@@ -174,6 +178,7 @@ static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
             return e;
         }
         if (getppid() == 1) {
+            w->ended_by_coordinator = 1;
             return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
         }
     }
@@ -193,6 +198,7 @@ static mmp_err wait_for(worker *w, Mmpipe__Envelope__BodyCase want, Mmpipe__Enve
         Mmpipe__Envelope__BodyCase got = env->body_case;
         mmp_ctl_free(env);
         if (got == MMPIPE__ENVELOPE__BODY_ABORT || got == MMPIPE__ENVELOPE__BODY_SHUTDOWN) {
+            w->ended_by_coordinator = 1;
             return mmp_errorf(MMP_ERR_PEER, "stopped by the coordinator");
         }
         return mmp_errorf(MMP_ERR_PROTO, "coordinator sent message %d while %d was expected",
@@ -218,9 +224,10 @@ static chan *find_chan(worker *w, int id)
 static size_t chan_row_bytes(const worker *w, const Mmpipe__Channel *c)
 {
     int64_t per = 0;
-    int from_text = w->kind == 1 || (w->kind == 2 && strncmp(c->peer, "text", 4) == 0);
+    int from_text = w->kind == MMP_BRANCH_TEXT ||
+                    (w->kind == MMP_BRANCH_FUSION && strncmp(c->peer, "text", 4) == 0);
     int64_t text_tokens = (int64_t)w->T * w->D;
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         int64_t image_tokens = (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
         per = from_text ? text_tokens + (c->grad ? 0 : w->T) : image_tokens;
     } else if (from_text) {
@@ -338,13 +345,14 @@ static mmp_err build(worker *w)
     mmp_plan *p = &w->plan;
     MMP_TRY(mmp_peer_check_assignment(a));
     MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
+    mmp_cpu_set_threads(p->train.threads); /* train.threads holds in every process */
     if (a->microbatches != p->train.microbatches) {
         return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, but the plan has %d",
                           a->microbatches, p->train.microbatches);
     }
-    int layers = strcmp(a->kind, "image") == 0  ? mmp_plan_image_layers(p)
-                 : strcmp(a->kind, "text") == 0 ? mmp_plan_text_layers(p)
-                                                : 1;
+    int layers = a->kind == MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE  ? mmp_plan_image_layers(p)
+                 : a->kind == MMPIPE__STAGE_KIND__STAGE_KIND_TEXT ? mmp_plan_text_layers(p)
+                                                                  : 1;
     if (a->layer_last > layers) {
         return mmp_errorf(MMP_ERR_PROTO, "assignment: field layer_last = %d, over the %d layers",
                           a->layer_last, layers);
@@ -355,14 +363,14 @@ static mmp_err build(worker *w)
     w->slot = a->slot;
     w->first = a->layer_first;
     w->last = a->layer_last;
-    w->kind = strcmp(a->kind, "image") == 0 ? 0 : strcmp(a->kind, "text") == 0 ? 1 : 2;
+    w->kind = (mmp_branch)a->kind; /* in range: checked on arrival (kind_of) */
     w->mb_max = mmp_plan_mb_size(p, 0);
     w->T = p->data.max_text_len;
     w->D = p->model.width;
     w->B = p->train.batch;
     /* Branch stages that load data open the training set; every stage opens
      * the validation set's index to know how many evaluation chunks come. */
-    if (w->kind != 2 && w->sub == 0) {
+    if (w->kind != MMP_BRANCH_FUSION && w->sub == 0) {
         MMP_TRY(mmp_dataset_open(&w->train, p->data.manifest, p->data.vocab, p));
     }
     int V;
@@ -377,12 +385,12 @@ static mmp_err build(worker *w)
         V = mmp_tokenizer_vocab_size(tok);
         mmp_tokenizer_destroy(tok);
     }
-    if (w->kind == 0) {
+    if (w->kind == MMP_BRANCH_IMAGE) {
         MMP_TRY(mmp_image_net_create_on(&w->img, mmp_backend_cpu(), p, w->first, w->last, seed));
         w->params = mmp_image_net_params(w->img);
         w->in_floats = mmp_image_net_in_floats(w->img);
         w->out_floats = mmp_image_net_out_floats(w->img);
-    } else if (w->kind == 1) {
+    } else if (w->kind == MMP_BRANCH_TEXT) {
         MMP_TRY(mmp_text_net_create_on(&w->txt, mmp_backend_cpu(), p, V, w->first, w->last, seed));
         w->params = mmp_text_net_params(w->txt);
         w->in_floats = w->out_floats = mmp_text_net_out_floats(w->txt);
@@ -414,9 +422,9 @@ static mmp_err build(worker *w)
     w->fl = xcalloc((size_t)w->n_fl, sizeof *w->fl, &err);
     for (int i = 0; err == MMP_OK && i < w->n_fl; i++) {
         w->fl[i].mb = -1;
-        if (w->kind == 0) {
+        if (w->kind == MMP_BRANCH_IMAGE) {
             err = mmp_image_acts_create((mmp_image_acts **)&w->fl[i].acts, w->img, w->mb_max);
-        } else if (w->kind == 1) {
+        } else if (w->kind == MMP_BRANCH_TEXT) {
             err = mmp_text_acts_create((mmp_text_acts **)&w->fl[i].acts, w->txt, w->mb_max);
             w->fl[i].mask = xcalloc((size_t)w->mb_max * w->T, sizeof(float), &err);
         } else {
@@ -428,26 +436,26 @@ static mmp_err build(worker *w)
     w->eval_valid = xcalloc((size_t)w->mb_max, 1, &err);
     size_t mbx = (size_t)w->mb_max;
     int S = p->data.image_size;
-    if (w->kind == 0 && w->sub == 0) {
+    if (w->kind == MMP_BRANCH_IMAGE && w->sub == 0) {
         w->images = xcalloc(mbx * 3 * (size_t)S * S, sizeof(float), &err);
     }
     w->ids = xcalloc(mbx * (size_t)w->T, sizeof(int32_t), &err);
     w->mask = xcalloc(mbx * (size_t)w->T, sizeof(float), &err);
     w->out = xcalloc(mbx * (size_t)(w->out_floats + w->T), sizeof(float), &err);
     w->din = xcalloc(mbx * (size_t)w->in_floats, sizeof(float), &err);
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         w->dimg = xcalloc(mbx * (size_t)mmp_image_net_tokens(p) * w->D, sizeof(float), &err);
         w->dtxt = xcalloc(mbx * (size_t)w->T * w->D, sizeof(float), &err);
     }
     w->samples = xcalloc(mbx, sizeof(int64_t), &err);
-    if (w->kind == 2 && err == MMP_OK) {
-        err = mmp_fuse_init(&w->fuse, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D, w->T,
-                            w->D);
+    if (w->kind == MMP_BRANCH_FUSION && err == MMP_OK) {
+        err =
+            mmp_fuse_init(&w->fuse, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D, w->T, w->D);
     }
     w->fwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->owns = xcalloc((size_t)a->microbatches, 1, &err);
-    if (w->kind == 0 && w->replicas > 1 && !simulated(w)) {
+    if (w->kind == MMP_BRANCH_IMAGE && w->replicas > 1 && !simulated(w)) {
         w->bn_row = mmp_image_net_bn_row_floats(w->img);
         w->bn_rows = xcalloc((size_t)a->microbatches * (size_t)(w->bn_row ? w->bn_row : 1),
                              sizeof(float), &err);
@@ -477,9 +485,9 @@ static void teardown(worker *w)
         }
     }
     for (int i = 0; w->fl && i < w->n_fl; i++) {
-        if (w->kind == 0) {
+        if (w->kind == MMP_BRANCH_IMAGE) {
             mmp_image_acts_destroy(w->fl[i].acts);
-        } else if (w->kind == 1) {
+        } else if (w->kind == MMP_BRANCH_TEXT) {
             mmp_text_acts_destroy(w->fl[i].acts);
         } else {
             mmp_fusion_acts_destroy(w->fl[i].acts);
@@ -554,7 +562,7 @@ static mmp_err chan_recv(worker *w, chan *c, int step, int mb, int eval)
     if (c->grad) {
         w->in_grad = c;
     } else {
-        w->in_act[w->kind == 2 && c->peer_text] = c;
+        w->in_act[w->kind == MMP_BRANCH_FUSION && c->peer_text] = c;
     }
     return MMP_OK;
 }
@@ -639,9 +647,8 @@ static int simulated(const worker *w)
 /* This stage's simulated forward (or backward) of n samples at step. */
 static void sim_compute(const worker *w, int step, int n, int backward)
 {
-    mmp_sleep_ms(
-        mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, backward,
-                        w->slot));
+    mmp_sleep_ms(mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step,
+                                 backward, w->slot));
 }
 
 /* Training: the next micro-batch from the prefetching loader (the wait is
@@ -677,9 +684,10 @@ static mmp_err do_load(worker *w, int step, int mb, int eval)
     }
     /* Under data.on_bad_sample: skip a bad pair travels flagged, and fusion
      * leaves it out of the retrieval (run_eval). */
-    MMP_TRY(mmp_dataset_load_valid(w->val, w->samples, n, w->kind == 0 ? w->images : NULL,
-                                   w->kind == 1 ? w->ids : NULL, w->kind == 1 ? w->mask : NULL,
-                                   w->eval_valid, NULL));
+    MMP_TRY(mmp_dataset_load_valid(
+        w->val, w->samples, n, w->kind == MMP_BRANCH_IMAGE ? w->images : NULL,
+        w->kind == MMP_BRANCH_TEXT ? w->ids : NULL, w->kind == MMP_BRANCH_TEXT ? w->mask : NULL,
+        w->eval_valid, NULL));
     for (int i = 0; i < n; i++) {
         w->in_valid[i] = w->eval_valid[i] ? 1.0f : 0.0f;
     }
@@ -699,7 +707,8 @@ static chan *act_in(worker *w, int want_text)
 {
     for (int i = 0; i < w->n_chans; i++) {
         chan *c = &w->chans[i];
-        if (!c->send && !c->grad && c->peer_r0 && (w->kind != 2 || c->peer_text == want_text)) {
+        if (!c->send && !c->grad && c->peer_r0 &&
+            (w->kind != MMP_BRANCH_FUSION || c->peer_text == want_text)) {
             return c;
         }
     }
@@ -726,7 +735,7 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
     }
     double t0 = mmp_now();
     int train = !eval;
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         chan *ci = w->in_act[0], *ct = w->in_act[1];
         if (!ci || !ct || !ci->held || !ct->held) {
             return mmp_errorf(MMP_ERR_INTERNAL, "fusion forward %d without both inputs", mb);
@@ -776,12 +785,12 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
             digest = ci->hdr.digest;
             in = ci->payload;
             mask = payload_mask(ci, (size_t)w->in_floats);
-            valid = payload_valid(w, ci, (size_t)w->in_floats, w->kind == 1);
+            valid = payload_valid(w, ci, (size_t)w->in_floats, w->kind == MMP_BRANCH_TEXT);
         }
         f->n = n;
         f->digest = digest;
         memcpy(f->valid, valid, (size_t)n * sizeof(float));
-        if (w->kind == 1) {
+        if (w->kind == MMP_BRANCH_TEXT) {
             memcpy(f->mask, mask, (size_t)n * w->T * sizeof(float));
         }
         if (simulated(w)) {
@@ -789,7 +798,7 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
             if (train) {
                 sim_compute(w, step, n, 0);
             }
-        } else if (w->kind == 0) {
+        } else if (w->kind == MMP_BRANCH_IMAGE) {
             if (train && w->bn_rows) {
                 /* Replicas: this micro-batch's batch-norm statistics go to
                  * its row, replayed in order after the reduce (do_grad_norm). */
@@ -798,8 +807,8 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
             mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
             mmp_image_net_bn_log(w->img, NULL);
         } else {
-            mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL,
-                                 w->sub == 0 ? NULL : in, f->mask, n, w->out);
+            mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL, w->sub == 0 ? NULL : in,
+                                 f->mask, n, w->out);
         }
         if (ci) {
             MMP_TRY(chan_release(ci));
@@ -830,7 +839,7 @@ static mmp_err do_send_act(worker *w, int step, int mb, chan *c, int eval)
     }
     size_t n = (size_t)w->out_n;
     seg segs[3] = {{w->out, n * (size_t)w->out_floats},
-                   {w->out_mask, w->kind == 1 ? n * (size_t)w->T : 0},
+                   {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0},
                    {w->out_valid, n}};
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
@@ -843,7 +852,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     }
     double t0 = mmp_now();
     int n = f->n;
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         if (simulated(w)) {
             sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
         } else {
@@ -871,7 +880,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         } else {
             /* each micro-batch's gradients apart, summed in double: nn/params.h */
             mmp_params_mb_begin(w->params);
-            if (w->kind == 0) {
+            if (w->kind == MMP_BRANCH_IMAGE) {
                 mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
             } else {
                 mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
@@ -894,7 +903,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
 static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
 {
     int n = w->out_n;
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         size_t row = c->peer_text ? w->fuse.txt_row : w->fuse.img_row;
         seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row};
         return chan_send(w, c, step, mb, 0, n, 0, &g, 1);
@@ -987,12 +996,24 @@ static mmp_err run_step(worker *w, int step)
             break;
         }
         case MMPIPE__OP__RECV_ACT:
-        case MMPIPE__OP__RECV_GRAD: e = chan_recv(w, c, step, mb, 0); break;
-        case MMPIPE__OP__FWD: e = do_fwd(w, step, mb, 0); break;
-        case MMPIPE__OP__SEND_ACT: e = do_send_act(w, step, mb, c, 0); break;
-        case MMPIPE__OP__BWD: e = do_bwd(w, step, mb); break;
-        case MMPIPE__OP__SEND_GRAD: e = do_send_grad(w, step, mb, c); break;
-        case MMPIPE__OP__GRAD_NORM: e = do_grad_norm(w, step); break;
+        case MMPIPE__OP__RECV_GRAD:
+            e = chan_recv(w, c, step, mb, 0);
+            break;
+        case MMPIPE__OP__FWD:
+            e = do_fwd(w, step, mb, 0);
+            break;
+        case MMPIPE__OP__SEND_ACT:
+            e = do_send_act(w, step, mb, c, 0);
+            break;
+        case MMPIPE__OP__BWD:
+            e = do_bwd(w, step, mb);
+            break;
+        case MMPIPE__OP__SEND_GRAD:
+            e = do_send_grad(w, step, mb, c);
+            break;
+        case MMPIPE__OP__GRAD_NORM:
+            e = do_grad_norm(w, step);
+            break;
         case MMPIPE__OP__OPT_STEP: {
             double o0 = mmp_now();
             mmp_optim_step(w->params, &w->plan, step, mmp_lr_at(&w->plan, step), w->clip_coef);
@@ -1001,7 +1022,8 @@ static mmp_err run_step(worker *w, int step)
             mmp_trace_span(&w->trace, "OPT", "compute", 0, o0 * 1e6, ms * 1e3, step + 1, -1);
             break;
         }
-        default: e = mmp_errorf(MMP_ERR_PROTO, "unknown instruction %d", (int)in->op);
+        default:
+            e = mmp_errorf(MMP_ERR_PROTO, "unknown instruction %d", (int)in->op);
         }
         if (e != MMP_OK) {
             return mmp_error_prefix(e, "step %d instruction %zu", step + 1, i);
@@ -1060,7 +1082,7 @@ static mmp_err run_eval(worker *w, int step)
     float *ie = NULL, *te = NULL;
     int E = 0;
     mmp_err err = MMP_OK;
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         E = mmp_fusion_embed_dim(w->fus);
         ie = xcalloc((size_t)nv * E, sizeof(float), &err);
         te = xcalloc((size_t)nv * E, sizeof(float), &err);
@@ -1069,7 +1091,7 @@ static mmp_err run_eval(worker *w, int step)
         }
     }
     for (int c = 0; c < chunks; c++) {
-        if (w->kind == 2) {
+        if (w->kind == MMP_BRANCH_FUSION) {
             chan *ci = act_in(w, 0), *ct = act_in(w, 1);
             if ((err = chan_recv(w, ci, step, c, 1)) != MMP_OK ||
                 (err = chan_recv(w, ct, step, c, 1)) != MMP_OK ||
@@ -1100,7 +1122,7 @@ static mmp_err run_eval(worker *w, int step)
         if (w->sub == 0) {
             err = do_load(w, step, c, 1);
         } else {
-            err = chan_recv(w, act_in(w, w->kind == 1), step, c, 1);
+            err = chan_recv(w, act_in(w, w->kind == MMP_BRANCH_TEXT), step, c, 1);
         }
         if (err == MMP_OK) {
             err = do_fwd(w, step, c, 1);
@@ -1118,7 +1140,7 @@ static mmp_err run_eval(worker *w, int step)
             goto exit;
         }
     }
-    if (w->kind == 2) {
+    if (w->kind == MMP_BRANCH_FUSION) {
         double i2t = 0, t2i = 0; /* simulated: no embeddings, recall 0 */
         if (!simulated(w) && kept < nv) {
             MMP_WARN("evaluation: %lld of %lld validation pairs skipped (bad data, "
@@ -1187,17 +1209,16 @@ static mmp_err serve(worker *w)
                 /* Prefetching starts with the first step this process runs. */
                 mmp_loader_cfg lc = {.ds = w->train,
                                      .plan = &w->plan,
-                                     .images = w->kind == 0,
-                                     .text = w->kind == 1,
+                                     .images = w->kind == MMP_BRANCH_IMAGE,
+                                     .text = w->kind == MMP_BRANCH_TEXT,
                                      .first_step = env->start->first_step,
                                      .last_step = w->plan.job.steps,
                                      .owns = w->owns,
                                      .depth = w->plan.train.microbatches + 1};
                 e = mmp_loader_create(&w->loader, &lc);
             }
-            for (int s = env->start->first_step; e == MMP_OK &&
-                                                 s < env->start->first_step + env->start->steps;
-                 s++) {
+            for (int s = env->start->first_step;
+                 e == MMP_OK && s < env->start->first_step + env->start->steps; s++) {
                 e = run_step(w, s);
             }
             break;
@@ -1213,12 +1234,17 @@ static mmp_err serve(worker *w)
                 w->loader = NULL;
             }
             break;
-        case MMPIPE__ENVELOPE__BODY_EVAL_REQUEST: e = run_eval(w, env->eval_request->step); break;
+        case MMPIPE__ENVELOPE__BODY_EVAL_REQUEST:
+            e = run_eval(w, env->eval_request->step);
+            break;
         case MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST:
             e = run_checkpoint(w, env->checkpoint_request);
             break;
-        case MMPIPE__ENVELOPE__BODY_SHUTDOWN: mmp_ctl_free(env); return MMP_OK;
+        case MMPIPE__ENVELOPE__BODY_SHUTDOWN:
+            mmp_ctl_free(env);
+            return MMP_OK;
         case MMPIPE__ENVELOPE__BODY_ABORT:
+            w->ended_by_coordinator = 1;
             e = mmp_errorf(MMP_ERR_PEER, "aborted by the coordinator: %s", env->abort->reason);
             mmp_ctl_free(env);
             return e;
@@ -1259,12 +1285,14 @@ int mmp_worker_main(const mmp_worker_args *args)
     }
     if (e == MMP_OK) {
         w.asg = w.asg_env->assignment;
+        e = mmp_peer_check_assignment(w.asg); /* before its fields name anything */
+    }
+    if (e == MMP_OK) {
         /* One part file per process (a re-placement starts new ones); one
          * trace row per stage replica. */
         char tag[96];
         snprintf(tag, sizeof tag, "%s.%d.p%d", args->stage, args->replica, (int)getpid());
-        int kind = w.asg->kind[0] == 't' ? 1 : w.asg->kind[0] == 'f' ? 2 : 0;
-        int row = 1 + 1000 * kind + 100 * w.asg->sub + args->replica;
+        int row = 1 + 1000 * (int)w.asg->kind + 100 * w.asg->sub + args->replica;
         e = mmp_trace_open(&w.trace, w.asg->run_dir, tag, row, w.name);
     }
     if (e == MMP_OK) {
@@ -1283,7 +1311,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     int rc = 0;
     if (e != MMP_OK) {
         rc = 1;
-        if (e != MMP_ERR_PEER || strstr(mmp_last_error(), "coordinator") == NULL) {
+        if (!w.ended_by_coordinator) {
             MMP_ERROR("%s", mmp_last_error());
             send_error(&w, mmp_last_error(), e == MMP_ERR_PEER);
         }

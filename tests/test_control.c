@@ -318,9 +318,9 @@ static void test_untrusted_router(void)
     expect_valid(r, f, pid++, &want);
 
     /* (3) a body from a newer sender: field 99, as a varint and as a
-     * message, hand-encoded after version 1 and our token. */
+     * message, hand-encoded after our version and our token. */
     size_t tl = strlen(token);
-    unsigned char unknown[64] = {0x08, 0x01, 0x12, (unsigned char)tl};
+    unsigned char unknown[64] = {0x08, (unsigned char)MMP_CTL_VERSION, 0x12, (unsigned char)tl};
     memcpy(unknown + 4, token, tl);
     unsigned char *tail = unknown + 4 + tl;
     tail[0] = 0x98, tail[1] = 0x06, tail[2] = 0x01; /* (99 << 3) | 0 = 792, value 1 */

@@ -74,7 +74,7 @@ static void test_program(void)
     out.id = 5, out.send = 1;
     Mmpipe__Channel *chans[] = {&in, &out};
     Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
-    a.kind = "image";
+    a.kind = MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE;
     a.microbatches = 4;
     a.replicas = 1;
     a.layer_last = 2;
@@ -121,9 +121,9 @@ static void test_program(void)
     a.replica = 1;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO);
     a.replica = 0;
-    a.kind = "gpu";
+    a.kind = (Mmpipe__StageKind)7;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO);
-    a.kind = "image";
+    a.kind = MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE;
     out.id = 3;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "twice"));
     out.id = 5;

@@ -24,7 +24,7 @@
 #include "common/err.h"
 #include "proto/mmpipe.pb-c.h"
 
-#define MMP_CTL_VERSION 1
+#define MMP_CTL_VERSION 2 /* 2: Assignment.kind is a StageKind, not a string */
 #define MMP_CTL_MAX_BYTES (4u << 20)
 #define MMP_CTL_ID_MAX 64
 
