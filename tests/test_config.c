@@ -55,8 +55,7 @@ static void expect_error(const char *file, const char *const *ov, int n, mmp_err
 }
 
 /* As expect_error, for messages whose tail is libfyaml's wording. */
-static void expect_error_prefix(const char *file, const char *const *ov, int n,
-                                const char *prefix)
+static void expect_error_prefix(const char *file, const char *const *ov, int n, const char *prefix)
 {
     mmp_plan p;
     mmp_err e = mmp_plan_load(&p, file, ov, n);
@@ -110,8 +109,7 @@ static void test_full_plan(void)
 
     CHECK(p.n_hosts == 2);
     CHECK(strcmp(p.hosts[0].name, "alpha") == 0 && p.hosts[0].n_devices == 3);
-    CHECK(p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0 &&
-          p.hosts[0].devices[2] == 1);
+    CHECK(p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0 && p.hosts[0].devices[2] == 1);
     CHECK(strcmp(p.hosts[1].name, "beta") == 0 && p.hosts[1].n_devices == 1 &&
           p.hosts[1].devices[0] == -1);
 
@@ -128,8 +126,7 @@ static void check_defaults(const mmp_plan *p)
     CHECK(p->data.image_size == 32 && p->data.max_text_len == 32);
     CHECK(feq(p->data.mean[0], 0.485) && feq(p->data.mean[1], 0.456) &&
           feq(p->data.mean[2], 0.406));
-    CHECK(feq(p->data.std[0], 0.229) && feq(p->data.std[1], 0.224) &&
-          feq(p->data.std[2], 0.225));
+    CHECK(feq(p->data.std[0], 0.229) && feq(p->data.std[1], 0.224) && feq(p->data.std[2], 0.225));
     CHECK(p->data.workers == 1 && p->data.on_bad_sample == MMP_BAD_FAIL);
     CHECK(p->data.val_samples == 256);
     CHECK(p->model.width == 64 && p->model.image.n_stages == 4);
@@ -234,8 +231,7 @@ static void test_file_errors(void)
                  "--set train.schedule: invalid YAML value: not UTF-8 text");
     expect_error(DIR "does_not_exist.yaml", NULL, 0, MMP_ERR_IO,
                  DIR "does_not_exist.yaml: No such file or directory");
-    expect_error("tests/data/config", NULL, 0, MMP_ERR_IO,
-                 "tests/data/config: Is a directory");
+    expect_error("tests/data/config", NULL, 0, MMP_ERR_IO, "tests/data/config: Is a directory");
 
     /* checks across keys, placed at the key the file gave */
     expect_error(DIR "microbatches.yaml", NULL, 0, MMP_ERR_CONFIG,
@@ -259,7 +255,8 @@ static void test_written_errors(const char *tmp)
         const char *yaml, *msg;
     } cases[] = {
         {"", "%s:1:1: data.manifest: required key is missing"},
-        {"- a\n- b\n", "%s:1:1: expected a mapping of sections (job, data, model, ...), got a list"},
+        {"- a\n- b\n",
+         "%s:1:1: expected a mapping of sections (job, data, model, ...), got a list"},
         {"data: { manifest: t.jsonl }\n---\ntrain: { batch: 2 }\n",
          "%s:3:1: a plan is one YAML document; this starts a second one"},
         {"data: { manifest: t.jsonl }\nmodel: { text: { heads: 5 } }\n",
@@ -310,12 +307,9 @@ static void test_overrides(void)
 {
     mmp_plan p;
     const char *const ok[] = {
-        "train.batch=32",
-        "train.optimizer.lr=5e-4",
-        "model.image.blocks=[2,2]",
-        "model.image.channels=[8, 16]",
-        "stages.text.split=[1]",
-        "hosts=[{name: h1, devices: [cpu, 0]}]",
+        "train.batch=32",           "train.optimizer.lr=5e-4",
+        "model.image.blocks=[2,2]", "model.image.channels=[8, 16]",
+        "stages.text.split=[1]",    "hosts=[{name: h1, devices: [cpu, 0]}]",
         "balance.mode=dynamic", /* no balance section in the file: created */
         "job.name=override run",
     };
@@ -410,8 +404,7 @@ static void test_sim(const char *tmp)
     CHECK(feq(p.sim.bwd_factor, 3) && p.sim.change_step == 10);
     CHECK(p.sim.n_slowdown == 2 && feq(p.sim.slowdown[0], 1.5) && feq(p.sim.slowdown[1], 1));
     /* not given: the cost before the change */
-    CHECK(feq(p.sim.change.image, 4) && feq(p.sim.change.text, 2) &&
-          feq(p.sim.change.fusion, 0.5));
+    CHECK(feq(p.sim.change.image, 4) && feq(p.sim.change.text, 2) && feq(p.sim.change.fusion, 0.5));
 
     /* image: 5 layers (stem, 3 blocks, projection); text: 4 */
     CHECK(mmp_plan_image_layers(&p) == 5 && mmp_plan_text_layers(&p) == 4);
@@ -448,9 +441,8 @@ static const char *json_at(struct fy_document *doc, const char *path, char *buf,
 {
     /* libfyaml 0.7.12's FYNWF_PTR_JSON mode loses its way in mappings
      * inside lists ("/hosts/0/name"); its default path syntax does not. */
-    struct fy_node *n = doc ? fy_node_by_path(fy_document_root(doc), path, FY_NT,
-                                              FYNWF_DONT_FOLLOW)
-                            : NULL;
+    struct fy_node *n =
+        doc ? fy_node_by_path(fy_document_root(doc), path, FY_NT, FYNWF_DONT_FOLLOW) : NULL;
     size_t len = 0;
     const char *s = n ? fy_node_get_scalar(n, &len) : NULL;
     snprintf(buf, size, "%.*s", s ? (int)len : 0, s ? s : "");
@@ -504,16 +496,36 @@ static void test_json(const char *tmp)
     CHECK(strstr(mmp_last_error(), "No such file or directory") != NULL);
 }
 
-int main(void)
+static const char *tmp;
+
+static void test_written_errors_case(void)
 {
-    const char *tmp = mmp_test_tmpdir("test_config");
-    test_full_plan();
-    test_defaults();
-    test_demo();
-    test_file_errors();
     test_written_errors(tmp);
-    test_overrides();
+}
+
+static void test_sim_case(void)
+{
     test_sim(tmp);
+}
+
+static void test_json_case(void)
+{
     test_json(tmp);
-    return mmp_test_finish("test_config");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_full_plan),
+    MMP_TEST_CASE(test_defaults),
+    MMP_TEST_CASE(test_demo),
+    MMP_TEST_CASE(test_file_errors),
+    {"test_written_errors", test_written_errors_case},
+    MMP_TEST_CASE(test_overrides),
+    {"test_sim", test_sim_case},
+    {"test_json", test_json_case},
+};
+
+int main(int argc, char **argv)
+{
+    tmp = mmp_test_tmpdir("test_config");
+    return MMP_TEST_MAIN("test_config", cases, argc, argv);
 }

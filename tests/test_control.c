@@ -619,18 +619,19 @@ static void test_new_token(void)
     CHECK(strcmp(a, b) != 0);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_new_token),           MMP_TEST_CASE(test_round_trip),
+    MMP_TEST_CASE(test_limits_and_misuse),   MMP_TEST_CASE(test_untrusted_router),
+    MMP_TEST_CASE(test_untrusted_dealer),    MMP_TEST_CASE(test_timeouts),
+    MMP_TEST_CASE(test_close_does_not_hang),
+};
+
+int main(int argc, char **argv)
 {
     mmp_log_set_name("test_control");
     zctx = zmq_ctx_new();
-    test_new_token();
     CHECK_OK(mmp_ctl_new_token(token));
-    test_round_trip();
-    test_limits_and_misuse();
-    test_untrusted_router();
-    test_untrusted_dealer();
-    test_timeouts();
-    test_close_does_not_hang();
+    int rc = MMP_TEST_MAIN("test_control", cases, argc, argv);
     zmq_ctx_term(zctx);
-    return mmp_test_finish("test_control");
+    return rc;
 }

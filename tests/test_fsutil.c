@@ -108,11 +108,26 @@ static void test_fingerprint_keys(void)
     CHECK(mmp_fingerprint_text(&p, text, 16) == MMP_ERR_INVALID);
 }
 
-int main(void)
+static const char *tmp;
+
+static void test_rmtree_case(void)
 {
-    const char *tmp = mmp_test_tmpdir("test_fsutil");
     test_rmtree(tmp);
+}
+
+static void test_lock_case(void)
+{
     test_lock(tmp);
-    test_fingerprint_keys();
-    return mmp_test_finish("test_fsutil");
+}
+
+static const mmp_test_case cases[] = {
+    {"test_rmtree", test_rmtree_case},
+    {"test_lock", test_lock_case},
+    MMP_TEST_CASE(test_fingerprint_keys),
+};
+
+int main(int argc, char **argv)
+{
+    tmp = mmp_test_tmpdir("test_fsutil");
+    return MMP_TEST_MAIN("test_fsutil", cases, argc, argv);
 }

@@ -147,13 +147,23 @@ static void test_median(void)
     CHECK(mmp_mean(v, 3) == 3 && isnan(mmp_mean(v, 0)));
 }
 
-int main(void)
+static const char *tmp;
+
+static void test_errors_case(void)
 {
-    const char *tmp = mmp_test_tmpdir("test_metrics");
-    test_read_pipeline_line();
-    test_write_round_trip();
-    test_single_line();
     test_errors(tmp);
-    test_median();
-    return mmp_test_finish("test_metrics");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_read_pipeline_line),
+    MMP_TEST_CASE(test_write_round_trip),
+    MMP_TEST_CASE(test_single_line),
+    {"test_errors", test_errors_case},
+    MMP_TEST_CASE(test_median),
+};
+
+int main(int argc, char **argv)
+{
+    tmp = mmp_test_tmpdir("test_metrics");
+    return MMP_TEST_MAIN("test_metrics", cases, argc, argv);
 }

@@ -131,9 +131,12 @@ static void test_program(void)
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "slots"));
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_rows_live),
+    MMP_TEST_CASE(test_program),
+};
+
+int main(int argc, char **argv)
 {
-    test_rows_live();
-    test_program();
-    return mmp_test_finish("test_peer");
+    return MMP_TEST_MAIN("test_peer", cases, argc, argv);
 }

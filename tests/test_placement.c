@@ -91,10 +91,13 @@ static void test_per_layer(void)
     mmp_sched_fini(&s);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_round_trip),
+    MMP_TEST_CASE(test_bad_text),
+    MMP_TEST_CASE(test_per_layer),
+};
+
+int main(int argc, char **argv)
 {
-    test_round_trip();
-    test_bad_text();
-    test_per_layer();
-    return mmp_test_finish("test_placement");
+    return MMP_TEST_MAIN("test_placement", cases, argc, argv);
 }
