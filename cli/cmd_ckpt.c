@@ -21,10 +21,14 @@ static const char USAGE[] =
 static double value_at(const mmp_tensor *t, int64_t i)
 {
     switch (t->dtype) {
-    case MMP_F32: return ((const float *)t->data)[i];
-    case MMP_I32: return ((const int32_t *)t->data)[i];
-    case MMP_BF16: return mmp_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    case MMP_F16: return mmp_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case MMP_F32:
+        return ((const float *)t->data)[i];
+    case MMP_I32:
+        return ((const int32_t *)t->data)[i];
+    case MMP_BF16:
+        return mmp_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    case MMP_F16:
+        return mmp_f16_to_f32(((const uint16_t *)t->data)[i]);
     }
     return 0;
 }

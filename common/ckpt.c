@@ -14,7 +14,6 @@
 
 static const char MAGIC[8] = {'M', 'M', 'P', 'C', 'K', 'P', 'T', 0};
 
-
 mmp_err mmp_mkdirs(const char *path)
 {
     char buf[1024];
@@ -67,10 +66,9 @@ mmp_err mmp_ckpt_write(mmp_ckpt_writer *w, const char *name, mmp_dtype dtype, in
                        const int64_t *shape, const void *data)
 {
     size_t len = strlen(name);
-    if (len == 0 || len >= sizeof(((mmp_ckpt_entry *)0)->name) || ndim < 0 ||
-        ndim > MMP_MAX_DIMS) {
-        return w->err = mmp_errorf(MMP_ERR_INVALID, "checkpoint tensor '%s': bad name or rank",
-                                   name);
+    if (len == 0 || len >= sizeof(((mmp_ckpt_entry *)0)->name) || ndim < 0 || ndim > MMP_MAX_DIMS) {
+        return w->err =
+                   mmp_errorf(MMP_ERR_INVALID, "checkpoint tensor '%s': bad name or rank", name);
     }
     uint16_t nl = (uint16_t)len;
     uint8_t dt = (uint8_t)dtype, nd = (uint8_t)ndim;
@@ -108,8 +106,7 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
     }
     /* The count is part of the checksummed header: rewrite it, then hash the
      * whole file once more so the footer covers what is on disk. */
-    if (fseek(w->f, 12, SEEK_SET) != 0 || fwrite(&w->count, 4, 1, w->f) != 1 ||
-        fflush(w->f) != 0) {
+    if (fseek(w->f, 12, SEEK_SET) != 0 || fwrite(&w->count, 4, 1, w->f) != 1 || fflush(w->f) != 0) {
         w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
         mmp_ckpt_writer_abort(w);
         return w->err;

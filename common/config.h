@@ -45,8 +45,8 @@ typedef struct mmp_stage_cfg {
      * Use mmp_plan_replicas() to read it. */
     int n_replicas;
     int replicas[MMP_MAX_SPLITS + 1]; /* each >= 1 */
-    int n_split;                  /* number of layer cut points (0 = one sub-stage) */
-    int split[MMP_MAX_SPLITS];    /* strictly increasing layer indices */
+    int n_split;                      /* number of layer cut points (0 = one sub-stage) */
+    int split[MMP_MAX_SPLITS];        /* strictly increasing layer indices */
 } mmp_stage_cfg;
 
 typedef struct mmp_plan {
@@ -66,19 +66,19 @@ typedef struct mmp_plan {
         int max_text_len;                /* default 32, [4, 512] (includes [CLS] and [SEP]) */
         float mean[3];                   /* default ImageNet's */
         float std[3];
-        int workers;                     /* default 1, [0, 64] */
-        int augment;                     /* training: random resized crop + flip; default 0 */
-        mmp_bad_sample on_bad_sample;    /* default fail */
-        int val_samples;                 /* default 256 */
+        int workers;                  /* default 1, [0, 64] */
+        int augment;                  /* training: random resized crop + flip; default 0 */
+        mmp_bad_sample on_bad_sample; /* default fail */
+        int val_samples;              /* default 256 */
     } data;
 
     struct {
         int width; /* D, the common token width; default 64 */
         struct {
-            int n_stages;                            /* length of blocks / channels */
-            int blocks[MMP_MAX_IMAGE_STAGES];        /* BasicBlocks per stage */
-            int channels[MMP_MAX_IMAGE_STAGES];      /* widths per stage */
-            int stem_pool;                           /* 3x3/2 max pool after the stem; default 0 */
+            int n_stages;                       /* length of blocks / channels */
+            int blocks[MMP_MAX_IMAGE_STAGES];   /* BasicBlocks per stage */
+            int channels[MMP_MAX_IMAGE_STAGES]; /* widths per stage */
+            int stem_pool;                      /* 3x3/2 max pool after the stem; default 0 */
         } image;
         struct {
             int layers;   /* default 2 */
@@ -92,8 +92,8 @@ typedef struct mmp_plan {
     } model;
 
     struct {
-        int batch;         /* default 64 */
-        int microbatches;  /* default 4, [1, batch] */
+        int batch;        /* default 64 */
+        int microbatches; /* default 4, [1, batch] */
         mmp_schedule schedule;
         mmp_precision precision;
         struct {
@@ -119,7 +119,7 @@ typedef struct mmp_plan {
          * coordinator stop the others and relaunch them all from ckpt/latest
          * before giving up; default 0, at most 1000. */
         int max_restarts;
-        int threads;          /* OpenBLAS threads per process, default 1 */
+        int threads;            /* OpenBLAS threads per process, default 1 */
         float init_temperature; /* ITC temperature at start, default 0.07 */
     } train;
 
@@ -157,15 +157,15 @@ typedef struct mmp_plan {
             /* ms per sample, forward, of the whole branch; >= 0, default 0 */
             float image, text, fusion;
         } cost;
-        float bwd_factor;                 /* backward = factor x forward; default 2 */
+        float bwd_factor; /* backward = factor x forward; default 2 */
         /* Per device slot: slowdown[k] multiplies the costs of the process on
          * slot k (slots number the hosts' devices in order; the coordinator
          * places processes on them in stage order, replicas in order). Default
          * empty = 1.0 everywhere; slots past the list run at 1.0. */
         int n_slowdown;
         float slowdown[MMP_MAX_DEVICES];
-        int change_step;                  /* from this step on (1-based, as in metrics.jsonl)
-                                             costs are sim.change.*; default 0 = never */
+        int change_step; /* from this step on (1-based, as in metrics.jsonl)
+                            costs are sim.change.*; default 0 = never */
         struct {
             float image, text, fusion; /* default: the sim.cost.* value */
         } change;
@@ -190,8 +190,7 @@ void mmp_plan_defaults(mmp_plan *p);
 /* Loads path, applies the n_overrides "a.b=c" strings in order, validates.
  * On error returns MMP_ERR_CONFIG with "file:line:column: key: reason" (or
  * "--set a.b=c: reason") in mmp_last_error(); *p is then unspecified. */
-mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *overrides,
-                      int n_overrides);
+mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *overrides, int n_overrides);
 
 /* Whether this version can run the plan: settings the schema accepts (they
  * are part of the plan format) but no process can run yet are refused by

@@ -13,18 +13,30 @@ static mmp_log_level log_level = MMP_LOG_INFO;
 const char *mmp_err_name(mmp_err e)
 {
     switch (e) {
-    case MMP_OK: return "ok";
-    case MMP_ERR_INVALID: return "invalid";
-    case MMP_ERR_CONFIG: return "config";
-    case MMP_ERR_IO: return "io";
-    case MMP_ERR_NOMEM: return "out of memory";
-    case MMP_ERR_DATA: return "data";
-    case MMP_ERR_CUDA: return "cuda";
-    case MMP_ERR_PROTO: return "protocol";
-    case MMP_ERR_PEER: return "peer";
-    case MMP_ERR_TIMEOUT: return "timeout";
-    case MMP_ERR_UNSUPPORTED: return "unsupported";
-    case MMP_ERR_INTERNAL: return "internal";
+    case MMP_OK:
+        return "ok";
+    case MMP_ERR_INVALID:
+        return "invalid";
+    case MMP_ERR_CONFIG:
+        return "config";
+    case MMP_ERR_IO:
+        return "io";
+    case MMP_ERR_NOMEM:
+        return "out of memory";
+    case MMP_ERR_DATA:
+        return "data";
+    case MMP_ERR_CUDA:
+        return "cuda";
+    case MMP_ERR_PROTO:
+        return "protocol";
+    case MMP_ERR_PEER:
+        return "peer";
+    case MMP_ERR_TIMEOUT:
+        return "timeout";
+    case MMP_ERR_UNSUPPORTED:
+        return "unsupported";
+    case MMP_ERR_INTERNAL:
+        return "internal";
     }
     return "unknown";
 }

@@ -12,15 +12,15 @@
 
 typedef enum mmp_err {
     MMP_OK = 0,
-    MMP_ERR_INVALID,  /* a bad argument or value (caller's or user's input) */
-    MMP_ERR_CONFIG,   /* a plan / config problem: file:line:column in the message */
-    MMP_ERR_IO,       /* a file or system call failed */
-    MMP_ERR_NOMEM,    /* an allocation failed */
-    MMP_ERR_DATA,     /* bad data: manifest line, image, caption, checkpoint */
-    MMP_ERR_CUDA,     /* a CUDA / cuBLAS / cuDNN / NCCL call failed */
-    MMP_ERR_PROTO,    /* a control or data message that is not what it must be */
-    MMP_ERR_PEER,     /* a peer process died or went silent */
-    MMP_ERR_TIMEOUT,  /* nothing arrived in time (not always a failure) */
+    MMP_ERR_INVALID, /* a bad argument or value (caller's or user's input) */
+    MMP_ERR_CONFIG,  /* a plan / config problem: file:line:column in the message */
+    MMP_ERR_IO,      /* a file or system call failed */
+    MMP_ERR_NOMEM,   /* an allocation failed */
+    MMP_ERR_DATA,    /* bad data: manifest line, image, caption, checkpoint */
+    MMP_ERR_CUDA,    /* a CUDA / cuBLAS / cuDNN / NCCL call failed */
+    MMP_ERR_PROTO,   /* a control or data message that is not what it must be */
+    MMP_ERR_PEER,    /* a peer process died or went silent */
+    MMP_ERR_TIMEOUT, /* nothing arrived in time (not always a failure) */
     MMP_ERR_UNSUPPORTED,
     MMP_ERR_INTERNAL, /* a broken invariant */
 } mmp_err;

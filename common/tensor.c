@@ -8,10 +8,14 @@
 size_t mmp_dtype_size(mmp_dtype t)
 {
     switch (t) {
-    case MMP_F32: return 4;
-    case MMP_BF16: return 2;
-    case MMP_F16: return 2;
-    case MMP_I32: return 4;
+    case MMP_F32:
+        return 4;
+    case MMP_BF16:
+        return 2;
+    case MMP_F16:
+        return 2;
+    case MMP_I32:
+        return 4;
     }
     return 0;
 }
@@ -19,10 +23,14 @@ size_t mmp_dtype_size(mmp_dtype t)
 const char *mmp_dtype_name(mmp_dtype t)
 {
     switch (t) {
-    case MMP_F32: return "f32";
-    case MMP_BF16: return "bf16";
-    case MMP_F16: return "f16";
-    case MMP_I32: return "i32";
+    case MMP_F32:
+        return "f32";
+    case MMP_BF16:
+        return "bf16";
+    case MMP_F16:
+        return "f16";
+    case MMP_I32:
+        return "i32";
     }
     return "?";
 }

@@ -28,10 +28,12 @@ mmp_err mmp_trace_open(mmp_trace *t, const char *run_dir, const char *file_tag, 
     if (!t->f) {
         return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }
-    fprintf(t->f,
-            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}\n"
-            "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_index\":%d}}\n",
-            pid, name, pid, pid);
+    fprintf(
+        t->f,
+        "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"%s\"}}\n"
+        "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"sort_"
+        "index\":%d}}\n",
+        pid, name, pid, pid);
     return MMP_OK;
 }
 

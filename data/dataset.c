@@ -301,9 +301,9 @@ static mmp_err blank_sample(mmp_dataset *d, float *image, int32_t *ids, float *m
     return MMP_OK;
 }
 
-static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, const int64_t *positions,
-                            int n, float *images, int32_t *ids, float *mask,
-                            mmp_bad_sample policy, uint8_t *valid, int *skipped)
+static mmp_err load_samples(mmp_dataset *d, const int64_t *samples, const int64_t *positions, int n,
+                            float *images, int32_t *ids, float *mask, mmp_bad_sample policy,
+                            uint8_t *valid, int *skipped)
 {
     const int64_t size = mmp_dataset_size(d);
     const size_t S = (size_t)d->image_size, T = (size_t)d->max_text_len;

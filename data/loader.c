@@ -85,11 +85,11 @@ static void fill(mmp_loader *l, slot *s, int64_t seq)
         }
         int skipped = 0;
         const int64_t position = base + i;
-        s->err = mmp_dataset_load_at(
-            l->ds, &b->samples[i], &position, 1,
-            b->images ? b->images + (size_t)i * 3 * S * S : NULL,
-            b->ids ? b->ids + (size_t)i * T : NULL, b->mask ? b->mask + (size_t)i * T : NULL,
-            &b->valid[i], &skipped);
+        s->err =
+            mmp_dataset_load_at(l->ds, &b->samples[i], &position, 1,
+                                b->images ? b->images + (size_t)i * 3 * S * S : NULL,
+                                b->ids ? b->ids + (size_t)i * T : NULL,
+                                b->mask ? b->mask + (size_t)i * T : NULL, &b->valid[i], &skipped);
         b->skipped += skipped;
     }
     if (s->err != MMP_OK) {

@@ -28,14 +28,14 @@
 
 typedef struct mmp_batch {
     int step, mb, n;
-    int64_t *samples;  /* (n) dataset indices */
-    uint64_t digest;   /* 0: data/ must not use stages/'s mmp_sample_digest */
-    float *images;     /* (n,3,S,S) or NULL when the loader loads no images */
-    int32_t *ids;      /* (n,T) or NULL when it loads no text */
-    float *mask;       /* (n,T) or NULL */
-    uint8_t *valid;    /* (n) 1 = good sample */
-    int skipped;       /* samples flagged 0 in this micro-batch */
-    double load_ms;    /* worker time spent producing it */
+    int64_t *samples; /* (n) dataset indices */
+    uint64_t digest;  /* 0: data/ must not use stages/'s mmp_sample_digest */
+    float *images;    /* (n,3,S,S) or NULL when the loader loads no images */
+    int32_t *ids;     /* (n,T) or NULL when it loads no text */
+    float *mask;      /* (n,T) or NULL */
+    uint8_t *valid;   /* (n) 1 = good sample */
+    int skipped;      /* samples flagged 0 in this micro-batch */
+    double load_ms;   /* worker time spent producing it */
 } mmp_batch;
 
 typedef struct mmp_loader_cfg {

@@ -16,7 +16,7 @@ typedef struct mmp_uct_record {
     uint16_t fold_off; /* into mmp_uct_folds */
 } mmp_uct_record;
 
-extern const uint16_t mmp_uct_stage1[8704]; /* cp >> SHIFT -> block */
+extern const uint16_t mmp_uct_stage1[8704];  /* cp >> SHIFT -> block */
 extern const uint16_t mmp_uct_stage2[30720]; /* block << SHIFT | low bits -> record */
 extern const mmp_uct_record mmp_uct_records[2680];
 extern const uint32_t mmp_uct_folds[3439];

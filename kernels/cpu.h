@@ -150,8 +150,8 @@ float mmp_cpu_infonce_fwd(float *sim, float *p_i2t, float *p_t2i, const float *i
                           const float *txt, float logit_scale, int B, int C);
 /* dimg (B,C) +=, dtxt (B,C) +=, dlogit_scale (1) += for loss gradient dloss. */
 void mmp_cpu_infonce_bwd(float *dimg, float *dtxt, float *dlogit_scale, const float *sim,
-                         const float *p_i2t, const float *p_t2i, const float *img,
-                         const float *txt, float logit_scale, float dloss, int B, int C);
+                         const float *p_i2t, const float *p_t2i, const float *img, const float *txt,
+                         float logit_scale, float dloss, int B, int C);
 /* Binary cross-entropy with logits, mean over n: labels in {0,1} (or [0,1]). */
 float mmp_cpu_bce_fwd(const float *logits, const float *labels, int n);
 /* dlogits += dloss * (sigmoid(x) - y) / n. */

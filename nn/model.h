@@ -148,8 +148,8 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
                             const float *txt, const float *mask, int B, mmp_loss_parts *parts);
 /* Backward of weight * loss (weight = this micro-batch's share of the batch's
  * samples): parameter grads +=, dimg (B,Ni,D) +=, dtxt (B,T,D) +=. */
-void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float weight,
-                             float *dimg, float *dtxt);
+void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float weight, float *dimg,
+                             float *dtxt);
 
 /* Retrieval embeddings (no grad): img_emb (B,E), txt_emb (B,E), L2-normalised,
  * the same vectors ITC compares. E = mmp_fusion_embed_dim(). */

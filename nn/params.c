@@ -80,11 +80,21 @@ static void init_values(const mmp_param *q, uint64_t seed, float *host)
     for (size_t i = 0; i < q->n; i++) {
         float x = 0;
         switch (q->init) {
-        case MMP_INIT_ZERO: x = 0; break;
-        case MMP_INIT_ONE: x = 1; break;
-        case MMP_INIT_CONST: x = q->init_scale; break;
-        case MMP_INIT_NORMAL: x = q->init_scale * mmp_rng_normal(&r); break;
-        case MMP_INIT_KAIMING: x = sqrtf(2.0f / fan) * mmp_rng_normal(&r); break;
+        case MMP_INIT_ZERO:
+            x = 0;
+            break;
+        case MMP_INIT_ONE:
+            x = 1;
+            break;
+        case MMP_INIT_CONST:
+            x = q->init_scale;
+            break;
+        case MMP_INIT_NORMAL:
+            x = q->init_scale * mmp_rng_normal(&r);
+            break;
+        case MMP_INIT_KAIMING:
+            x = sqrtf(2.0f / fan) * mmp_rng_normal(&r);
+            break;
         case MMP_INIT_UNIFORM_FAN: {
             float b = 1.0f / sqrtf(fan);
             x = -b + 2 * b * mmp_rng_uniform(&r);
@@ -213,8 +223,8 @@ static size_t largest(const mmp_params *p)
 }
 
 /* Copies one backend tensor to host and appends it. */
-static void write_one(mmp_ckpt_writer *w, const mmp_params *p, const char *name,
-                      const mmp_param *q, const float *src, float *host)
+static void write_one(mmp_ckpt_writer *w, const mmp_params *p, const char *name, const mmp_param *q,
+                      const float *src, float *host)
 {
     p->be->ops->to_host(p->be, host, src, q->n * sizeof(float));
     mmp_ckpt_write(w, name, MMP_F32, q->ndim, q->shape, host);
@@ -264,9 +274,9 @@ static mmp_err load_one(mmp_params *p, const mmp_ckpt *c, const char *name, cons
     }
     if (!same) {
         char buf[96];
-        return mmp_errorf(MMP_ERR_DATA, "checkpoint tensor '%s' is %s %s, the model wants f32 of %zu",
-                          name, mmp_dtype_name(e->t.dtype), mmp_shape_str(&e->t, buf, sizeof buf),
-                          q->n);
+        return mmp_errorf(MMP_ERR_DATA,
+                          "checkpoint tensor '%s' is %s %s, the model wants f32 of %zu", name,
+                          mmp_dtype_name(e->t.dtype), mmp_shape_str(&e->t, buf, sizeof buf), q->n);
     }
     p->be->ops->to_device(p->be, dst, e->t.data, q->n * sizeof(float));
     return mmp_backend_error(p->be);

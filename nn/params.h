@@ -55,11 +55,11 @@ typedef struct mmp_params {
     mmp_backend *be; /* where the arenas live and what computes on them */
     mmp_param *items;
     int count, cap;
-    size_t total;         /* elements in the arena */
-    float *values;        /* total */
-    float *grads;         /* total (zero for buffers) */
+    size_t total;  /* elements in the arena */
+    float *values; /* total */
+    float *grads;  /* total (zero for buffers) */
     float *adam_m, *adam_v;
-    double *grad_acc;     /* total: gradients summed over a step's micro-batches */
+    double *grad_acc; /* total: gradients summed over a step's micro-batches */
 } mmp_params;
 
 /* An empty table on the CPU backend; _on: on backend be (not owned). */

@@ -47,8 +47,7 @@ static int all_rows(const mmp_fuse *f)
 
 void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, const float *img,
                       const float *txt, const float *mask, const float *img_valid,
-                      const float *txt_valid, int n, int batch, mmp_loss_parts *acc,
-                      int *skipped)
+                      const float *txt_valid, int n, int batch, mmp_loss_parts *acc, int *skipped)
 {
     f->n = n;
     if (img_valid && txt_valid) {

@@ -18,7 +18,7 @@
 
 typedef struct mmp_fuse {
     int mb_max, T;
-    size_t img_row, txt_row; /* floats per sample: Ni*D, T*D */
+    size_t img_row, txt_row;               /* floats per sample: Ni*D, T*D */
     float *img, *txt, *mask, *dimg, *dtxt; /* compact staging, (mb_max, row) */
     int *rows;
     int n, k; /* this micro-batch: samples, rows used */
@@ -32,8 +32,7 @@ void mmp_fuse_fini(mmp_fuse *f);
  * rows skipped (n - k) through *skipped. */
 void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, const float *img,
                       const float *txt, const float *mask, const float *img_valid,
-                      const float *txt_valid, int n, int batch, mmp_loss_parts *acc,
-                      int *skipped);
+                      const float *txt_valid, int n, int batch, mmp_loss_parts *acc, int *skipped);
 /* Backward of the last forward: dimg (n,Ni,D) and dtxt (n,T,D) are
  * overwritten (zero on skipped rows). */
 void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, int batch,

@@ -12,7 +12,7 @@ typedef struct mmp_worker_args {
     const char *endpoint; /* coordinator's ROUTER */
     const char *stage;    /* "image.0", "text.0", "fusion" */
     int replica;
-    const char *token;    /* job token */
+    const char *token; /* job token */
 } mmp_worker_args;
 
 /* Runs the worker to its end; returns the process exit status. */

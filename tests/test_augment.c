@@ -28,8 +28,8 @@ static int load_step(const char *dir, int augment, int workers, long long seed, 
     mmp_dataset *d = NULL;
     mmp_loader *l = NULL;
     int ok = mmp_dataset_open(&d, p.data.manifest, p.data.vocab, &p) == MMP_OK;
-    mmp_loader_cfg lc = {.ds = d, .plan = &p, .images = 1, .first_step = 0, .last_step = 2,
-                         .depth = 3};
+    mmp_loader_cfg lc = {
+        .ds = d, .plan = &p, .images = 1, .first_step = 0, .last_step = 2, .depth = 3};
     ok = ok && mmp_loader_create(&l, &lc) == MMP_OK;
     for (int step = 0; ok && step < 2; step++) { /* requests come in order; keep step 1 */
         for (int mb = 0; ok && mb < 2; mb++) {

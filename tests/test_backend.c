@@ -17,16 +17,51 @@
 #include "tests/harness.h"
 
 /* Every op of the table, for the counters and the completeness check. */
-#define OPS(X)                                                                                     \
-    X(alloc)                                                                                       \
-    X(free) X(zero) X(to_device) X(to_host) X(copy) X(sync) X(gemm) X(linear_fwd) X(linear_bwd)    \
-        X(conv2d_scratch_floats) X(conv2d_fwd) X(conv2d_bwd) X(batchnorm_fwd_train)                \
-            X(batchnorm_fwd_infer) X(batchnorm_bwd) X(relu_fwd) X(relu_bwd) X(gelu_fwd)            \
-                X(gelu_bwd) X(add) X(scale) X(transpose) X(acc_f64) X(round_f64) X(maxpool2d_fwd)  \
-                    X(maxpool2d_bwd) X(layernorm_fwd) X(layernorm_bwd) X(embedding_fwd)            \
-                        X(embedding_bwd) X(attention_fwd) X(attention_bwd) X(l2norm_fwd)           \
-                            X(l2norm_bwd) X(infonce_fwd) X(infonce_bwd) X(bce_fwd) X(bce_bwd)      \
-                                X(adamw) X(sumsq)
+/* An X-macro list, one op a line (clang-format would reflow it). */
+// clang-format off
+#define OPS(X) \
+    X(alloc) \
+    X(free) \
+    X(zero) \
+    X(to_device) \
+    X(to_host) \
+    X(copy) \
+    X(sync) \
+    X(gemm) \
+    X(linear_fwd) \
+    X(linear_bwd) \
+    X(conv2d_scratch_floats) \
+    X(conv2d_fwd) \
+    X(conv2d_bwd) \
+    X(batchnorm_fwd_train) \
+    X(batchnorm_fwd_infer) \
+    X(batchnorm_bwd) \
+    X(relu_fwd) \
+    X(relu_bwd) \
+    X(gelu_fwd) \
+    X(gelu_bwd) \
+    X(add) \
+    X(scale) \
+    X(transpose) \
+    X(acc_f64) \
+    X(round_f64) \
+    X(maxpool2d_fwd) \
+    X(maxpool2d_bwd) \
+    X(layernorm_fwd) \
+    X(layernorm_bwd) \
+    X(embedding_fwd) \
+    X(embedding_bwd) \
+    X(attention_fwd) \
+    X(attention_bwd) \
+    X(l2norm_fwd) \
+    X(l2norm_bwd) \
+    X(infonce_fwd) \
+    X(infonce_bwd) \
+    X(bce_fwd) \
+    X(bce_bwd) \
+    X(adamw) \
+    X(sumsq)
+// clang-format on
 
 #define ENUM(op) K_##op,
 enum { OPS(ENUM) K_COUNT };

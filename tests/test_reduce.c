@@ -48,7 +48,6 @@ static const char *fresh_name(char *buf, size_t n)
     return buf;
 }
 
-
 static int leftovers(void)
 {
     return mmp_test_shm_count(prefix, 0);
@@ -77,7 +76,6 @@ static mmp_reduce_cfg make_cfg(const char *name, int replicas, int rank, size_t 
                         .timeout_ms = timeout_ms};
     return c;
 }
-
 
 /* ---- ranks as processes ------------------------------------------------- */
 

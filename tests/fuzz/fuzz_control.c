@@ -23,7 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         Mmpipe__Channel c = MMPIPE__CHANNEL__INIT, *cp = &c;
         c.id = 1, c.slots = 2, c.peer = "fusion/0", c.address = "/x", c.transport = "shm";
         Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
-        a.kind = MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE, a.microbatches = 4, a.n_channels = 1, a.channels = &cp;
+        a.kind = MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE, a.microbatches = 4, a.n_channels = 1,
+        a.channels = &cp;
         mmp_peer_check_program(&a, env->program->program, env->program->n_program);
     }
     /* What the receivers read besides: strings are NUL-terminated. */
