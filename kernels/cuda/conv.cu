@@ -155,7 +155,7 @@ static mmp_err plan_get(mmp_cuda_ctx *ctx, const mmp_conv_shape *s, mmp_cuda_con
             return MMP_OK;
         }
     }
-    mmp_cuda_conv_plan *p;
+    mmp_cuda_conv_plan *p = NULL;
     if (ctx->n_conv < MMP_CUDA_CONV_PLANS) {
         p = &ctx->conv[ctx->n_conv];
     } else {
@@ -186,7 +186,7 @@ mmp_err mmp_cuda_conv2d_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, con
                             const float *b, const mmp_conv_shape *s)
 {
     // out (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW), b (OC) or NULL
-    mmp_cuda_conv_plan *p;
+    mmp_cuda_conv_plan *p = NULL;
     MMP_TRY(plan_get(ctx, s, &p));
     void *ws = NULL;
     if (p->fwd_ws > 0) {
@@ -205,7 +205,7 @@ mmp_err mmp_cuda_conv2d_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db
                             const float *inp, const float *w, const mmp_conv_shape *s)
 {
     // dinp (N,C,H,W), dw (OC,C,KH,KW), db (OC), dout (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW)
-    mmp_cuda_conv_plan *p;
+    mmp_cuda_conv_plan *p = NULL;
     MMP_TRY(plan_get(ctx, s, &p));
     const float one = 1.0f;
     if (db) {
