@@ -147,13 +147,13 @@ static int side_main(side *s)
         bad += s->body(s, NULL);
     } else {
         mmp_channel *ch = NULL;
-        mmp_err e = s->creator ? T->setup(&ch, &s->cfg) : T->connect(&ch, &s->cfg);
+        mmp_err e = mmp_channel_open_with(&ch, T, &s->cfg, s->creator);
         if (e != MMP_OK) {
             PROBLEM(bad, "%s: %s: %s", s->creator ? "setup" : "connect", mmp_err_name(e),
                     mmp_last_error());
         } else {
             bad += s->body(s, ch);
-            T->close(ch);
+            mmp_channel_close(ch);
         }
     }
     if (st) {
@@ -235,10 +235,10 @@ static int send_ordered(side *s, mmp_channel *ch)
         fill(host, h.bytes, (uint64_t)k);
         mmp_err e;
         if (k % 2) {
-            e = mmp_channel_send(T, ch, &h, host); /* the transport's fill */
+            e = mmp_channel_send(ch, &h, host); /* the transport's fill */
         } else {
             void *p = NULL;
-            e = T->acquire(ch, &p);
+            e = mmp_channel_acquire(ch, &p);
             if (e == MMP_OK && s->streams) {
                 /* Pageable H2D returns once staged; the D2D into the slot is
                  * truly asynchronous: only the channel's event orders it. */
@@ -248,7 +248,7 @@ static int send_ordered(side *s, mmp_channel *ch)
                 CU(bad, cudaMemcpy(p, host, h.bytes, cudaMemcpyHostToDevice));
             }
             if (e == MMP_OK) {
-                e = T->post(ch, &h);
+                e = mmp_channel_post(ch, &h);
             }
         }
         if (e != MMP_OK) {
@@ -281,7 +281,7 @@ static int recv_ordered(side *s, mmp_channel *ch)
     for (int k = 0; k < s->n && !bad; k++) {
         mmp_msg_header h, want = message(k, sb);
         const void *p = NULL;
-        mmp_err e = T->recv(ch, &h, &p);
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
         if (e != MMP_OK) {
             PROBLEM(bad, "recv %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
             break;
@@ -309,12 +309,12 @@ static int recv_ordered(side *s, mmp_channel *ch)
             /* Read on our stream, release, then look: the release's event is
              * what keeps the sender off the slot until the D2D ran. */
             CU(bad, cudaMemcpyAsync(own, p, h.bytes, cudaMemcpyDeviceToDevice, st));
-            e = T->release(ch);
+            e = mmp_channel_release(ch);
             CU(bad, cudaMemcpyAsync(host, own, h.bytes, cudaMemcpyDeviceToHost, st));
             CU(bad, cudaStreamSynchronize(st)); /* the test's check, not the data path */
         } else {
             CU(bad, cudaMemcpy(host, p, h.bytes, cudaMemcpyDeviceToHost));
-            e = T->release(ch);
+            e = mmp_channel_release(ch);
         }
         if (e != MMP_OK) {
             PROBLEM(bad, "release %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
@@ -328,7 +328,7 @@ static int recv_ordered(side *s, mmp_channel *ch)
     if (!bad) {
         mmp_msg_header h;
         const void *p;
-        mmp_err e = T->recv(ch, &h, &p);
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
         if (e != MMP_ERR_PEER) {
             PROBLEM(bad, "recv after the sender closed: %s, want peer", mmp_err_name(e));
         }
@@ -382,13 +382,13 @@ static int send_credit(side *s, mmp_channel *ch)
     void *p;
     for (int k = 0; k < 2; k++) {
         mmp_msg_header h = message(k, 64);
-        if (T->acquire(ch, &p) != MMP_OK || T->post(ch, &h) != MMP_OK) {
+        if (mmp_channel_acquire(ch, &p) != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "send %d: %s", k, mmp_last_error());
             return bad;
         }
     }
     double t0 = now_ms();
-    mmp_err e = T->acquire(ch, &p);
+    mmp_err e = mmp_channel_acquire(ch, &p);
     double waited = now_ms() - t0;
     if (e != MMP_OK) {
         PROBLEM(bad, "third acquire: %s: %s", mmp_err_name(e), mmp_last_error());
@@ -402,7 +402,7 @@ static int send_credit(side *s, mmp_channel *ch)
                 HOLD_MS);
     }
     mmp_msg_header h = message(2, 64);
-    if (T->post(ch, &h) != MMP_OK) {
+    if (mmp_channel_post(ch, &h) != MMP_OK) {
         PROBLEM(bad, "post 2: %s", mmp_last_error());
     }
     return bad;
@@ -414,23 +414,23 @@ static int recv_credit(side *s, mmp_channel *ch)
     mmp_msg_header h;
     const void *p[3];
     for (int k = 0; k < 2; k++) {
-        if (T->recv(ch, &h, &p[k]) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p[k]) != MMP_OK) {
             PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
             return bad;
         }
     }
     sleep_ms(HOLD_MS);
     atomic_store(&s->sh->flag[0], 1);
-    if (T->release(ch) != MMP_OK || T->release(ch) != MMP_OK) {
+    if (mmp_channel_release(ch) != MMP_OK || mmp_channel_release(ch) != MMP_OK) {
         PROBLEM(bad, "release: %s", mmp_last_error());
     }
     mmp_msg_header want = message(2, 64);
-    if (T->recv(ch, &h, &p[2]) != MMP_OK || !same_header(&h, &want)) {
+    if (mmp_channel_recv(ch, &h, &p[2]) != MMP_OK || !same_header(&h, &want)) {
         PROBLEM(bad, "recv 2: %s", mmp_last_error());
     } else if (p[2] != p[0]) {
         PROBLEM(bad, "message 2 is not in slot 0");
     }
-    T->release(ch);
+    mmp_channel_release(ch);
     return bad;
 }
 
@@ -440,12 +440,12 @@ static int send_timeout(side *s, mmp_channel *ch)
     int bad = 0;
     void *p;
     mmp_msg_header h = message(0, 64);
-    if (T->acquire(ch, &p) != MMP_OK || T->post(ch, &h) != MMP_OK) {
+    if (mmp_channel_acquire(ch, &p) != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
         PROBLEM(bad, "send 0: %s", mmp_last_error());
     }
     wait_flag(s->sh, 1, 1); /* the receiver holds it */
     double t0 = now_ms();
-    mmp_err e = T->acquire(ch, &p);
+    mmp_err e = mmp_channel_acquire(ch, &p);
     double waited = now_ms() - t0;
     if (e != MMP_ERR_PEER || waited < 190 || waited >= 1000) {
         PROBLEM(bad, "acquire with no credit: %s after %.0f ms, want peer after ~200 ms",
@@ -460,7 +460,7 @@ static int recv_hold(side *s, mmp_channel *ch)
     int bad = 0;
     mmp_msg_header h;
     const void *p;
-    if (T->recv(ch, &h, &p) != MMP_OK) {
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
         PROBLEM(bad, "recv: %s", mmp_last_error());
     }
     atomic_store(&s->sh->flag[1], 1);
@@ -521,13 +521,13 @@ static int send_nhs(side *s, mmp_channel *ch)
     /* Pinned, so the H2D copy is truly asynchronous behind the host function. */
     CU(bad, cudaMallocHost((void **)&pinned, NHS_BYTES));
     fill(pinned, NHS_BYTES, 0);
-    if (T->acquire(ch, &p) != MMP_OK) {
+    if (mmp_channel_acquire(ch, &p) != MMP_OK) {
         PROBLEM(bad, "acquire 0: %s", mmp_last_error());
         return bad;
     }
     CU(bad, cudaLaunchHostFunc(NULL, slow_then_flag, &s->sh->flag[0]));
     CU(bad, cudaMemcpyAsync(p, pinned, NHS_BYTES, cudaMemcpyHostToDevice, NULL));
-    if (T->post(ch, &h) != MMP_OK) {
+    if (mmp_channel_post(ch, &h) != MMP_OK) {
         PROBLEM(bad, "post 0: %s", mmp_last_error());
     }
     if (atomic_load(&s->sh->flag[0])) {
@@ -535,7 +535,7 @@ static int send_nhs(side *s, mmp_channel *ch)
     }
     /* Slot 0 again (one slot): the credit comes at once, the device order
      * only once the receiver's stream passed its slow host function. */
-    if (T->acquire(ch, &p) != MMP_OK) {
+    if (mmp_channel_acquire(ch, &p) != MMP_OK) {
         PROBLEM(bad, "acquire 1: %s", mmp_last_error());
         return bad;
     }
@@ -546,7 +546,7 @@ static int send_nhs(side *s, mmp_channel *ch)
     CU(bad, cudaMemcpy(p, host, NHS_BYTES, cudaMemcpyHostToDevice));
     h = message(1, NHS_BYTES);
     h.bytes = NHS_BYTES;
-    if (T->post(ch, &h) != MMP_OK) {
+    if (mmp_channel_post(ch, &h) != MMP_OK) {
         PROBLEM(bad, "post 1: %s", mmp_last_error());
     }
     cudaDeviceSynchronize();
@@ -566,7 +566,7 @@ static int recv_nhs(side *s, mmp_channel *ch)
         return bad;
     }
     CU(bad, cudaMalloc((void **)&own, NHS_BYTES));
-    if (T->recv(ch, &h, &p) != MMP_OK) {
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
         PROBLEM(bad, "recv 0: %s", mmp_last_error());
         return bad;
     }
@@ -584,7 +584,7 @@ static int recv_nhs(side *s, mmp_channel *ch)
      * not wait for it, and the sender's overwrite must. */
     CU(bad, cudaLaunchHostFunc(NULL, slow_then_flag, &s->sh->flag[1]));
     CU(bad, cudaMemcpyAsync(own, p, NHS_BYTES, cudaMemcpyDeviceToDevice, NULL));
-    if (T->release(ch) != MMP_OK) {
+    if (mmp_channel_release(ch) != MMP_OK) {
         PROBLEM(bad, "release 0: %s", mmp_last_error());
     }
     if (atomic_load(&s->sh->flag[1])) {
@@ -594,7 +594,7 @@ static int recv_nhs(side *s, mmp_channel *ch)
     if (first_bad(host, NHS_BYTES, 0) != NHS_BYTES) {
         PROBLEM(bad, "the sender overwrote slot 0 before our read of it ran");
     }
-    if (T->recv(ch, &h, &p) != MMP_OK) {
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
         PROBLEM(bad, "recv 1: %s", mmp_last_error());
         return bad;
     }
@@ -602,7 +602,7 @@ static int recv_nhs(side *s, mmp_channel *ch)
     if (first_bad(host, NHS_BYTES, 1) != NHS_BYTES) {
         PROBLEM(bad, "message 1: payload differs");
     }
-    T->release(ch);
+    mmp_channel_release(ch);
     cudaFree(own);
     free(host);
     return bad;
@@ -629,15 +629,15 @@ static int creator_mismatch(side *s, mmp_channel *unused)
     int bad = 0;
     mmp_channel *a = NULL, *x = NULL;
     mmp_channel_cfg nameless = make_cfg("no-slash", 64, 2, 1, 100);
-    if (T->setup(&x, &nameless) != MMP_ERR_INVALID || x) {
+    if (mmp_channel_open_with(&x, T, &nameless, 1) != MMP_ERR_INVALID || x) {
         PROBLEM(bad, "setup without a shm name");
     }
     mmp_channel_cfg noslots = s->cfg;
     noslots.slots = 0;
-    if (T->setup(&x, &noslots) != MMP_ERR_INVALID || x) {
+    if (mmp_channel_open_with(&x, T, &noslots, 1) != MMP_ERR_INVALID || x) {
         PROBLEM(bad, "setup with 0 slots");
     }
-    if (T->setup(&a, &s->cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&a, T, &s->cfg, 1) != MMP_OK) {
         PROBLEM(bad, "setup: %s", mmp_last_error());
         atomic_store(&s->sh->flag[0], -1000);
         return bad;
@@ -649,39 +649,39 @@ static int creator_mismatch(side *s, mmp_channel *unused)
     const void *cp;
     void *q;
     fill(src, h.bytes, 7);
-    if (mmp_channel_send(T, a, &h, src) != MMP_OK) {
+    if (mmp_channel_send(a, &h, src) != MMP_OK) {
         PROBLEM(bad, "send: %s", mmp_last_error());
     }
-    if (T->post(a, &h) != MMP_ERR_INVALID) {
+    if (mmp_channel_post(a, &h) != MMP_ERR_INVALID) {
         PROBLEM(bad, "post with nothing acquired");
     }
-    if (T->recv(a, &got, &cp) != MMP_ERR_INVALID) {
+    if (mmp_channel_recv(a, &got, &cp) != MMP_ERR_INVALID) {
         PROBLEM(bad, "recv on the sending end");
     }
-    if (T->acquire(a, &q) != MMP_OK) {
+    if (mmp_channel_acquire(a, &q) != MMP_OK) {
         PROBLEM(bad, "acquire: %s", mmp_last_error());
     }
-    if (T->acquire(a, &q) != MMP_ERR_INVALID) {
+    if (mmp_channel_acquire(a, &q) != MMP_ERR_INVALID) {
         PROBLEM(bad, "acquire twice");
     }
     mmp_msg_header big = h;
     big.bytes = 4097;
-    if (T->post(a, &big) != MMP_ERR_INVALID ||
-        mmp_channel_send(T, a, &big, src) != MMP_ERR_INVALID) {
+    if (mmp_channel_post(a, &big) != MMP_ERR_INVALID ||
+        mmp_channel_send(a, &big, src) != MMP_ERR_INVALID) {
         PROBLEM(bad, "a post larger than the slot");
     }
-    if (T->slot_bytes(a) != 4096) {
+    if (mmp_channel_slot_bytes(a) != 4096) {
         PROBLEM(bad, "slot_bytes");
     }
     wait_flag(s->sh, 2, 1); /* the receiver closed */
-    if (T->post(a, &h) != MMP_OK) {
+    if (mmp_channel_post(a, &h) != MMP_OK) {
         PROBLEM(bad, "post of the acquired slot: %s", mmp_last_error());
     }
     double t0 = now_ms();
-    if (T->acquire(a, &q) != MMP_ERR_PEER || now_ms() - t0 > 50) {
+    if (mmp_channel_acquire(a, &q) != MMP_ERR_PEER || now_ms() - t0 > 50) {
         PROBLEM(bad, "acquire after the receiver closed is not an immediate peer error");
     }
-    T->close(a);
+    mmp_channel_close(a);
     return bad;
 }
 
@@ -696,27 +696,29 @@ static int connector_mismatch(side *s, mmp_channel *unused)
     }
     mmp_channel_cfg c = s->cfg;
     c.slots = 4;
-    if (T->connect(&b, &c) != MMP_ERR_PROTO || b || !strstr(mmp_last_error(), "2 slots") ||
+    if (mmp_channel_open_with(&b, T, &c, 0) != MMP_ERR_PROTO || b ||
+        !strstr(mmp_last_error(), "2 slots") ||
         !strstr(mmp_last_error(), "4 slots")) {
         PROBLEM(bad, "4 slots against 2: %s", mmp_last_error());
     }
     c = s->cfg;
     c.slot_bytes = 8192;
-    if (T->connect(&b, &c) != MMP_ERR_PROTO || b || !strstr(mmp_last_error(), "8192")) {
+    if (mmp_channel_open_with(&b, T, &c, 0) != MMP_ERR_PROTO || b ||
+        !strstr(mmp_last_error(), "8192")) {
         PROBLEM(bad, "8192 bytes against 4096: %s", mmp_last_error());
     }
     c = s->cfg;
     c.send = 1;
-    if (T->connect(&b, &c) != MMP_ERR_PROTO || b) {
+    if (mmp_channel_open_with(&b, T, &c, 0) != MMP_ERR_PROTO || b) {
         PROBLEM(bad, "both ends send");
     }
     /* An end that picked shm for the same name is told, not left hanging. */
     c = s->cfg;
     c.on_gpu = 0;
-    if (mmp_transport_shm.connect(&b, &c) != MMP_ERR_PROTO || b) {
+    if (mmp_channel_open_with(&b, &mmp_transport_shm, &c, 0) != MMP_ERR_PROTO || b) {
         PROBLEM(bad, "shm connect to a cuda_ipc name: %s", mmp_last_error());
     }
-    if (T->connect(&b, &s->cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&b, T, &s->cfg, 0) != MMP_OK) {
         PROBLEM(bad, "connect: %s", mmp_last_error());
         atomic_store(&s->sh->flag[1], 1);
         atomic_store(&s->sh->flag[2], 1);
@@ -727,25 +729,25 @@ static int connector_mismatch(side *s, mmp_channel *unused)
     const void *p;
     void *q;
     unsigned char host[4096];
-    if (T->recv(b, &h, &p) != MMP_OK || !same_header(&h, &want)) {
+    if (mmp_channel_recv(b, &h, &p) != MMP_OK || !same_header(&h, &want)) {
         PROBLEM(bad, "recv: %s", mmp_last_error());
     } else {
         CU(bad, cudaMemcpy(host, p, h.bytes, cudaMemcpyDeviceToHost));
         if (first_bad(host, h.bytes, 7) != h.bytes) {
             PROBLEM(bad, "payload differs");
         }
-        if (T->release(b) != MMP_OK) {
+        if (mmp_channel_release(b) != MMP_OK) {
             PROBLEM(bad, "release: %s", mmp_last_error());
         }
     }
-    if (T->release(b) != MMP_ERR_INVALID) {
+    if (mmp_channel_release(b) != MMP_ERR_INVALID) {
         PROBLEM(bad, "release with nothing held");
     }
-    if (T->acquire(b, &q) != MMP_ERR_INVALID) {
+    if (mmp_channel_acquire(b, &q) != MMP_ERR_INVALID) {
         PROBLEM(bad, "acquire on the receiving end");
     }
-    T->close(b);
-    T->close(NULL);
+    mmp_channel_close(b);
+    mmp_channel_close(NULL);
     atomic_store(&s->sh->flag[2], 1);
     return bad;
 }
@@ -772,7 +774,7 @@ static int connect_nobody(side *s, mmp_channel *unused)
     int bad = 0;
     mmp_channel *b = NULL;
     double t0 = now_ms();
-    mmp_err e = T->connect(&b, &s->cfg);
+    mmp_err e = mmp_channel_open_with(&b, T, &s->cfg, 0);
     double waited = now_ms() - t0;
     /* n: 1 when nothing is there (the full timeout), 0 when a dead creator's
      * segment is (reported at once). */
@@ -787,14 +789,14 @@ static int setup_close(side *s, mmp_channel *unused)
     (void)unused;
     int bad = 0;
     mmp_channel *a = NULL;
-    if (T->setup(&a, &s->cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&a, T, &s->cfg, 1) != MMP_OK) {
         PROBLEM(bad, "setup: %s", mmp_last_error());
         return bad;
     }
     if (mmp_test_shm_count(s->cfg.address, 0) != 1) {
         PROBLEM(bad, "setup made no name");
     }
-    T->close(a);
+    mmp_channel_close(a);
     if (mmp_test_shm_count(s->cfg.address, 0) != 0) {
         PROBLEM(bad, "a creator closed before any connect left its name");
     }
@@ -805,7 +807,7 @@ static int setup_die(side *s, mmp_channel *unused)
 {
     (void)unused;
     mmp_channel *a = NULL;
-    if (T->setup(&a, &s->cfg) == MMP_OK) {
+    if (mmp_channel_open_with(&a, T, &s->cfg, 1) == MMP_OK) {
         raise(SIGKILL);
     }
     return 1;
@@ -883,11 +885,11 @@ static int recv_then_die(side *s, mmp_channel *ch)
     mmp_msg_header h;
     const void *p;
     for (int k = 0; k < 5; k++) {
-        if (T->recv(ch, &h, &p) != MMP_OK || T->release(ch) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK || mmp_channel_release(ch) != MMP_OK) {
             return 1;
         }
     }
-    if (T->recv(ch, &h, &p) != MMP_OK) {
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
         return 1;
     }
     sleep_ms(100);
@@ -902,7 +904,7 @@ static int send_until_peer(side *s, mmp_channel *ch)
         void *p;
         mmp_msg_header h = message(k, 256);
         double t0 = now_ms();
-        mmp_err e = T->acquire(ch, &p);
+        mmp_err e = mmp_channel_acquire(ch, &p);
         double waited = now_ms() - t0;
         if (e == MMP_ERR_PEER) {
             if (k < 6) {
@@ -916,7 +918,7 @@ static int send_until_peer(side *s, mmp_channel *ch)
             }
             return bad;
         }
-        if (e != MMP_OK || T->post(ch, &h) != MMP_OK) {
+        if (e != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "send %d: %s", k, mmp_last_error());
             return bad;
         }
@@ -932,9 +934,9 @@ static int send_then_die(side *s, mmp_channel *ch)
         void *p;
         mmp_msg_header h = message(k, 256);
         fill(host, h.bytes, (uint64_t)k);
-        if (T->acquire(ch, &p) != MMP_OK ||
+        if (mmp_channel_acquire(ch, &p) != MMP_OK ||
             cudaMemcpy(p, host, h.bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
-            T->post(ch, &h) != MMP_OK) {
+            mmp_channel_post(ch, &h) != MMP_OK) {
             return 1;
         }
     }
@@ -952,7 +954,7 @@ static int recv_until_peer(side *s, mmp_channel *ch)
         mmp_msg_header h, want = message(k, 256);
         const void *p;
         double t0 = now_ms();
-        mmp_err e = T->recv(ch, &h, &p);
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
         double waited = now_ms() - t0;
         if (k < 3) {
             /* Posted before the death: delivered in order. The payload lived
@@ -962,7 +964,7 @@ static int recv_until_peer(side *s, mmp_channel *ch)
                 PROBLEM(bad, "recv %d (posted before the sender died): %s: %s", k, mmp_err_name(e),
                         mmp_last_error());
             }
-            T->release(ch);
+            mmp_channel_release(ch);
         } else if (e != MMP_ERR_PEER || waited > 1200) {
             PROBLEM(bad, "recv after the sender died: %s after %.0f ms", mmp_err_name(e), waited);
         }
@@ -1003,12 +1005,12 @@ static int send_big(side *s, mmp_channel *ch)
         mmp_msg_header h = message(k, BIG);
         h.bytes = BIG - (k % 2) * 13;
         fill(host, h.bytes, (uint64_t)k);
-        if (T->acquire(ch, &p) != MMP_OK) {
+        if (mmp_channel_acquire(ch, &p) != MMP_OK) {
             PROBLEM(bad, "acquire %d: %s", k, mmp_last_error());
             break;
         }
         CU(bad, cudaMemcpy(p, host, h.bytes, cudaMemcpyHostToDevice));
-        if (T->post(ch, &h) != MMP_OK) {
+        if (mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "post %d: %s", k, mmp_last_error());
         }
     }
@@ -1023,7 +1025,7 @@ static int recv_big(side *s, mmp_channel *ch)
     for (int k = 0; k < s->n && host && !bad; k++) {
         mmp_msg_header h;
         const void *p;
-        if (T->recv(ch, &h, &p) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
             PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
             break;
         }
@@ -1033,7 +1035,7 @@ static int recv_big(side *s, mmp_channel *ch)
             PROBLEM(bad, "message %d: %llu bytes, differs at %zu", k, (unsigned long long)h.bytes,
                     at);
         }
-        T->release(ch);
+        mmp_channel_release(ch);
     }
     free(host);
     return bad + !host;
@@ -1059,31 +1061,29 @@ static int open_end(side *s, mmp_channel *unused)
     (void)unused;
     int bad = 0;
     mmp_channel *ch = NULL;
-    const mmp_transport *used = NULL;
-    if (mmp_channel_open(&ch, &used, NULL, &s->cfg, s->creator) != MMP_OK) {
+    if (mmp_channel_open(&ch, NULL, &s->cfg, s->creator) != MMP_OK) {
         PROBLEM(bad, "open: %s", mmp_last_error());
         return bad;
     }
+    const mmp_transport *used = mmp_channel_transport(ch);
     const mmp_transport *want = s->cfg.on_gpu ? T : &mmp_transport_shm;
     if (used != want) {
-        PROBLEM(bad, "open picked %s, want %s", used ? used->name : "(none)", want->name);
+        PROBLEM(bad, "open picked %s, want %s", used->name, want->name);
     }
-    if (used && s->cfg.send) {
+    if (s->cfg.send) {
         mmp_msg_header h = {.flags = MMP_MSG_STOP};
-        if (mmp_channel_send(used, ch, &h, NULL) != MMP_OK) {
+        if (mmp_channel_send(ch, &h, NULL) != MMP_OK) {
             PROBLEM(bad, "send: %s", mmp_last_error());
         }
-    } else if (used) {
+    } else {
         mmp_msg_header h;
         const void *p;
-        if (used->recv(ch, &h, &p) != MMP_OK || h.flags != MMP_MSG_STOP || h.bytes != 0 ||
-            used->release(ch) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK || h.flags != MMP_MSG_STOP || h.bytes != 0 ||
+            mmp_channel_release(ch) != MMP_OK) {
             PROBLEM(bad, "recv: %s", mmp_last_error());
         }
     }
-    if (used) {
-        used->close(ch);
-    }
+    mmp_channel_close(ch);
     return bad;
 }
 

@@ -75,6 +75,35 @@ static mmp_channel_cfg make_cfg(const char *address, size_t slot_bytes, int slot
     return c;
 }
 
+/* ---- payload bytes, always through the transport ------------------------ */
+
+/* Writes message k's pattern into the acquired slot at `slot` with
+ * mmp_channel_fill (host or device slots alike). */
+static mmp_err put_pattern(mmp_channel *ch, void *slot, size_t bytes, uint64_t k)
+{
+    unsigned char *buf = malloc(bytes ? bytes : 1);
+    if (!buf) {
+        return MMP_ERR_NOMEM;
+    }
+    fill(buf, bytes, k);
+    mmp_err e = mmp_channel_fill(ch, slot, buf, bytes);
+    free(buf);
+    return e;
+}
+
+/* first_bad() of a received payload, read out with mmp_channel_read; 0 when
+ * the read fails (so a failed read never passes as a good payload of n > 0). */
+static size_t payload_bad(mmp_channel *ch, const void *payload, size_t bytes, uint64_t k)
+{
+    unsigned char *buf = malloc(bytes ? bytes : 1);
+    if (!buf) {
+        return 0;
+    }
+    size_t at = mmp_channel_read(ch, buf, payload, bytes) == MMP_OK ? first_bad(buf, bytes, k) : 0;
+    free(buf);
+    return at;
+}
+
 /* ---- two ends ----------------------------------------------------------- */
 
 /* State shared by both ends: an anonymous MAP_SHARED page, so it works
@@ -110,7 +139,7 @@ static void make_ends(side *snd, side *rcv, const mmp_transport *t, mmp_channel_
 static int side_run(side *s)
 {
     mmp_channel *ch = NULL;
-    mmp_err e = s->creator ? s->t->setup(&ch, &s->cfg) : s->t->connect(&ch, &s->cfg);
+    mmp_err e = mmp_channel_open_with(&ch, s->t, &s->cfg, s->creator);
     if (e != MMP_OK) {
         int problems = 0;
         PROBLEM(problems, "%s %s: %s: %s", s->t->name, s->creator ? "setup" : "connect",
@@ -119,7 +148,7 @@ static int side_run(side *s)
     }
     atomic_store(&s->sh->connected, 1);
     int problems = s->body(s, ch);
-    s->t->close(ch);
+    mmp_channel_close(ch);
     return problems;
 }
 
@@ -185,13 +214,15 @@ static int send_ordered(side *s, mmp_channel *ch)
         if (k % 2) {
             /* The copying helper, for half of them. */
             fill(src, h.bytes, (uint64_t)k);
-            e = mmp_channel_send(s->t, ch, &h, src);
+            e = mmp_channel_send(ch, &h, src);
         } else {
             void *p = NULL;
-            e = s->t->acquire(ch, &p);
+            e = mmp_channel_acquire(ch, &p);
             if (e == MMP_OK) {
-                fill(p, h.bytes, (uint64_t)k);
-                e = s->t->post(ch, &h);
+                e = put_pattern(ch, p, h.bytes, (uint64_t)k);
+            }
+            if (e == MMP_OK) {
+                e = mmp_channel_post(ch, &h);
             }
         }
         if (e != MMP_OK) {
@@ -210,7 +241,7 @@ static int recv_ordered(side *s, mmp_channel *ch)
     for (int k = 0; k < s->n; k++) {
         mmp_msg_header h, want = message(k, sb);
         const void *p = NULL;
-        mmp_err e = s->t->recv(ch, &h, &p);
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
         if (e != MMP_OK) {
             PROBLEM(bad, "recv %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
             return bad;
@@ -220,12 +251,12 @@ static int recv_ordered(side *s, mmp_channel *ch)
                     h.mb, (unsigned long long)h.bytes, want.step, want.mb,
                     (unsigned long long)want.bytes);
         }
-        size_t at = first_bad(p, h.bytes, (uint64_t)k);
+        size_t at = payload_bad(ch, p, h.bytes, (uint64_t)k);
         if (at != h.bytes) {
             PROBLEM(bad, "message %d: payload differs at byte %zu of %llu", k, at,
                     (unsigned long long)h.bytes);
         }
-        e = s->t->release(ch);
+        e = mmp_channel_release(ch);
         if (e != MMP_OK) {
             PROBLEM(bad, "release %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
         }
@@ -233,7 +264,7 @@ static int recv_ordered(side *s, mmp_channel *ch)
     /* The sender closes after its last post: the next recv reports it. */
     mmp_msg_header h;
     const void *p;
-    mmp_err e = s->t->recv(ch, &h, &p);
+    mmp_err e = mmp_channel_recv(ch, &h, &p);
     if (e != MMP_ERR_PEER) {
         PROBLEM(bad, "recv after the sender closed: %s, want peer", mmp_err_name(e));
     }
@@ -277,14 +308,14 @@ static int send_credit(side *s, mmp_channel *ch)
     void *p;
     for (int k = 0; k < 2; k++) {
         mmp_msg_header h = message(k, 64);
-        if (s->t->acquire(ch, &p) != MMP_OK || s->t->post(ch, &h) != MMP_OK) {
+        if (mmp_channel_acquire(ch, &p) != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "send %d: %s", k, mmp_last_error());
             return bad;
         }
     }
     /* Both slots are in flight: the third acquire must wait for a release. */
     double t0 = now_ms();
-    mmp_err e = s->t->acquire(ch, &p);
+    mmp_err e = mmp_channel_acquire(ch, &p);
     double waited = now_ms() - t0;
     if (e != MMP_OK) {
         PROBLEM(bad, "third acquire: %s: %s", mmp_err_name(e), mmp_last_error());
@@ -298,7 +329,7 @@ static int send_credit(side *s, mmp_channel *ch)
                 HOLD_MS);
     }
     mmp_msg_header h = message(2, 64);
-    if (s->t->post(ch, &h) != MMP_OK) {
+    if (mmp_channel_post(ch, &h) != MMP_OK) {
         PROBLEM(bad, "post 2: %s", mmp_last_error());
     }
     return bad;
@@ -311,23 +342,23 @@ static int recv_credit(side *s, mmp_channel *ch)
     const void *p[3];
     /* Holding two slots at once is allowed; releases free the oldest. */
     for (int k = 0; k < 2; k++) {
-        if (s->t->recv(ch, &h, &p[k]) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p[k]) != MMP_OK) {
             PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
             return bad;
         }
     }
     sleep_ms(HOLD_MS);
     atomic_store(&s->sh->flag, 1);
-    if (s->t->release(ch) != MMP_OK || s->t->release(ch) != MMP_OK) {
+    if (mmp_channel_release(ch) != MMP_OK || mmp_channel_release(ch) != MMP_OK) {
         PROBLEM(bad, "release: %s", mmp_last_error());
     }
     mmp_msg_header want = message(2, 64);
-    if (s->t->recv(ch, &h, &p[2]) != MMP_OK || !same_header(&h, &want)) {
+    if (mmp_channel_recv(ch, &h, &p[2]) != MMP_OK || !same_header(&h, &want)) {
         PROBLEM(bad, "recv 2: %s", mmp_last_error());
     } else if (p[2] != p[0]) {
         PROBLEM(bad, "message 2 is not in slot 0");
     }
-    s->t->release(ch);
+    mmp_channel_release(ch);
     return bad;
 }
 
@@ -346,20 +377,20 @@ static void test_credit(const mmp_transport *t)
     mmp_channel *a = NULL, *b = NULL;
     fresh_address(addr, sizeof addr);
     mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 200), cr = make_cfg(addr, 64, 1, 0, 200);
-    CHECK_OK(t->setup(&a, &cs));
-    CHECK_OK(t->connect(&b, &cr));
+    CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
+    CHECK_OK(mmp_channel_open_with(&b, t, &cr, 0));
     if (a && b) {
         void *p;
         mmp_msg_header h = message(0, 64);
-        CHECK_OK(t->acquire(a, &p));
-        CHECK_OK(t->post(a, &h));
+        CHECK_OK(mmp_channel_acquire(a, &p));
+        CHECK_OK(mmp_channel_post(a, &h));
         double t0 = now_ms();
-        CHECK(t->acquire(a, &p) == MMP_ERR_PEER);
+        CHECK(mmp_channel_acquire(a, &p) == MMP_ERR_PEER);
         double waited = now_ms() - t0;
         CHECK(waited >= 190 && waited < 1000);
     }
-    t->close(a);
-    t->close(b);
+    mmp_channel_close(a);
+    mmp_channel_close(b);
     munmap(sh, sizeof *sh);
 }
 
@@ -393,18 +424,19 @@ static int check_slot_pointers(const char *who, const void *const *ptr, int n)
 
 static int send_zc(side *s, mmp_channel *ch)
 {
+    (void)s;
     int bad = 0;
     const void *ptr[12];
     for (int k = 0; k < 12; k++) {
         void *p;
         mmp_msg_header h = message(k, ZC_BYTES);
-        if (s->t->acquire(ch, &p) != MMP_OK) {
+        if (mmp_channel_acquire(ch, &p) != MMP_OK) {
             PROBLEM(bad, "acquire %d: %s", k, mmp_last_error());
             return bad;
         }
         ptr[k] = p;
-        fill(p, h.bytes, (uint64_t)k);
-        if (s->t->post(ch, &h) != MMP_OK) {
+        if (put_pattern(ch, p, h.bytes, (uint64_t)k) != MMP_OK ||
+            mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "post %d: %s", k, mmp_last_error());
             return bad;
         }
@@ -414,18 +446,19 @@ static int send_zc(side *s, mmp_channel *ch)
 
 static int recv_zc(side *s, mmp_channel *ch)
 {
+    (void)s;
     int bad = 0;
     const void *ptr[12];
     for (int k = 0; k < 12; k++) {
         mmp_msg_header h;
-        if (s->t->recv(ch, &h, &ptr[k]) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &ptr[k]) != MMP_OK) {
             PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
             return bad;
         }
-        if (first_bad(ptr[k], h.bytes, (uint64_t)k) != h.bytes) {
+        if (payload_bad(ch, ptr[k], h.bytes, (uint64_t)k) != h.bytes) {
             PROBLEM(bad, "message %d: payload differs", k);
         }
-        s->t->release(ch);
+        mmp_channel_release(ch);
     }
     return bad + check_slot_pointers("receiver", ptr, 12);
 }
@@ -451,63 +484,63 @@ static void test_mismatch(const mmp_transport *t)
     fresh_address(addr, sizeof addr);
     mmp_channel *a = NULL, *b = NULL;
     mmp_channel_cfg cs = make_cfg(addr, 4096, 2, 1, 1000);
-    CHECK_OK(t->setup(&a, &cs));
+    CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
 
     mmp_channel_cfg bad = make_cfg(addr, 4096, 4, 0, 1000);
-    CHECK(t->connect(&b, &bad) == MMP_ERR_PROTO && b == NULL);
+    CHECK(mmp_channel_open_with(&b, t, &bad, 0) == MMP_ERR_PROTO && b == NULL);
     CHECK(strstr(mmp_last_error(), "2 slots") && strstr(mmp_last_error(), "4 slots"));
     bad = make_cfg(addr, 8192, 2, 0, 1000);
-    CHECK(t->connect(&b, &bad) == MMP_ERR_PROTO && b == NULL);
+    CHECK(mmp_channel_open_with(&b, t, &bad, 0) == MMP_ERR_PROTO && b == NULL);
     CHECK(strstr(mmp_last_error(), "4096") && strstr(mmp_last_error(), "8192"));
     bad = make_cfg(addr, 4096, 2, 1, 1000); /* both ends send */
-    CHECK(t->connect(&b, &bad) == MMP_ERR_PROTO && b == NULL);
+    CHECK(mmp_channel_open_with(&b, t, &bad, 0) == MMP_ERR_PROTO && b == NULL);
 
     /* Failed connects leave the creator usable. */
     mmp_channel_cfg cr = make_cfg(addr, 4096, 2, 0, 1000);
-    CHECK_OK(t->connect(&b, &cr));
+    CHECK_OK(mmp_channel_open_with(&b, t, &cr, 0));
     if (a && b) {
         mmp_msg_header h = message(7, 4096), got;
         unsigned char src[4096];
         const void *p;
         fill(src, h.bytes, 7);
-        CHECK_OK(mmp_channel_send(t, a, &h, src));
-        CHECK_OK(t->recv(b, &got, &p));
-        CHECK(same_header(&h, &got) && first_bad(p, got.bytes, 7) == got.bytes);
-        CHECK_OK(t->release(b));
+        CHECK_OK(mmp_channel_send(a, &h, src));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        CHECK(same_header(&h, &got) && payload_bad(b, p, got.bytes, 7) == got.bytes);
+        CHECK_OK(mmp_channel_release(b));
 
         /* Misuse is an error value, never a crash. */
         void *q;
-        CHECK(t->release(b) == MMP_ERR_INVALID);        /* nothing held */
-        CHECK(t->post(a, &h) == MMP_ERR_INVALID);       /* nothing acquired */
-        CHECK(t->acquire(b, &q) == MMP_ERR_INVALID);    /* receiving end */
-        CHECK(t->recv(a, &got, &p) == MMP_ERR_INVALID); /* sending end */
-        CHECK_OK(t->acquire(a, &q));
-        CHECK(t->acquire(a, &q) == MMP_ERR_INVALID); /* twice */
+        CHECK(mmp_channel_release(b) == MMP_ERR_INVALID);        /* nothing held */
+        CHECK(mmp_channel_post(a, &h) == MMP_ERR_INVALID);       /* nothing acquired */
+        CHECK(mmp_channel_acquire(b, &q) == MMP_ERR_INVALID);    /* receiving end */
+        CHECK(mmp_channel_recv(a, &got, &p) == MMP_ERR_INVALID); /* sending end */
+        CHECK_OK(mmp_channel_acquire(a, &q));
+        CHECK(mmp_channel_acquire(a, &q) == MMP_ERR_INVALID); /* twice */
         mmp_msg_header big = h;
         big.bytes = 4097;
-        CHECK(t->post(a, &big) == MMP_ERR_INVALID);
-        CHECK(mmp_channel_send(t, a, &big, src) == MMP_ERR_INVALID);
-        CHECK(t->slot_bytes(a) == 4096 && t->slot_bytes(b) == 4096);
+        CHECK(mmp_channel_post(a, &big) == MMP_ERR_INVALID);
+        CHECK(mmp_channel_send(a, &big, src) == MMP_ERR_INVALID);
+        CHECK(mmp_channel_slot_bytes(a) == 4096 && mmp_channel_slot_bytes(b) == 4096);
 
         /* A closed receiver fails the sender's acquire at once: well before
          * the channel's 1000 ms timeout (the bar leaves room for a loaded
          * machine; the expected wait is ~0). */
-        t->close(b);
+        mmp_channel_close(b);
         b = NULL;
-        CHECK_OK(t->post(a, &h));
+        CHECK_OK(mmp_channel_post(a, &h));
         double t0 = now_ms();
-        CHECK(t->acquire(a, &q) == MMP_ERR_PEER);
+        CHECK(mmp_channel_acquire(a, &q) == MMP_ERR_PEER);
         CHECK(now_ms() - t0 < 400);
     }
-    t->close(a);
-    t->close(b);
-    t->close(NULL);
+    mmp_channel_close(a);
+    mmp_channel_close(b);
+    mmp_channel_close(NULL);
 
     mmp_channel_cfg nameless = make_cfg("no-slash", 64, 2, 1, 100);
-    CHECK(t->setup(&a, &nameless) == MMP_ERR_INVALID && a == NULL);
+    CHECK(mmp_channel_open_with(&a, t, &nameless, 1) == MMP_ERR_INVALID && a == NULL);
     fresh_address(addr, sizeof addr);
     mmp_channel_cfg noslots = make_cfg(addr, 64, 0, 1, 100);
-    CHECK(t->setup(&a, &noslots) == MMP_ERR_INVALID && a == NULL);
+    CHECK(mmp_channel_open_with(&a, t, &noslots, 1) == MMP_ERR_INVALID && a == NULL);
 }
 
 /* ---- (5) no creator, creator gone -------------------------------------- */
@@ -519,7 +552,7 @@ static void test_no_creator(const mmp_transport *t)
     mmp_channel *b = NULL;
     mmp_channel_cfg cr = make_cfg(addr, 64, 2, 0, 300);
     double t0 = now_ms();
-    mmp_err e = t->connect(&b, &cr);
+    mmp_err e = mmp_channel_open_with(&b, t, &cr, 0);
     double waited = now_ms() - t0;
     CHECK(e == MMP_ERR_PEER && b == NULL);
     CHECK(waited >= 290 && waited < 800);
@@ -527,11 +560,11 @@ static void test_no_creator(const mmp_transport *t)
     /* A creator that closes before anyone connects removes its name. */
     mmp_channel *a = NULL;
     mmp_channel_cfg cs = make_cfg(addr, 64, 2, 1, 300);
-    CHECK_OK(t->setup(&a, &cs));
+    CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
     CHECK(leftovers(prefix) == 1);
-    t->close(a);
+    mmp_channel_close(a);
     CHECK(leftovers(prefix) == 0);
-    CHECK(t->connect(&b, &cr) == MMP_ERR_PEER && b == NULL);
+    CHECK(mmp_channel_open_with(&b, t, &cr, 0) == MMP_ERR_PEER && b == NULL);
 
     /* A creator SIGKILLed before anyone connects: connect reports it, and
      * removes the name the dead creator could not. */
@@ -541,7 +574,7 @@ static void test_no_creator(const mmp_transport *t)
     if (pid == 0) {
         mmp_channel_cfg c = make_cfg(addr, 64, 2, 1, 0);
         mmp_channel *x = NULL;
-        if (t->setup(&x, &c) == MMP_OK) {
+        if (mmp_channel_open_with(&x, t, &c, 1) == MMP_OK) {
             raise(SIGKILL);
         }
         _exit(1);
@@ -550,22 +583,23 @@ static void test_no_creator(const mmp_transport *t)
     waitpid(pid, &st, 0);
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
     cr = make_cfg(addr, 64, 2, 0, 300);
-    CHECK(t->connect(&b, &cr) == MMP_ERR_PEER && b == NULL);
+    CHECK(mmp_channel_open_with(&b, t, &cr, 0) == MMP_ERR_PEER && b == NULL);
 }
 
 /* ---- (6) a peer dies ---------------------------------------------------- */
 
 static int recv_then_die(side *s, mmp_channel *ch)
 {
+    (void)s;
     mmp_msg_header h;
     const void *p;
     for (int k = 0; k < 5; k++) {
-        if (s->t->recv(ch, &h, &p) != MMP_OK || s->t->release(ch) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK || mmp_channel_release(ch) != MMP_OK) {
             return 1;
         }
     }
     /* Hold one slot, then die without closing. */
-    if (s->t->recv(ch, &h, &p) != MMP_OK) {
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
         return 1;
     }
     sleep_ms(100);
@@ -580,7 +614,7 @@ static int send_until_peer(side *s, mmp_channel *ch)
         void *p;
         mmp_msg_header h = message(k, 256);
         double t0 = now_ms();
-        mmp_err e = s->t->acquire(ch, &p);
+        mmp_err e = mmp_channel_acquire(ch, &p);
         double waited = now_ms() - t0;
         if (e == MMP_ERR_PEER) {
             if (k < 6) {
@@ -594,7 +628,7 @@ static int send_until_peer(side *s, mmp_channel *ch)
             }
             return bad;
         }
-        if (e != MMP_OK || s->t->post(ch, &h) != MMP_OK) {
+        if (e != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "send %d: %s", k, mmp_last_error());
             return bad;
         }
@@ -608,11 +642,11 @@ static int send_then_die(side *s, mmp_channel *ch)
     for (int k = 0; k < 3; k++) {
         void *p;
         mmp_msg_header h = message(k, 256);
-        if (s->t->acquire(ch, &p) != MMP_OK) {
+        if (mmp_channel_acquire(ch, &p) != MMP_OK) {
             return 1;
         }
-        fill(p, h.bytes, (uint64_t)k);
-        if (s->t->post(ch, &h) != MMP_OK) {
+        if (put_pattern(ch, p, h.bytes, (uint64_t)k) != MMP_OK ||
+            mmp_channel_post(ch, &h) != MMP_OK) {
             return 1;
         }
     }
@@ -633,14 +667,14 @@ static int recv_until_peer(side *s, mmp_channel *ch)
         mmp_msg_header h;
         const void *p;
         double t0 = now_ms();
-        mmp_err e = s->t->recv(ch, &h, &p);
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
         double waited = now_ms() - t0;
         if (k < 3) {
             /* Posted before the death: still delivered, intact. */
-            if (e != MMP_OK || first_bad(p, h.bytes, (uint64_t)k) != h.bytes) {
+            if (e != MMP_OK || payload_bad(ch, p, h.bytes, (uint64_t)k) != h.bytes) {
                 PROBLEM(bad, "recv %d (posted before the sender died): %s", k, mmp_err_name(e));
             }
-            s->t->release(ch);
+            mmp_channel_release(ch);
         } else if (e != MMP_ERR_PEER || waited > 1200) {
             PROBLEM(bad, "recv after the sender died: %s after %.0f ms", mmp_err_name(e), waited);
         }
@@ -700,7 +734,7 @@ static void test_unlink_prefix(void)
     fresh_address(keep, sizeof keep);
     mmp_channel *k = NULL;
     mmp_channel_cfg ck = make_cfg(keep, 64, 1, 1, 100);
-    CHECK_OK(mmp_transport_shm.setup(&k, &ck));
+    CHECK_OK(mmp_channel_open_with(&k, &mmp_transport_shm, &ck, 1));
 
     fflush(stderr);
     pid_t pid = fork();
@@ -710,7 +744,7 @@ static void test_unlink_prefix(void)
             snprintf(addr, sizeof addr, "%s%d", stray, i);
             mmp_channel_cfg c = make_cfg(addr, 4096, 2, 1, 0);
             mmp_channel *x = NULL;
-            if (mmp_transport_shm.setup(&x, &c) != MMP_OK) {
+            if (mmp_channel_open_with(&x, &mmp_transport_shm, &c, 1) != MMP_OK) {
                 _exit(1);
             }
         }
@@ -726,7 +760,7 @@ static void test_unlink_prefix(void)
     CHECK(mmp_shm_unlink_prefix(stray) == 3);
     CHECK(leftovers(stray) == 0);
     CHECK(leftovers(prefix) == 1); /* the live one is untouched */
-    mmp_transport_shm.close(k);
+    mmp_channel_close(k);
 }
 
 /* ---- (9) a large slot --------------------------------------------------- */
@@ -740,12 +774,12 @@ static int send_big(side *s, mmp_channel *ch)
         void *p;
         mmp_msg_header h = message(k, BIG);
         h.bytes = BIG - (k % 2) * 13; /* a full slot, and a ragged end */
-        if (s->t->acquire(ch, &p) != MMP_OK) {
+        if (mmp_channel_acquire(ch, &p) != MMP_OK) {
             PROBLEM(bad, "acquire %d: %s", k, mmp_last_error());
             return bad;
         }
-        fill(p, h.bytes, (uint64_t)k);
-        if (s->t->post(ch, &h) != MMP_OK) {
+        if (put_pattern(ch, p, h.bytes, (uint64_t)k) != MMP_OK ||
+            mmp_channel_post(ch, &h) != MMP_OK) {
             PROBLEM(bad, "post %d: %s", k, mmp_last_error());
             return bad;
         }
@@ -759,16 +793,16 @@ static int recv_big(side *s, mmp_channel *ch)
     for (int k = 0; k < s->n; k++) {
         mmp_msg_header h;
         const void *p;
-        if (s->t->recv(ch, &h, &p) != MMP_OK) {
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
             PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
             return bad;
         }
-        size_t at = first_bad(p, h.bytes, (uint64_t)k);
+        size_t at = payload_bad(ch, p, h.bytes, (uint64_t)k);
         if (h.bytes != BIG - (k % 2) * 13 || at != h.bytes) {
             PROBLEM(bad, "message %d: %llu bytes, differs at %zu", k, (unsigned long long)h.bytes,
                     at);
         }
-        s->t->release(ch);
+        mmp_channel_release(ch);
     }
     return bad;
 }
@@ -792,39 +826,39 @@ static void test_open(void)
 {
     char addr[96];
     mmp_channel *a = NULL, *b = NULL;
-    const mmp_transport *ua = NULL, *ub = NULL;
     mmp_channel_cfg nowhere = make_cfg("tcp-ish", 64, 2, 1, 100);
-    CHECK(mmp_channel_open(&a, &ua, NULL, &nowhere, 1) == MMP_ERR_UNSUPPORTED);
-    CHECK(a == NULL && ua == NULL);
+    CHECK(mmp_channel_open(&a, NULL, &nowhere, 1) == MMP_ERR_UNSUPPORTED);
+    CHECK(a == NULL);
     fresh_address(addr, sizeof addr);
     mmp_channel_cfg cs = make_cfg(addr, 64, 2, 1, 1000), cr = make_cfg(addr, 64, 2, 0, 1000);
-    CHECK(mmp_channel_open(&a, &ua, "no-such-transport", &cs, 1) == MMP_ERR_UNSUPPORTED);
+    CHECK(mmp_channel_open(&a, "no-such-transport", &cs, 1) == MMP_ERR_UNSUPPORTED);
     CHECK(a == NULL && strstr(mmp_last_error(), "no-such-transport") != NULL);
 
-    /* By name (the coordinator's pick) and by the priority list. */
-    CHECK_OK(mmp_channel_open(&a, &ua, "shm", &cs, 1));
-    CHECK_OK(mmp_channel_open(&b, &ub, NULL, &cr, 0));
-    CHECK(ua == &mmp_transport_shm && ub == &mmp_transport_shm);
-    if (a && b && ua && ub) {
+    /* By name (the coordinator's pick) and by the priority list; the handle
+     * carries the transport it was opened with. */
+    CHECK_OK(mmp_channel_open(&a, "shm", &cs, 1));
+    CHECK_OK(mmp_channel_open(&b, NULL, &cr, 0));
+    CHECK(a && mmp_channel_transport(a) == &mmp_transport_shm);
+    CHECK(b && mmp_channel_transport(b) == &mmp_transport_shm);
+    if (a && b) {
         mmp_msg_header h = {.flags = MMP_MSG_STOP}, got;
         const void *p;
-        CHECK_OK(mmp_channel_send(ua, a, &h, NULL));
-        CHECK_OK(ub->recv(b, &got, &p));
+        CHECK(mmp_channel_sends(a) && !mmp_channel_sends(b));
+        CHECK(mmp_channel_slot_bytes(a) == 64 && mmp_channel_slot_bytes(b) == 64);
+        CHECK_OK(mmp_channel_send(a, &h, NULL));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
         CHECK(got.flags == MMP_MSG_STOP && got.bytes == 0);
-        CHECK_OK(ub->release(b));
+        CHECK_OK(mmp_channel_release(b));
     }
-    if (ua) {
-        ua->close(a);
-    }
-    if (ub) {
-        ub->close(b);
-    }
+    mmp_channel_close(a);
+    mmp_channel_close(b);
+    mmp_channel_close(NULL);
     /* A failed setup names the channel and the transport. */
-    CHECK_OK(mmp_channel_open(&a, &ua, "", &cs, 1));
+    CHECK_OK(mmp_channel_open(&a, "", &cs, 1));
     mmp_channel *c = NULL;
-    CHECK(mmp_channel_open(&c, NULL, "shm", &cs, 1) == MMP_ERR_IO && c == NULL);
+    CHECK(mmp_channel_open(&c, "shm", &cs, 1) == MMP_ERR_IO && c == NULL);
     CHECK(strstr(mmp_last_error(), "(shm setup)") && strstr(mmp_last_error(), addr));
-    mmp_transport_shm.close(a);
+    mmp_channel_close(a);
 }
 
 /* ---- (9) forged headers in a live channel ------------------------------ */
@@ -879,9 +913,9 @@ static void test_forged(const mmp_transport *t)
     mmp_channel_cfg cs = make_cfg(addr, SLOT, SLOTS, 1, 1000);
     mmp_channel_cfg cr = make_cfg(addr, SLOT, SLOTS, 0, 1000);
     forger f = {0};
-    CHECK_OK(t->setup(&a, &cs));
+    CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
     CHECK(forger_map(&f, addr) == 0); /* before the connect unlinks the name */
-    CHECK_OK(t->connect(&b, &cr));
+    CHECK_OK(mmp_channel_open_with(&b, t, &cr, 0));
     if (!a || !b || !f.base) {
         goto exit;
     }
@@ -905,7 +939,7 @@ static void test_forged(const mmp_transport *t)
         mmp_msg_header h = {
             .step = 1, .mb = 2, .n = 3, .bytes = 8, .digest = 0xF0F6ED0000000000ull + r};
         memset(src, (int)r, sizeof src);
-        CHECK_OK(mmp_channel_send(t, a, &h, src));
+        CHECK_OK(mmp_channel_send(a, &h, src));
         mmp_msg_header *raw = forger_find(&f, h.digest);
         CHECK(raw != NULL);
         if (!raw) {
@@ -918,20 +952,20 @@ static void test_forged(const mmp_transport *t)
         raw->flags = rows[r].flags;
         mmp_msg_header got;
         const void *p = NULL;
-        mmp_err e = t->recv(b, &got, &p);
+        mmp_err e = mmp_channel_recv(b, &got, &p);
         CHECK(e == MMP_ERR_PROTO);
         char want[32];
         snprintf(want, sizeof want, "field %s", rows[r].field);
         CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), want) != NULL);
         if (e == MMP_OK) {
-            t->release(b);
+            mmp_channel_release(b);
             continue;
         }
         /* Nothing was taken: mend the header and the message comes through. */
         *raw = h;
-        CHECK_OK(t->recv(b, &got, &p));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
         CHECK(same_header(&h, &got) && p && memcmp(p, src, 8) == 0);
-        CHECK_OK(t->release(b));
+        CHECK_OK(mmp_channel_release(b));
     }
 
     /* The posted counter, forged more than a ring ahead of the receiver:
@@ -943,7 +977,7 @@ static void test_forged(const mmp_transport *t)
         size_t scan = 4096 < f.bytes ? 4096 : f.bytes;
         unsigned char before[4096];
         memcpy(before, f.base, scan);
-        CHECK_OK(mmp_channel_send(t, a, &h, NULL));
+        CHECK_OK(mmp_channel_send(a, &h, NULL));
         mmp_msg_header *raw = forger_find(&f, h.digest);
         size_t limit = raw ? (size_t)((unsigned char *)raw - f.base) : 0;
         limit = limit / 8 * 8;
@@ -961,15 +995,15 @@ static void test_forged(const mmp_transport *t)
         CHECK(forged >= 1);
         mmp_msg_header got;
         const void *p;
-        CHECK(t->recv(b, &got, &p) == MMP_ERR_PROTO);
+        CHECK(mmp_channel_recv(b, &got, &p) == MMP_ERR_PROTO);
         CHECK(strstr(mmp_last_error(), "field head") != NULL);
     }
 exit:
     if (f.base) {
         munmap(f.base, f.bytes);
     }
-    t->close(a);
-    t->close(b);
+    mmp_channel_close(a);
+    mmp_channel_close(b);
 }
 
 static void report(const char *transport, const char *name, int before, double t0)

@@ -125,7 +125,7 @@ typedef struct shm_channel {
     char name[NAME_MAX + 1];
 } shm_channel;
 
-static shm_channel *shm_of(mmp_channel *c)
+static shm_channel *shm_of(mmp_channel_impl *c)
 {
     return (shm_channel *)(void *)c;
 }
@@ -271,7 +271,7 @@ static int shm_can_connect(const mmp_channel_cfg *cfg, const char **why_not)
     return 1;
 }
 
-static mmp_err shm_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
+static mmp_err shm_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     shm_channel *ch = NULL;
     void *base = NULL;
@@ -294,7 +294,7 @@ static mmp_err shm_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
     h->creator_sends = ch->send;
     atomic_store(&h->pid[CREATOR], (int32_t)getpid());
     mmp_segment_publish(base, SHM_MAGIC);
-    *out = (mmp_channel *)(void *)ch;
+    *out = (mmp_channel_impl *)(void *)ch;
     return MMP_OK;
 }
 
@@ -363,9 +363,9 @@ static mmp_err join(shm_channel *ch, void *base)
     return MMP_OK;
 }
 
-static void shm_close(mmp_channel *c);
+static void shm_close(mmp_channel_impl *c);
 
-static mmp_err shm_connect(mmp_channel **out, const mmp_channel_cfg *cfg)
+static mmp_err shm_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     shm_channel *ch = NULL;
     void *base = NULL;
@@ -381,14 +381,15 @@ static mmp_err shm_connect(mmp_channel **out, const mmp_channel_cfg *cfg)
         ret = join(ch, base);
     }
     if (ret != MMP_OK) {
-        shm_close((mmp_channel *)(void *)ch); /* unmaps if joined; never unlinks a creator's name */
+        /* unmaps if joined; never unlinks a creator's name */
+        shm_close((mmp_channel_impl *)(void *)ch);
         return ret;
     }
-    *out = (mmp_channel *)(void *)ch;
+    *out = (mmp_channel_impl *)(void *)ch;
     return MMP_OK;
 }
 
-static mmp_err shm_acquire(mmp_channel *c, void **payload)
+static mmp_err shm_acquire(mmp_channel_impl *c, void **payload)
 {
     shm_channel *ch = shm_of(c);
     if (!ch->send) {
@@ -417,7 +418,7 @@ static mmp_err shm_acquire(mmp_channel *c, void **payload)
     return MMP_OK;
 }
 
-static mmp_err shm_post(mmp_channel *c, const mmp_msg_header *h)
+static mmp_err shm_post(mmp_channel_impl *c, const mmp_msg_header *h)
 {
     shm_channel *ch = shm_of(c);
     if (!ch->acquired) {
@@ -435,7 +436,7 @@ static mmp_err shm_post(mmp_channel *c, const mmp_msg_header *h)
     return MMP_OK;
 }
 
-static mmp_err shm_recv(mmp_channel *c, mmp_msg_header *h, const void **payload)
+static mmp_err shm_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload)
 {
     shm_channel *ch = shm_of(c);
     if (ch->send) {
@@ -463,7 +464,7 @@ static mmp_err shm_recv(mmp_channel *c, mmp_msg_header *h, const void **payload)
     return MMP_OK;
 }
 
-static mmp_err shm_release(mmp_channel *c)
+static mmp_err shm_release(mmp_channel_impl *c)
 {
     shm_channel *ch = shm_of(c);
     if (ch->send || ch->released == ch->count) {
@@ -479,7 +480,7 @@ static mmp_err shm_release(mmp_channel *c)
  * MMP_ERR_PEER once it has drained what was posted), unmaps and frees ch. A
  * creator no one connected to unlinks the name. NULL is a no-op; ch is freed,
  * so the caller drops its pointer (closing twice is closing NULL). */
-static void shm_close(mmp_channel *c)
+static void shm_close(mmp_channel_impl *c)
 {
     shm_channel *ch = shm_of(c);
     if (!ch) {
@@ -501,7 +502,7 @@ static void shm_close(mmp_channel *c)
     free(ch);
 }
 
-static size_t shm_slot_bytes(const mmp_channel *c)
+static size_t shm_slot_bytes(const mmp_channel_impl *c)
 {
     return ((const shm_channel *)(const void *)c)->slot_bytes;
 }

@@ -34,7 +34,8 @@
  *              ready[i]) and returns the device pointer: work enqueued on the
  *              receiver's stream afterwards sees the payload. No
  *              cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize
- *              anywhere on the data path (acquire, post, recv, release, fill);
+ *              anywhere on the data path (acquire, post, recv, release, fill;
+ *              read into host memory waits for its bytes by nature);
  *              tests/gpu_transport.c "no-host-sync" checks it.
  *   release    cudaEventRecord(freed[i], stream), then bumps tail. The receiver
  *              must have enqueued its reads of the slot on `stream`.
@@ -161,7 +162,7 @@ struct cipc_channel {
     char name[NAME_MAX + 1];
 };
 
-static cipc_channel *cipc_of(mmp_channel *c)
+static cipc_channel *cipc_of(mmp_channel_impl *c)
 {
     return (cipc_channel *)(void *)c;
 }
@@ -429,7 +430,7 @@ static int cipc_can_connect(const mmp_channel_cfg *cfg, const char **why_not)
     return why == NULL;
 }
 
-static mmp_err cipc_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
+static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     cipc_geometry g = {0};
     cipc_channel *ch = NULL;
@@ -512,7 +513,7 @@ static mmp_err cipc_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
     atomic_store(&h->pid[CREATOR], (int32_t)getpid());
     atomic_store_explicit(&h->magic, CIPC_MAGIC, memory_order_release);
     close(fd);
-    *out = (mmp_channel *)(void *)ch;
+    *out = (mmp_channel_impl *)(void *)ch;
     return MMP_OK;
 
 fail:
@@ -665,9 +666,9 @@ static mmp_err import_device(cipc_channel *ch)
     return MMP_OK;
 }
 
-static void cipc_close(mmp_channel *c);
+static void cipc_close(mmp_channel_impl *c);
 
-static mmp_err cipc_connect(mmp_channel **out, const mmp_channel_cfg *cfg)
+static mmp_err cipc_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     cipc_geometry g = {0};
     cipc_channel *ch = NULL;
@@ -690,15 +691,15 @@ static mmp_err cipc_connect(mmp_channel **out, const mmp_channel_cfg *cfg)
         ret = import_device(ch);
     }
     if (ret != MMP_OK) {
-        cipc_close((mmp_channel *)(void *)
+        cipc_close((mmp_channel_impl *)(void *)
                        ch); /* marks closed if attached; never unlinks a creator's name */
         return ret;
     }
-    *out = (mmp_channel *)(void *)ch;
+    *out = (mmp_channel_impl *)(void *)ch;
     return MMP_OK;
 }
 
-static mmp_err cipc_acquire(mmp_channel *c, void **payload)
+static mmp_err cipc_acquire(mmp_channel_impl *c, void **payload)
 {
     cipc_channel *ch = cipc_of(c);
     if (!ch->send) {
@@ -739,7 +740,7 @@ static mmp_err cipc_acquire(mmp_channel *c, void **payload)
  * (unified addressing). A pageable host src may be reused when this returns
  * (the runtime stages it first); a device src must stay unchanged until the
  * stream has passed the copy. */
-static mmp_err cipc_fill(mmp_channel *c, void *slot, const void *src, size_t bytes)
+static mmp_err cipc_fill(mmp_channel_impl *c, void *slot, const void *src, size_t bytes)
 {
     cipc_channel *ch = cipc_of(c);
     cudaError_t ce = cudaMemcpyAsync(slot, src, bytes, cudaMemcpyDefault, ch->stream);
@@ -749,7 +750,21 @@ static mmp_err cipc_fill(mmp_channel *c, void *slot, const void *src, size_t byt
     return MMP_OK;
 }
 
-static mmp_err cipc_post(mmp_channel *c, const mmp_msg_header *h)
+/* mmp_channel_read's copy out of a received slot: stream-ordered, after the
+ * recv's wait for the sender's writes. Into pageable host memory the runtime
+ * returns only once the bytes are there; into device or pinned memory the
+ * caller orders its use on the same stream. */
+static mmp_err cipc_read(mmp_channel_impl *c, void *dst, const void *src, size_t bytes)
+{
+    cipc_channel *ch = cipc_of(c);
+    cudaError_t ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ch->stream);
+    if (ce != cudaSuccess) {
+        return cuda_fail(ce, ch->name, "read: cudaMemcpyAsync out of the slot");
+    }
+    return MMP_OK;
+}
+
+static mmp_err cipc_post(mmp_channel_impl *c, const mmp_msg_header *h)
 {
     cipc_channel *ch = cipc_of(c);
     if (!ch->acquired) {
@@ -776,7 +791,7 @@ static mmp_err cipc_post(mmp_channel *c, const mmp_msg_header *h)
     return MMP_OK;
 }
 
-static mmp_err cipc_recv(mmp_channel *c, mmp_msg_header *h, const void **payload)
+static mmp_err cipc_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload)
 {
     cipc_channel *ch = cipc_of(c);
     if (ch->send) {
@@ -809,7 +824,7 @@ static mmp_err cipc_recv(mmp_channel *c, mmp_msg_header *h, const void **payload
     return MMP_OK;
 }
 
-static mmp_err cipc_release(mmp_channel *c)
+static mmp_err cipc_release(mmp_channel_impl *c)
 {
     cipc_channel *ch = cipc_of(c);
     if (ch->send || ch->released == ch->count) {
@@ -832,7 +847,7 @@ static mmp_err cipc_release(mmp_channel *c)
  * creator's slots and closes its events; a creator frees its own, unless the
  * connector may still use them (then later: see `graveyard`). A creator no
  * one connected to unlinks the name. NULL is a no-op; ch is freed. */
-static void cipc_close(mmp_channel *c)
+static void cipc_close(mmp_channel_impl *c)
 {
     cipc_channel *ch = cipc_of(c);
     if (!ch) {
@@ -859,13 +874,14 @@ static void cipc_close(mmp_channel *c)
     sweep();
 }
 
-static size_t cipc_slot_bytes(const mmp_channel *c)
+static size_t cipc_slot_bytes(const mmp_channel_impl *c)
 {
     return ((const cipc_channel *)(const void *)c)->slot_bytes;
 }
 
 const mmp_transport mmp_transport_cuda_ipc = {
     .name = "cuda_ipc",
+    .caps = MMP_TRANSPORT_DEVICE_SLOTS,
     .can_connect = cipc_can_connect,
     .setup = cipc_setup,
     .connect = cipc_connect,
@@ -876,4 +892,5 @@ const mmp_transport mmp_transport_cuda_ipc = {
     .close = cipc_close,
     .slot_bytes = cipc_slot_bytes,
     .fill = cipc_fill,
+    .read = cipc_read,
 };
