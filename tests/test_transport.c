@@ -1,11 +1,31 @@
-/* The conformance suite for data-channel transports (transport/channel.h).
+/* The conformance suite for data-channel transports (transport/channel.h):
+ * one table, every transport of the build (shm always; cuda_ipc in a CUDA
+ * build), every case runnable alone by name ("shm/ordered", --list).
  *
- * Every case takes the transport under test; main runs them all for each
- * entry of `transports`, so a new transport adds one line there. The two ends
- * run in two processes (fork) unless a case says otherwise; one case also runs
- * them as two threads of one process. Each end's body returns the number of
- * problems it found (printing the first few), so the same body works in a
- * child process (its exit status) and in a thread.
+ * The two ends run in two processes (fork) unless a case says otherwise; one
+ * run also puts them in two threads of one process. Each end's body returns
+ * the number of problems it found (printing the first few), so the same body
+ * works in a child process (its exit status) and in a thread. Payload bytes
+ * are written and read through the channel (mmp_channel_fill/read), so the
+ * same bodies check host and device slots.
+ *
+ * Device transports (caps MMP_TRANSPORT_DEVICE_SLOTS): this process never
+ * calls CUDA (a probe child counts the devices), because a CUDA context does
+ * not survive fork and cudaIpcOpenMemHandle refuses a handle from its own
+ * process; both ends run in children, there is no thread run, and the cases
+ * that need both ends in one process (mismatch, no-creator, forged-headers)
+ * are covered by their processes-apart twins, which run on every transport.
+ * Their cases are skipped (noted, not failed) when no device is visible, so
+ * the suite still judges shm. Device-only cases (own streams, two devices,
+ * no host synchronisation, mmp_channel_open's on_gpu choice) are guarded by
+ * the capability. Known gap (transport/cuda/cuda_ipc.c): after a device
+ * creator dies, the slots it posted are delivered but not read.
+ *
+ * UNVERIFIED on a GPU: the cuda_ipc cases were written on a machine without
+ * one, where they skip. On a GPU machine:
+ *   cmake -S . -B build -DMMP_CUDA=ON && cmake --build build -j
+ *   build/tests/test_transport          (or: ctest --test-dir build -R test_transport)
+ *   build/tests/test_transport cuda_ipc/no-host-sync    (one case)
  *
  * Every name a case creates starts with "/mmpipe-test-<pid>-"; after each
  * case /dev/shm must hold none of them, including after a peer was SIGKILLed.
@@ -30,13 +50,24 @@
 #include "tests/transport_msgs.h"
 #include "transport/channel.h"
 
-static const mmp_transport *const transports[] = {
-    &mmp_transport_shm,
-};
+#ifdef MMP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+/* A CUDA call in a test body: a failure is a problem, and the body stops. */
+#define CU(count, call)                                                                            \
+    do {                                                                                           \
+        cudaError_t ce_ = (call);                                                                  \
+        if (ce_ != cudaSuccess) {                                                                  \
+            PROBLEM(count, "%s: %s", #call, cudaGetErrorString(ce_));                              \
+            return count;                                                                          \
+        }                                                                                          \
+    } while (0)
+#endif
 
 /* ---- names and /dev/shm ------------------------------------------------- */
 
 static char prefix[64]; /* "/mmpipe-test-<pid>-" */
+static int n_devices = -1; /* CUDA devices a child sees; -1 until probed */
 static int next_name;
 
 static const char *fresh_address(char *buf, size_t n)
@@ -109,7 +140,7 @@ static size_t payload_bad(mmp_channel *ch, const void *payload, size_t bytes, ui
 /* State shared by both ends: an anonymous MAP_SHARED page, so it works
  * across fork as well as between threads. */
 typedef struct shared {
-    _Atomic int flag;
+    _Atomic int flag[4];
     _Atomic int connected;
 } shared;
 
@@ -118,17 +149,28 @@ struct side {
     const mmp_transport *t;
     mmp_channel_cfg cfg;
     int creator;
-    int n; /* messages */
+    int n;       /* messages (or what the body makes of it) */
+    int streams; /* device transports: an own non-blocking stream, async copies */
+    int opens;   /* 1: the body opens its channel(s) itself (ch is NULL) */
     shared *sh;
     int (*body)(side *s, mmp_channel *ch);
     int problems; /* thread mode: the result */
 };
+
+/* Device transports: a CUDA context does not survive fork and
+ * cudaIpcOpenMemHandle refuses a handle from its own process, so their ends
+ * always run in children of a process that never called CUDA itself. */
+static int device(const mmp_transport *t)
+{
+    return (t->caps & MMP_TRANSPORT_DEVICE_SLOTS) != 0;
+}
 
 /* The sending and the receiving end of one channel: cfg's geometry, opposite
  * directions; the creator is the sender when creator_sends. */
 static void make_ends(side *snd, side *rcv, const mmp_transport *t, mmp_channel_cfg cfg,
                       int creator_sends, int n, shared *sh)
 {
+    cfg.on_gpu = device(t);
     *snd = (side){.t = t, .cfg = cfg, .creator = creator_sends, .n = n, .sh = sh};
     *rcv = *snd;
     snd->cfg.send = 1;
@@ -138,17 +180,37 @@ static void make_ends(side *snd, side *rcv, const mmp_transport *t, mmp_channel_
 
 static int side_run(side *s)
 {
-    mmp_channel *ch = NULL;
-    mmp_err e = mmp_channel_open_with(&ch, s->t, &s->cfg, s->creator);
-    if (e != MMP_OK) {
-        int problems = 0;
-        PROBLEM(problems, "%s %s: %s: %s", s->t->name, s->creator ? "setup" : "connect",
-                mmp_err_name(e), mmp_last_error());
-        return problems;
+    int problems = 0;
+#ifdef MMP_HAVE_CUDA
+    cudaStream_t st = NULL;
+    if (device(s->t)) {
+        /* This process's first CUDA use. */
+        CU(problems, cudaSetDevice(s->cfg.device));
+        if (s->streams) {
+            CU(problems, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+            s->cfg.cuda_stream = st;
+        }
     }
-    atomic_store(&s->sh->connected, 1);
-    int problems = s->body(s, ch);
-    mmp_channel_close(ch);
+#endif
+    if (s->opens) {
+        problems += s->body(s, NULL);
+    } else {
+        mmp_channel *ch = NULL;
+        mmp_err e = mmp_channel_open_with(&ch, s->t, &s->cfg, s->creator);
+        if (e != MMP_OK) {
+            PROBLEM(problems, "%s %s: %s: %s", s->t->name, s->creator ? "setup" : "connect",
+                    mmp_err_name(e), mmp_last_error());
+        } else {
+            atomic_store(&s->sh->connected, 1);
+            problems += s->body(s, ch);
+            mmp_channel_close(ch);
+        }
+    }
+#ifdef MMP_HAVE_CUDA
+    if (st) {
+        cudaStreamDestroy(st);
+    }
+#endif
     return problems;
 }
 
@@ -159,9 +221,68 @@ static void *side_thread(void *arg)
     return NULL;
 }
 
-/* Runs a here and b in a child process (or a thread); the problems of both. */
+static pid_t spawn(side *s)
+{
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60);
+        _exit(side_run(s) ? 1 : 0);
+    }
+    return pid;
+}
+
+/* Both ends in children; how many of them failed. A `b_dies` end must end by
+ * SIGKILL (it raises it itself). */
+static int run_ends(side *a, side *b, int b_dies)
+{
+    pid_t pa = spawn(a), pb = spawn(b);
+    int sa = 0, sb = 0, bad = 0;
+    if (pa < 0 || pb < 0) {
+        return 1;
+    }
+    waitpid(pa, &sa, 0);
+    waitpid(pb, &sb, 0);
+    if (!WIFEXITED(sa) || WEXITSTATUS(sa) != 0) {
+        fprintf(stderr, "  end pid %d failed: status %#x\n", (int)pa, sa);
+        bad++;
+    }
+    if (b_dies ? !(WIFSIGNALED(sb) && WTERMSIG(sb) == SIGKILL)
+               : (!WIFEXITED(sb) || WEXITSTATUS(sb) != 0)) {
+        fprintf(stderr, "  end pid %d: status %#x, want %s\n", (int)pb, sb,
+                b_dies ? "SIGKILL" : "exit 0");
+        bad++;
+    }
+    return bad;
+}
+
+/* Runs one body in a child, then another in a second child, in turn. */
+static int run_in_turn(side *first, int first_dies, side *second)
+{
+    pid_t p = spawn(first);
+    int st = 0, bad = 0;
+    waitpid(p, &st, 0);
+    if (first_dies ? !(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)
+                   : (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+        fprintf(stderr, "  end pid %d: status %#x\n", (int)p, st);
+        bad++;
+    }
+    p = spawn(second);
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "  end pid %d: status %#x\n", (int)p, st);
+        bad++;
+    }
+    return bad;
+}
+
+/* Runs a here and b in a child process (or a thread); the problems of both.
+ * Device transports run both in children (and never in threads). */
 static int run_pair(side *a, side *b, int threads)
 {
+    if (device(a->t)) {
+        return run_ends(a, b, 0);
+    }
     if (threads) {
         pthread_t th;
         if (pthread_create(&th, NULL, side_thread, b) != 0) {
@@ -171,14 +292,9 @@ static int run_pair(side *a, side *b, int threads)
         pthread_join(th, NULL);
         return pa + b->problems;
     }
-    fflush(stderr);
-    pid_t pid = fork();
+    pid_t pid = spawn(b);
     if (pid < 0) {
         return 1;
-    }
-    if (pid == 0) {
-        alarm(60);
-        _exit(side_run(b) ? 1 : 0);
     }
     int pa = side_run(a);
     int st = 0;
@@ -199,6 +315,25 @@ static shared *new_shared(void)
     }
     memset(sh, 0, sizeof *sh);
     return sh;
+}
+
+static void wait_flag(shared *sh, int i, int value)
+{
+    while (atomic_load(&sh->flag[i]) < value) {
+        sleep_ms(1);
+    }
+}
+
+/* 1 (and a note) when case `what` needs both ends in this one process, which
+ * a device transport cannot give it; its processes-apart twin covers t. */
+static int same_process_only(const mmp_transport *t, const char *what)
+{
+    if (device(t)) {
+        fprintf(stderr, "  %s %s: both ends in one process, left to its processes-apart twin\n",
+                t->name, what);
+        return 1;
+    }
+    return 0;
 }
 
 /* ---- (1) ordered delivery ----------------------------------------------- */
@@ -279,6 +414,9 @@ static void test_ordered(const mmp_transport *t)
         int slots, creator_sends, threads;
     } runs[] = {{1, 1, 0}, {2, 0, 0}, {4, 1, 0}, {2, 1, 1}};
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (runs[r].threads && device(t)) {
+            continue; /* one process cannot import its own device slots */
+        }
         fresh_address(addr, sizeof addr);
         size_t sb = 3000; /* not a multiple of 64 */
         side snd, rcv;
@@ -321,7 +459,7 @@ static int send_credit(side *s, mmp_channel *ch)
         PROBLEM(bad, "third acquire: %s: %s", mmp_err_name(e), mmp_last_error());
         return bad;
     }
-    if (!atomic_load(&s->sh->flag)) {
+    if (!atomic_load(&s->sh->flag[0])) {
         PROBLEM(bad, "third acquire returned before the receiver released a slot");
     }
     if (waited < HOLD_MS * 0.5) {
@@ -348,7 +486,7 @@ static int recv_credit(side *s, mmp_channel *ch)
         }
     }
     sleep_ms(HOLD_MS);
-    atomic_store(&s->sh->flag, 1);
+    atomic_store(&s->sh->flag[0], 1);
     if (mmp_channel_release(ch) != MMP_OK || mmp_channel_release(ch) != MMP_OK) {
         PROBLEM(bad, "release: %s", mmp_last_error());
     }
@@ -359,6 +497,40 @@ static int recv_credit(side *s, mmp_channel *ch)
         PROBLEM(bad, "message 2 is not in slot 0");
     }
     mmp_channel_release(ch);
+    return bad;
+}
+
+/* A live receiver that never releases: acquire gives up after timeout_ms. */
+static int send_timeout(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    void *p;
+    mmp_msg_header h = message(0, 64);
+    if (mmp_channel_acquire(ch, &p) != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
+        PROBLEM(bad, "send 0: %s", mmp_last_error());
+    }
+    wait_flag(s->sh, 1, 1); /* the receiver holds it */
+    double t0 = now_ms();
+    mmp_err e = mmp_channel_acquire(ch, &p);
+    double waited = now_ms() - t0;
+    if (e != MMP_ERR_PEER || waited < 190 || waited >= 1000) {
+        PROBLEM(bad, "acquire with no credit: %s after %.0f ms, want peer after ~200 ms",
+                mmp_err_name(e), waited);
+    }
+    atomic_store(&s->sh->flag[2], 1);
+    return bad;
+}
+
+static int recv_hold(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    mmp_msg_header h;
+    const void *p;
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+        PROBLEM(bad, "recv: %s", mmp_last_error());
+    }
+    atomic_store(&s->sh->flag[1], 1);
+    wait_flag(s->sh, 2, 1);
     return bad;
 }
 
@@ -374,23 +546,11 @@ static void test_credit(const mmp_transport *t)
     CHECK(run_pair(&snd, &rcv, 0) == 0);
 
     /* A live receiver that never releases: acquire gives up after timeout_ms. */
-    mmp_channel *a = NULL, *b = NULL;
     fresh_address(addr, sizeof addr);
-    mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 200), cr = make_cfg(addr, 64, 1, 0, 200);
-    CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
-    CHECK_OK(mmp_channel_open_with(&b, t, &cr, 0));
-    if (a && b) {
-        void *p;
-        mmp_msg_header h = message(0, 64);
-        CHECK_OK(mmp_channel_acquire(a, &p));
-        CHECK_OK(mmp_channel_post(a, &h));
-        double t0 = now_ms();
-        CHECK(mmp_channel_acquire(a, &p) == MMP_ERR_PEER);
-        double waited = now_ms() - t0;
-        CHECK(waited >= 190 && waited < 1000);
-    }
-    mmp_channel_close(a);
-    mmp_channel_close(b);
+    make_ends(&snd, &rcv, t, make_cfg(addr, 64, 1, 1, 200), 1, 1, sh);
+    snd.body = send_timeout;
+    rcv.body = recv_hold;
+    CHECK(run_pair(&snd, &rcv, 0) == 0);
     munmap(sh, sizeof *sh);
 }
 
@@ -480,6 +640,9 @@ static void test_zero_copy(const mmp_transport *t)
 
 static void test_mismatch(const mmp_transport *t)
 {
+    if (same_process_only(t, "mismatch")) {
+        return;
+    }
     char addr[96];
     fresh_address(addr, sizeof addr);
     mmp_channel *a = NULL, *b = NULL;
@@ -547,6 +710,9 @@ static void test_mismatch(const mmp_transport *t)
 
 static void test_no_creator(const mmp_transport *t)
 {
+    if (same_process_only(t, "no-creator")) {
+        return;
+    }
     char addr[96];
     fresh_address(addr, sizeof addr);
     mmp_channel *b = NULL;
@@ -651,7 +817,7 @@ static int send_then_die(side *s, mmp_channel *ch)
         }
     }
     /* Die only once the receiver is attached, so the death is mid-stream. */
-    while (!atomic_load(&s->sh->flag)) {
+    while (!atomic_load(&s->sh->flag[0])) {
         sleep_ms(1);
     }
     sleep_ms(100);
@@ -662,16 +828,20 @@ static int send_then_die(side *s, mmp_channel *ch)
 static int recv_until_peer(side *s, mmp_channel *ch)
 {
     int bad = 0;
-    atomic_store(&s->sh->flag, 1);
+    atomic_store(&s->sh->flag[0], 1);
     for (int k = 0; k < 4; k++) {
-        mmp_msg_header h;
+        mmp_msg_header h, want = message(k, 256);
         const void *p;
         double t0 = now_ms();
         mmp_err e = mmp_channel_recv(ch, &h, &p);
         double waited = now_ms() - t0;
         if (k < 3) {
-            /* Posted before the death: still delivered, intact. */
-            if (e != MMP_OK || payload_bad(ch, p, h.bytes, (uint64_t)k) != h.bytes) {
+            /* Posted before the death: still delivered, in order, intact.
+             * Device slots lived in the dead creator's allocation, so their
+             * payloads are not read (the known gap of legacy cudaIpc, see
+             * transport/cuda/cuda_ipc.c). */
+            if (e != MMP_OK || !same_header(&h, &want) ||
+                (!device(s->t) && payload_bad(ch, p, h.bytes, (uint64_t)k) != h.bytes)) {
                 PROBLEM(bad, "recv %d (posted before the sender died): %s", k, mmp_err_name(e));
             }
             mmp_channel_release(ch);
@@ -682,16 +852,14 @@ static int recv_until_peer(side *s, mmp_channel *ch)
     return bad;
 }
 
-/* Runs `here` in this process and `there` in a child that SIGKILLs itself. */
+/* Runs `here` in this process and `there` in a child that SIGKILLs itself
+ * (device transports: both in children). */
 static int run_killed(side *here, side *there)
 {
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(60);
-        side_run(there);
-        _exit(1);
+    if (device(here->t)) {
+        return run_ends(here, there, 1);
     }
+    pid_t pid = spawn(there);
     int problems = side_run(here);
     int st = 0;
     waitpid(pid, &st, 0);
@@ -716,7 +884,7 @@ static void test_peer_death(const mmp_transport *t)
     CHECK(leftovers(prefix) == 0);
 
     fresh_address(addr, sizeof addr);
-    atomic_store(&sh->flag, 0);
+    atomic_store(&sh->flag[0], 0);
     side snd2, rcv2;
     make_ends(&snd2, &rcv2, t, make_cfg(addr, 256, 4, 1, 0), 1, 0, sh);
     snd2.body = send_then_die;
@@ -724,6 +892,591 @@ static void test_peer_death(const mmp_transport *t)
     CHECK(run_killed(&rcv2, &snd2) == 0);
     munmap(sh, sizeof *sh);
 }
+
+/* ---- (5b) the same, each end in its own process ---------------------------
+ * Misuse, geometry and role mismatch, no creator and a creator gone, with
+ * the two ends in different processes (what device transports need), for
+ * every transport. */
+
+static int apart_creator_mismatch(side *s, mmp_channel *unused)
+{
+    (void)unused;
+    int bad = 0;
+    mmp_channel *a = NULL, *x = NULL;
+    mmp_channel_cfg nameless = make_cfg("no-slash", 64, 2, 1, 100);
+    if (mmp_channel_open_with(&x, s->t, &nameless, 1) != MMP_ERR_INVALID || x) {
+        PROBLEM(bad, "setup without a shm name");
+    }
+    mmp_channel_cfg noslots = s->cfg;
+    noslots.slots = 0;
+    if (mmp_channel_open_with(&x, s->t, &noslots, 1) != MMP_ERR_INVALID || x) {
+        PROBLEM(bad, "setup with 0 slots");
+    }
+    if (mmp_channel_open_with(&a, s->t, &s->cfg, 1) != MMP_OK) {
+        PROBLEM(bad, "setup: %s", mmp_last_error());
+        atomic_store(&s->sh->flag[0], -1000);
+        return bad;
+    }
+    atomic_store(&s->sh->flag[0], 1);
+    wait_flag(s->sh, 1, 1); /* the receiver's bad connects are done, it is attached */
+    mmp_msg_header h = message(7, 4096), got;
+    unsigned char src[4096];
+    const void *cp;
+    void *q;
+    fill(src, h.bytes, 7);
+    if (mmp_channel_send(a, &h, src) != MMP_OK) {
+        PROBLEM(bad, "send: %s", mmp_last_error());
+    }
+    if (mmp_channel_post(a, &h) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "post with nothing acquired");
+    }
+    if (mmp_channel_recv(a, &got, &cp) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "recv on the sending end");
+    }
+    if (mmp_channel_acquire(a, &q) != MMP_OK) {
+        PROBLEM(bad, "acquire: %s", mmp_last_error());
+    }
+    if (mmp_channel_acquire(a, &q) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "acquire twice");
+    }
+    mmp_msg_header big = h;
+    big.bytes = 4097;
+    if (mmp_channel_post(a, &big) != MMP_ERR_INVALID ||
+        mmp_channel_send(a, &big, src) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "a post larger than the slot");
+    }
+    if (mmp_channel_slot_bytes(a) != 4096) {
+        PROBLEM(bad, "slot_bytes");
+    }
+    wait_flag(s->sh, 2, 1); /* the receiver closed */
+    if (mmp_channel_post(a, &h) != MMP_OK) {
+        PROBLEM(bad, "post of the acquired slot: %s", mmp_last_error());
+    }
+    double t0 = now_ms();
+    if (mmp_channel_acquire(a, &q) != MMP_ERR_PEER || now_ms() - t0 > 50) {
+        PROBLEM(bad, "acquire after the receiver closed is not an immediate peer error");
+    }
+    mmp_channel_close(a);
+    return bad;
+}
+
+static int apart_connector_mismatch(side *s, mmp_channel *unused)
+{
+    (void)unused;
+    int bad = 0;
+    mmp_channel *b = NULL;
+    wait_flag(s->sh, 0, 1);
+    if (atomic_load(&s->sh->flag[0]) < 0) {
+        return 1;
+    }
+    mmp_channel_cfg c = s->cfg;
+    c.slots = 4;
+    if (mmp_channel_open_with(&b, s->t, &c, 0) != MMP_ERR_PROTO || b ||
+        !strstr(mmp_last_error(), "2 slots") ||
+        !strstr(mmp_last_error(), "4 slots")) {
+        PROBLEM(bad, "4 slots against 2: %s", mmp_last_error());
+    }
+    c = s->cfg;
+    c.slot_bytes = 8192;
+    if (mmp_channel_open_with(&b, s->t, &c, 0) != MMP_ERR_PROTO || b ||
+        !strstr(mmp_last_error(), "8192")) {
+        PROBLEM(bad, "8192 bytes against 4096: %s", mmp_last_error());
+    }
+    c = s->cfg;
+    c.send = 1;
+    if (mmp_channel_open_with(&b, s->t, &c, 0) != MMP_ERR_PROTO || b) {
+        PROBLEM(bad, "both ends send");
+    }
+    /* An end that picked shm for a device transport's name is told, not
+     * left hanging. */
+    c = s->cfg;
+    c.on_gpu = 0;
+    if (device(s->t) &&
+        (mmp_channel_open_with(&b, &mmp_transport_shm, &c, 0) != MMP_ERR_PROTO || b)) {
+        PROBLEM(bad, "shm connect to a %s name: %s", s->t->name, mmp_last_error());
+    }
+    if (mmp_channel_open_with(&b, s->t, &s->cfg, 0) != MMP_OK) {
+        PROBLEM(bad, "connect: %s", mmp_last_error());
+        atomic_store(&s->sh->flag[1], 1);
+        atomic_store(&s->sh->flag[2], 1);
+        return bad;
+    }
+    atomic_store(&s->sh->flag[1], 1);
+    mmp_msg_header h, want = message(7, 4096);
+    const void *p;
+    void *q;
+    if (mmp_channel_recv(b, &h, &p) != MMP_OK || !same_header(&h, &want)) {
+        PROBLEM(bad, "recv: %s", mmp_last_error());
+    } else {
+        if (payload_bad(b, p, h.bytes, 7) != h.bytes) {
+            PROBLEM(bad, "payload differs");
+        }
+        if (mmp_channel_release(b) != MMP_OK) {
+            PROBLEM(bad, "release: %s", mmp_last_error());
+        }
+    }
+    if (mmp_channel_release(b) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "release with nothing held");
+    }
+    if (mmp_channel_acquire(b, &q) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "acquire on the receiving end");
+    }
+    mmp_channel_close(b);
+    mmp_channel_close(NULL);
+    atomic_store(&s->sh->flag[2], 1);
+    return bad;
+}
+
+static void test_mismatch_apart(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    side snd, rcv;
+    fresh_address(addr, sizeof addr);
+    make_ends(&snd, &rcv, t, make_cfg(addr, 4096, 2, 1, 1000), 1, 1, sh);
+    snd.opens = rcv.opens = 1;
+    snd.body = apart_creator_mismatch;
+    rcv.body = apart_connector_mismatch;
+    CHECK(run_ends(&snd, &rcv, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+static int connect_nobody(side *s, mmp_channel *unused)
+{
+    (void)unused;
+    int bad = 0;
+    mmp_channel *b = NULL;
+    double t0 = now_ms();
+    mmp_err e = mmp_channel_open_with(&b, s->t, &s->cfg, 0);
+    double waited = now_ms() - t0;
+    /* n: 1 when nothing is there (the full timeout), 0 when a dead creator's
+     * segment is (reported at once). */
+    if (e != MMP_ERR_PEER || b || (s->n && waited < s->cfg.timeout_ms - 10) || waited > 800) {
+        PROBLEM(bad, "connect with no creator: %s after %.0f ms", mmp_err_name(e), waited);
+    }
+    return bad;
+}
+
+static int setup_close(side *s, mmp_channel *unused)
+{
+    (void)unused;
+    int bad = 0;
+    mmp_channel *a = NULL;
+    if (mmp_channel_open_with(&a, s->t, &s->cfg, 1) != MMP_OK) {
+        PROBLEM(bad, "setup: %s", mmp_last_error());
+        return bad;
+    }
+    if (mmp_test_shm_count(s->cfg.address, 0) != 1) {
+        PROBLEM(bad, "setup made no name");
+    }
+    mmp_channel_close(a);
+    if (mmp_test_shm_count(s->cfg.address, 0) != 0) {
+        PROBLEM(bad, "a creator closed before any connect left its name");
+    }
+    return bad;
+}
+
+static int setup_die(side *s, mmp_channel *unused)
+{
+    (void)unused;
+    mmp_channel *a = NULL;
+    if (mmp_channel_open_with(&a, s->t, &s->cfg, 1) == MMP_OK) {
+        raise(SIGKILL);
+    }
+    return 1;
+}
+
+static int idle(side *s, mmp_channel *unused)
+{
+    (void)s;
+    (void)unused;
+    return 0;
+}
+
+static void test_no_creator_apart(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    side a, b;
+    fresh_address(addr, sizeof addr);
+    make_ends(&a, &b, t, make_cfg(addr, 64, 2, 1, 300), 1, 1, sh);
+    a.opens = b.opens = 1;
+    a.body = idle;
+    b.body = connect_nobody;
+    CHECK(run_ends(&a, &b, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+static void test_creator_gone(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    side a, b;
+    /* A creator that closed before anyone connected took its name along. */
+    fresh_address(addr, sizeof addr);
+    make_ends(&a, &b, t, make_cfg(addr, 64, 2, 1, 300), 1, 1, sh);
+    a.opens = b.opens = 1;
+    a.body = setup_close;
+    b.body = connect_nobody;
+    CHECK(run_in_turn(&a, 0, &b) == 0);
+    /* A creator SIGKILLed before anyone connected: connect reports it, and
+     * removes the name the dead creator could not. */
+    fresh_address(addr, sizeof addr);
+    make_ends(&a, &b, t, make_cfg(addr, 64, 2, 1, 300), 1, 0, sh);
+    a.opens = b.opens = 1;
+    a.body = setup_die;
+    b.body = connect_nobody;
+    CHECK(run_in_turn(&a, 1, &b) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- (10) device transports only ------------------------------------------
+ * Payloads written and read with CUDA copies on each end's own non-blocking
+ * stream (only the channel's events order the two processes' work), two
+ * devices when there are two, no host synchronisation on the data path, and
+ * mmp_channel_open's choice for on_gpu edges. */
+
+#ifdef MMP_HAVE_CUDA
+
+static int send_streams(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    size_t sb = s->cfg.slot_bytes;
+    cudaStream_t st = s->cfg.cuda_stream;
+    unsigned char *host = malloc(sb), *stage = NULL;
+    if (!host) {
+        PROBLEM(bad, "malloc");
+        return bad;
+    }
+    if (s->streams) {
+        CU(bad, cudaMalloc((void **)&stage, sb));
+    }
+    for (int k = 0; k < s->n && !bad; k++) {
+        mmp_msg_header h = message(k, sb);
+        fill(host, h.bytes, (uint64_t)k);
+        mmp_err e;
+        if (k % 2) {
+            e = mmp_channel_send(ch, &h, host); /* the transport's fill */
+        } else {
+            void *p = NULL;
+            e = mmp_channel_acquire(ch, &p);
+            if (e == MMP_OK && s->streams) {
+                /* Pageable H2D returns once staged; the D2D into the slot is
+                 * truly asynchronous: only the channel's event orders it. */
+                CU(bad, cudaMemcpyAsync(stage, host, h.bytes, cudaMemcpyHostToDevice, st));
+                CU(bad, cudaMemcpyAsync(p, stage, h.bytes, cudaMemcpyDeviceToDevice, st));
+            } else if (e == MMP_OK) {
+                e = mmp_channel_fill(ch, p, host, h.bytes);
+            }
+            if (e == MMP_OK) {
+                e = mmp_channel_post(ch, &h);
+            }
+        }
+        if (e != MMP_OK) {
+            PROBLEM(bad, "send %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
+        }
+    }
+    if (stage) {
+        cudaStreamSynchronize(st);
+        cudaFree(stage);
+    }
+    free(host);
+    return bad;
+}
+
+static int recv_streams(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    size_t sb = s->cfg.slot_bytes;
+    cudaStream_t st = s->cfg.cuda_stream;
+    int slots = s->cfg.slots;
+    unsigned char *host = malloc(sb), *own = NULL;
+    const void *first[8] = {0};
+    if (!host) {
+        PROBLEM(bad, "malloc");
+        return bad;
+    }
+    if (s->streams) {
+        CU(bad, cudaMalloc((void **)&own, sb));
+    }
+    for (int k = 0; k < s->n && !bad; k++) {
+        mmp_msg_header h, want = message(k, sb);
+        const void *p = NULL;
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
+        if (e != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
+            break;
+        }
+        if (!same_header(&h, &want)) {
+            PROBLEM(bad, "message %d: header step %d mb %d bytes %llu, want %d %d %llu", k, h.step,
+                    h.mb, (unsigned long long)h.bytes, want.step, want.mb,
+                    (unsigned long long)want.bytes);
+        }
+        if ((uintptr_t)p % 256) {
+            PROBLEM(bad, "message %d: slot %p not 256-byte aligned", k, p);
+        }
+        if (k < slots && k < 8) {
+            first[k] = p;
+            for (int j = 0; j < k; j++) {
+                intptr_t d = (const char *)p - (const char *)first[j];
+                if ((size_t)(d < 0 ? -d : d) < sb) {
+                    PROBLEM(bad, "slots %d and %d overlap", j, k);
+                }
+            }
+        } else if (slots <= 8 && p != first[k % slots]) {
+            PROBLEM(bad, "message %d at %p, slot %d was at %p", k, p, k % slots, first[k % slots]);
+        }
+        if (s->streams) {
+            /* Read on our stream, release, then look: the release's event is
+             * what keeps the sender off the slot until the D2D ran. */
+            CU(bad, cudaMemcpyAsync(own, p, h.bytes, cudaMemcpyDeviceToDevice, st));
+            e = mmp_channel_release(ch);
+            CU(bad, cudaMemcpyAsync(host, own, h.bytes, cudaMemcpyDeviceToHost, st));
+            CU(bad, cudaStreamSynchronize(st)); /* the test's check, not the data path */
+        } else {
+            e = mmp_channel_read(ch, host, p, h.bytes);
+            if (e == MMP_OK) {
+                e = mmp_channel_release(ch);
+            }
+        }
+        if (e != MMP_OK) {
+            PROBLEM(bad, "release %d: %s: %s", k, mmp_err_name(e), mmp_last_error());
+        }
+        size_t at = first_bad(host, h.bytes, (uint64_t)k);
+        if (at != h.bytes) {
+            PROBLEM(bad, "message %d: payload differs at byte %zu of %llu", k, at,
+                    (unsigned long long)h.bytes);
+        }
+    }
+    if (!bad) {
+        mmp_msg_header h;
+        const void *p;
+        mmp_err e = mmp_channel_recv(ch, &h, &p);
+        if (e != MMP_ERR_PEER) {
+            PROBLEM(bad, "recv after the sender closed: %s, want peer", mmp_err_name(e));
+        }
+    }
+    cudaFree(own);
+    free(host);
+    return bad;
+}
+
+static void test_ordered_streams(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    struct {
+        int slots, creator_sends, streams, two_devices;
+    } runs[] = {{4, 1, 1, 0}, {3, 0, 1, 0}, {2, 1, 1, 1}}; /* the default stream: "ordered" */
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        if (runs[r].two_devices && n_devices < 2) {
+            fprintf(stderr, "  ordered: one device, the two-device run is left out\n");
+            continue;
+        }
+        fresh_address(addr, sizeof addr);
+        side snd, rcv;
+        make_ends(&snd, &rcv, t, make_cfg(addr, 3000, runs[r].slots, 1, 10000),
+                  runs[r].creator_sends, 300, sh);
+        snd.streams = rcv.streams = runs[r].streams;
+        if (runs[r].two_devices) {
+            rcv.cfg.device = n_devices - 1;
+        }
+        snd.body = send_streams;
+        rcv.body = recv_streams;
+        int problems = run_ends(&rcv, &snd, 0);
+        if (problems) {
+            fprintf(stderr, "  ordered: slots=%d creator %s, %s, %s\n", runs[r].slots,
+                    runs[r].creator_sends ? "sends" : "receives",
+                    runs[r].streams ? "own streams" : "default stream",
+                    runs[r].two_devices ? "two devices" : "one device");
+        }
+        CHECK(problems == 0);
+    }
+    munmap(sh, sizeof *sh);
+}
+
+/* ---- (10b) no host synchronisation on the data path ------------------------
+ *
+ * By design (transport/cuda/cuda_ipc.c) acquire, post, recv and release only
+ * enqueue cudaStreamWaitEvent / cudaEventRecord; none calls
+ * cudaStreamSynchronize, cudaDeviceSynchronize or cudaEventSynchronize. This
+ * case checks it without timing anything fine: each end parks its stream in a
+ * host function that sleeps SLOW_MS and then raises a flag, so a data-path
+ * call that waited for the device would return only after the flag. It also
+ * checks that the events order the two processes' device work: the copies
+ * queued behind them see the flag raised and the right bytes. */
+
+#define SLOW_MS 300
+#define NHS_BYTES 4096
+
+static void CUDART_CB slow_then_flag(void *arg)
+{
+    sleep_ms(SLOW_MS); /* a host function must not call CUDA; this does not */
+    atomic_store((_Atomic int *)arg, 1);
+}
+
+static int send_nhs(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    unsigned char *pinned = NULL, *host = malloc(NHS_BYTES);
+    void *p;
+    mmp_msg_header h = message(0, NHS_BYTES);
+    h.bytes = NHS_BYTES;
+    if (!host) {
+        PROBLEM(bad, "malloc");
+        return bad;
+    }
+    /* Pinned, so the H2D copy is truly asynchronous behind the host function. */
+    CU(bad, cudaMallocHost((void **)&pinned, NHS_BYTES));
+    fill(pinned, NHS_BYTES, 0);
+    if (mmp_channel_acquire(ch, &p) != MMP_OK) {
+        PROBLEM(bad, "acquire 0: %s", mmp_last_error());
+        return bad;
+    }
+    CU(bad, cudaLaunchHostFunc(NULL, slow_then_flag, &s->sh->flag[0]));
+    CU(bad, cudaMemcpyAsync(p, pinned, NHS_BYTES, cudaMemcpyHostToDevice, NULL));
+    if (mmp_channel_post(ch, &h) != MMP_OK) {
+        PROBLEM(bad, "post 0: %s", mmp_last_error());
+    }
+    if (atomic_load(&s->sh->flag[0])) {
+        PROBLEM(bad, "post waited for the device work before it");
+    }
+    /* Slot 0 again (one slot): the credit comes at once, the device order
+     * only once the receiver's stream passed its slow host function. */
+    if (mmp_channel_acquire(ch, &p) != MMP_OK) {
+        PROBLEM(bad, "acquire 1: %s", mmp_last_error());
+        return bad;
+    }
+    if (atomic_load(&s->sh->flag[1])) {
+        PROBLEM(bad, "acquire waited for the receiver's device work");
+    }
+    fill(host, NHS_BYTES, 1);
+    CU(bad, cudaMemcpy(p, host, NHS_BYTES, cudaMemcpyHostToDevice));
+    h = message(1, NHS_BYTES);
+    h.bytes = NHS_BYTES;
+    if (mmp_channel_post(ch, &h) != MMP_OK) {
+        PROBLEM(bad, "post 1: %s", mmp_last_error());
+    }
+    cudaDeviceSynchronize();
+    cudaFreeHost(pinned);
+    free(host);
+    return bad;
+}
+
+static int recv_nhs(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    unsigned char *host = malloc(NHS_BYTES), *own = NULL;
+    mmp_msg_header h;
+    const void *p;
+    if (!host) {
+        PROBLEM(bad, "malloc");
+        return bad;
+    }
+    CU(bad, cudaMalloc((void **)&own, NHS_BYTES));
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+        PROBLEM(bad, "recv 0: %s", mmp_last_error());
+        return bad;
+    }
+    if (atomic_load(&s->sh->flag[0])) {
+        PROBLEM(bad, "recv returned only after the sender's device work (a host wait?)");
+    }
+    CU(bad, cudaMemcpy(host, p, NHS_BYTES, cudaMemcpyDeviceToHost));
+    if (!atomic_load(&s->sh->flag[0])) {
+        PROBLEM(bad, "the copy after recv ran before the sender's device work finished");
+    }
+    if (first_bad(host, NHS_BYTES, 0) != NHS_BYTES) {
+        PROBLEM(bad, "message 0: payload differs");
+    }
+    /* Our read of the slot sits behind a slow host function; release must
+     * not wait for it, and the sender's overwrite must. */
+    CU(bad, cudaLaunchHostFunc(NULL, slow_then_flag, &s->sh->flag[1]));
+    CU(bad, cudaMemcpyAsync(own, p, NHS_BYTES, cudaMemcpyDeviceToDevice, NULL));
+    if (mmp_channel_release(ch) != MMP_OK) {
+        PROBLEM(bad, "release 0: %s", mmp_last_error());
+    }
+    if (atomic_load(&s->sh->flag[1])) {
+        PROBLEM(bad, "release waited for the device work before it");
+    }
+    CU(bad, cudaMemcpy(host, own, NHS_BYTES, cudaMemcpyDeviceToHost));
+    if (first_bad(host, NHS_BYTES, 0) != NHS_BYTES) {
+        PROBLEM(bad, "the sender overwrote slot 0 before our read of it ran");
+    }
+    if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+        PROBLEM(bad, "recv 1: %s", mmp_last_error());
+        return bad;
+    }
+    CU(bad, cudaMemcpy(host, p, NHS_BYTES, cudaMemcpyDeviceToHost));
+    if (first_bad(host, NHS_BYTES, 1) != NHS_BYTES) {
+        PROBLEM(bad, "message 1: payload differs");
+    }
+    mmp_channel_release(ch);
+    cudaFree(own);
+    free(host);
+    return bad;
+}
+
+static void test_no_host_sync(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    side snd, rcv;
+    fresh_address(addr, sizeof addr);
+    make_ends(&snd, &rcv, t, make_cfg(addr, NHS_BYTES, 1, 1, 10000), 1, 2, sh);
+    snd.body = send_nhs;
+    rcv.body = recv_nhs;
+    CHECK(run_ends(&rcv, &snd, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
+static int open_end(side *s, mmp_channel *unused)
+{
+    (void)unused;
+    int bad = 0;
+    mmp_channel *ch = NULL;
+    if (mmp_channel_open(&ch, NULL, &s->cfg, s->creator) != MMP_OK) {
+        PROBLEM(bad, "open: %s", mmp_last_error());
+        return bad;
+    }
+    const mmp_transport *used = mmp_channel_transport(ch);
+    const mmp_transport *want = s->cfg.on_gpu ? &mmp_transport_cuda_ipc : &mmp_transport_shm;
+    if (used != want) {
+        PROBLEM(bad, "open picked %s, want %s", used->name, want->name);
+    }
+    if (s->cfg.send) {
+        mmp_msg_header h = {.flags = MMP_MSG_STOP};
+        if (mmp_channel_send(ch, &h, NULL) != MMP_OK) {
+            PROBLEM(bad, "send: %s", mmp_last_error());
+        }
+    } else {
+        mmp_msg_header h;
+        const void *p;
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK || h.flags != MMP_MSG_STOP || h.bytes != 0 ||
+            mmp_channel_release(ch) != MMP_OK) {
+            PROBLEM(bad, "recv: %s", mmp_last_error());
+        }
+    }
+    mmp_channel_close(ch);
+    return bad;
+}
+
+static void test_open_gpu(const mmp_transport *t)
+{
+    char addr[96];
+    shared *sh = new_shared();
+    for (int gpu = 1; gpu >= 0; gpu--) {
+        side snd, rcv;
+        fresh_address(addr, sizeof addr);
+        make_ends(&snd, &rcv, t, make_cfg(addr, 64, 2, 1, 2000), 1, 0, sh);
+        snd.cfg.on_gpu = rcv.cfg.on_gpu = gpu;
+        snd.opens = rcv.opens = 1;
+        snd.body = rcv.body = open_end;
+        CHECK(run_ends(&snd, &rcv, 0) == 0);
+    }
+    munmap(sh, sizeof *sh);
+}
+
+#endif /* MMP_HAVE_CUDA */
 
 /* ---- (8) crash clean-up ------------------------------------------------- */
 
@@ -906,6 +1659,9 @@ static mmp_msg_header *forger_find(const forger *f, uint64_t d)
 
 static void test_forged(const mmp_transport *t)
 {
+    if (same_process_only(t, "forged-headers")) {
+        return;
+    }
     enum { SLOT = 4096, SLOTS = 4 };
     char addr[96];
     fresh_address(addr, sizeof addr);
@@ -1006,45 +1762,148 @@ exit:
     mmp_channel_close(b);
 }
 
+/* ---- the table -------------------------------------------------------------
+ * Every case of `per_transport` runs once per transport of the build, named
+ * "<transport>/<case>" (`test_transport shm/ordered` runs one alone, --list
+ * names them); a device transport's cases are skipped (noted, not failed)
+ * when no device is visible, so the suite still judges shm. A new transport
+ * adds one TRANSPORT_CASES line and one table line. */
+
+#ifdef MMP_HAVE_CUDA
+/* Devices visible to a child (so this process never initialises CUDA). */
+static int probe_devices(void)
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        return 0;
+    }
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) {
+            n = 0;
+        }
+        ssize_t w = write(fds[1], &n, sizeof n);
+        _exit(w == (ssize_t)sizeof n ? 0 : 1);
+    }
+    close(fds[1]);
+    int n = 0;
+    if (pid < 0 || read(fds[0], &n, sizeof n) != (ssize_t)sizeof n) {
+        n = 0;
+    }
+    close(fds[0]);
+    if (pid > 0) {
+        waitpid(pid, NULL, 0);
+    }
+    return n;
+}
+#endif
+
 static void report(const char *transport, const char *name, int before, double t0)
 {
     CHECK(mmp_test_shm_count(prefix, 1) == 0);
-    fprintf(stderr, "%s %-14s %s (%.0f ms)\n", transport, name,
+    fprintf(stderr, "%s %-16s %s (%.0f ms)\n", transport, name,
             mmp_test_failures == before ? "ok" : "FAILED", now_ms() - t0);
 }
 
-int main(void)
+/* Runs case fn (called `name`) on t: skipped when t needs a device and none
+ * is visible, or when the case needs a capability t lacks. */
+static void run_case(const mmp_transport *t, const char *name, void (*fn)(const mmp_transport *),
+                     unsigned needs)
 {
-    snprintf(prefix, sizeof prefix, "/mmpipe-test-%d-", (int)getpid());
-    alarm(300);
-    struct {
-        const char *name;
-        void (*fn)(const mmp_transport *t);
-    } cases[] = {
-        {"ordered", test_ordered},       {"credit", test_credit},
-        {"zero-copy", test_zero_copy},   {"mismatch", test_mismatch},
-        {"no-creator", test_no_creator}, {"peer-death", test_peer_death},
-        {"big-slot", test_big},          {"forged-headers", test_forged},
-    };
-    for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
-        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-            int before = mmp_test_failures;
-            double t0 = now_ms();
-            cases[c].fn(transports[i]);
-            report(transports[i]->name, cases[c].name, before, t0);
+    if ((t->caps & needs) != needs) {
+        fprintf(stderr, "%s %-16s skipped: not a device transport\n", t->name, name);
+        return;
+    }
+    if (device(t)) {
+#ifdef MMP_HAVE_CUDA
+        if (n_devices < 0) {
+            n_devices = probe_devices();
+        }
+#endif
+        if (n_devices <= 0) {
+            fprintf(stderr, "%s %-16s skipped: no CUDA device\n", t->name, name);
+            return;
         }
     }
-    /* Not per transport: the priority list and shm's crash clean-up. */
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } global[] = {{"channel-open", test_open}, {"unlink-prefix", test_unlink_prefix}};
-    for (size_t c = 0; c < sizeof global / sizeof global[0]; c++) {
-        int before = mmp_test_failures;
-        double t0 = now_ms();
-        global[c].fn();
-        report("-", global[c].name, before, t0);
+    int before = mmp_test_failures;
+    double t0 = now_ms();
+    fn(t);
+    report(t->name, name, before, t0);
+}
+
+static void run_global(const char *name, void (*fn)(void))
+{
+    int before = mmp_test_failures;
+    double t0 = now_ms();
+    fn();
+    report("-", name, before, t0);
+}
+
+#define DEV MMP_TRANSPORT_DEVICE_SLOTS
+/* One wrapper per (transport, case): the harness's cases take no argument. */
+#define CASE(tr, fn, needs)                                                                        \
+    static void tr##_##fn(void)                                                                    \
+    {                                                                                              \
+        run_case(&mmp_transport_##tr, #fn, test_##fn, needs);                                      \
     }
+#define TRANSPORT_CASES(tr)                                                                        \
+    CASE(tr, ordered, 0)                                                                           \
+    CASE(tr, credit, 0)                                                                            \
+    CASE(tr, zero_copy, 0)                                                                         \
+    CASE(tr, mismatch, 0)                                                                          \
+    CASE(tr, mismatch_apart, 0)                                                                    \
+    CASE(tr, no_creator, 0)                                                                        \
+    CASE(tr, no_creator_apart, 0)                                                                  \
+    CASE(tr, creator_gone, 0)                                                                      \
+    CASE(tr, peer_death, 0)                                                                        \
+    CASE(tr, big, 0)                                                                               \
+    CASE(tr, forged, 0)
+#define TRANSPORT_TABLE(tr)                                                                        \
+    {#tr "/ordered", tr##_ordered}, {#tr "/credit", tr##_credit},                                  \
+        {#tr "/zero-copy", tr##_zero_copy}, {#tr "/mismatch", tr##_mismatch},                      \
+        {#tr "/mismatch-apart", tr##_mismatch_apart}, {#tr "/no-creator", tr##_no_creator},        \
+        {#tr "/no-creator-apart", tr##_no_creator_apart},                                          \
+        {#tr "/creator-gone", tr##_creator_gone}, {#tr "/peer-death", tr##_peer_death},            \
+        {#tr "/big-slot", tr##_big}, {#tr "/forged-headers", tr##_forged}
+
+TRANSPORT_CASES(shm)
+#ifdef MMP_HAVE_CUDA
+TRANSPORT_CASES(cuda_ipc)
+CASE(cuda_ipc, ordered_streams, DEV)
+CASE(cuda_ipc, no_host_sync, DEV)
+CASE(cuda_ipc, open_gpu, DEV)
+#endif
+
+/* Not per transport: the priority list and shm's crash clean-up. */
+static void channel_open(void)
+{
+    run_global("channel-open", test_open);
+}
+
+static void unlink_prefix(void)
+{
+    run_global("unlink-prefix", test_unlink_prefix);
+}
+
+static const mmp_test_case cases[] = {
+    TRANSPORT_TABLE(shm),
+#ifdef MMP_HAVE_CUDA
+    TRANSPORT_TABLE(cuda_ipc),
+    {"cuda_ipc/ordered-streams", cuda_ipc_ordered_streams},
+    {"cuda_ipc/no-host-sync", cuda_ipc_no_host_sync},
+    {"cuda_ipc/channel-open", cuda_ipc_open_gpu},
+#endif
+    {"channel-open", channel_open},
+    {"unlink-prefix", unlink_prefix},
+};
+
+int main(int argc, char **argv)
+{
+    snprintf(prefix, sizeof prefix, "/mmpipe-test-%d-", (int)getpid());
+    alarm(600);
+    int rc = MMP_TEST_MAIN("test_transport", cases, argc, argv);
     mmp_shm_unlink_prefix(prefix); /* whatever a failure left */
-    return mmp_test_finish("test_transport");
+    return rc;
 }

@@ -3,8 +3,9 @@
  * CUDA interprocess events, so neither end's host waits for the other's GPU.
  *
  * UNVERIFIED ON A GPU: this file was written and compiled on a machine with
- * no CUDA device; tests/gpu_transport.c and bench/bench_cuda_ipc.c are the
- * checks to run before trusting it (commands in gpu_transport.c's header).
+ * no CUDA device; the cuda_ipc cases of tests/test_transport.c and
+ * bench/bench_cuda_ipc.c are the checks to run before trusting it (commands
+ * in test_transport.c's header).
  *
  * Resources, all made once per channel, none per message:
  *   device     the creator cudaMallocs `slots` slots of slot_stride bytes
@@ -36,7 +37,7 @@
  *              cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize
  *              anywhere on the data path (acquire, post, recv, release, fill;
  *              read into host memory waits for its bytes by nature);
- *              tests/gpu_transport.c "no-host-sync" checks it.
+ *              tests/test_transport.c "cuda_ipc/no-host-sync" checks it.
  *   release    cudaEventRecord(freed[i], stream), then bumps tail. The receiver
  *              must have enqueued its reads of the slot on `stream`.
  * Event reuse is safe by the credit protocol: ready[i] is re-recorded only
