@@ -32,6 +32,38 @@ static const char *role_name(int role)
     return role == MMP_RING_CREATOR ? "creator" : "connector";
 }
 
+mmp_err mmp_ring_check_cfg(const char *what, const mmp_channel_cfg *cfg, int max_slots)
+{
+    const char *a = cfg ? cfg->address : NULL;
+    MMP_TRY(mmp_segment_check_name(what, "address", a));
+    if (cfg->slots < 1 || cfg->slots > max_slots) {
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: slots %d not in 1..%d", what, a, cfg->slots,
+                          max_slots);
+    }
+    if (cfg->slot_bytes > ((size_t)1 << 40)) {
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: slot_bytes %zu is absurd", what, a,
+                          cfg->slot_bytes);
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_ring_check_creator(const mmp_ring *r, uint32_t slots, uint64_t slot_bytes,
+                               int32_t creator_sends)
+{
+    if (slots != r->slots || slot_bytes != r->slot_bytes) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "%s %s: geometry mismatch: segment has %u slots of %llu bytes, this "
+                          "end expects %u slots of %zu bytes",
+                          r->what, r->name, slots, (unsigned long long)slot_bytes, r->slots,
+                          r->slot_bytes);
+    }
+    if ((creator_sends != 0) == r->send) {
+        return mmp_errorf(MMP_ERR_PROTO, "%s %s: both ends %s", r->what, r->name,
+                          r->send ? "send" : "receive");
+    }
+    return MMP_OK;
+}
+
 void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_channel_cfg *cfg,
                    int me, long spin_ns, const mmp_ring_hooks *hooks, void *ctx)
 {
@@ -53,6 +85,12 @@ void mmp_ring_attach(mmp_ring *r, mmp_ring_shared *sh, mmp_msg_header *msg)
 {
     r->sh = sh;
     r->msg = msg;
+}
+
+void mmp_ring_slots(mmp_ring *r, unsigned char *slot0, size_t stride)
+{
+    r->slot0 = slot0;
+    r->stride = stride;
 }
 
 void mmp_ring_take_creator(mmp_ring *r)
@@ -241,6 +279,46 @@ mmp_err mmp_ring_release(mmp_ring *r)
     atomic_store_explicit(&r->sh->tail, r->released, memory_order_release);
     mmp_segment_bell_ring(&r->sh->credit_bell, &r->sh->credit_sleepers);
     return MMP_OK;
+}
+
+/* ---- table entries ---- */
+
+static mmp_ring *ring_of(mmp_channel_impl *c)
+{
+    return (mmp_ring *)(void *)c;
+}
+
+mmp_err mmp_ring_impl_acquire(mmp_channel_impl *c, void **payload)
+{
+    mmp_ring *r = ring_of(c);
+    uint32_t i = 0;
+    MMP_TRY(mmp_ring_acquire(r, &i));
+    *payload = r->slot0 + (size_t)i * r->stride;
+    return MMP_OK;
+}
+
+mmp_err mmp_ring_impl_post(mmp_channel_impl *c, const mmp_msg_header *h)
+{
+    return mmp_ring_post(ring_of(c), h);
+}
+
+mmp_err mmp_ring_impl_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload)
+{
+    mmp_ring *r = ring_of(c);
+    uint32_t i = 0;
+    MMP_TRY(mmp_ring_recv(r, h, &i));
+    *payload = r->slot0 + (size_t)i * r->stride;
+    return MMP_OK;
+}
+
+mmp_err mmp_ring_impl_release(mmp_channel_impl *c)
+{
+    return mmp_ring_release(ring_of(c));
+}
+
+size_t mmp_ring_impl_slot_bytes(const mmp_channel_impl *c)
+{
+    return ((const mmp_ring *)(const void *)c)->slot_bytes;
 }
 
 void mmp_ring_close(mmp_ring *r)

@@ -75,6 +75,8 @@ typedef struct mmp_ring_hooks {
 typedef struct mmp_ring {
     mmp_ring_shared *sh;  /* in the segment; NULL until attached */
     mmp_msg_header *msg;  /* in the segment: one per slot */
+    unsigned char *slot0; /* slot 0's payload (host or device memory) */
+    size_t stride;        /* from one slot's payload to the next */
     const char *what;     /* the transport's name, for messages */
     const char *name;     /* the channel's address, for messages */
     uint32_t slots;
@@ -91,6 +93,18 @@ typedef struct mmp_ring {
     int peer_pidfd;       /* -1 until opened */
 } mmp_ring;
 
+/* The cfg checks every ring transport makes before anything else: address a
+ * POSIX shm name, slots in 1..max_slots, a sane slot_bytes. MMP_ERR_INVALID
+ * naming `what` (the transport) and the address. */
+mmp_err mmp_ring_check_cfg(const char *what, const mmp_channel_cfg *cfg, int max_slots);
+
+/* The checks of a creator's header that every ring transport makes at
+ * connect (after its magic and version): the creator's geometry (slots,
+ * slot_bytes) against this end's cfg, and opposite directions.
+ * MMP_ERR_PROTO naming both sides' values. */
+mmp_err mmp_ring_check_creator(const mmp_ring *r, uint32_t slots, uint64_t slot_bytes,
+                               int32_t creator_sends);
+
 /* This end's state, not attached yet (sh and msg NULL). what and name must
  * outlive r. */
 void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_channel_cfg *cfg,
@@ -98,6 +112,9 @@ void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_ch
 
 /* Points r at the shared words and per-slot headers in its segment. */
 void mmp_ring_attach(mmp_ring *r, mmp_ring_shared *sh, mmp_msg_header *msg);
+
+/* Where the payloads live: slot i's is slot0 + i * stride. */
+void mmp_ring_slots(mmp_ring *r, unsigned char *slot0, size_t stride);
 
 /* Creator, once its segment is otherwise ready (before publishing it):
  * records this process as the creator. */
@@ -120,6 +137,19 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot);
 mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h);
 mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot);
 mmp_err mmp_ring_release(mmp_ring *r);
+
+/* The table entries (channel.h) of a transport whose state begins with its
+ * mmp_ring (it static_asserts offsetof(<state>, ring) == 0): the ring
+ * protocol with payload pointers slot0 + i * stride. */
+mmp_err mmp_ring_impl_acquire(mmp_channel_impl *c, void **payload);
+mmp_err mmp_ring_impl_post(mmp_channel_impl *c, const mmp_msg_header *h);
+mmp_err mmp_ring_impl_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload);
+mmp_err mmp_ring_impl_release(mmp_channel_impl *c);
+size_t mmp_ring_impl_slot_bytes(const mmp_channel_impl *c);
+/* Those entries, for the transport's designated initializer. */
+#define MMP_RING_TABLE_ENTRIES                                                                     \
+    .acquire = mmp_ring_impl_acquire, .post = mmp_ring_impl_post, .recv = mmp_ring_impl_recv,      \
+    .release = mmp_ring_impl_release, .slot_bytes = mmp_ring_impl_slot_bytes
 
 /* Marks this end closed and wakes every waiter of the peer; a creator also
  * unlinks the name unless its connector already did. The segment stays

@@ -81,6 +81,7 @@ static_assert(offsetof(shm_header, magic) == 0, "a segment's magic comes first (
 static_assert(sizeof(shm_header) == 256, "shm_header is part of the segment layout");
 
 typedef struct shm_channel {
+    mmp_ring ring; /* first: the table's ring entries take the channel as their ring */
     shm_header *hdr;
     size_t map_bytes;       /* the segment's size, as this end computes it */
     size_t payload_offset;  /* from hdr to slot 0's payload */
@@ -88,9 +89,10 @@ typedef struct shm_channel {
     size_t slot_bytes, stride;
     uint32_t slots;
     int send; /* this end sends */
-    mmp_ring ring;
     char name[NAME_MAX + 1];
 } shm_channel;
+
+static_assert(offsetof(shm_channel, ring) == 0, "mmp_ring_impl_* take the channel as its ring");
 
 static shm_channel *shm_of(mmp_channel_impl *c)
 {
@@ -105,15 +107,7 @@ typedef struct shm_geometry {
 
 static mmp_err check_cfg(const mmp_channel_cfg *cfg, shm_geometry *g)
 {
-    const char *a = cfg ? cfg->address : NULL;
-    MMP_TRY(mmp_segment_check_name("shm", "address", a));
-    if (cfg->slots < 1 || cfg->slots > SHM_MAX_SLOTS) {
-        return mmp_errorf(MMP_ERR_INVALID, "shm %s: slots %d not in 1..%d", a, cfg->slots,
-                          SHM_MAX_SLOTS);
-    }
-    if (cfg->slot_bytes > ((size_t)1 << 40)) {
-        return mmp_errorf(MMP_ERR_INVALID, "shm %s: slot_bytes %zu is absurd", a, cfg->slot_bytes);
-    }
+    MMP_TRY(mmp_ring_check_cfg("shm", cfg, SHM_MAX_SLOTS));
     g->stride = (cfg->slot_bytes + SHM_ALIGN - 1) / SHM_ALIGN * SHM_ALIGN;
     size_t head = sizeof(shm_header) + (size_t)cfg->slots * sizeof(mmp_msg_header);
     g->payload_offset = (head + SHM_PAGE - 1) / SHM_PAGE * SHM_PAGE;
@@ -148,6 +142,7 @@ static void attach(shm_channel *ch, void *base)
     ch->hdr = base;
     ch->payload = (unsigned char *)base + ch->payload_offset;
     mmp_ring_attach(&ch->ring, &ch->hdr->ring, ch->hdr->msg);
+    mmp_ring_slots(&ch->ring, ch->payload, ch->stride);
 }
 
 /* ---- the transport ------------------------------------------------------ */
@@ -206,13 +201,7 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
         return mmp_errorf(MMP_ERR_PROTO, "shm %s: segment version %u, this end speaks %u", ch->name,
                           h->version, SHM_VERSION);
     }
-    if (h->slots != ch->slots || h->slot_bytes != ch->slot_bytes) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "shm %s: geometry mismatch: segment has %u slots of %llu bytes, this "
-                          "end expects %u slots of %zu bytes",
-                          ch->name, h->slots, (unsigned long long)h->slot_bytes, ch->slots,
-                          ch->slot_bytes);
-    }
+    MMP_TRY(mmp_ring_check_creator(&ch->ring, h->slots, h->slot_bytes, h->creator_sends));
     if (h->slot_stride != ch->stride || h->payload_offset != ch->payload_offset ||
         h->total_bytes != ch->map_bytes || file_bytes != ch->map_bytes) {
         return mmp_errorf(MMP_ERR_PROTO,
@@ -221,10 +210,6 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
                           ch->name, (unsigned long long)h->slot_stride,
                           (unsigned long long)h->payload_offset, (long long)file_bytes, ch->stride,
                           ch->payload_offset, ch->map_bytes);
-    }
-    if ((h->creator_sends != 0) == ch->send) {
-        return mmp_errorf(MMP_ERR_PROTO, "shm %s: both ends %s", ch->name,
-                          ch->send ? "send" : "receive");
     }
     return MMP_OK;
 }
@@ -272,34 +257,6 @@ static mmp_err shm_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
     return MMP_OK;
 }
 
-static mmp_err shm_acquire(mmp_channel_impl *c, void **payload)
-{
-    shm_channel *ch = shm_of(c);
-    uint32_t i;
-    MMP_TRY(mmp_ring_acquire(&ch->ring, &i));
-    *payload = ch->payload + (size_t)i * ch->stride;
-    return MMP_OK;
-}
-
-static mmp_err shm_post(mmp_channel_impl *c, const mmp_msg_header *h)
-{
-    return mmp_ring_post(&shm_of(c)->ring, h);
-}
-
-static mmp_err shm_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload)
-{
-    shm_channel *ch = shm_of(c);
-    uint32_t i;
-    MMP_TRY(mmp_ring_recv(&ch->ring, h, &i));
-    *payload = ch->payload + (size_t)i * ch->stride;
-    return MMP_OK;
-}
-
-static mmp_err shm_release(mmp_channel_impl *c)
-{
-    return mmp_ring_release(&shm_of(c)->ring);
-}
-
 /* Marks this end closed, wakes the peer (its blocked call returns
  * MMP_ERR_PEER once it has drained what was posted), unmaps and frees ch. A
  * creator no one connected to unlinks the name. NULL is a no-op; ch is freed,
@@ -318,20 +275,11 @@ static void shm_close(mmp_channel_impl *c)
     free(ch);
 }
 
-static size_t shm_slot_bytes(const mmp_channel_impl *c)
-{
-    return ((const shm_channel *)(const void *)c)->slot_bytes;
-}
-
 const mmp_transport mmp_transport_shm = {
     .name = "shm",
     .can_connect = shm_can_connect,
     .setup = shm_setup,
     .connect = shm_connect,
-    .acquire = shm_acquire,
-    .post = shm_post,
-    .recv = shm_recv,
-    .release = shm_release,
     .close = shm_close,
-    .slot_bytes = shm_slot_bytes,
+    MMP_RING_TABLE_ENTRIES, /* acquire, post, recv, release, slot_bytes */
 };

@@ -80,6 +80,7 @@
 #include <pthread.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,8 @@ static_assert(sizeof(cipc_header) == 320, "cipc_header is part of the segment la
 
 typedef struct cipc_channel cipc_channel;
 struct cipc_channel {
+    mmp_ring ring; /* first: the protocol (transport/ring.h), which the table's
+                    * ring entries take the channel as; its hooks are below */
     cipc_header *hdr;
     size_t map_bytes;
     cudaIpcEventHandle_t *ready_h; /* in the segment */
@@ -132,10 +135,11 @@ struct cipc_channel {
     size_t msg_off, ready_off, freed_off; /* in the control segment */
     uint32_t slots;
     int send;           /* this end sends */
-    mmp_ring ring;      /* the protocol (transport/ring.h); its hooks are below */
     cipc_channel *next; /* graveyard link */
     char name[NAME_MAX + 1];
 };
+
+static_assert(offsetof(cipc_channel, ring) == 0, "mmp_ring_impl_* take the channel as its ring");
 
 static cipc_channel *cipc_of(mmp_channel_impl *c)
 {
@@ -219,18 +223,9 @@ typedef struct cipc_geometry {
 
 static mmp_err check_cfg(const mmp_channel_cfg *cfg, cipc_geometry *g)
 {
-    const char *a = cfg ? cfg->address : NULL;
-    MMP_TRY(mmp_segment_check_name("cuda_ipc", "address", a));
-    if (cfg->slots < 1 || cfg->slots > CIPC_MAX_SLOTS) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: slots %d not in 1..%d", a, cfg->slots,
-                          CIPC_MAX_SLOTS);
-    }
-    if (cfg->slot_bytes > ((size_t)1 << 40)) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: slot_bytes %zu is absurd", a,
-                          cfg->slot_bytes);
-    }
+    MMP_TRY(mmp_ring_check_cfg("cuda_ipc", cfg, CIPC_MAX_SLOTS));
     if (cfg->device < 0) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: device %d", a, cfg->device);
+        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: device %d", cfg->address, cfg->device);
     }
     size_t s = cfg->slot_bytes ? cfg->slot_bytes : 1;
     g->stride = (s + CIPC_ALIGN - 1) / CIPC_ALIGN * CIPC_ALIGN;
@@ -411,6 +406,7 @@ static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
         ret = cuda_fail(ce, cfg->address, "cudaMalloc of the slots");
         goto fail;
     }
+    mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
     const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
     for (; ch->n_ready < cfg->slots; ch->n_ready++) {
         if ((ce = cudaEventCreateWithFlags(&ch->ready[ch->n_ready], flags)) != cudaSuccess) {
@@ -481,13 +477,7 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
         return mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: segment version %u, this end speaks %u",
                           ch->name, h->version, CIPC_VERSION);
     }
-    if (h->slots != ch->slots || h->slot_bytes != ch->slot_bytes) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "cuda_ipc %s: geometry mismatch: segment has %u slots of %llu bytes, "
-                          "this end expects %u slots of %zu bytes",
-                          ch->name, h->slots, (unsigned long long)h->slot_bytes, ch->slots,
-                          ch->slot_bytes);
-    }
+    MMP_TRY(mmp_ring_check_creator(&ch->ring, h->slots, h->slot_bytes, h->creator_sends));
     if (h->slot_stride != ch->stride || h->total_bytes != ch->map_bytes ||
         file_bytes != ch->map_bytes) {
         return mmp_errorf(MMP_ERR_PROTO,
@@ -495,10 +485,6 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
                           "stride %zu size %zu",
                           ch->name, (unsigned long long)h->slot_stride, (long long)file_bytes,
                           ch->stride, ch->map_bytes);
-    }
-    if ((h->creator_sends != 0) == ch->send) {
-        return mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: both ends %s", ch->name,
-                          ch->send ? "send" : "receive");
     }
     return MMP_OK;
 }
@@ -516,6 +502,7 @@ static mmp_err import_device(cipc_channel *ch)
         return cuda_fail(ce, ch->name, "cudaIpcOpenMemHandle");
     }
     ch->dev = dev;
+    mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
     for (; ch->n_ready < (int)ch->slots; ch->n_ready++) {
         ce = cudaIpcOpenEventHandle(&ch->ready[ch->n_ready], ch->ready_h[ch->n_ready]);
         if (ce != cudaSuccess) {
@@ -571,15 +558,6 @@ static mmp_err cipc_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
     return MMP_OK;
 }
 
-static mmp_err cipc_acquire(mmp_channel_impl *c, void **payload)
-{
-    cipc_channel *ch = cipc_of(c);
-    uint32_t i;
-    MMP_TRY(mmp_ring_acquire(&ch->ring, &i));
-    *payload = ch->dev + (size_t)i * ch->stride;
-    return MMP_OK;
-}
-
 /* mmp_channel_send's copy: stream-ordered; src may be host or device memory
  * (unified addressing). A pageable host src may be reused when this returns
  * (the runtime stages it first); a device src must stay unchanged until the
@@ -606,25 +584,6 @@ static mmp_err cipc_read(mmp_channel_impl *c, void *dst, const void *src, size_t
         return cuda_fail(ce, ch->name, "read: cudaMemcpyAsync out of the slot");
     }
     return MMP_OK;
-}
-
-static mmp_err cipc_post(mmp_channel_impl *c, const mmp_msg_header *h)
-{
-    return mmp_ring_post(&cipc_of(c)->ring, h);
-}
-
-static mmp_err cipc_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload)
-{
-    cipc_channel *ch = cipc_of(c);
-    uint32_t i;
-    MMP_TRY(mmp_ring_recv(&ch->ring, h, &i));
-    *payload = ch->dev + (size_t)i * ch->stride;
-    return MMP_OK;
-}
-
-static mmp_err cipc_release(mmp_channel_impl *c)
-{
-    return mmp_ring_release(&cipc_of(c)->ring);
 }
 
 /* Marks this end closed and wakes the peer (its blocked call returns
@@ -654,23 +613,14 @@ static void cipc_close(mmp_channel_impl *c)
     sweep();
 }
 
-static size_t cipc_slot_bytes(const mmp_channel_impl *c)
-{
-    return ((const cipc_channel *)(const void *)c)->slot_bytes;
-}
-
 const mmp_transport mmp_transport_cuda_ipc = {
     .name = "cuda_ipc",
     .caps = MMP_TRANSPORT_DEVICE_SLOTS,
     .can_connect = cipc_can_connect,
     .setup = cipc_setup,
     .connect = cipc_connect,
-    .acquire = cipc_acquire,
-    .post = cipc_post,
-    .recv = cipc_recv,
-    .release = cipc_release,
     .close = cipc_close,
-    .slot_bytes = cipc_slot_bytes,
+    MMP_RING_TABLE_ENTRIES, /* acquire, post, recv, release, slot_bytes */
     .fill = cipc_fill,
     .read = cipc_read,
 };
