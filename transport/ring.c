@@ -47,17 +47,39 @@ mmp_err mmp_ring_check_cfg(const char *what, const mmp_channel_cfg *cfg, int max
     return MMP_OK;
 }
 
-mmp_err mmp_ring_check_creator(const mmp_ring *r, uint32_t slots, uint64_t slot_bytes,
-                               int32_t creator_sends)
+void mmp_ring_header_init(mmp_ring_header *h, const mmp_ring *r, uint32_t version, size_t stride,
+                          size_t total_bytes)
 {
-    if (slots != r->slots || slot_bytes != r->slot_bytes) {
+    h->version = version;
+    h->slots = r->slots;
+    h->slot_bytes = r->slot_bytes;
+    h->slot_stride = stride;
+    h->total_bytes = total_bytes;
+    h->creator_sends = r->send;
+}
+
+mmp_err mmp_ring_check_header(const mmp_ring *r, const mmp_ring_header *h, uint32_t version,
+                              size_t stride, size_t total_bytes, size_t file_bytes)
+{
+    if (h->version != version) {
+        return mmp_errorf(MMP_ERR_PROTO, "%s %s: segment version %u, this end speaks %u", r->what,
+                          r->name, h->version, version);
+    }
+    if (h->slots != r->slots || h->slot_bytes != r->slot_bytes) {
         return mmp_errorf(MMP_ERR_PROTO,
                           "%s %s: geometry mismatch: segment has %u slots of %llu bytes, this "
                           "end expects %u slots of %zu bytes",
-                          r->what, r->name, slots, (unsigned long long)slot_bytes, r->slots,
+                          r->what, r->name, h->slots, (unsigned long long)h->slot_bytes, r->slots,
                           r->slot_bytes);
     }
-    if ((creator_sends != 0) == r->send) {
+    if (h->slot_stride != stride || h->total_bytes != total_bytes || file_bytes != total_bytes) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "%s %s: layout mismatch: segment stride %llu size %lld, this end "
+                          "computes stride %zu size %zu",
+                          r->what, r->name, (unsigned long long)h->slot_stride,
+                          (long long)file_bytes, stride, total_bytes);
+    }
+    if ((h->creator_sends != 0) == r->send) {
         return mmp_errorf(MMP_ERR_PROTO, "%s %s: both ends %s", r->what, r->name,
                           r->send ? "send" : "receive");
     }

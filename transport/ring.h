@@ -55,6 +55,20 @@ typedef struct mmp_ring_shared {
     _Atomic uint32_t credit_sleepers;
 } mmp_ring_shared;
 
+/* The start of every ring transport's segment: what the connector checks
+ * before it trusts the rest (the transport's own fields follow). */
+typedef struct mmp_ring_header {
+    _Atomic uint64_t magic; /* the transport's, once the creator set up the rest (segment.h) */
+    uint32_t version;
+    uint32_t slots;
+    uint64_t slot_bytes;
+    uint64_t slot_stride;  /* from one slot's payload to the next */
+    uint64_t total_bytes;  /* of the segment */
+    int32_t creator_sends; /* 1: the creator is the sending end */
+} mmp_ring_header;
+
+static_assert(offsetof(mmp_ring_header, magic) == 0, "a segment's magic comes first (segment.h)");
+static_assert(sizeof(mmp_ring_header) == 48, "mmp_ring_header is part of segment layouts");
 static_assert(sizeof(mmp_ring_shared) == 192, "mmp_ring_shared is part of segment layouts");
 static_assert(sizeof(mmp_msg_header) == 32, "mmp_msg_header is part of segment layouts");
 
@@ -98,12 +112,17 @@ typedef struct mmp_ring {
  * naming `what` (the transport) and the address. */
 mmp_err mmp_ring_check_cfg(const char *what, const mmp_channel_cfg *cfg, int max_slots);
 
-/* The checks of a creator's header that every ring transport makes at
- * connect (after its magic and version): the creator's geometry (slots,
- * slot_bytes) against this end's cfg, and opposite directions.
- * MMP_ERR_PROTO naming both sides' values. */
-mmp_err mmp_ring_check_creator(const mmp_ring *r, uint32_t slots, uint64_t slot_bytes,
-                               int32_t creator_sends);
+/* Creator: fills h (all but magic) from r and the transport's layout. */
+void mmp_ring_header_init(mmp_ring_header *h, const mmp_ring *r, uint32_t version, size_t stride,
+                          size_t total_bytes);
+
+/* Connector: the checks of a creator's header that every ring transport
+ * makes after its own magic check (an mmp_segment_check's body): version,
+ * the creator's geometry against this end's cfg, the layout (stride, total
+ * and the segment's actual size file_bytes, all as this end computes them),
+ * and opposite directions. MMP_ERR_PROTO naming both sides' values. */
+mmp_err mmp_ring_check_header(const mmp_ring *r, const mmp_ring_header *h, uint32_t version,
+                              size_t stride, size_t total_bytes, size_t file_bytes);
 
 /* This end's state, not attached yet (sh and msg NULL). what and name must
  * outlive r. */

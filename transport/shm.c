@@ -65,19 +65,13 @@
 #endif
 
 typedef struct shm_header {
-    _Atomic uint64_t magic; /* SHM_MAGIC once the creator has set up the rest */
-    uint32_t version;
-    uint32_t slots;
-    uint64_t slot_bytes;
-    uint64_t slot_stride;    /* slot_bytes rounded up to SHM_ALIGN */
+    mmp_ring_header g;       /* magic (SHM_MAGIC), version, geometry, directions */
     uint64_t payload_offset; /* from the segment's start; a multiple of SHM_PAGE */
-    uint64_t total_bytes;
-    int32_t creator_sends; /* 1: the creator is the sending end */
     alignas(SHM_ALIGN) mmp_ring_shared ring; /* pids, closed flags, counters, doorbells */
     alignas(SHM_ALIGN) mmp_msg_header msg[]; /* one per slot */
 } shm_header;
 
-static_assert(offsetof(shm_header, magic) == 0, "a segment's magic comes first (segment.h)");
+static_assert(offsetof(shm_header, g) == 0, "a segment's magic comes first (segment.h)");
 static_assert(sizeof(shm_header) == 256, "shm_header is part of the segment layout");
 
 typedef struct shm_channel {
@@ -173,13 +167,8 @@ static mmp_err shm_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
     }
     attach(ch, base);
     shm_header *h = ch->hdr; /* a fresh segment reads as zeros */
-    h->version = SHM_VERSION;
-    h->slots = ch->slots;
-    h->slot_bytes = ch->slot_bytes;
-    h->slot_stride = ch->stride;
+    mmp_ring_header_init(&h->g, &ch->ring, SHM_VERSION, ch->stride, ch->map_bytes);
     h->payload_offset = ch->payload_offset;
-    h->total_bytes = ch->map_bytes;
-    h->creator_sends = ch->send;
     mmp_ring_take_creator(&ch->ring);
     mmp_segment_publish(base, SHM_MAGIC);
     *out = (mmp_channel_impl *)(void *)ch;
@@ -197,19 +186,13 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
         return mmp_errorf(MMP_ERR_PROTO, "shm %s: not an mmpipe channel (magic %#llx, want %#llx)",
                           ch->name, (unsigned long long)magic, (unsigned long long)SHM_MAGIC);
     }
-    if (h->version != SHM_VERSION) {
-        return mmp_errorf(MMP_ERR_PROTO, "shm %s: segment version %u, this end speaks %u", ch->name,
-                          h->version, SHM_VERSION);
-    }
-    MMP_TRY(mmp_ring_check_creator(&ch->ring, h->slots, h->slot_bytes, h->creator_sends));
-    if (h->slot_stride != ch->stride || h->payload_offset != ch->payload_offset ||
-        h->total_bytes != ch->map_bytes || file_bytes != ch->map_bytes) {
+    MMP_TRY(mmp_ring_check_header(&ch->ring, &h->g, SHM_VERSION, ch->stride, ch->map_bytes,
+                                  file_bytes));
+    if (h->payload_offset != ch->payload_offset) {
         return mmp_errorf(MMP_ERR_PROTO,
-                          "shm %s: layout mismatch: segment stride %llu offset %llu size %lld, "
-                          "this end computes stride %zu offset %zu size %zu",
-                          ch->name, (unsigned long long)h->slot_stride,
-                          (unsigned long long)h->payload_offset, (long long)file_bytes, ch->stride,
-                          ch->payload_offset, ch->map_bytes);
+                          "shm %s: layout mismatch: segment payload offset %llu, this end "
+                          "computes %zu",
+                          ch->name, (unsigned long long)h->payload_offset, ch->payload_offset);
     }
     return MMP_OK;
 }

@@ -99,13 +99,7 @@
 #define CIPC_MAX_SLOTS 256
 
 typedef struct cipc_header {
-    _Atomic uint64_t magic; /* CIPC_MAGIC once the creator has set up the rest */
-    uint32_t version;
-    uint32_t slots;
-    uint64_t slot_bytes;
-    uint64_t slot_stride;   /* slot_bytes rounded up to CIPC_ALIGN */
-    uint64_t total_bytes;   /* of this control segment */
-    int32_t creator_sends;  /* 1: the creator is the sending end */
+    mmp_ring_header g;      /* magic (CIPC_MAGIC), version, geometry, directions */
     int32_t creator_device; /* for messages only */
     cudaIpcMemHandle_t mem; /* slot 0 of the creator's allocation */
     alignas(CIPC_LINE) mmp_ring_shared ring; /* pids, closed flags, counters, doorbells */
@@ -113,7 +107,7 @@ typedef struct cipc_header {
      * freed[slots] (see check_cfg). */
 } cipc_header;
 
-static_assert(offsetof(cipc_header, magic) == 0, "a segment's magic comes first (segment.h)");
+static_assert(offsetof(cipc_header, g) == 0, "a segment's magic comes first (segment.h)");
 static_assert(sizeof(cudaIpcMemHandle_t) == 64 && sizeof(cudaIpcEventHandle_t) == 64,
               "IPC handles are part of the segment layout");
 static_assert(sizeof(cipc_header) == 320, "cipc_header is part of the segment layout");
@@ -437,12 +431,7 @@ static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
             goto fail;
         }
     }
-    h->version = CIPC_VERSION;
-    h->slots = (uint32_t)cfg->slots;
-    h->slot_bytes = cfg->slot_bytes;
-    h->slot_stride = g.stride;
-    h->total_bytes = g.total;
-    h->creator_sends = ch->send;
+    mmp_ring_header_init(&h->g, &ch->ring, CIPC_VERSION, g.stride, g.total);
     h->creator_device = cfg->device;
     mmp_ring_take_creator(&ch->ring);
     mmp_segment_publish(base, CIPC_MAGIC);
@@ -473,20 +462,8 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
                           "the creator set on_gpu and see a CUDA device?",
                           ch->name, (unsigned long long)magic, (unsigned long long)CIPC_MAGIC);
     }
-    if (h->version != CIPC_VERSION) {
-        return mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: segment version %u, this end speaks %u",
-                          ch->name, h->version, CIPC_VERSION);
-    }
-    MMP_TRY(mmp_ring_check_creator(&ch->ring, h->slots, h->slot_bytes, h->creator_sends));
-    if (h->slot_stride != ch->stride || h->total_bytes != ch->map_bytes ||
-        file_bytes != ch->map_bytes) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "cuda_ipc %s: layout mismatch: stride %llu size %lld, this end computes "
-                          "stride %zu size %zu",
-                          ch->name, (unsigned long long)h->slot_stride, (long long)file_bytes,
-                          ch->stride, ch->map_bytes);
-    }
-    return MMP_OK;
+    return mmp_ring_check_header(&ch->ring, &h->g, CIPC_VERSION, ch->stride, ch->map_bytes,
+                                 file_bytes);
 }
 
 /* Opens the creator's device slots and events in this process, once. */
