@@ -155,6 +155,7 @@ struct side {
     shared *sh;
     int (*body)(side *s, mmp_channel *ch);
     int problems; /* thread mode: the result */
+    char addr[96]; /* cfg.address, when pair() named it */
 };
 
 /* Device transports: a CUDA context does not survive fork and
@@ -176,6 +177,23 @@ static void make_ends(side *snd, side *rcv, const mmp_transport *t, mmp_channel_
     snd->cfg.send = 1;
     rcv->cfg.send = 0;
     rcv->creator = !creator_sends;
+}
+
+/* make_ends on a fresh address with a cfg of this geometry (timeout_ms for
+ * blocking calls), with the two ends' bodies. */
+static void pair(side *snd, side *rcv, const mmp_transport *t, size_t slot_bytes, int slots,
+                 int timeout_ms, int creator_sends, int n, shared *sh,
+                 int (*snd_body)(side *, mmp_channel *), int (*rcv_body)(side *, mmp_channel *))
+{
+    char addr[96];
+    fresh_address(addr, sizeof addr);
+    make_ends(snd, rcv, t, make_cfg(addr, slot_bytes, slots, 1, timeout_ms), creator_sends, n, sh);
+    snprintf(snd->addr, sizeof snd->addr, "%s", addr);
+    snprintf(rcv->addr, sizeof rcv->addr, "%s", addr);
+    snd->cfg.address = snd->addr;
+    rcv->cfg.address = rcv->addr;
+    snd->body = snd_body;
+    rcv->body = rcv_body;
 }
 
 static int side_run(side *s)
@@ -536,20 +554,13 @@ static int recv_hold(side *s, mmp_channel *ch)
 
 static void test_credit(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
-    fresh_address(addr, sizeof addr);
     side snd, rcv;
-    make_ends(&snd, &rcv, t, make_cfg(addr, 64, 2, 1, 10000), 1, 3, sh);
-    snd.body = send_credit;
-    rcv.body = recv_credit;
+    pair(&snd, &rcv, t, 64, 2, 10000, 1, 3, sh, send_credit, recv_credit);
     CHECK(run_pair(&snd, &rcv, 0) == 0);
 
     /* A live receiver that never releases: acquire gives up after timeout_ms. */
-    fresh_address(addr, sizeof addr);
-    make_ends(&snd, &rcv, t, make_cfg(addr, 64, 1, 1, 200), 1, 1, sh);
-    snd.body = send_timeout;
-    rcv.body = recv_hold;
+    pair(&snd, &rcv, t, 64, 1, 200, 1, 1, sh, send_timeout, recv_hold);
     CHECK(run_pair(&snd, &rcv, 0) == 0);
     munmap(sh, sizeof *sh);
 }
@@ -625,13 +636,9 @@ static int recv_zc(side *s, mmp_channel *ch)
 
 static void test_zero_copy(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
-    fresh_address(addr, sizeof addr);
     side snd, rcv;
-    make_ends(&snd, &rcv, t, make_cfg(addr, ZC_BYTES, ZC_SLOTS, 1, 10000), 0, 12, sh);
-    snd.body = send_zc;
-    rcv.body = recv_zc;
+    pair(&snd, &rcv, t, ZC_BYTES, ZC_SLOTS, 10000, 0, 12, sh, send_zc, recv_zc);
     CHECK(run_pair(&rcv, &snd, 0) == 0);
     munmap(sh, sizeof *sh);
 }
@@ -875,11 +882,8 @@ static void test_peer_death(const mmp_transport *t)
     char addr[96];
     shared *sh = new_shared();
     /* timeout_ms 0: only noticing the death can end the sender's wait. */
-    fresh_address(addr, sizeof addr);
     side snd, rcv;
-    make_ends(&snd, &rcv, t, make_cfg(addr, 256, 2, 1, 0), 1, 0, sh);
-    snd.body = send_until_peer;
-    rcv.body = recv_then_die;
+    pair(&snd, &rcv, t, 256, 2, 0, 1, 0, sh, send_until_peer, recv_then_die);
     CHECK(run_killed(&snd, &rcv) == 0);
     CHECK(leftovers(prefix) == 0);
 
@@ -1029,14 +1033,11 @@ static int apart_connector_mismatch(side *s, mmp_channel *unused)
 
 static void test_mismatch_apart(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
     side snd, rcv;
-    fresh_address(addr, sizeof addr);
-    make_ends(&snd, &rcv, t, make_cfg(addr, 4096, 2, 1, 1000), 1, 1, sh);
+    pair(&snd, &rcv, t, 4096, 2, 1000, 1, 1, sh, apart_creator_mismatch,
+         apart_connector_mismatch);
     snd.opens = rcv.opens = 1;
-    snd.body = apart_creator_mismatch;
-    rcv.body = apart_connector_mismatch;
     CHECK(run_ends(&snd, &rcv, 0) == 0);
     munmap(sh, sizeof *sh);
 }
@@ -1095,37 +1096,26 @@ static int idle(side *s, mmp_channel *unused)
 
 static void test_no_creator_apart(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
     side a, b;
-    fresh_address(addr, sizeof addr);
-    make_ends(&a, &b, t, make_cfg(addr, 64, 2, 1, 300), 1, 1, sh);
+    pair(&a, &b, t, 64, 2, 300, 1, 1, sh, idle, connect_nobody);
     a.opens = b.opens = 1;
-    a.body = idle;
-    b.body = connect_nobody;
     CHECK(run_ends(&a, &b, 0) == 0);
     munmap(sh, sizeof *sh);
 }
 
 static void test_creator_gone(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
     side a, b;
     /* A creator that closed before anyone connected took its name along. */
-    fresh_address(addr, sizeof addr);
-    make_ends(&a, &b, t, make_cfg(addr, 64, 2, 1, 300), 1, 1, sh);
+    pair(&a, &b, t, 64, 2, 300, 1, 1, sh, setup_close, connect_nobody);
     a.opens = b.opens = 1;
-    a.body = setup_close;
-    b.body = connect_nobody;
     CHECK(run_in_turn(&a, 0, &b) == 0);
     /* A creator SIGKILLed before anyone connected: connect reports it, and
      * removes the name the dead creator could not. */
-    fresh_address(addr, sizeof addr);
-    make_ends(&a, &b, t, make_cfg(addr, 64, 2, 1, 300), 1, 0, sh);
+    pair(&a, &b, t, 64, 2, 300, 1, 0, sh, setup_die, connect_nobody);
     a.opens = b.opens = 1;
-    a.body = setup_die;
-    b.body = connect_nobody;
     CHECK(run_in_turn(&a, 1, &b) == 0);
     munmap(sh, sizeof *sh);
 }
@@ -1418,13 +1408,9 @@ static int recv_nhs(side *s, mmp_channel *ch)
 
 static void test_no_host_sync(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
     side snd, rcv;
-    fresh_address(addr, sizeof addr);
-    make_ends(&snd, &rcv, t, make_cfg(addr, NHS_BYTES, 1, 1, 10000), 1, 2, sh);
-    snd.body = send_nhs;
-    rcv.body = recv_nhs;
+    pair(&snd, &rcv, t, NHS_BYTES, 1, 10000, 1, 2, sh, send_nhs, recv_nhs);
     CHECK(run_ends(&rcv, &snd, 0) == 0);
     munmap(sh, sizeof *sh);
 }
@@ -1562,13 +1548,9 @@ static int recv_big(side *s, mmp_channel *ch)
 
 static void test_big(const mmp_transport *t)
 {
-    char addr[96];
     shared *sh = new_shared();
-    fresh_address(addr, sizeof addr);
     side snd, rcv;
-    make_ends(&snd, &rcv, t, make_cfg(addr, BIG, 2, 1, 10000), 1, 6, sh);
-    snd.body = send_big;
-    rcv.body = recv_big;
+    pair(&snd, &rcv, t, BIG, 2, 10000, 1, 6, sh, send_big, recv_big);
     CHECK(run_pair(&rcv, &snd, 0) == 0);
     munmap(sh, sizeof *sh);
 }
