@@ -148,6 +148,12 @@ static mmp_err cuda_fail(cudaError_t e, const char *name, const char *what)
 
 /* ---- the ring's hooks: what the device does at each step ----------------- */
 
+/* MMP_OK, or the CUDA error of a hook's one call, named. */
+static mmp_err step(const cipc_channel *ch, cudaError_t ce, const char *what)
+{
+    return ce == cudaSuccess ? MMP_OK : cuda_fail(ce, ch->name, what);
+}
+
 /* The credit says the receiver enqueued its last reads of slot i; this makes
  * our stream wait for them on the device, not the host. */
 static mmp_err hook_acquire(void *ctx, uint32_t i, int reused)
@@ -156,11 +162,8 @@ static mmp_err hook_acquire(void *ctx, uint32_t i, int reused)
     if (!reused) {
         return MMP_OK;
     }
-    cudaError_t ce = cudaStreamWaitEvent(ch->stream, ch->freed[i], 0);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "acquire: cudaStreamWaitEvent");
-    }
-    return MMP_OK;
+    return step(ch, cudaStreamWaitEvent(ch->stream, ch->freed[i], 0),
+                "acquire: cudaStreamWaitEvent");
 }
 
 /* Recorded before head moves, so the receiver's wait (issued only after it
@@ -170,32 +173,22 @@ static mmp_err hook_acquire(void *ctx, uint32_t i, int reused)
 static mmp_err hook_post(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
-    cudaError_t ce = cudaEventRecord(ch->ready[i], ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "post: cudaEventRecord");
-    }
-    return MMP_OK;
+    return step(ch, cudaEventRecord(ch->ready[i], ch->stream), "post: cudaEventRecord");
 }
 
 /* The device waits for the sender's writes; the host goes on at once. */
 static mmp_err hook_recv(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
-    cudaError_t ce = cudaStreamWaitEvent(ch->stream, ch->ready[i], 0);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "recv: cudaStreamWaitEvent");
-    }
-    return MMP_OK;
+    return step(ch, cudaStreamWaitEvent(ch->stream, ch->ready[i], 0),
+                "recv: cudaStreamWaitEvent");
 }
 
+/* The receiver's reads of slot i were enqueued on its stream before this. */
 static mmp_err hook_release(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
-    cudaError_t ce = cudaEventRecord(ch->freed[i], ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "release: cudaEventRecord");
-    }
-    return MMP_OK;
+    return step(ch, cudaEventRecord(ch->freed[i], ch->stream), "release: cudaEventRecord");
 }
 
 static const mmp_ring_hooks device_hooks = {
@@ -542,11 +535,8 @@ static mmp_err cipc_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 static mmp_err cipc_fill(mmp_channel_impl *c, void *slot, const void *src, size_t bytes)
 {
     cipc_channel *ch = cipc_of(c);
-    cudaError_t ce = cudaMemcpyAsync(slot, src, bytes, cudaMemcpyDefault, ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "send: cudaMemcpyAsync into the slot");
-    }
-    return MMP_OK;
+    return step(ch, cudaMemcpyAsync(slot, src, bytes, cudaMemcpyDefault, ch->stream),
+                "send: cudaMemcpyAsync into the slot");
 }
 
 /* mmp_channel_read's copy out of a received slot: stream-ordered, after the
@@ -556,11 +546,8 @@ static mmp_err cipc_fill(mmp_channel_impl *c, void *slot, const void *src, size_
 static mmp_err cipc_read(mmp_channel_impl *c, void *dst, const void *src, size_t bytes)
 {
     cipc_channel *ch = cipc_of(c);
-    cudaError_t ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "read: cudaMemcpyAsync out of the slot");
-    }
-    return MMP_OK;
+    return step(ch, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ch->stream),
+                "read: cudaMemcpyAsync out of the slot");
 }
 
 /* Marks this end closed and wakes the peer (its blocked call returns
