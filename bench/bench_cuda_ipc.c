@@ -90,7 +90,7 @@ static void sender(shared *sh, mmp_channel_cfg cfg, int n, int copy)
     if (copy && cudaMemset(src, 1, cfg.slot_bytes) != cudaSuccess) {
         FAIL(sh, "sender: cudaMemset");
     }
-    if (t->setup(&ch, &cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&ch, t, &cfg, 1) != MMP_OK) {
         FAIL(sh, "sender: %s", mmp_last_error());
     }
     mmp_msg_header h = {.bytes = cfg.slot_bytes};
@@ -104,12 +104,12 @@ static void sender(shared *sh, mmp_channel_cfg cfg, int n, int copy)
         sh->posted[k] = now_us();
         mmp_err e;
         if (copy) {
-            e = mmp_channel_send(t, ch, &h, src);
+            e = mmp_channel_send(ch, &h, src);
         } else {
             void *p;
-            e = t->acquire(ch, &p);
+            e = mmp_channel_acquire(ch, &p);
             if (e == MMP_OK) {
-                e = t->post(ch, &h);
+                e = mmp_channel_post(ch, &h);
             }
         }
         if (e != MMP_OK) {
@@ -119,7 +119,7 @@ static void sender(shared *sh, mmp_channel_cfg cfg, int n, int copy)
     while (atomic_load(&sh->done) < n && !atomic_load(&sh->failed)) {
         usleep(100);
     }
-    t->close(ch);
+    mmp_channel_close(ch);
     cudaFree(src);
     _exit(0);
 }
@@ -131,17 +131,17 @@ static void receiver(shared *sh, mmp_channel_cfg cfg, int n)
     if (cudaSetDevice(cfg.device) != cudaSuccess) {
         FAIL(sh, "receiver: cudaSetDevice");
     }
-    if (t->connect(&ch, &cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&ch, t, &cfg, 0) != MMP_OK) {
         FAIL(sh, "receiver: %s", mmp_last_error());
     }
     for (int k = 0; k < n; k++) {
         mmp_msg_header h;
         const void *p;
-        if (t->recv(ch, &h, &p) != MMP_OK || h.step != k) {
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK || h.step != k) {
             FAIL(sh, "receiver %d: %s", k, mmp_last_error());
         }
         /* The bench's own wait, to stamp when the device passed the event. */
-        if (cudaStreamSynchronize(NULL) != cudaSuccess || t->release(ch) != MMP_OK) {
+        if (cudaStreamSynchronize(NULL) != cudaSuccess || mmp_channel_release(ch) != MMP_OK) {
             FAIL(sh, "receiver %d: sync/release", k);
         }
         sh->ready[k] = now_us();
@@ -153,7 +153,7 @@ static void receiver(shared *sh, mmp_channel_cfg cfg, int n)
         d[k] = sh->ready[k + WARMUP] - sh->posted[k + WARMUP];
     }
     sh->result_us = mmp_median(d, m);
-    t->close(ch);
+    mmp_channel_close(ch);
     _exit(0);
 }
 

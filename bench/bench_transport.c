@@ -95,7 +95,7 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
 {
     const mmp_transport *t = &mmp_transport_shm;
     mmp_channel *ch;
-    if (t->connect(&ch, cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&ch, t, cfg, 0) != MMP_OK) {
         die("receiver connect");
     }
     uint64_t sink = 0;
@@ -105,11 +105,11 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
             for (int m = 0; m < msgs; m++) {
                 mmp_msg_header h;
                 const void *p;
-                if (t->recv(ch, &h, &p) != MMP_OK) {
+                if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
                     die("recv");
                 }
                 sink += sum_bytes(p, h.bytes);
-                t->release(ch);
+                mmp_channel_release(ch);
                 if (m == 0) {
                     t0 = now_s();
                 }
@@ -118,14 +118,14 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
         }
     }
     res->sink = sink;
-    t->close(ch);
+    mmp_channel_close(ch);
 }
 
 static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t receiver)
 {
     const mmp_transport *t = &mmp_transport_shm;
     mmp_channel *ch;
-    if (t->setup(&ch, cfg) != MMP_OK) {
+    if (mmp_channel_open_with(&ch, t, cfg, 1) != MMP_OK) {
         die("sender setup");
     }
     unsigned char *src = malloc(cfg->slot_bytes);
@@ -137,16 +137,16 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         for (int k = 0; k < reps * msgs; k++) {
             mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
             if (mode == SEND_COPY) {
-                if (mmp_channel_send(t, ch, &h, src) != MMP_OK) {
+                if (mmp_channel_send(ch, &h, src) != MMP_OK) {
                     die("send");
                 }
             } else {
                 void *p;
-                if (t->acquire(ch, &p) != MMP_OK) {
+                if (mmp_channel_acquire(ch, &p) != MMP_OK) {
                     die("acquire");
                 }
                 memset(p, k & 0xff, cfg->slot_bytes);
-                if (t->post(ch, &h) != MMP_OK) {
+                if (mmp_channel_post(ch, &h) != MMP_OK) {
                     die("post");
                 }
             }
@@ -159,7 +159,7 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         exit(1);
     }
     free(src);
-    t->close(ch);
+    mmp_channel_close(ch);
 }
 
 /* A plain memcpy of `bytes` between two private buffers, msgs times per rep. */
@@ -276,23 +276,24 @@ static void shm_pong(const char *ab, const char *ba, int n)
         out = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
         in = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
     mmp_channel *tx, *rx;
-    if (t->setup(&tx, &out) != MMP_OK || t->connect(&rx, &in) != MMP_OK) {
+    if (mmp_channel_open_with(&tx, t, &out, 1) != MMP_OK ||
+        mmp_channel_open_with(&rx, t, &in, 0) != MMP_OK) {
         die("pong open");
     }
     for (int i = 0; i < n; i++) {
         mmp_msg_header h;
         const void *p;
         void *q;
-        if (t->recv(rx, &h, &p) != MMP_OK) {
+        if (mmp_channel_recv(rx, &h, &p) != MMP_OK) {
             die("pong recv");
         }
-        t->release(rx);
-        if (t->acquire(tx, &q) != MMP_OK || t->post(tx, &h) != MMP_OK) {
+        mmp_channel_release(rx);
+        if (mmp_channel_acquire(tx, &q) != MMP_OK || mmp_channel_post(tx, &h) != MMP_OK) {
             die("pong post");
         }
     }
-    t->close(rx);
-    t->close(tx);
+    mmp_channel_close(rx);
+    mmp_channel_close(tx);
 }
 
 /* One-way latencies in µs (half round trips) into us[0..n), each round trip
@@ -313,7 +314,8 @@ static void shm_ping(const char *ab, const char *ba, int warm, int n, double gap
         out = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
         in = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
     mmp_channel *tx, *rx;
-    if (t->setup(&tx, &out) != MMP_OK || t->connect(&rx, &in) != MMP_OK) {
+    if (mmp_channel_open_with(&tx, t, &out, 1) != MMP_OK ||
+        mmp_channel_open_with(&rx, t, &in, 0) != MMP_OK) {
         die("ping open");
     }
     for (int i = 0; i < warm + n; i++) {
@@ -322,20 +324,22 @@ static void shm_ping(const char *ab, const char *ba, int warm, int n, double gap
         void *q;
         pause_us(gap_us);
         double t0 = now_s();
-        if (t->acquire(tx, &q) != MMP_OK) {
+        if (mmp_channel_acquire(tx, &q) != MMP_OK) {
             die("ping acquire");
         }
-        memcpy(q, &i, sizeof i);
-        if (t->post(tx, &h) != MMP_OK || t->recv(rx, &h, &p) != MMP_OK) {
+        if (mmp_channel_fill(tx, q, &i, sizeof i) != MMP_OK) {
+            die("ping fill");
+        }
+        if (mmp_channel_post(tx, &h) != MMP_OK || mmp_channel_recv(rx, &h, &p) != MMP_OK) {
             die("ping");
         }
-        t->release(rx);
+        mmp_channel_release(rx);
         if (i >= warm) {
             us[i - warm] = (now_s() - t0) * 1e6 / 2;
         }
     }
-    t->close(rx);
-    t->close(tx);
+    mmp_channel_close(rx);
+    mmp_channel_close(tx);
 }
 
 static void *zmq_pair(void **ctx, const char *endpoint, int bind)

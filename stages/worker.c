@@ -41,8 +41,7 @@ typedef struct chan {
     int send, grad;
     int peer_text; /* the other end is on the text branch (fusion uses it) */
     int peer_r0;   /* the other end is replica 0 of its stage (evaluation's path) */
-    const mmp_transport *t;
-    mmp_channel *ch;
+    mmp_channel *ch; /* carries its transport's ops */
     size_t row_bytes; /* payload bytes per sample (a message of n samples carries n rows) */
     /* A received message not yet consumed (zero-copy: payload is in the slot). */
     int held;
@@ -281,7 +280,7 @@ static mmp_err open_channels(worker *w)
                                    .slots = c->slots,
                                    .send = c->send,
                                    .timeout_ms = peer_timeout_ms(w)};
-            mmp_err e = mmp_channel_open(&ch->ch, &ch->t, c->transport, &cfg, c->creator);
+            mmp_err e = mmp_channel_open(&ch->ch, c->transport, &cfg, c->creator);
             if (e != MMP_OK) {
                 w->n_chans--;
                 return mmp_error_prefix(e, "channel %d to %s", c->id, c->peer);
@@ -480,9 +479,8 @@ static mmp_err build(worker *w)
 static void teardown(worker *w)
 {
     for (int i = 0; i < w->n_chans; i++) {
-        if (w->chans[i].t) {
-            w->chans[i].t->close(w->chans[i].ch);
-        }
+        mmp_channel_close(w->chans[i].ch);
+        w->chans[i].ch = NULL;
     }
     for (int i = 0; w->fl && i < w->n_fl; i++) {
         if (w->kind == MMP_BRANCH_IMAGE) {
@@ -543,7 +541,7 @@ static mmp_err chan_recv(worker *w, chan *c, int step, int mb, int eval)
         return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: receive while a message is held", c->id);
     }
     const void *payload;
-    MMP_TRY(c->t->recv(c->ch, &c->hdr, &payload));
+    MMP_TRY(mmp_channel_recv(c->ch, &c->hdr, &payload));
     double now = mmp_trace_now_us();
     c->payload = payload;
     c->held = 1;
@@ -573,7 +571,7 @@ static mmp_err chan_release(chan *c)
         return MMP_OK;
     }
     c->held = 0;
-    return c->t->release(c->ch);
+    return mmp_channel_release(c->ch);
 }
 
 /* Sends up to three consecutive segments (data, mask, valid flags) as one message. */
@@ -603,7 +601,7 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
     char what[32];
     snprintf(what, sizeof what, "%d", c->id);
     mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
-    return mmp_channel_sendv(c->t, c->ch, what, h, v, n_segs);
+    return mmp_channel_sendv(c->ch, what, h, v, n_segs);
 }
 
 static flight *flight_take(worker *w, int mb)
@@ -789,9 +787,19 @@ static mmp_err do_fwd(worker *w, int step, int mb, int eval)
         }
         f->n = n;
         f->digest = digest;
-        memcpy(f->valid, valid, (size_t)n * sizeof(float));
+        /* From a received slot the bytes come through its transport. */
+        if (ci) {
+            MMP_TRY(mmp_channel_read(ci->ch, f->valid, valid, (size_t)n * sizeof(float)));
+        } else {
+            memcpy(f->valid, valid, (size_t)n * sizeof(float));
+        }
         if (w->kind == MMP_BRANCH_TEXT) {
-            memcpy(f->mask, mask, (size_t)n * w->T * sizeof(float));
+            size_t mb_bytes = (size_t)n * w->T * sizeof(float);
+            if (ci) {
+                MMP_TRY(mmp_channel_read(ci->ch, f->mask, mask, mb_bytes));
+            } else {
+                memcpy(f->mask, mask, mb_bytes);
+            }
         }
         if (simulated(w)) {
             /* w->out keeps its zeros; evaluation is not timed, so it does not wait */

@@ -1,6 +1,6 @@
-/* The messages the transport tests send (tests/test_transport.c on CPU
- * transports, tests/gpu_transport.c on cuda_ipc): message k's header, and its
- * payload pattern, so any end can check what arrived without the sender. */
+/* The messages the transport conformance suite (tests/test_transport.c)
+ * sends over every transport: message k's header, and its payload pattern,
+ * so any end can check what arrived without the sender. */
 #ifndef MMP_TESTS_TRANSPORT_MSGS_H
 #define MMP_TESTS_TRANSPORT_MSGS_H
 

@@ -1,4 +1,5 @@
-/* Choosing a data-channel transport, the copying send over any of them, and
+/* Choosing a data-channel transport, the channel handle that carries its ops
+ * (every call goes through it: direction and slot bounds checked here), and
  * the coordinator's crash clean-up of shm names.
  *
  * The choice depends only on can_connect() of each transport in priority
@@ -8,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -23,15 +25,59 @@ static const mmp_transport *const transports[] = {
     &mmp_transport_shm,
 };
 
-mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const char *name,
-                         const mmp_channel_cfg *cfg, int creator)
+const mmp_transport *const *mmp_transports(size_t *n)
+{
+    *n = sizeof transports / sizeof transports[0];
+    return transports;
+}
+
+/* The handle: the transport's table travels with its state. */
+struct mmp_channel {
+    const mmp_transport *ops;
+    mmp_channel_impl *impl;
+    int send;
+    size_t slot_bytes;
+    unsigned char *acquired; /* sender: the acquired slot, NULL when none */
+    char address[64];        /* for messages (truncated) */
+};
+
+static mmp_err wrong_end(const mmp_channel *ch, const char *call)
+{
+    return mmp_errorf(MMP_ERR_INVALID, "%s %s: %s on the %s end", ch->ops->name, ch->address, call,
+                      ch->send ? "sending" : "receiving");
+}
+
+mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t,
+                              const mmp_channel_cfg *cfg, int creator)
+{
+    *out = NULL;
+    if (!t || !cfg) {
+        return mmp_errorf(MMP_ERR_INVALID, "channel open: no %s", t ? "cfg" : "transport");
+    }
+    mmp_channel *ch = calloc(1, sizeof *ch);
+    if (!ch) {
+        return mmp_errorf(MMP_ERR_NOMEM, "channel %s: handle",
+                          cfg->address ? cfg->address : "(no address)");
+    }
+    mmp_err e = creator ? t->setup(&ch->impl, cfg) : t->connect(&ch->impl, cfg);
+    if (e != MMP_OK) {
+        free(ch);
+        return e;
+    }
+    ch->ops = t;
+    ch->send = cfg->send != 0;
+    ch->slot_bytes = t->slot_bytes(ch->impl);
+    snprintf(ch->address, sizeof ch->address, "%s", cfg->address ? cfg->address : "(no address)");
+    *out = ch;
+    return MMP_OK;
+}
+
+mmp_err mmp_channel_open(mmp_channel **out, const char *name, const mmp_channel_cfg *cfg,
+                         int creator)
 {
     const char *addr = cfg && cfg->address ? cfg->address : "(no address)";
     int any = !name || !*name;
     *out = NULL;
-    if (used) {
-        *used = NULL;
-    }
     for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
         const mmp_transport *t = transports[i];
         const char *why = NULL;
@@ -45,26 +91,104 @@ mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const ch
                      why ? why : "(no reason given)");
             continue;
         }
-        mmp_err e = creator ? t->setup(out, cfg) : t->connect(out, cfg);
+        mmp_err e = mmp_channel_open_with(out, t, cfg, creator);
         if (e != MMP_OK) {
             return mmp_error_prefix(e, "channel %s (%s %s)", addr, t->name,
                                     creator ? "setup" : "connect");
         }
         MMP_DEBUG("channel %s: %s %s, %d slots of %zu bytes", addr, t->name,
                   creator ? "set up" : "connected", cfg->slots, cfg->slot_bytes);
-        if (used) {
-            *used = t;
-        }
         return MMP_OK;
     }
     return mmp_errorf(MMP_ERR_UNSUPPORTED, "channel %s: no transport%s%s can join it", addr,
                       any ? "" : " named ", any ? "" : name);
 }
 
-mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_header *h,
-                         const void *payload)
+void mmp_channel_close(mmp_channel *ch)
 {
-    size_t cap = t->slot_bytes(ch);
+    if (!ch) {
+        return;
+    }
+    ch->ops->close(ch->impl);
+    free(ch);
+}
+
+const mmp_transport *mmp_channel_transport(const mmp_channel *ch)
+{
+    return ch->ops;
+}
+
+size_t mmp_channel_slot_bytes(const mmp_channel *ch)
+{
+    return ch->slot_bytes;
+}
+
+int mmp_channel_sends(const mmp_channel *ch)
+{
+    return ch->send;
+}
+
+/* ---- the sending half ---- */
+
+mmp_err mmp_channel_acquire(mmp_channel *ch, void **slot)
+{
+    *slot = NULL;
+    if (!ch->send) {
+        return wrong_end(ch, "acquire");
+    }
+    void *p = NULL;
+    MMP_TRY(ch->ops->acquire(ch->impl, &p));
+    ch->acquired = p;
+    *slot = p;
+    return MMP_OK;
+}
+
+mmp_err mmp_channel_fill(mmp_channel *ch, void *dst, const void *src, size_t bytes)
+{
+    if (!ch->send) {
+        return wrong_end(ch, "fill");
+    }
+    if (!ch->acquired) {
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: fill without an acquired slot", ch->ops->name,
+                          ch->address);
+    }
+    const unsigned char *d = dst;
+    if (d < ch->acquired || (size_t)(d - ch->acquired) > ch->slot_bytes ||
+        bytes > ch->slot_bytes - (size_t)(d - ch->acquired)) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "%s %s: fill of %zu bytes outside the acquired %zu-byte slot",
+                          ch->ops->name, ch->address, bytes, ch->slot_bytes);
+    }
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    if (!src) {
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: fill of %zu bytes from NULL", ch->ops->name,
+                          ch->address, bytes);
+    }
+    if (ch->ops->fill) {
+        return ch->ops->fill(ch->impl, dst, src, bytes);
+    }
+    memcpy(dst, src, bytes);
+    return MMP_OK;
+}
+
+mmp_err mmp_channel_post(mmp_channel *ch, const mmp_msg_header *h)
+{
+    if (!ch->send) {
+        return wrong_end(ch, "post");
+    }
+    MMP_TRY(ch->ops->post(ch->impl, h));
+    ch->acquired = NULL;
+    return MMP_OK;
+}
+
+mmp_err mmp_channel_send(mmp_channel *ch, const mmp_msg_header *h, const void *payload)
+{
+    if (!ch->send) {
+        return wrong_end(ch, "send");
+    }
+    size_t cap = ch->slot_bytes;
     if (h->bytes > cap) {
         return mmp_errorf(MMP_ERR_INVALID, "channel send: %llu bytes into %zu-byte slots",
                           (unsigned long long)h->bytes, cap);
@@ -74,21 +198,18 @@ mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_
                           (unsigned long long)h->bytes);
     }
     void *slot;
-    MMP_TRY(t->acquire(ch, &slot));
-    if (h->bytes > 0) {
-        if (t->fill) {
-            MMP_TRY(t->fill(ch, slot, payload, h->bytes));
-        } else {
-            memcpy(slot, payload, h->bytes);
-        }
-    }
-    return t->post(ch, h);
+    MMP_TRY(mmp_channel_acquire(ch, &slot));
+    MMP_TRY(mmp_channel_fill(ch, slot, payload, (size_t)h->bytes));
+    return mmp_channel_post(ch, h);
 }
 
-mmp_err mmp_channel_sendv(const mmp_transport *t, mmp_channel *ch, const char *what,
-                          mmp_msg_header h, const mmp_channel_seg *segs, int n_segs)
+mmp_err mmp_channel_sendv(mmp_channel *ch, const char *what, mmp_msg_header h,
+                          const mmp_channel_seg *segs, int n_segs)
 {
-    size_t cap = t->slot_bytes(ch), total = 0;
+    if (!ch->send) {
+        return wrong_end(ch, "send");
+    }
+    size_t cap = ch->slot_bytes, total = 0;
     for (int i = 0; i < n_segs; i++) {
         if (segs[i].bytes > cap - total) {
             return mmp_errorf(MMP_ERR_INVALID,
@@ -103,21 +224,54 @@ mmp_err mmp_channel_sendv(const mmp_transport *t, mmp_channel *ch, const char *w
     }
     h.bytes = total;
     void *slot;
-    MMP_TRY(t->acquire(ch, &slot));
+    MMP_TRY(mmp_channel_acquire(ch, &slot));
     size_t off = 0;
     for (int i = 0; i < n_segs; i++) {
         if (segs[i].bytes == 0) {
             continue;
         }
-        unsigned char *dst = (unsigned char *)slot + off;
-        if (t->fill) {
-            MMP_TRY(t->fill(ch, dst, segs[i].p, segs[i].bytes));
-        } else {
-            memcpy(dst, segs[i].p, segs[i].bytes);
-        }
+        MMP_TRY(mmp_channel_fill(ch, (unsigned char *)slot + off, segs[i].p, segs[i].bytes));
         off += segs[i].bytes;
     }
-    return t->post(ch, &h);
+    return mmp_channel_post(ch, &h);
+}
+
+/* ---- the receiving half ---- */
+
+mmp_err mmp_channel_recv(mmp_channel *ch, mmp_msg_header *h, const void **payload)
+{
+    *payload = NULL;
+    if (ch->send) {
+        return wrong_end(ch, "recv");
+    }
+    return ch->ops->recv(ch->impl, h, payload);
+}
+
+mmp_err mmp_channel_read(mmp_channel *ch, void *dst, const void *src, size_t bytes)
+{
+    if (ch->send) {
+        return wrong_end(ch, "read");
+    }
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    if (!dst || !src) {
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: read of %zu bytes %s NULL", ch->ops->name,
+                          ch->address, bytes, dst ? "from" : "into");
+    }
+    if (ch->ops->read) {
+        return ch->ops->read(ch->impl, dst, src, bytes);
+    }
+    memcpy(dst, src, bytes);
+    return MMP_OK;
+}
+
+mmp_err mmp_channel_release(mmp_channel *ch)
+{
+    if (ch->send) {
+        return wrong_end(ch, "release");
+    }
+    return ch->ops->release(ch->impl);
 }
 
 mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_bytes)

@@ -13,6 +13,12 @@
  * can_connect() and logging why one is passed over. Every implementation runs
  * the one conformance suite in tests/test_transport.c.
  *
+ * Callers hold an mmp_channel handle, which carries its transport's table
+ * (as nng's pipe carries its p_tran_ops): every call is mmp_channel_<verb>(ch,
+ * ...), never a (transport, channel) pair, and every payload byte goes
+ * through the transport (fill/read), so device-memory slots need nothing of
+ * the caller.
+ *
  * Lifecycle: the creator end calls setup (allocates the shared resource under
  * `address`); the other end calls connect (attaches; may wait for the creator
  * up to timeout_ms). Once both are attached the name is unlinked, so a crash
@@ -57,32 +63,47 @@ typedef struct mmp_channel_cfg {
                           * needs no CUDA); NULL: the legacy default stream */
 } mmp_channel_cfg;
 
-typedef struct mmp_channel mmp_channel;
+/* A transport's own state for one end of one channel. Only its transport
+ * touches it: everyone else holds the mmp_channel handle below. */
+typedef struct mmp_channel_impl mmp_channel_impl;
 
+enum {
+    /* The slots are device memory: the host must not dereference a slot
+     * pointer; payload bytes go through fill/read (mmp_channel_fill/read). */
+    MMP_TRANSPORT_DEVICE_SLOTS = 1,
+};
+
+/* What a transport implements. Callers never call these directly: they go
+ * through the handle (mmp_channel_*), which checks the direction and the
+ * slot bounds before a call reaches the table. */
 typedef struct mmp_transport {
     const char *name;
+    unsigned caps; /* MMP_TRANSPORT_* */
     /* 1 when this transport can join the two ends described (same host, CPU...). */
     int (*can_connect)(const mmp_channel_cfg *cfg, const char **why_not);
-    mmp_err (*setup)(mmp_channel **out, const mmp_channel_cfg *cfg);   /* creator end */
-    mmp_err (*connect)(mmp_channel **out, const mmp_channel_cfg *cfg); /* other end */
+    mmp_err (*setup)(mmp_channel_impl **out, const mmp_channel_cfg *cfg);   /* creator end */
+    mmp_err (*connect)(mmp_channel_impl **out, const mmp_channel_cfg *cfg); /* other end */
     /* Sender: a free slot to fill (blocks for a credit). */
-    mmp_err (*acquire)(mmp_channel *ch, void **payload);
+    mmp_err (*acquire)(mmp_channel_impl *ch, void **payload);
     /* Sender: publishes the acquired slot with header h and wakes the receiver. */
-    mmp_err (*post)(mmp_channel *ch, const mmp_msg_header *h);
+    mmp_err (*post)(mmp_channel_impl *ch, const mmp_msg_header *h);
     /* Receiver: the next posted slot (blocks); payload stays valid until release.
      * Slots posted before the sender closed or died are still delivered;
      * MMP_ERR_PEER comes once they are drained. */
-    mmp_err (*recv)(mmp_channel *ch, mmp_msg_header *h, const void **payload);
-    /* Receiver: returns the slot's credit to the sender. */
-    mmp_err (*release)(mmp_channel *ch);
-    /* Frees ch, so the caller drops its pointer (a second close is close(NULL),
-     * a no-op). A creator closing before its peer connected removes the name. */
-    void (*close)(mmp_channel *ch);
+    mmp_err (*recv)(mmp_channel_impl *ch, mmp_msg_header *h, const void **payload);
+    /* Receiver: returns the oldest held slot's credit to the sender. */
+    mmp_err (*release)(mmp_channel_impl *ch);
+    /* Frees ch (NULL: a no-op). A creator closing before its peer connected
+     * removes the name. */
+    void (*close)(mmp_channel_impl *ch);
     /* Payload capacity of each slot (the cfg's slot_bytes). */
-    size_t (*slot_bytes)(const mmp_channel *ch);
-    /* Optional: how mmp_channel_send fills an acquired slot with bytes from
-     * src (NULL: memcpy). Transports whose slots are not host memory set it. */
-    mmp_err (*fill)(mmp_channel *ch, void *slot, const void *src, size_t bytes);
+    size_t (*slot_bytes)(const mmp_channel_impl *ch);
+    /* Optional: copies bytes from src (host or, for device transports, device
+     * memory) into an acquired slot at dst (NULL: memcpy, host slots). */
+    mmp_err (*fill)(mmp_channel_impl *ch, void *dst, const void *src, size_t bytes);
+    /* Optional: copies bytes of a received slot at src out to dst (NULL:
+     * memcpy, host slots). */
+    mmp_err (*read)(mmp_channel_impl *ch, void *dst, const void *src, size_t bytes);
 } mmp_transport;
 
 extern const mmp_transport mmp_transport_shm;
@@ -92,17 +113,56 @@ extern const mmp_transport mmp_transport_shm;
 extern const mmp_transport mmp_transport_cuda_ipc;
 #endif
 
-/* Convenience over the table: */
+/* The transports this build has, highest priority first (the order
+ * mmp_channel_open walks); *n is their count. */
+const mmp_transport *const *mmp_transports(size_t *n);
+
+/* ---- the channel handle ----------------------------------------------------
+ * One end of one channel: its transport's ops, the transport's state and the
+ * direction, so every call is `mmp_channel_<verb>(ch, ...)`. A call that
+ * belongs to the other direction (acquire/fill/post/send on a receiving end,
+ * recv/read/release on a sending end) returns MMP_ERR_INVALID naming the
+ * channel and does not reach the transport. Not thread-safe: one thread uses
+ * one end at a time. */
+typedef struct mmp_channel mmp_channel;
+
 /* Opens this end (creator: setup, else connect) with the transport called
  * `name` (the coordinator's pick, e.g. "shm"), or with the first transport of
  * the priority list whose can_connect() accepts cfg when name is NULL or "".
  * Logs why each transport is passed over; MMP_ERR_UNSUPPORTED when none fits.
- * *used (if used) is the transport whose close() and calls apply to *out. */
-mmp_err mmp_channel_open(mmp_channel **out, const mmp_transport **used, const char *name,
-                         const mmp_channel_cfg *cfg, int creator);
-/* Copying send: acquire + memcpy (or the transport's fill) + post. */
-mmp_err mmp_channel_send(const mmp_transport *t, mmp_channel *ch, const mmp_msg_header *h,
-                         const void *payload);
+ * MMP_OK: *out is the caller's to mmp_channel_close. Otherwise *out is NULL. */
+mmp_err mmp_channel_open(mmp_channel **out, const char *name, const mmp_channel_cfg *cfg,
+                         int creator);
+/* The same with transport t, without asking its can_connect (the conformance
+ * suite and the benches, which test one transport on purpose). */
+mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t,
+                              const mmp_channel_cfg *cfg, int creator);
+/* Closes this end and frees the handle (the transport's close, see above).
+ * NULL is a no-op, so the caller drops its pointer after the call. */
+void mmp_channel_close(mmp_channel *ch);
+
+/* The transport this end uses (its table: name, caps). */
+const mmp_transport *mmp_channel_transport(const mmp_channel *ch);
+/* Payload capacity of each slot. */
+size_t mmp_channel_slot_bytes(const mmp_channel *ch);
+/* 1 when this end sends. */
+int mmp_channel_sends(const mmp_channel *ch);
+
+/* ---- the sending half ---- */
+/* A free slot (blocks for a credit): *slot is where its payload lies, host or
+ * device memory as the transport's caps say. Write it only through
+ * mmp_channel_fill, unless the transport has host slots and the caller
+ * produces its bytes in place (zero-copy). */
+mmp_err mmp_channel_acquire(mmp_channel *ch, void **slot);
+/* Copies bytes from src into the acquired slot at dst (inside it: dst to
+ * dst + bytes within the slot, else MMP_ERR_INVALID) through the transport.
+ * Device transports order the copy on their stream (see cuda_ipc.c). */
+mmp_err mmp_channel_fill(mmp_channel *ch, void *dst, const void *src, size_t bytes);
+/* Publishes the acquired slot with header h and wakes the receiver. */
+mmp_err mmp_channel_post(mmp_channel *ch, const mmp_msg_header *h);
+/* Copying send: acquire + fill + post. h->bytes is checked against the slot
+ * before anything is acquired. */
+mmp_err mmp_channel_send(mmp_channel *ch, const mmp_msg_header *h, const void *payload);
 
 /* One piece of a gathered payload. */
 typedef struct mmp_channel_seg {
@@ -112,10 +172,21 @@ typedef struct mmp_channel_seg {
 /* Gathering send: the segments, back to back, as one message whose header is
  * h with h->bytes set to their sum. The size is checked against the slot
  * before anything is acquired or copied (MMP_ERR_INVALID naming the channel
- * `what`); bytes go into the slot through the transport (its fill, or
- * memcpy for host slots). */
-mmp_err mmp_channel_sendv(const mmp_transport *t, mmp_channel *ch, const char *what,
-                          mmp_msg_header h, const mmp_channel_seg *segs, int n_segs);
+ * `what`); bytes go into the slot through the transport's fill. */
+mmp_err mmp_channel_sendv(mmp_channel *ch, const char *what, mmp_msg_header h,
+                          const mmp_channel_seg *segs, int n_segs);
+
+/* ---- the receiving half ---- */
+/* The next posted message (blocks): its header (checked with mmp_msg_check)
+ * and where its payload lies (host or device memory as the caps say; valid
+ * until its release). Messages are released in the order received. */
+mmp_err mmp_channel_recv(mmp_channel *ch, mmp_msg_header *h, const void **payload);
+/* Copies bytes of a held received payload, starting at src, out to dst
+ * through the transport (host slots: memcpy; device slots: see the
+ * transport). */
+mmp_err mmp_channel_read(mmp_channel *ch, void *dst, const void *src, size_t bytes);
+/* Returns the oldest held message's slot to the sender. */
+mmp_err mmp_channel_release(mmp_channel *ch);
 
 /* The checks every transport applies to a header read from its peer's side
  * of a shared segment before anyone uses it: payload bytes within the slot

@@ -1,6 +1,7 @@
 /* Named POSIX shared-memory segments between processes on one host: the
- * mechanics that the shm data channel (transport/shm.c) and the replica reduce
- * (transport/reduce.c) share. Internal to transport/.
+ * mechanics that the data channels (transport/shm.c, transport/cuda/cuda_ipc.c,
+ * through transport/ring.h) and the replica reduce (transport/reduce.c) share.
+ * Internal to transport/.
  *
  * A segment is one shm object, created by one process and attached by the
  * others, each mapping it once. What lies in it, who attaches in which role

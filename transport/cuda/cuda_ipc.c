@@ -3,8 +3,9 @@
  * CUDA interprocess events, so neither end's host waits for the other's GPU.
  *
  * UNVERIFIED ON A GPU: this file was written and compiled on a machine with
- * no CUDA device; tests/gpu_transport.c and bench/bench_cuda_ipc.c are the
- * checks to run before trusting it (commands in gpu_transport.c's header).
+ * no CUDA device; the cuda_ipc cases of tests/test_transport.c and
+ * bench/bench_cuda_ipc.c are the checks to run before trusting it (commands
+ * in test_transport.c's header).
  *
  * Resources, all made once per channel, none per message:
  *   device     the creator cudaMallocs `slots` slots of slot_stride bytes
@@ -16,10 +17,11 @@
  *              (cudaEventDisableTiming | cudaEventInterprocess), opened once by
  *              the connector: ready[i], recorded by the sender on post, and
  *              freed[i], recorded by the receiver on release.
- *   control    a POSIX shm segment named cfg->address: cipc_header (magic,
- *              geometry, pids, closed flags, the memory handle, the head/tail
- *              counters and futex doorbells, as in shm.c), then one
- *              mmp_msg_header per slot, then the ready and freed event handles.
+ *   control    a POSIX shm segment named cfg->address (transport/segment.h,
+ *              as shm.c's): cipc_header (magic, geometry, the memory handle,
+ *              the ring's shared words: pids, closed flags, head/tail
+ *              counters and futex doorbells), then one mmp_msg_header per
+ *              slot, then the ready and freed event handles.
  *
  * Ordering, per message k in slot i = k % slots ("stream" is each end's
  * cfg->cuda_stream, NULL meaning the legacy default stream):
@@ -34,8 +36,9 @@
  *              ready[i]) and returns the device pointer: work enqueued on the
  *              receiver's stream afterwards sees the payload. No
  *              cudaStreamSynchronize / cudaDeviceSynchronize / cudaEventSynchronize
- *              anywhere on the data path (acquire, post, recv, release, fill);
- *              tests/gpu_transport.c "no-host-sync" checks it.
+ *              anywhere on the data path (acquire, post, recv, release, fill;
+ *              read into host memory waits for its bytes by nature);
+ *              tests/test_transport.c "cuda_ipc/no-host-sync" checks it.
  *   release    cudaEventRecord(freed[i], stream), then bumps tail. The receiver
  *              must have enqueued its reads of the slot on `stream`.
  * Event reuse is safe by the credit protocol: ready[i] is re-recorded only
@@ -63,84 +66,58 @@
  * SCM_RIGHTS) would keep the memory alive in the importer; a coordinator
  * restart (DESIGN 9) follows any death anyway.
  *
- * Naming, peer death, timeouts and unlink-after-connect are exactly shm.c's;
- * the helpers below are copies of shm.c's static ones (kept static there).
+ * The slot/credit protocol, peer death, timeouts and unlink-after-connect
+ * are transport/ring.h's, shared with shm.c; this file gives the ring device
+ * slots and its hooks (the event records and stream waits above). The
+ * control segment's create, attach, publish and unlink are segment.h's.
  *
  * Must never: call a CUDA function from can_connect when cfg->on_gpu is 0
  * (host channels of a process that forks later must not initialise CUDA),
  * allocate, map or open a handle per message, synchronise the host on the
  * data path, or leave a name in /dev/shm behind on an error path. */
 #include <assert.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
 #include "transport/channel.h"
+#include "transport/ring.h"
 #include "transport/segment.h"
 
 #define CIPC_MAGIC 0x3143504943504d4dull /* "MMPCIPC1" */
-#define CIPC_VERSION 1u
+#define CIPC_VERSION 2u /* 2: the ring words are one mmp_ring_shared */
 #define CIPC_ALIGN 256 /* slot stride: cudaMalloc's own alignment */
 #define CIPC_LINE 64
 #define CIPC_MAX_SLOTS 256
-#define SLICE_MS 100 /* a blocked call checks on its peer this often */
-
-enum { CREATOR = 0, CONNECTOR = 1 };
 
 typedef struct cipc_header {
-    _Atomic uint64_t magic; /* CIPC_MAGIC once the creator has set up the rest */
-    uint32_t version;
-    uint32_t slots;
-    uint64_t slot_bytes;
-    uint64_t slot_stride;       /* slot_bytes rounded up to CIPC_ALIGN */
-    uint64_t total_bytes;       /* of this control segment */
-    int32_t creator_sends;      /* 1: the creator is the sending end */
-    int32_t creator_device;     /* for messages only */
-    _Atomic uint32_t unlinked;  /* 1 once one end has claimed unlinking the name */
-    _Atomic int32_t pid[2];     /* [CREATOR], [CONNECTOR]; 0 until attached */
-    _Atomic uint32_t closed[2]; /* [CREATOR], [CONNECTOR] */
-    cudaIpcMemHandle_t mem;     /* slot 0 of the creator's allocation */
-    /* Written by the sender. */
-    alignas(CIPC_LINE) _Atomic uint64_t head; /* messages posted */
-    _Atomic uint32_t data_bell;               /* futex word: rung on post and close */
-    _Atomic uint32_t data_sleepers;
-    /* Written by the receiver. */
-    alignas(CIPC_LINE) _Atomic uint64_t tail; /* messages released */
-    _Atomic uint32_t credit_bell;             /* futex word: rung on release and close */
-    _Atomic uint32_t credit_sleepers;
+    mmp_ring_header g;      /* magic (CIPC_MAGIC), version, geometry, directions */
+    int32_t creator_device; /* for messages only */
+    cudaIpcMemHandle_t mem; /* slot 0 of the creator's allocation */
+    alignas(CIPC_LINE) mmp_ring_shared ring; /* pids, closed flags, counters, doorbells */
     /* Then: mmp_msg_header msg[slots]; cudaIpcEventHandle_t ready[slots],
-     * freed[slots] (see layout()). */
+     * freed[slots] (see check_cfg). */
 } cipc_header;
 
-static_assert(sizeof(_Atomic uint32_t) == 4 && ATOMIC_INT_LOCK_FREE == 2, /* also segment.h's */
-              "futex words must be plain lock-free 32-bit integers");
-static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "counters must be lock-free across processes");
-static_assert(sizeof(mmp_msg_header) == 32, "mmp_msg_header is part of the segment layout");
+static_assert(offsetof(cipc_header, g) == 0, "a segment's magic comes first (segment.h)");
 static_assert(sizeof(cudaIpcMemHandle_t) == 64 && sizeof(cudaIpcEventHandle_t) == 64,
               "IPC handles are part of the segment layout");
 static_assert(sizeof(cipc_header) == 320, "cipc_header is part of the segment layout");
 
 typedef struct cipc_channel cipc_channel;
 struct cipc_channel {
+    mmp_ring ring; /* first: the protocol (transport/ring.h), which the table's
+                    * ring entries take the channel as; its hooks are below */
     cipc_header *hdr;
     size_t map_bytes;
-    mmp_msg_header *msg;           /* in the segment: one per slot */
     cudaIpcEventHandle_t *ready_h; /* in the segment */
     cudaIpcEventHandle_t *freed_h; /* in the segment */
     unsigned char *dev;            /* slot 0: own allocation (creator) or mapping (connector) */
@@ -149,19 +126,16 @@ struct cipc_channel {
     cudaStream_t stream;
     int device;
     size_t slot_bytes, stride;
+    size_t msg_off, ready_off, freed_off; /* in the control segment */
     uint32_t slots;
     int send;           /* this end sends */
-    int me, peer;       /* CREATOR / CONNECTOR */
-    int timeout_ms;     /* <= 0: blocking calls wait for ever */
-    uint64_t count;     /* sender: messages posted; receiver: messages received */
-    uint64_t released;  /* receiver: messages released */
-    int acquired;       /* sender: a slot is acquired and not yet posted */
-    int peer_pidfd;     /* -1 until opened */
     cipc_channel *next; /* graveyard link */
     char name[NAME_MAX + 1];
 };
 
-static cipc_channel *cipc_of(mmp_channel *c)
+static_assert(offsetof(cipc_channel, ring) == 0, "mmp_ring_impl_* take the channel as its ring");
+
+static cipc_channel *cipc_of(mmp_channel_impl *c)
 {
     return (cipc_channel *)(void *)c;
 }
@@ -172,77 +146,57 @@ static mmp_err cuda_fail(cudaError_t e, const char *name, const char *what)
                       cudaGetErrorString(e));
 }
 
-/* ---- helpers copied from shm.c (no spin: a micro-batch takes ms) --------- */
+/* ---- the ring's hooks: what the device does at each step ----------------- */
 
-static double now_ms(void)
+/* MMP_OK, or the CUDA error of a hook's one call, named. */
+static mmp_err step(const cipc_channel *ch, cudaError_t ce, const char *what)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+    return ce == cudaSuccess ? MMP_OK : cuda_fail(ce, ch->name, what);
 }
 
-static void sleep_ms(double ms)
+/* The credit says the receiver enqueued its last reads of slot i; this makes
+ * our stream wait for them on the device, not the host. */
+static mmp_err hook_acquire(void *ctx, uint32_t i, int reused)
 {
-    struct timespec t = {(time_t)(ms / 1e3), (long)((ms - (time_t)(ms / 1e3) * 1e3) * 1e6)};
-    nanosleep(&t, NULL);
-}
-
-/* The doorbells, liveness and unlinking are transport/segment.h's, as shm.c's. */
-static void ring(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers, int always)
-{
-    mmp_segment_bell_ring(bell, always ? NULL : sleepers);
-}
-
-/* 1 when the peer's process is known to have exited (a zombie counts). */
-static int peer_dead(cipc_channel *ch)
-{
-    return mmp_segment_peer_dead(&ch->hdr->pid[ch->peer], &ch->peer_pidfd);
-}
-
-static const char *role_name(int role)
-{
-    return role == CREATOR ? "creator" : "connector";
-}
-
-/* Waits until *counter >= target; a closed or dead peer and the channel's
- * timeout are MMP_ERR_PEER. Sleeps on the futex at once: the hand-off of a
- * micro-batch is rare next to shm's small messages, so no spin. */
-static mmp_err wait_counter(cipc_channel *ch, _Atomic uint64_t *counter, uint64_t target,
-                            _Atomic uint32_t *bell, _Atomic uint32_t *sleepers, const char *what)
-{
-    double start = now_ms();
-    for (;;) {
-        uint32_t seen = atomic_load_explicit(bell, memory_order_acquire);
-        if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
-            return MMP_OK;
-        }
-        if (atomic_load_explicit(&ch->hdr->closed[ch->peer], memory_order_acquire)) {
-            return mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: waiting for %s: the %s end closed",
-                              ch->name, what, role_name(ch->peer));
-        }
-        int slice = SLICE_MS;
-        if (ch->timeout_ms > 0) {
-            double left = ch->timeout_ms - (now_ms() - start);
-            if (left <= 0) {
-                return mmp_errorf(MMP_ERR_PEER,
-                                  "cuda_ipc %s: waiting for %s: nothing from the %s end in %d ms",
-                                  ch->name, what, role_name(ch->peer), ch->timeout_ms);
-            }
-            slice = left < SLICE_MS ? (int)left + 1 : SLICE_MS;
-        }
-        int r = mmp_segment_bell_wait(bell, seen, sleepers, slice);
-        if (r == ETIMEDOUT && peer_dead(ch)) {
-            return mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: waiting for %s: the %s end (pid %d) died",
-                              ch->name, what, role_name(ch->peer),
-                              (int)atomic_load(&ch->hdr->pid[ch->peer]));
-        }
+    cipc_channel *ch = ctx;
+    if (!reused) {
+        return MMP_OK;
     }
+    return step(ch, cudaStreamWaitEvent(ch->stream, ch->freed[i], 0),
+                "acquire: cudaStreamWaitEvent");
 }
 
-static int claim_unlink(cipc_channel *ch)
+/* Recorded before head moves, so the receiver's wait (issued only after it
+ * sees head) finds this record, not the previous lap's. UNVERIFIED: that a
+ * record issued by one process is the one another process's later
+ * cudaStreamWaitEvent captures, once the host-side order is as here. */
+static mmp_err hook_post(void *ctx, uint32_t i)
 {
-    return mmp_segment_unlink_once(&ch->hdr->unlinked, ch->name);
+    cipc_channel *ch = ctx;
+    return step(ch, cudaEventRecord(ch->ready[i], ch->stream), "post: cudaEventRecord");
 }
+
+/* The device waits for the sender's writes; the host goes on at once. */
+static mmp_err hook_recv(void *ctx, uint32_t i)
+{
+    cipc_channel *ch = ctx;
+    return step(ch, cudaStreamWaitEvent(ch->stream, ch->ready[i], 0),
+                "recv: cudaStreamWaitEvent");
+}
+
+/* The receiver's reads of slot i were enqueued on its stream before this. */
+static mmp_err hook_release(void *ctx, uint32_t i)
+{
+    cipc_channel *ch = ctx;
+    return step(ch, cudaEventRecord(ch->freed[i], ch->stream), "release: cudaEventRecord");
+}
+
+static const mmp_ring_hooks device_hooks = {
+    .acquire = hook_acquire,
+    .post = hook_post,
+    .recv = hook_recv,
+    .release = hook_release,
+};
 
 /* ---- geometry ----------------------------------------------------------- */
 
@@ -256,23 +210,9 @@ typedef struct cipc_geometry {
 
 static mmp_err check_cfg(const mmp_channel_cfg *cfg, cipc_geometry *g)
 {
-    const char *a = cfg ? cfg->address : NULL;
-    if (!a || a[0] != '/' || !a[1] || strchr(a + 1, '/') || strlen(a) > NAME_MAX) {
-        return mmp_errorf(MMP_ERR_INVALID,
-                          "cuda_ipc: address '%s' is not a POSIX shm name ('/' then up to %d "
-                          "characters, no other '/')",
-                          a ? a : "(null)", NAME_MAX - 1);
-    }
-    if (cfg->slots < 1 || cfg->slots > CIPC_MAX_SLOTS) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: slots %d not in 1..%d", a, cfg->slots,
-                          CIPC_MAX_SLOTS);
-    }
-    if (cfg->slot_bytes > ((size_t)1 << 40)) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: slot_bytes %zu is absurd", a,
-                          cfg->slot_bytes);
-    }
+    MMP_TRY(mmp_ring_check_cfg("cuda_ipc", cfg, CIPC_MAX_SLOTS));
     if (cfg->device < 0) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: device %d", a, cfg->device);
+        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: device %d", cfg->address, cfg->device);
     }
     size_t s = cfg->slot_bytes ? cfg->slot_bytes : 1;
     g->stride = (s + CIPC_ALIGN - 1) / CIPC_ALIGN * CIPC_ALIGN;
@@ -302,21 +242,25 @@ static mmp_err new_channel(cipc_channel **out, const mmp_channel_cfg *cfg, const
     ch->stride = g->stride;
     ch->slots = (uint32_t)cfg->slots;
     ch->send = cfg->send != 0;
-    ch->me = me;
-    ch->peer = 1 - me;
-    ch->timeout_ms = cfg->timeout_ms;
-    ch->peer_pidfd = -1;
     ch->map_bytes = g->total;
+    ch->msg_off = g->msg_off;
+    ch->ready_off = g->ready_off;
+    ch->freed_off = g->freed_off;
+    /* No spin before sleeping: the hand-off of a micro-batch is rare next to
+     * shm's small messages. */
+    mmp_ring_init(&ch->ring, "cuda_ipc", ch->name, cfg, me, 0, &device_hooks, ch);
     *out = ch;
     return MMP_OK;
 }
 
-static void point_into(cipc_channel *ch, void *base, const cipc_geometry *g)
+/* Points ch at its mapped control segment. */
+static void point_into(cipc_channel *ch, void *base)
 {
+    unsigned char *b = base;
     ch->hdr = base;
-    ch->msg = (mmp_msg_header *)(void *)((unsigned char *)base + g->msg_off);
-    ch->ready_h = (cudaIpcEventHandle_t *)(void *)((unsigned char *)base + g->ready_off);
-    ch->freed_h = (cudaIpcEventHandle_t *)(void *)((unsigned char *)base + g->freed_off);
+    ch->ready_h = (cudaIpcEventHandle_t *)(void *)(b + ch->ready_off);
+    ch->freed_h = (cudaIpcEventHandle_t *)(void *)(b + ch->freed_off);
+    mmp_ring_attach(&ch->ring, &ch->hdr->ring, (mmp_msg_header *)(void *)(b + ch->msg_off));
 }
 
 /* Destroys this end's events and frees or unmaps its device slots; NULL-safe
@@ -346,10 +290,10 @@ static void release_device(cipc_channel *ch)
     }
     ch->n_ready = ch->n_freed = 0;
     if (ch->dev) {
-        e = ch->me == CREATOR ? cudaFree(ch->dev) : cudaIpcCloseMemHandle(ch->dev);
+        e = ch->ring.me == MMP_RING_CREATOR ? cudaFree(ch->dev) : cudaIpcCloseMemHandle(ch->dev);
         if (e != cudaSuccess) {
             MMP_WARN("cuda_ipc %s: %s: %s", ch->name,
-                     ch->me == CREATOR ? "cudaFree" : "cudaIpcCloseMemHandle",
+                     ch->ring.me == MMP_RING_CREATOR ? "cudaFree" : "cudaIpcCloseMemHandle",
                      cudaGetErrorString(e));
             (void)cudaGetLastError();
         }
@@ -361,11 +305,9 @@ static void free_channel(cipc_channel *ch)
 {
     release_device(ch);
     if (ch->hdr) {
-        munmap(ch->hdr, ch->map_bytes);
+        mmp_segment_unmap(ch->hdr, ch->map_bytes);
     }
-    if (ch->peer_pidfd >= 0) {
-        close(ch->peer_pidfd);
-    }
+    mmp_ring_fini(&ch->ring);
     free(ch->ready); /* ready and freed are one block */
     free(ch);
 }
@@ -378,13 +320,14 @@ static cipc_channel *graveyard;
 /* 1 while the connector may still use the creator's memory or events. */
 static int connector_may_use(cipc_channel *ch)
 {
-    if (atomic_load_explicit(&ch->hdr->pid[CONNECTOR], memory_order_acquire) == 0) {
+    mmp_ring_shared *sh = &ch->hdr->ring;
+    if (atomic_load_explicit(&sh->pid[MMP_RING_CONNECTOR], memory_order_acquire) == 0) {
         return 0;
     }
-    if (atomic_load_explicit(&ch->hdr->closed[CONNECTOR], memory_order_acquire)) {
+    if (atomic_load_explicit(&sh->closed[MMP_RING_CONNECTOR], memory_order_acquire)) {
         return 0;
     }
-    return !peer_dead(ch);
+    return !mmp_ring_peer_dead(&ch->ring);
 }
 
 /* Frees the buried channels whose connector is done with them. */
@@ -429,23 +372,17 @@ static int cipc_can_connect(const mmp_channel_cfg *cfg, const char **why_not)
     return why == NULL;
 }
 
-static mmp_err cipc_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
+static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     cipc_geometry g = {0};
     cipc_channel *ch = NULL;
-    int fd = -1, created = 0;
-    void *base = MAP_FAILED;
+    void *base = NULL;
     cudaError_t ce;
     *out = NULL;
-    mmp_err ret = check_cfg(cfg, &g);
-    if (ret != MMP_OK) {
-        return ret;
-    }
+    MMP_TRY(check_cfg(cfg, &g));
     sweep();
-    ret = new_channel(&ch, cfg, &g, CREATOR);
-    if (ret != MMP_OK) {
-        return ret;
-    }
+    MMP_TRY(new_channel(&ch, cfg, &g, MMP_RING_CREATOR));
+    mmp_err ret = MMP_OK;
     /* Device resources first: they need no clean-up of a name if they fail. */
     if ((ce = cudaSetDevice(cfg->device)) != cudaSuccess) {
         ret = cuda_fail(ce, cfg->address, "cudaSetDevice");
@@ -456,6 +393,7 @@ static mmp_err cipc_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
         ret = cuda_fail(ce, cfg->address, "cudaMalloc of the slots");
         goto fail;
     }
+    mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
     const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
     for (; ch->n_ready < cfg->slots; ch->n_ready++) {
         if ((ce = cudaEventCreateWithFlags(&ch->ready[ch->n_ready], flags)) != cudaSuccess) {
@@ -469,27 +407,11 @@ static mmp_err cipc_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
             goto fail;
         }
     }
-    fd = shm_open(cfg->address, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (fd < 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: create: %s%s", cfg->address, strerror(errno),
-                         errno == EEXIST ? " (left by a crashed run? mmp_shm_unlink_prefix)" : "");
+    ret = mmp_segment_create(&base, "cuda_ipc", ch->name, g.total);
+    if (ret != MMP_OK) {
         goto fail;
     }
-    created = 1;
-    int e = posix_fallocate(fd, 0, (off_t)g.total);
-    if (e != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: reserve %zu bytes: %s", cfg->address, g.total,
-                         strerror(e));
-        goto fail;
-    }
-    base = mmap(NULL, g.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: map %zu bytes: %s", cfg->address, g.total,
-                         strerror(errno));
-        goto fail;
-    }
-    point_into(ch, base, &g); /* ch owns the mapping from here */
-    base = MAP_FAILED;
+    point_into(ch, base); /* ch owns the mapping (and the name) from here */
     cipc_header *h = ch->hdr; /* a fresh segment reads as zeros */
     if ((ce = cudaIpcGetMemHandle(&h->mem, ch->dev)) != cudaSuccess) {
         ret = cuda_fail(ce, cfg->address, "cudaIpcGetMemHandle");
@@ -502,139 +424,39 @@ static mmp_err cipc_setup(mmp_channel **out, const mmp_channel_cfg *cfg)
             goto fail;
         }
     }
-    h->version = CIPC_VERSION;
-    h->slots = (uint32_t)cfg->slots;
-    h->slot_bytes = cfg->slot_bytes;
-    h->slot_stride = g.stride;
-    h->total_bytes = g.total;
-    h->creator_sends = ch->send;
+    mmp_ring_header_init(&h->g, &ch->ring, CIPC_VERSION, g.stride, g.total);
     h->creator_device = cfg->device;
-    atomic_store(&h->pid[CREATOR], (int32_t)getpid());
-    atomic_store_explicit(&h->magic, CIPC_MAGIC, memory_order_release);
-    close(fd);
-    *out = (mmp_channel *)(void *)ch;
+    mmp_ring_take_creator(&ch->ring);
+    mmp_segment_publish(base, CIPC_MAGIC);
+    *out = (mmp_channel_impl *)(void *)ch;
     return MMP_OK;
 
 fail:
-    if (base != MAP_FAILED) {
-        munmap(base, g.total);
+    if (ch->hdr) {
+        /* Not published: nobody attached, so the name is ours to remove. */
+        mmp_segment_unlink_once(&ch->hdr->ring.unlinked, ch->name);
     }
     free_channel(ch);
-    if (created) {
-        shm_unlink(cfg->address);
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
     return ret;
 }
 
-/* One attempt to attach the control segment: MMP_OK, MMP_ERR_TIMEOUT when it
- * is not there or not ready yet (try again), or a real error. */
-static mmp_err try_attach(cipc_channel *ch, const mmp_channel_cfg *cfg, const cipc_geometry *g)
+/* The creator's header against the connecting end ch (an mmp_segment_check):
+ * magic, version, geometry and layout as ch computes them, and opposite
+ * directions. */
+static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_t file_bytes)
 {
-    mmp_err ret = MMP_OK;
-    void *base = MAP_FAILED;
-    size_t mapped = 0;
-    int fd = shm_open(cfg->address, O_RDWR, 0);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            return MMP_ERR_TIMEOUT;
-        }
-        return mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: open: %s", cfg->address, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: stat: %s", cfg->address, strerror(errno));
-        goto exit;
-    }
-    if ((size_t)st.st_size < sizeof(cipc_header)) {
-        ret = MMP_ERR_TIMEOUT; /* created, not sized yet */
-        goto exit;
-    }
-    mapped = sizeof(cipc_header);
-    base = mmap(NULL, mapped, PROT_READ, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: map header: %s", cfg->address, strerror(errno));
-        goto exit;
-    }
-    const cipc_header *h = base;
-    uint64_t magic = atomic_load_explicit(&((cipc_header *)base)->magic, memory_order_acquire);
-    if (magic == 0) {
-        ret = MMP_ERR_TIMEOUT;
-        goto exit;
-    }
+    const cipc_channel *ch = ctx;
+    const cipc_header *h = header;
     if (magic != CIPC_MAGIC) {
         /* Most likely the other end picked shm: both ends must agree on
          * cfg.on_gpu and both must see a CUDA device. */
-        ret = mmp_errorf(MMP_ERR_PROTO,
-                         "cuda_ipc %s: not a cuda_ipc channel (magic %#llx, want %#llx); does "
-                         "the creator set on_gpu and see a CUDA device?",
-                         cfg->address, (unsigned long long)magic, (unsigned long long)CIPC_MAGIC);
-        goto exit;
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "cuda_ipc %s: not a cuda_ipc channel (magic %#llx, want %#llx); does "
+                          "the creator set on_gpu and see a CUDA device?",
+                          ch->name, (unsigned long long)magic, (unsigned long long)CIPC_MAGIC);
     }
-    if (h->version != CIPC_VERSION) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: segment version %u, this end speaks %u",
-                         cfg->address, h->version, CIPC_VERSION);
-        goto exit;
-    }
-    if (h->slots != (uint32_t)cfg->slots || h->slot_bytes != cfg->slot_bytes) {
-        ret = mmp_errorf(MMP_ERR_PROTO,
-                         "cuda_ipc %s: geometry mismatch: segment has %u slots of %llu bytes, "
-                         "this end expects %d slots of %zu bytes",
-                         cfg->address, h->slots, (unsigned long long)h->slot_bytes, cfg->slots,
-                         cfg->slot_bytes);
-        goto exit;
-    }
-    if (h->slot_stride != g->stride || h->total_bytes != g->total ||
-        (size_t)st.st_size != g->total) {
-        ret = mmp_errorf(MMP_ERR_PROTO,
-                         "cuda_ipc %s: layout mismatch: stride %llu size %lld, this end computes "
-                         "stride %zu size %zu",
-                         cfg->address, (unsigned long long)h->slot_stride, (long long)st.st_size,
-                         g->stride, g->total);
-        goto exit;
-    }
-    if ((h->creator_sends != 0) == (cfg->send != 0)) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: both ends %s", cfg->address,
-                         cfg->send ? "send" : "receive");
-        goto exit;
-    }
-    munmap(base, mapped);
-    mapped = g->total;
-    base = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED) {
-        ret = mmp_errorf(MMP_ERR_IO, "cuda_ipc %s: map %zu bytes: %s", cfg->address, mapped,
-                         strerror(errno));
-        goto exit;
-    }
-    int32_t none = 0;
-    if (!atomic_compare_exchange_strong(&((cipc_header *)base)->pid[CONNECTOR], &none,
-                                        (int32_t)getpid())) {
-        ret = mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: already has a connector (pid %d)",
-                         cfg->address, (int)none);
-        goto exit;
-    }
-    point_into(ch, base, g); /* attached: a failure from here closes like any close */
-    base = MAP_FAILED;
-    claim_unlink(ch);
-    if (atomic_load(&ch->hdr->closed[CREATOR])) {
-        ret = mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: the creator closed before the connect",
-                         cfg->address);
-        goto exit;
-    }
-    if (peer_dead(ch)) {
-        ret = mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: the creator (pid %d) is dead", cfg->address,
-                         (int)atomic_load(&ch->hdr->pid[CREATOR]));
-        goto exit;
-    }
-
-exit:
-    if (base != MAP_FAILED) {
-        munmap(base, mapped);
-    }
-    close(fd);
-    return ret;
+    return mmp_ring_check_header(&ch->ring, &h->g, CIPC_VERSION, ch->stride, ch->map_bytes,
+                                 file_bytes);
 }
 
 /* Opens the creator's device slots and events in this process, once. */
@@ -650,6 +472,7 @@ static mmp_err import_device(cipc_channel *ch)
         return cuda_fail(ce, ch->name, "cudaIpcOpenMemHandle");
     }
     ch->dev = dev;
+    mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
     for (; ch->n_ready < (int)ch->slots; ch->n_ready++) {
         ce = cudaIpcOpenEventHandle(&ch->ready[ch->n_ready], ch->ready_h[ch->n_ready]);
         if (ce != cudaSuccess) {
@@ -665,73 +488,43 @@ static mmp_err import_device(cipc_channel *ch)
     return MMP_OK;
 }
 
-static void cipc_close(mmp_channel *c);
+static void cipc_close(mmp_channel_impl *c);
 
-static mmp_err cipc_connect(mmp_channel **out, const mmp_channel_cfg *cfg)
+static mmp_err cipc_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     cipc_geometry g = {0};
     cipc_channel *ch = NULL;
+    void *base = NULL;
     *out = NULL;
     MMP_TRY(check_cfg(cfg, &g));
     sweep();
-    MMP_TRY(new_channel(&ch, cfg, &g, CONNECTOR));
-    double start = now_ms(), pause = 0.2;
-    mmp_err ret;
-    while ((ret = try_attach(ch, cfg, &g)) == MMP_ERR_TIMEOUT) {
-        if (cfg->timeout_ms > 0 && now_ms() - start >= cfg->timeout_ms) {
-            ret = mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: no ready creator after %d ms",
-                             cfg->address, cfg->timeout_ms);
-            break;
+    MMP_TRY(new_channel(&ch, cfg, &g, MMP_RING_CONNECTOR));
+    mmp_err ret = mmp_segment_attach(&base, "cuda_ipc", ch->name, sizeof(cipc_header), g.total,
+                                     cfg->timeout_ms, check_header, ch);
+    if (ret == MMP_ERR_TIMEOUT) {
+        ret = mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: no ready creator after %d ms", ch->name,
+                         cfg->timeout_ms);
+    }
+    if (ret == MMP_OK) {
+        int joined = 0;
+        point_into(ch, base);
+        ret = mmp_ring_join(&ch->ring, &joined);
+        if (!joined) {
+            /* Another connector holds the place: the mapping is not ours. */
+            ch->hdr = NULL;
+            mmp_ring_attach(&ch->ring, NULL, NULL);
+            mmp_segment_unmap(base, g.total);
         }
-        sleep_ms(pause);
-        pause = pause * 2 < 10 ? pause * 2 : 10;
     }
     if (ret == MMP_OK) {
         ret = import_device(ch);
     }
     if (ret != MMP_OK) {
-        cipc_close((mmp_channel *)(void *)
-                       ch); /* marks closed if attached; never unlinks a creator's name */
+        /* marks closed if joined; never unlinks a creator's name */
+        cipc_close((mmp_channel_impl *)(void *)ch);
         return ret;
     }
-    *out = (mmp_channel *)(void *)ch;
-    return MMP_OK;
-}
-
-static mmp_err cipc_acquire(mmp_channel *c, void **payload)
-{
-    cipc_channel *ch = cipc_of(c);
-    if (!ch->send) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: acquire on the receiving end", ch->name);
-    }
-    if (ch->acquired) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: acquire twice without a post", ch->name);
-    }
-    if (atomic_load_explicit(&ch->hdr->closed[ch->peer], memory_order_acquire)) {
-        return mmp_errorf(MMP_ERR_PEER, "cuda_ipc %s: the receiving %s end closed", ch->name,
-                          role_name(ch->peer));
-    }
-    uint32_t i = (uint32_t)(ch->count % ch->slots);
-    if (ch->count >= ch->slots) {
-        MMP_TRY(wait_counter(ch, &ch->hdr->tail, ch->count - ch->slots + 1, &ch->hdr->credit_bell,
-                             &ch->hdr->credit_sleepers, "a credit"));
-        /* The credit says the receiver enqueued its last reads of slot i;
-         * this makes our stream wait for them on the device, not the host. */
-        cudaError_t ce = cudaStreamWaitEvent(ch->stream, ch->freed[i], 0);
-        if (ce != cudaSuccess) {
-            return cuda_fail(ce, ch->name, "acquire: cudaStreamWaitEvent");
-        }
-    }
-    /* tail is the peer's word: a receiver cannot release what was never posted. */
-    uint64_t tail = atomic_load_explicit(&ch->hdr->tail, memory_order_acquire);
-    if (tail > ch->count) {
-        return mmp_errorf(
-            MMP_ERR_PROTO,
-            "cuda_ipc %s: header field tail = %llu, more than the %llu messages posted", ch->name,
-            (unsigned long long)tail, (unsigned long long)ch->count);
-    }
-    ch->acquired = 1;
-    *payload = ch->dev + (size_t)i * ch->stride;
+    *out = (mmp_channel_impl *)(void *)ch;
     return MMP_OK;
 }
 
@@ -739,92 +532,22 @@ static mmp_err cipc_acquire(mmp_channel *c, void **payload)
  * (unified addressing). A pageable host src may be reused when this returns
  * (the runtime stages it first); a device src must stay unchanged until the
  * stream has passed the copy. */
-static mmp_err cipc_fill(mmp_channel *c, void *slot, const void *src, size_t bytes)
+static mmp_err cipc_fill(mmp_channel_impl *c, void *slot, const void *src, size_t bytes)
 {
     cipc_channel *ch = cipc_of(c);
-    cudaError_t ce = cudaMemcpyAsync(slot, src, bytes, cudaMemcpyDefault, ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "send: cudaMemcpyAsync into the slot");
-    }
-    return MMP_OK;
+    return step(ch, cudaMemcpyAsync(slot, src, bytes, cudaMemcpyDefault, ch->stream),
+                "send: cudaMemcpyAsync into the slot");
 }
 
-static mmp_err cipc_post(mmp_channel *c, const mmp_msg_header *h)
+/* mmp_channel_read's copy out of a received slot: stream-ordered, after the
+ * recv's wait for the sender's writes. Into pageable host memory the runtime
+ * returns only once the bytes are there; into device or pinned memory the
+ * caller orders its use on the same stream. */
+static mmp_err cipc_read(mmp_channel_impl *c, void *dst, const void *src, size_t bytes)
 {
     cipc_channel *ch = cipc_of(c);
-    if (!ch->acquired) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: post without an acquired slot", ch->name);
-    }
-    if (h->bytes > ch->slot_bytes) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: post of %llu bytes into %zu-byte slots",
-                          ch->name, (unsigned long long)h->bytes, ch->slot_bytes);
-    }
-    uint32_t i = (uint32_t)(ch->count % ch->slots);
-    /* Recorded before head moves, so the receiver's wait (issued only after
-     * it sees head) finds this record, not the previous lap's. UNVERIFIED:
-     * that a record issued by one process is the one another process's later
-     * cudaStreamWaitEvent captures, once the host-side order is as here. */
-    cudaError_t ce = cudaEventRecord(ch->ready[i], ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "post: cudaEventRecord");
-    }
-    ch->msg[i] = *h;
-    ch->count++;
-    ch->acquired = 0;
-    atomic_store_explicit(&ch->hdr->head, ch->count, memory_order_release);
-    ring(&ch->hdr->data_bell, &ch->hdr->data_sleepers, 0);
-    return MMP_OK;
-}
-
-static mmp_err cipc_recv(mmp_channel *c, mmp_msg_header *h, const void **payload)
-{
-    cipc_channel *ch = cipc_of(c);
-    if (ch->send) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: recv on the sending end", ch->name);
-    }
-    MMP_TRY(wait_counter(ch, &ch->hdr->head, ch->count + 1, &ch->hdr->data_bell,
-                         &ch->hdr->data_sleepers, "a message"));
-    /* head is the peer's word: more than a ring ahead is forged or corrupt. */
-    uint64_t head = atomic_load_explicit(&ch->hdr->head, memory_order_acquire);
-    if (head - ch->count > ch->slots) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "cuda_ipc %s: header field head = %llu, more than the %u slots ahead of "
-                          "the %llu messages received",
-                          ch->name, (unsigned long long)head, (unsigned)ch->slots,
-                          (unsigned long long)ch->count);
-    }
-    uint32_t i = (uint32_t)(ch->count % ch->slots);
-    *h = ch->msg[i]; /* a copy: the checks hold whatever the peer writes next */
-    char what[sizeof ch->name + 40];
-    snprintf(what, sizeof what, "cuda_ipc %s message %llu", ch->name,
-             (unsigned long long)ch->count);
-    MMP_TRY(mmp_msg_check(what, h, ch->slot_bytes));
-    /* The device waits for the sender's writes; the host goes on at once. */
-    cudaError_t ce = cudaStreamWaitEvent(ch->stream, ch->ready[i], 0);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "recv: cudaStreamWaitEvent");
-    }
-    ch->count++;
-    *payload = ch->dev + (size_t)i * ch->stride;
-    return MMP_OK;
-}
-
-static mmp_err cipc_release(mmp_channel *c)
-{
-    cipc_channel *ch = cipc_of(c);
-    if (ch->send || ch->released == ch->count) {
-        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: release with no received slot held",
-                          ch->name);
-    }
-    uint32_t i = (uint32_t)(ch->released % ch->slots);
-    cudaError_t ce = cudaEventRecord(ch->freed[i], ch->stream);
-    if (ce != cudaSuccess) {
-        return cuda_fail(ce, ch->name, "release: cudaEventRecord");
-    }
-    ch->released++;
-    atomic_store_explicit(&ch->hdr->tail, ch->released, memory_order_release);
-    ring(&ch->hdr->credit_bell, &ch->hdr->credit_sleepers, 0);
-    return MMP_OK;
+    return step(ch, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, ch->stream),
+                "read: cudaMemcpyAsync out of the slot");
 }
 
 /* Marks this end closed and wakes the peer (its blocked call returns
@@ -832,7 +555,7 @@ static mmp_err cipc_release(mmp_channel *c)
  * creator's slots and closes its events; a creator frees its own, unless the
  * connector may still use them (then later: see `graveyard`). A creator no
  * one connected to unlinks the name. NULL is a no-op; ch is freed. */
-static void cipc_close(mmp_channel *c)
+static void cipc_close(mmp_channel_impl *c)
 {
     cipc_channel *ch = cipc_of(c);
     if (!ch) {
@@ -840,40 +563,28 @@ static void cipc_close(mmp_channel *c)
         return;
     }
     if (ch->hdr) {
-        atomic_store_explicit(&ch->hdr->closed[ch->me], 1, memory_order_release);
-        ring(&ch->hdr->data_bell, &ch->hdr->data_sleepers, 1);
-        ring(&ch->hdr->credit_bell, &ch->hdr->credit_sleepers, 1);
-        if (ch->me == CREATOR) {
-            claim_unlink(ch);
-            if (connector_may_use(ch)) {
-                pthread_mutex_lock(&graveyard_lock);
-                ch->next = graveyard;
-                graveyard = ch;
-                pthread_mutex_unlock(&graveyard_lock);
-                sweep(); /* others may be done by now */
-                return;
-            }
+        mmp_ring_close(&ch->ring);
+        if (ch->ring.me == MMP_RING_CREATOR && connector_may_use(ch)) {
+            pthread_mutex_lock(&graveyard_lock);
+            ch->next = graveyard;
+            graveyard = ch;
+            pthread_mutex_unlock(&graveyard_lock);
+            sweep(); /* others may be done by now */
+            return;
         }
     }
     free_channel(ch);
     sweep();
 }
 
-static size_t cipc_slot_bytes(const mmp_channel *c)
-{
-    return ((const cipc_channel *)(const void *)c)->slot_bytes;
-}
-
 const mmp_transport mmp_transport_cuda_ipc = {
     .name = "cuda_ipc",
+    .caps = MMP_TRANSPORT_DEVICE_SLOTS,
     .can_connect = cipc_can_connect,
     .setup = cipc_setup,
     .connect = cipc_connect,
-    .acquire = cipc_acquire,
-    .post = cipc_post,
-    .recv = cipc_recv,
-    .release = cipc_release,
     .close = cipc_close,
-    .slot_bytes = cipc_slot_bytes,
+    MMP_RING_TABLE_ENTRIES, /* acquire, post, recv, release, slot_bytes */
     .fill = cipc_fill,
+    .read = cipc_read,
 };
