@@ -39,9 +39,9 @@
 typedef struct chan {
     int id;
     int send, grad;
-    int peer_text; /* the other end is on the text branch (fusion uses it) */
-    int peer_r0;   /* the other end is replica 0 of its stage (evaluation's path) */
-    mmp_channel *ch; /* carries its transport's ops */
+    int peer_text;    /* the other end is on the text branch (fusion uses it) */
+    int peer_r0;      /* the other end is replica 0 of its stage (evaluation's path) */
+    mmp_channel *ch;  /* carries its transport's ops */
     size_t row_bytes; /* payload bytes per sample (a message of n samples carries n rows) */
     /* A received message not yet consumed (zero-copy: payload is in the slot). */
     int held;

@@ -66,7 +66,7 @@
 
 /* ---- names and /dev/shm ------------------------------------------------- */
 
-static char prefix[64]; /* "/mmpipe-test-<pid>-" */
+static char prefix[64];    /* "/mmpipe-test-<pid>-" */
 static int n_devices = -1; /* CUDA devices a child sees; -1 until probed */
 static int next_name;
 
@@ -75,7 +75,6 @@ static const char *fresh_address(char *buf, size_t n)
     snprintf(buf, n, "%s%d", prefix, next_name++);
     return buf;
 }
-
 
 static int leftovers(const char *p)
 {
@@ -154,7 +153,7 @@ struct side {
     int opens;   /* 1: the body opens its channel(s) itself (ch is NULL) */
     shared *sh;
     int (*body)(side *s, mmp_channel *ch);
-    int problems; /* thread mode: the result */
+    int problems;  /* thread mode: the result */
     char addr[96]; /* cfg.address, when pair() named it */
 };
 
@@ -976,8 +975,7 @@ static int apart_connector_mismatch(side *s, mmp_channel *unused)
     mmp_channel_cfg c = s->cfg;
     c.slots = 4;
     if (mmp_channel_open_with(&b, s->t, &c, 0) != MMP_ERR_PROTO || b ||
-        !strstr(mmp_last_error(), "2 slots") ||
-        !strstr(mmp_last_error(), "4 slots")) {
+        !strstr(mmp_last_error(), "2 slots") || !strstr(mmp_last_error(), "4 slots")) {
         PROBLEM(bad, "4 slots against 2: %s", mmp_last_error());
     }
     c = s->cfg;
@@ -1035,8 +1033,7 @@ static void test_mismatch_apart(const mmp_transport *t)
 {
     shared *sh = new_shared();
     side snd, rcv;
-    pair(&snd, &rcv, t, 4096, 2, 1000, 1, 1, sh, apart_creator_mismatch,
-         apart_connector_mismatch);
+    pair(&snd, &rcv, t, 4096, 2, 1000, 1, 1, sh, apart_creator_mismatch, apart_connector_mismatch);
     snd.opens = rcv.opens = 1;
     CHECK(run_ends(&snd, &rcv, 0) == 0);
     munmap(sh, sizeof *sh);
@@ -1848,7 +1845,10 @@ static void run_global(const char *name, void (*fn)(void))
         {#tr "/mismatch-apart", tr##_mismatch_apart}, {#tr "/no-creator", tr##_no_creator},        \
         {#tr "/no-creator-apart", tr##_no_creator_apart},                                          \
         {#tr "/creator-gone", tr##_creator_gone}, {#tr "/peer-death", tr##_peer_death},            \
-        {#tr "/big-slot", tr##_big}, {#tr "/forged-headers", tr##_forged}
+        {#tr "/big-slot", tr##_big},                                                               \
+    {                                                                                              \
+#tr "/forged-headers", tr##_forged                                                         \
+    }
 
 TRANSPORT_CASES(shm)
 #ifdef MMP_HAVE_CUDA

@@ -47,8 +47,8 @@ static mmp_err wrong_end(const mmp_channel *ch, const char *call)
                       ch->send ? "sending" : "receiving");
 }
 
-mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t,
-                              const mmp_channel_cfg *cfg, int creator)
+mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t, const mmp_channel_cfg *cfg,
+                              int creator)
 {
     *out = NULL;
     if (!t || !cfg) {

@@ -35,10 +35,10 @@
 typedef struct mmp_msg_header {
     int32_t step;
     int32_t mb;
-    uint64_t digest;  /* hash of the micro-batch's sample ids, in order */
-    uint64_t bytes;   /* payload bytes used (<= slot_bytes) */
-    int32_t n;        /* samples in the micro-batch */
-    int32_t flags;    /* MMP_MSG_* */
+    uint64_t digest; /* hash of the micro-batch's sample ids, in order */
+    uint64_t bytes;  /* payload bytes used (<= slot_bytes) */
+    int32_t n;       /* samples in the micro-batch */
+    int32_t flags;   /* MMP_MSG_* */
 } mmp_msg_header;
 
 enum {
@@ -51,16 +51,17 @@ typedef struct mmp_channel_cfg {
     size_t slot_bytes;   /* payload capacity of a slot */
     int slots;           /* ring depth, >= 1 */
     int send;            /* this end sends */
-    int timeout_ms;      /* how long connect and blocking calls wait before MMP_ERR_PEER (<=0: forever) */
+    int timeout_ms; /* how long connect and blocking calls wait before MMP_ERR_PEER (<=0: forever)
+                     */
     /* Where the payloads live. All zero (the default of every existing cfg)
      * means host memory. on_gpu describes the edge, not one end: both ends
      * must set the same value, or they would pick different transports. */
-    int on_gpu;          /* 1: both ends are GPU processes on one host and the slots
-                          * are device memory (cuda_ipc); 0: host memory */
-    int device;          /* on_gpu: this end's CUDA device ordinal (setup/connect
-                          * make it the calling thread's current device) */
-    void *cuda_stream;   /* on_gpu: this end's cudaStream_t (void *, so this header
-                          * needs no CUDA); NULL: the legacy default stream */
+    int on_gpu;        /* 1: both ends are GPU processes on one host and the slots
+                        * are device memory (cuda_ipc); 0: host memory */
+    int device;        /* on_gpu: this end's CUDA device ordinal (setup/connect
+                        * make it the calling thread's current device) */
+    void *cuda_stream; /* on_gpu: this end's cudaStream_t (void *, so this header
+                        * needs no CUDA); NULL: the legacy default stream */
 } mmp_channel_cfg;
 
 /* A transport's own state for one end of one channel. Only its transport
@@ -135,8 +136,8 @@ mmp_err mmp_channel_open(mmp_channel **out, const char *name, const mmp_channel_
                          int creator);
 /* The same with transport t, without asking its can_connect (the conformance
  * suite and the benches, which test one transport on purpose). */
-mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t,
-                              const mmp_channel_cfg *cfg, int creator);
+mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t, const mmp_channel_cfg *cfg,
+                              int creator);
 /* Closes this end and frees the handle (the transport's close, see above).
  * NULL is a no-op, so the caller drops its pointer after the call. */
 void mmp_channel_close(mmp_channel *ch);

@@ -422,7 +422,7 @@ static void slice_of(const mmp_reduce *r, int k, size_t n, size_t *lo, size_t *h
 }
 
 #define DEFINE_SUM_SLICE(NAME, T)                                                                  \
-    static void NAME(const mmp_reduce *r, size_t n)                                              \
+    static void NAME(const mmp_reduce *r, size_t n)                                                \
     {                                                                                              \
         size_t lo, hi;                                                                             \
         slice_of(r, r->rank, n, &lo, &hi);                                                         \

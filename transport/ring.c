@@ -152,8 +152,7 @@ mmp_err mmp_ring_join(mmp_ring *r, int *joined)
  * bell; reports a closed or dead peer and the channel's timeout as
  * MMP_ERR_PEER. `awaited` names the awaited event for the message. */
 static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t target,
-                            _Atomic uint32_t *bell, _Atomic uint32_t *sleepers,
-                            const char *awaited)
+                            _Atomic uint32_t *bell, _Atomic uint32_t *sleepers, const char *awaited)
 {
     if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
         return MMP_OK;
@@ -201,12 +200,10 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
 mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
 {
     if (!r->send) {
-        return mmp_errorf(MMP_ERR_INVALID, "%s %s: acquire on the receiving end", r->what,
-                          r->name);
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: acquire on the receiving end", r->what, r->name);
     }
     if (r->acquired) {
-        return mmp_errorf(MMP_ERR_INVALID, "%s %s: acquire twice without a post", r->what,
-                          r->name);
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: acquire twice without a post", r->what, r->name);
     }
     if (atomic_load_explicit(&r->sh->closed[r->peer], memory_order_acquire)) {
         return mmp_errorf(MMP_ERR_PEER, "%s %s: the receiving %s end closed", r->what, r->name,
@@ -222,8 +219,7 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
     if (tail > r->count) {
         return mmp_errorf(MMP_ERR_PROTO,
                           "%s %s: header field tail = %llu, more than the %llu messages posted",
-                          r->what, r->name, (unsigned long long)tail,
-                          (unsigned long long)r->count);
+                          r->what, r->name, (unsigned long long)tail, (unsigned long long)r->count);
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     if (r->hooks && r->hooks->acquire) {
@@ -241,8 +237,8 @@ mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h)
                           r->name);
     }
     if (h->bytes > r->slot_bytes) {
-        return mmp_errorf(MMP_ERR_INVALID, "%s %s: post of %llu bytes into %zu-byte slots",
-                          r->what, r->name, (unsigned long long)h->bytes, r->slot_bytes);
+        return mmp_errorf(MMP_ERR_INVALID, "%s %s: post of %llu bytes into %zu-byte slots", r->what,
+                          r->name, (unsigned long long)h->bytes, r->slot_bytes);
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     if (r->hooks && r->hooks->post) {
@@ -261,8 +257,8 @@ mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot)
     if (r->send) {
         return mmp_errorf(MMP_ERR_INVALID, "%s %s: recv on the sending end", r->what, r->name);
     }
-    MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell,
-                         &r->sh->data_sleepers, "a message"));
+    MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell, &r->sh->data_sleepers,
+                         "a message"));
     /* head is the peer's word: more than a ring ahead of what we took means
      * it is forged or corrupt (the sender may never lap the receiver). */
     uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);

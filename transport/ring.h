@@ -95,16 +95,16 @@ typedef struct mmp_ring {
     const char *name;     /* the channel's address, for messages */
     uint32_t slots;
     size_t slot_bytes;
-    int send;             /* this end sends */
-    int me, peer;         /* MMP_RING_CREATOR / MMP_RING_CONNECTOR */
-    int timeout_ms;       /* <= 0: blocking calls wait for ever */
-    long spin_ns;         /* a waiter polls this long before sleeping (0: none) */
+    int send;                    /* this end sends */
+    int me, peer;                /* MMP_RING_CREATOR / MMP_RING_CONNECTOR */
+    int timeout_ms;              /* <= 0: blocking calls wait for ever */
+    long spin_ns;                /* a waiter polls this long before sleeping (0: none) */
     const mmp_ring_hooks *hooks; /* NULL: none */
     void *ctx;                   /* the hooks' */
-    uint64_t count;       /* sender: messages posted; receiver: messages received */
-    uint64_t released;    /* receiver: messages released */
-    int acquired;         /* sender: a slot is acquired and not yet posted */
-    int peer_pidfd;       /* -1 until opened */
+    uint64_t count;              /* sender: messages posted; receiver: messages received */
+    uint64_t released;           /* receiver: messages released */
+    int acquired;                /* sender: a slot is acquired and not yet posted */
+    int peer_pidfd;              /* -1 until opened */
 } mmp_ring;
 
 /* The cfg checks every ring transport makes before anything else: address a

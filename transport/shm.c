@@ -46,7 +46,7 @@
 #include "transport/segment.h"
 
 #define SHM_MAGIC 0x31304d4853504d4dull /* "MMPSHM01" */
-#define SHM_VERSION 2u /* 2: the ring words are one mmp_ring_shared */
+#define SHM_VERSION 2u                  /* 2: the ring words are one mmp_ring_shared */
 #define SHM_ALIGN 64
 #define SHM_PAGE 4096
 #define SHM_MAX_SLOTS 4096
@@ -65,8 +65,8 @@
 #endif
 
 typedef struct shm_header {
-    mmp_ring_header g;       /* magic (SHM_MAGIC), version, geometry, directions */
-    uint64_t payload_offset; /* from the segment's start; a multiple of SHM_PAGE */
+    mmp_ring_header g;                       /* magic (SHM_MAGIC), version, geometry, directions */
+    uint64_t payload_offset;                 /* from the segment's start; a multiple of SHM_PAGE */
     alignas(SHM_ALIGN) mmp_ring_shared ring; /* pids, closed flags, counters, doorbells */
     alignas(SHM_ALIGN) mmp_msg_header msg[]; /* one per slot */
 } shm_header;

@@ -93,15 +93,15 @@
 #include "transport/segment.h"
 
 #define CIPC_MAGIC 0x3143504943504d4dull /* "MMPCIPC1" */
-#define CIPC_VERSION 2u /* 2: the ring words are one mmp_ring_shared */
-#define CIPC_ALIGN 256 /* slot stride: cudaMalloc's own alignment */
+#define CIPC_VERSION 2u                  /* 2: the ring words are one mmp_ring_shared */
+#define CIPC_ALIGN 256                   /* slot stride: cudaMalloc's own alignment */
 #define CIPC_LINE 64
 #define CIPC_MAX_SLOTS 256
 
 typedef struct cipc_header {
-    mmp_ring_header g;      /* magic (CIPC_MAGIC), version, geometry, directions */
-    int32_t creator_device; /* for messages only */
-    cudaIpcMemHandle_t mem; /* slot 0 of the creator's allocation */
+    mmp_ring_header g;                       /* magic (CIPC_MAGIC), version, geometry, directions */
+    int32_t creator_device;                  /* for messages only */
+    cudaIpcMemHandle_t mem;                  /* slot 0 of the creator's allocation */
     alignas(CIPC_LINE) mmp_ring_shared ring; /* pids, closed flags, counters, doorbells */
     /* Then: mmp_msg_header msg[slots]; cudaIpcEventHandle_t ready[slots],
      * freed[slots] (see check_cfg). */
@@ -180,8 +180,7 @@ static mmp_err hook_post(void *ctx, uint32_t i)
 static mmp_err hook_recv(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
-    return step(ch, cudaStreamWaitEvent(ch->stream, ch->ready[i], 0),
-                "recv: cudaStreamWaitEvent");
+    return step(ch, cudaStreamWaitEvent(ch->stream, ch->ready[i], 0), "recv: cudaStreamWaitEvent");
 }
 
 /* The receiver's reads of slot i were enqueued on its stream before this. */
@@ -411,7 +410,7 @@ static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
     if (ret != MMP_OK) {
         goto fail;
     }
-    point_into(ch, base); /* ch owns the mapping (and the name) from here */
+    point_into(ch, base);     /* ch owns the mapping (and the name) from here */
     cipc_header *h = ch->hdr; /* a fresh segment reads as zeros */
     if ((ce = cudaIpcGetMemHandle(&h->mem, ch->dev)) != cudaSuccess) {
         ret = cuda_fail(ce, cfg->address, "cudaIpcGetMemHandle");
