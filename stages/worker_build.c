@@ -1,0 +1,329 @@
+/* The stage worker's set-up from its assignment (checked first): the plan,
+ * the nets on the stage's backend, the data set and loader of a branch's
+ * first sub-stage, the data channels and the replicas' reduce; and the
+ * teardown that undoes all of it, valid after a failed set-up. */
+#include "stages/worker_internal.h"
+
+/* ---- set-up ---------------------------------------------------------------------- */
+
+chan *worker_find_chan(worker *w, int id)
+{
+    for (int i = 0; i < w->n_chans; i++) {
+        if (w->chans[i].id == id) {
+            return &w->chans[i];
+        }
+    }
+    return NULL;
+}
+
+/* Payload bytes per sample of a channel, computed by each end on its own:
+ * a mismatch between the two ends is caught by the transport's geometry
+ * check (slots of mb_max rows), a forged row count by chan_recv. */
+static size_t chan_row_bytes(const worker *w, const Mmpipe__Channel *c)
+{
+    int64_t per = 0;
+    int from_text = w->kind == MMP_BRANCH_TEXT ||
+                    (w->kind == MMP_BRANCH_FUSION && strncmp(c->peer, "text", 4) == 0);
+    int64_t text_tokens = (int64_t)w->T * w->D;
+    if (w->kind == MMP_BRANCH_FUSION) {
+        int64_t image_tokens = (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
+        per = from_text ? text_tokens + (c->grad ? 0 : w->T) : image_tokens;
+    } else if (from_text) {
+        per = text_tokens + (c->grad ? 0 : w->T);
+    } else {
+        /* image: what leaves forward is this range's output; what arrives
+         * forward is its input; gradients mirror them. */
+        int outward = c->send != c->grad; /* act send or grad recv: our output side */
+        per = outward ? w->out_floats : w->in_floats;
+    }
+    if (!c->grad) {
+        per += 1; /* the valid flag of each sample travels with activations */
+    }
+    return (size_t)per * sizeof(float);
+}
+
+/* How long a channel or the replicas' reduce waits on a peer before it
+ * reports the peer lost: longer than the coordinator's stall watchdog
+ * (train.stall_timeout), which names the stage at fault first. */
+static int peer_timeout_ms(const worker *w)
+{
+    int stall = w->plan.train.stall_timeout;
+    return stall > 30 ? 2000 * stall : 60000;
+}
+
+static mmp_err open_channels(worker *w)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    if (a->n_channels > MAX_CHANNELS) {
+        return mmp_errorf(MMP_ERR_PROTO, "%zu channels (at most %d)", a->n_channels, MAX_CHANNELS);
+    }
+    /* Creators (senders) first: setup never blocks, so no process waits for
+     * a peer that is itself waiting. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < a->n_channels; i++) {
+            const Mmpipe__Channel *c = a->channels[i];
+            if ((pass == 0) != (c->creator != 0)) {
+                continue;
+            }
+            chan *ch = &w->chans[w->n_chans++];
+            memset(ch, 0, sizeof *ch);
+            ch->id = c->id;
+            ch->send = c->send;
+            ch->grad = c->grad;
+            ch->peer_text = strncmp(c->peer, "text", 4) == 0;
+            size_t pl = strlen(c->peer);
+            ch->peer_r0 = pl >= 2 && strcmp(c->peer + pl - 2, "/0") == 0;
+            ch->row_bytes = chan_row_bytes(w, c);
+            mmp_channel_cfg cfg = {.address = c->address,
+                                   .slot_bytes = ch->row_bytes * (size_t)w->mb_max,
+                                   .slots = c->slots,
+                                   .send = c->send,
+                                   .timeout_ms = peer_timeout_ms(w)};
+            mmp_err e = mmp_channel_open(&ch->ch, c->transport, &cfg, c->creator);
+            if (e != MMP_OK) {
+                w->n_chans--;
+                return mmp_error_prefix(e, "channel %d to %s", c->id, c->peer);
+            }
+        }
+    }
+    return MMP_OK;
+}
+
+void *worker_xcalloc(size_t n, size_t size, mmp_err *err)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p && *err == MMP_OK) {
+        *err = mmp_errorf(MMP_ERR_NOMEM, "%zu x %zu bytes", n, size);
+    }
+    return p;
+}
+
+static int program_max_inflight(Mmpipe__Instr *const *prog, size_t n)
+{
+    int cur = 0, most = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (prog[i]->op == MMPIPE__OP__FWD) {
+            cur++;
+        } else if (prog[i]->op == MMPIPE__OP__BWD) {
+            cur--;
+        }
+        most = cur > most ? cur : most;
+    }
+    return most;
+}
+
+/* Makes prog this process's list: which micro-batches it handles (its
+ * loader loads only those) and that it fits the activation slots. */
+mmp_err worker_set_program(worker *w, Mmpipe__Instr **prog, size_t n)
+{
+    int m = w->asg->microbatches;
+    MMP_TRY(mmp_peer_check_program(w->asg, prog, n));
+    if (program_max_inflight(prog, n) > w->n_fl) {
+        return mmp_errorf(MMP_ERR_PROTO, "list holds %d micro-batches, more than the %d slots",
+                          program_max_inflight(prog, n), w->n_fl);
+    }
+    memset(w->owns, 0, (size_t)m);
+    for (size_t i = 0; i < n; i++) {
+        int mb = prog[i]->mb;
+        if (prog[i]->op == MMPIPE__OP__FWD) {
+            if (mb < 0 || mb >= m) {
+                return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: micro-batch %d of %d", i, mb, m);
+            }
+            w->owns[mb] = 1;
+        }
+    }
+    w->prog = prog;
+    w->n_prog = n;
+    return MMP_OK;
+}
+
+mmp_err worker_build(worker *w)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    mmp_plan *p = &w->plan;
+    MMP_TRY(mmp_peer_check_assignment(a));
+    MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
+    mmp_cpu_set_threads(p->train.threads); /* train.threads holds in every process */
+    if (a->microbatches != p->train.microbatches) {
+        return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, but the plan has %d",
+                          a->microbatches, p->train.microbatches);
+    }
+    int layers = a->kind == MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE  ? mmp_plan_image_layers(p)
+                 : a->kind == MMPIPE__STAGE_KIND__STAGE_KIND_TEXT ? mmp_plan_text_layers(p)
+                                                                  : 1;
+    if (a->layer_last > layers) {
+        return mmp_errorf(MMP_ERR_PROTO, "assignment: field layer_last = %d, over the %d layers",
+                          a->layer_last, layers);
+    }
+    uint64_t seed = (uint64_t)p->job.seed;
+    w->sub = a->sub;
+    w->replicas = a->replicas > 0 ? a->replicas : 1;
+    w->slot = a->slot;
+    w->first = a->layer_first;
+    w->last = a->layer_last;
+    w->kind = (mmp_branch)a->kind; /* in range: checked on arrival (kind_of) */
+    w->mb_max = mmp_plan_mb_size(p, 0);
+    w->T = p->data.max_text_len;
+    w->D = p->model.width;
+    w->B = p->train.batch;
+    /* Branch stages that load data open the training set; every stage opens
+     * the validation set's index to know how many evaluation chunks come. */
+    if (w->kind != MMP_BRANCH_FUSION && w->sub == 0) {
+        MMP_TRY(mmp_dataset_open(&w->train, p->data.manifest, p->data.vocab, p));
+    }
+    int V;
+    if (mmp_plan_evaluates(p)) { /* only then is there a validation set to read */
+        MMP_TRY(mmp_dataset_open(&w->val, p->data.val_manifest, p->data.vocab, p));
+        V = mmp_dataset_vocab_size(w->val);
+    } else if (w->train) {
+        V = mmp_dataset_vocab_size(w->train);
+    } else {
+        mmp_tokenizer *tok;
+        MMP_TRY(mmp_tokenizer_load(&tok, p->data.vocab));
+        V = mmp_tokenizer_vocab_size(tok);
+        mmp_tokenizer_destroy(tok);
+    }
+    if (w->kind == MMP_BRANCH_IMAGE) {
+        MMP_TRY(mmp_image_net_create_on(&w->img, mmp_backend_cpu(), p, w->first, w->last, seed));
+        w->params = mmp_image_net_params(w->img);
+        w->in_floats = mmp_image_net_in_floats(w->img);
+        w->out_floats = mmp_image_net_out_floats(w->img);
+    } else if (w->kind == MMP_BRANCH_TEXT) {
+        MMP_TRY(mmp_text_net_create_on(&w->txt, mmp_backend_cpu(), p, V, w->first, w->last, seed));
+        w->params = mmp_text_net_params(w->txt);
+        w->in_floats = w->out_floats = mmp_text_net_out_floats(w->txt);
+    } else {
+        MMP_TRY(mmp_fusion_net_create_on(&w->fus, mmp_backend_cpu(), p, seed));
+        w->params = mmp_fusion_net_params(w->fus);
+    }
+    if (a->resume_dir && a->resume_dir[0]) {
+        /* By name from every file of the step: a re-placement may have cut
+         * the branch elsewhere than the processes that wrote it. */
+        mmp_ckpt c = {0};
+        mmp_err e = mmp_ckpt_read_dir(&c, a->resume_dir);
+        if (e == MMP_OK) {
+            e = mmp_params_load(w->params, &c);
+        }
+        mmp_ckpt_fini(&c);
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "resume from %s", a->resume_dir);
+        }
+    }
+    w->n_fl = program_max_inflight(a->program, a->n_program);
+    if (a->inflight_bound > w->n_fl) {
+        w->n_fl = a->inflight_bound; /* room for any routing the balancer sends */
+    }
+    if (w->n_fl > MAX_INFLIGHT) {
+        return mmp_errorf(MMP_ERR_PROTO, "program holds %d micro-batches", w->n_fl);
+    }
+    mmp_err err = MMP_OK;
+    w->fl = worker_xcalloc((size_t)w->n_fl, sizeof *w->fl, &err);
+    for (int i = 0; err == MMP_OK && i < w->n_fl; i++) {
+        w->fl[i].mb = -1;
+        if (w->kind == MMP_BRANCH_IMAGE) {
+            err = mmp_image_acts_create((mmp_image_acts **)&w->fl[i].acts, w->img, w->mb_max);
+        } else if (w->kind == MMP_BRANCH_TEXT) {
+            err = mmp_text_acts_create((mmp_text_acts **)&w->fl[i].acts, w->txt, w->mb_max);
+            w->fl[i].mask = worker_xcalloc((size_t)w->mb_max * w->T, sizeof(float), &err);
+        } else {
+            err = mmp_fusion_acts_create((mmp_fusion_acts **)&w->fl[i].acts, w->fus, w->mb_max);
+        }
+        w->fl[i].valid = worker_xcalloc((size_t)w->mb_max, sizeof(float), &err);
+    }
+    w->in_valid = worker_xcalloc((size_t)w->mb_max, sizeof(float), &err);
+    w->eval_valid = worker_xcalloc((size_t)w->mb_max, 1, &err);
+    size_t mbx = (size_t)w->mb_max;
+    int S = p->data.image_size;
+    if (w->kind == MMP_BRANCH_IMAGE && w->sub == 0) {
+        w->images = worker_xcalloc(mbx * 3 * (size_t)S * S, sizeof(float), &err);
+    }
+    w->ids = worker_xcalloc(mbx * (size_t)w->T, sizeof(int32_t), &err);
+    w->mask = worker_xcalloc(mbx * (size_t)w->T, sizeof(float), &err);
+    w->out = worker_xcalloc(mbx * (size_t)(w->out_floats + w->T), sizeof(float), &err);
+    w->din = worker_xcalloc(mbx * (size_t)w->in_floats, sizeof(float), &err);
+    if (w->kind == MMP_BRANCH_FUSION) {
+        w->dimg = worker_xcalloc(mbx * (size_t)mmp_image_net_tokens(p) * w->D, sizeof(float), &err);
+        w->dtxt = worker_xcalloc(mbx * (size_t)w->T * w->D, sizeof(float), &err);
+    }
+    w->samples = worker_xcalloc(mbx, sizeof(int64_t), &err);
+    if (w->kind == MMP_BRANCH_FUSION && err == MMP_OK) {
+        err =
+            mmp_fuse_init(&w->fuse, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D, w->T, w->D);
+    }
+    w->fwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    w->bwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    w->owns = worker_xcalloc((size_t)a->microbatches, 1, &err);
+    if (w->kind == MMP_BRANCH_IMAGE && w->replicas > 1 && !worker_simulated(w)) {
+        w->bn_row = mmp_image_net_bn_row_floats(w->img);
+        w->bn_rows = worker_xcalloc((size_t)a->microbatches * (size_t)(w->bn_row ? w->bn_row : 1),
+                                    sizeof(float), &err);
+    }
+    MMP_TRY(err);
+    MMP_TRY(worker_set_program(w, a->program, a->n_program));
+    if (w->replicas > 1) {
+        size_t cap = 2 * w->params->total; /* the gradients in double */
+        if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
+            cap = (size_t)a->microbatches * (size_t)w->bn_row;
+        }
+        mmp_reduce_cfg rc = {.name = a->reduce_address,
+                             .replicas = w->replicas,
+                             .rank = a->replica,
+                             .capacity = cap,
+                             .timeout_ms = peer_timeout_ms(w)};
+        MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
+    }
+    return open_channels(w);
+}
+
+void worker_teardown(worker *w)
+{
+    for (int i = 0; i < w->n_chans; i++) {
+        mmp_channel_close(w->chans[i].ch);
+        w->chans[i].ch = NULL;
+    }
+    for (int i = 0; w->fl && i < w->n_fl; i++) {
+        if (w->kind == MMP_BRANCH_IMAGE) {
+            mmp_image_acts_destroy(w->fl[i].acts);
+        } else if (w->kind == MMP_BRANCH_TEXT) {
+            mmp_text_acts_destroy(w->fl[i].acts);
+        } else {
+            mmp_fusion_acts_destroy(w->fl[i].acts);
+        }
+        free(w->fl[i].mask);
+        free(w->fl[i].valid);
+    }
+    if (w->batch) {
+        mmp_loader_release(w->loader, w->batch);
+    }
+    mmp_loader_destroy(w->loader);
+    mmp_reduce_close(w->reduce);
+    free(w->owns);
+    free(w->bn_rows);
+    if (w->prog_env) {
+        mmp_ctl_free(w->prog_env);
+    }
+    mmp_fuse_fini(&w->fuse);
+    free(w->in_valid);
+    free(w->eval_valid);
+    free(w->fl);
+    mmp_image_net_destroy(w->img);
+    mmp_text_net_destroy(w->txt);
+    mmp_fusion_net_destroy(w->fus);
+    mmp_dataset_close(w->train);
+    mmp_dataset_close(w->val);
+    free(w->images);
+    free(w->ids);
+    free(w->mask);
+    free(w->out);
+    free(w->din);
+    free(w->dimg);
+    free(w->dtxt);
+    free(w->samples);
+    free(w->fwd_ms);
+    free(w->bwd_ms);
+    mmp_trace_close(&w->trace);
+    if (w->asg_env) {
+        mmp_ctl_free(w->asg_env);
+    }
+    mmp_ctl_close(w->ctl);
+}

@@ -1,0 +1,126 @@
+/* Evaluation (the validation pairs through the same forward, retrieval
+ * recall at the fusion stage) and a stage's checkpoint file. */
+#include "stages/worker_internal.h"
+
+/* ---- evaluation and checkpoints --------------------------------------------------------- */
+
+mmp_err worker_run_eval(worker *w, int step)
+{
+    if (w->asg->replica > 0) {
+        return MMP_OK; /* evaluation runs on the replicas 0 */
+    }
+    if (!w->val) {
+        return mmp_errorf(MMP_ERR_PROTO, "evaluation requested, but the plan turns it off");
+    }
+    int64_t nv = mmp_dataset_size(w->val);
+    nv = nv < w->plan.data.val_samples ? nv : w->plan.data.val_samples;
+    int64_t kept = 0; /* fusion: pairs good in both branches, compacted to the front */
+    int chunks = (int)((nv + w->mb_max - 1) / w->mb_max);
+    float *ie = NULL, *te = NULL;
+    int E = 0;
+    mmp_err err = MMP_OK;
+    if (w->kind == MMP_BRANCH_FUSION) {
+        E = mmp_fusion_embed_dim(w->fus);
+        ie = worker_xcalloc((size_t)nv * E, sizeof(float), &err);
+        te = worker_xcalloc((size_t)nv * E, sizeof(float), &err);
+        if (err != MMP_OK) {
+            goto exit;
+        }
+    }
+    for (int c = 0; c < chunks; c++) {
+        if (w->kind == MMP_BRANCH_FUSION) {
+            chan *ci = worker_act_in(w, 0), *ct = worker_act_in(w, 1);
+            if ((err = worker_chan_recv(w, ci, step, c, 1)) != MMP_OK ||
+                (err = worker_chan_recv(w, ct, step, c, 1)) != MMP_OK ||
+                (err = worker_do_fwd(w, step, c, 1)) != MMP_OK) {
+                goto exit;
+            }
+            int n = ci->hdr.n;
+            const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
+            if (!worker_simulated(w)) {
+                mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
+                                     ie + (size_t)kept * E, te + (size_t)kept * E);
+                const float *iv = worker_payload_valid(w, ci, w->fuse.img_row, 0);
+                const float *tv = worker_payload_valid(w, ct, w->fuse.txt_row, 1);
+                int64_t base = kept;
+                for (int i = 0; i < n; i++) { /* keep the good pairs, in order */
+                    if (iv[i] != 0 && tv[i] != 0) {
+                        memmove(ie + kept * E, ie + (base + i) * E, (size_t)E * sizeof(float));
+                        memmove(te + kept * E, te + (base + i) * E, (size_t)E * sizeof(float));
+                        kept++;
+                    }
+                }
+            }
+            if ((err = worker_chan_release(ci)) != MMP_OK ||
+                (err = worker_chan_release(ct)) != MMP_OK) {
+                goto exit;
+            }
+            continue;
+        }
+        if (w->sub == 0) {
+            err = worker_do_load(w, step, c, 1);
+        } else {
+            err = worker_chan_recv(w, worker_act_in(w, w->kind == MMP_BRANCH_TEXT), step, c, 1);
+        }
+        if (err == MMP_OK) {
+            err = worker_do_fwd(w, step, c, 1);
+        }
+        chan *out = NULL;
+        for (int i = 0; i < w->n_chans; i++) {
+            if (w->chans[i].send && !w->chans[i].grad && w->chans[i].peer_r0) {
+                out = &w->chans[i];
+            }
+        }
+        if (err == MMP_OK) {
+            err = worker_do_send_act(w, step, c, out, 1);
+        }
+        if (err != MMP_OK) {
+            goto exit;
+        }
+    }
+    if (w->kind == MMP_BRANCH_FUSION) {
+        double i2t = 0, t2i = 0; /* simulated: no embeddings, recall 0 */
+        if (!worker_simulated(w) && kept < nv) {
+            MMP_WARN("evaluation: %lld of %lld validation pairs skipped (bad data, "
+                     "data.on_bad_sample: skip)",
+                     (long long)(nv - kept), (long long)nv);
+        }
+        if (!worker_simulated(w) && kept > 0 &&
+            (err = mmp_retrieval_r1(ie, te, (int)kept, E, &i2t, &t2i)) != MMP_OK) {
+            goto exit;
+        }
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__EvalDone d = MMPIPE__EVAL_DONE__INIT;
+        d.step = step;
+        d.i2t_r1 = (float)i2t;
+        d.t2i_r1 = (float)t2i;
+        env.body_case = MMPIPE__ENVELOPE__BODY_EVAL_DONE;
+        env.eval_done = &d;
+        err = worker_send_env(w, &env);
+    }
+exit:
+    free(ie);
+    free(te);
+    return err;
+}
+
+mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file);
+    mmp_err e = MMP_OK;
+    if (w->asg->replica == 0) { /* replicas hold identical state: one file */
+        e = mmp_mkdirs(r->dir);
+        if (e == MMP_OK) {
+            e = mmp_params_save(w->params, path);
+        }
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__CheckpointAck ack = MMPIPE__CHECKPOINT_ACK__INIT;
+    ack.step = r->step;
+    ack.ok = e == MMP_OK;
+    ack.error = e == MMP_OK ? "" : (char *)mmp_last_error();
+    env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK;
+    env.checkpoint_ack = &ack;
+    return worker_send_env(w, &env);
+}

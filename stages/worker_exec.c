@@ -1,0 +1,555 @@
+/* One training step of a stage: the instruction interpreter (LOAD,
+ * RECV_ACT, FWD, SEND_ACT, RECV_GRAD, BWD, SEND_GRAD, REDUCE, NORM, OPT) and
+ * the data plane under it. Every byte a peer sends is checked against this
+ * stage's geometry before use (stages/peer.h). */
+#include "stages/worker_internal.h"
+
+static uint64_t flow_id(int edge, int step, int mb, int eval)
+{
+    return ((uint64_t)(unsigned)edge << 48) ^ ((uint64_t)(unsigned)step << 20) ^
+           ((uint64_t)(unsigned)mb << 1) ^ (uint64_t)eval;
+}
+
+/* ---- data plane -------------------------------------------------------------------- */
+
+mmp_err worker_chan_recv(worker *w, chan *c, int step, int mb, int eval)
+{
+    if (!c) {
+        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to receive on",
+                          step + 1, mb);
+    }
+    if (c->held) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: receive while a message is held", c->id);
+    }
+    const void *payload;
+    MMP_TRY(mmp_channel_recv(c->ch, &c->hdr, &payload));
+    double now = mmp_trace_now_us();
+    c->payload = payload;
+    c->held = 1;
+    /* The peer's rows against our buffers (mb_max rows) and this channel's
+     * row size, before anything reads the payload by hdr.n. */
+    MMP_TRY(mmp_peer_check_rows(c->id, &c->hdr, w->mb_max, c->row_bytes));
+    int is_eval = (c->hdr.flags & MMP_MSG_EVAL) != 0;
+    if (c->hdr.step != step || c->hdr.mb != mb || is_eval != eval) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "channel %d: expected %s step %d micro-batch %d, got %s step %d "
+                          "micro-batch %d",
+                          c->id, eval ? "eval" : "train", step, mb, is_eval ? "eval" : "train",
+                          c->hdr.step, c->hdr.mb);
+    }
+    mmp_trace_flow(&w->trace, 'f', flow_id(c->id, step, mb, eval), 0, now);
+    if (c->grad) {
+        w->in_grad = c;
+    } else {
+        w->in_act[w->kind == MMP_BRANCH_FUSION && c->peer_text] = c;
+    }
+    return MMP_OK;
+}
+
+mmp_err worker_chan_release(chan *c)
+{
+    if (!c->held) {
+        return MMP_OK;
+    }
+    c->held = 0;
+    return mmp_channel_release(c->ch);
+}
+
+/* Sends up to three consecutive segments (data, mask, valid flags) as one message. */
+typedef struct seg {
+    const float *p;
+    size_t n;
+} seg;
+
+/* The size is checked against the slot before anything is copied
+ * (mmp_channel_sendv), and the bytes go through the transport. */
+static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
+                         const seg *segs, int n_segs)
+{
+    if (!c) {
+        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on", step + 1,
+                          mb);
+    }
+    mmp_channel_seg v[3];
+    if (n_segs > 3) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %d segments", c->id, n_segs);
+    }
+    for (int i = 0; i < n_segs; i++) {
+        v[i] = (mmp_channel_seg){segs[i].p, segs[i].n * sizeof(float)};
+    }
+    mmp_msg_header h = {
+        .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
+    char what[32];
+    snprintf(what, sizeof what, "%d", c->id);
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return mmp_channel_sendv(c->ch, what, h, v, n_segs);
+}
+
+static flight *flight_take(worker *w, int mb)
+{
+    for (int i = 0; i < w->n_fl; i++) {
+        if (w->fl[i].mb < 0) {
+            w->fl[i].mb = mb;
+            if (++w->inflight > w->max_inflight) {
+                w->max_inflight = w->inflight;
+            }
+            return &w->fl[i];
+        }
+    }
+    return NULL;
+}
+
+static flight *flight_find(worker *w, int mb)
+{
+    for (int i = 0; i < w->n_fl; i++) {
+        if (w->fl[i].mb == mb) {
+            return &w->fl[i];
+        }
+    }
+    return NULL;
+}
+
+/* The channel of this stage with the given direction (and, for fusion, branch). */
+static chan *chan_of(worker *w, int id)
+{
+    chan *c = worker_find_chan(w, id);
+    return c;
+}
+
+/* ---- one instruction ------------------------------------------------------------------ */
+
+int worker_simulated(const worker *w)
+{
+    return w->plan.compute == MMP_COMPUTE_SIMULATED;
+}
+
+/* This stage's simulated forward (or backward) of n samples at step. */
+static void sim_compute(const worker *w, int step, int n, int backward)
+{
+    mmp_sleep_ms(mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step,
+                                 backward, w->slot));
+}
+
+/* Training: the next micro-batch from the prefetching loader (the wait is
+ * the stage's data wait). Evaluation: the validation chunk, loaded here. */
+mmp_err worker_do_load(worker *w, int step, int mb, int eval)
+{
+    const mmp_plan *p = &w->plan;
+    double t0 = mmp_now();
+    if (!eval) {
+        if (w->batch) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "load of %d before the last one's forward", mb);
+        }
+        MMP_TRY(mmp_loader_get(w->loader, step, mb, &w->batch));
+        w->data_ms += (mmp_now() - t0) * 1e3;
+        mmp_batch *b = w->batch;
+        w->in_images = b->images;
+        w->in_ids = b->ids;
+        w->in_mask = b->mask;
+        for (int i = 0; i < b->n; i++) {
+            w->in_valid[i] = b->valid[i] ? 1.0f : 0.0f;
+        }
+        w->loaded_mb = mb;
+        w->loaded_n = b->n;
+        w->loaded_digest = mmp_sample_digest(b->samples, b->n);
+        return MMP_OK;
+    }
+    int64_t nv = mmp_dataset_size(w->val);
+    nv = nv < p->data.val_samples ? nv : p->data.val_samples;
+    int64_t base = (int64_t)mb * w->mb_max;
+    int n = (int)(nv - base < w->mb_max ? nv - base : w->mb_max);
+    for (int i = 0; i < n; i++) {
+        w->samples[i] = base + i;
+    }
+    /* Under data.on_bad_sample: skip a bad pair travels flagged, and fusion
+     * leaves it out of the retrieval (run_eval). */
+    MMP_TRY(mmp_dataset_load_valid(
+        w->val, w->samples, n, w->kind == MMP_BRANCH_IMAGE ? w->images : NULL,
+        w->kind == MMP_BRANCH_TEXT ? w->ids : NULL, w->kind == MMP_BRANCH_TEXT ? w->mask : NULL,
+        w->eval_valid, NULL));
+    for (int i = 0; i < n; i++) {
+        w->in_valid[i] = w->eval_valid[i] ? 1.0f : 0.0f;
+    }
+    w->in_images = w->images;
+    w->in_ids = w->ids;
+    w->in_mask = w->mask;
+    w->loaded_mb = mb;
+    w->loaded_n = n;
+    w->loaded_digest = mmp_sample_digest(w->samples, n);
+    return MMP_OK;
+}
+
+/* Evaluation's input channel: activations from replica 0 of the stage
+ * before (fusion: of the image or the text branch). Evaluation runs on the
+ * replicas 0 only. */
+chan *worker_act_in(worker *w, int want_text)
+{
+    for (int i = 0; i < w->n_chans; i++) {
+        chan *c = &w->chans[i];
+        if (!c->send && !c->grad && c->peer_r0 &&
+            (w->kind != MMP_BRANCH_FUSION || c->peer_text == want_text)) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+/* Where a received activation's parts lie: data (n rows), then for text the
+ * mask (n, T), then the n valid flags. */
+static const float *payload_mask(const chan *c, size_t data_row)
+{
+    return c->payload + (size_t)c->hdr.n * data_row;
+}
+
+const float *worker_payload_valid(const worker *w, const chan *c, size_t data_row, int text)
+{
+    return c->payload + (size_t)c->hdr.n * (data_row + (text ? (size_t)w->T : 0));
+}
+
+mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
+{
+    flight *f = eval ? &w->fl[0] : flight_take(w, mb);
+    if (!f) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "no free activation slot for micro-batch %d", mb);
+    }
+    double t0 = mmp_now();
+    int train = !eval;
+    if (w->kind == MMP_BRANCH_FUSION) {
+        chan *ci = w->in_act[0], *ct = w->in_act[1];
+        if (!ci || !ct || !ci->held || !ct->held) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "fusion forward %d without both inputs", mb);
+        }
+        MMP_TRY(mmp_pair_check(&ci->hdr, &ct->hdr, step, mb));
+        int n = ci->hdr.n;
+        f->n = n;
+        if (eval) {
+            /* The embeddings go to the caller's arrays: see run_eval. */
+            return MMP_OK;
+        }
+        size_t img_row = w->fuse.img_row, txt_row = w->fuse.txt_row;
+        int skipped = 0;
+        if (worker_simulated(w)) {
+            sim_compute(w, step, n, 0); /* the loss stays 0 */
+        } else {
+            mmp_params_mb_begin(w->params); /* its backward follows at once */
+            mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
+                             payload_mask(ct, txt_row), worker_payload_valid(w, ci, img_row, 0),
+                             worker_payload_valid(w, ct, txt_row, 1), n, w->B, &w->loss, &skipped);
+        }
+        w->skipped += skipped;
+        MMP_TRY(worker_chan_release(ci));
+        MMP_TRY(worker_chan_release(ct));
+    } else {
+        const float *in = NULL, *mask = NULL, *valid = NULL;
+        const int32_t *ids = NULL;
+        int n;
+        uint64_t digest;
+        chan *ci = NULL;
+        if (w->sub == 0) {
+            if (w->loaded_mb != mb) {
+                return mmp_errorf(MMP_ERR_INTERNAL, "forward %d before its load", mb);
+            }
+            n = w->loaded_n;
+            digest = w->loaded_digest;
+            in = w->in_images;
+            ids = w->in_ids;
+            mask = w->in_mask;
+            valid = w->in_valid;
+        } else {
+            ci = w->in_act[0];
+            if (!ci || !ci->held) {
+                return mmp_errorf(MMP_ERR_INTERNAL, "forward %d without its input", mb);
+            }
+            n = ci->hdr.n;
+            digest = ci->hdr.digest;
+            in = ci->payload;
+            mask = payload_mask(ci, (size_t)w->in_floats);
+            valid = worker_payload_valid(w, ci, (size_t)w->in_floats, w->kind == MMP_BRANCH_TEXT);
+        }
+        f->n = n;
+        f->digest = digest;
+        /* From a received slot the bytes come through its transport. */
+        if (ci) {
+            MMP_TRY(mmp_channel_read(ci->ch, f->valid, valid, (size_t)n * sizeof(float)));
+        } else {
+            memcpy(f->valid, valid, (size_t)n * sizeof(float));
+        }
+        if (w->kind == MMP_BRANCH_TEXT) {
+            size_t mb_bytes = (size_t)n * w->T * sizeof(float);
+            if (ci) {
+                MMP_TRY(mmp_channel_read(ci->ch, f->mask, mask, mb_bytes));
+            } else {
+                memcpy(f->mask, mask, mb_bytes);
+            }
+        }
+        if (worker_simulated(w)) {
+            /* w->out keeps its zeros; evaluation is not timed, so it does not wait */
+            if (train) {
+                sim_compute(w, step, n, 0);
+            }
+        } else if (w->kind == MMP_BRANCH_IMAGE) {
+            if (train && w->bn_rows) {
+                /* Replicas: this micro-batch's batch-norm statistics go to
+                 * its row, replayed in order after the reduce (do_grad_norm). */
+                mmp_image_net_bn_log(w->img, w->bn_rows + (size_t)mb * (size_t)w->bn_row);
+            }
+            mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
+            mmp_image_net_bn_log(w->img, NULL);
+        } else {
+            mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL, w->sub == 0 ? NULL : in,
+                                 f->mask, n, w->out);
+        }
+        if (ci) {
+            MMP_TRY(worker_chan_release(ci));
+        }
+        if (w->batch) {
+            mmp_loader_release(w->loader, w->batch);
+            w->batch = NULL;
+        }
+        w->out_mb = mb;
+        w->out_n = n;
+        w->out_digest = digest;
+        w->out_mask = f->mask;
+        w->out_valid = f->valid;
+    }
+    double ms = (mmp_now() - t0) * 1e3;
+    if (!eval) {
+        w->busy_ms += ms;
+        w->fwd_ms[mb] += (float)ms;
+        mmp_trace_span(&w->trace, "F", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
+    }
+    return MMP_OK;
+}
+
+mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
+{
+    if (w->out_mb != mb) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "send of micro-batch %d before its forward", mb);
+    }
+    size_t n = (size_t)w->out_n;
+    seg segs[3] = {{w->out, n * (size_t)w->out_floats},
+                   {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0},
+                   {w->out_valid, n}};
+    return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
+}
+
+static mmp_err do_bwd(worker *w, int step, int mb)
+{
+    flight *f = flight_find(w, mb);
+    if (!f) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its forward", mb);
+    }
+    double t0 = mmp_now();
+    int n = f->n;
+    if (w->kind == MMP_BRANCH_FUSION) {
+        if (worker_simulated(w)) {
+            sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
+        } else {
+            mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
+            mmp_params_mb_end(w->params);
+        }
+    } else {
+        chan *cg = w->in_grad;
+        if (!cg || !cg->held) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its gradient", mb);
+        }
+        if (cg->hdr.n != n) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "channel %d: step %d micro-batch %d: header field n = %d, but the "
+                              "forward had %d samples",
+                              cg->id, step + 1, mb, cg->hdr.n, n);
+        }
+        float *din = NULL;
+        if (w->sub > 0) {
+            din = w->din;
+            memset(din, 0, (size_t)n * w->in_floats * sizeof(float));
+        }
+        if (worker_simulated(w)) {
+            sim_compute(w, step, n, 1); /* din keeps its zeros */
+        } else {
+            /* each micro-batch's gradients apart, summed in double: nn/params.h */
+            mmp_params_mb_begin(w->params);
+            if (w->kind == MMP_BRANCH_IMAGE) {
+                mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
+            } else {
+                mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
+            }
+            mmp_params_mb_end(w->params);
+        }
+        MMP_TRY(worker_chan_release(cg));
+    }
+    w->out_n = n;
+    w->out_digest = f->digest;
+    f->mb = -1;
+    w->inflight--;
+    double ms = (mmp_now() - t0) * 1e3;
+    w->busy_ms += ms;
+    w->bwd_ms[mb] += (float)ms;
+    mmp_trace_span(&w->trace, "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
+    return MMP_OK;
+}
+
+static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
+{
+    int n = w->out_n;
+    if (w->kind == MMP_BRANCH_FUSION) {
+        size_t row = c->peer_text ? w->fuse.txt_row : w->fuse.img_row;
+        seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row};
+        return chan_send(w, c, step, mb, 0, n, 0, &g, 1);
+    }
+    seg g = {w->din, (size_t)n * (size_t)w->in_floats};
+    return chan_send(w, c, step, mb, 0, n, w->out_digest, &g, 1);
+}
+
+/* Replicas: every replica ends with the sum of all replicas' gradients
+ * (transport/reduce.h: the plain sum is the sample-weighted one, since each
+ * micro-batch's loss is already divided by the global batch) and with every
+ * micro-batch's batch-norm statistics, replayed in micro-batch order. */
+static mmp_err reduce_replicas(worker *w, int step)
+{
+    double t0 = mmp_now();
+    MMP_TRY(mmp_reduce_sum_f64(w->reduce, w->params->grad_acc, w->params->total));
+    if (w->bn_rows && w->bn_row > 0) {
+        int m = w->asg->microbatches;
+        MMP_TRY(mmp_reduce_sum(w->reduce, w->bn_rows, (size_t)m * (size_t)w->bn_row));
+        mmp_image_net_bn_replay(w->img, w->bn_rows, m);
+    }
+    /* Communication, like a channel's wait: traced, not counted as busy
+     * (most of it is waiting at the barrier for the slowest replica). */
+    double ms = (mmp_now() - t0) * 1e3;
+    mmp_trace_span(&w->trace, "REDUCE", "comm", 0, t0 * 1e6, ms * 1e3, step + 1, -1);
+    return MMP_OK;
+}
+
+static mmp_err do_grad_norm(worker *w, int step)
+{
+    if (w->reduce) {
+        MMP_TRY(reduce_replicas(w, step));
+    }
+    mmp_params_grad_finish(w->params);
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
+    g.step = step;
+    g.sumsq = mmp_params_grad_sumsq(w->params);
+    env.body_case = MMPIPE__ENVELOPE__BODY_GRAD_NORM;
+    env.grad_norm = &g;
+    MMP_TRY(worker_send_env(w, &env));
+    Mmpipe__Envelope *reply;
+    MMP_TRY(worker_wait_for(w, MMPIPE__ENVELOPE__BODY_CLIP, &reply));
+    int ok = reply->clip->step == step;
+    w->clip_coef = reply->clip->coef;
+    mmp_ctl_free(reply);
+    if (!ok) {
+        return mmp_errorf(MMP_ERR_PROTO, "clip coefficient for another step");
+    }
+    return MMP_OK;
+}
+
+static long peak_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss * 1024L;
+}
+
+mmp_err worker_run_step(worker *w, int step)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    double t0 = mmp_now();
+    mmp_params_zero_grad(w->params);
+    if (w->bn_rows) {
+        memset(w->bn_rows, 0, (size_t)a->microbatches * (size_t)w->bn_row * sizeof(float));
+    }
+    w->busy_ms = w->data_ms = 0;
+    w->skipped = 0;
+    w->max_inflight = 0;
+    memset(&w->loss, 0, sizeof w->loss);
+    memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
+    memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));
+    for (size_t i = 0; i < w->n_prog; i++) {
+        const Mmpipe__Instr *in = w->prog[i];
+        chan *c = in->edge >= 0 ? chan_of(w, in->edge) : NULL;
+        int mb = in->mb;
+        if (in->edge >= 0 && !c) {
+            return mmp_errorf(MMP_ERR_PROTO, "instruction %zu names unknown channel %d", i,
+                              in->edge);
+        }
+        mmp_err e = MMP_OK;
+        switch (in->op) {
+        case MMPIPE__OP__LOAD: {
+            double l0 = mmp_now();
+            e = worker_do_load(w, step, mb, 0);
+            double ms = (mmp_now() - l0) * 1e3;
+            w->busy_ms += ms;
+            mmp_trace_span(&w->trace, "L", "data", 0, l0 * 1e6, ms * 1e3, step + 1, mb);
+            break;
+        }
+        case MMPIPE__OP__RECV_ACT:
+        case MMPIPE__OP__RECV_GRAD:
+            e = worker_chan_recv(w, c, step, mb, 0);
+            break;
+        case MMPIPE__OP__FWD:
+            e = worker_do_fwd(w, step, mb, 0);
+            break;
+        case MMPIPE__OP__SEND_ACT:
+            e = worker_do_send_act(w, step, mb, c, 0);
+            break;
+        case MMPIPE__OP__BWD:
+            e = do_bwd(w, step, mb);
+            break;
+        case MMPIPE__OP__SEND_GRAD:
+            e = do_send_grad(w, step, mb, c);
+            break;
+        case MMPIPE__OP__GRAD_NORM:
+            e = do_grad_norm(w, step);
+            break;
+        case MMPIPE__OP__OPT_STEP: {
+            double o0 = mmp_now();
+            mmp_optim_step(w->params, &w->plan, step, mmp_lr_at(&w->plan, step), w->clip_coef);
+            double ms = (mmp_now() - o0) * 1e3;
+            w->busy_ms += ms;
+            mmp_trace_span(&w->trace, "OPT", "compute", 0, o0 * 1e6, ms * 1e3, step + 1, -1);
+            break;
+        }
+        default:
+            e = mmp_errorf(MMP_ERR_PROTO, "unknown instruction %d", (int)in->op);
+        }
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "step %d instruction %zu", step + 1, i);
+        }
+        worker_heartbeat(w, step, (int)i);
+    }
+    double wall = (mmp_now() - t0) * 1e3;
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__StepDone d = MMPIPE__STEP_DONE__INIT;
+    Mmpipe__MbTiming *tp[MAX_INFLIGHT], tm[MAX_INFLIGHT];
+    /* The micro-batches this process handled (its routing). */
+    int m = 0;
+    for (int i = 0; i < a->microbatches && m < MAX_INFLIGHT; i++) {
+        if (!w->owns[i]) {
+            continue;
+        }
+        mmpipe__mb_timing__init(&tm[m]);
+        tm[m].mb = i;
+        tm[m].fwd_ms = w->fwd_ms[i];
+        tm[m].bwd_ms = w->bwd_ms[i];
+        tp[m] = &tm[m];
+        m++;
+    }
+    d.step = step;
+    d.busy_ms = (float)w->busy_ms;
+    d.wall_ms = (float)wall;
+    d.idle_ms = (float)(wall - w->busy_ms);
+    d.data_ms = (float)w->data_ms;
+    d.peak_mem_bytes = (uint64_t)peak_rss();
+    d.n_mbs = (size_t)m;
+    d.mbs = tp;
+    d.loss = w->loss.loss;
+    d.itc = w->loss.itc;
+    d.itm = w->loss.itm;
+    d.max_inflight = w->max_inflight;
+    d.skipped = w->skipped;
+    env.body_case = MMPIPE__ENVELOPE__BODY_STEP_DONE;
+    env.step_done = &d;
+    return worker_send_env(w, &env);
+}

@@ -1,0 +1,168 @@
+/* The stage worker's internals, shared by its files (internal to stages/;
+ * the contract is stages/worker.h):
+ *   worker.c        the control plane (messages to and from the coordinator)
+ *                   and the serve loop: Assignment, Start, Clip, Program,
+ *                   EvalRequest, CheckpointRequest, Shutdown, Abort;
+ *   worker_build.c  set-up from the assignment: plan, nets on the backend,
+ *                   data set and loader, channels, reduce; teardown;
+ *   worker_exec.c   one step: the instruction interpreter and the data plane
+ *                   (LOAD, RECV/SEND, FWD, BWD, REDUCE, NORM, OPT);
+ *   worker_eval.c   evaluation and checkpoints.
+ * One worker per process, one thread; errors are mmp_err values. */
+#ifndef MMP_STAGES_WORKER_INTERNAL_H
+#define MMP_STAGES_WORKER_INTERNAL_H
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/ckpt.h"
+#include "common/progress.h"
+#include "common/trace.h"
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
+#include "kernels/cpu.h"
+#include "nn/model.h"
+#include "nn/optim.h"
+#include "stages/fuse.h"
+#include "stages/pairing.h"
+#include "stages/peer.h"
+#include "transport/channel.h"
+#include "transport/control.h"
+#include "transport/reduce.h"
+
+#define MAX_CHANNELS 256
+#define MAX_INFLIGHT MMP_MAX_MICROBATCHES /* the plan and the assignment check allow no more */
+
+typedef struct chan {
+    int id;
+    int send, grad;
+    int peer_text;    /* the other end is on the text branch (fusion uses it) */
+    int peer_r0;      /* the other end is replica 0 of its stage (evaluation's path) */
+    mmp_channel *ch;  /* carries its transport's ops */
+    size_t row_bytes; /* payload bytes per sample (a message of n samples carries n rows) */
+    /* A received message not yet consumed (zero-copy: payload is in the slot). */
+    int held;
+    mmp_msg_header hdr;
+    const float *payload;
+} chan;
+
+typedef struct flight {
+    int mb; /* -1 when free */
+    int n;
+    uint64_t digest;
+    void *acts;
+    float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along */
+    float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip) */
+} flight;
+
+typedef struct worker {
+    char name[80];
+    mmp_ctl *ctl;
+    /* The coordinator ended this process (Abort, Shutdown while waiting) or
+     * went away: the end is its doing, nothing to report back. */
+    int ended_by_coordinator;
+    Mmpipe__Envelope *asg_env;
+    const Mmpipe__Assignment *asg;
+    /* This step's list: the assignment's, or the last Program's (routing). */
+    Mmpipe__Instr **prog;
+    size_t n_prog;
+    Mmpipe__Envelope *prog_env;
+    unsigned char *owns; /* [microbatches] from the list's LOADs / FWDs */
+    int replica, replicas, slot;
+    mmp_reduce *reduce; /* replicas > 1 */
+    float *bn_rows;     /* image replicas: [microbatches][bn_row] batch-norm statistics */
+    int64_t bn_row;
+    mmp_plan plan;
+    mmp_branch kind; /* which stage: image, text or fusion (the wire's StageKind) */
+    int sub, n_sub, first, last;
+    mmp_image_net *img;
+    mmp_text_net *txt;
+    mmp_fusion_net *fus;
+    mmp_params *params;
+    mmp_dataset *train, *val;
+    chan chans[MAX_CHANNELS];
+    int n_chans;
+    /* The channels of the last receives (with replicas, an input may come
+     * from any replica of the stage before). */
+    chan *in_act[2]; /* [0] image / own branch, [1] text (fusion) */
+    chan *in_grad;
+    flight *fl;
+    int n_fl;
+    int mb_max, T, D, B;
+    int64_t in_floats, out_floats; /* per sample, of this stage's range */
+    /* buffers */
+    float *images, *mask, *out, *din, *dimg, *dtxt;
+    int32_t *ids;
+    int64_t *samples;
+    mmp_loader *loader; /* training micro-batches (first sub-stage of a branch) */
+    mmp_batch *batch;   /* the loaded micro-batch, until its forward */
+    const float *in_images, *in_mask;
+    const int32_t *in_ids;
+    float *in_valid;
+    uint8_t *eval_valid; /* evaluation's load: each validation sample good (1) or skipped */
+    int loaded_mb, loaded_n;
+    uint64_t loaded_digest;
+    mmp_fuse fuse;
+    int skipped;
+    int out_mb, out_n;
+    uint64_t out_digest;
+    float *out_mask, *out_valid;
+    /* per-step accounting */
+    double busy_ms, data_ms;
+    float *fwd_ms, *bwd_ms;
+    int inflight, max_inflight;
+    mmp_loss_parts loss;
+    float clip_coef;
+    mmp_trace trace;
+    double last_beat;
+} worker;
+
+/* ---- worker.c (control plane, serve loop) ---- */
+/* Progress for the coordinator's watchdog (rate-limited). */
+void worker_heartbeat(worker *w, int step, int instr);
+mmp_err worker_send_env(worker *w, Mmpipe__Envelope *env);
+/* Waits for a message of body want (*out: the caller frees it); Abort and
+ * Shutdown end the wait with MMP_ERR_PEER (w->ended_by_coordinator set). */
+mmp_err worker_wait_for(worker *w, Mmpipe__Envelope__BodyCase want, Mmpipe__Envelope **out);
+
+/* ---- worker_build.c (set-up) ---- */
+/* Everything the assignment (w->asg, checked first) asks for; on failure
+ * worker_teardown undoes what was made. */
+mmp_err worker_build(worker *w);
+chan *worker_find_chan(worker *w, int id);
+/* Checks and installs one step's instruction list (the Assignment's, or a
+ * Program from a re-routing). */
+mmp_err worker_set_program(worker *w, Mmpipe__Instr **prog, size_t n);
+/* Frees and closes all of it; NULL-safe parts, valid after a failed build. */
+void worker_teardown(worker *w);
+void *worker_xcalloc(size_t n, size_t size, mmp_err *err);
+
+/* ---- worker_exec.c (one step) ---- */
+chan *worker_act_in(worker *w, int want_text);
+mmp_err worker_chan_recv(worker *w, chan *c, int step, int mb, int eval);
+mmp_err worker_chan_release(chan *c);
+mmp_err worker_do_fwd(worker *w, int step, int mb, int eval);
+mmp_err worker_do_load(worker *w, int step, int mb, int eval);
+mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval);
+const float *worker_payload_valid(const worker *w, const chan *c, size_t data_row, int text);
+/* Runs the step's instruction list, sends the grad norm, waits for the clip
+ * coefficient, steps the optimizer and reports StepDone. */
+mmp_err worker_run_step(worker *w, int step);
+int worker_simulated(const worker *w);
+
+/* ---- worker_eval.c (evaluation, checkpoints) ---- */
+/* Writes this process's checkpoint file into r->dir and acknowledges. */
+mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r);
+/* One evaluation pass over the validation pairs (fusion reports recall@1). */
+mmp_err worker_run_eval(worker *w, int step);
+
+#endif
