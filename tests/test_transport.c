@@ -951,12 +951,14 @@ static int apart_creator_mismatch(side *s, mmp_channel *unused)
     if (mmp_channel_slot_bytes(a) != 4096) {
         PROBLEM(bad, "slot_bytes");
     }
-    wait_flag(s->sh, 2, 1); /* the receiver closed */
+    atomic_store(&s->sh->flag[3], 1); /* the checks that need a live receiver are done */
+    wait_flag(s->sh, 2, 1);           /* the receiver closed */
     if (mmp_channel_post(a, &h) != MMP_OK) {
         PROBLEM(bad, "post of the acquired slot: %s", mmp_last_error());
     }
+    /* At once: well below the channel's 1000 ms timeout (room for a loaded machine). */
     double t0 = now_ms();
-    if (mmp_channel_acquire(a, &q) != MMP_ERR_PEER || now_ms() - t0 > 50) {
+    if (mmp_channel_acquire(a, &q) != MMP_ERR_PEER || now_ms() - t0 > 400) {
         PROBLEM(bad, "acquire after the receiver closed is not an immediate peer error");
     }
     mmp_channel_close(a);
@@ -1023,6 +1025,9 @@ static int apart_connector_mismatch(side *s, mmp_channel *unused)
     if (mmp_channel_acquire(b, &q) != MMP_ERR_INVALID) {
         PROBLEM(bad, "acquire on the receiving end");
     }
+    /* Close only once the sender's checks on a live channel are done: on a
+     * loaded machine it may still be acquiring its second slot. */
+    wait_flag(s->sh, 3, 1);
     mmp_channel_close(b);
     mmp_channel_close(NULL);
     atomic_store(&s->sh->flag[2], 1);
