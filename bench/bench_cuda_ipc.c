@@ -66,8 +66,12 @@ typedef struct shared {
     _Atomic int done; /* hand-offs the receiver finished */
     _Atomic int failed;
     double posted[MAX_REPS + WARMUP]; /* sender: just before post / send */
-    double ready[MAX_REPS + WARMUP];  /* receiver: stream passed the event */
-    double result_us;                 /* median of the measured quantity */
+    double post_end[MAX_REPS + WARMUP]; /* sender: post / send returned */
+    double got[MAX_REPS + WARMUP];      /* receiver: recv returned */
+    double synced[MAX_REPS + WARMUP];   /* receiver: its stream passed the event */
+    double ready[MAX_REPS + WARMUP];    /* receiver: released */
+    double result_us;                   /* median of the measured quantity */
+    double phase_us[4]; /* medians: post call, post->recv, recv->synced, release */
 } shared;
 
 #define FAIL(sh, ...)                                                                              \
@@ -112,6 +116,7 @@ static void sender(shared *sh, mmp_channel_cfg cfg, int n, int copy)
                 e = mmp_channel_post(ch, &h);
             }
         }
+        sh->post_end[k] = now_us();
         if (e != MMP_OK) {
             FAIL(sh, "sender %d: %s", k, mmp_last_error());
         }
@@ -140,9 +145,14 @@ static void receiver(shared *sh, mmp_channel_cfg cfg, int n)
         if (mmp_channel_recv(ch, &h, &p) != MMP_OK || h.step != k) {
             FAIL(sh, "receiver %d: %s", k, mmp_last_error());
         }
+        sh->got[k] = now_us();
         /* The bench's own wait, to stamp when the device passed the event. */
-        if (cudaStreamSynchronize(NULL) != cudaSuccess || mmp_channel_release(ch) != MMP_OK) {
-            FAIL(sh, "receiver %d: sync/release", k);
+        if (cudaStreamSynchronize(NULL) != cudaSuccess) {
+            FAIL(sh, "receiver %d: sync", k);
+        }
+        sh->synced[k] = now_us();
+        if (mmp_channel_release(ch) != MMP_OK) {
+            FAIL(sh, "receiver %d: release", k);
         }
         sh->ready[k] = now_us();
         atomic_store(&sh->done, k + 1);
@@ -153,6 +163,15 @@ static void receiver(shared *sh, mmp_channel_cfg cfg, int n)
         d[k] = sh->ready[k + WARMUP] - sh->posted[k + WARMUP];
     }
     sh->result_us = mmp_median(d, m);
+    /* where the time goes (the one-line breakdown under the table) */
+    double *from[4] = {sh->posted, sh->post_end, sh->got, sh->synced};
+    double *to[4] = {sh->post_end, sh->got, sh->synced, sh->ready};
+    for (int ph = 0; ph < 4; ph++) {
+        for (int k = 0; k < m; k++) {
+            d[k] = to[ph][k + WARMUP] - from[ph][k + WARMUP];
+        }
+        sh->phase_us[ph] = mmp_median(d, m);
+    }
     mmp_channel_close(ch);
     _exit(0);
 }
@@ -201,7 +220,7 @@ static int reap(pid_t pid)
 
 /* Median µs of a channel hand-off (copy: mmp_channel_send from a device
  * buffer); < 0 on failure. */
-static double handoff(size_t bytes, int reps, int copy, int tag)
+static double handoff(size_t bytes, int reps, int copy, int tag, double phase_us[4])
 {
     char addr[96];
     snprintf(addr, sizeof addr, "/mmpipe-bench-%d-cipc%d", (int)getpid(), tag);
@@ -227,6 +246,7 @@ static double handoff(size_t bytes, int reps, int copy, int tag)
     }
     int ok = reap(pr) & reap(ps);
     double us = ok && !atomic_load(&sh->failed) ? sh->result_us : -1;
+    memcpy(phase_us, sh->phase_us, sizeof sh->phase_us);
     munmap(sh, sizeof *sh);
     mmp_shm_unlink_prefix(addr); /* only if something failed before the connect */
     return us;
@@ -302,14 +322,22 @@ int main(int argc, char **argv)
            "cudaMemcpy D2D µs | memcpy GB/s |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     int bad = 0;
+    double ph[MAX_SIZES][4], ph_send[4];
     for (int i = 0; i < n_sizes; i++) {
         size_t bytes = (size_t)sizes[i] << 20;
-        double h = handoff(bytes, reps, 0, 2 * i), s = handoff(bytes, reps, 1, 2 * i + 1);
+        double h = handoff(bytes, reps, 0, 2 * i, ph[i]);
+        double s = handoff(bytes, reps, 1, 2 * i + 1, ph_send);
         double m = memcpy_us(bytes, reps);
         bad += h < 0 || s < 0 || m < 0;
         printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", sizes[i], h, gbps(bytes, h), s,
                gbps(bytes, s), m, gbps(bytes, m));
         fflush(stdout);
+    }
+    printf("\nhand-off phases, medians in µs: post call / post to recv returning / recv to the "
+           "receiver's stream past the event / release\n\n");
+    for (int i = 0; i < n_sizes; i++) {
+        printf("- %d MB: %.1f / %.1f / %.1f / %.1f\n", sizes[i], ph[i][0], ph[i][1], ph[i][2],
+               ph[i][3]);
     }
     if (bad) {
         fprintf(stderr, "bench_cuda_ipc: %d measurement(s) failed (-1 in the table)\n", bad);

@@ -182,7 +182,7 @@ static int parse_string(parser *p, int keep, const char **out, int *has_nul)
             put(p, simple, 1);
             continue;
         }
-        uint32_t cp;
+        uint32_t cp = 0;
         if (!hex4(p, &cp)) {
             ok = 0;
             break;
@@ -193,7 +193,7 @@ static int parse_string(parser *p, int keep, const char **out, int *has_nul)
             break;
         }
         if (cp >= 0xd800 && cp <= 0xdbff) {
-            uint32_t lo;
+            uint32_t lo = 0;
             if (p->i + 1 >= p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') {
                 p->kind = MMP_PROBLEM_UTF8;
                 ok = fail(p, "\\u%04x is a high surrogate without a low one", (unsigned)cp);

@@ -1424,6 +1424,7 @@ static int open_end(side *s, mmp_channel *unused)
     mmp_channel *ch = NULL;
     if (mmp_channel_open(&ch, NULL, &s->cfg, s->creator) != MMP_OK) {
         PROBLEM(bad, "open: %s", mmp_last_error());
+        atomic_store(&s->sh->flag[0], 1);
         return bad;
     }
     const mmp_transport *used = mmp_channel_transport(ch);
@@ -1444,6 +1445,13 @@ static int open_end(side *s, mmp_channel *unused)
             PROBLEM(bad, "recv: %s", mmp_last_error());
         }
     }
+    /* The creator's close removes the name: it waits until the other end is
+     * through (a connect after the close would find no creator). */
+    if (s->creator) {
+        wait_flag(s->sh, 0, 1);
+    } else {
+        atomic_store(&s->sh->flag[0], 1);
+    }
     mmp_channel_close(ch);
     return bad;
 }
@@ -1459,6 +1467,7 @@ static void test_open_gpu(const mmp_transport *t)
         snd.cfg.on_gpu = rcv.cfg.on_gpu = gpu;
         snd.opens = rcv.opens = 1;
         snd.body = rcv.body = open_end;
+        atomic_store(&sh->flag[0], 0);
         CHECK(run_ends(&snd, &rcv, 0) == 0);
     }
     munmap(sh, sizeof *sh);
