@@ -65,13 +65,13 @@ static double now_us(void)
 typedef struct shared {
     _Atomic int done; /* hand-offs the receiver finished */
     _Atomic int failed;
-    double posted[MAX_REPS + WARMUP]; /* sender: just before post / send */
+    double posted[MAX_REPS + WARMUP];   /* sender: just before post / send */
     double post_end[MAX_REPS + WARMUP]; /* sender: post / send returned */
     double got[MAX_REPS + WARMUP];      /* receiver: recv returned */
     double synced[MAX_REPS + WARMUP];   /* receiver: its stream passed the event */
     double ready[MAX_REPS + WARMUP];    /* receiver: released */
     double result_us;                   /* median of the measured quantity */
-    double phase_us[4]; /* medians: post call, post->recv, recv->synced, release */
+    double phase_us[4];                 /* medians: post call, post->recv, recv->synced, release */
 } shared;
 
 #define FAIL(sh, ...)                                                                              \
