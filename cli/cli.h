@@ -9,6 +9,7 @@ int mmp_cmd_data(int argc, char **argv);
 int mmp_cmd_stage(int argc, char **argv);
 int mmp_cmd_simulate(int argc, char **argv);
 int mmp_cmd_bench(int argc, char **argv);
+int mmp_cmd_devices(int argc, char **argv);
 
 /* Shared argument handling of commands that take one PLAN.yaml: arg is an
  * argument that matched none of the command's options. Records it as the

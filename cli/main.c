@@ -20,6 +20,7 @@ static const char USAGE[] =
     "                     run a grid of launches against the single-process baseline;\n"
     "                     results.csv, results.md and gnuplot charts\n"
     "  ckpt diff A B      compare two checkpoints tensor by tensor\n"
+    "  devices            the CPU and the CUDA devices a plan can name here\n"
     "  stage ...          one stage process (started by launch)\n"
     "\n"
     "mmpipe <command> --help shows a command's options.\n";
@@ -45,6 +46,9 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "bench") == 0) {
         return mmp_cmd_bench(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "devices") == 0) {
+        return mmp_cmd_devices(argc - 1, argv + 1);
     }
     if (strcmp(cmd, "ckpt") == 0) {
         return mmp_cmd_ckpt(argc - 1, argv + 1);

@@ -226,6 +226,9 @@ double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int
 int mmp_plan_replicas(const mmp_plan *p, mmp_branch b, int sub);
 /* Device slots the plan's hosts offer (sum of their devices). */
 int mmp_plan_slots(const mmp_plan *p);
+/* The device of slot `slot` (the hosts' devices in order): a CUDA ordinal,
+ * or -1 for cpu (and for a slot out of range). */
+int mmp_plan_slot_device(const mmp_plan *p, int slot);
 
 /* Evaluation (retrieval on data.val_manifest) runs after step `steps_done`
  * (1-based) when train.eval_every divides it, and after the last step when

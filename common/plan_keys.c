@@ -18,7 +18,7 @@
 #include "common/config.h"
 #include "common/plan_schema.h"
 
-/* ---- hosts: [{name, devices: [cpu | ordinal, ...]}, ...] ------------------ */
+/* ---- hosts: [{name, devices: [cpu | cuda:N | N, ...]}, ...] ------------- */
 
 static mmp_err load_devices(mmp_schema_loader *L, mmp_host *h, int i, mmp_schema_site at)
 {
@@ -38,8 +38,20 @@ static mmp_err load_devices(mmp_schema_loader *L, mmp_host *h, int i, mmp_schema
             h->devices[d] = -1;
             continue;
         }
+        /* "cuda:N" (as torch names it) or the bare ordinal N */
+        if (scalar && strncmp(text, "cuda:", 5) == 0 && mmp_schema_is_integer(text + 5) &&
+            text[5] != '-' && text[5] != '+') {
+            ordinal = strtoll(text + 5, NULL, 10);
+            if (ordinal > 1023) {
+                return mmp_schema_fail(L, is, "%s: CUDA device ordinal %lld is over 1023", name,
+                                       ordinal);
+            }
+            h->devices[d] = (int)ordinal;
+            continue;
+        }
         if (!scalar || !plain || !mmp_schema_is_integer(text)) {
-            return mmp_schema_fail(L, is, "%s: expected 'cpu' or a CUDA device ordinal, got %s",
+            return mmp_schema_fail(L, is,
+                                   "%s: expected 'cpu', 'cuda:N' or a CUDA device ordinal, got %s",
                                    name, mmp_schema_describe(is, got, sizeof got));
         }
         MMP_TRY(mmp_schema_parse_int(L, name, is, 0, 1023, &ordinal));

@@ -43,9 +43,32 @@ static mmp_err program_msg(const mmp_sched_stage *st, Mmpipe__Instr **ins, Mmpip
     return MMP_OK;
 }
 
+/* The device slot of process i (the assignment's slot): processes are dealt
+ * to the plan's device slots in order. */
+static int proc_slot(const coord *c, int i)
+{
+    int slots = mmp_plan_slots(&c->cur);
+    return slots > 0 ? i % slots : 0;
+}
+
+/* The data transport of an edge: cuda_ipc between two GPU processes (device
+ * slots, no host copy), shm otherwise (a CPU end reads and writes host
+ * memory; a GPU end stages through it). One host: the plan refuses more. */
+static const char *edge_transport(const coord *c, const mmp_sched_edge *ed)
+{
+    int from = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->from));
+    int to = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->to));
+    return from >= 0 && to >= 0 ? "cuda_ipc" : "shm";
+}
+
 mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
 {
     const mmp_sched *s = &c->sched;
+    int ipc = 0;
+    for (int e = 0; e < s->n_edges; e++) {
+        ipc += strcmp(edge_transport(c, &s->edges[e]), "cuda_ipc") == 0;
+    }
+    MMP_INFO("data channels: %d over cuda_ipc, %d over shm", ipc, s->n_edges - ipc);
     for (int i = 0; i < c->n; i++) {
         const mmp_sched_stage *st = &s->stages[i];
         Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
@@ -63,7 +86,7 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
             ch->grad = ed->grad;
             snprintf(peer[nc], sizeof peer[nc], "%s", c->procs[ch->send ? ed->to : ed->from].name);
             ch->peer = peer[nc];
-            ch->transport = "shm";
+            ch->transport = (char *)edge_transport(c, ed); /* protobuf-c: char *, not written */
             snprintf(addr[nc], sizeof addr[nc], "%s-g%d-e%d", c->shm_prefix, c->launch, e);
             ch->address = addr[nc];
             ch->slots = ed->slots;
@@ -90,14 +113,13 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
         }
         char reduce[128];
         snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
-        int slots = mmp_plan_slots(&c->cur);
         a.name = c->procs[i].name;
         a.kind = (Mmpipe__StageKind)st->kind;
         a.sub = st->sub;
         a.replica = st->replica;
         a.replicas = st->n_replicas;
         a.reduce_address = reduce;
-        a.slot = slots > 0 ? i % slots : 0;
+        a.slot = proc_slot(c, i);
         a.inflight_bound = st->stage_bound;
         a.layer_first = st->layer_first;
         a.layer_last = st->layer_last;

@@ -58,3 +58,35 @@ void mmp_backend_fail(mmp_backend *be, mmp_err e)
         be->err = e;
     }
 }
+
+void *mmp_backend_stream(mmp_backend *be)
+{
+    return be->ops->stream ? be->ops->stream(be) : NULL;
+}
+
+size_t mmp_backend_device_bytes(mmp_backend *be)
+{
+    return be->ops->device_bytes ? be->ops->device_bytes(be) : 0;
+}
+
+void *mmp_backend_host_alloc(mmp_backend *be, size_t bytes)
+{
+    if (be->ops->host_alloc) {
+        return be->ops->host_alloc(be, bytes);
+    }
+    return calloc(1, bytes ? bytes : 1);
+}
+
+void mmp_backend_host_free(mmp_backend *be, void *p)
+{
+    if (be->ops->host_free) {
+        be->ops->host_free(be, p);
+    } else {
+        free(p);
+    }
+}
+
+int mmp_backend_is_host(const mmp_backend *be)
+{
+    return be->ops == &mmp_backend_cpu_ops;
+}

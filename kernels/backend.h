@@ -16,7 +16,9 @@
  *    takes is backend memory of the same instance, unless its comment says
  *    HOST. alloc returns zeroed memory; the caller owns it and gives it back
  *    with free (NULL-safe). alloc is the only call that fails by return
- *    value.
+ *    value. CUDA carves alloc from the instance's arena (kernels/cuda.h):
+ *    free returns nothing before the instance is destroyed, so a stage
+ *    allocates at set-up, and its device memory is device_bytes.
  *  - Copies. to_device (host -> backend) and to_host (backend -> host) run
  *    after the work already queued and return when the copy is complete, so
  *    the host buffer may be reused or read at once. copy (backend ->
@@ -71,6 +73,16 @@ typedef struct mmp_backend_ops {
     void (*to_host)(mmp_backend *be, void *dst_host, const void *src, size_t bytes);
     void (*copy)(mmp_backend *be, void *dst, const void *src, size_t bytes);
     void (*sync)(mmp_backend *be);
+    /* Optional (NULL on the CPU): the native stream the ops are queued on
+     * (CUDA: cudaStream_t), for code that orders its own work after them (a
+     * cuda_ipc channel of the stage); and the device memory this instance
+     * holds at most (arena high-water mark + workspace), in bytes. */
+    void *(*stream)(mmp_backend *be);
+    size_t (*device_bytes)(mmp_backend *be);
+    /* Optional (NULL: malloc/free): HOST memory the device copies from and
+     * to asynchronously (CUDA: page-locked), for input staging. */
+    void *(*host_alloc)(mmp_backend *be, size_t bytes);
+    void (*host_free)(mmp_backend *be, void *p);
 
     /* ---- GEMM / linear ------------------------------------------------- */
     // C (M,N) = alpha op(A) @ op(B) + beta C, row-major
@@ -197,6 +209,17 @@ mmp_err mmp_backend_create(mmp_backend **out, const mmp_backend_ops *ops, int de
 /* Waits for queued work and frees the device state; NULL-safe; never frees
  * the shared CPU instance. */
 void mmp_backend_destroy(mmp_backend *be);
+
+/* The instance's native stream (NULL on the CPU), its device memory
+ * high-water mark in bytes (0 on the CPU: the process's RSS says it), and
+ * staging host memory (pinned on CUDA, plain malloc on the CPU; zeroed;
+ * NULL on failure). */
+void *mmp_backend_stream(mmp_backend *be);
+size_t mmp_backend_device_bytes(mmp_backend *be);
+void *mmp_backend_host_alloc(mmp_backend *be, size_t bytes);
+void mmp_backend_host_free(mmp_backend *be, void *p);
+/* 1 when the instance's memory is the host's (the CPU backend). */
+int mmp_backend_is_host(const mmp_backend *be);
 
 /* The first error an op recorded (MMP_OK if none); the failing op also set
  * mmp_last_error() then (a later error may have replaced that message).

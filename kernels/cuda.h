@@ -44,6 +44,8 @@ typedef struct mmp_cuda_ctx mmp_cuda_ctx;
 /* Devices visible to this process; 0 when there is no device or no driver.
  * Never fails and never aborts. */
 int mmp_cuda_device_count(void);
+/* Device d's name and total memory (for `mmpipe devices`). */
+mmp_err mmp_cuda_device_info(int d, char *name, size_t name_size, size_t *total_bytes);
 
 /* Makes device current for this thread and creates a context on it: a
  * stream, cuBLAS and cuDNN handles bound to that stream, and an empty
@@ -71,6 +73,19 @@ mmp_err mmp_cuda_memcpy_d2d(mmp_cuda_ctx *ctx, void *dst, const void *src, size_
 mmp_err mmp_cuda_memset(mmp_cuda_ctx *ctx, void *dst, int value, size_t bytes);
 /* Waits for everything queued on the context's stream. */
 mmp_err mmp_cuda_sync(mmp_cuda_ctx *ctx);
+
+/* The context's device arena: bytes (256-aligned) carved from chunks of at
+ * least MMP_CUDA_ARENA_CHUNK bytes, cudaMalloc'd as needed and freed only by
+ * mmp_cuda_ctx_destroy, so a stage allocates once at set-up, never frees
+ * (cudaFree would wait for the device) and knows its device memory:
+ * mmp_cuda_ctx_device_bytes = chunks reserved + workspace. Memory from the
+ * arena is never passed to mmp_cuda_free. *out NULL on failure (NOMEM). */
+#define MMP_CUDA_ARENA_CHUNK ((size_t)64 << 20)
+mmp_err mmp_cuda_arena_alloc(mmp_cuda_ctx *ctx, void **out, size_t bytes);
+size_t mmp_cuda_ctx_device_bytes(const mmp_cuda_ctx *ctx);
+/* Page-locked host memory (cudaHostAlloc), zeroed; NULL on failure. */
+void *mmp_cuda_host_alloc(size_t bytes);
+void mmp_cuda_host_free(void *p);
 
 /* ---- GEMM (cuBLAS) -------------------------------------------------------- */
 /* Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C, op(A) (M,K), op(B) (K,N). */

@@ -5,21 +5,32 @@
 
 #include "stages/pairing.h"
 
-mmp_err mmp_fuse_init(mmp_fuse *f, int mb_max, size_t img_row, int T, int D)
+static float *staging(mmp_backend *be, size_t floats, mmp_err *err)
+{
+    void *p = NULL;
+    if (*err == MMP_OK) {
+        *err = be->ops->alloc(be, &p, floats * sizeof(float));
+    }
+    return p;
+}
+
+mmp_err mmp_fuse_init(mmp_fuse *f, mmp_backend *be, int mb_max, size_t img_row, int T, int D)
 {
     memset(f, 0, sizeof *f);
+    f->be = be;
     f->mb_max = mb_max;
     f->T = T;
     f->img_row = img_row;
     f->txt_row = (size_t)T * D;
     size_t m = (size_t)mb_max;
-    f->img = calloc(m * img_row, sizeof(float));
-    f->dimg = calloc(m * img_row, sizeof(float));
-    f->txt = calloc(m * f->txt_row, sizeof(float));
-    f->dtxt = calloc(m * f->txt_row, sizeof(float));
-    f->mask = calloc(m * (size_t)T, sizeof(float));
-    f->rows = calloc(m, sizeof(int));
-    if (!f->img || !f->dimg || !f->txt || !f->dtxt || !f->mask || !f->rows) {
+    mmp_err err = MMP_OK;
+    f->img = staging(be, m * img_row, &err);
+    f->dimg = staging(be, m * img_row, &err);
+    f->txt = staging(be, m * f->txt_row, &err);
+    f->dtxt = staging(be, m * f->txt_row, &err);
+    f->mask = staging(be, m * (size_t)T, &err);
+    f->rows = calloc(m ? m : 1, sizeof(int));
+    if (err != MMP_OK || !f->rows) {
         mmp_fuse_fini(f);
         return mmp_errorf(MMP_ERR_NOMEM, "fusion staging for %d samples", mb_max);
     }
@@ -31,11 +42,13 @@ void mmp_fuse_fini(mmp_fuse *f)
     if (!f) {
         return;
     }
-    free(f->img);
-    free(f->dimg);
-    free(f->txt);
-    free(f->dtxt);
-    free(f->mask);
+    if (f->be) {
+        f->be->ops->free(f->be, f->img);
+        f->be->ops->free(f->be, f->dimg);
+        f->be->ops->free(f->be, f->txt);
+        f->be->ops->free(f->be, f->dtxt);
+        f->be->ops->free(f->be, f->mask);
+    }
     free(f->rows);
     memset(f, 0, sizeof *f);
 }
@@ -43,6 +56,25 @@ void mmp_fuse_fini(mmp_fuse *f)
 static int all_rows(const mmp_fuse *f)
 {
     return f->k == f->n;
+}
+
+/* dst row i = src row rows[i] (backend memory). */
+static void gather(mmp_backend *be, float *dst, const float *src, const int *rows, int k,
+                   size_t row)
+{
+    for (int i = 0; i < k; i++) {
+        be->ops->copy(be, dst + (size_t)i * row, src + (size_t)rows[i] * row, row * sizeof(float));
+    }
+}
+
+/* dst row rows[i] += src row i (backend memory). */
+static void scatter_add(mmp_backend *be, float *dst, const float *src, const int *rows, int k,
+                        size_t row)
+{
+    for (int i = 0; i < k; i++) {
+        float *d = dst + (size_t)rows[i] * row;
+        be->ops->add(be, d, d, src + (size_t)i * row, row);
+    }
 }
 
 void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, const float *img,
@@ -63,9 +95,9 @@ void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, c
     if (all_rows(f)) {
         mmp_fusion_net_forward(net, acts, img, txt, mask, n, &parts);
     } else {
-        mmp_gather_rows(f->img, img, f->rows, f->k, f->img_row);
-        mmp_gather_rows(f->txt, txt, f->rows, f->k, f->txt_row);
-        mmp_gather_rows(f->mask, mask, f->rows, f->k, (size_t)f->T);
+        gather(f->be, f->img, img, f->rows, f->k, f->img_row);
+        gather(f->be, f->txt, txt, f->rows, f->k, f->txt_row);
+        gather(f->be, f->mask, mask, f->rows, f->k, (size_t)f->T);
         mmp_fusion_net_forward(net, acts, f->img, f->txt, f->mask, f->k, &parts);
     }
     float weight = (float)f->k / (float)batch;
@@ -77,8 +109,9 @@ void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, c
 void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, int batch,
                        float *dimg, float *dtxt)
 {
-    memset(dimg, 0, (size_t)f->n * f->img_row * sizeof(float));
-    memset(dtxt, 0, (size_t)f->n * f->txt_row * sizeof(float));
+    mmp_backend *be = f->be;
+    be->ops->zero(be, dimg, (size_t)f->n * f->img_row * sizeof(float));
+    be->ops->zero(be, dtxt, (size_t)f->n * f->txt_row * sizeof(float));
     if (f->k == 0) {
         return;
     }
@@ -87,9 +120,9 @@ void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, 
         mmp_fusion_net_backward(net, acts, weight, dimg, dtxt);
         return;
     }
-    memset(f->dimg, 0, (size_t)f->k * f->img_row * sizeof(float));
-    memset(f->dtxt, 0, (size_t)f->k * f->txt_row * sizeof(float));
+    be->ops->zero(be, f->dimg, (size_t)f->k * f->img_row * sizeof(float));
+    be->ops->zero(be, f->dtxt, (size_t)f->k * f->txt_row * sizeof(float));
     mmp_fusion_net_backward(net, acts, weight, f->dimg, f->dtxt);
-    mmp_scatter_add_rows(dimg, f->dimg, f->rows, f->k, f->img_row);
-    mmp_scatter_add_rows(dtxt, f->dtxt, f->rows, f->k, f->txt_row);
+    scatter_add(be, dimg, f->dimg, f->rows, f->k, f->img_row);
+    scatter_add(be, dtxt, f->dtxt, f->rows, f->k, f->txt_row);
 }

@@ -7,7 +7,11 @@
  * (bad rows get zero gradient). With every row good this is exactly the plain
  * fusion forward/backward. Shared by the single-process trainer and the
  * fusion stage process, so both do the same arithmetic. One micro-batch at a
- * time (the fusion stage runs F and B back to back). */
+ * time (the fusion stage runs F and B back to back).
+ *
+ * Devices: the activations, the mask, the staging and the input gradients
+ * are memory of the fusion net's backend (be); the valid flags are HOST
+ * memory (the rows to use are decided on the host). */
 #ifndef MMP_STAGES_FUSE_H
 #define MMP_STAGES_FUSE_H
 
@@ -17,6 +21,7 @@
 #include "nn/model.h"
 
 typedef struct mmp_fuse {
+    mmp_backend *be;
     int mb_max, T;
     size_t img_row, txt_row;               /* floats per sample: Ni*D, T*D */
     float *img, *txt, *mask, *dimg, *dtxt; /* compact staging, (mb_max, row) */
@@ -24,7 +29,7 @@ typedef struct mmp_fuse {
     int n, k; /* this micro-batch: samples, rows used */
 } mmp_fuse;
 
-mmp_err mmp_fuse_init(mmp_fuse *f, int mb_max, size_t img_row, int T, int D);
+mmp_err mmp_fuse_init(mmp_fuse *f, mmp_backend *be, int mb_max, size_t img_row, int T, int D);
 void mmp_fuse_fini(mmp_fuse *f);
 
 /* img (n,Ni,D), txt (n,T,D), mask (n,T), img_valid/txt_valid (n) 1/0 or NULL

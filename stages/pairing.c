@@ -1,7 +1,5 @@
 #include "stages/pairing.h"
 
-#include <string.h>
-
 #include "common/rng.h"
 
 uint64_t mmp_sample_digest(const int64_t *ids, int n)
@@ -38,22 +36,4 @@ int mmp_pair_rows(const float *img_valid, const float *txt_valid, int n, int *ro
         }
     }
     return k;
-}
-
-void mmp_gather_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row)
-{
-    for (int i = 0; i < n_rows; i++) {
-        memcpy(dst + (size_t)i * row, src + (size_t)rows[i] * row, row * sizeof(float));
-    }
-}
-
-void mmp_scatter_add_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row)
-{
-    for (int i = 0; i < n_rows; i++) {
-        float *d = dst + (size_t)rows[i] * row;
-        const float *s = src + (size_t)i * row;
-        for (size_t j = 0; j < row; j++) {
-            d[j] += s[j];
-        }
-    }
 }

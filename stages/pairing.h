@@ -22,9 +22,5 @@ mmp_err mmp_pair_check(const mmp_msg_header *img, const mmp_msg_header *txt, int
  * both branches: rows (n) receives their indices in order; returns how many.
  * img_valid / txt_valid are (n) floats, 1 or 0. */
 int mmp_pair_rows(const float *img_valid, const float *txt_valid, int n, int *rows);
-/* dst (n_rows, row) = src[rows[i]] rows. */
-void mmp_gather_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row);
-/* dst[rows[i]] += src (n_rows, row); other rows of dst are left as they are. */
-void mmp_scatter_add_rows(float *dst, const float *src, const int *rows, int n_rows, size_t row);
 
 #endif

@@ -28,6 +28,14 @@
 
 typedef struct trainer {
     const mmp_plan *plan;
+    /* The device: the plan's first slot (a CUDA ordinal, or -1: the CPU
+     * reference). Nets and every buffer they read or write are be's memory;
+     * on a GPU the loaded batch is uploaded into d_images / d_ids / d_mask
+     * and evaluation's embeddings come back through emb_dev. */
+    mmp_backend *be;
+    int gpu;
+    float *d_images, *d_mask, *emb_dev[2];
+    int32_t *d_ids;
     const char *out_dir;
     mmp_dataset *train, *val;
     mmp_image_net *img;
@@ -56,11 +64,51 @@ static void *xcalloc(size_t n, size_t size, mmp_err *err)
     return p;
 }
 
+static void *balloc(mmp_backend *be, size_t bytes, mmp_err *err)
+{
+    void *p = NULL;
+    if (*err == MMP_OK) {
+        *err = be->ops->alloc(be, &p, bytes);
+    }
+    return p;
+}
+
+/* The batch's images, ids and mask where the nets read them: in place on
+ * the CPU, uploaded on a GPU. */
+static void inputs_on_device(trainer *t, int n, const float **images, const int32_t **ids,
+                             const float **mask)
+{
+    if (t->gpu < 0) {
+        return;
+    }
+    mmp_backend *be = t->be;
+    size_t tok = (size_t)n * (size_t)t->T;
+    if (images && *images) {
+        be->ops->to_device(be, t->d_images, *images,
+                           (size_t)n * 3 * (size_t)t->S * (size_t)t->S * sizeof(float));
+        *images = t->d_images;
+    }
+    if (ids && *ids) {
+        be->ops->to_device(be, t->d_ids, *ids, tok * sizeof(int32_t));
+        *ids = t->d_ids;
+    }
+    if (mask && *mask) {
+        be->ops->to_device(be, t->d_mask, *mask, tok * sizeof(float));
+        *mask = t->d_mask;
+    }
+}
+
 static void trainer_fini(trainer *t)
 {
     mmp_loader_destroy(t->img_loader);
     mmp_loader_destroy(t->txt_loader);
     mmp_fuse_fini(&t->fuse);
+    mmp_backend *be = t->be ? t->be : mmp_backend_cpu();
+    void *dev[] = {t->img_tok, t->txt_tok, t->dimg,       t->dtxt,      t->d_images,
+                   t->d_mask,  t->d_ids,   t->emb_dev[0], t->emb_dev[1]};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+        be->ops->free(be, dev[i]);
+    }
     free(t->img_valid);
     free(t->txt_valid);
     mmp_image_acts_destroy(t->ia);
@@ -73,15 +121,13 @@ static void trainer_fini(trainer *t)
     mmp_dataset_close(t->val);
     free(t->images);
     free(t->mask);
-    free(t->img_tok);
-    free(t->txt_tok);
-    free(t->dimg);
-    free(t->dtxt);
     free(t->ids);
     free(t->samples);
     if (t->metrics) {
         fclose(t->metrics);
     }
+    mmp_backend_destroy(t->be); /* last: its memory is freed above */
+    t->be = NULL;
 }
 
 static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_dir)
@@ -95,7 +141,20 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
         MMP_TRY(mmp_dataset_open(&t->val, plan->data.val_manifest, plan->data.vocab, plan));
     }
     int V = mmp_dataset_vocab_size(t->train);
-    mmp_backend *be = mmp_backend_cpu(); /* the single-process trainer is the CPU reference */
+    t->gpu = mmp_plan_slot_device(plan, 0);
+    t->be = mmp_backend_cpu(); /* the CPU reference, unless the plan's first device is a GPU */
+    if (t->gpu >= 0) {
+#ifdef MMP_HAVE_CUDA
+        MMP_TRY(mmp_backend_create(&t->be, &mmp_backend_cuda_ops, t->gpu));
+        MMP_INFO("single-process training on cuda:%d", t->gpu);
+#else
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "the plan's first device is cuda:%d, but this mmpipe "
+                          "was built without CUDA",
+                          t->gpu);
+#endif
+    }
+    mmp_backend *be = t->be;
     MMP_TRY(mmp_image_net_create_on(&t->img, be, plan, 0, mmp_image_net_layers(plan), seed));
     MMP_TRY(mmp_text_net_create_on(&t->txt, be, plan, V, 0, mmp_text_net_layers(plan), seed));
     MMP_TRY(mmp_fusion_net_create_on(&t->fus, be, plan, seed));
@@ -112,15 +171,24 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     t->images = xcalloc(n * 3 * (size_t)t->S * (size_t)t->S, sizeof(float), &err);
     t->mask = xcalloc(n * (size_t)t->T, sizeof(float), &err);
     t->ids = xcalloc(n * (size_t)t->T, sizeof(int32_t), &err);
-    t->img_tok = xcalloc(n * (size_t)t->img_tok_floats, sizeof(float), &err);
-    t->dimg = xcalloc(n * (size_t)t->img_tok_floats, sizeof(float), &err);
-    t->txt_tok = xcalloc(n * (size_t)t->txt_tok_floats, sizeof(float), &err);
-    t->dtxt = xcalloc(n * (size_t)t->txt_tok_floats, sizeof(float), &err);
+    t->img_tok = balloc(be, n * (size_t)t->img_tok_floats * sizeof(float), &err);
+    t->dimg = balloc(be, n * (size_t)t->img_tok_floats * sizeof(float), &err);
+    t->txt_tok = balloc(be, n * (size_t)t->txt_tok_floats * sizeof(float), &err);
+    t->dtxt = balloc(be, n * (size_t)t->txt_tok_floats * sizeof(float), &err);
+    if (t->gpu >= 0) {
+        size_t emb = n * (size_t)mmp_fusion_embed_dim(t->fus) * sizeof(float);
+        t->d_images = balloc(be, n * 3 * (size_t)t->S * (size_t)t->S * sizeof(float), &err);
+        t->d_mask = balloc(be, n * (size_t)t->T * sizeof(float), &err);
+        t->d_ids = balloc(be, n * (size_t)t->T * sizeof(int32_t), &err);
+        t->emb_dev[0] = balloc(be, emb, &err);
+        t->emb_dev[1] = balloc(be, emb, &err);
+    }
     t->samples = xcalloc(n, sizeof(int64_t), &err);
     t->img_valid = xcalloc(n, sizeof(float), &err);
     t->txt_valid = xcalloc(n, sizeof(float), &err);
     MMP_TRY(err);
-    return mmp_fuse_init(&t->fuse, t->mb_max, (size_t)t->img_tok_floats, t->T, plan->model.width);
+    return mmp_fuse_init(&t->fuse, be, t->mb_max, (size_t)t->img_tok_floats, t->T,
+                         plan->model.width);
 }
 
 /* Retrieval recall@1 both ways over the first val_samples pairs, with the
@@ -156,10 +224,19 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         if (err != MMP_OK) {
             goto exit;
         }
-        mmp_image_net_forward(t->img, t->ia, t->images, n, 0, t->img_tok);
-        mmp_text_net_forward(t->txt, t->ta, t->ids, NULL, t->mask, n, t->txt_tok);
-        mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, t->mask, n, ie + kept * E,
-                             te + kept * E);
+        const float *images = t->images, *mask = t->mask;
+        const int32_t *ids = t->ids;
+        inputs_on_device(t, n, &images, &ids, &mask);
+        mmp_image_net_forward(t->img, t->ia, images, n, 0, t->img_tok);
+        mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
+        float *ih = ie + kept * E, *th = te + kept * E;
+        mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, mask, n,
+                             t->emb_dev[0] ? t->emb_dev[0] : ih,
+                             t->emb_dev[1] ? t->emb_dev[1] : th);
+        if (t->emb_dev[0]) {
+            t->be->ops->to_host(t->be, ih, t->emb_dev[0], (size_t)n * E * sizeof(float));
+            t->be->ops->to_host(t->be, th, t->emb_dev[1], (size_t)n * E * sizeof(float));
+        }
         int64_t base = kept;
         for (int i = 0; i < n; i++) { /* keep the good rows, in order */
             if (valid[i]) {
@@ -262,9 +339,12 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         mmp_params_mb_begin(pi); /* each micro-batch's gradients apart: see nn/params.h */
         mmp_params_mb_begin(pt);
         mmp_params_mb_begin(pf);
-        mmp_image_net_forward(t->img, t->ia, bi->images, n, 1, t->img_tok);
-        mmp_text_net_forward(t->txt, t->ta, bt->ids, NULL, bt->mask, n, t->txt_tok);
-        mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, bt->mask, t->img_valid,
+        const float *images = bi->images, *mask = bt->mask;
+        const int32_t *ids = bt->ids;
+        inputs_on_device(t, n, &images, &ids, &mask);
+        mmp_image_net_forward(t->img, t->ia, images, n, 1, t->img_tok);
+        mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
+        mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, mask, t->img_valid,
                          t->txt_valid, n, B, out, &skip);
         mmp_loader_release(t->img_loader, bi);
         mmp_loader_release(t->txt_loader, bt);
@@ -279,6 +359,9 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_params_grad_finish(pi);
     mmp_params_grad_finish(pt);
     mmp_params_grad_finish(pf);
+    if (mmp_backend_error(t->be) != MMP_OK) {
+        return mmp_error_prefix(mmp_backend_error(t->be), "step %d on cuda:%d", step + 1, t->gpu);
+    }
     /* The global norm sums the stages in a fixed order (image, text, fusion),
      * as the pipeline's coordinator does. */
     double sumsq =
@@ -398,7 +481,8 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         st->replica = 0;
         st->busy_ms = step_s * 1e3;
         st->idle_ms = 0;
-        st->peak_mem_bytes = (double)peak_rss_bytes();
+        st->peak_mem_bytes =
+            t.gpu >= 0 ? (double)mmp_backend_device_bytes(t.be) : (double)peak_rss_bytes();
         if (mmp_plan_eval_due(plan, done)) {
             double i2t = 0, t2i = 0;
             if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK) {

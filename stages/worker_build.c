@@ -79,14 +79,67 @@ static mmp_err open_channels(worker *w)
                                    .slots = c->slots,
                                    .send = c->send,
                                    .timeout_ms = peer_timeout_ms(w)};
-            mmp_err e = mmp_channel_open(&ch->ch, c->transport, &cfg, c->creator);
+            mmp_err e = MMP_OK;
+            if (strcmp(c->transport, "cuda_ipc") == 0) {
+                /* device slots, ordered on the backend's stream: no host copy, no host wait */
+                if (w->gpu < 0) {
+                    e = mmp_errorf(MMP_ERR_PROTO, "transport cuda_ipc for a stage on the CPU");
+                }
+                cfg.on_gpu = 1;
+                cfg.device = w->gpu;
+                cfg.cuda_stream = mmp_backend_stream(w->be);
+            } else if (w->gpu >= 0) {
+                /* a host channel of a GPU stage: staged through these */
+                ch->stage_dev = worker_balloc(w, cfg.slot_bytes, &e);
+                ch->stage_host = e == MMP_OK ? mmp_backend_host_alloc(w->be, cfg.slot_bytes) : NULL;
+                if (e == MMP_OK && !ch->stage_host) {
+                    e = mmp_errorf(MMP_ERR_NOMEM, "%zu bytes of pinned staging", cfg.slot_bytes);
+                }
+            }
+            if (e == MMP_OK) {
+                e = mmp_channel_open(&ch->ch, c->transport, &cfg, c->creator);
+            }
             if (e != MMP_OK) {
+                mmp_backend_host_free(w->be, ch->stage_host);
                 w->n_chans--;
                 return mmp_error_prefix(e, "channel %d to %s", c->id, c->peer);
             }
         }
     }
     return MMP_OK;
+}
+
+void *worker_balloc(worker *w, size_t bytes, mmp_err *err)
+{
+    void *p = NULL;
+    if (*err == MMP_OK) {
+        *err = w->be->ops->alloc(w->be, &p, bytes);
+    }
+    return p;
+}
+
+/* The stage's backend, on its slot's device, before anything touches CUDA
+ * (the coordinator never does: this is a fresh process). */
+static mmp_err open_backend(worker *w)
+{
+    w->gpu = mmp_plan_slot_device(&w->plan, w->slot);
+    if (w->gpu < 0) {
+        w->be = mmp_backend_cpu();
+        return MMP_OK;
+    }
+    if (w->replicas > 1) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "%s: replicas of a GPU stage are not supported yet (cuda:%d)", w->name,
+                          w->gpu);
+    }
+#ifdef MMP_HAVE_CUDA
+    MMP_TRY(mmp_backend_create(&w->be, &mmp_backend_cuda_ops, w->gpu));
+    MMP_INFO("%s: on cuda:%d", w->name, w->gpu);
+    return MMP_OK;
+#else
+    return mmp_errorf(MMP_ERR_INVALID, "%s: placed on cuda:%d, but built without CUDA", w->name,
+                      w->gpu);
+#endif
 }
 
 void *worker_xcalloc(size_t n, size_t size, mmp_err *err)
@@ -183,17 +236,18 @@ mmp_err worker_build(worker *w)
         V = mmp_tokenizer_vocab_size(tok);
         mmp_tokenizer_destroy(tok);
     }
+    MMP_TRY(open_backend(w));
     if (w->kind == MMP_BRANCH_IMAGE) {
-        MMP_TRY(mmp_image_net_create_on(&w->img, mmp_backend_cpu(), p, w->first, w->last, seed));
+        MMP_TRY(mmp_image_net_create_on(&w->img, w->be, p, w->first, w->last, seed));
         w->params = mmp_image_net_params(w->img);
         w->in_floats = mmp_image_net_in_floats(w->img);
         w->out_floats = mmp_image_net_out_floats(w->img);
     } else if (w->kind == MMP_BRANCH_TEXT) {
-        MMP_TRY(mmp_text_net_create_on(&w->txt, mmp_backend_cpu(), p, V, w->first, w->last, seed));
+        MMP_TRY(mmp_text_net_create_on(&w->txt, w->be, p, V, w->first, w->last, seed));
         w->params = mmp_text_net_params(w->txt);
         w->in_floats = w->out_floats = mmp_text_net_out_floats(w->txt);
     } else {
-        MMP_TRY(mmp_fusion_net_create_on(&w->fus, mmp_backend_cpu(), p, seed));
+        MMP_TRY(mmp_fusion_net_create_on(&w->fus, w->be, p, seed));
         w->params = mmp_fusion_net_params(w->fus);
     }
     if (a->resume_dir && a->resume_dir[0]) {
@@ -224,7 +278,7 @@ mmp_err worker_build(worker *w)
             err = mmp_image_acts_create((mmp_image_acts **)&w->fl[i].acts, w->img, w->mb_max);
         } else if (w->kind == MMP_BRANCH_TEXT) {
             err = mmp_text_acts_create((mmp_text_acts **)&w->fl[i].acts, w->txt, w->mb_max);
-            w->fl[i].mask = worker_xcalloc((size_t)w->mb_max * w->T, sizeof(float), &err);
+            w->fl[i].mask = worker_balloc(w, (size_t)w->mb_max * w->T * sizeof(float), &err);
         } else {
             err = mmp_fusion_acts_create((mmp_fusion_acts **)&w->fl[i].acts, w->fus, w->mb_max);
         }
@@ -239,16 +293,33 @@ mmp_err worker_build(worker *w)
     }
     w->ids = worker_xcalloc(mbx * (size_t)w->T, sizeof(int32_t), &err);
     w->mask = worker_xcalloc(mbx * (size_t)w->T, sizeof(float), &err);
-    w->out = worker_xcalloc(mbx * (size_t)(w->out_floats + w->T), sizeof(float), &err);
-    w->din = worker_xcalloc(mbx * (size_t)w->in_floats, sizeof(float), &err);
+    if (w->gpu >= 0 && w->sub == 0 && w->kind != MMP_BRANCH_FUSION) {
+        /* where the loaded inputs are uploaded (the CPU reads them in place) */
+        w->d_images = w->kind == MMP_BRANCH_IMAGE
+                          ? worker_balloc(w, mbx * 3 * (size_t)S * S * sizeof(float), &err)
+                          : NULL;
+        w->d_ids = w->kind == MMP_BRANCH_TEXT
+                       ? worker_balloc(w, mbx * (size_t)w->T * sizeof(int32_t), &err)
+                       : NULL;
+    }
+    w->out = worker_balloc(w, mbx * (size_t)(w->out_floats + w->T) * sizeof(float), &err);
+    w->din = worker_balloc(w, mbx * (size_t)w->in_floats * sizeof(float), &err);
     if (w->kind == MMP_BRANCH_FUSION) {
-        w->dimg = worker_xcalloc(mbx * (size_t)mmp_image_net_tokens(p) * w->D, sizeof(float), &err);
-        w->dtxt = worker_xcalloc(mbx * (size_t)w->T * w->D, sizeof(float), &err);
+        size_t img = mbx * (size_t)mmp_image_net_tokens(p) * w->D, txt = mbx * (size_t)w->T * w->D;
+        w->dimg = worker_balloc(w, img * sizeof(float), &err);
+        w->dtxt = worker_balloc(w, txt * sizeof(float), &err);
+        w->valid_in[0] = worker_xcalloc(mbx, sizeof(float), &err);
+        w->valid_in[1] = worker_xcalloc(mbx, sizeof(float), &err);
+        if (w->gpu >= 0) {
+            size_t emb = mbx * (size_t)mmp_fusion_embed_dim(w->fus) * sizeof(float);
+            w->emb_dev[0] = worker_balloc(w, emb, &err);
+            w->emb_dev[1] = worker_balloc(w, emb, &err);
+        }
     }
     w->samples = worker_xcalloc(mbx, sizeof(int64_t), &err);
     if (w->kind == MMP_BRANCH_FUSION && err == MMP_OK) {
-        err =
-            mmp_fuse_init(&w->fuse, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D, w->T, w->D);
+        err = mmp_fuse_init(&w->fuse, w->be, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D,
+                            w->T, w->D);
     }
     w->fwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
@@ -277,9 +348,12 @@ mmp_err worker_build(worker *w)
 
 void worker_teardown(worker *w)
 {
+    mmp_backend *be = w->be ? w->be : mmp_backend_cpu();
     for (int i = 0; i < w->n_chans; i++) {
         mmp_channel_close(w->chans[i].ch);
         w->chans[i].ch = NULL;
+        mmp_backend_host_free(be, w->chans[i].stage_host);
+        w->chans[i].stage_host = NULL;
     }
     for (int i = 0; w->fl && i < w->n_fl; i++) {
         if (w->kind == MMP_BRANCH_IMAGE) {
@@ -289,7 +363,7 @@ void worker_teardown(worker *w)
         } else {
             mmp_fusion_acts_destroy(w->fl[i].acts);
         }
-        free(w->fl[i].mask);
+        be->ops->free(be, w->fl[i].mask);
         free(w->fl[i].valid);
     }
     if (w->batch) {
@@ -314,13 +388,21 @@ void worker_teardown(worker *w)
     free(w->images);
     free(w->ids);
     free(w->mask);
-    free(w->out);
-    free(w->din);
-    free(w->dimg);
-    free(w->dtxt);
+    free(w->valid_in[0]);
+    free(w->valid_in[1]);
+    be->ops->free(be, w->out);
+    be->ops->free(be, w->din);
+    be->ops->free(be, w->dimg);
+    be->ops->free(be, w->dtxt);
+    be->ops->free(be, w->d_images);
+    be->ops->free(be, w->d_ids);
+    be->ops->free(be, w->emb_dev[0]);
+    be->ops->free(be, w->emb_dev[1]);
     free(w->samples);
     free(w->fwd_ms);
     free(w->bwd_ms);
+    mmp_backend_destroy(w->be); /* after everything of its memory; never the shared CPU one */
+    w->be = NULL;
     mmp_trace_close(&w->trace);
     if (w->asg_env) {
         mmp_ctl_free(w->asg_env);

@@ -38,10 +38,22 @@ mmp_err worker_run_eval(worker *w, int step)
             int n = ci->hdr.n;
             const float *txt = ct->payload, *mask = ct->payload + (size_t)n * w->T * w->D;
             if (!worker_simulated(w)) {
+                /* the embeddings and flags of the chunk, on the host */
+                float *ih = ie + (size_t)kept * E, *th = te + (size_t)kept * E;
+                size_t eb = (size_t)n * E * sizeof(float), vb = (size_t)n * sizeof(float);
+                mmp_backend *be = w->be;
                 mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
-                                     ie + (size_t)kept * E, te + (size_t)kept * E);
-                const float *iv = worker_payload_valid(w, ci, w->fuse.img_row, 0);
-                const float *tv = worker_payload_valid(w, ct, w->fuse.txt_row, 1);
+                                     w->emb_dev[0] ? w->emb_dev[0] : ih,
+                                     w->emb_dev[1] ? w->emb_dev[1] : th);
+                if (w->emb_dev[0]) {
+                    be->ops->to_host(be, ih, w->emb_dev[0], eb);
+                    be->ops->to_host(be, th, w->emb_dev[1], eb);
+                }
+                be->ops->to_host(be, w->valid_in[0],
+                                 worker_payload_valid(w, ci, w->fuse.img_row, 0), vb);
+                be->ops->to_host(be, w->valid_in[1],
+                                 worker_payload_valid(w, ct, w->fuse.txt_row, 1), vb);
+                const float *iv = w->valid_in[0], *tv = w->valid_in[1];
                 int64_t base = kept;
                 for (int i = 0; i < n; i++) { /* keep the good pairs, in order */
                     if (iv[i] != 0 && tv[i] != 0) {

@@ -29,6 +29,11 @@ mmp_err worker_chan_recv(worker *w, chan *c, int step, int mb, int eval)
     /* The peer's rows against our buffers (mb_max rows) and this channel's
      * row size, before anything reads the payload by hdr.n. */
     MMP_TRY(mmp_peer_check_rows(c->id, &c->hdr, w->mb_max, c->row_bytes));
+    if (c->stage_dev) {
+        /* a GPU stage's host channel: the payload goes up once, here */
+        w->be->ops->to_device(w->be, c->stage_dev, payload, c->hdr.bytes);
+        c->payload = c->stage_dev;
+    }
     int is_eval = (c->hdr.flags & MMP_MSG_EVAL) != 0;
     if (c->hdr.step != step || c->hdr.mb != mb || is_eval != eval) {
         return mmp_errorf(MMP_ERR_PROTO,
@@ -55,11 +60,19 @@ mmp_err worker_chan_release(chan *c)
     return mmp_channel_release(c->ch);
 }
 
-/* Sends up to three consecutive segments (data, mask, valid flags) as one message. */
+/* Sends up to three consecutive segments (data, mask, valid flags) as one
+ * message; host: the segment is HOST memory (else the stage backend's). */
 typedef struct seg {
     const float *p;
     size_t n;
+    int host;
 } seg;
+
+/* Bytes of a received payload (backend memory) out to the host. */
+static void payload_to_host(worker *w, void *dst, const void *src, size_t bytes)
+{
+    w->be->ops->to_host(w->be, dst, src, bytes);
+}
 
 /* The size is checked against the slot before anything is copied
  * (mmp_channel_sendv), and the bytes go through the transport. */
@@ -74,8 +87,28 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
     if (n_segs > 3) {
         return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %d segments", c->id, n_segs);
     }
+    size_t at = 0, cap = mmp_channel_slot_bytes(c->ch);
     for (int i = 0; i < n_segs; i++) {
-        v[i] = (mmp_channel_seg){segs[i].p, segs[i].n * sizeof(float)};
+        size_t bytes = segs[i].n * sizeof(float);
+        v[i] = (mmp_channel_seg){segs[i].p, bytes};
+        if (c->stage_host && bytes) {
+            /* a GPU stage's host channel: gathered on the host first */
+            if (bytes > cap - at) {
+                return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu",
+                                  c->id, at + bytes, cap);
+            }
+            char *dst = (char *)c->stage_host + at;
+            if (segs[i].host) {
+                memcpy(dst, segs[i].p, bytes);
+            } else {
+                w->be->ops->to_host(w->be, dst, segs[i].p, bytes);
+            }
+            at += bytes;
+        }
+    }
+    if (c->stage_host) {
+        v[0] = (mmp_channel_seg){c->stage_host, at};
+        n_segs = 1;
     }
     mmp_msg_header h = {
         .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
@@ -232,9 +265,12 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
             sim_compute(w, step, n, 0); /* the loss stays 0 */
         } else {
             mmp_params_mb_begin(w->params); /* its backward follows at once */
+            size_t vb = (size_t)n * sizeof(float);
+            payload_to_host(w, w->valid_in[0], worker_payload_valid(w, ci, img_row, 0), vb);
+            payload_to_host(w, w->valid_in[1], worker_payload_valid(w, ct, txt_row, 1), vb);
             mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
-                             payload_mask(ct, txt_row), worker_payload_valid(w, ci, img_row, 0),
-                             worker_payload_valid(w, ct, txt_row, 1), n, w->B, &w->loss, &skipped);
+                             payload_mask(ct, txt_row), w->valid_in[0], w->valid_in[1], n, w->B,
+                             &w->loss, &skipped);
         }
         w->skipped += skipped;
         MMP_TRY(worker_chan_release(ci));
@@ -268,19 +304,29 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         }
         f->n = n;
         f->digest = digest;
-        /* From a received slot the bytes come through its transport. */
+        mmp_backend *be = w->be;
+        /* A received payload is backend memory; a loaded batch is the
+         * host's, uploaded here on a GPU (the CPU reads it in place). */
         if (ci) {
-            MMP_TRY(mmp_channel_read(ci->ch, f->valid, valid, (size_t)n * sizeof(float)));
+            payload_to_host(w, f->valid, valid, (size_t)n * sizeof(float));
         } else {
             memcpy(f->valid, valid, (size_t)n * sizeof(float));
         }
         if (w->kind == MMP_BRANCH_TEXT) {
             size_t mb_bytes = (size_t)n * w->T * sizeof(float);
             if (ci) {
-                MMP_TRY(mmp_channel_read(ci->ch, f->mask, mask, mb_bytes));
+                be->ops->copy(be, f->mask, mask, mb_bytes);
             } else {
-                memcpy(f->mask, mask, mb_bytes);
+                be->ops->to_device(be, f->mask, mask, mb_bytes);
             }
+        }
+        if (!ci && w->d_images && in) {
+            be->ops->to_device(be, w->d_images, in, (size_t)n * w->in_floats * sizeof(float));
+            in = w->d_images;
+        }
+        if (!ci && w->d_ids && ids) {
+            be->ops->to_device(be, w->d_ids, ids, (size_t)n * w->T * sizeof(int32_t));
+            ids = w->d_ids;
         }
         if (worker_simulated(w)) {
             /* w->out keeps its zeros; evaluation is not timed, so it does not wait */
@@ -327,9 +373,9 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
         return mmp_errorf(MMP_ERR_INTERNAL, "send of micro-batch %d before its forward", mb);
     }
     size_t n = (size_t)w->out_n;
-    seg segs[3] = {{w->out, n * (size_t)w->out_floats},
-                   {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0},
-                   {w->out_valid, n}};
+    seg segs[3] = {{w->out, n * (size_t)w->out_floats, 0},
+                   {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0, 0},
+                   {w->out_valid, n, 1}};
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
@@ -362,7 +408,7 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         float *din = NULL;
         if (w->sub > 0) {
             din = w->din;
-            memset(din, 0, (size_t)n * w->in_floats * sizeof(float));
+            w->be->ops->zero(w->be, din, (size_t)n * w->in_floats * sizeof(float));
         }
         if (worker_simulated(w)) {
             sim_compute(w, step, n, 1); /* din keeps its zeros */
@@ -394,10 +440,10 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
     int n = w->out_n;
     if (w->kind == MMP_BRANCH_FUSION) {
         size_t row = c->peer_text ? w->fuse.txt_row : w->fuse.img_row;
-        seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row};
+        seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row, 0};
         return chan_send(w, c, step, mb, 0, n, 0, &g, 1);
     }
-    seg g = {w->din, (size_t)n * (size_t)w->in_floats};
+    seg g = {w->din, (size_t)n * (size_t)w->in_floats, 0};
     return chan_send(w, c, step, mb, 0, n, w->out_digest, &g, 1);
 }
 
@@ -519,6 +565,9 @@ mmp_err worker_run_step(worker *w, int step)
         }
         worker_heartbeat(w, step, (int)i);
     }
+    if (mmp_backend_error(w->be) != MMP_OK) {
+        return mmp_error_prefix(mmp_backend_error(w->be), "step %d on cuda:%d", step + 1, w->gpu);
+    }
     double wall = (mmp_now() - t0) * 1e3;
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__StepDone d = MMPIPE__STEP_DONE__INIT;
@@ -541,7 +590,9 @@ mmp_err worker_run_step(worker *w, int step)
     d.wall_ms = (float)wall;
     d.idle_ms = (float)(wall - w->busy_ms);
     d.data_ms = (float)w->data_ms;
-    d.peak_mem_bytes = (uint64_t)peak_rss();
+    /* a GPU stage's device memory (arena + workspace), a CPU stage's RSS */
+    d.peak_mem_bytes =
+        w->gpu >= 0 ? (uint64_t)mmp_backend_device_bytes(w->be) : (uint64_t)peak_rss();
     d.n_mbs = (size_t)m;
     d.mbs = tp;
     d.loss = w->loss.loss;

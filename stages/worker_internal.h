@@ -52,7 +52,12 @@ typedef struct chan {
     /* A received message not yet consumed (zero-copy: payload is in the slot). */
     int held;
     mmp_msg_header hdr;
-    const float *payload;
+    const float *payload; /* always the stage backend's memory (see below) */
+    /* A GPU stage on a host-memory channel (shm, a CPU peer): received
+     * payloads are copied into stage_dev (backend memory), sent ones are
+     * gathered in stage_host (pinned) first. NULL otherwise: CPU stages use
+     * the slot in place, cuda_ipc slots are device memory already. */
+    void *stage_dev, *stage_host;
 } chan;
 
 typedef struct flight {
@@ -60,8 +65,8 @@ typedef struct flight {
     int n;
     uint64_t digest;
     void *acts;
-    float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along */
-    float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip) */
+    float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along (backend) */
+    float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip; HOST) */
 } flight;
 
 typedef struct worker {
@@ -82,6 +87,12 @@ typedef struct worker {
     float *bn_rows;     /* image replicas: [microbatches][bn_row] batch-norm statistics */
     int64_t bn_row;
     mmp_plan plan;
+    /* Where this stage computes: its slot's device (mmp_plan_slot_device),
+     * gpu = the CUDA ordinal or -1 for the CPU. Nets, activations and every
+     * buffer a net reads or writes are be's memory; valid flags, the loaded
+     * batch and evaluation's embeddings are HOST memory. */
+    mmp_backend *be;
+    int gpu;
     mmp_branch kind; /* which stage: image, text or fusion (the wire's StageKind) */
     int sub, n_sub, first, last;
     mmp_image_net *img;
@@ -99,9 +110,12 @@ typedef struct worker {
     int n_fl;
     int mb_max, T, D, B;
     int64_t in_floats, out_floats; /* per sample, of this stage's range */
-    /* buffers */
-    float *images, *mask, *out, *din, *dimg, *dtxt;
-    int32_t *ids;
+    /* buffers: HOST images, ids, mask (evaluation's load); backend out, din,
+     * dimg, dtxt and, on a GPU, d_images, d_ids (the loaded inputs uploaded) */
+    float *images, *mask, *out, *din, *dimg, *dtxt, *d_images;
+    int32_t *ids, *d_ids;
+    float *valid_in[2]; /* fusion: a micro-batch's valid flags, image and text (HOST) */
+    float *emb_dev[2];  /* fusion on a GPU: a chunk's embeddings, image and text */
     int64_t *samples;
     mmp_loader *loader; /* training micro-batches (first sub-stage of a branch) */
     mmp_batch *batch;   /* the loaded micro-batch, until its forward */
@@ -139,6 +153,8 @@ mmp_err worker_wait_for(worker *w, Mmpipe__Envelope__BodyCase want, Mmpipe__Enve
  * worker_teardown undoes what was made. */
 mmp_err worker_build(worker *w);
 chan *worker_find_chan(worker *w, int id);
+/* Backend memory of the stage (zeroed); records the first failure in *err. */
+void *worker_balloc(worker *w, size_t bytes, mmp_err *err);
 /* Checks and installs one step's instruction list (the Assignment's, or a
  * Program from a re-routing). */
 mmp_err worker_set_program(worker *w, Mmpipe__Instr **prog, size_t n);

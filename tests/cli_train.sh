@@ -30,8 +30,18 @@ expect_fail "missing manifest names the path" "$W/nope/train.jsonl" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_nomani" --set data.manifest=$W/nope/train.jsonl
 expect_fail "replicas: one number, or one per sub-stage" "stages.image.replicas: 3 values for 2 sub-stages" \
   "$BIN" launch "$W/plan.yaml" --out "$W/r_rep" --set stages.image.split=[2] --set stages.image.replicas=[1,2,1]
-expect_fail "a CUDA device (not runnable yet) is refused by name" "hosts\[0\].devices\[0\]: GPU" \
-  "$BIN" launch "$W/plan.yaml" --out "$W/r_gpu" --set 'hosts=[{name: a, devices: [0, cpu, cpu]}]'
+# A CUDA device where none can run it: refused by name (a build without
+# CUDA before anything starts; a CUDA build on a machine without a device
+# in the stage, naming the device). Where a device is visible this runs.
+if ! "$BIN" devices | grep -q '^cuda:0'; then
+  expect_fail "a CUDA device this machine cannot run is refused by name" \
+    "hosts\[0\].devices\[0\]: CUDA device 0, but this mmpipe was built without CUDA|backend cuda on device 0" \
+    "$BIN" launch "$W/plan.yaml" --out "$W/r_gpu" --set 'hosts=[{name: a, devices: [cuda:0, cpu, cpu]}]'
+fi
+expect_fail "replicas on a plan with CUDA devices are refused by name (not built yet)" \
+  "stages.text.replicas: replicas on a plan with CUDA devices|built without CUDA" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/r_gpurep" --set stages.text.replicas=2 \
+  --set 'hosts=[{name: a, devices: [0, cpu, cpu, cpu]}]'
 mkdir -p "$W/badmani"
 cp "$W/data/vocab.txt" "$W/data/val.jsonl" "$W/badmani/"
 ln -s "$W/data/images" "$W/badmani/images"

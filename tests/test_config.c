@@ -220,8 +220,8 @@ static void test_file_errors(void)
     expect_error(DIR "nomanifest.yaml", NULL, 0, MMP_ERR_CONFIG,
                  DIR "nomanifest.yaml:2:1: data.manifest: required key is missing");
     expect_error(DIR "device.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "device.yaml:4:20: hosts[0].devices[1]: expected 'cpu' or a CUDA device "
-                     "ordinal, got 'gpu0'");
+                 DIR "device.yaml:4:20: hosts[0].devices[1]: expected 'cpu', 'cuda:N' or a CUDA "
+                     "device ordinal, got 'gpu0'");
     /* Not UTF-8: refused before libfyaml, which loops for ever on this one
      * (a directive holding invalid bytes; found by tests/fuzz/fuzz_plan.c). */
     expect_error(DIR "notutf8.yaml", NULL, 0, MMP_ERR_CONFIG,
@@ -309,7 +309,7 @@ static void test_overrides(void)
     const char *const ok[] = {
         "train.batch=32",           "train.optimizer.lr=5e-4",
         "model.image.blocks=[2,2]", "model.image.channels=[8, 16]",
-        "stages.text.split=[1]",    "hosts=[{name: h1, devices: [cpu, 0]}]",
+        "stages.text.split=[1]",    "hosts=[{name: h1, devices: [cpu, 0, cuda:3]}]",
         "balance.mode=dynamic", /* no balance section in the file: created */
         "job.name=override run",
     };
@@ -319,8 +319,10 @@ static void test_overrides(void)
     CHECK(p.model.image.n_stages == 2 && p.model.image.blocks[1] == 2 &&
           p.model.image.channels[1] == 16);
     CHECK(p.stages.text.n_split == 1 && p.stages.text.split[0] == 1);
-    CHECK(p.n_hosts == 1 && strcmp(p.hosts[0].name, "h1") == 0 && p.hosts[0].n_devices == 2 &&
-          p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0);
+    CHECK(p.n_hosts == 1 && strcmp(p.hosts[0].name, "h1") == 0 && p.hosts[0].n_devices == 3 &&
+          p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0 && p.hosts[0].devices[2] == 3);
+    CHECK(mmp_plan_slot_device(&p, 2) == 3 && mmp_plan_slot_device(&p, 0) == -1 &&
+          mmp_plan_slot_device(&p, 3) == -1);
     CHECK(p.balance.mode == MMP_BALANCE_DYNAMIC);
     CHECK(strcmp(p.job.name, "override run") == 0);
 

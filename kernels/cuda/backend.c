@@ -33,13 +33,14 @@ static void cuda_close(void *ctx)
     mmp_cuda_ctx_destroy(ctx);
 }
 
+/* From the context's arena (kernels/cuda.h): a stage allocates at set-up;
+ * free gives nothing back before the instance closes (and never waits). */
 static mmp_err cuda_alloc(mmp_backend *be, void **out, size_t bytes)
 {
     size_t rounded = bytes ? (bytes + 255) / 256 * 256 : 256;
-    MMP_TRY(mmp_cuda_malloc(out, rounded));
+    MMP_TRY(mmp_cuda_arena_alloc(CTX(be), out, rounded));
     mmp_err e = mmp_cuda_memset(CTX(be), *out, 0, rounded);
     if (e != MMP_OK) {
-        (void)mmp_cuda_free(*out);
         *out = NULL;
     }
     return e;
@@ -47,7 +48,30 @@ static mmp_err cuda_alloc(mmp_backend *be, void **out, size_t bytes)
 
 static void cuda_free(mmp_backend *be, void *p)
 {
-    REC(be, mmp_cuda_free(p));
+    (void)be;
+    (void)p; /* the arena's: returned with the instance */
+}
+
+static void *cuda_stream(mmp_backend *be)
+{
+    return mmp_cuda_ctx_stream(CTX(be));
+}
+
+static size_t cuda_device_bytes(mmp_backend *be)
+{
+    return mmp_cuda_ctx_device_bytes(CTX(be));
+}
+
+static void *cuda_host_alloc(mmp_backend *be, size_t bytes)
+{
+    (void)be;
+    return mmp_cuda_host_alloc(bytes);
+}
+
+static void cuda_host_free(mmp_backend *be, void *p)
+{
+    (void)be;
+    mmp_cuda_host_free(p);
 }
 
 static void cuda_zero(mmp_backend *be, void *dst, size_t bytes)
@@ -313,6 +337,10 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .to_host = cuda_to_host,
     .copy = cuda_copy,
     .sync = cuda_sync,
+    .stream = cuda_stream,
+    .device_bytes = cuda_device_bytes,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .gemm = cuda_gemm,
     .linear_fwd = cuda_linear_fwd,
     .linear_bwd = cuda_linear_bwd,

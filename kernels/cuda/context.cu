@@ -5,7 +5,9 @@
  * count of 0 or an error value, never an abort. */
 #include "kernels/cuda/internal.cuh"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 mmp_err mmp_cuda_status(cudaError_t e, const char *call, const char *file, int line)
 {
@@ -39,6 +41,21 @@ int mmp_cuda_device_count(void)
         return 0;
     }
     return n;
+}
+
+struct mmp_cuda_chunk {
+    struct mmp_cuda_chunk *next;
+    char *base;
+    size_t size, used;
+};
+
+mmp_err mmp_cuda_device_info(int d, char *name, size_t name_size, size_t *total_bytes)
+{
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, d));
+    snprintf(name, name_size, "%s", prop.name);
+    *total_bytes = prop.totalGlobalMem;
+    return MMP_OK;
 }
 
 /* Fills a zeroed ctx; on failure what was made is left for destroy. */
@@ -93,6 +110,11 @@ void mmp_cuda_ctx_destroy(mmp_cuda_ctx *ctx)
     if (ctx->ws) {
         (void)cudaFree(ctx->ws);
     }
+    for (mmp_cuda_chunk *c = ctx->chunks, *next; c; c = next) {
+        next = c->next;
+        (void)cudaFree(c->base);
+        free(c);
+    }
     if (ctx->stream) {
         (void)cudaStreamDestroy(ctx->stream);
     }
@@ -128,6 +150,56 @@ mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
     }
     *out = ctx->ws;
     return MMP_OK;
+}
+
+mmp_err mmp_cuda_arena_alloc(mmp_cuda_ctx *ctx, void **out, size_t bytes)
+{
+    *out = NULL;
+    size_t want = ws_align(bytes ? bytes : 1);
+    mmp_cuda_chunk *c = ctx->chunks; /* the newest chunk is carved first */
+    if (!c || c->size - c->used < want) {
+        size_t size = want > MMP_CUDA_ARENA_CHUNK ? want : MMP_CUDA_ARENA_CHUNK;
+        c = (mmp_cuda_chunk *)calloc(1, sizeof *c);
+        if (!c) {
+            return mmp_errorf(MMP_ERR_NOMEM, "device arena: chunk record");
+        }
+        mmp_err e = mmp_cuda_malloc((void **)&c->base, size);
+        if (e != MMP_OK) {
+            free(c);
+            return mmp_error_prefix(e, "device arena on device %d (%zu bytes held)", ctx->device,
+                                    ctx->arena_bytes);
+        }
+        c->size = size;
+        c->next = ctx->chunks;
+        ctx->chunks = c;
+        ctx->arena_bytes += size;
+    }
+    *out = c->base + c->used;
+    c->used += want;
+    return MMP_OK;
+}
+
+size_t mmp_cuda_ctx_device_bytes(const mmp_cuda_ctx *ctx)
+{
+    return ctx->arena_bytes + ctx->ws_bytes;
+}
+
+void *mmp_cuda_host_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 1);
+    return p;
+}
+
+void mmp_cuda_host_free(void *p)
+{
+    if (p) {
+        (void)cudaFreeHost(p);
+    }
 }
 
 mmp_err mmp_cuda_malloc(void **out, size_t bytes)

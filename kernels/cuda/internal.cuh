@@ -54,6 +54,8 @@ typedef struct mmp_cuda_conv_plan {
 /* A ResNet at one micro-batch size has a few dozen conv shapes. */
 #define MMP_CUDA_CONV_PLANS 64
 
+typedef struct mmp_cuda_chunk mmp_cuda_chunk;
+
 struct mmp_cuda_ctx {
     int device;
     cudaStream_t stream;
@@ -61,6 +63,10 @@ struct mmp_cuda_ctx {
     cudnnHandle_t cudnn;
     void *ws; /* workspace: grows, never shrinks */
     size_t ws_bytes;
+    /* The per-stage device arena (mmp_cuda_arena_alloc): chunks carved in
+     * order, given back only with the context. */
+    mmp_cuda_chunk *chunks;
+    size_t arena_bytes; /* reserved in chunks */
     mmp_cuda_conv_plan conv[MMP_CUDA_CONV_PLANS];
     int n_conv;    /* plans in use */
     int conv_next; /* the plan evicted next once all are in use */
