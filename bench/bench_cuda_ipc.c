@@ -18,6 +18,9 @@
  *   memcpy     cudaMemcpy device-to-device of the same size in one process,
  *              timed with events (bytes/s counts the size once, not read +
  *              write).
+ * Both ways cuda_ipc can signal a slot are measured (MMP_CIPC_SYNC=memops:
+ * stream memory operations on flag words, events: interprocess events), with
+ * where a hand-off's time goes (post call, wake-up, device wait, release).
  * Every process is a fresh fork; the parent never touches CUDA.
  *
  * UNVERIFIED: written on a machine without a GPU. On a GPU machine:
@@ -82,8 +85,9 @@ typedef struct shared {
         _exit(1);                                                                                  \
     } while (0)
 
-static void sender(shared *sh, mmp_channel_cfg cfg, int n, int copy)
+static void sender(shared *sh, mmp_channel_cfg cfg, int n, int copy, const char *sync)
 {
+    setenv("MMP_CIPC_SYNC", sync, 1); /* the creator picks the channel's signalling */
     const mmp_transport *t = &mmp_transport_cuda_ipc;
     mmp_channel *ch = NULL;
     void *src = NULL;
@@ -220,7 +224,8 @@ static int reap(pid_t pid)
 
 /* Median µs of a channel hand-off (copy: mmp_channel_send from a device
  * buffer); < 0 on failure. */
-static double handoff(size_t bytes, int reps, int copy, int tag, double phase_us[4])
+static double handoff(size_t bytes, int reps, int copy, int tag, double phase_us[4],
+                      const char *sync)
 {
     char addr[96];
     snprintf(addr, sizeof addr, "/mmpipe-bench-%d-cipc%d", (int)getpid(), tag);
@@ -238,7 +243,7 @@ static double handoff(size_t bytes, int reps, int copy, int tag, double phase_us
     fflush(stderr);
     pid_t ps = fork();
     if (ps == 0) {
-        sender(sh, s, reps + WARMUP, copy);
+        sender(sh, s, reps + WARMUP, copy, sync);
     }
     pid_t pr = fork();
     if (pr == 0) {
@@ -316,28 +321,34 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_cuda_ipc: no CUDA device\n");
         return 77;
     }
-    printf("cuda_ipc, 2 slots, device 0 to device 0, median of %d one-at-a-time hand-offs\n\n",
-           reps);
-    printf("| MB | hand-off µs | hand-off GB/s | send (D2D into slot) µs | send GB/s | "
-           "cudaMemcpy D2D µs | memcpy GB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+    static const char *const syncs[] = {"memops", "events"};
     int bad = 0;
-    double ph[MAX_SIZES][4], ph_send[4];
-    for (int i = 0; i < n_sizes; i++) {
-        size_t bytes = (size_t)sizes[i] << 20;
-        double h = handoff(bytes, reps, 0, 2 * i, ph[i]);
-        double s = handoff(bytes, reps, 1, 2 * i + 1, ph_send);
-        double m = memcpy_us(bytes, reps);
-        bad += h < 0 || s < 0 || m < 0;
-        printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", sizes[i], h, gbps(bytes, h), s,
-               gbps(bytes, s), m, gbps(bytes, m));
-        fflush(stdout);
-    }
-    printf("\nhand-off phases, medians in µs: post call / post to recv returning / recv to the "
-           "receiver's stream past the event / release\n\n");
-    for (int i = 0; i < n_sizes; i++) {
-        printf("- %d MB: %.1f / %.1f / %.1f / %.1f\n", sizes[i], ph[i][0], ph[i][1], ph[i][2],
-               ph[i][3]);
+    for (int m = 0; m < 2; m++) {
+        printf("cuda_ipc (signalling: %s), 2 slots, device 0 to device 0, median of %d "
+               "one-at-a-time hand-offs\n\n",
+               syncs[m], reps);
+        printf("| MB | hand-off µs | hand-off GB/s | send (D2D into slot) µs | send GB/s | "
+               "cudaMemcpy D2D µs | memcpy GB/s |\n");
+        printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+        double ph[MAX_SIZES][4], ph_send[4];
+        for (int i = 0; i < n_sizes; i++) {
+            size_t bytes = (size_t)sizes[i] << 20;
+            double h = handoff(bytes, reps, 0, 4 * i + 2 * m, ph[i], syncs[m]);
+            double s = handoff(bytes, reps, 1, 4 * i + 2 * m + 1, ph_send, syncs[m]);
+            double mc = memcpy_us(bytes, reps);
+            bad += h < 0 || s < 0 || mc < 0;
+            printf("| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", sizes[i], h,
+                   gbps(bytes, h), s, gbps(bytes, s), mc, gbps(bytes, mc));
+            fflush(stdout);
+        }
+        printf("\nhand-off phases (%s), medians in µs: post call / post to recv returning / recv "
+               "to the receiver's stream past the flag / release\n\n",
+               syncs[m]);
+        for (int i = 0; i < n_sizes; i++) {
+            printf("- %d MB: %.1f / %.1f / %.1f / %.1f\n", sizes[i], ph[i][0], ph[i][1], ph[i][2],
+                   ph[i][3]);
+        }
+        printf("\n");
     }
     if (bad) {
         fprintf(stderr, "bench_cuda_ipc: %d measurement(s) failed (-1 in the table)\n", bad);

@@ -5,11 +5,13 @@
 #  - 20 steps of the pipeline (1f1b and gpipe) equal 20 steps of the
 #    single process on the same GPU bit for bit (max_abs_diff=0);
 #  - the GPU single process against the CPU single process (the reference
-#    kernels) after 20 steps: step 1's loss within 1e-4 relative (same
-#    weights, same batch: only fp32 summation orders differ), step 20's
-#    within 2e-2, and no weight further apart than 20 AdamW steps can move
-#    it (lr x 3.2 per step: Adam's update is at most (1-b1)/sqrt(1-b2) ~ 3.2
-#    lr in size, so the bound holds whatever the rounding did);
+#    kernels): after ONE step no tensor differs by more than 2 lr_1 (AdamW's
+#    first update is lr_1 * sign(g) per weight, so rounding can at most flip
+#    the sign of a near-zero gradient's update: 2 lr_1 = 2e-4 with the demo's
+#    warm-up, +10% for the rounding of the update itself), step 1's loss
+#    within 1e-4 relative; after 20 steps the loss within 2e-2 relative
+#    (Adam amplifies rounding on near-zero gradients: the weights then differ
+#    by more than rounding, and the diff is printed, not bounded);
 #  - peak device memory is reported per stage; nothing is left behind.
 # Skips (77) where no CUDA device is visible or the build has no CUDA.
 cd "$(dirname "$0")/.." || exit 1
@@ -23,12 +25,14 @@ common=(--set "data.manifest=$W/data/train.jsonl" --set job.steps=20 --set train
 run() { # NAME PLAN ARGS...
   local name=$1 plan=$2; shift 2
   "$BIN" launch "$plan" --out "$W/$name" "${common[@]}" "$@" >"$W/$name.log" 2>&1 \
-    && ok "$name: 20 steps" || { fail "$name failed"; tail -8 "$W/$name.log" | sed 's/^/    /'; }
+    && ok "$name: completed" || { fail "$name failed"; tail -8 "$W/$name.log" | sed 's/^/    /'; }
 }
 run gpu_single configs/gpu-1.yaml --single-process
 run gpu_1f1b configs/gpu-1.yaml
 run gpu_gpipe configs/gpu-1.yaml --set train.schedule=gpipe
 run cpu_single configs/demo.yaml --single-process
+run gpu_step1 configs/gpu-1.yaml --single-process --set job.steps=1
+run cpu_step1 configs/demo.yaml --single-process --set job.steps=1
 # the text stage on the CPU between GPU stages: shm there, staged through the host
 run mixed configs/gpu-1.yaml --set "hosts=[{name: localhost, devices: [cuda:0, cpu, cuda:0]}]"
 grep -q "data channels: 2 over cuda_ipc, 2 over shm" "$W/mixed.log" && ok "mixed: 2 cuda_ipc and 2 shm channels" \
@@ -40,7 +44,7 @@ for s in 1f1b gpipe; do
 done
 l1g=$(metric "$W/gpu_single/metrics.jsonl" loss 1 1); l1c=$(metric "$W/cpu_single/metrics.jsonl" loss 1 1)
 l20g=$(metric "$W/gpu_single/metrics.jsonl" loss 20 20); l20c=$(metric "$W/cpu_single/metrics.jsonl" loss 20 20)
-rel() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; printf "%.3g", m > 0 ? d / m : d }'; }
+rel() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; printf "%.3g", (m > 0 ? d / m : d) }'; }
 r1=$(rel "${l1g:-nan}" "${l1c:-0}"); r20=$(rel "${l20g:-nan}" "${l20c:-0}")
 awk -v r="$r1" 'BEGIN { exit !(r + 0 == r && r < 1e-4) }' && ok "step 1 loss GPU $l1g vs CPU $l1c (rel $r1 < 1e-4)" \
   || fail "step 1 loss GPU $l1g vs CPU $l1c: rel $r1"
@@ -49,10 +53,11 @@ awk -v r="$r1m" 'BEGIN { exit !(r + 0 == r && r < 1e-4) }' && ok "mixed step 1 l
   || fail "mixed step 1 loss $l1m vs GPU $l1g: rel $r1m"
 awk -v r="$r20" 'BEGIN { exit !(r + 0 == r && r < 2e-2) }' && ok "step 20 loss GPU $l20g vs CPU $l20c (rel $r20 < 2e-2)" \
   || fail "step 20 loss GPU $l20g vs CPU $l20c: rel $r20"
-d=$("$BIN" ckpt diff "$W/gpu_single" "$W/cpu_single" --quiet | tail -1)
-mad=$(sed -E 's/max_abs_diff=([^ ]*).*/\1/' <<<"$d")
-awk -v m="$mad" 'BEGIN { exit !(m + 0 == m && m < 20 * 2e-3 * 3.2) }' \
-  && ok "GPU vs CPU weights after 20 steps: $d (bound 0.128)" || fail "GPU vs CPU weights: $d"
+d1=$("$BIN" ckpt diff "$W/gpu_step1" "$W/cpu_step1" --quiet | tail -1)
+mad=$(sed -E 's/max_abs_diff=([^ ]*).*/\1/' <<<"$d1")
+awk -v m="$mad" 'BEGIN { exit !(m + 0 == m && m <= 2.2e-4) }' \
+  && ok "GPU vs CPU after one step: $d1 (bound 2.2e-4)" || fail "GPU vs CPU after one step: $d1"
+echo "    GPU vs CPU after 20 steps: $("$BIN" ckpt diff "$W/gpu_single" "$W/cpu_single" --quiet | tail -1)"
 # peak device memory per stage: positive and below the card's memory
 peaks=$(tail -1 "$W/gpu_1f1b/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","replica":0[^}]*"peak_mem_bytes":[0-9.e+]*' \
   | sed -E 's/"name":"([^"]*)".*"peak_mem_bytes":(.*)/\1=\2/' | tr '\n' ' ')

@@ -1,6 +1,6 @@
 # Shared helpers for the tests/cli_*.sh scripts (sourced; not a test itself).
 set -uo pipefail
-BIN=${MMP_BIN:-build/mmpipe}
+BIN=${MMP_BIN:-${BIN:-build/mmpipe}} # a bench sets BIN (--bin) before sourcing
 TMP=${MMP_TMP:-/tmp/mmpipe-test}
 fails=0
 checks=0

@@ -86,6 +86,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cuda.h> /* the stream memory operations' types; entry points come from the runtime */
 #include <cuda_runtime_api.h>
 
 #include "transport/channel.h"
@@ -93,7 +94,7 @@
 #include "transport/segment.h"
 
 #define CIPC_MAGIC 0x3143504943504d4dull /* "MMPCIPC1" */
-#define CIPC_VERSION 2u                  /* 2: the ring words are one mmp_ring_shared */
+#define CIPC_VERSION 3u                  /* 3: the creator names the sync mode (cipc_header.sync) */
 #define CIPC_ALIGN 256                   /* slot stride: cudaMalloc's own alignment */
 #define CIPC_LINE 64
 #define CIPC_MAX_SLOTS 256
@@ -101,6 +102,7 @@
 typedef struct cipc_header {
     mmp_ring_header g;                       /* magic (CIPC_MAGIC), version, geometry, directions */
     int32_t creator_device;                  /* for messages only */
+    int32_t sync;                            /* CIPC_SYNC_*: the creator's choice */
     cudaIpcMemHandle_t mem;                  /* slot 0 of the creator's allocation */
     alignas(CIPC_LINE) mmp_ring_shared ring; /* pids, closed flags, counters, doorbells */
     /* Then: mmp_msg_header msg[slots]; cudaIpcEventHandle_t ready[slots],
@@ -111,6 +113,67 @@ static_assert(offsetof(cipc_header, g) == 0, "a segment's magic comes first (seg
 static_assert(sizeof(cudaIpcMemHandle_t) == 64 && sizeof(cudaIpcEventHandle_t) == 64,
               "IPC handles are part of the segment layout");
 static_assert(sizeof(cipc_header) == 320, "cipc_header is part of the segment layout");
+
+/* How a slot's readiness and release are signalled on the devices:
+ *   MEMOPS  (default where the driver has them) a flag word per slot and
+ *           direction in the creator's device allocation, after the slots:
+ *           ready[i] and freed[i] hold the last lap (1-based) posted or
+ *           released; the waiting stream runs cuStreamWaitValue32(GEQ) on it
+ *           and the signalling stream cuStreamWriteValue32 (ordered after its
+ *           earlier work, with a memory barrier). Neither host waits.
+ *   EVENTS  interprocess events (cudaEventRecord / cudaStreamWaitEvent).
+ * bench_cuda_ipc measures both; MMP_CIPC_SYNC=events|memops in the
+ * creator's environment picks one. */
+enum { CIPC_SYNC_EVENTS = 1, CIPC_SYNC_MEMOPS = 2 };
+
+typedef CUresult (*cipc_memop_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+static cipc_memop_fn cipc_wait32, cipc_write32;
+static pthread_once_t cipc_memops_once = PTHREAD_ONCE_INIT;
+
+static void find_memops(void)
+{
+    void *w = NULL, *r = NULL;
+    enum cudaDriverEntryPointQueryResult qw = cudaDriverEntryPointSymbolNotFound, qr = qw;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &w, 12000, cudaEnableDefault,
+                                         &qw) != cudaSuccess ||
+        cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &r, 12000, cudaEnableDefault,
+                                         &qr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (qw == cudaDriverEntryPointSuccess && qr == cudaDriverEntryPointSuccess) {
+        cipc_wait32 = (cipc_memop_fn)w;
+        cipc_write32 = (cipc_memop_fn)r;
+    }
+}
+
+static int memops_available(void)
+{
+    pthread_once(&cipc_memops_once, find_memops);
+    return cipc_wait32 && cipc_write32;
+}
+
+/* The creator's choice: MMP_CIPC_SYNC, else memops where available. */
+static mmp_err choose_sync(const char *name, int32_t *sync)
+{
+    const char *env = getenv("MMP_CIPC_SYNC");
+    if (env && strcmp(env, "events") == 0) {
+        *sync = CIPC_SYNC_EVENTS;
+    } else if (env && env[0] && strcmp(env, "memops") != 0) {
+        return mmp_errorf(MMP_ERR_INVALID, "cuda_ipc %s: MMP_CIPC_SYNC=%s (want events or memops)",
+                          name, env);
+    } else if (memops_available()) {
+        *sync = CIPC_SYNC_MEMOPS;
+    } else if (env && env[0]) {
+        return mmp_errorf(MMP_ERR_UNSUPPORTED,
+                          "cuda_ipc %s: MMP_CIPC_SYNC=memops, but the driver has no stream "
+                          "memory operations",
+                          name);
+    } else {
+        *sync = CIPC_SYNC_EVENTS;
+    }
+    return MMP_OK;
+}
 
 typedef struct cipc_channel cipc_channel;
 struct cipc_channel {
@@ -125,6 +188,8 @@ struct cipc_channel {
     int n_ready, n_freed;          /* how many of them exist */
     cudaStream_t stream;
     int device;
+    int32_t sync;                /* CIPC_SYNC_* (the creator's, read from the header) */
+    uint32_t *ready_f, *freed_f; /* MEMOPS: the flag words, device memory after the slots */
     size_t slot_bytes, stride;
     size_t msg_off, ready_off, freed_off; /* in the control segment */
     uint32_t slots;
@@ -154,25 +219,50 @@ static mmp_err step(const cipc_channel *ch, cudaError_t ce, const char *what)
     return ce == cudaSuccess ? MMP_OK : cuda_fail(ce, ch->name, what);
 }
 
+/* MEMOPS: this end's stream waits until flag >= lap / writes lap into flag. */
+static mmp_err flag_wait(const cipc_channel *ch, uint32_t *flag, uint64_t lap, const char *what)
+{
+    CUresult r = cipc_wait32((CUstream)ch->stream, (CUdeviceptr)(uintptr_t)flag, (cuuint32_t)lap,
+                             CU_STREAM_WAIT_VALUE_GEQ);
+    return r == CUDA_SUCCESS ? MMP_OK
+                             : mmp_errorf(MMP_ERR_CUDA, "cuda_ipc %s: %s: cuStreamWaitValue32: %d",
+                                          ch->name, what, (int)r);
+}
+
+static mmp_err flag_write(const cipc_channel *ch, uint32_t *flag, uint64_t lap, const char *what)
+{
+    CUresult r = cipc_write32((CUstream)ch->stream, (CUdeviceptr)(uintptr_t)flag, (cuuint32_t)lap,
+                              CU_STREAM_WRITE_VALUE_DEFAULT);
+    return r == CUDA_SUCCESS ? MMP_OK
+                             : mmp_errorf(MMP_ERR_CUDA, "cuda_ipc %s: %s: cuStreamWriteValue32: %d",
+                                          ch->name, what, (int)r);
+}
+
 /* The credit says the receiver enqueued its last reads of slot i; this makes
- * our stream wait for them on the device, not the host. */
+ * our stream wait for them on the device, not the host. Laps are 1-based:
+ * message k is lap k / slots + 1 of slot k % slots (the ring's counters are
+ * read before it moves them). */
 static mmp_err hook_acquire(void *ctx, uint32_t i, int reused)
 {
     cipc_channel *ch = ctx;
     if (!reused) {
         return MMP_OK;
     }
+    if (ch->sync == CIPC_SYNC_MEMOPS) {
+        return flag_wait(ch, &ch->freed_f[i], ch->ring.count / ch->slots, "acquire");
+    }
     return step(ch, cudaStreamWaitEvent(ch->stream, ch->freed[i], 0),
                 "acquire: cudaStreamWaitEvent");
 }
 
 /* Recorded before head moves, so the receiver's wait (issued only after it
- * sees head) finds this record, not the previous lap's. UNVERIFIED: that a
- * record issued by one process is the one another process's later
- * cudaStreamWaitEvent captures, once the host-side order is as here. */
+ * sees head) finds this record, not the previous lap's. */
 static mmp_err hook_post(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
+    if (ch->sync == CIPC_SYNC_MEMOPS) {
+        return flag_write(ch, &ch->ready_f[i], ch->ring.count / ch->slots + 1, "post");
+    }
     return step(ch, cudaEventRecord(ch->ready[i], ch->stream), "post: cudaEventRecord");
 }
 
@@ -180,6 +270,9 @@ static mmp_err hook_post(void *ctx, uint32_t i)
 static mmp_err hook_recv(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
+    if (ch->sync == CIPC_SYNC_MEMOPS) {
+        return flag_wait(ch, &ch->ready_f[i], ch->ring.count / ch->slots + 1, "recv");
+    }
     return step(ch, cudaStreamWaitEvent(ch->stream, ch->ready[i], 0), "recv: cudaStreamWaitEvent");
 }
 
@@ -187,6 +280,9 @@ static mmp_err hook_recv(void *ctx, uint32_t i)
 static mmp_err hook_release(void *ctx, uint32_t i)
 {
     cipc_channel *ch = ctx;
+    if (ch->sync == CIPC_SYNC_MEMOPS) {
+        return flag_write(ch, &ch->freed_f[i], ch->ring.released / ch->slots + 1, "release");
+    }
     return step(ch, cudaEventRecord(ch->freed[i], ch->stream), "release: cudaEventRecord");
 }
 
@@ -201,6 +297,7 @@ static const mmp_ring_hooks device_hooks = {
 
 typedef struct cipc_geometry {
     size_t stride;  /* device bytes per slot */
+    size_t device;  /* the creator's allocation: the slots, then the MEMOPS flags */
     size_t msg_off; /* control segment offsets */
     size_t ready_off;
     size_t freed_off;
@@ -215,6 +312,8 @@ static mmp_err check_cfg(const mmp_channel_cfg *cfg, cipc_geometry *g)
     }
     size_t s = cfg->slot_bytes ? cfg->slot_bytes : 1;
     g->stride = (s + CIPC_ALIGN - 1) / CIPC_ALIGN * CIPC_ALIGN;
+    size_t flags = 2 * (size_t)cfg->slots * sizeof(uint32_t);
+    g->device = (size_t)cfg->slots * g->stride + (flags + CIPC_ALIGN - 1) / CIPC_ALIGN * CIPC_ALIGN;
     g->msg_off = sizeof(cipc_header);
     g->ready_off = g->msg_off + (size_t)cfg->slots * sizeof(mmp_msg_header);
     g->freed_off = g->ready_off + (size_t)cfg->slots * sizeof(cudaIpcEventHandle_t);
@@ -248,6 +347,7 @@ static mmp_err new_channel(cipc_channel **out, const mmp_channel_cfg *cfg, const
     /* No spin before sleeping: the hand-off of a micro-batch is rare next to
      * shm's small messages. */
     mmp_ring_init(&ch->ring, "cuda_ipc", ch->name, cfg, me, 0, &device_hooks, ch);
+    ch->sync = CIPC_SYNC_EVENTS; /* the creator chooses (setup), the connector reads it (import) */
     *out = ch;
     return MMP_OK;
 }
@@ -260,6 +360,13 @@ static void point_into(cipc_channel *ch, void *base)
     ch->ready_h = (cudaIpcEventHandle_t *)(void *)(b + ch->ready_off);
     ch->freed_h = (cudaIpcEventHandle_t *)(void *)(b + ch->freed_off);
     mmp_ring_attach(&ch->ring, &ch->hdr->ring, (mmp_msg_header *)(void *)(b + ch->msg_off));
+}
+
+/* Points ch's flag words into its device allocation (after the slots). */
+static void point_flags(cipc_channel *ch)
+{
+    ch->ready_f = (uint32_t *)(void *)(ch->dev + (size_t)ch->slots * ch->stride);
+    ch->freed_f = ch->ready_f + ch->slots;
 }
 
 /* Destroys this end's events and frees or unmaps its device slots; NULL-safe
@@ -387,20 +494,32 @@ static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
         ret = cuda_fail(ce, cfg->address, "cudaSetDevice");
         goto fail;
     }
-    if ((ce = cudaMalloc((void **)&ch->dev, (size_t)cfg->slots * g.stride)) != cudaSuccess) {
+    if ((ret = choose_sync(cfg->address, &ch->sync)) != MMP_OK) {
+        goto fail;
+    }
+    if ((ce = cudaMalloc((void **)&ch->dev, g.device)) != cudaSuccess) {
         ch->dev = NULL;
         ret = cuda_fail(ce, cfg->address, "cudaMalloc of the slots");
         goto fail;
     }
     mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
+    point_flags(ch);
+    /* the flags start at lap 0; the connector's first wait comes after the
+     * segment is published, so this is done by then */
+    if ((ce = cudaMemset(ch->ready_f, 0, 2 * (size_t)ch->slots * sizeof(uint32_t))) !=
+            cudaSuccess ||
+        (ce = cudaDeviceSynchronize()) != cudaSuccess) {
+        ret = cuda_fail(ce, cfg->address, "cudaMemset of the flags");
+        goto fail;
+    }
     const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
-    for (; ch->n_ready < cfg->slots; ch->n_ready++) {
+    for (; ch->sync == CIPC_SYNC_EVENTS && ch->n_ready < cfg->slots; ch->n_ready++) {
         if ((ce = cudaEventCreateWithFlags(&ch->ready[ch->n_ready], flags)) != cudaSuccess) {
             ret = cuda_fail(ce, cfg->address, "cudaEventCreateWithFlags");
             goto fail;
         }
     }
-    for (; ch->n_freed < cfg->slots; ch->n_freed++) {
+    for (; ch->sync == CIPC_SYNC_EVENTS && ch->n_freed < cfg->slots; ch->n_freed++) {
         if ((ce = cudaEventCreateWithFlags(&ch->freed[ch->n_freed], flags)) != cudaSuccess) {
             ret = cuda_fail(ce, cfg->address, "cudaEventCreateWithFlags");
             goto fail;
@@ -416,7 +535,7 @@ static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
         ret = cuda_fail(ce, cfg->address, "cudaIpcGetMemHandle");
         goto fail;
     }
-    for (int i = 0; i < cfg->slots; i++) {
+    for (int i = 0; ch->sync == CIPC_SYNC_EVENTS && i < cfg->slots; i++) {
         if ((ce = cudaIpcGetEventHandle(&ch->ready_h[i], ch->ready[i])) != cudaSuccess ||
             (ce = cudaIpcGetEventHandle(&ch->freed_h[i], ch->freed[i])) != cudaSuccess) {
             ret = cuda_fail(ce, cfg->address, "cudaIpcGetEventHandle");
@@ -425,6 +544,7 @@ static mmp_err cipc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
     }
     mmp_ring_header_init(&h->g, &ch->ring, CIPC_VERSION, g.stride, g.total);
     h->creator_device = cfg->device;
+    h->sync = ch->sync;
     mmp_ring_take_creator(&ch->ring);
     mmp_segment_publish(base, CIPC_MAGIC);
     *out = (mmp_channel_impl *)(void *)ch;
@@ -472,13 +592,25 @@ static mmp_err import_device(cipc_channel *ch)
     }
     ch->dev = dev;
     mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
-    for (; ch->n_ready < (int)ch->slots; ch->n_ready++) {
+    point_flags(ch);
+    ch->sync = ch->hdr->sync; /* the creator's word: checked before use */
+    if (ch->sync == CIPC_SYNC_MEMOPS && !memops_available()) {
+        return mmp_errorf(MMP_ERR_UNSUPPORTED,
+                          "cuda_ipc %s: the creator signals with stream memory operations, which "
+                          "this process's driver lacks",
+                          ch->name);
+    }
+    if (ch->sync != CIPC_SYNC_MEMOPS && ch->sync != CIPC_SYNC_EVENTS) {
+        return mmp_errorf(MMP_ERR_PROTO, "cuda_ipc %s: header field sync = %d (want 1 or 2)",
+                          ch->name, (int)ch->sync);
+    }
+    for (; ch->sync == CIPC_SYNC_EVENTS && ch->n_ready < (int)ch->slots; ch->n_ready++) {
         ce = cudaIpcOpenEventHandle(&ch->ready[ch->n_ready], ch->ready_h[ch->n_ready]);
         if (ce != cudaSuccess) {
             return cuda_fail(ce, ch->name, "cudaIpcOpenEventHandle");
         }
     }
-    for (; ch->n_freed < (int)ch->slots; ch->n_freed++) {
+    for (; ch->sync == CIPC_SYNC_EVENTS && ch->n_freed < (int)ch->slots; ch->n_freed++) {
         ce = cudaIpcOpenEventHandle(&ch->freed[ch->n_freed], ch->freed_h[ch->n_freed]);
         if (ce != cudaSuccess) {
             return cuda_fail(ce, ch->name, "cudaIpcOpenEventHandle");
