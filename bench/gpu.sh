@@ -50,7 +50,7 @@ row() { # MODEL NAME PLAN DATA STEPS ARGS...
   local sps mem
   sps=$(metric "$OUT/$model-$name/metrics.jsonl" samples_per_s 4 "$steps" | median)
   mem=$(tail -1 "$OUT/$model-$name/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","replica":0[^}]*"peak_mem_bytes":[0-9.e+]*' \
-    | sed -E 's/"name":"([^"]*)".*"peak_mem_bytes":(.*)/\1 \2/' | awk '{ printf "%s%s %.0f", NR > 1 ? ", " : "", $1, $2 / 1048576 }')
+    | sed -E 's/"name":"([^"]*)".*"peak_mem_bytes":(.*)/\1 \2/' | awk '{ printf "%s%s %.0f", (NR > 1 ? ", " : ""), $1, $2 / 1048576 }')
   echo "| $model | $name | $sps | $mem |"
 }
 for r in "single --single-process" "gpipe --set train.schedule=gpipe" "1f1b --set train.schedule=1f1b"; do
