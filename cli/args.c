@@ -1,5 +1,6 @@
 /* Argument handling shared by the commands that take a plan. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -34,4 +35,69 @@ int mmp_cli_help(const char *arg, const char *usage)
     }
     fputs(usage, stdout);
     return 1;
+}
+
+/* Applies option o, whose value (if it takes one) is v. 0, or 2 (printed). */
+static int take_option(const char *cmd, const mmp_cli_opt *o, const char *v, mmp_cli_args *args)
+{
+    switch (o->kind) {
+    case MMP_CLI_FLAG:
+        *(int *)o->out = 1;
+        return 0;
+    case MMP_CLI_VALUE:
+        *(const char **)o->out = v;
+        return 0;
+    case MMP_CLI_SET:
+        args->sets[args->n_sets++] = v;
+        return 0;
+    case MMP_CLI_STEPS: {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 1) {
+            fprintf(stderr, "mmpipe %s: %s wants a positive integer, got '%s'\n", cmd, o->name, v);
+            return 2;
+        }
+        snprintf(args->steps_set, sizeof args->steps_set, "job.steps=%ld", n);
+        args->sets[args->n_sets++] = args->steps_set;
+        return 0;
+    }
+    }
+    return 2;
+}
+
+int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, int n_opts, int argc,
+                  char **argv, mmp_cli_args *args)
+{
+    memset(args, 0, sizeof *args);
+    /* every argument could be a --set */
+    args->sets = calloc((size_t)argc + 1, sizeof *args->sets);
+    if (!args->sets) {
+        return 1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (mmp_cli_help(a, usage)) {
+            return 0;
+        }
+        const mmp_cli_opt *o = NULL;
+        for (int k = 0; k < n_opts && !o; k++) {
+            if (strcmp(a, opts[k].name) == 0 && (opts[k].kind == MMP_CLI_FLAG || i + 1 < argc)) {
+                o = &opts[k];
+            }
+        }
+        int rc = o ? take_option(cmd, o, o->kind == MMP_CLI_FLAG ? NULL : argv[++i], args)
+                   : mmp_cli_take_plan(cmd, usage, a, &args->plan);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    int rc = mmp_cli_need_plan(cmd, usage, args->plan);
+    return rc != 0 ? rc : MMP_CLI_GO;
+}
+
+void mmp_cli_args_fini(mmp_cli_args *args)
+{
+    free(args->sets);
+    args->sets = NULL;
+    args->n_sets = 0;
 }

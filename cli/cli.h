@@ -11,6 +11,43 @@ int mmp_cmd_simulate(int argc, char **argv);
 int mmp_cmd_bench(int argc, char **argv);
 int mmp_cmd_devices(int argc, char **argv);
 
+/* Commands that take one PLAN.yaml (launch, simulate) describe their
+ * options in a table and parse with mmp_cli_parse, so flags, values, --set
+ * and the usage errors read the same in every one of them. */
+typedef enum {
+    MMP_CLI_FLAG,  /* --name: *(int *)out = 1 */
+    MMP_CLI_VALUE, /* --name V: *(const char **)out = V (the last one given) */
+    MMP_CLI_SET,   /* --name KEY=VALUE: appended to the plan overrides */
+    MMP_CLI_STEPS, /* --name N: a positive integer, appended as job.steps=N */
+} mmp_cli_kind;
+
+typedef struct {
+    const char *name;
+    mmp_cli_kind kind;
+    void *out; /* FLAG and VALUE only */
+} mmp_cli_opt;
+
+/* What mmp_cli_parse found besides the options' own outputs. */
+typedef struct {
+    const char *plan;  /* the PLAN.yaml argument */
+    const char **sets; /* plan overrides (KEY=VALUE) in the order given */
+    int n_sets;
+    char steps_set[64]; /* job.steps=N for MMP_CLI_STEPS */
+} mmp_cli_args;
+
+#define MMP_CLI_GO (-1)
+
+/* Parses argv[1..argc) of `mmpipe cmd`: -h/--help anywhere an option may
+ * stand prints usage on stdout; every other argument is one of opts (a value
+ * option with no value left is an unknown option) or the plan. Returns
+ * MMP_CLI_GO to go on, or the exit status to return now: 0 after --help, 1
+ * out of memory, 2 a usage error (printed with usage where it helps). Either
+ * way the caller owns args and frees it with mmp_cli_args_fini (also safe on
+ * zeroed storage). */
+int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, int n_opts, int argc,
+                  char **argv, mmp_cli_args *args);
+void mmp_cli_args_fini(mmp_cli_args *args);
+
 /* Shared argument handling of commands that take one PLAN.yaml: arg is an
  * argument that matched none of the command's options. Records it as the
  * plan (the first non-option) or prints the usage error; returns 0, or 2

@@ -127,56 +127,27 @@ static int check_resume(const mmp_plan *plan, const char *dir)
 
 int mmp_cmd_launch(int argc, char **argv)
 {
-    const char *plan_path = NULL, *out = NULL;
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    const char *resume = NULL;
-    int n_sets = 0, force = 0, single = 0, ret = 1;
+    const char *out = NULL, *resume = NULL;
+    int force = 0, single = 0;
     mmp_run_lock lock = {0};
-    char steps_set[64];
-    if (!sets) {
-        return 1;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (mmp_cli_help(a, USAGE)) {
-            ret = 0;
-            goto exit;
-        } else if (strcmp(a, "--single-process") == 0) {
-            single = 1;
-        } else if (strcmp(a, "--force") == 0) {
-            force = 1;
-        } else if ((strcmp(a, "--steps") == 0 || strcmp(a, "--out") == 0 ||
-                    strcmp(a, "--set") == 0 || strcmp(a, "--resume") == 0) &&
-                   i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(a, "--resume") == 0) {
-                resume = v;
-            } else if (strcmp(a, "--out") == 0) {
-                out = v;
-            } else if (strcmp(a, "--set") == 0) {
-                sets[n_sets++] = v;
-            } else {
-                char *end;
-                long n = strtol(v, &end, 10);
-                if (*end || n < 1) {
-                    fprintf(stderr, "mmpipe launch: --steps wants a positive integer, got '%s'\n",
-                            v);
-                    ret = 2;
-                    goto exit;
-                }
-                snprintf(steps_set, sizeof steps_set, "job.steps=%ld", n);
-                sets[n_sets++] = steps_set;
-            }
-        } else if ((ret = mmp_cli_take_plan("launch", USAGE, a, &plan_path)) != 0) {
-            goto exit;
-        }
-    }
-    if ((ret = mmp_cli_need_plan("launch", USAGE, plan_path)) != 0) {
+    const mmp_cli_opt opts[] = {
+        {"--single-process", MMP_CLI_FLAG, &single},
+        {"--force", MMP_CLI_FLAG, &force},
+        {"--steps", MMP_CLI_STEPS, NULL},
+        {"--out", MMP_CLI_VALUE, &out},
+        {"--set", MMP_CLI_SET, NULL},
+        {"--resume", MMP_CLI_VALUE, &resume},
+    };
+    mmp_cli_args args;
+    int ret = mmp_cli_parse("launch", USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+                            &args);
+    if (ret != MMP_CLI_GO) {
         goto exit;
     }
+    const char *plan_path = args.plan;
     ret = 1;
     static mmp_plan plan;
-    if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK) {
+    if (mmp_plan_load(&plan, plan_path, args.sets, args.n_sets) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
         goto exit;
     }
@@ -249,6 +220,6 @@ int mmp_cmd_launch(int argc, char **argv)
     ret = 0;
 exit:
     mmp_run_unlock(&lock);
-    free(sets);
+    mmp_cli_args_fini(&args);
     return ret;
 }

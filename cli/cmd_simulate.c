@@ -148,38 +148,24 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
 
 int mmp_cmd_simulate(int argc, char **argv)
 {
-    const char *plan_path = NULL, *costs_arg = NULL;
-    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
-    int n_sets = 0, want_dump = 0, ret = 1;
-    const char *plan_devices = NULL;
+    const char *costs_arg = NULL, *plan_devices = NULL;
+    int want_dump = 0;
     static mmp_plan plan;
     static mmp_sched sched;
     memset(&sched, 0, sizeof sched);
-    if (!sets) {
-        return 1;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (mmp_cli_help(a, USAGE)) {
-            ret = 0;
-            goto exit;
-        } else if (strcmp(a, "--dump") == 0) {
-            want_dump = 1;
-        } else if (strcmp(a, "--plan-devices") == 0 && i + 1 < argc) {
-            plan_devices = argv[++i];
-        } else if ((strcmp(a, "--costs") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
-            if (strcmp(a, "--costs") == 0) {
-                costs_arg = argv[++i];
-            } else {
-                sets[n_sets++] = argv[++i];
-            }
-        } else if ((ret = mmp_cli_take_plan("simulate", USAGE, a, &plan_path)) != 0) {
-            goto exit;
-        }
-    }
-    if ((ret = mmp_cli_need_plan("simulate", USAGE, plan_path)) != 0) {
+    const mmp_cli_opt opts[] = {
+        {"--dump", MMP_CLI_FLAG, &want_dump},
+        {"--plan-devices", MMP_CLI_VALUE, &plan_devices},
+        {"--costs", MMP_CLI_VALUE, &costs_arg},
+        {"--set", MMP_CLI_SET, NULL},
+    };
+    mmp_cli_args args;
+    int ret = mmp_cli_parse("simulate", USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc,
+                            argv, &args);
+    if (ret != MMP_CLI_GO) {
         goto exit;
     }
+    const char *plan_path = args.plan;
     ret = 1;
     int devices = 0;
     if (plan_devices && strcmp(plan_devices, "all") != 0) {
@@ -195,7 +181,7 @@ int mmp_cmd_simulate(int argc, char **argv)
         }
         devices = (int)v;
     }
-    if (mmp_plan_load(&plan, plan_path, sets, n_sets) != MMP_OK) {
+    if (mmp_plan_load(&plan, plan_path, args.sets, args.n_sets) != MMP_OK) {
         fprintf(stderr, "mmpipe simulate: %s\n", mmp_last_error());
         goto exit;
     }
@@ -258,6 +244,6 @@ int mmp_cmd_simulate(int argc, char **argv)
     ret = 0;
 exit:
     mmp_sched_fini(&sched);
-    free(sets);
+    mmp_cli_args_fini(&args);
     return ret;
 }

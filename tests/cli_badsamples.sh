@@ -8,9 +8,8 @@
 #        the pipeline still equals --single-process bit for bit.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_badsamples
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 320 --seed 8 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+workdir
+synth 320 8
 D=$W/data
 # load-time problems: missing, truncated, zero-size, not an image; a caption of control characters only
 rm "$D/images/000010.png"
@@ -25,13 +24,9 @@ sed -i '61s/.*/{"image": "images\/000060.png", "text": /' "$W/all.jsonl"
 sed -i '71s/"text": "[^"]*"/"text": ""/' "$W/all.jsonl"
 ln -s "$D/images" "$W/images"
 cp "$D/vocab.txt" "$D/val.jsonl" "$W/"
-cat > "$W/plan.yaml" <<YAML
-job:   { name: b, steps: 24, seed: 3 }
-data:  { manifest: $W/all.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 32, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0 }
-YAML
+tiny_plan "name: b, steps: 24, seed: 3" \
+  "manifest: $W/all.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  1 "batch: 32, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0"
 
 # --- fail (the default) ------------------------------------------------------------
 sed -n '1,9p' "$D/train.jsonl" > "$W/malformed.jsonl"

@@ -10,24 +10,18 @@
 # Needs gnuplot (scripts/setup installs gnuplot-nox).
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_bench
-rm -rf "$W"; mkdir -p "$W"
+workdir
 if ! command -v gnuplot >/dev/null 2>&1; then
   echo "FAIL gnuplot not found: mmpipe bench draws its charts with it; install gnuplot-nox (scripts/setup does)"
   exit 1
 fi
-"$BIN" data synth --out "$W/data" --samples 200 --seed 2 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+synth 200 2
 # 4 layers in the image branch (stem, 2 blocks, projection): split [2] cuts
 # it in two sub-stages, split [9] is beyond it (launch refuses the plan).
-cat > "$W/plan.yaml" <<YAML
-job:   { name: b, steps: 50, seed: 3 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 16, val_samples: 16 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 8, microbatches: 4, eval_every: 0 }
-compute: simulated
-sim:   { cost: { image: 1, text: 0.3, fusion: 0.3 }, bwd_factor: 2 }
-YAML
+tiny_plan "name: b, steps: 50, seed: 3" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 16, val_samples: 16" \
+  1 "batch: 8, microbatches: 4, eval_every: 0" \
+  "compute: simulated" "sim:   { cost: { image: 1, text: 0.3, fusion: 0.3 }, bwd_factor: 2 }"
 grid=(--steps 3 --warmup 1 --schedules gpipe,1f1b --microbatches 2,4
       --placement plan --placement 'split=stages.image.split=[2]')
 is_num() { [[ "$1" =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v x="$1" 'BEGIN { exit !(x > 0) }'; }

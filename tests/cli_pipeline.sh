@@ -7,17 +7,11 @@
 # run, SIGINT to the coordinator, SIGKILL to a stage; resume after a kill.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_pipeline
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 800 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-cat > "$W/plan.yaml" <<YAML
-job:   { name: p, steps: 50, seed: 7 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 25,
-         clip_grad_norm: 0.5 }
-YAML
+workdir
+synth 800 4
+tiny_plan "name: p, steps: 50, seed: 7" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 25, clip_grad_norm: 0.5"
 
 # --- same math as one process ---------------------------------------------------
 for m in 1 4 5 8; do

@@ -8,22 +8,16 @@
 # trace.json, and no stage process or /dev/shm segment left.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_restart
 KILLS=${MMP_RESTART_KILLS:-12}
 SEED=${MMP_RESTART_SEED:-20261124}
 STEPS=150
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-cat > "$W/plan.yaml" <<YAML
-job:   { name: k, steps: $STEPS, seed: 13 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 50,
-         ckpt_every: 3, max_restarts: $((KILLS + 5)) }
-hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu] } ]
-stages: { image: { split: [2] } }
-YAML
+workdir
+synth 400 4
+tiny_plan "name: k, steps: $STEPS, seed: 13" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 50, ckpt_every: 3, max_restarts: $((KILLS + 5))" \
+  "hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu] } ]" \
+  "stages: { image: { split: [2] } }"
 t_start=$(date +%s.%N)
 "$BIN" launch "$W/plan.yaml" --out "$W/ref" >"$W/ref.log" 2>&1 || { fail "uninterrupted run"; tail -3 "$W/ref.log"; }
 

@@ -6,17 +6,11 @@
 # valid Chrome-trace JSON file. Same for --single-process's metrics.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_resume
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-cat > "$W/plan.yaml" <<YAML
-job:   { name: r, steps: 60, seed: 9 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 20,
-         ckpt_every: 10 }
-YAML
+workdir
+synth 400 4
+tiny_plan "name: r, steps: 60, seed: 9" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 20, ckpt_every: 10"
 
 for mode in pipeline single; do
   extra=(); [ $mode = single ] && extra=(--single-process)

@@ -15,9 +15,8 @@
 #  token:       no stage process has the job token in its argv or environ.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_rundir
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 300 --seed 3 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+workdir
+synth 300 3
 cat > "$W/plan.yaml" <<YAML
 job:   { name: r, steps: 2, seed: 5 }
 data:  { manifest: $W/data/train.jsonl, image_size: 16, max_text_len: 16, val_samples: 16 }

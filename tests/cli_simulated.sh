@@ -9,20 +9,14 @@
 # cost and below twice it: a bar that proves the mechanism, not a speed.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_simulated
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 200 --seed 2 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
+workdir
+synth 200 2
 # micro-batches of 2 samples; ms per sample forward image:text:fusion = 4:1:1,
 # backward 2x: image forward 8 ms a micro-batch, one process 144 ms a step.
-cat > "$W/plan.yaml" <<YAML
-job:   { name: s, steps: 20, seed: 3 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 16, val_samples: 16 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 8, microbatches: 4, eval_every: 0 }
-compute: simulated
-sim:   { cost: { image: 4, text: 1, fusion: 1 }, bwd_factor: 2 }
-YAML
+tiny_plan "name: s, steps: 20, seed: 3" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 16, val_samples: 16" \
+  1 "batch: 8, microbatches: 4, eval_every: 0" \
+  "compute: simulated" "sim:   { cost: { image: 4, text: 1, fusion: 1 }, bwd_factor: 2 }"
 
 # stage_metric FILE STAGE KEY: KEY of STAGE, one line per step.
 stage_metric() { grep -o "\"name\":\"$2\"[^}]*" "$1" | sed -E "s/.*\"$3\":([-0-9.e+]+).*/\1/"; }

@@ -5,17 +5,11 @@
 # it relaunches from the latest checkpoint and finishes instead.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_stall
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-cat > "$W/plan.yaml" <<YAML
-job:   { name: st, steps: 100000, seed: 3 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0,
-         ckpt_every: 5, stall_timeout: 3 }
-YAML
+workdir
+synth 400 4
+tiny_plan "name: st, steps: 100000, seed: 3" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0, ckpt_every: 5, stall_timeout: 3"
 stage_pid() { grep -o "started $2 (pid [0-9]*)" "$1" | tail -1 | grep -o '[0-9]*)$' | tr -d ')'; }
 
 # --- stop: the stopped stage is named within the timeout ----------------------------------

@@ -7,17 +7,11 @@
 # train.ckpt_every still checkpoints (the default), so a killed run resumes.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_stop
-rm -rf "$W"; mkdir -p "$W"
-"$BIN" data synth --out "$W/data" --samples 400 --seed 4 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-cat > "$W/plan.yaml" <<YAML
-job:   { name: s, steps: 50, seed: 5 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0,
-         ckpt_every: 0 }
-YAML
+workdir
+synth 400 4
+tiny_plan "name: s, steps: 50, seed: 5" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0, ckpt_every: 0"
 
 # stop_by SIG NAME [launch options...]: starts a run into $W/NAME, sends SIG
 # once step 5 is done, waits; sets rc.

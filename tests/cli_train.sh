@@ -5,17 +5,12 @@
 # does not, and `ckpt diff` reports structure and values as documented.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-W=$TMP/cli_train
-rm -rf "$W"; mkdir -p "$W"
+workdir
 
-"$BIN" data synth --out "$W/data" --samples 600 --seed 3 >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
-cat > "$W/plan.yaml" <<YAML
-job:   { name: t, steps: 6, seed: 5 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
-model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
-         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 3, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 3 }
-YAML
+synth 600 3
+tiny_plan "name: t, steps: 6, seed: 5" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64" \
+  1 "batch: 16, microbatches: 3, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 3"
 
 # --- bad input fails before training, saying where ---------------------------
 sed 's/microbatches: 3/microbatchs: 3/' "$W/plan.yaml" > "$W/typo.yaml"

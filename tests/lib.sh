@@ -4,6 +4,28 @@ BIN=${MMP_BIN:-${BIN:-build/mmpipe}} # a bench sets BIN (--bin) before sourcing
 TMP=${MMP_TMP:-/tmp/mmpipe-test}
 fails=0
 checks=0
+# workdir: W, a fresh $TMP/<script name> for this test's files.
+workdir() { W=$TMP/$(basename "$0" .sh); rm -rf "$W"; mkdir -p "$W"; }
+# synth SAMPLES SEED: the synthetic data set in $W/data; the test stops when it fails.
+synth() {
+  "$BIN" data synth --out "$W/data" --samples "$1" --seed "$2" >/dev/null 2>&1 \
+    || { echo "synth failed"; exit 1; }
+}
+# tiny_plan JOB DATA TEXT_LAYERS TRAIN [LINE...]: writes $W/plan.yaml, the
+# small model the CLI tests train (width 32, two image blocks, one fusion
+# layer); JOB, DATA and TRAIN are the insides of those maps, each LINE one
+# more top-level line. train: stays line 5 (tests name it in file:line errors).
+tiny_plan() {
+  cat > "$W/plan.yaml" <<YAML
+job:   { $1 }
+data:  { $2 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: $3, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { $4 }
+YAML
+  [ $# -gt 4 ] && printf '%s\n' "${@:5}" >> "$W/plan.yaml"
+  return 0
+}
 ok()   { checks=$((checks+1)); echo "ok   $*"; }
 fail() { checks=$((checks+1)); fails=$((fails+1)); echo "FAIL $*"; }
 # expect_fail NAME PATTERN CMD...: CMD must exit non-zero and print PATTERN (grep -E).

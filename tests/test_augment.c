@@ -49,17 +49,45 @@ static int load_step(const char *dir, int augment, int workers, long long seed, 
     return ok;
 }
 
-int main(void)
+/* The synthetic set every case loads from, written by the first case run. */
+static const char *dataset(void)
 {
-    const char *dir = mmp_test_tmpdir("augment");
-    CHECK_OK(mmp_synth_write(dir, 64, 5, S));
-    static float a0[8 * 3 * S * S], a2[8 * 3 * S * S], plain[8 * 3 * S * S], other[8 * 3 * S * S];
-    CHECK(load_step(dir, 1, 0, 7, a0));
-    CHECK(load_step(dir, 1, 2, 7, a2));
-    CHECK(load_step(dir, 0, 0, 7, plain));
-    CHECK(load_step(dir, 1, 0, 8, other));
-    CHECK(memcmp(a0, a2, sizeof a0) == 0); /* same draws for any worker count */
+    static char dir[900];
+    if (!dir[0]) {
+        snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("augment"));
+        CHECK_OK(mmp_synth_write(dir, 64, 5, S));
+    }
+    return dir;
+}
+
+#define N (8 * 3 * S * S)
+
+/* The same draws for any worker count. */
+static void test_any_workers(void)
+{
+    static float a0[N], a2[N];
+    CHECK(load_step(dataset(), 1, 0, 7, a0));
+    CHECK(load_step(dataset(), 1, 2, 7, a2));
+    CHECK(memcmp(a0, a2, sizeof a0) == 0);
+}
+
+/* Augmented crops differ from the centre crop and from another seed's. */
+static void test_differs(void)
+{
+    static float a0[N], plain[N], other[N];
+    CHECK(load_step(dataset(), 1, 0, 7, a0));
+    CHECK(load_step(dataset(), 0, 0, 7, plain));
+    CHECK(load_step(dataset(), 1, 0, 8, other));
     CHECK(memcmp(a0, plain, sizeof a0) != 0);
     CHECK(memcmp(a0, other, sizeof a0) != 0);
-    return mmp_test_finish("test_augment");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_any_workers),
+    MMP_TEST_CASE(test_differs),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("test_augment", cases, argc, argv);
 }

@@ -70,6 +70,19 @@ static void write_manifest(const char *path, int n)
     free(abs);
 }
 
+/* A dataset over a fresh manifest of n lines (write_manifest) in the tmpdir
+ * name, with the fixtures' vocabulary; NULL, a failed check, when it does
+ * not open. */
+static mmp_dataset *open_written(const char *name, int n, const mmp_plan *plan)
+{
+    char manifest[1200];
+    snprintf(manifest, sizeof manifest, "%s/m.jsonl", mmp_test_tmpdir(name));
+    write_manifest(manifest, n);
+    mmp_dataset *d = NULL;
+    CHECK_OK(mmp_dataset_open(&d, manifest, FIXTURES "/vocab.txt", plan));
+    return d;
+}
+
 typedef struct reference {
     int n;
     int64_t samples[64];
@@ -125,18 +138,78 @@ static int same_batch(const mmp_batch *b, const reference *r, const mmp_plan *p,
     return ok;
 }
 
+/* A loader over both branches' inputs for steps [first, last). */
+static mmp_loader_cfg both_branches(mmp_dataset *d, const mmp_plan *plan, int first, int last,
+                                    int depth)
+{
+    mmp_loader_cfg cfg = {.ds = d,
+                          .plan = plan,
+                          .images = 1,
+                          .text = 1,
+                          .first_step = first,
+                          .last_step = last,
+                          .depth = depth};
+    return cfg;
+}
+
+/* Gets the micro-batches of steps [first, last) that l produces (those with
+ * owns[mb], or all n_mb when owns is NULL) in order, holding up to depth at
+ * once before releasing the oldest, and checks each with same(b, ctx).
+ * Returns 1 when every get succeeded and matched; *produced counts them. */
+typedef int (*batch_check)(const mmp_batch *b, void *ctx);
+static int stream_batches(mmp_loader *l, int first, int last, int n_mb, const unsigned char *owns,
+                          int depth, const char *what, batch_check same, void *ctx, int *produced)
+{
+    int ok = 1;
+    mmp_batch *held[8] = {0};
+    int n_held = 0;
+    *produced = 0;
+    for (int step = first; step < last; step++) {
+        for (int mb = 0; mb < n_mb; mb++) {
+            if (owns && !owns[mb]) {
+                continue;
+            }
+            if (n_held == depth) {
+                mmp_loader_release(l, held[0]);
+                memmove(held, held + 1, (size_t)--n_held * sizeof *held);
+            }
+            mmp_batch *b = NULL;
+            mmp_err err = mmp_loader_get(l, step, mb, &b);
+            ok &= err == MMP_OK && b && b->step == step && b->mb == mb;
+            if (err != MMP_OK || !b) {
+                fprintf(stderr, "  %s %d/%d: %s\n", what, step, mb, mmp_last_error());
+                continue;
+            }
+            ok &= same(b, ctx);
+            (*produced)++;
+            held[n_held++] = b;
+        }
+    }
+    while (n_held > 0) {
+        mmp_loader_release(l, held[--n_held]);
+    }
+    return ok;
+}
+
+/* The references of test_order_and_contents, from step first on. */
+typedef struct order_ctx {
+    reference (*ref)[4];
+    int first, images, text;
+    const mmp_plan *plan;
+} order_ctx;
+
+static int same_as_reference(const mmp_batch *b, void *ctx)
+{
+    const order_ctx *c = ctx;
+    return same_batch(b, &c->ref[b->step - c->first][b->mb], c->plan, c->images, c->text);
+}
+
 static void test_order_and_contents(void)
 {
-    char manifest[1200], vocab[1200];
-    snprintf(manifest, sizeof manifest, "%s/m.jsonl", mmp_test_tmpdir("loader_order"));
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", FIXTURES);
-    write_manifest(manifest, 53);
-
     /* batch 10 in 4 micro-batches: sizes 3 3 2 2, so offsets are uneven */
     mmp_plan plan;
     small_plan(&plan, 8, 7, 10, 4, 0, MMP_BAD_FAIL);
-    mmp_dataset *d = NULL;
-    CHECK_OK(mmp_dataset_open(&d, manifest, vocab, &plan));
+    mmp_dataset *d = open_written("loader_order", 53, &plan);
     if (!d) {
         return;
     }
@@ -167,31 +240,10 @@ static void test_order_and_contents(void)
                 if (!l) {
                     continue;
                 }
-                int ok = 1;
-                /* Hold up to depth batches at once before releasing the oldest. */
-                mmp_batch *held[8] = {0};
-                int n_held = 0;
-                for (int step = first; step < last; step++) {
-                    for (int mb = 0; mb < M; mb++) {
-                        if (n_held == depths[k]) {
-                            mmp_loader_release(l, held[0]);
-                            memmove(held, held + 1, (size_t)--n_held * sizeof *held);
-                        }
-                        mmp_batch *b = NULL;
-                        mmp_err err = mmp_loader_get(l, step, mb, &b);
-                        ok &= err == MMP_OK && b && b->step == step && b->mb == mb;
-                        if (err != MMP_OK || !b) {
-                            fprintf(stderr, "  get %d/%d: %s\n", step, mb, mmp_last_error());
-                            continue;
-                        }
-                        ok &=
-                            same_batch(b, &ref[step - first][mb], &plan, modes[m][0], modes[m][1]);
-                        held[n_held++] = b;
-                    }
-                }
-                while (n_held > 0) {
-                    mmp_loader_release(l, held[--n_held]);
-                }
+                order_ctx c = {ref, first, modes[m][0], modes[m][1], &plan};
+                int produced;
+                int ok = stream_batches(l, first, last, M, NULL, depths[k], "get",
+                                        same_as_reference, &c, &produced);
                 if (!ok) {
                     fprintf(stderr, "  differs: workers %d depth %d images %d text %d\n",
                             workers[w], depths[k], modes[m][0], modes[m][1]);
@@ -207,13 +259,7 @@ static void test_order_and_contents(void)
 
     /* Requests out of order, and one while every buffer is held. */
     plan.data.workers = 2;
-    mmp_loader_cfg cfg = {.ds = d,
-                          .plan = &plan,
-                          .images = 1,
-                          .text = 1,
-                          .first_step = 0,
-                          .last_step = 4,
-                          .depth = 1};
+    mmp_loader_cfg cfg = both_branches(d, &plan, 0, 4, 1);
     mmp_loader *l = NULL;
     CHECK_OK(mmp_loader_create(&l, &cfg));
     if (l) {
@@ -601,25 +647,14 @@ static void test_check_cli(void)
  * the consumer still holds a batch, and before any get. */
 static void test_destroy_mid_stream(void)
 {
-    char manifest[1200], vocab[1200];
-    snprintf(manifest, sizeof manifest, "%s/m.jsonl", mmp_test_tmpdir("loader_destroy"));
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", FIXTURES);
-    write_manifest(manifest, 40);
     mmp_plan plan;
     small_plan(&plan, 96, 16, 32, 2, 3, MMP_BAD_FAIL);
-    mmp_dataset *d = NULL;
-    CHECK_OK(mmp_dataset_open(&d, manifest, vocab, &plan));
+    mmp_dataset *d = open_written("loader_destroy", 40, &plan);
     if (!d) {
         return;
     }
     for (int held = 0; held < 3; held++) {
-        mmp_loader_cfg cfg = {.ds = d,
-                              .plan = &plan,
-                              .images = 1,
-                              .text = 1,
-                              .first_step = 0,
-                              .last_step = 1000,
-                              .depth = 4};
+        mmp_loader_cfg cfg = both_branches(d, &plan, 0, 1000, 4);
         mmp_loader *l = NULL;
         CHECK_OK(mmp_loader_create(&l, &cfg));
         mmp_batch *b = NULL;
@@ -681,6 +716,19 @@ static int same_as_copy(const mmp_batch *b, const batch_copy *c, const mmp_plan 
 #define OWN_STEPS 4
 #define OWN_MB 5
 
+/* The copies check_owned compares with, from step first on. */
+typedef struct owned_ctx {
+    batch_copy (*all)[OWN_MB];
+    int first;
+    const mmp_plan *plan;
+} owned_ctx;
+
+static int same_as_owned_copy(const mmp_batch *b, void *ctx)
+{
+    const owned_ctx *c = ctx;
+    return same_as_copy(b, &c->all[b->step - c->first][b->mb], c->plan);
+}
+
 /* Steps [1, 1 + OWN_STEPS) of plan (OWN_MB micro-batches) through a loader
  * owning the micro-batches owns marks, for workers 0, 1 and 2 and depths 1
  * and 3: exactly the owned (step, mb) come out, in order, each bitwise the
@@ -693,13 +741,7 @@ static int check_owned(mmp_dataset *d, mmp_plan *plan, const unsigned char *owns
     memset(all, 0, sizeof all);
     int skipped = 0;
     plan->data.workers = 0;
-    mmp_loader_cfg cfg = {.ds = d,
-                          .plan = plan,
-                          .images = 1,
-                          .text = 1,
-                          .first_step = first,
-                          .last_step = last,
-                          .depth = 2};
+    mmp_loader_cfg cfg = both_branches(d, plan, first, last, 2);
     mmp_loader *l = NULL;
     CHECK_OK(mmp_loader_create(&l, &cfg));
     int got_all = l != NULL;
@@ -734,33 +776,10 @@ static int check_owned(mmp_dataset *d, mmp_plan *plan, const unsigned char *owns
             if (!l) {
                 continue;
             }
-            int ok = 1, produced = 0;
-            mmp_batch *held[4] = {0};
-            int n_held = 0;
-            for (int step = first; step < last; step++) {
-                for (int mb = 0; mb < OWN_MB; mb++) {
-                    if (!owns[mb]) {
-                        continue;
-                    }
-                    if (n_held == depths[k]) {
-                        mmp_loader_release(l, held[0]);
-                        memmove(held, held + 1, (size_t)--n_held * sizeof *held);
-                    }
-                    mmp_batch *b = NULL;
-                    mmp_err err = mmp_loader_get(l, step, mb, &b);
-                    ok &= err == MMP_OK && b && b->step == step && b->mb == mb;
-                    if (err != MMP_OK || !b) {
-                        fprintf(stderr, "  owned get %d/%d: %s\n", step, mb, mmp_last_error());
-                        continue;
-                    }
-                    ok &= same_as_copy(b, &all[step - first][mb], plan);
-                    produced++;
-                    held[n_held++] = b;
-                }
-            }
-            while (n_held > 0) {
-                mmp_loader_release(l, held[--n_held]);
-            }
+            owned_ctx c = {all, first, plan};
+            int produced;
+            int ok = stream_batches(l, first, last, OWN_MB, owns, depths[k], "owned get",
+                                    same_as_owned_copy, &c, &produced);
             int want = 0;
             for (int mb = 0; mb < OWN_MB; mb++) {
                 want += owns[mb] != 0;
@@ -787,16 +806,10 @@ static int check_owned(mmp_dataset *d, mmp_plan *plan, const unsigned char *owns
 
 static void test_owned(void)
 {
-    char manifest[1200], vocab[1200];
-    snprintf(manifest, sizeof manifest, "%s/m.jsonl", mmp_test_tmpdir("loader_owned"));
-    snprintf(vocab, sizeof vocab, "%s/vocab.txt", FIXTURES);
-    write_manifest(manifest, 53);
-
     /* batch 12 in 5 micro-batches: sizes 3 3 2 2 2 */
     mmp_plan plan;
     small_plan(&plan, 8, 7, 12, OWN_MB, 0, MMP_BAD_FAIL);
-    mmp_dataset *d = NULL;
-    CHECK_OK(mmp_dataset_open(&d, manifest, vocab, &plan));
+    mmp_dataset *d = open_written("loader_owned", 53, &plan);
     if (!d) {
         return;
     }

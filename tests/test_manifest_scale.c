@@ -100,7 +100,8 @@ static int write_big_manifest(const char *path)
     return ok;
 }
 
-int main(void)
+/* One million lines: size, index bytes, resident and peak growth, last line. */
+static void test_million_lines(void)
 {
     const char *dir = mmp_test_tmpdir("manifest_scale");
     char manifest[1200], path[1200], from[1200];
@@ -154,5 +155,13 @@ int main(void)
         mmp_dataset_close(d);
     }
     CHECK(unlink(manifest) == 0);
-    return mmp_test_finish("test_manifest_scale");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_million_lines),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("test_manifest_scale", cases, argc, argv);
 }

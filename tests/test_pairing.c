@@ -5,16 +5,20 @@
 #include "stages/pairing.h"
 #include "tests/harness.h"
 
-int main(void)
+static int64_t a[4] = {3, 17, 5, 9}, swapped[4] = {17, 3, 5, 9}, other[4] = {3, 17, 5, 10};
+
+static void test_digest(void)
 {
-    int64_t a[4] = {3, 17, 5, 9}, swapped[4] = {17, 3, 5, 9}, other[4] = {3, 17, 5, 10};
     uint64_t d = mmp_sample_digest(a, 4);
     CHECK(d == mmp_sample_digest(a, 4));
     CHECK(d != mmp_sample_digest(swapped, 4)); /* order matters */
     CHECK(d != mmp_sample_digest(other, 4));
     CHECK(d != mmp_sample_digest(a, 3));
+}
 
-    mmp_msg_header img = {.step = 6, .mb = 2, .digest = d, .n = 4};
+static void test_pair_check(void)
+{
+    mmp_msg_header img = {.step = 6, .mb = 2, .digest = mmp_sample_digest(a, 4), .n = 4};
     mmp_msg_header txt = img;
     CHECK_OK(mmp_pair_check(&img, &txt, 6, 2));
 
@@ -31,5 +35,14 @@ int main(void)
     txt.mb = 3;
     CHECK(mmp_pair_check(&img, &txt, 6, 2) == MMP_ERR_DATA);
     CHECK(strstr(mmp_last_error(), "refusing to pair") != NULL);
-    return mmp_test_finish("test_pairing");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_digest),
+    MMP_TEST_CASE(test_pair_check),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("test_pairing", cases, argc, argv);
 }

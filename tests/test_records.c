@@ -47,8 +47,18 @@ static void write_file(const char *path, const char *text)
     }
 }
 
-static void test_metrics(const char *dir)
+/* A fresh directory for one case, below this test's tmpdir. */
+static void case_dir(const char *name, char *buf, size_t n)
 {
+    char sub[256];
+    snprintf(sub, sizeof sub, "test_records/%s", name);
+    snprintf(buf, n, "%s", mmp_test_tmpdir(sub));
+}
+
+static void test_metrics(void)
+{
+    char dir[1100];
+    case_dir("metrics", dir, sizeof dir);
     char path[1400];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     CHECK(mmp_metrics_line_step("{\"step\":12,\"loss\":1}") == 12);
@@ -87,8 +97,10 @@ static void test_metrics(const char *dir)
     CHECK(strcmp(mmp_json_escape("a\"b\\c\n", esc, sizeof esc), "a\\\"b\\\\c\\u000a") == 0);
 }
 
-static void test_trace(const char *dir)
+static void test_trace(void)
 {
+    char dir[1100];
+    case_dir("trace", dir, sizeof dir);
     char path[1400];
     snprintf(path, sizeof path, "%s/trace.json", dir);
     for (int seg = 0; seg < 2; seg++) {
@@ -117,8 +129,10 @@ static void test_trace(const char *dir)
     CHECK(count(s, "},\n{") == count(s, "\n{") - 1);
 }
 
-static void test_restarts(const char *dir)
+static void test_restarts(void)
 {
+    char dir[1100];
+    case_dir("restarts", dir, sizeof dir);
     char ck[1200], resume_dir[1200];
     mmp_ckpt_step_dir(ck, sizeof ck, dir, 6);
     CHECK_OK(mmp_mkdirs(ck));
@@ -172,8 +186,10 @@ static void test_restarts(const char *dir)
     }
 }
 
-static void test_prune(const char *dir)
+static void test_prune(void)
 {
+    char dir[1100];
+    case_dir("prune", dir, sizeof dir);
     int steps[] = {5, 10, 15, 20, 25};
     char d[1200], f[1400];
     for (int i = 0; i < 5; i++) {
@@ -196,22 +212,14 @@ static void test_prune(const char *dir)
     CHECK(stat(d, &sb) == 0);
 }
 
-int main(void)
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_metrics),
+    MMP_TEST_CASE(test_trace),
+    MMP_TEST_CASE(test_restarts),
+    MMP_TEST_CASE(test_prune),
+};
+
+int main(int argc, char **argv)
 {
-    char dir[1100];
-    snprintf(dir, sizeof dir, "%s", mmp_test_tmpdir("test_records"));
-    char sub[1200];
-    snprintf(sub, sizeof sub, "%s/metrics", dir);
-    CHECK_OK(mmp_mkdirs(sub));
-    test_metrics(sub);
-    snprintf(sub, sizeof sub, "%s/trace", dir);
-    CHECK_OK(mmp_mkdirs(sub));
-    test_trace(sub);
-    snprintf(sub, sizeof sub, "%s/restarts", dir);
-    CHECK_OK(mmp_mkdirs(sub));
-    test_restarts(sub);
-    snprintf(sub, sizeof sub, "%s/prune", dir);
-    CHECK_OK(mmp_mkdirs(sub));
-    test_prune(sub);
-    return mmp_test_finish("test_records");
+    return MMP_TEST_MAIN("test_records", cases, argc, argv);
 }

@@ -789,30 +789,45 @@ exit:
     mmp_reduce_close(fr[1].r);
 }
 
-int main(void)
+/* Every case ends with nothing of its own in /dev/shm and every child it
+ * forked reaped: none is left, zombie or running. */
+static void run_case(const char *name, void (*fn)(void))
+{
+    int before = mmp_test_failures;
+    double t0 = now_ms();
+    fn();
+    CHECK(mmp_test_shm_count(prefix, 1) == 0);
+    CHECK(waitpid(-1, NULL, WNOHANG) == -1 && errno == ECHILD);
+    fprintf(stderr, "%-12s %s (%.0f ms)\n", name, mmp_test_failures == before ? "ok" : "FAILED",
+            now_ms() - t0);
+}
+
+#define CASE(fn, name)                                                                             \
+    static void case_##fn(void)                                                                    \
+    {                                                                                              \
+        run_case(name, test_##fn);                                                                 \
+    }
+CASE(single, "single")
+CASE(rounds_2, "rounds-2")
+CASE(rounds_3, "rounds-3")
+CASE(rounds_4, "rounds-4")
+CASE(killed, "killed")
+CASE(absent_peer, "absent-peer")
+CASE(geometry, "geometry")
+CASE(mismatch, "n-mismatch")
+CASE(forged, "forged")
+
+static const mmp_test_case cases[] = {
+    {"single", case_single},     {"rounds-2", case_rounds_2},   {"rounds-3", case_rounds_3},
+    {"rounds-4", case_rounds_4}, {"killed", case_killed},       {"absent-peer", case_absent_peer},
+    {"geometry", case_geometry}, {"n-mismatch", case_mismatch}, {"forged", case_forged},
+};
+
+int main(int argc, char **argv)
 {
     snprintf(prefix, sizeof prefix, "/mmpipe-test-reduce-%d-", (int)getpid());
     alarm(300);
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {
-        {"single", test_single},     {"rounds-2", test_rounds_2},
-        {"rounds-3", test_rounds_3}, {"rounds-4", test_rounds_4},
-        {"killed", test_killed},     {"absent-peer", test_absent_peer},
-        {"geometry", test_geometry}, {"n-mismatch", test_mismatch},
-        {"forged", test_forged},
-    };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int before = mmp_test_failures;
-        double t0 = now_ms();
-        cases[c].fn();
-        CHECK(mmp_test_shm_count(prefix, 1) == 0);
-        fprintf(stderr, "%-12s %s (%.0f ms)\n", cases[c].name,
-                mmp_test_failures == before ? "ok" : "FAILED", now_ms() - t0);
-    }
-    /* Every child was reaped: none is left, zombie or running. */
-    CHECK(waitpid(-1, NULL, WNOHANG) == -1 && errno == ECHILD);
+    int rc = MMP_TEST_MAIN("test_reduce", cases, argc, argv);
     mmp_shm_unlink_prefix(prefix); /* whatever a failure left */
-    return mmp_test_finish("test_reduce");
+    return rc;
 }

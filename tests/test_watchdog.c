@@ -9,7 +9,7 @@
 #include "coordinator/watchdog.h"
 #include "tests/harness.h"
 
-int main(void)
+static void test_stall(void)
 {
     pid_t child = fork();
     if (child == 0) {
@@ -47,5 +47,13 @@ int main(void)
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
     CHECK(mmp_watchdog_proc_state((int)child) == '?');
-    return mmp_test_finish("test_watchdog");
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_stall),
+};
+
+int main(int argc, char **argv)
+{
+    return MMP_TEST_MAIN("test_watchdog", cases, argc, argv);
 }
