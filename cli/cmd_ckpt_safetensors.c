@@ -141,15 +141,16 @@ int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *
     }
     const mmp_ckpt_entry *wte = mmp_ckpt_find(&c, "text.embed.wte");
     if (!wte || wte->t.ndim != 2) {
-        err = mmp_errorf(MMP_ERR_DATA, "%s: no 2-d tensor text.embed.wte (the vocabulary size "
-                         "comes from it)", file);
+        err = mmp_errorf(MMP_ERR_DATA,
+                         "%s: no 2-d tensor text.embed.wte (the vocabulary size "
+                         "comes from it)",
+                         file);
         goto exit;
     }
     uint64_t seed = (uint64_t)plan.job.seed;
-    if ((err = mmp_image_net_create(&img, &plan, 0, mmp_image_net_layers(&plan), seed)) !=
-            MMP_OK ||
-        (err = mmp_text_net_create(&txt, &plan, (int)wte->t.shape[0], 0,
-                                   mmp_text_net_layers(&plan), seed)) != MMP_OK ||
+    if ((err = mmp_image_net_create(&img, &plan, 0, mmp_image_net_layers(&plan), seed)) != MMP_OK ||
+        (err = mmp_text_net_create(&txt, &plan, (int)wte->t.shape[0], 0, mmp_text_net_layers(&plan),
+                                   seed)) != MMP_OK ||
         (err = mmp_fusion_net_create(&fus, &plan, seed)) != MMP_OK) {
         goto exit;
     }
@@ -157,8 +158,10 @@ int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *
                              mmp_fusion_net_params(fus)};
     for (int i = 0; i < c.count; i++) {
         if (!known(tables, 3, c.entries[i].name)) {
-            err = mmp_errorf(MMP_ERR_DATA, "%s: tensor %s is not a parameter of the model %s "
-                             "describes", file, c.entries[i].name, plan_path);
+            err = mmp_errorf(MMP_ERR_DATA,
+                             "%s: tensor %s is not a parameter of the model %s "
+                             "describes",
+                             file, c.entries[i].name, plan_path);
             goto exit;
         }
     }

@@ -225,7 +225,8 @@ static int fail_at(parser *ps, const char *why, const char *name)
 
 static void skip_ws(parser *ps)
 {
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) {
+    while (ps->p < ps->end &&
+           (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) {
         ps->p++;
     }
 }
@@ -535,9 +536,9 @@ static mmp_err check_descs(const char *path, st_desc *d, int n, uint64_t data_le
             uint64_t s = (uint64_t)d[i].shape[k];
             empty |= s == 0;
             /* bounded by the data length, so the product never overflows */
-            numel = s == 0 || numel == UINT64_MAX         ? numel
+            numel = s == 0 || numel == UINT64_MAX      ? numel
                     : numel > data_len / esize / s + 1 ? UINT64_MAX
-                                                         : numel * s;
+                                                       : numel * s;
         }
         uint64_t bytes = empty ? 0 : numel == UINT64_MAX ? UINT64_MAX : numel * esize;
         if (d[i].begin > d[i].end || d[i].end > data_len) {
@@ -619,11 +620,11 @@ mmp_err mmp_safetensors_read(mmp_ckpt *c, const char *path, mmp_st_meta *meta)
         hlen = hlen << 8 | len8[i];
     }
     if (hlen < 2 || hlen > MMP_ST_HEADER_MAX || hlen > size - 8) {
-        ret = mmp_errorf(MMP_ERR_DATA,
-                         "%s:0: header length %llu is impossible (file has %llu bytes, limit %u): "
-                         "not a safetensors file, or truncated",
-                         path, (unsigned long long)hlen, (unsigned long long)size,
-                         MMP_ST_HEADER_MAX);
+        ret =
+            mmp_errorf(MMP_ERR_DATA,
+                       "%s:0: header length %llu is impossible (file has %llu bytes, limit %u): "
+                       "not a safetensors file, or truncated",
+                       path, (unsigned long long)hlen, (unsigned long long)size, MMP_ST_HEADER_MAX);
         goto exit;
     }
     buf = malloc(size - 8 ? size - 8 : 1);
