@@ -86,7 +86,7 @@ static mmp_err add_zero(mmp_ckpt *c, const char *name, const mmp_param *q)
 /* Whether name is a value or moment of a parameter in one of the tables. */
 static int known(mmp_params *const *tables, int n_tables, const char *name)
 {
-    char base[MMP_NAME_MAX + 16];
+    char base[sizeof(((mmp_ckpt_entry *)0)->name)];
     snprintf(base, sizeof base, "%s", name);
     if (is_moment(base)) {
         base[strlen(base) - 7] = 0;
