@@ -67,7 +67,7 @@
 #define GRAD_ATOL 1e-4
 #define GRAD_RTOL 1e-4
 #define GRAD_FLOOR 1e-7 /* gradients that are zero but for rounding: see above */
-#define STAT_ATOL 1e-5 /* running statistics: one forward, no cancellation */
+#define STAT_ATOL 1e-5  /* running statistics: one forward, no cancellation */
 #define STAT_RTOL 1e-5
 
 typedef struct model {
@@ -219,8 +219,8 @@ static int compare(const char *name, const float *got, const float *ref, size_t 
     }
     double atol = atol_scale * scale + floor;
     if (!quiet) {
-        printf("  %-40s n=%-6zu max|ref|=%-10.3g max_abs=%-10.3g max_rel=%-10.3g atol=%.3g\n",
-               name, n, scale, max_abs, max_rel, atol);
+        printf("  %-40s n=%-6zu max|ref|=%-10.3g max_abs=%-10.3g max_rel=%-10.3g atol=%.3g\n", name,
+               n, scale, max_abs, max_rel, atol);
     }
     return mmp_test_close(name, got, ref, n, atol, rtol);
 }
@@ -326,9 +326,9 @@ static void test_matches_pytorch(void)
             }
             p->be->ops->to_host(p->be, host, q->trainable ? q->g : q->w, q->n * sizeof(float));
             compared++;
-            failed += !compare(name, host, e->t.data, q->n, q->trainable ? GRAD_ATOL : STAT_ATOL,
-                               q->trainable ? GRAD_FLOOR : 0, q->trainable ? GRAD_RTOL : STAT_RTOL,
-                               0);
+            failed +=
+                !compare(name, host, e->t.data, q->n, q->trainable ? GRAD_ATOL : STAT_ATOL,
+                         q->trainable ? GRAD_FLOOR : 0, q->trainable ? GRAD_RTOL : STAT_RTOL, 0);
         }
         free(host);
     }
