@@ -31,7 +31,8 @@ static const char USAGE[] =
     "name FILE:byte-offset and the tensor), loads it into the model PLAN describes\n"
     "(every parameter and batch-norm buffer must be there with its shape; a name the\n"
     "model lacks is an error; the vocabulary size is text.embed.wte's rows) and\n"
-    "writes RUN_DIR/ckpt/step_0000000 + ckpt/latest. AdamW moments the file lacks\n"
+    "writes RUN_DIR/ckpt/step_0000000 + ckpt/latest (RUN_DIR must hold no checkpoints\n"
+    "yet). AdamW moments the file lacks\n"
     "start at zero. Train from it with: mmpipe launch PLAN.yaml --resume RUN_DIR\n";
 
 static double value_at(const mmp_tensor *t, int64_t i)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "common/ckpt.h"
@@ -135,6 +136,14 @@ int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *
     mmp_err err = MMP_OK;
     int filled = 0;
     char dir[1100];
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s/ckpt", out);
+    if (stat(dir, &st) == 0) {
+        /* never repoint another run's latest at step 0 */
+        err = mmp_errorf(MMP_ERR_INVALID,
+                         "%s already holds checkpoints; import into a new directory", out);
+        goto exit;
+    }
     if ((err = mmp_plan_load(&plan, plan_path, sets, n_sets)) != MMP_OK ||
         (err = mmp_safetensors_read(&c, file, NULL)) != MMP_OK) {
         goto exit;

@@ -6,7 +6,8 @@
 #  plain:      an export without moments imports with fresh (zero) moments;
 #  untrusted:  a truncated file, a file for another model and a file with a
 #              stray tensor are refused naming the file, offset or tensor,
-#              and leave no checkpoint behind.
+#              and leave no checkpoint behind; an import never lands in a
+#              directory that already holds checkpoints.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_ckpt_safetensors
@@ -53,5 +54,7 @@ else
 fi
 [ ! -e "$W/x1" ] && [ ! -e "$W/x2" ] && [ ! -e "$W/x3" ] \
   && ok "refused imports leave nothing behind" || fail "refused imports left files"
+expect_fail "import into a run that has checkpoints refused" "already holds checkpoints" \
+  "$BIN" ckpt import "$W/w.safetensors" --plan $P -o "$W/run"
 expect_fail "unknown format refused" "only safetensors" "$BIN" ckpt export "$W/run" --format onnx -o "$W/x.onnx"
 finish
