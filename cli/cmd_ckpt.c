@@ -32,8 +32,8 @@ static const char USAGE[] =
     "(every parameter and batch-norm buffer must be there with its shape; a name the\n"
     "model lacks is an error; the vocabulary size is text.embed.wte's rows) and\n"
     "writes RUN_DIR/ckpt/step_0000000 + ckpt/latest (RUN_DIR must hold no checkpoints\n"
-    "yet). AdamW moments the file lacks\n"
-    "start at zero. Train from it with: mmpipe launch PLAN.yaml --resume RUN_DIR\n";
+    "yet). AdamW moments the file lacks start at zero. Train from it with:\n"
+    "  mmpipe launch PLAN.yaml --resume RUN_DIR\n";
 
 static double value_at(const mmp_tensor *t, int64_t i)
 {
