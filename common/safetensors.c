@@ -548,12 +548,17 @@ static mmp_err check_descs(const char *path, st_desc *d, int n, uint64_t data_le
                               path, d[i].at, d[i].name, (unsigned long long)d[i].begin,
                               (unsigned long long)d[i].end, (unsigned long long)data_len);
         }
+        if (bytes == UINT64_MAX) {
+            return mmp_errorf(MMP_ERR_DATA,
+                              "%s:%lld: tensor %s: shape and dtype make more bytes than the file "
+                              "holds",
+                              path, d[i].at, d[i].name);
+        }
         if (bytes != d[i].end - d[i].begin) {
             return mmp_errorf(MMP_ERR_DATA,
-                              "%s:%lld: tensor %s: shape and dtype make %s bytes, data_offsets "
+                              "%s:%lld: tensor %s: shape and dtype make %llu bytes, data_offsets "
                               "span %llu",
-                              path, d[i].at, d[i].name,
-                              bytes == UINT64_MAX ? "more than the file's" : "a different count",
+                              path, d[i].at, d[i].name, (unsigned long long)bytes,
                               (unsigned long long)(d[i].end - d[i].begin));
         }
     }

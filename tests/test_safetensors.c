@@ -127,11 +127,12 @@ static void test_forged(void)
     refused("header length beyond the file", p, "header length");
 
     write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8);
-    refused("shape and offsets disagree", p, "tensor a: shape and dtype");
+    refused("shape and offsets disagree", p,
+            "tensor a: shape and dtype make 12 bytes, data_offsets span 8");
     write_raw(
         p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}",
         8);
-    refused("shape product overflows", p, "more than the file's");
+    refused("shape product overflows", p, "more bytes than the file holds");
     write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 8);
     refused("offsets past the end", p, "tensor a: data_offsets");
     write_raw(p,
