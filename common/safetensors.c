@@ -562,7 +562,9 @@ static mmp_err check_descs(const char *path, st_desc *d, int n, uint64_t data_le
                               (unsigned long long)(d[i].end - d[i].begin));
         }
     }
-    qsort(d, (size_t)n, sizeof *d, by_name);
+    if (n > 1) { /* qsort and memcpy want real pointers even for nothing */
+        qsort(d, (size_t)n, sizeof *d, by_name);
+    }
     for (int i = 1; i < n; i++) {
         if (strcmp(d[i - 1].name, d[i].name) == 0) {
             return mmp_errorf(MMP_ERR_DATA, "%s:%lld: tensor %s appears twice", path, d[i].at,
@@ -576,7 +578,9 @@ static mmp_err check_descs(const char *path, st_desc *d, int n, uint64_t data_le
     for (int i = 0; i < n; i++) {
         order[i] = &d[i];
     }
-    qsort(order, (size_t)n, sizeof *order, by_begin);
+    if (n > 1) {
+        qsort(order, (size_t)n, sizeof *order, by_begin);
+    }
     uint64_t at = 0;
     for (int i = 0; i < n && ret == MMP_OK; i++) {
         if (order[i]->begin != at) {
@@ -672,10 +676,14 @@ mmp_err mmp_safetensors_read(mmp_ckpt *c, const char *path, mmp_st_meta *meta)
             MMP_OK) {
             goto exit;
         }
-        memcpy(e->t.data, data + descs[i].begin, (size_t)(descs[i].end - descs[i].begin));
+        if (descs[i].end > descs[i].begin) {
+            memcpy(e->t.data, data + descs[i].begin, (size_t)(descs[i].end - descs[i].begin));
+        }
         c->count++;
     }
-    qsort(c->entries, (size_t)c->count, sizeof *c->entries, cmp_entry);
+    if (c->count > 1) {
+        qsort(c->entries, (size_t)c->count, sizeof *c->entries, cmp_entry);
+    }
 exit:
     /* New entries sit after the old ones until the final sort: a failure
      * gives back exactly what this call added. */
