@@ -48,6 +48,15 @@ int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, i
                   char **argv, mmp_cli_args *args);
 void mmp_cli_args_fini(mmp_cli_args *args);
 
+/* ckpt export / import (cli/cmd_ckpt_safetensors.c), after argument parsing:
+ * exit statuses as above, errors printed. export: the checkpoint src (a step
+ * directory, ckpt/latest or a run) to the safetensors file out, optimizer
+ * moments only when optimizer. import: the safetensors file into the run
+ * directory out as its step-0 checkpoint for the plan (with --set overrides). */
+int mmp_ckpt_export(const char *src, const char *out, int optimizer);
+int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *sets, int n_sets,
+                    const char *out);
+
 /* Shared argument handling of commands that take one PLAN.yaml: arg is an
  * argument that matched none of the command's options. Records it as the
  * plan (the first non-option) or prints the usage error; returns 0, or 2

@@ -1,4 +1,5 @@
-/* mmpipe ckpt diff: compare two checkpoints tensor by tensor. */
+/* mmpipe ckpt: diff compares two checkpoints tensor by tensor; export and
+ * import convert to and from safetensors (cli/cmd_ckpt_safetensors.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,14 +10,30 @@
 
 static const char USAGE[] =
     "usage: mmpipe ckpt diff A B [--tol X] [--quiet]\n"
+    "       mmpipe ckpt export CKPT --format safetensors -o FILE [--optimizer]\n"
+    "       mmpipe ckpt import FILE.safetensors --plan PLAN.yaml [--set k=v]... -o RUN_DIR\n"
     "\n"
-    "A and B are checkpoint directories (ckpt/step_NNNNNNN), a run's ckpt/latest,\n"
+    "diff: A and B are checkpoint directories (ckpt/step_NNNNNNN), a run's ckpt/latest,\n"
     "or run directories (their ckpt/latest is used). Prints one line per tensor\n"
     "that differs; the last line is\n"
     "  max_abs_diff=<x> max_rel_diff=<y>\n"
     "where rel = |a-b| / max(|a|,|b|) per element (0 where both are 0).\n"
     "Exit status: 0 when both hold the same tensors with the same shapes (and,\n"
-    "with --tol, max_rel_diff <= X); 1 otherwise; 2 on usage errors.\n";
+    "with --tol, max_rel_diff <= X); 1 otherwise; 2 on usage errors.\n"
+    "\n"
+    "export: writes the checkpoint's parameters and batch-norm statistics as one\n"
+    "safetensors file (F32, mmpipe's names and layouts, e.g. image.layer1.0.conv1.weight\n"
+    "(out,in,kh,kw), linear weights (out,in)); PyTorch loads it with safetensors or\n"
+    "bench/torch/mmpipe_ref.py. --optimizer adds the AdamW moments (<name>.adam_m,\n"
+    "<name>.adam_v). Metadata: format=mmpipe, step=<steps done>.\n"
+    "\n"
+    "import: reads FILE (untrusted: every offset, shape and dtype is checked; errors\n"
+    "name FILE:byte-offset and the tensor), loads it into the model PLAN describes\n"
+    "(every parameter and batch-norm buffer must be there with its shape; a name the\n"
+    "model lacks is an error; the vocabulary size is text.embed.wte's rows) and\n"
+    "writes RUN_DIR/ckpt/step_0000000 + ckpt/latest (RUN_DIR must hold no checkpoints\n"
+    "yet). AdamW moments the file lacks start at zero. Train from it with:\n"
+    "  mmpipe launch PLAN.yaml --resume RUN_DIR\n";
 
 static double value_at(const mmp_tensor *t, int64_t i)
 {
@@ -117,11 +134,63 @@ static int diff(const char *pa, const char *pb, double tol, int quiet)
     return tol >= 0 && max_rel > tol ? 1 : 0;
 }
 
+/* export and import: argv[1] is the subcommand. */
+static int convert(int argc, char **argv)
+{
+    const char *cmd = argv[1], *src = NULL, *out = NULL, *format = NULL, *plan = NULL;
+    const char **sets = calloc((size_t)argc + 1, sizeof *sets);
+    int n_sets = 0, optimizer = 0, ret = 2;
+    if (!sets) {
+        return 1;
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(USAGE, stdout);
+            ret = 0;
+            goto exit;
+        } else if ((strcmp(a, "-o") == 0 || strcmp(a, "--out") == 0) && has_value) {
+            out = argv[++i];
+        } else if (strcmp(a, "--format") == 0 && has_value) {
+            format = argv[++i];
+        } else if (strcmp(a, "--plan") == 0 && has_value && cmd[0] == 'i') {
+            plan = argv[++i];
+        } else if (strcmp(a, "--set") == 0 && has_value && cmd[0] == 'i') {
+            sets[n_sets++] = argv[++i];
+        } else if (strcmp(a, "--optimizer") == 0 && cmd[0] == 'e') {
+            optimizer = 1;
+        } else if (a[0] == '-' || src) {
+            fprintf(stderr, "mmpipe ckpt %s: unexpected '%s'\n\n%s", cmd, a, USAGE);
+            goto exit;
+        } else {
+            src = a;
+        }
+    }
+    if (format && strcmp(format, "safetensors") != 0) {
+        fprintf(stderr, "mmpipe ckpt %s: --format %s: only safetensors is known\n", cmd, format);
+    } else if (!src || !out) {
+        fprintf(stderr, "mmpipe ckpt %s: needs a %s and -o\n\n%s", cmd,
+                cmd[0] == 'e' ? "checkpoint" : "safetensors file", USAGE);
+    } else if (cmd[0] == 'i' && !plan) {
+        fprintf(stderr, "mmpipe ckpt import: needs --plan PLAN.yaml (the model to load into)\n");
+    } else {
+        ret = cmd[0] == 'e' ? mmp_ckpt_export(src, out, optimizer)
+                            : mmp_ckpt_import(src, plan, sets, n_sets, out);
+    }
+exit:
+    free(sets);
+    return ret;
+}
+
 int mmp_cmd_ckpt(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         fputs(USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "export") == 0 || strcmp(argv[1], "import") == 0) {
+        return convert(argc, argv);
     }
     if (strcmp(argv[1], "diff") != 0) {
         fprintf(stderr, "mmpipe ckpt: unknown subcommand '%s'\n\n%s", argv[1], USAGE);

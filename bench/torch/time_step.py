@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Times one training step of the PyTorch reference (eager, CPU), as mmpipe
+--single-process runs it: the plan's micro-batches forward and backward
+(k/batch loss weights), global-norm gradient clipping and an AdamW step
+(weight decay on conv/linear weights only, as nn/params.c marks them).
+
+The model is built from a run's resolved plan.json and, when given, loads an
+mmpipe export (`mmpipe ckpt export RUN --format safetensors -o FILE`), so it
+is the very model mmpipe trained. The batch has the plan's shapes with values
+from a fixed seed (images N(0,1), captions of random lengths): neither
+implementation's cost depends on the values.
+
+Prints one line: `torch_step_ms median=<ms> min=<ms> steps=<n> threads=<t>`.
+Used by bench/torch_vs_mmpipe.sh.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mmpipe_ref as ref  # noqa: E402
+
+
+def make_batch(cfg, batch, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    S, T = cfg["image_size"], cfg["max_text_len"]
+    images = torch.randn(batch, 3, S, S, generator=g)
+    lengths = torch.randint(2, T + 1, (batch,), generator=g)
+    ids = torch.randint(2, vocab, (batch, T), generator=g)
+    ids[:, 0] = 1
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
+    ids = ids * mask.long()
+    return images, ids, mask
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan-json", required=True, help="a run's plan.json (mmpipe launch writes it)")
+    ap.add_argument("--weights", help="mmpipe export (.safetensors) to load; default: random init")
+    ap.add_argument("--vocab", type=int, default=0, help="vocabulary size without --weights")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup)")
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    plan = ref.load_plan_json(args.plan_json)
+    tensors = ref.read_safetensors(args.weights)[0] if args.weights else None
+    vocab = tensors["text.embed.wte"].shape[0] if tensors else args.vocab
+    if vocab < 3:
+        sys.exit("time_step.py: give --weights or --vocab")
+    cfg = ref.config_from_plan(plan, vocab)
+    torch.manual_seed(0)
+    model = ref.MMPipeRef(cfg)
+    if tensors:
+        model.load_mmpipe(tensors)
+    model.train()
+
+    tr = plan["train"]
+    opt_cfg = tr["optimizer"]
+    decay = [p for n, p in model.named_parameters() if n.endswith(".weight") and p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if not (n.endswith(".weight") and p.dim() >= 2)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": opt_cfg["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=opt_cfg["lr"], betas=(opt_cfg["beta1"], opt_cfg["beta2"]),
+                            eps=opt_cfg["eps"])
+    images, ids, mask = make_batch(cfg, tr["batch"], vocab, 1)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss, _, _ = model.step_loss(images, ids, mask, tr["microbatches"])
+        loss.backward()
+        if tr.get("clip_grad_norm", 0) > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tr["clip_grad_norm"])
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    print(f"torch_step_ms median={statistics.median(times):.2f} min={min(times):.2f} "
+          f"steps={len(times)} threads={torch.get_num_threads()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# One training step, mmpipe --single-process against the PyTorch reference
+# (bench/torch/mmpipe_ref.py, eager, CPU): same model (the plan's, and
+# PyTorch loads the weights mmpipe exported), same batch shapes and
+# micro-batches, same optimizer, same thread count. Runs alternate
+# (mmpipe, torch, mmpipe, torch, ...) so drift on a shared machine hits both;
+# each run's figure is the median over its timed steps, the table shows the
+# median over runs. Prints a Markdown table.
+#
+# mmpipe's figure is metrics.jsonl's step_ms minus data_ms (the step without
+# waiting for the loader; eval and checkpoints are off), over steps after
+# the first two. PyTorch's is bench/torch/time_step.py's (warm-up 2 steps).
+#
+# usage: bench/torch_vs_mmpipe.sh [PLAN.yaml] [--steps N] [--reps R]
+#                                 [--threads "1 2"] [--data MANIFEST]
+# Needs build/mmpipe and a python3 with torch ($PYTHON, default python3;
+# Debian: apt-get install python3-torch, then PYTHON=/usr/bin/python3).
+# Without --data the plan's manifest is used, or a small synthetic set is
+# made under $MMP_TMP (default /tmp/mmpipe-bench-torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PLAN=configs/demo.yaml STEPS=12 REPS=3 THREADS="1 2" DATA=""
+PYTHON=${PYTHON:-python3}
+BIN=${MMP_BIN:-build/mmpipe}
+TMP=${MMP_TMP:-/tmp/mmpipe-bench-torch}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --steps) STEPS=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --data) DATA=$2; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) PLAN=$1; shift ;;
+  esac
+done
+"$PYTHON" -c 'import torch' 2>/dev/null || { echo "torch_vs_mmpipe: $PYTHON has no torch (set PYTHON)" >&2; exit 2; }
+mkdir -p "$TMP"
+if [ -z "$DATA" ]; then
+  if [ -f data/shapes/train.jsonl ] && grep -q 'data/shapes/train.jsonl' "$PLAN"; then
+    DATA=data/shapes/train.jsonl
+  else
+    DATA=$TMP/shapes/train.jsonl
+    [ -f "$DATA" ] || "$BIN" data synth --out "$TMP/shapes" --samples 2000 --seed 1 >/dev/null
+  fi
+fi
+
+# mmpipe_run THREADS OUT: one single-process run; prints its median step ms.
+mmpipe_run() {
+  "$BIN" launch "$PLAN" --single-process --force --out "$2" --steps "$STEPS" \
+    --set data.manifest="$DATA" --set train.threads="$1" --set train.eval_every=0 \
+    --set train.final_eval=false --set train.ckpt_every=0 >"$2.log" 2>&1 \
+    || { echo "torch_vs_mmpipe: mmpipe failed, see $2.log" >&2; tail -5 "$2.log" >&2; exit 1; }
+  "$PYTHON" - "$2/metrics.jsonl" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ms = [r["step_ms"] - r.get("data_ms", 0) for r in rows if r.get("step", 0) > 2]
+print(f"{statistics.median(ms):.2f}")
+EOF
+}
+
+declare -A runs
+weights=""
+for rep in $(seq "$REPS"); do
+  for t in $THREADS; do
+    out=$TMP/mmpipe-t$t
+    m=$(OMP_NUM_THREADS=$t mmpipe_run "$t" "$out")
+    if [ -z "$weights" ]; then
+      weights=$TMP/weights.safetensors
+      "$BIN" ckpt export "$out" --format safetensors -o "$weights" >/dev/null
+      cp "$out/plan.json" "$TMP/plan.json"
+    fi
+    p=$(OMP_NUM_THREADS=$t "$PYTHON" bench/torch/time_step.py --plan-json "$TMP/plan.json" \
+          --weights "$weights" --threads "$t" --steps $((STEPS - 2)) \
+        | sed -E 's/.*median=([0-9.]+).*/\1/')
+    runs[mmpipe,$t]+="$m "
+    runs[torch,$t]+="$p "
+    echo "rep $rep threads $t: mmpipe $m ms, torch $p ms" >&2
+  done
+done
+
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)')
+echo
+echo "One training step of $PLAN ($(nproc) CPUs; median of $REPS alternating runs, each the median of $((STEPS - 2)) steps; torch $torch_version eager)"
+echo
+echo "| threads | mmpipe --single-process (ms/step) | PyTorch eager (ms/step) | mmpipe / PyTorch |"
+echo "|--:|--:|--:|--:|"
+for t in $THREADS; do
+  m=$(echo "${runs[mmpipe,$t]}" | median)
+  p=$(echo "${runs[torch,$t]}" | median)
+  printf "| %s | %.1f | %.1f | %.2f |\n" "$t" "$m" "$p" "$(echo "$m / $p" | bc -l)"
+done
