@@ -160,7 +160,7 @@ static mmp_err run_step(model *m, const float *images, const int32_t *ids, const
     if ((ret = mmp_image_acts_create(&ia, m->img, mb_max)) != MMP_OK ||
         (ret = mmp_text_acts_create(&ta, m->txt, mb_max)) != MMP_OK ||
         (ret = mmp_fusion_acts_create(&fa, m->fus, mb_max)) != MMP_OK ||
-        (ret = mmp_fuse_init(&fuse, mb_max, (size_t)img_row, T, D)) != MMP_OK) {
+        (ret = mmp_fuse_init(&fuse, mmp_backend_cpu(), mb_max, (size_t)img_row, T, D)) != MMP_OK) {
         goto exit;
     }
     memset(parts, 0, sizeof *parts);
