@@ -5,7 +5,13 @@
 #     model (configs/seed-scale.yaml on cuda:0) as one process, and as the
 #     three-process pipeline on one GPU with gpipe and 1f1b: the median of
 #     steps 4..N of metrics.jsonl's samples_per_s;
-#  2. peak device memory of each stage (arena + workspace) at the last step.
+#  2. peak device memory of each stage (arena + workspace) at the last step;
+#  3. where python3 has a CUDA PyTorch: the PyTorch reference of the same
+#     model (bench/torch/mmpipe_ref.py, built from the mmpipe run's
+#     plan.json; same batch, micro-batches, clipping and AdamW) timed by
+#     bench/torch/time_step.py: eager fp32, eager with autocast bf16, and
+#     torch.compile fp32 (where it compiles within 150 s); samples/s =
+#     batch / median step time, peak = torch.cuda.max_memory_allocated.
 # Prints a Markdown table (for the README).
 #   bench/gpu.sh [--bin build/mmpipe] [--out runs/bench-gpu] [--steps N] [--seed-steps N]
 set -uo pipefail
@@ -20,7 +26,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --seed-steps) SEED_STEPS=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench/gpu.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -40,16 +46,17 @@ echo "| model | run | samples/s | peak device memory per stage (MiB) |"
 echo "|---|---|---:|---|"
 row() { # MODEL NAME PLAN DATA STEPS ARGS...
   local model=$1 name=$2 plan=$3 data=$4 steps=$5; shift 5
+  local run=$OUT/$model-$(tr -c 'a-zA-Z0-9\n' '_' <<<"$name")
   say "$model $name ..."
-  if ! "$BIN" launch "$plan" --out "$OUT/$model-$name" --force --set "data.manifest=$data" \
+  if ! "$BIN" launch "$plan" --out "$run" --force --set "data.manifest=$data" \
        --set "job.steps=$steps" --set train.eval_every=0 --set train.final_eval=false \
-       --set "$one_gpu" "$@" >"$OUT/$model-$name.log" 2>&1; then
-    echo "| $model | $name | failed: $(grep -m1 error "$OUT/$model-$name.log" | cut -c1-120) | |"
+       --set "$one_gpu" "$@" >"$run.log" 2>&1; then
+    echo "| $model | $name | failed: $(grep -m1 error "$run.log" | cut -c1-120) | |"
     return
   fi
   local sps mem
-  sps=$(metric "$OUT/$model-$name/metrics.jsonl" samples_per_s 4 "$steps" | median)
-  mem=$(tail -1 "$OUT/$model-$name/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","replica":0[^}]*"peak_mem_bytes":[0-9.e+]*' \
+  sps=$(metric "$run/metrics.jsonl" samples_per_s 4 "$steps" | median)
+  mem=$(tail -1 "$run/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","replica":0[^}]*"peak_mem_bytes":[0-9.e+]*' \
     | sed -E 's/"name":"([^"]*)".*"peak_mem_bytes":(.*)/\1 \2/' | awk '{ printf "%s%s %.0f", (NR > 1 ? ", " : ""), $1, $2 / 1048576 }')
   echo "| $model | $name | $sps | $mem |"
 }
@@ -61,3 +68,47 @@ for r in "single --single-process" "gpipe --set train.schedule=gpipe" "1f1b --se
   set -- $r
   row seed-scale "$1" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" "${@:2}"
 done
+# The same pipelines under CUDA MPS (the three processes' kernels may then
+# share the GPU at once instead of time-slicing), where the daemon exists.
+if command -v nvidia-cuda-mps-control >/dev/null && [ "${MMP_BENCH_MPS:-1}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=$OUT/mps-pipe CUDA_MPS_LOG_DIRECTORY=$OUT/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d 2>"$OUT/mps.err"; then
+    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
+    row demo "1f1b, MPS" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
+    row seed-scale "1f1b, MPS" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
+    row seed-scale "single, MPS" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --single-process
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; trap - EXIT
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  else
+    say "MPS daemon did not start: $(cat "$OUT/mps.err")"
+  fi
+fi
+PYTHON=${PYTHON:-python3}
+if "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+  torch_row() { # MODEL RUN STEPS ARGS...: the reference beside mmpipe's run RUN
+    local model=$1 run=$2 steps=$3; shift 3
+    local vocab out batch ms
+    vocab=$(grep -c . "$(sed -nE 's/.*"vocab": *"([^"]*)".*/\1/p' "$OUT/$model-single/plan.json")" 2>/dev/null || echo 0)
+    say "$model torch $* ..."
+    out=$(timeout 150 "$PYTHON" bench/torch/time_step.py --plan-json "$OUT/$model-single/plan.json" \
+      --vocab "$vocab" --device cuda --steps "$steps" --warmup 3 "$@" 2>"$OUT/$model-torch-$run.err" | tail -1)
+    ms=$(sed -nE 's/.*median=([0-9.]+).*/\1/p' <<<"$out"); batch=$(sed -nE 's/.* batch=([0-9]+).*/\1/p' <<<"$out")
+    if [ -z "$ms" ]; then
+      echo "| $model | PyTorch $run | failed: $(grep -v '^ ' "$OUT/$model-torch-$run.err" | tail -1 | cut -c1-100) | |"
+      return
+    fi
+    local peak; peak=$(sed -nE 's/.*peak_mem_bytes=([0-9]+).*/\1/p' <<<"$out")
+    echo "| $model | PyTorch $run | $(awk -v b="$batch" -v m="$ms" 'BEGIN { printf "%.1f", b * 1000 / m }') | $(awk -v p="$peak" 'BEGIN { printf "%.0f", p / 1048576 }') (one process) |"
+  }
+  for model in demo seed-scale; do
+    steps=$([ $model = demo ] && echo 20 || echo 8)
+    torch_row $model "eager fp32" $steps
+    torch_row $model "eager AMP bf16" $steps --amp bf16
+  done
+  for model in demo seed-scale; do # compiling takes longest: last
+    torch_row $model "compile fp32" $([ $model = demo ] && echo 20 || echo 8) --compile
+  done
+else
+  say "no CUDA PyTorch in $PYTHON: PyTorch rows left out"
+fi

@@ -165,36 +165,19 @@ mmp_err mmp_plan_check_runnable(const mmp_plan *p)
                               rules[i].why);
         }
     }
-    int gpus = 0;
+#ifndef MMP_HAVE_CUDA
     for (int h = 0; h < p->n_hosts; h++) {
         for (int d = 0; d < p->hosts[h].n_devices; d++) {
-            if (p->hosts[h].devices[d] < 0) {
-                continue;
-            }
-#ifndef MMP_HAVE_CUDA
-            return mmp_errorf(MMP_ERR_INVALID,
-                              "hosts[%d].devices[%d]: CUDA device %d, but this mmpipe was built "
-                              "without CUDA (configure with -DMMP_CUDA=ON where nvcc, cuDNN and "
-                              "NCCL are installed)",
-                              h, d, p->hosts[h].devices[d]);
-#endif
-            gpus++;
-        }
-    }
-    /* Replicas of a GPU stage would sum their gradients in device memory
-     * (CUDA IPC or NCCL): not built yet. */
-    const mmp_stage_cfg *stages[] = {&p->stages.image, &p->stages.text, &p->stages.fusion};
-    static const char *const names[] = {"image", "text", "fusion"};
-    for (int b = 0; gpus > 0 && b < 3; b++) {
-        for (int r = 0; r < stages[b]->n_replicas; r++) {
-            if (stages[b]->replicas[r] > 1) {
+            if (p->hosts[h].devices[d] >= 0) {
                 return mmp_errorf(MMP_ERR_INVALID,
-                                  "stages.%s.replicas: replicas on a plan with CUDA devices are "
-                                  "not supported yet (one process per stage on GPUs)",
-                                  names[b]);
+                                  "hosts[%d].devices[%d]: CUDA device %d, but this mmpipe was "
+                                  "built without CUDA (configure with -DMMP_CUDA=ON where nvcc, "
+                                  "cuDNN and NCCL are installed)",
+                                  h, d, p->hosts[h].devices[d]);
             }
         }
     }
+#endif
     return MMP_OK;
 }
 

@@ -127,11 +127,6 @@ static mmp_err open_backend(worker *w)
         w->be = mmp_backend_cpu();
         return MMP_OK;
     }
-    if (w->replicas > 1) {
-        return mmp_errorf(MMP_ERR_INVALID,
-                          "%s: replicas of a GPU stage are not supported yet (cuda:%d)", w->name,
-                          w->gpu);
-    }
 #ifdef MMP_HAVE_CUDA
     MMP_TRY(mmp_backend_create(&w->be, &mmp_backend_cuda_ops, w->gpu));
     MMP_INFO("%s: on cuda:%d", w->name, w->gpu);
@@ -342,6 +337,13 @@ mmp_err worker_build(worker *w)
                              .capacity = cap,
                              .timeout_ms = peer_timeout_ms(w)};
         MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
+        if (w->gpu >= 0) {
+            w->reduce_host = mmp_backend_host_alloc(w->be, w->params->total * sizeof(double));
+            if (!w->reduce_host) {
+                return mmp_errorf(MMP_ERR_NOMEM, "%zu bytes of pinned reduce staging",
+                                  w->params->total * sizeof(double));
+            }
+        }
     }
     return open_channels(w);
 }
@@ -371,6 +373,8 @@ void worker_teardown(worker *w)
     }
     mmp_loader_destroy(w->loader);
     mmp_reduce_close(w->reduce);
+    mmp_backend_host_free(be, w->reduce_host);
+    w->reduce_host = NULL;
     free(w->owns);
     free(w->bn_rows);
     if (w->prog_env) {

@@ -454,7 +454,16 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
 static mmp_err reduce_replicas(worker *w, int step)
 {
     double t0 = mmp_now();
-    MMP_TRY(mmp_reduce_sum_f64(w->reduce, w->params->grad_acc, w->params->total));
+    if (w->reduce_host) {
+        /* a GPU stage: the double sums go through the host's shared-memory
+         * reduce (the same fixed rank order, so still bitwise one process) */
+        size_t bytes = w->params->total * sizeof(double);
+        w->be->ops->to_host(w->be, w->reduce_host, w->params->grad_acc, bytes);
+        MMP_TRY(mmp_reduce_sum_f64(w->reduce, w->reduce_host, w->params->total));
+        w->be->ops->to_device(w->be, w->params->grad_acc, w->reduce_host, bytes);
+    } else {
+        MMP_TRY(mmp_reduce_sum_f64(w->reduce, w->params->grad_acc, w->params->total));
+    }
     if (w->bn_rows && w->bn_row > 0) {
         int m = w->asg->microbatches;
         MMP_TRY(mmp_reduce_sum(w->reduce, w->bn_rows, (size_t)m * (size_t)w->bn_row));

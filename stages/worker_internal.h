@@ -83,8 +83,9 @@ typedef struct worker {
     Mmpipe__Envelope *prog_env;
     unsigned char *owns; /* [microbatches] from the list's LOADs / FWDs */
     int replica, replicas, slot;
-    mmp_reduce *reduce; /* replicas > 1 */
-    float *bn_rows;     /* image replicas: [microbatches][bn_row] batch-norm statistics */
+    mmp_reduce *reduce;  /* replicas > 1 */
+    double *reduce_host; /* replicas of a GPU stage: the gradient sums staged on the host */
+    float *bn_rows;      /* image replicas: [microbatches][bn_row] batch-norm statistics */
     int64_t bn_row;
     mmp_plan plan;
     /* Where this stage computes: its slot's device (mmp_plan_slot_device),

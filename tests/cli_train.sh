@@ -33,10 +33,6 @@ if ! "$BIN" devices | grep -q '^cuda:0'; then
     "hosts\[0\].devices\[0\]: CUDA device 0, but this mmpipe was built without CUDA|backend cuda on device 0" \
     "$BIN" launch "$W/plan.yaml" --out "$W/r_gpu" --set 'hosts=[{name: a, devices: [cuda:0, cpu, cpu]}]'
 fi
-expect_fail "replicas on a plan with CUDA devices are refused by name (not built yet)" \
-  "stages.text.replicas: replicas on a plan with CUDA devices|built without CUDA" \
-  "$BIN" launch "$W/plan.yaml" --out "$W/r_gpurep" --set stages.text.replicas=2 \
-  --set 'hosts=[{name: a, devices: [0, cpu, cpu, cpu]}]'
 mkdir -p "$W/badmani"
 cp "$W/data/vocab.txt" "$W/data/val.jsonl" "$W/badmani/"
 ln -s "$W/data/images" "$W/badmani/images"

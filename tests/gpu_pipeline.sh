@@ -2,8 +2,9 @@
 # The demo model on one GPU (configs/gpu-1.yaml): the image, text and
 # fusion stages as three processes on cuda:0 passing activations and
 # gradients over CUDA IPC.
-#  - 20 steps of the pipeline (1f1b and gpipe) equal 20 steps of the
-#    single process on the same GPU bit for bit (max_abs_diff=0);
+#  - 20 steps of the pipeline (1f1b, gpipe, and 1f1b with two image
+#    replicas whose gradients meet in the host's reduce) equal 20 steps of
+#    the single process on the same GPU bit for bit (max_abs_diff=0);
 #  - the GPU single process against the CPU single process (the reference
 #    kernels): after ONE step no tensor differs by more than 2 lr_1 (AdamW's
 #    first update is lr_1 * sign(g) per weight, so rounding can at most flip
@@ -30,6 +31,9 @@ run() { # NAME PLAN ARGS...
 run gpu_single configs/gpu-1.yaml --single-process
 run gpu_1f1b configs/gpu-1.yaml
 run gpu_gpipe configs/gpu-1.yaml --set train.schedule=gpipe
+# two image replicas on the GPU: their gradients summed through the host's reduce
+run gpu_replicas configs/gpu-1.yaml --set stages.image.replicas=2 \
+  --set "hosts=[{name: localhost, devices: [cuda:0, cuda:0, cuda:0, cuda:0]}]"
 run cpu_single configs/demo.yaml --single-process
 run gpu_step1 configs/gpu-1.yaml --single-process --set job.steps=1
 run cpu_step1 configs/demo.yaml --single-process --set job.steps=1
@@ -38,7 +42,7 @@ run mixed configs/gpu-1.yaml --set "hosts=[{name: localhost, devices: [cuda:0, c
 grep -q "data channels: 2 over cuda_ipc, 2 over shm" "$W/mixed.log" && ok "mixed: 2 cuda_ipc and 2 shm channels" \
   || fail "mixed transports: $(grep -o "data channels.*" "$W/mixed.log")"
 grep -q "data channels: 4 over cuda_ipc, 0 over shm" "$W/gpu_1f1b.log" && ok "the 4 data channels are cuda_ipc" || fail "transports: $(grep -o "data channels.*" "$W/gpu_1f1b.log")"
-for s in 1f1b gpipe; do
+for s in 1f1b gpipe replicas; do
   out=$(same_ckpt "$W/gpu_$s" "$W/gpu_single") && ok "GPU $s pipeline == GPU single process: $out" \
     || fail "GPU $s pipeline differs from the GPU single process: $out"
 done
@@ -64,5 +68,5 @@ peaks=$(tail -1 "$W/gpu_1f1b/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","repl
 echo "    peak device memory: $peaks"
 n=$(wc -w <<<"$peaks"); bad=$(tr ' ' '\n' <<<"$peaks" | awk -F= 'NF == 2 && !($2 > 0 && $2 < 200e9)' | wc -l)
 [ "$n" -eq 3 ] && [ "$bad" -eq 0 ] && ok "peak device memory of the 3 stages reported" || fail "peak memory: '$peaks'"
-left_behind "GPU pipelines" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/mixed.log"
+left_behind "GPU pipelines" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/gpu_replicas.log" "$W/mixed.log"
 finish

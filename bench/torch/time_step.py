@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Times one training step of the PyTorch reference (eager, CPU), as mmpipe
+"""Times one training step of the PyTorch reference (eager or compiled, CPU or
+CUDA, fp32 or autocast bf16/fp16), as mmpipe
 --single-process runs it: the plan's micro-batches forward and backward
 (k/batch loss weights), global-norm gradient clipping and an AdamW step
 (weight decay on conv/linear weights only, as nn/params.c marks them).
@@ -45,6 +46,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=10, help="timed steps (after --warmup)")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    ap.add_argument("--amp", choices=["off", "bf16", "fp16"], default="off",
+                    help="torch.autocast to this precision (fp16 with a GradScaler)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the step's loss")
+    ap.add_argument("--batch", type=int, default=0, help="override the plan's train.batch")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -59,6 +65,8 @@ def main():
     if tensors:
         model.load_mmpipe(tensors)
     model.train()
+    dev = torch.device(args.device)
+    model.to(dev)
 
     tr = plan["train"]
     opt_cfg = tr["optimizer"]
@@ -68,25 +76,48 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=opt_cfg["lr"], betas=(opt_cfg["beta1"], opt_cfg["beta2"]),
                             eps=opt_cfg["eps"])
-    images, ids, mask = make_batch(cfg, tr["batch"], vocab, 1)
+    batch = args.batch or tr["batch"]
+    images, ids, mask = (t.to(dev) for t in make_batch(cfg, batch, vocab, 1))
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler("cuda") if args.amp == "fp16" else None
+    loss_fn = model.step_loss
+    if args.compile:
+        loss_fn = torch.compile(model.step_loss)
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss, _, _ = model.step_loss(images, ids, mask, tr["microbatches"])
-        loss.backward()
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            loss, _, _ = loss_fn(images, ids, mask, tr["microbatches"])
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
         if tr.get("clip_grad_norm", 0) > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tr["clip_grad_norm"])
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     for _ in range(args.warmup):
         step()
+    sync()
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
         step()
+        sync()
         times.append((time.perf_counter() - t0) * 1e3)
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0
     print(f"torch_step_ms median={statistics.median(times):.2f} min={min(times):.2f} "
-          f"steps={len(times)} threads={torch.get_num_threads()}")
+          f"steps={len(times)} threads={torch.get_num_threads()} device={args.device} "
+          f"amp={args.amp} compile={int(args.compile)} batch={batch} peak_mem_bytes={peak}")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,109 @@
 #include "kernels/backend.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "kernels/cuda.h"
 
 #define CTX(be) ((mmp_cuda_ctx *)(be)->ctx)
-/* Records a launcher's error in the instance (the first one wins). */
-#define REC(be, call) mmp_backend_fail((be), (call))
+
+/* ---- the op profile (MMP_CUDA_PROFILE=1) ------------------------------------
+ * Where a GPU step's time goes, op by op: with the variable set, every op
+ * drains the stream before and after itself and adds the wall time between
+ * (its kernels plus their launches) to its row; the table goes to stderr
+ * when the instance closes. Serialises everything: for finding the biggest
+ * costs, never for throughput figures. */
+#define PROF_ROWS 64
+typedef struct prof_row {
+    const char *op;
+    double ms;
+    long calls;
+} prof_row;
+static prof_row prof[PROF_ROWS];
+static int prof_on = -1;
+
+static int prof_enabled(void)
+{
+    if (prof_on < 0) {
+        const char *e = getenv("MMP_CUDA_PROFILE");
+        prof_on = e && e[0] && strcmp(e, "0") != 0;
+    }
+    return prof_on;
+}
+
+static double prof_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+static double prof_begin(mmp_backend *be)
+{
+    if (!prof_enabled()) {
+        return 0;
+    }
+    (void)mmp_cuda_sync(CTX(be));
+    return prof_now_ms();
+}
+
+static void prof_end(mmp_backend *be, const char *op, double t0)
+{
+    if (!prof_enabled()) {
+        return;
+    }
+    (void)mmp_cuda_sync(CTX(be));
+    double ms = prof_now_ms() - t0;
+    for (int i = 0; i < PROF_ROWS; i++) {
+        if (!prof[i].op || prof[i].op == op) {
+            prof[i].op = op;
+            prof[i].ms += ms;
+            prof[i].calls++;
+            return;
+        }
+    }
+}
+
+static int prof_cmp(const void *a, const void *b)
+{
+    double x = ((const prof_row *)a)->ms, y = ((const prof_row *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prof_print(void)
+{
+    if (!prof_enabled() || !prof[0].op) {
+        return;
+    }
+    int n = 0;
+    double total = 0;
+    while (n < PROF_ROWS && prof[n].op) {
+        total += prof[n++].ms;
+    }
+    qsort(prof, (size_t)n, sizeof prof[0], prof_cmp);
+    fprintf(stderr,
+            "[cuda profile] pid %d: %.1f ms in ops\n| op | calls | ms | share "
+            "|\n|---|---:|---:|---:|\n",
+            (int)getpid(), total);
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "| %s | %ld | %.1f | %.1f%% |\n", prof[i].op + 5 /* "cuda_" */,
+                prof[i].calls, prof[i].ms, 100 * prof[i].ms / (total > 0 ? total : 1));
+    }
+    memset(prof, 0, sizeof prof);
+}
+
+/* Records a launcher's error in the instance (the first one wins), timing
+ * the op when profiling. */
+#define REC(be, call)                                                                              \
+    do {                                                                                           \
+        double prof_t0_ = prof_begin(be);                                                          \
+        mmp_backend_fail((be), (call));                                                            \
+        prof_end((be), __func__, prof_t0_);                                                        \
+    } while (0)
 
 /* ---- instance and memory -------------------------------------------------- */
 static mmp_err cuda_open(void **ctx, int device)
@@ -30,6 +127,7 @@ static mmp_err cuda_open(void **ctx, int device)
 
 static void cuda_close(void *ctx)
 {
+    prof_print();
     mmp_cuda_ctx_destroy(ctx);
 }
 
