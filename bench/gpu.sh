@@ -3,8 +3,9 @@
 # asserts what must hold). On a machine with a CUDA device:
 #  1. samples/s of the demo model (configs/gpu-1.yaml) and of the seed-scale
 #     model (configs/seed-scale.yaml on cuda:0) as one process, and as the
-#     three-process pipeline on one GPU with gpipe and 1f1b: the median of
-#     steps 4..N of metrics.jsonl's samples_per_s;
+#     three-process pipeline on one GPU with gpipe and 1f1b (under the
+#     coordinator's MPS daemon, and 1f1b once more time-sliced): the median
+#     of steps 4..N of metrics.jsonl's samples_per_s;
 #  2. peak device memory of each stage (arena + workspace) at the last step;
 #  3. where python3 has a CUDA PyTorch: the PyTorch reference of the same
 #     model (bench/torch/mmpipe_ref.py, built from the mmpipe run's
@@ -68,22 +69,12 @@ for r in "single --single-process" "gpipe --set train.schedule=gpipe" "1f1b --se
   set -- $r
   row seed-scale "$1" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" "${@:2}"
 done
-# The same pipelines under CUDA MPS (the three processes' kernels may then
-# share the GPU at once instead of time-slicing), where the daemon exists.
-if command -v nvidia-cuda-mps-control >/dev/null && [ "${MMP_BENCH_MPS:-1}" = 1 ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=$OUT/mps-pipe CUDA_MPS_LOG_DIRECTORY=$OUT/mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  if nvidia-cuda-mps-control -d 2>"$OUT/mps.err"; then
-    trap 'echo quit | nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
-    row demo "1f1b, MPS" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
-    row seed-scale "1f1b, MPS" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
-    row seed-scale "single, MPS" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --single-process
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; trap - EXIT
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-  else
-    say "MPS daemon did not start: $(cat "$OUT/mps.err")"
-  fi
-fi
+# The pipelines time-sliced (no MPS: MMP_GPU_SHARING=timeslice), against the
+# rows above where the coordinator ran its private MPS daemon.
+export MMP_GPU_SHARING=timeslice
+row demo "1f1b, time-sliced" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
+row seed-scale "1f1b, time-sliced" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
+unset MMP_GPU_SHARING
 PYTHON=${PYTHON:-python3}
 if "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
   torch_row() { # MODEL RUN STEPS ARGS...: the reference beside mmpipe's run RUN

@@ -58,6 +58,8 @@ typedef struct coord {
     char token[33];
     char endpoint[128];
     char shm_prefix[64];
+    char mps_dir[64];  /* the job's MPS daemon's directories (mps.c); empty: none */
+    char mps_exe[600]; /* its control binary while the daemon runs */
     mmp_ctl *ctl;
     proc procs[MMP_SCHED_MAX_STAGES];
     int n;
@@ -93,6 +95,13 @@ int coord_reap(coord *c);
 void coord_stop_all(coord *c, int graceful);
 /* "killed by signal N (NAME)" or "exited with status N" into buf. */
 const char *coord_describe_exit(int status, char *buf, size_t n);
+
+/* ---- mps.c ---- */
+/* A private CUDA MPS daemon when two device slots share a GPU (see mps.c);
+ * never fails the job: without it the stages time-slice, with a warning. */
+void coord_mps_start(coord *c, const char *run_id);
+/* Quits it and removes its directories; NULL-safe state, idempotent. */
+void coord_mps_stop(coord *c);
 
 /* ---- control_loop.c ---- */
 typedef int (*done_fn)(coord *c, void *arg);

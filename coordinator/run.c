@@ -195,6 +195,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         }
     }
     mmp_interrupt_install(0);
+    coord_mps_start(&c, run_id);
     for (;;) {
         c.launch++;
         int bad = launch(&c, first_step, resume_dir[0] ? resume_dir : NULL);
@@ -237,6 +238,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
                   c.plan->train.max_restarts);
     }
 out:
+    coord_mps_stop(&c); /* after the stages: they are its clients */
     free_dones(&c);
     mmp_ctl_close(c.ctl);
     mmp_trace_close(&c.trace);

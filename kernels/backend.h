@@ -137,8 +137,9 @@ typedef struct mmp_backend_ops {
     // out, argmax (N,C,OH,OW), inp (N,C,H,W)
     void (*maxpool2d_fwd)(mmp_backend *be, float *out, int32_t *argmax, const float *inp, int N,
                           int C, int H, int W, int k, int stride, int pad, int OH, int OW);
+    /* k, stride, pad: the forward's window (a device may gather per input with them) */
     void (*maxpool2d_bwd)(mmp_backend *be, float *dinp, const float *dout, const int32_t *argmax,
-                          int N, int C, int H, int W, int OH, int OW);
+                          int N, int C, int H, int W, int k, int stride, int pad, int OH, int OW);
 
     /* ---- layer norm ------------------------------------------------------ */
     // out, inp (N,C), w, b (C), mean, rstd (N)

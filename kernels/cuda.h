@@ -145,7 +145,8 @@ mmp_err mmp_cuda_maxpool2d_fwd(mmp_cuda_ctx *ctx, float *out, int32_t *argmax, c
                                int OW);
 /* Deterministic: each plane's outputs add in row-major order (no atomics). */
 mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
-                               const int32_t *argmax, int N, int C, int H, int W, int OH, int OW);
+                               const int32_t *argmax, int N, int C, int H, int W, int k, int stride,
+                               int pad, int OH, int OW);
 mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *mask,
                               int B, int T, int C);
 mmp_err mmp_cuda_meanpool_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *mask,

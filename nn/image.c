@@ -818,7 +818,8 @@ static void stem_bwd(mmp_image_net *net, const image_layer *l, const layer_acts 
     const float *d_act = dy;
     if (l->pool) {
         float *d = zeroed(net, net->tmp[0], n);
-        be->ops->maxpool2d_bwd(be, d, dy, a->argmax, B, l->c, l->h, l->w, l->out_h, l->out_w);
+        be->ops->maxpool2d_bwd(be, d, dy, a->argmax, B, l->c, l->h, l->w, 3, 2, 1, l->out_h,
+                               l->out_w);
         d_act = d;
     }
     float *d_bn = zeroed(net, net->tmp[1], n);

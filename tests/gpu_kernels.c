@@ -350,7 +350,7 @@ static void maxpool_case(int k, int stride, int pad)
     float *dout = rnd(no, -1, 1), *dinp = rnd(ni, -1, 1);
     float *d_dout = dev(dout, no), *d_dinp = dev(dinp, ni);
     mmp_cpu_maxpool2d_bwd(dinp, dout, am, N, C, H, W, OH, OW);
-    CHECK_OK(mmp_cuda_maxpool2d_bwd(ctx, d_dinp, d_dout, d_am, N, C, H, W, OH, OW));
+    CHECK_OK(mmp_cuda_maxpool2d_bwd(ctx, d_dinp, d_dout, d_am, N, C, H, W, k, stride, pad, OH, OW));
     check("maxpool dinp", d_dinp, dinp, ni, ATOL);
     release();
 }

@@ -41,6 +41,8 @@ run cpu_step1 configs/demo.yaml --single-process --set job.steps=1
 run mixed configs/gpu-1.yaml --set "hosts=[{name: localhost, devices: [cuda:0, cpu, cuda:0]}]"
 grep -q "data channels: 2 over cuda_ipc, 2 over shm" "$W/mixed.log" && ok "mixed: 2 cuda_ipc and 2 shm channels" \
   || fail "mixed transports: $(grep -o "data channels.*" "$W/mixed.log")"
+grep -q "CUDA MPS daemon started" "$W/gpu_1f1b.log" && ok "three stages on cuda:0 run under the job's MPS daemon" \
+  || fail "no MPS daemon: $(grep -i mps "$W/gpu_1f1b.log" | head -2)"
 grep -q "data channels: 4 over cuda_ipc, 0 over shm" "$W/gpu_1f1b.log" && ok "the 4 data channels are cuda_ipc" || fail "transports: $(grep -o "data channels.*" "$W/gpu_1f1b.log")"
 for s in 1f1b gpipe replicas; do
   out=$(same_ckpt "$W/gpu_$s" "$W/gpu_single") && ok "GPU $s pipeline == GPU single process: $out" \
@@ -68,5 +70,7 @@ peaks=$(tail -1 "$W/gpu_1f1b/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","repl
 echo "    peak device memory: $peaks"
 n=$(wc -w <<<"$peaks"); bad=$(tr ' ' '\n' <<<"$peaks" | awk -F= 'NF == 2 && !($2 > 0 && $2 < 200e9)' | wc -l)
 [ "$n" -eq 3 ] && [ "$bad" -eq 0 ] && ok "peak device memory of the 3 stages reported" || fail "peak memory: '$peaks'"
+mps_left=$(grep -ho '/tmp/mmpipe-mps-[0-9a-f]*' "$W"/*.log | sort -u | while read -r d; do [ -e "$d" ] && echo "$d"; done)
+[ -z "$mps_left" ] && ok "no MPS directory left" || fail "MPS directories left: $mps_left"
 left_behind "GPU pipelines" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/gpu_replicas.log" "$W/mixed.log"
 finish

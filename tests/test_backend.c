@@ -175,8 +175,8 @@ FWD(maxpool2d_fwd,
     (be, o, am, i, N, C, H, W, k, s, p, OH, OW))
 FWD(maxpool2d_bwd,
     (mmp_backend * be, float *di, const float *d, const int32_t *am, int N, int C, int H, int W,
-     int OH, int OW),
-    (be, di, d, am, N, C, H, W, OH, OW))
+     int k, int s, int p, int OH, int OW),
+    (be, di, d, am, N, C, H, W, k, s, p, OH, OW))
 FWD(layernorm_fwd,
     (mmp_backend * be, float *o, float *m, float *r, const float *i, const float *w, const float *b,
      int N, int C, float eps),

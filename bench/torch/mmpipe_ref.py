@@ -357,19 +357,20 @@ class FusionNet(nn.Module):
         scale = torch.exp(self.logit_scale.clamp(max=MAX_LOGIT_SCALE))
         sim = e_img @ e_txt.t()  # sim[i, t]: image i, text t
         logits = scale * sim
-        target = torch.arange(B)
+        dev = sim.device
+        target = torch.arange(B, device=dev)
         itc = 0.5 * (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target))
 
         with torch.no_grad():
             s = sim.clone()
             s.fill_diagonal_(float("-inf"))
             neg = s.argmax(dim=0)  # per text t: the most similar other image
-        own = torch.arange(B)
+        own = torch.arange(B, device=dev)
         if B > 1:
             pair_img, pair_txt = torch.cat([own, neg]), torch.cat([own, own])
-            labels = torch.cat([torch.ones(B), torch.zeros(B)])
+            labels = torch.cat([torch.ones(B, device=dev), torch.zeros(B, device=dev)])
         else:
-            pair_img, pair_txt, labels = own, own, torch.ones(1)
+            pair_img, pair_txt, labels = own, own, torch.ones(1, device=dev)
         x = cls[pair_txt].unsqueeze(1)  # (P,1,D): only [CLS] reaches the head
         for i in range(self.n_layers):
             x = getattr(self, f"layer{i}")(x, img, pair_img)

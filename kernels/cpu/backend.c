@@ -178,9 +178,12 @@ static void cpu_maxpool_fwd(mmp_backend *be, float *out, int32_t *argmax, const 
 }
 
 static void cpu_maxpool_bwd(mmp_backend *be, float *dinp, const float *dout, const int32_t *argmax,
-                            int N, int C, int H, int W, int OH, int OW)
+                            int N, int C, int H, int W, int k, int stride, int pad, int OH, int OW)
 {
     (void)be;
+    (void)k;
+    (void)stride;
+    (void)pad; /* the saved argmax says where each output came from */
     mmp_cpu_maxpool2d_bwd(dinp, dout, argmax, N, C, H, W, OH, OW);
 }
 

@@ -324,9 +324,10 @@ static void cuda_maxpool_fwd(mmp_backend *be, float *out, int32_t *argmax, const
 }
 
 static void cuda_maxpool_bwd(mmp_backend *be, float *dinp, const float *dout, const int32_t *argmax,
-                             int N, int C, int H, int W, int OH, int OW)
+                             int N, int C, int H, int W, int k, int stride, int pad, int OH, int OW)
 {
-    REC(be, mmp_cuda_maxpool2d_bwd(CTX(be), dinp, dout, argmax, N, C, H, W, OH, OW));
+    REC(be,
+        mmp_cuda_maxpool2d_bwd(CTX(be), dinp, dout, argmax, N, C, H, W, k, stride, pad, OH, OW));
 }
 
 static void cuda_ln_fwd(mmp_backend *be, float *out, float *mean, float *rstd, const float *inp,

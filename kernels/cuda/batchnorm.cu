@@ -42,11 +42,15 @@ static __global__ void bn_fwd_train_kernel(float *out, float *mean, float *rstd,
         mean[c] = mf;
         rstd[c] = rs;
         if (running_mean) {
-            running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mf;
+            /* no fused multiply-add: the host's replay of these updates
+             * (replicas, nn/image.c) computes them with two roundings */
+            running_mean[c] =
+                __fadd_rn(__fmul_rn(1.0f - momentum, running_mean[c]), __fmul_rn(momentum, mf));
         }
         if (running_var) {
             double unbiased = count > 1 ? var * (double)count / (double)(count - 1) : var;
-            running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)unbiased;
+            running_var[c] = __fadd_rn(__fmul_rn(1.0f - momentum, running_var[c]),
+                                       __fmul_rn(momentum, (float)unbiased));
         }
     }
     const float g = gamma[c], b = beta[c];

@@ -38,21 +38,34 @@ static __global__ void maxpool_fwd_kernel(float *out, int32_t *argmax, const flo
 }
 
 /* Windows overlap when stride < k, so several outputs may add to one input.
- * Deterministic, no atomics: one thread per (n, c) plane walks that plane's
- * outputs in row-major order, so each input sums its contributions in the
- * CPU reference's order (bitwise the same sums). */
+ * Deterministic, no atomics: one thread per input gathers from the outputs
+ * whose windows hold it, in row-major output order, i.e. in the order the
+ * CPU reference adds them (it walks the outputs in row-major order), so each
+ * input's sum is bitwise the reference's. */
 static __global__ void maxpool_bwd_kernel(float *dinp, const float *dout, const int32_t *argmax,
-                                          size_t planes, int HW, int OHW)
+                                          size_t total, int H, int W, int k, int stride, int pad,
+                                          int OH, int OW)
 {
-    for (size_t p = thread_index(); p < planes; p += thread_count()) {
-        float *dx = dinp + p * HW;
-        const float *dy = dout + p * OHW;
-        const int32_t *am = argmax + p * OHW;
-        for (int i = 0; i < OHW; i++) {
-            if (am[i] >= 0) {
-                dx[am[i]] += dy[i];
+    for (size_t x = thread_index(); x < total; x += thread_count()) {
+        const size_t plane = x / ((size_t)H * W);
+        const int ih = (int)(x / W % H), iw = (int)(x % W);
+        const int32_t me = ih * W + iw;
+        /* outputs o with o * stride - pad <= i <= o * stride - pad + k - 1 */
+        int oh0 = ih + pad - k + 1, ow0 = iw + pad - k + 1;
+        oh0 = oh0 <= 0 ? 0 : (oh0 + stride - 1) / stride;
+        ow0 = ow0 <= 0 ? 0 : (ow0 + stride - 1) / stride;
+        const int oh1 = min((ih + pad) / stride, OH - 1), ow1 = min((iw + pad) / stride, OW - 1);
+        const float *dy = dout + plane * OH * OW;
+        const int32_t *am = argmax + plane * OH * OW;
+        float acc = dinp[x];
+        for (int oh = oh0; oh <= oh1; oh++) {
+            for (int ow = ow0; ow <= ow1; ow++) {
+                if (am[oh * OW + ow] == me) {
+                    acc += dy[oh * OW + ow];
+                }
             }
         }
+        dinp[x] = acc;
     }
 }
 
@@ -127,16 +140,18 @@ mmp_err mmp_cuda_maxpool2d_fwd(mmp_cuda_ctx *ctx, float *out, int32_t *argmax, c
 }
 
 mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
-                               const int32_t *argmax, int N, int C, int H, int W, int OH, int OW)
+                               const int32_t *argmax, int N, int C, int H, int W, int k, int stride,
+                               int pad, int OH, int OW)
 {
-    // dinp (N,C,H,W), dout (N,C,OH,OW), argmax (N,C,OH,OW)
-    ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && OH > 0 && OW > 0);
-    size_t planes = (size_t)N * C;
-    if (planes == 0) {
+    // dinp (N,C,H,W), dout (N,C,OH,OW), argmax (N,C,OH,OW): the forward's window k, stride, pad
+    ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && OH > 0 && OW > 0 && k > 0 && stride > 0 &&
+              pad >= 0);
+    size_t total = (size_t)N * C * H * W;
+    if (total == 0) {
         return MMP_OK;
     }
-    maxpool_bwd_kernel<<<grid_for(planes, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, argmax,
-                                                                           planes, H * W, OH * OW);
+    maxpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
+        dinp, dout, argmax, total, H, W, k, stride, pad, OH, OW);
     LAUNCH_CHECK();
     return MMP_OK;
 }
