@@ -45,6 +45,12 @@ static const char USAGE[] =
     "  --force            replace DIR if it already holds a run\n"
     "  -h, --help         this text\n"
     "\n"
+    "Relative paths in the plan (data.manifest, data.vocab, data.val_manifest)\n"
+    "are relative to the plan file's folder, in a --set to the current\n"
+    "directory; plan.json records them absolute. data.val_manifest defaults to\n"
+    "val.jsonl beside the manifest when that file exists; without one,\n"
+    "evaluation is off (said once at start).\n"
+    "\n"
     "Before anything is created or started, the plan's data files are checked\n"
     "(data.manifest, data.vocab, and data.val_manifest unless evaluation is off:\n"
     "train.eval_every 0 and train.final_eval false). A run holds a lock on its\n"
@@ -178,6 +184,12 @@ int mmp_cmd_launch(int argc, char **argv)
     if (mmp_data_preflight(&plan) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
         goto exit;
+    }
+    if ((plan.train.eval_every > 0 || plan.train.final_eval) && !plan.data.val_manifest[0]) {
+        fprintf(stderr,
+                "mmpipe launch: no validation set (data.val_manifest is not set and there is no "
+                "val.jsonl beside %s): evaluation is off\n",
+                plan.data.manifest);
     }
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);

@@ -61,8 +61,8 @@ mmp_err mmp_webp_decode(const char *name, const void *buf, size_t len, long long
     uint8_t *rgba = NULL;
     int timestamp;
     if (!WebPAnimDecoderHasMoreFrames(dec) || !WebPAnimDecoderGetNext(dec, &rgba, &timestamp)) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: truncated or bad WebP (its first frame does not decode)",
-                         name);
+        ret = mmp_errorf(MMP_ERR_DATA,
+                         "%s: truncated or bad WebP (its first frame does not decode)", name);
         goto exit;
     }
     size_t n = (size_t)f.width * (size_t)f.height;

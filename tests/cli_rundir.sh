@@ -8,10 +8,14 @@
 #  fingerprint: --resume under a plan that changes the model or the data
 #               order (same shapes) is refused naming the key, nothing changes
 #               on disk; keys a resume may change are accepted;
-#  preflight:   a missing manifest, vocab or validation set is one error
-#               naming its key, before any process or file exists; no
-#               validation set is needed with evaluation off; evaluation
-#               obeys data.on_bad_sample: skip;
+#  preflight:   a missing manifest, vocab or named validation set is one
+#               error naming its key, before any process or file exists; no
+#               validation set is needed with evaluation off, and without
+#               val.jsonl beside the manifest evaluation is off (said once);
+#               evaluation obeys data.on_bad_sample: skip;
+#  paths:       relative plan paths resolve beside the plan file (launching
+#               from / works), --set ones against the current directory;
+#               plan.json records them absolute;
 #  token:       no stage process has the job token in its argv or environ.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -119,13 +123,39 @@ n=$("$BIN" launch "$W/plan.yaml" --out "$W/pf1" --set data.manifest="$W/nope.jso
 expect_fail "missing vocab: error naming data.vocab" "data.vocab: .*$W/none.txt" \
   "$BIN" launch "$W/plan.yaml" --out "$W/pf2" --set data.vocab="$W/none.txt"
 mkdir -p "$W/noval" && cp "$W/data/train.jsonl" "$W/data/vocab.txt" "$W/noval/" && ln -s "$W/data/images" "$W/noval/images"
-expect_fail "missing validation set: error naming data.val_manifest" "data.val_manifest: .*noval/val.jsonl" \
-  "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl"
+expect_fail "missing validation set named in the plan: error naming data.val_manifest" "data.val_manifest: .*noval/held.jsonl" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl" --set data.val_manifest="$W/noval/held.jsonl"
 [ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && ok "no run directory after a preflight error" || fail "preflight left a directory"
 "$BIN" launch "$W/plan.yaml" --out "$W/pf4" --set data.manifest="$W/noval/train.jsonl" \
   --set train.final_eval=false >"$W/pf4.log" 2>&1 \
   && ! grep -q val_i2t_r1 "$W/pf4/metrics.jsonl" && ok "evaluation off: no validation set needed" \
   || { fail "evaluation off still wants val.jsonl"; tail -3 "$W/pf4.log"; }
+"$BIN" launch "$W/plan.yaml" --out "$W/pf5" --set data.manifest="$W/noval/train.jsonl" \
+  --set train.eval_every=1 >"$W/pf5.log" 2>&1 \
+  && ! grep -q val_i2t_r1 "$W/pf5/metrics.jsonl" && grep -q "no validation set .*evaluation is off" "$W/pf5.log" \
+  && grep -q '"val_manifest": ""' "$W/pf5/plan.json" \
+  && ok "no val.jsonl beside the manifest: runs, says evaluation is off" \
+  || { fail "no val.jsonl beside the manifest"; tail -3 "$W/pf5.log"; }
+
+# --- paths relative to the plan file, recorded absolute --------------------------------------
+mkdir -p "$W/plans"
+sed "s|manifest: $W/data/train.jsonl|manifest: ../data/./train.jsonl|" "$W/plan.yaml" > "$W/plans/rel.yaml"
+case $BIN in /*) ABS_BIN=$BIN ;; *) ABS_BIN=$PWD/$BIN ;; esac
+(cd / && "$ABS_BIN" launch "$W/plans/rel.yaml" --out "$W/rel1" --steps 1 --set train.eval_every=1) >"$W/rel1.log" 2>&1 \
+  && grep -q "\"manifest\": \"$W/data/train.jsonl\"" "$W/rel1/plan.json" \
+  && grep -q "\"val_manifest\": \"$W/data/val.jsonl\"" "$W/rel1/plan.json" \
+  && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel1/plan.json" \
+  && grep -q val_i2t_r1 "$W/rel1/metrics.jsonl" \
+  && ok "launched from / with manifest: ../data/train.jsonl: resolved beside the plan, absolute in plan.json" \
+  || { fail "plan-relative paths from another directory"; tail -3 "$W/rel1.log"; }
+(cd "$W" && "$ABS_BIN" launch plans/rel.yaml --out rel2 --steps 1 --single-process) >"$W/rel2.log" 2>&1 \
+  && grep -q "\"manifest\": \"$W/data/train.jsonl\"" "$W/rel2/plan.json" 2>/dev/null \
+  && ok "a relative plan path from its parent folder (single process)" \
+  || { fail "relative plan path"; tail -3 "$W/rel2.log"; }
+(cd "$W/data" && "$ABS_BIN" launch "$W/plans/rel.yaml" --out "$W/rel3" --steps 1 --set data.vocab=vocab.txt) >"$W/rel3.log" 2>&1 \
+  && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel3/plan.json" \
+  && ok "--set data.vocab=vocab.txt is relative to the current directory" \
+  || { fail "--set path relative to the current directory"; tail -3 "$W/rel3.log"; }
 
 # a bad validation image under on_bad_sample: skip is skipped, not fatal
 B=$W/badval

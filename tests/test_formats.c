@@ -197,7 +197,7 @@ static void test_parity(void)
  * naming the file and the key; exactly at the limit decodes. */
 static void test_pixel_limit(void)
 {
-    const char *files[] = {"cmyk_40x30.jpg", "rgb_33x21.jpg", "palette_32x24.gif",
+    const char *files[] = {"cmyk_40x30.jpg",   "rgb_33x21.jpg",    "palette_32x24.gif",
                            "offset_20x16.gif", "lossy_34x26.webp", "anim_20x14.webp",
                            "rgb16_19x13.png"};
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
