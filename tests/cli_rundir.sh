@@ -16,6 +16,9 @@
 #  paths:       relative plan paths resolve beside the plan file (launching
 #               from / works), --set ones against the current directory;
 #               plan.json records them absolute;
+#  vocab:       English captions under the synthetic 64-token vocab make
+#               launch warn about [UNK] (naming scripts/vocab); the real
+#               bert-base-uncased vocab does not;
 #  token:       no stage process has the job token in its argv or environ.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -156,6 +159,29 @@ case $BIN in /*) ABS_BIN=$BIN ;; *) ABS_BIN=$PWD/$BIN ;; esac
   && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel3/plan.json" \
   && ok "--set data.vocab=vocab.txt is relative to the current directory" \
   || { fail "--set path relative to the current directory"; tail -3 "$W/rel3.log"; }
+
+# --- vocab coverage: English captions under the synthetic set's 64-token vocab warn ---------
+E=$W/english
+mkdir -p "$E" && ln -s "$W/data/images" "$E/images" && cp "$W/data/vocab.txt" "$E/"
+captions=("A man riding a bicycle down a busy city street." "Two dogs playing with a ball on the grass."
+  "A bowl of fresh fruit sits on the kitchen table." "Children are building a sandcastle at the beach.")
+i=0
+while IFS= read -r line; do
+  img=$(sed -n 's/.*"image": "\([^"]*\)".*/\1/p' <<<"$line")
+  printf '{"image": "%s", "text": "%s"}\n' "$img" "${captions[$((i % 4))]}"; i=$((i+1))
+done < "$W/data/train.jsonl" > "$E/train.jsonl"
+"$BIN" launch "$W/plan.yaml" --out "$W/unk1" --steps 1 --set data.manifest="$E/train.jsonl" >"$W/unk1.log" 2>&1 \
+  && grep -q "warning: [0-9]*% of the caption word pieces in the first [0-9]* lines of $E/train.jsonl are \[UNK\] under data.vocab $E/vocab.txt (64 tokens)" "$W/unk1.log" \
+  && grep -q "scripts/vocab" "$W/unk1.log" \
+  && ok "English captions with the 64-token vocab: launch warns about [UNK], names scripts/vocab" \
+  || { fail "no [UNK] warning for English captions under the demo vocab"; tail -3 "$W/unk1.log"; }
+"$BIN" launch "$W/plan.yaml" --out "$W/unk2" --steps 1 --set data.manifest="$E/train.jsonl" \
+  --set data.vocab=tests/tokenizer/vocab.txt >"$W/unk2.log" 2>&1 \
+  && ! grep -q "UNK" "$W/unk2.log" && grep -q "\"vocab\": \"$PWD/tests/tokenizer/vocab.txt\"" "$W/unk2/plan.json" \
+  && ok "... and none with bert-base-uncased's vocab (tests/tokenizer/vocab.txt, as scripts/vocab writes)" \
+  || { fail "[UNK] warning with the real vocab"; tail -3 "$W/unk2.log"; }
+! grep -q "UNK" "$W/pf4.log" && ok "... nor for the synthetic captions with their own vocab" \
+  || fail "[UNK] warning on the synthetic set"
 
 # a bad validation image under on_bad_sample: skip is skipped, not fatal
 B=$W/badval
