@@ -125,7 +125,7 @@ static double decode_ms_per_file(const char *dir, int files, int png)
         for (int k = 0; k < files; k++) {
             mmp_image img;
             snprintf(path, sizeof path, "%s/%06d.%s", dir, k, png ? "png" : "jpg");
-            if (mmp_image_read(path, &img) != MMP_OK) {
+            if (mmp_image_read(path, 0, &img) != MMP_OK) {
                 fprintf(stderr, "bench_loader: %s\n", mmp_last_error());
                 return -1;
             }

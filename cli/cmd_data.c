@@ -62,7 +62,7 @@ static const char TOKENIZE_USAGE[] =
     "                   without it: no padding, at most 512 ids\n";
 
 static const char CHECK_USAGE[] =
-    "usage: mmpipe data check MANIFEST [--vocab FILE] [--decode]\n"
+    "usage: mmpipe data check MANIFEST [--vocab FILE] [--decode [--max-pixels N]]\n"
     "\n"
     "Reads a JSONL manifest line by line (in constant memory) and prints each\n"
     "problem as MANIFEST:LINE: reason: malformed JSON, a missing, duplicate or\n"
@@ -73,8 +73,12 @@ static const char CHECK_USAGE[] =
     "  --vocab FILE     also tokenize every caption: a caption with no tokens is\n"
     "                   a problem; report the longest length and how many\n"
     "                   captions have unknown ([UNK]) words\n"
-    "  --decode         also decode every image (PNG or JPEG): undecodable or\n"
-    "                   truncated images are problems; report the image sizes\n"
+    "  --decode         also decode every image (PNG, JPEG incl. CMYK, GIF, WebP)\n"
+    "                   as training does: undecodable or truncated images, and\n"
+    "                   images of more pixels than the limit, are problems;\n"
+    "                   report the image sizes\n"
+    "  --max-pixels N   the pixel limit (the plan's data.max_image_pixels;\n"
+    "                   default PIL's 89478485)\n"
     "\n"
     "Exit status: 0 when there is no problem, 1 otherwise, 2 on usage errors.\n";
 
@@ -280,8 +284,9 @@ exit:
 
 typedef struct check_state {
     const char *manifest;
-    mmp_tokenizer *tok; /* NULL without --vocab */
-    int decode;         /* --decode */
+    mmp_tokenizer *tok;   /* NULL without --vocab */
+    int decode;           /* --decode */
+    long long max_pixels; /* --max-pixels (0: the default) */
     int64_t lines, problems;
     int64_t by_kind[MMP_PROBLEM_KINDS];
     int width, height;   /* of the first good image (--decode) */
@@ -352,8 +357,9 @@ static mmp_err check_line(void *user, const mmp_manifest_entry *e, const char *p
     }
     if (st->decode) {
         mmp_image img;
-        if (mmp_image_read(path, &img) != MMP_OK) {
-            report(st, MMP_PROBLEM_BAD_IMAGE, e->line, mmp_last_error());
+        if (mmp_image_read(path, st->max_pixels, &img) != MMP_OK) {
+            report(st, mmp_image_too_large(&img) ? MMP_PROBLEM_LARGE_IMAGE : MMP_PROBLEM_BAD_IMAGE,
+                   e->line, mmp_last_error());
             return MMP_OK;
         }
         if (st->width == 0) {
@@ -413,6 +419,7 @@ static int cmd_check(int argc, char **argv)
 {
     const char *manifest = NULL, *vocab = NULL;
     int decode = 0;
+    long long max_pixels = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         if (is_help(argv[i])) {
@@ -426,6 +433,14 @@ static int cmd_check(int argc, char **argv)
             vocab = v;
         } else if (strcmp(argv[i], "--decode") == 0) {
             decode = 1;
+        } else if (take_opt(argc, argv, &i, "--max-pixels", &v)) {
+            char *end = NULL;
+            errno = 0;
+            max_pixels = v ? strtoll(v, &end, 10) : 0;
+            if (!v || !*v || *end || errno || max_pixels < 1) {
+                return usage_error("check", CHECK_USAGE, "%s needs a positive integer",
+                                   "--max-pixels");
+            }
         } else if (argv[i][0] == '-' && argv[i][1] != 0) {
             return usage_error("check", CHECK_USAGE, "unknown argument '%s'", argv[i]);
         } else if (manifest) {
@@ -444,6 +459,7 @@ static int cmd_check(int argc, char **argv)
     }
     st->manifest = manifest;
     st->decode = decode;
+    st->max_pixels = max_pixels;
     st->tty = isatty(2);
     st->t0 = mmp_now();
     struct stat sb;

@@ -45,6 +45,16 @@ static const char USAGE[] =
     "  --force            replace DIR if it already holds a run\n"
     "  -h, --help         this text\n"
     "\n"
+    "Relative paths in the plan (data.manifest, data.vocab, data.val_manifest)\n"
+    "are relative to the plan file's folder, in a --set to the current\n"
+    "directory; plan.json records them absolute. data.val_manifest defaults to\n"
+    "val.jsonl beside the manifest when that file exists; without one,\n"
+    "evaluation is off (said once at start).\n"
+    "\n"
+    "launch warns when more than 5% of the caption word pieces in the first\n"
+    "1000 manifest lines are [UNK] under data.vocab (English captions with the\n"
+    "synthetic set's vocab): scripts/vocab writes bert-base-uncased's.\n"
+    "\n"
     "Before anything is created or started, the plan's data files are checked\n"
     "(data.manifest, data.vocab, and data.val_manifest unless evaluation is off:\n"
     "train.eval_every 0 and train.final_eval false). A run holds a lock on its\n"
@@ -125,6 +135,29 @@ static int check_resume(const mmp_plan *plan, const char *dir)
     return 0;
 }
 
+/* Captions the vocab cannot spell train the text branch on [UNK]s: say so
+ * (once, before anything starts) rather than let a user find out from a
+ * flat recall curve. Problems reading the files are preflight's to report. */
+#define UNK_SCAN_LINES 1000
+
+static void warn_unknown_words(const mmp_plan *plan)
+{
+    mmp_vocab_coverage cov;
+    if (mmp_data_vocab_coverage(plan, UNK_SCAN_LINES, &cov) != MMP_OK || cov.pieces == 0) {
+        return;
+    }
+    double share = (double)cov.unk / (double)cov.pieces;
+    if (share > MMP_UNK_WARN_SHARE) {
+        fprintf(stderr,
+                "mmpipe launch: warning: %.0f%% of the caption word pieces in the first %lld "
+                "lines of %s are [UNK] under data.vocab %s (%d tokens); for English captions "
+                "use bert-base-uncased's vocab: scripts/vocab, then --set "
+                "data.vocab=data/bert-base-uncased/vocab.txt (README: Data)\n",
+                100.0 * share, (long long)cov.captions, plan->data.manifest, plan->data.vocab,
+                cov.vocab_size);
+    }
+}
+
 int mmp_cmd_launch(int argc, char **argv)
 {
     const char *out = NULL, *resume = NULL;
@@ -178,6 +211,13 @@ int mmp_cmd_launch(int argc, char **argv)
     if (mmp_data_preflight(&plan) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
         goto exit;
+    }
+    warn_unknown_words(&plan);
+    if ((plan.train.eval_every > 0 || plan.train.final_eval) && !plan.data.val_manifest[0]) {
+        fprintf(stderr,
+                "mmpipe launch: no validation set (data.val_manifest is not set and there is no "
+                "val.jsonl beside %s): evaluation is off\n",
+                plan.data.manifest);
     }
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);

@@ -59,17 +59,23 @@ typedef struct mmp_plan {
     } job;
 
     struct {
-        char manifest[MMP_PATH_MAX];     /* required; relative paths are relative to the cwd */
-        char val_manifest[MMP_PATH_MAX]; /* default: val.jsonl beside the manifest */
-        char vocab[MMP_PATH_MAX];        /* default: vocab.txt beside the manifest */
-        int image_size;                  /* default 32, [8, 1024] */
-        int max_text_len;                /* default 32, [4, 512] (includes [CLS] and [SEP]) */
-        float mean[3];                   /* default ImageNet's */
+        /* Paths: relative ones in the plan file are relative to the plan
+         * file's folder, in a --set to the current directory; both are made
+         * absolute when loading (plan.json records them so). */
+        char manifest[MMP_PATH_MAX]; /* required */
+        /* default: val.jsonl beside the manifest when that file exists, else
+         * "" (no validation set: evaluation is off, mmp_plan_evaluates) */
+        char val_manifest[MMP_PATH_MAX];
+        char vocab[MMP_PATH_MAX]; /* default: vocab.txt beside the manifest */
+        int image_size;           /* default 32, [8, 1024] */
+        int max_text_len;         /* default 32, [4, 512] (includes [CLS] and [SEP]) */
+        float mean[3];            /* default ImageNet's */
         float std[3];
         int workers;                  /* default 1, [0, 64] */
         int augment;                  /* training: random resized crop + flip; default 0 */
         mmp_bad_sample on_bad_sample; /* default fail */
         int val_samples;              /* default 256 */
+        long long max_image_pixels;   /* larger images are bad samples; default PIL's 89478485 */
     } data;
 
     struct {

@@ -6,8 +6,10 @@
  *
  * The keys themselves are common/plan_keys.c; reading YAML is the schema
  * engine's (common/schema.h). Nothing here prints or exits. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/plan_schema.h"
@@ -20,6 +22,101 @@ static bool beside(const char *file, const char *name, char *out, size_t size)
     const char *slash = strrchr(file, '/');
     int dir = slash ? (int)(slash - file + 1) : 0;
     return snprintf(out, size, "%.*s%s", dir, file, name) < (int)size;
+}
+
+/* Folds "." and ".." segments and repeated slashes of an absolute path, in
+ * place and lexically (no symlink is looked at: "a/link/.." is "a"). */
+static void fold_segments(char *path)
+{
+    size_t w = 0; /* path[0..w) is the folded prefix, "/seg/seg" */
+    const char *r = path;
+    while (*r) {
+        while (*r == '/') {
+            r++;
+        }
+        size_t n = strcspn(r, "/");
+        if (n == 0) {
+            break;
+        }
+        if (n == 1 && r[0] == '.') {
+            /* nothing */
+        } else if (n == 2 && r[0] == '.' && r[1] == '.') {
+            while (w > 0 && path[--w] != '/') {
+                /* back to the slash that starts the last kept segment */
+            }
+        } else {
+            path[w++] = '/';
+            memmove(path + w, r, n);
+            w += n;
+        }
+        r += n;
+    }
+    if (w == 0) {
+        path[w++] = '/';
+    }
+    path[w] = 0;
+}
+
+/* Makes the path in key absolute: a relative path written in the plan file
+ * is relative to the file's folder, one given by --set to the current
+ * directory (where the command line was typed). Empty stays empty. */
+static mmp_err make_absolute(mmp_schema_loader *L, const mmp_plan *p, const char *key, char *path,
+                             size_t size)
+{
+    if (!path[0] || path[0] == '/') {
+        if (path[0]) {
+            fold_segments(path);
+        }
+        return MMP_OK;
+    }
+    char cwd[MMP_PATH_MAX], joined[3 * MMP_PATH_MAX + 4];
+    if (!getcwd(cwd, sizeof cwd)) {
+        return mmp_schema_fail_at(L, key, NULL, "%s: cannot resolve %s: current directory: %s", key,
+                                  path, strerror(errno));
+    }
+    if (mmp_schema_from_override(L, key)) {
+        snprintf(joined, sizeof joined, "%s/%s", cwd, path);
+    } else {
+        const char *slash = strrchr(p->path, '/');
+        int dir = slash ? (int)(slash - p->path) : 0;
+        if (p->path[0] == '/') {
+            snprintf(joined, sizeof joined, "%.*s/%s", dir, p->path, path);
+        } else {
+            snprintf(joined, sizeof joined, "%s/%.*s/%s", cwd, dir, p->path, path);
+        }
+    }
+    fold_segments(joined);
+    if (strlen(joined) >= size) {
+        return mmp_schema_fail_at(L, key, NULL, "%s: %s resolves to a path longer than %zu bytes",
+                                  key, path, size - 1);
+    }
+    memcpy(path, joined, strlen(joined) + 1);
+    return MMP_OK;
+}
+
+/* The data paths, absolute (so plan.json, which stage processes load from
+ * the run directory, names the same files), and their defaults: vocab.txt
+ * beside the manifest; val.jsonl beside it only when that file exists, else
+ * no validation set (evaluation off, see mmp_plan_evaluates). */
+static mmp_err resolve_paths(mmp_schema_loader *L, mmp_plan *p)
+{
+    MMP_TRY(make_absolute(L, p, "data.manifest", p->data.manifest, sizeof p->data.manifest));
+    MMP_TRY(make_absolute(L, p, "data.vocab", p->data.vocab, sizeof p->data.vocab));
+    MMP_TRY(make_absolute(L, p, "data.val_manifest", p->data.val_manifest,
+                          sizeof p->data.val_manifest));
+    if ((!mmp_schema_given(L, "data.val_manifest") &&
+         !beside(p->data.manifest, "val.jsonl", p->data.val_manifest,
+                 sizeof p->data.val_manifest)) ||
+        (!mmp_schema_given(L, "data.vocab") &&
+         !beside(p->data.manifest, "vocab.txt", p->data.vocab, sizeof p->data.vocab))) {
+        return mmp_schema_fail_at(
+            L, "data.manifest", NULL,
+            "data.manifest: path too long to put val.jsonl / vocab.txt beside it");
+    }
+    if (!mmp_schema_given(L, "data.val_manifest") && access(p->data.val_manifest, F_OK) != 0) {
+        p->data.val_manifest[0] = 0;
+    }
+    return MMP_OK;
 }
 
 static mmp_err resolve_defaults(mmp_schema_loader *L, mmp_plan *p)
@@ -36,16 +133,7 @@ static mmp_err resolve_defaults(mmp_schema_loader *L, mmp_plan *p)
     if (!mmp_schema_given(L, "sim.change.fusion")) {
         p->sim.change.fusion = p->sim.cost.fusion;
     }
-    if ((!mmp_schema_given(L, "data.val_manifest") &&
-         !beside(p->data.manifest, "val.jsonl", p->data.val_manifest,
-                 sizeof p->data.val_manifest)) ||
-        (!mmp_schema_given(L, "data.vocab") &&
-         !beside(p->data.manifest, "vocab.txt", p->data.vocab, sizeof p->data.vocab))) {
-        return mmp_schema_fail_at(
-            L, "data.manifest", NULL,
-            "data.manifest: path too long to put val.jsonl / vocab.txt beside it");
-    }
-    return MMP_OK;
+    return resolve_paths(L, p);
 }
 
 /* Layers of each branch, as nn/model.h counts them: image = stem, each
@@ -264,11 +352,12 @@ double mmp_plan_sim_ms(const mmp_plan *p, mmp_branch b, int first, int last, int
 
 int mmp_plan_evaluates(const mmp_plan *p)
 {
-    return p->train.eval_every > 0 || p->train.final_eval;
+    return p->data.val_manifest[0] && (p->train.eval_every > 0 || p->train.final_eval);
 }
 
 int mmp_plan_eval_due(const mmp_plan *p, int steps_done)
 {
-    return (p->train.eval_every > 0 && steps_done % p->train.eval_every == 0) ||
-           (p->train.final_eval && steps_done == p->job.steps);
+    return mmp_plan_evaluates(p) &&
+           ((p->train.eval_every > 0 && steps_done % p->train.eval_every == 0) ||
+            (p->train.final_eval && steps_done == p->job.steps));
 }

@@ -250,6 +250,7 @@ static const mmp_key_spec keys[] = {
     ENUM("data.on_bad_sample", data.on_bad_sample, bad_sample_names, MMP_BAD_FAIL),
     INT("data.val_samples", data.val_samples, 0, 1000000000, 256),
     BOOL("data.augment", data.augment, 0),
+    INT("data.max_image_pixels", data.max_image_pixels, 1, 16384LL * 16384, 89478485),
 
     INT("model.width", model.width, 1, 16384, 64),
     /* blocks and channels share n_stages; their lengths must agree (check_plan, plan.c) */

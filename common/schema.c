@@ -385,6 +385,12 @@ bool mmp_schema_given(const mmp_schema_loader *L, const char *path)
     return i >= 0 && L->keys[i].seen;
 }
 
+bool mmp_schema_from_override(const mmp_schema_loader *L, const char *path)
+{
+    int i = find_key(L->schema, path);
+    return i >= 0 && L->keys[i].seen && L->keys[i].site.origin >= 0;
+}
+
 int mmp_schema_list_len(const mmp_schema_loader *L, const char *path)
 {
     int i = find_key(L->schema, path);

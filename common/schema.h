@@ -118,6 +118,9 @@ void mmp_schema_put_string(FILE *f, const char *s);
 
 /* Whether the file or an override gave key path. */
 bool mmp_schema_given(const mmp_schema_loader *L, const char *path);
+/* Whether key path's value came from a --set override (false when the file
+ * gave it, or nobody did). */
+bool mmp_schema_from_override(const mmp_schema_loader *L, const char *path);
 /* Entries given for list key path; its default length when not given. */
 int mmp_schema_list_len(const mmp_schema_loader *L, const char *path);
 /* Returns MMP_ERR_CONFIG with "FILE:LINE:COL: msg" (or "--set K=V: msg") at

@@ -120,6 +120,7 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
     memcpy(d->prep.mean, plan->data.mean, sizeof d->prep.mean);
     memcpy(d->prep.std, plan->data.std, sizeof d->prep.std);
     d->prep.augment = 0;
+    d->prep.max_pixels = plan->data.max_image_pixels;
     d->augment = plan->data.augment;
     d->seed = (uint64_t)plan->job.seed;
 

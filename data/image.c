@@ -17,7 +17,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "data/gif.h"
 #include "data/jpeg.h"
+#include "data/webp.h"
 
 /* PIL's fixed point: 8 bits of result, 2 spare for overshoot, the rest
  * fraction. Weights are non-negative here, so sums stay below 2^31. */
@@ -68,7 +70,7 @@ fail:
     goto exit;
 }
 
-mmp_err mmp_image_read(const char *path, mmp_image *img)
+mmp_err mmp_image_read(const char *path, long long max_pixels, mmp_image *img)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
@@ -78,11 +80,15 @@ mmp_err mmp_image_read(const char *path, mmp_image *img)
     if (len == 0) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", path);
     } else if (len >= sizeof png_magic && memcmp(buf, png_magic, sizeof png_magic) == 0) {
-        ret = mmp_png_decode(path, buf, len, img);
+        ret = mmp_png_decode(path, buf, len, max_pixels, img);
     } else if (mmp_jpeg_sniff(buf, len)) {
-        ret = mmp_jpeg_decode(path, buf, len, img);
+        ret = mmp_jpeg_decode(path, buf, len, max_pixels, img);
+    } else if (mmp_gif_sniff(buf, len)) {
+        ret = mmp_gif_decode(path, buf, len, max_pixels, img);
+    } else if (mmp_webp_sniff(buf, len)) {
+        ret = mmp_webp_decode(path, buf, len, max_pixels, img);
     } else {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: not a PNG or JPEG image", path);
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: not a PNG, JPEG, GIF or WebP image", path);
     }
     free(buf);
     return ret;
@@ -382,7 +388,7 @@ mmp_err mmp_image_load(const char *path, const mmp_image_prep *prep, mmp_rng *rn
     }
     mmp_image img = {0};
     mmp_image_geometry g;
-    MMP_TRY(mmp_image_read(path, &img)); /* its errors already name path */
+    MMP_TRY(mmp_image_read(path, prep->max_pixels, &img)); /* its errors name path */
     mmp_err ret = mmp_image_choose_geometry(img.width, img.height, prep, rng, &g);
     if (ret == MMP_OK) {
         ret = mmp_image_transform(&img, prep, &g, out);

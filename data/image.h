@@ -1,5 +1,8 @@
 /* Image files to model input: decode (PNG via libspng, JPEG via
- * libjpeg-turbo), convert to RGB, resize and crop, normalise into NCHW float.
+ * libjpeg-turbo, GIF via giflib, WebP via libwebp), convert to RGB as PIL's
+ * Image.open(p).convert("RGB") does (data/png.h, jpeg.h, gif.h, webp.h say
+ * how, tests/test_formats.c checks it against PIL), resize and crop,
+ * normalise into NCHW float.
  *
  * Everything below is defined to match what torchvision does with PIL images,
  * and tests/test_image.c checks it against a reference that PIL and NumPy
@@ -38,7 +41,8 @@
  * (3, size, size) channel-major.
  *
  * Errors are MMP_ERR_DATA "<path>: <reason>" (missing or unreadable, empty,
- * truncated, not a PNG or JPEG, CMYK JPEG, absurd size; MMP_ERR_IO only for
+ * truncated, not a PNG, JPEG, GIF or WebP, more pixels than the limit, more
+ * than 16384 on a side; MMP_ERR_IO only for
  * a read that fails part way); MMP_ERR_INVALID for a bad prep. Nothing here
  * exits or prints; every function is thread-safe (no shared state). */
 #ifndef MMP_DATA_IMAGE_H
@@ -52,6 +56,7 @@ typedef struct mmp_image_prep {
     int size;              /* output side, 1 .. MMP_PNG_MAX_SIDE */
     float mean[3], std[3]; /* std > 0 */
     int augment;           /* random resized crop + flip (needs rng) */
+    long long max_pixels;  /* larger images are refused (data.max_image_pixels); <= 0: default */
 } mmp_image_prep;
 
 /* Where one output's pixels come from: the source rectangle (x, y, w, h) is
@@ -64,10 +69,13 @@ typedef struct mmp_image_geometry {
     int flip;
 } mmp_image_geometry;
 
-/* Decodes a PNG or JPEG file (told apart by its first bytes, not its name)
- * into *img (RGB8), which the caller frees with mmp_image_fini. On failure
- * *img is zeroed. */
-mmp_err mmp_image_read(const char *path, mmp_image *img);
+/* Decodes a PNG, JPEG, GIF or WebP file (told apart by its first bytes, not
+ * its name) into *img (RGB8), which the caller frees with mmp_image_fini.
+ * An image of more than max_pixels pixels (<= 0: MMP_IMAGE_MAX_PIXELS) is
+ * refused before its pixels are allocated. On failure img->rgb is NULL and
+ * img is zeroed, except that mmp_image_too_large(img) then tells a refusal
+ * on the pixel limit (img holds the declared size). */
+mmp_err mmp_image_read(const char *path, long long max_pixels, mmp_image *img);
 
 /* The geometry prep gives a width x height image: centre crop, or with
  * prep->augment the random draws described above (advancing *rng). */

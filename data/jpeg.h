@@ -5,8 +5,9 @@
  * ("<name>: <reason>", MMP_ERR_DATA). Baseline and progressive files decode
  * with libjpeg's defaults (accurate integer IDCT, fancy chroma upsampling), so
  * the pixels equal those PIL gets from the same file. Grayscale is replicated
- * to RGB. CMYK/YCCK files are refused: inverting Adobe CMYK without a colour
- * profile gives wrong colours, and we would rather say so than train on them. */
+ * to RGB. CMYK and YCCK files decode as PIL's Image.open(p).convert("RGB"):
+ * the stored values read as Adobe-inverted CMYK, then PIL's naive CMYK to RGB
+ * (no colour profile, as PIL), equal to PIL's bytes on tests/image/formats/. */
 #ifndef MMP_DATA_JPEG_H
 #define MMP_DATA_JPEG_H
 
@@ -27,10 +28,11 @@ int mmp_jpeg_sniff(const void *buf, size_t len);
  * frees with mmp_image_fini). name is used only in error messages. Never
  * prints. On failure *img is zeroed and MMP_ERR_DATA says "name: empty file
  * (0 bytes)", "name: not a JPEG", "name: truncated JPEG" (the data ends
- * before the EOI marker), "name: CMYK JPEG is not supported", "name: image
- * larger than 16384 pixels on a side" (checked before any pixel allocation;
- * the limit is MMP_PNG_MAX_SIDE), or "name: bad or unsupported JPEG:
- * <libjpeg's reason>". MMP_ERR_NOMEM when the pixels cannot be allocated. Thread-safe. */
-mmp_err mmp_jpeg_decode(const char *name, const void *buf, size_t len, mmp_image *img);
+ * before the EOI marker), mmp_image_check_size's errors (side and
+ * max_pixels limits, checked before any pixel allocation), or "name: bad or
+ * unsupported JPEG: <libjpeg's reason>". MMP_ERR_NOMEM when the pixels
+ * cannot be allocated. Thread-safe. */
+mmp_err mmp_jpeg_decode(const char *name, const void *buf, size_t len, long long max_pixels,
+                        mmp_image *img);
 
 #endif

@@ -481,6 +481,7 @@ const char *mmp_sample_problem_name(mmp_sample_problem p)
         [MMP_PROBLEM_EMPTY_IMAGE] = "zero-size image",
         [MMP_PROBLEM_BAD_IMAGE] = "undecodable image",
         [MMP_PROBLEM_BAD_CAPTION] = "caption without tokens",
+        [MMP_PROBLEM_LARGE_IMAGE] = "image over the pixel limit",
     };
     return p >= 0 && p < MMP_PROBLEM_KINDS && names[p] ? names[p] : "unknown problem";
 }

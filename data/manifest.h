@@ -36,8 +36,9 @@ typedef enum mmp_sample_problem {
     MMP_PROBLEM_LONG_LINE,       /* longer than MMP_MANIFEST_MAX_LINE */
     MMP_PROBLEM_MISSING_IMAGE,   /* no such file (or not a regular file) */
     MMP_PROBLEM_EMPTY_IMAGE,     /* a zero-size file */
-    MMP_PROBLEM_BAD_IMAGE,       /* unreadable, truncated, not a PNG/JPEG, absurd size */
+    MMP_PROBLEM_BAD_IMAGE,       /* unreadable, truncated, not a PNG/JPEG/GIF/WebP, absurd size */
     MMP_PROBLEM_BAD_CAPTION,     /* no tokens left after normalisation */
+    MMP_PROBLEM_LARGE_IMAGE,     /* more pixels than data.max_image_pixels (data check --decode) */
     MMP_PROBLEM_KINDS
 } mmp_sample_problem;
 

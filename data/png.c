@@ -23,6 +23,36 @@ void mmp_image_fini(mmp_image *img)
     memset(img, 0, sizeof *img);
 }
 
+mmp_err mmp_image_check_size(const char *name, long long width, long long height,
+                             long long max_pixels, mmp_image *img)
+{
+    memset(img, 0, sizeof *img);
+    if (max_pixels <= 0) {
+        max_pixels = MMP_IMAGE_MAX_PIXELS;
+    }
+    if (width <= 0 || height <= 0) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: zero-size image", name);
+    }
+    if (width > MMP_PNG_MAX_SIDE || height > MMP_PNG_MAX_SIDE) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: image larger than %d pixels on a side (%lldx%lld)",
+                          name, MMP_PNG_MAX_SIDE, width, height);
+    }
+    if (width * height > max_pixels) {
+        img->width = (int)width;
+        img->height = (int)height;
+        return mmp_errorf(MMP_ERR_DATA,
+                          "%s: %lldx%lld image has %lld pixels, more than the limit of %lld "
+                          "(data.max_image_pixels)",
+                          name, width, height, width * height, max_pixels);
+    }
+    return MMP_OK;
+}
+
+int mmp_image_too_large(const mmp_image *img)
+{
+    return !img->rgb && img->width > 0 && img->height > 0;
+}
+
 static mmp_err spng_error(const char *name, int rc)
 {
     /* libspng reports running out of input as SPNG_IO_EOF; SPNG_EOF is an
@@ -43,7 +73,8 @@ static mmp_err spng_error(const char *name, int rc)
     return mmp_errorf(MMP_ERR_DATA, "%s: corrupt PNG: %s", name, spng_strerror(rc));
 }
 
-mmp_err mmp_png_decode(const char *name, const void *buf, size_t len, mmp_image *img)
+mmp_err mmp_png_decode(const char *name, const void *buf, size_t len, long long max_pixels,
+                       mmp_image *img)
 {
     mmp_err ret = MMP_OK;
     spng_ctx *ctx = NULL;
@@ -74,9 +105,9 @@ mmp_err mmp_png_decode(const char *name, const void *buf, size_t len, mmp_image 
         ret = spng_error(name, (int)rc);
         goto fail;
     }
-    if (ihdr.width == 0 || ihdr.height == 0) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: zero-size image", name);
-        goto fail;
+    ret = mmp_image_check_size(name, ihdr.width, ihdr.height, max_pixels, img);
+    if (ret != MMP_OK) {
+        goto exit; /* keeps the size check's img */
     }
     if (out_len != (size_t)ihdr.width * ihdr.height * 3) {
         ret = mmp_errorf(MMP_ERR_INTERNAL, "%s: libspng RGB8 size %zu for %ux%u", name, out_len,
@@ -131,7 +162,7 @@ mmp_err mmp_png_read(const char *path, mmp_image *img)
         ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
         goto exit;
     }
-    ret = mmp_png_decode(path, buf, len, img);
+    ret = mmp_png_decode(path, buf, len, 0, img);
 exit:
     free(buf);
     fclose(f);

@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/manifest.h"
 #include "data/tokenizer.h"
 
 /* Whether path is a regular file this process can read. */
@@ -42,4 +44,56 @@ mmp_err mmp_data_preflight(const mmp_plan *p)
                          "false it is not needed)"));
     }
     return MMP_OK;
+}
+
+typedef struct coverage_walk {
+    const mmp_tokenizer *tok;
+    mmp_vocab_coverage *cov;
+    int64_t limit;
+    int stopped;
+    int32_t ids[512];
+} coverage_walk;
+
+static mmp_err count_caption(void *user, const mmp_manifest_entry *e, const char *problem)
+{
+    coverage_walk *w = user;
+    if (problem) {
+        return MMP_OK;
+    }
+    int n_real = 0, n_unk = 0;
+    if (mmp_tokenizer_encode(w->tok, e->text, 512, w->ids, NULL, &n_real, &n_unk) == MMP_OK) {
+        w->cov->captions++;
+        w->cov->pieces += n_real - 2;
+        w->cov->unk += n_unk;
+    }
+    if (w->cov->captions >= w->limit) {
+        w->stopped = 1;
+        return MMP_ERR_INVALID; /* stops the walk; not an error (stopped says so) */
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_data_vocab_coverage(const mmp_plan *p, int64_t lines, mmp_vocab_coverage *cov)
+{
+    memset(cov, 0, sizeof *cov);
+    mmp_tokenizer *tok = NULL;
+    if (mmp_tokenizer_load(&tok, p->data.vocab) != MMP_OK) {
+        return mmp_error_prefix(MMP_ERR_DATA, "data.vocab");
+    }
+    cov->vocab_size = mmp_tokenizer_vocab_size(tok);
+    coverage_walk *w = calloc(1, sizeof *w);
+    if (!w) {
+        mmp_tokenizer_destroy(tok);
+        return mmp_errorf(MMP_ERR_NOMEM, "vocab coverage");
+    }
+    w->tok = tok;
+    w->cov = cov;
+    w->limit = lines;
+    mmp_err e = lines > 0 ? mmp_manifest_scan(p->data.manifest, count_caption, w) : MMP_OK;
+    if (w->stopped) {
+        e = MMP_OK;
+    }
+    free(w);
+    mmp_tokenizer_destroy(tok);
+    return e == MMP_OK ? MMP_OK : mmp_error_prefix(MMP_ERR_DATA, "data.manifest");
 }

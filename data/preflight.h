@@ -15,7 +15,27 @@
 #include "common/config.h"
 #include "common/err.h"
 
+#include <stdint.h>
+
 /* MMP_OK, or MMP_ERR_DATA with "KEY: PATH: reason" in mmp_last_error(). */
 mmp_err mmp_data_preflight(const mmp_plan *p);
+
+/* How well data.vocab covers the captions: the first `lines` good lines of
+ * data.manifest tokenised as training does (up to 512 tokens each), counting
+ * word pieces (without [CLS] and [SEP]) and the [UNK] among them. A word the
+ * vocab cannot spell becomes one [UNK], so unk / pieces is close to the share
+ * of caption words lost. Bad lines are not counted (the dataset reports them). */
+typedef struct mmp_vocab_coverage {
+    int64_t captions, pieces, unk;
+    int vocab_size;
+} mmp_vocab_coverage;
+
+/* Above this share of [UNK] pieces launch warns (the demo's 64-token vocab
+ * on English captions is ~60%; bert-base-uncased on English, ~0). */
+#define MMP_UNK_WARN_SHARE 0.05
+
+/* Fills *cov; MMP_ERR_DATA when the manifest or vocab cannot be read. Reads
+ * only. */
+mmp_err mmp_data_vocab_coverage(const mmp_plan *p, int64_t lines, mmp_vocab_coverage *cov);
 
 #endif

@@ -8,10 +8,17 @@
 #  fingerprint: --resume under a plan that changes the model or the data
 #               order (same shapes) is refused naming the key, nothing changes
 #               on disk; keys a resume may change are accepted;
-#  preflight:   a missing manifest, vocab or validation set is one error
-#               naming its key, before any process or file exists; no
-#               validation set is needed with evaluation off; evaluation
-#               obeys data.on_bad_sample: skip;
+#  preflight:   a missing manifest, vocab or named validation set is one
+#               error naming its key, before any process or file exists; no
+#               validation set is needed with evaluation off, and without
+#               val.jsonl beside the manifest evaluation is off (said once);
+#               evaluation obeys data.on_bad_sample: skip;
+#  paths:       relative plan paths resolve beside the plan file (launching
+#               from / works), --set ones against the current directory;
+#               plan.json records them absolute;
+#  vocab:       English captions under the synthetic 64-token vocab make
+#               launch warn about [UNK] (naming scripts/vocab); the real
+#               bert-base-uncased vocab does not;
 #  token:       no stage process has the job token in its argv or environ.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -119,13 +126,62 @@ n=$("$BIN" launch "$W/plan.yaml" --out "$W/pf1" --set data.manifest="$W/nope.jso
 expect_fail "missing vocab: error naming data.vocab" "data.vocab: .*$W/none.txt" \
   "$BIN" launch "$W/plan.yaml" --out "$W/pf2" --set data.vocab="$W/none.txt"
 mkdir -p "$W/noval" && cp "$W/data/train.jsonl" "$W/data/vocab.txt" "$W/noval/" && ln -s "$W/data/images" "$W/noval/images"
-expect_fail "missing validation set: error naming data.val_manifest" "data.val_manifest: .*noval/val.jsonl" \
-  "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl"
+expect_fail "missing validation set named in the plan: error naming data.val_manifest" "data.val_manifest: .*noval/held.jsonl" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl" --set data.val_manifest="$W/noval/held.jsonl"
 [ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && ok "no run directory after a preflight error" || fail "preflight left a directory"
 "$BIN" launch "$W/plan.yaml" --out "$W/pf4" --set data.manifest="$W/noval/train.jsonl" \
   --set train.final_eval=false >"$W/pf4.log" 2>&1 \
   && ! grep -q val_i2t_r1 "$W/pf4/metrics.jsonl" && ok "evaluation off: no validation set needed" \
   || { fail "evaluation off still wants val.jsonl"; tail -3 "$W/pf4.log"; }
+"$BIN" launch "$W/plan.yaml" --out "$W/pf5" --set data.manifest="$W/noval/train.jsonl" \
+  --set train.eval_every=1 >"$W/pf5.log" 2>&1 \
+  && ! grep -q val_i2t_r1 "$W/pf5/metrics.jsonl" && grep -q "no validation set .*evaluation is off" "$W/pf5.log" \
+  && grep -q '"val_manifest": ""' "$W/pf5/plan.json" \
+  && ok "no val.jsonl beside the manifest: runs, says evaluation is off" \
+  || { fail "no val.jsonl beside the manifest"; tail -3 "$W/pf5.log"; }
+
+# --- paths relative to the plan file, recorded absolute --------------------------------------
+mkdir -p "$W/plans"
+sed "s|manifest: $W/data/train.jsonl|manifest: ../data/./train.jsonl|" "$W/plan.yaml" > "$W/plans/rel.yaml"
+case $BIN in /*) ABS_BIN=$BIN ;; *) ABS_BIN=$PWD/$BIN ;; esac
+(cd / && "$ABS_BIN" launch "$W/plans/rel.yaml" --out "$W/rel1" --steps 1 --set train.eval_every=1) >"$W/rel1.log" 2>&1 \
+  && grep -q "\"manifest\": \"$W/data/train.jsonl\"" "$W/rel1/plan.json" \
+  && grep -q "\"val_manifest\": \"$W/data/val.jsonl\"" "$W/rel1/plan.json" \
+  && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel1/plan.json" \
+  && grep -q val_i2t_r1 "$W/rel1/metrics.jsonl" \
+  && ok "launched from / with manifest: ../data/train.jsonl: resolved beside the plan, absolute in plan.json" \
+  || { fail "plan-relative paths from another directory"; tail -3 "$W/rel1.log"; }
+(cd "$W" && "$ABS_BIN" launch plans/rel.yaml --out rel2 --steps 1 --single-process) >"$W/rel2.log" 2>&1 \
+  && grep -q "\"manifest\": \"$W/data/train.jsonl\"" "$W/rel2/plan.json" 2>/dev/null \
+  && ok "a relative plan path from its parent folder (single process)" \
+  || { fail "relative plan path"; tail -3 "$W/rel2.log"; }
+(cd "$W/data" && "$ABS_BIN" launch "$W/plans/rel.yaml" --out "$W/rel3" --steps 1 --set data.vocab=vocab.txt) >"$W/rel3.log" 2>&1 \
+  && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel3/plan.json" \
+  && ok "--set data.vocab=vocab.txt is relative to the current directory" \
+  || { fail "--set path relative to the current directory"; tail -3 "$W/rel3.log"; }
+
+# --- vocab coverage: English captions under the synthetic set's 64-token vocab warn ---------
+E=$W/english
+mkdir -p "$E" && ln -s "$W/data/images" "$E/images" && cp "$W/data/vocab.txt" "$E/"
+captions=("A man riding a bicycle down a busy city street." "Two dogs playing with a ball on the grass."
+  "A bowl of fresh fruit sits on the kitchen table." "Children are building a sandcastle at the beach.")
+i=0
+while IFS= read -r line; do
+  img=$(sed -n 's/.*"image": "\([^"]*\)".*/\1/p' <<<"$line")
+  printf '{"image": "%s", "text": "%s"}\n' "$img" "${captions[$((i % 4))]}"; i=$((i+1))
+done < "$W/data/train.jsonl" > "$E/train.jsonl"
+"$BIN" launch "$W/plan.yaml" --out "$W/unk1" --steps 1 --set data.manifest="$E/train.jsonl" >"$W/unk1.log" 2>&1 \
+  && grep -q "warning: [0-9]*% of the caption word pieces in the first [0-9]* lines of $E/train.jsonl are \[UNK\] under data.vocab $E/vocab.txt (64 tokens)" "$W/unk1.log" \
+  && grep -q "scripts/vocab" "$W/unk1.log" \
+  && ok "English captions with the 64-token vocab: launch warns about [UNK], names scripts/vocab" \
+  || { fail "no [UNK] warning for English captions under the demo vocab"; tail -3 "$W/unk1.log"; }
+"$BIN" launch "$W/plan.yaml" --out "$W/unk2" --steps 1 --set data.manifest="$E/train.jsonl" \
+  --set data.vocab=tests/tokenizer/vocab.txt >"$W/unk2.log" 2>&1 \
+  && ! grep -q "UNK" "$W/unk2.log" && grep -q "\"vocab\": \"$PWD/tests/tokenizer/vocab.txt\"" "$W/unk2/plan.json" \
+  && ok "... and none with bert-base-uncased's vocab (tests/tokenizer/vocab.txt, as scripts/vocab writes)" \
+  || { fail "[UNK] warning with the real vocab"; tail -3 "$W/unk2.log"; }
+! grep -q "UNK" "$W/pf4.log" && ok "... nor for the synthetic captions with their own vocab" \
+  || fail "[UNK] warning on the synthetic set"
 
 # a bad validation image under on_bad_sample: skip is skipped, not fatal
 B=$W/badval

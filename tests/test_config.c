@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/harness.h"
@@ -66,6 +67,95 @@ static void expect_error_prefix(const char *file, const char *const *ov, int n, 
     CHECK(strncmp(mmp_last_error(), prefix, strlen(prefix)) == 0);
 }
 
+/* path is absolute, under the current directory, and ends with tail. */
+static int ends_with_abs(const char *path, const char *tail)
+{
+    char cwd[1024];
+    size_t n = strlen(path), k = strlen(tail);
+    int ok = getcwd(cwd, sizeof cwd) && strncmp(path, cwd, strlen(cwd)) == 0 && n >= k &&
+             strcmp(path + n - k, tail) == 0;
+    if (!ok) {
+        fprintf(stderr, "  %s: want <cwd>...%s\n", path, tail);
+    }
+    return ok;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* Plan paths: relative to the plan file's folder ("..", "." folded), a
+ * --set one relative to the current directory, absolute ones kept; the
+ * validation set defaults to val.jsonl beside the manifest only when it
+ * exists; an explicit one is kept even when missing (preflight names it). */
+static void test_paths(void)
+{
+    char root[1024], path[1200], cwd[1024], want[2400];
+    snprintf(root, sizeof root, "%s", mmp_test_tmpdir("config_paths"));
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    snprintf(path, sizeof path, "%s/plans", root);
+    CHECK(mkdir(path, 0755) == 0);
+    snprintf(path, sizeof path, "%s/d", root);
+    CHECK(mkdir(path, 0755) == 0);
+    snprintf(path, sizeof path, "%s/plans/p.yaml", root);
+    write_text(path, "data: { manifest: ../d/./train.jsonl }\n");
+    mmp_plan p;
+    CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
+    snprintf(want, sizeof want, "%s/d/train.jsonl", root);
+    CHECK(strcmp(p.data.manifest, want) == 0);
+    snprintf(want, sizeof want, "%s/d/vocab.txt", root);
+    CHECK(strcmp(p.data.vocab, want) == 0);
+    CHECK(p.data.val_manifest[0] == 0 && !mmp_plan_evaluates(&p));
+
+    snprintf(path, sizeof path, "%s/d/val.jsonl", root);
+    write_text(path, "");
+    snprintf(path, sizeof path, "%s/plans/p.yaml", root);
+    CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
+    snprintf(want, sizeof want, "%s/d/val.jsonl", root);
+    CHECK(strcmp(p.data.val_manifest, want) == 0 && mmp_plan_evaluates(&p));
+
+    /* The same plan named relative to another directory. */
+    CHECK(chdir(root) == 0);
+    CHECK_OK(mmp_plan_load(&p, "plans/p.yaml", NULL, 0));
+    snprintf(want, sizeof want, "%s/d/train.jsonl", root);
+    CHECK(strcmp(p.data.manifest, want) == 0);
+
+    /* --set: relative to where the command runs; absolute kept. */
+    const char *ov[] = {"data.vocab=words/v.txt", "data.val_manifest=/x/../y/held.jsonl"};
+    CHECK_OK(mmp_plan_load(&p, "plans/p.yaml", ov, 2));
+    snprintf(want, sizeof want, "%s/words/v.txt", root);
+    CHECK(strcmp(p.data.vocab, want) == 0);
+    CHECK(strcmp(p.data.val_manifest, "/y/held.jsonl") == 0);
+    CHECK(chdir(cwd) == 0);
+
+    /* plan.json records them absolute, and loads back unchanged from anywhere. */
+    snprintf(path, sizeof path, "%s/plan.json", root);
+    CHECK_OK(mmp_plan_write_json(&p, path));
+    mmp_plan q;
+    CHECK_OK(mmp_plan_load(&q, path, NULL, 0));
+    CHECK(strcmp(q.data.manifest, p.data.manifest) == 0 &&
+          strcmp(q.data.vocab, p.data.vocab) == 0 &&
+          strcmp(q.data.val_manifest, p.data.val_manifest) == 0);
+    /* ... and a plan without a validation set keeps none. */
+    snprintf(path, sizeof path, "%s/d/val.jsonl", root);
+    CHECK(unlink(path) == 0);
+    snprintf(path, sizeof path, "%s/plans/p.yaml", root);
+    CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
+    snprintf(path, sizeof path, "%s/plan.json", root);
+    CHECK_OK(mmp_plan_write_json(&p, path));
+    snprintf(path, sizeof path, "%s/d/val.jsonl", root);
+    write_text(path, "");
+    snprintf(path, sizeof path, "%s/plan.json", root);
+    CHECK_OK(mmp_plan_load(&q, path, NULL, 0));
+    CHECK(q.data.val_manifest[0] == 0 && !mmp_plan_evaluates(&q));
+}
+
 static void test_full_plan(void)
 {
     mmp_plan p;
@@ -75,9 +165,10 @@ static void test_full_plan(void)
     CHECK(p.job.steps == 250);
     CHECK(p.job.seed == 12345678901LL);
 
-    CHECK(strcmp(p.data.manifest, "data/full/train.jsonl") == 0);
-    CHECK(strcmp(p.data.val_manifest, "data/full/held_out.jsonl") == 0);
-    CHECK(strcmp(p.data.vocab, "data/full/words.txt") == 0);
+    /* Paths in the file are relative to its folder, recorded absolute. */
+    CHECK(ends_with_abs(p.data.manifest, "/" DIR "data/full/train.jsonl"));
+    CHECK(ends_with_abs(p.data.val_manifest, "/" DIR "data/full/held_out.jsonl"));
+    CHECK(ends_with_abs(p.data.vocab, "/" DIR "data/full/words.txt"));
     CHECK(p.data.image_size == 64 && p.data.max_text_len == 40);
     CHECK(feq(p.data.mean[0], 0.5) && feq(p.data.mean[1], 0.25) && feq(p.data.mean[2], 0.125));
     CHECK(feq(p.data.std[0], 0.5) && feq(p.data.std[1], 0.5) && feq(p.data.std[2], 2));
@@ -174,9 +265,10 @@ static void test_defaults(void)
 
     CHECK_OK(mmp_plan_load(&p, DIR "minimal.yaml", NULL, 0));
     check_defaults(&p);
-    CHECK(strcmp(p.data.manifest, "data/min/train.jsonl") == 0);
-    CHECK(strcmp(p.data.val_manifest, "data/min/val.jsonl") == 0);
-    CHECK(strcmp(p.data.vocab, "data/min/vocab.txt") == 0);
+    CHECK(ends_with_abs(p.data.manifest, "/" DIR "data/min/train.jsonl"));
+    CHECK(p.data.val_manifest[0] == 0); /* no val.jsonl there: no validation set */
+    CHECK(!mmp_plan_evaluates(&p) && !mmp_plan_eval_due(&p, p.job.steps));
+    CHECK(ends_with_abs(p.data.vocab, "/" DIR "data/min/vocab.txt"));
 
     CHECK(strcmp(mmp_schedule_name(MMP_SCHED_GPIPE), "gpipe") == 0);
     CHECK(strcmp(mmp_schedule_name(MMP_SCHED_1F1B), "1f1b") == 0);
@@ -516,13 +608,10 @@ static void test_json_case(void)
 }
 
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_full_plan),
-    MMP_TEST_CASE(test_defaults),
-    MMP_TEST_CASE(test_demo),
-    MMP_TEST_CASE(test_file_errors),
-    {"test_written_errors", test_written_errors_case},
-    MMP_TEST_CASE(test_overrides),
-    {"test_sim", test_sim_case},
+    MMP_TEST_CASE(test_full_plan),   MMP_TEST_CASE(test_defaults),
+    MMP_TEST_CASE(test_paths),       MMP_TEST_CASE(test_demo),
+    MMP_TEST_CASE(test_file_errors), {"test_written_errors", test_written_errors_case},
+    MMP_TEST_CASE(test_overrides),   {"test_sim", test_sim_case},
     {"test_json", test_json_case},
 };
 

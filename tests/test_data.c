@@ -131,14 +131,14 @@ static void test_png(void)
     size_t len = 0;
     const uint8_t gray[4] = {0, 100, 200, 255};
     void *buf = encode_raw(SPNG_COLOR_TYPE_GRAYSCALE, 8, gray, 4, 2, 2, NULL, &len);
-    CHECK_OK(mmp_png_decode("gray", buf, len, &img));
+    CHECK_OK(mmp_png_decode("gray", buf, len, 0, &img));
     CHECK(img.rgb && img.rgb[3] == 100 && img.rgb[4] == 100 && img.rgb[5] == 100);
     mmp_image_fini(&img);
     free(buf);
 
     const uint16_t gray16[4] = {0, 0xffff, 0x8080, 0x0101};
     buf = encode_raw(SPNG_COLOR_TYPE_GRAYSCALE, 16, gray16, 8, 2, 2, NULL, &len);
-    CHECK_OK(mmp_png_decode("gray16", buf, len, &img));
+    CHECK_OK(mmp_png_decode("gray16", buf, len, 0, &img));
     CHECK(img.rgb && img.rgb[3] == 255 && img.rgb[6] == 128 && img.rgb[9] == 1);
     mmp_image_fini(&img);
     free(buf);
@@ -148,7 +148,7 @@ static void test_png(void)
     plte.entries[1] = (struct spng_plte_entry){.red = 0, .green = 200, .blue = 7};
     const uint8_t indices[2] = {0x40, 0x80}; /* 1 bit per pixel: rows 01, 10 */
     buf = encode_raw(SPNG_COLOR_TYPE_INDEXED, 1, indices, 2, 2, 2, &plte, &len);
-    CHECK_OK(mmp_png_decode("palette", buf, len, &img));
+    CHECK_OK(mmp_png_decode("palette", buf, len, 0, &img));
     CHECK(img.rgb && img.rgb[0] == 10 && img.rgb[1] == 20 && img.rgb[2] == 30);
     CHECK(img.rgb && img.rgb[3] == 0 && img.rgb[4] == 200 && img.rgb[5] == 7);
     mmp_image_fini(&img);
@@ -156,16 +156,16 @@ static void test_png(void)
 
     const uint8_t rgba[16] = {1, 2, 3, 0, 4, 5, 6, 255, 7, 8, 9, 100, 10, 11, 12, 13};
     buf = encode_raw(SPNG_COLOR_TYPE_TRUECOLOR_ALPHA, 8, rgba, 16, 2, 2, NULL, &len);
-    CHECK_OK(mmp_png_decode("rgba", buf, len, &img));
+    CHECK_OK(mmp_png_decode("rgba", buf, len, 0, &img));
     CHECK(img.rgb && img.rgb[0] == 1 && img.rgb[3] == 4 && img.rgb[11] == 12); /* alpha dropped */
     mmp_image_fini(&img);
 
     /* Errors say what is wrong. */
-    CHECK(mmp_png_decode("cut", buf, len / 2, &img) == MMP_ERR_DATA);
+    CHECK(mmp_png_decode("cut", buf, len / 2, 0, &img) == MMP_ERR_DATA);
     CHECK(contains(mmp_last_error(), "cut: truncated PNG"));
     CHECK(img.rgb == NULL);
     free(buf);
-    CHECK(mmp_png_decode("nothing", "", 0, &img) == MMP_ERR_DATA);
+    CHECK(mmp_png_decode("nothing", "", 0, 0, &img) == MMP_ERR_DATA);
     CHECK(contains(mmp_last_error(), "nothing: empty file"));
     snprintf(path, sizeof path, "%s/text.png", dir);
     write_text(path, "hello, I am not an image\n");
@@ -1123,6 +1123,37 @@ static void test_cli(void)
     CHECK(contains(out, "64 lines, 0 problems; 64 good samples; images 32x32"));
     CHECK(contains(out, "0 with [UNK]"));
 
+    /* The pixel limit: every 32x32 image is over 1000 pixels, each reported
+     * by file with the key to raise; a kind of its own in the summary. */
+    snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --decode --max-pixels 1000", bin,
+             dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
+    CHECK(contains(out, "/set/images/000000.png: 32x32 image has 1024 pixels, more than the "
+                        "limit of 1000 (data.max_image_pixels)"));
+    CHECK(contains(out, "64 lines, 64 problems (by kind: 64 image over the pixel limit)"));
+    snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --decode --max-pixels 0", bin, dir);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+
+    /* Every format a user brings decodes (tests/test_formats.c checks the
+     * pixels against PIL). */
+    char cwd[512], manifest[1100];
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    snprintf(manifest, sizeof manifest, "%s/formats.jsonl", dir);
+    FILE *mf = fopen(manifest, "w");
+    CHECK(mf != NULL);
+    if (mf) {
+        const char *files[] = {"cmyk_40x30.jpg", "ycck_37x29.jpg", "anim_24x18.gif",
+                               "lossy_alpha_30x22.webp", "gray16_19x13.png"};
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            fprintf(mf, "{\"image\": \"%s/tests/image/formats/%s\", \"text\": \"a picture\"}\n",
+                    cwd, files[i]);
+        }
+        fclose(mf);
+    }
+    snprintf(cmd, sizeof cmd, "%s data check %s --decode", bin, manifest);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+    CHECK(contains(out, "5 lines, 0 problems; 5 good samples"));
+
     snprintf(cmd, sizeof cmd, "%s data check " FIXTURES "/many_problems.jsonl --decode", bin);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
     static const char *const lines[] = {
@@ -1134,7 +1165,7 @@ static void test_cli(void)
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         CHECK(contains(out, lines[i]));
     }
-    CHECK(contains(out, "not_a_png.png: not a PNG or JPEG image"));
+    CHECK(contains(out, "not_a_png.png: not a PNG, JPEG, GIF or WebP image"));
 
     snprintf(cmd, sizeof cmd,
              "printf 'a red circle\\nZzz, ring.\\n' | %s data tokenize --vocab %s/set/vocab.txt "

@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(copy, data, size);
     fix_crcs(copy, size);
     mmp_image img = {0};
-    if (mmp_png_decode("fuzz.png", copy, size, &img) == MMP_OK) {
+    if (mmp_png_decode("fuzz.png", copy, size, 0, &img) == MMP_OK) {
         size_t n = (size_t)img.width * (size_t)img.height * 3;
         volatile uint8_t last = img.rgb[n - 1]; /* the whole buffer is there */
         (void)last;
