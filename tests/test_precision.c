@@ -144,7 +144,8 @@ static void test_lowp_linear(void)
         mmp_cpu_linear_fwd(ref, ri, rw, b, N, C, OC);
         CHECK(memcmp(out, ref, sizeof out) == 0);
         memset(dinp, 0, sizeof dinp), memset(dw, 0, sizeof dw), memset(db, 0, sizeof db);
-        memset(dinp_ref, 0, sizeof dinp), memset(dw_ref, 0, sizeof dw), memset(db_ref, 0, sizeof db);
+        memset(dinp_ref, 0, sizeof dinp), memset(dw_ref, 0, sizeof dw),
+            memset(db_ref, 0, sizeof db);
         mmp_lowp_linear_bwd(&lp, dinp, dw, db, dout, inp, w, N, C, OC);
         mmp_cpu_linear_bwd(dinp_ref, dw_ref, db_ref, rd, ri, rw, N, C, OC);
         CHECK(memcmp(dinp, dinp_ref, sizeof dinp) == 0);

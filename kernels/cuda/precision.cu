@@ -45,8 +45,7 @@ mmp_err mmp_cuda_round_lp(mmp_cuda_ctx *ctx, float *dst, const float *src, size_
         return MMP_OK;
     }
     if (prec == 0) {
-        CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                               ctx->stream));
+        CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
         return MMP_OK;
     }
     round_lp_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(dst, src, n, prec);
@@ -62,12 +61,11 @@ mmp_err mmp_cuda_pack_lp(mmp_cuda_ctx *ctx, void *dst, const float *src, size_t 
         return MMP_OK;
     }
     if (prec == 0) {
-        CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                               ctx->stream));
+        CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
         return MMP_OK;
     }
     pack_lp_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>((unsigned short *)dst, src, n,
-                                                                   prec);
+                                                                  prec);
     LAUNCH_CHECK();
     return MMP_OK;
 }
@@ -80,8 +78,7 @@ mmp_err mmp_cuda_unpack_lp(mmp_cuda_ctx *ctx, float *dst, const void *src, size_
         return MMP_OK;
     }
     if (prec == 0) {
-        CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                               ctx->stream));
+        CU_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream));
         return MMP_OK;
     }
     unpack_lp_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(
