@@ -244,7 +244,6 @@ mmp_err mmp_plan_check_runnable(const mmp_plan *p)
         int bad;
         const char *key, *why;
     } rules[] = {
-        {p->train.precision != MMP_PREC_FP32, "train.precision", "mixed precision (GPU only)"},
         {p->n_hosts > 1, "hosts", "more than one host"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {

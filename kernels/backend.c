@@ -7,6 +7,11 @@
 
 static mmp_backend cpu_instance = {.ops = &mmp_backend_cpu_ops, .ctx = NULL, .err = MMP_OK};
 
+size_t mmp_backend_lp_bytes(mmp_precision prec)
+{
+    return prec == MMP_PREC_FP32 ? 4 : 2;
+}
+
 mmp_backend *mmp_backend_cpu(void)
 {
     return &cpu_instance;

@@ -52,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/config.h" /* mmp_precision */
 #include "common/err.h"
 #include "kernels/shape.h"
 
@@ -83,6 +84,20 @@ typedef struct mmp_backend_ops {
      * to asynchronously (CUDA: page-locked), for input staging. */
     void *(*host_alloc)(mmp_backend *be, size_t bytes);
     void (*host_free)(mmp_backend *be, void *p);
+
+    /* ---- low precision (kernels/cpu.h's mmp_cpu_*_lp are the spec) ------- */
+    /* Mixed precision rounds the inputs of every product (GEMM, linear,
+     * conv2d, attention) to prec and accumulates in fp32: nn/ rounds into
+     * scratch with round_lp and calls the fp32 op, so the CPU computes
+     * exactly what a GPU computing from bf16/fp16 storage computes, up to the
+     * fp32 accumulation order. fp32 rounds nothing (a copy, skipped onto
+     * itself). */
+    // dst (n) = widen(round_prec(src (n))); dst may equal src
+    void (*round_lp)(mmp_backend *be, float *dst, const float *src, size_t n, mmp_precision prec);
+    // dst (n elements of 2 bytes; 4 for fp32) = src (n) stored in prec; no overlap
+    void (*pack_lp)(mmp_backend *be, void *dst, const float *src, size_t n, mmp_precision prec);
+    // dst (n) = widen(src (n elements of 2 bytes; 4 for fp32)); no overlap
+    void (*unpack_lp)(mmp_backend *be, float *dst, const void *src, size_t n, mmp_precision prec);
 
     /* ---- GEMM / linear ------------------------------------------------- */
     // C (M,N) = alpha op(A) @ op(B) + beta C, row-major
@@ -157,13 +172,15 @@ typedef struct mmp_backend_ops {
                           const int32_t *ids, int B, int T, int C);
 
     /* ---- attention ------------------------------------------------------- */
-    // out, q (B,Tq,C), k, v (B,Tk,C), key_mask (B,Tk) or NULL, att (B,NH,Tq,Tk)
+    // out, q (B,Tq,C), k, v (B,Tk,C), key_mask (B,Tk) or NULL, att (B,NH,Tq,Tk).
+    // prec: q, k, v, dout come rounded to it; the op rounds att and the score
+    // gradients (mmp_cpu_attention_fwd's comment).
     void (*attention_fwd)(mmp_backend *be, float *out, float *att, const float *q, const float *k,
                           const float *v, const float *key_mask, int B, int Tq, int Tk, int C,
-                          int NH);
+                          int NH, mmp_precision prec);
     void (*attention_bwd)(mmp_backend *be, float *dq, float *dk, float *dv, const float *dout,
                           const float *att, const float *q, const float *k, const float *v, int B,
-                          int Tq, int Tk, int C, int NH);
+                          int Tq, int Tk, int C, int NH, mmp_precision prec);
 
     /* ---- normalisation --------------------------------------------------- */
     // out, inp (N,C), norm (N)
@@ -201,6 +218,9 @@ struct mmp_backend {
  * defines MMP_HAVE_CUDA. */
 extern const mmp_backend_ops mmp_backend_cpu_ops;
 extern const mmp_backend_ops mmp_backend_cuda_ops;
+
+/* Bytes of one element stored in prec: 2 for bf16/fp16, 4 for fp32. */
+size_t mmp_backend_lp_bytes(mmp_precision prec);
 
 /* The shared CPU instance (stateless, never fails, never freed). */
 mmp_backend *mmp_backend_cpu(void);

@@ -26,6 +26,24 @@
 /* Threads OpenBLAS may use (default 1). */
 void mmp_cpu_set_threads(int n);
 
+/* ---- low precision ----------------------------------------------------- */
+/* prec is an mmp_precision (common/config.h): 0 fp32, 1 bf16, 2 fp16.
+ * bf16: round to nearest even on the fp32 bit pattern (NaN -> 0x7fff), as
+ * __float2bfloat16_rn; fp16: _Float16 conversion (nearest even, subnormals,
+ * overflow to inf), as __float2half_rn. fp32 is never rounded. */
+uint16_t mmp_cpu_to_bf16(float x);
+float mmp_cpu_from_bf16(uint16_t h);
+uint16_t mmp_cpu_to_fp16(float x);
+float mmp_cpu_from_fp16(uint16_t h);
+/* Bytes of one element stored in prec (2, or 4 for fp32). */
+size_t mmp_cpu_lp_bytes(int prec);
+/* dst (n) = src (n) rounded to prec and widened back to fp32; dst may equal src. */
+void mmp_cpu_round_lp(float *dst, const float *src, size_t n, int prec);
+/* dst (n, lp_bytes each) = src (n) stored in prec; unpack widens back. fp32
+ * copies. dst and src must not overlap (unless equal, for fp32). */
+void mmp_cpu_pack_lp(void *dst, const float *src, size_t n, int prec);
+void mmp_cpu_unpack_lp(float *dst, const void *src, size_t n, int prec);
+
 /* ---- GEMM -------------------------------------------------------------- */
 /* Row-major C (M,N) = alpha * op(A) @ op(B) + beta * C, op(A) (M,K), op(B) (K,N). */
 void mmp_cpu_gemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
@@ -120,13 +138,18 @@ void mmp_cpu_embedding_bwd(float *dwte, float *dwpe, const float *dout, const in
  *   out (B,Tq,C).
  * Self-attention passes the same source's projections; cross-attention
  * passes text queries and image keys/values. A query row whose keys are all
- * masked outputs 0. */
+ * masked outputs 0.
+ * prec (0 fp32, 1 bf16, 2 fp16) is the precision of the two products'
+ * inputs: the caller passes q, k, v (and dout) already rounded to it; the op
+ * rounds what it makes itself, the probabilities att (after the fp32
+ * softmax, so att is saved rounded) and the score gradients, before they
+ * enter a product. Products accumulate in fp32. prec 0 rounds nothing. */
 void mmp_cpu_attention_fwd(float *out, float *att, const float *q, const float *k, const float *v,
-                           const float *key_mask, int B, int Tq, int Tk, int C, int NH);
+                           const float *key_mask, int B, int Tq, int Tk, int C, int NH, int prec);
 /* dq, dk, dv +=. */
 void mmp_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *att,
                            const float *q, const float *k, const float *v, int B, int Tq, int Tk,
-                           int C, int NH);
+                           int C, int NH, int prec);
 
 /* ---- softmax / normalisation -------------------------------------------- */
 /* Row softmax over cols, numerically stable: inp/out (rows, cols). */

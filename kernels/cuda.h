@@ -168,14 +168,21 @@ mmp_err mmp_cuda_embedding_fwd(mmp_cuda_ctx *ctx, float *out, const int32_t *ids
 mmp_err mmp_cuda_embedding_bwd(mmp_cuda_ctx *ctx, float *dwte, float *dwpe, const float *dout,
                                const int32_t *ids, int B, int T, int C);
 
+/* ---- low precision -------------------------------------------------------- */
+/* prec 0 fp32 (a copy), 1 bf16, 2 fp16; __float2bfloat16_rn / __float2half_rn. */
+mmp_err mmp_cuda_round_lp(mmp_cuda_ctx *ctx, float *dst, const float *src, size_t n, int prec);
+mmp_err mmp_cuda_pack_lp(mmp_cuda_ctx *ctx, void *dst, const float *src, size_t n, int prec);
+mmp_err mmp_cuda_unpack_lp(mmp_cuda_ctx *ctx, float *dst, const void *src, size_t n, int prec);
+
 /* ---- attention ------------------------------------------------------------ */
-/* C % NH == 0. Backward uses B*NH*Tq*Tk floats of workspace. */
+/* C % NH == 0. Backward uses B*NH*Tq*Tk floats of workspace. prec rounds the
+ * probabilities and the score gradients as the CPU does. */
 mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const float *q,
                                const float *k, const float *v, const float *key_mask, int B, int Tq,
-                               int Tk, int C, int NH);
+                               int Tk, int C, int NH, int prec);
 mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *dv,
                                const float *dout, const float *att, const float *q, const float *k,
-                               const float *v, int B, int Tq, int Tk, int C, int NH);
+                               const float *v, int B, int Tq, int Tk, int C, int NH, int prec);
 
 /* ---- softmax / normalisation ---------------------------------------------- */
 mmp_err mmp_cuda_softmax_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, int rows, int cols);

@@ -59,6 +59,7 @@ struct mmp_fusion_net {
     fusion_layer *layers; /* L */
     mmp_tf_norm itm_ln;
     mmp_tf_linear itm_head; /* D -> 1 */
+    mmp_lowp lp;            /* train.precision of every product but the ITC similarities */
 };
 
 typedef struct fusion_layer_acts {
@@ -142,6 +143,8 @@ static void bind(mmp_fusion_net *net)
     for (int i = 0; i < net->L; i++) {
         mmp_tf_attn_bind(&net->layers[i].attn, p);
         mmp_tf_ffn_bind(&net->layers[i].ffn, p);
+        net->layers[i].attn.lp = &net->lp;
+        net->layers[i].ffn.lp = &net->lp;
     }
     mmp_tf_norm_bind(&net->itm_ln, p);
     mmp_tf_linear_bind(&net->itm_head, p);
@@ -173,6 +176,7 @@ mmp_err mmp_fusion_net_create_on(mmp_fusion_net **out, mmp_backend *be, const mm
         return mmp_errorf(MMP_ERR_NOMEM, "fusion net");
     }
     net->be = be;
+    mmp_lowp_init(&net->lp, be, plan->train.precision);
     mmp_params_init_on(&net->params, be);
     net->D = D;
     net->E = D;
@@ -207,6 +211,7 @@ void mmp_fusion_net_destroy(mmp_fusion_net *net)
         return;
     }
     mmp_params_fini(&net->params);
+    mmp_lowp_fini(&net->lp);
     free(net->layers);
     free(net);
 }
@@ -268,6 +273,28 @@ static void carve_acts(void *ctx, mmp_tf_slab *slab)
     a->emb_cls = mmp_tf_slab_take(slab, mb * D);
 }
 
+/* Scratch floats of the largest product at the training precision for
+ * max_batch samples (carve_acts' shapes). */
+static size_t lp_floats(const mmp_fusion_net *net, int max_batch)
+{
+    const int mb = max_batch, P = 2 * mb, rows = P * ITM_QUERY_ROWS, Nk = mb * net->Ni;
+    const int D = net->D, H = net->H;
+    size_t f[] = {
+        mmp_lowp_linear_floats(mb, net->Ni * D, net->E),
+        mmp_lowp_linear_floats(mb, D, net->E),
+        mmp_lowp_linear_floats(P, D, 1),
+        mmp_lowp_linear_floats(rows, D, D),
+        mmp_lowp_linear_floats(Nk, D, D),
+        mmp_lowp_linear_floats(rows, D, H),
+        mmp_lowp_linear_floats(rows, H, D),
+    };
+    size_t m = 0;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        m = f[i] > m ? f[i] : m;
+    }
+    return m;
+}
+
 mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int max_batch)
 {
     *out = NULL;
@@ -294,6 +321,10 @@ mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int m
         goto fail;
     }
     if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
+        goto fail;
+    }
+    if ((ret = mmp_lowp_reserve(&net->lp, lp_floats(net, max_batch))) != MMP_OK) {
+        mmp_error_prefix(ret, "fusion acts");
         goto fail;
     }
     *out = a;
@@ -358,9 +389,10 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
     /* ITC */
     be->ops->copy(be, a->img, img, (size_t)B * Ni * D * sizeof(float));
     gather_cls(be, a->cls, txt, B, net->T, D);
-    be->ops->linear_fwd(be, a->img_proj, a->img, net->img_proj.w.w, net->img_proj.b.w, B, Ni * D,
+    mmp_lowp_linear_fwd(&net->lp, a->img_proj, a->img, net->img_proj.w.w, net->img_proj.b.w, B,
+                        Ni * D, E);
+    mmp_lowp_linear_fwd(&net->lp, a->txt_proj, a->cls, net->txt_proj.w.w, net->txt_proj.b.w, B, D,
                         E);
-    be->ops->linear_fwd(be, a->txt_proj, a->cls, net->txt_proj.w.w, net->txt_proj.b.w, B, D, E);
     be->ops->l2norm_fwd(be, a->img_emb, a->img_norm, a->img_proj, B, E, L2NORM_EPS);
     be->ops->l2norm_fwd(be, a->txt_emb, a->txt_norm, a->txt_proj, B, E, L2NORM_EPS);
     const float max_scale = logf(100.0f);
@@ -400,7 +432,8 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
     /* Head on row 0 of each pair (Tq == 1: the stream is already (P,D)). */
     be->ops->layernorm_fwd(be, a->head_ln, a->head_mean, a->head_rstd, a->stream[net->L],
                            net->itm_ln.w.w, net->itm_ln.b.w, P, D, MMP_TF_LN_EPS);
-    be->ops->linear_fwd(be, a->logits, a->head_ln, net->itm_head.w.w, net->itm_head.b.w, P, D, 1);
+    mmp_lowp_linear_fwd(&net->lp, a->logits, a->head_ln, net->itm_head.w.w, net->itm_head.b.w, P, D,
+                        1);
     float itm = be->ops->bce_fwd(be, a->logits, a->labels, P);
 
     parts->itc = itc;
@@ -422,7 +455,7 @@ void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float w
     be->ops->zero(be, a->dhead_ln, pd * sizeof(float));
     be->ops->zero(be, a->dx, pd * Tq * sizeof(float));
     be->ops->bce_bwd(be, a->dlogits, a->logits, a->labels, weight, P);
-    be->ops->linear_bwd(be, a->dhead_ln, net->itm_head.w.g, net->itm_head.b.g, a->dlogits,
+    mmp_lowp_linear_bwd(&net->lp, a->dhead_ln, net->itm_head.w.g, net->itm_head.b.g, a->dlogits,
                         a->head_ln, net->itm_head.w.w, P, D, 1);
     be->ops->layernorm_bwd(be, a->dx, net->itm_ln.w.g, net->itm_ln.b.g, a->dhead_ln,
                            a->stream[net->L], net->itm_ln.w.w, a->head_mean, a->head_rstd, P, D);
@@ -452,10 +485,10 @@ void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float w
                          E);
     be->ops->l2norm_bwd(be, a->d_img_proj, a->d_img_emb, a->img_emb, a->img_norm, B, E, L2NORM_EPS);
     be->ops->l2norm_bwd(be, a->d_txt_proj, a->d_txt_emb, a->txt_emb, a->txt_norm, B, E, L2NORM_EPS);
-    be->ops->linear_bwd(be, dimg, net->img_proj.w.g, net->img_proj.b.g, a->d_img_proj, a->img,
+    mmp_lowp_linear_bwd(&net->lp, dimg, net->img_proj.w.g, net->img_proj.b.g, a->d_img_proj, a->img,
                         net->img_proj.w.w, B, Ni * D, E);
-    be->ops->linear_bwd(be, a->dcls, net->txt_proj.w.g, net->txt_proj.b.g, a->d_txt_proj, a->cls,
-                        net->txt_proj.w.w, B, D, E);
+    mmp_lowp_linear_bwd(&net->lp, a->dcls, net->txt_proj.w.g, net->txt_proj.b.g, a->d_txt_proj,
+                        a->cls, net->txt_proj.w.w, B, D, E);
     if (dtxt) {
         for (int b = 0; b < B; b++) {
             float *row = dtxt + (size_t)b * net->T * D;
@@ -476,13 +509,13 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
      * retrieval over 256 samples needs no acts (and no ITM buffers) sized 256. */
     for (int b0 = 0; b0 < B; b0 += acts->max_batch) {
         int n = B - b0 < acts->max_batch ? B - b0 : acts->max_batch;
-        be->ops->linear_fwd(be, acts->emb_proj, img + (size_t)b0 * Ni * D, net->img_proj.w.w,
+        mmp_lowp_linear_fwd(&net->lp, acts->emb_proj, img + (size_t)b0 * Ni * D, net->img_proj.w.w,
                             net->img_proj.b.w, n, Ni * D, E);
         be->ops->l2norm_fwd(be, img_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
                             L2NORM_EPS);
         gather_cls(be, acts->emb_cls, txt + (size_t)b0 * T * D, n, T, D);
-        be->ops->linear_fwd(be, acts->emb_proj, acts->emb_cls, net->txt_proj.w.w, net->txt_proj.b.w,
-                            n, D, E);
+        mmp_lowp_linear_fwd(&net->lp, acts->emb_proj, acts->emb_cls, net->txt_proj.w.w,
+                            net->txt_proj.b.w, n, D, E);
         be->ops->l2norm_fwd(be, txt_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
                             L2NORM_EPS);
     }

@@ -32,6 +32,7 @@
  * before the backward runs), or depend on which layers are in range for any
  * value it computes (a cut must be bitwise the whole net). */
 #include "nn/model.h"
+#include "nn/lowp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,7 @@ struct mmp_image_net {
     float *scratch; /* im2col of one image */
     float *grad[2];
     float *tmp[GRAD_TEMPS];
+    mmp_lowp lp; /* train.precision of the convolutions and the projection */
 };
 
 /* Saved activations of one layer for one micro-batch (NULL where unused). */
@@ -334,6 +336,7 @@ mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_
         return mmp_errorf(MMP_ERR_NOMEM, "image branch: net");
     }
     net->be = be;
+    mmp_lowp_init(&net->lp, be, plan->train.precision);
     mmp_params_init_on(&net->params, be);
     net->layers = calloc((size_t)n_all, sizeof *net->layers);
     if (!net->layers) {
@@ -377,6 +380,7 @@ void mmp_image_net_destroy(mmp_image_net *net)
         return;
     }
     mmp_params_fini(&net->params);
+    mmp_lowp_fini(&net->lp);
     free(net->layers);
     net->be->ops->free(net->be, net->ws);
     net->be->ops->free(net->be, net->bn_dev);
@@ -399,15 +403,34 @@ int64_t mmp_image_net_out_floats(const mmp_image_net *net)
     return out_floats(&net->layers[net->last - 1]);
 }
 
+/* Scratch floats of layer l's products at the training precision for batch
+ * samples (the largest of its convolutions, or its projection). */
+static size_t lp_floats(const image_layer *l, int batch)
+{
+    mmp_conv_shape s;
+    if (l->kind == LAYER_PROJ) {
+        return mmp_lowp_linear_floats(batch * l->out_h, l->in_c, l->out_c);
+    }
+    mmp_conv_shape_set(&s, batch, l->in_c, l->in_h, l->in_w, l->c, 3, 3, l->stride, 1);
+    size_t f = mmp_lowp_conv2d_floats(&s);
+    if (l->kind == LAYER_BLOCK) {
+        mmp_conv_shape_set(&s, batch, l->c, l->h, l->w, l->c, 3, 3, 1, 1);
+        size_t f2 = mmp_lowp_conv2d_floats(&s);
+        f = f2 > f ? f2 : f;
+    }
+    return f; /* the 1x1 shortcut conv is smaller than conv1 */
+}
+
 /* Grows the shared workspace to hold batch samples (no-op when it already does). */
 static mmp_err reserve_workspace(mmp_image_net *net, int batch)
 {
     if (batch <= net->ws_batch) {
         return MMP_OK;
     }
-    size_t per_sample = 0, scratch = 1;
+    size_t per_sample = 0, scratch = 1, lp = 0;
     for (int i = net->first; i < net->last; i++) {
         const image_layer *l = &net->layers[i];
+        lp = lp_floats(l, batch) > lp ? lp_floats(l, batch) : lp;
         int64_t m = in_floats(l);
         m = mid_floats(l) > m ? mid_floats(l) : m;
         m = out_floats(l) > m ? out_floats(l) : m;
@@ -428,7 +451,10 @@ static mmp_err reserve_workspace(mmp_image_net *net, int batch)
     size_t temp = (per_sample * (size_t)batch + 15) / 16 * 16;
     scratch = (scratch + 15) / 16 * 16;
     size_t total = scratch + (2 + GRAD_TEMPS) * temp;
-    mmp_err err;
+    mmp_err err = mmp_lowp_reserve(&net->lp, lp);
+    if (err != MMP_OK) {
+        return mmp_error_prefix(err, "image branch");
+    }
     float *ws = be_alloc(net->be, total * sizeof(float), &err);
     if (err != MMP_OK) {
         return mmp_error_prefix(err, "image branch: workspace of %zu bytes", total * sizeof(float));
@@ -572,7 +598,7 @@ static void conv_fwd(mmp_image_net *net, int weight, float *out, const float *in
 {
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
-    net->be->ops->conv2d_fwd(net->be, out, inp, pw(net, weight), NULL, &s, net->scratch);
+    mmp_lowp_conv2d_fwd(&net->lp, out, inp, pw(net, weight), NULL, &s, net->scratch);
 }
 
 static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean, float *rstd,
@@ -646,7 +672,7 @@ static void proj_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, co
     int C = l->in_c, N = l->out_h, D = l->out_c;
     mmp_backend *be = net->be;
     be->ops->transpose(be, a->tok, x, B, C, N, 0); /* (B,C,N) -> (B,N,C) */
-    be->ops->linear_fwd(be, y, a->tok, pw(net, l->proj_w), pw(net, l->proj_b), B * N, C, D);
+    mmp_lowp_linear_fwd(&net->lp, y, a->tok, pw(net, l->proj_w), pw(net, l->proj_b), B * N, C, D);
     const float *pos = pw(net, l->proj_pos);
     for (int b = 0; b < B; b++) {
         float *yb = y + (size_t)b * N * D;
@@ -798,8 +824,8 @@ static void conv_bwd(mmp_image_net *net, int weight, float *dinp, const float *d
 {
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
-    net->be->ops->conv2d_bwd(net->be, dinp, pg(net, weight), NULL, dout, inp, pw(net, weight), &s,
-                             net->scratch);
+    mmp_lowp_conv2d_bwd(&net->lp, dinp, pg(net, weight), NULL, dout, inp, pw(net, weight), &s,
+                        net->scratch);
 }
 
 static void bn_bwd(mmp_image_net *net, const bn_ref *bn, float *dinp, const float *dout,
@@ -864,7 +890,7 @@ static void proj_bwd(mmp_image_net *net, const image_layer *l, const layer_acts 
     int C = l->in_c, N = l->out_h, D = l->out_c;
     mmp_backend *be = net->be;
     float *d_tok = dx ? zeroed(net, net->tmp[0], (size_t)B * N * C) : NULL;
-    be->ops->linear_bwd(be, d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
+    mmp_lowp_linear_bwd(&net->lp, d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
                         pw(net, l->proj_w), B * N, C, D);
     float *d_pos = pg(net, l->proj_pos);
     for (int b = 0; b < B; b++) {

@@ -31,6 +31,7 @@ struct mmp_text_net {
     mmp_tf_ref wte, wpe; /* when first == 0 */
     text_layer *layers;  /* L entries; only those in range are declared */
     mmp_tf_norm ln_f;    /* when last == L + 2 */
+    mmp_lowp lp;         /* train.precision of the layers' products */
 };
 
 typedef struct text_layer_acts {
@@ -97,6 +98,8 @@ static void bind(mmp_text_net *net)
         } else if (is_block(net, g)) {
             mmp_tf_attn_bind(&net->layers[g - 1].attn, p);
             mmp_tf_ffn_bind(&net->layers[g - 1].ffn, p);
+            net->layers[g - 1].attn.lp = &net->lp;
+            net->layers[g - 1].ffn.lp = &net->lp;
         } else {
             mmp_tf_norm_bind(&net->ln_f, p);
         }
@@ -132,6 +135,7 @@ mmp_err mmp_text_net_create_on(mmp_text_net **out, mmp_backend *be, const mmp_pl
         return mmp_errorf(MMP_ERR_NOMEM, "text net");
     }
     net->be = be;
+    mmp_lowp_init(&net->lp, be, plan->train.precision);
     mmp_params_init_on(&net->params, be);
     net->first = first;
     net->last = last;
@@ -164,6 +168,7 @@ void mmp_text_net_destroy(mmp_text_net *net)
         return;
     }
     mmp_params_fini(&net->params);
+    mmp_lowp_fini(&net->lp);
     free(net->layers);
     free(net);
 }
@@ -226,6 +231,14 @@ mmp_err mmp_text_acts_create(mmp_text_acts **out, mmp_text_net *net, int max_bat
         goto fail;
     }
     if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
+        goto fail;
+    }
+    /* the largest product: attention's D x D projections or the FFN's two */
+    int N = max_batch * net->T;
+    size_t lp = mmp_lowp_linear_floats(N, net->D, net->D);
+    size_t fc = mmp_lowp_linear_floats(N, net->D, net->H);
+    if ((ret = mmp_lowp_reserve(&net->lp, fc > lp ? fc : lp)) != MMP_OK) {
+        mmp_error_prefix(ret, "text acts");
         goto fail;
     }
     *out = a;

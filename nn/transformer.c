@@ -56,15 +56,39 @@ void mmp_tf_norm_bind(mmp_tf_norm *n, mmp_params *p)
     bind(&n->b, p);
 }
 
-static void linear_fwd(mmp_backend *be, const mmp_tf_linear *l, float *out, const float *inp, int N)
-{
-    be->ops->linear_fwd(be, out, inp, l->w.w, l->b.w, N, l->in, l->out);
-}
-
-static void linear_bwd(mmp_backend *be, const mmp_tf_linear *l, float *dinp, const float *dout,
+/* Linear layers at the network's precision (lp NULL: fp32). */
+static void linear_fwd(mmp_backend *be, const mmp_lowp *lp, const mmp_tf_linear *l, float *out,
                        const float *inp, int N)
 {
-    be->ops->linear_bwd(be, dinp, l->w.g, l->b.g, dout, inp, l->w.w, N, l->in, l->out);
+    if (lp) {
+        mmp_lowp_linear_fwd(lp, out, inp, l->w.w, l->b.w, N, l->in, l->out);
+    } else {
+        be->ops->linear_fwd(be, out, inp, l->w.w, l->b.w, N, l->in, l->out);
+    }
+}
+
+static void linear_bwd(mmp_backend *be, const mmp_lowp *lp, const mmp_tf_linear *l, float *dinp,
+                       const float *dout, const float *inp, int N)
+{
+    if (lp) {
+        mmp_lowp_linear_bwd(lp, dinp, l->w.g, l->b.g, dout, inp, l->w.w, N, l->in, l->out);
+    } else {
+        be->ops->linear_bwd(be, dinp, l->w.g, l->b.g, dout, inp, l->w.w, N, l->in, l->out);
+    }
+}
+
+/* Attention's inputs at the network's precision: q, k, v and the context
+ * gradient feed only the attention products, so they are rounded in place. */
+static mmp_precision attn_prec(const mmp_tf_attn *a)
+{
+    return a->lp ? a->lp->prec : MMP_PREC_FP32;
+}
+
+static void attn_round(const mmp_tf_attn *a, float *x, size_t n)
+{
+    if (a->lp) {
+        mmp_lowp_round(a->lp, x, n);
+    }
 }
 
 static void norm_fwd(mmp_backend *be, const mmp_tf_norm *n, float *out, float *mean, float *rstd,
@@ -208,7 +232,7 @@ static void out_proj_fwd(const mmp_tf_attn *a, const mmp_tf_attn_acts *s, float 
                          const float *x, int N)
 {
     mmp_backend *be = a->be;
-    linear_fwd(be, &a->o, out, s->ctx, N);
+    linear_fwd(be, a->lp, &a->o, out, s->ctx, N);
     be->ops->add(be, out, out, x, (size_t)N * a->D);
 }
 
@@ -218,10 +242,14 @@ void mmp_tf_self_attn_fwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, float *out,
     mmp_backend *be = a->be;
     int N = B * T;
     norm_fwd(be, &a->ln1, s->ln, s->ln_mean, s->ln_rstd, x, N);
-    linear_fwd(be, &a->q, s->q, s->ln, N);
-    linear_fwd(be, &a->k, s->k, s->ln, N);
-    linear_fwd(be, &a->v, s->v, s->ln, N);
-    be->ops->attention_fwd(be, s->ctx, s->att, s->q, s->k, s->v, key_mask, B, T, T, a->D, a->NH);
+    linear_fwd(be, a->lp, &a->q, s->q, s->ln, N);
+    linear_fwd(be, a->lp, &a->k, s->k, s->ln, N);
+    linear_fwd(be, a->lp, &a->v, s->v, s->ln, N);
+    attn_round(a, s->q, (size_t)N * a->D);
+    attn_round(a, s->k, (size_t)N * a->D);
+    attn_round(a, s->v, (size_t)N * a->D);
+    be->ops->attention_fwd(be, s->ctx, s->att, s->q, s->k, s->v, key_mask, B, T, T, a->D, a->NH,
+                           attn_prec(a));
     out_proj_fwd(a, s, out, x, N);
 }
 
@@ -237,12 +265,13 @@ void mmp_tf_self_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scra
     be->ops->zero(be, w->dv, nd * sizeof(float));
     be->ops->zero(be, w->d_ln, nd * sizeof(float));
     /* dout is read only here, so dx may alias it. */
-    linear_bwd(be, &a->o, w->dctx, dout, s->ctx, N);
+    linear_bwd(be, a->lp, &a->o, w->dctx, dout, s->ctx, N);
+    attn_round(a, w->dctx, nd);
     be->ops->attention_bwd(be, w->dq, w->dk, w->dv, w->dctx, s->att, s->q, s->k, s->v, B, T, T,
-                           a->D, a->NH);
-    linear_bwd(be, &a->q, w->d_ln, w->dq, s->ln, N);
-    linear_bwd(be, &a->k, w->d_ln, w->dk, s->ln, N);
-    linear_bwd(be, &a->v, w->d_ln, w->dv, s->ln, N);
+                           a->D, a->NH, attn_prec(a));
+    linear_bwd(be, a->lp, &a->q, w->d_ln, w->dq, s->ln, N);
+    linear_bwd(be, a->lp, &a->k, w->d_ln, w->dk, s->ln, N);
+    linear_bwd(be, a->lp, &a->v, w->d_ln, w->dv, s->ln, N);
     norm_bwd(be, &a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
 }
 
@@ -252,16 +281,19 @@ void mmp_tf_cross_attn_fwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, float *out
     mmp_backend *be = a->be;
     int N = B * Tq, Nk = Ns * Tk, D = a->D, NH = a->NH;
     norm_fwd(be, &a->ln1, s->ln, s->ln_mean, s->ln_rstd, x, N);
-    linear_fwd(be, &a->q, s->q, s->ln, N);
+    linear_fwd(be, a->lp, &a->q, s->q, s->ln, N);
     /* Keys and values once per source, however many query sequences share it. */
     norm_fwd(be, &a->ln_kv, s->kv_ln, s->kv_mean, s->kv_rstd, src, Nk);
-    linear_fwd(be, &a->k, s->k, s->kv_ln, Nk);
-    linear_fwd(be, &a->v, s->v, s->kv_ln, Nk);
+    linear_fwd(be, a->lp, &a->k, s->k, s->kv_ln, Nk);
+    linear_fwd(be, a->lp, &a->v, s->v, s->kv_ln, Nk);
+    attn_round(a, s->q, (size_t)N * D);
+    attn_round(a, s->k, (size_t)Nk * D);
+    attn_round(a, s->v, (size_t)Nk * D);
     for (int b = 0; b < B; b++) {
         size_t kv = (size_t)src_of[b] * Tk * D;
         be->ops->attention_fwd(be, s->ctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
                                s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, NULL, 1, Tq, Tk, D,
-                               NH);
+                               NH, attn_prec(a));
     }
     out_proj_fwd(a, s, out, x, N);
 }
@@ -279,19 +311,21 @@ void mmp_tf_cross_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scr
     be->ops->zero(be, w->dk, nkd * sizeof(float));
     be->ops->zero(be, w->dv, nkd * sizeof(float));
     be->ops->zero(be, w->d_kvln, nkd * sizeof(float));
-    linear_bwd(be, &a->o, w->dctx, dout, s->ctx, N);
+    linear_bwd(be, a->lp, &a->o, w->dctx, dout, s->ctx, N);
+    attn_round(a, w->dctx, nd);
     /* The kernel accumulates, so a source's dk/dv sum its query sequences in
      * the fixed order b = 0..B-1. */
     for (int b = 0; b < B; b++) {
         size_t kv = (size_t)src_of[b] * Tk * D;
         be->ops->attention_bwd(be, w->dq + (size_t)b * Tq * D, w->dk + kv, w->dv + kv,
                                w->dctx + (size_t)b * Tq * D, s->att + (size_t)b * NH * Tq * Tk,
-                               s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, 1, Tq, Tk, D, NH);
+                               s->q + (size_t)b * Tq * D, s->k + kv, s->v + kv, 1, Tq, Tk, D, NH,
+                               attn_prec(a));
     }
-    linear_bwd(be, &a->q, w->d_ln, w->dq, s->ln, N);
+    linear_bwd(be, a->lp, &a->q, w->d_ln, w->dq, s->ln, N);
     norm_bwd(be, &a->ln1, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
-    linear_bwd(be, &a->k, w->d_kvln, w->dk, s->kv_ln, Nk);
-    linear_bwd(be, &a->v, w->d_kvln, w->dv, s->kv_ln, Nk);
+    linear_bwd(be, a->lp, &a->k, w->d_kvln, w->dk, s->kv_ln, Nk);
+    linear_bwd(be, a->lp, &a->v, w->d_kvln, w->dv, s->kv_ln, Nk);
     norm_bwd(be, &a->ln_kv, dsrc, w->d_kvln, src, s->kv_mean, s->kv_rstd, Nk);
 }
 
@@ -335,9 +369,9 @@ void mmp_tf_ffn_fwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, float *out, const f
 {
     mmp_backend *be = f->be;
     norm_fwd(be, &f->ln2, s->ln, s->ln_mean, s->ln_rstd, x, N);
-    linear_fwd(be, &f->fc1, s->h, s->ln, N);
+    linear_fwd(be, f->lp, &f->fc1, s->h, s->ln, N);
     be->ops->gelu_fwd(be, s->g, s->h, (size_t)N * f->H);
-    linear_fwd(be, &f->fc2, out, s->g, N);
+    linear_fwd(be, f->lp, &f->fc2, out, s->g, N);
     be->ops->add(be, out, out, x, (size_t)N * f->D);
 }
 
@@ -350,8 +384,8 @@ void mmp_tf_ffn_bwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, mmp_tf_scratch *w, 
     be->ops->zero(be, w->dh, nh * sizeof(float));
     be->ops->zero(be, w->d_ln, (size_t)N * f->D * sizeof(float));
     /* dout is read only here, so dx may alias it. */
-    linear_bwd(be, &f->fc2, w->dg, dout, s->g, N);
+    linear_bwd(be, f->lp, &f->fc2, w->dg, dout, s->g, N);
     be->ops->gelu_bwd(be, w->dh, w->dg, s->h, nh);
-    linear_bwd(be, &f->fc1, w->d_ln, w->dh, s->ln, N);
+    linear_bwd(be, f->lp, &f->fc1, w->d_ln, w->dh, s->ln, N);
     norm_bwd(be, &f->ln2, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
 }

@@ -31,6 +31,7 @@
 
 #include "common/err.h"
 #include "kernels/backend.h"
+#include "nn/lowp.h"
 #include "nn/params.h"
 
 #define MMP_TF_LN_EPS 1e-5f
@@ -75,7 +76,8 @@ void mmp_tf_slab_free(mmp_tf_slab *s);
 
 /* ---- attention sublayer --------------------------------------------------- */
 typedef struct mmp_tf_attn {
-    mmp_backend *be; /* the params' backend */
+    mmp_backend *be;    /* the params' backend */
+    const mmp_lowp *lp; /* the network's products' precision; NULL (declare's default): fp32 */
     int D, NH, cross;
     mmp_tf_norm ln1, ln_kv; /* ln_kv only when cross */
     mmp_tf_linear q, k, v, o;
@@ -130,7 +132,8 @@ void mmp_tf_cross_attn_bwd(const mmp_tf_attn *a, mmp_tf_attn_acts *s, mmp_tf_scr
 
 /* ---- feed-forward sublayer ------------------------------------------------ */
 typedef struct mmp_tf_ffn {
-    mmp_backend *be; /* the params' backend */
+    mmp_backend *be;    /* the params' backend */
+    const mmp_lowp *lp; /* as mmp_tf_attn's */
     int D, H;
     mmp_tf_norm ln2;
     mmp_tf_linear fc1, fc2;

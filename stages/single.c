@@ -195,6 +195,19 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
  * embeddings ITC compares. Ties count against the model. Bad pairs follow
  * data.on_bad_sample: under skip they are left out of both sides (and
  * counted in the log), as training leaves them out of the loss. */
+/* What crosses between a branch and fusion travels in the training
+ * precision in the pipeline (stages/worker_internal.h, chan): the image and
+ * text outputs (n samples) and their gradients, rounded here at the same
+ * points so that one process computes what the stages compute. */
+static void branch_outputs_lp(trainer *t, int n, float *img, float *txt)
+{
+    mmp_precision p = t->plan->train.precision;
+    if (p != MMP_PREC_FP32) {
+        t->be->ops->round_lp(t->be, img, img, (size_t)n * (size_t)t->img_tok_floats, p);
+        t->be->ops->round_lp(t->be, txt, txt, (size_t)n * (size_t)t->txt_tok_floats, p);
+    }
+}
+
 static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
 {
     int64_t nv = mmp_dataset_size(t->val);
@@ -229,6 +242,7 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         inputs_on_device(t, n, &images, &ids, &mask);
         mmp_image_net_forward(t->img, t->ia, images, n, 0, t->img_tok);
         mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
+        branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
         float *ih = ie + kept * E, *th = te + kept * E;
         mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, mask, n,
                              t->emb_dev[0] ? t->emb_dev[0] : ih,
@@ -344,11 +358,13 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         inputs_on_device(t, n, &images, &ids, &mask);
         mmp_image_net_forward(t->img, t->ia, images, n, 1, t->img_tok);
         mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
+        branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
         mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, mask, t->img_valid,
                          t->txt_valid, n, B, out, &skip);
         mmp_loader_release(t->img_loader, bi);
         mmp_loader_release(t->txt_loader, bt);
         mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, t->dimg, t->dtxt);
+        branch_outputs_lp(t, n, t->dimg, t->dtxt);
         mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);
         mmp_image_net_backward(t->img, t->ia, t->dimg, n, NULL);
         mmp_params_mb_end(pi);

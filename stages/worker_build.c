@@ -19,27 +19,40 @@ chan *worker_find_chan(worker *w, int id)
 /* Payload bytes per sample of a channel, computed by each end on its own:
  * a mismatch between the two ends is caught by the transport's geometry
  * check (slots of mb_max rows), a forged row count by chan_recv. */
-static size_t chan_row_bytes(const worker *w, const Mmpipe__Channel *c)
+static size_t chan_row_bytes(const worker *w, const Mmpipe__Channel *c, size_t *data_row,
+                             mmp_precision prec)
 {
-    int64_t per = 0;
+    int64_t data, extra = 0;
     int from_text = w->kind == MMP_BRANCH_TEXT ||
                     (w->kind == MMP_BRANCH_FUSION && strncmp(c->peer, "text", 4) == 0);
-    int64_t text_tokens = (int64_t)w->T * w->D;
-    if (w->kind == MMP_BRANCH_FUSION) {
-        int64_t image_tokens = (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
-        per = from_text ? text_tokens + (c->grad ? 0 : w->T) : image_tokens;
-    } else if (from_text) {
-        per = text_tokens + (c->grad ? 0 : w->T);
+    if (from_text) {
+        data = (int64_t)w->T * w->D;
+        extra = c->grad ? 0 : w->T; /* the mask travels with text activations */
+    } else if (w->kind == MMP_BRANCH_FUSION) {
+        data = (int64_t)mmp_image_net_tokens(&w->plan) * w->D;
     } else {
         /* image: what leaves forward is this range's output; what arrives
          * forward is its input; gradients mirror them. */
         int outward = c->send != c->grad; /* act send or grad recv: our output side */
-        per = outward ? w->out_floats : w->in_floats;
+        data = outward ? w->out_floats : w->in_floats;
     }
     if (!c->grad) {
-        per += 1; /* the valid flag of each sample travels with activations */
+        extra += 1; /* the valid flag of each sample travels with activations */
     }
-    return (size_t)per * sizeof(float);
+    *data_row = (size_t)data;
+    return (size_t)data * mmp_backend_lp_bytes(prec) + (size_t)extra * sizeof(float);
+}
+
+/* The precision of a channel's data: the training precision between a
+ * branch and fusion, fp32 between the sub-stages of a branch (cutting a
+ * branch never changes the arithmetic, so any split equals the single
+ * process, which rounds exactly at the branch outputs: stages/single.c). */
+static mmp_precision chan_prec(const worker *w, const Mmpipe__Channel *c)
+{
+    if (w->kind == MMP_BRANCH_FUSION || strncmp(c->peer, "fusion", 6) == 0) {
+        return w->plan.train.precision;
+    }
+    return MMP_PREC_FP32;
 }
 
 /* How long a channel or the replicas' reduce waits on a peer before it
@@ -73,7 +86,8 @@ static mmp_err open_channels(worker *w)
             ch->peer_text = strncmp(c->peer, "text", 4) == 0;
             size_t pl = strlen(c->peer);
             ch->peer_r0 = pl >= 2 && strcmp(c->peer + pl - 2, "/0") == 0;
-            ch->row_bytes = chan_row_bytes(w, c);
+            ch->prec = chan_prec(w, c);
+            ch->row_bytes = chan_row_bytes(w, c, &ch->data_row, ch->prec);
             mmp_channel_cfg cfg = {.address = c->address,
                                    .slot_bytes = ch->row_bytes * (size_t)w->mb_max,
                                    .slots = c->slots,
@@ -96,11 +110,21 @@ static mmp_err open_channels(worker *w)
                     e = mmp_errorf(MMP_ERR_NOMEM, "%zu bytes of pinned staging", cfg.slot_bytes);
                 }
             }
+            if (ch->prec != MMP_PREC_FP32) {
+                size_t rows = (size_t)w->mb_max;
+                if (c->send) {
+                    ch->packed = worker_balloc(w, rows * ch->data_row * sizeof(float), &e);
+                } else {
+                    ch->wide = worker_balloc(w, rows * (ch->row_bytes + ch->data_row * 4), &e);
+                }
+            }
             if (e == MMP_OK) {
                 e = mmp_channel_open(&ch->ch, c->transport, &cfg, c->creator);
             }
             if (e != MMP_OK) {
                 mmp_backend_host_free(w->be, ch->stage_host);
+                w->be->ops->free(w->be, ch->packed);
+                w->be->ops->free(w->be, ch->wide);
                 w->n_chans--;
                 return mmp_error_prefix(e, "channel %d to %s", c->id, c->peer);
             }
@@ -356,6 +380,10 @@ void worker_teardown(worker *w)
         w->chans[i].ch = NULL;
         mmp_backend_host_free(be, w->chans[i].stage_host);
         w->chans[i].stage_host = NULL;
+        be->ops->free(be, w->chans[i].packed);
+        be->ops->free(be, w->chans[i].wide);
+        w->chans[i].packed = NULL;
+        w->chans[i].wide = NULL;
     }
     for (int i = 0; w->fl && i < w->n_fl; i++) {
         if (w->kind == MMP_BRANCH_IMAGE) {

@@ -34,6 +34,16 @@ mmp_err worker_chan_recv(worker *w, chan *c, int step, int mb, int eval)
         w->be->ops->to_device(w->be, c->stage_dev, payload, c->hdr.bytes);
         c->payload = c->stage_dev;
     }
+    if (c->prec != MMP_PREC_FP32) {
+        /* fp32 parts first, the packed data last: widened into the fp32
+         * layout (data, mask, valid) that everything after reads */
+        size_t nd = (size_t)c->hdr.n * c->data_row;
+        size_t extra = c->hdr.bytes - nd * mmp_backend_lp_bytes(c->prec);
+        const char *src = (const char *)c->payload;
+        w->be->ops->unpack_lp(w->be, c->wide, src + extra, nd, c->prec);
+        w->be->ops->copy(w->be, c->wide + nd, src, extra);
+        c->payload = c->wide;
+    }
     int is_eval = (c->hdr.flags & MMP_MSG_EVAL) != 0;
     if (c->hdr.step != step || c->hdr.mb != mb || is_eval != eval) {
         return mmp_errorf(MMP_ERR_PROTO,
@@ -63,9 +73,10 @@ mmp_err worker_chan_release(chan *c)
 /* Sends up to three consecutive segments (data, mask, valid flags) as one
  * message; host: the segment is HOST memory (else the stage backend's). */
 typedef struct seg {
-    const float *p;
-    size_t n;
+    const void *p;
+    size_t n; /* elements: fp32, or the channel's precision when lp */
     int host;
+    int lp;
 } seg;
 
 /* Bytes of a received payload (backend memory) out to the host. */
@@ -87,9 +98,24 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
     if (n_segs > 3) {
         return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %d segments", c->id, n_segs);
     }
+    seg order[3];
+    if (c->prec != MMP_PREC_FP32) {
+        /* the data (segs[0], backend memory) packed to the training
+         * precision and sent last, after the fp32 parts (see chan) */
+        if (segs[0].host || segs[0].n > (size_t)w->mb_max * c->data_row) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %zu data floats to pack", c->id,
+                              segs[0].n);
+        }
+        w->be->ops->pack_lp(w->be, c->packed, segs[0].p, segs[0].n, c->prec);
+        for (int i = 1; i < n_segs; i++) {
+            order[i - 1] = segs[i];
+        }
+        order[n_segs - 1] = (seg){c->packed, segs[0].n, 0, 1};
+        segs = order;
+    }
     size_t at = 0, cap = mmp_channel_slot_bytes(c->ch);
     for (int i = 0; i < n_segs; i++) {
-        size_t bytes = segs[i].n * sizeof(float);
+        size_t bytes = segs[i].n * (segs[i].lp ? mmp_backend_lp_bytes(c->prec) : sizeof(float));
         v[i] = (mmp_channel_seg){segs[i].p, bytes};
         if (c->stage_host && bytes) {
             /* a GPU stage's host channel: gathered on the host first */
@@ -373,9 +399,9 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
         return mmp_errorf(MMP_ERR_INTERNAL, "send of micro-batch %d before its forward", mb);
     }
     size_t n = (size_t)w->out_n;
-    seg segs[3] = {{w->out, n * (size_t)w->out_floats, 0},
-                   {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0, 0},
-                   {w->out_valid, n, 1}};
+    seg segs[3] = {{w->out, n * (size_t)w->out_floats, 0, 0},
+                   {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0, 0, 0},
+                   {w->out_valid, n, 1, 0}};
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
@@ -440,10 +466,10 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
     int n = w->out_n;
     if (w->kind == MMP_BRANCH_FUSION) {
         size_t row = c->peer_text ? w->fuse.txt_row : w->fuse.img_row;
-        seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row, 0};
+        seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row, 0, 0};
         return chan_send(w, c, step, mb, 0, n, 0, &g, 1);
     }
-    seg g = {w->din, (size_t)n * (size_t)w->in_floats, 0};
+    seg g = {w->din, (size_t)n * (size_t)w->in_floats, 0, 0};
     return chan_send(w, c, step, mb, 0, n, w->out_digest, &g, 1);
 }
 

@@ -58,6 +58,18 @@ typedef struct chan {
      * gathered in stage_host (pinned) first. NULL otherwise: CPU stages use
      * the slot in place, cuda_ipc slots are device memory already. */
     void *stage_dev, *stage_host;
+    /* An edge between a branch and fusion carries its data (activations or
+     * their gradients) in the training precision (prec; FP32 on every other
+     * edge and in fp32 training): data_row floats a sample, stored in
+     * mmp_backend_lp_bytes(prec) bytes each. The fp32 parts (text mask, valid
+     * flags) go first in the message, the packed data last, so both stay
+     * aligned; the sender packs into packed, the receiver widens into wide
+     * (data, mask, valid: the fp32 layout) and points payload there. Both
+     * are backend memory; NULL when prec is FP32. */
+    mmp_precision prec;
+    size_t data_row;
+    void *packed;
+    float *wide;
 } chan;
 
 typedef struct flight {

@@ -132,7 +132,7 @@ static void test_context(void)
     check("memset", d2, rnd(1000, 0, 0), 1000, 0.0);
 
     /* a shape an op cannot take is an error value, not a crash */
-    CHECK(mmp_cuda_attention_fwd(ctx, d, d, d, d, d, NULL, 1, 2, 2, 10, 3) == MMP_ERR_INVALID);
+    CHECK(mmp_cuda_attention_fwd(ctx, d, d, d, d, d, NULL, 1, 2, 2, 10, 3, 0) == MMP_ERR_INVALID);
     release();
 }
 
@@ -490,8 +490,8 @@ static void attention_case(int B, int Tq, int Tk, int C, int NH, int use_mask)
     }
     float *d_q = dev(q, nq), *d_k = dev(k, nk), *d_v = dev(v, nk);
     float *d_out = dev(NULL, nq), *d_att = dev(NULL, na);
-    mmp_cpu_attention_fwd(out, att, q, k, v, mask, B, Tq, Tk, C, NH);
-    CHECK_OK(mmp_cuda_attention_fwd(ctx, d_out, d_att, d_q, d_k, d_v, d_mask, B, Tq, Tk, C, NH));
+    mmp_cpu_attention_fwd(out, att, q, k, v, mask, B, Tq, Tk, C, NH, 0);
+    CHECK_OK(mmp_cuda_attention_fwd(ctx, d_out, d_att, d_q, d_k, d_v, d_mask, B, Tq, Tk, C, NH, 0));
     snprintf(label, sizeof label, "attention B%d Tq%d Tk%d C%d NH%d mask%d", B, Tq, Tk, C, NH,
              use_mask);
     check(label, d_out, out, nq, ATOL);
@@ -501,15 +501,15 @@ static void attention_case(int B, int Tq, int Tk, int C, int NH, int use_mask)
     float *dq = rnd(nq, -1, 1), *dk = rnd(nk, -1, 1), *dv = rnd(nk, -1, 1);
     float *d_dout = dev(dout, nq), *d_dq = dev(dq, nq), *d_dk = dev(dk, nk), *d_dv = dev(dv, nk);
     float *d_catt = dev(att, na);
-    mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH, 0);
     CHECK_OK(mmp_cuda_attention_bwd(ctx, d_dq, d_dk, d_dv, d_dout, d_catt, d_q, d_k, d_v, B, Tq, Tk,
-                                    C, NH));
+                                    C, NH, 0));
     check("attention dq", d_dq, dq, nq, ATOL);
     check("attention dk", d_dk, dk, nk, ATOL);
     check("attention dv", d_dv, dv, nk, ATOL);
-    mmp_cpu_attention_bwd(NULL, dk, NULL, dout, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_bwd(NULL, dk, NULL, dout, att, q, k, v, B, Tq, Tk, C, NH, 0);
     CHECK_OK(mmp_cuda_attention_bwd(ctx, NULL, d_dk, NULL, d_dout, d_catt, d_q, d_k, d_v, B, Tq, Tk,
-                                    C, NH));
+                                    C, NH, 0));
     check("attention dk (again, dq dv NULL)", d_dk, dk, nk, ATOL);
     check("attention dv (untouched)", d_dv, dv, nk, ATOL);
     release();

@@ -27,6 +27,9 @@
     X(to_host) \
     X(copy) \
     X(sync) \
+    X(round_lp) \
+    X(pack_lp) \
+    X(unpack_lp) \
     X(gemm) \
     X(linear_fwd) \
     X(linear_bwd) \
@@ -125,6 +128,12 @@ FWD(to_device, (mmp_backend * be, void *d, const void *s, size_t n), (be, d, s, 
 FWD(to_host, (mmp_backend * be, void *d, const void *s, size_t n), (be, d, s, n))
 FWD(copy, (mmp_backend * be, void *d, const void *s, size_t n), (be, d, s, n))
 FWD(sync, (mmp_backend * be), (be))
+FWD(round_lp, (mmp_backend * be, float *d, const float *s, size_t n, mmp_precision p),
+    (be, d, s, n, p))
+FWD(pack_lp, (mmp_backend * be, void *d, const float *s, size_t n, mmp_precision p),
+    (be, d, s, n, p))
+FWD(unpack_lp, (mmp_backend * be, float *d, const void *s, size_t n, mmp_precision p),
+    (be, d, s, n, p))
 FWD(gemm,
     (mmp_backend * be, int ta, int tb, int M, int N, int K, float al, const float *A, int lda,
      const float *Bm, int ldb, float bt, float *C, int ldc),
@@ -195,12 +204,13 @@ FWD(embedding_bwd,
     (be, dwte, dwpe, d, ids, B, T, C))
 FWD(attention_fwd,
     (mmp_backend * be, float *o, float *att, const float *q, const float *k, const float *v,
-     const float *mask, int B, int Tq, int Tk, int C, int NH),
-    (be, o, att, q, k, v, mask, B, Tq, Tk, C, NH))
+     const float *mask, int B, int Tq, int Tk, int C, int NH, mmp_precision p),
+    (be, o, att, q, k, v, mask, B, Tq, Tk, C, NH, p))
 FWD(attention_bwd,
     (mmp_backend * be, float *dq, float *dk, float *dv, const float *d, const float *att,
-     const float *q, const float *k, const float *v, int B, int Tq, int Tk, int C, int NH),
-    (be, dq, dk, dv, d, att, q, k, v, B, Tq, Tk, C, NH))
+     const float *q, const float *k, const float *v, int B, int Tq, int Tk, int C, int NH,
+     mmp_precision p),
+    (be, dq, dk, dv, d, att, q, k, v, B, Tq, Tk, C, NH, p))
 FWD(l2norm_fwd, (mmp_backend * be, float *o, float *nm, const float *i, int N, int C, float eps),
     (be, o, nm, i, N, C, eps))
 FWD(l2norm_bwd,

@@ -921,7 +921,7 @@ static void test_attention_case(const char *name, int B, int Tq, int Tk, int C, 
     double *ref = dzeros(nq);
     att_ref_fwd(&r.base, ref);
     float *out = fzeros(nq), *att = fzeros(na);
-    mmp_cpu_attention_fwd(out, att, q, k, v, mask, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_fwd(out, att, q, k, v, mask, B, Tq, Tk, C, NH, 0);
     check_fwd("out", out, ref, nq);
 
     /* probabilities: exactly 0 on masked keys, rows sum to 1 or (no valid key) are all 0 */
@@ -946,21 +946,21 @@ static void test_attention_case(const char *name, int B, int Tq, int Tk, int C, 
     CHECK(att_ok);
 
     float *dq = fzeros(nq), *dk = fzeros(nk), *dv = fzeros(nk);
-    mmp_cpu_attention_bwd(dq, dk, dv, R, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_bwd(dq, dk, dv, R, att, q, k, v, B, Tq, Tk, C, NH, 0);
     check_fd("dq", dq, &r.base, r.q, nq);
     check_fd("dk", dk, &r.base, r.k, nk);
     check_fd("dv", dv, &r.base, r.v, nk);
 
     float *dq1 = fcopy(dq, nq), *dk1 = fcopy(dk, nk), *dv1 = fcopy(dv, nk);
-    mmp_cpu_attention_bwd(dq, dk, dv, R, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_bwd(dq, dk, dv, R, att, q, k, v, B, Tq, Tk, C, NH, 0);
     check_doubled("dq", dq, dq1, nq);
     check_doubled("dk", dk, dk1, nk);
     check_doubled("dv", dv, dv1, nk);
 
     float *only_dq = fzeros(nq), *only_dk = fzeros(nk), *only_dv = fzeros(nk);
-    mmp_cpu_attention_bwd(only_dq, NULL, NULL, R, att, q, k, v, B, Tq, Tk, C, NH);
-    mmp_cpu_attention_bwd(NULL, only_dk, NULL, R, att, q, k, v, B, Tq, Tk, C, NH);
-    mmp_cpu_attention_bwd(NULL, NULL, only_dv, R, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_bwd(only_dq, NULL, NULL, R, att, q, k, v, B, Tq, Tk, C, NH, 0);
+    mmp_cpu_attention_bwd(NULL, only_dk, NULL, R, att, q, k, v, B, Tq, Tk, C, NH, 0);
+    mmp_cpu_attention_bwd(NULL, NULL, only_dv, R, att, q, k, v, B, Tq, Tk, C, NH, 0);
     check_alone("dq", only_dq, dq1, nq);
     check_alone("dk", only_dk, dk1, nk);
     check_alone("dv", only_dv, dv1, nk);
@@ -985,8 +985,8 @@ static void test_attention(void)
     float *dout = frand(nq, -1, 1);
     float *out = frand(nq, -1, 1), *att = frand((size_t)B * NH * Tq * Tk, -1, 1);
     float *dq = fzeros(nq), *dk = fzeros(nk), *dv = fzeros(nk);
-    mmp_cpu_attention_fwd(out, att, q, k, v, cross_mask, B, Tq, Tk, C, NH);
-    mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_fwd(out, att, q, k, v, cross_mask, B, Tq, Tk, C, NH, 0);
+    mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH, 0);
     int zero = 1;
     for (size_t i = 2 * (size_t)Tq * C; i < nq; i++) {
         zero &= out[i] == 0.0f && dq[i] == 0.0f;

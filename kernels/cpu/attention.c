@@ -57,7 +57,7 @@ static float dot(const float *a, const float *b, int n)
 }
 
 void mmp_cpu_attention_fwd(float *out, float *att, const float *q, const float *k, const float *v,
-                           const float *key_mask, int B, int Tq, int Tk, int C, int NH)
+                           const float *key_mask, int B, int Tq, int Tk, int C, int NH, int prec)
 {
     // out (B,Tq,C), att (B,NH,Tq,Tk), q (B,Tq,C), k (B,Tk,C), v (B,Tk,C), key_mask (B,Tk) or NULL
     int hs = C / NH;
@@ -75,6 +75,7 @@ void mmp_cpu_attention_fwd(float *out, float *att, const float *q, const float *
             for (int i = 0; i < Tq; i++) {
                 masked_softmax(a + (size_t)i * Tk, a + (size_t)i * Tk, valid, Tk);
             }
+            mmp_cpu_round_lp(a, a, (size_t)Tq * Tk, prec);
             // oh (Tq,hs) = a (Tq,Tk) @ vh (Tk,hs)
             mmp_cpu_gemm(0, 0, Tq, hs, Tk, 1.0f, a, Tk, vh, C, 0.0f, oh, C);
         }
@@ -83,7 +84,7 @@ void mmp_cpu_attention_fwd(float *out, float *att, const float *q, const float *
 
 void mmp_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *att,
                            const float *q, const float *k, const float *v, int B, int Tq, int Tk,
-                           int C, int NH)
+                           int C, int NH, int prec)
 {
     // dq (B,Tq,C), dk (B,Tk,C), dv (B,Tk,C), dout (B,Tq,C), att (B,NH,Tq,Tk),
     // q (B,Tq,C), k (B,Tk,C), v (B,Tk,C)
@@ -119,6 +120,9 @@ void mmp_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, c
                     }
                     float da = dot(dyi, v + koff + (size_t)j * C, hs);
                     float dpre = ai[j] * (da - sum) * scale;
+                    if (prec) {
+                        mmp_cpu_round_lp(&dpre, &dpre, 1, prec);
+                    }
                     if (dq) {
                         float *dqi = dq + qoff + (size_t)i * C;
                         const float *kj = k + koff + (size_t)j * C;

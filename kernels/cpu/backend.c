@@ -52,6 +52,26 @@ static void cpu_sync(mmp_backend *be)
 }
 
 /* ---- ops: one line each onto the reference kernel --------------------------- */
+static void cpu_round_lp(mmp_backend *be, float *dst, const float *src, size_t n,
+                         mmp_precision prec)
+{
+    (void)be;
+    mmp_cpu_round_lp(dst, src, n, (int)prec);
+}
+
+static void cpu_pack_lp(mmp_backend *be, void *dst, const float *src, size_t n, mmp_precision prec)
+{
+    (void)be;
+    mmp_cpu_pack_lp(dst, src, n, (int)prec);
+}
+
+static void cpu_unpack_lp(mmp_backend *be, float *dst, const void *src, size_t n,
+                          mmp_precision prec)
+{
+    (void)be;
+    mmp_cpu_unpack_lp(dst, src, n, (int)prec);
+}
+
 static void cpu_gemm(mmp_backend *be, int ta, int tb, int M, int N, int K, float alpha,
                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
                      int ldc)
@@ -218,18 +238,18 @@ static void cpu_emb_bwd(mmp_backend *be, float *dwte, float *dwpe, const float *
 
 static void cpu_attn_fwd(mmp_backend *be, float *out, float *att, const float *q, const float *k,
                          const float *v, const float *key_mask, int B, int Tq, int Tk, int C,
-                         int NH)
+                         int NH, mmp_precision prec)
 {
     (void)be;
-    mmp_cpu_attention_fwd(out, att, q, k, v, key_mask, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_fwd(out, att, q, k, v, key_mask, B, Tq, Tk, C, NH, (int)prec);
 }
 
 static void cpu_attn_bwd(mmp_backend *be, float *dq, float *dk, float *dv, const float *dout,
                          const float *att, const float *q, const float *k, const float *v, int B,
-                         int Tq, int Tk, int C, int NH)
+                         int Tq, int Tk, int C, int NH, mmp_precision prec)
 {
     (void)be;
-    mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH);
+    mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH, (int)prec);
 }
 
 static void cpu_l2_fwd(mmp_backend *be, float *out, float *norm, const float *inp, int N, int C,
@@ -301,6 +321,9 @@ const mmp_backend_ops mmp_backend_cpu_ops = {
     .to_host = cpu_copy,
     .copy = cpu_copy,
     .sync = cpu_sync,
+    .round_lp = cpu_round_lp,
+    .pack_lp = cpu_pack_lp,
+    .unpack_lp = cpu_unpack_lp,
     .gemm = cpu_gemm,
     .linear_fwd = cpu_linear_fwd,
     .linear_bwd = cpu_linear_bwd,

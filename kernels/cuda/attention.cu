@@ -40,7 +40,7 @@ static mmp_err gemm_bh(mmp_cuda_ctx *ctx, int ta, int tb, int M, int N, int K, f
 /* att rows (B*NH*Tq, Tk) in place: scores -> probabilities over the keys
  * that key_mask (B,Tk) lets through. */
 static __global__ void attention_softmax_kernel(float *att, const float *key_mask, int rows,
-                                                int rows_per_b, int Tk)
+                                                int rows_per_b, int Tk, int prec)
 {
     const int row = warp_row(rows);
     if (row < 0) {
@@ -49,12 +49,19 @@ static __global__ void attention_softmax_kernel(float *att, const float *key_mas
     const float *valid = key_mask ? key_mask + (size_t)(row / rows_per_b) * Tk : NULL;
     float *a = att + (size_t)row * Tk;
     warp_softmax_row(a, a, valid, Tk);
+    if (prec) {
+        const int lane = threadIdx.x % WARP;
+        __syncwarp();
+        for (int j = lane; j < Tk; j += WARP) {
+            a[j] = lp_round(a[j], prec);
+        }
+    }
 }
 
 /* dp rows (B*NH*Tq, Tk) in place: d probabilities -> d scores, including the
  * 1/sqrt(hs) the scores were scaled by. Masked keys (a == 0) get 0. */
 static __global__ void attention_softmax_bwd_kernel(float *dp, const float *att, int rows, int Tk,
-                                                    float scale)
+                                                    float scale, int prec)
 {
     const int row = warp_row(rows);
     if (row < 0) {
@@ -69,13 +76,13 @@ static __global__ void attention_softmax_bwd_kernel(float *dp, const float *att,
     }
     s = warp_reduce(s, sum_op());
     for (int j = lane; j < Tk; j += WARP) {
-        d[j] = a[j] * (d[j] - s) * scale;
+        d[j] = lp_round(a[j] * (d[j] - s) * scale, prec);
     }
 }
 
 mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const float *q,
                                const float *k, const float *v, const float *key_mask, int B, int Tq,
-                               int Tk, int C, int NH)
+                               int Tk, int C, int NH, int prec)
 {
     // out (B,Tq,C), att (B,NH,Tq,Tk), q (B,Tq,C), k (B,Tk,C), v (B,Tk,C), key_mask (B,Tk) or NULL
     ARG_CHECK(B > 0 && Tq > 0 && Tk > 0 && C > 0 && NH > 0 && C % NH == 0);
@@ -89,7 +96,7 @@ mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const 
         gemm_bh(ctx, 0, 1, Tq, Tk, hs, scale, q, C, s_q, k, C, s_kv, 0.0f, att, Tk, s_att, B, NH));
     const int rows = B * NH * Tq;
     attention_softmax_kernel<<<row_blocks(rows), BLOCK, 0, ctx->stream>>>(att, key_mask, rows,
-                                                                          NH * Tq, Tk);
+                                                                          NH * Tq, Tk, prec);
     LAUNCH_CHECK();
     // out_bh (Tq,hs) = att_bh (Tq,Tk) @ v_bh (Tk,hs)
     return gemm_bh(ctx, 0, 0, Tq, hs, Tk, 1.0f, att, Tk, s_att, v, C, s_kv, 0.0f, out, C, s_q, B,
@@ -98,7 +105,7 @@ mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const 
 
 mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *dv,
                                const float *dout, const float *att, const float *q, const float *k,
-                               const float *v, int B, int Tq, int Tk, int C, int NH)
+                               const float *v, int B, int Tq, int Tk, int C, int NH, int prec)
 {
     // dq (B,Tq,C), dk (B,Tk,C), dv (B,Tk,C), dout (B,Tq,C), att (B,NH,Tq,Tk),
     // q (B,Tq,C), k (B,Tk,C), v (B,Tk,C)
@@ -124,7 +131,7 @@ mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *d
         gemm_bh(ctx, 0, 1, Tq, Tk, hs, 1.0f, dout, C, s_q, v, C, s_kv, 0.0f, dp, Tk, s_att, B, NH));
     const int rows = B * NH * Tq;
     attention_softmax_bwd_kernel<<<row_blocks(rows), BLOCK, 0, ctx->stream>>>(dp, att, rows, Tk,
-                                                                              scale);
+                                                                              scale, prec);
     LAUNCH_CHECK();
     if (dq) {
         // dq_bh (Tq,hs) += dscores_bh (Tq,Tk) @ k_bh (Tk,hs)

@@ -206,6 +206,23 @@ static void cuda_sync(mmp_backend *be)
 }
 
 /* ---- ops ------------------------------------------------------------------ */
+static void cuda_round_lp(mmp_backend *be, float *dst, const float *src, size_t n,
+                          mmp_precision prec)
+{
+    REC(be, mmp_cuda_round_lp(CTX(be), dst, src, n, (int)prec));
+}
+
+static void cuda_pack_lp(mmp_backend *be, void *dst, const float *src, size_t n, mmp_precision prec)
+{
+    REC(be, mmp_cuda_pack_lp(CTX(be), dst, src, n, (int)prec));
+}
+
+static void cuda_unpack_lp(mmp_backend *be, float *dst, const void *src, size_t n,
+                           mmp_precision prec)
+{
+    REC(be, mmp_cuda_unpack_lp(CTX(be), dst, src, n, (int)prec));
+}
+
 static void cuda_gemm(mmp_backend *be, int ta, int tb, int M, int N, int K, float alpha,
                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
                       int ldc)
@@ -357,16 +374,18 @@ static void cuda_emb_bwd(mmp_backend *be, float *dwte, float *dwpe, const float 
 
 static void cuda_attn_fwd(mmp_backend *be, float *out, float *att, const float *q, const float *k,
                           const float *v, const float *key_mask, int B, int Tq, int Tk, int C,
-                          int NH)
+                          int NH, mmp_precision prec)
 {
-    REC(be, mmp_cuda_attention_fwd(CTX(be), out, att, q, k, v, key_mask, B, Tq, Tk, C, NH));
+    REC(be,
+        mmp_cuda_attention_fwd(CTX(be), out, att, q, k, v, key_mask, B, Tq, Tk, C, NH, (int)prec));
 }
 
 static void cuda_attn_bwd(mmp_backend *be, float *dq, float *dk, float *dv, const float *dout,
                           const float *att, const float *q, const float *k, const float *v, int B,
-                          int Tq, int Tk, int C, int NH)
+                          int Tq, int Tk, int C, int NH, mmp_precision prec)
 {
-    REC(be, mmp_cuda_attention_bwd(CTX(be), dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH));
+    REC(be, mmp_cuda_attention_bwd(CTX(be), dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH,
+                                   (int)prec));
 }
 
 static void cuda_l2_fwd(mmp_backend *be, float *out, float *norm, const float *inp, int N, int C,
@@ -440,6 +459,9 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .device_bytes = cuda_device_bytes,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .round_lp = cuda_round_lp,
+    .pack_lp = cuda_pack_lp,
+    .unpack_lp = cuda_unpack_lp,
     .gemm = cuda_gemm,
     .linear_fwd = cuda_linear_fwd,
     .linear_bwd = cuda_linear_bwd,

@@ -10,6 +10,8 @@
 #endif
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -129,6 +131,20 @@ static __device__ inline size_t thread_index()
 static __device__ inline size_t thread_count()
 {
     return (size_t)gridDim.x * blockDim.x;
+}
+
+/* x rounded to prec (0 fp32: unchanged, 1 bf16, 2 fp16) and widened back:
+ * what a product reads from low-precision storage (kernels/cpu.h's
+ * mmp_cpu_round_lp is the spec). */
+static __device__ inline float lp_round(float x, int prec)
+{
+    if (prec == 1) {
+        return __bfloat162float(__float2bfloat16_rn(x));
+    }
+    if (prec == 2) {
+        return __half2float(__float2half_rn(x));
+    }
+    return x;
 }
 
 /* ---- reductions --------------------------------------------------------- */
