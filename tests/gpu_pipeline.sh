@@ -35,6 +35,9 @@ run gpu_gpipe configs/gpu-1.yaml --set train.schedule=gpipe
 run gpu_replicas configs/gpu-1.yaml --set stages.image.replicas=2 \
   --set "hosts=[{name: localhost, devices: [cuda:0, cuda:0, cuda:0, cuda:0]}]"
 run cpu_single configs/demo.yaml --single-process
+# bf16 (issue 14: rounded GEMM/conv inputs, packed activations between branches)
+run gpu_bf16_single configs/gpu-1.yaml --single-process --set train.precision=bf16
+run gpu_bf16_1f1b configs/gpu-1.yaml --set train.precision=bf16
 run gpu_step1 configs/gpu-1.yaml --single-process --set job.steps=1
 run cpu_step1 configs/demo.yaml --single-process --set job.steps=1
 # the text stage on the CPU between GPU stages: shm there, staged through the host
@@ -48,6 +51,8 @@ for s in 1f1b gpipe replicas; do
   out=$(same_ckpt "$W/gpu_$s" "$W/gpu_single") && ok "GPU $s pipeline == GPU single process: $out" \
     || fail "GPU $s pipeline differs from the GPU single process: $out"
 done
+out=$(same_ckpt "$W/gpu_bf16_1f1b" "$W/gpu_bf16_single") && ok "GPU bf16 1f1b pipeline == GPU bf16 single process: $out" \
+  || fail "GPU bf16 pipeline differs from its single process: $out"
 l1g=$(metric "$W/gpu_single/metrics.jsonl" loss 1 1); l1c=$(metric "$W/cpu_single/metrics.jsonl" loss 1 1)
 l20g=$(metric "$W/gpu_single/metrics.jsonl" loss 20 20); l20c=$(metric "$W/cpu_single/metrics.jsonl" loss 20 20)
 rel() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0 ? -a : a; printf "%.3g", (m > 0 ? d / m : d) }'; }
@@ -72,5 +77,5 @@ n=$(wc -w <<<"$peaks"); bad=$(tr ' ' '\n' <<<"$peaks" | awk -F= 'NF == 2 && !($2
 [ "$n" -eq 3 ] && [ "$bad" -eq 0 ] && ok "peak device memory of the 3 stages reported" || fail "peak memory: '$peaks'"
 mps_left=$(grep -ho '/tmp/mmpipe-mps-[0-9a-f]*' "$W"/*.log | sort -u | while read -r d; do [ -e "$d" ] && echo "$d"; done)
 [ -z "$mps_left" ] && ok "no MPS directory left" || fail "MPS directories left: $mps_left"
-left_behind "GPU pipelines" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/gpu_replicas.log" "$W/mixed.log"
+left_behind "GPU pipelines" "$W/gpu_bf16_1f1b.log" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/gpu_replicas.log" "$W/mixed.log"
 finish
