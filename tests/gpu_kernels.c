@@ -660,6 +660,63 @@ static void test_sumsq(void)
     }
 }
 
+/* ---- low precision (train.precision) -------------------------------------- */
+
+/* CUDA's round/pack/unpack against the CPU's, bit for bit (NaN: both NaN,
+ * payloads may differ): random values over many exponents, ties to even,
+ * subnormals of both formats, values past fp16's range, +-inf, NaN. */
+static void test_precision(void)
+{
+    const size_t n = 4096 + 12;
+    float *x = rnd(n, -1, 1);
+    for (size_t i = 0; i < 4096; i++) {
+        x[i] = ldexpf(x[i], (int)(i % 64) - 40); /* 2^-40 .. 2^23 */
+    }
+    uint32_t ties[] = {0x3f808000u, 0x3f818000u, 0x00000001u, 0x00400000u, 0x7f7fffffu};
+    for (int i = 0; i < 5; i++) {
+        memcpy(&x[4096 + i], &ties[i], 4);
+    }
+    x[4101] = 70000.0f;       /* over fp16's max */
+    x[4102] = 65520.0f;       /* fp16's round-to-inf boundary */
+    x[4103] = 5.9604645e-08f; /* fp16's smallest subnormal */
+    x[4104] = 2.9802322e-08f; /* half of it: a tie to zero */
+    x[4105] = INFINITY;
+    x[4106] = -INFINITY;
+    x[4107] = NAN;
+    for (int prec = 1; prec <= 2; prec++) {
+        float *ref = host_alloc(sizeof(float) * n), *got = host_alloc(sizeof(float) * n);
+        uint16_t *pref = host_alloc(2 * n), *pgot = host_alloc(2 * n);
+        float *back = host_alloc(sizeof(float) * n);
+        mmp_cpu_round_lp(ref, x, n, prec);
+        mmp_cpu_pack_lp(pref, x, n, prec);
+        float *d_x = dev(x, n), *d_r = dev(NULL, n), *d_u = dev(NULL, n);
+        void *d_p = dev_bytes(NULL, 2 * n);
+        CHECK_OK(mmp_cuda_round_lp(ctx, d_r, d_x, n, prec));
+        CHECK_OK(mmp_cuda_pack_lp(ctx, d_p, d_x, n, prec));
+        CHECK_OK(mmp_cuda_unpack_lp(ctx, d_u, d_p, n, prec));
+        CHECK_OK(mmp_cuda_memcpy_d2h(ctx, got, d_r, sizeof(float) * n));
+        CHECK_OK(mmp_cuda_memcpy_d2h(ctx, pgot, d_p, 2 * n));
+        CHECK_OK(mmp_cuda_memcpy_d2h(ctx, back, d_u, sizeof(float) * n));
+        size_t bad_r = 0, bad_p = 0, bad_u = 0;
+        for (size_t i = 0; i < n; i++) {
+            int nan = isnan(ref[i]);
+            bad_r += nan ? !isnan(got[i]) : memcmp(&ref[i], &got[i], 4) != 0;
+            bad_p += nan ? !isnan(back[i]) : pref[i] != pgot[i];
+            bad_u += nan ? !isnan(back[i]) : memcmp(&ref[i], &back[i], 4) != 0;
+            if (!nan && (memcmp(&ref[i], &got[i], 4) != 0 || pref[i] != pgot[i]) &&
+                bad_r + bad_p < 4) {
+                fprintf(stderr, "  %s x[%zu]=%a: cpu %a/%04x, cuda %a/%04x\n",
+                        prec == 1 ? "bf16" : "fp16", i, (double)x[i], (double)ref[i], pref[i],
+                        (double)got[i], pgot[i]);
+            }
+        }
+        CHECK(bad_r == 0);
+        CHECK(bad_p == 0);
+        CHECK(bad_u == 0);
+        release();
+    }
+}
+
 int main(void)
 {
     if (mmp_cuda_device_count() == 0) {
@@ -686,6 +743,7 @@ int main(void)
     test_bce();
     test_adamw();
     test_sumsq();
+    test_precision();
     mmp_cuda_ctx_destroy(ctx);
     return mmp_test_finish(NAME);
 }
