@@ -19,7 +19,7 @@
 
 static const char USAGE[] =
     "usage: mmpipe simulate PLAN.yaml [--costs FILE] [--set KEY=VALUE]... [--dump]\n"
-    "                       [--plan-devices N|all]\n"
+    "                       [--plan-devices N|all [--device-memory SIZE]]\n"
     "\n"
     "Compiles the plan's schedule (train.schedule, train.microbatches, the\n"
     "stages' splits), checks it (matching sends and receives, F before B, no\n"
@@ -51,7 +51,15 @@ static const char USAGE[] =
     "                   evenly over each stage's layers) and prints the placement,\n"
     "                   its predicted step time, samples/s and balance efficiency\n"
     "                   (busy time / (devices x step time)), and the time planning\n"
-    "                   took. Memory is not modelled here (no per-layer sizes)\n"
+    "                   took\n"
+    "  --device-memory SIZE\n"
+    "                   with --plan-devices and --costs: no device may hold more\n"
+    "                   than SIZE bytes (suffix K, M, G or T: powers of 1024, e.g.\n"
+    "                   80G). A stage's memory is the most the run measured for it\n"
+    "                   (peak_mem_bytes: device memory on GPU stages, RSS on CPU\n"
+    "                   ones) spread evenly over its layers, the same on every\n"
+    "                   replica: an upper bound, as a replica holds fewer samples'\n"
+    "                   activations. Prints each stage's memory beside its time\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit status: 0 ok, 1 a plan, costs or schedule error, 2 usage error.\n";
@@ -78,8 +86,25 @@ static void dump(const mmp_sched *s)
 
 /* Plans a placement for devices with the planner and prints it. 0 ok, 1 error
  * (printed). */
+/* SIZE: digits with an optional K, M, G or T (powers of 1024), > 0. */
+static int parse_size(const char *text, double *out)
+{
+    char *end;
+    double v = strtod(text, &end);
+    static const char units[] = "KMGT";
+    const char *u = *end ? strchr(units, *end) : NULL;
+    if (end == text || !(v > 0) || (*end && (!u || end[1]))) {
+        return -1;
+    }
+    for (const char *k = units; u && k <= u; k++) {
+        v *= 1024;
+    }
+    *out = v;
+    return 0;
+}
+
 static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
-                          int measured, int devices)
+                          int measured, int devices, double mem_cap)
 {
     /* the planner's per-layer costs: per process, per sample */
     static mmp_layer_costs lc;
@@ -90,8 +115,17 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
         bwd[st] = c->bwd_ms[st] / samples;
     }
     mmp_costs_per_layer(s, fwd, bwd, &lc);
+    if (mem_cap > 0) {
+        mmp_costs_per_layer_mem(s, c->mem_bytes, &lc);
+        if (!lc.have_mem) {
+            fprintf(stderr, "mmpipe simulate: --device-memory: the run recorded no peak_mem_bytes "
+                            "for some stage\n");
+            return 1;
+        }
+    }
     mmp_planner_input in;
     mmp_costs_planner_input(p, &lc, &in);
+    in.mem_cap_bytes = mem_cap;
     in.devices = devices;
     in.batch = p->train.batch;
     in.send_ms = c->send_ms;
@@ -110,7 +144,8 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
            devices, measured ? "measured" : "nominal", p->train.microbatches,
            (p->train.batch + p->train.microbatches - 1) / p->train.microbatches, 1000 * took,
            r.candidates, r.simulated);
-    printf("%-10s %-9s %8s %12s %10s\n", "stage", "layers", "replicas", "ms/mb/repl", "busy");
+    printf("%-10s %-9s %8s %12s %10s %10s\n", "stage", "layers", "replicas", "ms/mb/repl", "busy",
+           mem_cap > 0 ? "memory" : "");
     static const char *const names[2] = {"image", "text"};
     for (int b = 0; b < 2; b++) {
         for (int j = 0; j < r.placement.n_sub[b]; j++) {
@@ -118,12 +153,21 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
             char name[32], layers[32];
             snprintf(name, sizeof name, "%s.%d", names[b], j);
             snprintf(layers, sizeof layers, "[%d,%d)", g->first, g->last);
-            printf("%-10s %-9s %8d %12.3f %9.1f%%\n", name, layers, g->replicas, v->stage_ms[b][j],
+            printf("%-10s %-9s %8d %12.3f %9.1f%% ", name, layers, g->replicas, v->stage_ms[b][j],
                    100 * p->train.microbatches * v->stage_ms[b][j] / v->step_ms);
+            if (mem_cap > 0) {
+                printf("%7.2f GiB", v->stage_bytes[b][j] / (1 << 30));
+            }
+            printf("\n");
         }
     }
-    printf("%-10s %-9s %8d %12.3f %9.1f%%\n", "fusion", "[0,1)", r.placement.fusion_replicas,
+    printf("%-10s %-9s %8d %12.3f %9.1f%% ", "fusion", "[0,1)", r.placement.fusion_replicas,
            v->fusion_ms, 100 * p->train.microbatches * v->fusion_ms / v->step_ms);
+    if (mem_cap > 0) {
+        printf("%7.2f GiB (cap %.2f GiB per device)", v->fusion_bytes / (1 << 30),
+               mem_cap / (1 << 30));
+    }
+    printf("\n");
     printf("(ms/mb/repl: one replica's forward + backward per micro-batch; busy: its share of "
            "the step)\nas plan keys:");
     for (int b = 0; b < 2; b++) {
@@ -148,7 +192,7 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
 
 int mmp_cmd_simulate(int argc, char **argv)
 {
-    const char *costs_arg = NULL, *plan_devices = NULL;
+    const char *costs_arg = NULL, *plan_devices = NULL, *device_memory = NULL;
     int want_dump = 0;
     static mmp_plan plan;
     static mmp_sched sched;
@@ -156,6 +200,7 @@ int mmp_cmd_simulate(int argc, char **argv)
     const mmp_cli_opt opts[] = {
         {"--dump", MMP_CLI_FLAG, &want_dump},
         {"--plan-devices", MMP_CLI_VALUE, &plan_devices},
+        {"--device-memory", MMP_CLI_VALUE, &device_memory},
         {"--costs", MMP_CLI_VALUE, &costs_arg},
         {"--set", MMP_CLI_SET, NULL},
     };
@@ -180,6 +225,23 @@ int mmp_cmd_simulate(int argc, char **argv)
             goto exit;
         }
         devices = (int)v;
+    }
+    double mem_cap = 0;
+    if (device_memory) {
+        if (!plan_devices || !costs_arg) {
+            fprintf(stderr, "mmpipe simulate: --device-memory needs --plan-devices and --costs RUN "
+                            "(the run's measured memory per stage)\n");
+            ret = 2;
+            goto exit;
+        }
+        if (parse_size(device_memory, &mem_cap) != 0) {
+            fprintf(stderr,
+                    "mmpipe simulate: --device-memory '%s': expected a byte count, optionally with "
+                    "K, M, G or T (powers of 1024), e.g. 80G\n",
+                    device_memory);
+            ret = 2;
+            goto exit;
+        }
     }
     if (mmp_plan_load(&plan, plan_path, args.sets, args.n_sets) != MMP_OK) {
         fprintf(stderr, "mmpipe simulate: %s\n", mmp_last_error());
@@ -237,7 +299,7 @@ int mmp_cmd_simulate(int argc, char **argv)
                 devices += plan.hosts[h].n_devices;
             }
         }
-        if (plan_placement(&plan, &sched, &costs, costs_arg != NULL, devices) != 0) {
+        if (plan_placement(&plan, &sched, &costs, costs_arg != NULL, devices, mem_cap) != 0) {
             goto exit;
         }
     }

@@ -38,6 +38,7 @@ typedef struct measured {
     int cap, n; /* records: room for, and read */
     double *fwd[MMP_SCHED_MAX_STAGES], *bwd[MMP_SCHED_MAX_STAGES], *load[MMP_SCHED_MAX_STAGES];
     double *step;
+    double mem[MMP_SCHED_MAX_STAGES]; /* the most peak_mem_bytes any record gave */
 } measured;
 
 static void measured_fini(measured *m)
@@ -96,6 +97,9 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
         sum[0][st] += g->fwd_ms;
         sum[1][st] += g->bwd_ms;
         sum[2][st] += isnan(g->load_ms) ? 0 : g->load_ms;
+        if (!isnan(g->peak_mem_bytes) && g->peak_mem_bytes > m->mem[st]) {
+            m->mem[st] = g->peak_mem_bytes;
+        }
         count[st]++;
     }
     for (int st = 0; st < s->n_stages; st++) {
@@ -194,6 +198,15 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
             c->fwd_ms[st] = steady_median(m.fwd[st], m.n);
             c->bwd_ms[st] = steady_median(m.bwd[st], m.n);
             c->load_ms[st] = steady_median(m.load[st], m.n);
+            c->mem_bytes[st] = m.mem[st];
+        }
+        for (int st = 0; st < s->n_stages; st++) {
+            /* a replica without its own figure: its stage's others' */
+            for (int r = 0; c->mem_bytes[st] == 0 && r < s->n_stages; r++) {
+                if (strcmp(s->stages[r].name, s->stages[st].name) == 0) {
+                    c->mem_bytes[st] = c->mem_bytes[r];
+                }
+            }
         }
         info->step_ms = steady_median(m.step, m.n);
         info->n_steps = m.n - (m.n > 1);
@@ -237,14 +250,44 @@ int mmp_costs_per_layer(const mmp_sched *s, const double *fwd_ms, const double *
     return 1;
 }
 
+void mmp_costs_per_layer_mem(const mmp_sched *s, const double *mem_bytes, mmp_layer_costs *out)
+{
+    out->have_mem = 1;
+    for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
+        const mmp_sched_stage *g = &s->stages[i];
+        double most = 0;
+        for (int r = 0; r < g->n_replicas; r++) {
+            most = mem_bytes[i + r] > most ? mem_bytes[i + r] : most;
+        }
+        out->have_mem &= most > 0;
+        if (g->kind == MMP_KIND_FUSION) {
+            out->fusion_mem = most;
+            continue;
+        }
+        int br = g->kind == MMP_KIND_IMAGE ? MMP_PLANNER_IMAGE : MMP_PLANNER_TEXT;
+        int nl = g->layer_last - g->layer_first;
+        for (int l = g->layer_first; l < g->layer_last && l < MMP_PLANNER_MAX_LAYERS; l++) {
+            out->mem[br][l] = most / nl;
+        }
+    }
+}
+
 void mmp_costs_planner_input(const mmp_plan *p, const mmp_layer_costs *lc, mmp_planner_input *in)
 {
     memset(in, 0, sizeof *in);
-    in->branch[MMP_PLANNER_IMAGE] = (mmp_planner_layers){
-        .n = mmp_plan_image_layers(p), .fwd_ms = lc->fwd[0], .bwd_ms = lc->bwd[0]};
-    in->branch[MMP_PLANNER_TEXT] = (mmp_planner_layers){
-        .n = mmp_plan_text_layers(p), .fwd_ms = lc->fwd[1], .bwd_ms = lc->bwd[1]};
-    in->fusion = (mmp_planner_layers){.n = 1, .fwd_ms = &lc->fusion_fwd, .bwd_ms = &lc->fusion_bwd};
+    int mem = lc->have_mem;
+    in->branch[MMP_PLANNER_IMAGE] = (mmp_planner_layers){.n = mmp_plan_image_layers(p),
+                                                         .fwd_ms = lc->fwd[0],
+                                                         .bwd_ms = lc->bwd[0],
+                                                         .state_bytes = mem ? lc->mem[0] : NULL};
+    in->branch[MMP_PLANNER_TEXT] = (mmp_planner_layers){.n = mmp_plan_text_layers(p),
+                                                        .fwd_ms = lc->fwd[1],
+                                                        .bwd_ms = lc->bwd[1],
+                                                        .state_bytes = mem ? lc->mem[1] : NULL};
+    in->fusion = (mmp_planner_layers){.n = 1,
+                                      .fwd_ms = &lc->fusion_fwd,
+                                      .bwd_ms = &lc->fusion_bwd,
+                                      .state_bytes = mem ? &lc->fusion_mem : NULL};
     in->microbatches = p->train.microbatches;
     in->schedule = p->train.schedule;
     in->method = MMP_PLANNER_AUTO;

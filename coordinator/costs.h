@@ -54,6 +54,10 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
 typedef struct mmp_layer_costs {
     double fwd[2][MMP_PLANNER_MAX_LAYERS], bwd[2][MMP_PLANNER_MAX_LAYERS];
     double fusion_fwd, fusion_bwd;
+    /* memory: a stage's measured peak spread evenly over its layers, as the
+     * planner's state_bytes (0: not measured) */
+    double mem[2][MMP_PLANNER_MAX_LAYERS], fusion_mem;
+    int have_mem; /* every stage had a measured peak */
 } mmp_layer_costs;
 
 /* The estimate above: fwd_ms[i], bwd_ms[i] are process i's forward and
@@ -63,6 +67,10 @@ typedef struct mmp_layer_costs {
  * or 0 when a stage has no measured replica. */
 int mmp_costs_per_layer(const mmp_sched *s, const double *fwd_ms, const double *bwd_ms,
                         mmp_layer_costs *out);
+/* Adds the memory: mem_bytes[i] is process i's measured peak (0: none); a
+ * stage takes its replicas' largest, spread evenly over its layers (fusion:
+ * its unit). Sets out->have_mem when every stage had one. */
+void mmp_costs_per_layer_mem(const mmp_sched *s, const double *mem_bytes, mmp_layer_costs *out);
 
 /* The planner's input for plan p with lc's costs (lc must outlive in's
  * use): the branches' layer counts, fusion as one unit, p's micro-batches

@@ -166,6 +166,10 @@ typedef struct mmp_sim_costs {
     double load_ms[MMP_SCHED_MAX_STAGES]; /* LOAD, first sub-stages of branches */
     double send_ms;                       /* per message hand-off latency */
     double step_overhead_ms;              /* grad-norm round trip + optimizer, per step */
+    /* Peak memory per process (device memory on a GPU stage, RSS on a CPU
+     * one), the most any measured step recorded; 0 when not measured. The
+     * simulator ignores it; the planner's memory cap reads it. */
+    double mem_bytes[MMP_SCHED_MAX_STAGES];
 } mmp_sim_costs;
 
 typedef struct mmp_sim_result {
