@@ -39,6 +39,9 @@ typedef struct slot {
 struct mmp_loader {
     mmp_dataset *ds;
     mmp_plan plan; /* a copy: the caller's may go before the workers do */
+    void *(*host_alloc)(void *ctx, size_t bytes); /* the cfg's; NULL: calloc */
+    void (*host_free)(void *ctx, void *p);
+    void *alloc_ctx;
     int microbatches, mb_max;
     int n_owned;   /* owned micro-batches per step */
     int *owned_mb; /* [n_owned]: the owned mbs, ascending */
@@ -129,6 +132,23 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* A micro-batch's tensor memory: the caller's allocator, else calloc. */
+static void *tensor_alloc(mmp_loader *l, size_t bytes)
+{
+    return l->host_alloc ? l->host_alloc(l->alloc_ctx, bytes) : calloc(1, bytes ? bytes : 1);
+}
+
+static void tensor_free(mmp_loader *l, void *p)
+{
+    if (l->host_free) {
+        if (p) {
+            l->host_free(l->alloc_ctx, p);
+        }
+    } else {
+        free(p);
+    }
+}
+
 static mmp_err alloc_slot(mmp_loader *l, slot *s)
 {
     const size_t n = (size_t)l->mb_max, S = (size_t)l->plan.data.image_size,
@@ -137,11 +157,11 @@ static mmp_err alloc_slot(mmp_loader *l, slot *s)
     b->samples = calloc(n, sizeof *b->samples);
     b->valid = calloc(n, sizeof *b->valid);
     if (l->images) {
-        b->images = calloc(n * 3 * S * S, sizeof *b->images);
+        b->images = tensor_alloc(l, n * 3 * S * S * sizeof *b->images);
     }
     if (l->text) {
-        b->ids = calloc(n * T, sizeof *b->ids);
-        b->mask = calloc(n * T, sizeof *b->mask);
+        b->ids = tensor_alloc(l, n * T * sizeof *b->ids);
+        b->mask = tensor_alloc(l, n * T * sizeof *b->mask);
     }
     if (!b->samples || !b->valid || (l->images && !b->images) ||
         (l->text && (!b->ids || !b->mask))) {
@@ -152,13 +172,13 @@ static mmp_err alloc_slot(mmp_loader *l, slot *s)
     return MMP_OK;
 }
 
-static void free_slot(slot *s)
+static void free_slot(mmp_loader *l, slot *s)
 {
     free(s->b.samples);
     free(s->b.valid);
-    free(s->b.images);
-    free(s->b.ids);
-    free(s->b.mask);
+    tensor_free(l, s->b.images);
+    tensor_free(l, s->b.ids);
+    tensor_free(l, s->b.mask);
 }
 
 mmp_err mmp_loader_create(mmp_loader **out, const mmp_loader_cfg *cfg)
@@ -189,6 +209,9 @@ mmp_err mmp_loader_create(mmp_loader **out, const mmp_loader_cfg *cfg)
     }
     l->ds = cfg->ds;
     l->plan = *p;
+    l->host_alloc = cfg->host_alloc;
+    l->host_free = cfg->host_free;
+    l->alloc_ctx = cfg->alloc_ctx;
     l->microbatches = p->train.microbatches;
     l->mb_max = mmp_plan_mb_size(p, 0);
     l->images = cfg->images != 0;
@@ -358,7 +381,7 @@ void mmp_loader_destroy(mmp_loader *l)
         pthread_mutex_destroy(&l->mu);
     }
     for (int i = 0; l->ring && i < l->depth; i++) {
-        free_slot(&l->ring[i]);
+        free_slot(l, &l->ring[i]);
     }
     free(l->ring);
     free(l->threads);

@@ -47,6 +47,12 @@ typedef struct mmp_loader_cfg {
     /* [plan->train.microbatches]: produce only micro-batches mb with
      * owns[mb] != 0 (every step); NULL: all. Copied at create. */
     const unsigned char *owns;
+    /* Optional: where the images, ids and mask of each buffered micro-batch
+     * live (zeroed memory; a GPU stage passes page-locked memory so its
+     * uploads run asynchronously). NULL: calloc/free. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    void *alloc_ctx;
 } mmp_loader_cfg;
 
 typedef struct mmp_loader mmp_loader;

@@ -95,3 +95,19 @@ int mmp_backend_is_host(const mmp_backend *be)
 {
     return be->ops == &mmp_backend_cpu_ops;
 }
+
+void mmp_backend_upload(mmp_backend *be, void *dst, const void *src_host, size_t bytes)
+{
+    if (be->ops->upload) {
+        be->ops->upload(be, dst, src_host, bytes);
+    } else {
+        be->ops->to_device(be, dst, src_host, bytes);
+    }
+}
+
+void mmp_backend_upload_wait(mmp_backend *be)
+{
+    if (be->ops->upload_wait) {
+        be->ops->upload_wait(be);
+    }
+}

@@ -84,6 +84,13 @@ typedef struct mmp_backend_ops {
      * to asynchronously (CUDA: page-locked), for input staging. */
     void *(*host_alloc)(mmp_backend *be, size_t bytes);
     void (*host_free)(mmp_backend *be, void *p);
+    /* Optional (NULL: to_device, which waits): a host -> backend copy queued
+     * like an op, returning at once; src (host_alloc memory for the copy to
+     * be truly asynchronous) must stay unchanged until upload_wait returns,
+     * which waits for the uploads queued so far (not for other work queued
+     * after them). */
+    void (*upload)(mmp_backend *be, void *dst, const void *src_host, size_t bytes);
+    void (*upload_wait)(mmp_backend *be);
 
     /* ---- low precision (kernels/cpu.h's mmp_cpu_*_lp are the spec) ------- */
     /* Mixed precision rounds the inputs of every product (GEMM, linear,
@@ -239,6 +246,9 @@ void *mmp_backend_stream(mmp_backend *be);
 size_t mmp_backend_device_bytes(mmp_backend *be);
 void *mmp_backend_host_alloc(mmp_backend *be, size_t bytes);
 void mmp_backend_host_free(mmp_backend *be, void *p);
+/* upload / upload_wait, or to_device and nothing where the backend has none. */
+void mmp_backend_upload(mmp_backend *be, void *dst, const void *src_host, size_t bytes);
+void mmp_backend_upload_wait(mmp_backend *be);
 /* 1 when the instance's memory is the host's (the CPU backend). */
 int mmp_backend_is_host(const mmp_backend *be);
 

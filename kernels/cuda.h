@@ -83,6 +83,11 @@ mmp_err mmp_cuda_sync(mmp_cuda_ctx *ctx);
 #define MMP_CUDA_ARENA_CHUNK ((size_t)64 << 20)
 mmp_err mmp_cuda_arena_alloc(mmp_cuda_ctx *ctx, void **out, size_t bytes);
 size_t mmp_cuda_ctx_device_bytes(const mmp_cuda_ctx *ctx);
+/* An asynchronous host -> device copy on the context's stream (src should
+ * be page-locked), and the wait for every one queued so far (an event
+ * recorded after the last). */
+mmp_err mmp_cuda_upload(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes);
+mmp_err mmp_cuda_upload_wait(mmp_cuda_ctx *ctx);
 /* Page-locked host memory (cudaHostAlloc), zeroed; NULL on failure. */
 void *mmp_cuda_host_alloc(size_t bytes);
 void mmp_cuda_host_free(void *p);

@@ -36,6 +36,8 @@ typedef struct trainer {
     int gpu;
     float *d_images, *d_mask, *emb_dev[2];
     int32_t *d_ids;
+    /* GPU: the last micro-batch of each loader, until its upload is done */
+    mmp_batch *up_img, *up_txt;
     const char *out_dir;
     mmp_dataset *train, *val;
     mmp_image_net *img;
@@ -76,30 +78,59 @@ static void *balloc(mmp_backend *be, size_t bytes, mmp_err *err)
 /* The batch's images, ids and mask where the nets read them: in place on
  * the CPU, uploaded on a GPU. */
 static void inputs_on_device(trainer *t, int n, const float **images, const int32_t **ids,
-                             const float **mask)
+                             const float **mask, int async)
 {
     if (t->gpu < 0) {
         return;
     }
     mmp_backend *be = t->be;
+    /* the loader's pinned batches go up asynchronously (handed back after
+     * upload_wait, at the next get); evaluation's host buffers with a wait */
+    void (*up)(mmp_backend *, void *, const void *, size_t) =
+        async ? mmp_backend_upload : be->ops->to_device;
     size_t tok = (size_t)n * (size_t)t->T;
     if (images && *images) {
-        be->ops->to_device(be, t->d_images, *images,
-                           (size_t)n * 3 * (size_t)t->S * (size_t)t->S * sizeof(float));
+        up(be, t->d_images, *images, (size_t)n * 3 * (size_t)t->S * (size_t)t->S * sizeof(float));
         *images = t->d_images;
     }
     if (ids && *ids) {
-        be->ops->to_device(be, t->d_ids, *ids, tok * sizeof(int32_t));
+        up(be, t->d_ids, *ids, tok * sizeof(int32_t));
         *ids = t->d_ids;
     }
     if (mask && *mask) {
-        be->ops->to_device(be, t->d_mask, *mask, tok * sizeof(float));
+        up(be, t->d_mask, *mask, tok * sizeof(float));
         *mask = t->d_mask;
     }
 }
 
+/* Hands the uploaded batches back to their loaders once the uploads are done. */
+static void release_uploaded(trainer *t)
+{
+    if (t->up_img || t->up_txt) {
+        mmp_backend_upload_wait(t->be);
+    }
+    if (t->up_img) {
+        mmp_loader_release(t->img_loader, t->up_img);
+    }
+    if (t->up_txt) {
+        mmp_loader_release(t->txt_loader, t->up_txt);
+    }
+    t->up_img = t->up_txt = NULL;
+}
+
+static void *loader_host_alloc(void *ctx, size_t bytes)
+{
+    return mmp_backend_host_alloc(ctx, bytes);
+}
+
+static void loader_host_free(void *ctx, void *p)
+{
+    mmp_backend_host_free(ctx, p);
+}
+
 static void trainer_fini(trainer *t)
 {
+    release_uploaded(t);
     mmp_loader_destroy(t->img_loader);
     mmp_loader_destroy(t->txt_loader);
     mmp_fuse_fini(&t->fuse);
@@ -239,7 +270,7 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         }
         const float *images = t->images, *mask = t->mask;
         const int32_t *ids = t->ids;
-        inputs_on_device(t, n, &images, &ids, &mask);
+        inputs_on_device(t, n, &images, &ids, &mask, 0);
         mmp_image_net_forward(t->img, t->ia, images, n, 0, t->img_tok);
         mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
         branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
@@ -333,6 +364,7 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
          * image and a bad caption are flagged (and zeroed) each on its side. */
         mmp_batch *bi, *bt;
         double t0 = mmp_now();
+        release_uploaded(t);
         MMP_TRY(mmp_loader_get(t->img_loader, step, mb, &bi));
         mmp_err e = mmp_loader_get(t->txt_loader, step, mb, &bt);
         if (e != MMP_OK) {
@@ -355,14 +387,19 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         mmp_params_mb_begin(pf);
         const float *images = bi->images, *mask = bt->mask;
         const int32_t *ids = bt->ids;
-        inputs_on_device(t, n, &images, &ids, &mask);
+        inputs_on_device(t, n, &images, &ids, &mask, 1);
         mmp_image_net_forward(t->img, t->ia, images, n, 1, t->img_tok);
         mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
         branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
         mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, mask, t->img_valid,
                          t->txt_valid, n, B, out, &skip);
-        mmp_loader_release(t->img_loader, bi);
-        mmp_loader_release(t->txt_loader, bt);
+        if (t->gpu >= 0) {
+            t->up_img = bi; /* their uploads may be in flight */
+            t->up_txt = bt;
+        } else {
+            mmp_loader_release(t->img_loader, bi);
+            mmp_loader_release(t->txt_loader, bt);
+        }
         mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, t->dimg, t->dtxt);
         branch_outputs_lp(t, n, t->dimg, t->dtxt);
         mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);
@@ -444,7 +481,11 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
                              .text = k == 1,
                              .first_step = first_step,
                              .last_step = plan->job.steps,
-                             .depth = plan->train.microbatches + 1};
+                             .depth = plan->train.microbatches + 1,
+                             /* GPU: page-locked, so uploads run asynchronously */
+                             .host_alloc = t.gpu >= 0 ? loader_host_alloc : NULL,
+                             .host_free = t.gpu >= 0 ? loader_host_free : NULL,
+                             .alloc_ctx = t.be};
         if ((err = mmp_loader_create(k == 0 ? &t.img_loader : &t.txt_loader, &lc)) != MMP_OK) {
             goto exit;
         }

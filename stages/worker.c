@@ -9,6 +9,17 @@
 
 #include "stages/worker_internal.h"
 
+/* The loader's tensor memory on a GPU stage: the backend's pinned memory. */
+static void *loader_host_alloc(void *ctx, size_t bytes)
+{
+    return mmp_backend_host_alloc(ctx, bytes);
+}
+
+static void loader_host_free(void *ctx, void *p)
+{
+    mmp_backend_host_free(ctx, p);
+}
+
 /* ---- control-plane helpers ---------------------------------------------------- */
 
 mmp_err worker_send_env(worker *w, Mmpipe__Envelope *env)
@@ -113,7 +124,11 @@ static mmp_err serve(worker *w)
                                      .first_step = env->start->first_step,
                                      .last_step = w->plan.job.steps,
                                      .owns = w->owns,
-                                     .depth = w->plan.train.microbatches + 1};
+                                     .depth = w->plan.train.microbatches + 1,
+                                     /* GPU: page-locked, so uploads run asynchronously */
+                                     .host_alloc = w->gpu >= 0 ? loader_host_alloc : NULL,
+                                     .host_free = w->gpu >= 0 ? loader_host_free : NULL,
+                                     .alloc_ctx = w->be};
                 e = mmp_loader_create(&w->loader, &lc);
             }
             for (int s = env->start->first_step;
@@ -129,6 +144,7 @@ static mmp_err serve(worker *w)
                 mmp_ctl_free(w->prog_env);
                 w->prog_env = env;
                 env = NULL;
+                worker_release_uploaded(w);
                 mmp_loader_destroy(w->loader);
                 w->loader = NULL;
             }

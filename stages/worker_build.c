@@ -396,6 +396,9 @@ void worker_teardown(worker *w)
         be->ops->free(be, w->fl[i].mask);
         free(w->fl[i].valid);
     }
+    if (w->uploaded) {
+        worker_release_uploaded(w);
+    }
     if (w->batch) {
         mmp_loader_release(w->loader, w->batch);
     }

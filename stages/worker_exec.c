@@ -12,6 +12,15 @@ static uint64_t flow_id(int edge, int step, int mb, int eval)
 
 /* ---- data plane -------------------------------------------------------------------- */
 
+void worker_release_uploaded(worker *w)
+{
+    if (w->uploaded) {
+        mmp_backend_upload_wait(w->be);
+        mmp_loader_release(w->loader, w->uploaded);
+        w->uploaded = NULL;
+    }
+}
+
 mmp_err worker_chan_recv(worker *w, chan *c, int step, int mb, int eval)
 {
     if (!c) {
@@ -199,6 +208,7 @@ mmp_err worker_do_load(worker *w, int step, int mb, int eval)
         if (w->batch) {
             return mmp_errorf(MMP_ERR_INTERNAL, "load of %d before the last one's forward", mb);
         }
+        worker_release_uploaded(w);
         MMP_TRY(mmp_loader_get(w->loader, step, mb, &w->batch));
         w->data_ms += (mmp_now() - t0) * 1e3;
         mmp_batch *b = w->batch;
@@ -338,20 +348,26 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         } else {
             memcpy(f->valid, valid, (size_t)n * sizeof(float));
         }
+        /* A training batch (pinned, the loader's) goes up asynchronously
+         * and is handed back to the loader at the next load, after
+         * upload_wait; evaluation's host buffers are reused at once, so
+         * they go up with a wait. */
+        void (*up)(mmp_backend *, void *, const void *, size_t) =
+            w->batch ? mmp_backend_upload : be->ops->to_device;
         if (w->kind == MMP_BRANCH_TEXT) {
             size_t mb_bytes = (size_t)n * w->T * sizeof(float);
             if (ci) {
                 be->ops->copy(be, f->mask, mask, mb_bytes);
             } else {
-                be->ops->to_device(be, f->mask, mask, mb_bytes);
+                up(be, f->mask, mask, mb_bytes);
             }
         }
         if (!ci && w->d_images && in) {
-            be->ops->to_device(be, w->d_images, in, (size_t)n * w->in_floats * sizeof(float));
+            up(be, w->d_images, in, (size_t)n * w->in_floats * sizeof(float));
             in = w->d_images;
         }
         if (!ci && w->d_ids && ids) {
-            be->ops->to_device(be, w->d_ids, ids, (size_t)n * w->T * sizeof(int32_t));
+            up(be, w->d_ids, ids, (size_t)n * w->T * sizeof(int32_t));
             ids = w->d_ids;
         }
         if (worker_simulated(w)) {
@@ -375,7 +391,11 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
             MMP_TRY(worker_chan_release(ci));
         }
         if (w->batch) {
-            mmp_loader_release(w->loader, w->batch);
+            if (w->gpu >= 0) {
+                w->uploaded = w->batch; /* its upload may be in flight */
+            } else {
+                mmp_loader_release(w->loader, w->batch);
+            }
             w->batch = NULL;
         }
         w->out_mb = mb;

@@ -130,8 +130,9 @@ typedef struct worker {
     float *valid_in[2]; /* fusion: a micro-batch's valid flags, image and text (HOST) */
     float *emb_dev[2];  /* fusion on a GPU: a chunk's embeddings, image and text */
     int64_t *samples;
-    mmp_loader *loader; /* training micro-batches (first sub-stage of a branch) */
-    mmp_batch *batch;   /* the loaded micro-batch, until its forward */
+    mmp_loader *loader;  /* training micro-batches (first sub-stage of a branch) */
+    mmp_batch *batch;    /* the loaded micro-batch, until its forward */
+    mmp_batch *uploaded; /* GPU: the last one, until its upload is done (next load) */
     const float *in_images, *in_mask;
     const int32_t *in_ids;
     float *in_valid;
@@ -177,6 +178,8 @@ void *worker_xcalloc(size_t n, size_t size, mmp_err *err);
 
 /* ---- worker_exec.c (one step) ---- */
 chan *worker_act_in(worker *w, int want_text);
+/* Hands the last uploaded batch back to the loader once its upload is done. */
+void worker_release_uploaded(worker *w);
 mmp_err worker_chan_recv(worker *w, chan *c, int step, int mb, int eval);
 mmp_err worker_chan_release(chan *c);
 mmp_err worker_do_fwd(worker *w, int step, int mb, int eval);

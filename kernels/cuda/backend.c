@@ -172,6 +172,16 @@ static void cuda_host_free(mmp_backend *be, void *p)
     mmp_cuda_host_free(p);
 }
 
+static void cuda_upload(mmp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    REC(be, mmp_cuda_upload(CTX(be), dst, src, bytes));
+}
+
+static void cuda_upload_wait(mmp_backend *be)
+{
+    REC(be, mmp_cuda_upload_wait(CTX(be)));
+}
+
 static void cuda_zero(mmp_backend *be, void *dst, size_t bytes)
 {
     if (bytes) {
@@ -459,6 +469,8 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .device_bytes = cuda_device_bytes,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .upload = cuda_upload,
+    .upload_wait = cuda_upload_wait,
     .round_lp = cuda_round_lp,
     .pack_lp = cuda_pack_lp,
     .unpack_lp = cuda_unpack_lp,

@@ -110,6 +110,9 @@ void mmp_cuda_ctx_destroy(mmp_cuda_ctx *ctx)
     if (ctx->ws) {
         (void)cudaFree(ctx->ws);
     }
+    if (ctx->upload_done) {
+        (void)cudaEventDestroy(ctx->upload_done);
+    }
     for (mmp_cuda_chunk *c = ctx->chunks, *next; c; c = next) {
         next = c->next;
         (void)cudaFree(c->base);
@@ -182,6 +185,27 @@ mmp_err mmp_cuda_arena_alloc(mmp_cuda_ctx *ctx, void **out, size_t bytes)
 size_t mmp_cuda_ctx_device_bytes(const mmp_cuda_ctx *ctx)
 {
     return ctx->arena_bytes + ctx->ws_bytes;
+}
+
+mmp_err mmp_cuda_upload(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0) {
+        return MMP_OK;
+    }
+    if (!ctx->upload_done) {
+        CU_TRY(cudaEventCreateWithFlags(&ctx->upload_done, cudaEventDisableTiming));
+    }
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CU_TRY(cudaEventRecord(ctx->upload_done, ctx->stream));
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_upload_wait(mmp_cuda_ctx *ctx)
+{
+    if (ctx->upload_done) {
+        CU_TRY(cudaEventSynchronize(ctx->upload_done));
+    }
+    return MMP_OK;
 }
 
 void *mmp_cuda_host_alloc(size_t bytes)

@@ -68,7 +68,8 @@ struct mmp_cuda_ctx {
     /* The per-stage device arena (mmp_cuda_arena_alloc): chunks carved in
      * order, given back only with the context. */
     mmp_cuda_chunk *chunks;
-    size_t arena_bytes; /* reserved in chunks */
+    cudaEvent_t upload_done; /* recorded after the last mmp_cuda_upload; NULL until one */
+    size_t arena_bytes;      /* reserved in chunks */
     mmp_cuda_conv_plan conv[MMP_CUDA_CONV_PLANS];
     int n_conv;    /* plans in use */
     int conv_next; /* the plan evicted next once all are in use */
