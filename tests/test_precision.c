@@ -81,6 +81,43 @@ static void test_fp16(void)
     CHECK(round1(1e-8f, P) == 0.0f);
     CHECK(round1(5e-5f, P) == mmp_cpu_from_fp16(mmp_cpu_to_fp16(5e-5f)));
     CHECK(round1(INFINITY, P) == INFINITY && isnan(round1(NAN, P)));
+    CHECK(mmp_cpu_to_fp16(NAN) == 0x7fff && mmp_cpu_to_fp16(-0.0f) == 0x8000);
+}
+
+/* The bit-level fp16 conversions against the compiler's _Float16 where it
+ * has one (GCC on x86-64): every half pattern widened, and a million fp32
+ * patterns spread over the whole range narrowed (NaN aside: canonical). */
+static void test_fp16_exhaustive(void)
+{
+#ifdef __FLT16_MAX__
+    size_t bad_from = 0, bad_to = 0;
+    for (uint32_t b = 0; b < 65536; b++) {
+        _Float16 h;
+        uint16_t b16 = (uint16_t)b;
+        memcpy(&h, &b16, 2);
+        float want = (float)h, got = mmp_cpu_from_fp16(b16);
+        bad_from += isnan(want) ? !isnan(got) : memcmp(&want, &got, 4) != 0;
+    }
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 4093) {
+        uint32_t u32 = (uint32_t)u;
+        float x;
+        memcpy(&x, &u32, 4);
+        if (isnan(x)) {
+            continue;
+        }
+        _Float16 h = (_Float16)x;
+        uint16_t want;
+        memcpy(&want, &h, 2);
+        if (mmp_cpu_to_fp16(x) != want && bad_to++ < 3) {
+            fprintf(stderr, "  to_fp16(%a): %04x, _Float16 %04x\n", (double)x, mmp_cpu_to_fp16(x),
+                    want);
+        }
+    }
+    CHECK(bad_from == 0);
+    CHECK(bad_to == 0);
+#else
+    fprintf(stderr, "  no _Float16 in this compiler: the hand-checked values above stand\n");
+#endif
 }
 
 static void random_fill(float *x, size_t n, unsigned seed)
@@ -187,8 +224,8 @@ static void test_attention(void)
 }
 
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_bf16),        MMP_TEST_CASE(test_fp16),      MMP_TEST_CASE(test_pack),
-    MMP_TEST_CASE(test_lowp_linear), MMP_TEST_CASE(test_attention),
+    MMP_TEST_CASE(test_bf16), MMP_TEST_CASE(test_fp16),        MMP_TEST_CASE(test_fp16_exhaustive),
+    MMP_TEST_CASE(test_pack), MMP_TEST_CASE(test_lowp_linear), MMP_TEST_CASE(test_attention),
 };
 
 int main(int argc, char **argv)

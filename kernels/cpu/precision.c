@@ -3,9 +3,11 @@
  *
  * bf16 is rounded at the bit level (round to nearest, ties to even, on the
  * top 16 bits of the fp32 pattern; NaN becomes the canonical 0x7fff, as
- * __float2bfloat16_rn does); fp16 uses the compiler's _Float16 conversion
- * (IEEE round to nearest even, subnormals kept, overflow to inf), as
- * __float2half_rn does. Must never round fp32 (prec 0): that path is a plain
+ * __float2bfloat16_rn does); fp16 likewise at the bit level (IEEE round to
+ * nearest even, subnormals kept, overflow to inf, NaN the canonical 0x7fff),
+ * as __float2half_rn does: no _Float16, which not every compiler has on
+ * x86 (clang 14 has none) and GCC emulates slowly; test_precision holds it
+ * to _Float16 where the compiler has one. Must never round fp32 (prec 0): that path is a plain
  * copy, so fp32 training stays bitwise what it was. */
 #include "kernels/cpu.h"
 
@@ -34,17 +36,53 @@ float mmp_cpu_from_bf16(uint16_t h)
 
 uint16_t mmp_cpu_to_fp16(float x)
 {
-    _Float16 h = (_Float16)x;
-    uint16_t b;
-    memcpy(&b, &h, sizeof b);
-    return b;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return (uint16_t)(sign | 0x7fffu); /* NaN: canonical, as __float2half_rn */
+    }
+    if (a >= 0x477ff000u) {
+        return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and inf): inf */
+    }
+    if (a >= 0x38800000u) {
+        /* normal: rebias the exponent, round the 13 dropped bits half to
+         * even (a carry into the exponent is the right answer) */
+        uint32_t h = ((a >> 23) - 112) << 10 | ((a >> 13) & 0x3ffu), rest = a & 0x1fffu;
+        h += rest > 0x1000u || (rest == 0x1000u && (h & 1u));
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000u) {
+        return (uint16_t)sign; /* below half the smallest subnormal (2^-25 ties to 0) */
+    }
+    /* subnormal: the value in units of 2^-24, rounded half to even */
+    uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - (a >> 23);
+    uint32_t h = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    h += rest > half || (rest == half && (h & 1u));
+    return (uint16_t)(sign | h);
 }
 
 float mmp_cpu_from_fp16(uint16_t b)
 {
-    _Float16 h;
-    memcpy(&h, &b, sizeof h);
-    return (float)h;
+    uint32_t sign = (uint32_t)(b & 0x8000u) << 16, e = (b >> 10) & 0x1fu, m = b & 0x3ffu, u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13); /* inf, NaN */
+    } else if (e) {
+        u = sign | (e + 112) << 23 | m << 13;
+    } else if (m == 0) {
+        u = sign;
+    } else {
+        /* subnormal: normalise */
+        int shift = 0;
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            shift++;
+        }
+        u = sign | (uint32_t)(113 - shift) << 23 | (m & 0x3ffu) << 13;
+    }
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
 }
 
 void mmp_cpu_round_lp(float *dst, const float *src, size_t n, int prec)
@@ -56,7 +94,7 @@ void mmp_cpu_round_lp(float *dst, const float *src, size_t n, int prec)
         }
     } else if (prec == 2) {
         for (size_t i = 0; i < n; i++) {
-            dst[i] = (float)(_Float16)src[i];
+            dst[i] = mmp_cpu_from_fp16(mmp_cpu_to_fp16(src[i]));
         }
     } else if (dst != src && n) {
         memcpy(dst, src, n * sizeof *dst);
