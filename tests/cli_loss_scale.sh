@@ -61,6 +61,14 @@ for s in 3 8; do
     || fail "step $s: pipeline differs from single-process: $out"
 done
 
+# image branch cut in two with two replicas of its first half (their
+# gradients reduced before the sum of squares), fusion replicated: the same
+"$BIN" launch "$W/plan.yaml" --out "$W/split" --set 'stages.image.split=[2]' \
+  --set 'stages.image.replicas=[2, 1]' --set 'stages.fusion.replicas=2' >"$W/split.log" 2>&1 \
+  && { out=$(same_ckpt "$W/single" "$W/split") && ok "split + replicas vs single-process: $out" \
+         || fail "split + replicas differ from single-process: $out"; } \
+  || { fail "split + replicas run"; tail -5 "$W/split.log" | sed 's/^/    /'; }
+
 # --- resume continues the scale state (scale, clean-step count, AdamW's t) --------------
 # rewind both runs to step 4 (after the skip, one clean step into the window)
 for run in single pipe; do
