@@ -1,5 +1,6 @@
-/* A launch's assignments and its step loop: per step Start, the gradient
- * norm and the clip coefficient, the stages' results, evaluation, the
+/* A launch's assignments and its step loop: per step Start (with the fp16
+ * loss scale), the gradient norm, the clip coefficient and the skip
+ * decision (common/loss_scale.h), the stages' results, evaluation, the
  * balancer's turn, one metrics.jsonl line and the checkpoints. Per step,
  * never per micro-batch. */
 #include <assert.h>
