@@ -1,6 +1,7 @@
 /* Checkpoint file format: writer (temp + fsync + rename) and verifying reader. */
 #include "common/ckpt.h"
 
+#include <math.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -486,6 +487,12 @@ mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step
 
 mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *plan)
 {
+    return mmp_ckpt_write_meta_scaled(dir, steps_done, plan, NULL);
+}
+
+mmp_err mmp_ckpt_write_meta_scaled(const char *dir, int steps_done, const mmp_plan *plan,
+                                   const mmp_loss_scale *ls)
+{
     long long seed = plan->job.seed;
     MMP_TRY(mmp_fingerprint_write(dir, plan));
     char path[1200];
@@ -497,5 +504,40 @@ mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *pla
     int32_t s[2] = {(int32_t)((uint64_t)seed & 0xffffffffu), (int32_t)((uint64_t)seed >> 32)};
     mmp_ckpt_write(&w, "meta.step", MMP_I32, 1, &one, &step);
     mmp_ckpt_write(&w, "meta.seed", MMP_I32, 1, &two, s);
+    if (ls) {
+        int32_t good = ls->good_steps, skipped = ls->skipped;
+        mmp_ckpt_write(&w, "meta.loss_scale", MMP_F32, 1, &one, &ls->scale);
+        mmp_ckpt_write(&w, "meta.loss_scale_good", MMP_I32, 1, &one, &good);
+        mmp_ckpt_write(&w, "meta.opt_skipped", MMP_I32, 1, &one, &skipped);
+    }
     return mmp_ckpt_writer_close(&w);
+}
+
+/* The one-element entry name of c with dtype, or NULL. */
+static const void *meta_scalar(const mmp_ckpt *c, const char *name, mmp_dtype dtype)
+{
+    const mmp_ckpt_entry *e = mmp_ckpt_find(c, name);
+    return e && e->t.dtype == dtype && mmp_tensor_numel(&e->t) == 1 ? e->t.data : NULL;
+}
+
+mmp_err mmp_ckpt_read_loss_scale(const char *dir, mmp_loss_scale *ls)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/train.ckpt", dir);
+    mmp_ckpt ck = {0};
+    MMP_TRY(mmp_ckpt_read_file(&ck, path));
+    const float *scale = meta_scalar(&ck, "meta.loss_scale", MMP_F32);
+    const int32_t *good = meta_scalar(&ck, "meta.loss_scale_good", MMP_I32);
+    const int32_t *skipped = meta_scalar(&ck, "meta.opt_skipped", MMP_I32);
+    mmp_err ret = MMP_OK;
+    if (scale && good && skipped) {
+        if (!(*scale > 0) || !isfinite(*scale) || *good < 0 || *skipped < 0) {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s: loss scale %g, %d clean steps, %d skipped", path,
+                             (double)*scale, (int)*good, (int)*skipped);
+        } else {
+            *ls = (mmp_loss_scale){.scale = *scale, .good_steps = *good, .skipped = *skipped};
+        }
+    }
+    mmp_ckpt_fini(&ck);
+    return ret;
 }

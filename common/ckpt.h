@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #include "common/config.h"
+#include "common/loss_scale.h"
 #include "common/err.h"
 #include "common/tensor.h"
 
@@ -86,6 +87,15 @@ mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step
  * <dir>/fingerprint.txt: the plan keys the checkpoint is bound to
  * (common/fingerprint.h), which `launch --resume` checks. */
 mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *plan);
+/* As mmp_ckpt_write_meta, with the loss-scale state (common/loss_scale.h)
+ * after steps_done steps: meta.loss_scale, meta.loss_scale_good and
+ * meta.opt_skipped, which a resumed run continues from. */
+mmp_err mmp_ckpt_write_meta_scaled(const char *dir, int steps_done, const mmp_plan *plan,
+                                   const mmp_loss_scale *ls);
+/* The loss-scale state of step directory dir into *ls; a checkpoint written
+ * without one (before loss scaling, or by `ckpt import`) leaves *ls as the
+ * caller initialised it. MMP_ERR_IO/DATA when train.ckpt cannot be read. */
+mmp_err mmp_ckpt_read_loss_scale(const char *dir, mmp_loss_scale *ls);
 
 /* mkdir -p. */
 mmp_err mmp_mkdirs(const char *path);

@@ -110,11 +110,17 @@ typedef struct mmp_plan {
             float beta1, beta2, eps;
         } optimizer;
         float clip_grad_norm; /* default 1.0; 0 = off */
-        int eval_every;       /* default 50; 0 = none between steps */
-        int final_eval;       /* evaluate after the last step; default 1 (true) */
-        int ckpt_every;       /* default 50 (an interrupted run loses at most that much);
-                                 0 = only at the end and when stopped by a signal */
-        int ckpt_keep;        /* step directories kept (the newest); default 3, 0 = all */
+        /* fp16: clean steps after which the loss scale doubles (GradScaler's
+         * growth_interval), default 2000 (common/loss_scale.h) */
+        int loss_scale_window;
+        /* Test hook: the loss gradient of this step (1-based) is +inf, a
+         * forced overflow that fp16 skips; 0 = off (default) */
+        int debug_overflow_step;
+        int eval_every; /* default 50; 0 = none between steps */
+        int final_eval; /* evaluate after the last step; default 1 (true) */
+        int ckpt_every; /* default 50 (an interrupted run loses at most that much);
+                           0 = only at the end and when stopped by a signal */
+        int ckpt_keep;  /* step directories kept (the newest); default 3, 0 = all */
         /* Pipeline runs: seconds a stage the coordinator waits on may go
          * without a report (a heartbeat, a result) before the watchdog names
          * it and stops (or restarts) the job; default 60, 0 = off. Stages

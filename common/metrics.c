@@ -26,7 +26,8 @@ static void stage_clear(mmp_metrics_stage *s)
 void mmp_metrics_step_clear(mmp_metrics_step *m)
 {
     memset(m, 0, sizeof *m);
-    m->step = m->skipped_samples = -1;
+    m->step = m->skipped_samples = m->step_skipped = -1;
+    m->loss_scale = NAN;
     m->loss = m->itc_loss = m->itm_loss = m->lr = m->grad_norm = NAN;
     m->samples_per_s = m->step_ms = m->data_ms = m->bubble = NAN;
     m->efficiency = m->val_i2t_r1 = m->val_t2i_r1 = NAN;
@@ -101,6 +102,9 @@ static const field FIELDS[] = {
     STEP(data_ms, "%.4g", 0),
     STEP_INT(skipped_samples),
     STEP(bubble, "%.4f", 0),
+    /* optional: a line without them (older runs) still reads */
+    {"loss_scale", IN_STEP, offsetof(mmp_metrics_step, loss_scale), 0, "%.9g", 1, 0},
+    {"step_skipped", IN_STEP, offsetof(mmp_metrics_step, step_skipped), 1, "%d", 1, 0},
     STAGE_INT(replica, 0),
     STAGE_INT(microbatches, 1),
     STAGE(busy_ms),
@@ -337,6 +341,8 @@ static int put_fields(FILE *f, int in, const void *base, int first)
         fprintf(f, "%s\"%s\":", first ? "" : ",", fd->key);
         if (fd->is_int) {
             fprintf(f, fd->fmt, *(const int *)at);
+        } else if (!isfinite(*(const double *)at)) {
+            fputs("null", f); /* a diverged or skipped step's norm: JSON has no inf/nan */
         } else {
             fprintf(f, fd->fmt, *(const double *)at);
         }

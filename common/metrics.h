@@ -15,6 +15,12 @@
  *   data_ms          number  the longest data loading of any process
  *   skipped_samples  int     bad samples left out (data.on_bad_sample: skip)
  *   bubble           number  idle share of the stages' wall time (0 single-process)
+ *   loss_scale       number  the loss scale after the step (common/loss_scale.h):
+ *                            what the next step multiplies the loss gradient by
+ *                            (halved on a skipped step, doubled after
+ *                            train.loss_scale_window clean ones; 1 unless fp16)
+ *   step_skipped     int     1 when the optimizer step was skipped (an inf/nan
+ *                            gradient under fp16: every stage skipped it), else 0
  *   stages           list, one object per process:
  *     name           string  "image.0", "text.0", "fusion" ("single" single-process)
  *     replica        int     0 .. replicas - 1
@@ -65,7 +71,9 @@ typedef struct mmp_metrics_step {
     double samples_per_s, step_ms, data_ms;
     int skipped_samples;
     double bubble;
-    int has_stages; /* the line has a "stages" list (every step record does) */
+    double loss_scale; /* NAN when absent (lines written before loss scaling) */
+    int step_skipped;  /* -1 when absent */
+    int has_stages;    /* the line has a "stages" list (every step record does) */
     int n_stages;
     mmp_metrics_stage stages[MMP_METRICS_MAX_STAGES];
     int has_balance;

@@ -277,6 +277,8 @@ static const mmp_key_spec keys[] = {
     FLOAT("train.optimizer.beta2", train.optimizer.beta2, '[', 0, 1, ')', 0.999),
     FLOAT("train.optimizer.eps", train.optimizer.eps, '(', 0, 1, ']', 1e-8),
     FLOAT("train.clip_grad_norm", train.clip_grad_norm, '[', 0, 1e6, ']', 1.0),
+    INT("train.loss_scale_window", train.loss_scale_window, 1, 1000000000, 2000),
+    INT("train.debug_overflow_step", train.debug_overflow_step, 0, 1000000000, 0),
     INT("train.eval_every", train.eval_every, 0, 1000000000, 50),
     BOOL("train.final_eval", train.final_eval, 1),
     INT("train.ckpt_every", train.ckpt_every, 0, 1000000000, 50),

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "common/config.h"
+#include "common/loss_scale.h"
 #include "common/trace.h"
 #include "coordinator/balancer.h"
 #include "coordinator/restart.h"
@@ -52,9 +53,13 @@ typedef struct coord {
     int replan;                         /* run_steps stopped for a re-placement */
     mmp_plan next;                      /* ... to this placement */
     char decision[1200];                /* this step's balancer decision, JSON, or empty */
-    int replan_step;                    /* steps done when it stopped for one */
-    int launch;                         /* launches so far (names each one's shm) */
-    int cur_step;                       /* the step running (0-based), -1 between runs */
+    /* fp16 loss scaling (common/loss_scale.h): the one state every stage
+     * obeys, as of the steps done; a launch takes it from its checkpoint */
+    mmp_loss_scale ls;
+    int step_skipped; /* the step just run skipped its optimizer step */
+    int replan_step;  /* steps done when it stopped for one */
+    int launch;       /* launches so far (names each one's shm) */
+    int cur_step;     /* the step running (0-based), -1 between runs */
     char token[33];
     char endpoint[128];
     char shm_prefix[64];

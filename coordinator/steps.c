@@ -1,5 +1,6 @@
-/* A launch's assignments and its step loop: per step Start, the gradient
- * norm and the clip coefficient, the stages' results, evaluation, the
+/* A launch's assignments and its step loop: per step Start (with the fp16
+ * loss scale), the gradient norm, the clip coefficient and the skip
+ * decision (common/loss_scale.h), the stages' results, evaluation, the
  * balancer's turn, one metrics.jsonl line and the checkpoints. Per step,
  * never per micro-batch. */
 #include <assert.h>
@@ -179,6 +180,8 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     m.samples_per_s = p->train.batch / (step_ms / 1e3);
     m.step_ms = step_ms;
     m.bubble = wall > 0 ? idle / wall : 0;
+    m.loss_scale = c->ls.scale;
+    m.step_skipped = c->step_skipped;
     m.has_stages = 1;
     m.n_stages = c->n;
     for (int i = 0; i < c->n && i < MMP_METRICS_MAX_STAGES; i++) {
@@ -242,7 +245,7 @@ static int checkpoint(coord *c, int steps_done)
         return 1;
     }
     /* latest moves only after every stage acknowledged its file. */
-    if (mmp_ckpt_write_meta(dir, steps_done, c->plan) != MMP_OK ||
+    if (mmp_ckpt_write_meta_scaled(dir, steps_done, c->plan, &c->ls) != MMP_OK ||
         mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK ||
         mmp_ckpt_prune(c->out_dir, steps_done, c->plan->train.ckpt_keep) != MMP_OK) {
         coord_fail(c, "checkpoint: %s", mmp_last_error());
@@ -376,6 +379,7 @@ int coord_run_steps(coord *c, int first_step)
         Mmpipe__Start st = MMPIPE__START__INIT;
         st.first_step = step;
         st.steps = 1;
+        st.loss_scale = c->ls.scale;
         env.body_case = MMPIPE__ENVELOPE__BODY_START;
         env.start = &st;
         if (coord_broadcast(c, &env) != MMP_OK ||
@@ -391,14 +395,26 @@ int coord_run_steps(coord *c, int first_step)
             }
         }
         double norm = sqrt(sumsq);
-        if (!isfinite(norm)) {
+        /* fp16: an inf/nan anywhere skips the step on every stage and halves
+         * the scale (the single process decides the same: stages/single.c) */
+        float used = c->ls.scale;
+        c->step_skipped = mmp_loss_scale_update(&c->ls, p, sumsq);
+        if (!c->step_skipped && !isfinite(norm)) {
             coord_fail(c, "step %d: gradient norm is not finite", step + 1);
             break;
+        }
+        if (c->step_skipped) {
+            mmp_progress_end(&progress);
+            MMP_INFO("step %d: fp16 gradient overflow: optimizer step skipped on every stage, "
+                     "loss scale %g -> %g",
+                     step + 1, (double)used, (double)c->ls.scale);
         }
         Mmpipe__Envelope cenv = MMPIPE__ENVELOPE__INIT;
         Mmpipe__Clip clip = MMPIPE__CLIP__INIT;
         clip.step = step;
-        clip.coef = mmp_clip_coef(p, norm);
+        clip.coef = c->step_skipped ? 0.0f : mmp_clip_coef(p, norm);
+        clip.skip = c->step_skipped;
+        clip.opt_step = mmp_loss_scale_opt_step(&c->ls, step);
         cenv.body_case = MMPIPE__ENVELOPE__BODY_CLIP;
         cenv.clip = &clip;
         if (coord_broadcast(c, &cenv) != MMP_OK ||

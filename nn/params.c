@@ -200,6 +200,13 @@ void mmp_params_grad_finish(mmp_params *p)
     }
 }
 
+void mmp_params_grad_unscale(mmp_params *p, float loss_scale)
+{
+    if (p->grads && p->total && loss_scale != 1.0f) {
+        p->be->ops->scale(p->be, p->grads, 1.0f / loss_scale, p->total);
+    }
+}
+
 double mmp_params_grad_sumsq(const mmp_params *p)
 {
     double s = 0;

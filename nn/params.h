@@ -90,6 +90,9 @@ void mmp_params_zero_grad(mmp_params *p);
 void mmp_params_mb_begin(mmp_params *p);
 void mmp_params_mb_end(mmp_params *p);
 void mmp_params_grad_finish(mmp_params *p);
+/* Divides the gradients by loss_scale (fp16 loss scaling, common/loss_scale.h;
+ * a power of two, so exact) after grad_finish; nothing when it is 1. */
+void mmp_params_grad_unscale(mmp_params *p, float loss_scale);
 /* Sum of squares of all trainable gradients (double; waits for the backend). */
 double mmp_params_grad_sumsq(const mmp_params *p);
 

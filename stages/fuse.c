@@ -107,7 +107,7 @@ void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, c
 }
 
 void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, int batch,
-                       float *dimg, float *dtxt)
+                       float loss_mult, float *dimg, float *dtxt)
 {
     mmp_backend *be = f->be;
     be->ops->zero(be, dimg, (size_t)f->n * f->img_row * sizeof(float));
@@ -115,7 +115,7 @@ void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, 
     if (f->k == 0) {
         return;
     }
-    float weight = (float)f->k / (float)batch;
+    float weight = (float)f->k / (float)batch * loss_mult;
     if (all_rows(f)) {
         mmp_fusion_net_backward(net, acts, weight, dimg, dtxt);
         return;

@@ -39,8 +39,9 @@ void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, c
                       const float *txt, const float *mask, const float *img_valid,
                       const float *txt_valid, int n, int batch, mmp_loss_parts *acc, int *skipped);
 /* Backward of the last forward: dimg (n,Ni,D) and dtxt (n,T,D) are
- * overwritten (zero on skipped rows). */
+ * overwritten (zero on skipped rows). The loss gradient is multiplied by
+ * loss_mult (the fp16 loss scale, common/loss_scale.h; 1 otherwise). */
 void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, int batch,
-                       float *dimg, float *dtxt);
+                       float loss_mult, float *dimg, float *dtxt);
 
 #endif

@@ -17,6 +17,7 @@
 
 #include "common/ckpt.h"
 #include "common/interrupt.h"
+#include "common/loss_scale.h"
 #include "common/metrics.h"
 #include "common/progress.h"
 #include "data/dataset.h"
@@ -55,6 +56,7 @@ typedef struct trainer {
     mmp_fuse fuse;
     float *img_valid, *txt_valid;
     FILE *metrics;
+    mmp_loss_scale ls; /* fp16 loss scaling: the coordinator's arithmetic */
 } trainer;
 
 static void *xcalloc(size_t n, size_t size, mmp_err *err)
@@ -166,6 +168,7 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     memset(t, 0, sizeof *t);
     t->plan = plan;
     t->out_dir = out_dir;
+    mmp_loss_scale_init(&t->ls, plan);
     uint64_t seed = (uint64_t)plan->job.seed;
     MMP_TRY(mmp_dataset_open(&t->train, plan->data.manifest, plan->data.vocab, plan));
     if (mmp_plan_evaluates(plan)) { /* only then is there a validation set to read */
@@ -323,7 +326,7 @@ static mmp_err write_checkpoint(trainer *t, int steps_done)
     MMP_TRY(write_params(dir, "image.ckpt", mmp_image_net_params(t->img)));
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
-    MMP_TRY(mmp_ckpt_write_meta(dir, steps_done, t->plan));
+    MMP_TRY(mmp_ckpt_write_meta_scaled(dir, steps_done, t->plan, &t->ls));
     MMP_TRY(mmp_ckpt_mark_latest(t->out_dir, steps_done));
     return mmp_ckpt_prune(t->out_dir, steps_done, t->plan->train.ckpt_keep);
 }
@@ -347,8 +350,10 @@ static void valid_floats(float *dst, const mmp_batch *b)
     }
 }
 
+/* One step; *step_skipped: the optimizer step was skipped (an fp16
+ * overflow, common/loss_scale.h). */
 static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *grad_norm,
-                          double *data_s, int *skipped)
+                          double *data_s, int *skipped, int *step_skipped)
 {
     const mmp_plan *plan = t->plan;
     int B = plan->train.batch, m = plan->train.microbatches;
@@ -359,6 +364,7 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_params_zero_grad(pf);
     memset(out, 0, sizeof *out);
     *skipped = 0;
+    float loss_mult = mmp_loss_scale_grad_mult(t->ls.scale, plan, step);
     for (int mb = 0; mb < m; mb++) {
         /* Two loaders, one per modality, as the two branch stages have: a bad
          * image and a bad caption are flagged (and zeroed) each on its side. */
@@ -400,7 +406,7 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
             mmp_loader_release(t->img_loader, bi);
             mmp_loader_release(t->txt_loader, bt);
         }
-        mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, t->dimg, t->dtxt);
+        mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, loss_mult, t->dimg, t->dtxt);
         branch_outputs_lp(t, n, t->dimg, t->dtxt);
         mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);
         mmp_image_net_backward(t->img, t->ia, t->dimg, n, NULL);
@@ -412,6 +418,9 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_params_grad_finish(pi);
     mmp_params_grad_finish(pt);
     mmp_params_grad_finish(pf);
+    mmp_params_grad_unscale(pi, t->ls.scale);
+    mmp_params_grad_unscale(pt, t->ls.scale);
+    mmp_params_grad_unscale(pf, t->ls.scale);
     if (mmp_backend_error(t->be) != MMP_OK) {
         return mmp_error_prefix(mmp_backend_error(t->be), "step %d on cuda:%d", step + 1, t->gpu);
     }
@@ -420,15 +429,20 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     double sumsq =
         mmp_params_grad_sumsq(pi) + mmp_params_grad_sumsq(pt) + mmp_params_grad_sumsq(pf);
     *grad_norm = sqrt(sumsq);
-    if (!isfinite(*grad_norm) || !isfinite(out->loss)) {
+    *step_skipped = mmp_loss_scale_update(&t->ls, plan, sumsq);
+    if ((!*step_skipped && !isfinite(*grad_norm)) || !isfinite(out->loss)) {
         return mmp_errorf(MMP_ERR_DATA, "step %d: loss or gradient is not finite (loss %g)",
                           step + 1, (double)out->loss);
     }
+    if (*step_skipped) {
+        return MMP_OK; /* the caller logs it */
+    }
     float coef = mmp_clip_coef(plan, *grad_norm);
     float lr = mmp_lr_at(plan, step);
-    mmp_optim_step(pi, plan, step, lr, coef);
-    mmp_optim_step(pt, plan, step, lr, coef);
-    mmp_optim_step(pf, plan, step, lr, coef);
+    int opt_step = mmp_loss_scale_opt_step(&t->ls, step);
+    mmp_optim_step(pi, plan, opt_step, lr, coef);
+    mmp_optim_step(pt, plan, opt_step, lr, coef);
+    mmp_optim_step(pf, plan, opt_step, lr, coef);
     return MMP_OK;
 }
 
@@ -466,6 +480,9 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         }
         if (err == MMP_OK) {
             err = mmp_params_load(mmp_fusion_net_params(t.fus), &c);
+        }
+        if (err == MMP_OK) {
+            err = mmp_ckpt_read_loss_scale(dir, &t.ls);
         }
         mmp_ckpt_fini(&c);
         if (err != MMP_OK) {
@@ -510,14 +527,19 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     for (int step = first_step; step < plan->job.steps; step++) {
         double t0 = mmp_now(), data_s = 0, grad_norm = 0;
         mmp_loss_parts parts;
-        int skipped = 0;
-        err = train_step(&t, step, &parts, &grad_norm, &data_s, &skipped);
+        int skipped = 0, step_skipped = 0;
+        err = train_step(&t, step, &parts, &grad_norm, &data_s, &skipped, &step_skipped);
         if (err != MMP_OK) {
             mmp_progress_end(&progress);
             goto exit;
         }
         double step_s = mmp_now() - t0;
         int done = step + 1;
+        if (step_skipped) {
+            mmp_progress_end(&progress);
+            MMP_INFO("step %d: fp16 gradient overflow: optimizer step skipped, loss scale now %g",
+                     done, (double)t.ls.scale);
+        }
         double sps = plan->train.batch / step_s;
         static mmp_metrics_step rec;
         mmp_metrics_step_clear(&rec);
@@ -532,6 +554,8 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         rec.data_ms = data_s * 1e3;
         rec.skipped_samples = skipped;
         rec.bubble = 0;
+        rec.loss_scale = t.ls.scale;
+        rec.step_skipped = step_skipped;
         rec.n_stages = 1;
         mmp_metrics_stage *st = &rec.stages[0];
         snprintf(st->name, sizeof st->name, "single");

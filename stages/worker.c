@@ -115,6 +115,8 @@ static mmp_err serve(worker *w)
                                env->start->first_step, env->start->steps, w->plan.job.steps);
                 break;
             }
+            /* the scale the coordinator keeps; it sends one step per Start */
+            w->loss_scale = env->start->loss_scale > 0 ? env->start->loss_scale : 1.0f;
             if (w->train && !w->loader) {
                 /* Prefetching starts with the first step this process runs. */
                 mmp_loader_cfg lc = {.ds = w->train,

@@ -437,7 +437,9 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         if (worker_simulated(w)) {
             sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
         } else {
-            mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, w->dimg, w->dtxt);
+            /* the loss's backward starts here: scaled by the step's loss scale */
+            float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
+            mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, mult, w->dimg, w->dtxt);
             mmp_params_mb_end(w->params);
         }
     } else {
@@ -528,6 +530,7 @@ static mmp_err do_grad_norm(worker *w, int step)
         MMP_TRY(reduce_replicas(w, step));
     }
     mmp_params_grad_finish(w->params);
+    mmp_params_grad_unscale(w->params, w->loss_scale);
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
     g.step = step;
@@ -539,6 +542,8 @@ static mmp_err do_grad_norm(worker *w, int step)
     MMP_TRY(worker_wait_for(w, MMPIPE__ENVELOPE__BODY_CLIP, &reply));
     int ok = reply->clip->step == step;
     w->clip_coef = reply->clip->coef;
+    w->skip_opt = reply->clip->skip;
+    w->opt_step = reply->clip->opt_step;
     mmp_ctl_free(reply);
     if (!ok) {
         return mmp_errorf(MMP_ERR_PROTO, "clip coefficient for another step");
@@ -606,7 +611,11 @@ mmp_err worker_run_step(worker *w, int step)
             break;
         case MMPIPE__OP__OPT_STEP: {
             double o0 = mmp_now();
-            mmp_optim_step(w->params, &w->plan, step, mmp_lr_at(&w->plan, step), w->clip_coef);
+            if (w->skip_opt) {
+                break; /* an fp16 overflow somewhere: every stage skips this step */
+            }
+            mmp_optim_step(w->params, &w->plan, w->opt_step, mmp_lr_at(&w->plan, step),
+                           w->clip_coef);
             double ms = (mmp_now() - o0) * 1e3;
             w->busy_ms += ms;
             mmp_trace_span(&w->trace, "OPT", "compute", 0, o0 * 1e6, ms * 1e3, step + 1, -1);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/ckpt.h"
+#include "common/loss_scale.h"
 #include "common/progress.h"
 #include "common/trace.h"
 #include "data/dataset.h"
@@ -150,6 +151,11 @@ typedef struct worker {
     int inflight, max_inflight;
     mmp_loss_parts loss;
     float clip_coef;
+    /* fp16 loss scaling (common/loss_scale.h), the coordinator's word: the
+     * step's scale (Start), whether every stage skips its optimizer step
+     * and AdamW's step index (Clip) */
+    float loss_scale;
+    int skip_opt, opt_step;
     mmp_trace trace;
     double last_beat;
 } worker;

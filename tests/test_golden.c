@@ -178,7 +178,7 @@ static mmp_err run_step(model *m, const float *images, const int32_t *ids, const
         mmp_text_net_forward(m->txt, ta, id, NULL, mk, n, txt_tok);
         mmp_fuse_forward(&fuse, m->fus, fa, img_tok, txt_tok, mk, NULL, NULL, n, B, parts,
                          &skipped);
-        mmp_fuse_backward(&fuse, m->fus, fa, B, dimg, dtxt);
+        mmp_fuse_backward(&fuse, m->fus, fa, B, 1.0f, dimg, dtxt);
         mmp_text_net_backward(m->txt, ta, dtxt, n, NULL);
         mmp_image_net_backward(m->img, ia, dimg, n, NULL);
         for (int k = 0; k < 3; k++) {

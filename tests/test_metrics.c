@@ -16,7 +16,8 @@
 static const char PIPE_LINE[] =
     "{\"step\":7,\"loss\":4.15888,\"itc_loss\":3.46574,\"itm_loss\":0.693147,\"lr\":0.0001,"
     "\"grad_norm\":1.25,\"samples_per_s\":312.5,\"step_ms\":204.8,\"data_ms\":1.5,"
-    "\"skipped_samples\":2,\"bubble\":0.4521,\"stages\":["
+    "\"skipped_samples\":2,\"bubble\":0.4521,\"loss_scale\":32768,\"step_skipped\":1,"
+    "\"stages\":["
     "{\"name\":\"image.0\",\"replica\":0,\"microbatches\":4,\"busy_ms\":150.2,\"idle_ms\":54.6,"
     "\"wall_ms\":204.8,\"data_wait_ms\":0.1,\"fwd_ms\":12.5,\"bwd_ms\":25.1,\"load_ms\":0.375,"
     "\"max_inflight\":3,\"peak_mem_bytes\":71000000},"
@@ -33,6 +34,7 @@ static void test_read_pipeline_line(void)
     CHECK_OK(mmp_metrics_parse(PIPE_LINE, strlen(PIPE_LINE), &m));
     CHECK(m.step == 7 && m.skipped_samples == 2);
     CHECK(m.step_ms == 204.8 && m.samples_per_s == 312.5 && m.bubble == 0.4521);
+    CHECK(m.loss_scale == 32768 && m.step_skipped == 1);
     CHECK(m.has_stages && m.n_stages == 2);
     CHECK(strcmp(m.stages[0].name, "image.0") == 0 && m.stages[0].replica == 0);
     CHECK(m.stages[0].fwd_ms == 12.5 && m.stages[0].bwd_ms == 25.1 && m.stages[0].load_ms == 0.375);
@@ -97,6 +99,8 @@ static void test_single_line(void)
     CHECK_OK(mmp_metrics_parse(buf, n, &back));
     CHECK(!back.has_balance && !back.has_eval && isnan(back.efficiency));
     CHECK(isnan(back.stages[0].fwd_ms) && back.stages[0].microbatches == -1);
+    /* a line without the loss-scale fields (older runs) reads them as absent */
+    CHECK(isnan(back.loss_scale) && back.step_skipped == -1 && !strstr(buf, "loss_scale"));
     free(buf);
 }
 

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# fp16 dynamic loss scaling (common/loss_scale.h, GradScaler's semantics)
+# end to end: a forced overflow (train.debug_overflow_step, a test hook)
+# skips exactly that optimizer step on every stage (weights and AdamW
+# moments after it equal those before it; only the batch-norm running
+# statistics move, as the forward ran) and halves the scale in metrics.jsonl;
+# train.loss_scale_window clean steps double it; the pipeline equals the
+# single process bitwise; a resumed run continues the scale state; bf16
+# never scales nor skips.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+workdir
+synth 400 4
+tiny_plan "name: ls, steps: 8, seed: 7" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0,
+     final_eval: false, ckpt_every: 1, ckpt_keep: 0, clip_grad_norm: 0.5, precision: fp16,
+     loss_scale_window: 3, debug_overflow_step: 3"
+
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
+  || { fail "single-process fp16 run"; tail -5 "$W/single.log"; finish; }
+"$BIN" launch "$W/plan.yaml" --out "$W/pipe" >"$W/pipe.log" 2>&1 \
+  || { fail "pipeline fp16 run"; tail -5 "$W/pipe.log"; finish; }
+
+# --- the scale and the skips in metrics.jsonl ------------------------------------------
+# 2^16 for the clean steps 1-2, halved by the overflow at step 3, doubled
+# after three clean steps (4, 5, 6), then steady
+want_scale="65536 65536 32768 32768 32768 65536 65536 65536"
+want_skip="0 0 1 0 0 0 0 0"
+for run in single pipe; do
+  got_scale=$(metric "$W/$run/metrics.jsonl" loss_scale 1 8 | tr '\n' ' ' | sed 's/ $//')
+  got_skip=$(metric "$W/$run/metrics.jsonl" step_skipped 1 8 | tr '\n' ' ' | sed 's/ $//')
+  [ "$got_scale" = "$want_scale" ] && ok "$run: loss_scale per step $got_scale" \
+    || fail "$run: loss_scale per step '$got_scale', want '$want_scale'"
+  [ "$got_skip" = "$want_skip" ] && ok "$run: step_skipped per step $got_skip" \
+    || fail "$run: step_skipped per step '$got_skip', want '$want_skip'"
+done
+grep -q "step 3: fp16 gradient overflow: optimizer step skipped on every stage" "$W/pipe.log" \
+  && ok "the coordinator logs the skip" || fail "no skip line in the coordinator's log"
+
+# --- step 3 skipped on every stage: its checkpoint holds step 2's weights --------------
+# (the image, text and fusion processes' files, AdamW moments included; the
+# only entries that may differ are batch-norm running statistics -- the
+# forward of a skipped step still updates them, as in PyTorch -- and meta.*)
+changed() { # DIR_A DIR_B: the trained entries that differ (first few), by prefix
+  "$BIN" ckpt diff "$1" "$2" 2>&1 | grep ' differ, ' | grep -v -e 'running_' -e '^meta\.' | cut -d: -f1
+}
+moved=$(changed "$W/pipe/ckpt/step_0000002" "$W/pipe/ckpt/step_0000003")
+[ -z "$moved" ] && ok "step 3 skipped: no parameter or AdamW moment of any stage changed" \
+  || fail "step 3 changed $(head -3 <<<"$moved" | tr '\n' ' ')"
+moved=$(changed "$W/pipe/ckpt/step_0000003" "$W/pipe/ckpt/step_0000004")
+for f in image text fusion; do
+  grep -q "^$f\..*adam_m" <<<"$moved" && ok "$f: step 4 trains again" \
+    || fail "$f: step 4 changed no AdamW moment"
+done
+
+# --- the pipeline is the single process, bit for bit ------------------------------------
+for s in 3 8; do
+  d=ckpt/step_000000$s
+  out=$(same_ckpt "$W/single/$d" "$W/pipe/$d") && ok "step $s: pipeline vs single-process: $out" \
+    || fail "step $s: pipeline differs from single-process: $out"
+done
+
+# image branch cut in two with two replicas of its first half (their
+# gradients reduced before the sum of squares), fusion replicated: the same
+"$BIN" launch "$W/plan.yaml" --out "$W/split" --set 'stages.image.split=[2]' \
+  --set 'stages.image.replicas=[2, 1]' --set 'stages.fusion.replicas=2' >"$W/split.log" 2>&1 \
+  && { out=$(same_ckpt "$W/single" "$W/split") && ok "split + replicas vs single-process: $out" \
+         || fail "split + replicas differ from single-process: $out"; } \
+  || { fail "split + replicas run"; tail -5 "$W/split.log" | sed 's/^/    /'; }
+
+# --- resume continues the scale state (scale, clean-step count, AdamW's t) --------------
+# rewind both runs to step 4 (after the skip, one clean step into the window)
+for run in single pipe; do
+  cp -r "$W/$run" "$W/${run}_resumed"
+  rm -rf "$W/${run}_resumed"/ckpt/step_000000[5-8]
+  ln -sfn step_0000004 "$W/${run}_resumed/ckpt/latest"
+done
+"$BIN" launch "$W/plan.yaml" --single-process --resume "$W/single_resumed" >"$W/single_resumed.log" 2>&1 \
+  || fail "single-process resume"
+"$BIN" launch "$W/plan.yaml" --resume "$W/pipe_resumed" >"$W/pipe_resumed.log" 2>&1 \
+  || fail "pipeline resume"
+for run in single pipe; do
+  out=$(same_ckpt "$W/$run" "$W/${run}_resumed") && ok "$run resumed at step 4 ends as the whole run: $out" \
+    || fail "$run resumed at step 4 differs from the whole run: $out"
+  got=$(metric "$W/${run}_resumed/metrics.jsonl" loss_scale 1 8 | tr '\n' ' ' | sed 's/ $//')
+  [ "$got" = "$want_scale" ] && ok "$run resumed: loss_scale $got" \
+    || fail "$run resumed: loss_scale '$got', want '$want_scale'"
+done
+
+# --- bf16 never scales: scale 1, and the forced overflow stops the run ------------------
+expect_fail "bf16: an inf gradient is an error, not a skip" "not finite" \
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$W/bf16" --set train.precision=bf16
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/bf16ok" --set train.precision=bf16 \
+  --set train.debug_overflow_step=0 --set job.steps=2 >"$W/bf16ok.log" 2>&1 || fail "bf16 run"
+got=$(metric "$W/bf16ok/metrics.jsonl" loss_scale 1 2 | tr '\n' ' ')
+[ "$got" = "1 1 " ] && ok "bf16: loss_scale 1" || fail "bf16: loss_scale '$got'"
+finish
