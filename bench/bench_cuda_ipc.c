@@ -23,7 +23,7 @@
  * where a hand-off's time goes (post call, wake-up, device wait, release).
  * Every process is a fresh fork; the parent never touches CUDA.
  *
- * UNVERIFIED: written on a machine without a GPU. On a GPU machine:
+ * On a GPU machine (scripts/gpu-check runs it; figures in the README):
  *   cmake --build build --target bench_cuda_ipc && ./build/bench/bench_cuda_ipc
  * Options: --reps N (default 100), --sizes 1,4,16,64 (MB). */
 #include <stdio.h>

@@ -2,10 +2,10 @@
  * processes on one host, with the slot/credit protocol of transport/shm.c and
  * CUDA interprocess events, so neither end's host waits for the other's GPU.
  *
- * UNVERIFIED ON A GPU: this file was written and compiled on a machine with
- * no CUDA device; the cuda_ipc cases of tests/test_transport.c and
- * bench/bench_cuda_ipc.c are the checks to run before trusting it (commands
- * in test_transport.c's header).
+ * Run on an H100 (2026-11-24): the cuda_ipc cases of tests/test_transport.c
+ * pass in both signalling modes, memcheck clean; bench/bench_cuda_ipc.c
+ * measured a hand-off at 17-19 us with stream memory operations, 282 us with
+ * events (README, Measured / GPU). scripts/gpu-check reruns all of it.
  *
  * Resources, all made once per channel, none per message:
  *   device     the creator cudaMallocs `slots` slots of slot_stride bytes
