@@ -66,6 +66,10 @@ int mmp_test_shm_count(const char *p, int show);
 /* Fills x with uniform values in [lo, hi) from a fixed seed. */
 void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long seed);
 
+/* A whole file, NUL-terminated (*len excludes the NUL); NULL when it cannot
+ * be read. The caller frees it. */
+unsigned char *mmp_test_slurp(const char *path, size_t *len);
+
 /* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
 const char *mmp_test_tmpdir(const char *name);
 

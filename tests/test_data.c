@@ -24,32 +24,10 @@
 
 /* ---- small helpers ------------------------------------------------------------ */
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
-}
-
 static int same_file(const char *a, const char *b)
 {
     size_t na = 0, nb = 0;
-    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    char *x = (char *)mmp_test_slurp(a, &na), *y = (char *)mmp_test_slurp(b, &nb);
     int same = x && y && na == nb && memcmp(x, y, na) == 0;
     free(x);
     free(y);

@@ -41,30 +41,11 @@ typedef struct refs {
     int n;
 } refs;
 
-static unsigned char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(n > 0 ? (size_t)n : 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 /* Parses formats.ref; 0 (with the reason printed) when it is not usable. */
 static int load_refs(refs *r)
 {
     memset(r, 0, sizeof *r);
-    r->buf = slurp(DIR "formats.ref", &r->len);
+    r->buf = mmp_test_slurp(DIR "formats.ref", &r->len);
     if (!r->buf) {
         fprintf(stderr, "  cannot read " DIR "formats.ref; " REGEN "\n");
         return 0;
@@ -244,7 +225,7 @@ static void cut_everywhere(const char *file, decode_fn decode, const char *want)
     char path[256];
     snprintf(path, sizeof path, DIR "%s", file);
     size_t len = 0;
-    unsigned char *buf = slurp(path, &len);
+    unsigned char *buf = mmp_test_slurp(path, &len);
     CHECK(buf != NULL);
     if (!buf) {
         return;
@@ -284,7 +265,7 @@ static void test_cut_files(void)
 static void test_sniff(void)
 {
     size_t len = 0;
-    unsigned char *webp = slurp(DIR "lossy_34x26.webp", &len);
+    unsigned char *webp = mmp_test_slurp(DIR "lossy_34x26.webp", &len);
     CHECK(webp && mmp_webp_sniff(webp, len) && !mmp_gif_sniff(webp, len) &&
           !mmp_jpeg_sniff(webp, len));
     mmp_image img = {0};

@@ -32,25 +32,6 @@ static const mmp_image_prep imagenet = {
     .std = {0.229f, 0.224f, 0.225f},
 };
 
-static unsigned char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(n > 0 ? (size_t)n : 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
 static void spill(const char *path, const void *buf, size_t len)
 {
     FILE *f = fopen(path, "wb");
@@ -75,7 +56,7 @@ typedef struct ref_case {
 static void test_reference(void)
 {
     size_t len = 0;
-    unsigned char *buf = slurp(DIR "reference.bin", &len);
+    unsigned char *buf = mmp_test_slurp(DIR "reference.bin", &len);
     CHECK(buf != NULL);
     if (!buf) {
         fprintf(stderr, "  cannot read " DIR "reference.bin; " REGEN "\n");
@@ -247,7 +228,7 @@ static void test_gray_and_progressive(void)
     const char *tmp = mmp_test_tmpdir("image_named");
     char path[1100];
     size_t len = 0;
-    unsigned char *buf = slurp(DIR "same_96x64_q95.jpg", &len);
+    unsigned char *buf = mmp_test_slurp(DIR "same_96x64_q95.jpg", &len);
     CHECK(buf != NULL);
     snprintf(path, sizeof path, "%s/photo.png", tmp);
     spill(path, buf, len);
@@ -318,7 +299,7 @@ static void test_bad_files(void)
     const char *sources[] = {DIR "progressive_48x40.jpg", DIR "same_96x64_q95.jpg"};
     for (int s = 0; s < 2; s++) {
         size_t len = 0;
-        unsigned char *buf = slurp(sources[s], &len);
+        unsigned char *buf = mmp_test_slurp(sources[s], &len);
         CHECK(buf != NULL && len > 100);
         if (!buf) {
             continue;
@@ -350,7 +331,7 @@ static void test_bad_files(void)
         free(buf);
 
         /* Garbage after a valid start: an error, never a crash. */
-        buf = slurp(sources[s], &len);
+        buf = mmp_test_slurp(sources[s], &len);
         CHECK(buf != NULL);
         if (!buf) {
             continue;
@@ -371,7 +352,7 @@ static void test_bad_files(void)
 
     /* A truncated PNG goes through the same entry point. */
     size_t len = 0;
-    unsigned char *buf = slurp(DIR "grad_64x48.png", &len);
+    unsigned char *buf = mmp_test_slurp(DIR "grad_64x48.png", &len);
     CHECK(buf != NULL);
     snprintf(path, sizeof path, "%s/cut.png", tmp);
     spill(path, buf, len / 2);
