@@ -53,8 +53,9 @@ static int take_option(const char *cmd, const mmp_cli_opt *o, const char *v, mmp
     case MMP_CLI_STEPS: {
         char *end;
         long n = strtol(v, &end, 10);
-        if (*end || n < 1) {
-            fprintf(stderr, "mmpipe %s: %s wants a positive integer, got '%s'\n", cmd, o->name, v);
+        if (!*v || *end || n < 0 || n > 1000000000) {
+            fprintf(stderr, "mmpipe %s: %s wants an integer 0..1000000000, got '%s'\n", cmd,
+                    o->name, v);
             return 2;
         }
         snprintf(args->steps_set, sizeof args->steps_set, "job.steps=%ld", n);

@@ -3,6 +3,8 @@
 #ifndef MMP_CLI_CLI_H
 #define MMP_CLI_CLI_H
 
+#include "common/err.h"
+
 int mmp_cmd_launch(int argc, char **argv);
 int mmp_cmd_ckpt(int argc, char **argv);
 int mmp_cmd_data(int argc, char **argv);
@@ -18,7 +20,7 @@ typedef enum {
     MMP_CLI_FLAG,  /* --name: *(int *)out = 1 */
     MMP_CLI_VALUE, /* --name V: *(const char **)out = V (the last one given) */
     MMP_CLI_SET,   /* --name KEY=VALUE: appended to the plan overrides */
-    MMP_CLI_STEPS, /* --name N: a positive integer, appended as job.steps=N */
+    MMP_CLI_STEPS, /* --name N: an integer 0..1e9, appended as job.steps=N */
 } mmp_cli_kind;
 
 typedef struct {
@@ -56,6 +58,30 @@ void mmp_cli_args_fini(mmp_cli_args *args);
 int mmp_ckpt_export(const char *src, const char *out, int optimizer);
 int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *sets, int n_sets,
                     const char *out);
+
+/* The weights a new run starts from (cli/cmd_ckpt_safetensors.c): the
+ * plan's model, initialised from job.seed as every stage initialises it, or
+ * loaded from a safetensors file (ckpt import, launch --init-from). */
+struct mmp_plan;
+typedef struct mmp_init_weights mmp_init_weights;
+/* file NULL: the plan's initial weights for a vocabulary of vocab_size.
+ * file: its tensors (untrusted; see ckpt import), every parameter and
+ * batch-norm buffer of the plan's model with its shape, no other name, and
+ * text.embed.wte with vocab_size rows (vocab_size 0: any); errors name the
+ * file and the tensor, with the shape it has and the one wanted. AdamW
+ * moments the file lacks start at zero (*filled counts them); with
+ * fresh_optimizer the file's own moments are dropped too. Reads and checks
+ * only: nothing is written. On success *out is the caller's. */
+mmp_err mmp_init_weights_create(mmp_init_weights **out, const struct mmp_plan *plan,
+                                const char *plan_path, const char *file, int vocab_size,
+                                int fresh_optimizer, int *filled);
+/* Writes w as run_dir's step-0 checkpoint (ckpt/step_0000000 with the
+ * plan's fingerprint) and points ckpt/latest at it, which `launch --resume`
+ * and a restart start from. */
+mmp_err mmp_init_weights_save(const mmp_init_weights *w, const struct mmp_plan *plan,
+                              const char *run_dir);
+/* NULL-safe. */
+void mmp_init_weights_destroy(mmp_init_weights *w);
 
 /* Shared argument handling of commands that take one PLAN.yaml: arg is an
  * argument that matched none of the command's options. Records it as the

@@ -118,6 +118,116 @@ static mmp_err fill_moments(mmp_ckpt *c, mmp_params *p, int *filled)
     return MMP_OK;
 }
 
+struct mmp_init_weights {
+    mmp_image_net *img;
+    mmp_text_net *txt;
+    mmp_fusion_net *fus;
+};
+
+void mmp_init_weights_destroy(mmp_init_weights *w)
+{
+    if (!w) {
+        return;
+    }
+    mmp_image_net_destroy(w->img);
+    mmp_text_net_destroy(w->txt);
+    mmp_fusion_net_destroy(w->fus);
+    free(w);
+}
+
+/* Loads file's tensors into w's three nets; see mmp_init_weights_create. */
+static mmp_err load_file(mmp_init_weights *w, const mmp_plan *plan, const char *plan_path,
+                         const char *file, int vocab_size, int fresh, int *filled)
+{
+    mmp_ckpt c = {0};
+    mmp_err err;
+    if ((err = mmp_safetensors_read(&c, file, NULL)) != MMP_OK) {
+        goto exit;
+    }
+    const mmp_ckpt_entry *wte = mmp_ckpt_find(&c, "text.embed.wte");
+    if (!wte || wte->t.ndim != 2) {
+        err = mmp_errorf(MMP_ERR_DATA,
+                         "%s: no 2-d tensor text.embed.wte (the vocabulary size "
+                         "comes from it)",
+                         file);
+        goto exit;
+    }
+    if (vocab_size > 0 && wte->t.shape[0] != vocab_size) {
+        err = mmp_errorf(MMP_ERR_DATA,
+                         "%s: tensor text.embed.wte has %lld rows (a vocabulary of %lld tokens), "
+                         "the model wants %d (data.vocab %s)",
+                         file, (long long)wte->t.shape[0], (long long)wte->t.shape[0], vocab_size,
+                         plan->data.vocab);
+        goto exit;
+    }
+    uint64_t seed = (uint64_t)plan->job.seed;
+    if ((err = mmp_image_net_create(&w->img, plan, 0, mmp_image_net_layers(plan), seed)) !=
+            MMP_OK ||
+        (err = mmp_text_net_create(&w->txt, plan, (int)wte->t.shape[0], 0,
+                                   mmp_text_net_layers(plan), seed)) != MMP_OK ||
+        (err = mmp_fusion_net_create(&w->fus, plan, seed)) != MMP_OK) {
+        goto exit;
+    }
+    mmp_params *tables[3] = {mmp_image_net_params(w->img), mmp_text_net_params(w->txt),
+                             mmp_fusion_net_params(w->fus)};
+    for (int i = 0; i < c.count; i++) {
+        if (!known(tables, 3, c.entries[i].name)) {
+            err = mmp_errorf(MMP_ERR_DATA,
+                             "%s: tensor %s is not a parameter of the model %s "
+                             "describes",
+                             file, c.entries[i].name, plan_path);
+            goto exit;
+        }
+    }
+    for (int k = 0; k < 3 && err == MMP_OK; k++) {
+        err = fill_moments(&c, tables[k], filled);
+    }
+    for (int i = 0; fresh && i < c.count; i++) {
+        mmp_tensor *t = &c.entries[i].t;
+        if (is_moment(c.entries[i].name) && t->data) {
+            memset(t->data, 0, (size_t)mmp_tensor_numel(t) * mmp_dtype_size(t->dtype));
+        }
+    }
+    for (int k = 0; k < 3 && err == MMP_OK; k++) {
+        err = mmp_params_load(tables[k], &c);
+    }
+    if (err != MMP_OK) {
+        mmp_error_prefix(err, "%s", file);
+    }
+exit:
+    mmp_ckpt_fini(&c);
+    return err;
+}
+
+mmp_err mmp_init_weights_create(mmp_init_weights **out, const mmp_plan *plan, const char *plan_path,
+                                const char *file, int vocab_size, int fresh_optimizer, int *filled)
+{
+    mmp_err err = MMP_OK;
+    mmp_init_weights *w = calloc(1, sizeof *w);
+    *out = NULL;
+    *filled = 0;
+    if (!w) {
+        return mmp_errorf(MMP_ERR_NOMEM, "initial weights");
+    }
+    if (file) {
+        err = load_file(w, plan, plan_path, file, vocab_size, fresh_optimizer, filled);
+    } else {
+        uint64_t seed = (uint64_t)plan->job.seed;
+        if ((err = mmp_image_net_create(&w->img, plan, 0, mmp_image_net_layers(plan), seed)) ==
+                MMP_OK &&
+            (err = mmp_text_net_create(&w->txt, plan, vocab_size, 0, mmp_text_net_layers(plan),
+                                       seed)) == MMP_OK) {
+            err = mmp_fusion_net_create(&w->fus, plan, seed);
+        }
+    }
+    if (err != MMP_OK) {
+        mmp_init_weights_destroy(w);
+        return err;
+    }
+    *out = w;
+    return MMP_OK;
+}
+
 static mmp_err save_into(const char *dir, const char *file, mmp_params *p)
 {
     char path[1400];
@@ -125,14 +235,23 @@ static mmp_err save_into(const char *dir, const char *file, mmp_params *p)
     return mmp_params_save(p, path);
 }
 
+mmp_err mmp_init_weights_save(const mmp_init_weights *w, const mmp_plan *plan, const char *run_dir)
+{
+    char dir[1200];
+    mmp_ckpt_step_dir(dir, sizeof dir, run_dir, 0);
+    MMP_TRY(mmp_mkdirs(dir));
+    MMP_TRY(save_into(dir, "image.ckpt", mmp_image_net_params(w->img)));
+    MMP_TRY(save_into(dir, "text.ckpt", mmp_text_net_params(w->txt)));
+    MMP_TRY(save_into(dir, "fusion.ckpt", mmp_fusion_net_params(w->fus)));
+    MMP_TRY(mmp_ckpt_write_meta(dir, 0, plan));
+    return mmp_ckpt_mark_latest(run_dir, 0);
+}
+
 int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *sets, int n_sets,
                     const char *out)
 {
     static mmp_plan plan;
-    mmp_ckpt c = {0};
-    mmp_image_net *img = NULL;
-    mmp_text_net *txt = NULL;
-    mmp_fusion_net *fus = NULL;
+    mmp_init_weights *w = NULL;
     mmp_err err = MMP_OK;
     int filled = 0;
     char dir[1100];
@@ -145,59 +264,17 @@ int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *
         goto exit;
     }
     if ((err = mmp_plan_load(&plan, plan_path, sets, n_sets)) != MMP_OK ||
-        (err = mmp_safetensors_read(&c, file, NULL)) != MMP_OK) {
+        (err = mmp_init_weights_create(&w, &plan, plan_path, file, 0, 0, &filled)) != MMP_OK ||
+        (err = mmp_init_weights_save(w, &plan, out)) != MMP_OK) {
         goto exit;
-    }
-    const mmp_ckpt_entry *wte = mmp_ckpt_find(&c, "text.embed.wte");
-    if (!wte || wte->t.ndim != 2) {
-        err = mmp_errorf(MMP_ERR_DATA,
-                         "%s: no 2-d tensor text.embed.wte (the vocabulary size "
-                         "comes from it)",
-                         file);
-        goto exit;
-    }
-    uint64_t seed = (uint64_t)plan.job.seed;
-    if ((err = mmp_image_net_create(&img, &plan, 0, mmp_image_net_layers(&plan), seed)) != MMP_OK ||
-        (err = mmp_text_net_create(&txt, &plan, (int)wte->t.shape[0], 0, mmp_text_net_layers(&plan),
-                                   seed)) != MMP_OK ||
-        (err = mmp_fusion_net_create(&fus, &plan, seed)) != MMP_OK) {
-        goto exit;
-    }
-    mmp_params *tables[3] = {mmp_image_net_params(img), mmp_text_net_params(txt),
-                             mmp_fusion_net_params(fus)};
-    for (int i = 0; i < c.count; i++) {
-        if (!known(tables, 3, c.entries[i].name)) {
-            err = mmp_errorf(MMP_ERR_DATA,
-                             "%s: tensor %s is not a parameter of the model %s "
-                             "describes",
-                             file, c.entries[i].name, plan_path);
-            goto exit;
-        }
-    }
-    for (int k = 0; k < 3; k++) {
-        if ((err = fill_moments(&c, tables[k], &filled)) != MMP_OK ||
-            (err = mmp_params_load(tables[k], &c)) != MMP_OK) {
-            mmp_error_prefix(err, "%s", file);
-            goto exit;
-        }
     }
     mmp_ckpt_step_dir(dir, sizeof dir, out, 0);
-    if ((err = mmp_mkdirs(dir)) != MMP_OK || (err = save_into(dir, "image.ckpt", tables[0])) ||
-        (err = save_into(dir, "text.ckpt", tables[1])) ||
-        (err = save_into(dir, "fusion.ckpt", tables[2])) ||
-        (err = mmp_ckpt_write_meta(dir, 0, &plan)) != MMP_OK ||
-        (err = mmp_ckpt_mark_latest(out, 0)) != MMP_OK) {
-        goto exit;
-    }
     printf("imported %s into %s (step 0%s); train on with: mmpipe launch %s --resume %s\n", file,
            dir, filled ? ", fresh optimizer moments" : "", plan_path, out);
 exit:
     if (err != MMP_OK) {
         fprintf(stderr, "mmpipe ckpt import: %s\n", mmp_last_error());
     }
-    mmp_image_net_destroy(img);
-    mmp_text_net_destroy(txt);
-    mmp_fusion_net_destroy(fus);
-    mmp_ckpt_fini(&c);
+    mmp_init_weights_destroy(w);
     return err == MMP_OK ? 0 : 1;
 }

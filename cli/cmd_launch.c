@@ -14,8 +14,10 @@
 #include "common/fingerprint.h"
 #include "common/fsutil.h"
 #include "common/interrupt.h"
+#include "common/metrics.h"
 #include "coordinator/run.h"
 #include "data/preflight.h"
+#include "data/tokenizer.h"
 #include "stages/single.h"
 
 static const char USAGE[] =
@@ -158,9 +160,49 @@ static void warn_unknown_words(const mmp_plan *plan)
     }
 }
 
+/* The weights of a new run from --init-from's file (NULL: the plan's own
+ * initialisation, for a 0-step run), read and checked against the plan's
+ * model. 0 ok, 1 refused (printed). */
+static int load_init(const mmp_plan *plan, const char *plan_path, const char *file,
+                     mmp_init_weights **out)
+{
+    mmp_tokenizer *tok = NULL;
+    int filled = 0;
+    mmp_err err = mmp_tokenizer_load(&tok, plan->data.vocab);
+    if (err == MMP_OK) {
+        err = mmp_init_weights_create(out, plan, plan_path, file, mmp_tokenizer_vocab_size(tok), 1,
+                                      &filled);
+    }
+    mmp_tokenizer_destroy(tok);
+    if (err != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s%s\n", file ? "--init-from: " : "", mmp_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* A 0-step run: its step-0 checkpoint is written; plan.json and an empty
+ * metrics.jsonl complete the run directory. Returns the exit status. */
+static int write_zero_step_run(const mmp_plan *plan, const char *out, const char *init_from)
+{
+    char path[1200];
+    FILE *metrics = NULL;
+    snprintf(path, sizeof path, "%s/plan.json", out);
+    if (mmp_plan_write_json(plan, path) != MMP_OK ||
+        mmp_metrics_continue(out, -1, &metrics) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        return 1;
+    }
+    fclose(metrics);
+    printf("0 steps: wrote the initial weights (%s) to %s/ckpt/step_0000000; no stage started\n",
+           init_from ? init_from : "job.seed's initialisation", out);
+    return 0;
+}
+
 int mmp_cmd_launch(int argc, char **argv)
 {
-    const char *out = NULL, *resume = NULL;
+    const char *out = NULL, *resume = NULL, *init_from = NULL;
+    mmp_init_weights *init = NULL;
     int force = 0, single = 0;
     mmp_run_lock lock = {0};
     const mmp_cli_opt opts[] = {
@@ -170,6 +212,7 @@ int mmp_cmd_launch(int argc, char **argv)
         {"--out", MMP_CLI_VALUE, &out},
         {"--set", MMP_CLI_SET, NULL},
         {"--resume", MMP_CLI_VALUE, &resume},
+        {"--init-from", MMP_CLI_VALUE, &init_from},
     };
     mmp_cli_args args;
     int ret = mmp_cli_parse("launch", USAGE, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
@@ -182,6 +225,17 @@ int mmp_cmd_launch(int argc, char **argv)
     static mmp_plan plan;
     if (mmp_plan_load(&plan, plan_path, args.sets, args.n_sets) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+        goto exit;
+    }
+    if (resume && init_from) {
+        fprintf(stderr, "mmpipe launch: --init-from starts a new run and --resume continues one "
+                        "from its checkpoint: give one of them\n");
+        ret = 2;
+        goto exit;
+    }
+    if (resume && plan.job.steps == 0) {
+        fprintf(stderr, "mmpipe launch: --resume with 0 steps: nothing to train\n");
+        ret = 2;
         goto exit;
     }
     if (resume) {
@@ -219,9 +273,21 @@ int mmp_cmd_launch(int argc, char **argv)
                 "val.jsonl beside %s): evaluation is off\n",
                 plan.data.manifest);
     }
+    /* The weights a new run starts from are read and checked now; written
+     * (ckpt/step_0000000) once the run directory is ours. */
+    if ((init_from || plan.job.steps == 0) && load_init(&plan, plan_path, init_from, &init) != 0) {
+        goto exit;
+    }
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);
     int held = !resume && access(probe, F_OK) == 0;
+    snprintf(probe, sizeof probe, "%s/ckpt", out);
+    if (init && !held && !force && access(probe, F_OK) == 0) {
+        /* never repoint another run's ckpt/latest at step 0 */
+        fprintf(stderr,
+                "mmpipe launch: %s already holds checkpoints; pass --force to replace them\n", out);
+        goto exit;
+    }
     if (resume && check_resume(&plan, out) != 0) {
         goto exit;
     }
@@ -240,12 +306,22 @@ int mmp_cmd_launch(int argc, char **argv)
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
         goto exit;
     }
-    if (held && clear_run(out) != 0) {
+    if ((held || (init && force)) && clear_run(out) != 0) {
         goto exit;
+    }
+    if (init) {
+        if (mmp_init_weights_save(init, &plan, out) != MMP_OK) {
+            fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
+            goto exit;
+        }
+        if (plan.job.steps == 0) {
+            ret = write_zero_step_run(&plan, out, init_from);
+            goto exit;
+        }
     }
     if (single) {
         mmp_log_set_name("single");
-        if (mmp_train_single(&plan, out, resume != NULL) != MMP_OK) {
+        if (mmp_train_single(&plan, out, resume != NULL || init != NULL) != MMP_OK) {
             fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
             goto exit;
         }
@@ -254,12 +330,14 @@ int mmp_cmd_launch(int argc, char **argv)
             goto exit;
         }
     } else {
-        ret = mmp_coord_run(&plan, out, resume != NULL);
+        /* from the step-0 checkpoint just written, as a resume at step 0 */
+        ret = mmp_coord_run(&plan, out, resume != NULL || init != NULL);
         goto exit;
     }
     ret = 0;
 exit:
     mmp_run_unlock(&lock);
+    mmp_init_weights_destroy(init);
     mmp_cli_args_fini(&args);
     return ret;
 }

@@ -236,7 +236,7 @@ static const double image_channels_def[] = {16, 32, 64, 128};
  * vocab are resolved from other keys after loading (resolve_defaults, plan.c). */
 static const mmp_key_spec keys[] = {
     STR("job.name", job.name, "job", false),
-    INT("job.steps", job.steps, 1, 1000000000, 100),
+    INT("job.steps", job.steps, 0, 1000000000, 100),
     INT("job.seed", job.seed, 0, LLONG_MAX, 1),
 
     STR("data.manifest", data.manifest, "", true),

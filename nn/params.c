@@ -280,10 +280,16 @@ static mmp_err load_one(mmp_params *p, const mmp_ckpt *c, const char *name, cons
         same = e->t.shape[d] == q->shape[d];
     }
     if (!same) {
-        char buf[96];
-        return mmp_errorf(MMP_ERR_DATA,
-                          "checkpoint tensor '%s' is %s %s, the model wants f32 of %zu", name,
-                          mmp_dtype_name(e->t.dtype), mmp_shape_str(&e->t, buf, sizeof buf), q->n);
+        char got[96], want[96];
+        int at = 0;
+        for (int d = 0; d < q->ndim && at < (int)sizeof want - 24; d++) {
+            at += snprintf(want + at, sizeof want - (size_t)at, "%s%lld", d ? "," : "(",
+                           (long long)q->shape[d]);
+        }
+        snprintf(want + at, sizeof want - (size_t)at, ")");
+        return mmp_errorf(MMP_ERR_DATA, "checkpoint tensor '%s' is %s %s, the model wants f32 %s",
+                          name, mmp_dtype_name(e->t.dtype), mmp_shape_str(&e->t, got, sizeof got),
+                          want);
     }
     p->be->ops->to_device(p->be, dst, e->t.data, q->n * sizeof(float));
     return mmp_backend_error(p->be);
