@@ -318,6 +318,10 @@ int mmp_cmd_launch(int argc, char **argv)
             ret = write_zero_step_run(&plan, out, init_from);
             goto exit;
         }
+        fprintf(stderr,
+                "mmpipe launch: a new run from %s (its ckpt/step_0000000, fresh AdamW "
+                "moments)\n",
+                init_from);
     }
     if (single) {
         mmp_log_set_name("single");

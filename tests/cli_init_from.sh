@@ -4,6 +4,8 @@
 #  equal:     a 0-step run from an export holds exactly the export's weights
 #             with zero moments (max_abs_diff=0 against `ckpt import` of the
 #             same file), also when the file carries moments (--optimizer);
+#  torch:     the same from the file the PyTorch reference writes (where a
+#             python with torch is found; skipped otherwise);
 #  init:      a 0-step run without --init-from holds the plan's own init, and
 #             training from its export equals training from scratch bitwise;
 #  pipeline:  the pipeline and --single-process from the same file end equal
@@ -61,6 +63,28 @@ same_ckpt "$W/pipe/ckpt/step_0000000" "$W/imported" >/dev/null \
   && ! same_ckpt "$W/pipe" "$W/imported" >/dev/null \
   && ok "both started from the file and trained on" || fail "the runs did not start from the file"
 left_behind "pipe" "$W/pipe.log"
+
+# A file PyTorch wrote: the reference model loads the export and writes its
+# own state_dict (its order, its writer); skipped where no python has torch.
+PY_TORCH=${PYTHON:-/usr/bin/python3}
+if "$PY_TORCH" -c 'import torch' 2>/dev/null; then
+  "$PY_TORCH" - "$W" <<'PY'
+import sys
+sys.path.insert(0, "bench/torch")
+import mmpipe_ref as ref
+w = sys.argv[1]
+t, _ = ref.read_safetensors(w + "/w.safetensors")
+m = ref.MMPipeRef(ref.config_from_plan(ref.load_plan_json(w + "/trained/plan.json"), t["text.embed.wte"].shape[0]))
+m.load_mmpipe(t)
+ref.write_safetensors(w + "/torch.safetensors", dict(reversed(list(m.state_dict().items()))), {"by": "torch"})
+PY
+  run from_torch --init-from "$W/torch.safetensors" --steps 0
+  same_ckpt "$W/from_torch" "$W/imported" >/dev/null \
+    && ok "a file written by the PyTorch reference: the same weights" \
+    || fail "from PyTorch's file: $(same_ckpt "$W/from_torch" "$W/imported")"
+else
+  echo "skip a file written by PyTorch (no torch in $PY_TORCH)"
+fi
 
 expect_fail "a missing file is named" "init-from: .*nope.safetensors" \
   "$BIN" launch "$P" --init-from "$W/nope.safetensors" --out "$W/x1"
