@@ -33,7 +33,9 @@ static const char USAGE[] =
     "model lacks is an error; the vocabulary size is text.embed.wte's rows) and\n"
     "writes RUN_DIR/ckpt/step_0000000 + ckpt/latest (RUN_DIR must hold no checkpoints\n"
     "yet). AdamW moments the file lacks start at zero. Train from it with:\n"
-    "  mmpipe launch PLAN.yaml --resume RUN_DIR\n";
+    "  mmpipe launch PLAN.yaml --resume RUN_DIR\n"
+    "or, for a new run with fresh moments, skip the import:\n"
+    "  mmpipe launch PLAN.yaml --init-from FILE.safetensors\n";
 
 static double value_at(const mmp_tensor *t, int64_t i)
 {
