@@ -336,8 +336,7 @@ mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_
         return mmp_errorf(MMP_ERR_NOMEM, "image branch: net");
     }
     net->be = be;
-    mmp_lowp_init(&net->lp, be, plan->train.precision);
-    mmp_params_init_on(&net->params, be);
+    mmp_params_net_init(&net->params, &net->lp, be, plan->train.precision);
     net->layers = calloc((size_t)n_all, sizeof *net->layers);
     if (!net->layers) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "image branch: %d layers", n_all);
@@ -379,8 +378,7 @@ void mmp_image_net_destroy(mmp_image_net *net)
     if (!net) {
         return;
     }
-    mmp_params_fini(&net->params);
-    mmp_lowp_fini(&net->lp);
+    mmp_params_net_fini(&net->params, &net->lp);
     free(net->layers);
     net->be->ops->free(net->be, net->ws);
     net->be->ops->free(net->be, net->bn_dev);

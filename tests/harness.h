@@ -97,6 +97,14 @@ typedef struct {
 int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int argc, char **argv);
 #define MMP_TEST_MAIN(suite, table, argc, argv)                                                    \
     mmp_test_main(suite, table, sizeof(table) / sizeof((table)[0]), argc, argv)
+/* A whole test file's main in one line, for files with no setup of their own:
+ * MMP_TEST_LIST("test_formats", MMP_TEST_CASE(test_parity), MMP_TEST_CASE(test_sniff)). */
+#define MMP_TEST_LIST(suite, ...)                                                                  \
+    static const mmp_test_case mmp_test_cases_[] = {__VA_ARGS__};                                  \
+    int main(int argc, char **argv)                                                                \
+    {                                                                                              \
+        return MMP_TEST_MAIN(suite, mmp_test_cases_, argc, argv);                                  \
+    }
 int mmp_test_skip(const char *name, const char *why);
 
 #endif

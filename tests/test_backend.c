@@ -502,13 +502,6 @@ static void test_text_fusion_through_table(void)
     CHECK(live_allocs == 0);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_tables_complete),
-    MMP_TEST_CASE(test_image_through_table),
-    MMP_TEST_CASE(test_text_fusion_through_table),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_backend", cases, argc, argv);
-}
+MMP_TEST_LIST("test_backend", MMP_TEST_CASE(test_tables_complete),
+              MMP_TEST_CASE(test_image_through_table),
+              MMP_TEST_CASE(test_text_fusion_through_table))

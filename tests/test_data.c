@@ -1186,19 +1186,7 @@ static void test_cli(void)
     }
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_png),
-    MMP_TEST_CASE(test_synth_determinism),
-    MMP_TEST_CASE(test_synth_content),
-    MMP_TEST_CASE(test_tokenizer),
-    MMP_TEST_CASE(test_manifest_lines),
-    MMP_TEST_CASE(test_manifest_files),
-    MMP_TEST_CASE(test_dataset),
-    MMP_TEST_CASE(test_order_sizes),
-    MMP_TEST_CASE(test_cli),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_data", cases, argc, argv);
-}
+MMP_TEST_LIST("test_data", MMP_TEST_CASE(test_png), MMP_TEST_CASE(test_synth_determinism),
+              MMP_TEST_CASE(test_synth_content), MMP_TEST_CASE(test_tokenizer),
+              MMP_TEST_CASE(test_manifest_lines), MMP_TEST_CASE(test_manifest_files),
+              MMP_TEST_CASE(test_dataset), MMP_TEST_CASE(test_order_sizes), MMP_TEST_CASE(test_cli))

@@ -893,14 +893,5 @@ static void test_fusion_behaviour(void)
     test_fusion_image_tokens(&plan);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_text),
-    MMP_TEST_CASE(test_fusion),
-    MMP_TEST_CASE(test_shallow),
-    MMP_TEST_CASE(test_fusion_behaviour),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("nn_text_fusion", cases, argc, argv);
-}
+MMP_TEST_LIST("nn_text_fusion", MMP_TEST_CASE(test_text), MMP_TEST_CASE(test_fusion),
+              MMP_TEST_CASE(test_shallow), MMP_TEST_CASE(test_fusion_behaviour))

@@ -678,14 +678,7 @@ static void test_replicas(void)
     mmp_sched_fini(&two);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_route),        MMP_TEST_CASE(test_replicas),
-    MMP_TEST_CASE(test_all_shapes),   MMP_TEST_CASE(test_exact_lists),
-    MMP_TEST_CASE(test_rejects),      MMP_TEST_CASE(test_sim_textbook),
-    MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_schedule", cases, argc, argv);
-}
+MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_route), MMP_TEST_CASE(test_replicas),
+              MMP_TEST_CASE(test_all_shapes), MMP_TEST_CASE(test_exact_lists),
+              MMP_TEST_CASE(test_rejects), MMP_TEST_CASE(test_sim_textbook),
+              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large))

@@ -620,13 +620,5 @@ static void test_reference(void)
     mmp_tokenizer_destroy(t);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_unicode),
-    MMP_TEST_CASE(test_reordering),
-    MMP_TEST_CASE(test_reference),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_tokenizer", cases, argc, argv);
-}
+MMP_TEST_LIST("test_tokenizer", MMP_TEST_CASE(test_unicode), MMP_TEST_CASE(test_reordering),
+              MMP_TEST_CASE(test_reference))
