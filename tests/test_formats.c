@@ -15,11 +15,9 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "data/gif.h"
+#include "data/codecs.h"
 #include "data/image.h"
-#include "data/jpeg.h"
 #include "data/png.h"
-#include "data/webp.h"
 #include "tests/harness.h"
 
 #define DIR "tests/image/formats/"

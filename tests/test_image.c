@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "data/image.h"
-#include "data/jpeg.h"
+#include "data/codecs.h"
 #include "data/png.h"
 #include "tests/harness.h"
 
