@@ -109,27 +109,14 @@ static int same_bits_dev(const float *dev, const float *host, size_t n)
 
 static void plan_small(mmp_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->data.image_size = 16; /* stem 16, pool -> 8, stage 2 -> 4: Ni = 16 */
-    p->data.max_text_len = 5;
-    p->model.width = 8;
-    p->model.image.n_stages = 2;
-    p->model.image.channels[0] = 8;
-    p->model.image.channels[1] = 16;
-    p->model.image.blocks[0] = 1;
-    p->model.image.blocks[1] = 1;
-    p->model.image.stem_pool = 1;
-    p->model.text.layers = 2;
-    p->model.text.heads = 2;
-    p->model.text.ffn_mult = 4;
-    p->model.fusion.layers = 1;
-    p->model.fusion.heads = 2;
-    p->train.init_temperature = 0.07f;
+    /* stem 16, pool -> 8, stage 2 -> 4: Ni = 16 */
+    mmp_test_small_plan(p, (mmp_test_net_dims){.image_size = 16,
+                                               .n_stages = 2,
+                                               .channels = {8, 16},
+                                               .stem_pool = 1,
+                                               .text_layers = 2,
+                                               .ffn_mult = 4});
     p->train.optimizer.lr = 1e-3f;
-    p->train.optimizer.weight_decay = 0.05f;
-    p->train.optimizer.beta1 = 0.9f;
-    p->train.optimizer.beta2 = 0.999f;
-    p->train.optimizer.eps = 1e-8f;
 }
 
 /* Parameters of the two nets: the same names, bitwise the same initial values. */

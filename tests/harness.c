@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include "common/ckpt.h"
+#include "common/config.h"
 #include "common/fsutil.h"
 #include "common/rng.h"
 
@@ -187,4 +188,28 @@ unsigned char *mmp_test_slurp(const char *path, size_t *len)
         *len = (size_t)n;
     }
     return buf;
+}
+
+void mmp_test_small_plan(mmp_plan *p, mmp_test_net_dims d)
+{
+    memset(p, 0, sizeof *p);
+    p->data.image_size = d.image_size;
+    p->data.max_text_len = 5;
+    p->model.width = 8;
+    p->model.image.n_stages = d.n_stages;
+    for (int s = 0; s < 2; s++) {
+        p->model.image.channels[s] = d.channels[s];
+        p->model.image.blocks[s] = d.channels[s] > 0;
+    }
+    p->model.image.stem_pool = d.stem_pool;
+    p->model.text.layers = d.text_layers;
+    p->model.text.heads = 2;
+    p->model.text.ffn_mult = d.ffn_mult;
+    p->model.fusion.layers = 1;
+    p->model.fusion.heads = 2;
+    p->train.init_temperature = 0.07f;
+    p->train.optimizer.weight_decay = 0.05f;
+    p->train.optimizer.beta1 = 0.9f;
+    p->train.optimizer.beta2 = 0.999f;
+    p->train.optimizer.eps = 1e-8f;
 }

@@ -107,4 +107,15 @@ int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int a
     }
 int mmp_test_skip(const char *name, const char *why);
 
+/* A tiny three-branch model for the nn tests (common/config.h's mmp_plan):
+ * width 8, texts of 5 tokens, 2 heads, one fusion layer, init_temperature
+ * 0.07, AdamW's weight decay 0.05 and betas/eps (0.9, 0.999, 1e-8); lr stays
+ * 0. Image stage s has channels[s] channels and one block when channels[s] > 0. */
+struct mmp_plan;
+typedef struct mmp_test_net_dims {
+    int image_size, n_stages, channels[2], stem_pool;
+    int text_layers, ffn_mult;
+} mmp_test_net_dims;
+void mmp_test_small_plan(struct mmp_plan *p, mmp_test_net_dims d);
+
 #endif

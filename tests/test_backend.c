@@ -255,26 +255,13 @@ static int same_bits(const void *a, const void *b, size_t bytes)
 
 static void plan_small(mmp_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->data.image_size = 8; /* stem 8, pool -> 4, stage 2 -> 2: Ni = 4 */
-    p->data.max_text_len = 5;
-    p->model.width = 8;
-    p->model.image.n_stages = 2;
-    p->model.image.channels[0] = 4;
-    p->model.image.channels[1] = 8;
-    p->model.image.blocks[0] = 1;
-    p->model.image.blocks[1] = 1;
-    p->model.image.stem_pool = 1;
-    p->model.text.layers = 1;
-    p->model.text.heads = 2;
-    p->model.text.ffn_mult = 2;
-    p->model.fusion.layers = 1;
-    p->model.fusion.heads = 2;
-    p->train.init_temperature = 0.07f;
-    p->train.optimizer.weight_decay = 0.05f;
-    p->train.optimizer.beta1 = 0.9f;
-    p->train.optimizer.beta2 = 0.999f;
-    p->train.optimizer.eps = 1e-8f;
+    /* stem 8, pool -> 4, stage 2 -> 2: Ni = 4 */
+    mmp_test_small_plan(p, (mmp_test_net_dims){.image_size = 8,
+                                               .n_stages = 2,
+                                               .channels = {4, 8},
+                                               .stem_pool = 1,
+                                               .text_layers = 1,
+                                               .ffn_mult = 2});
 }
 
 #define B 3

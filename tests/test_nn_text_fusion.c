@@ -49,17 +49,9 @@ static void note_error(const float *got, const float *ref, size_t n)
 
 static void plan_tiny(mmp_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->data.max_text_len = 5;
-    p->data.image_size = 8; /* 8 -> 4 -> 2 over three stages: Ni = 4 */
-    p->model.width = 8;
-    p->model.image.n_stages = 3;
-    p->model.text.layers = 2;
-    p->model.text.heads = 2;
-    p->model.text.ffn_mult = 4;
-    p->model.fusion.layers = 1;
-    p->model.fusion.heads = 2;
-    p->train.init_temperature = 0.07f;
+    /* 8 -> 4 -> 2 over three stages: Ni = 4 */
+    mmp_test_small_plan(
+        p, (mmp_test_net_dims){.image_size = 8, .n_stages = 3, .text_layers = 2, .ffn_mult = 4});
 }
 
 typedef double (*loss_fn)(void *ctx);
