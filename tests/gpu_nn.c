@@ -109,13 +109,8 @@ static int same_bits_dev(const float *dev, const float *host, size_t n)
 
 static void plan_small(mmp_plan *p)
 {
-    /* stem 16, pool -> 8, stage 2 -> 4: Ni = 16 */
-    mmp_test_small_plan(p, (mmp_test_net_dims){.image_size = 16,
-                                               .n_stages = 2,
-                                               .channels = {8, 16},
-                                               .stem_pool = 1,
-                                               .text_layers = 2,
-                                               .ffn_mult = 4});
+    /* stem 16, pool -> 8, stage 2 -> 4: Ni = 16; two text layers, FFN x4 */
+    mmp_test_small_plan(p, (mmp_test_net_dims){16, 2, {8, 16}, 1, 2, 4});
     p->train.optimizer.lr = 1e-3f;
 }
 

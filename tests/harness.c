@@ -54,6 +54,18 @@ void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long se
     }
 }
 
+int mmp_test_write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) {
+        return 0;
+    }
+    fputs(text, f);
+    fclose(f);
+    return 1;
+}
+
 const char *mmp_test_tmpdir(const char *name)
 {
     static char path[1024];

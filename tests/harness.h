@@ -70,6 +70,10 @@ void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long se
  * be read. The caller frees it. */
 unsigned char *mmp_test_slurp(const char *path, size_t *len);
 
+/* Writes text to path (created or truncated); CHECKs that it could be
+ * opened and returns 1, else 0. */
+int mmp_test_write_text(const char *path, const char *text);
+
 /* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
 const char *mmp_test_tmpdir(const char *name);
 
@@ -112,7 +116,7 @@ int mmp_test_skip(const char *name, const char *why);
  * 0.07, AdamW's weight decay 0.05 and betas/eps (0.9, 0.999, 1e-8); lr stays
  * 0. Image stage s has channels[s] channels and one block when channels[s] > 0. */
 struct mmp_plan;
-typedef struct mmp_test_net_dims {
+typedef struct mmp_test_net_dims { /* in this order */
     int image_size, n_stages, channels[2], stem_pool;
     int text_layers, ffn_mult;
 } mmp_test_net_dims;

@@ -255,13 +255,8 @@ static int same_bits(const void *a, const void *b, size_t bytes)
 
 static void plan_small(mmp_plan *p)
 {
-    /* stem 8, pool -> 4, stage 2 -> 2: Ni = 4 */
-    mmp_test_small_plan(p, (mmp_test_net_dims){.image_size = 8,
-                                               .n_stages = 2,
-                                               .channels = {4, 8},
-                                               .stem_pool = 1,
-                                               .text_layers = 1,
-                                               .ffn_mult = 2});
+    /* stem 8, pool -> 4, stage 2 -> 2: Ni = 4; one text layer, FFN x2 */
+    mmp_test_small_plan(p, (mmp_test_net_dims){8, 2, {4, 8}, 1, 1, 2});
 }
 
 #define B 3
