@@ -1,6 +1,7 @@
 /* Pooling on the CPU: 2-D max pool over images (with saved argmax) and a
  * masked mean over the token axis of sequences. */
 #include "kernels/cpu.h"
+#include "kernels/pointwise.h"
 
 void mmp_cpu_maxpool2d_fwd(float *out, int32_t *argmax, const float *inp, int N, int C, int H,
                            int W, int k, int stride, int pad, int OH, int OW)
@@ -12,29 +13,9 @@ void mmp_cpu_maxpool2d_fwd(float *out, int32_t *argmax, const float *inp, int N,
         int32_t *am = argmax + p * OH * OW;
         for (int oh = 0; oh < OH; oh++) {
             for (int ow = 0; ow < OW; ow++) {
-                /* only real pixels compete: padding never wins */
-                float best = 0.0f;
-                int32_t best_i = -1;
-                for (int kh = 0; kh < k; kh++) {
-                    int ih = oh * stride - pad + kh;
-                    if (ih < 0 || ih >= H) {
-                        continue;
-                    }
-                    for (int kw = 0; kw < k; kw++) {
-                        int iw = ow * stride - pad + kw;
-                        if (iw < 0 || iw >= W) {
-                            continue;
-                        }
-                        float v = x[ih * W + iw];
-                        if (best_i < 0 || v > best) {
-                            best = v;
-                            best_i = ih * W + iw;
-                        }
-                    }
-                }
                 /* a window entirely in the padding (pad >= k) outputs 0, gradient nowhere */
-                y[oh * OW + ow] = best;
-                am[oh * OW + ow] = best_i;
+                am[oh * OW + ow] =
+                    mmp_maxpool_window(x, H, W, k, stride, pad, oh, ow, &y[oh * OW + ow]);
             }
         }
     }

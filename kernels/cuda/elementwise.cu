@@ -2,9 +2,7 @@
  * the double gradient accumulator.
  * Grid-stride loops over size_t n; the formulas are the CPU reference's. */
 #include "kernels/cuda/internal.cuh"
-
-#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
-#define GELU_CUBIC 0.044715f
+#include "kernels/pointwise.h"
 
 static __global__ void relu_fwd_kernel(float *out, const float *inp, size_t n)
 {
@@ -25,21 +23,14 @@ static __global__ void relu_bwd_kernel(float *dinp, const float *dout, const flo
 static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
 {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        float x = inp[i];
-        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = mmp_gelu(inp[i]);
     }
 }
 
 static __global__ void gelu_bwd_kernel(float *dinp, const float *dout, const float *inp, size_t n)
 {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        float x = inp[i];
-        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-        float t = tanhf(u);
-        float du = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
-        float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-        dinp[i] += grad * dout[i];
+        dinp[i] += mmp_gelu_grad(inp[i]) * dout[i];
     }
 }
 

@@ -1,6 +1,7 @@
 /* Pooling: 2-D max pool over images (with saved argmax) and a masked mean
  * over the token axis of sequences, as the CPU reference defines them. */
 #include "kernels/cuda/internal.cuh"
+#include "kernels/pointwise.h"
 
 /* One thread per output. Only real pixels compete (padding never wins), the
  * first maximum in row-major order wins ties, and a window entirely in the
@@ -13,27 +14,7 @@ static __global__ void maxpool_fwd_kernel(float *out, int32_t *argmax, const flo
         const size_t plane = o / ((size_t)OH * OW);
         const int oh = (int)(o / OW % OH), ow = (int)(o % OW);
         const float *x = inp + plane * H * W;
-        float best = 0.0f;
-        int32_t best_i = -1;
-        for (int kh = 0; kh < k; kh++) {
-            int ih = oh * stride - pad + kh;
-            if (ih < 0 || ih >= H) {
-                continue;
-            }
-            for (int kw = 0; kw < k; kw++) {
-                int iw = ow * stride - pad + kw;
-                if (iw < 0 || iw >= W) {
-                    continue;
-                }
-                float v = x[ih * W + iw];
-                if (best_i < 0 || v > best) {
-                    best = v;
-                    best_i = ih * W + iw;
-                }
-            }
-        }
-        out[o] = best;
-        argmax[o] = best_i;
+        argmax[o] = mmp_maxpool_window(x, H, W, k, stride, pad, oh, ow, &out[o]);
     }
 }
 
