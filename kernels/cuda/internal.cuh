@@ -171,6 +171,18 @@ template <typename T, typename Op> __device__ inline T warp_reduce(T v, Op op)
     return v;
 }
 
+/* Every lane gets sum_i a[i] * b[i] over one row of n values, each lane
+ * summing its stride-WARP share in T (float or double) before the warp
+ * reduction: the one dot product of the warp-per-row kernels. */
+template <typename T> __device__ inline T warp_dot(const float *a, const float *b, int n)
+{
+    T s = 0;
+    for (int i = threadIdx.x % WARP; i < n; i += WARP) {
+        s += (T)a[i] * b[i];
+    }
+    return warp_reduce(s, sum_op());
+}
+
 /* Every thread gets the reduction of the block's values, in a fixed order.
  * blockDim.x must be a multiple of 32; all threads must call it. */
 template <typename T, typename Op> __device__ inline T block_reduce(T v, Op op)
