@@ -111,13 +111,8 @@ mmp_err mmp_cuda_maxpool2d_fwd(mmp_cuda_ctx *ctx, float *out, int32_t *argmax, c
     ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && k > 0 && stride > 0 && pad >= 0);
     ARG_CHECK(OH > 0 && OW > 0);
     size_t total = (size_t)N * C * OH * OW;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    maxpool_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
-        out, argmax, inp, total, H, W, k, stride, pad, OH, OW);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, maxpool_fwd_kernel, total, out, argmax, inp, total, H, W, k, stride,
+                       pad, OH, OW);
 }
 
 mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
@@ -128,13 +123,8 @@ mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout
     ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && OH > 0 && OW > 0 && k > 0 && stride > 0 &&
               pad >= 0);
     size_t total = (size_t)N * C * H * W;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    maxpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
-        dinp, dout, argmax, total, H, W, k, stride, pad, OH, OW);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, maxpool_bwd_kernel, total, dinp, dout, argmax, total, H, W, k, stride,
+                       pad, OH, OW);
 }
 
 mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *mask,
@@ -143,12 +133,7 @@ mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, c
     // out (B,C), inp (B,T,C), mask (B,T) or NULL
     ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
     size_t total = (size_t)B * C;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    meanpool_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, mask, B, T, C);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, meanpool_fwd_kernel, total, out, inp, mask, B, T, C);
 }
 
 mmp_err mmp_cuda_meanpool_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *mask,
@@ -157,11 +142,5 @@ mmp_err mmp_cuda_meanpool_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
     // dinp (B,T,C), dout (B,C), mask (B,T) or NULL
     ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
     size_t total = (size_t)B * C;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    meanpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, mask, B, T,
-                                                                           C);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, meanpool_bwd_kernel, total, dinp, dout, mask, B, T, C);
 }
