@@ -118,10 +118,7 @@ mmp_err mmp_gif_decode(const char *name, const void *buf, size_t len, long long 
         return gif_error(name, code);
     }
     int transparent;
-    ret = find_first_frame(gif, name, &transparent);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(find_first_frame(gif, name, &transparent), ret, fail);
     const GifImageDesc *d = &gif->Image;
     if (d->Width <= 0 || d->Height <= 0 || d->Left < 0 || d->Top < 0) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: bad GIF: frame %dx%d at (%d, %d)", name, d->Width,
@@ -144,10 +141,7 @@ mmp_err mmp_gif_decode(const char *name, const void *buf, size_t len, long long 
         goto fail;
     }
     memset(canvas, transparent >= 0 ? transparent : 0, n);
-    ret = read_frame(gif, name, canvas, (int)w);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(read_frame(gif, name, canvas, (int)w), ret, fail);
     const ColorMapObject *map = d->ColorMap ? d->ColorMap : gif->SColorMap;
     for (size_t i = 0; i < n; i++) {
         uint8_t k = canvas[i], *px = img->rgb + 3 * i;

@@ -265,10 +265,7 @@ static mmp_err open_index(mmp_manifest **out, const char *path, mmp_manifest_vis
         goto fail;
     }
     int64_t lines;
-    ret = count_lines(path, &lines);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(count_lines(path, &lines), ret, fail);
     if (lines > 0) {
         m->slot = malloc((size_t)lines * sizeof *m->slot);
         if (!m->slot) {
@@ -279,10 +276,7 @@ static mmp_err open_index(mmp_manifest **out, const char *path, mmp_manifest_vis
         m->cap = lines;
     }
     open_state st = {.m = m, .check = check, .user = user, .skip = skip};
-    ret = mmp_manifest_scan(path, index_line, &st);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_manifest_scan(path, index_line, &st), ret, fail);
     if (m->n == 0) {
         ret = m->dropped ? mmp_errorf(MMP_ERR_DATA, "%s: no samples (all %lld lines are bad)", path,
                                       (long long)m->dropped)

@@ -45,7 +45,6 @@
 #define ITM_QUERY_ROWS 1
 #define L2NORM_EPS 1e-6f
 
-
 struct mmp_fusion_net {
     mmp_backend *be;
     mmp_params params;
@@ -178,10 +177,8 @@ mmp_err mmp_fusion_net_create_on(mmp_fusion_net **out, mmp_backend *be, const mm
         ret = mmp_errorf(MMP_ERR_NOMEM, "fusion layers");
         goto fail;
     }
-    if ((ret = declare(net, logf(1.0f / plan->train.init_temperature))) != MMP_OK ||
-        (ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(declare(net, logf(1.0f / plan->train.init_temperature)), ret, fail);
+    MMP_TRY_GOTO(mmp_params_alloc(&net->params, seed), ret, fail);
     bind(net);
     *out = net;
 exit:
@@ -305,9 +302,7 @@ mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int m
         ret = mmp_errorf(MMP_ERR_NOMEM, "fusion acts tables");
         goto fail;
     }
-    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a), ret, fail);
     if ((ret = mmp_lowp_reserve(&net->lp, lp_floats(net, max_batch))) != MMP_OK) {
         mmp_error_prefix(ret, "fusion acts");
         goto fail;

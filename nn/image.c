@@ -255,14 +255,10 @@ mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_
     net->last = last;
     describe_layers(plan, net->layers);
     for (int i = first; i < last; i++) {
-        if ((ret = add_layer_params(&net->params, &net->layers[i], &net->bn_row_floats)) !=
-            MMP_OK) {
-            goto fail;
-        }
+        MMP_TRY_GOTO(add_layer_params(&net->params, &net->layers[i], &net->bn_row_floats), ret,
+                     fail);
     }
-    if ((ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_params_alloc(&net->params, seed), ret, fail);
     if (net->bn_row_floats > 0) {
         net->bn_dev = be_alloc(be, (size_t)net->bn_row_floats * sizeof(float), &ret);
         net->bn_host = calloc((size_t)net->bn_row_floats, sizeof(float));
@@ -474,9 +470,7 @@ mmp_err mmp_image_acts_create(mmp_image_acts **out, mmp_image_net *net, int max_
     }
     c = (carver){.base = a->mem, .used = 0};
     layout_acts(a, &c);
-    if ((ret = reserve_workspace(net, max_batch)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(reserve_workspace(net, max_batch), ret, fail);
     *out = a;
 exit:
     return ret;

@@ -136,9 +136,8 @@ mmp_err mmp_text_net_create_on(mmp_text_net **out, mmp_backend *be, const mmp_pl
         ret = mmp_errorf(MMP_ERR_NOMEM, "text layers");
         goto fail;
     }
-    if ((ret = declare(net)) != MMP_OK || (ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(declare(net), ret, fail);
+    MMP_TRY_GOTO(mmp_params_alloc(&net->params, seed), ret, fail);
     bind(net);
     *out = net;
 exit:
@@ -215,9 +214,7 @@ mmp_err mmp_text_acts_create(mmp_text_acts **out, mmp_text_net *net, int max_bat
         ret = mmp_errorf(MMP_ERR_NOMEM, "text acts tables");
         goto fail;
     }
-    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a), ret, fail);
     /* the largest product: attention's D x D projections or the FFN's two */
     int N = max_batch * net->T;
     size_t lp = mmp_lowp_linear_floats(N, net->D, net->D);
