@@ -1,6 +1,7 @@
 /* Per-element math that the CPU reference (kernels/cpu) and the CUDA kernels
  * (kernels/cuda) share, so the two devices compute one definition: GELU and
- * its derivative, a sigmoid that never overflows, and one max-pool window.
+ * its derivative, a sigmoid that never overflows, one max-pool window and
+ * the token count of a masked mean.
  * Compiles as C11 and as CUDA C++ (each function is host and device code
  * under nvcc). Pure functions of their arguments: no state, no allocation.
  * The only definitions in a kernels/ header, since nvcc and gcc must both
@@ -74,6 +75,20 @@ MMP_POINTWISE int32_t mmp_maxpool_window(const float *x, int H, int W, int k, in
     }
     *best = b;
     return best_i;
+}
+
+/* Tokens of sequence b that count in a masked mean over (B,T): all T
+ * without a mask, else those whose mask entry is not 0. */
+MMP_POINTWISE int mmp_token_count(const float *mask, int b, int T)
+{
+    if (!mask) {
+        return T;
+    }
+    int count = 0;
+    for (int t = 0; t < T; t++) {
+        count += mask[(size_t)b * T + t] != 0.0f;
+    }
+    return count;
 }
 
 #endif

@@ -37,19 +37,6 @@ void mmp_cpu_maxpool2d_bwd(float *dinp, const float *dout, const int32_t *argmax
     }
 }
 
-/* Tokens of sequence b that count: all T without a mask. */
-static int token_count(const float *mask, int b, int T)
-{
-    if (!mask) {
-        return T;
-    }
-    int count = 0;
-    for (int t = 0; t < T; t++) {
-        count += mask[(size_t)b * T + t] != 0.0f;
-    }
-    return count;
-}
-
 void mmp_cpu_meanpool_fwd(float *out, const float *inp, const float *mask, int B, int T, int C)
 {
     // out (B,C), inp (B,T,C), mask (B,T) or NULL
@@ -58,7 +45,7 @@ void mmp_cpu_meanpool_fwd(float *out, const float *inp, const float *mask, int B
         for (int c = 0; c < C; c++) {
             y[c] = 0.0f;
         }
-        int count = token_count(mask, b, T);
+        int count = mmp_token_count(mask, b, T);
         if (count == 0) {
             continue;
         }
@@ -82,7 +69,7 @@ void mmp_cpu_meanpool_bwd(float *dinp, const float *dout, const float *mask, int
 {
     // dinp (B,T,C), dout (B,C), mask (B,T) or NULL
     for (int b = 0; b < B; b++) {
-        int count = token_count(mask, b, T);
+        int count = mmp_token_count(mask, b, T);
         if (count == 0) {
             continue;
         }

@@ -50,26 +50,13 @@ static __global__ void maxpool_bwd_kernel(float *dinp, const float *dout, const 
     }
 }
 
-/* Tokens of sequence b that count: all T without a mask. */
-static __device__ int token_count(const float *mask, int b, int T)
-{
-    if (!mask) {
-        return T;
-    }
-    int count = 0;
-    for (int t = 0; t < T; t++) {
-        count += mask[(size_t)b * T + t] != 0.0f;
-    }
-    return count;
-}
-
 /* One thread per (b, c): neighbouring threads read neighbouring channels. */
 static __global__ void meanpool_fwd_kernel(float *out, const float *inp, const float *mask, int B,
                                            int T, int C)
 {
     for (size_t o = thread_index(); o < (size_t)B * C; o += thread_count()) {
         const int b = (int)(o / C), c = (int)(o % C);
-        const int count = token_count(mask, b, T);
+        const int count = mmp_token_count(mask, b, T);
         float sum = 0.0f;
         if (count > 0) {
             for (int t = 0; t < T; t++) {
@@ -89,7 +76,7 @@ static __global__ void meanpool_bwd_kernel(float *dinp, const float *dout, const
 {
     for (size_t o = thread_index(); o < (size_t)B * C; o += thread_count()) {
         const int b = (int)(o / C), c = (int)(o % C);
-        const int count = token_count(mask, b, T);
+        const int count = mmp_token_count(mask, b, T);
         if (count == 0) {
             continue;
         }
