@@ -54,6 +54,16 @@ void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long se
     }
 }
 
+int mmp_test_same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = (char *)mmp_test_slurp(a, &na), *y = (char *)mmp_test_slurp(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
 int mmp_test_write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");

@@ -70,6 +70,9 @@ void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long se
  * be read. The caller frees it. */
 unsigned char *mmp_test_slurp(const char *path, size_t *len);
 
+/* 1 when the files at a and b both read and hold the same bytes. */
+int mmp_test_same_file(const char *a, const char *b);
+
 /* Writes text to path (created or truncated); CHECKs that it could be
  * opened and returns 1, else 0. */
 int mmp_test_write_text(const char *path, const char *text);
