@@ -167,13 +167,7 @@ static void check_adam(const char *what, mmp_params *pc, mmp_params *pg, float l
 static void image_step(mmp_image_net *net, mmp_image_acts *acts, const float *in, const float *dout,
                        float *out, float *din)
 {
-    mmp_params *p = mmp_image_net_params(net);
-    mmp_params_zero_grad(p);
-    mmp_params_mb_begin(p);
-    mmp_image_net_forward(net, acts, in, B, 1, out);
-    mmp_image_net_backward(net, acts, dout, B, din);
-    mmp_params_mb_end(p);
-    mmp_params_grad_finish(p);
+    mmp_test_image_step(net, acts, in, dout, B, out, din);
 }
 
 static void test_image(void)

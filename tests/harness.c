@@ -10,6 +10,8 @@
 #include "common/ckpt.h"
 #include "common/config.h"
 #include "common/fsutil.h"
+#include "nn/model.h"
+#include "nn/params.h"
 #include "common/rng.h"
 
 int mmp_test_failures = 0;
@@ -234,4 +236,16 @@ void mmp_test_small_plan(mmp_plan *p, mmp_test_net_dims d)
     p->train.optimizer.beta1 = 0.9f;
     p->train.optimizer.beta2 = 0.999f;
     p->train.optimizer.eps = 1e-8f;
+}
+
+void mmp_test_image_step(mmp_image_net *net, mmp_image_acts *acts, const float *in,
+                         const float *dout, int B, float *out, float *din)
+{
+    mmp_params *p = mmp_image_net_params(net);
+    mmp_params_zero_grad(p);
+    mmp_params_mb_begin(p);
+    mmp_image_net_forward(net, acts, in, B, 1, out);
+    mmp_image_net_backward(net, acts, dout, B, din);
+    mmp_params_mb_end(p);
+    mmp_params_grad_finish(p);
 }

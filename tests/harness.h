@@ -125,4 +125,12 @@ typedef struct mmp_test_net_dims { /* in this order */
 } mmp_test_net_dims;
 void mmp_test_small_plan(struct mmp_plan *p, mmp_test_net_dims d);
 
+/* One training step of the image branch (nn/model.h) on B samples:
+ * gradients zeroed, one micro-batch's forward (batch statistics) and
+ * backward into din (may be NULL), gradients finished (nn/params.h). */
+struct mmp_image_net;
+struct mmp_image_acts;
+void mmp_test_image_step(struct mmp_image_net *net, struct mmp_image_acts *acts, const float *in,
+                         const float *dout, int B, float *out, float *din);
+
 #endif

@@ -297,13 +297,8 @@ static void image_run(mmp_backend *be, const mmp_plan *plan, const float *in, co
     if (!net || !acts) {
         goto out;
     }
+    mmp_test_image_step(net, acts, in, dout, B, out, din);
     mmp_params *p = mmp_image_net_params(net);
-    mmp_params_zero_grad(p);
-    mmp_params_mb_begin(p);
-    mmp_image_net_forward(net, acts, in, B, 1, out);
-    mmp_image_net_backward(net, acts, dout, B, din);
-    mmp_params_mb_end(p);
-    mmp_params_grad_finish(p);
     CHECK(mmp_params_grad_sumsq(p) > 0);
     memcpy(grads, p->grads, p->total * sizeof(float));
     mmp_optim_step(p, plan, 0, 1e-3f, 0.5f);
