@@ -503,13 +503,33 @@ static void fusion_inputs(fusion_case *c, unsigned long long seed)
     }
 }
 
-static void fusion_gradcheck(const mmp_plan *plan, int B, float logit_scale)
+/* A fusion case on plan: the net (seed 9) and acts for FB samples, inputs
+ * from seed (none for 0: the caller fills them), B samples weighted weight.
+ * The caller checks c->net and c->acts. */
+static fusion_case *fusion_case_new(const mmp_plan *plan, unsigned long long seed, int B,
+                                    float weight)
 {
     fusion_case *c = calloc(1, sizeof *c);
+    if (seed) {
+        fusion_inputs(c, seed);
+    }
     c->B = B;
-    c->weight = 0.7f;
+    c->weight = weight;
     CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
     CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
+    return c;
+}
+
+static void fusion_case_free(fusion_case *c)
+{
+    mmp_fusion_acts_destroy(c->acts);
+    mmp_fusion_net_destroy(c->net);
+    free(c);
+}
+
+static void fusion_gradcheck(const mmp_plan *plan, int B, float logit_scale)
+{
+    fusion_case *c = fusion_case_new(plan, 0, B, 0.7f);
     if (!c->net || !c->acts) {
         goto out;
     }
@@ -571,20 +591,13 @@ static void fusion_gradcheck(const mmp_plan *plan, int B, float logit_scale)
     }
     free(grads);
 out:
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
 }
 
 static void test_fusion_misc(const mmp_plan *plan)
 {
-    fusion_case *c = calloc(1, sizeof *c);
-    fusion_inputs(c, 31);
-    c->B = FB;
-    c->weight = 1.0f;
+    fusion_case *c = fusion_case_new(plan, 31, FB, 1.0f);
     mmp_fusion_acts *small = NULL;
-    CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
-    CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
     if (!c->net || !c->acts) {
         goto out;
     }
@@ -694,9 +707,7 @@ static void test_fusion_misc(const mmp_plan *plan)
     CHECK(mmp_fusion_net_create(&none, &bad, 1) == MMP_ERR_INVALID && !none);
 out:
     mmp_fusion_acts_destroy(small);
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
 }
 
 /* The ITM pairs' count and labels, seen through the loss: with the head's
@@ -705,10 +716,7 @@ out:
  * its positive) gives softplus(-b). */
 static void test_fusion_pairs(const mmp_plan *plan)
 {
-    fusion_case *c = calloc(1, sizeof *c);
-    fusion_inputs(c, 51);
-    CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
-    CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
+    fusion_case *c = fusion_case_new(plan, 51, 0, 0.0f);
     if (c->net && c->acts) {
         mmp_params *p = mmp_fusion_net_params(c->net);
         mmp_param *w = mmp_params_find(p, "fusion.itm_head.weight");
@@ -727,9 +735,7 @@ static void test_fusion_pairs(const mmp_plan *plan)
             CHECK(fabs(c->parts.itc) < 1e-6); /* InfoNCE over one candidate */
         }
     }
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
 }
 
 /* The hard negatives are the most similar other images: the stage's ITM loss
@@ -743,12 +749,7 @@ static double softplus(double x)
 
 static void test_fusion_hard_negatives(const mmp_plan *plan)
 {
-    fusion_case *c = calloc(1, sizeof *c), *one = calloc(1, sizeof *one);
-    fusion_inputs(c, 61);
-    c->B = FB;
-    c->weight = 1;
-    CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
-    CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
+    fusion_case *c = fusion_case_new(plan, 61, FB, 1.0f), *one = calloc(1, sizeof *one);
     if (!c->net || !c->acts) {
         goto out;
     }
@@ -787,9 +788,7 @@ static void test_fusion_hard_negatives(const mmp_plan *plan)
         fprintf(stderr, "  itm %.7f, rebuilt from argmax pairs %.7f\n", (double)c->parts.itm, want);
     }
 out:
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
     free(one);
 }
 
