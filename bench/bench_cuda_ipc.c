@@ -50,6 +50,7 @@ int main(void)
 #include <cuda_runtime_api.h>
 
 #include "common/err.h"
+#include "common/progress.h"
 #include "common/stats.h"
 #include "transport/channel.h"
 
@@ -59,9 +60,7 @@ int main(void)
 
 static double now_us(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
+    return mmp_now() * 1e6; /* CLOCK_MONOTONIC */
 }
 
 /* Shared by the processes of one measurement (anonymous MAP_SHARED). */

@@ -32,6 +32,7 @@
 #include <zmq.h>
 
 #include "common/err.h"
+#include "common/progress.h"
 #include "common/stats.h"
 #include "transport/channel.h"
 
@@ -43,9 +44,7 @@
 
 static double now_s(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
+    return mmp_now(); /* CLOCK_MONOTONIC */
 }
 
 /* The q-quantile (0..1) of v[0..n), sorting v. */

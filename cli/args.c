@@ -1,4 +1,5 @@
-/* Argument handling shared by the commands that take a plan. */
+/* Argument handling shared by the commands: subcommand dispatch, and the
+ * options of those that take a plan. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,25 @@ int mmp_cli_help(const char *arg, const char *usage)
     }
     fputs(usage, stdout);
     return 1;
+}
+
+int mmp_cli_dispatch(const char *prog, const char *usage, const mmp_cli_sub *subs, int n_subs,
+                     int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    if (mmp_cli_help(argv[1], usage)) {
+        return 0;
+    }
+    for (int k = 0; k < n_subs; k++) {
+        if (strcmp(argv[1], subs[k].name) == 0) {
+            return subs[k].run(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "%s: unknown command '%s'\n\n%s", prog, argv[1], usage);
+    return 2;
 }
 
 /* Applies option o, whose value (if it takes one) is v. 0, or 2 (printed). */

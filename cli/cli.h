@@ -94,4 +94,16 @@ int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path)
 /* 1 after printing usage on stdout when arg is -h or --help, else 0. */
 int mmp_cli_help(const char *arg, const char *usage);
 
+/* A command made of subcommands (mmpipe itself, mmpipe data): one entry each. */
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the subcommand's name */
+} mmp_cli_sub;
+
+/* Runs the subcommand argv[1] names with argv[1..argc). No argument: usage
+ * on stderr, 2; -h/--help: usage on stdout, 0; an unknown name: "<prog>:
+ * unknown command '<name>'" and usage on stderr, 2. */
+int mmp_cli_dispatch(const char *prog, const char *usage, const mmp_cli_sub *subs, int n_subs,
+                     int argc, char **argv);
+
 #endif

@@ -117,6 +117,41 @@ static int usage_error(const char *cmd, const char *usage, const char *fmt, cons
     return 2;
 }
 
+/* A value option of a data subcommand and where its value goes. */
+typedef struct {
+    const char *name;
+    const char **value;
+} value_opt;
+
+/* Parses argv[1..argc) of `mmpipe data cmd`, every argument one of opts
+ * (--name V or --name=V). Returns MMP_CLI_GO to go on, 0 after -h/--help
+ * (usage printed), 2 after a usage error (printed). */
+static int take_opts(const char *cmd, const char *usage, const value_opt *opts, int n_opts,
+                     int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (is_help(argv[i])) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        int known = 0;
+        for (int k = 0; k < n_opts && !known; k++) {
+            if (take_opt(argc, argv, &i, opts[k].name, &v)) {
+                *opts[k].value = v;
+                known = 1;
+            }
+        }
+        if (!known) {
+            return usage_error(cmd, usage, "unknown argument '%s'", argv[i]);
+        }
+        if (!v) {
+            return usage_error(cmd, usage, "%s needs a value", argv[i]);
+        }
+    }
+    return MMP_CLI_GO;
+}
+
 static int parse_int(const char *s, long long lo, long long hi, long long *out)
 {
     if (!s || !*s) {
@@ -137,30 +172,11 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out)
 static int cmd_synth(int argc, char **argv)
 {
     const char *out = NULL, *samples_s = NULL, *seed_s = "1", *size_s = "32";
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        if (is_help(argv[i])) {
-            fputs(SYNTH_USAGE, stdout);
-            return 0;
-        }
-        int known = 1;
-        if (take_opt(argc, argv, &i, "--out", &v)) {
-            out = v;
-        } else if (take_opt(argc, argv, &i, "--samples", &v)) {
-            samples_s = v;
-        } else if (take_opt(argc, argv, &i, "--seed", &v)) {
-            seed_s = v;
-        } else if (take_opt(argc, argv, &i, "--image-size", &v)) {
-            size_s = v;
-        } else {
-            known = 0;
-        }
-        if (!known) {
-            return usage_error("synth", SYNTH_USAGE, "unknown argument '%s'", argv[i]);
-        }
-        if (!v) {
-            return usage_error("synth", SYNTH_USAGE, "%s needs a value", argv[i]);
-        }
+    const value_opt opts[] = {
+        {"--out", &out}, {"--samples", &samples_s}, {"--seed", &seed_s}, {"--image-size", &size_s}};
+    int go = take_opts("synth", SYNTH_USAGE, opts, 4, argc, argv);
+    if (go != MMP_CLI_GO) {
+        return go;
     }
     long long samples, seed, size;
     if (!out || !*out) {
@@ -209,26 +225,10 @@ static int cmd_synth(int argc, char **argv)
 static int cmd_tokenize(int argc, char **argv)
 {
     const char *vocab = NULL, *max_s = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        if (is_help(argv[i])) {
-            fputs(TOKENIZE_USAGE, stdout);
-            return 0;
-        }
-        int known = 1;
-        if (take_opt(argc, argv, &i, "--vocab", &v)) {
-            vocab = v;
-        } else if (take_opt(argc, argv, &i, "--max-len", &v)) {
-            max_s = v;
-        } else {
-            known = 0;
-        }
-        if (!known) {
-            return usage_error("tokenize", TOKENIZE_USAGE, "unknown argument '%s'", argv[i]);
-        }
-        if (!v) {
-            return usage_error("tokenize", TOKENIZE_USAGE, "%s needs a value", argv[i]);
-        }
+    const value_opt opts[] = {{"--vocab", &vocab}, {"--max-len", &max_s}};
+    int go = take_opts("tokenize", TOKENIZE_USAGE, opts, 2, argc, argv);
+    if (go != MMP_CLI_GO) {
+        return go;
     }
     if (!vocab || !*vocab) {
         return usage_error("tokenize", TOKENIZE_USAGE, "%s", "--vocab FILE is required");
@@ -490,24 +490,10 @@ exit:
 
 int mmp_cmd_data(int argc, char **argv)
 {
-    if (argc < 2) {
-        fputs(USAGE, stderr);
-        return 2;
-    }
-    const char *sub = argv[1];
-    if (is_help(sub)) {
-        fputs(USAGE, stdout);
-        return 0;
-    }
-    if (strcmp(sub, "synth") == 0) {
-        return cmd_synth(argc - 1, argv + 1);
-    }
-    if (strcmp(sub, "tokenize") == 0) {
-        return cmd_tokenize(argc - 1, argv + 1);
-    }
-    if (strcmp(sub, "check") == 0) {
-        return cmd_check(argc - 1, argv + 1);
-    }
-    fprintf(stderr, "mmpipe data: unknown command '%s'\n\n%s", sub, USAGE);
-    return 2;
+    static const mmp_cli_sub subs[] = {
+        {"synth", cmd_synth},
+        {"tokenize", cmd_tokenize},
+        {"check", cmd_check},
+    };
+    return mmp_cli_dispatch("mmpipe data", USAGE, subs, 3, argc, argv);
 }

@@ -1,6 +1,5 @@
 /* mmpipe: dispatches to a subcommand. */
 #include <stdio.h>
-#include <string.h>
 
 #include "cli/cli.h"
 
@@ -25,34 +24,14 @@ static const char USAGE[] =
     "\n"
     "mmpipe <command> --help shows a command's options.\n";
 
+static const mmp_cli_sub COMMANDS[] = {
+    {"launch", mmp_cmd_launch},     {"data", mmp_cmd_data},   {"stage", mmp_cmd_stage},
+    {"simulate", mmp_cmd_simulate}, {"bench", mmp_cmd_bench}, {"devices", mmp_cmd_devices},
+    {"ckpt", mmp_cmd_ckpt},
+};
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        fputs(USAGE, argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    const char *cmd = argv[1];
-    if (strcmp(cmd, "launch") == 0) {
-        return mmp_cmd_launch(argc - 1, argv + 1);
-    }
-    if (strcmp(cmd, "data") == 0) {
-        return mmp_cmd_data(argc - 1, argv + 1);
-    }
-    if (strcmp(cmd, "stage") == 0) {
-        return mmp_cmd_stage(argc - 1, argv + 1);
-    }
-    if (strcmp(cmd, "simulate") == 0) {
-        return mmp_cmd_simulate(argc - 1, argv + 1);
-    }
-    if (strcmp(cmd, "bench") == 0) {
-        return mmp_cmd_bench(argc - 1, argv + 1);
-    }
-    if (strcmp(cmd, "devices") == 0) {
-        return mmp_cmd_devices(argc - 1, argv + 1);
-    }
-    if (strcmp(cmd, "ckpt") == 0) {
-        return mmp_cmd_ckpt(argc - 1, argv + 1);
-    }
-    fprintf(stderr, "mmpipe: unknown command '%s'\n\n%s", cmd, USAGE);
-    return 2;
+    return mmp_cli_dispatch("mmpipe", USAGE, COMMANDS, (int)(sizeof COMMANDS / sizeof COMMANDS[0]),
+                            argc, argv);
 }

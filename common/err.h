@@ -70,6 +70,16 @@ void mmp_log_at(mmp_log_level level, const char *file, int line, const char *fmt
         }                                                                                          \
     } while (0)
 
+/* The same inside a function with one cleanup path (NCCL's NCCLCHECKGOTO):
+ * `MMP_TRY_GOTO(f(x), ret, fail);` keeps f's error in ret and jumps to the
+ * label, where the function undoes what it did and returns ret. */
+#define MMP_TRY_GOTO(expr, ret, label)                                                             \
+    do {                                                                                           \
+        if (((ret) = (expr)) != MMP_OK) {                                                          \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
 /* For broken invariants only (never for input the outside world controls). */
 #define MMP_ASSERT(cond)                                                                           \
     do {                                                                                           \

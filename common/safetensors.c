@@ -651,9 +651,7 @@ mmp_err mmp_safetensors_read(mmp_ckpt *c, const char *path, mmp_st_meta *meta)
         goto exit;
     }
     const unsigned char *data = buf + hlen;
-    if ((ret = check_descs(path, descs, n, size - 8 - hlen)) != MMP_OK) {
-        goto exit;
-    }
+    MMP_TRY_GOTO(check_descs(path, descs, n, size - 8 - hlen), ret, exit);
     mmp_ckpt_entry *grown = realloc(c->entries, (size_t)(c->count + n + 1) * sizeof *grown);
     if (!grown) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "%s: index of %d tensors", path, n);

@@ -126,10 +126,8 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
 
     char vocab_path[4096];
     if (!vocab || !*vocab) {
-        ret = mmp_manifest_resolve(manifest, "vocab.txt", vocab_path, sizeof vocab_path);
-        if (ret != MMP_OK) {
-            goto fail;
-        }
+        MMP_TRY_GOTO(mmp_manifest_resolve(manifest, "vocab.txt", vocab_path, sizeof vocab_path),
+                     ret, fail);
         vocab = vocab_path;
     }
     /* The manifest first: when it is missing, that is the error to report,
@@ -137,13 +135,8 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
     ret = d->policy == MMP_BAD_SKIP
               ? mmp_manifest_open_skip(&d->manifest, manifest, NULL, NULL)
               : mmp_manifest_open(&d->manifest, manifest, check_image, (void *)manifest);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
-    ret = mmp_tokenizer_load(&d->tok, vocab);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(ret, ret, fail);
+    MMP_TRY_GOTO(mmp_tokenizer_load(&d->tok, vocab), ret, fail);
     *out = d;
     return MMP_OK;
 fail:

@@ -1,11 +1,11 @@
-/* GIF decoding through giflib's low-level reader (data/gif.h).
+/* GIF decoding through giflib's low-level reader (data/codecs.h).
  *
  * DGifSlurp would decode every frame of an animation; we walk records up to
  * the first image descriptor, keep the graphics control block that precedes
  * it (its transparent index), and read that one frame's lines. Input comes
  * from memory through DGifOpen's read callback, so a short file reads as
  * "truncated", never past the buffer. Must never print or exit. */
-#include "data/gif.h"
+#include "data/codecs.h"
 
 #include <gif_lib.h>
 #include <stdint.h>
@@ -110,13 +110,7 @@ mmp_err mmp_gif_decode(const char *name, const void *buf, size_t len, long long 
     mmp_err ret = MMP_OK;
     uint8_t *canvas = NULL;
     GifFileType *gif = NULL;
-    memset(img, 0, sizeof *img);
-    if (len == 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", name);
-    }
-    if (!mmp_gif_sniff(buf, len)) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: not a GIF", name);
-    }
+    MMP_TRY(mmp_image_decode_start(name, buf, len, mmp_gif_sniff, "GIF", img));
     source src = {.p = buf, .left = len};
     int code = 0;
     gif = DGifOpen(&src, read_mem, &code);
@@ -124,10 +118,7 @@ mmp_err mmp_gif_decode(const char *name, const void *buf, size_t len, long long 
         return gif_error(name, code);
     }
     int transparent;
-    ret = find_first_frame(gif, name, &transparent);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(find_first_frame(gif, name, &transparent), ret, fail);
     const GifImageDesc *d = &gif->Image;
     if (d->Width <= 0 || d->Height <= 0 || d->Left < 0 || d->Top < 0) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: bad GIF: frame %dx%d at (%d, %d)", name, d->Width,
@@ -150,10 +141,7 @@ mmp_err mmp_gif_decode(const char *name, const void *buf, size_t len, long long 
         goto fail;
     }
     memset(canvas, transparent >= 0 ? transparent : 0, n);
-    ret = read_frame(gif, name, canvas, (int)w);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(read_frame(gif, name, canvas, (int)w), ret, fail);
     const ColorMapObject *map = d->ColorMap ? d->ColorMap : gif->SColorMap;
     for (size_t i = 0; i < n; i++) {
         uint8_t k = canvas[i], *px = img->rgb + 3 * i;

@@ -17,9 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "data/gif.h"
-#include "data/jpeg.h"
-#include "data/webp.h"
+#include "data/codecs.h"
 
 /* PIL's fixed point: 8 bits of result, 2 spare for overshoot, the rest
  * fraction. Weights are non-negative here, so sums stay below 2^31. */

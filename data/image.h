@@ -1,6 +1,6 @@
 /* Image files to model input: decode (PNG via libspng, JPEG via
  * libjpeg-turbo, GIF via giflib, WebP via libwebp), convert to RGB as PIL's
- * Image.open(p).convert("RGB") does (data/png.h, jpeg.h, gif.h, webp.h say
+ * Image.open(p).convert("RGB") does (data/png.h and data/codecs.h say
  * how, tests/test_formats.c checks it against PIL), resize and crop,
  * normalise into NCHW float.
  *

@@ -8,7 +8,7 @@
  * JPEG file" warning and would hand back grey pixels for the missing part; we
  * make that warning fatal so a truncated file is an error, not a picture.
  * CMYK and YCCK files are converted to RGB as PIL does (cmyk_to_rgb). */
-#include "data/jpeg.h"
+#include "data/codecs.h"
 
 #include <setjmp.h>
 #include <stdint.h>
@@ -176,13 +176,7 @@ static mmp_err read_pixels(j_decompress_ptr cinfo, const char *name, long long m
 mmp_err mmp_jpeg_decode(const char *name, const void *buf, size_t len, long long max_pixels,
                         mmp_image *img)
 {
-    memset(img, 0, sizeof *img);
-    if (len == 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", name);
-    }
-    if (!mmp_jpeg_sniff(buf, len)) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: not a JPEG", name);
-    }
+    MMP_TRY(mmp_image_decode_start(name, buf, len, mmp_jpeg_sniff, "JPEG", img));
     struct jpeg_decompress_struct cinfo;
     struct jpeg_progress_mgr progress = {.progress_monitor = on_progress};
     decoder d = {.name = name, .err = MMP_OK};

@@ -244,10 +244,7 @@ mmp_err mmp_loader_create(mmp_loader **out, const mmp_loader_cfg *cfg)
         goto fail;
     }
     for (int i = 0; i < l->depth; i++) {
-        ret = alloc_slot(l, &l->ring[i]);
-        if (ret != MMP_OK) {
-            goto fail;
-        }
+        MMP_TRY_GOTO(alloc_slot(l, &l->ring[i]), ret, fail);
     }
     if (pthread_mutex_init(&l->mu, NULL) != 0) {
         ret = mmp_errorf(MMP_ERR_INTERNAL, "loader: pthread_mutex_init failed");

@@ -48,6 +48,20 @@ mmp_err mmp_image_check_size(const char *name, long long width, long long height
     return MMP_OK;
 }
 
+mmp_err mmp_image_decode_start(const char *name, const void *buf, size_t len,
+                               int (*sniff)(const void *buf, size_t len), const char *format,
+                               mmp_image *img)
+{
+    memset(img, 0, sizeof *img);
+    if (len == 0) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", name);
+    }
+    if (!sniff(buf, len)) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: not a %s", name, format);
+    }
+    return MMP_OK;
+}
+
 int mmp_image_too_large(const mmp_image *img)
 {
     return !img->rgb && img->width > 0 && img->height > 0;
@@ -73,18 +87,17 @@ static mmp_err spng_error(const char *name, int rc)
     return mmp_errorf(MMP_ERR_DATA, "%s: corrupt PNG: %s", name, spng_strerror(rc));
 }
 
+static int png_sniff(const void *buf, size_t len)
+{
+    return len >= sizeof png_signature && memcmp(buf, png_signature, sizeof png_signature) == 0;
+}
+
 mmp_err mmp_png_decode(const char *name, const void *buf, size_t len, long long max_pixels,
                        mmp_image *img)
 {
     mmp_err ret = MMP_OK;
     spng_ctx *ctx = NULL;
-    memset(img, 0, sizeof *img);
-    if (len == 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", name);
-    }
-    if (len < sizeof png_signature || memcmp(buf, png_signature, sizeof png_signature) != 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: not a PNG", name);
-    }
+    MMP_TRY(mmp_image_decode_start(name, buf, len, png_sniff, "PNG", img));
     ctx = spng_ctx_new(0);
     if (!ctx) {
         return mmp_errorf(MMP_ERR_NOMEM, "%s: cannot create a PNG decoder", name);

@@ -41,6 +41,13 @@ void mmp_image_fini(mmp_image *img);
 mmp_err mmp_image_check_size(const char *name, long long width, long long height,
                              long long max_pixels, mmp_image *img);
 
+/* The start every decoder makes: zeroes *img, then refuses an empty buffer
+ * ("name: empty file (0 bytes)") and one sniff does not recognise ("name: not
+ * a <format>"), both MMP_ERR_DATA. */
+mmp_err mmp_image_decode_start(const char *name, const void *buf, size_t len,
+                               int (*sniff)(const void *buf, size_t len), const char *format,
+                               mmp_image *img);
+
 /* 1 when a decode that failed did so on the pixel limit (img->rgb NULL and
  * a size set), else 0. */
 int mmp_image_too_large(const mmp_image *img);

@@ -484,16 +484,10 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
     int64_t total = (int64_t)samples + mmp_synth_val_count(samples);
     for (int64_t i = 0; i < total; i++) {
         char caption[MMP_SYNTH_CAPTION_MAX], rel[32];
-        ret = mmp_synth_sample(seed, i, image_size, rgb, caption, NULL);
-        if (ret != MMP_OK) {
-            goto exit;
-        }
+        MMP_TRY_GOTO(mmp_synth_sample(seed, i, image_size, rgb, caption, NULL), ret, exit);
         snprintf(rel, sizeof rel, "images/%06lld.png", (long long)i);
         snprintf(path, sizeof path, "%s/%s", out_dir, rel);
-        ret = mmp_png_write(path, rgb, image_size, image_size);
-        if (ret != MMP_OK) {
-            goto exit;
-        }
+        MMP_TRY_GOTO(mmp_png_write(path, rgb, image_size, image_size), ret, exit);
         FILE *f = i < samples ? train : val;
         fputs("{\"image\": ", f);
         mmp_json_put_string(f, rel);

@@ -148,10 +148,7 @@ mmp_err mmp_tokenizer_load(mmp_tokenizer **out, const char *path)
         return mmp_errorf(MMP_ERR_NOMEM, "tokenizer");
     }
     size_t size = 0;
-    ret = read_whole(path, &t->arena, &size);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(read_whole(path, &t->arena, &size), ret, fail);
     size_t lines = 0;
     for (size_t i = 0; i < size; i++) {
         lines += t->arena[i] == '\n';

@@ -1,9 +1,9 @@
-/* WebP decoding through libwebp's animation decoder (data/webp.h), which is
+/* WebP decoding through libwebp's animation decoder (data/codecs.h), which is
  * what PIL uses for every WebP: one code path for still and animated files,
  * and the same bytes as PIL by construction. The size is read from the
  * headers first (WebPGetFeatures) because WebPAnimDecoderNew allocates the
  * whole RGBA canvas. Must never print or exit. */
-#include "data/webp.h"
+#include "data/codecs.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,13 +23,7 @@ mmp_err mmp_webp_decode(const char *name, const void *buf, size_t len, long long
 {
     mmp_err ret = MMP_OK;
     WebPAnimDecoder *dec = NULL;
-    memset(img, 0, sizeof *img);
-    if (len == 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", name);
-    }
-    if (!mmp_webp_sniff(buf, len)) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: not a WebP", name);
-    }
+    MMP_TRY(mmp_image_decode_start(name, buf, len, mmp_webp_sniff, "WebP", img));
     WebPBitstreamFeatures f;
     VP8StatusCode st = WebPGetFeatures(buf, len, &f);
     if (st == VP8_STATUS_NOT_ENOUGH_DATA) {

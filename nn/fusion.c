@@ -45,28 +45,19 @@
 #define ITM_QUERY_ROWS 1
 #define L2NORM_EPS 1e-6f
 
-typedef struct fusion_layer {
-    mmp_tf_attn attn;
-    mmp_tf_ffn ffn;
-} fusion_layer;
-
 struct mmp_fusion_net {
     mmp_backend *be;
     mmp_params params;
     int D, E, Ni, T, L, NH, H;
     mmp_tf_linear img_proj, txt_proj;
     mmp_tf_ref logit_scale;
-    fusion_layer *layers; /* L */
+    mmp_tf_layer *layers; /* L */
     mmp_tf_norm itm_ln;
     mmp_tf_linear itm_head; /* D -> 1 */
     mmp_lowp lp;            /* train.precision of every product but the ITC similarities */
 };
 
-typedef struct fusion_layer_acts {
-    mmp_tf_attn_acts attn;
-    float *mid; /* (P,Tq,D) */
-    mmp_tf_ffn_acts ffn;
-} fusion_layer_acts;
+typedef mmp_tf_layer_acts fusion_layer_acts; /* mid (P,Tq,D) */
 
 struct mmp_fusion_acts {
     mmp_fusion_net *net;
@@ -126,8 +117,7 @@ static mmp_err declare(mmp_fusion_net *net, float init_logit_scale)
                            &net->logit_scale.index));
     for (int i = 0; i < net->L; i++) {
         snprintf(prefix, sizeof prefix, "fusion.layer%d.", i);
-        MMP_TRY(mmp_tf_attn_declare(&net->layers[i].attn, p, prefix, net->D, net->NH, 1));
-        MMP_TRY(mmp_tf_ffn_declare(&net->layers[i].ffn, p, prefix, net->D, net->H));
+        MMP_TRY(mmp_tf_layer_declare(&net->layers[i], p, prefix, net->D, net->NH, 1, net->H));
     }
     MMP_TRY(mmp_tf_norm_declare(&net->itm_ln, p, "fusion.itm_ln", net->D));
     return mmp_tf_linear_declare(&net->itm_head, p, "fusion.itm_head", net->D, 1);
@@ -138,13 +128,9 @@ static void bind(mmp_fusion_net *net)
     mmp_params *p = &net->params;
     mmp_tf_linear_bind(&net->img_proj, p);
     mmp_tf_linear_bind(&net->txt_proj, p);
-    net->logit_scale.w = p->items[net->logit_scale.index].w;
-    net->logit_scale.g = p->items[net->logit_scale.index].g;
+    mmp_tf_ref_bind(&net->logit_scale, p);
     for (int i = 0; i < net->L; i++) {
-        mmp_tf_attn_bind(&net->layers[i].attn, p);
-        mmp_tf_ffn_bind(&net->layers[i].ffn, p);
-        net->layers[i].attn.lp = &net->lp;
-        net->layers[i].ffn.lp = &net->lp;
+        mmp_tf_layer_bind(&net->layers[i], p, &net->lp);
     }
     mmp_tf_norm_bind(&net->itm_ln, p);
     mmp_tf_linear_bind(&net->itm_head, p);
@@ -176,8 +162,7 @@ mmp_err mmp_fusion_net_create_on(mmp_fusion_net **out, mmp_backend *be, const mm
         return mmp_errorf(MMP_ERR_NOMEM, "fusion net");
     }
     net->be = be;
-    mmp_lowp_init(&net->lp, be, plan->train.precision);
-    mmp_params_init_on(&net->params, be);
+    mmp_params_net_init(&net->params, &net->lp, be, plan->train.precision);
     net->D = D;
     net->E = D;
     net->Ni = Ni;
@@ -192,10 +177,8 @@ mmp_err mmp_fusion_net_create_on(mmp_fusion_net **out, mmp_backend *be, const mm
         ret = mmp_errorf(MMP_ERR_NOMEM, "fusion layers");
         goto fail;
     }
-    if ((ret = declare(net, logf(1.0f / plan->train.init_temperature))) != MMP_OK ||
-        (ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(declare(net, logf(1.0f / plan->train.init_temperature)), ret, fail);
+    MMP_TRY_GOTO(mmp_params_alloc(&net->params, seed), ret, fail);
     bind(net);
     *out = net;
 exit:
@@ -210,8 +193,7 @@ void mmp_fusion_net_destroy(mmp_fusion_net *net)
     if (!net) {
         return;
     }
-    mmp_params_fini(&net->params);
-    mmp_lowp_fini(&net->lp);
+    mmp_params_net_fini(&net->params, &net->lp);
     free(net->layers);
     free(net);
 }
@@ -320,9 +302,7 @@ mmp_err mmp_fusion_acts_create(mmp_fusion_acts **out, mmp_fusion_net *net, int m
         ret = mmp_errorf(MMP_ERR_NOMEM, "fusion acts tables");
         goto fail;
     }
-    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a), ret, fail);
     if ((ret = mmp_lowp_reserve(&net->lp, lp_floats(net, max_batch))) != MMP_OK) {
         mmp_error_prefix(ret, "fusion acts");
         goto fail;

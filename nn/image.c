@@ -38,74 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BN_EPS 1e-5f
-#define BN_MOMENTUM 0.1f
-#define STEM_IN_CHANNELS 3
-#define GRAD_TEMPS 3 /* per-layer backward temporaries, besides the two inter-layer ones */
-
-typedef enum layer_kind { LAYER_STEM, LAYER_BLOCK, LAYER_PROJ } layer_kind;
-
-/* Indices into the net's params of one batch norm's tensors, its channels,
- * and where its mean[C] then var[C] sit in a statistics row. */
-typedef struct bn_ref {
-    int gamma, beta, mean, var;
-    int C;
-    int64_t row;
-} bn_ref;
-
-typedef struct image_layer {
-    layer_kind kind;
-    char name[48];           /* "image.stem", "image.layer2.0", "image.proj" */
-    int in_c, in_h, in_w;    /* input map (proj: the final feature map) */
-    int c, h, w;             /* the convolutions' output map (stem: before the pool) */
-    int out_c, out_h, out_w; /* output (proj: out_c = D, out_h = Ni, out_w = 1) */
-    int stride;              /* block: of conv1 and the shortcut */
-    int pool;                /* stem: a 3x3/2 max pool follows */
-    int down;                /* block: the shortcut is a 1x1 conv + BN */
-    /* parameter indices, set only for layers in range */
-    int conv1, conv2, conv_down;
-    bn_ref bn1, bn2, bn_down;
-    int proj_w, proj_b, proj_pos;
-} image_layer;
-
-struct mmp_image_net {
-    mmp_backend *be;
-    int n_all;           /* layers of the whole branch */
-    image_layer *layers; /* all n_all, geometry for every one */
-    int first, last;     /* the range this net computes */
-    mmp_params params;
-    int64_t bn_row_floats; /* 2 x channels over the range's batch norms */
-    float *bn_row;         /* HOST, non-NULL: training forwards log statistics here, not in place */
-    float *bn_dev;         /* backend (bn_row_floats): where the kernels write the row */
-    float *bn_host;        /* HOST (bn_row_floats): running statistics during a replay */
-    /* workspace shared by this net's acts, sized for ws_batch samples */
-    int ws_batch;
-    float *ws;      /* scratch, then 2 inter-layer gradients, then GRAD_TEMPS temporaries */
-    float *scratch; /* im2col of one image */
-    float *grad[2];
-    float *tmp[GRAD_TEMPS];
-    mmp_lowp lp; /* train.precision of the convolutions and the projection */
-};
-
-/* Saved activations of one layer for one micro-batch (NULL where unused). */
-typedef struct layer_acts {
-    float *c1, *a1; /* conv1 output; relu(bn1(c1)) (stem: before the pool) */
-    float *c2, *cd; /* block: conv2 output; shortcut conv output */
-    float *mean1, *rstd1, *mean2, *rstd2, *mean_d, *rstd_d;
-    int32_t *argmax; /* stem pool */
-    float *tok;      /* proj: its input as tokens (B,Ni,C) */
-    float *out;      /* output, NULL for a last layer whose backward does not read it */
-} layer_acts;
-
-struct mmp_image_acts {
-    mmp_image_net *net;
-    int max_batch;
-    int batch;   /* the last forward's B */
-    int trained; /* the last forward used batch statistics: backward may run */
-    void *mem;
-    float *in;          /* copy of the range's input */
-    layer_acts *layers; /* last - first */
-};
+#include "nn/image_layers.h"
 
 /* ---- geometry --------------------------------------------------------------- */
 
@@ -187,21 +120,6 @@ static void describe_layers(const mmp_plan *plan, image_layer *layers)
     l->in_c = prev->out_c, l->in_h = prev->out_h, l->in_w = prev->out_w;
     l->c = l->in_c, l->h = l->in_h, l->w = l->in_w;
     l->out_c = plan->model.width, l->out_h = l->in_h * l->in_w, l->out_w = 1;
-}
-
-static int64_t in_floats(const image_layer *l)
-{
-    return (int64_t)l->in_c * l->in_h * l->in_w;
-}
-
-static int64_t mid_floats(const image_layer *l)
-{
-    return (int64_t)l->c * l->h * l->w;
-}
-
-static int64_t out_floats(const image_layer *l)
-{
-    return (int64_t)l->out_c * l->out_h * l->out_w;
 }
 
 int mmp_image_net_layers(const mmp_plan *plan)
@@ -302,16 +220,6 @@ static void *be_alloc(mmp_backend *be, size_t bytes, mmp_err *err)
     return p;
 }
 
-static float *pw(mmp_image_net *net, int index)
-{
-    return net->params.items[index].w;
-}
-
-static float *pg(mmp_image_net *net, int index)
-{
-    return net->params.items[index].g;
-}
-
 /* ---- net -------------------------------------------------------------------- */
 
 mmp_err mmp_image_net_create(mmp_image_net **out, const mmp_plan *plan, int first, int last,
@@ -336,8 +244,7 @@ mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_
         return mmp_errorf(MMP_ERR_NOMEM, "image branch: net");
     }
     net->be = be;
-    mmp_lowp_init(&net->lp, be, plan->train.precision);
-    mmp_params_init_on(&net->params, be);
+    mmp_params_net_init(&net->params, &net->lp, be, plan->train.precision);
     net->layers = calloc((size_t)n_all, sizeof *net->layers);
     if (!net->layers) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "image branch: %d layers", n_all);
@@ -348,14 +255,10 @@ mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_
     net->last = last;
     describe_layers(plan, net->layers);
     for (int i = first; i < last; i++) {
-        if ((ret = add_layer_params(&net->params, &net->layers[i], &net->bn_row_floats)) !=
-            MMP_OK) {
-            goto fail;
-        }
+        MMP_TRY_GOTO(add_layer_params(&net->params, &net->layers[i], &net->bn_row_floats), ret,
+                     fail);
     }
-    if ((ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_params_alloc(&net->params, seed), ret, fail);
     if (net->bn_row_floats > 0) {
         net->bn_dev = be_alloc(be, (size_t)net->bn_row_floats * sizeof(float), &ret);
         net->bn_host = calloc((size_t)net->bn_row_floats, sizeof(float));
@@ -379,8 +282,7 @@ void mmp_image_net_destroy(mmp_image_net *net)
     if (!net) {
         return;
     }
-    mmp_params_fini(&net->params);
-    mmp_lowp_fini(&net->lp);
+    mmp_params_net_fini(&net->params, &net->lp);
     free(net->layers);
     net->be->ops->free(net->be, net->ws);
     net->be->ops->free(net->be, net->bn_dev);
@@ -568,9 +470,7 @@ mmp_err mmp_image_acts_create(mmp_image_acts **out, mmp_image_net *net, int max_
     }
     c = (carver){.base = a->mem, .used = 0};
     layout_acts(a, &c);
-    if ((ret = reserve_workspace(net, max_batch)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(reserve_workspace(net, max_batch), ret, fail);
     *out = a;
 exit:
     return ret;
@@ -589,130 +489,6 @@ void mmp_image_acts_destroy(mmp_image_acts *a)
     }
     free(a->layers);
     free(a);
-}
-
-/* ---- forward ---------------------------------------------------------------- */
-
-static void conv_fwd(mmp_image_net *net, int weight, float *out, const float *inp, int B, int C,
-                     int H, int W, int OC, int k, int stride)
-{
-    mmp_conv_shape s;
-    mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
-    mmp_lowp_conv2d_fwd(&net->lp, out, inp, pw(net, weight), NULL, &s, net->scratch);
-}
-
-static void bn_fwd(mmp_image_net *net, const bn_ref *bn, float *out, float *mean, float *rstd,
-                   const float *inp, int B, int C, int HW, int train)
-{
-    if (train) {
-        float *rm = pw(net, bn->mean), *rv = pw(net, bn->var);
-        float momentum = BN_MOMENTUM;
-        if (net->bn_row) {
-            /* The kernel's own update with momentum 1 into zeros writes the
-             * batch mean and unbiased variance exactly ((1 - 1) 0 + 1 x == x),
-             * so a replay starts from the very floats an in-place update uses.
-             * The row is written on the backend; forward copies it out. */
-            rm = net->bn_dev + bn->row;
-            rv = rm + C;
-            net->be->ops->zero(net->be, rm, 2 * (size_t)C * sizeof(float));
-            momentum = 1.0f;
-        }
-        net->be->ops->batchnorm_fwd_train(net->be, out, mean, rstd, rm, rv, inp, pw(net, bn->gamma),
-                                          pw(net, bn->beta), B, C, HW, BN_EPS, momentum);
-    } else {
-        net->be->ops->batchnorm_fwd_infer(net->be, out, inp, pw(net, bn->gamma), pw(net, bn->beta),
-                                          pw(net, bn->mean), pw(net, bn->var), B, C, HW, BN_EPS);
-    }
-}
-
-// x (B, 3, S, S) -> y (B, C, h, w)
-static void stem_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, const float *x,
-                     float *y, int B, int train)
-{
-    size_t n = (size_t)B * mid_floats(l);
-    conv_fwd(net, l->conv1, a->c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
-    float *act = l->pool ? a->a1 : y;
-    bn_fwd(net, &l->bn1, act, a->mean1, a->rstd1, a->c1, B, l->c, l->h * l->w, train);
-    mmp_backend *be = net->be;
-    be->ops->relu_fwd(be, act, act, n);
-    if (l->pool) {
-        be->ops->maxpool2d_fwd(be, y, a->argmax, act, B, l->c, l->h, l->w, 3, 2, 1, l->out_h,
-                               l->out_w);
-    }
-}
-
-// x (B, in_c, in_h, in_w) -> y (B, c, h, w)
-static void block_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, const float *x,
-                      float *y, int B, int train)
-{
-    size_t n = (size_t)B * mid_floats(l);
-    int HW = l->h * l->w;
-    mmp_backend *be = net->be;
-    conv_fwd(net, l->conv1, a->c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
-    bn_fwd(net, &l->bn1, a->a1, a->mean1, a->rstd1, a->c1, B, l->c, HW, train);
-    be->ops->relu_fwd(be, a->a1, a->a1, n);
-    conv_fwd(net, l->conv2, a->c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
-    bn_fwd(net, &l->bn2, y, a->mean2, a->rstd2, a->c2, B, l->c, HW, train);
-    const float *shortcut = x;
-    if (l->down) {
-        /* a gradient temporary holds the shortcut: nothing else uses it in forward */
-        float *sc = net->tmp[0];
-        conv_fwd(net, l->conv_down, a->cd, x, B, l->in_c, l->in_h, l->in_w, l->c, 1, l->stride);
-        bn_fwd(net, &l->bn_down, sc, a->mean_d, a->rstd_d, a->cd, B, l->c, HW, train);
-        shortcut = sc;
-    }
-    be->ops->add(be, y, y, shortcut, n);
-    be->ops->relu_fwd(be, y, y, n);
-}
-
-// x (B, C, h, w) -> tokens (B, Ni, C) -> y (B, Ni, D)
-static void proj_fwd(mmp_image_net *net, const image_layer *l, layer_acts *a, const float *x,
-                     float *y, int B)
-{
-    int C = l->in_c, N = l->out_h, D = l->out_c;
-    mmp_backend *be = net->be;
-    be->ops->transpose(be, a->tok, x, B, C, N, 0); /* (B,C,N) -> (B,N,C) */
-    mmp_lowp_linear_fwd(&net->lp, y, a->tok, pw(net, l->proj_w), pw(net, l->proj_b), B * N, C, D);
-    const float *pos = pw(net, l->proj_pos);
-    for (int b = 0; b < B; b++) {
-        float *yb = y + (size_t)b * N * D;
-        be->ops->add(be, yb, yb, pos, (size_t)N * D);
-    }
-}
-
-void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float *in, int B,
-                           int train, float *out)
-{
-    // in (B, in_floats), out (B, out_floats)
-    MMP_ASSERT(acts->net == net && B >= 1 && B <= acts->max_batch);
-    acts->batch = B;
-    acts->trained = train != 0;
-    mmp_backend *be = net->be;
-    be->ops->copy(be, acts->in, in, sizeof(float) * (size_t)B * mmp_image_net_in_floats(net));
-    const float *x = acts->in;
-    for (int i = net->first; i < net->last; i++) {
-        const image_layer *l = &net->layers[i];
-        layer_acts *a = &acts->layers[i - net->first];
-        float *y = a->out ? a->out : out;
-        switch (l->kind) {
-        case LAYER_STEM:
-            stem_fwd(net, l, a, x, y, B, train);
-            break;
-        case LAYER_BLOCK:
-            block_fwd(net, l, a, x, y, B, train);
-            break;
-        case LAYER_PROJ:
-            proj_fwd(net, l, a, x, y, B);
-            break;
-        }
-        x = y;
-    }
-    if (x != out) {
-        be->ops->copy(be, out, x, sizeof(float) * (size_t)B * mmp_image_net_out_floats(net));
-    }
-    if (train && net->bn_row && net->bn_row_floats > 0) {
-        be->ops->to_host(be, net->bn_row, net->bn_dev, (size_t)net->bn_row_floats * sizeof(float));
-    }
 }
 
 /* ---- batch-norm statistics log and replay ------------------------------------- */
@@ -809,126 +585,4 @@ void mmp_image_net_bn_replay(mmp_image_net *net, const float *rows, int n)
         each_bn(net, replay_fn, rows + (size_t)k * (size_t)net->bn_row_floats);
     }
     each_bn(net, store_fn, NULL);
-}
-
-/* ---- backward --------------------------------------------------------------- */
-
-static float *zeroed(mmp_image_net *net, float *buf, size_t n)
-{
-    net->be->ops->zero(net->be, buf, n * sizeof(float));
-    return buf;
-}
-
-static void conv_bwd(mmp_image_net *net, int weight, float *dinp, const float *dout,
-                     const float *inp, int B, int C, int H, int W, int OC, int k, int stride)
-{
-    mmp_conv_shape s;
-    mmp_conv_shape_set(&s, B, C, H, W, OC, k, k, stride, k / 2);
-    mmp_lowp_conv2d_bwd(&net->lp, dinp, pg(net, weight), NULL, dout, inp, pw(net, weight), &s,
-                        net->scratch);
-}
-
-static void bn_bwd(mmp_image_net *net, const bn_ref *bn, float *dinp, const float *dout,
-                   const float *inp, const float *mean, const float *rstd, int B, int C, int HW)
-{
-    net->be->ops->batchnorm_bwd(net->be, dinp, pg(net, bn->gamma), pg(net, bn->beta), dout, inp,
-                                mean, rstd, pw(net, bn->gamma), B, C, HW);
-}
-
-// dy (B, C, out_h, out_w) -> dx (B, 3, S, S) += (dx NULL: weight gradients only)
-static void stem_bwd(mmp_image_net *net, const image_layer *l, const layer_acts *a, const float *x,
-                     const float *dy, float *dx, int B)
-{
-    size_t n = (size_t)B * mid_floats(l);
-    mmp_backend *be = net->be;
-    const float *d_act = dy;
-    if (l->pool) {
-        float *d = zeroed(net, net->tmp[0], n);
-        be->ops->maxpool2d_bwd(be, d, dy, a->argmax, B, l->c, l->h, l->w, 3, 2, 1, l->out_h,
-                               l->out_w);
-        d_act = d;
-    }
-    float *d_bn = zeroed(net, net->tmp[1], n);
-    be->ops->relu_bwd(be, d_bn, d_act, a->a1, n);
-    float *d_conv = zeroed(net, net->tmp[2], n);
-    bn_bwd(net, &l->bn1, d_conv, d_bn, a->c1, a->mean1, a->rstd1, B, l->c, l->h * l->w);
-    conv_bwd(net, l->conv1, dx, d_conv, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
-}
-
-// dy (B, c, h, w) -> dx (B, in_c, in_h, in_w) += (dx NULL: weight gradients only)
-static void block_bwd(mmp_image_net *net, const image_layer *l, const layer_acts *a, const float *x,
-                      const float *dy, float *dx, int B)
-{
-    size_t n = (size_t)B * mid_floats(l);
-    int HW = l->h * l->w;
-    mmp_backend *be = net->be;
-    /* d_sum: gradient of the residual sum, shared by both branches until the end */
-    float *d_sum = zeroed(net, net->tmp[0], n);
-    be->ops->relu_bwd(be, d_sum, dy, a->out, n);
-    float *d_c2 = zeroed(net, net->tmp[1], n);
-    bn_bwd(net, &l->bn2, d_c2, d_sum, a->c2, a->mean2, a->rstd2, B, l->c, HW);
-    float *d_a1 = zeroed(net, net->tmp[2], n);
-    conv_bwd(net, l->conv2, d_a1, d_c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
-    float *d_bn1 = zeroed(net, net->tmp[1], n);
-    be->ops->relu_bwd(be, d_bn1, d_a1, a->a1, n);
-    float *d_c1 = zeroed(net, net->tmp[2], n);
-    bn_bwd(net, &l->bn1, d_c1, d_bn1, a->c1, a->mean1, a->rstd1, B, l->c, HW);
-    conv_bwd(net, l->conv1, dx, d_c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
-    if (l->down) {
-        float *d_cd = zeroed(net, net->tmp[1], n);
-        bn_bwd(net, &l->bn_down, d_cd, d_sum, a->cd, a->mean_d, a->rstd_d, B, l->c, HW);
-        conv_bwd(net, l->conv_down, dx, d_cd, x, B, l->in_c, l->in_h, l->in_w, l->c, 1, l->stride);
-    } else if (dx) {
-        be->ops->add(be, dx, dx, d_sum, n);
-    }
-}
-
-// dy (B, Ni, D) -> dx (B, C, h, w) += (dx NULL: weight gradients only)
-static void proj_bwd(mmp_image_net *net, const image_layer *l, const layer_acts *a, const float *dy,
-                     float *dx, int B)
-{
-    int C = l->in_c, N = l->out_h, D = l->out_c;
-    mmp_backend *be = net->be;
-    float *d_tok = dx ? zeroed(net, net->tmp[0], (size_t)B * N * C) : NULL;
-    mmp_lowp_linear_bwd(&net->lp, d_tok, pg(net, l->proj_w), pg(net, l->proj_b), dy, a->tok,
-                        pw(net, l->proj_w), B * N, C, D);
-    float *d_pos = pg(net, l->proj_pos);
-    for (int b = 0; b < B; b++) {
-        be->ops->add(be, d_pos, d_pos, dy + (size_t)b * N * D, (size_t)N * D);
-    }
-    if (!dx) {
-        return;
-    }
-    be->ops->transpose(be, dx, d_tok, B, N, C, 1); /* (B,N,C) -> (B,C,N), += */
-}
-
-void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const float *dout, int B,
-                            float *din)
-{
-    // dout (B, out_floats), din (B, in_floats) += or NULL
-    MMP_ASSERT(acts->net == net && B == acts->batch && acts->trained);
-    const float *dy = dout;
-    for (int i = net->last - 1; i >= net->first; i--) {
-        const image_layer *l = &net->layers[i];
-        const layer_acts *a = &acts->layers[i - net->first];
-        const float *x = i == net->first ? acts->in : acts->layers[i - 1 - net->first].out;
-        /* between layers the gradient ping-pongs through the workspace; the
-         * range's first layer accumulates straight into the caller's din */
-        float *dx = din;
-        if (i > net->first) {
-            dx = zeroed(net, net->grad[i & 1], (size_t)B * in_floats(l));
-        }
-        switch (l->kind) {
-        case LAYER_STEM:
-            stem_bwd(net, l, a, x, dy, dx, B);
-            break;
-        case LAYER_BLOCK:
-            block_bwd(net, l, a, x, dy, dx, B);
-            break;
-        case LAYER_PROJ:
-            proj_bwd(net, l, a, dy, dx, B);
-            break;
-        }
-        dy = dx;
-    }
 }

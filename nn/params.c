@@ -310,3 +310,15 @@ mmp_err mmp_params_load(mmp_params *p, const mmp_ckpt *c)
     }
     return MMP_OK;
 }
+
+void mmp_params_net_init(mmp_params *p, mmp_lowp *lp, mmp_backend *be, mmp_precision prec)
+{
+    mmp_lowp_init(lp, be, prec);
+    mmp_params_init_on(p, be);
+}
+
+void mmp_params_net_fini(mmp_params *p, mmp_lowp *lp)
+{
+    mmp_params_fini(p);
+    mmp_lowp_fini(lp);
+}

@@ -24,6 +24,7 @@
 
 #include "common/err.h"
 #include "kernels/backend.h"
+#include "nn/lowp.h"
 
 #define MMP_NAME_MAX 96
 
@@ -71,6 +72,12 @@ mmp_err mmp_params_add(mmp_params *p, const char *name, int ndim, const int64_t 
 /* Allocates the arenas and initialises every value from seed. */
 mmp_err mmp_params_alloc(mmp_params *p, uint64_t seed);
 void mmp_params_fini(mmp_params *p);
+
+/* What every network of nn/ owns besides its own pieces: a parameter arena on
+ * its backend and its products' precision (nn/lowp.h). Init cannot fail; fini
+ * is NULL-safe and idempotent, as mmp_params_fini and mmp_lowp_fini are. */
+void mmp_params_net_init(mmp_params *p, mmp_lowp *lp, mmp_backend *be, mmp_precision prec);
+void mmp_params_net_fini(mmp_params *p, mmp_lowp *lp);
 
 mmp_param *mmp_params_find(mmp_params *p, const char *name);
 /* Zeroes the gradients and their step accumulator. */

@@ -18,10 +18,7 @@
 #include "nn/model.h"
 #include "nn/transformer.h"
 
-typedef struct text_layer {
-    mmp_tf_attn attn;
-    mmp_tf_ffn ffn;
-} text_layer;
+typedef mmp_tf_layer text_layer;
 
 struct mmp_text_net {
     mmp_backend *be;
@@ -34,11 +31,7 @@ struct mmp_text_net {
     mmp_lowp lp;         /* train.precision of the layers' products */
 };
 
-typedef struct text_layer_acts {
-    mmp_tf_attn_acts attn;
-    float *mid; /* (B,T,D) residual stream between attention and FFN */
-    mmp_tf_ffn_acts ffn;
-} text_layer_acts;
+typedef mmp_tf_layer_acts text_layer_acts; /* mid (B,T,D) */
 
 struct mmp_text_acts {
     mmp_text_net *net;
@@ -77,8 +70,7 @@ static mmp_err declare(mmp_text_net *net)
         } else if (is_block(net, g)) {
             text_layer *l = &net->layers[g - 1];
             snprintf(prefix, sizeof prefix, "text.layer%d.", g);
-            MMP_TRY(mmp_tf_attn_declare(&l->attn, p, prefix, net->D, net->NH, 0));
-            MMP_TRY(mmp_tf_ffn_declare(&l->ffn, p, prefix, net->D, net->H));
+            MMP_TRY(mmp_tf_layer_declare(l, p, prefix, net->D, net->NH, 0, net->H));
         } else {
             MMP_TRY(mmp_tf_norm_declare(&net->ln_f, p, "text.ln_f", net->D));
         }
@@ -91,15 +83,10 @@ static void bind(mmp_text_net *net)
     mmp_params *p = &net->params;
     for (int g = net->first; g < net->last; g++) {
         if (g == 0) {
-            net->wte.w = p->items[net->wte.index].w;
-            net->wte.g = p->items[net->wte.index].g;
-            net->wpe.w = p->items[net->wpe.index].w;
-            net->wpe.g = p->items[net->wpe.index].g;
+            mmp_tf_ref_bind(&net->wte, p);
+            mmp_tf_ref_bind(&net->wpe, p);
         } else if (is_block(net, g)) {
-            mmp_tf_attn_bind(&net->layers[g - 1].attn, p);
-            mmp_tf_ffn_bind(&net->layers[g - 1].ffn, p);
-            net->layers[g - 1].attn.lp = &net->lp;
-            net->layers[g - 1].ffn.lp = &net->lp;
+            mmp_tf_layer_bind(&net->layers[g - 1], p, &net->lp);
         } else {
             mmp_tf_norm_bind(&net->ln_f, p);
         }
@@ -135,8 +122,7 @@ mmp_err mmp_text_net_create_on(mmp_text_net **out, mmp_backend *be, const mmp_pl
         return mmp_errorf(MMP_ERR_NOMEM, "text net");
     }
     net->be = be;
-    mmp_lowp_init(&net->lp, be, plan->train.precision);
-    mmp_params_init_on(&net->params, be);
+    mmp_params_net_init(&net->params, &net->lp, be, plan->train.precision);
     net->first = first;
     net->last = last;
     net->L = plan->model.text.layers;
@@ -150,9 +136,8 @@ mmp_err mmp_text_net_create_on(mmp_text_net **out, mmp_backend *be, const mmp_pl
         ret = mmp_errorf(MMP_ERR_NOMEM, "text layers");
         goto fail;
     }
-    if ((ret = declare(net)) != MMP_OK || (ret = mmp_params_alloc(&net->params, seed)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(declare(net), ret, fail);
+    MMP_TRY_GOTO(mmp_params_alloc(&net->params, seed), ret, fail);
     bind(net);
     *out = net;
 exit:
@@ -167,8 +152,7 @@ void mmp_text_net_destroy(mmp_text_net *net)
     if (!net) {
         return;
     }
-    mmp_params_fini(&net->params);
-    mmp_lowp_fini(&net->lp);
+    mmp_params_net_fini(&net->params, &net->lp);
     free(net->layers);
     free(net);
 }
@@ -230,9 +214,7 @@ mmp_err mmp_text_acts_create(mmp_text_acts **out, mmp_text_net *net, int max_bat
         ret = mmp_errorf(MMP_ERR_NOMEM, "text acts tables");
         goto fail;
     }
-    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
-        goto fail;
-    }
+    MMP_TRY_GOTO(mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a), ret, fail);
     /* the largest product: attention's D x D projections or the FFN's two */
     int N = max_batch * net->T;
     size_t lp = mmp_lowp_linear_floats(N, net->D, net->D);

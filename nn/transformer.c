@@ -21,7 +21,7 @@ static mmp_err declare(mmp_tf_ref *r, mmp_params *p, const char *name, const cha
     return mmp_params_add(p, full, ndim, shape, 1, decay, init, 0.0f, &r->index);
 }
 
-static void bind(mmp_tf_ref *r, mmp_params *p)
+void mmp_tf_ref_bind(mmp_tf_ref *r, mmp_params *p)
 {
     r->w = p->items[r->index].w;
     r->g = p->items[r->index].g;
@@ -46,14 +46,14 @@ mmp_err mmp_tf_norm_declare(mmp_tf_norm *n, mmp_params *p, const char *name, int
 
 void mmp_tf_linear_bind(mmp_tf_linear *l, mmp_params *p)
 {
-    bind(&l->w, p);
-    bind(&l->b, p);
+    mmp_tf_ref_bind(&l->w, p);
+    mmp_tf_ref_bind(&l->b, p);
 }
 
 void mmp_tf_norm_bind(mmp_tf_norm *n, mmp_params *p)
 {
-    bind(&n->w, p);
-    bind(&n->b, p);
+    mmp_tf_ref_bind(&n->w, p);
+    mmp_tf_ref_bind(&n->b, p);
 }
 
 /* Linear layers at the network's precision (lp NULL: fp32). */
@@ -388,4 +388,20 @@ void mmp_tf_ffn_bwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, mmp_tf_scratch *w, 
     be->ops->gelu_bwd(be, w->dh, w->dg, s->h, nh);
     linear_bwd(be, f->lp, &f->fc1, w->d_ln, w->dh, s->ln, N);
     norm_bwd(be, &f->ln2, dx, w->d_ln, x, s->ln_mean, s->ln_rstd, N);
+}
+
+/* ---- one encoder layer and a network's own state ---------------------------- */
+mmp_err mmp_tf_layer_declare(mmp_tf_layer *l, mmp_params *p, const char *prefix, int D, int NH,
+                             int cross, int H)
+{
+    MMP_TRY(mmp_tf_attn_declare(&l->attn, p, prefix, D, NH, cross));
+    return mmp_tf_ffn_declare(&l->ffn, p, prefix, D, H);
+}
+
+void mmp_tf_layer_bind(mmp_tf_layer *l, mmp_params *p, const mmp_lowp *lp)
+{
+    mmp_tf_attn_bind(&l->attn, p);
+    mmp_tf_ffn_bind(&l->ffn, p);
+    l->attn.lp = lp;
+    l->ffn.lp = lp;
 }

@@ -58,6 +58,8 @@ mmp_err mmp_tf_linear_declare(mmp_tf_linear *l, mmp_params *p, const char *name,
 mmp_err mmp_tf_norm_declare(mmp_tf_norm *n, mmp_params *p, const char *name, int C);
 void mmp_tf_linear_bind(mmp_tf_linear *l, mmp_params *p);
 void mmp_tf_norm_bind(mmp_tf_norm *n, mmp_params *p);
+/* Points r at its declared parameter's value and gradient. */
+void mmp_tf_ref_bind(mmp_tf_ref *r, mmp_params *p);
 
 /* ---- activation slab ----------------------------------------------------- */
 /* Two-pass carving: with base == NULL take() only counts (returns NULL); after
@@ -152,5 +154,25 @@ void mmp_tf_ffn_fwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, float *out, const f
 /* dx (N,D) += branch gradient for dout (dx may alias dout). */
 void mmp_tf_ffn_bwd(const mmp_tf_ffn *f, mmp_tf_ffn_acts *s, mmp_tf_scratch *w, float *dx,
                     const float *dout, const float *x, int N);
+
+/* ---- one encoder layer and a network's own state ---------------------------- */
+/* A pre-LN layer as the text encoder and the fusion stage stack them:
+ * attention (self or cross), then the feed-forward sublayer. */
+typedef struct mmp_tf_layer {
+    mmp_tf_attn attn;
+    mmp_tf_ffn ffn;
+} mmp_tf_layer;
+
+typedef struct mmp_tf_layer_acts {
+    mmp_tf_attn_acts attn;
+    float *mid; /* residual stream between attention and FFN */
+    mmp_tf_ffn_acts ffn;
+} mmp_tf_layer_acts;
+
+/* Declares both sublayers under prefix (hidden width H, cross-attention when cross). */
+mmp_err mmp_tf_layer_declare(mmp_tf_layer *l, mmp_params *p, const char *prefix, int D, int NH,
+                             int cross, int H);
+/* Binds both sublayers and points their products at lp (the network's precision). */
+void mmp_tf_layer_bind(mmp_tf_layer *l, mmp_params *p, const mmp_lowp *lp);
 
 #endif

@@ -242,6 +242,20 @@ static void branch_outputs_lp(trainer *t, int n, float *img, float *txt)
     }
 }
 
+/* Runs both branches on n samples of host inputs (train: batch statistics
+ * and the inputs' copies asynchronous) into t->img_tok and t->txt_tok.
+ * Returns the mask where the fusion stage reads it (the device's copy when
+ * there is a device). */
+static const float *branches_forward(trainer *t, int n, const float *images, const int32_t *ids,
+                                     const float *mask, int train)
+{
+    inputs_on_device(t, n, &images, &ids, &mask, train);
+    mmp_image_net_forward(t->img, t->ia, images, n, train, t->img_tok);
+    mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
+    branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
+    return mask;
+}
+
 static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
 {
     int64_t nv = mmp_dataset_size(t->val);
@@ -271,12 +285,7 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
         if (err != MMP_OK) {
             goto exit;
         }
-        const float *images = t->images, *mask = t->mask;
-        const int32_t *ids = t->ids;
-        inputs_on_device(t, n, &images, &ids, &mask, 0);
-        mmp_image_net_forward(t->img, t->ia, images, n, 0, t->img_tok);
-        mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
-        branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
+        const float *mask = branches_forward(t, n, t->images, t->ids, t->mask, 0);
         float *ih = ie + kept * E, *th = te + kept * E;
         mmp_fusion_net_embed(t->fus, t->fa, t->img_tok, t->txt_tok, mask, n,
                              t->emb_dev[0] ? t->emb_dev[0] : ih,
@@ -391,12 +400,7 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         mmp_params_mb_begin(pi); /* each micro-batch's gradients apart: see nn/params.h */
         mmp_params_mb_begin(pt);
         mmp_params_mb_begin(pf);
-        const float *images = bi->images, *mask = bt->mask;
-        const int32_t *ids = bt->ids;
-        inputs_on_device(t, n, &images, &ids, &mask, 1);
-        mmp_image_net_forward(t->img, t->ia, images, n, 1, t->img_tok);
-        mmp_text_net_forward(t->txt, t->ta, ids, NULL, mask, n, t->txt_tok);
-        branch_outputs_lp(t, n, t->img_tok, t->txt_tok);
+        const float *mask = branches_forward(t, n, bi->images, bt->ids, bt->mask, 1);
         mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, mask, t->img_valid,
                          t->txt_valid, n, B, out, &skip);
         if (t->gpu >= 0) {

@@ -717,7 +717,22 @@ static void test_precision(void)
     }
 }
 
-int main(void)
+static void test_softmax(void)
+{
+    softmax_case(13, 50);
+    softmax_case(7, 3);
+}
+
+static const mmp_test_case cases[] = {
+    MMP_TEST_CASE(test_context),   MMP_TEST_CASE(test_gemm),      MMP_TEST_CASE(test_linear),
+    MMP_TEST_CASE(test_conv),      MMP_TEST_CASE(test_batchnorm), MMP_TEST_CASE(test_elementwise),
+    MMP_TEST_CASE(test_pool),      MMP_TEST_CASE(test_layernorm), MMP_TEST_CASE(test_embedding),
+    MMP_TEST_CASE(test_attention), MMP_TEST_CASE(test_softmax),   MMP_TEST_CASE(test_l2norm),
+    MMP_TEST_CASE(test_infonce),   MMP_TEST_CASE(test_bce),       MMP_TEST_CASE(test_adamw),
+    MMP_TEST_CASE(test_sumsq),     MMP_TEST_CASE(test_precision),
+};
+
+int main(int argc, char **argv)
 {
     if (mmp_cuda_device_count() == 0) {
         return mmp_test_skip(NAME, "no CUDA device");
@@ -726,26 +741,9 @@ int main(void)
         fprintf(stderr, "%s: %s\n", NAME, mmp_last_error());
         return 1;
     }
-    test_context();
-    test_gemm();
-    test_linear();
-    test_conv();
-    test_batchnorm();
-    test_elementwise();
-    test_pool();
-    test_layernorm();
-    test_embedding();
-    test_attention();
-    softmax_case(13, 50);
-    softmax_case(7, 3);
-    test_l2norm();
-    test_infonce();
-    test_bce();
-    test_adamw();
-    test_sumsq();
-    test_precision();
+    int rc = MMP_TEST_MAIN(NAME, cases, argc, argv);
     mmp_cuda_ctx_destroy(ctx);
-    return mmp_test_finish(NAME);
+    return rc;
 }
 
 #endif

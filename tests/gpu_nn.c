@@ -109,27 +109,9 @@ static int same_bits_dev(const float *dev, const float *host, size_t n)
 
 static void plan_small(mmp_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->data.image_size = 16; /* stem 16, pool -> 8, stage 2 -> 4: Ni = 16 */
-    p->data.max_text_len = 5;
-    p->model.width = 8;
-    p->model.image.n_stages = 2;
-    p->model.image.channels[0] = 8;
-    p->model.image.channels[1] = 16;
-    p->model.image.blocks[0] = 1;
-    p->model.image.blocks[1] = 1;
-    p->model.image.stem_pool = 1;
-    p->model.text.layers = 2;
-    p->model.text.heads = 2;
-    p->model.text.ffn_mult = 4;
-    p->model.fusion.layers = 1;
-    p->model.fusion.heads = 2;
-    p->train.init_temperature = 0.07f;
+    /* stem 16, pool -> 8, stage 2 -> 4: Ni = 16; two text layers, FFN x4 */
+    mmp_test_small_plan(p, (mmp_test_net_dims){16, 2, {8, 16}, 1, 2, 4});
     p->train.optimizer.lr = 1e-3f;
-    p->train.optimizer.weight_decay = 0.05f;
-    p->train.optimizer.beta1 = 0.9f;
-    p->train.optimizer.beta2 = 0.999f;
-    p->train.optimizer.eps = 1e-8f;
 }
 
 /* Parameters of the two nets: the same names, bitwise the same initial values. */
@@ -185,13 +167,7 @@ static void check_adam(const char *what, mmp_params *pc, mmp_params *pg, float l
 static void image_step(mmp_image_net *net, mmp_image_acts *acts, const float *in, const float *dout,
                        float *out, float *din)
 {
-    mmp_params *p = mmp_image_net_params(net);
-    mmp_params_zero_grad(p);
-    mmp_params_mb_begin(p);
-    mmp_image_net_forward(net, acts, in, B, 1, out);
-    mmp_image_net_backward(net, acts, dout, B, din);
-    mmp_params_mb_end(p);
-    mmp_params_grad_finish(p);
+    mmp_test_image_step(net, acts, in, dout, B, out, din);
 }
 
 static void test_image(void)

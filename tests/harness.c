@@ -8,7 +8,10 @@
 #include <sys/wait.h>
 
 #include "common/ckpt.h"
+#include "common/config.h"
 #include "common/fsutil.h"
+#include "nn/model.h"
+#include "nn/params.h"
 #include "common/rng.h"
 
 int mmp_test_failures = 0;
@@ -51,6 +54,28 @@ void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long se
     for (size_t i = 0; i < n; i++) {
         x[i] = lo + (hi - lo) * mmp_rng_uniform(&r);
     }
+}
+
+int mmp_test_same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = (char *)mmp_test_slurp(a, &na), *y = (char *)mmp_test_slurp(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+int mmp_test_write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) {
+        return 0;
+    }
+    fputs(text, f);
+    fclose(f);
+    return 1;
 }
 
 const char *mmp_test_tmpdir(const char *name)
@@ -187,4 +212,40 @@ unsigned char *mmp_test_slurp(const char *path, size_t *len)
         *len = (size_t)n;
     }
     return buf;
+}
+
+void mmp_test_small_plan(mmp_plan *p, mmp_test_net_dims d)
+{
+    memset(p, 0, sizeof *p);
+    p->data.image_size = d.image_size;
+    p->data.max_text_len = 5;
+    p->model.width = 8;
+    p->model.image.n_stages = d.n_stages;
+    for (int s = 0; s < 2; s++) {
+        p->model.image.channels[s] = d.channels[s];
+        p->model.image.blocks[s] = d.channels[s] > 0;
+    }
+    p->model.image.stem_pool = d.stem_pool;
+    p->model.text.layers = d.text_layers;
+    p->model.text.heads = 2;
+    p->model.text.ffn_mult = d.ffn_mult;
+    p->model.fusion.layers = 1;
+    p->model.fusion.heads = 2;
+    p->train.init_temperature = 0.07f;
+    p->train.optimizer.weight_decay = 0.05f;
+    p->train.optimizer.beta1 = 0.9f;
+    p->train.optimizer.beta2 = 0.999f;
+    p->train.optimizer.eps = 1e-8f;
+}
+
+void mmp_test_image_step(mmp_image_net *net, mmp_image_acts *acts, const float *in,
+                         const float *dout, int B, float *out, float *din)
+{
+    mmp_params *p = mmp_image_net_params(net);
+    mmp_params_zero_grad(p);
+    mmp_params_mb_begin(p);
+    mmp_image_net_forward(net, acts, in, B, 1, out);
+    mmp_image_net_backward(net, acts, dout, B, din);
+    mmp_params_mb_end(p);
+    mmp_params_grad_finish(p);
 }

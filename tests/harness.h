@@ -70,6 +70,13 @@ void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long se
  * be read. The caller frees it. */
 unsigned char *mmp_test_slurp(const char *path, size_t *len);
 
+/* 1 when the files at a and b both read and hold the same bytes. */
+int mmp_test_same_file(const char *a, const char *b);
+
+/* Writes text to path (created or truncated); CHECKs that it could be
+ * opened and returns 1, else 0. */
+int mmp_test_write_text(const char *path, const char *text);
+
 /* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
 const char *mmp_test_tmpdir(const char *name);
 
@@ -97,6 +104,33 @@ typedef struct {
 int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int argc, char **argv);
 #define MMP_TEST_MAIN(suite, table, argc, argv)                                                    \
     mmp_test_main(suite, table, sizeof(table) / sizeof((table)[0]), argc, argv)
+/* A whole test file's main in one line, for files with no setup of their own:
+ * MMP_TEST_LIST("test_formats", MMP_TEST_CASE(test_parity), MMP_TEST_CASE(test_sniff)). */
+#define MMP_TEST_LIST(suite, ...)                                                                  \
+    static const mmp_test_case mmp_test_cases_[] = {__VA_ARGS__};                                  \
+    int main(int argc, char **argv)                                                                \
+    {                                                                                              \
+        return MMP_TEST_MAIN(suite, mmp_test_cases_, argc, argv);                                  \
+    }
 int mmp_test_skip(const char *name, const char *why);
+
+/* A tiny three-branch model for the nn tests (common/config.h's mmp_plan):
+ * width 8, texts of 5 tokens, 2 heads, one fusion layer, init_temperature
+ * 0.07, AdamW's weight decay 0.05 and betas/eps (0.9, 0.999, 1e-8); lr stays
+ * 0. Image stage s has channels[s] channels and one block when channels[s] > 0. */
+struct mmp_plan;
+typedef struct mmp_test_net_dims { /* in this order */
+    int image_size, n_stages, channels[2], stem_pool;
+    int text_layers, ffn_mult;
+} mmp_test_net_dims;
+void mmp_test_small_plan(struct mmp_plan *p, mmp_test_net_dims d);
+
+/* One training step of the image branch (nn/model.h) on B samples:
+ * gradients zeroed, one micro-batch's forward (batch statistics) and
+ * backward into din (may be NULL), gradients finished (nn/params.h). */
+struct mmp_image_net;
+struct mmp_image_acts;
+void mmp_test_image_step(struct mmp_image_net *net, struct mmp_image_acts *acts, const float *in,
+                         const float *dout, int B, float *out, float *din);
 
 #endif

@@ -82,12 +82,4 @@ static void test_differs(void)
     CHECK(memcmp(a0, other, sizeof a0) != 0);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_any_workers),
-    MMP_TEST_CASE(test_differs),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_augment", cases, argc, argv);
-}
+MMP_TEST_LIST("test_augment", MMP_TEST_CASE(test_any_workers), MMP_TEST_CASE(test_differs))

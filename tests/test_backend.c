@@ -255,26 +255,8 @@ static int same_bits(const void *a, const void *b, size_t bytes)
 
 static void plan_small(mmp_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->data.image_size = 8; /* stem 8, pool -> 4, stage 2 -> 2: Ni = 4 */
-    p->data.max_text_len = 5;
-    p->model.width = 8;
-    p->model.image.n_stages = 2;
-    p->model.image.channels[0] = 4;
-    p->model.image.channels[1] = 8;
-    p->model.image.blocks[0] = 1;
-    p->model.image.blocks[1] = 1;
-    p->model.image.stem_pool = 1;
-    p->model.text.layers = 1;
-    p->model.text.heads = 2;
-    p->model.text.ffn_mult = 2;
-    p->model.fusion.layers = 1;
-    p->model.fusion.heads = 2;
-    p->train.init_temperature = 0.07f;
-    p->train.optimizer.weight_decay = 0.05f;
-    p->train.optimizer.beta1 = 0.9f;
-    p->train.optimizer.beta2 = 0.999f;
-    p->train.optimizer.eps = 1e-8f;
+    /* stem 8, pool -> 4, stage 2 -> 2: Ni = 4; one text layer, FFN x2 */
+    mmp_test_small_plan(p, (mmp_test_net_dims){8, 2, {4, 8}, 1, 1, 2});
 }
 
 #define B 3
@@ -315,13 +297,8 @@ static void image_run(mmp_backend *be, const mmp_plan *plan, const float *in, co
     if (!net || !acts) {
         goto out;
     }
+    mmp_test_image_step(net, acts, in, dout, B, out, din);
     mmp_params *p = mmp_image_net_params(net);
-    mmp_params_zero_grad(p);
-    mmp_params_mb_begin(p);
-    mmp_image_net_forward(net, acts, in, B, 1, out);
-    mmp_image_net_backward(net, acts, dout, B, din);
-    mmp_params_mb_end(p);
-    mmp_params_grad_finish(p);
     CHECK(mmp_params_grad_sumsq(p) > 0);
     memcpy(grads, p->grads, p->total * sizeof(float));
     mmp_optim_step(p, plan, 0, 1e-3f, 0.5f);
@@ -502,13 +479,6 @@ static void test_text_fusion_through_table(void)
     CHECK(live_allocs == 0);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_tables_complete),
-    MMP_TEST_CASE(test_image_through_table),
-    MMP_TEST_CASE(test_text_fusion_through_table),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_backend", cases, argc, argv);
-}
+MMP_TEST_LIST("test_backend", MMP_TEST_CASE(test_tables_complete),
+              MMP_TEST_CASE(test_image_through_table),
+              MMP_TEST_CASE(test_text_fusion_through_table))

@@ -80,16 +80,6 @@ static int ends_with_abs(const char *path, const char *tail)
     return ok;
 }
 
-static void write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL);
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-}
-
 /* Plan paths: relative to the plan file's folder ("..", "." folded), a
  * --set one relative to the current directory, absolute ones kept; the
  * validation set defaults to val.jsonl beside the manifest only when it
@@ -104,7 +94,7 @@ static void test_paths(void)
     snprintf(path, sizeof path, "%s/d", root);
     CHECK(mkdir(path, 0755) == 0);
     snprintf(path, sizeof path, "%s/plans/p.yaml", root);
-    write_text(path, "data: { manifest: ../d/./train.jsonl }\n");
+    mmp_test_write_text(path, "data: { manifest: ../d/./train.jsonl }\n");
     mmp_plan p;
     CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
     snprintf(want, sizeof want, "%s/d/train.jsonl", root);
@@ -114,7 +104,7 @@ static void test_paths(void)
     CHECK(p.data.val_manifest[0] == 0 && !mmp_plan_evaluates(&p));
 
     snprintf(path, sizeof path, "%s/d/val.jsonl", root);
-    write_text(path, "");
+    mmp_test_write_text(path, "");
     snprintf(path, sizeof path, "%s/plans/p.yaml", root);
     CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
     snprintf(want, sizeof want, "%s/d/val.jsonl", root);
@@ -150,7 +140,7 @@ static void test_paths(void)
     snprintf(path, sizeof path, "%s/plan.json", root);
     CHECK_OK(mmp_plan_write_json(&p, path));
     snprintf(path, sizeof path, "%s/d/val.jsonl", root);
-    write_text(path, "");
+    mmp_test_write_text(path, "");
     snprintf(path, sizeof path, "%s/plan.json", root);
     CHECK_OK(mmp_plan_load(&q, path, NULL, 0));
     CHECK(q.data.val_manifest[0] == 0 && !mmp_plan_evaluates(&q));
@@ -291,53 +281,48 @@ static void test_demo(void)
 
 static void test_file_errors(void)
 {
-    expect_error(DIR "typo.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "typo.yaml:6:3: unknown key 'train.microbatchs' "
-                     "(did you mean 'train.microbatches'?)");
-    expect_error(DIR "wrongtype.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "wrongtype.yaml:4:10: train.batch: expected an integer, got 'abc'");
-    expect_error(DIR "range.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "range.yaml:2:35: train.microbatches: 0 is out of range [1, 1024]");
-    expect_error(DIR "badenum.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "badenum.yaml:3:13: train.schedule: unknown value 'pipedream' "
-                     "(accepted: gpipe, 1f1b)");
+    static const struct {
+        const char *file, *msg; /* msg follows the fixture's path */
+    } fixtures[] = {
+        {"typo.yaml", ":6:3: unknown key 'train.microbatchs' "
+                      "(did you mean 'train.microbatches'?)"},
+        {"wrongtype.yaml", ":4:10: train.batch: expected an integer, got 'abc'"},
+        {"range.yaml", ":2:35: train.microbatches: 0 is out of range [1, 1024]"},
+        {"badenum.yaml", ":3:13: train.schedule: unknown value 'pipedream' "
+                         "(accepted: gpipe, 1f1b)"},
+        {"dupkey.yaml", ":5:3: duplicate key 'train.batch' "
+                        "(first given at line 3, column 3)"},
+        {"notmap.yaml", ":4:9: model.text: expected a mapping, got a list"},
+        {"meanlen.yaml", ":3:9: data.mean: expected 3 values, got 2"},
+        {"nomanifest.yaml", ":2:1: data.manifest: required key is missing"},
+        {"device.yaml", ":4:20: hosts[0].devices[1]: expected 'cpu', 'cuda:N' or a CUDA "
+                        "device ordinal, got 'gpu0'"},
+        /* Not UTF-8: refused before libfyaml, which loops for ever on this one
+         * (a directive holding invalid bytes; found by tests/fuzz/fuzz_plan.c). */
+        {"notutf8.yaml", ":2:2: invalid YAML: byte 0xf7 is not UTF-8 text"},
+        /* checks across keys, placed at the key the file gave */
+        {"microbatches.yaml", ":4:17: train.microbatches (8) is more than "
+                              "train.batch (4)"},
+        {"heads.yaml", ":3:10: model.width (66) is not divisible by "
+                       "model.text.heads (4)"},
+        {"stagelen.yaml", ":3:20: model.image.channels has 4 values but "
+                          "model.image.blocks has 2"},
+        {"split.yaml", ":3:22: stages.text.split[1]: 2 must be greater than the split "
+                       "point before it (3)"},
+    };
+    char path[256], want[512];
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) {
+        snprintf(path, sizeof path, DIR "%s", fixtures[i].file);
+        snprintf(want, sizeof want, "%s%s", path, fixtures[i].msg);
+        expect_error(path, NULL, 0, MMP_ERR_CONFIG, want);
+    }
     expect_error_prefix(DIR "syntax.yaml", NULL, 0, DIR "syntax.yaml:3:61: invalid YAML: ");
-    expect_error(DIR "dupkey.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "dupkey.yaml:5:3: duplicate key 'train.batch' "
-                     "(first given at line 3, column 3)");
-    expect_error(DIR "notmap.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "notmap.yaml:4:9: model.text: expected a mapping, got a list");
-    expect_error(DIR "meanlen.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "meanlen.yaml:3:9: data.mean: expected 3 values, got 2");
-    expect_error(DIR "nomanifest.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "nomanifest.yaml:2:1: data.manifest: required key is missing");
-    expect_error(DIR "device.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "device.yaml:4:20: hosts[0].devices[1]: expected 'cpu', 'cuda:N' or a CUDA "
-                     "device ordinal, got 'gpu0'");
-    /* Not UTF-8: refused before libfyaml, which loops for ever on this one
-     * (a directive holding invalid bytes; found by tests/fuzz/fuzz_plan.c). */
-    expect_error(DIR "notutf8.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "notutf8.yaml:2:2: invalid YAML: byte 0xf7 is not UTF-8 text");
     const char *bad_set[] = {"train.schedule=gpipe\xf7"};
     expect_error(DIR "minimal.yaml", bad_set, 1, MMP_ERR_CONFIG,
                  "--set train.schedule: invalid YAML value: not UTF-8 text");
     expect_error(DIR "does_not_exist.yaml", NULL, 0, MMP_ERR_IO,
                  DIR "does_not_exist.yaml: No such file or directory");
     expect_error("tests/data/config", NULL, 0, MMP_ERR_IO, "tests/data/config: Is a directory");
-
-    /* checks across keys, placed at the key the file gave */
-    expect_error(DIR "microbatches.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "microbatches.yaml:4:17: train.microbatches (8) is more than "
-                     "train.batch (4)");
-    expect_error(DIR "heads.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "heads.yaml:3:10: model.width (66) is not divisible by "
-                     "model.text.heads (4)");
-    expect_error(DIR "stagelen.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "stagelen.yaml:3:20: model.image.channels has 4 values but "
-                     "model.image.blocks has 2");
-    expect_error(DIR "split.yaml", NULL, 0, MMP_ERR_CONFIG,
-                 DIR "split.yaml:3:22: stages.text.split[1]: 2 must be greater than the split "
-                     "point before it (3)");
 }
 
 /* Plans written on the fly, for errors that need no fixture of their own. */
@@ -383,13 +368,9 @@ static void test_written_errors(const char *tmp)
     char path[1200], want[2048];
     snprintf(path, sizeof path, "%s/plan.yaml", tmp);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        FILE *f = fopen(path, "w");
-        CHECK(f != NULL);
-        if (!f) {
+        if (!mmp_test_write_text(path, cases[i].yaml)) {
             return;
         }
-        fputs(cases[i].yaml, f);
-        fclose(f);
         snprintf(want, sizeof want, cases[i].msg, path);
         expect_error(path, NULL, 0, MMP_ERR_CONFIG, want);
     }
@@ -429,40 +410,37 @@ static void test_overrides(void)
     CHECK_OK(mmp_plan_load(&p, DIR "minimal.yaml", section, 1));
     CHECK(p.train.batch == 8 && p.train.microbatches == 2);
 
-    const char *const unknown[] = {"train.microbatchs=4"};
-    expect_error(DIR "minimal.yaml", unknown, 1, MMP_ERR_CONFIG,
-                 "--set train.microbatchs=4: unknown key 'train.microbatchs' "
-                 "(did you mean 'train.microbatches'?)");
-    const char *const bad_type[] = {"train.batch=abc"};
-    expect_error(DIR "minimal.yaml", bad_type, 1, MMP_ERR_CONFIG,
-                 "--set train.batch=abc: train.batch: expected an integer, got 'abc'");
+    static const struct {
+        const char *file, *set, *msg;
+    } bad[] = {
+        {DIR "minimal.yaml", "train.microbatchs=4",
+         "--set train.microbatchs=4: unknown key 'train.microbatchs' "
+         "(did you mean 'train.microbatches'?)"},
+        {DIR "minimal.yaml", "train.batch=abc",
+         "--set train.batch=abc: train.batch: expected an integer, got 'abc'"},
+        {DIR "minimal.yaml", "train.batch", "--set train.batch: expected KEY=VALUE"},
+        {DIR "minimal.yaml", "train.microbatches=128",
+         "--set train.microbatches=128: train.microbatches (128) is more than "
+         "train.batch (64)"},
+        {DIR "minimal.yaml", "train={batch: 8, microbatchs: 2}",
+         "--set train={batch: 8, microbatchs: 2}: unknown key 'train.microbatchs' "
+         "(did you mean 'train.microbatches'?)"},
+        {DIR "minimal.yaml", "train={batch: 1, batch: 2}",
+         "--set train={batch: 1, batch: 2}: duplicate key 'train.batch'"},
+        {DIR "minimal.yaml", "train.optimizer.lr=0",
+         "--set train.optimizer.lr=0: train.optimizer.lr: 0 is out of range (0, 10]"},
+        /* the file, not the override, is wrong here: the message points into it */
+        {DIR "notmap.yaml", "model.text.layers=3",
+         DIR "notmap.yaml:4:9: model.text: expected a mapping, got a list"},
+        {DIR "nomanifest.yaml", "data.workers=2",
+         DIR "nomanifest.yaml:2:1: data.manifest: required key is missing"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        expect_error(bad[i].file, &bad[i].set, 1, MMP_ERR_CONFIG, bad[i].msg);
+    }
     const char *const bad_yaml[] = {"model.image.blocks=[1,2"};
     expect_error_prefix(DIR "minimal.yaml", bad_yaml, 1,
                         "--set model.image.blocks=[1,2: invalid YAML value: ");
-    const char *const no_value[] = {"train.batch"};
-    expect_error(DIR "minimal.yaml", no_value, 1, MMP_ERR_CONFIG,
-                 "--set train.batch: expected KEY=VALUE");
-    const char *const cross[] = {"train.microbatches=128"};
-    expect_error(DIR "minimal.yaml", cross, 1, MMP_ERR_CONFIG,
-                 "--set train.microbatches=128: train.microbatches (128) is more than "
-                 "train.batch (64)");
-    const char *const nested[] = {"train={batch: 8, microbatchs: 2}"};
-    expect_error(DIR "minimal.yaml", nested, 1, MMP_ERR_CONFIG,
-                 "--set train={batch: 8, microbatchs: 2}: unknown key 'train.microbatchs' "
-                 "(did you mean 'train.microbatches'?)");
-    const char *const dup[] = {"train={batch: 1, batch: 2}"};
-    expect_error(DIR "minimal.yaml", dup, 1, MMP_ERR_CONFIG,
-                 "--set train={batch: 1, batch: 2}: duplicate key 'train.batch'");
-    const char *const range[] = {"train.optimizer.lr=0"};
-    expect_error(DIR "minimal.yaml", range, 1, MMP_ERR_CONFIG,
-                 "--set train.optimizer.lr=0: train.optimizer.lr: 0 is out of range (0, 10]");
-    /* the file, not the override, is wrong here: the message points into it */
-    const char *const into_list[] = {"model.text.layers=3"};
-    expect_error(DIR "notmap.yaml", into_list, 1, MMP_ERR_CONFIG,
-                 DIR "notmap.yaml:4:9: model.text: expected a mapping, got a list");
-    const char *const no_manifest[] = {"data.workers=2"};
-    expect_error(DIR "nomanifest.yaml", no_manifest, 1, MMP_ERR_CONFIG,
-                 DIR "nomanifest.yaml:2:1: data.manifest: required key is missing");
     /* the override only fixes what the file gets wrong */
     const char *const fix[] = {"train.microbatches=4"};
     CHECK_OK(mmp_plan_load(&p, DIR "range.yaml", fix, 1));
@@ -474,22 +452,17 @@ static void test_sim(const char *tmp)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/sim.yaml", tmp);
-    FILE *f = fopen(path, "w");
-    CHECK(f != NULL);
-    if (!f) {
+    if (!mmp_test_write_text(path, "data: { manifest: t.jsonl }\n"
+                                   "model: { image: { blocks: [1, 1, 1] }, text: { layers: 2 } }\n"
+                                   "compute: simulated\n"
+                                   "sim:\n"
+                                   "  cost: { image: 4, text: 1, fusion: 0.5 }\n"
+                                   "  bwd_factor: 3\n"
+                                   "  slowdown: [1.5, 1]\n"
+                                   "  change_step: 10\n"
+                                   "  change: { text: 2 }\n")) {
         return;
     }
-    fputs("data: { manifest: t.jsonl }\n"
-          "model: { image: { blocks: [1, 1, 1] }, text: { layers: 2 } }\n"
-          "compute: simulated\n"
-          "sim:\n"
-          "  cost: { image: 4, text: 1, fusion: 0.5 }\n"
-          "  bwd_factor: 3\n"
-          "  slowdown: [1.5, 1]\n"
-          "  change_step: 10\n"
-          "  change: { text: 2 }\n",
-          f);
-    fclose(f);
     const char *const chans[] = {"model.image.channels=[8, 16, 32]"};
     mmp_plan p;
     CHECK_OK(mmp_plan_load(&p, path, chans, 1));

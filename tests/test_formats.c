@@ -15,11 +15,9 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "data/gif.h"
+#include "data/codecs.h"
 #include "data/image.h"
-#include "data/jpeg.h"
 #include "data/png.h"
-#include "data/webp.h"
 #include "tests/harness.h"
 
 #define DIR "tests/image/formats/"
@@ -287,14 +285,5 @@ static void test_sniff(void)
     free(webp);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_parity),
-    MMP_TEST_CASE(test_pixel_limit),
-    MMP_TEST_CASE(test_cut_files),
-    MMP_TEST_CASE(test_sniff),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_formats", cases, argc, argv);
-}
+MMP_TEST_LIST("test_formats", MMP_TEST_CASE(test_parity), MMP_TEST_CASE(test_pixel_limit),
+              MMP_TEST_CASE(test_cut_files), MMP_TEST_CASE(test_sniff))

@@ -276,6 +276,16 @@ static int golden_step(model *m, mmp_ckpt *c, mmp_loss_parts *parts)
     return 1;
 }
 
+/* golden_step as a check; m is zeroed first, so model_fini is safe after it
+ * either way. */
+static int golden_ok(model *m, mmp_ckpt *c, mmp_loss_parts *parts)
+{
+    memset(m, 0, sizeof *m);
+    int ok = golden_step(m, c, parts);
+    CHECK(ok);
+    return ok;
+}
+
 static int check_loss(const mmp_ckpt *c, const char *name, float got)
 {
     int64_t one[1] = {1};
@@ -294,10 +304,7 @@ static void test_matches_pytorch(void)
     model m;
     mmp_ckpt c;
     mmp_loss_parts parts;
-    memset(&m, 0, sizeof m);
-    int ok = golden_step(&m, &c, &parts);
-    CHECK(ok);
-    if (!ok) {
+    if (!golden_ok(&m, &c, &parts)) {
         goto exit;
     }
     printf("loss parts (|d| <= %g + %g |torch|):\n", LOSS_ATOL, LOSS_RTOL);
@@ -346,10 +353,7 @@ static void test_wrong_gradient_fails(void)
     model m;
     mmp_ckpt c;
     mmp_loss_parts parts;
-    memset(&m, 0, sizeof m);
-    int ok = golden_step(&m, &c, &parts);
-    CHECK(ok);
-    if (!ok) {
+    if (!golden_ok(&m, &c, &parts)) {
         goto exit;
     }
     const char *victims[] = {"image.layer2.0.conv1.weight", "text.layer1.attn.q.weight",

@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "common/rng.h"
 #include "data/image.h"
-#include "data/jpeg.h"
+#include "data/codecs.h"
 #include "data/png.h"
 #include "tests/harness.h"
 
@@ -513,18 +513,7 @@ static void test_bad_prep(void)
     CHECK(strstr(mmp_last_error(), "rng") != NULL);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_reference),
-    MMP_TEST_CASE(test_png_vs_jpeg),
-    MMP_TEST_CASE(test_gray_and_progressive),
-    MMP_TEST_CASE(test_bad_files),
-    MMP_TEST_CASE(test_augment_determinism),
-    MMP_TEST_CASE(test_flip),
-    MMP_TEST_CASE(test_constant_normalisation),
-    MMP_TEST_CASE(test_bad_prep),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_image", cases, argc, argv);
-}
+MMP_TEST_LIST("test_image", MMP_TEST_CASE(test_reference), MMP_TEST_CASE(test_png_vs_jpeg),
+              MMP_TEST_CASE(test_gray_and_progressive), MMP_TEST_CASE(test_bad_files),
+              MMP_TEST_CASE(test_augment_determinism), MMP_TEST_CASE(test_flip),
+              MMP_TEST_CASE(test_constant_normalisation), MMP_TEST_CASE(test_bad_prep))

@@ -602,8 +602,8 @@ static void test_check_cli(void)
         "bad_samples.jsonl:5: " FIXTURES "/truncated.png: truncated",
         "bad_samples.jsonl:6: " FIXTURES "/not_image.png: not a",
         "bad_samples.jsonl:7: caption has no tokens",
-        "8 lines, 5 problems (by kind: 1 missing image, 1 zero-size image, 2 undecodable image, "
-        "1 caption without tokens); 3 good samples",
+        ("8 lines, 5 problems (by kind: 1 missing image, 1 zero-size image, 2 undecodable image, "
+         "1 caption without tokens); 3 good samples"),
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         CHECK(contains(out, want[i]));
@@ -623,8 +623,8 @@ static void test_check_cli(void)
         ":6: empty caption",
         ":7: not valid JSON at column 33: invalid UTF-8 in a string",
         ":10: not valid JSON at column 40: \\ud800 is a high surrogate",
-        "10 lines, 6 problems (by kind: 1 malformed JSON, 1 missing field, 1 non-string field, 2 "
-        "invalid UTF-8, 1 empty caption); 4 good samples",
+        ("10 lines, 6 problems (by kind: 1 malformed JSON, 1 missing field, 1 non-string field, "
+         "2 invalid UTF-8, 1 empty caption); 4 good samples"),
     };
     for (size_t i = 0; i < sizeof want_lines / sizeof want_lines[0]; i++) {
         CHECK(contains(out, want_lines[i]));

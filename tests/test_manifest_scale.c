@@ -157,11 +157,4 @@ static void test_million_lines(void)
     CHECK(unlink(manifest) == 0);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_million_lines),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_manifest_scale", cases, argc, argv);
-}
+MMP_TEST_LIST("test_manifest_scale", MMP_TEST_CASE(test_million_lines))

@@ -836,13 +836,7 @@ static void test_gradients(void)
     gradcheck(6, 1, blocks_12);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_shapes),    MMP_TEST_CASE(test_gradients), MMP_TEST_CASE(test_split),
-    MMP_TEST_CASE(test_in_flight), MMP_TEST_CASE(test_init),      MMP_TEST_CASE(test_eval_stem),
-    MMP_TEST_CASE(test_eval_net),  MMP_TEST_CASE(test_bn_log),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_nn_image", cases, argc, argv);
-}
+MMP_TEST_LIST("test_nn_image", MMP_TEST_CASE(test_shapes), MMP_TEST_CASE(test_gradients),
+              MMP_TEST_CASE(test_split), MMP_TEST_CASE(test_in_flight), MMP_TEST_CASE(test_init),
+              MMP_TEST_CASE(test_eval_stem), MMP_TEST_CASE(test_eval_net),
+              MMP_TEST_CASE(test_bn_log))

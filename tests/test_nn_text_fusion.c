@@ -49,17 +49,9 @@ static void note_error(const float *got, const float *ref, size_t n)
 
 static void plan_tiny(mmp_plan *p)
 {
-    memset(p, 0, sizeof *p);
-    p->data.max_text_len = 5;
-    p->data.image_size = 8; /* 8 -> 4 -> 2 over three stages: Ni = 4 */
-    p->model.width = 8;
-    p->model.image.n_stages = 3;
-    p->model.text.layers = 2;
-    p->model.text.heads = 2;
-    p->model.text.ffn_mult = 4;
-    p->model.fusion.layers = 1;
-    p->model.fusion.heads = 2;
-    p->train.init_temperature = 0.07f;
+    /* 8 -> 4 -> 2 over three stages: Ni = 4 */
+    mmp_test_small_plan(
+        p, (mmp_test_net_dims){.image_size = 8, .n_stages = 3, .text_layers = 2, .ffn_mult = 4});
 }
 
 typedef double (*loss_fn)(void *ctx);
@@ -511,13 +503,33 @@ static void fusion_inputs(fusion_case *c, unsigned long long seed)
     }
 }
 
-static void fusion_gradcheck(const mmp_plan *plan, int B, float logit_scale)
+/* A fusion case on plan: the net (seed 9) and acts for FB samples, inputs
+ * from seed (none for 0: the caller fills them), B samples weighted weight.
+ * The caller checks c->net and c->acts. */
+static fusion_case *fusion_case_new(const mmp_plan *plan, unsigned long long seed, int B,
+                                    float weight)
 {
     fusion_case *c = calloc(1, sizeof *c);
+    if (seed) {
+        fusion_inputs(c, seed);
+    }
     c->B = B;
-    c->weight = 0.7f;
+    c->weight = weight;
     CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
     CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
+    return c;
+}
+
+static void fusion_case_free(fusion_case *c)
+{
+    mmp_fusion_acts_destroy(c->acts);
+    mmp_fusion_net_destroy(c->net);
+    free(c);
+}
+
+static void fusion_gradcheck(const mmp_plan *plan, int B, float logit_scale)
+{
+    fusion_case *c = fusion_case_new(plan, 0, B, 0.7f);
     if (!c->net || !c->acts) {
         goto out;
     }
@@ -579,20 +591,13 @@ static void fusion_gradcheck(const mmp_plan *plan, int B, float logit_scale)
     }
     free(grads);
 out:
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
 }
 
 static void test_fusion_misc(const mmp_plan *plan)
 {
-    fusion_case *c = calloc(1, sizeof *c);
-    fusion_inputs(c, 31);
-    c->B = FB;
-    c->weight = 1.0f;
+    fusion_case *c = fusion_case_new(plan, 31, FB, 1.0f);
     mmp_fusion_acts *small = NULL;
-    CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
-    CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
     if (!c->net || !c->acts) {
         goto out;
     }
@@ -702,9 +707,7 @@ static void test_fusion_misc(const mmp_plan *plan)
     CHECK(mmp_fusion_net_create(&none, &bad, 1) == MMP_ERR_INVALID && !none);
 out:
     mmp_fusion_acts_destroy(small);
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
 }
 
 /* The ITM pairs' count and labels, seen through the loss: with the head's
@@ -713,10 +716,7 @@ out:
  * its positive) gives softplus(-b). */
 static void test_fusion_pairs(const mmp_plan *plan)
 {
-    fusion_case *c = calloc(1, sizeof *c);
-    fusion_inputs(c, 51);
-    CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
-    CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
+    fusion_case *c = fusion_case_new(plan, 51, 0, 0.0f);
     if (c->net && c->acts) {
         mmp_params *p = mmp_fusion_net_params(c->net);
         mmp_param *w = mmp_params_find(p, "fusion.itm_head.weight");
@@ -735,9 +735,7 @@ static void test_fusion_pairs(const mmp_plan *plan)
             CHECK(fabs(c->parts.itc) < 1e-6); /* InfoNCE over one candidate */
         }
     }
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
 }
 
 /* The hard negatives are the most similar other images: the stage's ITM loss
@@ -751,12 +749,7 @@ static double softplus(double x)
 
 static void test_fusion_hard_negatives(const mmp_plan *plan)
 {
-    fusion_case *c = calloc(1, sizeof *c), *one = calloc(1, sizeof *one);
-    fusion_inputs(c, 61);
-    c->B = FB;
-    c->weight = 1;
-    CHECK_OK(mmp_fusion_net_create(&c->net, plan, 9));
-    CHECK_OK(mmp_fusion_acts_create(&c->acts, c->net, FB));
+    fusion_case *c = fusion_case_new(plan, 61, FB, 1.0f), *one = calloc(1, sizeof *one);
     if (!c->net || !c->acts) {
         goto out;
     }
@@ -795,9 +788,7 @@ static void test_fusion_hard_negatives(const mmp_plan *plan)
         fprintf(stderr, "  itm %.7f, rebuilt from argmax pairs %.7f\n", (double)c->parts.itm, want);
     }
 out:
-    mmp_fusion_acts_destroy(c->acts);
-    mmp_fusion_net_destroy(c->net);
-    free(c);
+    fusion_case_free(c);
     free(one);
 }
 
@@ -893,14 +884,5 @@ static void test_fusion_behaviour(void)
     test_fusion_image_tokens(&plan);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_text),
-    MMP_TEST_CASE(test_fusion),
-    MMP_TEST_CASE(test_shallow),
-    MMP_TEST_CASE(test_fusion_behaviour),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("nn_text_fusion", cases, argc, argv);
-}
+MMP_TEST_LIST("nn_text_fusion", MMP_TEST_CASE(test_text), MMP_TEST_CASE(test_fusion),
+              MMP_TEST_CASE(test_shallow), MMP_TEST_CASE(test_fusion_behaviour))

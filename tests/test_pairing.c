@@ -37,12 +37,4 @@ static void test_pair_check(void)
     CHECK(strstr(mmp_last_error(), "refusing to pair") != NULL);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_digest),
-    MMP_TEST_CASE(test_pair_check),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_pairing", cases, argc, argv);
-}
+MMP_TEST_LIST("test_pairing", MMP_TEST_CASE(test_digest), MMP_TEST_CASE(test_pair_check))

@@ -132,12 +132,4 @@ static void test_program(void)
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "slots"));
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_rows_live),
-    MMP_TEST_CASE(test_program),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_peer", cases, argc, argv);
-}
+MMP_TEST_LIST("test_peer", MMP_TEST_CASE(test_rows_live), MMP_TEST_CASE(test_program))

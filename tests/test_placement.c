@@ -91,13 +91,5 @@ static void test_per_layer(void)
     mmp_sched_fini(&s);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_round_trip),
-    MMP_TEST_CASE(test_bad_text),
-    MMP_TEST_CASE(test_per_layer),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_placement", cases, argc, argv);
-}
+MMP_TEST_LIST("test_placement", MMP_TEST_CASE(test_round_trip), MMP_TEST_CASE(test_bad_text),
+              MMP_TEST_CASE(test_per_layer))

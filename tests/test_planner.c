@@ -511,18 +511,7 @@ static void test_invalid(void)
     CHECK(strstr(mmp_last_error(), "text.0 has 0 replicas") != NULL);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_balance_4_1_1),
-    MMP_TEST_CASE(test_memory_cap),
-    MMP_TEST_CASE(test_three_devices),
-    MMP_TEST_CASE(test_brute_force),
-    MMP_TEST_CASE(test_closed_vs_simulated),
-    MMP_TEST_CASE(test_scale),
-    MMP_TEST_CASE(test_cli),
-    MMP_TEST_CASE(test_invalid),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_planner", cases, argc, argv);
-}
+MMP_TEST_LIST("test_planner", MMP_TEST_CASE(test_balance_4_1_1), MMP_TEST_CASE(test_memory_cap),
+              MMP_TEST_CASE(test_three_devices), MMP_TEST_CASE(test_brute_force),
+              MMP_TEST_CASE(test_closed_vs_simulated), MMP_TEST_CASE(test_scale),
+              MMP_TEST_CASE(test_cli), MMP_TEST_CASE(test_invalid))

@@ -212,14 +212,5 @@ static void test_prune(void)
     CHECK(stat(d, &sb) == 0);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_metrics),
-    MMP_TEST_CASE(test_trace),
-    MMP_TEST_CASE(test_restarts),
-    MMP_TEST_CASE(test_prune),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_records", cases, argc, argv);
-}
+MMP_TEST_LIST("test_records", MMP_TEST_CASE(test_metrics), MMP_TEST_CASE(test_trace),
+              MMP_TEST_CASE(test_restarts), MMP_TEST_CASE(test_prune))

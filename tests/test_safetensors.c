@@ -131,43 +131,48 @@ static void test_forged(void)
     fclose(f);
     refused("header length beyond the file", p, "header length");
 
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8);
-    refused("shape and offsets disagree", p,
-            "tensor a: shape and dtype make 12 bytes, data_offsets span 8");
-    write_raw(
-        p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}",
-        8);
-    refused("shape product overflows", p, "more bytes than the file holds");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 8);
-    refused("offsets past the end", p, "tensor a: data_offsets");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-              "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-              12);
-    refused("overlapping tensors", p, "tensor b: data starts at 4, expected 8");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12);
-    refused("a gap before the data", p, "tensor a: data starts at 4");
-    write_raw(p, ok, 12);
-    refused("bytes after the last tensor", p, "4 bytes after the last");
-    write_raw(p,
-              "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-              "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
-              8);
-    refused("a name twice", p, "tensor a appears twice");
-    write_raw(p, "{\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8);
-    refused("an unknown dtype", p, "tensor a: dtype");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8);
-    refused("a negative dimension", p, "tensor a: negative");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8);
-    refused("no data_offsets", p, "tensor a: entry lacks");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8);
-    refused("an unknown key", p, "tensor a: unknown");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8);
-    refused("an unterminated object", p, "forged.safetensors:");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}x", 8);
-    refused("junk after the object", p, "bytes after the JSON");
-    write_raw(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8);
-    refused("too many dimensions", p, "more than 6");
+    /* header, the data bytes that follow it, what the forgery is, the refusal */
+    static const struct {
+        const char *header;
+        size_t data;
+        const char *what, *why;
+    } forged[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+         "shape and offsets disagree",
+         "tensor a: shape and dtype make 12 bytes, data_offsets span 8"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
+         "shape product overflows", "more bytes than the file holds"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 8,
+         "offsets past the end", "tensor a: data_offsets"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         12, "overlapping tensors", "tensor b: data starts at 4, expected 8"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
+         "a gap before the data", "tensor a: data starts at 4"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12,
+         "bytes after the last tensor", "4 bytes after the last"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, "a name twice", "tensor a appears twice"},
+        {"{\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "an unknown dtype",
+         "tensor a: dtype"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+         "a negative dimension", "tensor a: negative"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "no data_offsets",
+         "tensor a: entry lacks"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8,
+         "an unknown key", "tensor a: unknown"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8,
+         "an unterminated object", "forged.safetensors:"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}x", 8,
+         "junk after the object", "bytes after the JSON"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8,
+         "too many dimensions", "more than 6"},
+    };
+    for (size_t i = 0; i < sizeof forged / sizeof forged[0]; i++) {
+        write_raw(p, forged[i].header, forged[i].data);
+        refused(forged[i].what, p, forged[i].why);
+    }
     char longname[400];
     memset(longname, 'n', sizeof longname);
     longname[sizeof longname - 1] = 0;

@@ -114,6 +114,27 @@ static void expect_reject(const mmp_sched *s, const char *want)
     CHECK(strcmp(mmp_last_error(), want) == 0);
 }
 
+/* expect_reject, then frees s. */
+static void reject_and_free(mmp_sched *s, const char *want)
+{
+    expect_reject(s, want);
+    mmp_sched_fini(s);
+}
+
+/* A hand-written stage of one sub-stage, one micro-batch in flight. */
+static mmp_sched_stage hand_stage(const char *name, mmp_stage_kind kind, int depth, mmp_instr *prog,
+                                  int n_prog)
+{
+    mmp_sched_stage st = {.kind = kind,
+                          .n_sub = 1,
+                          .depth = depth,
+                          .inflight_bound = 1,
+                          .prog = prog,
+                          .n_prog = n_prog};
+    snprintf(st.name, sizeof st.name, "%s", name);
+    return st;
+}
+
 /* ---- every shape compiles ----------------------------------------------------------- */
 
 static void check_shape(const mmp_sched *s, mmp_schedule kind, int m, int n_image, int n_text)
@@ -257,8 +278,7 @@ static void test_rejects(void)
              "schedule gpipe: stage fusion instr %d (RECV_ACT e0 mb2): no matching send: image.0 "
              "never sends mb2 on e0",
              find_instr(&s, 2, MMP_OP_RECV_ACT, 2, 0));
-    expect_reject(&s, want);
-    mmp_sched_fini(&s);
+    reject_and_free(&s, want);
 
     /* a missing receive */
     clone(&s, &base);
@@ -267,8 +287,7 @@ static void test_rejects(void)
              "schedule gpipe: stage text.0 instr %d (SEND_ACT e2 mb1): no matching receive: "
              "fusion never receives mb1 on e2",
              find_instr(&s, 1, MMP_OP_SEND_ACT, 1, 2));
-    expect_reject(&s, want);
-    mmp_sched_fini(&s);
+    reject_and_free(&s, want);
 
     /* micro-batches sent in another order than received */
     clone(&s, &base);
@@ -280,17 +299,15 @@ static void test_rejects(void)
              "schedule gpipe: stage fusion instr %d (RECV_ACT e0 mb1): order differs on e0: "
              "receive #1 expects mb1 but send #1 from image.0 (instr %d) carries mb2",
              find_instr(&s, 2, MMP_OP_RECV_ACT, 1, 0), s1);
-    expect_reject(&s, want);
-    mmp_sched_fini(&s);
+    reject_and_free(&s, want);
 
     /* B before F */
     clone(&s, &base);
     CHECK(s.stages[2].prog[2].op == MMP_OP_FWD && s.stages[2].prog[3].op == MMP_OP_BWD);
     s.stages[2].prog[2].op = MMP_OP_BWD;
     s.stages[2].prog[3].op = MMP_OP_FWD;
-    expect_reject(&s, "schedule gpipe: stage fusion instr 2 (BWD mb0): mb0's backward comes "
-                      "before its forward (instr 3)");
-    mmp_sched_fini(&s);
+    reject_and_free(&s, "schedule gpipe: stage fusion instr 2 (BWD mb0): mb0's backward comes "
+                        "before its forward (instr 3)");
 
     /* a send after the compute it must precede... */
     clone(&s, &base);
@@ -298,16 +315,14 @@ static void test_rejects(void)
     CHECK(pg[0].op == MMP_OP_LOAD && pg[1].op == MMP_OP_FWD && pg[2].op == MMP_OP_SEND_ACT);
     pg[1] = (mmp_instr){MMP_OP_SEND_ACT, 0, 0};
     pg[2] = (mmp_instr){MMP_OP_FWD, 0, -1};
-    expect_reject(&s, "schedule gpipe: stage image.0 instr 1 (SEND_ACT e0 mb0): must come after "
-                      "FWD mb0 (instr 2)");
-    mmp_sched_fini(&s);
+    reject_and_free(&s, "schedule gpipe: stage image.0 instr 1 (SEND_ACT e0 mb0): must come after "
+                        "FWD mb0 (instr 2)");
 
     /* ...and an edge used the wrong way */
     clone(&s, &base);
     s.stages[0].prog[2].edge = 1;
-    expect_reject(&s, "schedule gpipe: stage image.0 instr 2 (SEND_ACT e1 mb0): e1 carries "
-                      "gradients");
-    mmp_sched_fini(&s);
+    reject_and_free(&s, "schedule gpipe: stage image.0 instr 2 (SEND_ACT e1 mb0): e1 carries "
+                        "gradients");
 
     /* too few slots: with one slot each way between image.0 and fusion,
      * image.0 cannot send mb3 until fusion's F2, and fusion cannot send mb1's
@@ -352,15 +367,13 @@ static void test_rejects(void)
     /* in-flight bound */
     clone(&s, &base);
     s.stages[0].inflight_bound = 2;
-    expect_reject(&s, "schedule gpipe: stage image.0 instr 7 (FWD mb2): 3 micro-batches in "
-                      "flight, more than the bound 2");
-    mmp_sched_fini(&s);
+    reject_and_free(&s, "schedule gpipe: stage image.0 instr 7 (FWD mb2): 3 micro-batches in "
+                        "flight, more than the bound 2");
 
     /* a list that does not end the step */
     clone(&s, &base);
     s.stages[1].n_prog--;
-    expect_reject(&s, "schedule gpipe: stage text.0: the list must end with GRAD_NORM, OPT_STEP");
-    mmp_sched_fini(&s);
+    reject_and_free(&s, "schedule gpipe: stage text.0: the list must end with GRAD_NORM, OPT_STEP");
     mmp_sched_fini(&base);
 
     /* two stages each waiting to receive from the other first */
@@ -376,20 +389,8 @@ static void test_rejects(void)
     s.microbatches = 1;
     s.n_stages = 2;
     s.n_edges = 2;
-    s.stages[0] = (mmp_sched_stage){.name = "image.0",
-                                    .kind = MMP_KIND_IMAGE,
-                                    .n_sub = 1,
-                                    .depth = 2,
-                                    .inflight_bound = 1,
-                                    .prog = a,
-                                    .n_prog = 7};
-    s.stages[1] = (mmp_sched_stage){.name = "fusion",
-                                    .kind = MMP_KIND_FUSION,
-                                    .n_sub = 1,
-                                    .depth = 1,
-                                    .inflight_bound = 1,
-                                    .prog = f,
-                                    .n_prog = 6};
+    s.stages[0] = hand_stage("image.0", MMP_KIND_IMAGE, 2, a, 7);
+    s.stages[1] = hand_stage("fusion", MMP_KIND_FUSION, 1, f, 6);
     s.edges[0] = (mmp_sched_edge){.from = 0, .to = 1, .grad = 0, .slots = 1};
     s.edges[1] = (mmp_sched_edge){.from = 1, .to = 0, .grad = 1, .slots = 1};
     expect_reject(&s, "schedule 1f1b: deadlock, a cycle of waits: stage image.0 instr 2 "
@@ -678,14 +679,7 @@ static void test_replicas(void)
     mmp_sched_fini(&two);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_route),        MMP_TEST_CASE(test_replicas),
-    MMP_TEST_CASE(test_all_shapes),   MMP_TEST_CASE(test_exact_lists),
-    MMP_TEST_CASE(test_rejects),      MMP_TEST_CASE(test_sim_textbook),
-    MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_schedule", cases, argc, argv);
-}
+MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_route), MMP_TEST_CASE(test_replicas),
+              MMP_TEST_CASE(test_all_shapes), MMP_TEST_CASE(test_exact_lists),
+              MMP_TEST_CASE(test_rejects), MMP_TEST_CASE(test_sim_textbook),
+              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large))

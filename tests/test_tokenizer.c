@@ -526,16 +526,12 @@ static void test_reordering(void)
     const char *dir = mmp_test_tmpdir("tokenizer_reorder");
     char path[1024];
     snprintf(path, sizeof path, "%s/vocab.txt", dir);
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (!f) {
+    /* 5: x, 6: ##<U+1D165 ccc 216><U+1D16D ccc 226>, 7: ##<U+1D16D>, 8: ##<U+1D165> */
+    if (!mmp_test_write_text(path, "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nx\n"
+                                   "##\xf0\x9d\x85\xa5\xf0\x9d\x85\xad\n"
+                                   "##\xf0\x9d\x85\xad\n##\xf0\x9d\x85\xa5\n")) {
         return;
     }
-    /* 5: x, 6: ##<U+1D165 ccc 216><U+1D16D ccc 226>, 7: ##<U+1D16D>, 8: ##<U+1D165> */
-    fputs("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nx\n##\xf0\x9d\x85\xa5\xf0\x9d\x85\xad\n"
-          "##\xf0\x9d\x85\xad\n##\xf0\x9d\x85\xa5\n",
-          f);
-    fclose(f);
     mmp_tokenizer *t = NULL;
     CHECK_OK(mmp_tokenizer_load(&t, path));
     if (!t) {
@@ -620,13 +616,5 @@ static void test_reference(void)
     mmp_tokenizer_destroy(t);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_unicode),
-    MMP_TEST_CASE(test_reordering),
-    MMP_TEST_CASE(test_reference),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_tokenizer", cases, argc, argv);
-}
+MMP_TEST_LIST("test_tokenizer", MMP_TEST_CASE(test_unicode), MMP_TEST_CASE(test_reordering),
+              MMP_TEST_CASE(test_reference))

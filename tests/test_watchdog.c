@@ -49,11 +49,4 @@ static void test_stall(void)
     CHECK(mmp_watchdog_proc_state((int)child) == '?');
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_stall),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_watchdog", cases, argc, argv);
-}
+MMP_TEST_LIST("test_watchdog", MMP_TEST_CASE(test_stall))

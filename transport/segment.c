@@ -5,6 +5,7 @@
  * header, leave a name behind after a failed create, keep a file descriptor
  * open past a call, or use FUTEX_PRIVATE (the waiters are other processes). */
 #include "transport/segment.h"
+#include "common/progress.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,9 +28,7 @@
 
 static double now_ms(void)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+    return mmp_now() * 1e3; /* CLOCK_MONOTONIC */
 }
 
 static void sleep_ms(double ms)

@@ -1,10 +1,8 @@
 /* Elementwise ops on the CPU: ReLU, GELU (tanh approximation), add, scale. */
 #include "kernels/cpu.h"
+#include "kernels/pointwise.h"
 
 #include <math.h>
-
-#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
-#define GELU_CUBIC 0.044715f
 
 void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n)
 {
@@ -28,9 +26,7 @@ void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n)
 {
     // out (n), inp (n)
     for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = mmp_gelu(inp[i]);
     }
 }
 
@@ -38,12 +34,7 @@ void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n
 {
     // dinp (n), dout (n), inp (n)
     for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-        float t = tanhf(u);
-        float du = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
-        float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-        dinp[i] += grad * dout[i];
+        dinp[i] += mmp_gelu_grad(inp[i]) * dout[i];
     }
 }
 

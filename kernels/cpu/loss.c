@@ -2,6 +2,7 @@
  * and binary cross-entropy with logits. Losses are summed in double; the
  * InfoNCE backward works from the saved probabilities and needs no buffer. */
 #include "kernels/cpu.h"
+#include "kernels/pointwise.h"
 
 #include <math.h>
 
@@ -101,14 +102,6 @@ void mmp_cpu_bce_bwd(float *dlogits, const float *logits, const float *labels, f
 {
     // dlogits (n), logits (n), labels (n)
     for (int i = 0; i < n; i++) {
-        float x = logits[i];
-        float sig;
-        if (x >= 0.0f) {
-            sig = 1.0f / (1.0f + expf(-x));
-        } else {
-            float e = expf(x);
-            sig = e / (1.0f + e);
-        }
-        dlogits[i] += dloss * (sig - labels[i]) / (float)n;
+        dlogits[i] += dloss * (mmp_sigmoid(logits[i]) - labels[i]) / (float)n;
     }
 }

@@ -1,6 +1,7 @@
 /* Pooling on the CPU: 2-D max pool over images (with saved argmax) and a
  * masked mean over the token axis of sequences. */
 #include "kernels/cpu.h"
+#include "kernels/pointwise.h"
 
 void mmp_cpu_maxpool2d_fwd(float *out, int32_t *argmax, const float *inp, int N, int C, int H,
                            int W, int k, int stride, int pad, int OH, int OW)
@@ -12,29 +13,9 @@ void mmp_cpu_maxpool2d_fwd(float *out, int32_t *argmax, const float *inp, int N,
         int32_t *am = argmax + p * OH * OW;
         for (int oh = 0; oh < OH; oh++) {
             for (int ow = 0; ow < OW; ow++) {
-                /* only real pixels compete: padding never wins */
-                float best = 0.0f;
-                int32_t best_i = -1;
-                for (int kh = 0; kh < k; kh++) {
-                    int ih = oh * stride - pad + kh;
-                    if (ih < 0 || ih >= H) {
-                        continue;
-                    }
-                    for (int kw = 0; kw < k; kw++) {
-                        int iw = ow * stride - pad + kw;
-                        if (iw < 0 || iw >= W) {
-                            continue;
-                        }
-                        float v = x[ih * W + iw];
-                        if (best_i < 0 || v > best) {
-                            best = v;
-                            best_i = ih * W + iw;
-                        }
-                    }
-                }
                 /* a window entirely in the padding (pad >= k) outputs 0, gradient nowhere */
-                y[oh * OW + ow] = best;
-                am[oh * OW + ow] = best_i;
+                am[oh * OW + ow] =
+                    mmp_maxpool_window(x, H, W, k, stride, pad, oh, ow, &y[oh * OW + ow]);
             }
         }
     }
@@ -56,19 +37,6 @@ void mmp_cpu_maxpool2d_bwd(float *dinp, const float *dout, const int32_t *argmax
     }
 }
 
-/* Tokens of sequence b that count: all T without a mask. */
-static int token_count(const float *mask, int b, int T)
-{
-    if (!mask) {
-        return T;
-    }
-    int count = 0;
-    for (int t = 0; t < T; t++) {
-        count += mask[(size_t)b * T + t] != 0.0f;
-    }
-    return count;
-}
-
 void mmp_cpu_meanpool_fwd(float *out, const float *inp, const float *mask, int B, int T, int C)
 {
     // out (B,C), inp (B,T,C), mask (B,T) or NULL
@@ -77,7 +45,7 @@ void mmp_cpu_meanpool_fwd(float *out, const float *inp, const float *mask, int B
         for (int c = 0; c < C; c++) {
             y[c] = 0.0f;
         }
-        int count = token_count(mask, b, T);
+        int count = mmp_token_count(mask, b, T);
         if (count == 0) {
             continue;
         }
@@ -101,7 +69,7 @@ void mmp_cpu_meanpool_bwd(float *dinp, const float *dout, const float *mask, int
 {
     // dinp (B,T,C), dout (B,C), mask (B,T) or NULL
     for (int b = 0; b < B; b++) {
-        int count = token_count(mask, b, T);
+        int count = mmp_token_count(mask, b, T);
         if (count == 0) {
             continue;
         }

@@ -70,14 +70,32 @@ static __global__ void attention_softmax_bwd_kernel(float *dp, const float *att,
     const int lane = threadIdx.x % WARP;
     const float *a = att + (size_t)row * Tk;
     float *d = dp + (size_t)row * Tk;
-    float s = 0.0f;
-    for (int j = lane; j < Tk; j += WARP) {
-        s += a[j] * d[j];
-    }
-    s = warp_reduce(s, sum_op());
+    const float s = warp_dot<float>(a, d, Tk);
     for (int j = lane; j < Tk; j += WARP) {
         d[j] = lp_round(a[j] * (d[j] - s) * scale, prec);
     }
+}
+
+/* Where head h of sample b starts in q/out (B,Tq,C), k/v (B,Tk,C) and
+ * att (B,NH,Tq,Tk), and the 1/sqrt(hs) the scores are scaled by: what the
+ * forward and the backward pass both hand to gemm_bh. */
+typedef struct heads {
+    int hs;
+    float scale;
+    long long TT;
+    bh_stride s_q, s_kv, s_att;
+} heads;
+
+static heads head_layout(int Tq, int Tk, int C, int NH)
+{
+    heads h;
+    h.hs = C / NH;
+    h.scale = 1.0f / sqrtf((float)h.hs);
+    h.TT = (long long)Tq * Tk;
+    h.s_q = {(long long)Tq * C, h.hs};
+    h.s_kv = {(long long)Tk * C, h.hs};
+    h.s_att = {NH * h.TT, h.TT};
+    return h;
 }
 
 mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const float *q,
@@ -86,21 +104,17 @@ mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const 
 {
     // out (B,Tq,C), att (B,NH,Tq,Tk), q (B,Tq,C), k (B,Tk,C), v (B,Tk,C), key_mask (B,Tk) or NULL
     ARG_CHECK(B > 0 && Tq > 0 && Tk > 0 && C > 0 && NH > 0 && C % NH == 0);
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const long long TqC = (long long)Tq * C, TkC = (long long)Tk * C;
-    const long long TT = (long long)Tq * Tk;
-    const bh_stride s_q = {TqC, hs}, s_kv = {TkC, hs}, s_att = {NH * TT, TT};
+    const heads h = head_layout(Tq, Tk, C, NH);
     // att_bh (Tq,Tk) = scale * q_bh (Tq,hs) @ k_bh^T (hs,Tk)
-    MMP_TRY(
-        gemm_bh(ctx, 0, 1, Tq, Tk, hs, scale, q, C, s_q, k, C, s_kv, 0.0f, att, Tk, s_att, B, NH));
+    MMP_TRY(gemm_bh(ctx, 0, 1, Tq, Tk, h.hs, h.scale, q, C, h.s_q, k, C, h.s_kv, 0.0f, att, Tk,
+                    h.s_att, B, NH));
     const int rows = B * NH * Tq;
     attention_softmax_kernel<<<row_blocks(rows), BLOCK, 0, ctx->stream>>>(att, key_mask, rows,
                                                                           NH * Tq, Tk, prec);
     LAUNCH_CHECK();
     // out_bh (Tq,hs) = att_bh (Tq,Tk) @ v_bh (Tk,hs)
-    return gemm_bh(ctx, 0, 0, Tq, hs, Tk, 1.0f, att, Tk, s_att, v, C, s_kv, 0.0f, out, C, s_q, B,
-                   NH);
+    return gemm_bh(ctx, 0, 0, Tq, h.hs, Tk, 1.0f, att, Tk, h.s_att, v, C, h.s_kv, 0.0f, out, C,
+                   h.s_q, B, NH);
 }
 
 mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *dv,
@@ -110,38 +124,34 @@ mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *d
     // dq (B,Tq,C), dk (B,Tk,C), dv (B,Tk,C), dout (B,Tq,C), att (B,NH,Tq,Tk),
     // q (B,Tq,C), k (B,Tk,C), v (B,Tk,C)
     ARG_CHECK(B > 0 && Tq > 0 && Tk > 0 && C > 0 && NH > 0 && C % NH == 0);
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const long long TqC = (long long)Tq * C, TkC = (long long)Tk * C;
-    const long long TT = (long long)Tq * Tk;
-    const bh_stride s_q = {TqC, hs}, s_kv = {TkC, hs}, s_att = {NH * TT, TT};
+    const heads h = head_layout(Tq, Tk, C, NH);
     if (dv) {
         // dv_bh (Tk,hs) += att_bh^T (Tk,Tq) @ dout_bh (Tq,hs)
-        MMP_TRY(gemm_bh(ctx, 1, 0, Tk, hs, Tq, 1.0f, att, Tk, s_att, dout, C, s_q, 1.0f, dv, C,
-                        s_kv, B, NH));
+        MMP_TRY(gemm_bh(ctx, 1, 0, Tk, h.hs, Tq, 1.0f, att, Tk, h.s_att, dout, C, h.s_q, 1.0f, dv,
+                        C, h.s_kv, B, NH));
     }
     if (!dq && !dk) {
         return MMP_OK;
     }
     void *ws;
-    MMP_TRY(mmp_cuda_ws_get(ctx, sizeof(float) * (size_t)B * NH * TT, &ws));
+    MMP_TRY(mmp_cuda_ws_get(ctx, sizeof(float) * (size_t)B * NH * h.TT, &ws));
     float *dp = (float *)ws;
     // dp_bh (Tq,Tk) = dout_bh (Tq,hs) @ v_bh^T (hs,Tk), then d scores in place
-    MMP_TRY(
-        gemm_bh(ctx, 0, 1, Tq, Tk, hs, 1.0f, dout, C, s_q, v, C, s_kv, 0.0f, dp, Tk, s_att, B, NH));
+    MMP_TRY(gemm_bh(ctx, 0, 1, Tq, Tk, h.hs, 1.0f, dout, C, h.s_q, v, C, h.s_kv, 0.0f, dp, Tk,
+                    h.s_att, B, NH));
     const int rows = B * NH * Tq;
     attention_softmax_bwd_kernel<<<row_blocks(rows), BLOCK, 0, ctx->stream>>>(dp, att, rows, Tk,
-                                                                              scale, prec);
+                                                                              h.scale, prec);
     LAUNCH_CHECK();
     if (dq) {
         // dq_bh (Tq,hs) += dscores_bh (Tq,Tk) @ k_bh (Tk,hs)
-        MMP_TRY(gemm_bh(ctx, 0, 0, Tq, hs, Tk, 1.0f, dp, Tk, s_att, k, C, s_kv, 1.0f, dq, C, s_q, B,
-                        NH));
+        MMP_TRY(gemm_bh(ctx, 0, 0, Tq, h.hs, Tk, 1.0f, dp, Tk, h.s_att, k, C, h.s_kv, 1.0f, dq, C,
+                        h.s_q, B, NH));
     }
     if (dk) {
         // dk_bh (Tk,hs) += dscores_bh^T (Tk,Tq) @ q_bh (Tq,hs)
-        MMP_TRY(gemm_bh(ctx, 1, 0, Tk, hs, Tq, 1.0f, dp, Tk, s_att, q, C, s_q, 1.0f, dk, C, s_kv, B,
-                        NH));
+        MMP_TRY(gemm_bh(ctx, 1, 0, Tk, h.hs, Tq, 1.0f, dp, Tk, h.s_att, q, C, h.s_q, 1.0f, dk, C,
+                        h.s_kv, B, NH));
     }
     return MMP_OK;
 }

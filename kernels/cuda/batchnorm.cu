@@ -132,13 +132,8 @@ mmp_err mmp_cuda_batchnorm_fwd_infer(mmp_cuda_ctx *ctx, float *out, const float 
     // out (N,C,HW), inp (N,C,HW), gamma (C), beta (C), running_mean (C), running_var (C)
     ARG_CHECK(N >= 0 && C > 0 && HW > 0);
     size_t total = (size_t)N * C * HW;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    bn_fwd_infer_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
-        out, inp, gamma, beta, running_mean, running_var, total, C, HW, eps);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, bn_fwd_infer_kernel, total, out, inp, gamma, beta, running_mean,
+                       running_var, total, C, HW, eps);
 }
 
 mmp_err mmp_cuda_batchnorm_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dgamma, float *dbeta,

@@ -64,6 +64,21 @@ void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx)
     ctx->conv_next = 0;
 }
 
+/* The first of cuDNN's ranked choices perf[0..got) that ran, passes ok and
+ * math_ok and, when deterministic, is deterministic; else fallback. */
+template <typename Perf, typename Algo>
+static Algo first_algo(const Perf *perf, int got, int (*ok)(Algo), int deterministic, Algo fallback)
+{
+    for (int i = 0; i < got; i++) {
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && ok(perf[i].algo) &&
+            (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC) &&
+            math_ok(perf[i].mathType)) {
+            return perf[i].algo;
+        }
+    }
+    return fallback;
+}
+
 /* The first heuristic choice that passes the filters above, else fallback. */
 static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
 {
@@ -71,42 +86,21 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     CU_TRY(cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, p->x, p->w, p->conv, p->y,
                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
-    p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    for (int i = 0; i < got; i++) {
-        if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd_algo_ok(fwd[i].algo) &&
-            math_ok(fwd[i].mathType)) {
-            p->fwd = fwd[i].algo;
-            break;
-        }
-    }
+    p->fwd = first_algo(fwd, got, fwd_algo_ok, 0, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
     CU_TRY(cudnnGetConvolutionForwardWorkspaceSize(ctx->cudnn, p->x, p->w, p->conv, p->y, p->fwd,
                                                    &p->fwd_ws));
 
     cudnnConvolutionBwdDataAlgoPerf_t bd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     CU_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         ctx->cudnn, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd));
-    p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    for (int i = 0; i < got; i++) {
-        if (bd[i].status == CUDNN_STATUS_SUCCESS && bwd_data_algo_ok(bd[i].algo) &&
-            bd[i].determinism == CUDNN_DETERMINISTIC && math_ok(bd[i].mathType)) {
-            p->bwd_data = bd[i].algo;
-            break;
-        }
-    }
+    p->bwd_data = first_algo(bd, got, bwd_data_algo_ok, 1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
     CU_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->cudnn, p->w, p->y, p->conv, p->x,
                                                         p->bwd_data, &p->bwd_data_ws));
 
     cudnnConvolutionBwdFilterAlgoPerf_t bf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CU_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         ctx->cudnn, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf));
-    p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    for (int i = 0; i < got; i++) {
-        if (bf[i].status == CUDNN_STATUS_SUCCESS && bwd_filter_algo_ok(bf[i].algo) &&
-            bf[i].determinism == CUDNN_DETERMINISTIC && math_ok(bf[i].mathType)) {
-            p->bwd_filter = bf[i].algo;
-            break;
-        }
-    }
+    p->bwd_filter = first_algo(bf, got, bwd_filter_algo_ok, 1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
     CU_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->cudnn, p->x, p->y, p->conv, p->w,
                                                           p->bwd_filter, &p->bwd_filter_ws));
     return MMP_OK;

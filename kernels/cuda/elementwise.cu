@@ -2,9 +2,7 @@
  * the double gradient accumulator.
  * Grid-stride loops over size_t n; the formulas are the CPU reference's. */
 #include "kernels/cuda/internal.cuh"
-
-#define GELU_SQRT_2_OVER_PI 0.7978845608028654f
-#define GELU_CUBIC 0.044715f
+#include "kernels/pointwise.h"
 
 static __global__ void relu_fwd_kernel(float *out, const float *inp, size_t n)
 {
@@ -25,21 +23,14 @@ static __global__ void relu_bwd_kernel(float *dinp, const float *dout, const flo
 static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
 {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        float x = inp[i];
-        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanhf(u));
+        out[i] = mmp_gelu(inp[i]);
     }
 }
 
 static __global__ void gelu_bwd_kernel(float *dinp, const float *dout, const float *inp, size_t n)
 {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        float x = inp[i];
-        float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
-        float t = tanhf(u);
-        float du = GELU_SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
-        float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-        dinp[i] += grad * dout[i];
+        dinp[i] += mmp_gelu_grad(inp[i]) * dout[i];
     }
 }
 
@@ -60,69 +51,39 @@ static __global__ void scale_kernel(float *x, float s, size_t n)
 mmp_err mmp_cuda_relu_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, size_t n)
 {
     // out (n), inp (n); out may alias inp
-    if (n == 0) {
-        return MMP_OK;
-    }
-    relu_fwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, relu_fwd_kernel, n, out, inp, n);
 }
 
 mmp_err mmp_cuda_relu_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *out,
                           size_t n)
 {
     // dinp (n), dout (n), out (n): the forward's output
-    if (n == 0) {
-        return MMP_OK;
-    }
-    relu_bwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, out, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, relu_bwd_kernel, n, dinp, dout, out, n);
 }
 
 mmp_err mmp_cuda_gelu_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, size_t n)
 {
     // out (n), inp (n)
-    if (n == 0) {
-        return MMP_OK;
-    }
-    gelu_fwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, gelu_fwd_kernel, n, out, inp, n);
 }
 
 mmp_err mmp_cuda_gelu_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *inp,
                           size_t n)
 {
     // dinp (n), dout (n), inp (n)
-    if (n == 0) {
-        return MMP_OK;
-    }
-    gelu_bwd_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, inp, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, gelu_bwd_kernel, n, dinp, dout, inp, n);
 }
 
 mmp_err mmp_cuda_add(mmp_cuda_ctx *ctx, float *out, const float *a, const float *b, size_t n)
 {
     // out (n), a (n), b (n); out may alias a or b
-    if (n == 0) {
-        return MMP_OK;
-    }
-    add_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(out, a, b, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, add_kernel, n, out, a, b, n);
 }
 
 mmp_err mmp_cuda_scale(mmp_cuda_ctx *ctx, float *x, float s, size_t n)
 {
     // x (n)
-    if (n == 0) {
-        return MMP_OK;
-    }
-    scale_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(x, s, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, scale_kernel, n, x, s, n);
 }
 
 /* One thread per output element (b, c, r) reads inp (b, r, c): writes are
@@ -159,33 +120,17 @@ mmp_err mmp_cuda_transpose(mmp_cuda_ctx *ctx, float *out, const float *inp, int 
     // out (B,C,R), inp (B,R,C)
     ARG_CHECK(B >= 0 && R >= 0 && C >= 0);
     size_t total = (size_t)B * R * C;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    transpose_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, B, R, C,
-                                                                        accumulate);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, transpose_kernel, total, out, inp, B, R, C, accumulate);
 }
 
 mmp_err mmp_cuda_acc_f64(mmp_cuda_ctx *ctx, double *acc, const float *x, size_t n)
 {
     // acc (n), x (n)
-    if (n == 0) {
-        return MMP_OK;
-    }
-    acc_f64_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(acc, x, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, acc_f64_kernel, n, acc, x, n);
 }
 
 mmp_err mmp_cuda_round_f64(mmp_cuda_ctx *ctx, float *x, const double *acc, size_t n)
 {
     // x (n), acc (n)
-    if (n == 0) {
-        return MMP_OK;
-    }
-    round_f64_kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(x, acc, n);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, round_f64_kernel, n, x, acc, n);
 }

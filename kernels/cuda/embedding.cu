@@ -49,13 +49,7 @@ mmp_err mmp_cuda_embedding_fwd(mmp_cuda_ctx *ctx, float *out, const int32_t *ids
     // out (B,T,C), ids (B,T), wte (V,C), wpe (>=T,C) or NULL
     ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
     size_t total = (size_t)B * T * C;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    embedding_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(out, ids, wte, wpe, B,
-                                                                            T, C);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, embedding_fwd_kernel, total, out, ids, wte, wpe, B, T, C);
 }
 
 mmp_err mmp_cuda_embedding_bwd(mmp_cuda_ctx *ctx, float *dwte, float *dwpe, const float *dout,

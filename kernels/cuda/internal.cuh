@@ -109,6 +109,21 @@ static inline unsigned grid_for(size_t n, int threads)
     return (unsigned)(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
 }
 
+/* Launches a grid-stride kernel over n items (grid_for(n, BLOCK) blocks of
+ * BLOCK threads) on ctx's stream and checks the launch; nothing for n == 0.
+ * So the launcher of such a kernel is its shape checks and this one call. */
+template <typename... Params, typename... Args>
+static inline mmp_err launch_grid(mmp_cuda_ctx *ctx, void (*kernel)(Params...), size_t n,
+                                  Args... args)
+{
+    if (n == 0) {
+        return MMP_OK;
+    }
+    kernel<<<grid_for(n, BLOCK), BLOCK, 0, ctx->stream>>>(args...);
+    LAUNCH_CHECK();
+    return MMP_OK;
+}
+
 /* Warp-per-row kernels: ROWS_PER_BLOCK rows to a block of BLOCK threads.
  * warp_row() is the calling warp's row, or -1 past the end (the whole warp
  * then leaves together, so its shuffles stay full). */
@@ -169,6 +184,18 @@ template <typename T, typename Op> __device__ inline T warp_reduce(T v, Op op)
         v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
     }
     return v;
+}
+
+/* Every lane gets sum_i a[i] * b[i] over one row of n values, each lane
+ * summing its stride-WARP share in T (float or double) before the warp
+ * reduction: the one dot product of the warp-per-row kernels. */
+template <typename T> __device__ inline T warp_dot(const float *a, const float *b, int n)
+{
+    T s = 0;
+    for (int i = threadIdx.x % WARP; i < n; i += WARP) {
+        s += (T)a[i] * b[i];
+    }
+    return warp_reduce(s, sum_op());
 }
 
 /* Every thread gets the reduction of the block's values, in a fixed order.

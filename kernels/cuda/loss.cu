@@ -4,6 +4,7 @@
  * The batch here is a micro-batch (tens to hundreds of rows), so the
  * single-block reductions are not a bottleneck. */
 #include "kernels/cuda/internal.cuh"
+#include "kernels/pointwise.h"
 
 #define REDUCE_THREADS 1024
 
@@ -93,15 +94,7 @@ static __global__ void bce_bwd_kernel(float *dlogits, const float *logits, const
                                       float dloss, int n)
 {
     for (size_t i = thread_index(); i < (size_t)n; i += thread_count()) {
-        float x = logits[i];
-        float sig;
-        if (x >= 0.0f) {
-            sig = 1.0f / (1.0f + expf(-x));
-        } else {
-            float e = expf(x);
-            sig = e / (1.0f + e);
-        }
-        dlogits[i] += dloss * (sig - labels[i]) / (float)n;
+        dlogits[i] += dloss * (mmp_sigmoid(logits[i]) - labels[i]) / (float)n;
     }
 }
 

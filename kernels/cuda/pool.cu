@@ -1,6 +1,7 @@
 /* Pooling: 2-D max pool over images (with saved argmax) and a masked mean
  * over the token axis of sequences, as the CPU reference defines them. */
 #include "kernels/cuda/internal.cuh"
+#include "kernels/pointwise.h"
 
 /* One thread per output. Only real pixels compete (padding never wins), the
  * first maximum in row-major order wins ties, and a window entirely in the
@@ -13,27 +14,7 @@ static __global__ void maxpool_fwd_kernel(float *out, int32_t *argmax, const flo
         const size_t plane = o / ((size_t)OH * OW);
         const int oh = (int)(o / OW % OH), ow = (int)(o % OW);
         const float *x = inp + plane * H * W;
-        float best = 0.0f;
-        int32_t best_i = -1;
-        for (int kh = 0; kh < k; kh++) {
-            int ih = oh * stride - pad + kh;
-            if (ih < 0 || ih >= H) {
-                continue;
-            }
-            for (int kw = 0; kw < k; kw++) {
-                int iw = ow * stride - pad + kw;
-                if (iw < 0 || iw >= W) {
-                    continue;
-                }
-                float v = x[ih * W + iw];
-                if (best_i < 0 || v > best) {
-                    best = v;
-                    best_i = ih * W + iw;
-                }
-            }
-        }
-        out[o] = best;
-        argmax[o] = best_i;
+        argmax[o] = mmp_maxpool_window(x, H, W, k, stride, pad, oh, ow, &out[o]);
     }
 }
 
@@ -69,26 +50,13 @@ static __global__ void maxpool_bwd_kernel(float *dinp, const float *dout, const 
     }
 }
 
-/* Tokens of sequence b that count: all T without a mask. */
-static __device__ int token_count(const float *mask, int b, int T)
-{
-    if (!mask) {
-        return T;
-    }
-    int count = 0;
-    for (int t = 0; t < T; t++) {
-        count += mask[(size_t)b * T + t] != 0.0f;
-    }
-    return count;
-}
-
 /* One thread per (b, c): neighbouring threads read neighbouring channels. */
 static __global__ void meanpool_fwd_kernel(float *out, const float *inp, const float *mask, int B,
                                            int T, int C)
 {
     for (size_t o = thread_index(); o < (size_t)B * C; o += thread_count()) {
         const int b = (int)(o / C), c = (int)(o % C);
-        const int count = token_count(mask, b, T);
+        const int count = mmp_token_count(mask, b, T);
         float sum = 0.0f;
         if (count > 0) {
             for (int t = 0; t < T; t++) {
@@ -108,7 +76,7 @@ static __global__ void meanpool_bwd_kernel(float *dinp, const float *dout, const
 {
     for (size_t o = thread_index(); o < (size_t)B * C; o += thread_count()) {
         const int b = (int)(o / C), c = (int)(o % C);
-        const int count = token_count(mask, b, T);
+        const int count = mmp_token_count(mask, b, T);
         if (count == 0) {
             continue;
         }
@@ -130,13 +98,8 @@ mmp_err mmp_cuda_maxpool2d_fwd(mmp_cuda_ctx *ctx, float *out, int32_t *argmax, c
     ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && k > 0 && stride > 0 && pad >= 0);
     ARG_CHECK(OH > 0 && OW > 0);
     size_t total = (size_t)N * C * OH * OW;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    maxpool_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
-        out, argmax, inp, total, H, W, k, stride, pad, OH, OW);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, maxpool_fwd_kernel, total, out, argmax, inp, total, H, W, k, stride,
+                       pad, OH, OW);
 }
 
 mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
@@ -147,13 +110,8 @@ mmp_err mmp_cuda_maxpool2d_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout
     ARG_CHECK(N >= 0 && C >= 0 && H > 0 && W > 0 && OH > 0 && OW > 0 && k > 0 && stride > 0 &&
               pad >= 0);
     size_t total = (size_t)N * C * H * W;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    maxpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(
-        dinp, dout, argmax, total, H, W, k, stride, pad, OH, OW);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, maxpool_bwd_kernel, total, dinp, dout, argmax, total, H, W, k, stride,
+                       pad, OH, OW);
 }
 
 mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *mask,
@@ -162,12 +120,7 @@ mmp_err mmp_cuda_meanpool_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, c
     // out (B,C), inp (B,T,C), mask (B,T) or NULL
     ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
     size_t total = (size_t)B * C;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    meanpool_fwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(out, inp, mask, B, T, C);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, meanpool_fwd_kernel, total, out, inp, mask, B, T, C);
 }
 
 mmp_err mmp_cuda_meanpool_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout, const float *mask,
@@ -176,11 +129,5 @@ mmp_err mmp_cuda_meanpool_bwd(mmp_cuda_ctx *ctx, float *dinp, const float *dout,
     // dinp (B,T,C), dout (B,C), mask (B,T) or NULL
     ARG_CHECK(B >= 0 && T >= 0 && C >= 0);
     size_t total = (size_t)B * C;
-    if (total == 0) {
-        return MMP_OK;
-    }
-    meanpool_bwd_kernel<<<grid_for(total, BLOCK), BLOCK, 0, ctx->stream>>>(dinp, dout, mask, B, T,
-                                                                           C);
-    LAUNCH_CHECK();
-    return MMP_OK;
+    return launch_grid(ctx, meanpool_bwd_kernel, total, dinp, dout, mask, B, T, C);
 }

@@ -22,11 +22,7 @@ static __global__ void softmax_bwd_kernel(float *dinp, const float *dout, const 
     const float *dy = dout + (size_t)row * cols;
     const float *y = out + (size_t)row * cols;
     float *dx = dinp + (size_t)row * cols;
-    float s = 0.0f;
-    for (int c = lane; c < cols; c += WARP) {
-        s += dy[c] * y[c];
-    }
-    s = warp_reduce(s, sum_op());
+    const float s = warp_dot<float>(dy, y, cols);
     for (int c = lane; c < cols; c += WARP) {
         dx[c] += y[c] * (dy[c] - s);
     }
@@ -42,11 +38,7 @@ static __global__ void l2norm_fwd_kernel(float *out, float *norm, const float *i
     const int lane = threadIdx.x % WARP;
     const float *x = inp + (size_t)row * C;
     float *y = out + (size_t)row * C;
-    double ss = 0.0;
-    for (int i = lane; i < C; i += WARP) {
-        ss += (double)x[i] * x[i];
-    }
-    const float nrm = (float)sqrt(warp_reduce(ss, sum_op()));
+    const float nrm = (float)sqrt(warp_dot<double>(x, x, C));
     const float inv = 1.0f / (nrm > eps ? nrm : eps);
     for (int i = lane; i < C; i += WARP) {
         y[i] = x[i] * inv;
@@ -74,11 +66,7 @@ static __global__ void l2norm_bwd_kernel(float *dinp, const float *dout, const f
         }
         return;
     }
-    double dot = 0.0;
-    for (int i = lane; i < C; i += WARP) {
-        dot += (double)dy[i] * y[i];
-    }
-    const float d = (float)warp_reduce(dot, sum_op());
+    const float d = (float)warp_dot<double>(dy, y, C);
     const float inv = 1.0f / norm[row];
     for (int i = lane; i < C; i += WARP) {
         dx[i] += (dy[i] - y[i] * d) * inv;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/tensor.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -48,6 +49,33 @@ static inline const char *fuzz_file(const char *suffix, const uint8_t *data, siz
     int ok = fwrite(data, 1, size, f) == size;
     ok = fclose(f) == 0 && ok;
     return ok ? path : NULL;
+}
+
+/* A malloc'd copy of data[0..size) (at least one byte) for harnesses that
+ * repair checksums before parsing; NULL when out of memory. */
+static inline uint8_t *fuzz_copy(const uint8_t *data, size_t size)
+{
+    uint8_t *copy = malloc(size ? size : 1);
+    if (copy) {
+        memcpy(copy, data, size);
+    }
+    return copy;
+}
+
+/* Traps unless an accepted tensor's shape describes the bytes it holds: no
+ * negative extent, no overflowing element count, its last byte readable. */
+static inline void fuzz_check_tensor(const mmp_tensor *t)
+{
+    uint64_t n = mmp_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 0 || __builtin_mul_overflow(n, (uint64_t)t->shape[d], &n)) {
+            __builtin_trap(); /* the element count overflows */
+        }
+    }
+    if (n > 0) {
+        volatile uint8_t last = ((const uint8_t *)t->data)[n - 1];
+        (void)last;
+    }
 }
 
 #endif

@@ -10,11 +10,10 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_quiet();
-    uint8_t *copy = malloc(size ? size : 1);
+    uint8_t *copy = fuzz_copy(data, size);
     if (!copy) {
         return 0;
     }
-    memcpy(copy, data, size);
     if (size >= 24) {
         uint64_t h = mmp_fnv1a(MMP_FNV1A_INIT, copy, size - 8);
         memcpy(copy + size - 8, &h, 8);
@@ -31,17 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!e) {
                 __builtin_trap(); /* every record read must be found by its name */
             }
-            /* An accepted tensor's shape must describe the bytes it holds. */
-            uint64_t n = mmp_dtype_size(e->t.dtype);
-            for (int d = 0; d < e->t.ndim; d++) {
-                if (e->t.shape[d] < 0 || __builtin_mul_overflow(n, (uint64_t)e->t.shape[d], &n)) {
-                    __builtin_trap(); /* the element count overflows */
-                }
-            }
-            if (n > 0) {
-                volatile uint8_t last = ((const uint8_t *)e->t.data)[n - 1];
-                (void)last;
-            }
+            fuzz_check_tensor(&e->t); /* its shape describes the bytes it holds */
         }
     }
     mmp_ckpt_fini(&c);

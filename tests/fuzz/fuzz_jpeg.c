@@ -1,5 +1,5 @@
 /* JPEG decoding (data/jpeg.c, libjpeg-turbo under our limits). */
-#include "data/jpeg.h"
+#include "data/codecs.h"
 #include "data/png.h"
 #include "tests/fuzz/fuzz.h"
 

@@ -45,11 +45,10 @@ static void fix_crcs(uint8_t *p, size_t n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_quiet();
-    uint8_t *copy = malloc(size ? size : 1);
+    uint8_t *copy = fuzz_copy(data, size);
     if (!copy) {
         return 0;
     }
-    memcpy(copy, data, size);
     fix_crcs(copy, size);
     mmp_image img = {0};
     if (mmp_png_decode("fuzz.png", copy, size, 0, &img) == MMP_OK) {

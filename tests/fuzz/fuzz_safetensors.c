@@ -22,16 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!e) {
                 __builtin_trap(); /* every tensor read must be found by its name */
             }
-            uint64_t n = mmp_dtype_size(e->t.dtype);
-            for (int d = 0; d < e->t.ndim; d++) {
-                if (e->t.shape[d] < 0 || __builtin_mul_overflow(n, (uint64_t)e->t.shape[d], &n)) {
-                    __builtin_trap(); /* the element count overflows */
-                }
-            }
-            if (n > 0) {
-                volatile uint8_t last = ((const uint8_t *)e->t.data)[n - 1];
-                (void)last;
-            }
+            fuzz_check_tensor(&e->t); /* its shape describes the bytes it holds */
             items[i] = (mmp_st_item){.name = e->name, .t = &e->t};
         }
         /* what was accepted writes and reads back to the same count */

@@ -37,7 +37,9 @@ import os
 import sys
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter, features
+from PIL import Image, ImageFilter, features
+
+import pictures  # tests/image/pictures.py, beside this script
 
 VERSION = 1
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -156,23 +158,8 @@ def apply(img, g, size, mean, std):
 # ---- pictures ----------------------------------------------------------------
 def picture(W, H, seed, noise=6.0):
     """Photo-like: smooth colour gradients, a few shapes, mild noise."""
-    r = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:H, 0:W].astype(np.float64)
-    u, v = xx / max(W - 1, 1), yy / max(H - 1, 1)
-    base = np.stack([40 + 180 * u, 30 + 190 * v, 200 - 150 * u * v], axis=-1)
-    img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8), "RGB")
-    d = ImageDraw.Draw(img)
-    for _ in range(3):
-        x0, y0 = int(r.integers(0, W)), int(r.integers(0, H))
-        x1, y1 = x0 + int(r.integers(2, max(3, W // 2))), y0 + int(r.integers(2, max(3, H // 2)))
-        colour = tuple(int(c) for c in r.integers(0, 256, 3))
-        if r.integers(0, 2):
-            d.ellipse((x0, y0, x1, y1), fill=colour)
-        else:
-            d.rectangle((x0, y0, x1, y1), fill=colour)
-    d.line((0, H - 1, W - 1, 0), fill=(250, 250, 250), width=1)
-    a = np.asarray(img).astype(np.float64) + r.normal(0, noise, (H, W, 3))
-    return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), "RGB")
+    return pictures.picture(W, H, seed, (40, 180, 30, 190, 200, 150), noise, rectangles=True,
+                            diagonal=True)
 
 
 def save(img, name, **kw):

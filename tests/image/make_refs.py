@@ -33,7 +33,9 @@ import sys
 import tempfile
 
 import numpy as np
-from PIL import Image, ImageDraw, features
+from PIL import Image, features
+
+import pictures  # tests/image/pictures.py, beside this script
 
 VERSION = 1
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "formats")
@@ -73,18 +75,7 @@ int main(int argc, char **argv)
 
 def picture(W, H, seed, mode="RGB"):
     """Smooth gradients, a few shapes, mild noise: photo-like enough for JPEG."""
-    r = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:H, 0:W].astype(np.float64)
-    u, v = xx / max(W - 1, 1), yy / max(H - 1, 1)
-    base = np.stack([30 + 200 * u, 20 + 210 * v, 220 - 170 * u * v], axis=-1)
-    img = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8), "RGB")
-    d = ImageDraw.Draw(img)
-    for _ in range(3):
-        x0, y0 = int(r.integers(0, W)), int(r.integers(0, H))
-        x1, y1 = x0 + int(r.integers(2, max(3, W // 2))), y0 + int(r.integers(2, max(3, H // 2)))
-        d.ellipse((x0, y0, x1, y1), fill=tuple(int(c) for c in r.integers(0, 256, 3)))
-    a = np.asarray(img).astype(np.float64) + r.normal(0, 4.0, (H, W, 3))
-    return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), "RGB")
+    return pictures.picture(W, H, seed, (30, 200, 20, 210, 220, 170), 4.0)
 
 
 def alpha_ramp(W, H):
