@@ -153,6 +153,10 @@ static mmp_err open_reduce(worker *w, const char *address)
                          .capacity = cap,
                          .timeout_ms = peer_timeout_ms(w)};
     MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
+    if (address[0] != '/') {
+        MMP_INFO("%s: replicas' reduce over tcp via %s (rank %d of %d)", w->name,
+                 mmp_reduce_address(w->reduce), a->replica, w->replicas);
+    }
     if (w->gpu >= 0) {
         w->reduce_host = mmp_backend_host_alloc(w->be, w->params->total * sizeof(double));
         if (!w->reduce_host) {

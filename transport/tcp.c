@@ -122,8 +122,10 @@ static int tcp_can_connect(const mmp_channel_cfg *cfg, const char **why_not)
 
 static void set_what(tcp_channel *ch)
 {
-    if (ch->peer[0]) {
-        snprintf(ch->what, sizeof ch->what, "tcp %s (%s end %s)", ch->address, who(ch), ch->peer);
+    if (ch->peer[0] && ch->creator) {
+        /* a connector's peer is its address */
+        snprintf(ch->what, sizeof ch->what, "tcp %s (its %s end at %s)", ch->address, who(ch),
+                 ch->peer);
     } else {
         snprintf(ch->what, sizeof ch->what, "tcp %s", ch->address);
     }
@@ -213,7 +215,9 @@ static void receive_loop(tcp_channel *ch)
         }
         if (e != MMP_OK) {
             if (got == 0 && e == MMP_ERR_PEER && strstr(mmp_last_error(), "closed")) {
-                mmp_errorf(MMP_ERR_PEER, "%s: the sending end closed the connection", ch->what);
+                mmp_errorf(MMP_ERR_PEER,
+                           "%s: the sending end closed the connection (it exited or died)",
+                           ch->what);
             }
             fail(ch, e, k);
             return;
@@ -496,7 +500,9 @@ static mmp_err take_credits(tcp_channel *ch, uint64_t want, double deadline)
                                        sizeof ch->credit - ch->credit_have, &n);
         if (e != MMP_OK) {
             if (strstr(mmp_last_error(), "closed")) {
-                return mmp_errorf(MMP_ERR_PEER, "%s: the receiving end closed the connection",
+                return mmp_errorf(MMP_ERR_PEER,
+                                  "%s: the receiving end closed the connection (it exited or "
+                                  "died)",
                                   ch->what);
             }
             return e;
