@@ -292,7 +292,8 @@ static mmp_err peer_error(const char *what, int err, const char *doing)
 {
     if (err == ECONNRESET || err == EPIPE || err == ETIMEDOUT || err == EHOSTUNREACH ||
         err == ENETUNREACH || err == ECONNABORTED) {
-        return mmp_errorf(MMP_ERR_PEER, "%s: %s: connection lost (%s)", what, doing, strerror(err));
+        return mmp_errorf(MMP_ERR_PEER, "%s: %s: connection lost (%s: the peer exited or died)",
+                          what, doing, strerror(err));
     }
     return mmp_errorf(MMP_ERR_IO, "%s: %s: %s", what, doing, strerror(err));
 }
