@@ -295,9 +295,14 @@ mmp_err mmp_sock_connect(int *fd, const char *what, const char *address, double 
 /* errno of a failed read/write as the peer's doing. */
 static mmp_err peer_error(const char *what, int err, const char *doing)
 {
-    if (err == ECONNRESET || err == EPIPE || err == ETIMEDOUT || err == EHOSTUNREACH ||
-        err == ENETUNREACH || err == ECONNABORTED) {
+    if (err == ECONNRESET || err == EPIPE || err == ECONNABORTED) {
         return mmp_errorf(MMP_ERR_PEER, "%s: %s: connection lost (%s: the peer exited or died)",
+                          what, doing, strerror(err));
+    }
+    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH) {
+        return mmp_errorf(MMP_ERR_PEER,
+                          "%s: %s: connection lost (%s: the peer's host is unreachable or went "
+                          "silent)",
                           what, doing, strerror(err));
     }
     return mmp_errorf(MMP_ERR_IO, "%s: %s: %s", what, doing, strerror(err));
