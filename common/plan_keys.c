@@ -160,6 +160,7 @@ static const char *const balance_names[] = {"off", "dynamic", NULL};
 static const char *const routing_names[] = {"weighted", "round_robin", NULL};
 static const char *const bad_sample_names[] = {"fail", "skip", NULL};
 static const char *const compute_names[] = {"real", "simulated", NULL};
+static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
 
 static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
@@ -168,6 +169,9 @@ static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
 static_assert(MMP_BALANCE_OFF == 0 && MMP_BALANCE_DYNAMIC == 1, "balance_names order");
 static_assert(MMP_BAD_FAIL == 0 && MMP_BAD_SKIP == 1, "bad_sample_names order");
 static_assert(MMP_COMPUTE_REAL == 0 && MMP_COMPUTE_SIMULATED == 1, "compute_names order");
+static_assert(MMP_DATA_AUTO == 0 && MMP_DATA_SHM == 1 && MMP_DATA_TCP == 2,
+              "data_transport_names order");
+static_assert(sizeof(mmp_data_transport) == sizeof(int), "enum fields are int-sized");
 /* Enum fields are stored through an int pointer. */
 static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == sizeof(int) &&
                   sizeof(mmp_balance_mode) == sizeof(int) &&
@@ -307,6 +311,9 @@ static const mmp_key_spec keys[] = {
     FLOAT("sim.change.image", sim.change.image, '[', 0, 1e6, ']', 0),
     FLOAT("sim.change.text", sim.change.text, '[', 0, 1e6, ']', 0),
     FLOAT("sim.change.fusion", sim.change.fusion, '[', 0, 1e6, ']', 0),
+
+    /* the data plane's transports (coordinator/steps.c edge_transport) */
+    ENUM("transport.data", transport.data, data_transport_names, MMP_DATA_AUTO),
 
     {.path = "hosts",
      .type = MMP_KEY_CUSTOM,

@@ -22,7 +22,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -89,6 +92,9 @@ typedef struct board {
     char msg[MAX_R][512];
     double died_at; /* when the self-killing rank raised SIGKILL */
     _Atomic int go; /* the parent's signal to a waiting child */
+    /* Over tcp: where rank 0 listens (mmp_reduce_address), for the others. */
+    _Atomic int addr_ready;
+    char addr[96];
 } board;
 
 typedef struct job {
@@ -103,6 +109,38 @@ typedef struct job {
 } job;
 
 typedef int (*rank_fn)(const job *j, int rank);
+
+/* The reduce over tcp: rank 0 listens on a loopback port of its choosing. */
+#define TCP_NAME "127.0.0.1:0"
+
+static int over_tcp(const job *j)
+{
+    return strcmp(j->name, TCP_NAME) == 0;
+}
+
+/* Opens rank `rank` of j with this capacity. Over tcp, rank 0 publishes
+ * the port it got and the others wait (at most 20 s) to learn it. */
+static mmp_err open_rank(const job *j, int rank, size_t capacity, mmp_reduce **r)
+{
+    mmp_reduce_cfg cfg = {.name = j->name,
+                          .replicas = j->replicas,
+                          .rank = rank,
+                          .capacity = capacity,
+                          .timeout_ms = j->timeout_ms};
+    if (over_tcp(j) && rank > 0) {
+        for (int i = 0; i < 20000 && !atomic_load(&j->bd->addr_ready); i++) {
+            struct timespec t = {0, 1000000};
+            nanosleep(&t, NULL);
+        }
+        cfg.name = j->bd->addr;
+    }
+    mmp_err e = mmp_reduce_open(r, &cfg);
+    if (e == MMP_OK && over_tcp(j) && rank == 0) {
+        snprintf(j->bd->addr, sizeof j->bd->addr, "%s", mmp_reduce_address(*r));
+        atomic_store(&j->bd->addr_ready, 1);
+    }
+    return e;
+}
 
 static board *new_board(void)
 {
@@ -219,8 +257,7 @@ static int rank_rounds(const job *j, int rank)
     if (rank == 0) {
         sleep_us(20000); /* the others wait for the segment */
     }
-    mmp_reduce_cfg cfg = make_cfg(j->name, j->replicas, rank, j->capacity, j->timeout_ms);
-    mmp_err e = mmp_reduce_open(&r, &cfg);
+    mmp_err e = open_rank(j, rank, j->capacity, &r);
     if (e != MMP_OK) {
         PROBLEM(bad, "rank %d: open: %s: %s", rank, mmp_err_name(e), mmp_last_error());
         goto exit;
@@ -337,11 +374,19 @@ static void test_single(void)
 
 /* ---- (2) many rounds, bitwise ------------------------------------------- */
 
+static int tcp_now; /* the case runs over tcp (its tcp/ twin) */
+
+/* The name of a new reduce: a fresh shm name, or TCP_NAME. */
+static const char *reduce_name(char *buf, size_t n)
+{
+    return tcp_now ? TCP_NAME : fresh_name(buf, n);
+}
+
 static void test_rounds(int replicas)
 {
     char name[96];
     board *bd = new_board();
-    job j = {.name = fresh_name(name, sizeof name),
+    job j = {.name = reduce_name(name, sizeof name),
              .replicas = replicas,
              .capacity = CAP,
              .timeout_ms = 30000,
@@ -404,10 +449,17 @@ static void check_survivors(const job *j, const pid_t *pids, double t0)
             continue;
         }
         char want[64];
-        snprintf(want, sizeof want, "rank %d (pid %d) is gone", j->victim, (int)pids[j->victim]);
+        /* Over tcp no pid crosses: the rank and its address are named. */
+        if (over_tcp(j)) {
+            snprintf(want, sizeof want, "rank %d (", j->victim);
+        } else {
+            snprintf(want, sizeof want, "rank %d (pid %d) is gone", j->victim,
+                     (int)pids[j->victim]);
+        }
         double after = j->bd->err_at[k] - t0;
         CHECK(j->bd->err[k] == MMP_ERR_PEER);
-        CHECK(strstr(j->bd->msg[k], want) != NULL && strstr(j->bd->msg[k], j->name) != NULL);
+        CHECK(strstr(j->bd->msg[k], want) != NULL &&
+              strstr(j->bd->msg[k], over_tcp(j) ? j->bd->addr : j->name) != NULL);
         CHECK(after >= 0 && after < 1000);
         if (j->bd->err[k] != MMP_ERR_PEER || after < 0 || after >= 1000 ||
             !strstr(j->bd->msg[k], want)) {
@@ -425,7 +477,7 @@ static void test_killed(void)
     /* A rank SIGKILLs itself between two sums: the others are in (or soon
      * in) the next one. timeout_ms is long: only noticing the death ends it. */
     board *bd = new_board();
-    job j = {.name = fresh_name(name, sizeof name),
+    job j = {.name = reduce_name(name, sizeof name),
              .replicas = 3,
              .capacity = 1000,
              .timeout_ms = 30000,
@@ -442,7 +494,7 @@ static void test_killed(void)
     /* Rank 0, the creator, killed from outside at a random point; it stays
      * an unreaped zombie until the survivors are done. */
     bd = new_board();
-    j = (job){.name = fresh_name(name, sizeof name),
+    j = (job){.name = reduce_name(name, sizeof name),
               .replicas = 4,
               .capacity = 3000,
               .timeout_ms = 30000,
@@ -635,6 +687,73 @@ static void test_geometry(void)
     mmp_reduce_close(r1);
 }
 
+/* ---- (5b) over tcp: geometry, absent and closing peers ------------------
+ * In this process: rank 0's accepting thread answers every rank that opens. */
+
+static void test_tcp_geometry(void)
+{
+    mmp_reduce *r0 = NULL, *r1 = NULL, *r2 = NULL, *x = NULL;
+    mmp_reduce_cfg c0 = make_cfg(TCP_NAME, 3, 0, 100, 1000);
+    CHECK_OK(mmp_reduce_open(&r0, &c0));
+    char at[96];
+    snprintf(at, sizeof at, "%s", r0 ? mmp_reduce_address(r0) : "127.0.0.1:1");
+    CHECK(strncmp(at, "127.0.0.1:", 10) == 0 && atoi(at + 10) > 0);
+
+    mmp_reduce_cfg bad = make_cfg(at, 3, 1, 200, 1000);
+    CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_PEER && x == NULL);
+    CHECK(strstr(mmp_last_error(), "100") && strstr(mmp_last_error(), "200"));
+    bad = make_cfg(at, 2, 1, 100, 1000);
+    CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_PEER && x == NULL);
+    CHECK(strstr(mmp_last_error(), "3 replicas") && strstr(mmp_last_error(), "2 replicas"));
+
+    /* Refused ranks leave rank 0 listening; a rank attaches once. */
+    mmp_reduce_cfg c1 = make_cfg(at, 3, 1, 100, 1000);
+    CHECK_OK(mmp_reduce_open(&r1, &c1));
+    CHECK(mmp_reduce_open(&x, &c1) == MMP_ERR_PEER && x == NULL);
+    CHECK(strstr(mmp_last_error(), "already attached"));
+    float v[101] = {0};
+    CHECK(mmp_reduce_sum(r1, v, 101) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "capacity 100"));
+    mmp_reduce_cfg c2 = make_cfg(at, 3, 2, 100, 1000);
+    CHECK_OK(mmp_reduce_open(&r2, &c2));
+    mmp_reduce_close(r1);
+    mmp_reduce_close(r2);
+
+    /* A rank that closed: rank 0's next sum fails at once, naming it. */
+    double t0 = now_ms();
+    CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER);
+    CHECK(now_ms() - t0 < 300 && strstr(mmp_last_error(), "rank 1 (") &&
+          strstr(mmp_last_error(), "closed"));
+    t0 = now_ms();
+    CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER && now_ms() - t0 < 200 &&
+          strstr(mmp_last_error(), "earlier"));
+    mmp_reduce_close(r0);
+
+    /* A rank that never connects: rank 0's sum gives up after timeout_ms. */
+    c0 = make_cfg(TCP_NAME, 2, 0, 16, 300);
+    CHECK_OK(mmp_reduce_open(&r0, &c0));
+    t0 = now_ms();
+    CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER);
+    double waited = now_ms() - t0;
+    CHECK(waited >= 290 && waited < 900 && strstr(mmp_last_error(), "rank 1 did not connect"));
+    mmp_reduce_close(r0);
+
+    /* No rank 0 at all (a port held bound, never listening): open gives up
+     * after timeout_ms. */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(held >= 0 && bind(held, (struct sockaddr *)&a, sizeof a) == 0 &&
+          getsockname(held, (struct sockaddr *)&a, &l) == 0);
+    snprintf(at, sizeof at, "127.0.0.1:%d", ntohs(a.sin_port));
+    c1 = make_cfg(at, 2, 1, 16, 300);
+    t0 = now_ms();
+    CHECK(mmp_reduce_open(&x, &c1) == MMP_ERR_PEER && x == NULL);
+    waited = now_ms() - t0;
+    CHECK(waited >= 290 && waited < 800 && strstr(mmp_last_error(), at));
+    close(held);
+}
+
 /* ---- (6) ranks disagree on n -------------------------------------------- */
 
 static int rank_mismatch(const job *j, int rank)
@@ -642,8 +761,7 @@ static int rank_mismatch(const job *j, int rank)
     int bad = 0;
     mmp_reduce *r = NULL;
     float v[64];
-    mmp_reduce_cfg cfg = make_cfg(j->name, j->replicas, rank, 64, j->timeout_ms);
-    mmp_err e = mmp_reduce_open(&r, &cfg);
+    mmp_err e = open_rank(j, rank, 64, &r);
     if (e != MMP_OK) {
         PROBLEM(bad, "rank %d: open: %s", rank, mmp_last_error());
         return bad;
@@ -679,7 +797,7 @@ static void test_mismatch(void)
 {
     char name[96];
     board *bd = new_board();
-    job j = {.name = fresh_name(name, sizeof name),
+    job j = {.name = reduce_name(name, sizeof name),
              .replicas = 2,
              .capacity = 64,
              .timeout_ms = 5000,
@@ -816,10 +934,35 @@ CASE(geometry, "geometry")
 CASE(mismatch, "n-mismatch")
 CASE(forged, "forged")
 
+/* The tcp twins: the same cases with the sums over loopback tcp. */
+#define TCP_CASE(fn, name)                                                                         \
+    static void case_tcp_##fn(void)                                                                \
+    {                                                                                              \
+        tcp_now = 1;                                                                               \
+        run_case(name, test_##fn);                                                                 \
+        tcp_now = 0;                                                                               \
+    }
+TCP_CASE(rounds_2, "tcp/rounds-2")
+TCP_CASE(rounds_3, "tcp/rounds-3")
+TCP_CASE(killed, "tcp/killed")
+TCP_CASE(mismatch, "tcp/n-mismatch")
+TCP_CASE(tcp_geometry, "tcp/geometry")
+
 static const mmp_test_case cases[] = {
-    {"single", case_single},     {"rounds-2", case_rounds_2},   {"rounds-3", case_rounds_3},
-    {"rounds-4", case_rounds_4}, {"killed", case_killed},       {"absent-peer", case_absent_peer},
-    {"geometry", case_geometry}, {"n-mismatch", case_mismatch}, {"forged", case_forged},
+    {"single", case_single},
+    {"rounds-2", case_rounds_2},
+    {"rounds-3", case_rounds_3},
+    {"rounds-4", case_rounds_4},
+    {"killed", case_killed},
+    {"absent-peer", case_absent_peer},
+    {"geometry", case_geometry},
+    {"n-mismatch", case_mismatch},
+    {"forged", case_forged},
+    {"tcp/rounds-2", case_tcp_rounds_2},
+    {"tcp/rounds-3", case_tcp_rounds_3},
+    {"tcp/killed", case_tcp_killed},
+    {"tcp/n-mismatch", case_tcp_mismatch},
+    {"tcp/geometry", case_tcp_tcp_geometry},
 };
 
 int main(int argc, char **argv)
