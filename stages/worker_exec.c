@@ -299,6 +299,20 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         int skipped = 0;
         if (worker_simulated(w)) {
             sim_compute(w, step, n, 0); /* the loss stays 0 */
+        } else if (w->batch_scope) {
+            /* gathered into the step's rows; the loss waits for the last */
+            if (n != mmp_plan_mb_size(&w->plan, mb)) {
+                return mmp_errorf(MMP_ERR_PROTO,
+                                  "channel %d: step %d micro-batch %d: header field n = %d, but "
+                                  "the plan's micro-batch has %d samples",
+                                  ci->id, step + 1, mb, n, mmp_plan_mb_size(&w->plan, mb));
+            }
+            size_t vb = (size_t)n * sizeof(float);
+            payload_to_host(w, w->valid_in[0], worker_payload_valid(w, ci, img_row, 0), vb);
+            payload_to_host(w, w->valid_in[1], worker_payload_valid(w, ct, txt_row, 1), vb);
+            mmp_fuse_step_put(&w->fstep, mmp_plan_mb_offset(&w->plan, mb), n, ci->payload,
+                              ct->payload, payload_mask(ct, txt_row), w->valid_in[0],
+                              w->valid_in[1]);
         } else {
             mmp_params_mb_begin(w->params); /* its backward follows at once */
             size_t vb = (size_t)n * sizeof(float);
@@ -425,6 +439,37 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
+/* Fusion under batch scope: the first backward of the step runs the loss
+ * over the whole batch (every micro-batch's forward must have arrived: the
+ * schedule puts every FWD before the first BWD); each backward then hands
+ * its micro-batch's rows of the input gradients to SEND_GRAD. */
+static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
+{
+    mmp_fuse_step *fs = &w->fstep;
+    if (!fs->done) {
+        if (fs->rows != w->B) {
+            return mmp_errorf(MMP_ERR_INTERNAL,
+                              "step %d: fusion backward of micro-batch %d with %d of the batch's "
+                              "%d samples forwarded (model.fusion.itc_scope: batch needs the "
+                              "step's last forward first)",
+                              step + 1, mb, fs->rows, w->B);
+        }
+        int skipped = 0;
+        float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
+        mmp_params_mb_begin(w->params);
+        mmp_fuse_step_run(fs, &w->fuse, w->fus, w->fl[0].acts, mult, &w->loss, &skipped);
+        mmp_params_mb_end(w->params);
+        w->skipped += skipped;
+    }
+    size_t off = (size_t)mmp_plan_mb_offset(&w->plan, mb);
+    mmp_backend *be = w->be;
+    be->ops->copy(be, w->dimg, fs->dimg + off * fs->img_row,
+                  (size_t)n * fs->img_row * sizeof(float));
+    be->ops->copy(be, w->dtxt, fs->dtxt + off * fs->txt_row,
+                  (size_t)n * fs->txt_row * sizeof(float));
+    return MMP_OK;
+}
+
 static mmp_err do_bwd(worker *w, int step, int mb)
 {
     flight *f = flight_find(w, mb);
@@ -436,6 +481,8 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     if (w->kind == MMP_BRANCH_FUSION) {
         if (worker_simulated(w)) {
             sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
+        } else if (w->batch_scope) {
+            MMP_TRY(batch_scope_bwd(w, step, mb, n));
         } else {
             /* the loss's backward starts here: scaled by the step's loss scale */
             float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
@@ -569,6 +616,9 @@ mmp_err worker_run_step(worker *w, int step)
     w->busy_ms = w->data_ms = 0;
     w->skipped = 0;
     w->max_inflight = 0;
+    if (w->batch_scope) {
+        mmp_fuse_step_begin(&w->fstep);
+    }
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
     memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));
