@@ -128,9 +128,9 @@ typedef struct mmp_sched {
 } mmp_sched;
 
 /* Builds the stage graph from plan->stages (splits, replicas), plan->train
- * (microbatches, schedule) and model.fusion.itc_scope, and compiles every process's list, then validates
- * it. MMP_ERR_CONFIG on a plan it cannot compile, MMP_ERR_INTERNAL (with the
- * stage, instruction index and reason) when validation fails. */
+ * (microbatches, schedule) and model.fusion.itc_scope, and compiles every process's list, then
+ * validates it. MMP_ERR_CONFIG on a plan it cannot compile, MMP_ERR_INTERNAL (with the stage,
+ * instruction index and reason) when validation fails. */
 mmp_err mmp_sched_compile(mmp_sched *s, const mmp_plan *plan);
 /* The same with routing weights: speed[i] for process i in the order
  * mmp_sched_compile gives (NULL: all equal). */

@@ -41,8 +41,8 @@ int mmp_sched_list_inflight(const mmp_sched_stage *g, int bound, int *at);
  * RECV (that compute reads it in place). GRAD_NORM is a barrier over all
  * stages. Times follow the costs; with all-zero costs it is the plain
  * lock-step check. With s->batch_loss a fusion BWD waits until every fusion
- * process has run all the step's FWDs (m in all). The result does not depend on the order stages are
- * visited in: every instruction's time is a max over its own predecessors. */
+ * process has run all the step's FWDs (m in all). The result does not depend on the order stages
+ * are visited in: every instruction's time is a max over its own predecessors. */
 typedef struct mmp_sched_exec_edge {
     int n_msgs; /* sends on the edge in the lists */
     int sent, received, released;

@@ -149,8 +149,9 @@ mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t 
     s->valid[1] = calloc(b ? b : 1, sizeof(float));
     if (err != MMP_OK || !s->valid[0] || !s->valid[1]) {
         mmp_fuse_step_fini(s);
-        return mmp_errorf(MMP_ERR_NOMEM, "fusion: the step's features for %d samples "
-                                         "(model.fusion.itc_scope: batch)",
+        return mmp_errorf(MMP_ERR_NOMEM,
+                          "fusion: the step's features for %d samples "
+                          "(model.fusion.itc_scope: batch)",
                           batch);
     }
     return MMP_OK;

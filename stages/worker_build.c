@@ -238,8 +238,7 @@ mmp_err worker_build(worker *w)
     w->T = p->data.max_text_len;
     w->D = p->model.width;
     w->B = p->train.batch;
-    w->batch_scope = w->kind == MMP_BRANCH_FUSION &&
-                     p->model.fusion.itc_scope == MMP_ITC_BATCH &&
+    w->batch_scope = w->kind == MMP_BRANCH_FUSION && p->model.fusion.itc_scope == MMP_ITC_BATCH &&
                      p->compute != MMP_COMPUTE_SIMULATED;
     /* Branch stages that load data open the training set; every stage opens
      * the validation set's index to know how many evaluation chunks come. */
@@ -345,8 +344,8 @@ mmp_err worker_build(worker *w)
     w->samples = worker_xcalloc(mbx, sizeof(int64_t), &err);
     if (w->kind == MMP_BRANCH_FUSION && err == MMP_OK) {
         size_t img_row = (size_t)mmp_image_net_tokens(p) * w->D;
-        err = mmp_fuse_init(&w->fuse, w->be, w->batch_scope ? w->B : w->mb_max, img_row, w->T,
-                            w->D);
+        err =
+            mmp_fuse_init(&w->fuse, w->be, w->batch_scope ? w->B : w->mb_max, img_row, w->T, w->D);
         if (err == MMP_OK && w->batch_scope) {
             err = mmp_fuse_step_init(&w->fstep, w->be, w->B, img_row, w->T, w->D);
         }
