@@ -173,10 +173,18 @@ void mmp_fuse_step_fini(mmp_fuse_step *s)
     memset(s, 0, sizeof *s);
 }
 
-void mmp_fuse_step_begin(mmp_fuse_step *s)
+void mmp_fuse_step_begin(mmp_fuse_step *s, int clear)
 {
     s->rows = 0;
     s->done = 0;
+    if (clear) {
+        size_t b = (size_t)s->batch;
+        s->be->ops->zero(s->be, s->img, b * s->img_row * sizeof(float));
+        s->be->ops->zero(s->be, s->txt, b * s->txt_row * sizeof(float));
+        s->be->ops->zero(s->be, s->mask, b * (size_t)s->T * sizeof(float));
+        memset(s->valid[0], 0, b * sizeof(float));
+        memset(s->valid[1], 0, b * sizeof(float));
+    }
 }
 
 void mmp_fuse_step_put(mmp_fuse_step *s, int off, int n, const float *img, const float *txt,

@@ -71,8 +71,9 @@ mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t 
                            int D);
 /* NULL-safe, idempotent, valid after a failed init. */
 void mmp_fuse_step_fini(mmp_fuse_step *s);
-/* Forgets the last step's rows. */
-void mmp_fuse_step_begin(mmp_fuse_step *s);
+/* Forgets the last step's rows; clear: also zeroes every row and flag (a
+ * replica that will sum its rows with the other replicas'). */
+void mmp_fuse_step_begin(mmp_fuse_step *s, int clear);
 /* Rows [off, off + n) of the step: img (n,Ni,D), txt (n,T,D), mask (n,T)
  * copied in unless NULL (NULL: the caller wrote them in place, at s->img +
  * off * img_row and so on); img_valid/txt_valid (n) HOST, NULL: all good. */

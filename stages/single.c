@@ -402,7 +402,7 @@ static mmp_err batch_scope_step(trainer *t, int step, mmp_loss_parts *out, doubl
                *pf = mmp_fusion_net_params(t->fus);
     mmp_fuse_step *fs = &t->fstep;
     size_t ir = (size_t)t->img_tok_floats, tr = (size_t)t->txt_tok_floats;
-    mmp_fuse_step_begin(fs);
+    mmp_fuse_step_begin(fs, 0);
     for (int mb = 0; mb < m; mb++) {
         mmp_batch *bi, *bt;
         double t0 = mmp_now();

@@ -349,6 +349,11 @@ mmp_err worker_build(worker *w)
         if (err == MMP_OK && w->batch_scope) {
             err = mmp_fuse_step_init(&w->fstep, w->be, w->B, img_row, w->T, w->D);
         }
+        if (err == MMP_OK && w->batch_scope && w->replicas > 1) {
+            /* rows of images, texts, masks, two valid flags, and the count */
+            w->gather_floats = (size_t)w->B * (img_row + w->fstep.txt_row + w->T + 2) + 1;
+            w->gather = worker_xcalloc(w->gather_floats, sizeof(float), &err);
+        }
     }
     w->fwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
@@ -362,6 +367,7 @@ mmp_err worker_build(worker *w)
     MMP_TRY(worker_set_program(w, a->program, a->n_program));
     if (w->replicas > 1) {
         size_t cap = 2 * w->params->total; /* the gradients in double */
+        cap = cap > w->gather_floats ? cap : w->gather_floats;
         if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
             cap = (size_t)a->microbatches * (size_t)w->bn_row;
         }
@@ -423,6 +429,8 @@ void worker_teardown(worker *w)
     }
     mmp_fuse_fini(&w->fuse);
     mmp_fuse_step_fini(&w->fstep);
+    free(w->gather);
+    w->gather = NULL;
     free(w->in_valid);
     free(w->eval_valid);
     free(w->fl);

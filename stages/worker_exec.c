@@ -439,13 +439,57 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
+/* Replicated fusion under batch scope: each replica holds its own
+ * micro-batches' rows and zeros elsewhere (mmp_fuse_step_begin clears), so
+ * the replicas' rank-order sum is the all-gather, exactly (x + 0 = x). The
+ * row counts travel along and must add up to the batch. */
+static mmp_err gather_step(worker *w, int step)
+{
+    mmp_fuse_step *fs = &w->fstep;
+    mmp_backend *be = w->be;
+    size_t B = (size_t)w->B;
+    float *dev[3] = {fs->img, fs->txt, fs->mask};
+    size_t len[3] = {B * fs->img_row, B * fs->txt_row, B * (size_t)fs->T};
+    float *h = w->gather;
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        be->ops->to_host(be, h + at, dev[i], len[i] * sizeof(float));
+        at += len[i];
+    }
+    memcpy(h + at, fs->valid[0], B * sizeof(float));
+    memcpy(h + at + B, fs->valid[1], B * sizeof(float));
+    h[at + 2 * B] = (float)fs->rows;
+    MMP_TRY(mmp_reduce_sum(w->reduce, h, at + 2 * B + 1));
+    if (h[at + 2 * B] != (float)w->B) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "step %d: the fusion replicas forwarded %g samples in all, not the "
+                          "batch's %d",
+                          step + 1, (double)h[at + 2 * B], w->B);
+    }
+    at = 0;
+    for (int i = 0; i < 3; i++) {
+        be->ops->to_device(be, dev[i], h + at, len[i] * sizeof(float));
+        at += len[i];
+    }
+    memcpy(fs->valid[0], h + at, B * sizeof(float));
+    memcpy(fs->valid[1], h + at + B, B * sizeof(float));
+    fs->rows = w->B;
+    return MMP_OK;
+}
+
 /* Fusion under batch scope: the first backward of the step runs the loss
  * over the whole batch (every micro-batch's forward must have arrived: the
- * schedule puts every FWD before the first BWD); each backward then hands
- * its micro-batch's rows of the input gradients to SEND_GRAD. */
+ * schedule puts every FWD before the first BWD, on every fusion replica);
+ * each backward then hands its micro-batch's rows of the input gradients to
+ * SEND_GRAD. Replicas gather the rows first and each runs the whole batch;
+ * replica 0 alone keeps the parameter gradients and reports the loss, so the
+ * replicas' gradient sum is one process's. */
 static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
 {
     mmp_fuse_step *fs = &w->fstep;
+    if (!fs->done && w->reduce) {
+        MMP_TRY(gather_step(w, step));
+    }
     if (!fs->done) {
         if (fs->rows != w->B) {
             return mmp_errorf(MMP_ERR_INTERNAL,
@@ -454,12 +498,16 @@ static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
                               "step's last forward first)",
                               step + 1, mb, fs->rows, w->B);
         }
-        int skipped = 0;
+        int skipped = 0, keep = w->asg->replica == 0;
+        mmp_loss_parts other = {0};
         float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
         mmp_params_mb_begin(w->params);
-        mmp_fuse_step_run(fs, &w->fuse, w->fus, w->fl[0].acts, mult, &w->loss, &skipped);
-        mmp_params_mb_end(w->params);
-        w->skipped += skipped;
+        mmp_fuse_step_run(fs, &w->fuse, w->fus, w->fl[0].acts, mult, keep ? &w->loss : &other,
+                          &skipped);
+        if (keep) {
+            mmp_params_mb_end(w->params);
+            w->skipped += skipped;
+        }
     }
     size_t off = (size_t)mmp_plan_mb_offset(&w->plan, mb);
     mmp_backend *be = w->be;
@@ -617,7 +665,7 @@ mmp_err worker_run_step(worker *w, int step)
     w->skipped = 0;
     w->max_inflight = 0;
     if (w->batch_scope) {
-        mmp_fuse_step_begin(&w->fstep);
+        mmp_fuse_step_begin(&w->fstep, w->reduce != NULL);
     }
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));

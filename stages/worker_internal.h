@@ -147,6 +147,10 @@ typedef struct worker {
      * none) and every BWD sends its micro-batch's rows of the gradients */
     int batch_scope;
     mmp_fuse_step fstep;
+    /* fusion replicas under batch scope: the step's rows, summed across the
+     * replicas (an all-gather: each holds only its own rows) (HOST) */
+    float *gather;
+    size_t gather_floats;
     int skipped;
     int out_mb, out_n;
     uint64_t out_digest;
