@@ -206,17 +206,6 @@ static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
     MMP_TRY(check_replicas(L, "stages.image.replicas", "stages.image.split", &p->stages.image));
     MMP_TRY(check_replicas(L, "stages.text.replicas", "stages.text.split", &p->stages.text));
     MMP_TRY(check_replicas(L, "stages.fusion.replicas", NULL, &p->stages.fusion));
-    if (p->model.fusion.itc_scope == MMP_ITC_BATCH &&
-        mmp_plan_replicas(p, MMP_BRANCH_FUSION, 0) > p->train.microbatches) {
-        /* each fusion replica must hold a micro-batch to take part in the
-         * gather of the step's features */
-        return mmp_schema_fail_at(
-            L, "stages.fusion.replicas", "train.microbatches",
-            "stages.fusion.replicas (%d) is more than train.microbatches (%d): with "
-            "model.fusion.itc_scope: batch every fusion replica gathers the step's features and "
-            "needs a micro-batch of its own",
-            mmp_plan_replicas(p, MMP_BRANCH_FUSION, 0), p->train.microbatches);
-    }
     return MMP_OK;
 }
 

@@ -621,6 +621,11 @@ static mmp_err reduce_replicas(worker *w, int step)
 
 static mmp_err do_grad_norm(worker *w, int step)
 {
+    if (w->batch_scope && w->reduce && !w->fstep.done) {
+        /* a fusion replica routed no micro-batch this step still takes
+         * part in the gather of the step's rows (it adds none) */
+        MMP_TRY(gather_step(w, step));
+    }
     if (w->reduce) {
         MMP_TRY(reduce_replicas(w, step));
     }
