@@ -18,7 +18,11 @@
 #    gradient, so a small gradient difference flips whole steps: max_rel_diff
 #    reaches 2 in either scope), so each is judged by what it computes: its
 #    loss on step 4's batch, evaluated the same way (resumed with m = 1).
-#    Seen within 0.3% of m = 1's; bound CKPT_TOL.
+#    Seen within 0.25% (m = 2, 4) and 1.3% (m = 8: batch norm over 8
+#    samples) of m = 1's; bound CKPT_TOL = 3%. This bounds how far batch
+#    norm's per-micro-batch statistics move the weights; after three steps
+#    it does not tell the scopes apart (microbatch scope's checkpoints land
+#    within 2.1%), the losses of section 1 do.
 # 3. The pipeline equals --single-process bitwise under batch scope for gpipe
 #    and 1f1b, with image / text / fusion replicas (fusion x3 with m = 2: a
 #    replica routed no micro-batch still joins the gather of the features),
@@ -31,7 +35,7 @@ workdir
 synth 600 5
 LOSS_TOL1=0.01
 LOSS_TOL=0.02
-CKPT_TOL=0.01
+CKPT_TOL=0.03
 tiny_plan "name: s, steps: 3, seed: 3" \
   "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
   2 "batch: 64, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0, final_eval: false"
