@@ -109,6 +109,17 @@ for sched in gpipe 1f1b; do
 done
 run_pipe fusion3_m2 2 batch --set stages.fusion.replicas=3
 run_pipe 1f1b_microbatch 4 microbatch --set train.schedule=1f1b
+# fp16 (loss scaling: the loss gradient times the scale where the batch's
+# backward starts, the scale decided by the coordinator as before)
+for run in single pipe; do
+  extra=(); [ $run = single ] && extra=(--single-process)
+  "$BIN" launch "$W/plan.yaml" "${extra[@]}" --out "$W/fp16_$run" --set train.precision=fp16 \
+    --set train.microbatches=4 >"$W/fp16_$run.log" 2>&1 || fail "fp16 $run"
+done
+out=$(same_ckpt "$W/fp16_single" "$W/fp16_pipe") && ok "fp16, batch scope: pipeline vs single-process: $out" \
+  || fail "fp16, batch scope: pipeline differs: $out"
+a=$(metric "$W/fp16_single/metrics.jsonl" loss_scale 1 6 | tr '\n' ' '); b=$(metric "$W/fp16_pipe/metrics.jsonl" loss_scale 1 6 | tr '\n' ' ')
+[ "$a" = "$b" ] && [ -n "$a" ] && ok "fp16, batch scope: the same loss scales ($a)" || fail "fp16 loss scales: '$a' vs '$b'"
 run_pipe 1f1b_microbatch_rep 4 microbatch --set stages.fusion.replicas=2
 
 # --- 4. the cost: activations of every micro-batch held -------------------------------
