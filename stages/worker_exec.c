@@ -301,6 +301,12 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
             sim_compute(w, step, n, 0); /* the loss stays 0 */
         } else if (w->batch_scope) {
             /* gathered into the step's rows; the loss waits for the last */
+            if (w->fstep.done) {
+                return mmp_errorf(MMP_ERR_PROTO,
+                                  "step %d: fusion forward of micro-batch %d after the step's "
+                                  "batch-wide loss ran (model.fusion.itc_scope: batch)",
+                                  step + 1, mb);
+            }
             if (n != mmp_plan_mb_size(&w->plan, mb)) {
                 return mmp_errorf(MMP_ERR_PROTO,
                                   "channel %d: step %d micro-batch %d: header field n = %d, but "
