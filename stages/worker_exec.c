@@ -451,6 +451,7 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
  * row counts travel along and must add up to the batch. */
 static mmp_err gather_step(worker *w, int step)
 {
+    double t0 = mmp_now();
     mmp_fuse_step *fs = &w->fstep;
     mmp_backend *be = w->be;
     size_t B = (size_t)w->B;
@@ -480,6 +481,9 @@ static mmp_err gather_step(worker *w, int step)
     memcpy(fs->valid[0], h + at, B * sizeof(float));
     memcpy(fs->valid[1], h + at + B, B * sizeof(float));
     fs->rows = w->B;
+    /* communication, as the replicas' reduce: traced, not counted as busy */
+    w->gather_ms = (mmp_now() - t0) * 1e3;
+    mmp_trace_span(&w->trace, "GATHER", "comm", 0, t0 * 1e6, w->gather_ms * 1e3, step + 1, -1);
     return MMP_OK;
 }
 
@@ -577,7 +581,8 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     w->out_digest = f->digest;
     f->mb = -1;
     w->inflight--;
-    double ms = (mmp_now() - t0) * 1e3;
+    double ms = (mmp_now() - t0) * 1e3 - w->gather_ms; /* a gather is communication */
+    w->gather_ms = 0;
     w->busy_ms += ms;
     w->bwd_ms[mb] += (float)ms;
     mmp_trace_span(&w->trace, "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
@@ -631,6 +636,7 @@ static mmp_err do_grad_norm(worker *w, int step)
         /* a fusion replica routed no micro-batch this step still takes
          * part in the gather of the step's rows (it adds none) */
         MMP_TRY(gather_step(w, step));
+        w->gather_ms = 0; /* no BWD's time to take it from */
     }
     if (w->reduce) {
         MMP_TRY(reduce_replicas(w, step));

@@ -151,6 +151,7 @@ typedef struct worker {
      * replicas (an all-gather: each holds only its own rows) (HOST) */
     float *gather;
     size_t gather_floats;
+    double gather_ms; /* the last gather's time, left out of the BWD's busy time */
     int skipped;
     int out_mb, out_n;
     uint64_t out_digest;

@@ -108,6 +108,8 @@ for sched in gpipe 1f1b; do
     --set stages.text.replicas=2 --set stages.fusion.replicas=2
 done
 run_pipe fusion3_m2 2 batch --set stages.fusion.replicas=3
+grep -q '"name":"GATHER"' "$W/gpipe_batch_rep/trace.json" \
+  && ok "replicated fusion: the gather of the step's features is traced" || fail "no GATHER span in trace.json"
 run_pipe 1f1b_microbatch 4 microbatch --set train.schedule=1f1b
 # fp16 (loss scaling: the loss gradient times the scale where the batch's
 # backward starts, the scale decided by the coordinator as before)
