@@ -36,6 +36,10 @@ typedef enum mmp_data_transport {
 } mmp_data_transport;
 
 typedef enum mmp_compute { MMP_COMPUTE_REAL = 0, MMP_COMPUTE_SIMULATED } mmp_compute;
+/* What the contrastive loss (ITC) and ITM's hard-negative mining range over:
+ * the step's whole batch (the fusion stage waits for the step's last
+ * micro-batch before its first backward), or each micro-batch apart. */
+typedef enum mmp_itc_scope { MMP_ITC_BATCH = 0, MMP_ITC_MICROBATCH } mmp_itc_scope;
 /* The branch whose simulated cost is asked for (the order of stage kinds). */
 typedef enum mmp_branch { MMP_BRANCH_IMAGE = 0, MMP_BRANCH_TEXT, MMP_BRANCH_FUSION } mmp_branch;
 
@@ -100,6 +104,10 @@ typedef struct mmp_plan {
         struct {
             int layers; /* cross-attention layers, default 1 */
             int heads;  /* default 4 */
+            /* model.fusion.itc_scope: batch (default; train.microbatches
+             * does not change the objective) | microbatch (ITC and hard
+             * negatives per micro-batch) */
+            mmp_itc_scope itc_scope;
         } fusion;
     } model;
 

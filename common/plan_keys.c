@@ -161,6 +161,7 @@ static const char *const routing_names[] = {"weighted", "round_robin", NULL};
 static const char *const bad_sample_names[] = {"fail", "skip", NULL};
 static const char *const compute_names[] = {"real", "simulated", NULL};
 static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
+static const char *const itc_scope_names[] = {"batch", "microbatch", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
 
 static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
@@ -172,6 +173,7 @@ static_assert(MMP_COMPUTE_REAL == 0 && MMP_COMPUTE_SIMULATED == 1, "compute_name
 static_assert(MMP_DATA_AUTO == 0 && MMP_DATA_SHM == 1 && MMP_DATA_TCP == 2,
               "data_transport_names order");
 static_assert(sizeof(mmp_data_transport) == sizeof(int), "enum fields are int-sized");
+static_assert(MMP_ITC_BATCH == 0 && MMP_ITC_MICROBATCH == 1, "itc_scope_names order");
 /* Enum fields are stored through an int pointer. */
 static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == sizeof(int) &&
                   sizeof(mmp_balance_mode) == sizeof(int) &&
@@ -268,6 +270,11 @@ static const mmp_key_spec keys[] = {
     INT("model.text.ffn_mult", model.text.ffn_mult, 1, 64, 4),
     INT("model.fusion.layers", model.fusion.layers, 1, 64, 1),
     INT("model.fusion.heads", model.fusion.heads, 1, 256, 4),
+    /* batch: ITC over all of a step's pairs and ITM hard negatives mined from
+     * the whole batch, whatever train.microbatches (the fusion stage holds the
+     * step's features and runs its backward after the step's last forward);
+     * microbatch: both per micro-batch (fewer negatives as m grows). */
+    ENUM("model.fusion.itc_scope", model.fusion.itc_scope, itc_scope_names, MMP_ITC_BATCH),
 
     INT("train.batch", train.batch, 1, 1 << 20, 64),
     INT("train.microbatches", train.microbatches, 1, MMP_MAX_MICROBATCHES, 4),

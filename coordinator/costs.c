@@ -290,6 +290,7 @@ void mmp_costs_planner_input(const mmp_plan *p, const mmp_layer_costs *lc, mmp_p
                                       .state_bytes = mem ? &lc->fusion_mem : NULL};
     in->microbatches = p->train.microbatches;
     in->schedule = p->train.schedule;
+    in->batch_loss = p->model.fusion.itc_scope == MMP_ITC_BATCH;
     in->method = MMP_PLANNER_AUTO;
 }
 

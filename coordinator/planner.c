@@ -195,9 +195,13 @@ static int ceil_div(int a, int b)
 }
 
 /* Micro-batches whose activations a stage at depth holds at once; depth 1
- * is fusion, which backs each micro-batch off right after its forward. */
+ * is fusion, which backs each micro-batch off right after its forward
+ * (unless the loss is batch-wide: then every stage holds all m). */
 static int inflight(const ctx *c, int depth)
 {
+    if (c->in->batch_loss) {
+        return c->m; /* the fusion's backwards wait for the step's last forward */
+    }
     if (depth <= 1) {
         return 1;
     }
@@ -790,6 +794,7 @@ static mmp_err simulate(const ctx *c, const mmp_placement *pl, double ar_ms, dou
     s.n_stages = ++n;
     sc.send_ms = c->in->send_ms;
     sc.step_overhead_ms = c->in->step_overhead_ms + ar_ms;
+    s.batch_loss = c->in->batch_loss;
     mmp_err ret = mmp_sched_compile_stages(&s, c->in->schedule, c->m);
     if (ret == MMP_OK) {
         ret = mmp_sched_simulate(&s, &sc, &r);

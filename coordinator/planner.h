@@ -131,6 +131,7 @@ typedef struct mmp_planner_input {
     int batch;                     /* samples per step, >= 1 */
     int microbatches;              /* m, 1 to batch */
     mmp_schedule schedule;         /* GPipe or 1F1B: in-flight activations, simulation */
+    int batch_loss;                /* model.fusion.itc_scope: batch: every stage holds all m */
     int max_sub;                   /* sub-stages per branch at most; 0: MMP_PLANNER_DEFAULT_SUB */
     double mem_cap_bytes;          /* per device; 0: no cap */
     double send_ms;                /* one message's hand-off between stages */

@@ -32,6 +32,17 @@
  * than a lone stage's depth - 1 warm-up each: a replica that is slow or
  * routed unevenly does not stall the others at every hand-off).
  *
+ * Batch-wide loss (model.fusion.itc_scope: batch, mmp_sched.batch_loss):
+ * the fusion's backward of any micro-batch needs the whole step's features,
+ * so it waits for the step's last forward on every fusion replica. The
+ * compiler then warms every stage up with all m forwards (fusion: F0 .. Fm-1
+ * B0 .. Bm-1; a branch's 1F1B order F0 F1 B0 F2 ... would wait for B0's
+ * gradient while fusion waits for F2: a deadlock), so 1F1B and GPipe give
+ * the same lists and every stage holds all m micro-batches' activations.
+ * The checker rejects a fusion list with a BWD before its last FWD, and the
+ * executor (hence the deadlock check and `mmpipe simulate`) holds every
+ * fusion BWD until all fusion FWDs of the step have run.
+ *
  * Backward always runs micro-batches in ascending order on every process, the
  * order the single-process trainer accumulates gradients in, so every
  * schedule without replicas gives bit-identical gradients (with replicas, the
@@ -106,15 +117,20 @@ typedef struct mmp_sched_edge {
 typedef struct mmp_sched {
     mmp_schedule kind;
     int microbatches;
+    /* 1: the fusion's backwards wait for the step's last forward (ITC over
+     * the whole batch, model.fusion.itc_scope: batch). Set from the plan by
+     * mmp_sched_compile*; callers of mmp_sched_compile_stages set it (0:
+     * per-micro-batch loss) before the call. */
+    int batch_loss;
     int n_stages, n_edges;
     mmp_sched_stage stages[MMP_SCHED_MAX_STAGES];
     mmp_sched_edge edges[MMP_SCHED_MAX_EDGES];
 } mmp_sched;
 
-/* Builds the stage graph from plan->stages (splits, replicas) and plan->train
- * (microbatches, schedule) and compiles every process's list, then validates
- * it. MMP_ERR_CONFIG on a plan it cannot compile, MMP_ERR_INTERNAL (with the
- * stage, instruction index and reason) when validation fails. */
+/* Builds the stage graph from plan->stages (splits, replicas), plan->train
+ * (microbatches, schedule) and model.fusion.itc_scope, and compiles every process's list, then
+ * validates it. MMP_ERR_CONFIG on a plan it cannot compile, MMP_ERR_INTERNAL (with the stage,
+ * instruction index and reason) when validation fails. */
 mmp_err mmp_sched_compile(mmp_sched *s, const mmp_plan *plan);
 /* The same with routing weights: speed[i] for process i in the order
  * mmp_sched_compile gives (NULL: all equal). */

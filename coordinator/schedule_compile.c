@@ -127,6 +127,7 @@ mmp_err mmp_sched_compile(mmp_sched *s, const mmp_plan *plan)
 mmp_err mmp_sched_compile_routed(mmp_sched *s, const mmp_plan *plan, const double *speed)
 {
     memset(s, 0, sizeof *s);
+    s->batch_loss = plan->model.fusion.itc_scope == MMP_ITC_BATCH;
     MMP_TRY(
         add_branch(s, MMP_KIND_IMAGE, "image", &plan->stages.image, mmp_plan_image_layers(plan)));
     MMP_TRY(add_branch(s, MMP_KIND_TEXT, "text", &plan->stages.text, mmp_plan_text_layers(plan)));
@@ -291,6 +292,7 @@ static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
 
 /* Writes stage st's list. A stage that sends no activations (fusion) computes
  * the loss and runs its backward at once in both schedules: F0 B0 F1 B1 ...
+ * (with a batch-wide loss it warms up with all m: F0 .. Fm-1 B0 .. Bm-1).
  * Others run `warm` forwards, then alternate F(warm+i) B(i), then drain the
  * backwards: GPipe warms up with all m, 1F1B with depth - 1. Backwards are in
  * ascending micro-batch order either way. */
@@ -426,7 +428,8 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
      * back along each branch: a stage must send at least one micro-batch
      * more than the next stage takes in before that one's first backward. */
     for (int i = 0; i < s->n_stages; i++) {
-        s->stages[i].warm = 0;
+        /* a batch-wide loss: fusion's first backward needs every forward */
+        s->stages[i].warm = s->batch_loss && s->stages[i].kind == MMP_KIND_FUSION ? m : 0;
     }
     /* Until nothing changes: at most one sweep per sub-stage of a branch
      * (stages may be listed in any order). */

@@ -40,8 +40,9 @@ int mmp_sched_list_inflight(const mmp_sched_stage *g, int bound, int *at);
  * released when the receiving stage finishes the first FWD or BWD after its
  * RECV (that compute reads it in place). GRAD_NORM is a barrier over all
  * stages. Times follow the costs; with all-zero costs it is the plain
- * lock-step check. The result does not depend on the order stages are
- * visited in: every instruction's time is a max over its own predecessors. */
+ * lock-step check. With s->batch_loss a fusion BWD waits until every fusion
+ * process has run all the step's FWDs (m in all). The result does not depend on the order stages
+ * are visited in: every instruction's time is a max over its own predecessors. */
 typedef struct mmp_sched_exec_edge {
     int n_msgs; /* sends on the edge in the lists */
     int sent, received, released;
@@ -55,6 +56,7 @@ typedef struct mmp_sched_exec_stage {
     int *held; /* edges of received messages not released yet, in receive order */
     int n_held;
     int at_barrier;
+    int fwds; /* FWDs run */
 } mmp_sched_exec_stage;
 
 typedef struct mmp_sched_exec {
@@ -64,6 +66,9 @@ typedef struct mmp_sched_exec {
     mmp_sched_exec_stage stages[MMP_SCHED_MAX_STAGES];
     int n_at_barrier;
     double barrier_t;
+    /* batch_loss: FWDs run on fusion processes and when the last ended */
+    int fusion_fwds;
+    double fusion_fwd_t;
     double *times; /* backs every edge's arrive and freed */
     int *held;     /* backs every stage's held */
 } mmp_sched_exec;

@@ -68,6 +68,14 @@ static int exec_step(mmp_sched_exec *x, int st)
     case MMP_OP_LOAD:
     case MMP_OP_FWD:
     case MMP_OP_BWD: {
+        int fusion = g->kind == MMP_KIND_FUSION;
+        if (in->op == MMP_OP_BWD && fusion && x->s->batch_loss) {
+            /* the batch-wide loss needs the step's last forward */
+            if (x->fusion_fwds < x->s->microbatches) {
+                return 0;
+            }
+            xs->t = fmax(xs->t, x->fusion_fwd_t);
+        }
         double cost = in->op == MMP_OP_LOAD  ? c->load_ms[st]
                       : in->op == MMP_OP_FWD ? c->fwd_ms[st]
                                              : c->bwd_ms[st];
@@ -79,6 +87,13 @@ static int exec_step(mmp_sched_exec *x, int st)
                 E->freed[E->released++] = xs->t;
             }
             xs->n_held = 0;
+        }
+        if (in->op == MMP_OP_FWD) {
+            xs->fwds++;
+            if (fusion) {
+                x->fusion_fwds++;
+                x->fusion_fwd_t = fmax(x->fusion_fwd_t, xs->t);
+            }
         }
         break;
     }

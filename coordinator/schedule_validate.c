@@ -315,6 +315,21 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
                                E->grad ? bwd_at : fwd_at, E->grad ? "BWD" : "FWD", 0, at));
         }
     }
+    if (s->batch_loss && g->kind == MMP_KIND_FUSION) {
+        int last_fwd = -1, first_bwd = -1;
+        for (int mb = 0; mb < m; mb++) {
+            last_fwd = fwd_at[mb] > last_fwd ? fwd_at[mb] : last_fwd;
+            if (bwd_at[mb] >= 0 && (first_bwd < 0 || bwd_at[mb] < first_bwd)) {
+                first_bwd = bwd_at[mb];
+            }
+        }
+        if (first_bwd >= 0 && first_bwd < last_fwd) {
+            return stage_err(s, st, first_bwd,
+                             "the batch-wide loss (model.fusion.itc_scope: batch) needs the "
+                             "step's last forward (instr %d) before any backward",
+                             last_fwd);
+        }
+    }
     int over;
     mmp_sched_list_inflight(g, g->inflight_bound, &over);
     if (over >= 0) {
@@ -324,10 +339,33 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
     return MMP_OK;
 }
 
+static int count_fwds(const mmp_sched_stage *g)
+{
+    int n = 0;
+    for (int pc = 0; pc < g->n_prog; pc++) {
+        n += g->prog[pc].op == MMP_OP_FWD;
+    }
+    return n;
+}
+
 /* Which stage blocked stage st waits on (-1: none), and why, in words. */
 static int waits_on(const mmp_sched *s, const mmp_sched_exec *x, int st, char *why, size_t n)
 {
     const mmp_instr *in = &s->stages[st].prog[x->stages[st].pc];
+    if (in->op == MMP_OP_BWD) { /* only a fusion BWD under batch_loss blocks */
+        for (int j = 0; j < s->n_stages; j++) {
+            if (s->stages[j].kind == MMP_KIND_FUSION &&
+                x->stages[j].fwds < count_fwds(&s->stages[j])) {
+                snprintf(why, n,
+                         "waits for the step's last forward (model.fusion.itc_scope: batch): "
+                         "%s has run %d of its %d FWDs",
+                         mmp_sched_pname(&s->stages[j]), x->stages[j].fwds,
+                         count_fwds(&s->stages[j]));
+                return j;
+            }
+        }
+        return -1;
+    }
     if (in->op == MMP_OP_GRAD_NORM) {
         for (int j = 0; j < s->n_stages; j++) {
             if (!x->stages[j].at_barrier) {

@@ -126,3 +126,95 @@ void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, 
     scatter_add(be, dimg, f->dimg, f->rows, f->k, f->img_row);
     scatter_add(be, dtxt, f->dtxt, f->rows, f->k, f->txt_row);
 }
+
+/* ---- batch scope --------------------------------------------------------- */
+
+mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t img_row, int T,
+                           int D)
+{
+    memset(s, 0, sizeof *s);
+    s->be = be;
+    s->batch = batch;
+    s->T = T;
+    s->img_row = img_row;
+    s->txt_row = (size_t)T * D;
+    size_t b = (size_t)batch;
+    mmp_err err = MMP_OK;
+    s->img = staging(be, b * img_row, &err);
+    s->dimg = staging(be, b * img_row, &err);
+    s->txt = staging(be, b * s->txt_row, &err);
+    s->dtxt = staging(be, b * s->txt_row, &err);
+    s->mask = staging(be, b * (size_t)T, &err);
+    s->valid[0] = calloc(b ? b : 1, sizeof(float));
+    s->valid[1] = calloc(b ? b : 1, sizeof(float));
+    if (err != MMP_OK || !s->valid[0] || !s->valid[1]) {
+        mmp_fuse_step_fini(s);
+        return mmp_errorf(MMP_ERR_NOMEM,
+                          "fusion: the step's features for %d samples "
+                          "(model.fusion.itc_scope: batch)",
+                          batch);
+    }
+    return MMP_OK;
+}
+
+void mmp_fuse_step_fini(mmp_fuse_step *s)
+{
+    if (!s) {
+        return;
+    }
+    if (s->be) {
+        float *dev[] = {s->img, s->dimg, s->txt, s->dtxt, s->mask};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+            s->be->ops->free(s->be, dev[i]);
+        }
+    }
+    free(s->valid[0]);
+    free(s->valid[1]);
+    memset(s, 0, sizeof *s);
+}
+
+void mmp_fuse_step_begin(mmp_fuse_step *s, int clear)
+{
+    s->rows = 0;
+    s->done = 0;
+    if (clear) {
+        size_t b = (size_t)s->batch;
+        s->be->ops->zero(s->be, s->img, b * s->img_row * sizeof(float));
+        s->be->ops->zero(s->be, s->txt, b * s->txt_row * sizeof(float));
+        s->be->ops->zero(s->be, s->mask, b * (size_t)s->T * sizeof(float));
+        memset(s->valid[0], 0, b * sizeof(float));
+        memset(s->valid[1], 0, b * sizeof(float));
+    }
+}
+
+void mmp_fuse_step_put(mmp_fuse_step *s, int off, int n, const float *img, const float *txt,
+                       const float *mask, const float *img_valid, const float *txt_valid)
+{
+    MMP_ASSERT(off >= 0 && n >= 0 && off + n <= s->batch && !s->done);
+    mmp_backend *be = s->be;
+    size_t o = (size_t)off;
+    if (img) {
+        be->ops->copy(be, s->img + o * s->img_row, img, (size_t)n * s->img_row * sizeof(float));
+    }
+    if (txt) {
+        be->ops->copy(be, s->txt + o * s->txt_row, txt, (size_t)n * s->txt_row * sizeof(float));
+    }
+    if (mask) {
+        be->ops->copy(be, s->mask + o * (size_t)s->T, mask, (size_t)n * s->T * sizeof(float));
+    }
+    for (int i = 0; i < n; i++) {
+        s->valid[0][o + i] = img_valid ? img_valid[i] : 1.0f;
+        s->valid[1][o + i] = txt_valid ? txt_valid[i] : 1.0f;
+    }
+    s->rows += n;
+}
+
+void mmp_fuse_step_run(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts,
+                       float loss_mult, mmp_loss_parts *acc, int *skipped)
+{
+    MMP_ASSERT(s->rows == s->batch && f->mb_max >= s->batch && !s->done);
+    mmp_fuse_forward(f, net, acts, s->img, s->txt, s->mask, s->valid[0], s->valid[1], s->batch,
+                     s->batch, acc, skipped);
+    mmp_fuse_backward(f, net, acts, s->batch, loss_mult, s->dimg, s->dtxt);
+    s->done = 1;
+}

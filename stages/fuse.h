@@ -44,4 +44,47 @@ void mmp_fuse_forward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, c
 void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, int batch,
                        float loss_mult, float *dimg, float *dtxt);
 
+/* Batch scope (model.fusion.itc_scope: batch): ITC over all of a step's
+ * pairs and ITM hard negatives mined from the whole batch. The branches
+ * still run micro-batches; their outputs are gathered here, each at its
+ * micro-batch's row offset (mmp_plan_mb_offset), so the rows are the step's
+ * samples in batch order whatever train.microbatches. Once every row is in,
+ * mmp_fuse_step_run runs the fusion net once over the whole batch (as one
+ * micro-batch of `batch` rows, through an mmp_fuse initialised for `batch`
+ * rows, so skipped samples are handled as everywhere) and leaves each row's
+ * input gradients in dimg/dtxt for the micro-batch's backward to send. The
+ * fusion net's acts must be created for `batch` rows.
+ *
+ * Devices: img, txt, mask, dimg, dtxt are memory of be; the valid flags are
+ * HOST memory. */
+typedef struct mmp_fuse_step {
+    mmp_backend *be;
+    int batch, T;
+    size_t img_row, txt_row;
+    float *img, *txt, *mask, *dimg, *dtxt; /* (batch, row) */
+    float *valid[2];                       /* (batch) image, text: 1 good, 0 skipped (HOST) */
+    int rows;                              /* rows put since mmp_fuse_step_begin */
+    int done;                              /* mmp_fuse_step_run ran for this step */
+} mmp_fuse_step;
+
+mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t img_row, int T,
+                           int D);
+/* NULL-safe, idempotent, valid after a failed init. */
+void mmp_fuse_step_fini(mmp_fuse_step *s);
+/* Forgets the last step's rows; clear: also zeroes every row and flag (a
+ * replica that will sum its rows with the other replicas'). */
+void mmp_fuse_step_begin(mmp_fuse_step *s, int clear);
+/* Rows [off, off + n) of the step: img (n,Ni,D), txt (n,T,D), mask (n,T)
+ * copied in unless NULL (NULL: the caller wrote them in place, at s->img +
+ * off * img_row and so on); img_valid/txt_valid (n) HOST, NULL: all good. */
+void mmp_fuse_step_put(mmp_fuse_step *s, int off, int n, const float *img, const float *txt,
+                       const float *mask, const float *img_valid, const float *txt_valid);
+/* The fusion forward and backward over all `batch` rows (every row must have
+ * been put): adds the loss parts (weighted k / batch) to *acc, the skipped
+ * rows to *skipped, the parameter gradients to net's, and overwrites
+ * s->dimg / s->dtxt (loss gradient times loss_mult). f must have been
+ * initialised for `batch` rows. */
+void mmp_fuse_step_run(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts,
+                       float loss_mult, mmp_loss_parts *acc, int *skipped);
+
 #endif

@@ -46,7 +46,13 @@ typedef struct trainer {
     mmp_fusion_net *fus;
     mmp_image_acts *ia;
     mmp_text_acts *ta;
-    mmp_fusion_acts *fa;
+    mmp_fusion_acts *fa; /* for mb_max rows, or train.batch under batch scope */
+    /* model.fusion.itc_scope: batch: every micro-batch's branch activations
+     * are held until the fusion has seen the whole step (ia_mb[0] is ia) */
+    int batch_scope;
+    mmp_image_acts **ia_mb;
+    mmp_text_acts **ta_mb;
+    mmp_fuse_step fstep;
     int mb_max, T, S;
     int64_t img_tok_floats, txt_tok_floats;
     float *images, *mask, *img_tok, *txt_tok, *dimg, *dtxt;
@@ -136,6 +142,7 @@ static void trainer_fini(trainer *t)
     mmp_loader_destroy(t->img_loader);
     mmp_loader_destroy(t->txt_loader);
     mmp_fuse_fini(&t->fuse);
+    mmp_fuse_step_fini(&t->fstep);
     mmp_backend *be = t->be ? t->be : mmp_backend_cpu();
     void *dev[] = {t->img_tok, t->txt_tok, t->dimg,       t->dtxt,      t->d_images,
                    t->d_mask,  t->d_ids,   t->emb_dev[0], t->emb_dev[1]};
@@ -144,6 +151,14 @@ static void trainer_fini(trainer *t)
     }
     free(t->img_valid);
     free(t->txt_valid);
+    for (int i = 1; t->ia_mb && i < t->plan->train.microbatches; i++) {
+        mmp_image_acts_destroy(t->ia_mb[i]);
+    }
+    for (int i = 1; t->ta_mb && i < t->plan->train.microbatches; i++) {
+        mmp_text_acts_destroy(t->ta_mb[i]);
+    }
+    free(t->ia_mb);
+    free(t->ta_mb);
     mmp_image_acts_destroy(t->ia);
     mmp_text_acts_destroy(t->ta);
     mmp_fusion_acts_destroy(t->fa);
@@ -193,9 +208,27 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     MMP_TRY(mmp_text_net_create_on(&t->txt, be, plan, V, 0, mmp_text_net_layers(plan), seed));
     MMP_TRY(mmp_fusion_net_create_on(&t->fus, be, plan, seed));
     t->mb_max = mmp_plan_mb_size(plan, 0);
+    t->batch_scope =
+        plan->model.fusion.itc_scope == MMP_ITC_BATCH && plan->compute != MMP_COMPUTE_SIMULATED;
+    /* the fusion runs over a micro-batch, or over the whole batch at once */
+    int fusion_rows = t->batch_scope ? plan->train.batch : t->mb_max;
     MMP_TRY(mmp_image_acts_create(&t->ia, t->img, t->mb_max));
     MMP_TRY(mmp_text_acts_create(&t->ta, t->txt, t->mb_max));
-    MMP_TRY(mmp_fusion_acts_create(&t->fa, t->fus, t->mb_max));
+    MMP_TRY(mmp_fusion_acts_create(&t->fa, t->fus, fusion_rows));
+    if (t->batch_scope) {
+        int m = plan->train.microbatches;
+        t->ia_mb = calloc((size_t)m, sizeof *t->ia_mb);
+        t->ta_mb = calloc((size_t)m, sizeof *t->ta_mb);
+        if (!t->ia_mb || !t->ta_mb) {
+            return mmp_errorf(MMP_ERR_NOMEM, "trainer: activations of %d micro-batches", m);
+        }
+        t->ia_mb[0] = t->ia;
+        t->ta_mb[0] = t->ta;
+        for (int i = 1; i < m; i++) {
+            MMP_TRY(mmp_image_acts_create(&t->ia_mb[i], t->img, t->mb_max));
+            MMP_TRY(mmp_text_acts_create(&t->ta_mb[i], t->txt, t->mb_max));
+        }
+    }
     t->T = plan->data.max_text_len;
     t->S = plan->data.image_size;
     t->img_tok_floats = mmp_image_net_out_floats(t->img);
@@ -221,7 +254,11 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     t->img_valid = xcalloc(n, sizeof(float), &err);
     t->txt_valid = xcalloc(n, sizeof(float), &err);
     MMP_TRY(err);
-    return mmp_fuse_init(&t->fuse, be, t->mb_max, (size_t)t->img_tok_floats, t->T,
+    if (t->batch_scope) {
+        MMP_TRY(mmp_fuse_step_init(&t->fstep, be, fusion_rows, (size_t)t->img_tok_floats, t->T,
+                                   plan->model.width));
+    }
+    return mmp_fuse_init(&t->fuse, be, fusion_rows, (size_t)t->img_tok_floats, t->T,
                          plan->model.width);
 }
 
@@ -359,6 +396,71 @@ static void valid_floats(float *dst, const mmp_batch *b)
     }
 }
 
+/* The micro-batches of one step under model.fusion.itc_scope: batch: each
+ * micro-batch's branch forwards, their outputs gathered into the step's rows
+ * (stages/fuse.h, mmp_fuse_step); the fusion forward and backward once over
+ * the whole batch; then each micro-batch's branch backwards in ascending
+ * order. The pipeline's stages do the same arithmetic in the same order
+ * (stages/worker_exec.c), so they still match this bitwise. */
+static mmp_err batch_scope_step(trainer *t, int step, mmp_loss_parts *out, double *data_s,
+                                int *skipped, float loss_mult)
+{
+    const mmp_plan *plan = t->plan;
+    int m = plan->train.microbatches;
+    mmp_params *pi = mmp_image_net_params(t->img), *pt = mmp_text_net_params(t->txt),
+               *pf = mmp_fusion_net_params(t->fus);
+    mmp_fuse_step *fs = &t->fstep;
+    size_t ir = (size_t)t->img_tok_floats, tr = (size_t)t->txt_tok_floats;
+    mmp_fuse_step_begin(fs, 0);
+    for (int mb = 0; mb < m; mb++) {
+        mmp_batch *bi, *bt;
+        double t0 = mmp_now();
+        release_uploaded(t);
+        MMP_TRY(mmp_loader_get(t->img_loader, step, mb, &bi));
+        mmp_err e = mmp_loader_get(t->txt_loader, step, mb, &bt);
+        if (e != MMP_OK) {
+            mmp_loader_release(t->img_loader, bi);
+            return e;
+        }
+        *data_s += mmp_now() - t0;
+        int n = bi->n;
+        size_t off = (size_t)mmp_plan_mb_offset(plan, mb);
+        valid_floats(t->img_valid, bi);
+        valid_floats(t->txt_valid, bt);
+        const float *images = bi->images, *mask = bt->mask;
+        const int32_t *ids = bt->ids;
+        inputs_on_device(t, n, &images, &ids, &mask, 1);
+        float *img_out = fs->img + off * ir, *txt_out = fs->txt + off * tr;
+        mmp_image_net_forward(t->img, t->ia_mb[mb], images, n, 1, img_out);
+        mmp_text_net_forward(t->txt, t->ta_mb[mb], ids, NULL, mask, n, txt_out);
+        branch_outputs_lp(t, n, img_out, txt_out);
+        mmp_fuse_step_put(fs, (int)off, n, NULL, NULL, mask, t->img_valid, t->txt_valid);
+        if (t->gpu >= 0) {
+            t->up_img = bi; /* their uploads may be in flight */
+            t->up_txt = bt;
+        } else {
+            mmp_loader_release(t->img_loader, bi);
+            mmp_loader_release(t->txt_loader, bt);
+        }
+    }
+    mmp_params_mb_begin(pf);
+    mmp_fuse_step_run(fs, &t->fuse, t->fus, t->fa, loss_mult, out, skipped);
+    mmp_params_mb_end(pf);
+    for (int mb = 0; mb < m; mb++) {
+        int n = mmp_plan_mb_size(plan, mb);
+        size_t off = (size_t)mmp_plan_mb_offset(plan, mb);
+        float *dimg = fs->dimg + off * ir, *dtxt = fs->dtxt + off * tr;
+        branch_outputs_lp(t, n, dimg, dtxt);
+        mmp_params_mb_begin(pi);
+        mmp_params_mb_begin(pt);
+        mmp_text_net_backward(t->txt, t->ta_mb[mb], dtxt, n, NULL);
+        mmp_image_net_backward(t->img, t->ia_mb[mb], dimg, n, NULL);
+        mmp_params_mb_end(pi);
+        mmp_params_mb_end(pt);
+    }
+    return MMP_OK;
+}
+
 /* One step; *step_skipped: the optimizer step was skipped (an fp16
  * overflow, common/loss_scale.h). */
 static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *grad_norm,
@@ -374,6 +476,10 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     memset(out, 0, sizeof *out);
     *skipped = 0;
     float loss_mult = mmp_loss_scale_grad_mult(t->ls.scale, plan, step);
+    if (t->batch_scope) {
+        MMP_TRY(batch_scope_step(t, step, out, data_s, skipped, loss_mult));
+        m = 0; /* the micro-batches ran there */
+    }
     for (int mb = 0; mb < m; mb++) {
         /* Two loaders, one per modality, as the two branch stages have: a bad
          * image and a bad caption are flagged (and zeroed) each on its side. */

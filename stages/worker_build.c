@@ -144,6 +144,7 @@ static mmp_err open_reduce(worker *w, const char *address)
 {
     const Mmpipe__Assignment *a = w->asg;
     size_t cap = 2 * w->params->total; /* the gradients in double */
+    cap = cap > w->gather_floats ? cap : w->gather_floats;
     if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
         cap = (size_t)a->microbatches * (size_t)w->bn_row;
     }
@@ -369,6 +370,8 @@ mmp_err worker_build(worker *w)
     w->T = p->data.max_text_len;
     w->D = p->model.width;
     w->B = p->train.batch;
+    w->batch_scope = w->kind == MMP_BRANCH_FUSION && p->model.fusion.itc_scope == MMP_ITC_BATCH &&
+                     p->compute != MMP_COMPUTE_SIMULATED;
     /* Branch stages that load data open the training set; every stage opens
      * the validation set's index to know how many evaluation chunks come. */
     if (w->kind != MMP_BRANCH_FUSION && w->sub == 0) {
@@ -430,7 +433,11 @@ mmp_err worker_build(worker *w)
             err = mmp_text_acts_create((mmp_text_acts **)&w->fl[i].acts, w->txt, w->mb_max);
             w->fl[i].mask = worker_balloc(w, (size_t)w->mb_max * w->T * sizeof(float), &err);
         } else {
-            err = mmp_fusion_acts_create((mmp_fusion_acts **)&w->fl[i].acts, w->fus, w->mb_max);
+            /* batch scope: one acts for the whole batch (see worker) */
+            if (!w->batch_scope || i == 0) {
+                err = mmp_fusion_acts_create((mmp_fusion_acts **)&w->fl[i].acts, w->fus,
+                                             w->batch_scope ? w->B : w->mb_max);
+            }
         }
         w->fl[i].valid = worker_xcalloc((size_t)w->mb_max, sizeof(float), &err);
     }
@@ -468,8 +475,17 @@ mmp_err worker_build(worker *w)
     }
     w->samples = worker_xcalloc(mbx, sizeof(int64_t), &err);
     if (w->kind == MMP_BRANCH_FUSION && err == MMP_OK) {
-        err = mmp_fuse_init(&w->fuse, w->be, w->mb_max, (size_t)mmp_image_net_tokens(p) * w->D,
-                            w->T, w->D);
+        size_t img_row = (size_t)mmp_image_net_tokens(p) * w->D;
+        err =
+            mmp_fuse_init(&w->fuse, w->be, w->batch_scope ? w->B : w->mb_max, img_row, w->T, w->D);
+        if (err == MMP_OK && w->batch_scope) {
+            err = mmp_fuse_step_init(&w->fstep, w->be, w->B, img_row, w->T, w->D);
+        }
+        if (err == MMP_OK && w->batch_scope && w->replicas > 1) {
+            /* rows of images, texts, masks, two valid flags, and the count */
+            w->gather_floats = (size_t)w->B * (img_row + w->fstep.txt_row + w->T + 2) + 1;
+            w->gather = worker_xcalloc(w->gather_floats, sizeof(float), &err);
+        }
     }
     w->fwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
@@ -524,6 +540,9 @@ void worker_teardown(worker *w)
         mmp_ctl_free(w->prog_env);
     }
     mmp_fuse_fini(&w->fuse);
+    mmp_fuse_step_fini(&w->fstep);
+    free(w->gather);
+    w->gather = NULL;
     free(w->in_valid);
     free(w->eval_valid);
     free(w->fl);

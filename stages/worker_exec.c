@@ -299,6 +299,26 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         int skipped = 0;
         if (worker_simulated(w)) {
             sim_compute(w, step, n, 0); /* the loss stays 0 */
+        } else if (w->batch_scope) {
+            /* gathered into the step's rows; the loss waits for the last */
+            if (w->fstep.done) {
+                return mmp_errorf(MMP_ERR_PROTO,
+                                  "step %d: fusion forward of micro-batch %d after the step's "
+                                  "batch-wide loss ran (model.fusion.itc_scope: batch)",
+                                  step + 1, mb);
+            }
+            if (n != mmp_plan_mb_size(&w->plan, mb)) {
+                return mmp_errorf(MMP_ERR_PROTO,
+                                  "channel %d: step %d micro-batch %d: header field n = %d, but "
+                                  "the plan's micro-batch has %d samples",
+                                  ci->id, step + 1, mb, n, mmp_plan_mb_size(&w->plan, mb));
+            }
+            size_t vb = (size_t)n * sizeof(float);
+            payload_to_host(w, w->valid_in[0], worker_payload_valid(w, ci, img_row, 0), vb);
+            payload_to_host(w, w->valid_in[1], worker_payload_valid(w, ct, txt_row, 1), vb);
+            mmp_fuse_step_put(&w->fstep, mmp_plan_mb_offset(&w->plan, mb), n, ci->payload,
+                              ct->payload, payload_mask(ct, txt_row), w->valid_in[0],
+                              w->valid_in[1]);
         } else {
             mmp_params_mb_begin(w->params); /* its backward follows at once */
             size_t vb = (size_t)n * sizeof(float);
@@ -425,6 +445,89 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
+/* Replicated fusion under batch scope: each replica holds its own
+ * micro-batches' rows and zeros elsewhere (mmp_fuse_step_begin clears), so
+ * the replicas' rank-order sum is the all-gather, exactly (x + 0 = x). The
+ * row counts travel along and must add up to the batch. */
+static mmp_err gather_step(worker *w, int step)
+{
+    double t0 = mmp_now();
+    mmp_fuse_step *fs = &w->fstep;
+    mmp_backend *be = w->be;
+    size_t B = (size_t)w->B;
+    float *dev[3] = {fs->img, fs->txt, fs->mask};
+    size_t len[3] = {B * fs->img_row, B * fs->txt_row, B * (size_t)fs->T};
+    float *h = w->gather;
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        be->ops->to_host(be, h + at, dev[i], len[i] * sizeof(float));
+        at += len[i];
+    }
+    memcpy(h + at, fs->valid[0], B * sizeof(float));
+    memcpy(h + at + B, fs->valid[1], B * sizeof(float));
+    h[at + 2 * B] = (float)fs->rows;
+    MMP_TRY(mmp_reduce_sum(w->reduce, h, at + 2 * B + 1));
+    if (h[at + 2 * B] != (float)w->B) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "step %d: the fusion replicas forwarded %g samples in all, not the "
+                          "batch's %d",
+                          step + 1, (double)h[at + 2 * B], w->B);
+    }
+    at = 0;
+    for (int i = 0; i < 3; i++) {
+        be->ops->to_device(be, dev[i], h + at, len[i] * sizeof(float));
+        at += len[i];
+    }
+    memcpy(fs->valid[0], h + at, B * sizeof(float));
+    memcpy(fs->valid[1], h + at + B, B * sizeof(float));
+    fs->rows = w->B;
+    /* communication, as the replicas' reduce: traced, not counted as busy */
+    w->gather_ms = (mmp_now() - t0) * 1e3;
+    mmp_trace_span(&w->trace, "GATHER", "comm", 0, t0 * 1e6, w->gather_ms * 1e3, step + 1, -1);
+    return MMP_OK;
+}
+
+/* Fusion under batch scope: the first backward of the step runs the loss
+ * over the whole batch (every micro-batch's forward must have arrived: the
+ * schedule puts every FWD before the first BWD, on every fusion replica);
+ * each backward then hands its micro-batch's rows of the input gradients to
+ * SEND_GRAD. Replicas gather the rows first and each runs the whole batch;
+ * replica 0 alone keeps the parameter gradients and reports the loss, so the
+ * replicas' gradient sum is one process's. */
+static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
+{
+    mmp_fuse_step *fs = &w->fstep;
+    if (!fs->done && w->reduce) {
+        MMP_TRY(gather_step(w, step));
+    }
+    if (!fs->done) {
+        if (fs->rows != w->B) {
+            return mmp_errorf(MMP_ERR_INTERNAL,
+                              "step %d: fusion backward of micro-batch %d with %d of the batch's "
+                              "%d samples forwarded (model.fusion.itc_scope: batch needs the "
+                              "step's last forward first)",
+                              step + 1, mb, fs->rows, w->B);
+        }
+        int skipped = 0, keep = w->asg->replica == 0;
+        mmp_loss_parts other = {0};
+        float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
+        mmp_params_mb_begin(w->params);
+        mmp_fuse_step_run(fs, &w->fuse, w->fus, w->fl[0].acts, mult, keep ? &w->loss : &other,
+                          &skipped);
+        if (keep) {
+            mmp_params_mb_end(w->params);
+            w->skipped += skipped;
+        }
+    }
+    size_t off = (size_t)mmp_plan_mb_offset(&w->plan, mb);
+    mmp_backend *be = w->be;
+    be->ops->copy(be, w->dimg, fs->dimg + off * fs->img_row,
+                  (size_t)n * fs->img_row * sizeof(float));
+    be->ops->copy(be, w->dtxt, fs->dtxt + off * fs->txt_row,
+                  (size_t)n * fs->txt_row * sizeof(float));
+    return MMP_OK;
+}
+
 static mmp_err do_bwd(worker *w, int step, int mb)
 {
     flight *f = flight_find(w, mb);
@@ -436,6 +539,8 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     if (w->kind == MMP_BRANCH_FUSION) {
         if (worker_simulated(w)) {
             sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
+        } else if (w->batch_scope) {
+            MMP_TRY(batch_scope_bwd(w, step, mb, n));
         } else {
             /* the loss's backward starts here: scaled by the step's loss scale */
             float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
@@ -476,7 +581,8 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     w->out_digest = f->digest;
     f->mb = -1;
     w->inflight--;
-    double ms = (mmp_now() - t0) * 1e3;
+    double ms = (mmp_now() - t0) * 1e3 - w->gather_ms; /* a gather is communication */
+    w->gather_ms = 0;
     w->busy_ms += ms;
     w->bwd_ms[mb] += (float)ms;
     mmp_trace_span(&w->trace, "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
@@ -526,6 +632,12 @@ static mmp_err reduce_replicas(worker *w, int step)
 
 static mmp_err do_grad_norm(worker *w, int step)
 {
+    if (w->batch_scope && w->reduce && !w->fstep.done) {
+        /* a fusion replica routed no micro-batch this step still takes
+         * part in the gather of the step's rows (it adds none) */
+        MMP_TRY(gather_step(w, step));
+        w->gather_ms = 0; /* no BWD's time to take it from */
+    }
     if (w->reduce) {
         MMP_TRY(reduce_replicas(w, step));
     }
@@ -569,6 +681,9 @@ mmp_err worker_run_step(worker *w, int step)
     w->busy_ms = w->data_ms = 0;
     w->skipped = 0;
     w->max_inflight = 0;
+    if (w->batch_scope) {
+        mmp_fuse_step_begin(&w->fstep, w->reduce != NULL);
+    }
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
     memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));

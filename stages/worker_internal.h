@@ -140,7 +140,18 @@ typedef struct worker {
     uint8_t *eval_valid; /* evaluation's load: each validation sample good (1) or skipped */
     int loaded_mb, loaded_n;
     uint64_t loaded_digest;
-    mmp_fuse fuse;
+    mmp_fuse fuse; /* fusion: for mb_max rows, or train.batch under batch scope */
+    /* fusion under model.fusion.itc_scope: batch (real compute): the step's
+     * rows gathered from every FWD; the first BWD runs the loss over them
+     * with fl[0].acts (made for train.batch rows; the other flights have
+     * none) and every BWD sends its micro-batch's rows of the gradients */
+    int batch_scope;
+    mmp_fuse_step fstep;
+    /* fusion replicas under batch scope: the step's rows, summed across the
+     * replicas (an all-gather: each holds only its own rows) (HOST) */
+    float *gather;
+    size_t gather_floats;
+    double gather_ms; /* the last gather's time, left out of the BWD's busy time */
     int skipped;
     int out_mb, out_n;
     uint64_t out_digest;

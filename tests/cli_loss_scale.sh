@@ -16,6 +16,13 @@ tiny_plan "name: ls, steps: 8, seed: 7" \
   2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0,
      final_eval: false, ckpt_every: 1, ckpt_keep: 0, clip_grad_norm: 0.5, precision: fp16,
      loss_scale_window: 3, debug_overflow_step: 3"
+# The scale sequence below is the one per-micro-batch fp16 products give
+# (model.fusion.itc_scope: microbatch). Under batch scope the fusion's fp16
+# weight-gradient products sum all 16 samples at once and overflow 2^16 at
+# step 1, as one micro-batch of 16 does in either scope (tests/cli_itc_scope.sh
+# runs fp16 under batch scope).
+sed -i 's/fusion: { layers: 1, heads: 2 }/fusion: { layers: 1, heads: 2, itc_scope: microbatch }/' "$W/plan.yaml"
+grep -q 'itc_scope: microbatch' "$W/plan.yaml" || fail "plan: itc_scope not set"
 
 "$BIN" launch "$W/plan.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
   || { fail "single-process fp16 run"; tail -5 "$W/single.log"; finish; }

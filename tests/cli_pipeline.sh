@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The multi-process pipeline on one host, end to end: separate stage
-# processes; the same checkpoints as --single-process for gpipe and 1f1b,
+# processes; the same checkpoints as --single-process for gpipe and 1f1b
+# (the default model.fusion.itc_scope: batch; microbatch too),
 # micro-batch counts 1, 4, 8 (and 5, which does not divide the batch) and
 # an image branch split into two sub-stages; the in-flight bound of each
 # schedule in the stages' own reports; nothing left behind after a normal
@@ -53,17 +54,29 @@ grep -q '"traceEvents"' "$W/1f1b_m4_s2/trace.json" && grep -q '"ph":"s"' "$W/1f1
 ls "$W/1f1b_m4_s2"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok "trace parts merged"
 
 # --- memory of the schedule: in-flight activations the stages report ---------------
+# With the loss per micro-batch (model.fusion.itc_scope: microbatch): under the
+# default batch scope every stage holds all m (tests/cli_itc_scope.sh).
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_m8_mb" --set train.microbatches=8 \
+  --set model.fusion.itc_scope=microbatch >"$W/single_m8_mb.log" 2>&1 || fail "single m=8 microbatch scope"
+for sched in gpipe 1f1b; do
+  name=${sched}_m8_s2_mb
+  "$BIN" launch "$W/plan.yaml" --out "$W/$name" --set train.schedule=$sched --set train.microbatches=8 \
+    --set 'stages.image.split=[2]' --set model.fusion.itc_scope=microbatch >"$W/$name.log" 2>&1 \
+    || { fail "$name: launch"; tail -5 "$W/$name.log" | sed 's/^/    /'; }
+  out=$(same_ckpt "$W/single_m8_mb" "$W/$name") && ok "$name vs single-process: $out" \
+    || fail "$name differs from single-process: $out"
+done
 max_inflight() { grep -o "\"name\":\"$2\"[^}]*\"max_inflight\":[0-9]*" "$1/metrics.jsonl" | grep -o '[0-9]*$' | sort -n | tail -1; }
 check_inflight() { # run stage want
   local got; got=$(max_inflight "$W/$1" "$2")
   [ "$got" = "$3" ] && ok "$1: $2 held at most $got micro-batches" || fail "$1: $2 held $got, want $3"
 }
-check_inflight 1f1b_m8_s2 image.0 3
-check_inflight 1f1b_m8_s2 image.1 2
-check_inflight 1f1b_m8_s2 text.0 2
-check_inflight 1f1b_m8_s2 fusion 1
-check_inflight gpipe_m8_s2 image.0 8
-check_inflight gpipe_m8_s2 fusion 1
+check_inflight 1f1b_m8_s2_mb image.0 3
+check_inflight 1f1b_m8_s2_mb image.1 2
+check_inflight 1f1b_m8_s2_mb text.0 2
+check_inflight 1f1b_m8_s2_mb fusion 1
+check_inflight gpipe_m8_s2_mb image.0 8
+check_inflight gpipe_m8_s2_mb fusion 1
 grep -q '"bubble":0\.[0-9]' "$W/1f1b_m4_snone/metrics.jsonl" && ok "bubble reported" || fail "no bubble"
 [ "$(shm_left "$W"/*.log)" -eq 0 ] && ok "no /dev/shm segments left after normal runs" || fail "shm segments left: $(ls /dev/shm)"
 [ "$(procs_left "$W"/*.log)" -eq 0 ] && ok "no stage processes left" || fail "stage processes left"

@@ -134,12 +134,89 @@ static int load_weights(model *m, const mmp_ckpt *c)
     return 1;
 }
 
+/* The same under model.fusion.itc_scope: batch (stages/single.c
+ * batch_scope_step): each micro-batch's branch forwards into the step's
+ * rows, the fusion once over the whole batch, then each micro-batch's
+ * branch backwards. */
+static mmp_err run_step_batch(model *m, const float *images, const int32_t *ids, const float *mask,
+                              mmp_loss_parts *parts)
+{
+    const mmp_plan *plan = &m->plan;
+    int B = plan->train.batch, mb_max = mmp_plan_mb_size(plan, 0), nmb = plan->train.microbatches;
+    int S = plan->data.image_size, T = plan->data.max_text_len, D = plan->model.width;
+    mmp_err ret = MMP_OK;
+    mmp_image_acts *ia[8] = {0};
+    mmp_text_acts *ta[8] = {0};
+    mmp_fusion_acts *fa = NULL;
+    mmp_fuse fuse = {0};
+    mmp_fuse_step fs = {0};
+    size_t img_row = (size_t)mmp_image_net_out_floats(m->img);
+    size_t txt_row = (size_t)mmp_text_net_out_floats(m->txt);
+    if (nmb > 8) {
+        return mmp_errorf(MMP_ERR_INVALID, "golden: %d micro-batches (at most 8 here)", nmb);
+    }
+    for (int mb = 0; mb < nmb && ret == MMP_OK; mb++) {
+        if ((ret = mmp_image_acts_create(&ia[mb], m->img, mb_max)) == MMP_OK) {
+            ret = mmp_text_acts_create(&ta[mb], m->txt, mb_max);
+        }
+    }
+    if (ret != MMP_OK || (ret = mmp_fusion_acts_create(&fa, m->fus, B)) != MMP_OK ||
+        (ret = mmp_fuse_init(&fuse, mmp_backend_cpu(), B, img_row, T, D)) != MMP_OK ||
+        (ret = mmp_fuse_step_init(&fs, mmp_backend_cpu(), B, img_row, T, D)) != MMP_OK) {
+        goto exit;
+    }
+    memset(parts, 0, sizeof *parts);
+    for (int k = 0; k < 3; k++) {
+        mmp_params_zero_grad(m->tables[k]);
+    }
+    mmp_fuse_step_begin(&fs, 0);
+    for (int mb = 0; mb < nmb; mb++) {
+        int n = mmp_plan_mb_size(plan, mb), at = mmp_plan_mb_offset(plan, mb);
+        const float *mk = mask + (size_t)at * T;
+        mmp_image_net_forward(m->img, ia[mb], images + (size_t)at * 3 * S * S, n, 1,
+                              fs.img + (size_t)at * img_row);
+        mmp_text_net_forward(m->txt, ta[mb], ids + (size_t)at * T, NULL, mk, n,
+                             fs.txt + (size_t)at * txt_row);
+        mmp_fuse_step_put(&fs, at, n, NULL, NULL, mk, NULL, NULL);
+    }
+    int skipped = 0;
+    mmp_params_mb_begin(m->tables[2]);
+    mmp_fuse_step_run(&fs, &fuse, m->fus, fa, 1.0f, parts, &skipped);
+    mmp_params_mb_end(m->tables[2]);
+    for (int mb = 0; mb < nmb; mb++) {
+        int n = mmp_plan_mb_size(plan, mb), at = mmp_plan_mb_offset(plan, mb);
+        mmp_params_mb_begin(m->tables[0]);
+        mmp_params_mb_begin(m->tables[1]);
+        mmp_text_net_backward(m->txt, ta[mb], fs.dtxt + (size_t)at * txt_row, n, NULL);
+        mmp_image_net_backward(m->img, ia[mb], fs.dimg + (size_t)at * img_row, n, NULL);
+        mmp_params_mb_end(m->tables[0]);
+        mmp_params_mb_end(m->tables[1]);
+    }
+    for (int k = 0; k < 3; k++) {
+        mmp_params_grad_finish(m->tables[k]);
+    }
+exit:
+    mmp_fuse_step_fini(&fs);
+    mmp_fuse_fini(&fuse);
+    for (int mb = 0; mb < 8; mb++) {
+        mmp_image_acts_destroy(ia[mb]);
+        mmp_text_acts_destroy(ta[mb]);
+    }
+    mmp_fusion_acts_destroy(fa);
+    return ret;
+}
+
 /* One training step's forward and backward over the batch, as the
  * single-process trainer runs it (stages/single.c train_step), without the
- * optimizer: gradients end in the params' g. */
+ * optimizer: gradients end in the params' g. The golden plan's scope is
+ * microbatch (the file's unprefixed entries); scope batch runs
+ * run_step_batch (the file's "itc_batch." entries). */
 static mmp_err run_step(model *m, const float *images, const int32_t *ids, const float *mask,
-                        mmp_loss_parts *parts)
+                        mmp_itc_scope scope, mmp_loss_parts *parts)
 {
+    if (scope == MMP_ITC_BATCH) {
+        return run_step_batch(m, images, ids, mask, parts);
+    }
     const mmp_plan *plan = &m->plan;
     int B = plan->train.batch, mb_max = mmp_plan_mb_size(plan, 0);
     int S = plan->data.image_size, T = plan->data.max_text_len, D = plan->model.width;
@@ -245,7 +322,7 @@ static int read_golden(mmp_ckpt *c)
 
 /* Loads the golden file's weights and batch into a fresh model and runs the
  * step. 0 on any failure (printed). */
-static int golden_step(model *m, mmp_ckpt *c, mmp_loss_parts *parts)
+static int golden_step(model *m, mmp_ckpt *c, mmp_itc_scope scope, mmp_loss_parts *parts)
 {
     if (!read_golden(c)) {
         return 0;
@@ -269,7 +346,7 @@ static int golden_step(model *m, mmp_ckpt *c, mmp_loss_parts *parts)
     if (!images || !ids || !mask || !load_weights(m, c)) {
         return 0;
     }
-    if (run_step(m, images->t.data, ids->t.data, mask->t.data, parts) != MMP_OK) {
+    if (run_step(m, images->t.data, ids->t.data, mask->t.data, scope, parts) != MMP_OK) {
         fprintf(stderr, "  %s\n", mmp_last_error());
         return 0;
     }
@@ -278,10 +355,10 @@ static int golden_step(model *m, mmp_ckpt *c, mmp_loss_parts *parts)
 
 /* golden_step as a check; m is zeroed first, so model_fini is safe after it
  * either way. */
-static int golden_ok(model *m, mmp_ckpt *c, mmp_loss_parts *parts)
+static int golden_ok(model *m, mmp_ckpt *c, mmp_itc_scope scope, mmp_loss_parts *parts)
 {
     memset(m, 0, sizeof *m);
-    int ok = golden_step(m, c, parts);
+    int ok = golden_step(m, c, scope, parts);
     CHECK(ok);
     return ok;
 }
@@ -299,18 +376,28 @@ static int check_loss(const mmp_ckpt *c, const char *name, float got)
     return fabs((double)got - want) <= LOSS_ATOL + LOSS_RTOL * fabs((double)want);
 }
 
-static void test_matches_pytorch(void)
+/* Both scopes: the plan's (microbatch: per-micro-batch ITC and hard
+ * negatives) under the file's plain names, batch (ITC over the whole batch,
+ * hard negatives mined across micro-batches, batch norm still per
+ * micro-batch) under "itc_batch.". */
+static void matches_pytorch(mmp_itc_scope scope, const char *prefix)
 {
     model m;
     mmp_ckpt c;
     mmp_loss_parts parts;
-    if (!golden_ok(&m, &c, &parts)) {
+    char key[MMP_NAME_MAX + 32];
+    if (!golden_ok(&m, &c, scope, &parts)) {
         goto exit;
     }
-    printf("loss parts (|d| <= %g + %g |torch|):\n", LOSS_ATOL, LOSS_RTOL);
-    CHECK(check_loss(&c, "loss.total", parts.loss));
-    CHECK(check_loss(&c, "loss.itc", parts.itc));
-    CHECK(check_loss(&c, "loss.itm", parts.itm));
+    CHECK(m.plan.model.fusion.itc_scope == MMP_ITC_MICROBATCH && m.plan.train.microbatches > 1);
+    printf("itc_scope %s: loss parts (|d| <= %g + %g |torch|):\n",
+           scope == MMP_ITC_BATCH ? "batch" : "microbatch", LOSS_ATOL, LOSS_RTOL);
+    snprintf(key, sizeof key, "%sloss.total", prefix);
+    CHECK(check_loss(&c, key, parts.loss));
+    snprintf(key, sizeof key, "%sloss.itc", prefix);
+    CHECK(check_loss(&c, key, parts.itc));
+    snprintf(key, sizeof key, "%sloss.itm", prefix);
+    CHECK(check_loss(&c, key, parts.itm));
     printf("gradients (|d| <= %g max|torch| + %g + %g |torch|) and batch-norm statistics after "
            "the step (%g max|torch| + %g |torch|):\n",
            GRAD_ATOL, GRAD_FLOOR, GRAD_RTOL, STAT_ATOL, STAT_RTOL);
@@ -324,8 +411,9 @@ static void test_matches_pytorch(void)
         }
         for (int i = 0; i < p->count; i++) {
             const mmp_param *q = &p->items[i];
-            char name[MMP_NAME_MAX + 8];
-            snprintf(name, sizeof name, "%s.%s", q->trainable ? "grad" : "after", q->name);
+            char name[MMP_NAME_MAX + 32];
+            snprintf(name, sizeof name, "%s%s.%s", prefix, q->trainable ? "grad" : "after",
+                     q->name);
             const mmp_ckpt_entry *e = find_shaped(&c, name, MMP_F32, q->ndim, q->shape);
             if (!e) {
                 failed++;
@@ -346,6 +434,16 @@ exit:
     model_fini(&m);
 }
 
+static void test_matches_pytorch(void)
+{
+    matches_pytorch(MMP_ITC_MICROBATCH, "");
+}
+
+static void test_batch_scope_matches_pytorch(void)
+{
+    matches_pytorch(MMP_ITC_BATCH, "itc_batch.");
+}
+
 /* The comparison must catch a wrong gradient: one entry of one tensor moved
  * by 1e-3 of the tensor's scale (ten times the absolute tolerance) fails. */
 static void test_wrong_gradient_fails(void)
@@ -353,7 +451,7 @@ static void test_wrong_gradient_fails(void)
     model m;
     mmp_ckpt c;
     mmp_loss_parts parts;
-    if (!golden_ok(&m, &c, &parts)) {
+    if (!golden_ok(&m, &c, MMP_ITC_MICROBATCH, &parts)) {
         goto exit;
     }
     const char *victims[] = {"image.layer2.0.conv1.weight", "text.layer1.attn.q.weight",
@@ -449,6 +547,7 @@ static mmp_err emit(const char *dir)
 
 static const mmp_test_case CASES[] = {
     MMP_TEST_CASE(test_matches_pytorch),
+    MMP_TEST_CASE(test_batch_scope_matches_pytorch),
     MMP_TEST_CASE(test_wrong_gradient_fails),
 };
 

@@ -15,7 +15,9 @@
 #include "tests/harness.h"
 
 /* A plan with image layers 10 (stem, 8 blocks, projection), text layers 6
- * (embedding, 4 layers, norm), and the given splits. */
+ * (embedding, 4 layers, norm), and the given splits; the loss per
+ * micro-batch (model.fusion.itc_scope: microbatch): test_batch_loss covers
+ * the default. */
 static void make_plan(mmp_plan *p, mmp_schedule kind, int m, int n_is, const int *is, int n_ts,
                       const int *ts)
 {
@@ -28,6 +30,7 @@ static void make_plan(mmp_plan *p, mmp_schedule kind, int m, int n_is, const int
     p->train.batch = 64;
     p->train.microbatches = m;
     p->train.schedule = kind;
+    p->model.fusion.itc_scope = MMP_ITC_MICROBATCH;
     p->stages.image.n_split = n_is;
     for (int i = 0; i < n_is; i++) {
         p->stages.image.split[i] = is[i];
@@ -679,7 +682,162 @@ static void test_replicas(void)
     mmp_sched_fini(&two);
 }
 
-MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_route), MMP_TEST_CASE(test_replicas),
-              MMP_TEST_CASE(test_all_shapes), MMP_TEST_CASE(test_exact_lists),
-              MMP_TEST_CASE(test_rejects), MMP_TEST_CASE(test_sim_textbook),
-              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large))
+/* ---- batch-wide loss (model.fusion.itc_scope: batch) ----------------------------- */
+
+static void test_batch_loss(void)
+{
+    static const int one[] = {4};
+    mmp_plan p;
+    mmp_sched s, mbs;
+    /* the default scope */
+    make_plan(&p, MMP_SCHED_1F1B, 4, 1, one, 0, NULL);
+    p.model.fusion.itc_scope = MMP_ITC_BATCH;
+    mmp_plan q;
+    mmp_plan_defaults(&q);
+    CHECK(q.model.fusion.itc_scope == MMP_ITC_BATCH);
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    CHECK(s.batch_loss == 1);
+    /* every stage warms up with all m forwards: 1F1B's branch order
+     * F0 F1 B0 ... would wait for B0's gradient while fusion waits for F2 */
+    check_list(&s, "image.0", 1, "F0 F1 F2 F3 B0 B1 B2 B3");
+    check_list(&s, "image.1", 1, "F0 F1 F2 F3 B0 B1 B2 B3");
+    check_list(&s, "text.0", 1, "F0 F1 F2 F3 B0 B1 B2 B3");
+    check_list(&s, "fusion", 0,
+               "Ra0:e2 Ra0:e4 F0 Ra1:e2 Ra1:e4 F1 Ra2:e2 Ra2:e4 F2 Ra3:e2 Ra3:e4 F3 B0 Sg0:e3 "
+               "Sg0:e5 B1 Sg1:e3 Sg1:e5 B2 Sg2:e3 Sg2:e5 B3 Sg3:e3 Sg3:e5 NORM OPT");
+    for (int st = 0; st < s.n_stages; st++) {
+        CHECK(s.stages[st].inflight_bound == 4 && s.stages[st].max_inflight == 4);
+    }
+    for (int e = 0; e < s.n_edges; e++) {
+        CHECK(s.edges[e].slots == 4);
+    }
+
+    /* the checker: a fusion list with a backward before its last forward */
+    make_plan(&p, MMP_SCHED_1F1B, 4, 1, one, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&mbs, &p));
+    mmp_sched t;
+    clone(&t, &mbs);
+    t.batch_loss = 1;
+    char want[512];
+    snprintf(want, sizeof want,
+             "schedule 1f1b: stage fusion instr %d (BWD mb0): the batch-wide loss "
+             "(model.fusion.itc_scope: batch) needs the step's last forward (instr %d) before any "
+             "backward",
+             find_instr(&t, 3, MMP_OP_BWD, 0, -1), find_instr(&t, 3, MMP_OP_FWD, 3, -1));
+    expect_reject(&t, want);
+    mmp_sched_fini(&t);
+
+    /* the trap: fusion right, a branch (image.0 -> fusion) in 1F1B order
+     * F0 F1 B0 ... deadlocks */
+    mmp_sched s0, m0;
+    make_plan(&p, MMP_SCHED_1F1B, 4, 0, NULL, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&m0, &p));
+    p.model.fusion.itc_scope = MMP_ITC_BATCH;
+    CHECK_OK(mmp_sched_compile(&s0, &p));
+    check_list(&m0, "image.0", 1, "F0 F1 B0 F2 B1 F3 B2 B3");
+    clone(&t, &s0);
+    int img = mmp_sched_find(&t, "image.0");
+    free(t.stages[img].prog);
+    size_t bytes = (size_t)m0.stages[img].n_prog * sizeof(mmp_instr);
+    t.stages[img].prog = malloc(bytes);
+    memcpy(t.stages[img].prog, m0.stages[img].prog, bytes);
+    t.stages[img].n_prog = m0.stages[img].n_prog;
+    CHECK(mmp_sched_validate(&t) == MMP_ERR_INTERNAL);
+    const char *got = mmp_last_error();
+    if (!strstr(got, "deadlock, a cycle of waits")) {
+        fprintf(stderr, "  got: %s\n", got);
+    }
+    CHECK(strstr(got, "deadlock, a cycle of waits") != NULL);
+    CHECK(strstr(got, "stage image.0 instr 6 (RECV_GRAD e1 mb0) waits for fusion to send it") !=
+          NULL);
+    CHECK(strstr(got, "stage fusion instr 6 (RECV_ACT e0 mb2) waits for image.0 to send it") !=
+          NULL);
+    mmp_sched_fini(&t);
+    /* the same lists are fine when the loss is per micro-batch */
+    clone(&t, &s0);
+    t.batch_loss = 0;
+    CHECK_OK(mmp_sched_validate(&t));
+    mmp_sched_fini(&t);
+
+    /* GPipe and 1F1B give the same lists; the simulator holds fusion's
+     * first backward until its last forward: image F 4 B 8, text 1 / 2,
+     * fusion F 1 B 1, m = 4, one image stage. */
+    make_plan(&p, MMP_SCHED_GPIPE, 4, 0, NULL, 0, NULL);
+    p.model.fusion.itc_scope = MMP_ITC_BATCH;
+    mmp_sched g, b1;
+    CHECK_OK(mmp_sched_compile(&g, &p));
+    p.train.schedule = MMP_SCHED_1F1B;
+    CHECK_OK(mmp_sched_compile(&b1, &p));
+    for (int st = 0; st < g.n_stages; st++) {
+        CHECK(strcmp(listing(&g, st, 0), listing(&b1, st, 0)) == 0);
+    }
+    mmp_sim_costs c = {0};
+    c.fwd_ms[0] = 4, c.bwd_ms[0] = 8, c.fwd_ms[1] = 1, c.bwd_ms[1] = 2, c.fwd_ms[2] = 1;
+    c.bwd_ms[2] = 1;
+    mmp_sim_result r;
+    CHECK_OK(mmp_sched_simulate(&b1, &c, &r));
+    /* image F0..F3 end at 16, fusion F3 at 17, B0..B3 to 21; image B0 starts
+     * at 18 (fusion's B0 ends at 18) and B0..B3 take 32: 50 */
+    if (!near(r.step_ms, 50)) {
+        fprintf(stderr, "  batch loss: step %g ms, want 50\n", r.step_ms);
+    }
+    CHECK(near(r.step_ms, 50));
+    /* per micro-batch the same costs pipeline better (1F1B, image depth 2) */
+    p.model.fusion.itc_scope = MMP_ITC_MICROBATCH;
+    mmp_sched m1;
+    CHECK_OK(mmp_sched_compile(&m1, &p));
+    mmp_sim_result rm;
+    CHECK_OK(mmp_sched_simulate(&m1, &c, &rm));
+    CHECK(rm.step_ms < r.step_ms);
+
+    /* replicated fusion: each replica's backwards wait for the other's
+     * forwards too (the gather of the step's features) */
+    p.model.fusion.itc_scope = MMP_ITC_BATCH;
+    p.stages.fusion.replicas[0] = 2;
+    mmp_sched fr;
+    CHECK_OK(mmp_sched_compile(&fr, &p));
+    int f0 = mmp_sched_find(&fr, "fusion");
+    CHECK(fr.stages[f0].n_replicas == 2);
+    mmp_sim_costs cf = {0};
+    cf.fwd_ms[0] = 4, cf.bwd_ms[0] = 8, cf.fwd_ms[1] = 1, cf.bwd_ms[1] = 2;
+    cf.fwd_ms[f0] = cf.fwd_ms[f0 + 1] = 1, cf.bwd_ms[f0] = cf.bwd_ms[f0 + 1] = 1;
+    CHECK_OK(mmp_sched_simulate(&fr, &cf, &r));
+    /* fusion/0 owns mb 0 and 2, fusion/1 mb 1 and 3: fusion/0's B0 starts
+     * only after fusion/1's F3 (image F3 ends at 16, fusion F3 at 17) */
+    CHECK(r.step_ms >= 17 + 1 + 8 * 4 - 1e-9);
+    /* and image.0 in the order F0 F1 F2 B0 F3 ... deadlocks through the
+     * gather: fusion/0 (mb 0, 2) holds its B0 until fusion/1 has forwarded
+     * mb3, which image.0 sends only after B0 */
+    clone(&t, &fr);
+    img = mmp_sched_find(&t, "image.0");
+    int l3 = find_instr(&t, img, MMP_OP_LOAD, 3, -1), b0 = find_instr(&t, img, MMP_OP_BWD, 0, -1);
+    mmp_instr moved[3];
+    memcpy(moved, &t.stages[img].prog[l3], sizeof moved); /* L3 F3 Sa3 */
+    memmove(&t.stages[img].prog[l3], &t.stages[img].prog[l3 + 3],
+            (size_t)(b0 - l3 - 2) * sizeof(mmp_instr));
+    memcpy(&t.stages[img].prog[b0 - 2], moved, sizeof moved);
+    check_list(&t, "image.0", 1, "F0 F1 F2 B0 F3 B1 B2 B3");
+    CHECK(mmp_sched_validate(&t) == MMP_ERR_INTERNAL);
+    got = mmp_last_error();
+    if (!strstr(got, "fusion/1 has run 1 of its 2 FWDs")) {
+        fprintf(stderr, "  got: %s\n", got);
+    }
+    CHECK(strstr(got, "(BWD mb0) waits for the step's last forward (model.fusion.itc_scope: "
+                      "batch): fusion/1 has run 1 of its 2 FWDs") != NULL);
+    mmp_sched_fini(&t);
+    mmp_sched_fini(&m0);
+    mmp_sched_fini(&fr);
+    mmp_sched_fini(&m1);
+    mmp_sched_fini(&g);
+    mmp_sched_fini(&b1);
+    mmp_sched_fini(&mbs);
+    mmp_sched_fini(&s);
+    mmp_sched_fini(&s0);
+    mmp_sched_fini(&m0);
+}
+
+MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_batch_loss), MMP_TEST_CASE(test_route),
+              MMP_TEST_CASE(test_replicas), MMP_TEST_CASE(test_all_shapes),
+              MMP_TEST_CASE(test_exact_lists), MMP_TEST_CASE(test_rejects),
+              MMP_TEST_CASE(test_sim_textbook), MMP_TEST_CASE(test_sim_branches),
+              MMP_TEST_CASE(test_sim_large))

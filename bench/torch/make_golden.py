@@ -11,7 +11,10 @@
      micro-batches, and writes the weights it started from, the batch, the
      loss parts (loss.total, loss.itc, loss.itm), every gradient
      (grad.<name>) and the batch-norm running statistics after the step
-     (after.<name>), with metadata format=mmpipe-golden, version=1.
+     (after.<name>), with metadata format=mmpipe-golden, version=1. The
+     plan's model.fusion.itc_scope is microbatch; the same step under
+     itc_scope batch (a fresh model from the same weights) goes in under
+     "itc_batch." (itc_batch.loss.total, itc_batch.grad.<name>, ...).
 
 Run from the repository root after building:  python3 bench/torch/make_golden.py
 Needs torch (Debian: apt-get install python3-torch); CI does not: the
@@ -49,30 +52,35 @@ def main():
     plan = ref.load_plan_json(os.path.join(work, "plan.json"))
     cfg = ref.config_from_plan(plan, init["text.embed.wte"].shape[0])
 
-    torch.manual_seed(0)
-    model = ref.MMPipeRef(cfg)
-    model.load_mmpipe(init)
-    model.train()
     images, ids, mask = batch["batch.images"], batch["batch.ids"].long(), batch["batch.mask"]
-    loss, itc, itm = model.step_loss(images, ids, mask, plan["train"]["microbatches"])
-    loss.backward()
-
+    scope = plan["model"]["fusion"]["itc_scope"]
+    if scope != "microbatch":
+        sys.exit(f"make_golden.py: the golden plan's model.fusion.itc_scope is {scope}; "
+                 "the test expects microbatch (batch goes under itc_batch.)")
     out = {}
-    for name in model.state_dict():
-        out[name] = init[name]
     out.update(batch)
-    out["loss.total"] = loss.detach().reshape(1)
-    out["loss.itc"] = torch.as_tensor(itc).reshape(1).float()
-    out["loss.itm"] = torch.as_tensor(itm).reshape(1).float()
-    for name, p in model.named_parameters():
-        out["grad." + name] = p.grad
-    for name, b in model.named_buffers():
-        out["after." + name] = b
+    for prefix, sc in (("", "microbatch"), ("itc_batch.", "batch")):
+        torch.manual_seed(0)
+        model = ref.MMPipeRef(cfg)
+        model.load_mmpipe(init)
+        model.train()
+        loss, itc, itm = model.step_loss(images, ids, mask, plan["train"]["microbatches"], sc)
+        loss.backward()
+        if not prefix:
+            for name in model.state_dict():
+                out[name] = init[name]
+        out[prefix + "loss.total"] = loss.detach().reshape(1)
+        out[prefix + "loss.itc"] = torch.as_tensor(itc).reshape(1).float()
+        out[prefix + "loss.itm"] = torch.as_tensor(itm).reshape(1).float()
+        for name, p in model.named_parameters():
+            out[prefix + "grad." + name] = p.grad
+        for name, b in model.named_buffers():
+            out[prefix + "after." + name] = b
+        print(f"itc_scope {sc}: loss {loss.item():.6f} (itc {float(itc):.6f}, itm {float(itm):.6f})")
     ref.write_safetensors(args.out, out, {"format": FORMAT, "version": VERSION,
                                           "plan": "tests/golden/plan.yaml",
                                           "torch": torch.__version__})
-    print(f"loss {loss.item():.6f} (itc {float(itc):.6f}, itm {float(itm):.6f}); "
-          f"{sum(1 for _ in model.parameters())} gradients -> {args.out} "
+    print(f"{sum(1 for _ in model.parameters())} gradients per scope -> {args.out} "
           f"({os.path.getsize(args.out)} bytes)")
 
 

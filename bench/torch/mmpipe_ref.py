@@ -66,6 +66,7 @@ def config_from_plan(plan, vocab_size):
         "fusion_layers": m["fusion"]["layers"],
         "fusion_heads": m["fusion"]["heads"],
         "init_temperature": plan["train"].get("init_temperature", 0.07),
+        "itc_scope": m["fusion"].get("itc_scope", "batch"),
         "vocab_size": vocab_size,
     }
 
@@ -393,12 +394,33 @@ class MMPipeRef(nn.Module):
         """One micro-batch: images (B,3,S,S), ids (B,T) long, mask (B,T) -> (itc, itm)."""
         return self.fusion(self.image(images), self.text(ids, mask))
 
-    def step_loss(self, images, ids, mask, microbatches):
-        """The batch's loss as mmpipe weighs it: micro-batch k of n_k samples adds
-        (n_k / B) (ITC + ITM). Micro-batch sizes as mmp_plan_mb_size: the first
-        B % m get one more. Returns (loss, itc, itm) tensors (loss has a graph)."""
+    def step_loss(self, images, ids, mask, microbatches, scope=None):
+        """The batch's loss as mmpipe computes it (model.fusion.itc_scope; None:
+        the plan's, cfg["itc_scope"]). The branches run micro-batch by
+        micro-batch (batch norm in training mode normalises each with its own
+        statistics, as mmpipe's image branch does). scope "batch": their
+        outputs are concatenated and the fusion runs once over the whole batch
+        (ITC over all B pairs, hard negatives mined from the whole batch).
+        "microbatch": micro-batch k of n_k samples adds (n_k / B) (ITC + ITM).
+        Micro-batch sizes as mmp_plan_mb_size: the first B % m get one more.
+        Returns (loss, itc, itm) tensors (loss has a graph)."""
+        scope = scope or self.cfg.get("itc_scope", "batch")
+        if scope not in ("batch", "microbatch"):
+            raise ValueError(f"itc_scope: {scope!r} (batch or microbatch)")
         B = images.shape[0]
         base, extra = divmod(B, microbatches)
+        if scope == "batch":
+            img, txt, at = [], [], 0
+            for k in range(microbatches):
+                n = base + (1 if k < extra else 0)
+                if n == 0:
+                    continue
+                sl = slice(at, at + n)
+                at += n
+                img.append(self.image(images[sl]))
+                txt.append(self.text(ids[sl], mask[sl]))
+            itc, itm = self.fusion(torch.cat(img), torch.cat(txt))
+            return itc + itm, itc.detach(), itm.detach()
         loss = itc_sum = itm_sum = 0.0
         at = 0
         for k in range(microbatches):

@@ -87,7 +87,8 @@ def main():
     def step():
         opt.zero_grad(set_to_none=False)
         with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-            loss, _, _ = loss_fn(images, ids, mask, tr["microbatches"])
+            loss, _, _ = loss_fn(images, ids, mask, tr["microbatches"],
+                                 plan["model"]["fusion"].get("itc_scope", "batch"))
         if scaler:
             scaler.scale(loss).backward()
             scaler.unscale_(opt)
