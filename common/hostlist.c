@@ -124,8 +124,7 @@ static mmp_err expand(expander *e, char *prefix, size_t plen, const char *item, 
     return MMP_OK;
 }
 
-mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MAX], int max,
-                            int *n)
+mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MAX], int max, int *n)
 {
     expander e = {.list = list ? list : "", .names = names, .max = max, .n = 0};
     *n = 0;

@@ -34,8 +34,8 @@ mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MA
 typedef struct mmp_slurm_env {
     int n_nodes;
     char nodes[64][MMP_HOSTLIST_NAME_MAX];
-    int gpus;      /* GPUs on each node */
-    int gpu[64];   /* their ordinals as this process sees them (CUDA_VISIBLE_DEVICES or 0..gpus-1) */
+    int gpus;    /* GPUs on each node */
+    int gpu[64]; /* their ordinals as this process sees them (CUDA_VISIBLE_DEVICES or 0..gpus-1) */
     int cpu_slots; /* when gpus == 0 */
     char job_id[32];
 } mmp_slurm_env;

@@ -104,15 +104,25 @@ static void test_slurm_env(void)
     CHECK(mmp_hostlist_from_slurm(&s, fake_getenv) == MMP_ERR_INVALID);
     CHECK(strstr(mmp_last_error(), "not inside a SLURM allocation") != NULL);
 
-    static const char *const gpus[] = {"SLURM_JOB_NODELIST", "gpu[01-02]", "SLURM_JOB_ID", "4711",
-                                       "SLURM_GPUS_ON_NODE", "4", NULL};
+    static const char *const gpus[] = {"SLURM_JOB_NODELIST",
+                                       "gpu[01-02]",
+                                       "SLURM_JOB_ID",
+                                       "4711",
+                                       "SLURM_GPUS_ON_NODE",
+                                       "4",
+                                       NULL};
     fake_env = gpus;
     CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
     CHECK(s.n_nodes == 2 && strcmp(s.nodes[1], "gpu02") == 0);
     CHECK(s.gpus == 4 && s.gpu[3] == 3 && strcmp(s.job_id, "4711") == 0 && s.cpu_slots == 1);
 
-    static const char *const cvd[] = {"SLURM_JOB_NODELIST", "a,b", "CUDA_VISIBLE_DEVICES", "2,3",
-                                      "SLURM_NTASKS_PER_NODE", "3(x2)", NULL};
+    static const char *const cvd[] = {"SLURM_JOB_NODELIST",
+                                      "a,b",
+                                      "CUDA_VISIBLE_DEVICES",
+                                      "2,3",
+                                      "SLURM_NTASKS_PER_NODE",
+                                      "3(x2)",
+                                      NULL};
     fake_env = cvd;
     CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
     CHECK(s.gpus == 2 && s.gpu[0] == 2 && s.gpu[1] == 3 && s.cpu_slots == 3);
@@ -126,8 +136,8 @@ static void test_slurm_env(void)
     fake_env = bad_list;
     CHECK(mmp_hostlist_from_slurm(&s, fake_getenv) == MMP_ERR_INVALID);
     CHECK(strstr(mmp_last_error(), "SLURM_JOB_NODELIST") != NULL);
-    static const char *const bad_gpus[] = {"SLURM_JOB_NODELIST", "c1", "SLURM_GPUS_ON_NODE",
-                                           "four", NULL};
+    static const char *const bad_gpus[] = {"SLURM_JOB_NODELIST", "c1", "SLURM_GPUS_ON_NODE", "four",
+                                           NULL};
     fake_env = bad_gpus;
     CHECK(mmp_hostlist_from_slurm(&s, fake_getenv) == MMP_ERR_INVALID);
     CHECK(strstr(mmp_last_error(), "SLURM_GPUS_ON_NODE") != NULL);
