@@ -175,7 +175,7 @@ void coord_settle(coord *c)
             if (!p->alive && !p->reported && WIFSIGNALED(p->exit_status) == signalled) {
                 char why[128];
                 c->fault |= !c->failure[0];
-                coord_fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
+                coord_fail(c, "stage %s (pid %d%s) died: %s", p->name, (int)p->pid, p->where,
                            coord_describe_exit(p->exit_status, why, sizeof why));
             }
         }
