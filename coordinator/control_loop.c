@@ -172,11 +172,14 @@ void coord_settle(coord *c)
         }
         for (int i = 0; i < c->n; i++) {
             proc *p = &c->procs[i];
-            if (!p->alive && !p->reported && WIFSIGNALED(p->exit_status) == signalled) {
+            if (!p->alive && !p->reported && coord_abrupt_end(p) == signalled) {
                 char why[128];
                 c->fault |= !c->failure[0];
-                coord_fail(c, "stage %s (pid %d%s) died: %s", p->name, (int)p->pid, p->where,
-                           coord_describe_exit(p->exit_status, why, sizeof why));
+                coord_fail(c, "stage %s (pid %d%s) died: %s%s", p->name, (int)p->pid, p->where,
+                           coord_describe_exit(p->exit_status, why, sizeof why),
+                           p->where[0] && !WIFSIGNALED(p->exit_status)
+                               ? " (over ssh/srun: killed there, or its host or link was lost)"
+                               : "");
             }
         }
     }

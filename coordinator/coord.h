@@ -105,6 +105,10 @@ int coord_reap(coord *c);
  * what is left after a grace period (none after a second signal), and
  * removes the run's shared memory. */
 void coord_stop_all(coord *c, int graceful);
+/* Whether p ended abruptly: killed by a signal, or, through ssh or srun, an
+ * exit status of 128 or more (how they report a killed remote command or a
+ * lost connection). */
+int coord_abrupt_end(const proc *p);
 /* "killed by signal N (NAME)" or "exited with status N" into buf. */
 const char *coord_describe_exit(int status, char *buf, size_t n);
 

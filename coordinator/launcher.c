@@ -131,8 +131,10 @@ mmp_err mmp_launch_line_build(mmp_launch_line *l, const mmp_plan *p, int host,
     const char *checked[] = {s->endpoint, s->stage, s->shm_prefix, bin, dir};
     for (int i = 0; i < 5; i++) {
         if (!word_ok(checked[i])) {
-            return mmp_errorf(MMP_ERR_INVALID, "launcher: host '%s': '%s' cannot stand on a "
-                              "command line", h->name, checked[i] ? checked[i] : "(none)");
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "launcher: host '%s': '%s' cannot stand on a "
+                              "command line",
+                              h->name, checked[i] ? checked[i] : "(none)");
         }
     }
     if (s->replica < 0) {

@@ -149,6 +149,15 @@ mmp_err coord_spawn_all(coord *c)
     return ret;
 }
 
+int coord_abrupt_end(const proc *p)
+{
+    /* ssh exits 255 when the remote command was killed by a signal or the
+     * connection was lost; srun reports a killed task as status > 128 */
+    int remote = p->where[0] != 0;
+    return WIFSIGNALED(p->exit_status) ||
+           (remote && WIFEXITED(p->exit_status) && WEXITSTATUS(p->exit_status) >= 128);
+}
+
 const char *coord_describe_exit(int status, char *buf, size_t n)
 {
     if (WIFSIGNALED(status)) {
@@ -171,7 +180,7 @@ int coord_reap(coord *c)
             close_pipe(p);
             p->exit_status = status;
             p->reported = 0;
-            c->killed |= WIFSIGNALED(status); /* stop_all's own kills are not reaped here */
+            c->killed |= coord_abrupt_end(p); /* stop_all's own kills are not reaped here */
             n_new++;
         }
     }

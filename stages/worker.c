@@ -191,10 +191,15 @@ static void on_coordinator_lost(const char *why, void *arg)
 
 int mmp_worker_main(const mmp_worker_args *args)
 {
-    /* Die with the coordinator: a SIGKILLed coordinator must not leave us. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) {
-        return 1;
+    /* Die with the coordinator: a SIGKILLed coordinator must not leave us.
+     * A stage with a watched pipe (tcp control: maybe another host, where
+     * the parent is sshd or slurmstepd) learns it from the pipe's end
+     * instead, and removes the job's shared memory there before exiting. */
+    if (args->watch_fd < 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1) {
+            return 1;
+        }
     }
     static worker w;
     memset(&w, 0, sizeof w);
