@@ -16,9 +16,19 @@
  *     measures the futex doorbell's wake-up. The same over a ZeroMQ ipc PAIR
  *     socket pair, the alternative a doorbell must beat.
  *
+ * (c) The tcp channel over loopback (transport/tcp.c; what stages on two
+ *     hosts use): throughput as in (a), with the sender's memcpy into the
+ *     slot, next to a plain loopback TCP socket moving the same bytes in
+ *     the same messages (default socket options, write / recv into one
+ *     buffer, the receiver summing every byte as the channel's does): the
+ *     ratio of the medians is the channel's cost. Then the per-micro-batch
+ *     latency: half a ping-pong round trip of one message of 64 B, 64 KB and
+ *     1 MB (a micro-batch's activations), channel and plain socket.
+ *
  * Options: --sizes 1,4,16 (MB) --reps N (default 7) --iters N (round trips,
  * default 20000) --busy N (N spinning processes during the measurements, to
- * see what the 2-core machine does when stages outnumber cores). */
+ * see what the 2-core machine does when stages outnumber cores) --only tcp
+ * (section (c) alone). */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -28,6 +38,11 @@
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -448,17 +463,351 @@ static void latency(int iters)
     free(us);
 }
 
+/* ---- (c) tcp over loopback ------------------------------------------------ */
+
+/* The sender end of a tcp channel (the creator, on a free loopback port) and
+ * a forked receiver connected to it running fn; the child's exit is checked
+ * by the caller (waitpid). */
+static pid_t tcp_pair(mmp_channel **snd, size_t bytes, void (*fn)(const mmp_channel_cfg *, void *),
+                      void *arg)
+{
+    mmp_channel_cfg c = {
+        .address = "127.0.0.1:0", .slot_bytes = bytes, .slots = 2, .send = 1, .timeout_ms = 60000};
+    if (mmp_channel_open(snd, "tcp", &c, 1) != MMP_OK) {
+        die("tcp setup");
+    }
+    static char at[128];
+    snprintf(at, sizeof at, "%s", mmp_channel_address(*snd));
+    c.address = at;
+    c.send = 0;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        fn(&c, arg);
+        _exit(0);
+    }
+    return pid;
+}
+
+typedef struct tcp_tp_arg {
+    int reps, msgs;
+    tp_result *res;
+} tcp_tp_arg;
+
+static void tcp_tp_receiver(const mmp_channel_cfg *c, void *arg)
+{
+    tcp_tp_arg *a = arg;
+    mmp_channel *ch;
+    if (mmp_channel_open(&ch, "tcp", c, 0) != MMP_OK) {
+        die("tcp connect");
+    }
+    uint64_t sink = 0;
+    for (int r = 0; r < a->reps; r++) {
+        double t0 = 0;
+        for (int m = 0; m < a->msgs; m++) {
+            mmp_msg_header h;
+            const void *p;
+            if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+                die("tcp recv");
+            }
+            sink += sum_bytes(p, h.bytes);
+            mmp_channel_release(ch);
+            if (m == 0) {
+                t0 = now_s();
+            }
+        }
+        a->res->gbps[SEND_COPY][r] = (double)(a->msgs - 1) * c->slot_bytes / (now_s() - t0) / 1e9;
+    }
+    a->res->sink = sink;
+    mmp_channel_close(ch);
+}
+
+/* A plain loopback socket: a listener on a free port, its port in *port. */
+static int plain_listen(int *port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 1) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &l) != 0) {
+        fprintf(stderr, "bench_transport: plain listen: %s\n", strerror(errno));
+        exit(1);
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static int plain_connect(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        fprintf(stderr, "bench_transport: plain connect: %s\n", strerror(errno));
+        exit(1);
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+static void plain_write(int fd, const void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) {
+            fprintf(stderr, "bench_transport: plain send: %s\n", strerror(errno));
+            exit(1);
+        }
+        p = (const char *)p + w;
+        n -= (size_t)w;
+    }
+}
+
+static void plain_read(int fd, void *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) {
+            fprintf(stderr, "bench_transport: plain recv: %s\n", r ? strerror(errno) : "EOF");
+            exit(1);
+        }
+        p = (char *)p + r;
+        n -= (size_t)r;
+    }
+}
+
+/* The same bytes in the same messages over a plain loopback socket. */
+static double plain_tp(size_t bytes, int reps, int msgs, tp_result *res)
+{
+    int port, lfd = plain_listen(&port);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = plain_connect(port);
+        unsigned char *buf = malloc(bytes);
+        uint64_t sink = 0;
+        for (int r = 0; r < reps; r++) {
+            double t0 = 0;
+            for (int m = 0; m < msgs; m++) {
+                plain_read(fd, buf, bytes);
+                sink += sum_bytes(buf, bytes);
+                if (m == 0) {
+                    t0 = now_s();
+                }
+            }
+            res->gbps[SEND_IN_PLACE][r] = (double)(msgs - 1) * bytes / (now_s() - t0) / 1e9;
+        }
+        res->sink += sink;
+        _exit(0);
+    }
+    int fd = accept(lfd, NULL, NULL);
+    unsigned char *src = malloc(bytes);
+    if (fd < 0 || !src) {
+        die("plain accept");
+    }
+    memset(src, 0x5a, bytes);
+    for (int k = 0; k < reps * msgs; k++) {
+        plain_write(fd, src, bytes);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    close(fd);
+    close(lfd);
+    free(src);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "bench_transport: plain receiver failed\n");
+        exit(1);
+    }
+    return quantile(res->gbps[SEND_IN_PLACE], reps, 0.5);
+}
+
+static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
+{
+    printf("## tcp channel throughput over loopback: 2 processes, slots=2, median of %d reps of "
+           "~%u MB\n\n",
+           reps, REP_BYTES >> 20);
+    printf("channel = mmp_channel_send (memcpy into the slot, writev of header and slot) to a "
+           "receiver that reads every byte in place; plain socket = the same messages written "
+           "with send() from one buffer and recv()'d into one buffer (default socket options), "
+           "summed the same way; ratio = channel / plain socket, this run.\n\n");
+    printf("| MB | channel GB/s | plain socket GB/s | ratio |\n|---:|---:|---:|---:|\n");
+    tp_result *res = shared_pages(sizeof *res);
+    for (int s = 0; s < nsizes; s++) {
+        size_t bytes = (size_t)sizes_mb[s] << 20;
+        int msgs = (int)(REP_BYTES / bytes) < 8 ? 8 : (int)(REP_BYTES / bytes);
+        double plain = plain_tp(bytes, reps, msgs, res);
+        mmp_channel *ch;
+        tcp_tp_arg arg = {reps, msgs, res};
+        pid_t pid = tcp_pair(&ch, bytes, tcp_tp_receiver, &arg);
+        unsigned char *src = malloc(bytes);
+        if (!src) {
+            die("malloc");
+        }
+        memset(src, 0x5a, bytes);
+        for (int k = 0; k < reps * msgs; k++) {
+            mmp_msg_header h = {.step = k, .bytes = bytes};
+            if (mmp_channel_send(ch, &h, src) != MMP_OK) {
+                die("tcp send");
+            }
+        }
+        int st;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "bench_transport: tcp receiver failed\n");
+            exit(1);
+        }
+        mmp_channel_close(ch);
+        free(src);
+        double g = quantile(res->gbps[SEND_COPY], reps, 0.5);
+        printf("| %d | %.2f | %.2f | %.2f |\n", sizes_mb[s], g, plain, g / plain);
+    }
+    printf("\n");
+    munmap(res, sizeof *res);
+}
+
+typedef struct tcp_pp_arg {
+    int n;
+    size_t bytes;
+    char back[128]; /* the reverse channel's address (the child creates it) */
+    _Atomic int ready;
+} tcp_pp_arg;
+
+/* The ponging child: receives on c, answers on its own B->A channel. */
+static void tcp_pong(const mmp_channel_cfg *c, void *arg)
+{
+    tcp_pp_arg *a = arg;
+    mmp_channel *in, *out;
+    mmp_channel_cfg oc = *c;
+    oc.address = "127.0.0.1:0";
+    oc.send = 1;
+    if (mmp_channel_open(&out, "tcp", &oc, 1) != MMP_OK) {
+        die("pong setup");
+    }
+    snprintf(a->back, sizeof a->back, "%s", mmp_channel_address(out));
+    atomic_store(&a->ready, 1);
+    if (mmp_channel_open(&in, "tcp", c, 0) != MMP_OK) {
+        die("pong connect");
+    }
+    for (int k = 0; k < a->n; k++) {
+        mmp_msg_header h;
+        const void *p;
+        if (mmp_channel_recv(in, &h, &p) != MMP_OK || mmp_channel_send(out, &h, p) != MMP_OK) {
+            die("pong");
+        }
+        mmp_channel_release(in);
+    }
+    mmp_channel_close(in);
+    mmp_channel_close(out);
+}
+
+static void tcp_latency(int iters)
+{
+    printf("## tcp per-micro-batch latency over loopback: half a ping-pong round trip\n\n");
+    printf("One message of the size below from post to the peer's return, the peer answering "
+           "with the same bytes at once (mmp_channel_send of the received payload); plain = the "
+           "same over a plain loopback socket (TCP_NODELAY, send/recv).\n\n");
+    printf("| message | channel median µs | channel p90 µs | plain median µs | ratio |\n");
+    printf("|---|---:|---:|---:|---:|\n");
+    static const size_t sizes[] = {64, 64 << 10, 1 << 20};
+    tcp_pp_arg *a = shared_pages(sizeof *a);
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t bytes = sizes[si];
+        int n = bytes >= (1 << 20) ? iters / 50 : bytes >= (64 << 10) ? iters / 10 : iters;
+        n = n < 20 ? 20 : n;
+        int warm = n / 10 + 1;
+        double *us = malloc(sizeof(double) * (size_t)n), *pus = malloc(sizeof(double) * (size_t)n);
+        unsigned char *buf = malloc(bytes);
+        if (!us || !pus || !buf) {
+            die("malloc");
+        }
+        memset(buf, 7, bytes);
+        memset(a, 0, sizeof *a);
+        a->n = n + warm;
+        a->bytes = bytes;
+        mmp_channel *out, *in;
+        pid_t pid = tcp_pair(&out, bytes, tcp_pong, a);
+        while (!atomic_load(&a->ready)) {
+            pause_us(100);
+        }
+        mmp_channel_cfg ic = {
+            .address = a->back, .slot_bytes = bytes, .slots = 2, .send = 0, .timeout_ms = 60000};
+        if (mmp_channel_open(&in, "tcp", &ic, 0) != MMP_OK) {
+            die("ping connect");
+        }
+        for (int k = 0; k < n + warm; k++) {
+            mmp_msg_header h = {.step = k, .bytes = bytes}, g;
+            const void *p;
+            double t0 = now_s();
+            if (mmp_channel_send(out, &h, buf) != MMP_OK ||
+                mmp_channel_recv(in, &g, &p) != MMP_OK) {
+                die("ping");
+            }
+            mmp_channel_release(in);
+            if (k >= warm) {
+                us[k - warm] = (now_s() - t0) * 1e6 / 2;
+            }
+        }
+        waitpid(pid, NULL, 0);
+        mmp_channel_close(in);
+        mmp_channel_close(out);
+        /* the plain socket, the same exchange */
+        int port, lfd = plain_listen(&port);
+        fflush(stdout);
+        pid = fork();
+        if (pid == 0) {
+            int fd = plain_connect(port);
+            for (int k = 0; k < n + warm; k++) {
+                plain_read(fd, buf, bytes);
+                plain_write(fd, buf, bytes);
+            }
+            _exit(0);
+        }
+        int fd = accept(lfd, NULL, NULL);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        for (int k = 0; k < n + warm; k++) {
+            double t0 = now_s();
+            plain_write(fd, buf, bytes);
+            plain_read(fd, buf, bytes);
+            if (k >= warm) {
+                pus[k - warm] = (now_s() - t0) * 1e6 / 2;
+            }
+        }
+        waitpid(pid, NULL, 0);
+        close(fd);
+        close(lfd);
+        double med = quantile(us, n, 0.5), p90 = quantile(us, n, 0.9), pm = quantile(pus, n, 0.5);
+        char name[32];
+        snprintf(name, sizeof name,
+                 bytes >= (1 << 20) ? "%zu MB"
+                 : bytes >= 1024    ? "%zu KB"
+                                    : "%zu B",
+                 bytes >= (1 << 20) ? bytes >> 20
+                 : bytes >= 1024    ? bytes >> 10
+                                    : bytes);
+        printf("| %s | %.1f | %.1f | %.1f | %.2f |\n", name, med, p90, pm, med / pm);
+        free(us);
+        free(pus);
+        free(buf);
+    }
+    printf("\n");
+    munmap(a, sizeof *a);
+}
+
 /* ---- main --------------------------------------------------------------- */
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_transport [--sizes 1,4,16] [--reps N] [--iters N] [--busy N]\n");
+    fprintf(stderr, "usage: bench_transport [--sizes 1,4,16] [--reps N] [--iters N] [--busy N] "
+                    "[--only tcp]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    int sizes[MAX_SIZES] = {1, 4, 16}, nsizes = 3, reps = 7, iters = 20000, busy = 0;
+    int sizes[MAX_SIZES] = {1, 4, 16}, nsizes = 3, reps = 7, iters = 20000, busy = 0, only_tcp = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             usage();
@@ -478,6 +827,9 @@ int main(int argc, char **argv)
             iters = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
+            only_tcp = 1;
+            i++;
         } else {
             usage();
         }
@@ -496,8 +848,12 @@ int main(int argc, char **argv)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     printf("# bench_transport (%ld CPUs online, %d extra spinning processes)\n\n", cpus, busy);
     double t0 = now_s();
-    throughput(sizes, nsizes, reps);
-    latency(iters);
+    if (!only_tcp) {
+        throughput(sizes, nsizes, reps);
+        latency(iters);
+    }
+    tcp_throughput(sizes, nsizes, reps);
+    tcp_latency(iters);
     for (int b = 0; b < busy; b++) {
         kill(hogs[b], SIGKILL);
         waitpid(hogs[b], NULL, 0);

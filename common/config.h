@@ -29,6 +29,12 @@ typedef enum mmp_balance_mode { MMP_BALANCE_OFF = 0, MMP_BALANCE_DYNAMIC } mmp_b
 /* How micro-batches are dealt to a stage's replicas. */
 typedef enum mmp_routing { MMP_ROUTE_WEIGHTED = 0, MMP_ROUTE_ROUND_ROBIN } mmp_routing;
 typedef enum mmp_bad_sample { MMP_BAD_FAIL = 0, MMP_BAD_SKIP } mmp_bad_sample;
+typedef enum mmp_data_transport {
+    MMP_DATA_AUTO = 0,
+    MMP_DATA_SHM = 1,
+    MMP_DATA_TCP = 2
+} mmp_data_transport;
+
 typedef enum mmp_compute { MMP_COMPUTE_REAL = 0, MMP_COMPUTE_SIMULATED } mmp_compute;
 /* The branch whose simulated cost is asked for (the order of stage kinds). */
 typedef enum mmp_branch { MMP_BRANCH_IMAGE = 0, MMP_BRANCH_TEXT, MMP_BRANCH_FUSION } mmp_branch;
@@ -178,6 +184,16 @@ typedef struct mmp_plan {
      * the real transport and control plane (outputs and gradients are zeros,
      * the loss is 0, evaluation reports recall 0). */
     mmp_compute compute; /* default real */
+
+    /* Data-plane transports (transport/channel.h). data: auto (default)
+     * gives each edge shm (cuda_ipc between two GPU processes) when both
+     * ends are on one host and tcp when they are on different hosts, and
+     * the replicas' gradient reduce shm or tcp alike; shm / tcp force one
+     * for every edge and reduce (tcp on one host: over loopback, for tests
+     * and benchmarks; shm across hosts is refused). */
+    struct {
+        mmp_data_transport data;
+    } transport;
 
     struct {
         struct {

@@ -240,6 +240,7 @@ static const char *const balance_names[] = {"off", "dynamic", NULL};
 static const char *const routing_names[] = {"weighted", "round_robin", NULL};
 static const char *const bad_sample_names[] = {"fail", "skip", NULL};
 static const char *const compute_names[] = {"real", "simulated", NULL};
+static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
 static const char *const launcher_names[] = {"local", "ssh", "slurm", NULL};
 static const char *const ctl_transport_names[] = {"auto", "ipc", "tcp", NULL};
@@ -254,6 +255,9 @@ static_assert(MMP_LAUNCH_LOCAL == 0 && MMP_LAUNCH_SSH == 1 && MMP_LAUNCH_SLURM =
               "launcher_names order");
 static_assert(MMP_CTLT_AUTO == 0 && MMP_CTLT_IPC == 1 && MMP_CTLT_TCP == 2,
               "ctl_transport_names order");
+static_assert(MMP_DATA_AUTO == 0 && MMP_DATA_SHM == 1 && MMP_DATA_TCP == 2,
+              "data_transport_names order");
+static_assert(sizeof(mmp_data_transport) == sizeof(int), "enum fields are int-sized");
 /* Enum fields are stored through an int pointer. */
 static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == sizeof(int) &&
                   sizeof(mmp_balance_mode) == sizeof(int) &&
@@ -402,6 +406,8 @@ static const mmp_key_spec keys[] = {
     ENUM("control.transport", control.transport, ctl_transport_names, MMP_CTLT_AUTO),
     STR("control.address", control.address, "", false),
     INT("control.port", control.port, 0, 65535, 0),
+    /* the data plane's transports (coordinator/steps.c edge_transport) */
+    ENUM("transport.data", transport.data, data_transport_names, MMP_DATA_AUTO),
 
     {.path = "hosts",
      .type = MMP_KEY_CUSTOM,

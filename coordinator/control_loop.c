@@ -54,6 +54,9 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
     case MMPIPE__ENVELOPE__BODY_READY:
         p->have_ready = 1;
         break;
+    case MMPIPE__ENVELOPE__BODY_ENDPOINTS:
+        coord_forward_endpoints(c, i, env->endpoints);
+        break;
     case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
         if (env->grad_norm->step != c->cur_step) {
             coord_fail(c, "stage %s sent a gradient norm for step %d during step %d", p->name,

@@ -132,6 +132,9 @@ int coord_all_flag(coord *c, void *arg);
 /* done_fn: the evaluation's result arrived. */
 int coord_got_eval(coord *c, void *arg);
 mmp_err coord_send_to(coord *c, int i, Mmpipe__Envelope *env);
+/* Forwards the addresses stage `from` reports for its tcp creator ends to
+ * the ends that connect (coordinator/steps.c). 1 when it failed (c->failure). */
+int coord_forward_endpoints(coord *c, int from, const Mmpipe__Endpoints *eps);
 mmp_err coord_broadcast(coord *c, Mmpipe__Envelope *env);
 
 /* ---- steps.c ---- */

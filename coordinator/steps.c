@@ -52,28 +52,136 @@ static int proc_slot(const coord *c, int i)
     return slots > 0 ? i % slots : 0;
 }
 
-/* The data transport of an edge: cuda_ipc between two GPU processes (device
- * slots, no host copy), shm otherwise (a CPU end reads and writes host
- * memory; a GPU end stages through it). One host: the plan refuses more. */
+/* The host process i runs on (an index into the plan's hosts): the host of
+ * its device slot, as the launcher placed it (coordinator/procs.c). */
+static int proc_host(const coord *c, int i)
+{
+    return mmp_plan_slot_host(&c->cur, proc_slot(c, i));
+}
+
+/* Where a process on host h listens for its tcp creator ends: the host part
+ * of "host:port". One host: loopback; several: the host's address (what
+ * the launcher reaches it by, so the other hosts reach it too). */
+static const char *host_listen_address(const coord *c, int h)
+{
+    if (c->cur.n_hosts <= 1 || h < 0 || h >= c->cur.n_hosts) {
+        return "127.0.0.1";
+    }
+    const mmp_host *host = &c->cur.hosts[h];
+    const char *a = host->address[0] ? host->address : host->name;
+    if (!strchr(a, ':')) {
+        return a;
+    }
+    static char bracketed[MMP_ADDRESS_MAX + 2]; /* IPv6: [addr]:port */
+    snprintf(bracketed, sizeof bracketed, "[%s]", a);
+    return bracketed;
+}
+
+/* The data transport of an edge (plan key transport.data): tcp between two
+ * hosts; on one host cuda_ipc between two GPU processes (device slots, no
+ * host copy), shm otherwise (a CPU end reads and writes host memory; a GPU
+ * end stages through it). data: shm forces shm, data: tcp forces tcp (over
+ * loopback on one host). */
 static const char *edge_transport(const coord *c, const mmp_sched_edge *ed)
 {
+    mmp_data_transport want = c->plan->transport.data;
+    if (want == MMP_DATA_TCP || proc_host(c, ed->from) != proc_host(c, ed->to)) {
+        return "tcp"; /* shm across hosts is refused in coord_assign */
+    }
     int from = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->from));
     int to = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->to));
-    return from >= 0 && to >= 0 ? "cuda_ipc" : "shm";
+    return want == MMP_DATA_AUTO && from >= 0 && to >= 0 ? "cuda_ipc" : "shm";
+}
+
+/* The process of stage st's replica 0 (the reduce's rank 0). */
+static int replica0(const coord *c, const mmp_sched_stage *st)
+{
+    for (int j = 0; j < c->n; j++) {
+        if (strcmp(c->sched.stages[j].name, st->name) == 0 && c->sched.stages[j].replica == 0) {
+            return j;
+        }
+    }
+    return -1;
+}
+
+/* Whether stage st's replicas reduce over tcp: forced, or spread over hosts. */
+static int reduce_over_tcp(const coord *c, const mmp_sched_stage *st)
+{
+    if (c->plan->transport.data == MMP_DATA_TCP) {
+        return 1;
+    }
+    int r0 = replica0(c, st);
+    for (int j = 0; j < c->n; j++) {
+        if (strcmp(c->sched.stages[j].name, st->name) == 0 && proc_host(c, j) != proc_host(c, r0)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* An Endpoints message from stage `from` (its tcp creator ends listen there):
+ * each address goes to the end that connects, once checked against the
+ * assignment (the sender creates what it names: channel id the sending end
+ * of a tcp edge, -1 rank 0 of a reduce over tcp). Returns 1 (c->failure set)
+ * when one does not fit or cannot be sent. */
+int coord_forward_endpoints(coord *c, int from, const Mmpipe__Endpoints *eps)
+{
+    const mmp_sched *s = &c->sched;
+    const mmp_sched_stage *st = &s->stages[from];
+    for (size_t k = 0; k < eps->n_endpoints; k++) {
+        const Mmpipe__Endpoint *ep = eps->endpoints[k];
+        int id = ep->channel;
+        int fits = id == -1 ? st->replica == 0 && st->n_replicas > 1 && reduce_over_tcp(c, st)
+                            : id >= 0 && id < s->n_edges && s->edges[id].from == from &&
+                                  strcmp(edge_transport(c, &s->edges[id]), "tcp") == 0;
+        if (!fits) {
+            coord_fail(c,
+                       "stage %s: endpoints field channel = %d names no tcp end it creates (%d "
+                       "edges)",
+                       c->procs[from].name, id, s->n_edges);
+            return 1;
+        }
+        Mmpipe__Endpoints one = MMPIPE__ENDPOINTS__INIT;
+        Mmpipe__Endpoint *p = (Mmpipe__Endpoint *)ep;
+        one.n_endpoints = 1;
+        one.endpoints = &p;
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        env.body_case = MMPIPE__ENVELOPE__BODY_ENDPOINTS;
+        env.endpoints = &one;
+        for (int j = 0; j < c->n; j++) {
+            int to = id >= 0 ? j == s->edges[id].to
+                             : j != from && strcmp(s->stages[j].name, st->name) == 0;
+            if (to && coord_send_to(c, j, &env) != MMP_OK) {
+                coord_fail(c, "%s", mmp_last_error());
+                return 1;
+            }
+        }
+    }
+    return 0;
 }
 
 mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
 {
     const mmp_sched *s = &c->sched;
-    int ipc = 0;
+    int ipc = 0, tcp = 0;
     for (int e = 0; e < s->n_edges; e++) {
-        ipc += strcmp(edge_transport(c, &s->edges[e]), "cuda_ipc") == 0;
+        const mmp_sched_edge *ed = &s->edges[e];
+        ipc += strcmp(edge_transport(c, ed), "cuda_ipc") == 0;
+        tcp += strcmp(edge_transport(c, ed), "tcp") == 0;
+        if (c->plan->transport.data == MMP_DATA_SHM &&
+            proc_host(c, ed->from) != proc_host(c, ed->to)) {
+            return mmp_errorf(MMP_ERR_CONFIG,
+                              "%s: transport.data: shm, but %s and %s are on different hosts "
+                              "(auto or tcp cross hosts)",
+                              c->plan->path, c->procs[ed->from].name, c->procs[ed->to].name);
+        }
     }
-    MMP_INFO("data channels: %d over cuda_ipc, %d over shm", ipc, s->n_edges - ipc);
+    MMP_INFO("data channels: %d over cuda_ipc, %d over shm, %d over tcp", ipc,
+             s->n_edges - ipc - tcp, tcp);
     for (int i = 0; i < c->n; i++) {
         const mmp_sched_stage *st = &s->stages[i];
         Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
-        char addr[MMP_SCHED_MAX_EDGES][96], peer[MMP_SCHED_MAX_EDGES][64];
+        char addr[MMP_SCHED_MAX_EDGES][MMP_ADDRESS_MAX + 16], peer[MMP_SCHED_MAX_EDGES][64];
         int nc = 0;
         for (int e = 0; e < s->n_edges; e++) {
             const mmp_sched_edge *ed = &s->edges[e];
@@ -88,7 +196,14 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
             snprintf(peer[nc], sizeof peer[nc], "%s", c->procs[ch->send ? ed->to : ed->from].name);
             ch->peer = peer[nc];
             ch->transport = (char *)edge_transport(c, ed); /* protobuf-c: char *, not written */
-            snprintf(addr[nc], sizeof addr[nc], "%s-g%d-e%d", c->shm_prefix, c->launch, e);
+            if (strcmp(ch->transport, "tcp") == 0) {
+                /* the sender creates: it listens on a free port of its host
+                 * and reports it (coord_forward_endpoints) */
+                snprintf(addr[nc], sizeof addr[nc], "%s:0",
+                         host_listen_address(c, proc_host(c, ed->from)));
+            } else {
+                snprintf(addr[nc], sizeof addr[nc], "%s-g%d-e%d", c->shm_prefix, c->launch, e);
+            }
             ch->address = addr[nc];
             ch->slots = ed->slots;
             ch->creator = ch->send; /* the sender creates and sizes the ring */
@@ -112,8 +227,14 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
         } else {
             snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind_names[st->kind]);
         }
-        char reduce[128];
-        snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
+        char reduce[MMP_ADDRESS_MAX + 64];
+        if (st->n_replicas > 1 && reduce_over_tcp(c, st)) {
+            /* rank 0 listens and reports its port, as a tcp channel's creator */
+            snprintf(reduce, sizeof reduce, "%s:0",
+                     host_listen_address(c, proc_host(c, replica0(c, st))));
+        } else {
+            snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
+        }
         a.name = c->procs[i].name;
         a.kind = (Mmpipe__StageKind)st->kind;
         a.sub = st->sub;

@@ -64,15 +64,22 @@ static int peer_timeout_ms(const worker *w)
     return stall > 30 ? 2000 * stall : 60000;
 }
 
-static mmp_err open_channels(worker *w)
+#define ENDPOINT_MAX 300 /* "host:port" */
+
+/* A tcp end given port 0 whose creator has not reported its port yet (the
+ * creator itself listens there; a connector waits for an Endpoints message). */
+static int port_zero(const char *address)
+{
+    size_t n = strlen(address);
+    return address[0] != '/' && n >= 2 && strcmp(address + n - 2, ":0") == 0;
+}
+
+/* Opens the channel ends of one pass: 0 the creators, 1 the others, with
+ * addr[i] the address of a->channels[i]. */
+static mmp_err open_channels(worker *w, int pass, char (*addr)[ENDPOINT_MAX])
 {
     const Mmpipe__Assignment *a = w->asg;
-    if (a->n_channels > MAX_CHANNELS) {
-        return mmp_errorf(MMP_ERR_PROTO, "%zu channels (at most %d)", a->n_channels, MAX_CHANNELS);
-    }
-    /* Creators (senders) first: setup never blocks, so no process waits for
-     * a peer that is itself waiting. */
-    for (int pass = 0; pass < 2; pass++) {
+    {
         for (size_t i = 0; i < a->n_channels; i++) {
             const Mmpipe__Channel *c = a->channels[i];
             if ((pass == 0) != (c->creator != 0)) {
@@ -88,7 +95,7 @@ static mmp_err open_channels(worker *w)
             ch->peer_r0 = pl >= 2 && strcmp(c->peer + pl - 2, "/0") == 0;
             ch->prec = chan_prec(w, c);
             ch->row_bytes = chan_row_bytes(w, c, &ch->data_row, ch->prec);
-            mmp_channel_cfg cfg = {.address = c->address,
+            mmp_channel_cfg cfg = {.address = addr[i],
                                    .slot_bytes = ch->row_bytes * (size_t)w->mb_max,
                                    .slots = c->slots,
                                    .send = c->send,
@@ -131,6 +138,130 @@ static mmp_err open_channels(worker *w)
         }
     }
     return MMP_OK;
+}
+
+static mmp_err open_reduce(worker *w, const char *address)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    size_t cap = 2 * w->params->total; /* the gradients in double */
+    if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
+        cap = (size_t)a->microbatches * (size_t)w->bn_row;
+    }
+    mmp_reduce_cfg rc = {.name = address,
+                         .replicas = w->replicas,
+                         .rank = a->replica,
+                         .capacity = cap,
+                         .timeout_ms = peer_timeout_ms(w)};
+    MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
+    if (address[0] != '/') {
+        MMP_INFO("%s: replicas' reduce over tcp via %s (rank %d of %d)", w->name,
+                 mmp_reduce_address(w->reduce), a->replica, w->replicas);
+    }
+    if (w->gpu >= 0) {
+        w->reduce_host = mmp_backend_host_alloc(w->be, w->params->total * sizeof(double));
+        if (!w->reduce_host) {
+            return mmp_errorf(MMP_ERR_NOMEM, "%zu bytes of pinned reduce staging",
+                              w->params->total * sizeof(double));
+        }
+    }
+    return MMP_OK;
+}
+
+/* The data channels and the replicas' reduce. Creators first (setup never
+ * blocks, so no process waits for a peer that is itself waiting); then the
+ * tcp creators' real addresses go to the coordinator (Endpoints), which
+ * forwards each to the end that connects; a tcp connector given port 0
+ * waits for its address; then the connectors. */
+static mmp_err open_data_plane(worker *w)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    if (a->n_channels > MAX_CHANNELS) {
+        return mmp_errorf(MMP_ERR_PROTO, "%zu channels (at most %d)", a->n_channels, MAX_CHANNELS);
+    }
+    static char addr[MAX_CHANNELS][ENDPOINT_MAX];
+    char reduce_addr[ENDPOINT_MAX];
+    for (size_t i = 0; i < a->n_channels; i++) {
+        snprintf(addr[i], sizeof addr[i], "%s", a->channels[i]->address);
+    }
+    snprintf(reduce_addr, sizeof reduce_addr, "%s", a->reduce_address ? a->reduce_address : "");
+    int reduce_tcp = w->replicas > 1 && reduce_addr[0] != '/';
+    MMP_TRY(open_channels(w, 0, addr));
+    if (w->replicas > 1 && (!reduce_tcp || a->replica == 0)) {
+        MMP_TRY(open_reduce(w, reduce_addr));
+    }
+
+    /* Report where the tcp creators listen. */
+    Mmpipe__Endpoint eps[MAX_CHANNELS + 1], *epp[MAX_CHANNELS + 1];
+    size_t n_eps = 0;
+    for (int k = 0; k < w->n_chans; k++) {
+        const Mmpipe__Channel *c = NULL;
+        for (size_t i = 0; i < a->n_channels; i++) {
+            c = a->channels[i]->id == w->chans[k].id ? a->channels[i] : c;
+        }
+        if (c && c->creator && strcmp(c->transport, "tcp") == 0) {
+            mmpipe__endpoint__init(&eps[n_eps]);
+            eps[n_eps].channel = c->id;
+            eps[n_eps].address = (char *)mmp_channel_address(w->chans[k].ch);
+            epp[n_eps] = &eps[n_eps];
+            n_eps++;
+        }
+    }
+    if (reduce_tcp && a->replica == 0) {
+        mmpipe__endpoint__init(&eps[n_eps]);
+        eps[n_eps].channel = -1;
+        eps[n_eps].address = (char *)mmp_reduce_address(w->reduce);
+        epp[n_eps] = &eps[n_eps];
+        n_eps++;
+    }
+    if (n_eps > 0) {
+        Mmpipe__Endpoints msg = MMPIPE__ENDPOINTS__INIT;
+        msg.n_endpoints = n_eps;
+        msg.endpoints = epp;
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        env.body_case = MMPIPE__ENVELOPE__BODY_ENDPOINTS;
+        env.endpoints = &msg;
+        MMP_TRY(worker_send_env(w, &env));
+    }
+
+    /* Wait for the addresses the connectors need. */
+    int needed = reduce_tcp && a->replica > 0 && port_zero(reduce_addr);
+    for (size_t i = 0; i < a->n_channels; i++) {
+        const Mmpipe__Channel *c = a->channels[i];
+        needed += !c->creator && strcmp(c->transport, "tcp") == 0 && port_zero(addr[i]);
+    }
+    while (needed > 0) {
+        Mmpipe__Envelope *env = NULL;
+        MMP_TRY(worker_wait_for(w, MMPIPE__ENVELOPE__BODY_ENDPOINTS, &env));
+        mmp_err e = MMP_OK;
+        for (size_t k = 0; e == MMP_OK && k < env->endpoints->n_endpoints; k++) {
+            const Mmpipe__Endpoint *ep = env->endpoints->endpoints[k];
+            char *slot = NULL;
+            if (ep->channel == -1 && reduce_tcp && a->replica > 0) {
+                slot = reduce_addr;
+            }
+            for (size_t i = 0; !slot && i < a->n_channels; i++) {
+                const Mmpipe__Channel *c = a->channels[i];
+                if (c->id == ep->channel && !c->creator && strcmp(c->transport, "tcp") == 0) {
+                    slot = addr[i];
+                }
+            }
+            if (!slot || !port_zero(slot) || port_zero(ep->address)) {
+                e = mmp_errorf(MMP_ERR_PROTO,
+                               "endpoints: field channel = %d (address '%s') is no tcp end this "
+                               "stage connects and still waits for",
+                               ep->channel, ep->address);
+            } else {
+                snprintf(slot, ENDPOINT_MAX, "%s", ep->address);
+                needed--;
+            }
+        }
+        mmp_ctl_free(env);
+        MMP_TRY(e);
+    }
+    if (reduce_tcp && a->replica > 0) {
+        MMP_TRY(open_reduce(w, reduce_addr));
+    }
+    return open_channels(w, 1, addr);
 }
 
 void *worker_balloc(worker *w, size_t bytes, mmp_err *err)
@@ -350,26 +481,7 @@ mmp_err worker_build(worker *w)
     }
     MMP_TRY(err);
     MMP_TRY(worker_set_program(w, a->program, a->n_program));
-    if (w->replicas > 1) {
-        size_t cap = 2 * w->params->total; /* the gradients in double */
-        if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
-            cap = (size_t)a->microbatches * (size_t)w->bn_row;
-        }
-        mmp_reduce_cfg rc = {.name = a->reduce_address,
-                             .replicas = w->replicas,
-                             .rank = a->replica,
-                             .capacity = cap,
-                             .timeout_ms = peer_timeout_ms(w)};
-        MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
-        if (w->gpu >= 0) {
-            w->reduce_host = mmp_backend_host_alloc(w->be, w->params->total * sizeof(double));
-            if (!w->reduce_host) {
-                return mmp_errorf(MMP_ERR_NOMEM, "%zu bytes of pinned reduce staging",
-                                  w->params->total * sizeof(double));
-            }
-        }
-    }
-    return open_channels(w);
+    return open_data_plane(w);
 }
 
 void worker_teardown(worker *w)

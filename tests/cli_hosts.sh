@@ -13,9 +13,9 @@
 #  3. a host's link taken down mid-run: noticed within the heartbeat bound,
 #     named, job stopped, and the cut-off stage exits on its own;
 # and after each run: no stage process and no /dev/shm entry left anywhere.
-# The data channels between these "hosts" are still shm (the namespaces share
-# one /dev/shm): the tcp data path comes from the tcp lane. Skips (77) only
-# when network namespaces cannot be made here.
+# Every data channel crosses hosts, so all run over tcp on the namespaces'
+# network (none over shm), and the image replicas reduce over tcp. Skips (77)
+# only when network namespaces cannot be made here.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -142,6 +142,8 @@ wait_step "$W/multi/metrics.jsonl" 3 60 || fail "multi: no step 3"
 port=$(grep -o 'control plane: tcp://10.77.0.1:[0-9]*' "$W/multi.log" | grep -o '[0-9]*$')
 foreign "$port" && ok "foreign client connected (tcp port $port)" || fail "foreign client"
 wait $cpid && ok "multi-host run" || { fail "multi-host run"; tail -20 "$W/multi.log"; }
+grep -q 'data channels: 0 over cuda_ipc, 0 over shm, [1-9][0-9]* over tcp' "$W/multi.log" \
+  && ok "every data channel over tcp between hosts" || fail "data channels: $(grep 'data channels' "$W/multi.log")"
 grep -q 'ssh to host fu at 10.77.0.5' "$W/multi.log" && grep -q 'image.0/1 (pid [0-9]*, ssh to host ib' "$W/multi.log" \
   && ok "stages started through ssh on their hosts" || fail "placement over hosts"
 grep -q "refused a connection on tcp://10.77.0.1:$port: handshake failed" "$W/multi.log" \

@@ -90,6 +90,9 @@ typedef struct board {
     char msg[MAX_R][512];
     double died_at; /* when the self-killing rank raised SIGKILL */
     _Atomic int go; /* the parent's signal to a waiting child */
+    /* Over tcp: where rank 0 listens (mmp_reduce_address), for the others. */
+    _Atomic int addr_ready;
+    char addr[96];
 } board;
 
 typedef struct job {
@@ -104,6 +107,38 @@ typedef struct job {
 } job;
 
 typedef int (*rank_fn)(const job *j, int rank);
+
+/* The reduce over tcp: rank 0 listens on a loopback port of its choosing. */
+#define TCP_NAME "127.0.0.1:0"
+
+static int over_tcp(const job *j)
+{
+    return strcmp(j->name, TCP_NAME) == 0;
+}
+
+/* Opens rank `rank` of j with this capacity. Over tcp, rank 0 publishes
+ * the port it got and the others wait (at most 20 s) to learn it. */
+static mmp_err open_rank(const job *j, int rank, size_t capacity, mmp_reduce **r)
+{
+    mmp_reduce_cfg cfg = {.name = j->name,
+                          .replicas = j->replicas,
+                          .rank = rank,
+                          .capacity = capacity,
+                          .timeout_ms = j->timeout_ms};
+    if (over_tcp(j) && rank > 0) {
+        for (int i = 0; i < 20000 && !atomic_load(&j->bd->addr_ready); i++) {
+            struct timespec t = {0, 1000000};
+            nanosleep(&t, NULL);
+        }
+        cfg.name = j->bd->addr;
+    }
+    mmp_err e = mmp_reduce_open(r, &cfg);
+    if (e == MMP_OK && over_tcp(j) && rank == 0) {
+        snprintf(j->bd->addr, sizeof j->bd->addr, "%s", mmp_reduce_address(*r));
+        atomic_store(&j->bd->addr_ready, 1);
+    }
+    return e;
+}
 
 static board *new_board(void)
 {
@@ -220,8 +255,7 @@ static int rank_rounds(const job *j, int rank)
     if (rank == 0) {
         sleep_us(20000); /* the others wait for the segment */
     }
-    mmp_reduce_cfg cfg = make_cfg(j->name, j->replicas, rank, j->capacity, j->timeout_ms);
-    mmp_err e = mmp_reduce_open(&r, &cfg);
+    mmp_err e = open_rank(j, rank, j->capacity, &r);
     if (e != MMP_OK) {
         PROBLEM(bad, "rank %d: open: %s: %s", rank, mmp_err_name(e), mmp_last_error());
         goto exit;
@@ -338,11 +372,19 @@ static void test_single(void)
 
 /* ---- (2) many rounds, bitwise ------------------------------------------- */
 
+static int tcp_now; /* the case runs over tcp (its tcp/ twin) */
+
+/* The name of a new reduce: a fresh shm name, or TCP_NAME. */
+static const char *reduce_name(char *buf, size_t n)
+{
+    return tcp_now ? TCP_NAME : fresh_name(buf, n);
+}
+
 static void test_rounds(int replicas)
 {
     char name[96];
     board *bd = new_board();
-    job j = {.name = fresh_name(name, sizeof name),
+    job j = {.name = reduce_name(name, sizeof name),
              .replicas = replicas,
              .capacity = CAP,
              .timeout_ms = 30000,
@@ -405,10 +447,17 @@ static void check_survivors(const job *j, const pid_t *pids, double t0)
             continue;
         }
         char want[64];
-        snprintf(want, sizeof want, "rank %d (pid %d) is gone", j->victim, (int)pids[j->victim]);
+        /* Over tcp no pid crosses: the rank and its address are named. */
+        if (over_tcp(j)) {
+            snprintf(want, sizeof want, "rank %d (", j->victim);
+        } else {
+            snprintf(want, sizeof want, "rank %d (pid %d) is gone", j->victim,
+                     (int)pids[j->victim]);
+        }
         double after = j->bd->err_at[k] - t0;
         CHECK(j->bd->err[k] == MMP_ERR_PEER);
-        CHECK(strstr(j->bd->msg[k], want) != NULL && strstr(j->bd->msg[k], j->name) != NULL);
+        CHECK(strstr(j->bd->msg[k], want) != NULL &&
+              strstr(j->bd->msg[k], over_tcp(j) ? j->bd->addr : j->name) != NULL);
         CHECK(after >= 0 && after < 1000);
         if (j->bd->err[k] != MMP_ERR_PEER || after < 0 || after >= 1000 ||
             !strstr(j->bd->msg[k], want)) {
@@ -426,7 +475,7 @@ static void test_killed(void)
     /* A rank SIGKILLs itself between two sums: the others are in (or soon
      * in) the next one. timeout_ms is long: only noticing the death ends it. */
     board *bd = new_board();
-    job j = {.name = fresh_name(name, sizeof name),
+    job j = {.name = reduce_name(name, sizeof name),
              .replicas = 3,
              .capacity = 1000,
              .timeout_ms = 30000,
@@ -443,7 +492,7 @@ static void test_killed(void)
     /* Rank 0, the creator, killed from outside at a random point; it stays
      * an unreaped zombie until the survivors are done. */
     bd = new_board();
-    j = (job){.name = fresh_name(name, sizeof name),
+    j = (job){.name = reduce_name(name, sizeof name),
               .replicas = 4,
               .capacity = 3000,
               .timeout_ms = 30000,
@@ -643,8 +692,7 @@ static int rank_mismatch(const job *j, int rank)
     int bad = 0;
     mmp_reduce *r = NULL;
     float v[64];
-    mmp_reduce_cfg cfg = make_cfg(j->name, j->replicas, rank, 64, j->timeout_ms);
-    mmp_err e = mmp_reduce_open(&r, &cfg);
+    mmp_err e = open_rank(j, rank, 64, &r);
     if (e != MMP_OK) {
         PROBLEM(bad, "rank %d: open: %s", rank, mmp_last_error());
         return bad;
@@ -680,7 +728,7 @@ static void test_mismatch(void)
 {
     char name[96];
     board *bd = new_board();
-    job j = {.name = fresh_name(name, sizeof name),
+    job j = {.name = reduce_name(name, sizeof name),
              .replicas = 2,
              .capacity = 64,
              .timeout_ms = 5000,
@@ -817,10 +865,33 @@ CASE(geometry, "geometry")
 CASE(mismatch, "n-mismatch")
 CASE(forged, "forged")
 
+/* The tcp twins: the same cases with the sums over loopback tcp. */
+#define TCP_CASE(fn, name)                                                                         \
+    static void case_tcp_##fn(void)                                                                \
+    {                                                                                              \
+        tcp_now = 1;                                                                               \
+        run_case(name, test_##fn);                                                                 \
+        tcp_now = 0;                                                                               \
+    }
+TCP_CASE(rounds_2, "tcp/rounds-2")
+TCP_CASE(rounds_3, "tcp/rounds-3")
+TCP_CASE(killed, "tcp/killed")
+TCP_CASE(mismatch, "tcp/n-mismatch")
+
 static const mmp_test_case cases[] = {
-    {"single", case_single},     {"rounds-2", case_rounds_2},   {"rounds-3", case_rounds_3},
-    {"rounds-4", case_rounds_4}, {"killed", case_killed},       {"absent-peer", case_absent_peer},
-    {"geometry", case_geometry}, {"n-mismatch", case_mismatch}, {"forged", case_forged},
+    {"single", case_single},
+    {"rounds-2", case_rounds_2},
+    {"rounds-3", case_rounds_3},
+    {"rounds-4", case_rounds_4},
+    {"killed", case_killed},
+    {"absent-peer", case_absent_peer},
+    {"geometry", case_geometry},
+    {"n-mismatch", case_mismatch},
+    {"forged", case_forged},
+    {"tcp/rounds-2", case_tcp_rounds_2},
+    {"tcp/rounds-3", case_tcp_rounds_3},
+    {"tcp/killed", case_tcp_killed},
+    {"tcp/n-mismatch", case_tcp_mismatch},
 };
 
 int main(int argc, char **argv)

@@ -1,6 +1,13 @@
 /* The conformance suite for data-channel transports (transport/channel.h):
- * one table, every transport of the build (shm always; cuda_ipc in a CUDA
- * build), every case runnable alone by name ("shm/ordered", --list).
+ * one table, every transport of the build (shm and tcp always; cuda_ipc in a
+ * CUDA build), every case runnable alone by name ("shm/ordered", --list).
+ *
+ * Network transports (tcp, over loopback here): a creator listens on port 0
+ * and publishes the port it got (mmp_channel_address) through the shared
+ * page, where its connector picks it up; "no creator" cases use a port this
+ * process holds bound and never listens on; names in /dev/shm are not
+ * theirs to check; and the forged-headers case plays the hostile peer with a
+ * raw socket speaking transport/tcp.h's wire.
  *
  * The two ends run in two processes (fork) unless a case says otherwise; one
  * run also puts them in two threads of one process. Each end's body returns
@@ -40,7 +47,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +59,7 @@
 #include "tests/harness.h"
 #include "tests/transport_msgs.h"
 #include "transport/channel.h"
+#include "transport/tcp.h"
 
 #ifdef MMP_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -79,6 +90,49 @@ static const char *fresh_address(char *buf, size_t n)
 static int leftovers(const char *p)
 {
     return mmp_test_shm_count(p, 0);
+}
+
+/* A network transport (tcp): "host:port" addresses, no /dev/shm names; its
+ * creator listens on a port of its own choosing and reports it. */
+static int network(const mmp_transport *t)
+{
+    return (t->caps & MMP_TRANSPORT_NETWORK) != 0;
+}
+
+/* A fresh address for a creator of t: a new shm name, or the loopback
+ * host with port 0 (the creator reports the port it got). */
+static const char *address_for(const mmp_transport *t, char *buf, size_t n)
+{
+    if (network(t)) {
+        snprintf(buf, n, "127.0.0.1:0");
+        return buf;
+    }
+    return fresh_address(buf, n);
+}
+
+/* An address where no creator is, nor will be: a fresh shm name, or a
+ * loopback port this process holds bound and never listens on (a connect is
+ * refused for as long as the test runs). */
+static const char *dead_address(const mmp_transport *t, char *buf, size_t n)
+{
+    static int held = -1;
+    static int port;
+    if (!network(t)) {
+        return fresh_address(buf, n);
+    }
+    if (held < 0) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t l = sizeof a;
+        held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (held < 0 || bind(held, (struct sockaddr *)&a, sizeof a) != 0 ||
+            getsockname(held, (struct sockaddr *)&a, &l) != 0) {
+            fprintf(stderr, "dead_address: %s\n", strerror(errno));
+            exit(1);
+        }
+        port = ntohs(a.sin_port);
+    }
+    snprintf(buf, n, "127.0.0.1:%d", port);
+    return buf;
 }
 
 static double now_ms(void)
@@ -141,6 +195,10 @@ static size_t payload_bad(mmp_channel *ch, const void *payload, size_t bytes, ui
 typedef struct shared {
     _Atomic int flag[4];
     _Atomic int connected;
+    /* The creator's address as it reports it (mmp_channel_address): network
+     * transports listen on a port of their own choosing. */
+    _Atomic int addr_ready;
+    char addr[96];
 } shared;
 
 typedef struct side side;
@@ -171,6 +229,9 @@ static void make_ends(side *snd, side *rcv, const mmp_transport *t, mmp_channel_
                       int creator_sends, int n, shared *sh)
 {
     cfg.on_gpu = device(t);
+    if (sh) {
+        atomic_store(&sh->addr_ready, 0);
+    }
     *snd = (side){.t = t, .cfg = cfg, .creator = creator_sends, .n = n, .sh = sh};
     *rcv = *snd;
     snd->cfg.send = 1;
@@ -185,7 +246,7 @@ static void pair(side *snd, side *rcv, const mmp_transport *t, size_t slot_bytes
                  int (*snd_body)(side *, mmp_channel *), int (*rcv_body)(side *, mmp_channel *))
 {
     char addr[96];
-    fresh_address(addr, sizeof addr);
+    address_for(t, addr, sizeof addr);
     make_ends(snd, rcv, t, make_cfg(addr, slot_bytes, slots, 1, timeout_ms), creator_sends, n, sh);
     snprintf(snd->addr, sizeof snd->addr, "%s", addr);
     snprintf(rcv->addr, sizeof rcv->addr, "%s", addr);
@@ -193,6 +254,32 @@ static void pair(side *snd, side *rcv, const mmp_transport *t, size_t slot_bytes
     rcv->cfg.address = rcv->addr;
     snd->body = snd_body;
     rcv->body = rcv_body;
+}
+
+/* A creator tells its connector where it is (its reported address). */
+static void publish(side *s, const mmp_channel *ch)
+{
+    snprintf(s->addr, sizeof s->addr, "%s", mmp_channel_address(ch));
+    s->cfg.address = s->addr;
+    snprintf(s->sh->addr, sizeof s->sh->addr, "%s", s->addr);
+    atomic_store(&s->sh->addr_ready, 1);
+}
+
+/* A connector given port 0 learns its creator's real address (publish); at
+ * most 20 s, then it goes on with port 0 and fails. */
+static void resolve(side *s)
+{
+    size_t n = s->cfg.address ? strlen(s->cfg.address) : 0;
+    if (!network(s->t) || n < 2 || strcmp(s->cfg.address + n - 2, ":0") != 0) {
+        return;
+    }
+    for (int i = 0; i < 20000 && !atomic_load(&s->sh->addr_ready); i++) {
+        sleep_ms(1);
+    }
+    if (atomic_load(&s->sh->addr_ready)) {
+        snprintf(s->addr, sizeof s->addr, "%s", s->sh->addr);
+        s->cfg.address = s->addr;
+    }
 }
 
 static int side_run(side *s)
@@ -213,11 +300,17 @@ static int side_run(side *s)
         problems += s->body(s, NULL);
     } else {
         mmp_channel *ch = NULL;
+        if (!s->creator) {
+            resolve(s);
+        }
         mmp_err e = mmp_channel_open_with(&ch, s->t, &s->cfg, s->creator);
         if (e != MMP_OK) {
             PROBLEM(problems, "%s %s: %s: %s", s->t->name, s->creator ? "setup" : "connect",
                     mmp_err_name(e), mmp_last_error());
         } else {
+            if (s->creator) {
+                publish(s, ch);
+            }
             atomic_store(&s->sh->connected, 1);
             problems += s->body(s, ch);
             mmp_channel_close(ch);
@@ -434,7 +527,7 @@ static void test_ordered(const mmp_transport *t)
         if (runs[r].threads && device(t)) {
             continue; /* one process cannot import its own device slots */
         }
-        fresh_address(addr, sizeof addr);
+        address_for(t, addr, sizeof addr);
         size_t sb = 3000; /* not a multiple of 64 */
         side snd, rcv;
         make_ends(&snd, &rcv, t, make_cfg(addr, sb, runs[r].slots, 1, 10000), runs[r].creator_sends,
@@ -650,10 +743,13 @@ static void test_mismatch(const mmp_transport *t)
         return;
     }
     char addr[96];
-    fresh_address(addr, sizeof addr);
+    address_for(t, addr, sizeof addr);
     mmp_channel *a = NULL, *b = NULL;
     mmp_channel_cfg cs = make_cfg(addr, 4096, 2, 1, 1000);
     CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
+    if (a) {
+        snprintf(addr, sizeof addr, "%s", mmp_channel_address(a)); /* tcp: the real port */
+    }
 
     mmp_channel_cfg bad = make_cfg(addr, 4096, 4, 0, 1000);
     CHECK(mmp_channel_open_with(&b, t, &bad, 0) == MMP_ERR_PROTO && b == NULL);
@@ -707,7 +803,7 @@ static void test_mismatch(const mmp_transport *t)
 
     mmp_channel_cfg nameless = make_cfg("no-slash", 64, 2, 1, 100);
     CHECK(mmp_channel_open_with(&a, t, &nameless, 1) == MMP_ERR_INVALID && a == NULL);
-    fresh_address(addr, sizeof addr);
+    address_for(t, addr, sizeof addr);
     mmp_channel_cfg noslots = make_cfg(addr, 64, 0, 1, 100);
     CHECK(mmp_channel_open_with(&a, t, &noslots, 1) == MMP_ERR_INVALID && a == NULL);
 }
@@ -720,7 +816,7 @@ static void test_no_creator(const mmp_transport *t)
         return;
     }
     char addr[96];
-    fresh_address(addr, sizeof addr);
+    dead_address(t, addr, sizeof addr);
     mmp_channel *b = NULL;
     mmp_channel_cfg cr = make_cfg(addr, 64, 2, 0, 300);
     double t0 = now_ms();
@@ -729,24 +825,32 @@ static void test_no_creator(const mmp_transport *t)
     CHECK(e == MMP_ERR_PEER && b == NULL);
     CHECK(waited >= 290 && waited < 800);
 
-    /* A creator that closes before anyone connects removes its name. */
+    /* A creator that closes before anyone connects removes its name (a
+     * network one stops listening). */
     mmp_channel *a = NULL;
+    address_for(t, addr, sizeof addr);
     mmp_channel_cfg cs = make_cfg(addr, 64, 2, 1, 300);
     CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
-    CHECK(leftovers(prefix) == 1);
+    if (a) {
+        snprintf(addr, sizeof addr, "%s", mmp_channel_address(a));
+    }
+    cr = make_cfg(addr, 64, 2, 0, 300);
+    CHECK(network(t) || leftovers(prefix) == 1);
     mmp_channel_close(a);
     CHECK(leftovers(prefix) == 0);
     CHECK(mmp_channel_open_with(&b, t, &cr, 0) == MMP_ERR_PEER && b == NULL);
 
     /* A creator SIGKILLed before anyone connects: connect reports it, and
      * removes the name the dead creator could not. */
-    fresh_address(addr, sizeof addr);
+    shared *sh = new_shared();
+    address_for(t, addr, sizeof addr);
     fflush(stderr);
     pid_t pid = fork();
     if (pid == 0) {
         mmp_channel_cfg c = make_cfg(addr, 64, 2, 1, 0);
         mmp_channel *x = NULL;
         if (mmp_channel_open_with(&x, t, &c, 1) == MMP_OK) {
+            snprintf(sh->addr, sizeof sh->addr, "%s", mmp_channel_address(x));
             raise(SIGKILL);
         }
         _exit(1);
@@ -754,6 +858,8 @@ static void test_no_creator(const mmp_transport *t)
     int st = 0;
     waitpid(pid, &st, 0);
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    snprintf(addr, sizeof addr, "%s", sh->addr);
+    munmap(sh, sizeof *sh);
     cr = make_cfg(addr, 64, 2, 0, 300);
     CHECK(mmp_channel_open_with(&b, t, &cr, 0) == MMP_ERR_PEER && b == NULL);
 }
@@ -886,7 +992,7 @@ static void test_peer_death(const mmp_transport *t)
     CHECK(run_killed(&snd, &rcv) == 0);
     CHECK(leftovers(prefix) == 0);
 
-    fresh_address(addr, sizeof addr);
+    address_for(t, addr, sizeof addr);
     atomic_store(&sh->flag[0], 0);
     side snd2, rcv2;
     make_ends(&snd2, &rcv2, t, make_cfg(addr, 256, 4, 1, 0), 1, 0, sh);
@@ -920,6 +1026,7 @@ static int apart_creator_mismatch(side *s, mmp_channel *unused)
         atomic_store(&s->sh->flag[0], -1000);
         return bad;
     }
+    publish(s, a);
     atomic_store(&s->sh->flag[0], 1);
     wait_flag(s->sh, 1, 1); /* the receiver's bad connects are done, it is attached */
     mmp_msg_header h = message(7, 4096), got;
@@ -974,6 +1081,7 @@ static int apart_connector_mismatch(side *s, mmp_channel *unused)
     if (atomic_load(&s->sh->flag[0]) < 0) {
         return 1;
     }
+    resolve(s);
     mmp_channel_cfg c = s->cfg;
     c.slots = 4;
     if (mmp_channel_open_with(&b, s->t, &c, 0) != MMP_ERR_PROTO || b ||
@@ -1049,6 +1157,7 @@ static int connect_nobody(side *s, mmp_channel *unused)
     (void)unused;
     int bad = 0;
     mmp_channel *b = NULL;
+    resolve(s);
     double t0 = now_ms();
     mmp_err e = mmp_channel_open_with(&b, s->t, &s->cfg, 0);
     double waited = now_ms() - t0;
@@ -1069,11 +1178,12 @@ static int setup_close(side *s, mmp_channel *unused)
         PROBLEM(bad, "setup: %s", mmp_last_error());
         return bad;
     }
-    if (mmp_test_shm_count(s->cfg.address, 0) != 1) {
+    publish(s, a);
+    if (!network(s->t) && mmp_test_shm_count(s->cfg.address, 0) != 1) {
         PROBLEM(bad, "setup made no name");
     }
     mmp_channel_close(a);
-    if (mmp_test_shm_count(s->cfg.address, 0) != 0) {
+    if (!network(s->t) && mmp_test_shm_count(s->cfg.address, 0) != 0) {
         PROBLEM(bad, "a creator closed before any connect left its name");
     }
     return bad;
@@ -1084,6 +1194,7 @@ static int setup_die(side *s, mmp_channel *unused)
     (void)unused;
     mmp_channel *a = NULL;
     if (mmp_channel_open_with(&a, s->t, &s->cfg, 1) == MMP_OK) {
+        publish(s, a);
         raise(SIGKILL);
     }
     return 1;
@@ -1102,6 +1213,7 @@ static void test_no_creator_apart(const mmp_transport *t)
     side a, b;
     pair(&a, &b, t, 64, 2, 300, 1, 1, sh, idle, connect_nobody);
     a.opens = b.opens = 1;
+    dead_address(t, b.addr, sizeof b.addr); /* tcp: nobody ever listens there */
     CHECK(run_ends(&a, &b, 0) == 0);
     munmap(sh, sizeof *sh);
 }
@@ -1599,6 +1711,29 @@ static void test_open(void)
     mmp_channel_close(a);
     mmp_channel_close(b);
     mmp_channel_close(NULL);
+    /* A "host:port" address goes to tcp; its creator opened on port 0
+     * reports the port it listens on, and the connector reaches it there. */
+    mmp_channel_cfg ts = make_cfg("127.0.0.1:0", 64, 2, 1, 1000);
+    CHECK_OK(mmp_channel_open(&a, NULL, &ts, 1));
+    CHECK(a && mmp_channel_transport(a) == &mmp_transport_tcp);
+    if (a) {
+        const char *at = mmp_channel_address(a);
+        CHECK(strncmp(at, "127.0.0.1:", 10) == 0 && atoi(at + 10) > 0);
+        mmp_channel_cfg tr = make_cfg(at, 64, 2, 0, 1000);
+        CHECK_OK(mmp_channel_open(&b, NULL, &tr, 0));
+        CHECK(b && mmp_channel_transport(b) == &mmp_transport_tcp &&
+              strcmp(mmp_channel_address(b), at) == 0);
+        mmp_msg_header h = {.flags = MMP_MSG_STOP}, got;
+        const void *p;
+        CHECK_OK(mmp_channel_send(a, &h, NULL));
+        CHECK(b && mmp_channel_recv(b, &got, &p) == MMP_OK && got.flags == MMP_MSG_STOP);
+    }
+    mmp_channel_close(a);
+    mmp_channel_close(b);
+    a = b = NULL;
+    mmp_channel_cfg gpu = ts;
+    gpu.on_gpu = 1; /* device slots: never tcp */
+    CHECK(mmp_channel_open(&a, "tcp", &gpu, 1) == MMP_ERR_UNSUPPORTED && a == NULL);
     /* A failed setup names the channel and the transport. */
     CHECK_OK(mmp_channel_open(&a, "", &cs, 1));
     mmp_channel *c = NULL;
@@ -1650,9 +1785,232 @@ static mmp_msg_header *forger_find(const forger *f, uint64_t d)
     return NULL;
 }
 
+/* ---- (9b) forged bytes on a tcp connection --------------------------------
+ * The test plays the hostile peer itself: a raw socket that speaks the wire
+ * of transport/tcp.h and then lies. A lie breaks the stream for good (TCP
+ * cannot resynchronise), so each forged header gets a fresh channel. */
+
+/* A raw connection to address that sends a hello (sends: 1 the sending end,
+ * 0 the receiving one, < 0 no hello) and reads the answer into reply
+ * (NULL: does not). -1 when any of it fails. */
+static int raw_connect(const char *address, int sends, uint32_t slots, uint64_t slot_bytes,
+                       mmp_tcp_hello *reply)
+{
+    const char *colon = strrchr(address, ':');
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)atoi(colon ? colon + 1 : "0")),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    mmp_tcp_hello h = {.magic = MMP_TCP_MAGIC,
+                       .version = MMP_TCP_VERSION,
+                       .slots = slots,
+                       .slot_bytes = slot_bytes,
+                       .sends = sends};
+    if (sends < 0) {
+        return fd; /* no hello: the caller sends what it likes */
+    }
+    if (write(fd, &h, sizeof h) != (ssize_t)sizeof h ||
+        (reply && recv(fd, reply, sizeof *reply, MSG_WAITALL) != (ssize_t)sizeof *reply)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int raw_send(int fd, const void *p, size_t n)
+{
+    return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
+static void test_forged_tcp(const mmp_transport *t)
+{
+    enum { SLOT = 4096, SLOTS = 4 };
+    char addr[96];
+    address_for(t, addr, sizeof addr);
+    mmp_channel_cfg cr = make_cfg(addr, SLOT, SLOTS, 0, 1000);
+    static const struct {
+        const char *field;
+        uint64_t bytes;
+        int32_t n, step, mb, flags;
+    } rows[] = {
+        {"bytes", SLOT + 1, 1, 0, 0, 0},
+        {"bytes", UINT64_MAX, 1, 0, 0, 0},
+        {"n", 8, -1, 0, 0, 0},
+        {"n", 8, INT32_MIN, 0, 0, 0},
+        {"step", 8, 1, -3, 0, 0},
+        {"mb", 8, 1, 0, -1, 0},
+        {"flags", 8, 1, 0, 0, 0x40},
+        {"bytes", 8, 1, 0, 0, MMP_MSG_STOP}, /* a STOP carries no payload */
+    };
+    unsigned char src[SLOT] = {0};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        mmp_channel *b = NULL;
+        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
+        mmp_tcp_hello reply = {0};
+        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, &reply) : -1;
+        CHECK(fd >= 0 && reply.status == MMP_TCP_OK);
+        if (fd < 0) {
+            mmp_channel_close(b);
+            break;
+        }
+        /* A good message first: it is delivered. */
+        mmp_msg_header h = {.step = 1, .mb = 2, .n = 3, .bytes = 8, .digest = 0xF0F6ED00 + r}, got;
+        memset(src, (int)r + 1, sizeof src);
+        const void *p = NULL;
+        CHECK(raw_send(fd, &h, sizeof h) == 0 && raw_send(fd, src, 8) == 0);
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        CHECK(same_header(&h, &got) && p && memcmp(p, src, 8) == 0);
+        CHECK_OK(mmp_channel_release(b));
+        /* Then the lie, with as many payload bytes as it claims (up to a slot). */
+        mmp_msg_header bad = h;
+        bad.bytes = rows[r].bytes;
+        bad.n = rows[r].n;
+        bad.step = rows[r].step;
+        bad.mb = rows[r].mb;
+        bad.flags = rows[r].flags;
+        CHECK(raw_send(fd, &bad, sizeof bad) == 0);
+        (void)raw_send(fd, src, bad.bytes < SLOT ? (size_t)bad.bytes : SLOT);
+        mmp_err e = mmp_channel_recv(b, &got, &p);
+        char want[32];
+        snprintf(want, sizeof want, "field %s", rows[r].field);
+        CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), want) != NULL);
+        if (e == MMP_OK) {
+            mmp_channel_release(b);
+        }
+        /* The stream is broken for good: the same error again. */
+        CHECK(mmp_channel_recv(b, &got, &p) == MMP_ERR_PROTO);
+        close(fd);
+        mmp_channel_close(b);
+    }
+
+    /* More messages than credits: the receiver holds all SLOTS, and one more
+     * arrives. The SLOTS are delivered, then the protocol error. */
+    {
+        mmp_channel *b = NULL;
+        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
+        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, NULL) : -1;
+        CHECK(fd >= 0);
+        for (int k = 0; fd >= 0 && k <= SLOTS; k++) {
+            mmp_msg_header h = message(k, 64);
+            fill(src, h.bytes, (uint64_t)k);
+            CHECK(raw_send(fd, &h, sizeof h) == 0 && raw_send(fd, src, h.bytes) == 0);
+        }
+        for (int k = 0; fd >= 0 && k < SLOTS; k++) {
+            mmp_msg_header got, want = message(k, 64);
+            const void *p;
+            CHECK(mmp_channel_recv(b, &got, &p) == MMP_OK && same_header(&got, &want));
+        }
+        mmp_msg_header got;
+        const void *p;
+        CHECK(b && mmp_channel_recv(b, &got, &p) == MMP_ERR_PROTO &&
+              strstr(mmp_last_error(), "without a credit"));
+        if (fd >= 0) {
+            close(fd);
+        }
+        mmp_channel_close(b);
+    }
+
+    /* A message cut off by the sender's end: the peer, named. */
+    {
+        mmp_channel *b = NULL;
+        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
+        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, NULL) : -1;
+        CHECK(fd >= 0);
+        mmp_msg_header h = message(0, 1000);
+        if (fd >= 0) {
+            CHECK(raw_send(fd, &h, sizeof h) == 0 && raw_send(fd, src, h.bytes / 2) == 0);
+            close(fd);
+        }
+        mmp_msg_header got;
+        const void *p;
+        CHECK(b && mmp_channel_recv(b, &got, &p) == MMP_ERR_PEER &&
+              strstr(mmp_last_error(), "127.0.0.1:"));
+        mmp_channel_close(b);
+    }
+
+    /* A forged credit: more messages released than were ever posted. */
+    {
+        mmp_channel *a = NULL;
+        mmp_channel_cfg cs = make_cfg(addr, SLOT, 1, 1, 1000);
+        CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
+        mmp_tcp_hello reply = {0};
+        int fd = a ? raw_connect(mmp_channel_address(a), 0, 1, SLOT, &reply) : -1;
+        CHECK(fd >= 0 && reply.status == MMP_TCP_OK);
+        if (fd >= 0) {
+            mmp_msg_header h = message(0, 64), got;
+            void *q;
+            fill(src, h.bytes, 0);
+            CHECK_OK(mmp_channel_send(a, &h, src));
+            CHECK(recv(fd, &got, sizeof got, MSG_WAITALL) == (ssize_t)sizeof got &&
+                  same_header(&got, &h));
+            uint64_t credit = 5; /* one message posted */
+            CHECK(raw_send(fd, &credit, sizeof credit) == 0);
+            CHECK(mmp_channel_acquire(a, &q) == MMP_ERR_PROTO &&
+                  strstr(mmp_last_error(), "field tail"));
+            close(fd);
+        }
+        mmp_channel_close(a);
+    }
+
+    /* Strangers at the door: junk, a wrong geometry and a wrong direction are
+     * refused (the answer says why), and the right connector still gets in. */
+    {
+        mmp_channel *b = NULL, *a = NULL;
+        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
+        const char *at = b ? mmp_channel_address(b) : "127.0.0.1:1";
+        int junk = raw_connect(at, -1, 0, 0, NULL); /* a hello is 32 bytes: send 32 of junk */
+        if (junk >= 0) {
+            memset(src, 0x5a, 32);
+            CHECK(raw_send(junk, src, 32) == 0);
+            char c;
+            CHECK(recv(junk, &c, 1, 0) <= 0); /* closed without an answer */
+            close(junk);
+        }
+        mmp_tcp_hello reply = {0};
+        int g = raw_connect(at, 1, SLOTS, (uint64_t)1 << 50, &reply);
+        CHECK(g >= 0 && reply.status == MMP_TCP_GEOMETRY && reply.slots == SLOTS &&
+              reply.slot_bytes == SLOT);
+        if (g >= 0) {
+            close(g);
+        }
+        int d = raw_connect(at, 0, SLOTS, SLOT, &reply);
+        CHECK(d >= 0 && reply.status == MMP_TCP_DIRECTION);
+        if (d >= 0) {
+            close(d);
+        }
+        char real[128];
+        snprintf(real, sizeof real, "%s", at);
+        mmp_channel_cfg cs = make_cfg(real, SLOT, SLOTS, 1, 1000);
+        CHECK_OK(mmp_channel_open_with(&a, t, &cs, 0));
+        if (a && b) {
+            mmp_msg_header h = message(3, SLOT), got;
+            const void *p;
+            fill(src, h.bytes, 3);
+            CHECK_OK(mmp_channel_send(a, &h, src));
+            CHECK_OK(mmp_channel_recv(b, &got, &p));
+            CHECK(same_header(&h, &got) && first_bad(p, got.bytes, 3) == got.bytes);
+            CHECK_OK(mmp_channel_release(b));
+        }
+        mmp_channel_close(a);
+        mmp_channel_close(b);
+    }
+}
+
 static void test_forged(const mmp_transport *t)
 {
     if (same_process_only(t, "forged-headers")) {
+        return;
+    }
+    if (network(t)) {
+        test_forged_tcp(t);
         return;
     }
     enum { SLOT = 4096, SLOTS = 4 };
@@ -1865,6 +2223,7 @@ static void run_global(const char *name, void (*fn)(void))
     }
 
 TRANSPORT_CASES(shm)
+TRANSPORT_CASES(tcp)
 #ifdef MMP_HAVE_CUDA
 TRANSPORT_CASES(cuda_ipc)
 CASE(cuda_ipc, ordered_streams, DEV)
@@ -1885,6 +2244,7 @@ static void unlink_prefix(void)
 
 static const mmp_test_case cases[] = {
     TRANSPORT_TABLE(shm),
+    TRANSPORT_TABLE(tcp),
 #ifdef MMP_HAVE_CUDA
     TRANSPORT_TABLE(cuda_ipc),
     {"cuda_ipc/ordered-streams", cuda_ipc_ordered_streams},

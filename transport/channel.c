@@ -15,14 +15,16 @@
 
 #include "transport/channel.h"
 
-/* Highest priority first. nccl and tcp go here as they arrive. cuda_ipc
- * accepts only cfgs with on_gpu set and asks nothing of CUDA otherwise, so
- * host channels still reach shm without touching the driver. */
+/* Highest priority first. nccl goes here as it arrives. cuda_ipc accepts
+ * only cfgs with on_gpu set and asks nothing of CUDA otherwise, so host
+ * channels still reach shm without touching the driver. shm takes POSIX
+ * names ("/..."), tcp "host:port": the address says which of the two. */
 static const mmp_transport *const transports[] = {
 #ifdef MMP_HAVE_CUDA
     &mmp_transport_cuda_ipc,
 #endif
     &mmp_transport_shm,
+    &mmp_transport_tcp,
 };
 
 const mmp_transport *const *mmp_transports(size_t *n)
@@ -38,7 +40,7 @@ struct mmp_channel {
     int send;
     size_t slot_bytes;
     unsigned char *acquired; /* sender: the acquired slot, NULL when none */
-    char address[64];        /* for messages (truncated) */
+    char address[320];       /* cfg's, for messages */
 };
 
 static mmp_err wrong_end(const mmp_channel *ch, const char *call)
@@ -67,7 +69,11 @@ mmp_err mmp_channel_open_with(mmp_channel **out, const mmp_transport *t, const m
     ch->ops = t;
     ch->send = cfg->send != 0;
     ch->slot_bytes = t->slot_bytes(ch->impl);
-    snprintf(ch->address, sizeof ch->address, "%s", cfg->address ? cfg->address : "(no address)");
+    const char *reported = t->address ? t->address(ch->impl) : NULL;
+    snprintf(ch->address, sizeof ch->address, "%s",
+             reported       ? reported
+             : cfg->address ? cfg->address
+                            : "(no address)");
     *out = ch;
     return MMP_OK;
 }
@@ -121,6 +127,12 @@ const mmp_transport *mmp_channel_transport(const mmp_channel *ch)
 size_t mmp_channel_slot_bytes(const mmp_channel *ch)
 {
     return ch->slot_bytes;
+}
+
+const char *mmp_channel_address(const mmp_channel *ch)
+{
+    const char *a = ch->ops->address ? ch->ops->address(ch->impl) : NULL;
+    return a ? a : ch->address;
 }
 
 int mmp_channel_sends(const mmp_channel *ch)

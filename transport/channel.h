@@ -72,6 +72,11 @@ enum {
     /* The slots are device memory: the host must not dereference a slot
      * pointer; payload bytes go through fill/read (mmp_channel_fill/read). */
     MMP_TRANSPORT_DEVICE_SLOTS = 1,
+    /* The address is "host:port" and the ends may be on different hosts. A
+     * creator given port 0 listens on a free port: mmp_channel_address()
+     * after the open says which, and whoever placed the two ends must hand
+     * that address to the connector (the coordinator forwards it). */
+    MMP_TRANSPORT_NETWORK = 2,
 };
 
 /* What a transport implements. Callers never call these directly: they go
@@ -105,9 +110,15 @@ typedef struct mmp_transport {
     /* Optional: copies bytes of a received slot at src out to dst (NULL:
      * memcpy, host slots). */
     mmp_err (*read)(mmp_channel_impl *ch, void *dst, const void *src, size_t bytes);
+    /* Optional: the address this end is reachable at when it differs from
+     * cfg's (tcp: the creator's real port). NULL: cfg's address. */
+    const char *(*address)(const mmp_channel_impl *ch);
 } mmp_transport;
 
 extern const mmp_transport mmp_transport_shm;
+/* Host memory between two processes on any two hosts: one TCP connection
+ * ("host:port"; transport/tcp.c states the rendezvous and the wire). */
+extern const mmp_transport mmp_transport_tcp;
 #ifdef MMP_HAVE_CUDA
 /* Device-memory slots between two GPU processes of one host (cfg.on_gpu);
  * transport/cuda/cuda_ipc.c states the stream-ordering contract of its calls. */
@@ -146,6 +157,10 @@ void mmp_channel_close(mmp_channel *ch);
 const mmp_transport *mmp_channel_transport(const mmp_channel *ch);
 /* Payload capacity of each slot. */
 size_t mmp_channel_slot_bytes(const mmp_channel *ch);
+/* The address the connector must be given: cfg's address, except for a
+ * transport with MMP_TRANSPORT_NETWORK whose creator was opened on port 0:
+ * "host:<the port it listens on>". Valid until the close. */
+const char *mmp_channel_address(const mmp_channel *ch);
 /* 1 when this end sends. */
 int mmp_channel_sends(const mmp_channel *ch);
 

@@ -699,6 +699,18 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         return env->checkpoint_ack && env->checkpoint_ack->step >= 0
                    ? 1
                    : BAD("checkpoint_ack: field step below 0");
+    case MMPIPE__ENVELOPE__BODY_ENDPOINTS: {
+        const Mmpipe__Endpoints *e = env->endpoints;
+        for (size_t i = 0; e && i < e->n_endpoints; i++) {
+            const Mmpipe__Endpoint *p = e->endpoints[i];
+            if (!p || p->channel < -1 || !p->address || strlen(p->address) >= 300) {
+                return BAD("endpoints: endpoint %zu: field channel = %d below -1, or its address "
+                           "missing or over 299 characters",
+                           i, p ? p->channel : -2);
+            }
+        }
+        return e ? 1 : BAD("endpoints: missing");
+    }
     default:
         return 1; /* bodies without numbers: Ready, Abort, Shutdown, Error */
     }

@@ -54,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/reduce_tcp.h"
 #include "transport/segment.h"
 
 /* Bitwise-identical sums on every rank need float additions done in float. */
@@ -111,6 +112,7 @@ struct mmp_reduce {
     int failed;        /* a sum failed: the ranks are out of step */
     int pidfd[MAX_RANKS];
     char name[NAME_MAX + 1];
+    mmp_reduce_tcp *tcp; /* a "host:port" name: the sums go over tcp (reduce_tcp.c) */
 };
 
 typedef struct layout {
@@ -260,13 +262,22 @@ static mmp_err barrier(mmp_reduce *r)
 
 /* ---- open --------------------------------------------------------------- */
 
+/* A "host:port" name (no leading '/'): the replicas are on several hosts,
+ * or tcp was forced. */
+static int over_tcp(const char *name)
+{
+    return name && name[0] != '/' && strchr(name, ':') != NULL;
+}
+
 static mmp_err check_cfg(const mmp_reduce_cfg *cfg, layout *g)
 {
     if (!cfg) {
         return mmp_errorf(MMP_ERR_INVALID, "reduce: no cfg");
     }
     const char *a = cfg->name;
-    MMP_TRY(mmp_segment_check_name("reduce", "name", a));
+    if (!over_tcp(a)) {
+        MMP_TRY(mmp_segment_check_name("reduce", "name", a));
+    }
     if (cfg->replicas < 1 || cfg->replicas > MAX_RANKS) {
         return mmp_errorf(MMP_ERR_INVALID, "reduce %s: replicas %d not in 1..%d", a, cfg->replicas,
                           MAX_RANKS);
@@ -397,7 +408,9 @@ mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
         *out = r; /* nothing to share: no segment, sum is a no-op */
         return MMP_OK;
     }
-    mmp_err ret = r->rank == 0 ? create(r) : join(r);
+    mmp_err ret = over_tcp(cfg->name) ? mmp_reduce_tcp_open(&r->tcp, cfg)
+                  : r->rank == 0      ? create(r)
+                                      : join(r);
     if (ret != MMP_OK) {
         free(r); /* nothing mapped: create and join undo their own work */
         return ret;
@@ -490,6 +503,9 @@ static mmp_err reduce_round(mmp_reduce *r, void *v, size_t n, size_t size)
     if (r->replicas == 1) {
         return MMP_OK;
     }
+    if (r->tcp) {
+        return mmp_reduce_tcp_round(r->tcp, v, n, size);
+    }
     if (r->failed) {
         return mmp_errorf(MMP_ERR_PEER,
                           "reduce %s: an earlier sum failed and the replicas are out of step",
@@ -540,6 +556,7 @@ void mmp_reduce_close(mmp_reduce *r)
     if (!r) {
         return;
     }
+    mmp_reduce_tcp_close(r->tcp);
     if (r->hdr) {
         /* Peers blocked in a sum this rank will never join fail at once. */
         atomic_store_explicit(&r->hdr->closed[r->rank], 1, memory_order_release);
@@ -553,4 +570,9 @@ void mmp_reduce_close(mmp_reduce *r)
         }
     }
     free(r);
+}
+
+const char *mmp_reduce_address(const mmp_reduce *r)
+{
+    return r->tcp ? mmp_reduce_tcp_address(r->tcp) : r->name;
 }

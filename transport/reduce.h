@@ -1,5 +1,6 @@
-/* Replica gradient reduce on one host: the R replica processes of one stage
- * sum their gradient vectors through one POSIX shared-memory segment.
+/* Replica gradient reduce: the R replica processes of one stage sum their
+ * gradient vectors through one POSIX shared-memory segment on one host, or
+ * over tcp through rank 0 when the name is "host:port" (see name below).
  *
  * Each rank writes its vector into its own region of the segment, waits at a
  * barrier for every rank, then sums all regions in rank order
@@ -29,11 +30,15 @@
 #include "common/err.h"
 
 typedef struct mmp_reduce_cfg {
-    const char *name; /* shm name, "/mmpipe-<token12>-r-image.0" */
-    int replicas;     /* R, 1 to 64 */
-    int rank;         /* 0 .. R-1 */
-    size_t capacity;  /* floats per rank, the largest n mmp_reduce_sum is given */
-    int timeout_ms;   /* attach and every wait; <= 0: 60000 */
+    /* shm name, "/mmpipe-<token12>-r-image.0"; or "host:port" for replicas on
+     * several hosts: the sums go over tcp through rank 0, which listens there
+     * (port 0: a free port, mmp_reduce_address says which) and which the
+     * other ranks are given (transport/reduce_tcp.c; the same bits). */
+    const char *name;
+    int replicas;    /* R, 1 to 64 */
+    int rank;        /* 0 .. R-1 */
+    size_t capacity; /* floats per rank, the largest n mmp_reduce_sum is given */
+    int timeout_ms;  /* attach and every wait; <= 0: 60000 */
 } mmp_reduce_cfg;
 
 typedef struct mmp_reduce mmp_reduce;
@@ -66,5 +71,8 @@ mmp_err mmp_reduce_sum_f64(mmp_reduce *r, double *v, size_t n);
  * than after timeout_ms. Removes the name if the segment was never fully
  * attached (a rank that has not attached yet then times out in open). */
 void mmp_reduce_close(mmp_reduce *r);
+/* The name the other ranks must be given: cfg's, except over tcp where rank
+ * 0 reports "host:<the port it listens on>". Valid until the close. */
+const char *mmp_reduce_address(const mmp_reduce *r);
 
 #endif

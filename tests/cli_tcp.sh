@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The tcp data plane, forced on one host (transport.data: tcp, over
+# loopback): every channel and the replicas' gradient reduce go through
+# transport/tcp.c and transport/reduce_tcp.c, the creators' ports travel
+# through the coordinator (Endpoints). The checkpoints equal --single-process
+# bitwise (gpipe, 1f1b, a split image branch, 2 image replicas); the stages'
+# logs say tcp; nothing is left in /dev/shm; a SIGKILLed stage stops the job
+# with the stage named, and its peers' channels name the address they lost.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+workdir
+synth 400 4
+tiny_plan "name: t, steps: 12, seed: 7" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 6, clip_grad_norm: 0.5" \
+  "transport: { data: tcp }"
+
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
+  || { fail "single-process run"; tail -3 "$W/single.log"; }
+run() { # NAME [--set ...]: a tcp pipeline run into $W/NAME, same_ckpt against the single process
+  local name=$1; shift
+  "$BIN" launch "$W/plan.yaml" --out "$W/$name" "$@" >"$W/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then fail "$name: launch rc=$rc"; tail -5 "$W/$name.log" | sed 's/^/    /'; return; fi
+  local out; out=$(same_ckpt "$W/single" "$W/$name") && ok "$name over tcp vs single-process: $out" \
+    || fail "$name over tcp differs from single-process: $out"
+}
+run gpipe --set train.schedule=gpipe
+run 1f1b --set train.schedule=1f1b
+run split --set 'stages.image.split=[1]'
+run replicas --set 'stages.image.replicas=2'
+
+grep -q 'data channels: 0 over cuda_ipc, 0 over shm, 4 over tcp' "$W/1f1b.log" \
+  && ok "every channel of the 3-stage run is tcp" || fail "channels: $(grep -o 'data channels:.*' "$W/1f1b.log")"
+grep -q 'data channels: 0 over cuda_ipc, 0 over shm, 6 over tcp' "$W/replicas.log" \
+  && ok "every channel of the replicated run is tcp" || fail "channels: $(grep -o 'data channels:.*' "$W/replicas.log")"
+# the 2 replicas' reduce went over tcp: rank 0 listened on a port it chose, and
+# rank 1 was given that same address through the coordinator
+r0=$(grep -o "image.0/0: replicas' reduce over tcp via 127.0.0.1:[0-9]* (rank 0 of 2)" "$W/replicas.log" | grep -o '127.0.0.1:[0-9]*')
+r1=$(grep -o "image.0/1: replicas' reduce over tcp via 127.0.0.1:[0-9]* (rank 1 of 2)" "$W/replicas.log" | grep -o '127.0.0.1:[0-9]*')
+[ -n "$r0" ] && [ "$r0" = "$r1" ] && [ "${r0#127.0.0.1:}" != 0 ] && ok "the replicas reduced over tcp via $r0" \
+  || fail "reduce over tcp: rank 0 '$r0', rank 1 '$r1'"
+[ "$(shm_left "$W"/*.log)" -eq 0 ] && [ "$(ls /dev/shm | grep -c "^mmpipe-")" -eq 0 ] \
+  && ok "nothing in /dev/shm after the tcp runs" || fail "shm left: $(ls /dev/shm | grep mmpipe)"
+[ "$(procs_left "$W"/*.log)" -eq 0 ] && ok "no stage processes left" || fail "stage processes left"
+
+# --- same plan, auto: one host means shm, and the same bits -----------------------------
+"$BIN" launch "$W/plan.yaml" --out "$W/auto" --set transport.data=auto >"$W/auto.log" 2>&1 \
+  || { fail "auto run"; tail -3 "$W/auto.log"; }
+grep -q 'data channels: 0 over cuda_ipc, 4 over shm, 0 over tcp' "$W/auto.log" \
+  && ok "transport.data: auto on one host is shm" || fail "auto: $(grep -o 'data channels:.*' "$W/auto.log")"
+expect_fail "a bad transport.data is named" "transport.data" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/bad" --set transport.data=carrier-pigeon
+
+# --- SIGKILL to one stage: noticed, named, nothing left ---------------------------------
+for victim in text.0 fusion; do
+  "$BIN" launch "$W/plan.yaml" --out "$W/kill_$victim" --set job.steps=100000 >"$W/kill_$victim.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/kill_$victim/metrics.jsonl" 3 || fail "kill $victim: no step 3"
+  vpid=$(grep -o "started $victim/0 (pid [0-9]*)" "$W/kill_$victim.log" | grep -o '[0-9]*)$' | tr -d ')')
+  t0=$(date +%s.%N)
+  kill -KILL "$vpid"; wait $cpid; rc=$?
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  sleep 0.2
+  if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$W/kill_$victim.log" \
+     && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "SIGKILL $victim over tcp: noticed in ${dt}s, named, rc=$rc"
+  else fail "SIGKILL $victim over tcp: rc=$rc after ${dt}s"; tail -3 "$W/kill_$victim.log" | sed 's/^/    /'; fi
+  grep -Eq "error .*tcp 127\.0\.0\.1:[0-9]+.*(closed the connection|connection lost)" "$W/kill_$victim.log" \
+    && ok "SIGKILL $victim: a peer's tcp channel names the address it lost" \
+    || fail "SIGKILL $victim: no tcp channel error naming an address"
+  left_behind "SIGKILL $victim over tcp" "$W/kill_$victim.log"
+done
+finish
