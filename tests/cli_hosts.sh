@@ -12,6 +12,8 @@
 #  2. SIGKILL of a remote stage: noticed, named with its host, job stopped;
 #  3. a host's link taken down mid-run: noticed within the heartbeat bound,
 #     named, job stopped, and the cut-off stage exits on its own;
+#  4. SIGINT to the coordinator: checkpoint, exit 130, every host stopped;
+#  5. the coordinator SIGKILLed: every remote stage exits (its stdin ends);
 # and after each run: no stage process and no /dev/shm entry left anywhere.
 # Every data channel crosses hosts, so all run over tcp on the namespaces'
 # network (none over shm), and the image replicas reduce over tcp. Skips (77)
@@ -136,7 +138,7 @@ foreign() {
 }
 
 # 1. the run across four hosts equals one process; a foreign client is refused
-ipc "$BIN" launch "$W/plan.yaml" --out "$W/multi" >"$W/multi.log" 2>&1 &
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/multi" >"$W/multi.log" 2>&1 &
 cpid=$!
 wait_step "$W/multi/metrics.jsonl" 3 60 || fail "multi: no step 3"
 port=$(grep -o 'control plane: tcp://10.77.0.1:[0-9]*' "$W/multi.log" | grep -o '[0-9]*$')
@@ -155,7 +157,7 @@ ps -eo args | grep -v grep | grep -q 'secrets-1\|MMP_JOB_TOKEN' && fail "a secre
 nothing_left multi "$W/multi.log"
 
 # 2. SIGKILL of a remote stage (text, on host tx)
-ipc "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
 cpid=$!
 wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
 prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$W/kill.log" | head -1 | sed 's/.*memory //')
@@ -168,7 +170,7 @@ sleep 1
 nothing_left kill "$W/kill.log"
 
 # 3. a host's link goes down mid-run (fusion's host)
-ipc "$BIN" launch "$W/plan.yaml" --out "$W/down" --set job.steps=400 >"$W/down.log" 2>&1 &
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/down" --set job.steps=400 >"$W/down.log" 2>&1 &
 cpid=$!
 wait_step "$W/down/metrics.jsonl" 2 60 || fail "down: no step 2"
 t0=$(date +%s.%N)
@@ -179,5 +181,26 @@ grep -q 'fusion/0 (pid [0-9]*, ssh to host fu at 10.77.0.5)' "$W/down.log" && [ 
   && ok "lost host named, job stopped after ${dt}s (rc $rc)" || { fail "down: rc $rc"; tail -5 "$W/down.log"; }
 sleep 7 # the cut-off stage: its heartbeat (6 s) or sshd's ClientAlive (3 s) ends it
 nothing_left down "$W/down.log"
-grep -h 'lost the coordinator\|pipe closed' "$W"/down/*.log "$W/down.log" 2>/dev/null | head -2
+ip netns exec "${P}fu" ip link set eth0 up # the link comes back for the cases below
+
+# 4. Ctrl-C (SIGINT to the coordinator): the step in flight finishes, is
+# checkpointed, every stage on every host ends; exit 130
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=400 >"$W/int.log" 2>&1 &
+cpid=$!
+wait_step "$W/int/metrics.jsonl" 2 60 || fail "int: no step 2"
+kill -INT $cpid; wait $cpid; rc=$?
+[ $rc -eq 130 ] && [ -e "$W/int/ckpt/latest" ] && ok "SIGINT: checkpoint and exit 130" \
+  || { fail "SIGINT: rc $rc"; tail -5 "$W/int.log"; }
+nothing_left int "$W/int.log"
+
+# 5. the coordinator SIGKILLed: its pipes close, ssh passes the end of file
+# on, every remote stage removes its shm and exits
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/ck" --set job.steps=400 >"$W/ck.log" 2>&1 &
+cpid=$!
+wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
+kill -9 $cpid; wait $cpid 2>/dev/null
+for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" -eq 0 ] && break; sleep 0.1; done
+[ "$(remote_left "$W/ck.log")" -eq 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
+  || fail "coordinator SIGKILLed: remote stages still running after 10 s"
+nothing_left ck "$W/ck.log"
 finish
