@@ -186,7 +186,6 @@ static void serve_zap(mmp_ctl *c)
         n++;
     }
     if (more) {
-
         int m = 1;
         size_t ml = sizeof m;
         while (zmq_getsockopt(c->zap, ZMQ_RCVMORE, &m, &ml) == 0 && m) {
