@@ -221,6 +221,9 @@ typedef struct mmp_plan {
         mmp_ctl_transport transport;   /* default auto */
         char address[MMP_ADDRESS_MAX]; /* tcp: what stages connect to (default: this host's name) */
         int port;                      /* tcp: 0 = any free port */
+        /* a connection refused for want of the job's keys: log it and go on
+         * (default), or stop the job naming it */
+        int stop_on_refused;
     } control;
     int n_hosts;
     mmp_host hosts[MMP_MAX_HOSTS]; /* default: one "localhost" with three cpu devices;

@@ -244,6 +244,7 @@ static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
 static const char *const launcher_names[] = {"local", "ssh", "slurm", NULL};
 static const char *const ctl_transport_names[] = {"auto", "ipc", "tcp", NULL};
+static const char *const on_refused_names[] = {"log", "stop", NULL};
 
 static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
 static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
@@ -406,6 +407,7 @@ static const mmp_key_spec keys[] = {
     ENUM("control.transport", control.transport, ctl_transport_names, MMP_CTLT_AUTO),
     STR("control.address", control.address, "", false),
     INT("control.port", control.port, 0, 65535, 0),
+    ENUM("control.on_refused", control.stop_on_refused, on_refused_names, 0),
     /* the data plane's transports (coordinator/steps.c edge_transport) */
     ENUM("transport.data", transport.data, data_transport_names, MMP_DATA_AUTO),
 

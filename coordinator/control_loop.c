@@ -237,6 +237,11 @@ int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const 
         }
         coord_reap(c);
         coord_settle(c);
+        if (c->tcp && c->plan->control.stop_on_refused && mmp_ctl_get_stats(c->ctl).refused > 0) {
+            char why[400];
+            mmp_ctl_last_refused(c->ctl, why, sizeof why);
+            coord_fail(c, "control plane: %s (control.on_refused: stop)", why);
+        }
         if (c->failure[0]) {
             return 1;
         }

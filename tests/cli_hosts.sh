@@ -8,7 +8,8 @@
 #  1. image replica 0, image replica 1, text and fusion on four hosts: the
 #     final checkpoint equals --single-process (max_abs_diff=0); a foreign
 #     ZeroMQ client without the keys, connecting mid-run, is refused and
-#     logged, and changes nothing;
+#     logged, and changes nothing; with control.on_refused: stop it stops
+#     the job, named;
 #  2. SIGKILL of a remote stage: noticed, named with its host, job stopped;
 #  3. a host's link taken down mid-run: noticed within the heartbeat bound,
 #     named, job stopped, and the cut-off stage exits on its own;
@@ -155,6 +156,18 @@ same_ckpt "$W/multi/ckpt/latest" "$W/single/ckpt/latest" && ok "four hosts == si
   || fail "four hosts != single process"
 ps -eo args | grep -v grep | grep -q 'secrets-1\|MMP_JOB_TOKEN' && fail "a secret in a process list" || ok "no secret in argv"
 nothing_left multi "$W/multi.log"
+
+# 1b. with control.on_refused: stop, the same foreign client stops the job, named
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/refuse" --set job.steps=400 \
+  --set control.on_refused=stop >"$W/refuse.log" 2>&1 &
+cpid=$!
+wait_step "$W/refuse/metrics.jsonl" 2 60 || fail "refuse: no step 2"
+port=$(grep -o 'control plane: tcp://10.77.0.1:[0-9]*' "$W/refuse.log" | grep -o '[0-9]*$')
+foreign "$port"
+wait $cpid; rc=$?
+[ $rc -ne 0 ] && grep -q "error .*control plane: refused a connection on tcp://10.77.0.1:$port: handshake failed.*(control.on_refused: stop)" "$W/refuse.log" \
+  && ok "on_refused: stop: job stopped, the refusal named (rc $rc)" || { fail "refuse: rc $rc"; tail -3 "$W/refuse.log"; }
+nothing_left refuse "$W/refuse.log"
 
 # 2. SIGKILL of a remote stage (text, on host tx)
 ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &

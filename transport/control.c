@@ -50,6 +50,8 @@ struct mmp_ctl {
     int have_helper;
     atomic_int stop;
     atomic_long refused;
+    pthread_mutex_t refused_lock; /* guards refused_text (helper thread writes) */
+    char refused_text[PEER_TEXT_MAX + 128];
     int watch_fd;
     void (*lost)(const char *why, void *arg);
     void *lost_arg;
@@ -207,7 +209,11 @@ static void serve_zap(mmp_ctl *c)
     int ok = n == 7 && strcmp(mech, "CURVE") == 0 && zmq_msg_size(&part[6]) == 32 &&
              memcmp(zmq_msg_data(&part[6]), c->client_public, 32) == 0;
     if (!ok) {
-        MMP_WARN("control: refused a %s client from %s: not this job's key", mech, addr);
+        pthread_mutex_lock(&c->refused_lock);
+        snprintf(c->refused_text, sizeof c->refused_text,
+                 "refused a %s client from %s: not this job's key", mech, addr);
+        MMP_WARN("control: %s", c->refused_text);
+        pthread_mutex_unlock(&c->refused_lock);
     }
     /* reply: version, request id, status code, text, user id, metadata */
     if (n >= 2) {
@@ -262,11 +268,15 @@ static void on_event(mmp_ctl *c, int *connected, int *fired)
         break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        atomic_fetch_add(&c->refused, 1);
-        MMP_WARN("control: refused a connection on %s: handshake failed (%s, ZeroMQ code 0x%x; a "
-                 "peer without this job's CURVE keys)",
+        pthread_mutex_lock(&c->refused_lock);
+        snprintf(c->refused_text, sizeof c->refused_text,
+                 "refused a connection on %s: handshake failed (%s, ZeroMQ code 0x%x; a peer "
+                 "without this job's CURVE keys)",
                  ep, event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
                  value);
+        MMP_WARN("control: %s", c->refused_text);
+        pthread_mutex_unlock(&c->refused_lock);
+        atomic_fetch_add(&c->refused, 1);
         break;
     case ZMQ_EVENT_DISCONNECTED:
         if (!c->router && *connected) {
@@ -344,6 +354,7 @@ static mmp_err ctl_open(mmp_ctl **out, int type, const char *job_token)
     }
     memcpy(c->token, job_token, n + 1);
     c->token_len = n;
+    pthread_mutex_init(&c->refused_lock, NULL);
     c->router = type == ZMQ_ROUTER;
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
@@ -504,6 +515,7 @@ void mmp_ctl_close(mmp_ctl *c)
     while (c->ctx && zmq_ctx_term(c->ctx) != 0 && errno == EINTR) {
     }
     explicit_bzero(c->token, sizeof c->token);
+    pthread_mutex_destroy(&c->refused_lock);
     free(c);
 }
 
@@ -914,6 +926,19 @@ mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c)
     mmp_ctl_stats s = c->stats;
     s.refused = atomic_load(&((mmp_ctl *)c)->refused);
     return s;
+}
+
+void mmp_ctl_last_refused(mmp_ctl *c, char *buf, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    buf[0] = 0;
+    if (c) {
+        pthread_mutex_lock(&c->refused_lock);
+        snprintf(buf, n, "%s", c->refused_text);
+        pthread_mutex_unlock(&c->refused_lock);
+    }
 }
 
 mmp_err mmp_ctl_last_endpoint(mmp_ctl *c, char *buf, size_t n)

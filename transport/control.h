@@ -150,6 +150,8 @@ void mmp_ctl_free(Mmpipe__Envelope *env);
  * poll it: reading it directly would bypass the checks). */
 void *mmp_ctl_socket(mmp_ctl *c);
 mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c);
+/* The last refused handshake, as logged ("" when none), into buf. */
+void mmp_ctl_last_refused(mmp_ctl *c, char *buf, size_t n);
 
 /* Fills tok (33 bytes) with a fresh random hex job token. */
 mmp_err mmp_ctl_new_token(char tok[33]);
