@@ -105,8 +105,6 @@ static void id_text(char *out, size_t n, const unsigned char *id, size_t len)
     out[o] = 0;
 }
 
-/* Compares in time that depends only on the lengths, so a peer cannot learn
- * the token byte by byte from how fast it is turned away. */
 /* Constant time in the received token's bytes (up to our length): no
  * timing tells a peer how much of a guess was right. */
 static int token_equal(const char *ours, const char *t)
