@@ -5,7 +5,9 @@
 # through the coordinator (Endpoints). The checkpoints equal --single-process
 # bitwise (gpipe, 1f1b, a split image branch, 2 image replicas); the stages'
 # logs say tcp; nothing is left in /dev/shm; a SIGKILLed stage stops the job
-# with the stage named, and its peers' channels name the address they lost.
+# with the stage named (whether its peers' channels report the lost address
+# before the coordinator stops them is a race: test_transport tcp/peer-death
+# checks those messages).
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -65,9 +67,6 @@ for victim in text.0 fusion; do
   if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$W/kill_$victim.log" \
      && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "SIGKILL $victim over tcp: noticed in ${dt}s, named, rc=$rc"
   else fail "SIGKILL $victim over tcp: rc=$rc after ${dt}s"; tail -3 "$W/kill_$victim.log" | sed 's/^/    /'; fi
-  grep -Eq "error .*tcp 127\.0\.0\.1:[0-9]+.*(closed the connection|connection lost)" "$W/kill_$victim.log" \
-    && ok "SIGKILL $victim: a peer's tcp channel names the address it lost" \
-    || fail "SIGKILL $victim: no tcp channel error naming an address"
   left_behind "SIGKILL $victim over tcp" "$W/kill_$victim.log"
 done
 finish

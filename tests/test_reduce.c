@@ -22,7 +22,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -685,6 +688,73 @@ static void test_geometry(void)
     mmp_reduce_close(r1);
 }
 
+/* ---- (5b) over tcp: geometry, absent and closing peers ------------------
+ * In this process: rank 0's accepting thread answers every rank that opens. */
+
+static void test_tcp_geometry(void)
+{
+    mmp_reduce *r0 = NULL, *r1 = NULL, *r2 = NULL, *x = NULL;
+    mmp_reduce_cfg c0 = make_cfg(TCP_NAME, 3, 0, 100, 1000);
+    CHECK_OK(mmp_reduce_open(&r0, &c0));
+    char at[96];
+    snprintf(at, sizeof at, "%s", r0 ? mmp_reduce_address(r0) : "127.0.0.1:1");
+    CHECK(strncmp(at, "127.0.0.1:", 10) == 0 && atoi(at + 10) > 0);
+
+    mmp_reduce_cfg bad = make_cfg(at, 3, 1, 200, 1000);
+    CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_PEER && x == NULL);
+    CHECK(strstr(mmp_last_error(), "100") && strstr(mmp_last_error(), "200"));
+    bad = make_cfg(at, 2, 1, 100, 1000);
+    CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_PEER && x == NULL);
+    CHECK(strstr(mmp_last_error(), "3 replicas") && strstr(mmp_last_error(), "2 replicas"));
+
+    /* Refused ranks leave rank 0 listening; a rank attaches once. */
+    mmp_reduce_cfg c1 = make_cfg(at, 3, 1, 100, 1000);
+    CHECK_OK(mmp_reduce_open(&r1, &c1));
+    CHECK(mmp_reduce_open(&x, &c1) == MMP_ERR_PEER && x == NULL);
+    CHECK(strstr(mmp_last_error(), "already attached"));
+    float v[101] = {0};
+    CHECK(mmp_reduce_sum(r1, v, 101) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "capacity 100"));
+    mmp_reduce_cfg c2 = make_cfg(at, 3, 2, 100, 1000);
+    CHECK_OK(mmp_reduce_open(&r2, &c2));
+    mmp_reduce_close(r1);
+    mmp_reduce_close(r2);
+
+    /* A rank that closed: rank 0's next sum fails at once, naming it. */
+    double t0 = now_ms();
+    CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER);
+    CHECK(now_ms() - t0 < 300 && strstr(mmp_last_error(), "rank 1 (") &&
+          strstr(mmp_last_error(), "closed"));
+    t0 = now_ms();
+    CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER && now_ms() - t0 < 200 &&
+          strstr(mmp_last_error(), "earlier"));
+    mmp_reduce_close(r0);
+
+    /* A rank that never connects: rank 0's sum gives up after timeout_ms. */
+    c0 = make_cfg(TCP_NAME, 2, 0, 16, 300);
+    CHECK_OK(mmp_reduce_open(&r0, &c0));
+    t0 = now_ms();
+    CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER);
+    double waited = now_ms() - t0;
+    CHECK(waited >= 290 && waited < 900 && strstr(mmp_last_error(), "rank 1 did not connect"));
+    mmp_reduce_close(r0);
+
+    /* No rank 0 at all (a port held bound, never listening): open gives up
+     * after timeout_ms. */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(held >= 0 && bind(held, (struct sockaddr *)&a, sizeof a) == 0 &&
+          getsockname(held, (struct sockaddr *)&a, &l) == 0);
+    snprintf(at, sizeof at, "127.0.0.1:%d", ntohs(a.sin_port));
+    c1 = make_cfg(at, 2, 1, 16, 300);
+    t0 = now_ms();
+    CHECK(mmp_reduce_open(&x, &c1) == MMP_ERR_PEER && x == NULL);
+    waited = now_ms() - t0;
+    CHECK(waited >= 290 && waited < 800 && strstr(mmp_last_error(), at));
+    close(held);
+}
+
 /* ---- (6) ranks disagree on n -------------------------------------------- */
 
 static int rank_mismatch(const job *j, int rank)
@@ -877,6 +947,7 @@ TCP_CASE(rounds_2, "tcp/rounds-2")
 TCP_CASE(rounds_3, "tcp/rounds-3")
 TCP_CASE(killed, "tcp/killed")
 TCP_CASE(mismatch, "tcp/n-mismatch")
+TCP_CASE(tcp_geometry, "tcp/geometry")
 
 static const mmp_test_case cases[] = {
     {"single", case_single},
@@ -892,6 +963,7 @@ static const mmp_test_case cases[] = {
     {"tcp/rounds-3", case_tcp_rounds_3},
     {"tcp/killed", case_tcp_killed},
     {"tcp/n-mismatch", case_tcp_mismatch},
+    {"tcp/geometry", case_tcp_tcp_geometry},
 };
 
 int main(int argc, char **argv)

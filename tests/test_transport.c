@@ -6,8 +6,10 @@
  * and publishes the port it got (mmp_channel_address) through the shared
  * page, where its connector picks it up; "no creator" cases use a port this
  * process holds bound and never listens on; names in /dev/shm are not
- * theirs to check; and the forged-headers case plays the hostile peer with a
- * raw socket speaking transport/tcp.h's wire.
+ * theirs to check; the forged-headers case plays the hostile peer with a
+ * raw socket speaking transport/tcp.h's wire; tcp/host-lost (root and ip(8),
+ * ~20 s) puts the two ends in two network namespaces and takes one's link
+ * down.
  *
  * The two ends run in two processes (fork) unless a case says otherwise; one
  * run also puts them in two threads of one process. Each end's body returns
@@ -41,6 +43,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -2004,6 +2007,151 @@ static void test_forged_tcp(const mmp_transport *t)
     }
 }
 
+/* ---- (9c) a host that vanishes: two network namespaces -----------------------
+ * The sender's and the receiver's processes in two namespaces joined by a
+ * veth pair (made here with ip(8), removed whatever happens); mid-stream the
+ * receiver's link goes down: no FIN, no reset, only silence. Both ends wait
+ * forever (timeout_ms 0), so only the transport's own loss detection
+ * (keepalive, TCP_USER_TIMEOUT: MMP_SOCK_LOST_MS, 20 s) can end their wait:
+ * both must report MMP_ERR_PEER naming the channel within 15..40 s. Needs
+ * root and ip(8); noted and skipped without them. */
+
+static int run_ip(const char *a0, const char *a1, const char *a2, const char *a3, const char *a4,
+                  const char *a5, const char *a6, const char *a7)
+{
+    const char *argv[] = {"ip", a0, a1, a2, a3, a4, a5, a6, a7, NULL};
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execv("/usr/sbin/ip", (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    return pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+typedef struct lost_board {
+    _Atomic int addr_ready, sent, err[2];
+    double err_at[2];
+    char addr[96], msg[2][512];
+} lost_board;
+
+/* One end in namespace ns: sends (or receives) 1 MB messages every 50 ms
+ * until an error, which it records. */
+static void lost_end(lost_board *b, const char *ns, int send)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/run/netns/%s", ns);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+        _exit(2);
+    }
+    while (!send && !atomic_load(&b->addr_ready)) {
+        sleep_ms(1);
+    }
+    mmp_channel_cfg c = make_cfg(send ? "10.231.78.1:0" : b->addr, 1 << 20, 2, send, 0);
+    mmp_channel *ch = NULL;
+    if (mmp_channel_open_with(&ch, &mmp_transport_tcp, &c, send) != MMP_OK) {
+        snprintf(b->msg[send], sizeof b->msg[send], "open: %s", mmp_last_error());
+        atomic_store(&b->err[send], -1);
+        _exit(1);
+    }
+    if (send) {
+        snprintf(b->addr, sizeof b->addr, "%s", mmp_channel_address(ch));
+        atomic_store(&b->addr_ready, 1);
+    }
+    static unsigned char buf[1 << 20];
+    for (int k = 0;; k++) {
+        mmp_msg_header h = message(k, sizeof buf);
+        const void *p;
+        mmp_err e = send ? mmp_channel_send(ch, &h, buf) : mmp_channel_recv(ch, &h, &p);
+        if (e != MMP_OK) {
+            b->err_at[send] = now_ms();
+            snprintf(b->msg[send], sizeof b->msg[send], "%s", mmp_last_error());
+            atomic_store(&b->err[send], (int)e);
+            _exit(0);
+        }
+        if (send) {
+            atomic_store(&b->sent, k + 1);
+        } else {
+            mmp_channel_release(ch);
+        }
+        sleep_ms(50);
+    }
+}
+
+static void test_host_lost(const mmp_transport *t)
+{
+    (void)t;
+    if (geteuid() != 0 || access("/usr/sbin/ip", X_OK) != 0) {
+        fprintf(stderr, "  tcp host-lost: skipped (needs root and /usr/sbin/ip)\n");
+        return;
+    }
+    char na[32], nb[32], va[16], vb[16];
+    snprintf(na, sizeof na, "mmptcp-%d-a", (int)getpid());
+    snprintf(nb, sizeof nb, "mmptcp-%d-b", (int)getpid());
+    snprintf(va, sizeof va, "mt%da", (int)getpid() % 100000);
+    snprintf(vb, sizeof vb, "mt%db", (int)getpid() % 100000);
+    int bad = run_ip("netns", "add", na, NULL, NULL, NULL, NULL, NULL) |
+              run_ip("netns", "add", nb, NULL, NULL, NULL, NULL, NULL) |
+              run_ip("link", "add", va, "type", "veth", "peer", "name", vb) |
+              run_ip("link", "set", va, "netns", na, NULL, NULL, NULL) |
+              run_ip("link", "set", vb, "netns", nb, NULL, NULL, NULL) |
+              run_ip("-n", na, "addr", "add", "10.231.78.1/24", "dev", va, NULL) |
+              run_ip("-n", nb, "addr", "add", "10.231.78.2/24", "dev", vb, NULL) |
+              run_ip("-n", na, "link", "set", va, "up", NULL, NULL) |
+              run_ip("-n", nb, "link", "set", vb, "up", NULL, NULL);
+    CHECK(bad == 0);
+    lost_board *b =
+        mmap(NULL, sizeof *b, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (bad == 0 && b != MAP_FAILED) {
+        memset(b, 0, sizeof *b);
+        fflush(stderr);
+        pid_t ps = fork();
+        if (ps == 0) {
+            alarm(120);
+            lost_end(b, na, 1);
+        }
+        pid_t pr = fork();
+        if (pr == 0) {
+            alarm(120);
+            lost_end(b, nb, 0);
+        }
+        double t0 = now_ms();
+        while (atomic_load(&b->sent) < 4 && !atomic_load(&b->err[0]) && !atomic_load(&b->err[1]) &&
+               now_ms() - t0 < 20000) {
+            sleep_ms(5);
+        }
+        CHECK(atomic_load(&b->sent) >= 4);
+        double down = now_ms();
+        CHECK(run_ip("-n", nb, "link", "set", vb, "down", NULL, NULL) == 0);
+        while ((!atomic_load(&b->err[0]) || !atomic_load(&b->err[1])) && now_ms() - down < 60000) {
+            sleep_ms(20);
+        }
+        for (int e = 0; e < 2; e++) {
+            double after = b->err_at[e] - down;
+            CHECK(atomic_load(&b->err[e]) == MMP_ERR_PEER && after > 15000 && after < 40000 &&
+                  strstr(b->msg[e], b->addr) != NULL);
+            fprintf(stderr, "  tcp host-lost: the %s end: %.1f s after the link went down: %s\n",
+                    e ? "sending" : "receiving", after / 1e3, b->msg[e]);
+        }
+        kill(ps, SIGKILL);
+        kill(pr, SIGKILL);
+        waitpid(ps, NULL, 0);
+        waitpid(pr, NULL, 0);
+    }
+    if (b != MAP_FAILED) {
+        munmap(b, sizeof *b);
+    }
+    run_ip("netns", "del", na, NULL, NULL, NULL, NULL, NULL); /* its veth end goes with it */
+    run_ip("netns", "del", nb, NULL, NULL, NULL, NULL, NULL);
+}
+
 static void test_forged(const mmp_transport *t)
 {
     if (same_process_only(t, "forged-headers")) {
@@ -2224,6 +2372,7 @@ static void run_global(const char *name, void (*fn)(void))
 
 TRANSPORT_CASES(shm)
 TRANSPORT_CASES(tcp)
+CASE(tcp, host_lost, 0)
 #ifdef MMP_HAVE_CUDA
 TRANSPORT_CASES(cuda_ipc)
 CASE(cuda_ipc, ordered_streams, DEV)
@@ -2245,6 +2394,7 @@ static void unlink_prefix(void)
 static const mmp_test_case cases[] = {
     TRANSPORT_TABLE(shm),
     TRANSPORT_TABLE(tcp),
+    {"tcp/host-lost", tcp_host_lost},
 #ifdef MMP_HAVE_CUDA
     TRANSPORT_TABLE(cuda_ipc),
     {"cuda_ipc/ordered-streams", cuda_ipc_ordered_streams},

@@ -23,7 +23,11 @@
  * `address`); the other end calls connect (attaches; may wait for the creator
  * up to timeout_ms). Once both are attached the name is unlinked, so a crash
  * of either process leaves nothing in /dev/shm. close is NULL-safe and
- * idempotent; a closed peer is reported as MMP_ERR_PEER by blocking calls. */
+ * idempotent; a closed peer is reported as MMP_ERR_PEER by blocking calls.
+ * Network transports (caps MMP_TRANSPORT_NETWORK: tcp) name no shared
+ * resource: the creator listens on "host:port" (port 0: one it picks, then
+ * mmp_channel_address() says which, and the caller hands that to the
+ * connector), the connector retries a refused port until timeout_ms. */
 #ifndef MMP_TRANSPORT_CHANNEL_H
 #define MMP_TRANSPORT_CHANNEL_H
 

@@ -212,8 +212,8 @@ mmp_err mmp_reduce_tcp_open(mmp_reduce_tcp **out, const mmp_reduce_cfg *cfg)
         }
         if (e == MMP_OK && (reply.magic != RT_MAGIC || reply.status != RT_OK)) {
             e = mmp_errorf(MMP_ERR_PEER,
-                           "%s: rank 0 has %u replicas and capacity %llu, this rank %d and "
-                           "%zu%s",
+                           "%s: rank 0 has %u replicas and capacity %llu, this rank expects %d "
+                           "replicas and capacity %zu%s",
                            r->what, reply.replicas, (unsigned long long)reply.capacity, r->replicas,
                            r->capacity,
                            reply.status == RT_RANK_TAKEN ? " (this rank is already attached)" : "");

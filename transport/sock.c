@@ -139,13 +139,18 @@ static void tune(int fd)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    /* A peer host that vanishes with nothing in flight: noticed in ~20 s
-     * even by an end whose timeout is forever. */
+    /* A peer host that vanishes (link down, power off) sends no FIN nor
+     * reset: with nothing in flight keepalive notices it in ~20 s, with
+     * bytes unacknowledged TCP_USER_TIMEOUT does in 20 s (instead of the
+     * ~15 minutes of retransmissions), even for an end whose timeout is
+     * forever. The connection then fails as ETIMEDOUT: MMP_ERR_PEER. */
     int idle = 10, intvl = 2, cnt = 5;
+    unsigned user_ms = MMP_SOCK_LOST_MS;
     (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
 mmp_err mmp_sock_listen(int *fd, const char *what, const char *address, char *bound, size_t bound_n)
@@ -290,9 +295,14 @@ mmp_err mmp_sock_connect(int *fd, const char *what, const char *address, double 
 /* errno of a failed read/write as the peer's doing. */
 static mmp_err peer_error(const char *what, int err, const char *doing)
 {
-    if (err == ECONNRESET || err == EPIPE || err == ETIMEDOUT || err == EHOSTUNREACH ||
-        err == ENETUNREACH || err == ECONNABORTED) {
+    if (err == ECONNRESET || err == EPIPE || err == ECONNABORTED) {
         return mmp_errorf(MMP_ERR_PEER, "%s: %s: connection lost (%s: the peer exited or died)",
+                          what, doing, strerror(err));
+    }
+    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH) {
+        return mmp_errorf(MMP_ERR_PEER,
+                          "%s: %s: connection lost (%s: the peer's host is unreachable or went "
+                          "silent)",
                           what, doing, strerror(err));
     }
     return mmp_errorf(MMP_ERR_IO, "%s: %s: %s", what, doing, strerror(err));

@@ -23,6 +23,9 @@
 #include "common/err.h"
 
 #define MMP_SOCK_ADDR_MAX 300 /* "host:port" as text, host up to 255 */
+/* A connected peer that answers nothing at the TCP level (its host gone)
+ * for this long is lost (keepalive and TCP_USER_TIMEOUT, sock.c). */
+#define MMP_SOCK_LOST_MS 20000
 
 double mmp_sock_now_ms(void);
 /* now + timeout_ms, or 0 (no deadline) when timeout_ms <= 0. */

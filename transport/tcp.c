@@ -53,8 +53,13 @@
 /* How long the creator waits for a connector's hello before dropping it. */
 #define HELLO_MS 5000
 /* A receiver polls for the next message this long before sleeping (ns), as
- * the shm channel does (transport/shm.c has the measurements). */
-#define TCP_SPIN_NS 2000
+ * the shm channel does (transport/shm.c has the measurements). Measured here
+ * (bench_transport --only tcp, 64-byte ping-pong, loaded 2-core VM): 2 µs
+ * 10.5 µs one way, 30 µs 22 µs (the spinning stage takes the core its own
+ * receiving thread needs). Build with -DMMP_TCP_SPIN_NS=... to try another. */
+#ifndef MMP_TCP_SPIN_NS
+#define MMP_TCP_SPIN_NS 2000
+#endif
 
 typedef struct tcp_channel {
     char address[MMP_SOCK_ADDR_MAX]; /* creator: where it listens (real port); else cfg's */
@@ -71,10 +76,10 @@ typedef struct tcp_channel {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* Under mu (the thread writes them). */
-    int connected;
-    int failed;      /* the thread stopped on an error, delivered after err_at messages */
-    mmp_err err;     /* its code */
-    uint64_t err_at; /* receiver: messages that arrived before the error */
+    _Atomic int connected; /* set once (release) after fd, peer and what are final */
+    int failed;            /* the thread stopped on an error, delivered after err_at messages */
+    mmp_err err;           /* its code */
+    uint64_t err_at;       /* receiver: messages that arrived before the error */
     char err_msg[1024];
     /* Receiver. */
     _Atomic uint64_t head;     /* messages fully arrived (the thread) */
@@ -323,7 +328,7 @@ static void *creator_thread(void *arg)
         ch->fd = fd;
         snprintf(ch->peer, sizeof ch->peer, "%s", peer);
         set_what(ch);
-        ch->connected = 1;
+        atomic_store_explicit(&ch->connected, 1, memory_order_release);
         pthread_cond_broadcast(&ch->cv);
         pthread_mutex_unlock(&ch->mu);
         /* One connector per channel: later ones are refused by the kernel. */
@@ -433,7 +438,7 @@ static mmp_err tcp_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
         ret = handshake(ch, deadline);
     }
     if (ret == MMP_OK) {
-        ch->connected = 1;
+        atomic_store_explicit(&ch->connected, 1, memory_order_release);
         set_what(ch);
         if (!ch->send) {
             ret = start_thread(ch, receiver_thread);
@@ -463,12 +468,12 @@ static void abs_time(struct timespec *ts, double deadline_ms)
  * or when the accepting thread failed. */
 static mmp_err wait_connected(tcp_channel *ch, double deadline)
 {
-    if (ch->connected) {
-        return MMP_OK; /* set once, before the fd is used; this thread saw it under mu */
+    if (atomic_load_explicit(&ch->connected, memory_order_acquire)) {
+        return MMP_OK;
     }
     mmp_err e = MMP_OK;
     pthread_mutex_lock(&ch->mu);
-    while (!ch->connected && !ch->failed) {
+    while (!atomic_load(&ch->connected) && !ch->failed) {
         if (deadline <= 0) {
             pthread_cond_wait(&ch->cv, &ch->mu);
             continue;
@@ -479,7 +484,7 @@ static mmp_err wait_connected(tcp_channel *ch, double deadline)
             break;
         }
     }
-    if (!ch->connected) {
+    if (!atomic_load(&ch->connected)) {
         e = ch->failed
                 ? mmp_errorf(ch->err, "%s", ch->err_msg)
                 : mmp_errorf(MMP_ERR_PEER, "%s: no connector in %d ms", ch->what, ch->timeout_ms);
@@ -555,7 +560,7 @@ static mmp_err tcp_acquire(mmp_channel_impl *c, void **payload)
     if (reused) {
         MMP_TRY(wait_connected(ch, deadline));
     }
-    if (ch->connected) {
+    if (atomic_load_explicit(&ch->connected, memory_order_acquire)) {
         /* A closed receiver fails the acquire at once, credits or not. */
         MMP_TRY(take_credits(ch, reused ? ch->count - ch->slots + 1 : 0, reused ? deadline : -1));
     }
@@ -599,7 +604,7 @@ static mmp_err tcp_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **pay
     if (atomic_load_explicit(&ch->head, memory_order_acquire) <= k) {
         double t0 = mmp_sock_now_ms();
         while (atomic_load_explicit(&ch->head, memory_order_acquire) <= k &&
-               (mmp_sock_now_ms() - t0) * 1e6 < TCP_SPIN_NS) {
+               (mmp_sock_now_ms() - t0) * 1e6 < MMP_TCP_SPIN_NS) {
         }
     }
     if (atomic_load_explicit(&ch->head, memory_order_acquire) <= k) {
@@ -621,7 +626,7 @@ static mmp_err tcp_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **pay
         if (atomic_load_explicit(&ch->head, memory_order_acquire) <= k) {
             if (ch->failed && ch->err_at <= k) {
                 e = mmp_errorf(ch->err, "%s", ch->err_msg);
-            } else if (!ch->connected) {
+            } else if (!atomic_load(&ch->connected)) {
                 e = mmp_errorf(MMP_ERR_PEER, "%s: no connector in %d ms", ch->what, ch->timeout_ms);
             } else {
                 e = mmp_errorf(MMP_ERR_PEER,
