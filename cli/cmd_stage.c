@@ -3,20 +3,65 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <unistd.h>
+
 #include "cli/cli.h"
+#include "coordinator/launcher.h"
 #include "stages/worker.h"
 #include "transport/control.h"
 
 static const char USAGE[] =
     "usage: MMP_JOB_TOKEN=T mmpipe stage --connect ENDPOINT --stage NAME --replica K\n"
+    "                                    [--shm-prefix /mmpipe-ID] [--secrets stdin]\n"
     "\n"
     "Runs one stage process of a pipeline. The coordinator (mmpipe launch)\n"
-    "starts these itself; there is no reason to run one by hand.\n"
+    "starts these itself, here or through ssh / srun; there is no reason to\n"
+    "run one by hand.\n"
     "\n"
     "The job token comes from the environment variable MMP_JOB_TOKEN, never\n"
     "from the command line (any user can read a command line with ps). The\n"
     "stage reads it, wipes it and removes it from its environment at start.\n"
-    "There is no --token option.\n";
+    "There is no --token option.\n"
+    "\n"
+    "--secrets stdin (tcp control, other hosts): the token and the job's CURVE\n"
+    "keys come as one line on standard input instead, and standard input then\n"
+    "stays open: its end of file means the coordinator (or its ssh) is gone,\n"
+    "and the stage removes the job's shared memory here (--shm-prefix) and exits.\n";
+
+/* Reads the secrets line from fd 0 one byte at a time (nothing after the
+ * newline is consumed: the rest of stdin is the coordinator's liveness). */
+static int take_secrets(char *token, size_t token_n, mmp_ctl_keys *k)
+{
+    char line[400];
+    size_t n = 0;
+    while (n + 1 < sizeof line) {
+        char ch;
+        ssize_t r = read(0, &ch, 1);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r != 1 || ch == '\n') {
+            break;
+        }
+        line[n++] = ch;
+    }
+    line[n] = 0;
+    char tag[32], tok[160], sp[64], cp[64], cs[64];
+    int ok = sscanf(line, "%31s %159s %63s %63s %63s", tag, tok, sp, cp, cs) == 5 &&
+             strcmp(tag, MMP_LAUNCH_SECRETS_TAG) == 0 && strlen(tok) < token_n &&
+             strlen(sp) == 40 && strlen(cp) == 40 && strlen(cs) == 40;
+    if (ok) {
+        snprintf(token, token_n, "%s", tok);
+        memcpy(k->server_public, sp, 41);
+        memcpy(k->client_public, cp, 41);
+        memcpy(k->client_secret, cs, 41);
+    }
+    explicit_bzero(line, sizeof line);
+    explicit_bzero(tok, sizeof tok);
+    explicit_bzero(cs, sizeof cs);
+    return ok;
+}
 
 /* Takes the job token out of the environment into buf: copies it, wipes the
  * original bytes (so /proc/self/environ no longer shows it) and unsets it
@@ -37,7 +82,9 @@ static int take_token(char *buf, size_t n)
 
 int mmp_cmd_stage(int argc, char **argv)
 {
-    mmp_worker_args a = {0};
+    mmp_worker_args a = {.watch_fd = -1};
+    int secrets_stdin = 0;
+    static mmp_ctl_keys keys;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             fputs(USAGE, stdout);
@@ -54,6 +101,14 @@ int mmp_cmd_stage(int argc, char **argv)
             a.stage = v;
         } else if (strcmp(argv[i - 1], "--replica") == 0) {
             a.replica = atoi(v);
+        } else if (strcmp(argv[i - 1], "--shm-prefix") == 0) {
+            a.shm_prefix = v;
+        } else if (strcmp(argv[i - 1], "--secrets") == 0) {
+            if (strcmp(v, "stdin") != 0) {
+                fprintf(stderr, "mmpipe stage: --secrets takes 'stdin', got '%s'\n\n%s", v, USAGE);
+                return 2;
+            }
+            secrets_stdin = 1;
         } else {
             fprintf(stderr, "mmpipe stage: unknown option '%s'\n\n%s", argv[i - 1], USAGE);
             return 2;
@@ -64,7 +119,14 @@ int mmp_cmd_stage(int argc, char **argv)
         return 2;
     }
     static char token[128];
-    if (!take_token(token, sizeof token)) {
+    if (secrets_stdin) {
+        if (!take_secrets(token, sizeof token, &keys)) {
+            fprintf(stderr, "mmpipe stage: no valid secrets line on stdin\n\n%s", USAGE);
+            return 2;
+        }
+        a.curve = &keys;
+        a.watch_fd = 0;
+    } else if (!take_token(token, sizeof token)) {
         fprintf(stderr, "mmpipe stage: no job token in the environment (%s)\n\n%s",
                 MMP_CTL_TOKEN_ENV, USAGE);
         return 2;

@@ -43,8 +43,23 @@ typedef enum mmp_itc_scope { MMP_ITC_BATCH = 0, MMP_ITC_MICROBATCH } mmp_itc_sco
 /* The branch whose simulated cost is asked for (the order of stage kinds). */
 typedef enum mmp_branch { MMP_BRANCH_IMAGE = 0, MMP_BRANCH_TEXT, MMP_BRANCH_FUSION } mmp_branch;
 
+/* How the coordinator starts stage processes (README "Launching on several
+ * hosts"): local: posix_spawn here; ssh: one `launcher_command` per stage;
+ * slurm: one `srun` step per stage inside the allocation. */
+typedef enum mmp_launcher { MMP_LAUNCH_LOCAL = 0, MMP_LAUNCH_SSH, MMP_LAUNCH_SLURM } mmp_launcher;
+/* The control plane's endpoint: auto is tcp (ZeroMQ CURVE) when the plan
+ * has more than one host or a launcher other than local, else ipc. */
+typedef enum mmp_ctl_transport { MMP_CTLT_AUTO = 0, MMP_CTLT_IPC, MMP_CTLT_TCP } mmp_ctl_transport;
+
+#define MMP_ADDRESS_MAX 256
+
 typedef struct mmp_host {
     char name[128];
+    /* where the launcher reaches it (ssh destination, srun --nodelist):
+     * [A-Za-z0-9._:-], not starting with '-'; default: name */
+    char address[MMP_ADDRESS_MAX];
+    char workdir[MMP_PATH_MAX]; /* remote working directory; default: the launch's */
+    char binary[MMP_PATH_MAX];  /* the mmpipe binary there; default: this one's path */
     int n_devices;
     int devices[MMP_MAX_DEVICES]; /* -1 = cpu, k >= 0 = CUDA ordinal k */
 } mmp_host;
@@ -207,8 +222,20 @@ typedef struct mmp_plan {
         } change;
     } sim;
 
+    mmp_launcher launcher;      /* default local */
+    char launcher_command[512]; /* ssh: the command before the remote one; words split on
+                                   spaces, {address} and {name} replaced; no shell */
+    struct {
+        mmp_ctl_transport transport;   /* default auto */
+        char address[MMP_ADDRESS_MAX]; /* tcp: what stages connect to (default: this host's name) */
+        int port;                      /* tcp: 0 = any free port */
+        /* a connection refused for want of the job's keys: log it and go on
+         * (default), or stop the job naming it */
+        int stop_on_refused;
+    } control;
     int n_hosts;
-    mmp_host hosts[MMP_MAX_HOSTS]; /* default: one "localhost" with three cpu devices */
+    mmp_host hosts[MMP_MAX_HOSTS]; /* default: one "localhost" with three cpu devices;
+                                      `hosts: slurm` expands the allocation (common/hostlist.h) */
 
     struct {
         mmp_stage_cfg image, text, fusion;
@@ -265,6 +292,14 @@ int mmp_plan_slots(const mmp_plan *p);
 /* The device of slot `slot` (the hosts' devices in order): a CUDA ordinal,
  * or -1 for cpu (and for a slot out of range). */
 int mmp_plan_slot_device(const mmp_plan *p, int slot);
+
+/* The host that runs device slot `slot` (0 for a slot out of range). */
+int mmp_plan_slot_host(const mmp_plan *p, int slot);
+/* Whether the control plane runs over tcp with CURVE (control.transport,
+ * or auto: more than one host or a launcher other than local). */
+int mmp_plan_control_tcp(const mmp_plan *p);
+/* Whether text is a usable host address (see mmp_host.address). */
+int mmp_plan_address_ok(const char *text);
 
 /* Evaluation (retrieval on data.val_manifest) runs after step `steps_done`
  * (1-based) when train.eval_every divides it, and after the last step when

@@ -21,8 +21,8 @@
  * data.val_samples, data.on_bad_sample (a run that got past open under
  * `fail` had no malformed line, so `skip` indexes the same samples: switching
  * to skip to get past a bad image is a legitimate resume), balance.*,
- * compute, sim.*, hosts and stages.* (the balancer itself re-places by
- * checkpoint + resume with other splits and replica counts). */
+ * compute, sim.*, launcher, launcher_command, control.*, hosts and stages.* (the balancer itself
+ * re-places by checkpoint + resume with other splits and replica counts). */
 #ifndef MMP_COMMON_FINGERPRINT_H
 #define MMP_COMMON_FINGERPRINT_H
 

@@ -209,10 +209,46 @@ static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
     return MMP_OK;
 }
 
+/* Hosts, launcher and control endpoint agree (values that reach a remote
+ * command line are checked here, where file:line:column is known). */
+static mmp_err check_launcher(mmp_schema_loader *L, mmp_plan *p)
+{
+    const char *t = p->launcher_command;
+    if (p->launcher == MMP_LAUNCH_SSH) {
+        if (!strstr(t, "{address}") || t[0] == ' ' || t[0] == 0) {
+            return mmp_schema_fail_at(L, "launcher_command", "launcher",
+                                      "launcher_command: '%s' must start with a program and name "
+                                      "{address}",
+                                      t);
+        }
+        if (strpbrk(t, "'\"\\$`;|&<>\n\t")) {
+            return mmp_schema_fail_at(L, "launcher_command", "launcher",
+                                      "launcher_command: '%s': quotes and shell characters are not "
+                                      "allowed (it is split on spaces and run without a shell)",
+                                      t);
+        }
+    }
+    if (p->control.address[0] && !mmp_plan_address_ok(p->control.address)) {
+        return mmp_schema_fail_at(L, "control.address", NULL,
+                                  "control.address: '%s' is not a host name or address",
+                                  p->control.address);
+    }
+    for (int h = 0; h < p->n_hosts; h++) {
+        if (p->launcher != MMP_LAUNCH_LOCAL && !p->hosts[h].address[0] &&
+            !mmp_plan_address_ok(p->hosts[h].name)) {
+            return mmp_schema_fail_at(L, "hosts", NULL,
+                                      "hosts[%d]: no address, and the name '%s' is not one", h,
+                                      p->hosts[h].name);
+        }
+    }
+    return MMP_OK;
+}
+
 /* The schema engine's check hook: runs while the keys' positions are known. */
 static mmp_err check_loaded(mmp_schema_loader *L, void *obj)
 {
     MMP_TRY(resolve_defaults(L, obj));
+    MMP_TRY(check_launcher(L, obj));
     return check_plan(L, obj);
 }
 
@@ -244,7 +280,8 @@ mmp_err mmp_plan_check_runnable(const mmp_plan *p)
         int bad;
         const char *key, *why;
     } rules[] = {
-        {p->n_hosts > 1, "hosts", "more than one host"},
+        {p->n_hosts > 1 && p->launcher == MMP_LAUNCH_LOCAL, "hosts",
+         "more than one host with launcher: local (set launcher: ssh or slurm)"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
         if (rules[i].bad) {
@@ -277,6 +314,41 @@ int mmp_plan_slot_device(const mmp_plan *p, int slot)
         slot -= p->hosts[h].n_devices;
     }
     return -1;
+}
+
+int mmp_plan_slot_host(const mmp_plan *p, int slot)
+{
+    for (int h = 0; h < p->n_hosts; h++) {
+        if (slot >= 0 && slot < p->hosts[h].n_devices) {
+            return h;
+        }
+        slot -= p->hosts[h].n_devices;
+    }
+    return 0;
+}
+
+int mmp_plan_control_tcp(const mmp_plan *p)
+{
+    if (p->control.transport != MMP_CTLT_AUTO) {
+        return p->control.transport == MMP_CTLT_TCP;
+    }
+    return p->n_hosts > 1 || p->launcher != MMP_LAUNCH_LOCAL;
+}
+
+int mmp_plan_address_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= MMP_ADDRESS_MAX || s[0] == '-') {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '-' || ch == '_' || ch == ':')) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* ---- topology ------------------------------------------------------------------ */

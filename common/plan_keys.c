@@ -16,9 +16,25 @@
 #include <string.h>
 
 #include "common/config.h"
+#include "common/hostlist.h"
 #include "common/plan_schema.h"
 
-/* ---- hosts: [{name, devices: [cpu | cuda:N | N, ...]}, ...] ------------- */
+/* ---- hosts: [{name, address?, devices, workdir?, binary?}, ...] | slurm --- */
+
+/* A remote path: absolute, printable, no quote (it is quoted for the remote
+ * shell, but a path with a quote is a mistake worth naming). */
+static int remote_path_ok(const char *s)
+{
+    if (s[0] != '/') {
+        return 0;
+    }
+    for (; *s; s++) {
+        if ((unsigned char)*s < 0x20 || *s == 0x7f || *s == '\'') {
+            return 0;
+        }
+    }
+    return 1;
+}
 
 static mmp_err load_devices(mmp_schema_loader *L, mmp_host *h, int i, mmp_schema_site at)
 {
@@ -90,10 +106,30 @@ static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_si
         } else if (strcmp(key, "devices") == 0) {
             MMP_TRY(load_devices(L, h, i, vs));
             have_devices = true;
+        } else if (strcmp(key, "address") == 0) {
+            snprintf(name, sizeof name, "hosts[%d].address", i);
+            MMP_TRY(mmp_schema_parse_string(L, name, vs, h->address, sizeof h->address));
+            if (!mmp_plan_address_ok(h->address)) {
+                return mmp_schema_fail(L, vs,
+                                       "%s: '%s' is not a host name or address (letters, digits, "
+                                       "'.', '-', '_', ':'; not starting with '-')",
+                                       name, h->address);
+            }
+        } else if (strcmp(key, "workdir") == 0 || strcmp(key, "binary") == 0) {
+            char *dst = key[0] == 'w' ? h->workdir : h->binary;
+            snprintf(name, sizeof name, "hosts[%d].%s", i, key);
+            MMP_TRY(mmp_schema_parse_string(L, name, vs, dst, MMP_PATH_MAX));
+            if (!remote_path_ok(dst)) {
+                return mmp_schema_fail(L, vs,
+                                       "%s: expected an absolute path without quotes or control "
+                                       "characters, got '%s'",
+                                       name, dst);
+            }
         } else {
-            static const char *const host_keys[] = {"name", "devices"};
+            static const char *const host_keys[] = {"name", "devices", "address", "workdir",
+                                                    "binary"};
             char hint[128] = "";
-            for (int c = 0; c < 2; c++) {
+            for (int c = 0; c < 5; c++) {
                 if (mmp_schema_edit_distance(key, host_keys[c]) <= 2) {
                     snprintf(hint, sizeof hint, " (did you mean 'hosts[%d].%s'?)", i, host_keys[c]);
                     break;
@@ -109,13 +145,48 @@ static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_si
     return MMP_OK;
 }
 
+static const char *real_getenv(const char *name)
+{
+    return getenv(name);
+}
+
+/* `hosts: slurm`: the allocation's nodes, each with its GPUs (or cpu slots). */
+static mmp_err load_slurm_hosts(mmp_schema_loader *L, mmp_plan *p, mmp_schema_site at)
+{
+    static mmp_slurm_env env;
+    if (mmp_hostlist_from_slurm(&env, real_getenv) != MMP_OK) {
+        return mmp_schema_fail(L, at, "%s", mmp_last_error());
+    }
+    if (env.n_nodes > MMP_MAX_HOSTS) {
+        return mmp_schema_fail(L, at, "hosts: slurm: %d nodes in SLURM_JOB_NODELIST, at most %d",
+                               env.n_nodes, MMP_MAX_HOSTS);
+    }
+    for (int i = 0; i < env.n_nodes; i++) {
+        mmp_host *h = &p->hosts[i];
+        memset(h, 0, sizeof *h);
+        snprintf(h->name, sizeof h->name, "%s", env.nodes[i]);
+        snprintf(h->address, sizeof h->address, "%s", env.nodes[i]);
+        h->n_devices = env.gpus > 0 ? env.gpus : env.cpu_slots;
+        for (int d = 0; d < h->n_devices; d++) {
+            h->devices[d] = env.gpus > 0 ? env.gpu[d] : -1;
+        }
+    }
+    p->n_hosts = env.n_nodes;
+    return MMP_OK;
+}
+
 static mmp_err load_hosts(mmp_schema_loader *L, void *obj, mmp_schema_site at)
 {
     mmp_plan *p = obj;
     char got[96];
+    char word[16];
+    if (mmp_schema_text(at, word, sizeof word, NULL) && strcmp(word, "slurm") == 0) {
+        return load_slurm_hosts(L, p, at);
+    }
     int n = mmp_schema_items(at);
     if (n < 0) {
-        return mmp_schema_fail(L, at, "hosts: expected a list of {name, devices}, got %s",
+        return mmp_schema_fail(L, at,
+                               "hosts: expected 'slurm' or a list of {name, devices}, got %s",
                                mmp_schema_describe(at, got, sizeof got));
     }
     if (n < 1 || n > MMP_MAX_HOSTS) {
@@ -147,7 +218,16 @@ static void put_hosts(FILE *f, const void *obj)
                 fprintf(f, "%d", h->devices[d]);
             }
         }
-        fputs("]}", f);
+        fputc(']', f);
+        static const char *const extra[] = {"address", "workdir", "binary"};
+        const char *val[] = {h->address, h->workdir, h->binary};
+        for (int k = 0; k < 3; k++) {
+            if (val[k][0]) {
+                fprintf(f, ", \"%s\": ", extra[k]);
+                mmp_schema_put_string(f, val[k]);
+            }
+        }
+        fputc('}', f);
     }
     fputs("\n  ]", f);
 }
@@ -163,6 +243,9 @@ static const char *const compute_names[] = {"real", "simulated", NULL};
 static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
 static const char *const itc_scope_names[] = {"batch", "microbatch", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
+static const char *const launcher_names[] = {"local", "ssh", "slurm", NULL};
+static const char *const ctl_transport_names[] = {"auto", "ipc", "tcp", NULL};
+static const char *const on_refused_names[] = {"log", "stop", NULL};
 
 static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
 static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
@@ -170,6 +253,10 @@ static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
 static_assert(MMP_BALANCE_OFF == 0 && MMP_BALANCE_DYNAMIC == 1, "balance_names order");
 static_assert(MMP_BAD_FAIL == 0 && MMP_BAD_SKIP == 1, "bad_sample_names order");
 static_assert(MMP_COMPUTE_REAL == 0 && MMP_COMPUTE_SIMULATED == 1, "compute_names order");
+static_assert(MMP_LAUNCH_LOCAL == 0 && MMP_LAUNCH_SSH == 1 && MMP_LAUNCH_SLURM == 2,
+              "launcher_names order");
+static_assert(MMP_CTLT_AUTO == 0 && MMP_CTLT_IPC == 1 && MMP_CTLT_TCP == 2,
+              "ctl_transport_names order");
 static_assert(MMP_DATA_AUTO == 0 && MMP_DATA_SHM == 1 && MMP_DATA_TCP == 2,
               "data_transport_names order");
 static_assert(sizeof(mmp_data_transport) == sizeof(int), "enum fields are int-sized");
@@ -177,7 +264,8 @@ static_assert(MMP_ITC_BATCH == 0 && MMP_ITC_MICROBATCH == 1, "itc_scope_names or
 /* Enum fields are stored through an int pointer. */
 static_assert(sizeof(mmp_schedule) == sizeof(int) && sizeof(mmp_precision) == sizeof(int) &&
                   sizeof(mmp_balance_mode) == sizeof(int) &&
-                  sizeof(mmp_bad_sample) == sizeof(int) && sizeof(mmp_compute) == sizeof(int),
+                  sizeof(mmp_bad_sample) == sizeof(int) && sizeof(mmp_compute) == sizeof(int) &&
+                  sizeof(mmp_launcher) == sizeof(int) && sizeof(mmp_ctl_transport) == sizeof(int),
               "enum fields are int-sized");
 
 static const double imagenet_mean[] = {0.485, 0.456, 0.406};
@@ -319,6 +407,14 @@ static const mmp_key_spec keys[] = {
     FLOAT("sim.change.text", sim.change.text, '[', 0, 1e6, ']', 0),
     FLOAT("sim.change.fusion", sim.change.fusion, '[', 0, 1e6, ']', 0),
 
+    ENUM("launcher", launcher, launcher_names, MMP_LAUNCH_LOCAL),
+    /* checked in plan.c (check_launcher): {address} present, no quotes */
+    STR("launcher_command", launcher_command,
+        "ssh -o BatchMode=yes -o ServerAliveInterval=1 -o ServerAliveCountMax=3 {address}", false),
+    ENUM("control.transport", control.transport, ctl_transport_names, MMP_CTLT_AUTO),
+    STR("control.address", control.address, "", false),
+    INT("control.port", control.port, 0, 65535, 0),
+    ENUM("control.on_refused", control.stop_on_refused, on_refused_names, 0),
     /* the data plane's transports (coordinator/steps.c edge_transport) */
     ENUM("transport.data", transport.data, data_transport_names, MMP_DATA_AUTO),
 

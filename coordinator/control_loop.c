@@ -175,11 +175,14 @@ void coord_settle(coord *c)
         }
         for (int i = 0; i < c->n; i++) {
             proc *p = &c->procs[i];
-            if (!p->alive && !p->reported && WIFSIGNALED(p->exit_status) == signalled) {
+            if (!p->alive && !p->reported && coord_abrupt_end(p) == signalled) {
                 char why[128];
                 c->fault |= !c->failure[0];
-                coord_fail(c, "stage %s (pid %d) died: %s", p->name, (int)p->pid,
-                           coord_describe_exit(p->exit_status, why, sizeof why));
+                coord_fail(c, "stage %s (pid %d%s) died: %s%s", p->name, (int)p->pid, p->where,
+                           coord_describe_exit(p->exit_status, why, sizeof why),
+                           p->where[0] && !WIFSIGNALED(p->exit_status)
+                               ? " (over ssh/srun: killed there, or its host or link was lost)"
+                               : "");
             }
         }
     }
@@ -234,6 +237,11 @@ int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const 
         }
         coord_reap(c);
         coord_settle(c);
+        if (c->tcp && c->plan->control.stop_on_refused && mmp_ctl_get_stats(c->ctl).refused > 0) {
+            char why[400];
+            mmp_ctl_last_refused(c->ctl, why, sizeof why);
+            coord_fail(c, "control plane: %s (control.on_refused: stop)", why);
+        }
         if (c->failure[0]) {
             return 1;
         }

@@ -35,6 +35,10 @@ typedef struct proc {
     int exit_status;
     int reported; /* its end has been judged */
     double last_seen;
+    /* tcp control: the write end of its stdin pipe (secrets, then kept open
+     * so that its end tells the stage we are gone), plus one; 0 for none */
+    int pipe_w1;
+    char where[200]; /* ", ssh to HOST at ADDRESS" for error messages; "" locally */
     /* per-step inbox */
     int have_norm, have_done, have_ack, have_ready, have_hello;
     double sumsq;
@@ -61,7 +65,9 @@ typedef struct coord {
     int launch;       /* launches so far (names each one's shm) */
     int cur_step;     /* the step running (0-based), -1 between runs */
     char token[33];
-    char endpoint[128];
+    int tcp;           /* control over tcp with CURVE (mmp_plan_control_tcp) */
+    mmp_ctl_keys keys; /* the job's CURVE keys when tcp */
+    char endpoint[300];
     char shm_prefix[64];
     char mps_dir[64];  /* the job's MPS daemon's directories (mps.c); empty: none */
     char mps_exe[600]; /* its control binary while the daemon runs */
@@ -89,8 +95,9 @@ typedef struct coord {
 void coord_fail(coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- procs.c ---- */
-/* Starts every process of c->sched (the token in their environment, never
- * in argv). */
+/* Starts every process of c->sched with the plan's launcher
+ * (coordinator/launcher.h): over ipc the token in their environment, over
+ * tcp the token and CURVE keys on their stdin; never in argv. */
 mmp_err coord_spawn_all(coord *c);
 /* Reaps children that ended (no judgement: see coord_settle). Returns how many. */
 int coord_reap(coord *c);
@@ -98,6 +105,10 @@ int coord_reap(coord *c);
  * what is left after a grace period (none after a second signal), and
  * removes the run's shared memory. */
 void coord_stop_all(coord *c, int graceful);
+/* Whether p ended abruptly: killed by a signal, or, through ssh or srun, an
+ * exit status of 128 or more (how they report a killed remote command or a
+ * lost connection). */
+int coord_abrupt_end(const proc *p);
 /* "killed by signal N (NAME)" or "exited with status N" into buf. */
 const char *coord_describe_exit(int status, char *buf, size_t n);
 

@@ -1,9 +1,11 @@
 /* The stage processes of a launch: started with posix_spawn in their own
- * process group (the job token in their environment, never in argv),
+ * process group, here or through ssh / srun (coordinator/launcher.h; the job
+ * token in their environment or, over tcp, on their stdin, never in argv),
  * reaped, and stopped with nothing left behind (processes, shared memory).
  * Never judges an end: coord_settle does. */
 #include <spawn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -15,27 +17,65 @@
 
 #include "common/progress.h"
 #include "coordinator/coord.h"
+#include "coordinator/launcher.h"
 #include "common/interrupt.h"
 #include "transport/channel.h"
 
 extern char **environ;
 
+static void close_pipe(proc *p)
+{
+    if (p->pipe_w1 > 0) {
+        close(p->pipe_w1 - 1);
+        p->pipe_w1 = 0;
+    }
+}
+
+/* Over tcp: a pipe on the stage's stdin carrying the secrets line (a pipe
+ * holds 64 KiB: the write never blocks); the write end stays with us. */
+/* *read_end: the pipe end the child gets as stdin; ours to close after the spawn. */
+static mmp_err secrets_pipe(coord *c, proc *p, posix_spawn_file_actions_t *fa, int *read_end)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "pipe for %s: %s", p->name, strerror(errno));
+    }
+    char line[256];
+    int n = snprintf(line, sizeof line, "%s %s %s %s %s\n", MMP_LAUNCH_SECRETS_TAG, c->token,
+                     c->keys.server_public, c->keys.client_public, c->keys.client_secret);
+    ssize_t w = write(fds[1], line, (size_t)n);
+    explicit_bzero(line, sizeof line);
+    if (w != n) {
+        close(fds[0]);
+        close(fds[1]);
+        return mmp_errorf(MMP_ERR_IO, "secrets for %s: %s", p->name, strerror(errno));
+    }
+    posix_spawn_file_actions_adddup2(fa, fds[0], 0);
+    p->pipe_w1 = fds[1] + 1;
+    *read_end = fds[0];
+    return MMP_OK;
+}
+
 mmp_err coord_spawn_all(coord *c)
 {
-    char exe[1024];
+    char exe[1024], cwd[1024];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0) {
         return mmp_errorf(MMP_ERR_IO, "cannot find my own executable: %s", strerror(errno));
     }
     exe[len] = 0;
+    if (!getcwd(cwd, sizeof cwd)) {
+        return mmp_errorf(MMP_ERR_IO, "current directory: %s", strerror(errno));
+    }
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
     /* Own process group: a terminal's Ctrl-C reaches the coordinator only,
      * which then stops the stages in order. */
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
     posix_spawnattr_setpgroup(&attr, 0);
-    /* The token travels in the stages' environment, never in argv (ps shows
-     * argv to every user; /proc/PID/environ only to the owner). */
+    /* Over ipc the token travels in the stages' environment, never in argv
+     * (ps shows argv to every user; /proc/PID/environ only to the owner);
+     * over tcp (other hosts) on their stdin. */
     size_t n_env = 0;
     while (environ[n_env]) {
         n_env++;
@@ -53,27 +93,69 @@ mmp_err coord_spawn_all(coord *c)
             envp[k++] = environ[e];
         }
     }
-    envp[k++] = token_env;
+    if (!c->tcp) {
+        envp[k++] = token_env;
+    }
+    mmp_err ret = MMP_OK;
+    int slots = mmp_plan_slots(&c->cur);
     for (int i = 0; i < c->n; i++) {
         proc *p = &c->procs[i];
-        char stage[64], replica[16];
-        snprintf(stage, sizeof stage, "%s", c->sched.stages[i].name);
-        snprintf(replica, sizeof replica, "%d", c->sched.stages[i].replica);
-        char *argv[] = {exe,   "stage",     "--connect", c->endpoint, "--stage",
-                        stage, "--replica", replica,     NULL};
-        int rc = posix_spawn(&p->pid, exe, NULL, &attr, argv, envp);
+        int host = mmp_plan_slot_host(&c->cur, slots > 0 ? i % slots : 0);
+        const mmp_host *h = &c->cur.hosts[host];
+        mmp_launch_stage ls = {.exe = exe,
+                               .cwd = cwd,
+                               .endpoint = c->endpoint,
+                               .stage = c->sched.stages[i].name,
+                               .replica = c->sched.stages[i].replica,
+                               .shm_prefix = c->shm_prefix,
+                               .secrets_stdin = c->tcp};
+        static mmp_launch_line line;
+        if ((ret = mmp_launch_line_build(&line, &c->cur, host, &ls)) != MMP_OK) {
+            break;
+        }
+        p->where[0] = 0;
+        if (c->cur.launcher != MMP_LAUNCH_LOCAL) {
+            snprintf(p->where, sizeof p->where, ", %s to host %s at %s",
+                     c->cur.launcher == MMP_LAUNCH_SSH ? "ssh" : "srun", h->name,
+                     h->address[0] ? h->address : h->name);
+        }
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        int read_end = -1;
+        if (c->tcp) {
+            if ((ret = secrets_pipe(c, p, &fa, &read_end)) != MMP_OK) {
+                posix_spawn_file_actions_destroy(&fa);
+                break;
+            }
+        }
+        int rc = c->cur.launcher == MMP_LAUNCH_LOCAL
+                     ? posix_spawn(&p->pid, line.argv[0], &fa, &attr, line.argv, envp)
+                     : posix_spawnp(&p->pid, line.argv[0], &fa, &attr, line.argv, envp);
+        posix_spawn_file_actions_destroy(&fa);
+        if (read_end >= 0) {
+            close(read_end);
+        }
         if (rc != 0) {
-            posix_spawnattr_destroy(&attr);
-            free(envp);
-            return mmp_errorf(MMP_ERR_IO, "spawn %s: %s", p->name, strerror(rc));
+            close_pipe(p);
+            ret = mmp_errorf(MMP_ERR_IO, "spawn %s (%s): %s", p->name, line.argv[0], strerror(rc));
+            break;
         }
         p->alive = 1;
         p->last_seen = mmp_now();
-        MMP_INFO("started %s (pid %d)", p->name, (int)p->pid);
+        MMP_INFO("started %s (pid %d%s)", p->name, (int)p->pid, p->where);
     }
     posix_spawnattr_destroy(&attr);
     free(envp);
-    return MMP_OK;
+    return ret;
+}
+
+int coord_abrupt_end(const proc *p)
+{
+    /* ssh exits 255 when the remote command was killed by a signal or the
+     * connection was lost; srun reports a killed task as status > 128 */
+    int remote = p->where[0] != 0;
+    return WIFSIGNALED(p->exit_status) ||
+           (remote && WIFEXITED(p->exit_status) && WEXITSTATUS(p->exit_status) >= 128);
 }
 
 const char *coord_describe_exit(int status, char *buf, size_t n)
@@ -95,9 +177,10 @@ int coord_reap(coord *c)
         int status;
         if (p->alive && waitpid(p->pid, &status, WNOHANG) == p->pid) {
             p->alive = 0;
+            close_pipe(p);
             p->exit_status = status;
             p->reported = 0;
-            c->killed |= WIFSIGNALED(status); /* stop_all's own kills are not reaped here */
+            c->killed |= coord_abrupt_end(p); /* stop_all's own kills are not reaped here */
             n_new++;
         }
     }
@@ -148,6 +231,9 @@ void coord_stop_all(coord *c, int graceful)
             break;
         }
         usleep(20000);
+    }
+    for (int i = 0; i < c->n; i++) {
+        close_pipe(&c->procs[i]);
     }
     mmp_shm_unlink_prefix(c->shm_prefix);
 }

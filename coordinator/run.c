@@ -139,6 +139,34 @@ static void say_how_to_resume(const coord *c)
     MMP_INFO("resume with: mmpipe launch %s --resume %s", c->plan_json, c->out_dir);
 }
 
+/* The control plane over tcp with CURVE (transport/control.h): the job's
+ * keys, a bind on every interface, and the endpoint stages connect to
+ * (control.address, else this host's name) in c->endpoint. */
+static mmp_err open_tcp_control(coord *c)
+{
+    if (c->plan->launcher == MMP_LAUNCH_SLURM && !getenv("SLURM_JOB_ID")) {
+        return mmp_errorf(MMP_ERR_INVALID, "launcher: slurm: not inside a SLURM allocation "
+                                           "(SLURM_JOB_ID is not set; use sbatch or salloc)");
+    }
+    MMP_TRY(mmp_ctl_new_keys(&c->keys));
+    mmp_ctl_opts o = {.curve = &c->keys, .watch_fd = -1};
+    MMP_TRY(mmp_ctl_bind_opts(&c->ctl, c->endpoint, c->token, &o));
+    char bound[256], host[256];
+    MMP_TRY(mmp_ctl_last_endpoint(c->ctl, bound, sizeof bound));
+    const char *port = strrchr(bound, ':');
+    if (c->plan->control.address[0]) {
+        snprintf(host, sizeof host, "%s", c->plan->control.address);
+    } else if (gethostname(host, sizeof host) != 0 || !mmp_plan_address_ok(host)) {
+        return mmp_errorf(MMP_ERR_INVALID, "control.address: not set, and this host's name is "
+                                           "not usable; set it to an address the hosts reach");
+    }
+    int v6 = strchr(host, ':') != NULL; /* an IPv6 address goes in brackets */
+    snprintf(c->endpoint, sizeof c->endpoint, "tcp://%s%s%s%s", v6 ? "[" : "", host, v6 ? "]" : "",
+             port ? port : ":0");
+    MMP_INFO("control plane: %s (CURVE; bound %s)", c->endpoint, bound);
+    return MMP_OK;
+}
+
 int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
 {
     static coord c;
@@ -173,7 +201,15 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         MMP_ERROR("%s", mmp_last_error());
         goto out;
     }
+    c.tcp = mmp_plan_control_tcp(plan);
     snprintf(c.endpoint, sizeof c.endpoint, "ipc://@mmpipe-%d-%.16s", (int)getpid(), run_id);
+    if (c.tcp) {
+        char port[16] = "*";
+        if (plan->control.port > 0) {
+            snprintf(port, sizeof port, "%d", plan->control.port);
+        }
+        snprintf(c.endpoint, sizeof c.endpoint, "tcp://*:%s", port);
+    }
     snprintf(c.shm_prefix, sizeof c.shm_prefix, "/mmpipe-%.12s", run_id);
     snprintf(c.plan_json, sizeof c.plan_json, "%s/plan.json", out_dir);
     char trace_path[1200];
@@ -189,7 +225,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     if (mmp_plan_write_json(plan, c.plan_json) != MMP_OK ||
         mmp_metrics_continue(out_dir, resume ? first_step : -1, &c.metrics) != MMP_OK ||
         mmp_trace_open(&c.trace, out_dir, coord_tag, 0, "coordinator") != MMP_OK ||
-        mmp_ctl_bind(&c.ctl, c.endpoint, c.token) != MMP_OK) {
+        (c.tcp ? open_tcp_control(&c) : mmp_ctl_bind(&c.ctl, c.endpoint, c.token)) != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());
         goto out;
     }
@@ -247,6 +283,7 @@ out:
     coord_mps_stop(&c); /* after the stages: they are its clients */
     free_dones(&c);
     mmp_ctl_close(c.ctl);
+    explicit_bzero(&c.keys, sizeof c.keys);
     mmp_trace_close(&c.trace);
     if (c.metrics) {
         fclose(c.metrics);

@@ -52,23 +52,29 @@ static int proc_slot(const coord *c, int i)
     return slots > 0 ? i % slots : 0;
 }
 
-/* The host process i runs on (an index into the plan's hosts). One host
- * until the plan places processes on several (multi-host plans are refused
- * today): every process is on host 0. */
+/* The host process i runs on (an index into the plan's hosts): the host of
+ * its device slot, as the launcher placed it (coordinator/procs.c). */
 static int proc_host(const coord *c, int i)
 {
-    (void)c;
-    (void)i;
-    return 0;
+    return mmp_plan_slot_host(&c->cur, proc_slot(c, i));
 }
 
 /* Where a process on host h listens for its tcp creator ends: the host part
- * of "host:port". One host: loopback. */
+ * of "host:port". One host: loopback; several: the host's address (what
+ * the launcher reaches it by, so the other hosts reach it too). */
 static const char *host_listen_address(const coord *c, int h)
 {
-    (void)c;
-    (void)h;
-    return "127.0.0.1";
+    if (c->cur.n_hosts <= 1 || h < 0 || h >= c->cur.n_hosts) {
+        return "127.0.0.1";
+    }
+    const mmp_host *host = &c->cur.hosts[h];
+    const char *a = host->address[0] ? host->address : host->name;
+    if (!strchr(a, ':')) {
+        return a;
+    }
+    static char bracketed[MMP_ADDRESS_MAX + 2]; /* IPv6: [addr]:port */
+    snprintf(bracketed, sizeof bracketed, "[%s]", a);
+    return bracketed;
 }
 
 /* The data transport of an edge (plan key transport.data): tcp between two
@@ -175,7 +181,7 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
     for (int i = 0; i < c->n; i++) {
         const mmp_sched_stage *st = &s->stages[i];
         Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
-        char addr[MMP_SCHED_MAX_EDGES][96], peer[MMP_SCHED_MAX_EDGES][64];
+        char addr[MMP_SCHED_MAX_EDGES][MMP_ADDRESS_MAX + 16], peer[MMP_SCHED_MAX_EDGES][64];
         int nc = 0;
         for (int e = 0; e < s->n_edges; e++) {
             const mmp_sched_edge *ed = &s->edges[e];
@@ -221,7 +227,7 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
         } else {
             snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind_names[st->kind]);
         }
-        char reduce[128];
+        char reduce[MMP_ADDRESS_MAX + 64];
         if (st->n_replicas > 1 && reduce_over_tcp(c, st)) {
             /* rank 0 listens and reports its port, as a tcp channel's creator */
             snprintf(reduce, sizeof reduce, "%s:0",

@@ -173,19 +173,46 @@ static mmp_err serve(worker *w)
     }
 }
 
+static char lost_shm_prefix[64];
+
+/* The control plane's helper thread says the coordinator is gone (its link
+ * went silent, or the launcher's pipe closed: ssh or the coordinator died).
+ * Nobody will stop this stage any more: it removes the job's shared memory
+ * on this host and exits at once (the other stages here do the same). */
+static void on_coordinator_lost(const char *why, void *arg)
+{
+    (void)arg;
+    MMP_ERROR("%s: stopping", why);
+    if (lost_shm_prefix[0]) {
+        mmp_shm_unlink_prefix(lost_shm_prefix);
+    }
+    _exit(3);
+}
+
 int mmp_worker_main(const mmp_worker_args *args)
 {
-    /* Die with the coordinator: a SIGKILLed coordinator must not leave us. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) {
-        return 1;
+    /* Die with the coordinator: a SIGKILLed coordinator must not leave us.
+     * A stage with a watched pipe (tcp control: maybe another host, where
+     * the parent is sshd or slurmstepd) learns it from the pipe's end
+     * instead, and removes the job's shared memory there before exiting. */
+    if (args->watch_fd < 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() == 1) {
+            return 1;
+        }
     }
     static worker w;
     memset(&w, 0, sizeof w);
     w.loaded_mb = w.out_mb = -1;
     snprintf(w.name, sizeof w.name, "%s/%d", args->stage, args->replica);
     mmp_log_set_name(w.name);
-    mmp_err e = mmp_ctl_connect(&w.ctl, args->endpoint, w.name, args->token);
+    mmp_ctl_opts opts = {
+        .curve = args->curve, .watch_fd = args->watch_fd, .lost = on_coordinator_lost};
+    if (args->shm_prefix && strncmp(args->shm_prefix, "/mmpipe-", 8) == 0) {
+        snprintf(lost_shm_prefix, sizeof lost_shm_prefix, "%s", args->shm_prefix);
+    }
+    mmp_err e = mmp_ctl_connect_opts(&w.ctl, args->endpoint, w.name, args->token,
+                                     args->curve ? &opts : NULL);
     if (e != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());
         return 1;

@@ -8,11 +8,19 @@
 #ifndef MMP_STAGES_WORKER_H
 #define MMP_STAGES_WORKER_H
 
+#include "transport/control.h"
+
 typedef struct mmp_worker_args {
     const char *endpoint; /* coordinator's ROUTER */
     const char *stage;    /* "image.0", "text.0", "fusion" */
     int replica;
     const char *token; /* job token */
+    /* tcp control (--secrets stdin): the CURVE keys; the stage watches
+     * watch_fd (its stdin) and, when the coordinator is gone, removes the
+     * job's shared memory on this host (shm_prefix) and exits */
+    const mmp_ctl_keys *curve;
+    int watch_fd;
+    const char *shm_prefix;
 } mmp_worker_args;
 
 /* Runs the worker to its end; returns the process exit status. */

@@ -193,6 +193,14 @@ static void test_full_plan(void)
     CHECK(p.hosts[0].devices[0] == -1 && p.hosts[0].devices[1] == 0 && p.hosts[0].devices[2] == 1);
     CHECK(strcmp(p.hosts[1].name, "beta") == 0 && p.hosts[1].n_devices == 1 &&
           p.hosts[1].devices[0] == -1);
+    CHECK(strcmp(p.hosts[0].address, "alpha.example.org") == 0 && p.hosts[1].address[0] == 0);
+    CHECK(strcmp(p.hosts[0].workdir, "/srv/mm") == 0 &&
+          strcmp(p.hosts[0].binary, "/opt/mmpipe/bin/mmpipe") == 0 && p.hosts[1].binary[0] == 0);
+    CHECK(p.launcher == MMP_LAUNCH_SSH &&
+          strcmp(p.launcher_command, "ssh -p 2222 -o BatchMode=yes {address}") == 0);
+    CHECK(p.control.transport == MMP_CTLT_TCP && strcmp(p.control.address, "10.1.2.3") == 0 &&
+          p.control.port == 5555 && mmp_plan_control_tcp(&p));
+    CHECK(mmp_plan_slot_host(&p, 2) == 0 && mmp_plan_slot_host(&p, 3) == 1);
 
     CHECK(mmp_plan_replicas(&p, MMP_BRANCH_IMAGE, 1) == 2 && p.stages.image.n_split == 2);
     CHECK(p.stages.image.split[0] == 2 && p.stages.image.split[1] == 4);
@@ -354,6 +362,26 @@ static void test_written_errors(const char *tmp)
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, devices: [cpu] }\n"
          "  - { name: a, devices: [0] }\n",
          "%s:4:13: hosts[1].name: 'a' is already the name of hosts[0]"},
+        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, address: -oProxyCommand=x, "
+         "devices: [cpu] }\n",
+         "%s:3:25: hosts[0].address: '-oProxyCommand=x' is not a host name or address (letters, "
+         "digits, '.', '-', '_', ':'; not starting with '-')"},
+        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, workdir: rel/dir, devices: [cpu] }\n",
+         "%s:3:25: hosts[0].workdir: expected an absolute path without quotes or control "
+         "characters, got 'rel/dir'"},
+        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binray: /x, devices: [cpu] }\n",
+         "%s:3:16: unknown key 'hosts[0].binray' (did you mean 'hosts[0].binary'?)"},
+        {"data: { manifest: t.jsonl }\nlauncher: ssh\nlauncher_command: ssh {address}; rm\n",
+         "%s:3:19: launcher_command: 'ssh {address}; rm': quotes and shell characters are not "
+         "allowed (it is split on spaces and run without a shell)"},
+        {"data: { manifest: t.jsonl }\nlauncher: ssh\nlauncher_command: ssh host\n",
+         "%s:3:19: launcher_command: 'ssh host' must start with a program and name {address}"},
+        {"data: { manifest: t.jsonl }\nlauncher: pdsh\n",
+         "%s:2:11: launcher: unknown value 'pdsh' (accepted: local, ssh, slurm)"},
+        {"data: { manifest: t.jsonl }\ncontrol: { address: 'a b' }\n",
+         "%s:2:21: control.address: 'a b' is not a host name or address"},
+        {"data: { manifest: t.jsonl }\nhosts: slurmm\n",
+         "%s:2:8: hosts: expected 'slurm' or a list of {name, devices}, got 'slurmm'"},
         {"data: { manifest: t.jsonl }\nstages: { image: { layers: first } }\n",
          "%s:2:28: stages.image.layers: unknown value 'first' (accepted: all)"},
         {"data: { manifest: t.jsonl }\nsim: { cost: { text: -1 } }\n",
@@ -580,11 +608,41 @@ static void test_json_case(void)
     test_json(tmp);
 }
 
+/* `hosts: slurm` reads the allocation's environment (common/hostlist.h);
+ * outside one it is a clear error at the key's place. */
+static void test_hosts_slurm(void)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/slurm.yaml", tmp);
+    CHECK(mmp_test_write_text(path, "data: { manifest: t.jsonl }\nlauncher: slurm\nhosts: slurm\n"));
+    unsetenv("SLURM_JOB_NODELIST");
+    mmp_plan p;
+    CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
+    CHECK(strstr(mmp_last_error(), "slurm.yaml:3:8: hosts: slurm: not inside a SLURM allocation") !=
+          NULL);
+    setenv("SLURM_JOB_NODELIST", "gpu[01-02,07]", 1);
+    setenv("SLURM_GPUS_ON_NODE", "2", 1);
+    CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
+    CHECK(p.n_hosts == 3 && strcmp(p.hosts[2].name, "gpu07") == 0 &&
+          strcmp(p.hosts[2].address, "gpu07") == 0 && p.hosts[2].n_devices == 2 &&
+          p.hosts[2].devices[1] == 1 && p.launcher == MMP_LAUNCH_SLURM);
+    setenv("SLURM_JOB_NODELIST", "gpu[01-", 1);
+    CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
+    CHECK(strstr(mmp_last_error(), "SLURM_JOB_NODELIST: hostlist 'gpu[01-'") != NULL);
+    unsetenv("SLURM_JOB_NODELIST");
+    unsetenv("SLURM_GPUS_ON_NODE");
+}
+
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_full_plan),   MMP_TEST_CASE(test_defaults),
-    MMP_TEST_CASE(test_paths),       MMP_TEST_CASE(test_demo),
-    MMP_TEST_CASE(test_file_errors), {"test_written_errors", test_written_errors_case},
-    MMP_TEST_CASE(test_overrides),   {"test_sim", test_sim_case},
+    MMP_TEST_CASE(test_hosts_slurm),
+    MMP_TEST_CASE(test_full_plan),
+    MMP_TEST_CASE(test_defaults),
+    MMP_TEST_CASE(test_paths),
+    MMP_TEST_CASE(test_demo),
+    MMP_TEST_CASE(test_file_errors),
+    {"test_written_errors", test_written_errors_case},
+    MMP_TEST_CASE(test_overrides),
+    {"test_sim", test_sim_case},
     {"test_json", test_json_case},
 };
 

@@ -2,12 +2,20 @@
  * untrusted input from foreign raw ZeroMQ sockets (each kind of bad message is
  * rejected and counted, and a valid message after it still gets through),
  * timeouts (also under a flood of bad messages, and on a signal), and closing
- * with unsent messages. Endpoints are in the abstract ipc namespace, so
- * nothing is left on disk. */
+ * with unsent messages. Every case runs twice: over ipc (endpoints in the
+ * abstract namespace, nothing on disk) and over tcp on 127.0.0.1 with CURVE
+ * (the foreign sockets then hold the job's client keys: they test what an
+ * authenticated but malformed peer can do). CURVE-only cases: peers without
+ * the keys are refused and counted; a stage notices its coordinator's pipe
+ * closing and its link going silent (heartbeats) within MMP_CTL_LOST_S. */
 #include "transport/control.h"
 
 #include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +29,8 @@
 
 static void *zctx; /* for the foreign sockets */
 static char token[33];
+static int over_tcp;      /* the cases' transport: ipc, or tcp with CURVE */
+static mmp_ctl_keys keys; /* the job's keys when over_tcp */
 
 static double now_ms(void)
 {
@@ -29,22 +39,65 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* A tcp port nobody listens on right now (the kernel's pick). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
+        port = ntohs(a.sin_port);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    return port;
+}
+
 static const char *endpoint(const char *name)
 {
     static char buf[8][128];
     static int next;
     char *b = buf[next++ % 8];
-    snprintf(b, sizeof buf[0], "ipc://@mmpipe-test-%d-%s", (int)getpid(), name);
+    if (over_tcp) {
+        snprintf(b, sizeof buf[0], "tcp://127.0.0.1:%d", free_port());
+    } else {
+        snprintf(b, sizeof buf[0], "ipc://@mmpipe-test-%d-%s", (int)getpid(), name);
+    }
     return b;
 }
 
+static mmp_err bind_ctl(mmp_ctl **out, const char *ep, const char *tok)
+{
+    mmp_ctl_opts o = {.curve = &keys, .watch_fd = -1};
+    return mmp_ctl_bind_opts(out, ep, tok, over_tcp ? &o : NULL);
+}
+
+static mmp_err connect_ctl(mmp_ctl **out, const char *ep, const char *id, const char *tok)
+{
+    mmp_ctl_opts o = {.curve = &keys, .watch_fd = -1};
+    return mmp_ctl_connect_opts(out, ep, id, tok, over_tcp ? &o : NULL);
+}
+
+/* A raw socket; over tcp a DEALER holds the job's client keys and a ROUTER
+ * is a CURVE server with the job's server key. */
 static void *foreign(int type, const char *id)
 {
     void *s = zmq_socket(zctx, type);
-    int zero = 0;
+    int zero = 0, one = 1;
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     if (id) {
         zmq_setsockopt(s, ZMQ_ROUTING_ID, id, strlen(id));
+    }
+    if (over_tcp && type == ZMQ_ROUTER) {
+        zmq_setsockopt(s, ZMQ_CURVE_SERVER, &one, sizeof one);
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, keys.server_secret, 41);
+    } else if (over_tcp) {
+        zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, keys.server_public, 41);
+        zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, keys.client_public, 41);
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, keys.client_secret, 41);
     }
     return s;
 }
@@ -94,8 +147,8 @@ static void test_round_trip(void)
 {
     const char *ep = endpoint("rt");
     mmp_ctl *r = NULL, *d = NULL;
-    CHECK_OK(mmp_ctl_bind(&r, ep, token));
-    CHECK_OK(mmp_ctl_connect(&d, ep, "image.0/0", token));
+    CHECK_OK(bind_ctl(&r, ep, token));
+    CHECK_OK(connect_ctl(&d, ep, "image.0/0", token));
     if (!r || !d) {
         goto exit;
     }
@@ -209,21 +262,21 @@ static void test_limits_and_misuse(void)
 {
     const char *ep = endpoint("lim");
     mmp_ctl *r = NULL, *d = NULL, *dup = NULL;
-    CHECK_OK(mmp_ctl_bind(&r, ep, token));
-    CHECK_OK(mmp_ctl_connect(&d, ep, "text.0/0", token));
+    CHECK_OK(bind_ctl(&r, ep, token));
+    CHECK_OK(connect_ctl(&d, ep, "text.0/0", token));
     if (!r || !d) {
         goto exit;
     }
     /* The same endpoint twice, bad tokens and ids: errors, *out stays NULL. */
-    CHECK(mmp_ctl_bind(&dup, ep, token) == MMP_ERR_IO && !dup);
-    CHECK(mmp_ctl_bind(&dup, endpoint("other"), "") == MMP_ERR_INVALID && !dup);
-    CHECK(mmp_ctl_bind(&dup, "nonsense://x", token) == MMP_ERR_IO && !dup);
-    CHECK(mmp_ctl_connect(&dup, ep, "", token) == MMP_ERR_INVALID && !dup);
-    CHECK(mmp_ctl_connect(&dup, ep, "bad\nid", token) == MMP_ERR_INVALID && !dup);
+    CHECK(bind_ctl(&dup, ep, token) == MMP_ERR_IO && !dup);
+    CHECK(bind_ctl(&dup, endpoint("other"), "") == MMP_ERR_INVALID && !dup);
+    CHECK(bind_ctl(&dup, "nonsense://x", token) == MMP_ERR_IO && !dup);
+    CHECK(connect_ctl(&dup, ep, "", token) == MMP_ERR_INVALID && !dup);
+    CHECK(connect_ctl(&dup, ep, "bad\nid", token) == MMP_ERR_INVALID && !dup);
     char long_id[MMP_CTL_ID_MAX + 1];
     memset(long_id, 'a', MMP_CTL_ID_MAX);
     long_id[MMP_CTL_ID_MAX] = 0;
-    CHECK(mmp_ctl_connect(&dup, ep, long_id, token) == MMP_ERR_INVALID && !dup);
+    CHECK(connect_ctl(&dup, ep, long_id, token) == MMP_ERR_INVALID && !dup);
 
     /* A ROUTER send to nobody in particular, or to an unknown peer. */
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
@@ -281,7 +334,7 @@ static void test_untrusted_router(void)
 {
     const char *ep = endpoint("untrusted");
     mmp_ctl *r = NULL;
-    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    CHECK_OK(bind_ctl(&r, ep, token));
     if (!r) {
         return;
     }
@@ -445,7 +498,7 @@ static void test_untrusted_dealer(void)
     void *fr = foreign(ZMQ_ROUTER, NULL);
     CHECK(zmq_bind(fr, ep) == 0);
     mmp_ctl *d = NULL;
-    CHECK_OK(mmp_ctl_connect(&d, ep, "fusion/0", token));
+    CHECK_OK(connect_ctl(&d, ep, "fusion/0", token));
     if (!d) {
         zmq_close(fr);
         return;
@@ -515,7 +568,7 @@ static void test_timeouts(void)
 {
     const char *ep = endpoint("timeout");
     mmp_ctl *r = NULL;
-    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    CHECK_OK(bind_ctl(&r, ep, token));
     if (!r) {
         return;
     }
@@ -572,7 +625,7 @@ static void test_close_does_not_hang(void)
 {
     /* A DEALER whose peer never came: the message waits in its queue. */
     mmp_ctl *d = NULL;
-    CHECK_OK(mmp_ctl_connect(&d, endpoint("nobody"), "image.0/0", token));
+    CHECK_OK(connect_ctl(&d, endpoint("nobody"), "image.0/0", token));
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__Heartbeat hb = MMPIPE__HEARTBEAT__INIT;
     env.body_case = MMPIPE__ENVELOPE__BODY_HEARTBEAT;
@@ -585,7 +638,7 @@ static void test_close_does_not_hang(void)
     /* A ROUTER with megabytes queued for a peer that stopped reading. */
     const char *ep = endpoint("stuck");
     mmp_ctl *r = NULL;
-    CHECK_OK(mmp_ctl_bind(&r, ep, token));
+    CHECK_OK(bind_ctl(&r, ep, token));
     if (!r) {
         return;
     }
@@ -619,11 +672,239 @@ static void test_new_token(void)
     CHECK(strcmp(a, b) != 0);
 }
 
+/* ---- CURVE only ------------------------------------------------------------ */
+
+/* Peers without the job's keys: no CURVE at all, another client key with the
+ * right server key, a wrong server key. Each is refused in the handshake and
+ * counted; none of their (valid-token!) messages arrives; the job's own
+ * client still gets through. */
+static void test_curve_refuses(void)
+{
+    const char *ep = endpoint("refuse");
+    mmp_ctl *r = NULL;
+    CHECK_OK(bind_ctl(&r, ep, token));
+    if (!r) {
+        return;
+    }
+    int zero = 0;
+    void *plain = zmq_socket(zctx, ZMQ_DEALER);
+    zmq_setsockopt(plain, ZMQ_LINGER, &zero, sizeof zero);
+    void *other = foreign(ZMQ_DEALER, "other/0");
+    char pub[41], sec[41];
+    CHECK(zmq_curve_keypair(pub, sec) == 0);
+    zmq_setsockopt(other, ZMQ_CURVE_PUBLICKEY, pub, 41);
+    zmq_setsockopt(other, ZMQ_CURVE_SECRETKEY, sec, 41);
+    void *wrong_server = foreign(ZMQ_DEALER, "wrong/0");
+    zmq_setsockopt(wrong_server, ZMQ_CURVE_SERVERKEY, pub, 41);
+    void *peers[] = {plain, other, wrong_server};
+    for (int i = 0; i < 3; i++) {
+        CHECK(zmq_connect(peers[i], ep) == 0);
+        send_hello(peers[i], MMP_CTL_VERSION, token, 10 + i, ZMQ_DONTWAIT);
+    }
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX];
+    double t0 = now_ms();
+    while (mmp_ctl_get_stats(r).refused < 3 && now_ms() - t0 < 5000) {
+        CHECK(mmp_ctl_recv(r, 100, &got, from, sizeof from) == MMP_ERR_TIMEOUT);
+        mmp_ctl_free(got);
+        got = NULL;
+    }
+    mmp_ctl_stats st = mmp_ctl_get_stats(r);
+    CHECK(st.refused >= 3 && st.received == 0 && st.rejected == 0);
+    if (st.refused < 3) {
+        fprintf(stderr, "  refused %ld handshakes, want 3\n", st.refused);
+    }
+    void *good = foreign(ZMQ_DEALER, "foreign/0");
+    CHECK(zmq_connect(good, ep) == 0);
+    mmp_ctl_stats want = mmp_ctl_get_stats(r);
+    expect_valid(r, good, 99, &want);
+    for (int i = 0; i < 3; i++) {
+        zmq_close(peers[i]);
+    }
+    zmq_close(good);
+    mmp_ctl_close(r);
+    /* keys that are not keys */
+    mmp_ctl_keys bad = keys;
+    strcpy(bad.client_secret, "short");
+    mmp_ctl *d = NULL;
+    mmp_ctl_opts o = {.curve = &bad, .watch_fd = -1};
+    CHECK(mmp_ctl_connect_opts(&d, ep, "x/0", token, &o) == MMP_ERR_INVALID && !d);
+}
+
+static atomic_int lost_calls;
+static double lost_at;
+static char lost_why[512];
+static void on_lost(const char *why, void *arg)
+{
+    (void)arg;
+    lost_at = now_ms();
+    snprintf(lost_why, sizeof lost_why, "%s", why);
+    atomic_fetch_add(&lost_calls, 1);
+}
+
+/* The launcher's pipe closing (ssh or the coordinator ended) is news at once. */
+static void test_lost_on_pipe_eof(void)
+{
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    const char *ep = endpoint("eof");
+    mmp_ctl *r = NULL, *d = NULL;
+    CHECK_OK(bind_ctl(&r, ep, token));
+    mmp_ctl_opts o = {.curve = &keys, .watch_fd = fds[0], .lost = on_lost};
+    atomic_store(&lost_calls, 0);
+    CHECK_OK(mmp_ctl_connect_opts(&d, ep, "image.0/0", token, &o));
+    CHECK(write(fds[1], "keepalive\n", 10) == 10); /* data is not an end */
+    usleep(300 * 1000);
+    CHECK(atomic_load(&lost_calls) == 0);
+    double t0 = now_ms();
+    close(fds[1]);
+    while (!atomic_load(&lost_calls) && now_ms() - t0 < 3000) {
+        usleep(10 * 1000);
+    }
+    CHECK(atomic_load(&lost_calls) == 1 && lost_at - t0 < 1000);
+    CHECK(strstr(lost_why, "pipe closed") != NULL);
+    mmp_ctl_close(d);
+    mmp_ctl_close(r);
+    close(fds[0]);
+}
+
+/* A forwarder between a stage and its coordinator that can go silent, as a
+ * link that is down: bytes stop, nothing is closed. */
+static atomic_int proxy_silent, proxy_stop;
+static int proxy_listen_fd, proxy_target_port;
+
+static void *proxy_main(void *arg)
+{
+    (void)arg;
+    int a = accept(proxy_listen_fd, NULL, NULL);
+    int b = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)proxy_target_port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (a < 0 || connect(b, (struct sockaddr *)&to, sizeof to) != 0) {
+        goto out;
+    }
+    while (!atomic_load(&proxy_stop)) {
+        if (atomic_load(&proxy_silent)) {
+            usleep(20 * 1000);
+            continue;
+        }
+        struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+        if (poll(p, 2, 20) <= 0) {
+            continue;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (p[i].revents & (POLLIN | POLLHUP)) {
+                char buf[65536];
+                ssize_t n = read(p[i].fd, buf, sizeof buf);
+                if (n <= 0) {
+                    goto out;
+                }
+                if (write(i ? a : b, buf, (size_t)n) != n) {
+                    goto out;
+                }
+            }
+        }
+    }
+out:
+    while (!atomic_load(&proxy_stop)) {
+        usleep(20 * 1000);
+    }
+    if (a >= 0) {
+        close(a);
+    }
+    close(b);
+    return NULL;
+}
+
+/* A silent link (no bytes either way, no close): the stage's heartbeats go
+ * unanswered and it calls lost within MMP_CTL_LOST_S seconds. */
+static void test_lost_on_silent_link(void)
+{
+    int port = free_port();
+    char ep[64], via[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    mmp_ctl *r = NULL, *d = NULL;
+    mmp_ctl_opts server = {.curve = &keys, .watch_fd = -1};
+    CHECK_OK(mmp_ctl_bind_opts(&r, ep, token, &server));
+    proxy_target_port = port;
+    proxy_listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    CHECK(bind(proxy_listen_fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+          listen(proxy_listen_fd, 1) == 0 &&
+          getsockname(proxy_listen_fd, (struct sockaddr *)&a, &len) == 0);
+    snprintf(via, sizeof via, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+    atomic_store(&proxy_silent, 0);
+    atomic_store(&proxy_stop, 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, proxy_main, NULL) == 0);
+    mmp_ctl_opts o = {.curve = &keys, .watch_fd = -1, .lost = on_lost};
+    atomic_store(&lost_calls, 0);
+    CHECK_OK(mmp_ctl_connect_opts(&d, via, "image.0/0", token, &o));
+    /* a round trip through the forwarder: connected and authenticated */
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Ready ready = MMPIPE__READY__INIT;
+    env.body_case = MMPIPE__ENVELOPE__BODY_READY;
+    env.ready = &ready;
+    CHECK_OK(mmp_ctl_send(d, NULL, &env));
+    Mmpipe__Envelope *got = NULL;
+    char from[MMP_CTL_ID_MAX];
+    CHECK_OK(mmp_ctl_recv(r, 3000, &got, from, sizeof from));
+    mmp_ctl_free(got);
+    sleep(2); /* heartbeats flow: no loss while the link is up */
+    CHECK(atomic_load(&lost_calls) == 0);
+    double t0 = now_ms();
+    atomic_store(&proxy_silent, 1);
+    while (!atomic_load(&lost_calls) && now_ms() - t0 < (MMP_CTL_LOST_S + 4) * 1000.0) {
+        usleep(20 * 1000);
+    }
+    double dt = (lost_at - t0) / 1000;
+    CHECK(atomic_load(&lost_calls) == 1 && dt <= MMP_CTL_LOST_S);
+    CHECK(strstr(lost_why, "lost the coordinator") != NULL);
+    fprintf(stderr, "  silent link noticed after %.1f s (bound %d s): %s\n",
+            atomic_load(&lost_calls) ? dt : -1.0, MMP_CTL_LOST_S, lost_why);
+    mmp_ctl_close(d);
+    mmp_ctl_close(r);
+    atomic_store(&proxy_stop, 1);
+    pthread_join(th, NULL);
+    close(proxy_listen_fd);
+}
+
+/* Each shared case once more, over tcp with CURVE. */
+#define OVER_TCP(fn)                                                                               \
+    static void fn##_tcp(void)                                                                     \
+    {                                                                                              \
+        over_tcp = 1;                                                                              \
+        fn();                                                                                      \
+        over_tcp = 0;                                                                              \
+    }
+OVER_TCP(test_round_trip)
+OVER_TCP(test_limits_and_misuse)
+OVER_TCP(test_untrusted_router)
+OVER_TCP(test_untrusted_dealer)
+OVER_TCP(test_timeouts)
+OVER_TCP(test_close_does_not_hang)
+OVER_TCP(test_curve_refuses)
+OVER_TCP(test_lost_on_pipe_eof)
+
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_new_token),           MMP_TEST_CASE(test_round_trip),
-    MMP_TEST_CASE(test_limits_and_misuse),   MMP_TEST_CASE(test_untrusted_router),
-    MMP_TEST_CASE(test_untrusted_dealer),    MMP_TEST_CASE(test_timeouts),
+    MMP_TEST_CASE(test_new_token),
+    MMP_TEST_CASE(test_round_trip),
+    MMP_TEST_CASE(test_limits_and_misuse),
+    MMP_TEST_CASE(test_untrusted_router),
+    MMP_TEST_CASE(test_untrusted_dealer),
+    MMP_TEST_CASE(test_timeouts),
     MMP_TEST_CASE(test_close_does_not_hang),
+    MMP_TEST_CASE(test_round_trip_tcp),
+    MMP_TEST_CASE(test_limits_and_misuse_tcp),
+    MMP_TEST_CASE(test_untrusted_router_tcp),
+    MMP_TEST_CASE(test_untrusted_dealer_tcp),
+    MMP_TEST_CASE(test_timeouts_tcp),
+    MMP_TEST_CASE(test_close_does_not_hang_tcp),
+    MMP_TEST_CASE(test_curve_refuses_tcp),
+    MMP_TEST_CASE(test_lost_on_pipe_eof_tcp),
+    MMP_TEST_CASE(test_lost_on_silent_link),
 };
 
 int main(int argc, char **argv)
@@ -631,6 +912,11 @@ int main(int argc, char **argv)
     mmp_log_set_name("test_control");
     zctx = zmq_ctx_new();
     CHECK_OK(mmp_ctl_new_token(token));
+    if (!zmq_has("curve")) {
+        fprintf(stderr, "test_control: this libzmq has no CURVE; mmpipe needs it for tcp\n");
+        return 1;
+    }
+    CHECK_OK(mmp_ctl_new_keys(&keys));
     int rc = MMP_TEST_MAIN("test_control", cases, argc, argv);
     zmq_ctx_term(zctx);
     return rc;

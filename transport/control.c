@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +32,9 @@
 #define TOKEN_MAX 128
 #define PEER_TEXT_MAX 256
 
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01" /* where libzmq asks (RFC 27) */
+#define MONITOR_ENDPOINT "inproc://mmpipe-control-monitor"
+
 struct mmp_ctl {
     void *ctx, *sock;
     int router;
@@ -37,6 +42,19 @@ struct mmp_ctl {
     size_t token_len;
     char peer[PEER_TEXT_MAX]; /* DEALER: the endpoint, to name the sender in log lines */
     mmp_ctl_stats stats;
+    /* CURVE: the helper thread (ZAP, socket events, the watched fd) */
+    int curve;
+    unsigned char client_public[32]; /* the one client key the ZAP handler admits */
+    void *zap, *mon;                 /* owned by the helper once it runs */
+    pthread_t helper;
+    int have_helper;
+    atomic_int stop;
+    atomic_long refused;
+    pthread_mutex_t refused_lock; /* guards refused_text (helper thread writes) */
+    char refused_text[PEER_TEXT_MAX + 128];
+    int watch_fd;
+    void (*lost)(const char *why, void *arg);
+    void *lost_arg;
 };
 
 static double now_ms(void)
@@ -87,8 +105,6 @@ static void id_text(char *out, size_t n, const unsigned char *id, size_t len)
     out[o] = 0;
 }
 
-/* Compares in time that depends only on the lengths, so a peer cannot learn
- * the token byte by byte from how fast it is turned away. */
 /* Constant time in the received token's bytes (up to our length): no
  * timing tells a peer how much of a guess was right. */
 static int token_equal(const char *ours, const char *t)
@@ -107,6 +123,217 @@ static int token_equal(const char *ours, const char *t)
 }
 
 /* Opens the context and socket with the options every control socket has. */
+static mmp_err set_key(void *sock, int opt, const char *z85, const char *name)
+{
+    if (!z85 || strlen(z85) != 40 || zmq_setsockopt(sock, opt, z85, 41) != 0) {
+        return mmp_errorf(MMP_ERR_INVALID, "control: CURVE %s: not a 40-character Z85 key", name);
+    }
+    return MMP_OK;
+}
+
+/* The socket's CURVE role, the ZAP handler's socket (server) and the event
+ * monitor the helper thread reads. */
+static mmp_err curve_setup(mmp_ctl *c, const mmp_ctl_opts *o)
+{
+    const mmp_ctl_keys *k = o->curve;
+    c->curve = 1;
+    if (c->router) {
+        if (!zmq_z85_decode(c->client_public, k->client_public) || strlen(k->client_public) != 40) {
+            return mmp_errorf(MMP_ERR_INVALID, "control: CURVE client public key: not Z85");
+        }
+        /* ZAP first: libzmq asks the handler bound in this context */
+        c->zap = zmq_socket(c->ctx, ZMQ_REP);
+        if (!c->zap || zmq_bind(c->zap, ZAP_ENDPOINT) != 0) {
+            return mmp_errorf(MMP_ERR_IO, "control: ZAP handler: %s", zmq_strerror(errno));
+        }
+        int one = 1;
+        MMP_TRY(SET_INT(c->sock, ZMQ_CURVE_SERVER, one));
+        MMP_TRY(set_key(c->sock, ZMQ_CURVE_SECRETKEY, k->server_secret, "server secret key"));
+        if (zmq_setsockopt(c->sock, ZMQ_ZAP_DOMAIN, "mmpipe", 6) != 0) {
+            return mmp_errorf(MMP_ERR_IO, "control: ZMQ_ZAP_DOMAIN: %s", zmq_strerror(errno));
+        }
+    } else {
+        MMP_TRY(set_key(c->sock, ZMQ_CURVE_SERVERKEY, k->server_public, "server public key"));
+        MMP_TRY(set_key(c->sock, ZMQ_CURVE_PUBLICKEY, k->client_public, "client public key"));
+        MMP_TRY(set_key(c->sock, ZMQ_CURVE_SECRETKEY, k->client_secret, "client secret key"));
+    }
+    int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                 ZMQ_EVENT_DISCONNECTED;
+    if (zmq_socket_monitor(c->sock, MONITOR_ENDPOINT, events) != 0 ||
+        !(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_connect(c->mon, MONITOR_ENDPOINT) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "control: socket monitor: %s", zmq_strerror(errno));
+    }
+    c->watch_fd = o->watch_fd;
+    c->lost = o->lost;
+    c->lost_arg = o->lost_arg;
+    return MMP_OK;
+}
+
+/* One ZAP request (RFC 27): admits the CURVE client whose public key is the
+ * job's; anything else is refused and logged with the peer's address. */
+static void serve_zap(mmp_ctl *c)
+{
+    zmq_msg_t part[7];
+    int n = 0, more = 1;
+    while (more && n < 7) {
+        zmq_msg_init(&part[n]);
+        if (zmq_msg_recv(&part[n], c->zap, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part[n]);
+            break;
+        }
+        more = zmq_msg_more(&part[n]);
+        n++;
+    }
+    if (more) {
+        int m = 1;
+        size_t ml = sizeof m;
+        while (zmq_getsockopt(c->zap, ZMQ_RCVMORE, &m, &ml) == 0 && m) {
+            zmq_msg_t x;
+            zmq_msg_init(&x);
+            zmq_msg_recv(&x, c->zap, ZMQ_DONTWAIT);
+            zmq_msg_close(&x);
+        }
+    }
+    char addr[64] = "?", mech[16] = "?";
+    if (n > 3) {
+        snprintf(addr, sizeof addr, "%.*s", (int)zmq_msg_size(&part[3]),
+                 (const char *)zmq_msg_data(&part[3]));
+    }
+    if (n > 5) {
+        snprintf(mech, sizeof mech, "%.*s", (int)zmq_msg_size(&part[5]),
+                 (const char *)zmq_msg_data(&part[5]));
+    }
+    int ok = n == 7 && strcmp(mech, "CURVE") == 0 && zmq_msg_size(&part[6]) == 32 &&
+             memcmp(zmq_msg_data(&part[6]), c->client_public, 32) == 0;
+    if (!ok) {
+        pthread_mutex_lock(&c->refused_lock);
+        snprintf(c->refused_text, sizeof c->refused_text,
+                 "refused a %s client from %s: not this job's key", mech, addr);
+        MMP_WARN("control: %s", c->refused_text);
+        pthread_mutex_unlock(&c->refused_lock);
+    }
+    /* reply: version, request id, status code, text, user id, metadata */
+    if (n >= 2) {
+        zmq_send(c->zap, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(c->zap, zmq_msg_data(&part[1]), zmq_msg_size(&part[1]), ZMQ_SNDMORE);
+        zmq_send(c->zap, ok ? "200" : "400", 3, ZMQ_SNDMORE);
+        zmq_send(c->zap, ok ? "OK" : "unknown key", ok ? 2 : 11, ZMQ_SNDMORE);
+        zmq_send(c->zap, "", 0, ZMQ_SNDMORE);
+        zmq_send(c->zap, "", 0, 0);
+    }
+    for (int i = 0; i < n; i++) {
+        zmq_msg_close(&part[i]);
+    }
+}
+
+static void fire_lost(mmp_ctl *c, int *fired, const char *why)
+{
+    if (!*fired && c->lost) {
+        *fired = 1;
+        c->lost(why, c->lost_arg);
+    }
+}
+
+/* One socket event: counts and logs refused handshakes; on a stage, a drop
+ * after the handshake means the coordinator is gone. */
+static void on_event(mmp_ctl *c, int *connected, int *fired)
+{
+    zmq_msg_t head, where;
+    zmq_msg_init(&head);
+    zmq_msg_init(&where);
+    if (zmq_msg_recv(&head, c->mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&head);
+        return;
+    }
+    if (zmq_msg_more(&head)) {
+        zmq_msg_recv(&where, c->mon, ZMQ_DONTWAIT);
+    }
+    uint16_t event = 0;
+    uint32_t value = 0;
+    if (zmq_msg_size(&head) >= 6) {
+        memcpy(&event, zmq_msg_data(&head), 2);
+        memcpy(&value, (char *)zmq_msg_data(&head) + 2, 4);
+    }
+    char ep[PEER_TEXT_MAX];
+    snprintf(ep, sizeof ep, "%.*s", (int)zmq_msg_size(&where), (const char *)zmq_msg_data(&where));
+    switch (event) {
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        *connected = 1;
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: /* the ZAP handler logged it with the address */
+        atomic_fetch_add(&c->refused, 1);
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        pthread_mutex_lock(&c->refused_lock);
+        snprintf(c->refused_text, sizeof c->refused_text,
+                 "refused a connection on %s: handshake failed (%s, ZeroMQ code 0x%x; a peer "
+                 "without this job's CURVE keys)",
+                 ep, event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
+                 value);
+        MMP_WARN("control: %s", c->refused_text);
+        pthread_mutex_unlock(&c->refused_lock);
+        atomic_fetch_add(&c->refused, 1);
+        break;
+    case ZMQ_EVENT_DISCONNECTED:
+        if (!c->router && *connected) {
+            char why[PEER_TEXT_MAX + 96];
+            snprintf(why, sizeof why,
+                     "lost the coordinator at %s (no heartbeat answer within %d s, or it closed)",
+                     ep, HEARTBEAT_TIMEOUT_MS / 1000);
+            fire_lost(c, fired, why);
+        }
+        break;
+    default:
+        break;
+    }
+    zmq_msg_close(&head);
+    zmq_msg_close(&where);
+}
+
+static void *helper_main(void *arg)
+{
+    mmp_ctl *c = arg;
+    int connected = 0, fired = 0, watching = c->watch_fd >= 0;
+    while (!atomic_load(&c->stop)) {
+        zmq_pollitem_t items[3];
+        int n = 0, i_zap = -1, i_mon, i_fd = -1;
+        if (c->zap) {
+            i_zap = n;
+            items[n++] = (zmq_pollitem_t){.socket = c->zap, .events = ZMQ_POLLIN};
+        }
+        i_mon = n;
+        items[n++] = (zmq_pollitem_t){.socket = c->mon, .events = ZMQ_POLLIN};
+        if (watching) {
+            i_fd = n;
+            items[n++] = (zmq_pollitem_t){.fd = c->watch_fd, .events = ZMQ_POLLIN};
+        }
+        if (zmq_poll(items, n, 100) < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            break; /* the context is ending */
+        }
+        if (i_zap >= 0 && (items[i_zap].revents & ZMQ_POLLIN)) {
+            serve_zap(c);
+        }
+        if (items[i_mon].revents & ZMQ_POLLIN) {
+            on_event(c, &connected, &fired);
+        }
+        if (i_fd >= 0 && (items[i_fd].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) {
+            char junk[256];
+            ssize_t r = read(c->watch_fd, junk, sizeof junk);
+            if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
+                watching = 0;
+                fire_lost(c, &fired,
+                          "the launcher's pipe closed (the coordinator or its ssh ended)");
+            }
+        }
+    }
+    return NULL;
+}
+
 static mmp_err ctl_open(mmp_ctl **out, int type, const char *job_token)
 {
     mmp_err ret = MMP_OK;
@@ -125,6 +352,7 @@ static mmp_err ctl_open(mmp_ctl **out, int type, const char *job_token)
     }
     memcpy(c->token, job_token, n + 1);
     c->token_len = n;
+    pthread_mutex_init(&c->refused_lock, NULL);
     c->router = type == ZMQ_ROUTER;
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
@@ -162,7 +390,27 @@ fail:
     goto exit;
 }
 
+/* Starts the helper thread of a CURVE socket (after bind/connect). */
+static mmp_err start_helper(mmp_ctl *c)
+{
+    if (!c->curve) {
+        return MMP_OK;
+    }
+    int rc = pthread_create(&c->helper, NULL, helper_main, c);
+    if (rc != 0) {
+        return mmp_errorf(MMP_ERR_IO, "control: helper thread: %s", strerror(rc));
+    }
+    c->have_helper = 1;
+    return MMP_OK;
+}
+
 mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token)
+{
+    return mmp_ctl_bind_opts(out, endpoint, job_token, NULL);
+}
+
+mmp_err mmp_ctl_bind_opts(mmp_ctl **out, const char *endpoint, const char *job_token,
+                          const mmp_ctl_opts *opts)
 {
     mmp_ctl *c = NULL;
     *out = NULL;
@@ -173,8 +421,14 @@ mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token)
     if (ret != MMP_OK) {
         goto fail;
     }
+    if (opts && opts->curve && (ret = curve_setup(c, opts)) != MMP_OK) {
+        goto fail;
+    }
     if (zmq_bind(c->sock, endpoint) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: bind %s: %s", endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    if ((ret = start_helper(c)) != MMP_OK) {
         goto fail;
     }
     *out = c;
@@ -187,6 +441,12 @@ fail:
 
 mmp_err mmp_ctl_connect(mmp_ctl **out, const char *endpoint, const char *identity,
                         const char *job_token)
+{
+    return mmp_ctl_connect_opts(out, endpoint, identity, job_token, NULL);
+}
+
+mmp_err mmp_ctl_connect_opts(mmp_ctl **out, const char *endpoint, const char *identity,
+                             const char *job_token, const mmp_ctl_opts *opts)
 {
     mmp_ctl *c = NULL;
     *out = NULL;
@@ -206,12 +466,18 @@ mmp_err mmp_ctl_connect(mmp_ctl **out, const char *endpoint, const char *identit
         goto fail;
     }
     snprintf(c->peer, sizeof c->peer, "%s", endpoint);
+    if (opts && opts->curve && (ret = curve_setup(c, opts)) != MMP_OK) {
+        goto fail;
+    }
     if (zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, identity, n) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: routing id '%s': %s", identity, zmq_strerror(errno));
         goto fail;
     }
     if (zmq_connect(c->sock, endpoint) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: connect %s: %s", endpoint, zmq_strerror(errno));
+        goto fail;
+    }
+    if ((ret = start_helper(c)) != MMP_OK) {
         goto fail;
     }
     *out = c;
@@ -227,6 +493,19 @@ void mmp_ctl_close(mmp_ctl *c)
     if (!c) {
         return;
     }
+    if (c->have_helper) {
+        atomic_store(&c->stop, 1);
+        pthread_join(c->helper, NULL);
+    }
+    if (c->sock && c->mon) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+    }
+    if (c->mon) {
+        zmq_close(c->mon);
+    }
+    if (c->zap) {
+        zmq_close(c->zap);
+    }
     if (c->sock) {
         zmq_close(c->sock);
     }
@@ -234,6 +513,7 @@ void mmp_ctl_close(mmp_ctl *c)
     while (c->ctx && zmq_ctx_term(c->ctx) != 0 && errno == EINTR) {
     }
     explicit_bzero(c->token, sizeof c->token);
+    pthread_mutex_destroy(&c->refused_lock);
     free(c);
 }
 
@@ -638,7 +918,49 @@ void *mmp_ctl_socket(mmp_ctl *c)
 mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c)
 {
     mmp_ctl_stats zero = {0};
-    return c ? c->stats : zero;
+    if (!c) {
+        return zero;
+    }
+    mmp_ctl_stats s = c->stats;
+    s.refused = atomic_load(&((mmp_ctl *)c)->refused);
+    return s;
+}
+
+void mmp_ctl_last_refused(mmp_ctl *c, char *buf, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    buf[0] = 0;
+    if (c) {
+        pthread_mutex_lock(&c->refused_lock);
+        snprintf(buf, n, "%s", c->refused_text);
+        pthread_mutex_unlock(&c->refused_lock);
+    }
+}
+
+mmp_err mmp_ctl_last_endpoint(mmp_ctl *c, char *buf, size_t n)
+{
+    size_t len = n;
+    if (!c || n == 0 || zmq_getsockopt(c->sock, ZMQ_LAST_ENDPOINT, buf, &len) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "control: last endpoint: %s", zmq_strerror(errno));
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_ctl_new_keys(mmp_ctl_keys *k)
+{
+    memset(k, 0, sizeof *k);
+    if (!zmq_has("curve")) {
+        return mmp_errorf(MMP_ERR_UNSUPPORTED,
+                          "control: this libzmq has no CURVE (build it with libsodium); the "
+                          "control plane over tcp needs it");
+    }
+    if (zmq_curve_keypair(k->server_public, k->server_secret) != 0 ||
+        zmq_curve_keypair(k->client_public, k->client_secret) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "control: zmq_curve_keypair: %s", zmq_strerror(errno));
+    }
+    return MMP_OK;
 }
 
 static mmp_err urandom(unsigned char *buf, size_t n)

@@ -15,7 +15,21 @@
  * Each mmp_ctl owns its own ZeroMQ context (one I/O thread), so closing one
  * tears down only its own threads. Sockets are not thread-safe: one thread
  * per mmp_ctl. LINGER is 0 so closing never hangs on a dead peer, and ZMTP
- * heartbeats (every 1 s, 5 s timeout) drop dead connections. */
+ * heartbeats (every 1 s, 5 s timeout) drop dead connections.
+ *
+ * Over tcp (several hosts) the channel is authenticated and encrypted with
+ * ZeroMQ CURVE (mmp_ctl_opts.curve): the coordinator is the CURVE server
+ * with the job's server key pair and a ZAP handler that admits only the
+ * job's client public key; a stage holds the server's public key and the
+ * job's client key pair. A peer without CURVE, with another server key or
+ * another client key is refused during the handshake, logged with its
+ * address and counted (stats.refused); it never reaches mmp_ctl_recv. A
+ * helper thread per CURVE mmp_ctl serves ZAP and watches the socket's
+ * events; on a stage it also calls opts.lost once when the coordinator is
+ * gone: its connection dropped after the handshake (ZMTP heartbeat: no
+ * answer for HEARTBEAT_TIMEOUT after at most HEARTBEAT_IVL, so within
+ * MMP_CTL_LOST_S seconds of a host or link vanishing) or opts.watch_fd read
+ * end of file (the launcher's pipe: ssh or the coordinator died). */
 #ifndef MMP_TRANSPORT_CONTROL_H
 #define MMP_TRANSPORT_CONTROL_H
 
@@ -30,11 +44,40 @@
 
 typedef struct mmp_ctl mmp_ctl;
 
+/* Seconds within which a stage notices a vanished coordinator: the ZMTP
+ * heartbeat interval (1 s) + timeout (5 s), and 1 s for the helper thread
+ * to be scheduled on a loaded machine (measured: 5.0 to 6.0 s). */
+#define MMP_CTL_LOST_S 7
+
+/* CURVE keys as Z85 text (40 characters and a NUL), made per job by
+ * mmp_ctl_new_keys. The coordinator needs server_secret and client_public;
+ * a stage server_public, client_public and client_secret. */
+#define MMP_CTL_KEY_CHARS 41
+typedef struct mmp_ctl_keys {
+    char server_public[MMP_CTL_KEY_CHARS], server_secret[MMP_CTL_KEY_CHARS];
+    char client_public[MMP_CTL_KEY_CHARS], client_secret[MMP_CTL_KEY_CHARS];
+} mmp_ctl_keys;
+
+typedef struct mmp_ctl_opts {
+    const mmp_ctl_keys *curve; /* NULL: no CURVE (ipc endpoints, tests) */
+    /* stage only: a descriptor whose end of file means the coordinator is
+     * gone (-1: none; 0 is stdin, a valid choice), and what to call then,
+     * from the helper thread, once (it may _exit) */
+    int watch_fd;
+    void (*lost)(const char *why, void *arg);
+    void *lost_arg;
+} mmp_ctl_opts;
+
+/* Fresh server and client key pairs (zmq_curve_keypair). MMP_ERR_UNSUPPORTED
+ * when this libzmq has no CURVE (zmq_has("curve")). */
+mmp_err mmp_ctl_new_keys(mmp_ctl_keys *k);
+
 typedef struct mmp_ctl_stats {
     long received, rejected; /* rejected: dropped for one of the reasons above */
     long too_big, undecodable, bad_version, bad_token, no_body;
     long bad_frames; /* not exactly one payload frame */
     long bad_body;   /* a body field outside what any sender may write (mmp_ctl_decode) */
+    long refused;    /* CURVE: connections refused in the handshake (not in rejected) */
 } mmp_ctl_stats;
 
 /* Why mmp_ctl_decode refused a payload (MMP_CTL_OK: it did not). */
@@ -65,11 +108,19 @@ mmp_ctl_verdict mmp_ctl_decode(const void *data, size_t size, const char *job_to
  * The token (1..128 characters) is copied. MMP_ERR_IO when the endpoint is
  * malformed or in use; *out is NULL on failure. */
 mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token);
+/* The same with options (NULL: none). With opts->curve the endpoint should
+ * be tcp; a port of "*" binds a free one (see mmp_ctl_last_endpoint). */
+mmp_err mmp_ctl_bind_opts(mmp_ctl **out, const char *endpoint, const char *job_token,
+                          const mmp_ctl_opts *opts);
+/* The endpoint actually bound ("tcp://0.0.0.0:41234"), into buf. */
+mmp_err mmp_ctl_last_endpoint(mmp_ctl *c, char *buf, size_t n);
 /* Stage: connects with routing id `identity` (1..MMP_CTL_ID_MAX-1 printable
  * ASCII characters). Does not wait for the peer: ZeroMQ connects (and
  * reconnects) in the background and queues sends meanwhile. */
 mmp_err mmp_ctl_connect(mmp_ctl **out, const char *endpoint, const char *identity,
                         const char *job_token);
+mmp_err mmp_ctl_connect_opts(mmp_ctl **out, const char *endpoint, const char *identity,
+                             const char *job_token, const mmp_ctl_opts *opts);
 /* Drops unsent messages and frees everything at once. NULL-safe. */
 void mmp_ctl_close(mmp_ctl *c);
 
@@ -99,6 +150,8 @@ void mmp_ctl_free(Mmpipe__Envelope *env);
  * poll it: reading it directly would bypass the checks). */
 void *mmp_ctl_socket(mmp_ctl *c);
 mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c);
+/* The last refused handshake, as logged ("" when none), into buf. */
+void mmp_ctl_last_refused(mmp_ctl *c, char *buf, size_t n);
 
 /* Fills tok (33 bytes) with a fresh random hex job token. */
 mmp_err mmp_ctl_new_token(char tok[33]);

@@ -1,0 +1,45 @@
+/* SLURM's hostlist syntax and the allocation's environment.
+ *
+ * A hostlist is comma-separated items; an item may hold bracketed range
+ * lists ("gpu[01-04,07]", "n[1-3]-ib", "r[1-2]-n[01-02]"): each bracket is
+ * expanded in order (the last bracket varies fastest, as scontrol show
+ * hostnames does), and a range keeps the zero padding of its lower bound.
+ * Pure functions: nothing here prints, exits or keeps state. The one reader
+ * of the environment is mmp_hostlist_from_slurm, and only for `hosts: slurm`. */
+#ifndef MMP_COMMON_HOSTLIST_H
+#define MMP_COMMON_HOSTLIST_H
+
+#include <stddef.h>
+
+#include "common/err.h"
+
+#define MMP_HOSTLIST_NAME_MAX 128
+
+/* Expands `list` into names[0..max) (each MMP_HOSTLIST_NAME_MAX bytes);
+ * *n gets the count. MMP_ERR_INVALID with the offending text and column in
+ * mmp_last_error() for a malformed list (unbalanced or empty brackets, a
+ * range whose end is below its start, an empty item, a name longer than
+ * MMP_HOSTLIST_NAME_MAX-1, characters other than [A-Za-z0-9._-]) or more
+ * than max names. */
+mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MAX], int max,
+                            int *n);
+
+/* What an allocation offers each node, from the environment SLURM gives a
+ * batch script or salloc shell: the nodes (SLURM_JOB_NODELIST), GPUs per
+ * node (SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; 0
+ * when neither is set: each node then has cpu_slots cpu devices, from
+ * SLURM_NTASKS_PER_NODE, else 1). MMP_ERR_INVALID naming the variable when
+ * SLURM_JOB_NODELIST is unset (not inside an allocation) or a value is
+ * malformed. `getenv_fn` is getenv, or a table in tests. */
+typedef struct mmp_slurm_env {
+    int n_nodes;
+    char nodes[64][MMP_HOSTLIST_NAME_MAX];
+    int gpus;    /* GPUs on each node */
+    int gpu[64]; /* their ordinals as this process sees them (CUDA_VISIBLE_DEVICES or 0..gpus-1) */
+    int cpu_slots; /* when gpus == 0 */
+    char job_id[32];
+} mmp_slurm_env;
+
+mmp_err mmp_hostlist_from_slurm(mmp_slurm_env *out, const char *(*getenv_fn)(const char *));
+
+#endif

@@ -1,0 +1,59 @@
+/* The command line that starts one stage process, for each launcher
+ * (common/config.h mmp_launcher). Pure: builds argv into caller storage, runs
+ * nothing, reads no environment (tests/test_launcher.c checks the lines).
+ *
+ *   local: BINARY stage --connect EP --stage NAME --replica K --shm-prefix P
+ *          [--secrets stdin]
+ *   ssh:   the plan's launcher_command split on spaces ({address}, {name}
+ *          replaced), then ONE argument, the remote command for the remote
+ *          user's shell: cd 'WORKDIR' && exec 'BINARY' stage ... --secrets stdin
+ *          with every value single-quoted ('\'' for a quote) after checking it
+ *   slurm: srun --nodes=1 --ntasks=1 --nodelist=ADDRESS --overlap
+ *          --kill-on-bad-exit=1 --quiet --job-name=mmpipe-NAME --chdir=WORKDIR
+ *          BINARY stage ... (srun runs it without a shell)
+ * No secret is ever on these lines: with --secrets stdin the stage reads the
+ * job token and its CURVE keys from its standard input (the launcher's pipe,
+ * which ssh and srun forward), and takes the pipe's end of file as the
+ * coordinator's end. Every value placed on a line is checked first (no
+ * leading '-', no control characters), so a plan cannot smuggle options or
+ * shell syntax in. */
+#ifndef MMP_COORDINATOR_LAUNCHER_H
+#define MMP_COORDINATOR_LAUNCHER_H
+
+#include "common/config.h"
+#include "common/err.h"
+
+#define MMP_LAUNCH_ARGV_MAX 64
+
+typedef struct mmp_launch_line {
+    char buf[8192]; /* the words' storage */
+    size_t used;
+    char *argv[MMP_LAUNCH_ARGV_MAX + 1]; /* NULL-terminated */
+    int argc;
+} mmp_launch_line;
+
+typedef struct mmp_launch_stage {
+    const char *exe;        /* this mmpipe (a host's binary defaults to it) */
+    const char *cwd;        /* this process's directory (a host's workdir defaults to it) */
+    const char *endpoint;   /* the control endpoint the stage connects to */
+    const char *stage;      /* "image.0" */
+    int replica;            /* >= 0 */
+    const char *shm_prefix; /* "/mmpipe-..." */
+    int secrets_stdin;      /* tcp control: token and keys on stdin (always for ssh and slurm) */
+} mmp_launch_stage;
+
+/* Builds the line that starts stage s on plan host `host` with the plan's
+ * launcher. MMP_ERR_INVALID naming the value when one is unusable on a
+ * command line or the line does not fit. */
+mmp_err mmp_launch_line_build(mmp_launch_line *l, const mmp_plan *p, int host,
+                              const mmp_launch_stage *s);
+
+/* The line as text for logs and tests: words joined by spaces. */
+const char *mmp_launch_line_text(const mmp_launch_line *l, char *buf, size_t n);
+
+/* The secrets line a --secrets stdin stage reads (token and CURVE keys,
+ * made of [0-9a-f] and Z85 characters, no spaces): "mmpipe-secrets-1 TOKEN
+ * SERVER_PUBLIC CLIENT_PUBLIC CLIENT_SECRET\n". */
+#define MMP_LAUNCH_SECRETS_TAG "mmpipe-secrets-1"
+
+#endif
