@@ -614,7 +614,8 @@ static void test_hosts_slurm(void)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/slurm.yaml", tmp);
-    CHECK(mmp_test_write_text(path, "data: { manifest: t.jsonl }\nlauncher: slurm\nhosts: slurm\n"));
+    CHECK(
+        mmp_test_write_text(path, "data: { manifest: t.jsonl }\nlauncher: slurm\nhosts: slurm\n"));
     unsetenv("SLURM_JOB_NODELIST");
     mmp_plan p;
     CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
