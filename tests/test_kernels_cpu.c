@@ -583,6 +583,38 @@ static void test_gelu(void)
     release_all();
 }
 
+/* The kernels compute GELU as x * sigmoid(2u) with their own exp; this is the
+ * textbook tanhf form they replaced, in float, over a dense sweep (both
+ * tails, the cubic's turn, exact zero) and with a NaN. */
+static void test_gelu_tanhf_form(void)
+{
+    snprintf(case_name, sizeof case_name, "gelu vs the tanhf form");
+    size_t n = 40001;
+    float *x = fzeros(n), *R = frand(n, -1, 1);
+    float *want = fzeros(n), *dwant = fzeros(n);
+    const float k = 0.7978845608028654f, c = 0.044715f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = -20.0f + 40.0f * (float)i / (float)(n - 1);
+        float u = k * (x[i] + c * x[i] * x[i] * x[i]);
+        float t = tanhf(u);
+        want[i] = 0.5f * x[i] * (1.0f + t);
+        float du = k * (1.0f + 3.0f * c * x[i] * x[i]);
+        dwant[i] = (0.5f * (1.0f + t) + 0.5f * x[i] * (1.0f - t * t) * du) * R[i];
+    }
+    float *out = fzeros(n), *dx = fzeros(n);
+    mmp_cpu_gelu_fwd(out, x, n);
+    mmp_cpu_gelu_bwd(dx, R, x, n);
+    /* a few float ulps of the larger of x and 1: the tanhf form itself is
+     * off by that much where 1 + tanh(u) cancels */
+    check_close("out", out, want, n, 1e-6, 1e-6);
+    check_close("dinp", dx, dwant, n, 1e-6, 1e-6);
+    float nan_in = NAN, nan_out = 0.0f, nan_d = 0.0f, one = 1.0f;
+    mmp_cpu_gelu_fwd(&nan_out, &nan_in, 1);
+    mmp_cpu_gelu_bwd(&nan_d, &one, &nan_in, 1);
+    CHECK(isnan(nan_out) && isnan(nan_d));
+    release_all();
+}
+
 static void test_add_scale(void)
 {
     snprintf(case_name, sizeof case_name, "add/scale");
@@ -1293,12 +1325,25 @@ static void test_sumsq(void)
 }
 
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_gemm),      MMP_TEST_CASE(test_linear),    MMP_TEST_CASE(test_conv),
-    MMP_TEST_CASE(test_batchnorm), MMP_TEST_CASE(test_relu),      MMP_TEST_CASE(test_gelu),
-    MMP_TEST_CASE(test_add_scale), MMP_TEST_CASE(test_maxpool),   MMP_TEST_CASE(test_meanpool),
-    MMP_TEST_CASE(test_layernorm), MMP_TEST_CASE(test_embedding), MMP_TEST_CASE(test_attention),
-    MMP_TEST_CASE(test_softmax),   MMP_TEST_CASE(test_l2norm),    MMP_TEST_CASE(test_infonce),
-    MMP_TEST_CASE(test_bce),       MMP_TEST_CASE(test_adamw),     MMP_TEST_CASE(test_sumsq),
+    MMP_TEST_CASE(test_gemm),
+    MMP_TEST_CASE(test_linear),
+    MMP_TEST_CASE(test_conv),
+    MMP_TEST_CASE(test_batchnorm),
+    MMP_TEST_CASE(test_relu),
+    MMP_TEST_CASE(test_gelu),
+    MMP_TEST_CASE(test_gelu_tanhf_form),
+    MMP_TEST_CASE(test_add_scale),
+    MMP_TEST_CASE(test_maxpool),
+    MMP_TEST_CASE(test_meanpool),
+    MMP_TEST_CASE(test_layernorm),
+    MMP_TEST_CASE(test_embedding),
+    MMP_TEST_CASE(test_attention),
+    MMP_TEST_CASE(test_softmax),
+    MMP_TEST_CASE(test_l2norm),
+    MMP_TEST_CASE(test_infonce),
+    MMP_TEST_CASE(test_bce),
+    MMP_TEST_CASE(test_adamw),
+    MMP_TEST_CASE(test_sumsq),
 };
 
 int main(int argc, char **argv)

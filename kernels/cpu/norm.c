@@ -2,12 +2,78 @@
  * norm (per row over C) and L2 normalisation (per row).
  *
  * Statistics are summed in double in a fixed order, so the reference is both
- * deterministic and accurate enough to judge the CUDA kernels by. The saved
- * mean / rstd are the float values the forward used, so backward
+ * deterministic and accurate enough to judge the CUDA kernels by. The order:
+ * element i of each row (a channel's HW run, a layer-norm row) goes to
+ * partial sum i % LANES, the partial sums carry over from row to row and are
+ * added pairwise at the end. One running sum would be a chain of dependent
+ * double adds, several times slower than the loads; LANES independent ones
+ * keep the units busy and the result independent of vector width.
+ * The saved mean / rstd are the float values the forward used, so backward
  * differentiates exactly what forward computed. */
 #include "kernels/cpu.h"
 
 #include <math.h>
+
+#define LANES 4
+
+typedef struct {
+    double s[LANES];
+} lanes;
+
+static double lanes_total(const lanes *a)
+{
+    return (a->s[0] + a->s[1]) + (a->s[2] + a->s[3]);
+}
+
+/* a += x (n), element i into lane i % LANES */
+static void add_row(lanes *a, const float *x, int n)
+{
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int k = 0; k < LANES; k++) {
+            a->s[k] += x[i + k];
+        }
+    }
+    for (int k = 0; i < n; i++, k++) {
+        a->s[k] += x[i];
+    }
+}
+
+/* a += (x - m)^2 over x (n), in double */
+static void add_sqdev_row(lanes *a, const float *x, int n, double m)
+{
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int k = 0; k < LANES; k++) {
+            double d = x[i + k] - m;
+            a->s[k] += d * d;
+        }
+    }
+    for (int k = 0; i < n; i++, k++) {
+        double d = x[i] - m;
+        a->s[k] += d * d;
+    }
+}
+
+/* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
+ * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
+static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, const float *w,
+                         int n, float m, float rs)
+{
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int k = 0; k < LANES; k++) {
+            float d = w ? dy[i + k] * w[i + k] : dy[i + k];
+            g->s[k] += d;
+            gx->s[k] += d * ((x[i + k] - m) * rs);
+        }
+    }
+    for (int k = 0; i < n; i++, k++) {
+        float d = w ? dy[i] * w[i] : dy[i];
+        g->s[k] += d;
+        gx->s[k] += d * ((x[i] - m) * rs);
+    }
+}
 
 void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *running_mean,
                                  float *running_var, const float *inp, const float *gamma,
@@ -17,32 +83,27 @@ void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *ru
     // inp (N,C,HW), gamma (C), beta (C)
     size_t count = (size_t)N * HW;
     for (int c = 0; c < C; c++) {
-        double sum = 0.0;
+        lanes sum = {{0}};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                sum += x[i];
-            }
+            add_row(&sum, inp + ((size_t)n * C + c) * HW, HW);
         }
-        double m = sum / (double)count;
-        double ss = 0.0;
+        double m = lanes_total(&sum) / (double)count;
+        lanes ss = {{0}};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                double d = x[i] - m;
-                ss += d * d;
-            }
+            add_sqdev_row(&ss, inp + ((size_t)n * C + c) * HW, HW, m);
         }
-        double var = ss / (double)count; /* biased: what the batch is normalised with */
+        double var =
+            lanes_total(&ss) / (double)count; /* biased: what the batch is normalised with */
         float mf = (float)m;
         float rs = (float)(1.0 / sqrt(var + eps));
+        float g = gamma[c], b = beta[c];
         mean[c] = mf;
         rstd[c] = rs;
         for (int n = 0; n < N; n++) {
             const float *x = inp + ((size_t)n * C + c) * HW;
             float *y = out + ((size_t)n * C + c) * HW;
             for (int i = 0; i < HW; i++) {
-                y[i] = (x[i] - mf) * rs * gamma[c] + beta[c];
+                y[i] = (x[i] - mf) * rs * g + b;
             }
         }
         if (running_mean) {
@@ -82,15 +143,12 @@ void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float
     double count = (double)N * HW;
     for (int c = 0; c < C; c++) {
         float m = mean[c], rs = rstd[c];
-        double sum_dy = 0.0, sum_dy_xhat = 0.0;
+        lanes dy_sum = {{0}}, dy_xhat_sum = {{0}};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            const float *dy = dout + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                sum_dy += dy[i];
-                sum_dy_xhat += dy[i] * ((x[i] - m) * rs);
-            }
+            size_t off = ((size_t)n * C + c) * HW;
+            add_grad_row(&dy_sum, &dy_xhat_sum, dout + off, inp + off, NULL, HW, m, rs);
         }
+        double sum_dy = lanes_total(&dy_sum), sum_dy_xhat = lanes_total(&dy_xhat_sum);
         if (dbeta) {
             dbeta[c] += (float)sum_dy;
         }
@@ -122,18 +180,12 @@ void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *in
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        double sum = 0.0;
-        for (int i = 0; i < C; i++) {
-            sum += x[i];
-        }
-        double m = sum / C;
-        double ss = 0.0;
-        for (int i = 0; i < C; i++) {
-            double d = x[i] - m;
-            ss += d * d;
-        }
+        lanes sum = {{0}}, ss = {{0}};
+        add_row(&sum, x, C);
+        double m = lanes_total(&sum) / C;
+        add_sqdev_row(&ss, x, C, m);
         float mf = (float)m;
-        float rs = (float)(1.0 / sqrt(ss / C + eps));
+        float rs = (float)(1.0 / sqrt(lanes_total(&ss) / C + eps));
         for (int i = 0; i < C; i++) {
             y[i] = (x[i] - mf) * rs * w[i] + b[i];
         }
@@ -150,27 +202,23 @@ void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
         const float *x = inp + (size_t)n * C;
         const float *dy = dout + (size_t)n * C;
         float m = mean[n], rs = rstd[n];
-        if (dw || db) {
+        if (db) {
             for (int i = 0; i < C; i++) {
-                if (db) {
-                    db[i] += dy[i];
-                }
-                if (dw) {
-                    dw[i] += dy[i] * ((x[i] - m) * rs);
-                }
+                db[i] += dy[i];
+            }
+        }
+        if (dw) {
+            for (int i = 0; i < C; i++) {
+                dw[i] += dy[i] * ((x[i] - m) * rs);
             }
         }
         if (!dinp) {
             continue;
         }
-        double sum_dn = 0.0, sum_dn_xhat = 0.0; /* dn = dout * w, the gradient of xhat */
-        for (int i = 0; i < C; i++) {
-            float dn = dy[i] * w[i];
-            sum_dn += dn;
-            sum_dn_xhat += dn * ((x[i] - m) * rs);
-        }
-        float mean_dn = (float)(sum_dn / C);
-        float mean_dn_xhat = (float)(sum_dn_xhat / C);
+        lanes dn_sum = {{0}}, dn_xhat_sum = {{0}}; /* dn = dout * w, the gradient of xhat */
+        add_grad_row(&dn_sum, &dn_xhat_sum, dy, x, w, C, m, rs);
+        float mean_dn = (float)(lanes_total(&dn_sum) / C);
+        float mean_dn_xhat = (float)(lanes_total(&dn_xhat_sum) / C);
         float *dx = dinp + (size_t)n * C;
         for (int i = 0; i < C; i++) {
             float xhat = (x[i] - m) * rs;
