@@ -380,6 +380,10 @@ static void test_conv(void)
         {"1x1 s2 p0", 2, 4, 5, 5, 3, 1, 1, 2, 0},
         {"2x3 s1 p1", 1, 2, 4, 5, 3, 2, 3, 1, 1},
         {"5x5 s2 p2 wider pad than image", 1, 2, 3, 4, 2, 5, 5, 2, 2},
+        /* stride 1 with OW == W: im2col / col2im's shifted-plane path */
+        {"5x5 s1 p2 wider pad than image", 2, 2, 3, 4, 3, 5, 5, 1, 2},
+        {"1x3 s1 p1 (OH = H + 2)", 1, 2, 3, 4, 2, 1, 3, 1, 1},
+        {"3x3 s1 p1 one column", 1, 2, 4, 1, 2, 3, 3, 1, 1},
     };
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, 2, 3, 32, 32, 8, 3, 3, 2, 1);

@@ -7,6 +7,7 @@
  * no scratch. */
 #include "kernels/cpu.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,16 +55,73 @@ static void valid_range(int k, int W, int OW, int stride, int pad, int *lo, int 
     }
 }
 
+/* A "same" stride-1 convolution (OW == W) reads, for each (c, kh, kw), the
+ * image plane shifted by off = (kh - pad) W + (kw - pad): col row element j
+ * is plane element j + off, except in the columns ow outside [lo, hi), which
+ * read padding (their j + off lands on the neighbouring image row). So one
+ * contiguous copy (or add) over the valid rows [j0, j1) does the work of a
+ * short loop per row; the caller fixes the padding columns. The range is
+ * trimmed where j + off would leave the plane (only padding columns are
+ * there). */
+static int is_same_stride1(const mmp_conv_shape *s)
+{
+    return s->stride == 1 && s->OW == s->W;
+}
+
+static void shifted_range(const mmp_conv_shape *s, int kh, int kw, size_t *j0, size_t *j1,
+                          ptrdiff_t *off)
+{
+    int oh_lo, oh_hi;
+    valid_range(kh, s->H, s->OH, 1, s->pad, &oh_lo, &oh_hi);
+    ptrdiff_t o = (ptrdiff_t)(kh - s->pad) * s->W + (kw - s->pad);
+    ptrdiff_t a = (ptrdiff_t)oh_lo * s->OW, b = (ptrdiff_t)oh_hi * s->OW;
+    ptrdiff_t plane = (ptrdiff_t)s->H * s->W;
+    if (a < -o) {
+        a = -o;
+    }
+    if (b > plane - o) {
+        b = plane - o;
+    }
+    if (b < a) {
+        b = a;
+    }
+    *j0 = (size_t)a;
+    *j1 = (size_t)b;
+    *off = o;
+}
+
 /* col (C*KH*KW, OH*OW) from one image img (C,H,W); padding reads as 0. */
 static void im2col(float *col, const float *img, const mmp_conv_shape *s)
 {
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
+    size_t OHW = (size_t)OH * OW;
     for (int c = 0; c < s->C; c++) {
+        const float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
-                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OH * OW;
+                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
                 int lo, hi;
                 valid_range(kw, W, OW, st, pad, &lo, &hi);
+                if (is_same_stride1(s)) {
+                    size_t j0, j1;
+                    ptrdiff_t off;
+                    shifted_range(s, kh, kw, &j0, &j1, &off);
+                    memset(row, 0, sizeof(float) * j0);
+                    memcpy(row + j0, plane + (ptrdiff_t)j0 + off, sizeof(float) * (j1 - j0));
+                    memset(row + j1, 0, sizeof(float) * (OHW - j1));
+                    if (lo > 0 || hi < OW) {
+                        for (size_t r = j0 / OW; r * OW < j1; r++) {
+                            float *dst = row + r * OW;
+                            for (int ow = 0; ow < lo; ow++) {
+                                dst[ow] = 0.0f;
+                            }
+                            for (int ow = hi; ow < OW; ow++) {
+                                dst[ow] = 0.0f;
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for (int oh = 0; oh < OH; oh++) {
                     float *dst = row + (size_t)oh * OW;
                     int ih = oh * st - pad + kh;
@@ -71,17 +129,12 @@ static void im2col(float *col, const float *img, const mmp_conv_shape *s)
                         memset(dst, 0, sizeof(float) * OW);
                         continue;
                     }
-                    const float *src = img + ((size_t)c * H + ih) * W;
+                    const float *src = plane + (size_t)ih * W;
                     for (int ow = 0; ow < lo; ow++) {
                         dst[ow] = 0.0f;
                     }
-                    if (st == 1 && hi > lo) {
-                        /* the common case is a contiguous run: let memcpy vectorise it */
-                        memcpy(dst + lo, src + (lo - pad + kw), sizeof(float) * (hi - lo));
-                    } else {
-                        for (int ow = lo; ow < hi; ow++) {
-                            dst[ow] = src[ow * st - pad + kw];
-                        }
+                    for (int ow = lo; ow < hi; ow++) {
+                        dst[ow] = src[ow * st - pad + kw];
                     }
                     for (int ow = hi; ow < OW; ow++) {
                         dst[ow] = 0.0f;
@@ -92,33 +145,53 @@ static void im2col(float *col, const float *img, const mmp_conv_shape *s)
     }
 }
 
-/* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped. */
-static void col2im_add(float *img, const float *col, const mmp_conv_shape *s)
+/* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped.
+ * Each image element takes its contributions in (c, kh, kw) order. The
+ * same-stride-1 path zeroes col's padding columns first (col is the
+ * caller's scratch) and then adds one contiguous run: those zeros land on
+ * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
+static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
 {
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
+    size_t OHW = (size_t)OH * OW;
     for (int c = 0; c < s->C; c++) {
+        float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
-                const float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OH * OW;
+                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
                 int lo, hi;
                 valid_range(kw, W, OW, st, pad, &lo, &hi);
+                if (is_same_stride1(s)) {
+                    size_t j0, j1;
+                    ptrdiff_t off;
+                    shifted_range(s, kh, kw, &j0, &j1, &off);
+                    if (lo > 0 || hi < OW) {
+                        for (size_t r = j0 / OW; r * OW < j1; r++) {
+                            float *src = row + r * OW;
+                            for (int ow = 0; ow < lo; ow++) {
+                                src[ow] = 0.0f;
+                            }
+                            for (int ow = hi; ow < OW; ow++) {
+                                src[ow] = 0.0f;
+                            }
+                        }
+                    }
+                    float *dst = plane + (ptrdiff_t)j0 + off;
+                    const float *src = row + j0;
+                    for (size_t i = 0; i < j1 - j0; i++) {
+                        dst[i] += src[i];
+                    }
+                    continue;
+                }
                 for (int oh = 0; oh < OH; oh++) {
                     int ih = oh * st - pad + kh;
                     if (ih < 0 || ih >= H) {
                         continue;
                     }
                     const float *src = row + (size_t)oh * OW;
-                    float *dst = img + ((size_t)c * H + ih) * W;
-                    if (st == 1 && hi > lo) {
-                        /* a contiguous run: the compiler vectorises it */
-                        float *run = dst + (lo - pad + kw);
-                        for (int i = 0; i < hi - lo; i++) {
-                            run[i] += src[lo + i];
-                        }
-                    } else {
-                        for (int ow = lo; ow < hi; ow++) {
-                            dst[ow * st - pad + kw] += src[ow];
-                        }
+                    float *dst = plane + (size_t)ih * W;
+                    for (int ow = lo; ow < hi; ow++) {
+                        dst[ow * st - pad + kw] += src[ow];
                     }
                 }
             }
