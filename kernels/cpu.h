@@ -14,7 +14,8 @@
  *    adds. Any gradient pointer may be NULL to skip computing it.
  *  - Layouts: images NCHW; sequences (B,T,C) with C innermost.
  *  - Nothing here allocates on the heap except conv2d's im2col buffer when
- *    the caller passes no scratch; nothing here can fail on valid shapes. */
+ *    the caller passes no scratch and attention backward's (Tq,Tk) buffer;
+ *    nothing here can fail on valid shapes. */
 #ifndef MMP_KERNELS_CPU_H
 #define MMP_KERNELS_CPU_H
 
@@ -23,7 +24,9 @@
 
 #include "kernels/shape.h" /* mmp_conv_shape */
 
-/* Threads OpenBLAS may use (default 1). */
+/* Threads OpenBLAS may use in a GEMM, and threads the other loops of conv2d
+ * (im2col / col2im), batch norm and the elementwise ops use (default 1).
+ * The two take turns, never running at once; results do not depend on n. */
 void mmp_cpu_set_threads(int n);
 
 /* ---- low precision ----------------------------------------------------- */

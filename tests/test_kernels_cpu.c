@@ -1328,6 +1328,55 @@ static void test_sumsq(void)
     CHECK(mmp_cpu_sumsq(x, 0) == 0.0);
 }
 
+/* The kernels' pool splits conv's im2col / col2im and batch norm by channel
+ * and the elementwise ops by range: the same bits at any thread count. The
+ * shapes are large enough that every one of those loops is split. */
+static void test_threads_bitwise(void)
+{
+    snprintf(case_name, sizeof case_name, "thread count does not change results");
+    mmp_conv_shape s;
+    mmp_conv_shape_set(&s, 2, 6, 48, 48, 5, 3, 3, 1, 1);
+    size_t nx = (size_t)2 * 6 * 48 * 48, ny = (size_t)2 * 5 * 48 * 48, nw = 5 * 6 * 9;
+    float *x = frand(nx, -1, 1), *w = frand(nw, -1, 1), *dy = frand(ny, -1, 1);
+    float *scratch = fzeros(mmp_cpu_conv2d_scratch_floats(&s));
+    int N = 4, C = 3, HW = 4100; /* one channel is 16400 floats: one per range */
+    size_t nb = (size_t)N * C * HW;
+    float *bx = frand(nb, -2, 2), *bdy = frand(nb, -1, 1), *gamma = frand(C, 0.5, 1.5),
+          *beta = frand(C, -1, 1);
+    size_t ne = 100003;
+    float *ex = frand(ne, -6, 6), *edy = frand(ne, -1, 1);
+    float *out[2][9];
+    for (int t = 0; t < 2; t++) {
+        mmp_cpu_set_threads(t == 0 ? 1 : 3);
+        float **o = out[t];
+        o[0] = fzeros(ny);
+        mmp_cpu_conv2d_fwd(o[0], x, w, NULL, &s, scratch);
+        o[1] = fzeros(nx);
+        o[2] = fzeros(nw);
+        mmp_cpu_conv2d_bwd(o[1], o[2], NULL, dy, x, w, &s, scratch);
+        float *mean = fzeros(C), *rstd = fzeros(C);
+        o[3] = fzeros(nb);
+        mmp_cpu_batchnorm_fwd_train(o[3], mean, rstd, NULL, NULL, bx, gamma, beta, N, C, HW, 1e-5f,
+                                    0.1f);
+        o[4] = fzeros(nb);
+        mmp_cpu_batchnorm_bwd(o[4], NULL, NULL, bdy, bx, mean, rstd, gamma, N, C, HW);
+        o[5] = fzeros(ne);
+        mmp_cpu_gelu_fwd(o[5], ex, ne);
+        o[6] = fzeros(ne);
+        mmp_cpu_gelu_bwd(o[6], edy, ex, ne);
+        o[7] = fzeros(ne);
+        mmp_cpu_relu_bwd(o[7], edy, ex, ne);
+        o[8] = fzeros(ne);
+        mmp_cpu_add(o[8], ex, edy, ne);
+    }
+    mmp_cpu_set_threads(1);
+    size_t sizes[9] = {ny, nx, nw, nb, nb, ne, ne, ne, ne};
+    for (int k = 0; k < 9; k++) {
+        CHECK(memcmp(out[0][k], out[1][k], sizes[k] * sizeof(float)) == 0);
+    }
+    release_all();
+}
+
 static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_gemm),
     MMP_TEST_CASE(test_linear),
@@ -1348,6 +1397,7 @@ static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_bce),
     MMP_TEST_CASE(test_adamw),
     MMP_TEST_CASE(test_sumsq),
+    MMP_TEST_CASE(test_threads_bitwise),
 };
 
 int main(int argc, char **argv)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "kernels/cpu/parallel.h"
 
 void mmp_conv_shape_set(mmp_conv_shape *s, int N, int C, int H, int W, int OC, int KH, int KW,
                         int stride, int pad)
@@ -90,12 +91,32 @@ static void shifted_range(const mmp_conv_shape *s, int kh, int kw, size_t *j0, s
     *off = o;
 }
 
-/* col (C*KH*KW, OH*OW) from one image img (C,H,W); padding reads as 0. */
-static void im2col(float *col, const float *img, const mmp_conv_shape *s)
+/* im2col's and col2im's arguments; channels are independent (each writes
+ * its own rows of col, or its own plane of img), so they run on the pool */
+typedef struct {
+    float *col, *img;
+    const float *src;
+    const mmp_conv_shape *s;
+} cols_args;
+
+#define COLS_GRAIN_FLOATS 16384
+
+static size_t cols_grain(const mmp_conv_shape *s)
 {
+    size_t per_channel = (size_t)s->KH * s->KW * s->OH * s->OW;
+    return per_channel >= COLS_GRAIN_FLOATS ? 1
+                                            : COLS_GRAIN_FLOATS / (per_channel ? per_channel : 1);
+}
+
+/* col (C*KH*KW, OH*OW) from one image img (C,H,W), channels [lo, hi); padding reads as 0. */
+static void im2col_range(void *p, size_t lo_c, size_t hi_c)
+{
+    float *col = ((cols_args *)p)->col;
+    const float *img = ((cols_args *)p)->src;
+    const mmp_conv_shape *s = ((cols_args *)p)->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
     size_t OHW = (size_t)OH * OW;
-    for (int c = 0; c < s->C; c++) {
+    for (int c = (int)lo_c; c < (int)hi_c; c++) {
         const float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
@@ -145,16 +166,24 @@ static void im2col(float *col, const float *img, const mmp_conv_shape *s)
     }
 }
 
+static void im2col(float *col, const float *img, const mmp_conv_shape *s)
+{
+    cols_args a = {.col = col, .src = img, .s = s};
+    mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), im2col_range, &a);
+}
+
 /* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped.
  * Each image element takes its contributions in (c, kh, kw) order. The
  * same-stride-1 path zeroes col's padding columns first (col is the
  * caller's scratch) and then adds one contiguous run: those zeros land on
  * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
-static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
+static void col2im_range(void *p, size_t lo_c, size_t hi_c)
 {
+    float *img = ((cols_args *)p)->img, *col = ((cols_args *)p)->col;
+    const mmp_conv_shape *s = ((cols_args *)p)->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
     size_t OHW = (size_t)OH * OW;
-    for (int c = 0; c < s->C; c++) {
+    for (int c = (int)lo_c; c < (int)hi_c; c++) {
         float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
@@ -197,6 +226,12 @@ static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
             }
         }
     }
+}
+
+static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
+{
+    cols_args a = {.col = col, .img = img, .s = s};
+    mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), col2im_range, &a);
 }
 
 /* The caller's scratch, or a fresh buffer (*owned set) when it passed none. */

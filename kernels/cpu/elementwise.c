@@ -1,33 +1,59 @@
 /* Elementwise ops on the CPU: ReLU, GELU (tanh approximation), add, scale.
  * Every loop here is written so that the compiler vectorises it (no calls,
- * selects instead of branches). */
+ * selects instead of branches); the large ones run on the kernels' pool
+ * (parallel.h) in ranges of at least EW_GRAIN elements. */
 #include "kernels/cpu.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/parallel.h"
+
 #define GELU_SQRT_2_OVER_PI 0.7978845608028654f
 #define GELU_CUBIC 0.044715f
+#define EW_GRAIN 16384
 
-void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n)
+/* one op's arrays, for its range function */
+typedef struct {
+    float *y;
+    const float *a, *b;
+} ew_args;
+
+static void relu_fwd_range(void *p, size_t lo, size_t hi)
 {
-    // out (n), inp (n); out may alias inp
-    for (size_t i = 0; i < n; i++) {
+    float *out = ((ew_args *)p)->y;
+    const float *inp = ((ew_args *)p)->a;
+    for (size_t i = lo; i < hi; i++) {
         out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
     }
 }
 
-void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n)
+void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n)
 {
-    // dinp (n), dout (n), out (n): the forward's output
-    for (size_t i = 0; i < n; i++) {
+    // out (n), inp (n); out may alias inp
+    ew_args a = {out, inp, NULL};
+    mmp_cpu_parallel_for(n, EW_GRAIN, relu_fwd_range, &a);
+}
+
+static void relu_bwd_range(void *p, size_t lo, size_t hi)
+{
+    float *dinp = ((ew_args *)p)->y;
+    const float *dout = ((ew_args *)p)->a, *out = ((ew_args *)p)->b;
+    for (size_t i = lo; i < hi; i++) {
         /* a select, not a branch, so the loop vectorises; dinp is left
          * untouched (not += 0) where out <= 0, as the branch did */
         float a = dinp[i];
         float sum = a + dout[i];
         dinp[i] = out[i] > 0.0f ? sum : a;
     }
+}
+
+void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n)
+{
+    // dinp (n), dout (n), out (n): the forward's output
+    ew_args a = {dinp, dout, out};
+    mmp_cpu_parallel_for(n, EW_GRAIN, relu_bwd_range, &a);
 }
 
 /* exp(x) for x clamped to [-60, 60], within 1 ulp of expf (Cephes' expf:
@@ -67,20 +93,29 @@ static inline float exp_approx(float x)
  * The sigmoid form is what the loops compute: no tanhf call, and no
  * cancellation in 1 + tanh(u) for negative x. The tanhf form is kept in
  * tests/test_kernels_cpu.c as the reference (within 1e-6 of each other). */
-void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n)
+static void gelu_fwd_range(void *p, size_t lo, size_t hi)
 {
-    // out (n), inp (n)
-    for (size_t i = 0; i < n; i++) {
+    float *out = ((ew_args *)p)->y;
+    const float *inp = ((ew_args *)p)->a;
+    for (size_t i = lo; i < hi; i++) {
         float x = inp[i];
         float u = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
         out[i] = x / (1.0f + exp_approx(-2.0f * u));
     }
 }
 
-void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n)
+void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n)
 {
-    // dinp (n), dout (n), inp (n)
-    for (size_t i = 0; i < n; i++) {
+    // out (n), inp (n)
+    ew_args a = {out, inp, NULL};
+    mmp_cpu_parallel_for(n, EW_GRAIN, gelu_fwd_range, &a);
+}
+
+static void gelu_bwd_range(void *p, size_t lo, size_t hi)
+{
+    float *dinp = ((ew_args *)p)->y;
+    const float *dout = ((ew_args *)p)->a, *inp = ((ew_args *)p)->b;
+    for (size_t i = lo; i < hi; i++) {
         /* with s = sigmoid(2u) = 0.5 (1 + tanh u): 0.5 (1 - tanh^2 u) = 2 s (1 - s),
          * so d/dx = s + 2 x s (1 - s) du/dx, and 1 - s = e s with e = exp(-2u) */
         float x = inp[i];
@@ -93,12 +128,27 @@ void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n
     }
 }
 
+void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n)
+{
+    // dinp (n), dout (n), inp (n)
+    ew_args a = {dinp, dout, inp};
+    mmp_cpu_parallel_for(n, EW_GRAIN, gelu_bwd_range, &a);
+}
+
+static void add_range(void *p, size_t lo, size_t hi)
+{
+    float *out = ((ew_args *)p)->y;
+    const float *a = ((ew_args *)p)->a, *b = ((ew_args *)p)->b;
+    for (size_t i = lo; i < hi; i++) {
+        out[i] = a[i] + b[i];
+    }
+}
+
 void mmp_cpu_add(float *out, const float *a, const float *b, size_t n)
 {
     // out (n), a (n), b (n); out may alias a or b
-    for (size_t i = 0; i < n; i++) {
-        out[i] = a[i] + b[i];
-    }
+    ew_args args = {out, a, b};
+    mmp_cpu_parallel_for(n, EW_GRAIN, add_range, &args);
 }
 
 void mmp_cpu_scale(float *x, float s, size_t n)

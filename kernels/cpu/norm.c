@@ -9,10 +9,13 @@
  * double adds, several times slower than the loads; LANES independent ones
  * keep the units busy and the result independent of vector width.
  * The saved mean / rstd are the float values the forward used, so backward
- * differentiates exactly what forward computed. */
+ * differentiates exactly what forward computed. Batch norm's channels are
+ * independent and run on the kernels' pool (parallel.h). */
 #include "kernels/cpu.h"
 
 #include <math.h>
+
+#include "kernels/cpu/parallel.h"
 
 #define LANES 4
 
@@ -75,14 +78,35 @@ static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, c
     }
 }
 
-void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *running_mean,
-                                 float *running_var, const float *inp, const float *gamma,
-                                 const float *beta, int N, int C, int HW, float eps, float momentum)
+/* batch norm's arguments, for its per-channel range functions */
+typedef struct {
+    float *out, *mean, *rstd, *running_mean, *running_var;
+    float *dinp, *dgamma, *dbeta;
+    const float *inp, *dout, *gamma, *beta;
+    const float *mean_in, *rstd_in;
+    int N, C, HW;
+    float eps, momentum;
+} bn_args;
+
+/* channels per range: at least about BN_GRAIN_FLOATS elements of work */
+#define BN_GRAIN_FLOATS 16384
+
+static size_t bn_grain(int N, int HW)
 {
-    // out (N,C,HW), mean (C), rstd (C), running_mean (C) or NULL, running_var (C) or NULL,
-    // inp (N,C,HW), gamma (C), beta (C)
+    size_t per_channel = (size_t)N * HW;
+    return per_channel >= BN_GRAIN_FLOATS ? 1 : BN_GRAIN_FLOATS / (per_channel ? per_channel : 1);
+}
+
+static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
+{
+    const bn_args *a = p;
+    float *out = a->out, *mean = a->mean, *rstd = a->rstd;
+    float *running_mean = a->running_mean, *running_var = a->running_var;
+    const float *inp = a->inp, *gamma = a->gamma, *beta = a->beta;
+    int N = a->N, C = a->C, HW = a->HW;
+    float eps = a->eps, momentum = a->momentum;
     size_t count = (size_t)N * HW;
-    for (int c = 0; c < C; c++) {
+    for (int c = (int)lo; c < (int)hi; c++) {
         lanes sum = {{0}};
         for (int n = 0; n < N; n++) {
             add_row(&sum, inp + ((size_t)n * C + c) * HW, HW);
@@ -117,6 +141,28 @@ void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *ru
     }
 }
 
+void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *running_mean,
+                                 float *running_var, const float *inp, const float *gamma,
+                                 const float *beta, int N, int C, int HW, float eps, float momentum)
+{
+    // out (N,C,HW), mean (C), rstd (C), running_mean (C) or NULL, running_var (C) or NULL,
+    // inp (N,C,HW), gamma (C), beta (C)
+    bn_args a = {.out = out,
+                 .mean = mean,
+                 .rstd = rstd,
+                 .running_mean = running_mean,
+                 .running_var = running_var,
+                 .inp = inp,
+                 .gamma = gamma,
+                 .beta = beta,
+                 .N = N,
+                 .C = C,
+                 .HW = HW,
+                 .eps = eps,
+                 .momentum = momentum};
+    mmp_cpu_parallel_for((size_t)C, bn_grain(N, HW), bn_fwd_train_range, &a);
+}
+
 void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamma,
                                  const float *beta, const float *running_mean,
                                  const float *running_var, int N, int C, int HW, float eps)
@@ -134,14 +180,15 @@ void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamm
     }
 }
 
-void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                           const float *inp, const float *mean, const float *rstd,
-                           const float *gamma, int N, int C, int HW)
+static void bn_bwd_range(void *p, size_t lo, size_t hi)
 {
-    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
-    // mean (C), rstd (C), gamma (C)
+    const bn_args *a = p;
+    float *dinp = a->dinp, *dgamma = a->dgamma, *dbeta = a->dbeta;
+    const float *dout = a->dout, *inp = a->inp, *mean = a->mean_in, *rstd = a->rstd_in;
+    const float *gamma = a->gamma;
+    int N = a->N, C = a->C, HW = a->HW;
     double count = (double)N * HW;
-    for (int c = 0; c < C; c++) {
+    for (int c = (int)lo; c < (int)hi; c++) {
         float m = mean[c], rs = rstd[c];
         lanes dy_sum = {{0}}, dy_xhat_sum = {{0}};
         for (int n = 0; n < N; n++) {
@@ -171,6 +218,26 @@ void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float
             }
         }
     }
+}
+
+void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                           const float *inp, const float *mean, const float *rstd,
+                           const float *gamma, int N, int C, int HW)
+{
+    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
+    // mean (C), rstd (C), gamma (C)
+    bn_args a = {.dinp = dinp,
+                 .dgamma = dgamma,
+                 .dbeta = dbeta,
+                 .dout = dout,
+                 .inp = inp,
+                 .mean_in = mean,
+                 .rstd_in = rstd,
+                 .gamma = gamma,
+                 .N = N,
+                 .C = C,
+                 .HW = HW};
+    mmp_cpu_parallel_for((size_t)C, bn_grain(N, HW), bn_bwd_range, &a);
 }
 
 void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
