@@ -1345,7 +1345,10 @@ static void test_threads_bitwise(void)
           *beta = frand(C, -1, 1);
     size_t ne = 100003;
     float *ex = frand(ne, -6, 6), *edy = frand(ne, -1, 1);
-    float *out[2][9];
+    size_t np = 300001; /* several of sumsq's blocks */
+    float *pg = frand(np, -1, 1);
+    double sq[2];
+    float *out[2][12];
     for (int t = 0; t < 2; t++) {
         mmp_cpu_set_threads(t == 0 ? 1 : 3);
         float **o = out[t];
@@ -1368,10 +1371,18 @@ static void test_threads_bitwise(void)
         mmp_cpu_relu_bwd(o[7], edy, ex, ne);
         o[8] = fzeros(ne);
         mmp_cpu_add(o[8], ex, edy, ne);
+        sq[t] = mmp_cpu_sumsq(pg, np);
+        o[9] = fcopy(ex, ne);
+        o[10] = fzeros(ne);
+        o[11] = fzeros(ne);
+        for (int step = 1; step <= 2; step++) {
+            mmp_cpu_adamw(o[9], edy, o[10], o[11], ne, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+        }
     }
     mmp_cpu_set_threads(1);
-    size_t sizes[9] = {ny, nx, nw, nb, nb, ne, ne, ne, ne};
-    for (int k = 0; k < 9; k++) {
+    CHECK(sq[0] == sq[1]);
+    size_t sizes[12] = {ny, nx, nw, nb, nb, ne, ne, ne, ne, ne, ne, ne};
+    for (int k = 0; k < 12; k++) {
         CHECK(memcmp(out[0][k], out[1][k], sizes[k] * sizeof(float)) == 0);
     }
     release_all();

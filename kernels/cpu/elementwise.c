@@ -177,18 +177,39 @@ void mmp_cpu_transpose(float *out, const float *inp, int B, int R, int C, int ac
     }
 }
 
+typedef struct {
+    double *acc;
+    float *x;
+} f64_args;
+
+static void acc_f64_range(void *p, size_t lo, size_t hi)
+{
+    double *restrict acc = ((f64_args *)p)->acc;
+    const float *restrict x = ((f64_args *)p)->x;
+    for (size_t i = lo; i < hi; i++) {
+        acc[i] += x[i];
+    }
+}
+
 void mmp_cpu_acc_f64(double *restrict acc, const float *restrict x, size_t n)
 {
     // acc (n), x (n)
-    for (size_t i = 0; i < n; i++) {
-        acc[i] += x[i];
+    f64_args a = {acc, (float *)x};
+    mmp_cpu_parallel_for(n, EW_GRAIN, acc_f64_range, &a);
+}
+
+static void round_f64_range(void *p, size_t lo, size_t hi)
+{
+    const double *restrict acc = ((f64_args *)p)->acc;
+    float *restrict x = ((f64_args *)p)->x;
+    for (size_t i = lo; i < hi; i++) {
+        x[i] = (float)acc[i];
     }
 }
 
 void mmp_cpu_round_f64(float *restrict x, const double *restrict acc, size_t n)
 {
     // x (n), acc (n)
-    for (size_t i = 0; i < n; i++) {
-        x[i] = (float)acc[i];
-    }
+    f64_args a = {(double *)acc, x};
+    mmp_cpu_parallel_for(n, EW_GRAIN, round_f64_range, &a);
 }
