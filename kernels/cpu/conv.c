@@ -154,8 +154,16 @@ static void im2col_range(void *p, size_t lo_c, size_t hi_c)
                     for (int ow = 0; ow < lo; ow++) {
                         dst[ow] = 0.0f;
                     }
-                    for (int ow = lo; ow < hi; ow++) {
-                        dst[ow] = src[ow * st - pad + kw];
+                    const float *run = src + (ptrdiff_t)lo * st - pad + kw;
+                    if (st == 2) {
+                        /* a constant stride the compiler vectorises (shuffles) */
+                        for (int i = 0; i < hi - lo; i++) {
+                            dst[lo + i] = run[2 * i];
+                        }
+                    } else {
+                        for (int i = 0; i < hi - lo; i++) {
+                            dst[lo + i] = run[(ptrdiff_t)i * st];
+                        }
                     }
                     for (int ow = hi; ow < OW; ow++) {
                         dst[ow] = 0.0f;
