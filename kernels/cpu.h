@@ -1,10 +1,11 @@
 /* CPU reference kernels: the numerical spec of every op mmpipe runs.
  *
  * Plain C over contiguous fp32 arrays, shapes in the signatures, GEMMs through
- * OpenBLAS (single-threaded unless mmp_cpu_set_threads says otherwise). Every
- * CUDA kernel in kernels/cuda.h is tested against the function of the same
- * name here. Results are deterministic: a fixed reduction order, no threads
- * racing on a sum.
+ * OpenBLAS; OpenBLAS and the kernels' own pool (kernels/cpu/parallel.h) are
+ * single-threaded unless mmp_cpu_set_threads says otherwise. Every CUDA
+ * kernel in kernels/cuda.h is tested against the function of the same name
+ * here. Results are deterministic: a fixed reduction order, no threads racing
+ * on a sum, the same bits at any thread count.
  *
  * Conventions:
  *  - Forward functions overwrite their outputs.
