@@ -5,7 +5,8 @@
 # micro-batches, same optimizer, same thread count. Runs alternate
 # (mmpipe, torch, mmpipe, torch, ...) so drift on a shared machine hits both;
 # each run's figure is the median over its timed steps, the table shows the
-# median over runs. Prints a Markdown table.
+# median over runs. Prints a Markdown table whose last column is mmpipe's
+# speed relative to PyTorch's (PyTorch ms / mmpipe ms: above 1 is faster).
 #
 # mmpipe's figure is metrics.jsonl's step_ms minus data_ms (the step without
 # waiting for the loader; eval and checkpoints are off), over steps after
@@ -13,13 +14,16 @@
 #
 # usage: bench/torch_vs_mmpipe.sh [PLAN.yaml] [--steps N] [--reps R]
 #                                 [--threads "1 2"] [--data MANIFEST]
+#                                 [--batch B] [--microbatches M]
+# --batch / --microbatches override the plan's train.batch / microbatches
+# for both (seed-scale on CPU: e.g. --batch 8 --microbatches 2 --steps 4).
 # Needs build/mmpipe and a python3 with torch ($PYTHON, default python3;
 # Debian: apt-get install python3-torch, then PYTHON=/usr/bin/python3).
-# Without --data the plan's manifest is used, or a small synthetic set is
-# made under $MMP_TMP (default /tmp/mmpipe-bench-torch).
+# Without --data the plan's manifest is used, or a small synthetic set at
+# the plan's image size is made under $MMP_TMP (default /tmp/mmpipe-bench-torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PLAN=configs/demo.yaml STEPS=12 REPS=3 THREADS="1 2" DATA=""
+PLAN=configs/demo.yaml STEPS=12 REPS=3 THREADS="1 2" DATA="" BATCH="" MICRO=""
 PYTHON=${PYTHON:-python3}
 BIN=${MMP_BIN:-build/mmpipe}
 TMP=${MMP_TMP:-/tmp/mmpipe-bench-torch}
@@ -29,7 +33,9 @@ while [ $# -gt 0 ]; do
     --reps) REPS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --data) DATA=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --microbatches) MICRO=$2; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) PLAN=$1; shift ;;
   esac
 done
@@ -39,14 +45,22 @@ if [ -z "$DATA" ]; then
   if [ -f data/shapes/train.jsonl ] && grep -q 'data/shapes/train.jsonl' "$PLAN"; then
     DATA=data/shapes/train.jsonl
   else
-    DATA=$TMP/shapes/train.jsonl
-    [ -f "$DATA" ] || "$BIN" data synth --out "$TMP/shapes" --samples 2000 --seed 1 >/dev/null
+    size=$(sed -n 's/^ *image_size: *\([0-9]*\).*/\1/p' "$PLAN" | head -1)
+    size=${size:-32}
+    DATA=$TMP/shapes$size/train.jsonl
+    [ -f "$DATA" ] || "$BIN" data synth --out "$TMP/shapes$size" --seed 1 \
+      --samples $((size > 64 ? 256 : 2000)) \
+      --image-size "$size" >/dev/null
   fi
 fi
 
+overrides=()
+[ -z "$BATCH" ] || overrides+=(--set train.batch="$BATCH")
+[ -z "$MICRO" ] || overrides+=(--set train.microbatches="$MICRO")
+
 # mmpipe_run THREADS OUT: one single-process run; prints its median step ms.
 mmpipe_run() {
-  "$BIN" launch "$PLAN" --single-process --force --out "$2" --steps "$STEPS" \
+  "$BIN" launch "$PLAN" --single-process --force --out "$2" --steps "$STEPS" "${overrides[@]}" \
     --set data.manifest="$DATA" --set train.threads="$1" --set train.eval_every=0 \
     --set train.final_eval=false --set train.ckpt_every=0 >"$2.log" 2>&1 \
     || { echo "torch_vs_mmpipe: mmpipe failed, see $2.log" >&2; tail -5 "$2.log" >&2; exit 1; }
@@ -81,12 +95,12 @@ done
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)')
 echo
-echo "One training step of $PLAN ($(nproc) CPUs; median of $REPS alternating runs, each the median of $((STEPS - 2)) steps; torch $torch_version eager)"
+echo "One training step of $PLAN${BATCH:+ at batch $BATCH}${MICRO:+, $MICRO micro-batches} ($(nproc) CPUs; median of $REPS alternating runs, each the median of $((STEPS - 2)) steps; torch $torch_version eager)"
 echo
-echo "| threads | mmpipe --single-process (ms/step) | PyTorch eager (ms/step) | mmpipe / PyTorch |"
+echo "| threads | mmpipe --single-process (ms/step) | PyTorch eager (ms/step) | mmpipe speed / PyTorch speed |"
 echo "|--:|--:|--:|--:|"
 for t in $THREADS; do
   m=$(echo "${runs[mmpipe,$t]}" | median)
   p=$(echo "${runs[torch,$t]}" | median)
-  printf "| %s | %.1f | %.1f | %.2f |\n" "$t" "$m" "$p" "$(echo "$m / $p" | bc -l)"
+  printf "| %s | %.1f | %.1f | %.2fx |\n" "$t" "$m" "$p" "$(echo "$p / $m" | bc -l)"
 done

@@ -1,10 +1,11 @@
 /* CPU reference kernels: the numerical spec of every op mmpipe runs.
  *
  * Plain C over contiguous fp32 arrays, shapes in the signatures, GEMMs through
- * OpenBLAS (single-threaded unless mmp_cpu_set_threads says otherwise). Every
- * CUDA kernel in kernels/cuda.h is tested against the function of the same
- * name here. Results are deterministic: a fixed reduction order, no threads
- * racing on a sum.
+ * OpenBLAS; OpenBLAS and the kernels' own pool (kernels/cpu/parallel.h) are
+ * single-threaded unless mmp_cpu_set_threads says otherwise. Every CUDA
+ * kernel in kernels/cuda.h is tested against the function of the same name
+ * here. Results are deterministic: a fixed reduction order, no threads racing
+ * on a sum, the same bits at any thread count.
  *
  * Conventions:
  *  - Forward functions overwrite their outputs.
@@ -14,7 +15,8 @@
  *    adds. Any gradient pointer may be NULL to skip computing it.
  *  - Layouts: images NCHW; sequences (B,T,C) with C innermost.
  *  - Nothing here allocates on the heap except conv2d's im2col buffer when
- *    the caller passes no scratch; nothing here can fail on valid shapes. */
+ *    the caller passes no scratch and attention backward's (Tq,Tk) buffer;
+ *    nothing here can fail on valid shapes. */
 #ifndef MMP_KERNELS_CPU_H
 #define MMP_KERNELS_CPU_H
 
@@ -23,7 +25,9 @@
 
 #include "kernels/shape.h" /* mmp_conv_shape */
 
-/* Threads OpenBLAS may use (default 1). */
+/* Threads OpenBLAS may use in a GEMM, and threads the other loops of conv2d
+ * (im2col / col2im), batch norm and the elementwise ops use (default 1).
+ * The two take turns, never running at once; results do not depend on n. */
 void mmp_cpu_set_threads(int n);
 
 /* ---- low precision ----------------------------------------------------- */

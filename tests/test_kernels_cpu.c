@@ -380,6 +380,10 @@ static void test_conv(void)
         {"1x1 s2 p0", 2, 4, 5, 5, 3, 1, 1, 2, 0},
         {"2x3 s1 p1", 1, 2, 4, 5, 3, 2, 3, 1, 1},
         {"5x5 s2 p2 wider pad than image", 1, 2, 3, 4, 2, 5, 5, 2, 2},
+        /* stride 1 with OW == W: im2col / col2im's shifted-plane path */
+        {"5x5 s1 p2 wider pad than image", 2, 2, 3, 4, 3, 5, 5, 1, 2},
+        {"1x3 s1 p1 (OH = H + 2)", 1, 2, 3, 4, 2, 1, 3, 1, 1},
+        {"3x3 s1 p1 one column", 1, 2, 4, 1, 2, 3, 3, 1, 1},
     };
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, 2, 3, 32, 32, 8, 3, 3, 2, 1);
@@ -578,6 +582,38 @@ static void test_relu(void)
 static void test_gelu(void)
 {
     check_unary("gelu", 32, -4, 4, gelu_d, mmp_cpu_gelu_fwd, mmp_cpu_gelu_bwd, 0, 0);
+}
+
+/* The kernels compute GELU as x * sigmoid(2u) with their own exp; this is the
+ * textbook tanhf form they replaced, in float, over a dense sweep (both
+ * tails, the cubic's turn, exact zero) and with a NaN. */
+static void test_gelu_tanhf_form(void)
+{
+    snprintf(case_name, sizeof case_name, "gelu vs the tanhf form");
+    size_t n = 40001;
+    float *x = fzeros(n), *R = frand(n, -1, 1);
+    float *want = fzeros(n), *dwant = fzeros(n);
+    const float k = 0.7978845608028654f, c = 0.044715f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = -20.0f + 40.0f * (float)i / (float)(n - 1);
+        float u = k * (x[i] + c * x[i] * x[i] * x[i]);
+        float t = tanhf(u);
+        want[i] = 0.5f * x[i] * (1.0f + t);
+        float du = k * (1.0f + 3.0f * c * x[i] * x[i]);
+        dwant[i] = (0.5f * (1.0f + t) + 0.5f * x[i] * (1.0f - t * t) * du) * R[i];
+    }
+    float *out = fzeros(n), *dx = fzeros(n);
+    mmp_cpu_gelu_fwd(out, x, n);
+    mmp_cpu_gelu_bwd(dx, R, x, n);
+    /* a few float ulps of the larger of x and 1: the tanhf form itself is
+     * off by that much where 1 + tanh(u) cancels */
+    check_close("out", out, want, n, 1e-6, 1e-6);
+    check_close("dinp", dx, dwant, n, 1e-6, 1e-6);
+    float nan_in = NAN, nan_out = 0.0f, nan_d = 0.0f, one = 1.0f;
+    mmp_cpu_gelu_fwd(&nan_out, &nan_in, 1);
+    mmp_cpu_gelu_bwd(&nan_d, &one, &nan_in, 1);
+    CHECK(isnan(nan_out) && isnan(nan_d));
+    release_all();
 }
 
 static void test_add_scale(void)
@@ -1289,13 +1325,87 @@ static void test_sumsq(void)
     CHECK(mmp_cpu_sumsq(x, 0) == 0.0);
 }
 
+/* The kernels' pool splits conv's im2col / col2im and batch norm by channel
+ * and the elementwise ops by range: the same bits at any thread count. The
+ * shapes are large enough that every one of those loops is split. */
+static void test_threads_bitwise(void)
+{
+    snprintf(case_name, sizeof case_name, "thread count does not change results");
+    mmp_conv_shape s;
+    mmp_conv_shape_set(&s, 2, 6, 48, 48, 5, 3, 3, 1, 1);
+    size_t nx = (size_t)2 * 6 * 48 * 48, ny = (size_t)2 * 5 * 48 * 48, nw = 5 * 6 * 9;
+    float *x = frand(nx, -1, 1), *w = frand(nw, -1, 1), *dy = frand(ny, -1, 1);
+    float *scratch = fzeros(mmp_cpu_conv2d_scratch_floats(&s));
+    int N = 4, C = 3, HW = 4100; /* one channel is 16400 floats: one per range */
+    size_t nb = (size_t)N * C * HW;
+    float *bx = frand(nb, -2, 2), *bdy = frand(nb, -1, 1), *gamma = frand(C, 0.5, 1.5),
+          *beta = frand(C, -1, 1);
+    size_t ne = 100003;
+    float *ex = frand(ne, -6, 6), *edy = frand(ne, -1, 1);
+    size_t np = 300001; /* several of sumsq's blocks */
+    float *pg = frand(np, -1, 1);
+    double sq[2];
+    float *out[2][12];
+    for (int t = 0; t < 2; t++) {
+        mmp_cpu_set_threads(t == 0 ? 1 : 3);
+        float **o = out[t];
+        o[0] = fzeros(ny);
+        mmp_cpu_conv2d_fwd(o[0], x, w, NULL, &s, scratch);
+        o[1] = fzeros(nx);
+        o[2] = fzeros(nw);
+        mmp_cpu_conv2d_bwd(o[1], o[2], NULL, dy, x, w, &s, scratch);
+        float *mean = fzeros(C), *rstd = fzeros(C);
+        o[3] = fzeros(nb);
+        mmp_cpu_batchnorm_fwd_train(o[3], mean, rstd, NULL, NULL, bx, gamma, beta, N, C, HW, 1e-5f,
+                                    0.1f);
+        o[4] = fzeros(nb);
+        mmp_cpu_batchnorm_bwd(o[4], NULL, NULL, bdy, bx, mean, rstd, gamma, N, C, HW);
+        o[5] = fzeros(ne);
+        mmp_cpu_gelu_fwd(o[5], ex, ne);
+        o[6] = fzeros(ne);
+        mmp_cpu_gelu_bwd(o[6], edy, ex, ne);
+        o[7] = fzeros(ne);
+        mmp_cpu_relu_bwd(o[7], edy, ex, ne);
+        o[8] = fzeros(ne);
+        mmp_cpu_add(o[8], ex, edy, ne);
+        sq[t] = mmp_cpu_sumsq(pg, np);
+        o[9] = fcopy(ex, ne);
+        o[10] = fzeros(ne);
+        o[11] = fzeros(ne);
+        for (int step = 1; step <= 2; step++) {
+            mmp_cpu_adamw(o[9], edy, o[10], o[11], ne, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, step);
+        }
+    }
+    mmp_cpu_set_threads(1);
+    CHECK(sq[0] == sq[1]);
+    size_t sizes[12] = {ny, nx, nw, nb, nb, ne, ne, ne, ne, ne, ne, ne};
+    for (int k = 0; k < 12; k++) {
+        CHECK(memcmp(out[0][k], out[1][k], sizes[k] * sizeof(float)) == 0);
+    }
+    release_all();
+}
+
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_gemm),      MMP_TEST_CASE(test_linear),    MMP_TEST_CASE(test_conv),
-    MMP_TEST_CASE(test_batchnorm), MMP_TEST_CASE(test_relu),      MMP_TEST_CASE(test_gelu),
-    MMP_TEST_CASE(test_add_scale), MMP_TEST_CASE(test_maxpool),   MMP_TEST_CASE(test_meanpool),
-    MMP_TEST_CASE(test_layernorm), MMP_TEST_CASE(test_embedding), MMP_TEST_CASE(test_attention),
-    MMP_TEST_CASE(test_softmax),   MMP_TEST_CASE(test_l2norm),    MMP_TEST_CASE(test_infonce),
-    MMP_TEST_CASE(test_bce),       MMP_TEST_CASE(test_adamw),     MMP_TEST_CASE(test_sumsq),
+    MMP_TEST_CASE(test_gemm),
+    MMP_TEST_CASE(test_linear),
+    MMP_TEST_CASE(test_conv),
+    MMP_TEST_CASE(test_batchnorm),
+    MMP_TEST_CASE(test_relu),
+    MMP_TEST_CASE(test_gelu),
+    MMP_TEST_CASE(test_gelu_tanhf_form),
+    MMP_TEST_CASE(test_add_scale),
+    MMP_TEST_CASE(test_maxpool),
+    MMP_TEST_CASE(test_meanpool),
+    MMP_TEST_CASE(test_layernorm),
+    MMP_TEST_CASE(test_embedding),
+    MMP_TEST_CASE(test_attention),
+    MMP_TEST_CASE(test_softmax),
+    MMP_TEST_CASE(test_l2norm),
+    MMP_TEST_CASE(test_infonce),
+    MMP_TEST_CASE(test_bce),
+    MMP_TEST_CASE(test_adamw),
+    MMP_TEST_CASE(test_sumsq),
+    MMP_TEST_CASE(test_threads_bitwise),
 };
 
 int main(int argc, char **argv)

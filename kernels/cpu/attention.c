@@ -2,13 +2,17 @@
  *
  * Heads are C split into NH contiguous chunks of hs = C / NH, read in place
  * with a row stride of C (no transposed copies). Forward keeps the
- * probabilities in att, so backward needs no buffer of its own: it
- * recomputes the two dot products per (query, key) it needs instead of
- * allocating a (Tq,Tk) gradient. Masked keys get probability exactly 0 and
- * therefore no gradient; a query whose keys are all masked outputs 0. */
+ * probabilities in att; backward computes one head's (Tq,Tk) score
+ * gradients at a time into a buffer it allocates per call, so that all four
+ * of its products are GEMMs (a loop of dot products per (query, key) ran
+ * at scalar speed). Masked keys get probability exactly 0 and therefore no
+ * gradient; a query whose keys are all masked outputs 0. */
 #include "kernels/cpu.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "common/err.h"
 
 /* p (n) = softmax of x (n) over the entries with valid[j] != 0 (all when
  * valid is NULL); the rest get 0, and a row with none valid is all 0.
@@ -90,6 +94,14 @@ void mmp_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, c
     // q (B,Tq,C), k (B,Tk,C), v (B,Tk,C)
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
+    float *ds = NULL; /* (Tq,Tk): da, then the score gradients, one head at a time */
+    if (dq || dk) {
+        ds = malloc(sizeof(float) * (size_t)Tq * Tk);
+        if (!ds) {
+            /* the contract has no error path, as conv2d's im2col buffer */
+            mmp_panic(__FILE__, __LINE__, "out of memory for the attention score gradients");
+        }
+    }
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             size_t qoff = (size_t)b * Tq * C + h * hs;
@@ -99,47 +111,38 @@ void mmp_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, c
                 // dv_h (Tk,hs) += a^T (Tk,Tq) @ dout_h (Tq,hs)
                 mmp_cpu_gemm(1, 0, Tk, hs, Tq, 1.0f, a, Tk, dout + qoff, C, 1.0f, dv + koff, C);
             }
-            if (!dq && !dk) {
+            if (!ds) {
                 continue;
             }
+            // da (Tq,Tk) = dout_h (Tq,hs) @ v_h^T (hs,Tk)
+            mmp_cpu_gemm(0, 1, Tq, Tk, hs, 1.0f, dout + qoff, C, v + koff, C, 0.0f, ds, Tk);
             for (int i = 0; i < Tq; i++) {
                 const float *ai = a + (size_t)i * Tk;
-                const float *dyi = dout + qoff + (size_t)i * C;
-                const float *qi = q + qoff + (size_t)i * C;
-                // softmax backward: dpre_j = a_j (da_j - sum_j' a_j' da_j'), da_j = dy_i . v_j;
-                // keys with a_j == 0 (masked) contribute nothing and are skipped
+                float *di = ds + (size_t)i * Tk;
+                // softmax backward: dpre_j = a_j (da_j - sum_j' a_j' da_j');
+                // masked keys (a_j == 0) get exactly 0, so they add nothing below
                 float sum = 0.0f;
                 for (int j = 0; j < Tk; j++) {
                     if (ai[j] != 0.0f) {
-                        sum += ai[j] * dot(dyi, v + koff + (size_t)j * C, hs);
+                        sum += ai[j] * di[j];
                     }
                 }
                 for (int j = 0; j < Tk; j++) {
-                    if (ai[j] == 0.0f) {
-                        continue;
-                    }
-                    float da = dot(dyi, v + koff + (size_t)j * C, hs);
-                    float dpre = ai[j] * (da - sum) * scale;
-                    if (prec) {
-                        mmp_cpu_round_lp(&dpre, &dpre, 1, prec);
-                    }
-                    if (dq) {
-                        float *dqi = dq + qoff + (size_t)i * C;
-                        const float *kj = k + koff + (size_t)j * C;
-                        for (int c = 0; c < hs; c++) {
-                            dqi[c] += dpre * kj[c];
-                        }
-                    }
-                    if (dk) {
-                        float *dkj = dk + koff + (size_t)j * C;
-                        for (int c = 0; c < hs; c++) {
-                            dkj[c] += dpre * qi[c];
-                        }
-                    }
+                    di[j] = ai[j] != 0.0f ? ai[j] * (di[j] - sum) * scale : 0.0f;
                 }
+            }
+            mmp_cpu_round_lp(ds, ds, (size_t)Tq * Tk, prec);
+            if (dq) {
+                // dq_h (Tq,hs) += dpre (Tq,Tk) @ k_h (Tk,hs)
+                mmp_cpu_gemm(0, 0, Tq, hs, Tk, 1.0f, ds, Tk, k + koff, C, 1.0f, dq + qoff, C);
+            }
+            if (dk) {
+                // dk_h (Tk,hs) += dpre^T (Tk,Tq) @ q_h (Tq,hs)
+                mmp_cpu_gemm(1, 0, Tk, hs, Tq, 1.0f, ds, Tk, q + qoff, C, 1.0f, dk + koff, C);
             }
         }
     }
+    free(ds);
 }
 
 void mmp_cpu_softmax_fwd(float *out, const float *inp, int rows, int cols)

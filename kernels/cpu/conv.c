@@ -7,10 +7,12 @@
  * no scratch. */
 #include "kernels/cpu.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "kernels/cpu/parallel.h"
 
 void mmp_conv_shape_set(mmp_conv_shape *s, int N, int C, int H, int W, int OC, int KH, int KW,
                         int stride, int pad)
@@ -54,16 +56,93 @@ static void valid_range(int k, int W, int OW, int stride, int pad, int *lo, int 
     }
 }
 
-/* col (C*KH*KW, OH*OW) from one image img (C,H,W); padding reads as 0. */
-static void im2col(float *col, const float *img, const mmp_conv_shape *s)
+/* A "same" stride-1 convolution (OW == W) reads, for each (c, kh, kw), the
+ * image plane shifted by off = (kh - pad) W + (kw - pad): col row element j
+ * is plane element j + off, except in the columns ow outside [lo, hi), which
+ * read padding (their j + off lands on the neighbouring image row). So one
+ * contiguous copy (or add) over the valid rows [j0, j1) does the work of a
+ * short loop per row; the caller fixes the padding columns. The range is
+ * trimmed where j + off would leave the plane (only padding columns are
+ * there). */
+static int is_same_stride1(const mmp_conv_shape *s)
 {
+    return s->stride == 1 && s->OW == s->W;
+}
+
+static void shifted_range(const mmp_conv_shape *s, int kh, int kw, size_t *j0, size_t *j1,
+                          ptrdiff_t *off)
+{
+    int oh_lo, oh_hi;
+    valid_range(kh, s->H, s->OH, 1, s->pad, &oh_lo, &oh_hi);
+    ptrdiff_t o = (ptrdiff_t)(kh - s->pad) * s->W + (kw - s->pad);
+    ptrdiff_t a = (ptrdiff_t)oh_lo * s->OW, b = (ptrdiff_t)oh_hi * s->OW;
+    ptrdiff_t plane = (ptrdiff_t)s->H * s->W;
+    if (a < -o) {
+        a = -o;
+    }
+    if (b > plane - o) {
+        b = plane - o;
+    }
+    if (b < a) {
+        b = a;
+    }
+    *j0 = (size_t)a;
+    *j1 = (size_t)b;
+    *off = o;
+}
+
+/* im2col's and col2im's arguments; channels are independent (each writes
+ * its own rows of col, or its own plane of img), so they run on the pool */
+typedef struct {
+    float *col, *img;
+    const float *src;
+    const mmp_conv_shape *s;
+} cols_args;
+
+#define COLS_GRAIN_FLOATS 16384
+
+static size_t cols_grain(const mmp_conv_shape *s)
+{
+    size_t per_channel = (size_t)s->KH * s->KW * s->OH * s->OW;
+    return per_channel >= COLS_GRAIN_FLOATS ? 1
+                                            : COLS_GRAIN_FLOATS / (per_channel ? per_channel : 1);
+}
+
+/* col (C*KH*KW, OH*OW) from one image img (C,H,W), channels [lo, hi); padding reads as 0. */
+static void im2col_range(void *p, size_t lo_c, size_t hi_c)
+{
+    float *col = ((cols_args *)p)->col;
+    const float *img = ((cols_args *)p)->src;
+    const mmp_conv_shape *s = ((cols_args *)p)->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
-    for (int c = 0; c < s->C; c++) {
+    size_t OHW = (size_t)OH * OW;
+    for (int c = (int)lo_c; c < (int)hi_c; c++) {
+        const float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
-                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OH * OW;
+                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
                 int lo, hi;
                 valid_range(kw, W, OW, st, pad, &lo, &hi);
+                if (is_same_stride1(s)) {
+                    size_t j0, j1;
+                    ptrdiff_t off;
+                    shifted_range(s, kh, kw, &j0, &j1, &off);
+                    memset(row, 0, sizeof(float) * j0);
+                    memcpy(row + j0, plane + (ptrdiff_t)j0 + off, sizeof(float) * (j1 - j0));
+                    memset(row + j1, 0, sizeof(float) * (OHW - j1));
+                    if (lo > 0 || hi < OW) {
+                        for (size_t r = j0 / OW; r * OW < j1; r++) {
+                            float *dst = row + r * OW;
+                            for (int ow = 0; ow < lo; ow++) {
+                                dst[ow] = 0.0f;
+                            }
+                            for (int ow = hi; ow < OW; ow++) {
+                                dst[ow] = 0.0f;
+                            }
+                        }
+                    }
+                    continue;
+                }
                 for (int oh = 0; oh < OH; oh++) {
                     float *dst = row + (size_t)oh * OW;
                     int ih = oh * st - pad + kh;
@@ -71,16 +150,19 @@ static void im2col(float *col, const float *img, const mmp_conv_shape *s)
                         memset(dst, 0, sizeof(float) * OW);
                         continue;
                     }
-                    const float *src = img + ((size_t)c * H + ih) * W;
+                    const float *src = plane + (size_t)ih * W;
                     for (int ow = 0; ow < lo; ow++) {
                         dst[ow] = 0.0f;
                     }
-                    if (st == 1 && hi > lo) {
-                        /* the common case is a contiguous run: let memcpy vectorise it */
-                        memcpy(dst + lo, src + (lo - pad + kw), sizeof(float) * (hi - lo));
+                    const float *run = src + (ptrdiff_t)lo * st - pad + kw;
+                    if (st == 2) {
+                        /* a constant stride the compiler vectorises (shuffles) */
+                        for (int i = 0; i < hi - lo; i++) {
+                            dst[lo + i] = run[2 * i];
+                        }
                     } else {
-                        for (int ow = lo; ow < hi; ow++) {
-                            dst[ow] = src[ow * st - pad + kw];
+                        for (int i = 0; i < hi - lo; i++) {
+                            dst[lo + i] = run[(ptrdiff_t)i * st];
                         }
                     }
                     for (int ow = hi; ow < OW; ow++) {
@@ -92,38 +174,72 @@ static void im2col(float *col, const float *img, const mmp_conv_shape *s)
     }
 }
 
-/* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped. */
-static void col2im_add(float *img, const float *col, const mmp_conv_shape *s)
+static void im2col(float *col, const float *img, const mmp_conv_shape *s)
 {
+    cols_args a = {.col = col, .src = img, .s = s};
+    mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), im2col_range, &a);
+}
+
+/* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped.
+ * Each image element takes its contributions in (c, kh, kw) order. The
+ * same-stride-1 path zeroes col's padding columns first (col is the
+ * caller's scratch) and then adds one contiguous run: those zeros land on
+ * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
+static void col2im_range(void *p, size_t lo_c, size_t hi_c)
+{
+    float *img = ((cols_args *)p)->img, *col = ((cols_args *)p)->col;
+    const mmp_conv_shape *s = ((cols_args *)p)->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
-    for (int c = 0; c < s->C; c++) {
+    size_t OHW = (size_t)OH * OW;
+    for (int c = (int)lo_c; c < (int)hi_c; c++) {
+        float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
-                const float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OH * OW;
+                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
                 int lo, hi;
                 valid_range(kw, W, OW, st, pad, &lo, &hi);
+                if (is_same_stride1(s)) {
+                    size_t j0, j1;
+                    ptrdiff_t off;
+                    shifted_range(s, kh, kw, &j0, &j1, &off);
+                    if (lo > 0 || hi < OW) {
+                        for (size_t r = j0 / OW; r * OW < j1; r++) {
+                            float *src = row + r * OW;
+                            for (int ow = 0; ow < lo; ow++) {
+                                src[ow] = 0.0f;
+                            }
+                            for (int ow = hi; ow < OW; ow++) {
+                                src[ow] = 0.0f;
+                            }
+                        }
+                    }
+                    float *dst = plane + (ptrdiff_t)j0 + off;
+                    const float *src = row + j0;
+                    for (size_t i = 0; i < j1 - j0; i++) {
+                        dst[i] += src[i];
+                    }
+                    continue;
+                }
                 for (int oh = 0; oh < OH; oh++) {
                     int ih = oh * st - pad + kh;
                     if (ih < 0 || ih >= H) {
                         continue;
                     }
                     const float *src = row + (size_t)oh * OW;
-                    float *dst = img + ((size_t)c * H + ih) * W;
-                    if (st == 1 && hi > lo) {
-                        /* a contiguous run: the compiler vectorises it */
-                        float *run = dst + (lo - pad + kw);
-                        for (int i = 0; i < hi - lo; i++) {
-                            run[i] += src[lo + i];
-                        }
-                    } else {
-                        for (int ow = lo; ow < hi; ow++) {
-                            dst[ow * st - pad + kw] += src[ow];
-                        }
+                    float *dst = plane + (size_t)ih * W;
+                    for (int ow = lo; ow < hi; ow++) {
+                        dst[ow * st - pad + kw] += src[ow];
                     }
                 }
             }
         }
     }
+}
+
+static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
+{
+    cols_args a = {.col = col, .img = img, .s = s};
+    mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), col2im_range, &a);
 }
 
 /* The caller's scratch, or a fresh buffer (*owned set) when it passed none. */

@@ -1,11 +1,13 @@
 /* GEMM and linear layers on the CPU: every matrix product in the CPU kernels
  * goes through mmp_cpu_gemm, so the OpenBLAS thread count is set in one place.
- * Never spawns threads of its own; OpenBLAS's count is 1 unless the caller
- * asked for more. */
+ * OpenBLAS's count, and the kernels' own pool for their other loops
+ * (kernels/cpu/parallel.h), are 1 unless the caller asked for more. */
 #include "kernels/cpu.h"
 
 #include <cblas.h>
 #include <stdatomic.h>
+
+#include "kernels/cpu/parallel.h"
 
 /* 0 until the thread count was chosen, either by mmp_cpu_set_threads or by
  * the first GEMM (which then pins OpenBLAS to 1 thread: its own default is
@@ -15,6 +17,7 @@ static atomic_int threads_chosen;
 void mmp_cpu_set_threads(int n)
 {
     openblas_set_num_threads(n > 0 ? n : 1);
+    mmp_cpu_pool_resize(n);
     atomic_store(&threads_chosen, 1);
 }
 

@@ -2,47 +2,132 @@
  * norm (per row over C) and L2 normalisation (per row).
  *
  * Statistics are summed in double in a fixed order, so the reference is both
- * deterministic and accurate enough to judge the CUDA kernels by. The saved
- * mean / rstd are the float values the forward used, so backward
- * differentiates exactly what forward computed. */
+ * deterministic and accurate enough to judge the CUDA kernels by. The order:
+ * element i of each row (a channel's HW run, a layer-norm row) goes to
+ * partial sum i % LANES, the partial sums carry over from row to row and are
+ * added pairwise at the end. One running sum would be a chain of dependent
+ * double adds, several times slower than the loads; LANES independent ones
+ * keep the units busy and the result independent of vector width.
+ * The saved mean / rstd are the float values the forward used, so backward
+ * differentiates exactly what forward computed. Batch norm's channels are
+ * independent and run on the kernels' pool (parallel.h). */
 #include "kernels/cpu.h"
 
 #include <math.h>
 
-void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *running_mean,
-                                 float *running_var, const float *inp, const float *gamma,
-                                 const float *beta, int N, int C, int HW, float eps, float momentum)
+#include "kernels/cpu/parallel.h"
+
+#define LANES 4
+
+typedef struct {
+    double s[LANES];
+} lanes;
+
+static double lanes_total(const lanes *a)
 {
-    // out (N,C,HW), mean (C), rstd (C), running_mean (C) or NULL, running_var (C) or NULL,
-    // inp (N,C,HW), gamma (C), beta (C)
+    return (a->s[0] + a->s[1]) + (a->s[2] + a->s[3]);
+}
+
+/* a += x (n), element i into lane i % LANES */
+static void add_row(lanes *a, const float *x, int n)
+{
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int k = 0; k < LANES; k++) {
+            a->s[k] += x[i + k];
+        }
+    }
+    for (int k = 0; i < n; i++, k++) {
+        a->s[k] += x[i];
+    }
+}
+
+/* a += (x - m)^2 over x (n), in double */
+static void add_sqdev_row(lanes *a, const float *x, int n, double m)
+{
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int k = 0; k < LANES; k++) {
+            double d = x[i + k] - m;
+            a->s[k] += d * d;
+        }
+    }
+    for (int k = 0; i < n; i++, k++) {
+        double d = x[i] - m;
+        a->s[k] += d * d;
+    }
+}
+
+/* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
+ * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
+static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, const float *w,
+                         int n, float m, float rs)
+{
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        for (int k = 0; k < LANES; k++) {
+            float d = w ? dy[i + k] * w[i + k] : dy[i + k];
+            g->s[k] += d;
+            gx->s[k] += d * ((x[i + k] - m) * rs);
+        }
+    }
+    for (int k = 0; i < n; i++, k++) {
+        float d = w ? dy[i] * w[i] : dy[i];
+        g->s[k] += d;
+        gx->s[k] += d * ((x[i] - m) * rs);
+    }
+}
+
+/* batch norm's arguments, for its per-channel range functions */
+typedef struct {
+    float *out, *mean, *rstd, *running_mean, *running_var;
+    float *dinp, *dgamma, *dbeta;
+    const float *inp, *dout, *gamma, *beta;
+    const float *mean_in, *rstd_in;
+    int N, C, HW;
+    float eps, momentum;
+} bn_args;
+
+/* channels per range: at least about BN_GRAIN_FLOATS elements of work */
+#define BN_GRAIN_FLOATS 16384
+
+static size_t bn_grain(int N, int HW)
+{
+    size_t per_channel = (size_t)N * HW;
+    return per_channel >= BN_GRAIN_FLOATS ? 1 : BN_GRAIN_FLOATS / (per_channel ? per_channel : 1);
+}
+
+static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
+{
+    const bn_args *a = p;
+    float *out = a->out, *mean = a->mean, *rstd = a->rstd;
+    float *running_mean = a->running_mean, *running_var = a->running_var;
+    const float *inp = a->inp, *gamma = a->gamma, *beta = a->beta;
+    int N = a->N, C = a->C, HW = a->HW;
+    float eps = a->eps, momentum = a->momentum;
     size_t count = (size_t)N * HW;
-    for (int c = 0; c < C; c++) {
-        double sum = 0.0;
+    for (int c = (int)lo; c < (int)hi; c++) {
+        lanes sum = {{0}};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                sum += x[i];
-            }
+            add_row(&sum, inp + ((size_t)n * C + c) * HW, HW);
         }
-        double m = sum / (double)count;
-        double ss = 0.0;
+        double m = lanes_total(&sum) / (double)count;
+        lanes ss = {{0}};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                double d = x[i] - m;
-                ss += d * d;
-            }
+            add_sqdev_row(&ss, inp + ((size_t)n * C + c) * HW, HW, m);
         }
-        double var = ss / (double)count; /* biased: what the batch is normalised with */
+        double var =
+            lanes_total(&ss) / (double)count; /* biased: what the batch is normalised with */
         float mf = (float)m;
         float rs = (float)(1.0 / sqrt(var + eps));
+        float g = gamma[c], b = beta[c];
         mean[c] = mf;
         rstd[c] = rs;
         for (int n = 0; n < N; n++) {
             const float *x = inp + ((size_t)n * C + c) * HW;
             float *y = out + ((size_t)n * C + c) * HW;
             for (int i = 0; i < HW; i++) {
-                y[i] = (x[i] - mf) * rs * gamma[c] + beta[c];
+                y[i] = (x[i] - mf) * rs * g + b;
             }
         }
         if (running_mean) {
@@ -54,6 +139,28 @@ void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *ru
             running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)unbiased;
         }
     }
+}
+
+void mmp_cpu_batchnorm_fwd_train(float *out, float *mean, float *rstd, float *running_mean,
+                                 float *running_var, const float *inp, const float *gamma,
+                                 const float *beta, int N, int C, int HW, float eps, float momentum)
+{
+    // out (N,C,HW), mean (C), rstd (C), running_mean (C) or NULL, running_var (C) or NULL,
+    // inp (N,C,HW), gamma (C), beta (C)
+    bn_args a = {.out = out,
+                 .mean = mean,
+                 .rstd = rstd,
+                 .running_mean = running_mean,
+                 .running_var = running_var,
+                 .inp = inp,
+                 .gamma = gamma,
+                 .beta = beta,
+                 .N = N,
+                 .C = C,
+                 .HW = HW,
+                 .eps = eps,
+                 .momentum = momentum};
+    mmp_cpu_parallel_for((size_t)C, bn_grain(N, HW), bn_fwd_train_range, &a);
 }
 
 void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamma,
@@ -73,24 +180,22 @@ void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamm
     }
 }
 
-void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                           const float *inp, const float *mean, const float *rstd,
-                           const float *gamma, int N, int C, int HW)
+static void bn_bwd_range(void *p, size_t lo, size_t hi)
 {
-    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
-    // mean (C), rstd (C), gamma (C)
+    const bn_args *a = p;
+    float *dinp = a->dinp, *dgamma = a->dgamma, *dbeta = a->dbeta;
+    const float *dout = a->dout, *inp = a->inp, *mean = a->mean_in, *rstd = a->rstd_in;
+    const float *gamma = a->gamma;
+    int N = a->N, C = a->C, HW = a->HW;
     double count = (double)N * HW;
-    for (int c = 0; c < C; c++) {
+    for (int c = (int)lo; c < (int)hi; c++) {
         float m = mean[c], rs = rstd[c];
-        double sum_dy = 0.0, sum_dy_xhat = 0.0;
+        lanes dy_sum = {{0}}, dy_xhat_sum = {{0}};
         for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            const float *dy = dout + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                sum_dy += dy[i];
-                sum_dy_xhat += dy[i] * ((x[i] - m) * rs);
-            }
+            size_t off = ((size_t)n * C + c) * HW;
+            add_grad_row(&dy_sum, &dy_xhat_sum, dout + off, inp + off, NULL, HW, m, rs);
         }
+        double sum_dy = lanes_total(&dy_sum), sum_dy_xhat = lanes_total(&dy_xhat_sum);
         if (dbeta) {
             dbeta[c] += (float)sum_dy;
         }
@@ -115,6 +220,26 @@ void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float
     }
 }
 
+void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                           const float *inp, const float *mean, const float *rstd,
+                           const float *gamma, int N, int C, int HW)
+{
+    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
+    // mean (C), rstd (C), gamma (C)
+    bn_args a = {.dinp = dinp,
+                 .dgamma = dgamma,
+                 .dbeta = dbeta,
+                 .dout = dout,
+                 .inp = inp,
+                 .mean_in = mean,
+                 .rstd_in = rstd,
+                 .gamma = gamma,
+                 .N = N,
+                 .C = C,
+                 .HW = HW};
+    mmp_cpu_parallel_for((size_t)C, bn_grain(N, HW), bn_bwd_range, &a);
+}
+
 void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
                            const float *b, int N, int C, float eps)
 {
@@ -122,18 +247,12 @@ void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *in
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         float *y = out + (size_t)n * C;
-        double sum = 0.0;
-        for (int i = 0; i < C; i++) {
-            sum += x[i];
-        }
-        double m = sum / C;
-        double ss = 0.0;
-        for (int i = 0; i < C; i++) {
-            double d = x[i] - m;
-            ss += d * d;
-        }
+        lanes sum = {{0}}, ss = {{0}};
+        add_row(&sum, x, C);
+        double m = lanes_total(&sum) / C;
+        add_sqdev_row(&ss, x, C, m);
         float mf = (float)m;
-        float rs = (float)(1.0 / sqrt(ss / C + eps));
+        float rs = (float)(1.0 / sqrt(lanes_total(&ss) / C + eps));
         for (int i = 0; i < C; i++) {
             y[i] = (x[i] - mf) * rs * w[i] + b[i];
         }
@@ -150,27 +269,23 @@ void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
         const float *x = inp + (size_t)n * C;
         const float *dy = dout + (size_t)n * C;
         float m = mean[n], rs = rstd[n];
-        if (dw || db) {
+        if (db) {
             for (int i = 0; i < C; i++) {
-                if (db) {
-                    db[i] += dy[i];
-                }
-                if (dw) {
-                    dw[i] += dy[i] * ((x[i] - m) * rs);
-                }
+                db[i] += dy[i];
+            }
+        }
+        if (dw) {
+            for (int i = 0; i < C; i++) {
+                dw[i] += dy[i] * ((x[i] - m) * rs);
             }
         }
         if (!dinp) {
             continue;
         }
-        double sum_dn = 0.0, sum_dn_xhat = 0.0; /* dn = dout * w, the gradient of xhat */
-        for (int i = 0; i < C; i++) {
-            float dn = dy[i] * w[i];
-            sum_dn += dn;
-            sum_dn_xhat += dn * ((x[i] - m) * rs);
-        }
-        float mean_dn = (float)(sum_dn / C);
-        float mean_dn_xhat = (float)(sum_dn_xhat / C);
+        lanes dn_sum = {{0}}, dn_xhat_sum = {{0}}; /* dn = dout * w, the gradient of xhat */
+        add_grad_row(&dn_sum, &dn_xhat_sum, dy, x, w, C, m, rs);
+        float mean_dn = (float)(lanes_total(&dn_sum) / C);
+        float mean_dn_xhat = (float)(lanes_total(&dn_xhat_sum) / C);
         float *dx = dinp + (size_t)n * C;
         for (int i = 0; i < C; i++) {
             float xhat = (x[i] - m) * rs;

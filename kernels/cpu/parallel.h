@@ -1,0 +1,31 @@
+/* The CPU kernels' own threads, for their loops that are not GEMMs (OpenBLAS
+ * threads those). Private to kernels/cpu/.
+ *
+ * mmp_cpu_set_threads(n) sizes the pool: n - 1 workers that sleep on a
+ * condition variable between loops. They never spin, so they do not compete
+ * with OpenBLAS's threads, and the two never have work at once: a kernel
+ * returns only after its loop, and GEMMs run between kernels' loops.
+ *
+ * A loop is split into contiguous ranges, one per thread; every kernel that
+ * uses this computes each element (or channel) the same way whichever range
+ * holds it, so results do not depend on the thread count. */
+#ifndef MMP_KERNELS_CPU_PARALLEL_H
+#define MMP_KERNELS_CPU_PARALLEL_H
+
+#include <stddef.h>
+
+/* fn(ctx, lo, hi) handles items [lo, hi). */
+typedef void (*mmp_cpu_range_fn)(void *ctx, size_t lo, size_t hi);
+
+/* Runs fn over [0, n) split across up to the chosen thread count, at least
+ * grain items per range, and returns when every range is done. Blocks.
+ * Runs fn(ctx, 0, n) on the calling thread alone when one thread is chosen,
+ * n < 2 grain, the pool is busy (a second calling thread) or the process
+ * is a fork child of the one that started the workers. */
+void mmp_cpu_parallel_for(size_t n, size_t grain, mmp_cpu_range_fn fn, void *ctx);
+
+/* Starts workers until the pool has n - 1 (never stops any); n <= 1 makes
+ * later loops run on the caller. Called by mmp_cpu_set_threads. */
+void mmp_cpu_pool_resize(int n);
+
+#endif
