@@ -38,7 +38,8 @@ typedef struct proc {
     /* tcp control: the write end of its stdin pipe (secrets, then kept open
      * so that its end tells the stage we are gone), plus one; 0 for none */
     int pipe_w1;
-    char where[200]; /* ", ssh to HOST at ADDRESS" for error messages; "" locally */
+    char where[MMP_ADDRESS_MAX +
+               160]; /* ", ssh to HOST at ADDRESS" for error messages; "" locally */
     /* per-step inbox */
     int have_norm, have_done, have_ack, have_ready, have_hello;
     double sumsq;
