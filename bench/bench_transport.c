@@ -25,10 +25,12 @@
  *     latency: half a ping-pong round trip of one message of 64 B, 64 KB and
  *     1 MB (a micro-batch's activations), channel and plain socket.
  *
- * Options: --sizes 1,4,16 (MB) --reps N (default 7) --iters N (round trips,
+ * Options: --sizes 64K,256K,1M,4M,16M,64M (K/M suffix; bare numbers are MB,
+ * fractions allowed) --tcp-sizes 1M,4M,16M (section (c)) --slots N (ring
+ * depth of (a), default 2) --reps N (default 15) --iters N (round trips,
  * default 20000) --busy N (N spinning processes during the measurements, to
- * see what the 2-core machine does when stages outnumber cores) --only tcp
- * (section (c) alone). */
+ * see what the 2-core machine does when stages outnumber cores) --only shm|tcp
+ * (sections (a) and (b), or (c), alone). */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -113,8 +115,10 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
         die("receiver connect");
     }
     uint64_t sink = 0;
-    for (int mode = 0; mode < MODES; mode++) {
-        for (int r = 0; r < reps; r++) {
+    /* reps alternate between the modes (rep r of mode m is message block
+     * r * MODES + m), so a load change on the machine hits both alike */
+    for (int r = 0; r < reps; r++) {
+        for (int mode = 0; mode < MODES; mode++) {
             double t0 = 0;
             for (int m = 0; m < msgs; m++) {
                 mmp_msg_header h;
@@ -147,22 +151,21 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         die("malloc");
     }
     memset(src, 0x5a, cfg->slot_bytes);
-    for (int mode = 0; mode < MODES; mode++) {
-        for (int k = 0; k < reps * msgs; k++) {
-            mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
-            if (mode == SEND_COPY) {
-                if (mmp_channel_send(ch, &h, src) != MMP_OK) {
-                    die("send");
-                }
-            } else {
-                void *p;
-                if (mmp_channel_acquire(ch, &p) != MMP_OK) {
-                    die("acquire");
-                }
-                memset(p, k & 0xff, cfg->slot_bytes);
-                if (mmp_channel_post(ch, &h) != MMP_OK) {
-                    die("post");
-                }
+    for (int k = 0; k < reps * MODES * msgs; k++) {
+        int mode = (k / msgs) % MODES;
+        mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
+        if (mode == SEND_COPY) {
+            if (mmp_channel_send(ch, &h, src) != MMP_OK) {
+                die("send");
+            }
+        } else {
+            void *p;
+            if (mmp_channel_acquire(ch, &p) != MMP_OK) {
+                die("acquire");
+            }
+            memset(p, k & 0xff, cfg->slot_bytes);
+            if (mmp_channel_post(ch, &h) != MMP_OK) {
+                die("post");
             }
         }
     }
@@ -176,11 +179,11 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
     mmp_channel_close(ch);
 }
 
-/* A plain memcpy of `bytes` between two private buffers, msgs times per rep. */
-static double memcpy_gbps(size_t bytes, int reps, int msgs)
+/* A plain memcpy of `bytes` between two private buffers, msgs times per rep,
+ * into v[0..reps). */
+static void memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
 {
     unsigned char *a = malloc(bytes), *b = malloc(bytes);
-    double v[MAX_REPS];
     if (!a || !b) {
         die("malloc");
     }
@@ -196,7 +199,6 @@ static double memcpy_gbps(size_t bytes, int reps, int msgs)
     }
     free(a);
     free(b);
-    return quantile(v, reps, 0.5);
 }
 
 /* The channel's work without the channel: the sender's write and the
@@ -233,34 +235,64 @@ static double serial_gbps(size_t bytes, int reps, int msgs, int mode)
     return quantile(v, reps, 0.5);
 }
 
-static void throughput(const int *sizes_mb, int nsizes, int reps)
+/* "64 KB", "1 MB", "1.5 MB" */
+static const char *size_name(size_t bytes, char *buf, size_t n)
 {
-    printf("## shm channel throughput: 2 processes, slots=2, median of %d reps of ~%u MB\n\n", reps,
-           REP_BYTES >> 20);
-    printf("GB/s = 1e9 bytes/s of payload delivered. The receiver reads every byte in place "
-           "(64-bit sum). memcpy = a plain memcpy of the same size in one process, this run, as "
-           "many per rep; ratio = "
-           "channel / memcpy. one thread = the same write + read of each message done serially by "
-           "one thread through two buffers (no channel): what the two processes overlap.\n\n");
-    printf("| MB | sender | channel GB/s | memcpy GB/s | ratio | one thread GB/s |\n");
-    printf("|---:|---|---:|---:|---:|---:|\n");
+    if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) {
+        snprintf(buf, n, "%zu MB", bytes >> 20);
+    } else if (bytes >= (1u << 20)) {
+        snprintf(buf, n, "%.2f MB", (double)bytes / (1u << 20));
+    } else if (bytes >= 1024 && bytes % 1024 == 0) {
+        snprintf(buf, n, "%zu KB", bytes >> 10);
+    } else {
+        snprintf(buf, n, "%zu B", bytes);
+    }
+    return buf;
+}
+
+/* Messages per rep: ~REP_BYTES, at least 8. */
+static int msgs_for(size_t bytes)
+{
+    return REP_BYTES / bytes < 8 ? 8 : (int)(REP_BYTES / bytes);
+}
+
+static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
+{
+    printf("## shm channel throughput: 2 processes, slots=%d, median of %d reps of ~%u MB\n\n",
+           slots, reps, REP_BYTES >> 20);
+    printf("What is compared. channel = GB/s (1e9 bytes/s) of payload delivered from one process "
+           "to another: the sender produces each message and posts it, the receiver (another "
+           "process) gets it, reads every byte in place (a 64-bit sum) and releases it; timed by "
+           "the receiver from its first message to its last release, so the ring is full. Two "
+           "senders, reps alternating between them: 'copy' = mmp_channel_send, a memcpy from the "
+           "sender's own (cache-warm) buffer into the slot, as a stage that computed into its own "
+           "buffer; 'zero-copy' = acquire, write the slot in place (memset), post, as a producer "
+           "that writes its output straight into the slot. memcpy = one thread copying the same "
+           "number of bytes between two private buffers of the message's size in one process "
+           "(the same buffers every time, so as cache-warm as the slots), half its reps before "
+           "the channel's and half after; ratio = channel / memcpy, medians of this run. A "
+           "channel at ratio 1.0 moves bytes between processes as fast as one memcpy moves "
+           "them inside one. one thread = the sender's write and the receiver's read of each "
+           "message done by one thread through two buffers (copy sender): no channel.\n\n");
+    printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | copy ratio | zero-copy ratio | "
+           "one thread GB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
-        size_t bytes = (size_t)sizes_mb[s] << 20;
-        int msgs = (int)(REP_BYTES / bytes) < 8 ? 8 : (int)(REP_BYTES / bytes);
-        char addr[96];
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        char addr[96], name[32];
         snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
-        double cp = memcpy_gbps(bytes, reps, msgs);
+        double cpv[MAX_REPS];
+        int before = (reps + 1) / 2;
+        memcpy_gbps(bytes, before, msgs, cpv);
         mmp_channel_cfg scfg = {.address = addr,
                                 .slot_bytes = bytes,
-                                .slots = 2,
+                                .slots = slots,
                                 .send = 1,
                                 .timeout_ms = 60000},
-                        rcfg = {.address = addr,
-                                .slot_bytes = bytes,
-                                .slots = 2,
-                                .send = 0,
-                                .timeout_ms = 60000};
+                        rcfg = scfg;
+        rcfg.send = 0;
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
@@ -268,14 +300,16 @@ static void throughput(const int *sizes_mb, int nsizes, int reps)
             _exit(0);
         }
         tp_sender(&scfg, reps, msgs, pid);
-        static const char *modes[MODES] = {"memcpy from its buffer (mmp_channel_send)",
-                                           "writes the slot in place (memset, zero-copy)"};
+        memcpy_gbps(bytes, reps - before, msgs, cpv + before);
+        double cp = quantile(cpv, reps, 0.5);
+        double g[MODES];
         for (int m = 0; m < MODES; m++) {
-            double g = quantile(res->gbps[m], reps, 0.5);
-            double one = serial_gbps(bytes, reps, msgs, m);
-            printf("| %d | %s | %.2f | %.2f | %.2f | %.2f |\n", sizes_mb[s], modes[m], g, cp,
-                   g / cp, one);
+            g[m] = quantile(res->gbps[m], reps, 0.5);
         }
+        double one = serial_gbps(bytes, reps, msgs, SEND_COPY);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+               size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp,
+               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, one);
     }
     printf("\n");
     munmap(res, sizeof *res);
@@ -622,7 +656,7 @@ static double plain_tp(size_t bytes, int reps, int msgs, tp_result *res)
     return quantile(res->gbps[SEND_IN_PLACE], reps, 0.5);
 }
 
-static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
+static void tcp_throughput(const size_t *sizes, int nsizes, int reps)
 {
     printf("## tcp channel throughput over loopback: 2 processes, slots=2, median of %d reps of "
            "~%u MB\n\n",
@@ -631,11 +665,12 @@ static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
            "receiver that reads every byte in place; plain socket = the same messages written "
            "with send() from one buffer and recv()'d into one buffer (default socket options), "
            "summed the same way; ratio = channel / plain socket, this run.\n\n");
-    printf("| MB | channel GB/s | plain socket GB/s | ratio |\n|---:|---:|---:|---:|\n");
+    printf("| size | channel GB/s | plain socket GB/s | ratio |\n|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
-        size_t bytes = (size_t)sizes_mb[s] << 20;
-        int msgs = (int)(REP_BYTES / bytes) < 8 ? 8 : (int)(REP_BYTES / bytes);
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        char name[32];
         double plain = plain_tp(bytes, reps, msgs, res);
         mmp_channel *ch;
         tcp_tp_arg arg = {reps, msgs, res};
@@ -660,7 +695,8 @@ static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
         mmp_channel_close(ch);
         free(src);
         double g = quantile(res->gbps[SEND_COPY], reps, 0.5);
-        printf("| %d | %.2f | %.2f | %.2f |\n", sizes_mb[s], g, plain, g / plain);
+        printf("| %s | %.2f | %.2f | %.2f |\n", size_name(bytes, name, sizeof name), g, plain,
+               g / plain);
     }
     printf("\n");
     munmap(res, sizeof *res);
@@ -799,41 +835,75 @@ static void tcp_latency(int iters)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_transport [--sizes 1,4,16] [--reps N] [--iters N] [--busy N] "
-                    "[--only tcp]\n");
+    fprintf(stderr,
+            "usage: bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--tcp-sizes 1M,4M,16M] "
+            "[--reps N] [--iters N] [--slots N] [--busy N] [--only shm|tcp]\n"
+            "  sizes: a number with K or M (KiB, MiB; no suffix: MiB, fractions allowed: "
+            "0.0625 = 64K), 64 B to 1 GiB, up to %d of them\n",
+            MAX_SIZES);
     exit(2);
+}
+
+/* "64K,0.25,1M" -> bytes; 0 when the list is malformed. */
+static int parse_sizes(const char *arg, size_t *sizes)
+{
+    int n = 0;
+    for (const char *s = arg; *s; n++) {
+        char *end;
+        double v = strtod(s, &end);
+        double unit = 1 << 20;
+        if (end == s || n == MAX_SIZES) {
+            return 0;
+        }
+        if (*end == 'K' || *end == 'k') {
+            unit = 1 << 10;
+            end++;
+        } else if (*end == 'M' || *end == 'm') {
+            end++;
+        }
+        double bytes = v * unit;
+        if (!(bytes >= 64 && bytes <= (double)(1u << 30)) || (*end && *end != ',')) {
+            return 0;
+        }
+        sizes[n] = ((size_t)bytes + 63) / 64 * 64; /* whole 64-bit words and cache lines */
+        s = *end ? end + 1 : end;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
 {
-    int sizes[MAX_SIZES] = {1, 4, 16}, nsizes = 3, reps = 7, iters = 20000, busy = 0, only_tcp = 0;
+    size_t sizes[MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
+           tsizes[MAX_SIZES] = {1 << 20, 4 << 20, 16 << 20};
+    int nsizes = 6, ntsizes = 3, reps = 15, iters = 20000, busy = 0, only = 0, slots = 2;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             usage();
         }
         if (strcmp(argv[i], "--sizes") == 0) {
-            nsizes = 0;
-            for (char *s = argv[++i], *end; *s && nsizes < MAX_SIZES; s = *end ? end + 1 : end) {
-                long v = strtol(s, &end, 10);
-                if (end == s || v < 1 || v > 1024 || (*end && *end != ',')) {
-                    usage();
-                }
-                sizes[nsizes++] = (int)v;
-            }
+            nsizes = parse_sizes(argv[++i], sizes);
+        } else if (strcmp(argv[i], "--tcp-sizes") == 0) {
+            ntsizes = parse_sizes(argv[++i], tsizes);
         } else if (strcmp(argv[i], "--reps") == 0) {
             reps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--iters") == 0) {
             iters = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--slots") == 0) {
+            slots = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
-            only_tcp = 1;
+            only = 2;
+            i++;
+        } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "shm") == 0) {
+            only = 1;
             i++;
         } else {
             usage();
         }
     }
-    if (nsizes < 1 || reps < 1 || reps > MAX_REPS || iters < 10 || busy < 0 || busy > 64) {
+    if (nsizes < 1 || ntsizes < 1 || reps < 1 || reps > MAX_REPS || iters < 10 || busy < 0 ||
+        busy > 64 || slots < 1 || slots > 64) {
         usage();
     }
     pid_t hogs[64];
@@ -847,12 +917,14 @@ int main(int argc, char **argv)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     printf("# bench_transport (%ld CPUs online, %d extra spinning processes)\n\n", cpus, busy);
     double t0 = now_s();
-    if (!only_tcp) {
-        throughput(sizes, nsizes, reps);
+    if (only != 2) {
+        throughput(sizes, nsizes, reps, slots);
         latency(iters);
     }
-    tcp_throughput(sizes, nsizes, reps);
-    tcp_latency(iters);
+    if (only != 1) {
+        tcp_throughput(tsizes, ntsizes, reps);
+        tcp_latency(iters);
+    }
     for (int b = 0; b < busy; b++) {
         kill(hogs[b], SIGKILL);
         waitpid(hogs[b], NULL, 0);

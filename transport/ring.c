@@ -210,16 +210,27 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
                           role_name(r->peer));
     }
     int reused = r->count >= r->slots;
-    if (reused) {
+    if (reused && r->peer_seen < r->count - r->slots + 1) {
         MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
                              &r->sh->credit_sleepers, "a credit"));
-    }
-    /* tail is the peer's word: a receiver cannot release what was never posted. */
-    uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_acquire);
-    if (tail > r->count) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "%s %s: header field tail = %llu, more than the %llu messages posted",
-                          r->what, r->name, (unsigned long long)tail, (unsigned long long)r->count);
+        /* tail is the peer's word: a receiver cannot release what was never posted. */
+        uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_acquire);
+        if (tail > r->count) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "%s %s: header field tail = %llu, more than the %llu messages posted",
+                              r->what, r->name, (unsigned long long)tail,
+                              (unsigned long long)r->count);
+        }
+        r->peer_seen = tail; /* checked, and count only grows: it stays valid */
+    } else if (!reused) {
+        /* the first lap needs no credit; a forged tail is still refused */
+        uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_relaxed);
+        if (tail > r->count) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "%s %s: header field tail = %llu, more than the %llu messages posted",
+                              r->what, r->name, (unsigned long long)tail,
+                              (unsigned long long)r->count);
+        }
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     if (r->hooks && r->hooks->acquire) {
@@ -257,17 +268,20 @@ mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot)
     if (r->send) {
         return mmp_errorf(MMP_ERR_INVALID, "%s %s: recv on the sending end", r->what, r->name);
     }
-    MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell, &r->sh->data_sleepers,
-                         "a message"));
-    /* head is the peer's word: more than a ring ahead of what we took means
-     * it is forged or corrupt (the sender may never lap the receiver). */
-    uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);
-    if (head - r->count > r->slots) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "%s %s: header field head = %llu, more than the %u slots ahead of the "
-                          "%llu messages received",
-                          r->what, r->name, (unsigned long long)head, (unsigned)r->slots,
-                          (unsigned long long)r->count);
+    if (r->peer_seen < r->count + 1) {
+        MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell,
+                             &r->sh->data_sleepers, "a message"));
+        /* head is the peer's word: more than a ring ahead of what we took means
+         * it is forged or corrupt (the sender may never lap the receiver). */
+        uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);
+        if (head - r->count > r->slots) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "%s %s: header field head = %llu, more than the %u slots ahead of "
+                              "the %llu messages received",
+                              r->what, r->name, (unsigned long long)head, (unsigned)r->slots,
+                              (unsigned long long)r->count);
+        }
+        r->peer_seen = head; /* checked; the acquire load above covers every slot up to it */
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     *h = r->msg[i]; /* a copy: the checks below hold whatever the peer writes next */

@@ -103,6 +103,11 @@ typedef struct mmp_ring {
     void *ctx;                   /* the hooks' */
     uint64_t count;              /* sender: messages posted; receiver: messages received */
     uint64_t released;           /* receiver: messages released */
+    /* The peer's counter as this end last read and checked it (sender: tail,
+     * receiver: head). While it already allows the next step, the step does
+     * not read the shared word again: fewer cache-line transfers between the
+     * cores, the counter's line stays with its writer. */
+    uint64_t peer_seen;
     int acquired;                /* sender: a slot is acquired and not yet posted */
     int peer_pidfd;              /* -1 until opened */
 } mmp_ring;
