@@ -197,7 +197,8 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
     }
 }
 
-mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
+/* acquire; wait 0: MMP_ERR_TIMEOUT (nothing recorded) instead of waiting. */
+static mmp_err ring_acquire(mmp_ring *r, uint32_t *slot, int wait)
 {
     if (!r->send) {
         return mmp_errorf(MMP_ERR_INVALID, "%s %s: acquire on the receiving end", r->what, r->name);
@@ -211,8 +212,10 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
     }
     int reused = r->count >= r->slots;
     if (reused && r->peer_seen < r->count - r->slots + 1) {
-        MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
-                             &r->sh->credit_sleepers, "a credit"));
+        if (wait) {
+            MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
+                                 &r->sh->credit_sleepers, "a credit"));
+        }
         /* tail is the peer's word: a receiver cannot release what was never posted. */
         uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_acquire);
         if (tail > r->count) {
@@ -222,6 +225,9 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
                               (unsigned long long)r->count);
         }
         r->peer_seen = tail; /* checked, and count only grows: it stays valid */
+        if (tail < r->count - r->slots + 1) {
+            return MMP_ERR_TIMEOUT; /* !wait: the slot is still the receiver's */
+        }
     } else if (!reused) {
         /* the first lap needs no credit; a forged tail is still refused */
         uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_relaxed);
@@ -239,6 +245,16 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
     r->acquired = 1;
     *slot = i;
     return MMP_OK;
+}
+
+mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
+{
+    return ring_acquire(r, slot, 1);
+}
+
+mmp_err mmp_ring_try_acquire(mmp_ring *r, uint32_t *slot)
+{
+    return ring_acquire(r, slot, 0);
 }
 
 mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h)
@@ -325,6 +341,15 @@ mmp_err mmp_ring_impl_acquire(mmp_channel_impl *c, void **payload)
     mmp_ring *r = ring_of(c);
     uint32_t i = 0;
     MMP_TRY(mmp_ring_acquire(r, &i));
+    *payload = r->slot0 + (size_t)i * r->stride;
+    return MMP_OK;
+}
+
+mmp_err mmp_ring_impl_try_acquire(mmp_channel_impl *c, void **payload)
+{
+    mmp_ring *r = ring_of(c);
+    uint32_t i = 0;
+    MMP_TRY(mmp_ring_try_acquire(r, &i));
     *payload = r->slot0 + (size_t)i * r->stride;
     return MMP_OK;
 }

@@ -108,8 +108,8 @@ typedef struct mmp_ring {
      * not read the shared word again: fewer cache-line transfers between the
      * cores, the counter's line stays with its writer. */
     uint64_t peer_seen;
-    int acquired;                /* sender: a slot is acquired and not yet posted */
-    int peer_pidfd;              /* -1 until opened */
+    int acquired;   /* sender: a slot is acquired and not yet posted */
+    int peer_pidfd; /* -1 until opened */
 } mmp_ring;
 
 /* The cfg checks every ring transport makes before anything else: address a
@@ -158,6 +158,9 @@ int mmp_ring_peer_dead(mmp_ring *r);
  * misuse and peer checks). acquire and recv give the slot index; the
  * transport turns it into its payload pointer. */
 mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot);
+/* acquire without waiting: MMP_ERR_TIMEOUT, nothing recorded, when the slot
+ * is still the receiver's. */
+mmp_err mmp_ring_try_acquire(mmp_ring *r, uint32_t *slot);
 mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h);
 mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot);
 mmp_err mmp_ring_release(mmp_ring *r);
@@ -166,14 +169,16 @@ mmp_err mmp_ring_release(mmp_ring *r);
  * mmp_ring (it static_asserts offsetof(<state>, ring) == 0): the ring
  * protocol with payload pointers slot0 + i * stride. */
 mmp_err mmp_ring_impl_acquire(mmp_channel_impl *c, void **payload);
+mmp_err mmp_ring_impl_try_acquire(mmp_channel_impl *c, void **payload);
 mmp_err mmp_ring_impl_post(mmp_channel_impl *c, const mmp_msg_header *h);
 mmp_err mmp_ring_impl_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload);
 mmp_err mmp_ring_impl_release(mmp_channel_impl *c);
 size_t mmp_ring_impl_slot_bytes(const mmp_channel_impl *c);
 /* Those entries, for the transport's designated initializer. */
 #define MMP_RING_TABLE_ENTRIES                                                                     \
-    .acquire = mmp_ring_impl_acquire, .post = mmp_ring_impl_post, .recv = mmp_ring_impl_recv,      \
-    .release = mmp_ring_impl_release, .slot_bytes = mmp_ring_impl_slot_bytes
+    .acquire = mmp_ring_impl_acquire, .try_acquire = mmp_ring_impl_try_acquire,                    \
+    .post = mmp_ring_impl_post, .recv = mmp_ring_impl_recv, .release = mmp_ring_impl_release,      \
+    .slot_bytes = mmp_ring_impl_slot_bytes
 
 /* Marks this end closed and wakes every waiter of the peer; a creator also
  * unlinks the name unless its connector already did. The segment stays
