@@ -738,6 +738,93 @@ static void test_zero_copy(const mmp_transport *t)
     munmap(sh, sizeof *sh);
 }
 
+/* try_acquire: a producer asks for a slot before it computes and never
+ * waits. While the receiver holds both slots the answer is MMP_ERR_TIMEOUT,
+ * at once, with nothing acquired (a post is then misuse); once one is
+ * released (for tcp: once its credit has crossed the socket) the next try
+ * gets that slot, and what was written there in place arrives intact. */
+static int send_try(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    void *p = NULL;
+    int host = mmp_channel_host_slots(ch);
+    if (host != !(mmp_channel_transport(ch)->caps & MMP_TRANSPORT_DEVICE_SLOTS)) {
+        PROBLEM(bad, "mmp_channel_host_slots says %d against the caps", host);
+    }
+    for (int k = 0; k < 2; k++) {
+        mmp_msg_header h = message(k, ZC_BYTES);
+        if (mmp_channel_try_acquire(ch, &p) != MMP_OK || !p) {
+            PROBLEM(bad, "try_acquire %d with a free slot: %s", k, mmp_last_error());
+            return bad;
+        }
+        if (put_pattern(ch, p, h.bytes, (uint64_t)k) != MMP_OK ||
+            mmp_channel_post(ch, &h) != MMP_OK) {
+            PROBLEM(bad, "post %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    double t0 = now_ms();
+    p = (void *)&bad;
+    mmp_err e = mmp_channel_try_acquire(ch, &p);
+    double took = now_ms() - t0;
+    if (e != MMP_ERR_TIMEOUT || p != NULL || took > 100) {
+        PROBLEM(bad,
+                "try_acquire with no credit: %s, slot %p after %.1f ms (want timeout, NULL, "
+                "at once)",
+                mmp_err_name(e), p, took);
+    }
+    mmp_msg_header h2 = message(2, ZC_BYTES);
+    if (mmp_channel_post(ch, &h2) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "a post after a refused try_acquire is not refused");
+    }
+    atomic_store(&s->sh->flag[0], 1); /* receiver: take and release message 0 */
+    wait_flag(s->sh, 1, 1);
+    t0 = now_ms();
+    while ((e = mmp_channel_try_acquire(ch, &p)) == MMP_ERR_TIMEOUT && now_ms() - t0 < 5000) {
+        sleep_ms(1);
+    }
+    if (e != MMP_OK || !p) {
+        PROBLEM(bad, "try_acquire after a release: %s", mmp_err_name(e));
+        return bad;
+    }
+    if (put_pattern(ch, p, h2.bytes, 2) != MMP_OK || mmp_channel_post(ch, &h2) != MMP_OK) {
+        PROBLEM(bad, "post 2: %s", mmp_last_error());
+    }
+    return bad;
+}
+
+static int recv_try(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    wait_flag(s->sh, 0, 1);
+    for (int k = 0; k < 3; k++) {
+        mmp_msg_header h;
+        const void *p;
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
+            return bad;
+        }
+        mmp_msg_header want = message(k, ZC_BYTES);
+        if (!same_header(&h, &want) || payload_bad(ch, p, h.bytes, (uint64_t)k) != h.bytes) {
+            PROBLEM(bad, "message %d: its header or payload differs", k);
+        }
+        mmp_channel_release(ch);
+        if (k == 0) {
+            atomic_store(&s->sh->flag[1], 1);
+        }
+    }
+    return bad;
+}
+
+static void test_try_acquire(const mmp_transport *t)
+{
+    shared *sh = new_shared();
+    side snd, rcv;
+    pair(&snd, &rcv, t, ZC_BYTES, 2, 10000, 1, 3, sh, send_try, recv_try);
+    CHECK(run_pair(&snd, &rcv, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
 /* ---- (4) geometry and misuse ------------------------------------------- */
 
 static void test_mismatch(const mmp_transport *t)
@@ -2351,6 +2438,7 @@ static void run_global(const char *name, void (*fn)(void))
     CASE(tr, ordered, 0)                                                                           \
     CASE(tr, credit, 0)                                                                            \
     CASE(tr, zero_copy, 0)                                                                         \
+    CASE(tr, try_acquire, 0)                                                                       \
     CASE(tr, mismatch, 0)                                                                          \
     CASE(tr, mismatch_apart, 0)                                                                    \
     CASE(tr, no_creator, 0)                                                                        \
@@ -2361,9 +2449,9 @@ static void run_global(const char *name, void (*fn)(void))
     CASE(tr, forged, 0)
 #define TRANSPORT_TABLE(tr)                                                                        \
     {#tr "/ordered", tr##_ordered}, {#tr "/credit", tr##_credit},                                  \
-        {#tr "/zero-copy", tr##_zero_copy}, {#tr "/mismatch", tr##_mismatch},                      \
-        {#tr "/mismatch-apart", tr##_mismatch_apart}, {#tr "/no-creator", tr##_no_creator},        \
-        {#tr "/no-creator-apart", tr##_no_creator_apart},                                          \
+        {#tr "/zero-copy", tr##_zero_copy}, {#tr "/try-acquire", tr##_try_acquire},                \
+        {#tr "/mismatch", tr##_mismatch}, {#tr "/mismatch-apart", tr##_mismatch_apart},            \
+        {#tr "/no-creator", tr##_no_creator}, {#tr "/no-creator-apart", tr##_no_creator_apart},    \
         {#tr "/creator-gone", tr##_creator_gone}, {#tr "/peer-death", tr##_peer_death},            \
         {#tr "/big-slot", tr##_big},                                                               \
     {                                                                                              \
