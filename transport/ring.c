@@ -148,6 +148,20 @@ mmp_err mmp_ring_join(mmp_ring *r, int *joined)
     return MMP_OK;
 }
 
+/* Wakes the waiters of bell after this end moved the counter they wait on
+ * (a release store just before). The steady state (the peer polling, nobody
+ * asleep) costs no write to the shared line beyond the counter itself: the
+ * bell is bumped only when a sleeper is counted. The fence pairs with the
+ * waiter's (wait_counter): of "this store, then read sleepers" and "count
+ * myself, then read the counter", one sees the other's write. */
+static void ring_wake(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(sleepers, memory_order_relaxed) != 0) {
+        mmp_segment_bell_ring(bell, NULL);
+    }
+}
+
 /* Waits until *counter >= target (acquire). Polls for spin_ns, then blocks on
  * bell; reports a closed or dead peer and the channel's timeout as
  * MMP_ERR_PEER. `awaited` names the awaited event for the message. */
@@ -188,7 +202,17 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
             }
             slice = left < MMP_RING_SLICE_MS ? (int)left + 1 : MMP_RING_SLICE_MS;
         }
-        int w = mmp_segment_bell_wait(bell, seen, sleepers, slice);
+        /* Counted among the sleepers before the last look (see ring_wake):
+         * either that look sees the peer's counter move or the peer sees us
+         * and rings, which changes the bell from `seen`. */
+        atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
+            atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+            return MMP_OK;
+        }
+        int w = mmp_segment_bell_wait(bell, seen, NULL, slice);
+        atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
         if (w == ETIMEDOUT && mmp_ring_peer_dead(r)) {
             return mmp_errorf(MMP_ERR_PEER, "%s %s: waiting for %s: the %s end (pid %d) died",
                               r->what, r->name, awaited, role_name(r->peer),
@@ -275,7 +299,7 @@ mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h)
     r->count++;
     r->acquired = 0;
     atomic_store_explicit(&r->sh->head, r->count, memory_order_release);
-    mmp_segment_bell_ring(&r->sh->data_bell, &r->sh->data_sleepers);
+    ring_wake(&r->sh->data_bell, &r->sh->data_sleepers);
     return MMP_OK;
 }
 
@@ -325,7 +349,7 @@ mmp_err mmp_ring_release(mmp_ring *r)
     }
     r->released++;
     atomic_store_explicit(&r->sh->tail, r->released, memory_order_release);
-    mmp_segment_bell_ring(&r->sh->credit_bell, &r->sh->credit_sleepers);
+    ring_wake(&r->sh->credit_bell, &r->sh->credit_sleepers);
     return MMP_OK;
 }
 

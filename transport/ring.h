@@ -8,7 +8,9 @@
  * (mmp_msg_header) and payloads are plain memory ordered by the release store
  * of head (sender) and of tail (receiver). Two doorbells (transport/segment.h)
  * wake the waiters: data_bell, rung on post, and credit_bell, rung on
- * release; both are rung on close. A blocked call sleeps in slices of
+ * release, each only when its sleepers count says a waiter is about to
+ * sleep (a waiter counts itself, then looks at the counter once more); both
+ * are rung on close, unconditionally. A blocked call sleeps in slices of
  * MMP_RING_SLICE_MS and after each checks the peer's closed flag and whether
  * its process still exists, so a closed or SIGKILLed peer and the channel's
  * timeout are MMP_ERR_PEER, never a hang.
