@@ -27,11 +27,13 @@
  *
  * Options: --sizes 64K,256K,1M,4M,16M,64M (K/M suffix; bare numbers are MB,
  * fractions allowed) --tcp-sizes 1M,4M,16M (section (c)) --slots N (ring
- * depth of (a), default 2) --reps N (default 15) --iters N (round trips,
+ * depth of (a), default 2) --pin A,B (section (a): the sender and the memcpy
+ * on CPU A, the receiver on CPU B) --reps N (default 15) --iters N (round trips,
  * default 20000) --busy N (N spinning processes during the measurements, to
  * see what the 2-core machine does when stages outnumber cores) --only shm|tcp
  * (sections (a) and (b), or (c), alone). */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -256,10 +258,37 @@ static int msgs_for(size_t bytes)
     return REP_BYTES / bytes < 8 ? 8 : (int)(REP_BYTES / bytes);
 }
 
+/* --pin A,B: the sender (and the memcpy) on CPU A, the receiver on CPU B;
+ * -1: where the scheduler puts them. */
+static int pin_cpu[2] = {-1, -1};
+
+static void pin(int who)
+{
+    if (pin_cpu[who] < 0) {
+        return;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(pin_cpu[who], &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        fprintf(stderr, "bench_transport: pin to CPU %d: %s\n", pin_cpu[who], strerror(errno));
+        exit(1);
+    }
+}
+
 static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
 {
     printf("## shm channel throughput: 2 processes, slots=%d, median of %d reps of ~%u MB\n\n",
            slots, reps, REP_BYTES >> 20);
+    if (pin_cpu[0] >= 0) {
+        printf("Sender and memcpy pinned to CPU %d, receiver to CPU %d.\n\n", pin_cpu[0],
+               pin_cpu[1]);
+    }
+    cpu_set_t was;
+    if (sched_getaffinity(0, sizeof was, &was) != 0) {
+        die("sched_getaffinity");
+    }
+    pin(0);
     printf("What is compared. channel = GB/s (1e9 bytes/s) of payload delivered from one process "
            "to another: the sender produces each message and posts it, the receiver (another "
            "process) gets it, reads every byte in place (a 64-bit sum) and releases it; timed by "
@@ -296,6 +325,7 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
+            pin(1);
             tp_receiver(&rcfg, reps, msgs, res);
             _exit(0);
         }
@@ -313,6 +343,7 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
     }
     printf("\n");
     munmap(res, sizeof *res);
+    sched_setaffinity(0, sizeof was, &was); /* the other sections: unpinned */
 }
 
 /* ---- (b) ping-pong latency --------------------------------------------- */
@@ -837,7 +868,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--tcp-sizes 1M,4M,16M] "
-            "[--reps N] [--iters N] [--slots N] [--busy N] [--only shm|tcp]\n"
+            "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp]\n"
             "  sizes: a number with K or M (KiB, MiB; no suffix: MiB, fractions allowed: "
             "0.0625 = 64K), 64 B to 1 GiB, up to %d of them\n",
             MAX_SIZES);
@@ -890,6 +921,11 @@ int main(int argc, char **argv)
             iters = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--slots") == 0) {
             slots = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--pin") == 0) {
+            if (sscanf(argv[++i], "%d,%d", &pin_cpu[0], &pin_cpu[1]) != 2 || pin_cpu[0] < 0 ||
+                pin_cpu[1] < 0) {
+                usage();
+            }
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
