@@ -66,6 +66,14 @@ static double now_s(void)
     return mmp_now(); /* CLOCK_MONOTONIC */
 }
 
+/* CPU time of this thread (s). */
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 /* The q-quantile (0..1) of v[0..n), sorting v. */
 static double quantile(double *v, int n, double q)
 {
@@ -96,7 +104,9 @@ enum { SEND_COPY = 0, SEND_IN_PLACE = 1, MODES = 2 };
 
 typedef struct tp_result {
     double gbps[MODES][MAX_REPS];
-    uint64_t sink; /* the receiver's sums, so the reads are not optimised away */
+    /* CPU seconds each end spent on a rep's messages (spinning included) */
+    double cpu_s[2][MODES][MAX_REPS]; /* [0] sender, [1] receiver */
+    uint64_t sink;                    /* the receiver's sums, so the reads are not optimised away */
 } tp_result;
 
 static uint64_t sum_bytes(const void *p, size_t n)
@@ -121,7 +131,7 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
      * r * MODES + m), so a load change on the machine hits both alike */
     for (int r = 0; r < reps; r++) {
         for (int mode = 0; mode < MODES; mode++) {
-            double t0 = 0;
+            double t0 = 0, c0 = 0;
             for (int m = 0; m < msgs; m++) {
                 mmp_msg_header h;
                 const void *p;
@@ -132,16 +142,19 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
                 mmp_channel_release(ch);
                 if (m == 0) {
                     t0 = now_s();
+                    c0 = cpu_s();
                 }
             }
             res->gbps[mode][r] = (double)(msgs - 1) * cfg->slot_bytes / (now_s() - t0) / 1e9;
+            res->cpu_s[1][mode][r] = (cpu_s() - c0) * msgs / (msgs - 1 > 0 ? msgs - 1 : 1);
         }
     }
     res->sink = sink;
     mmp_channel_close(ch);
 }
 
-static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t receiver)
+static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t receiver,
+                      tp_result *cpu_res)
 {
     const mmp_transport *t = &mmp_transport_shm;
     mmp_channel *ch;
@@ -153,8 +166,13 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         die("malloc");
     }
     memset(src, 0x5a, cfg->slot_bytes);
+    tp_result *res = cpu_res;
+    double c0 = 0;
     for (int k = 0; k < reps * MODES * msgs; k++) {
         int mode = (k / msgs) % MODES;
+        if (k % msgs == 0) {
+            c0 = cpu_s();
+        }
         mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
         if (mode == SEND_COPY) {
             if (mmp_channel_send(ch, &h, src) != MMP_OK) {
@@ -170,6 +188,9 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
                 die("post");
             }
         }
+        if (k % msgs == msgs - 1) {
+            res->cpu_s[0][mode][k / (msgs * MODES)] = cpu_s() - c0;
+        }
     }
     int st;
     waitpid(receiver, &st, 0);
@@ -183,7 +204,7 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
 
 /* A plain memcpy of `bytes` between two private buffers, msgs times per rep,
  * into v[0..reps). */
-static void memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
+static void memcpy_gbps(size_t bytes, int reps, int msgs, double *v, double *cpu)
 {
     unsigned char *a = malloc(bytes), *b = malloc(bytes);
     if (!a || !b) {
@@ -192,12 +213,13 @@ static void memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
     memset(a, 1, bytes);
     memset(b, 2, bytes);
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         for (int m = 0; m < msgs; m++) {
             memcpy(b, a, bytes);
             a[m % bytes] = b[bytes - 1 - m % bytes]; /* keep both buffers live */
         }
         v[r] = (double)msgs * bytes / (now_s() - t0) / 1e9;
+        cpu[r] = (double)msgs * bytes / (cpu_s() - c0) / 1e9;
     }
     free(a);
     free(b);
@@ -302,19 +324,23 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
            "the channel's and half after; ratio = channel / memcpy, medians of this run. A "
            "channel at ratio 1.0 moves bytes between processes as fast as one memcpy moves "
            "them inside one. one thread = the sender's write and the receiver's read of each "
-           "message done by one thread through two buffers (copy sender): no channel.\n\n");
+           "message done by one thread through two buffers (copy sender): no channel. CPU time "
+           "columns: the same ratio with each side's CPU time in place of wall time (the channel: "
+           "bytes over the busier end's CPU seconds, its spinning included; memcpy: bytes over its "
+           "CPU seconds): what the ratio would be if each process had a core of its own; on a "
+           "loaded machine the wall-time ratio also counts the time the ends wait for a core.\n\n");
     printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | copy ratio | zero-copy ratio | "
-           "one thread GB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|\n");
+           "copy ratio, CPU time | zero-copy ratio, CPU time | one thread GB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
         size_t bytes = sizes[s];
         int msgs = msgs_for(bytes);
         char addr[96], name[32];
         snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
-        double cpv[MAX_REPS];
+        double cpv[MAX_REPS], cpc[MAX_REPS];
         int before = (reps + 1) / 2;
-        memcpy_gbps(bytes, before, msgs, cpv);
+        memcpy_gbps(bytes, before, msgs, cpv, cpc);
         mmp_channel_cfg scfg = {.address = addr,
                                 .slot_bytes = bytes,
                                 .slots = slots,
@@ -329,17 +355,25 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
             tp_receiver(&rcfg, reps, msgs, res);
             _exit(0);
         }
-        tp_sender(&scfg, reps, msgs, pid);
-        memcpy_gbps(bytes, reps - before, msgs, cpv + before);
-        double cp = quantile(cpv, reps, 0.5);
-        double g[MODES];
+        tp_sender(&scfg, reps, msgs, pid, res);
+        memcpy_gbps(bytes, reps - before, msgs, cpv + before, cpc + before);
+        double cp = quantile(cpv, reps, 0.5), cpu_cp = quantile(cpc, reps, 0.5);
+        double g[MODES], gc[MODES];
         for (int m = 0; m < MODES; m++) {
             g[m] = quantile(res->gbps[m], reps, 0.5);
+            double v[MAX_REPS];
+            for (int r = 0; r < reps; r++) {
+                double c = res->cpu_s[0][m][r] > res->cpu_s[1][m][r] ? res->cpu_s[0][m][r]
+                                                                     : res->cpu_s[1][m][r];
+                v[r] = (double)msgs * bytes / c / 1e9;
+            }
+            gc[m] = quantile(v, reps, 0.5);
         }
         double one = serial_gbps(bytes, reps, msgs, SEND_COPY);
-        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
                size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp,
-               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, one);
+               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, gc[SEND_COPY] / cpu_cp,
+               gc[SEND_IN_PLACE] / cpu_cp, one);
     }
     printf("\n");
     munmap(res, sizeof *res);
