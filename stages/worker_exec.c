@@ -94,65 +94,6 @@ static void payload_to_host(worker *w, void *dst, const void *src, size_t bytes)
     w->be->ops->to_host(w->be, dst, src, bytes);
 }
 
-/* The size is checked against the slot before anything is copied
- * (mmp_channel_sendv), and the bytes go through the transport. */
-static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
-                         const seg *segs, int n_segs)
-{
-    if (!c) {
-        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on", step + 1,
-                          mb);
-    }
-    mmp_channel_seg v[3];
-    if (n_segs > 3) {
-        return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %d segments", c->id, n_segs);
-    }
-    seg order[3];
-    if (c->prec != MMP_PREC_FP32) {
-        /* the data (segs[0], backend memory) packed to the training
-         * precision and sent last, after the fp32 parts (see chan) */
-        if (segs[0].host || segs[0].n > (size_t)w->mb_max * c->data_row) {
-            return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %zu data floats to pack", c->id,
-                              segs[0].n);
-        }
-        w->be->ops->pack_lp(w->be, c->packed, segs[0].p, segs[0].n, c->prec);
-        for (int i = 1; i < n_segs; i++) {
-            order[i - 1] = segs[i];
-        }
-        order[n_segs - 1] = (seg){c->packed, segs[0].n, 0, 1};
-        segs = order;
-    }
-    size_t at = 0, cap = mmp_channel_slot_bytes(c->ch);
-    for (int i = 0; i < n_segs; i++) {
-        size_t bytes = segs[i].n * (segs[i].lp ? mmp_backend_lp_bytes(c->prec) : sizeof(float));
-        v[i] = (mmp_channel_seg){segs[i].p, bytes};
-        if (c->stage_host && bytes) {
-            /* a GPU stage's host channel: gathered on the host first */
-            if (bytes > cap - at) {
-                return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu",
-                                  c->id, at + bytes, cap);
-            }
-            char *dst = (char *)c->stage_host + at;
-            if (segs[i].host) {
-                memcpy(dst, segs[i].p, bytes);
-            } else {
-                w->be->ops->to_host(w->be, dst, segs[i].p, bytes);
-            }
-            at += bytes;
-        }
-    }
-    if (c->stage_host) {
-        v[0] = (mmp_channel_seg){c->stage_host, at};
-        n_segs = 1;
-    }
-    mmp_msg_header h = {
-        .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
-    char what[32];
-    snprintf(what, sizeof what, "%d", c->id);
-    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
-    return mmp_channel_sendv(c->ch, what, h, v, n_segs);
-}
-
 /* ---- zero-copy posting -------------------------------------------------------------
  * When the instruction right after a FWD (BWD) is the SEND_ACT (SEND_GRAD)
  * of the same micro-batch, on a channel whose slots are host memory that can
@@ -164,7 +105,9 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
  * holds up the computation, which then writes the stage's own buffer and
  * the send copies it, as always. Nothing the backward needs lives in the
  * slot: it holds the output alone (the backward keeps its activations).
- * MMP_ZERO_COPY=0 in the environment turns it off (for comparisons). */
+ * Low-precision data (bf16/fp16 edges) is packed straight into the slot
+ * instead (send_packed_in_place). MMP_ZERO_COPY=0 in the environment turns
+ * both off (for comparisons). */
 static int zero_copy_on(void)
 {
     static int on = -1;
@@ -258,6 +201,106 @@ static mmp_err zc_post(worker *w, chan *c, int step, int mb, int eval, int n, ui
                         .flags = eval ? MMP_MSG_EVAL : 0};
     mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
     return mmp_channel_post(c->ch, &h);
+}
+
+/* Low-precision data on a host-slot channel of a CPU stage: the fp32 parts
+ * (mask, valid flags) go into the slot first and the data is packed straight
+ * into it behind them, the layout chan_send gathers (no staging in packed). */
+static mmp_err send_packed_in_place(worker *w, chan *c, int step, int mb, int eval, int n,
+                                    uint64_t digest, const seg *segs, int n_segs)
+{
+    size_t lp = mmp_backend_lp_bytes(c->prec), total = segs[0].n * lp,
+           cap = mmp_channel_slot_bytes(c->ch);
+    for (int i = 1; i < n_segs; i++) {
+        total += segs[i].n * sizeof(float);
+    }
+    if (total > cap) {
+        return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu", c->id,
+                          total, cap);
+    }
+    void *slot = NULL;
+    MMP_TRY(mmp_channel_acquire(c->ch, &slot));
+    size_t at = 0;
+    for (int i = 1; i < n_segs; i++) {
+        size_t bytes = segs[i].n * sizeof(float);
+        if (bytes && segs[i].host) {
+            MMP_TRY(mmp_channel_fill(c->ch, (char *)slot + at, segs[i].p, bytes));
+        } else if (bytes) {
+            w->be->ops->to_host(w->be, (char *)slot + at, segs[i].p, bytes);
+        }
+        at += bytes;
+    }
+    w->be->ops->pack_lp(w->be, (char *)slot + at, segs[0].p, segs[0].n, c->prec);
+    mmp_msg_header h = {.step = step,
+                        .mb = mb,
+                        .digest = digest,
+                        .bytes = total,
+                        .n = n,
+                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return mmp_channel_post(c->ch, &h);
+}
+
+/* The size is checked against the slot before anything is copied
+ * (mmp_channel_sendv), and the bytes go through the transport. */
+static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
+                         const seg *segs, int n_segs)
+{
+    if (!c) {
+        return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on", step + 1,
+                          mb);
+    }
+    mmp_channel_seg v[3];
+    if (n_segs > 3) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %d segments", c->id, n_segs);
+    }
+    seg order[3];
+    if (c->prec != MMP_PREC_FP32) {
+        /* the data (segs[0], backend memory) packed to the training
+         * precision and sent last, after the fp32 parts (see chan) */
+        if (segs[0].host || segs[0].n > (size_t)w->mb_max * c->data_row) {
+            return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %zu data floats to pack", c->id,
+                              segs[0].n);
+        }
+        if (zero_copy_on() && !c->stage_host && w->gpu < 0 && mmp_channel_host_slots(c->ch)) {
+            return send_packed_in_place(w, c, step, mb, eval, n, digest, segs, n_segs);
+        }
+        w->be->ops->pack_lp(w->be, c->packed, segs[0].p, segs[0].n, c->prec);
+        for (int i = 1; i < n_segs; i++) {
+            order[i - 1] = segs[i];
+        }
+        order[n_segs - 1] = (seg){c->packed, segs[0].n, 0, 1};
+        segs = order;
+    }
+    size_t at = 0, cap = mmp_channel_slot_bytes(c->ch);
+    for (int i = 0; i < n_segs; i++) {
+        size_t bytes = segs[i].n * (segs[i].lp ? mmp_backend_lp_bytes(c->prec) : sizeof(float));
+        v[i] = (mmp_channel_seg){segs[i].p, bytes};
+        if (c->stage_host && bytes) {
+            /* a GPU stage's host channel: gathered on the host first */
+            if (bytes > cap - at) {
+                return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu",
+                                  c->id, at + bytes, cap);
+            }
+            char *dst = (char *)c->stage_host + at;
+            if (segs[i].host) {
+                memcpy(dst, segs[i].p, bytes);
+            } else {
+                w->be->ops->to_host(w->be, dst, segs[i].p, bytes);
+            }
+            at += bytes;
+        }
+    }
+    if (c->stage_host) {
+        v[0] = (mmp_channel_seg){c->stage_host, at};
+        n_segs = 1;
+    }
+    mmp_msg_header h = {
+        .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
+    char what[32];
+    snprintf(what, sizeof what, "%d", c->id);
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return mmp_channel_sendv(c->ch, what, h, v, n_segs);
 }
 
 static flight *flight_take(worker *w, int mb)
