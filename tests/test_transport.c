@@ -2310,6 +2310,60 @@ static void test_forged(const mmp_transport *t)
         CHECK_OK(mmp_channel_release(b));
     }
 
+    /* The released counter, forged beyond what was posted: found as the word
+     * that a release moves by one. The sender reads it when it next needs a
+     * credit it has not seen yet, at the latest a ring later, and refuses it
+     * whether it waits (acquire) or not (try_acquire). Mended afterwards. */
+    for (int use_try = 1; use_try >= 0; use_try--) {
+        mmp_msg_header h = {.step = 1, .n = 1, .bytes = 0, .digest = 0xF0F6ED000000AA00ull};
+        mmp_msg_header got;
+        const void *p;
+        enum { SCAN = 4096 };
+        size_t scan = SCAN < f.bytes ? SCAN : f.bytes;
+        unsigned char before[SCAN];
+        size_t at[8];
+        uint64_t was_at[8];
+        int found = 0;
+        CHECK_OK(mmp_channel_send(a, &h, NULL));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        memcpy(before, f.base, scan);
+        CHECK_OK(mmp_channel_release(b));
+        for (size_t off = 0; off + 8 <= scan && found < 8; off += 8) {
+            uint64_t was, now;
+            memcpy(&was, before + off, 8);
+            memcpy(&now, f.base + off, 8);
+            if (now == was + 1) {
+                at[found] = off;
+                was_at[found++] = now;
+                uint64_t bad = now + 100;
+                memcpy(f.base + off, &bad, 8);
+            }
+        }
+        CHECK(found >= 1);
+        int posted = 0, refused = 0;
+        for (int k = 0; k <= SLOTS && !refused && found; k++) {
+            void *q = NULL;
+            mmp_err e = use_try ? mmp_channel_try_acquire(a, &q) : mmp_channel_acquire(a, &q);
+            if (e == MMP_OK) {
+                mmp_msg_header m = {.step = 2, .mb = k, .n = 1, .bytes = 0};
+                CHECK_OK(mmp_channel_post(a, &m));
+                posted++;
+            } else {
+                CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), "field tail") != NULL);
+                refused = 1;
+            }
+        }
+        CHECK(refused);
+        for (int i = 0; i < found; i++) {
+            memcpy(f.base + at[i], &was_at[i], 8);
+        }
+        for (int k = 0; k < posted; k++) { /* the channel works on */
+            CHECK_OK(mmp_channel_recv(b, &got, &p));
+            CHECK(got.step == 2 && got.mb == k);
+            CHECK_OK(mmp_channel_release(b));
+        }
+    }
+
     /* The posted counter, forged more than a ring ahead of the receiver:
      * found as the word before the first header that a post moves by one
      * (other such words are doorbells, harmless to overwrite). */
