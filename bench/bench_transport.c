@@ -985,7 +985,10 @@ int main(int argc, char **argv)
         }
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("# bench_transport (%ld CPUs online, %d extra spinning processes)\n\n", cpus, busy);
+    const char *spin = getenv("MMP_SHM_SPIN_NS");
+    printf("# bench_transport (%ld CPUs online, %d extra spinning processes, shm waiters spin %s "
+           "ns before they sleep%s)\n\n",
+           cpus, busy, spin ? spin : "2000", spin ? ": MMP_SHM_SPIN_NS" : ", the default");
     double t0 = now_s();
     if (only != 2) {
         throughput(sizes, nsizes, reps, slots);

@@ -1679,6 +1679,43 @@ static void test_open_gpu(const mmp_transport *t)
 
 /* ---- (8) crash clean-up ------------------------------------------------- */
 
+/* MMP_SHM_SPIN_NS in the environment: a number is taken (the channel works),
+ * anything else fails the open with an error naming the variable, and no
+ * name is left behind. */
+static void test_spin_env(void)
+{
+    static const char *bad[] = {"abc", "-1", "12x", "", "2000000000"};
+    char addr[96];
+    mmp_channel *a = NULL;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fresh_address(addr, sizeof addr);
+        mmp_channel_cfg c = make_cfg(addr, 64, 1, 1, 100);
+        setenv("MMP_SHM_SPIN_NS", bad[i], 1);
+        CHECK(mmp_channel_open_with(&a, &mmp_transport_shm, &c, 1) == MMP_ERR_INVALID && !a);
+        CHECK(strstr(mmp_last_error(), "MMP_SHM_SPIN_NS") != NULL);
+        mmp_channel_close(a);
+        a = NULL;
+    }
+    fresh_address(addr, sizeof addr);
+    mmp_channel *b = NULL;
+    mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 1000), cr = make_cfg(addr, 64, 1, 0, 1000);
+    setenv("MMP_SHM_SPIN_NS", "0", 1);
+    CHECK_OK(mmp_channel_open_with(&a, &mmp_transport_shm, &cs, 1));
+    CHECK_OK(mmp_channel_open_with(&b, &mmp_transport_shm, &cr, 0));
+    unsetenv("MMP_SHM_SPIN_NS");
+    if (a && b) {
+        mmp_msg_header h = {.step = 4, .n = 1, .bytes = 8}, got;
+        const void *p;
+        unsigned char src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        CHECK_OK(mmp_channel_send(a, &h, src));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        CHECK(got.step == 4 && p && memcmp(p, src, 8) == 0);
+        CHECK_OK(mmp_channel_release(b));
+    }
+    mmp_channel_close(b);
+    mmp_channel_close(a);
+}
+
 static void test_unlink_prefix(void)
 {
     char stray[96], keep[96];
@@ -2533,6 +2570,11 @@ static void unlink_prefix(void)
     run_global("unlink-prefix", test_unlink_prefix);
 }
 
+static void spin_env(void)
+{
+    run_global("shm-spin-env", test_spin_env);
+}
+
 static const mmp_test_case cases[] = {
     TRANSPORT_TABLE(shm),
     TRANSPORT_TABLE(tcp),
@@ -2545,6 +2587,7 @@ static const mmp_test_case cases[] = {
 #endif
     {"channel-open", channel_open},
     {"unlink-prefix", unlink_prefix},
+    {"shm-spin-env", spin_env},
 };
 
 int main(int argc, char **argv)
