@@ -17,7 +17,9 @@
  * (as nng's pipe carries its p_tran_ops): every call is mmp_channel_<verb>(ch,
  * ...), never a (transport, channel) pair, and every payload byte goes
  * through the transport (fill/read), so device-memory slots need nothing of
- * the caller.
+ * the caller; only a producer on host slots (no MMP_TRANSPORT_DEVICE_SLOTS,
+ * mmp_channel_host_slots) may write its output into the slot in place
+ * (zero-copy posting: mmp_channel_try_acquire, then post).
  *
  * Lifecycle: the creator end calls setup (allocates the shared resource under
  * `address`); the other end calls connect (attaches; may wait for the creator
