@@ -25,11 +25,15 @@
  *     latency: half a ping-pong round trip of one message of 64 B, 64 KB and
  *     1 MB (a micro-batch's activations), channel and plain socket.
  *
- * Options: --sizes 1,4,16 (MB) --reps N (default 7) --iters N (round trips,
+ * Options: --sizes 64K,256K,1M,4M,16M,64M (K/M suffix; bare numbers are MB,
+ * fractions allowed) --tcp-sizes 1M,4M,16M (section (c)) --slots N (ring
+ * depth of (a), default 2) --pin A,B (section (a): the sender and the memcpy
+ * on CPU A, the receiver on CPU B) --reps N (default 15) --iters N (round trips,
  * default 20000) --busy N (N spinning processes during the measurements, to
- * see what the 2-core machine does when stages outnumber cores) --only tcp
- * (section (c) alone). */
+ * see what the 2-core machine does when stages outnumber cores) --only shm|tcp
+ * (sections (a) and (b), or (c), alone). */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +66,14 @@ static double now_s(void)
     return mmp_now(); /* CLOCK_MONOTONIC */
 }
 
+/* CPU time of this thread (s). */
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 /* The q-quantile (0..1) of v[0..n), sorting v. */
 static double quantile(double *v, int n, double q)
 {
@@ -92,7 +104,9 @@ enum { SEND_COPY = 0, SEND_IN_PLACE = 1, MODES = 2 };
 
 typedef struct tp_result {
     double gbps[MODES][MAX_REPS];
-    uint64_t sink; /* the receiver's sums, so the reads are not optimised away */
+    /* CPU seconds each end spent on a rep's messages (spinning included) */
+    double cpu_s[2][MODES][MAX_REPS]; /* [0] sender, [1] receiver */
+    uint64_t sink;                    /* the receiver's sums, so the reads are not optimised away */
 } tp_result;
 
 static uint64_t sum_bytes(const void *p, size_t n)
@@ -113,9 +127,11 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
         die("receiver connect");
     }
     uint64_t sink = 0;
-    for (int mode = 0; mode < MODES; mode++) {
-        for (int r = 0; r < reps; r++) {
-            double t0 = 0;
+    /* reps alternate between the modes (rep r of mode m is message block
+     * r * MODES + m), so a load change on the machine hits both alike */
+    for (int r = 0; r < reps; r++) {
+        for (int mode = 0; mode < MODES; mode++) {
+            double t0 = 0, c0 = 0;
             for (int m = 0; m < msgs; m++) {
                 mmp_msg_header h;
                 const void *p;
@@ -126,16 +142,19 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
                 mmp_channel_release(ch);
                 if (m == 0) {
                     t0 = now_s();
+                    c0 = cpu_s();
                 }
             }
             res->gbps[mode][r] = (double)(msgs - 1) * cfg->slot_bytes / (now_s() - t0) / 1e9;
+            res->cpu_s[1][mode][r] = (cpu_s() - c0) * msgs / (msgs - 1 > 0 ? msgs - 1 : 1);
         }
     }
     res->sink = sink;
     mmp_channel_close(ch);
 }
 
-static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t receiver)
+static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t receiver,
+                      tp_result *cpu_res)
 {
     const mmp_transport *t = &mmp_transport_shm;
     mmp_channel *ch;
@@ -147,23 +166,30 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         die("malloc");
     }
     memset(src, 0x5a, cfg->slot_bytes);
-    for (int mode = 0; mode < MODES; mode++) {
-        for (int k = 0; k < reps * msgs; k++) {
-            mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
-            if (mode == SEND_COPY) {
-                if (mmp_channel_send(ch, &h, src) != MMP_OK) {
-                    die("send");
-                }
-            } else {
-                void *p;
-                if (mmp_channel_acquire(ch, &p) != MMP_OK) {
-                    die("acquire");
-                }
-                memset(p, k & 0xff, cfg->slot_bytes);
-                if (mmp_channel_post(ch, &h) != MMP_OK) {
-                    die("post");
-                }
+    tp_result *res = cpu_res;
+    double c0 = 0;
+    for (int k = 0; k < reps * MODES * msgs; k++) {
+        int mode = (k / msgs) % MODES;
+        if (k % msgs == 0) {
+            c0 = cpu_s();
+        }
+        mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
+        if (mode == SEND_COPY) {
+            if (mmp_channel_send(ch, &h, src) != MMP_OK) {
+                die("send");
             }
+        } else {
+            void *p;
+            if (mmp_channel_acquire(ch, &p) != MMP_OK) {
+                die("acquire");
+            }
+            memset(p, k & 0xff, cfg->slot_bytes);
+            if (mmp_channel_post(ch, &h) != MMP_OK) {
+                die("post");
+            }
+        }
+        if (k % msgs == msgs - 1) {
+            res->cpu_s[0][mode][k / (msgs * MODES)] = cpu_s() - c0;
         }
     }
     int st;
@@ -176,27 +202,27 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
     mmp_channel_close(ch);
 }
 
-/* A plain memcpy of `bytes` between two private buffers, msgs times per rep. */
-static double memcpy_gbps(size_t bytes, int reps, int msgs)
+/* A plain memcpy of `bytes` between two private buffers, msgs times per rep,
+ * into v[0..reps). */
+static void memcpy_gbps(size_t bytes, int reps, int msgs, double *v, double *cpu)
 {
     unsigned char *a = malloc(bytes), *b = malloc(bytes);
-    double v[MAX_REPS];
     if (!a || !b) {
         die("malloc");
     }
     memset(a, 1, bytes);
     memset(b, 2, bytes);
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         for (int m = 0; m < msgs; m++) {
             memcpy(b, a, bytes);
             a[m % bytes] = b[bytes - 1 - m % bytes]; /* keep both buffers live */
         }
         v[r] = (double)msgs * bytes / (now_s() - t0) / 1e9;
+        cpu[r] = (double)msgs * bytes / (cpu_s() - c0) / 1e9;
     }
     free(a);
     free(b);
-    return quantile(v, reps, 0.5);
 }
 
 /* The channel's work without the channel: the sender's write and the
@@ -233,52 +259,125 @@ static double serial_gbps(size_t bytes, int reps, int msgs, int mode)
     return quantile(v, reps, 0.5);
 }
 
-static void throughput(const int *sizes_mb, int nsizes, int reps)
+/* "64 KB", "1 MB", "1.5 MB" */
+static const char *size_name(size_t bytes, char *buf, size_t n)
 {
-    printf("## shm channel throughput: 2 processes, slots=2, median of %d reps of ~%u MB\n\n", reps,
-           REP_BYTES >> 20);
-    printf("GB/s = 1e9 bytes/s of payload delivered. The receiver reads every byte in place "
-           "(64-bit sum). memcpy = a plain memcpy of the same size in one process, this run, as "
-           "many per rep; ratio = "
-           "channel / memcpy. one thread = the same write + read of each message done serially by "
-           "one thread through two buffers (no channel): what the two processes overlap.\n\n");
-    printf("| MB | sender | channel GB/s | memcpy GB/s | ratio | one thread GB/s |\n");
-    printf("|---:|---|---:|---:|---:|---:|\n");
+    if (bytes >= (1u << 20) && bytes % (1u << 20) == 0) {
+        snprintf(buf, n, "%zu MB", bytes >> 20);
+    } else if (bytes >= (1u << 20)) {
+        snprintf(buf, n, "%.2f MB", (double)bytes / (1u << 20));
+    } else if (bytes >= 1024 && bytes % 1024 == 0) {
+        snprintf(buf, n, "%zu KB", bytes >> 10);
+    } else {
+        snprintf(buf, n, "%zu B", bytes);
+    }
+    return buf;
+}
+
+/* Messages per rep: ~REP_BYTES, at least 8. */
+static int msgs_for(size_t bytes)
+{
+    return REP_BYTES / bytes < 8 ? 8 : (int)(REP_BYTES / bytes);
+}
+
+/* --pin A,B: the sender (and the memcpy) on CPU A, the receiver on CPU B;
+ * -1: where the scheduler puts them. */
+static int pin_cpu[2] = {-1, -1};
+
+static void pin(int who)
+{
+    if (pin_cpu[who] < 0) {
+        return;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(pin_cpu[who], &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        fprintf(stderr, "bench_transport: pin to CPU %d: %s\n", pin_cpu[who], strerror(errno));
+        exit(1);
+    }
+}
+
+static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
+{
+    printf("## shm channel throughput: 2 processes, slots=%d, median of %d reps of ~%u MB\n\n",
+           slots, reps, REP_BYTES >> 20);
+    if (pin_cpu[0] >= 0) {
+        printf("Sender and memcpy pinned to CPU %d, receiver to CPU %d.\n\n", pin_cpu[0],
+               pin_cpu[1]);
+    }
+    cpu_set_t was;
+    if (sched_getaffinity(0, sizeof was, &was) != 0) {
+        die("sched_getaffinity");
+    }
+    pin(0);
+    printf("What is compared. channel = GB/s (1e9 bytes/s) of payload delivered from one process "
+           "to another: the sender produces each message and posts it, the receiver (another "
+           "process) gets it, reads every byte in place (a 64-bit sum) and releases it; timed by "
+           "the receiver from its first message to its last release, so the ring is full. Two "
+           "senders, reps alternating between them: 'copy' = mmp_channel_send, a memcpy from the "
+           "sender's own (cache-warm) buffer into the slot, as a stage that computed into its own "
+           "buffer; 'zero-copy' = acquire, write the slot in place (memset), post, as a producer "
+           "that writes its output straight into the slot. memcpy = one thread copying the same "
+           "number of bytes between two private buffers of the message's size in one process "
+           "(the same buffers every time, so as cache-warm as the slots), half its reps before "
+           "the channel's and half after; ratio = channel / memcpy, medians of this run. A "
+           "channel at ratio 1.0 moves bytes between processes as fast as one memcpy moves "
+           "them inside one. one thread = the sender's write and the receiver's read of each "
+           "message done by one thread through two buffers (copy sender): no channel. CPU time "
+           "columns: the same ratio with each side's CPU time in place of wall time (the channel: "
+           "bytes over the busier end's CPU seconds, its spinning included; memcpy: bytes over its "
+           "CPU seconds): what the ratio would be if each process had a core of its own; on a "
+           "loaded machine the wall-time ratio also counts the time the ends wait for a core.\n\n");
+    printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | copy ratio | zero-copy ratio | "
+           "copy ratio, CPU time | zero-copy ratio, CPU time | one thread GB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
-        size_t bytes = (size_t)sizes_mb[s] << 20;
-        int msgs = (int)(REP_BYTES / bytes) < 8 ? 8 : (int)(REP_BYTES / bytes);
-        char addr[96];
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        char addr[96], name[32];
         snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
-        double cp = memcpy_gbps(bytes, reps, msgs);
+        double cpv[MAX_REPS], cpc[MAX_REPS];
+        int before = (reps + 1) / 2;
+        memcpy_gbps(bytes, before, msgs, cpv, cpc);
         mmp_channel_cfg scfg = {.address = addr,
                                 .slot_bytes = bytes,
-                                .slots = 2,
+                                .slots = slots,
                                 .send = 1,
                                 .timeout_ms = 60000},
-                        rcfg = {.address = addr,
-                                .slot_bytes = bytes,
-                                .slots = 2,
-                                .send = 0,
-                                .timeout_ms = 60000};
+                        rcfg = scfg;
+        rcfg.send = 0;
         fflush(stdout);
         pid_t pid = fork();
         if (pid == 0) {
+            pin(1);
             tp_receiver(&rcfg, reps, msgs, res);
             _exit(0);
         }
-        tp_sender(&scfg, reps, msgs, pid);
-        static const char *modes[MODES] = {"memcpy from its buffer (mmp_channel_send)",
-                                           "writes the slot in place (memset, zero-copy)"};
+        tp_sender(&scfg, reps, msgs, pid, res);
+        memcpy_gbps(bytes, reps - before, msgs, cpv + before, cpc + before);
+        double cp = quantile(cpv, reps, 0.5), cpu_cp = quantile(cpc, reps, 0.5);
+        double g[MODES], gc[MODES];
         for (int m = 0; m < MODES; m++) {
-            double g = quantile(res->gbps[m], reps, 0.5);
-            double one = serial_gbps(bytes, reps, msgs, m);
-            printf("| %d | %s | %.2f | %.2f | %.2f | %.2f |\n", sizes_mb[s], modes[m], g, cp,
-                   g / cp, one);
+            g[m] = quantile(res->gbps[m], reps, 0.5);
+            double v[MAX_REPS];
+            for (int r = 0; r < reps; r++) {
+                double c = res->cpu_s[0][m][r] > res->cpu_s[1][m][r] ? res->cpu_s[0][m][r]
+                                                                     : res->cpu_s[1][m][r];
+                v[r] = (double)msgs * bytes / c / 1e9;
+            }
+            gc[m] = quantile(v, reps, 0.5);
         }
+        double one = serial_gbps(bytes, reps, msgs, SEND_COPY);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+               size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp,
+               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, gc[SEND_COPY] / cpu_cp,
+               gc[SEND_IN_PLACE] / cpu_cp, one);
     }
     printf("\n");
     munmap(res, sizeof *res);
+    sched_setaffinity(0, sizeof was, &was); /* the other sections: unpinned */
 }
 
 /* ---- (b) ping-pong latency --------------------------------------------- */
@@ -622,7 +721,7 @@ static double plain_tp(size_t bytes, int reps, int msgs, tp_result *res)
     return quantile(res->gbps[SEND_IN_PLACE], reps, 0.5);
 }
 
-static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
+static void tcp_throughput(const size_t *sizes, int nsizes, int reps)
 {
     printf("## tcp channel throughput over loopback: 2 processes, slots=2, median of %d reps of "
            "~%u MB\n\n",
@@ -631,11 +730,12 @@ static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
            "receiver that reads every byte in place; plain socket = the same messages written "
            "with send() from one buffer and recv()'d into one buffer (default socket options), "
            "summed the same way; ratio = channel / plain socket, this run.\n\n");
-    printf("| MB | channel GB/s | plain socket GB/s | ratio |\n|---:|---:|---:|---:|\n");
+    printf("| size | channel GB/s | plain socket GB/s | ratio |\n|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
-        size_t bytes = (size_t)sizes_mb[s] << 20;
-        int msgs = (int)(REP_BYTES / bytes) < 8 ? 8 : (int)(REP_BYTES / bytes);
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        char name[32];
         double plain = plain_tp(bytes, reps, msgs, res);
         mmp_channel *ch;
         tcp_tp_arg arg = {reps, msgs, res};
@@ -660,7 +760,8 @@ static void tcp_throughput(const int *sizes_mb, int nsizes, int reps)
         mmp_channel_close(ch);
         free(src);
         double g = quantile(res->gbps[SEND_COPY], reps, 0.5);
-        printf("| %d | %.2f | %.2f | %.2f |\n", sizes_mb[s], g, plain, g / plain);
+        printf("| %s | %.2f | %.2f | %.2f |\n", size_name(bytes, name, sizeof name), g, plain,
+               g / plain);
     }
     printf("\n");
     munmap(res, sizeof *res);
@@ -799,41 +900,80 @@ static void tcp_latency(int iters)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_transport [--sizes 1,4,16] [--reps N] [--iters N] [--busy N] "
-                    "[--only tcp]\n");
+    fprintf(stderr,
+            "usage: bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--tcp-sizes 1M,4M,16M] "
+            "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp]\n"
+            "  sizes: a number with K or M (KiB, MiB; no suffix: MiB, fractions allowed: "
+            "0.0625 = 64K), 64 B to 1 GiB, up to %d of them\n",
+            MAX_SIZES);
     exit(2);
+}
+
+/* "64K,0.25,1M" -> bytes; 0 when the list is malformed. */
+static int parse_sizes(const char *arg, size_t *sizes)
+{
+    int n = 0;
+    for (const char *s = arg; *s; n++) {
+        char *end;
+        double v = strtod(s, &end);
+        double unit = 1 << 20;
+        if (end == s || n == MAX_SIZES) {
+            return 0;
+        }
+        if (*end == 'K' || *end == 'k') {
+            unit = 1 << 10;
+            end++;
+        } else if (*end == 'M' || *end == 'm') {
+            end++;
+        }
+        double bytes = v * unit;
+        if (!(bytes >= 64 && bytes <= (double)(1u << 30)) || (*end && *end != ',')) {
+            return 0;
+        }
+        sizes[n] = ((size_t)bytes + 63) / 64 * 64; /* whole 64-bit words and cache lines */
+        s = *end ? end + 1 : end;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
 {
-    int sizes[MAX_SIZES] = {1, 4, 16}, nsizes = 3, reps = 7, iters = 20000, busy = 0, only_tcp = 0;
+    size_t sizes[MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
+           tsizes[MAX_SIZES] = {1 << 20, 4 << 20, 16 << 20};
+    int nsizes = 6, ntsizes = 3, reps = 15, iters = 20000, busy = 0, only = 0, slots = 2;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             usage();
         }
         if (strcmp(argv[i], "--sizes") == 0) {
-            nsizes = 0;
-            for (char *s = argv[++i], *end; *s && nsizes < MAX_SIZES; s = *end ? end + 1 : end) {
-                long v = strtol(s, &end, 10);
-                if (end == s || v < 1 || v > 1024 || (*end && *end != ',')) {
-                    usage();
-                }
-                sizes[nsizes++] = (int)v;
-            }
+            nsizes = parse_sizes(argv[++i], sizes);
+        } else if (strcmp(argv[i], "--tcp-sizes") == 0) {
+            ntsizes = parse_sizes(argv[++i], tsizes);
         } else if (strcmp(argv[i], "--reps") == 0) {
             reps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--iters") == 0) {
             iters = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--slots") == 0) {
+            slots = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--pin") == 0) {
+            if (sscanf(argv[++i], "%d,%d", &pin_cpu[0], &pin_cpu[1]) != 2 || pin_cpu[0] < 0 ||
+                pin_cpu[1] < 0) {
+                usage();
+            }
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
-            only_tcp = 1;
+            only = 2;
+            i++;
+        } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "shm") == 0) {
+            only = 1;
             i++;
         } else {
             usage();
         }
     }
-    if (nsizes < 1 || reps < 1 || reps > MAX_REPS || iters < 10 || busy < 0 || busy > 64) {
+    if (nsizes < 1 || ntsizes < 1 || reps < 1 || reps > MAX_REPS || iters < 10 || busy < 0 ||
+        busy > 64 || slots < 1 || slots > 64) {
         usage();
     }
     pid_t hogs[64];
@@ -845,14 +985,19 @@ int main(int argc, char **argv)
         }
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("# bench_transport (%ld CPUs online, %d extra spinning processes)\n\n", cpus, busy);
+    const char *spin = getenv("MMP_SHM_SPIN_NS");
+    printf("# bench_transport (%ld CPUs online, %d extra spinning processes, shm waiters spin %s "
+           "ns before they sleep%s)\n\n",
+           cpus, busy, spin ? spin : "2000", spin ? ": MMP_SHM_SPIN_NS" : ", the default");
     double t0 = now_s();
-    if (!only_tcp) {
-        throughput(sizes, nsizes, reps);
+    if (only != 2) {
+        throughput(sizes, nsizes, reps, slots);
         latency(iters);
     }
-    tcp_throughput(sizes, nsizes, reps);
-    tcp_latency(iters);
+    if (only != 1) {
+        tcp_throughput(tsizes, ntsizes, reps);
+        tcp_latency(iters);
+    }
     for (int b = 0; b < busy; b++) {
         kill(hogs[b], SIGKILL);
         waitpid(hogs[b], NULL, 0);

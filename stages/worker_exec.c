@@ -94,6 +94,153 @@ static void payload_to_host(worker *w, void *dst, const void *src, size_t bytes)
     w->be->ops->to_host(w->be, dst, src, bytes);
 }
 
+/* ---- zero-copy posting -------------------------------------------------------------
+ * When the instruction right after a FWD (BWD) is the SEND_ACT (SEND_GRAD)
+ * of the same micro-batch, on a channel whose slots are host memory that can
+ * take the output as it is (a CPU stage, fp32 data: shm and tcp slots, never
+ * cuda_ipc's device slots nor a GPU stage's staging), the computation writes
+ * its output straight into a slot acquired before it, and the send appends
+ * the mask and valid flags and posts: one copy of the output less. Only when
+ * a credit is free at once (mmp_channel_try_acquire): a full ring never
+ * holds up the computation, which then writes the stage's own buffer and
+ * the send copies it, as always. Nothing the backward needs lives in the
+ * slot: it holds the output alone (the backward keeps its activations).
+ * Low-precision data (bf16/fp16 edges) is packed straight into the slot
+ * instead (send_packed_in_place). MMP_ZERO_COPY=0 in the environment turns
+ * both off (for comparisons). */
+static int zero_copy_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("MMP_ZERO_COPY");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
+/* Acquires a slot of c for the computation's output when c can take it. */
+static void zc_take(worker *w, chan *c)
+{
+    if (!c || !c->send || c->zc || c->prec != MMP_PREC_FP32 || c->stage_host || w->gpu >= 0 ||
+        worker_simulated(w) || !mmp_channel_host_slots(c->ch) ||
+        (size_t)w->mb_max * c->row_bytes > mmp_channel_slot_bytes(c->ch)) {
+        return;
+    }
+    void *slot = NULL;
+    if (mmp_channel_try_acquire(c->ch, &slot) == MMP_OK) {
+        c->zc = slot;
+    }
+}
+
+/* Before the computation of instruction i (FWD or BWD of mb): the slot of
+ * each send (op) of mb that follows it at once, when every one of them is
+ * told apart by zc_chan: one SEND_ACT; one SEND_GRAD, or a fusion's two (to
+ * the image and the text branch). An output sent twice is sent by copies. */
+static void zc_prepare(worker *w, size_t i, int op, int mb)
+{
+    if (!zero_copy_on()) {
+        return;
+    }
+    chan *next[3];
+    int k = 0;
+    for (size_t j = i + 1; j < w->n_prog && k < 3; j++) {
+        const Mmpipe__Instr *in = w->prog[j];
+        if ((int)in->op != op || in->mb != mb || in->edge < 0) {
+            break;
+        }
+        next[k++] = worker_find_chan(w, in->edge);
+    }
+    int fusion_pair = k == 2 && op == MMPIPE__OP__SEND_GRAD && w->kind == MMP_BRANCH_FUSION &&
+                      next[0] && next[1] && next[0]->peer_text != next[1]->peer_text;
+    if (k == 1 || fusion_pair) {
+        for (int j = 0; j < k; j++) {
+            zc_take(w, next[j]);
+        }
+    }
+}
+
+/* The sending channel (grad: of gradients; text: to the text branch, -1:
+ * either) whose slot awaits the output, or NULL. */
+static chan *zc_chan(worker *w, int grad, int text)
+{
+    for (int k = 0; k < w->n_chans; k++) {
+        chan *c = &w->chans[k];
+        if (c->zc && c->grad == grad && (text < 0 || c->peer_text == text)) {
+            return c;
+        }
+    }
+    return NULL;
+}
+
+/* Posts c's zero-copy slot: data_bytes of output already in it, then segs
+ * (mask, valid flags) appended through the transport. */
+static mmp_err zc_post(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
+                       size_t data_bytes, const seg *segs, int n_segs)
+{
+    float *slot = c->zc;
+    c->zc = NULL;
+    size_t at = data_bytes, cap = mmp_channel_slot_bytes(c->ch);
+    for (int i = 0; i < n_segs; i++) {
+        size_t bytes = segs[i].n * sizeof(float);
+        if (bytes > cap - at) {
+            return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu",
+                              c->id, at + bytes, cap);
+        }
+        if (bytes && segs[i].host) {
+            MMP_TRY(mmp_channel_fill(c->ch, (char *)slot + at, segs[i].p, bytes));
+        } else if (bytes) {
+            w->be->ops->to_host(w->be, (char *)slot + at, segs[i].p, bytes);
+        }
+        at += bytes;
+    }
+    mmp_msg_header h = {.step = step,
+                        .mb = mb,
+                        .digest = digest,
+                        .bytes = at,
+                        .n = n,
+                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return mmp_channel_post(c->ch, &h);
+}
+
+/* Low-precision data on a host-slot channel of a CPU stage: the fp32 parts
+ * (mask, valid flags) go into the slot first and the data is packed straight
+ * into it behind them, the layout chan_send gathers (no staging in packed). */
+static mmp_err send_packed_in_place(worker *w, chan *c, int step, int mb, int eval, int n,
+                                    uint64_t digest, const seg *segs, int n_segs)
+{
+    size_t lp = mmp_backend_lp_bytes(c->prec), total = segs[0].n * lp,
+           cap = mmp_channel_slot_bytes(c->ch);
+    for (int i = 1; i < n_segs; i++) {
+        total += segs[i].n * sizeof(float);
+    }
+    if (total > cap) {
+        return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu", c->id,
+                          total, cap);
+    }
+    void *slot = NULL;
+    MMP_TRY(mmp_channel_acquire(c->ch, &slot));
+    size_t at = 0;
+    for (int i = 1; i < n_segs; i++) {
+        size_t bytes = segs[i].n * sizeof(float);
+        if (bytes && segs[i].host) {
+            MMP_TRY(mmp_channel_fill(c->ch, (char *)slot + at, segs[i].p, bytes));
+        } else if (bytes) {
+            w->be->ops->to_host(w->be, (char *)slot + at, segs[i].p, bytes);
+        }
+        at += bytes;
+    }
+    w->be->ops->pack_lp(w->be, (char *)slot + at, segs[0].p, segs[0].n, c->prec);
+    mmp_msg_header h = {.step = step,
+                        .mb = mb,
+                        .digest = digest,
+                        .bytes = total,
+                        .n = n,
+                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return mmp_channel_post(c->ch, &h);
+}
+
 /* The size is checked against the slot before anything is copied
  * (mmp_channel_sendv), and the bytes go through the transport. */
 static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
@@ -114,6 +261,9 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
         if (segs[0].host || segs[0].n > (size_t)w->mb_max * c->data_row) {
             return mmp_errorf(MMP_ERR_INTERNAL, "channel %d: %zu data floats to pack", c->id,
                               segs[0].n);
+        }
+        if (zero_copy_on() && !c->stage_host && w->gpu < 0 && mmp_channel_host_slots(c->ch)) {
+            return send_packed_in_place(w, c, step, mb, eval, n, digest, segs, n_segs);
         }
         w->be->ops->pack_lp(w->be, c->packed, segs[0].p, segs[0].n, c->prec);
         for (int i = 1; i < n_segs; i++) {
@@ -361,6 +511,8 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         f->n = n;
         f->digest = digest;
         mmp_backend *be = w->be;
+        chan *zc = train ? zc_chan(w, 0, -1) : NULL;
+        float *out = zc ? zc->zc : w->out; /* zero-copy: the slot of the SEND_ACT next */
         /* A received payload is backend memory; a loaded batch is the
          * host's, uploaded here on a GPU (the CPU reads it in place). */
         if (ci) {
@@ -401,11 +553,11 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
                  * its row, replayed in order after the reduce (do_grad_norm). */
                 mmp_image_net_bn_log(w->img, w->bn_rows + (size_t)mb * (size_t)w->bn_row);
             }
-            mmp_image_net_forward(w->img, f->acts, in, n, train, w->out);
+            mmp_image_net_forward(w->img, f->acts, in, n, train, out);
             mmp_image_net_bn_log(w->img, NULL);
         } else {
             mmp_text_net_forward(w->txt, f->acts, w->sub == 0 ? ids : NULL, w->sub == 0 ? NULL : in,
-                                 f->mask, n, w->out);
+                                 f->mask, n, out);
         }
         if (ci) {
             MMP_TRY(worker_chan_release(ci));
@@ -442,6 +594,11 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
     seg segs[3] = {{w->out, n * (size_t)w->out_floats, 0, 0},
                    {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0, 0, 0},
                    {w->out_valid, n, 1, 0}};
+    if (c && c->zc) {
+        /* the forward wrote the data into this slot */
+        return zc_post(w, c, step, mb, eval, w->out_n, w->out_digest, segs[0].n * sizeof(float),
+                       segs + 1, 2);
+    }
     return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
 }
 
@@ -487,6 +644,14 @@ static mmp_err gather_step(worker *w, int step)
     return MMP_OK;
 }
 
+/* Where the fusion's backward writes the gradients to the image (text 0) or
+ * text branch: the slot of the SEND_GRAD next (zero-copy), else its buffer. */
+static float *fusion_grad_out(worker *w, int text)
+{
+    chan *c = zc_chan(w, 1, text);
+    return c ? c->zc : text ? w->dtxt : w->dimg;
+}
+
 /* Fusion under batch scope: the first backward of the step runs the loss
  * over the whole batch (every micro-batch's forward must have arrived: the
  * schedule puts every FWD before the first BWD, on every fusion replica);
@@ -521,9 +686,9 @@ static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
     }
     size_t off = (size_t)mmp_plan_mb_offset(&w->plan, mb);
     mmp_backend *be = w->be;
-    be->ops->copy(be, w->dimg, fs->dimg + off * fs->img_row,
+    be->ops->copy(be, fusion_grad_out(w, 0), fs->dimg + off * fs->img_row,
                   (size_t)n * fs->img_row * sizeof(float));
-    be->ops->copy(be, w->dtxt, fs->dtxt + off * fs->txt_row,
+    be->ops->copy(be, fusion_grad_out(w, 1), fs->dtxt + off * fs->txt_row,
                   (size_t)n * fs->txt_row * sizeof(float));
     return MMP_OK;
 }
@@ -544,7 +709,8 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         } else {
             /* the loss's backward starts here: scaled by the step's loss scale */
             float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
-            mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, mult, w->dimg, w->dtxt);
+            mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, mult, fusion_grad_out(w, 0),
+                              fusion_grad_out(w, 1));
             mmp_params_mb_end(w->params);
         }
     } else {
@@ -560,7 +726,8 @@ static mmp_err do_bwd(worker *w, int step, int mb)
         }
         float *din = NULL;
         if (w->sub > 0) {
-            din = w->din;
+            chan *zc = zc_chan(w, 1, -1);
+            din = zc ? zc->zc : w->din; /* zero-copy: the slot of the SEND_GRAD next */
             w->be->ops->zero(w->be, din, (size_t)n * w->in_floats * sizeof(float));
         }
         if (worker_simulated(w)) {
@@ -592,6 +759,14 @@ static mmp_err do_bwd(worker *w, int step, int mb)
 static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
 {
     int n = w->out_n;
+    if (c && c->zc) {
+        /* the backward wrote the gradients into this slot */
+        size_t row = w->kind == MMP_BRANCH_FUSION
+                         ? (c->peer_text ? w->fuse.txt_row : w->fuse.img_row)
+                         : (size_t)w->in_floats;
+        uint64_t digest = w->kind == MMP_BRANCH_FUSION ? 0 : w->out_digest;
+        return zc_post(w, c, step, mb, 0, n, digest, (size_t)n * row * sizeof(float), NULL, 0);
+    }
     if (w->kind == MMP_BRANCH_FUSION) {
         size_t row = c->peer_text ? w->fuse.txt_row : w->fuse.img_row;
         seg g = {c->peer_text ? w->dtxt : w->dimg, (size_t)n * row, 0, 0};
@@ -710,12 +885,14 @@ mmp_err worker_run_step(worker *w, int step)
             e = worker_chan_recv(w, c, step, mb, 0);
             break;
         case MMPIPE__OP__FWD:
+            zc_prepare(w, i, MMPIPE__OP__SEND_ACT, mb);
             e = worker_do_fwd(w, step, mb, 0);
             break;
         case MMPIPE__OP__SEND_ACT:
             e = worker_do_send_act(w, step, mb, c, 0);
             break;
         case MMPIPE__OP__BWD:
+            zc_prepare(w, i, MMPIPE__OP__SEND_GRAD, mb);
             e = do_bwd(w, step, mb);
             break;
         case MMPIPE__OP__SEND_GRAD:

@@ -71,6 +71,9 @@ typedef struct chan {
     size_t data_row;
     void *packed;
     float *wide;
+    /* Sending: a slot acquired before the computation whose output it
+     * receives in place (zero-copy posting, worker_exec.c); NULL: none. */
+    float *zc;
 } chan;
 
 typedef struct flight {

@@ -738,6 +738,93 @@ static void test_zero_copy(const mmp_transport *t)
     munmap(sh, sizeof *sh);
 }
 
+/* try_acquire: a producer asks for a slot before it computes and never
+ * waits. While the receiver holds both slots the answer is MMP_ERR_TIMEOUT,
+ * at once, with nothing acquired (a post is then misuse); once one is
+ * released (for tcp: once its credit has crossed the socket) the next try
+ * gets that slot, and what was written there in place arrives intact. */
+static int send_try(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    void *p = NULL;
+    int host = mmp_channel_host_slots(ch);
+    if (host != !(mmp_channel_transport(ch)->caps & MMP_TRANSPORT_DEVICE_SLOTS)) {
+        PROBLEM(bad, "mmp_channel_host_slots says %d against the caps", host);
+    }
+    for (int k = 0; k < 2; k++) {
+        mmp_msg_header h = message(k, ZC_BYTES);
+        if (mmp_channel_try_acquire(ch, &p) != MMP_OK || !p) {
+            PROBLEM(bad, "try_acquire %d with a free slot: %s", k, mmp_last_error());
+            return bad;
+        }
+        if (put_pattern(ch, p, h.bytes, (uint64_t)k) != MMP_OK ||
+            mmp_channel_post(ch, &h) != MMP_OK) {
+            PROBLEM(bad, "post %d: %s", k, mmp_last_error());
+            return bad;
+        }
+    }
+    double t0 = now_ms();
+    p = (void *)&bad;
+    mmp_err e = mmp_channel_try_acquire(ch, &p);
+    double took = now_ms() - t0;
+    if (e != MMP_ERR_TIMEOUT || p != NULL || took > 100) {
+        PROBLEM(bad,
+                "try_acquire with no credit: %s, slot %p after %.1f ms (want timeout, NULL, "
+                "at once)",
+                mmp_err_name(e), p, took);
+    }
+    mmp_msg_header h2 = message(2, ZC_BYTES);
+    if (mmp_channel_post(ch, &h2) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "a post after a refused try_acquire is not refused");
+    }
+    atomic_store(&s->sh->flag[0], 1); /* receiver: take and release message 0 */
+    wait_flag(s->sh, 1, 1);
+    t0 = now_ms();
+    while ((e = mmp_channel_try_acquire(ch, &p)) == MMP_ERR_TIMEOUT && now_ms() - t0 < 5000) {
+        sleep_ms(1);
+    }
+    if (e != MMP_OK || !p) {
+        PROBLEM(bad, "try_acquire after a release: %s", mmp_err_name(e));
+        return bad;
+    }
+    if (put_pattern(ch, p, h2.bytes, 2) != MMP_OK || mmp_channel_post(ch, &h2) != MMP_OK) {
+        PROBLEM(bad, "post 2: %s", mmp_last_error());
+    }
+    return bad;
+}
+
+static int recv_try(side *s, mmp_channel *ch)
+{
+    int bad = 0;
+    wait_flag(s->sh, 0, 1);
+    for (int k = 0; k < 3; k++) {
+        mmp_msg_header h;
+        const void *p;
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+            PROBLEM(bad, "recv %d: %s", k, mmp_last_error());
+            return bad;
+        }
+        mmp_msg_header want = message(k, ZC_BYTES);
+        if (!same_header(&h, &want) || payload_bad(ch, p, h.bytes, (uint64_t)k) != h.bytes) {
+            PROBLEM(bad, "message %d: its header or payload differs", k);
+        }
+        mmp_channel_release(ch);
+        if (k == 0) {
+            atomic_store(&s->sh->flag[1], 1);
+        }
+    }
+    return bad;
+}
+
+static void test_try_acquire(const mmp_transport *t)
+{
+    shared *sh = new_shared();
+    side snd, rcv;
+    pair(&snd, &rcv, t, ZC_BYTES, 2, 10000, 1, 3, sh, send_try, recv_try);
+    CHECK(run_pair(&snd, &rcv, 0) == 0);
+    munmap(sh, sizeof *sh);
+}
+
 /* ---- (4) geometry and misuse ------------------------------------------- */
 
 static void test_mismatch(const mmp_transport *t)
@@ -1592,6 +1679,43 @@ static void test_open_gpu(const mmp_transport *t)
 
 /* ---- (8) crash clean-up ------------------------------------------------- */
 
+/* MMP_SHM_SPIN_NS in the environment: a number is taken (the channel works),
+ * anything else fails the open with an error naming the variable, and no
+ * name is left behind. */
+static void test_spin_env(void)
+{
+    static const char *bad[] = {"abc", "-1", "12x", "", "2000000000"};
+    char addr[96];
+    mmp_channel *a = NULL;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fresh_address(addr, sizeof addr);
+        mmp_channel_cfg c = make_cfg(addr, 64, 1, 1, 100);
+        setenv("MMP_SHM_SPIN_NS", bad[i], 1);
+        CHECK(mmp_channel_open_with(&a, &mmp_transport_shm, &c, 1) == MMP_ERR_INVALID && !a);
+        CHECK(strstr(mmp_last_error(), "MMP_SHM_SPIN_NS") != NULL);
+        mmp_channel_close(a);
+        a = NULL;
+    }
+    fresh_address(addr, sizeof addr);
+    mmp_channel *b = NULL;
+    mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 1000), cr = make_cfg(addr, 64, 1, 0, 1000);
+    setenv("MMP_SHM_SPIN_NS", "0", 1);
+    CHECK_OK(mmp_channel_open_with(&a, &mmp_transport_shm, &cs, 1));
+    CHECK_OK(mmp_channel_open_with(&b, &mmp_transport_shm, &cr, 0));
+    unsetenv("MMP_SHM_SPIN_NS");
+    if (a && b) {
+        mmp_msg_header h = {.step = 4, .n = 1, .bytes = 8}, got;
+        const void *p;
+        unsigned char src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        CHECK_OK(mmp_channel_send(a, &h, src));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        CHECK(got.step == 4 && p && memcmp(p, src, 8) == 0);
+        CHECK_OK(mmp_channel_release(b));
+    }
+    mmp_channel_close(b);
+    mmp_channel_close(a);
+}
+
 static void test_unlink_prefix(void)
 {
     char stray[96], keep[96];
@@ -2223,6 +2347,60 @@ static void test_forged(const mmp_transport *t)
         CHECK_OK(mmp_channel_release(b));
     }
 
+    /* The released counter, forged beyond what was posted: found as the word
+     * that a release moves by one. The sender reads it when it next needs a
+     * credit it has not seen yet, at the latest a ring later, and refuses it
+     * whether it waits (acquire) or not (try_acquire). Mended afterwards. */
+    for (int use_try = 1; use_try >= 0; use_try--) {
+        mmp_msg_header h = {.step = 1, .n = 1, .bytes = 0, .digest = 0xF0F6ED000000AA00ull};
+        mmp_msg_header got;
+        const void *p;
+        enum { SCAN = 4096 };
+        size_t scan = SCAN < f.bytes ? SCAN : f.bytes;
+        unsigned char before[SCAN];
+        size_t at[8];
+        uint64_t was_at[8];
+        int found = 0;
+        CHECK_OK(mmp_channel_send(a, &h, NULL));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        memcpy(before, f.base, scan);
+        CHECK_OK(mmp_channel_release(b));
+        for (size_t off = 0; off + 8 <= scan && found < 8; off += 8) {
+            uint64_t was, now;
+            memcpy(&was, before + off, 8);
+            memcpy(&now, f.base + off, 8);
+            if (now == was + 1) {
+                at[found] = off;
+                was_at[found++] = now;
+                uint64_t bad = now + 100;
+                memcpy(f.base + off, &bad, 8);
+            }
+        }
+        CHECK(found >= 1);
+        int posted = 0, refused = 0;
+        for (int k = 0; k <= SLOTS && !refused && found; k++) {
+            void *q = NULL;
+            mmp_err e = use_try ? mmp_channel_try_acquire(a, &q) : mmp_channel_acquire(a, &q);
+            if (e == MMP_OK) {
+                mmp_msg_header m = {.step = 2, .mb = k, .n = 1, .bytes = 0};
+                CHECK_OK(mmp_channel_post(a, &m));
+                posted++;
+            } else {
+                CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), "field tail") != NULL);
+                refused = 1;
+            }
+        }
+        CHECK(refused);
+        for (int i = 0; i < found; i++) {
+            memcpy(f.base + at[i], &was_at[i], 8);
+        }
+        for (int k = 0; k < posted; k++) { /* the channel works on */
+            CHECK_OK(mmp_channel_recv(b, &got, &p));
+            CHECK(got.step == 2 && got.mb == k);
+            CHECK_OK(mmp_channel_release(b));
+        }
+    }
+
     /* The posted counter, forged more than a ring ahead of the receiver:
      * found as the word before the first header that a post moves by one
      * (other such words are doorbells, harmless to overwrite). */
@@ -2351,6 +2529,7 @@ static void run_global(const char *name, void (*fn)(void))
     CASE(tr, ordered, 0)                                                                           \
     CASE(tr, credit, 0)                                                                            \
     CASE(tr, zero_copy, 0)                                                                         \
+    CASE(tr, try_acquire, 0)                                                                       \
     CASE(tr, mismatch, 0)                                                                          \
     CASE(tr, mismatch_apart, 0)                                                                    \
     CASE(tr, no_creator, 0)                                                                        \
@@ -2361,9 +2540,9 @@ static void run_global(const char *name, void (*fn)(void))
     CASE(tr, forged, 0)
 #define TRANSPORT_TABLE(tr)                                                                        \
     {#tr "/ordered", tr##_ordered}, {#tr "/credit", tr##_credit},                                  \
-        {#tr "/zero-copy", tr##_zero_copy}, {#tr "/mismatch", tr##_mismatch},                      \
-        {#tr "/mismatch-apart", tr##_mismatch_apart}, {#tr "/no-creator", tr##_no_creator},        \
-        {#tr "/no-creator-apart", tr##_no_creator_apart},                                          \
+        {#tr "/zero-copy", tr##_zero_copy}, {#tr "/try-acquire", tr##_try_acquire},                \
+        {#tr "/mismatch", tr##_mismatch}, {#tr "/mismatch-apart", tr##_mismatch_apart},            \
+        {#tr "/no-creator", tr##_no_creator}, {#tr "/no-creator-apart", tr##_no_creator_apart},    \
         {#tr "/creator-gone", tr##_creator_gone}, {#tr "/peer-death", tr##_peer_death},            \
         {#tr "/big-slot", tr##_big},                                                               \
     {                                                                                              \
@@ -2391,6 +2570,11 @@ static void unlink_prefix(void)
     run_global("unlink-prefix", test_unlink_prefix);
 }
 
+static void spin_env(void)
+{
+    run_global("shm-spin-env", test_spin_env);
+}
+
 static const mmp_test_case cases[] = {
     TRANSPORT_TABLE(shm),
     TRANSPORT_TABLE(tcp),
@@ -2403,6 +2587,7 @@ static const mmp_test_case cases[] = {
 #endif
     {"channel-open", channel_open},
     {"unlink-prefix", unlink_prefix},
+    {"shm-spin-env", spin_env},
 };
 
 int main(int argc, char **argv)

@@ -155,6 +155,27 @@ mmp_err mmp_channel_acquire(mmp_channel *ch, void **slot)
     return MMP_OK;
 }
 
+mmp_err mmp_channel_try_acquire(mmp_channel *ch, void **slot)
+{
+    *slot = NULL;
+    if (!ch->send) {
+        return wrong_end(ch, "acquire");
+    }
+    if (!ch->ops->try_acquire) {
+        return MMP_ERR_TIMEOUT;
+    }
+    void *p = NULL;
+    MMP_TRY(ch->ops->try_acquire(ch->impl, &p));
+    ch->acquired = p;
+    *slot = p;
+    return MMP_OK;
+}
+
+int mmp_channel_host_slots(const mmp_channel *ch)
+{
+    return (ch->ops->caps & MMP_TRANSPORT_DEVICE_SLOTS) == 0;
+}
+
 mmp_err mmp_channel_fill(mmp_channel *ch, void *dst, const void *src, size_t bytes)
 {
     if (!ch->send) {

@@ -17,7 +17,9 @@
  * (as nng's pipe carries its p_tran_ops): every call is mmp_channel_<verb>(ch,
  * ...), never a (transport, channel) pair, and every payload byte goes
  * through the transport (fill/read), so device-memory slots need nothing of
- * the caller.
+ * the caller; only a producer on host slots (no MMP_TRANSPORT_DEVICE_SLOTS,
+ * mmp_channel_host_slots) may write its output into the slot in place
+ * (zero-copy posting: mmp_channel_try_acquire, then post).
  *
  * Lifecycle: the creator end calls setup (allocates the shared resource under
  * `address`); the other end calls connect (attaches; may wait for the creator
@@ -95,6 +97,11 @@ typedef struct mmp_transport {
     mmp_err (*connect)(mmp_channel_impl **out, const mmp_channel_cfg *cfg); /* other end */
     /* Sender: a free slot to fill (blocks for a credit). */
     mmp_err (*acquire)(mmp_channel_impl *ch, void **payload);
+    /* Optional: acquire without waiting: as acquire when a credit is there
+     * now, else MMP_ERR_TIMEOUT with nothing acquired and no message recorded
+     * (a closed peer, a forged credit: errors as acquire's). NULL: the
+     * transport cannot tell, and mmp_channel_try_acquire says MMP_ERR_TIMEOUT. */
+    mmp_err (*try_acquire)(mmp_channel_impl *ch, void **payload);
     /* Sender: publishes the acquired slot with header h and wakes the receiver. */
     mmp_err (*post)(mmp_channel_impl *ch, const mmp_msg_header *h);
     /* Receiver: the next posted slot (blocks); payload stays valid until release.
@@ -174,6 +181,15 @@ int mmp_channel_sends(const mmp_channel *ch);
  * mmp_channel_fill, unless the transport has host slots and the caller
  * produces its bytes in place (zero-copy). */
 mmp_err mmp_channel_acquire(mmp_channel *ch, void **slot);
+/* The same without waiting for a credit: MMP_ERR_TIMEOUT (no message
+ * recorded, nothing acquired, *slot NULL) when none is free now. A producer
+ * that would write its output straight into the slot asks this before it
+ * computes, so that a full ring never holds up the computation; it computes
+ * into its own buffer and sends a copy when the answer is no. */
+mmp_err mmp_channel_try_acquire(mmp_channel *ch, void **slot);
+/* 1 when the slots are host memory the caller may write in place (the
+ * transport has no MMP_TRANSPORT_DEVICE_SLOTS). */
+int mmp_channel_host_slots(const mmp_channel *ch);
 /* Copies bytes from src into the acquired slot at dst (inside it: dst to
  * dst + bytes within the slot, else MMP_ERR_INVALID) through the transport.
  * Device transports order the copy on their stream (see cuda_ipc.c). */

@@ -148,6 +148,20 @@ mmp_err mmp_ring_join(mmp_ring *r, int *joined)
     return MMP_OK;
 }
 
+/* Wakes the waiters of bell after this end moved the counter they wait on
+ * (a release store just before). The steady state (the peer polling, nobody
+ * asleep) costs no write to the shared line beyond the counter itself: the
+ * bell is bumped only when a sleeper is counted. The fence pairs with the
+ * waiter's (wait_counter): of "this store, then read sleepers" and "count
+ * myself, then read the counter", one sees the other's write. */
+static void ring_wake(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(sleepers, memory_order_relaxed) != 0) {
+        mmp_segment_bell_ring(bell, NULL);
+    }
+}
+
 /* Waits until *counter >= target (acquire). Polls for spin_ns, then blocks on
  * bell; reports a closed or dead peer and the channel's timeout as
  * MMP_ERR_PEER. `awaited` names the awaited event for the message. */
@@ -188,7 +202,17 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
             }
             slice = left < MMP_RING_SLICE_MS ? (int)left + 1 : MMP_RING_SLICE_MS;
         }
-        int w = mmp_segment_bell_wait(bell, seen, sleepers, slice);
+        /* Counted among the sleepers before the last look (see ring_wake):
+         * either that look sees the peer's counter move or the peer sees us
+         * and rings, which changes the bell from `seen`. */
+        atomic_fetch_add_explicit(sleepers, 1, memory_order_seq_cst);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
+            atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+            return MMP_OK;
+        }
+        int w = mmp_segment_bell_wait(bell, seen, NULL, slice);
+        atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
         if (w == ETIMEDOUT && mmp_ring_peer_dead(r)) {
             return mmp_errorf(MMP_ERR_PEER, "%s %s: waiting for %s: the %s end (pid %d) died",
                               r->what, r->name, awaited, role_name(r->peer),
@@ -197,7 +221,8 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
     }
 }
 
-mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
+/* acquire; wait 0: MMP_ERR_TIMEOUT (nothing recorded) instead of waiting. */
+static mmp_err ring_acquire(mmp_ring *r, uint32_t *slot, int wait)
 {
     if (!r->send) {
         return mmp_errorf(MMP_ERR_INVALID, "%s %s: acquire on the receiving end", r->what, r->name);
@@ -210,16 +235,32 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
                           role_name(r->peer));
     }
     int reused = r->count >= r->slots;
-    if (reused) {
-        MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
-                             &r->sh->credit_sleepers, "a credit"));
-    }
-    /* tail is the peer's word: a receiver cannot release what was never posted. */
-    uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_acquire);
-    if (tail > r->count) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "%s %s: header field tail = %llu, more than the %llu messages posted",
-                          r->what, r->name, (unsigned long long)tail, (unsigned long long)r->count);
+    if (reused && r->peer_seen < r->count - r->slots + 1) {
+        if (wait) {
+            MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
+                                 &r->sh->credit_sleepers, "a credit"));
+        }
+        /* tail is the peer's word: a receiver cannot release what was never posted. */
+        uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_acquire);
+        if (tail > r->count) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "%s %s: header field tail = %llu, more than the %llu messages posted",
+                              r->what, r->name, (unsigned long long)tail,
+                              (unsigned long long)r->count);
+        }
+        r->peer_seen = tail; /* checked, and count only grows: it stays valid */
+        if (tail < r->count - r->slots + 1) {
+            return MMP_ERR_TIMEOUT; /* !wait: the slot is still the receiver's */
+        }
+    } else if (!reused) {
+        /* the first lap needs no credit; a forged tail is still refused */
+        uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_relaxed);
+        if (tail > r->count) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "%s %s: header field tail = %llu, more than the %llu messages posted",
+                              r->what, r->name, (unsigned long long)tail,
+                              (unsigned long long)r->count);
+        }
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     if (r->hooks && r->hooks->acquire) {
@@ -228,6 +269,16 @@ mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
     r->acquired = 1;
     *slot = i;
     return MMP_OK;
+}
+
+mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot)
+{
+    return ring_acquire(r, slot, 1);
+}
+
+mmp_err mmp_ring_try_acquire(mmp_ring *r, uint32_t *slot)
+{
+    return ring_acquire(r, slot, 0);
 }
 
 mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h)
@@ -248,7 +299,7 @@ mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h)
     r->count++;
     r->acquired = 0;
     atomic_store_explicit(&r->sh->head, r->count, memory_order_release);
-    mmp_segment_bell_ring(&r->sh->data_bell, &r->sh->data_sleepers);
+    ring_wake(&r->sh->data_bell, &r->sh->data_sleepers);
     return MMP_OK;
 }
 
@@ -257,17 +308,20 @@ mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot)
     if (r->send) {
         return mmp_errorf(MMP_ERR_INVALID, "%s %s: recv on the sending end", r->what, r->name);
     }
-    MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell, &r->sh->data_sleepers,
-                         "a message"));
-    /* head is the peer's word: more than a ring ahead of what we took means
-     * it is forged or corrupt (the sender may never lap the receiver). */
-    uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);
-    if (head - r->count > r->slots) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "%s %s: header field head = %llu, more than the %u slots ahead of the "
-                          "%llu messages received",
-                          r->what, r->name, (unsigned long long)head, (unsigned)r->slots,
-                          (unsigned long long)r->count);
+    if (r->peer_seen < r->count + 1) {
+        MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell,
+                             &r->sh->data_sleepers, "a message"));
+        /* head is the peer's word: more than a ring ahead of what we took means
+         * it is forged or corrupt (the sender may never lap the receiver). */
+        uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);
+        if (head - r->count > r->slots) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "%s %s: header field head = %llu, more than the %u slots ahead of "
+                              "the %llu messages received",
+                              r->what, r->name, (unsigned long long)head, (unsigned)r->slots,
+                              (unsigned long long)r->count);
+        }
+        r->peer_seen = head; /* checked; the acquire load above covers every slot up to it */
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     *h = r->msg[i]; /* a copy: the checks below hold whatever the peer writes next */
@@ -295,7 +349,7 @@ mmp_err mmp_ring_release(mmp_ring *r)
     }
     r->released++;
     atomic_store_explicit(&r->sh->tail, r->released, memory_order_release);
-    mmp_segment_bell_ring(&r->sh->credit_bell, &r->sh->credit_sleepers);
+    ring_wake(&r->sh->credit_bell, &r->sh->credit_sleepers);
     return MMP_OK;
 }
 
@@ -311,6 +365,15 @@ mmp_err mmp_ring_impl_acquire(mmp_channel_impl *c, void **payload)
     mmp_ring *r = ring_of(c);
     uint32_t i = 0;
     MMP_TRY(mmp_ring_acquire(r, &i));
+    *payload = r->slot0 + (size_t)i * r->stride;
+    return MMP_OK;
+}
+
+mmp_err mmp_ring_impl_try_acquire(mmp_channel_impl *c, void **payload)
+{
+    mmp_ring *r = ring_of(c);
+    uint32_t i = 0;
+    MMP_TRY(mmp_ring_try_acquire(r, &i));
     *payload = r->slot0 + (size_t)i * r->stride;
     return MMP_OK;
 }

@@ -8,7 +8,9 @@
  * (mmp_msg_header) and payloads are plain memory ordered by the release store
  * of head (sender) and of tail (receiver). Two doorbells (transport/segment.h)
  * wake the waiters: data_bell, rung on post, and credit_bell, rung on
- * release; both are rung on close. A blocked call sleeps in slices of
+ * release, each only when its sleepers count says a waiter is about to
+ * sleep (a waiter counts itself, then looks at the counter once more); both
+ * are rung on close, unconditionally. A blocked call sleeps in slices of
  * MMP_RING_SLICE_MS and after each checks the peer's closed flag and whether
  * its process still exists, so a closed or SIGKILLed peer and the channel's
  * timeout are MMP_ERR_PEER, never a hang.
@@ -103,8 +105,13 @@ typedef struct mmp_ring {
     void *ctx;                   /* the hooks' */
     uint64_t count;              /* sender: messages posted; receiver: messages received */
     uint64_t released;           /* receiver: messages released */
-    int acquired;                /* sender: a slot is acquired and not yet posted */
-    int peer_pidfd;              /* -1 until opened */
+    /* The peer's counter as this end last read and checked it (sender: tail,
+     * receiver: head). While it already allows the next step, the step does
+     * not read the shared word again: fewer cache-line transfers between the
+     * cores, the counter's line stays with its writer. */
+    uint64_t peer_seen;
+    int acquired;   /* sender: a slot is acquired and not yet posted */
+    int peer_pidfd; /* -1 until opened */
 } mmp_ring;
 
 /* The cfg checks every ring transport makes before anything else: address a
@@ -153,6 +160,9 @@ int mmp_ring_peer_dead(mmp_ring *r);
  * misuse and peer checks). acquire and recv give the slot index; the
  * transport turns it into its payload pointer. */
 mmp_err mmp_ring_acquire(mmp_ring *r, uint32_t *slot);
+/* acquire without waiting: MMP_ERR_TIMEOUT, nothing recorded, when the slot
+ * is still the receiver's. */
+mmp_err mmp_ring_try_acquire(mmp_ring *r, uint32_t *slot);
 mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h);
 mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot);
 mmp_err mmp_ring_release(mmp_ring *r);
@@ -161,14 +171,16 @@ mmp_err mmp_ring_release(mmp_ring *r);
  * mmp_ring (it static_asserts offsetof(<state>, ring) == 0): the ring
  * protocol with payload pointers slot0 + i * stride. */
 mmp_err mmp_ring_impl_acquire(mmp_channel_impl *c, void **payload);
+mmp_err mmp_ring_impl_try_acquire(mmp_channel_impl *c, void **payload);
 mmp_err mmp_ring_impl_post(mmp_channel_impl *c, const mmp_msg_header *h);
 mmp_err mmp_ring_impl_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payload);
 mmp_err mmp_ring_impl_release(mmp_channel_impl *c);
 size_t mmp_ring_impl_slot_bytes(const mmp_channel_impl *c);
 /* Those entries, for the transport's designated initializer. */
 #define MMP_RING_TABLE_ENTRIES                                                                     \
-    .acquire = mmp_ring_impl_acquire, .post = mmp_ring_impl_post, .recv = mmp_ring_impl_recv,      \
-    .release = mmp_ring_impl_release, .slot_bytes = mmp_ring_impl_slot_bytes
+    .acquire = mmp_ring_impl_acquire, .try_acquire = mmp_ring_impl_try_acquire,                    \
+    .post = mmp_ring_impl_post, .recv = mmp_ring_impl_recv, .release = mmp_ring_impl_release,      \
+    .slot_bytes = mmp_ring_impl_slot_bytes
 
 /* Marks this end closed and wakes every waiter of the peer; a creator also
  * unlinks the name unless its connector already did. The segment stays

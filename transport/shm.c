@@ -59,10 +59,34 @@
  * - a stage's real wait (a micro-batch being computed upstream) lasts ms, so
  *   the spin rarely wins there and costs at most 2 µs of CPU per wait, which
  *   matters when stages outnumber cores. Hence short, not none.
- * Build with -DMMP_SHM_SPIN_NS=... to measure another value. */
+ * Build with -DMMP_SHM_SPIN_NS=... to change the default; the environment
+ * variable MMP_SHM_SPIN_NS (0 to 10^9) overrides it per process, for
+ * measuring other values (bench_transport prints it). */
 #ifndef MMP_SHM_SPIN_NS
 #define MMP_SHM_SPIN_NS 2000
 #endif
+
+/* The spin of this process's waiters: MMP_SHM_SPIN_NS from the environment,
+ * else the built-in default. */
+static mmp_err spin_ns(long *out)
+{
+    const char *e = getenv("MMP_SHM_SPIN_NS");
+    *out = MMP_SHM_SPIN_NS;
+    if (!e) {
+        return MMP_OK;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(e, &end, 10);
+    if (end == e || *end || errno || v < 0 || v > 1000000000L) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "shm: environment variable MMP_SHM_SPIN_NS='%s' is not a number of "
+                          "nanoseconds from 0 to 1000000000",
+                          e);
+    }
+    *out = v;
+    return MMP_OK;
+}
 
 typedef struct shm_header {
     mmp_ring_header g;                       /* magic (SHM_MAGIC), version, geometry, directions */
@@ -113,7 +137,9 @@ static mmp_err check_cfg(const mmp_channel_cfg *cfg, shm_geometry *g)
 static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me)
 {
     shm_geometry g = {0};
+    long spin = 0;
     MMP_TRY(check_cfg(cfg, &g));
+    MMP_TRY(spin_ns(&spin));
     shm_channel *ch = calloc(1, sizeof *ch);
     if (!ch) {
         return mmp_errorf(MMP_ERR_NOMEM, "shm %s: channel", cfg->address);
@@ -125,7 +151,7 @@ static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me
     ch->send = cfg->send != 0;
     ch->map_bytes = g.total;
     ch->payload_offset = g.payload_offset;
-    mmp_ring_init(&ch->ring, "shm", ch->name, cfg, me, MMP_SHM_SPIN_NS, NULL, NULL);
+    mmp_ring_init(&ch->ring, "shm", ch->name, cfg, me, spin, NULL, NULL);
     *out = ch;
     return MMP_OK;
 }

@@ -569,6 +569,28 @@ static mmp_err tcp_acquire(mmp_channel_impl *c, void **payload)
     return MMP_OK;
 }
 
+/* acquire without waiting: the credits that arrived already (read without
+ * blocking), or MMP_ERR_TIMEOUT. */
+static mmp_err tcp_try_acquire(mmp_channel_impl *c, void **payload)
+{
+    tcp_channel *ch = tcp_of(c);
+    *payload = NULL;
+    if (!ch->send || ch->acquired) {
+        return tcp_acquire(c, payload); /* its misuse errors */
+    }
+    int reused = ch->count >= ch->slots;
+    int connected = atomic_load_explicit(&ch->connected, memory_order_acquire);
+    if (connected) {
+        MMP_TRY(take_credits(ch, 0, -1));
+    }
+    if (reused && (!connected || ch->tail < ch->count - ch->slots + 1)) {
+        return MMP_ERR_TIMEOUT;
+    }
+    ch->acquired = 1;
+    *payload = ch->buf + (size_t)(ch->count % ch->slots) * ch->stride;
+    return MMP_OK;
+}
+
 static mmp_err tcp_post(mmp_channel_impl *c, const mmp_msg_header *h)
 {
     tcp_channel *ch = tcp_of(c);
@@ -713,6 +735,7 @@ const mmp_transport mmp_transport_tcp = {
     .setup = tcp_setup,
     .connect = tcp_connect,
     .acquire = tcp_acquire,
+    .try_acquire = tcp_try_acquire,
     .post = tcp_post,
     .recv = tcp_recv,
     .release = tcp_release,
