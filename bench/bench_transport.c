@@ -105,6 +105,27 @@ static uint64_t sum_bytes(const void *p, size_t n)
     return s;
 }
 
+/* Receives msgs messages (each read in full into *sink) and returns GB/s of
+ * slot_bytes messages, timed from the first one's arrival (one message fewer). */
+static double recv_gbps(mmp_channel *ch, int msgs, size_t slot_bytes, uint64_t *sink,
+                        const char *what)
+{
+    double t0 = 0;
+    for (int m = 0; m < msgs; m++) {
+        mmp_msg_header h;
+        const void *p;
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+            die(what);
+        }
+        *sink += sum_bytes(p, h.bytes);
+        mmp_channel_release(ch);
+        if (m == 0) {
+            t0 = now_s();
+        }
+    }
+    return (double)(msgs - 1) * slot_bytes / (now_s() - t0) / 1e9;
+}
+
 static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_result *res)
 {
     const mmp_transport *t = &mmp_transport_shm;
@@ -115,20 +136,7 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
     uint64_t sink = 0;
     for (int mode = 0; mode < MODES; mode++) {
         for (int r = 0; r < reps; r++) {
-            double t0 = 0;
-            for (int m = 0; m < msgs; m++) {
-                mmp_msg_header h;
-                const void *p;
-                if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
-                    die("recv");
-                }
-                sink += sum_bytes(p, h.bytes);
-                mmp_channel_release(ch);
-                if (m == 0) {
-                    t0 = now_s();
-                }
-            }
-            res->gbps[mode][r] = (double)(msgs - 1) * cfg->slot_bytes / (now_s() - t0) / 1e9;
+            res->gbps[mode][r] = recv_gbps(ch, msgs, cfg->slot_bytes, &sink, "recv");
         }
     }
     res->sink = sink;
@@ -283,17 +291,26 @@ static void throughput(const int *sizes_mb, int nsizes, int reps)
 
 /* ---- (b) ping-pong latency --------------------------------------------- */
 
-static void shm_pong(const char *ab, const char *ba, int n)
+/* One end of the shm ping-pong: tx creates the channel at to, rx connects to
+ * the peer's at from. */
+static void open_ping_ends(const char *to, const char *from, mmp_channel **tx, mmp_channel **rx,
+                           const char *what)
 {
     const mmp_transport *t = &mmp_transport_shm;
     mmp_channel_cfg
-        out = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
-        in = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
-    mmp_channel *tx, *rx;
-    if (mmp_channel_open_with(&tx, t, &out, 1) != MMP_OK ||
-        mmp_channel_open_with(&rx, t, &in, 0) != MMP_OK) {
-        die("pong open");
+        out = {.address = to, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
+        in = {
+            .address = from, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
+    if (mmp_channel_open_with(tx, t, &out, 1) != MMP_OK ||
+        mmp_channel_open_with(rx, t, &in, 0) != MMP_OK) {
+        die(what);
     }
+}
+
+static void shm_pong(const char *ab, const char *ba, int n)
+{
+    mmp_channel *tx, *rx;
+    open_ping_ends(ba, ab, &tx, &rx, "pong open");
     for (int i = 0; i < n; i++) {
         mmp_msg_header h;
         const void *p;
@@ -323,15 +340,8 @@ static void pause_us(double us)
 
 static void shm_ping(const char *ab, const char *ba, int warm, int n, double gap_us, double *us)
 {
-    const mmp_transport *t = &mmp_transport_shm;
-    mmp_channel_cfg
-        out = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
-        in = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
     mmp_channel *tx, *rx;
-    if (mmp_channel_open_with(&tx, t, &out, 1) != MMP_OK ||
-        mmp_channel_open_with(&rx, t, &in, 0) != MMP_OK) {
-        die("ping open");
-    }
+    open_ping_ends(ab, ba, &tx, &rx, "ping open");
     for (int i = 0; i < warm + n; i++) {
         mmp_msg_header h = {.step = i, .bytes = 8};
         const void *p;
@@ -502,20 +512,7 @@ static void tcp_tp_receiver(const mmp_channel_cfg *c, void *arg)
     }
     uint64_t sink = 0;
     for (int r = 0; r < a->reps; r++) {
-        double t0 = 0;
-        for (int m = 0; m < a->msgs; m++) {
-            mmp_msg_header h;
-            const void *p;
-            if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
-                die("tcp recv");
-            }
-            sink += sum_bytes(p, h.bytes);
-            mmp_channel_release(ch);
-            if (m == 0) {
-                t0 = now_s();
-            }
-        }
-        a->res->gbps[SEND_COPY][r] = (double)(a->msgs - 1) * c->slot_bytes / (now_s() - t0) / 1e9;
+        a->res->gbps[SEND_COPY][r] = recv_gbps(ch, a->msgs, c->slot_bytes, &sink, "tcp recv");
     }
     a->res->sink = sink;
     mmp_channel_close(ch);
