@@ -81,6 +81,14 @@ static mmp_err connect_ctl(mmp_ctl **out, const char *ep, const char *id, const 
     return mmp_ctl_connect_opts(out, ep, id, tok, over_tcp ? &o : NULL);
 }
 
+/* The job's ROUTER bound at ep (checked); NULL when the bind failed. */
+static mmp_ctl *router_at(const char *ep)
+{
+    mmp_ctl *r = NULL;
+    CHECK_OK(bind_ctl(&r, ep, token));
+    return r;
+}
+
 /* A raw socket; over tcp a DEALER holds the job's client keys and a ROUTER
  * is a CURVE server with the job's server key. */
 static void *foreign(int type, const char *id)
@@ -335,8 +343,7 @@ static void expect_valid(mmp_ctl *r, void *f, int pid, mmp_ctl_stats *want)
  * when the bind failed. */
 static void *router_and_peer(const char *ep, mmp_ctl **r, int pid, mmp_ctl_stats *want)
 {
-    CHECK_OK(bind_ctl(r, ep, token));
-    if (!*r) {
+    if (!(*r = router_at(ep))) {
         return NULL;
     }
     void *f = foreign(ZMQ_DEALER, "foreign/0");
@@ -579,8 +586,7 @@ static void on_alarm(int sig)
 static void test_timeouts(void)
 {
     const char *ep = endpoint("timeout");
-    mmp_ctl *r = NULL;
-    CHECK_OK(bind_ctl(&r, ep, token));
+    mmp_ctl *r = router_at(ep);
     if (!r) {
         return;
     }
@@ -689,8 +695,7 @@ static void test_new_token(void)
 static void test_curve_refuses(void)
 {
     const char *ep = endpoint("refuse");
-    mmp_ctl *r = NULL;
-    CHECK_OK(bind_ctl(&r, ep, token));
+    mmp_ctl *r = router_at(ep);
     if (!r) {
         return;
     }
