@@ -1830,6 +1830,18 @@ static int raw_connect(const char *address, int sends, uint32_t slots, uint64_t 
     return fd;
 }
 
+/* A creating end *ch (cfg c) and a raw peer connected to it with a hello of
+ * this direction and geometry; the peer's fd, checked, as is its answer when
+ * reply is given (-1 on failure). */
+static int raw_peer(const mmp_transport *t, const mmp_channel_cfg *c, mmp_channel **ch, int sends,
+                    uint32_t slots, uint64_t slot_bytes, mmp_tcp_hello *reply)
+{
+    CHECK_OK(mmp_channel_open_with(ch, t, c, 1));
+    int fd = *ch ? raw_connect(mmp_channel_address(*ch), sends, slots, slot_bytes, reply) : -1;
+    CHECK(fd >= 0 && (!reply || reply->status == MMP_TCP_OK));
+    return fd;
+}
+
 static int raw_send(int fd, const void *p, size_t n)
 {
     return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
@@ -1880,10 +1892,8 @@ static void test_forged_tcp(const mmp_transport *t)
     unsigned char src[SLOT] = {0};
     for (size_t r = 0; r < sizeof forged_rows / sizeof forged_rows[0]; r++) {
         mmp_channel *b = NULL;
-        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
         mmp_tcp_hello reply = {0};
-        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, &reply) : -1;
-        CHECK(fd >= 0 && reply.status == MMP_TCP_OK);
+        int fd = raw_peer(t, &cr, &b, 1, SLOTS, SLOT, &reply);
         if (fd < 0) {
             mmp_channel_close(b);
             break;
@@ -1916,9 +1926,7 @@ static void test_forged_tcp(const mmp_transport *t)
      * arrives. The SLOTS are delivered, then the protocol error. */
     {
         mmp_channel *b = NULL;
-        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
-        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, NULL) : -1;
-        CHECK(fd >= 0);
+        int fd = raw_peer(t, &cr, &b, 1, SLOTS, SLOT, NULL);
         for (int k = 0; fd >= 0 && k <= SLOTS; k++) {
             mmp_msg_header h = message(k, 64);
             fill(src, h.bytes, (uint64_t)k);
@@ -1942,9 +1950,7 @@ static void test_forged_tcp(const mmp_transport *t)
     /* A message cut off by the sender's end: the peer, named. */
     {
         mmp_channel *b = NULL;
-        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
-        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, NULL) : -1;
-        CHECK(fd >= 0);
+        int fd = raw_peer(t, &cr, &b, 1, SLOTS, SLOT, NULL);
         mmp_msg_header h = message(0, 1000);
         if (fd >= 0) {
             CHECK(raw_send(fd, &h, sizeof h) == 0 && raw_send(fd, src, h.bytes / 2) == 0);
@@ -1961,10 +1967,8 @@ static void test_forged_tcp(const mmp_transport *t)
     {
         mmp_channel *a = NULL;
         mmp_channel_cfg cs = make_cfg(addr, SLOT, 1, 1, 1000);
-        CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
         mmp_tcp_hello reply = {0};
-        int fd = a ? raw_connect(mmp_channel_address(a), 0, 1, SLOT, &reply) : -1;
-        CHECK(fd >= 0 && reply.status == MMP_TCP_OK);
+        int fd = raw_peer(t, &cs, &a, 0, 1, SLOT, &reply);
         if (fd >= 0) {
             mmp_msg_header h = message(0, 64), got;
             void *q;
