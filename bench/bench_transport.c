@@ -119,6 +119,27 @@ static uint64_t sum_bytes(const void *p, size_t n)
     return s;
 }
 
+/* Receives msgs messages (each read in full into *sink) and returns GB/s of
+ * slot_bytes messages, timed from the first one's arrival (one message fewer). */
+static double recv_gbps(mmp_channel *ch, int msgs, size_t slot_bytes, uint64_t *sink,
+                        const char *what)
+{
+    double t0 = 0;
+    for (int m = 0; m < msgs; m++) {
+        mmp_msg_header h;
+        const void *p;
+        if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
+            die(what);
+        }
+        *sink += sum_bytes(p, h.bytes);
+        mmp_channel_release(ch);
+        if (m == 0) {
+            t0 = now_s();
+        }
+    }
+    return (double)(msgs - 1) * slot_bytes / (now_s() - t0) / 1e9;
+}
+
 static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_result *res)
 {
     const mmp_transport *t = &mmp_transport_shm;
@@ -382,17 +403,26 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
 
 /* ---- (b) ping-pong latency --------------------------------------------- */
 
-static void shm_pong(const char *ab, const char *ba, int n)
+/* One end of the shm ping-pong: tx creates the channel at to, rx connects to
+ * the peer's at from. */
+static void open_ping_ends(const char *to, const char *from, mmp_channel **tx, mmp_channel **rx,
+                           const char *what)
 {
     const mmp_transport *t = &mmp_transport_shm;
     mmp_channel_cfg
-        out = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
-        in = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
-    mmp_channel *tx, *rx;
-    if (mmp_channel_open_with(&tx, t, &out, 1) != MMP_OK ||
-        mmp_channel_open_with(&rx, t, &in, 0) != MMP_OK) {
-        die("pong open");
+        out = {.address = to, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
+        in = {
+            .address = from, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
+    if (mmp_channel_open_with(tx, t, &out, 1) != MMP_OK ||
+        mmp_channel_open_with(rx, t, &in, 0) != MMP_OK) {
+        die(what);
     }
+}
+
+static void shm_pong(const char *ab, const char *ba, int n)
+{
+    mmp_channel *tx, *rx;
+    open_ping_ends(ba, ab, &tx, &rx, "pong open");
     for (int i = 0; i < n; i++) {
         mmp_msg_header h;
         const void *p;
@@ -422,15 +452,8 @@ static void pause_us(double us)
 
 static void shm_ping(const char *ab, const char *ba, int warm, int n, double gap_us, double *us)
 {
-    const mmp_transport *t = &mmp_transport_shm;
-    mmp_channel_cfg
-        out = {.address = ab, .slot_bytes = PING_BYTES, .slots = 2, .send = 1, .timeout_ms = 60000},
-        in = {.address = ba, .slot_bytes = PING_BYTES, .slots = 2, .send = 0, .timeout_ms = 60000};
     mmp_channel *tx, *rx;
-    if (mmp_channel_open_with(&tx, t, &out, 1) != MMP_OK ||
-        mmp_channel_open_with(&rx, t, &in, 0) != MMP_OK) {
-        die("ping open");
-    }
+    open_ping_ends(ab, ba, &tx, &rx, "ping open");
     for (int i = 0; i < warm + n; i++) {
         mmp_msg_header h = {.step = i, .bytes = 8};
         const void *p;
@@ -601,20 +624,7 @@ static void tcp_tp_receiver(const mmp_channel_cfg *c, void *arg)
     }
     uint64_t sink = 0;
     for (int r = 0; r < a->reps; r++) {
-        double t0 = 0;
-        for (int m = 0; m < a->msgs; m++) {
-            mmp_msg_header h;
-            const void *p;
-            if (mmp_channel_recv(ch, &h, &p) != MMP_OK) {
-                die("tcp recv");
-            }
-            sink += sum_bytes(p, h.bytes);
-            mmp_channel_release(ch);
-            if (m == 0) {
-                t0 = now_s();
-            }
-        }
-        a->res->gbps[SEND_COPY][r] = (double)(a->msgs - 1) * c->slot_bytes / (now_s() - t0) / 1e9;
+        a->res->gbps[SEND_COPY][r] = recv_gbps(ch, a->msgs, c->slot_bytes, &sink, "tcp recv");
     }
     a->res->sink = sink;
     mmp_channel_close(ch);

@@ -153,22 +153,21 @@ if command -v gnuplot >/dev/null; then
     echo "set output '$PNG'"
     echo "set multiplot layout 1,3 title 'mmpipe vs PyTorch reference: $(basename "$PLAN"), $steps steps, micro-batches $mb (same init, data order and recipe)'"
     echo "set grid; set xlabel 'step'; set key top right"
-    plot=""
-    c=1
-    for s in $SEEDS; do
-      plot+="'$OUT/mmpipe-s$s.loss.dat' u 1:2 w l lc $c lw 1.5 t 'mmpipe seed $s', "
-      plot+="'$OUT/torch-s$s.loss.dat' u 1:2 w l lc $c dt 2 lw 1.5 t 'PyTorch seed $s', "
-      c=$((c + 1))
-    done
-    echo "set title 'training loss (ITC + ITM)'; set ylabel 'loss'; plot ${plot%, }"
-    for col in 2:i2t 3:t2i; do
-      plot="" c=1
+    # curves KIND COLUMN WITH [POINTS_MMPIPE POINTS_TORCH]: one plot's list, mmpipe solid and
+    # PyTorch dashed, one colour per seed
+    curves() {
+      local plot="" c=1 s
       for s in $SEEDS; do
-        plot+="'$OUT/mmpipe-s$s.val.dat' u 1:${col%%:*} w lp lc $c pt 7 lw 1.5 t 'mmpipe seed $s', "
-        plot+="'$OUT/torch-s$s.val.dat' u 1:${col%%:*} w lp lc $c pt 6 dt 2 lw 1.5 t 'PyTorch seed $s', "
+        plot+="'$OUT/mmpipe-s$s.$1.dat' u 1:$2 w $3 lc $c ${4:+$4 }lw 1.5 t 'mmpipe seed $s', "
+        plot+="'$OUT/torch-s$s.$1.dat' u 1:$2 w $3 lc $c ${5:+$5 }dt 2 lw 1.5 t 'PyTorch seed $s', "
         c=$((c + 1))
       done
-      echo "set title 'val recall@1, ${col#*:}'; set ylabel 'recall@1'; set key bottom right; plot ${plot%, }"
+      echo "${plot%, }"
+    }
+    echo "set title 'training loss (ITC + ITM)'; set ylabel 'loss'; plot $(curves loss 2 l)"
+    for col in 2:i2t 3:t2i; do
+      echo "set title 'val recall@1, ${col#*:}'; set ylabel 'recall@1'; set key bottom right;" \
+        "plot $(curves val "${col%%:*}" lp 'pt 7' 'pt 6')"
     done
     echo "unset multiplot"
   } >"$OUT/curves.gp"

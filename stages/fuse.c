@@ -14,21 +14,39 @@ static float *staging(mmp_backend *be, size_t floats, mmp_err *err)
     return p;
 }
 
+/* Both scopes' backend buffers for n samples: img and dimg (n, img_row),
+ * txt and dtxt (n, txt_row), mask (n, T). On failure some may be set: the
+ * caller frees them with free_staging. */
+static mmp_err alloc_staging(mmp_backend *be, size_t n, size_t img_row, size_t txt_row, int T,
+                             float **img, float **dimg, float **txt, float **dtxt, float **mask)
+{
+    mmp_err err = MMP_OK;
+    *img = staging(be, n * img_row, &err);
+    *dimg = staging(be, n * img_row, &err);
+    *txt = staging(be, n * txt_row, &err);
+    *dtxt = staging(be, n * txt_row, &err);
+    *mask = staging(be, n * (size_t)T, &err);
+    return err;
+}
+
+static void free_staging(mmp_backend *be, float *img, float *dimg, float *txt, float *dtxt,
+                         float *mask)
+{
+    if (be) {
+        float *dev[] = {img, dimg, txt, dtxt, mask};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+            be->ops->free(be, dev[i]);
+        }
+    }
+}
+
 mmp_err mmp_fuse_init(mmp_fuse *f, mmp_backend *be, int mb_max, size_t img_row, int T, int D)
 {
-    memset(f, 0, sizeof *f);
-    f->be = be;
-    f->mb_max = mb_max;
-    f->T = T;
-    f->img_row = img_row;
-    f->txt_row = (size_t)T * D;
+    *f = (mmp_fuse){
+        .be = be, .mb_max = mb_max, .T = T, .img_row = img_row, .txt_row = (size_t)T * D};
     size_t m = (size_t)mb_max;
-    mmp_err err = MMP_OK;
-    f->img = staging(be, m * img_row, &err);
-    f->dimg = staging(be, m * img_row, &err);
-    f->txt = staging(be, m * f->txt_row, &err);
-    f->dtxt = staging(be, m * f->txt_row, &err);
-    f->mask = staging(be, m * (size_t)T, &err);
+    mmp_err err = alloc_staging(be, m, img_row, f->txt_row, T, &f->img, &f->dimg, &f->txt, &f->dtxt,
+                                &f->mask);
     f->rows = calloc(m ? m : 1, sizeof(int));
     if (err != MMP_OK || !f->rows) {
         mmp_fuse_fini(f);
@@ -42,13 +60,7 @@ void mmp_fuse_fini(mmp_fuse *f)
     if (!f) {
         return;
     }
-    if (f->be) {
-        f->be->ops->free(f->be, f->img);
-        f->be->ops->free(f->be, f->dimg);
-        f->be->ops->free(f->be, f->txt);
-        f->be->ops->free(f->be, f->dtxt);
-        f->be->ops->free(f->be, f->mask);
-    }
+    free_staging(f->be, f->img, f->dimg, f->txt, f->dtxt, f->mask);
     free(f->rows);
     memset(f, 0, sizeof *f);
 }
@@ -132,19 +144,11 @@ void mmp_fuse_backward(mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts, 
 mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t img_row, int T,
                            int D)
 {
-    memset(s, 0, sizeof *s);
-    s->be = be;
-    s->batch = batch;
-    s->T = T;
-    s->img_row = img_row;
-    s->txt_row = (size_t)T * D;
+    *s = (mmp_fuse_step){
+        .be = be, .batch = batch, .T = T, .img_row = img_row, .txt_row = (size_t)T * D};
     size_t b = (size_t)batch;
-    mmp_err err = MMP_OK;
-    s->img = staging(be, b * img_row, &err);
-    s->dimg = staging(be, b * img_row, &err);
-    s->txt = staging(be, b * s->txt_row, &err);
-    s->dtxt = staging(be, b * s->txt_row, &err);
-    s->mask = staging(be, b * (size_t)T, &err);
+    mmp_err err = alloc_staging(be, b, img_row, s->txt_row, T, &s->img, &s->dimg, &s->txt, &s->dtxt,
+                                &s->mask);
     s->valid[0] = calloc(b ? b : 1, sizeof(float));
     s->valid[1] = calloc(b ? b : 1, sizeof(float));
     if (err != MMP_OK || !s->valid[0] || !s->valid[1]) {
@@ -162,12 +166,7 @@ void mmp_fuse_step_fini(mmp_fuse_step *s)
     if (!s) {
         return;
     }
-    if (s->be) {
-        float *dev[] = {s->img, s->dimg, s->txt, s->dtxt, s->mask};
-        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
-            s->be->ops->free(s->be, dev[i]);
-        }
-    }
+    free_staging(s->be, s->img, s->dimg, s->txt, s->dtxt, s->mask);
     free(s->valid[0]);
     free(s->valid[1]);
     memset(s, 0, sizeof *s);

@@ -126,6 +126,35 @@ static void release_uploaded(trainer *t)
     t->up_img = t->up_txt = NULL;
 }
 
+/* Micro-batch mb's image and text batches; *data_s += the time waited. */
+static mmp_err get_batches(trainer *t, int step, int mb, mmp_batch **bi, mmp_batch **bt,
+                           double *data_s)
+{
+    double t0 = mmp_now();
+    release_uploaded(t);
+    MMP_TRY(mmp_loader_get(t->img_loader, step, mb, bi));
+    mmp_err e = mmp_loader_get(t->txt_loader, step, mb, bt);
+    if (e != MMP_OK) {
+        mmp_loader_release(t->img_loader, *bi);
+        return e;
+    }
+    *data_s += mmp_now() - t0;
+    return MMP_OK;
+}
+
+/* The batches back to their loaders; on a GPU only at the next
+ * release_uploaded, as their uploads may be in flight. */
+static void done_with_batches(trainer *t, mmp_batch *bi, mmp_batch *bt)
+{
+    if (t->gpu >= 0) {
+        t->up_img = bi;
+        t->up_txt = bt;
+    } else {
+        mmp_loader_release(t->img_loader, bi);
+        mmp_loader_release(t->txt_loader, bt);
+    }
+}
+
 static void *loader_host_alloc(void *ctx, size_t bytes)
 {
     return mmp_backend_host_alloc(ctx, bytes);
@@ -414,15 +443,7 @@ static mmp_err batch_scope_step(trainer *t, int step, mmp_loss_parts *out, doubl
     mmp_fuse_step_begin(fs, 0);
     for (int mb = 0; mb < m; mb++) {
         mmp_batch *bi, *bt;
-        double t0 = mmp_now();
-        release_uploaded(t);
-        MMP_TRY(mmp_loader_get(t->img_loader, step, mb, &bi));
-        mmp_err e = mmp_loader_get(t->txt_loader, step, mb, &bt);
-        if (e != MMP_OK) {
-            mmp_loader_release(t->img_loader, bi);
-            return e;
-        }
-        *data_s += mmp_now() - t0;
+        MMP_TRY(get_batches(t, step, mb, &bi, &bt, data_s));
         int n = bi->n;
         size_t off = (size_t)mmp_plan_mb_offset(plan, mb);
         valid_floats(t->img_valid, bi);
@@ -435,13 +456,7 @@ static mmp_err batch_scope_step(trainer *t, int step, mmp_loss_parts *out, doubl
         mmp_text_net_forward(t->txt, t->ta_mb[mb], ids, NULL, mask, n, txt_out);
         branch_outputs_lp(t, n, img_out, txt_out);
         mmp_fuse_step_put(fs, (int)off, n, NULL, NULL, mask, t->img_valid, t->txt_valid);
-        if (t->gpu >= 0) {
-            t->up_img = bi; /* their uploads may be in flight */
-            t->up_txt = bt;
-        } else {
-            mmp_loader_release(t->img_loader, bi);
-            mmp_loader_release(t->txt_loader, bt);
-        }
+        done_with_batches(t, bi, bt);
     }
     mmp_params_mb_begin(pf);
     mmp_fuse_step_run(fs, &t->fuse, t->fus, t->fa, loss_mult, out, skipped);
@@ -484,15 +499,7 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         /* Two loaders, one per modality, as the two branch stages have: a bad
          * image and a bad caption are flagged (and zeroed) each on its side. */
         mmp_batch *bi, *bt;
-        double t0 = mmp_now();
-        release_uploaded(t);
-        MMP_TRY(mmp_loader_get(t->img_loader, step, mb, &bi));
-        mmp_err e = mmp_loader_get(t->txt_loader, step, mb, &bt);
-        if (e != MMP_OK) {
-            mmp_loader_release(t->img_loader, bi);
-            return e;
-        }
-        *data_s += mmp_now() - t0;
+        MMP_TRY(get_batches(t, step, mb, &bi, &bt, data_s));
         int n = bi->n, skip = 0;
         if (plan->compute == MMP_COMPUTE_SIMULATED) {
             mmp_loader_release(t->img_loader, bi);
@@ -509,13 +516,7 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         const float *mask = branches_forward(t, n, bi->images, bt->ids, bt->mask, 1);
         mmp_fuse_forward(&t->fuse, t->fus, t->fa, t->img_tok, t->txt_tok, mask, t->img_valid,
                          t->txt_valid, n, B, out, &skip);
-        if (t->gpu >= 0) {
-            t->up_img = bi; /* their uploads may be in flight */
-            t->up_txt = bt;
-        } else {
-            mmp_loader_release(t->img_loader, bi);
-            mmp_loader_release(t->txt_loader, bt);
-        }
+        done_with_batches(t, bi, bt);
         mmp_fuse_backward(&t->fuse, t->fus, t->fa, B, loss_mult, t->dimg, t->dtxt);
         branch_outputs_lp(t, n, t->dimg, t->dtxt);
         mmp_text_net_backward(t->txt, t->ta, t->dtxt, n, NULL);

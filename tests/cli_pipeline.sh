@@ -93,20 +93,7 @@ sleep 0.2
 
 # --- SIGKILL to one stage --------------------------------------------------------------
 for victim in text.0 fusion image.0; do
-  "$BIN" launch "$W/plan.yaml" --out "$W/kill_$victim" --set job.steps=100000 >"$W/kill_$victim.log" 2>&1 &
-  cpid=$!
-  for _ in $(seq 100); do grep -q '"step":3' "$W/kill_$victim/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
-  vpid=$(grep -o "started $victim/0 (pid [0-9]*)" "$W/kill_$victim.log" | grep -o '[0-9]*)$' | tr -d ')')
-  t0=$(date +%s.%N)
-  kill -KILL "$vpid"; wait $cpid; rc=$?
-  dt=$(echo "$(date +%s.%N) - $t0" | bc)
-  sleep 0.2
-  if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$W/kill_$victim.log" \
-     && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "SIGKILL $victim: noticed in ${dt}s, named, rc=$rc"
-  else fail "SIGKILL $victim: rc=$rc after ${dt}s"; tail -3 "$W/kill_$victim.log" | sed 's/^/    /'; fi
-  L="$W/kill_$victim.log"
-  [ "$(procs_left "$L")" -eq 0 ] && [ "$(shm_left "$L")" -eq 0 ] && ok "SIGKILL $victim: nothing left behind" \
-    || fail "SIGKILL $victim: left $(procs_left "$L") processes, shm: $(ls /dev/shm | grep mmpipe)"
+  kill_stage "SIGKILL $victim" "$W/plan.yaml" "$W/kill_$victim" "$victim"
 done
 
 # --- resume after a kill equals the uninterrupted run -----------------------------------

@@ -56,17 +56,6 @@ expect_fail "a bad transport.data is named" "transport.data" \
 
 # --- SIGKILL to one stage: noticed, named, nothing left ---------------------------------
 for victim in text.0 fusion; do
-  "$BIN" launch "$W/plan.yaml" --out "$W/kill_$victim" --set job.steps=100000 >"$W/kill_$victim.log" 2>&1 &
-  cpid=$!
-  wait_step "$W/kill_$victim/metrics.jsonl" 3 || fail "kill $victim: no step 3"
-  vpid=$(grep -o "started $victim/0 (pid [0-9]*)" "$W/kill_$victim.log" | grep -o '[0-9]*)$' | tr -d ')')
-  t0=$(date +%s.%N)
-  kill -KILL "$vpid"; wait $cpid; rc=$?
-  dt=$(echo "$(date +%s.%N) - $t0" | bc)
-  sleep 0.2
-  if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$W/kill_$victim.log" \
-     && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "SIGKILL $victim over tcp: noticed in ${dt}s, named, rc=$rc"
-  else fail "SIGKILL $victim over tcp: rc=$rc after ${dt}s"; tail -3 "$W/kill_$victim.log" | sed 's/^/    /'; fi
-  left_behind "SIGKILL $victim over tcp" "$W/kill_$victim.log"
+  kill_stage "SIGKILL $victim over tcp" "$W/plan.yaml" "$W/kill_$victim" "$victim"
 done
 finish

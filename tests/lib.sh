@@ -82,6 +82,25 @@ left_behind() {
   [ "$p" -eq 0 ] && [ "$s" -eq 0 ] && ok "$name: nothing left behind" \
     || fail "$name: left $p stage processes, $s shm segments"
 }
+# kill_stage LABEL PLAN OUT VICTIM [ARG...]: launches PLAN (job.steps=100000, ARGs added) into
+# OUT, SIGKILLs stage VICTIM/0 at step 3 and checks that the coordinator fails naming the dead
+# stage within 5 s, and that nothing is left behind (log: OUT.log).
+kill_stage() {
+  local label=$1 plan=$2 out=$3 victim=$4; shift 4
+  local cpid vpid t0 dt rc
+  "$BIN" launch "$plan" --out "$out" --set job.steps=100000 "$@" >"$out.log" 2>&1 &
+  cpid=$!
+  wait_step "$out/metrics.jsonl" 3 || fail "$label: no step 3"
+  vpid=$(grep -o "started $victim/0 (pid [0-9]*)" "$out.log" | grep -o '[0-9]*)$' | tr -d ')')
+  t0=$(date +%s.%N)
+  kill -KILL "$vpid"; wait $cpid; rc=$?
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  sleep 0.2
+  if [ $rc -ne 0 ] && grep -q "stage $victim/0 (pid $vpid) died" "$out.log" \
+     && awk -v d="$dt" 'BEGIN{exit !(d < 5)}'; then ok "$label: noticed in ${dt}s, named, rc=$rc"
+  else fail "$label: rc=$rc after ${dt}s"; tail -3 "$out.log" | sed 's/^/    /'; fi
+  left_behind "$label" "$out.log"
+}
 # last_step FILE: the step of metrics.jsonl's last line (0 when none).
 last_step() { tail -1 "$1" 2>/dev/null | grep -o '^{"step":[0-9]*' | grep -o '[0-9]*$' || echo 0; }
 # wait_step FILE N [SECONDS]: waits until metrics.jsonl FILE reached step N.

@@ -81,6 +81,14 @@ static mmp_err connect_ctl(mmp_ctl **out, const char *ep, const char *id, const 
     return mmp_ctl_connect_opts(out, ep, id, tok, over_tcp ? &o : NULL);
 }
 
+/* The job's ROUTER bound at ep (checked); NULL when the bind failed. */
+static mmp_ctl *router_at(const char *ep)
+{
+    mmp_ctl *r = NULL;
+    CHECK_OK(bind_ctl(&r, ep, token));
+    return r;
+}
+
 /* A raw socket; over tcp a DEALER holds the job's client keys and a ROUTER
  * is a CURVE server with the job's server key. */
 static void *foreign(int type, const char *id)
@@ -330,19 +338,30 @@ static void expect_valid(mmp_ctl *r, void *f, int pid, mmp_ctl_stats *want)
     CHECK(stats_equal(mmp_ctl_get_stats(r), *want));
 }
 
+/* A ROUTER bound at ep with a foreign DEALER "foreign/0" connected to it
+ * and known to it (one valid Hello{pid} received, counted in want). NULL
+ * when the bind failed. */
+static void *router_and_peer(const char *ep, mmp_ctl **r, int pid, mmp_ctl_stats *want)
+{
+    if (!(*r = router_at(ep))) {
+        return NULL;
+    }
+    void *f = foreign(ZMQ_DEALER, "foreign/0");
+    CHECK(zmq_connect(f, ep) == 0);
+    expect_valid(*r, f, pid, want);
+    return f;
+}
+
 static void test_untrusted_router(void)
 {
     const char *ep = endpoint("untrusted");
     mmp_ctl *r = NULL;
-    CHECK_OK(bind_ctl(&r, ep, token));
-    if (!r) {
-        return;
-    }
-    void *f = foreign(ZMQ_DEALER, "foreign/0");
-    CHECK(zmq_connect(f, ep) == 0);
     mmp_ctl_stats want = {0};
     int pid = 100;
-    expect_valid(r, f, pid++, &want);
+    void *f = router_and_peer(ep, &r, pid++, &want);
+    if (!f) {
+        return;
+    }
 
     /* (1) bytes that do not decode: a varint that never ends, and a string
      * field whose length runs past the end. */
@@ -567,8 +586,7 @@ static void on_alarm(int sig)
 static void test_timeouts(void)
 {
     const char *ep = endpoint("timeout");
-    mmp_ctl *r = NULL;
-    CHECK_OK(bind_ctl(&r, ep, token));
+    mmp_ctl *r = router_at(ep);
     if (!r) {
         return;
     }
@@ -636,16 +654,12 @@ static void test_close_does_not_hang(void)
     CHECK(now_ms() - t0 < 2000);
 
     /* A ROUTER with megabytes queued for a peer that stopped reading. */
-    const char *ep = endpoint("stuck");
     mmp_ctl *r = NULL;
-    CHECK_OK(bind_ctl(&r, ep, token));
-    if (!r) {
+    mmp_ctl_stats want = {0};
+    void *f = router_and_peer(endpoint("stuck"), &r, 1, &want);
+    if (!f) {
         return;
     }
-    void *f = foreign(ZMQ_DEALER, "foreign/0");
-    CHECK(zmq_connect(f, ep) == 0);
-    mmp_ctl_stats want = {0};
-    expect_valid(r, f, 1, &want); /* now the ROUTER knows the peer */
     Mmpipe__Envelope big = MMPIPE__ENVELOPE__INIT;
     Mmpipe__Error err = MMPIPE__ERROR__INIT;
     char *text = malloc(65537);
@@ -681,8 +695,7 @@ static void test_new_token(void)
 static void test_curve_refuses(void)
 {
     const char *ep = endpoint("refuse");
-    mmp_ctl *r = NULL;
-    CHECK_OK(bind_ctl(&r, ep, token));
+    mmp_ctl *r = router_at(ep);
     if (!r) {
         return;
     }

@@ -274,23 +274,31 @@ static void test_rejects(void)
     make_plan(&p, MMP_SCHED_GPIPE, 4, 0, NULL, 0, NULL);
     CHECK_OK(mmp_sched_compile(&base, &p));
 
-    /* a missing send */
-    clone(&s, &base);
-    remove_instr(&s, 0, find_instr(&s, 0, MMP_OP_SEND_ACT, 2, 0));
-    snprintf(want, sizeof want,
-             "schedule gpipe: stage fusion instr %d (RECV_ACT e0 mb2): no matching send: image.0 "
-             "never sends mb2 on e0",
-             find_instr(&s, 2, MMP_OP_RECV_ACT, 2, 0));
-    reject_and_free(&s, want);
-
-    /* a missing receive */
-    clone(&s, &base);
-    remove_instr(&s, 2, find_instr(&s, 2, MMP_OP_RECV_ACT, 1, 2));
-    snprintf(want, sizeof want,
-             "schedule gpipe: stage text.0 instr %d (SEND_ACT e2 mb1): no matching receive: "
-             "fusion never receives mb1 on e2",
-             find_instr(&s, 1, MMP_OP_SEND_ACT, 1, 2));
-    reject_and_free(&s, want);
+    /* a missing send, a missing receive: the error names the other end's instr */
+    static const struct {
+        int st;
+        mmp_op op;
+        int mb, edge; /* the instr removed */
+        int peer_st;
+        mmp_op peer_op; /* its other end (same mb and edge), named by pc */
+        const char *want;
+    } missing[] = {
+        {0, MMP_OP_SEND_ACT, 2, 0, 2, MMP_OP_RECV_ACT,
+         "schedule gpipe: stage fusion instr %d (RECV_ACT e0 mb2): no matching send: image.0 "
+         "never sends mb2 on e0"},
+        {2, MMP_OP_RECV_ACT, 1, 2, 1, MMP_OP_SEND_ACT,
+         "schedule gpipe: stage text.0 instr %d (SEND_ACT e2 mb1): no matching receive: "
+         "fusion never receives mb1 on e2"},
+    };
+    for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
+        clone(&s, &base);
+        remove_instr(&s, missing[i].st,
+                     find_instr(&s, missing[i].st, missing[i].op, missing[i].mb, missing[i].edge));
+        snprintf(
+            want, sizeof want, missing[i].want,
+            find_instr(&s, missing[i].peer_st, missing[i].peer_op, missing[i].mb, missing[i].edge));
+        reject_and_free(&s, want);
+    }
 
     /* micro-batches sent in another order than received */
     clone(&s, &base);
@@ -452,6 +460,17 @@ static int near(double a, double b)
     return fabs(a - b) <= 1e-9 * (1 + fabs(b));
 }
 
+/* F = 1 ms and B = 2 ms on every stage of s, free messages. */
+static mmp_sim_costs uniform_costs(const mmp_sched *s)
+{
+    mmp_sim_costs c = {0};
+    for (int st = 0; st < s->n_stages; st++) {
+        c.fwd_ms[st] = 1;
+        c.bwd_ms[st] = 2;
+    }
+    return c;
+}
+
 static void test_sim_textbook(void)
 {
     /* p = 2: image.0 -> fusion, F = 1, B = 2 everywhere, free messages.
@@ -462,11 +481,7 @@ static void test_sim_textbook(void)
             int m = ms[i], p = 2;
             mmp_sched s;
             CHECK_OK(compile_graph(&s, k ? MMP_SCHED_1F1B : MMP_SCHED_GPIPE, m, 1, 0));
-            mmp_sim_costs c = {0};
-            for (int st = 0; st < s.n_stages; st++) {
-                c.fwd_ms[st] = 1;
-                c.bwd_ms[st] = 2;
-            }
+            mmp_sim_costs c = uniform_costs(&s);
             mmp_sim_result r;
             CHECK_OK(mmp_sched_simulate(&s, &c, &r));
             double want = (m + p - 1) * 3.0;
@@ -553,11 +568,7 @@ static void test_sim_large(void)
         mmp_sched s;
         CHECK_OK(compile_graph(&s, kind, 1024, 15, 14));
         CHECK(s.n_stages == 30 && s.n_edges == 58);
-        mmp_sim_costs c = {0};
-        for (int st = 0; st < s.n_stages; st++) {
-            c.fwd_ms[st] = 1;
-            c.bwd_ms[st] = 2;
-        }
+        mmp_sim_costs c = uniform_costs(&s);
         mmp_sim_result r;
         CHECK_OK(mmp_sched_simulate(&s, &c, &r));
         double dt = now_s() - t0;

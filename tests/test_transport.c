@@ -729,13 +729,23 @@ static int recv_zc(side *s, mmp_channel *ch)
     return bad + check_slot_pointers("receiver", ptr, 12);
 }
 
-static void test_zero_copy(const mmp_transport *t)
+/* pair() in fresh shared memory, run by run (run_pair or run_ends) with the
+ * receiver as its first side; its count of problems. */
+static int run_one_pair(const mmp_transport *t, size_t slot_bytes, int slots, int timeout_ms,
+                        int creator_sends, int n, int (*snd_body)(side *, mmp_channel *),
+                        int (*rcv_body)(side *, mmp_channel *), int (*run)(side *, side *, int))
 {
     shared *sh = new_shared();
     side snd, rcv;
-    pair(&snd, &rcv, t, ZC_BYTES, ZC_SLOTS, 10000, 0, 12, sh, send_zc, recv_zc);
-    CHECK(run_pair(&rcv, &snd, 0) == 0);
+    pair(&snd, &rcv, t, slot_bytes, slots, timeout_ms, creator_sends, n, sh, snd_body, rcv_body);
+    int bad = run(&rcv, &snd, 0);
     munmap(sh, sizeof *sh);
+    return bad;
+}
+
+static void test_zero_copy(const mmp_transport *t)
+{
+    CHECK(run_one_pair(t, ZC_BYTES, ZC_SLOTS, 10000, 0, 12, send_zc, recv_zc, run_pair) == 0);
 }
 
 /* try_acquire: a producer asks for a slot before it computes and never
@@ -1612,11 +1622,7 @@ static int recv_nhs(side *s, mmp_channel *ch)
 
 static void test_no_host_sync(const mmp_transport *t)
 {
-    shared *sh = new_shared();
-    side snd, rcv;
-    pair(&snd, &rcv, t, NHS_BYTES, 1, 10000, 1, 2, sh, send_nhs, recv_nhs);
-    CHECK(run_ends(&rcv, &snd, 0) == 0);
-    munmap(sh, sizeof *sh);
+    CHECK(run_one_pair(t, NHS_BYTES, 1, 10000, 1, 2, send_nhs, recv_nhs, run_ends) == 0);
 }
 
 static int open_end(side *s, mmp_channel *unused)
@@ -1798,11 +1804,7 @@ static int recv_big(side *s, mmp_channel *ch)
 
 static void test_big(const mmp_transport *t)
 {
-    shared *sh = new_shared();
-    side snd, rcv;
-    pair(&snd, &rcv, t, BIG, 2, 10000, 1, 6, sh, send_big, recv_big);
-    CHECK(run_pair(&rcv, &snd, 0) == 0);
-    munmap(sh, sizeof *sh);
+    CHECK(run_one_pair(t, BIG, 2, 10000, 1, 6, send_big, recv_big, run_pair) == 0);
 }
 
 /* ---- mmp_channel_open --------------------------------------------------- */
@@ -1952,38 +1954,70 @@ static int raw_connect(const char *address, int sends, uint32_t slots, uint64_t 
     return fd;
 }
 
+/* A creating end *ch (cfg c) and a raw peer connected to it with a hello of
+ * this direction and geometry; the peer's fd, checked, as is its answer when
+ * reply is given (-1 on failure). */
+static int raw_peer(const mmp_transport *t, const mmp_channel_cfg *c, mmp_channel **ch, int sends,
+                    uint32_t slots, uint64_t slot_bytes, mmp_tcp_hello *reply)
+{
+    CHECK_OK(mmp_channel_open_with(ch, t, c, 1));
+    int fd = *ch ? raw_connect(mmp_channel_address(*ch), sends, slots, slot_bytes, reply) : -1;
+    CHECK(fd >= 0 && (!reply || reply->status == MMP_TCP_OK));
+    return fd;
+}
+
 static int raw_send(int fd, const void *p, size_t n)
 {
     return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
 }
 
+/* One forged header field per row (for slots of FORGED_SLOT bytes); the
+ * receiver's error must name the field. */
+enum { FORGED_SLOT = 4096 };
+static const struct {
+    const char *field;
+    uint64_t bytes;
+    int32_t n, step, mb, flags;
+} forged_rows[] = {
+    {"bytes", FORGED_SLOT + 1, 1, 0, 0, 0},
+    {"bytes", UINT64_MAX, 1, 0, 0, 0},
+    {"n", 8, -1, 0, 0, 0},
+    {"n", 8, INT32_MIN, 0, 0, 0},
+    {"step", 8, 1, -3, 0, 0},
+    {"mb", 8, 1, 0, -1, 0},
+    {"flags", 8, 1, 0, 0, 0x40},
+    {"bytes", 8, 1, 0, 0, MMP_MSG_STOP}, /* a STOP carries no payload */
+};
+
+/* h with row r's forged values. */
+static void forge(mmp_msg_header *h, size_t r)
+{
+    h->bytes = forged_rows[r].bytes;
+    h->n = forged_rows[r].n;
+    h->step = forged_rows[r].step;
+    h->mb = forged_rows[r].mb;
+    h->flags = forged_rows[r].flags;
+}
+
+/* The last error names row r's field. */
+static int names_forged_field(size_t r)
+{
+    char want[32];
+    snprintf(want, sizeof want, "field %s", forged_rows[r].field);
+    return strstr(mmp_last_error(), want) != NULL;
+}
+
 static void test_forged_tcp(const mmp_transport *t)
 {
-    enum { SLOT = 4096, SLOTS = 4 };
+    enum { SLOT = FORGED_SLOT, SLOTS = 4 };
     char addr[96];
     address_for(t, addr, sizeof addr);
     mmp_channel_cfg cr = make_cfg(addr, SLOT, SLOTS, 0, 1000);
-    static const struct {
-        const char *field;
-        uint64_t bytes;
-        int32_t n, step, mb, flags;
-    } rows[] = {
-        {"bytes", SLOT + 1, 1, 0, 0, 0},
-        {"bytes", UINT64_MAX, 1, 0, 0, 0},
-        {"n", 8, -1, 0, 0, 0},
-        {"n", 8, INT32_MIN, 0, 0, 0},
-        {"step", 8, 1, -3, 0, 0},
-        {"mb", 8, 1, 0, -1, 0},
-        {"flags", 8, 1, 0, 0, 0x40},
-        {"bytes", 8, 1, 0, 0, MMP_MSG_STOP}, /* a STOP carries no payload */
-    };
     unsigned char src[SLOT] = {0};
-    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    for (size_t r = 0; r < sizeof forged_rows / sizeof forged_rows[0]; r++) {
         mmp_channel *b = NULL;
-        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
         mmp_tcp_hello reply = {0};
-        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, &reply) : -1;
-        CHECK(fd >= 0 && reply.status == MMP_TCP_OK);
+        int fd = raw_peer(t, &cr, &b, 1, SLOTS, SLOT, &reply);
         if (fd < 0) {
             mmp_channel_close(b);
             break;
@@ -1998,17 +2032,11 @@ static void test_forged_tcp(const mmp_transport *t)
         CHECK_OK(mmp_channel_release(b));
         /* Then the lie, with as many payload bytes as it claims (up to a slot). */
         mmp_msg_header bad = h;
-        bad.bytes = rows[r].bytes;
-        bad.n = rows[r].n;
-        bad.step = rows[r].step;
-        bad.mb = rows[r].mb;
-        bad.flags = rows[r].flags;
+        forge(&bad, r);
         CHECK(raw_send(fd, &bad, sizeof bad) == 0);
         (void)raw_send(fd, src, bad.bytes < SLOT ? (size_t)bad.bytes : SLOT);
         mmp_err e = mmp_channel_recv(b, &got, &p);
-        char want[32];
-        snprintf(want, sizeof want, "field %s", rows[r].field);
-        CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), want) != NULL);
+        CHECK(e == MMP_ERR_PROTO && names_forged_field(r));
         if (e == MMP_OK) {
             mmp_channel_release(b);
         }
@@ -2022,9 +2050,7 @@ static void test_forged_tcp(const mmp_transport *t)
      * arrives. The SLOTS are delivered, then the protocol error. */
     {
         mmp_channel *b = NULL;
-        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
-        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, NULL) : -1;
-        CHECK(fd >= 0);
+        int fd = raw_peer(t, &cr, &b, 1, SLOTS, SLOT, NULL);
         for (int k = 0; fd >= 0 && k <= SLOTS; k++) {
             mmp_msg_header h = message(k, 64);
             fill(src, h.bytes, (uint64_t)k);
@@ -2048,9 +2074,7 @@ static void test_forged_tcp(const mmp_transport *t)
     /* A message cut off by the sender's end: the peer, named. */
     {
         mmp_channel *b = NULL;
-        CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
-        int fd = b ? raw_connect(mmp_channel_address(b), 1, SLOTS, SLOT, NULL) : -1;
-        CHECK(fd >= 0);
+        int fd = raw_peer(t, &cr, &b, 1, SLOTS, SLOT, NULL);
         mmp_msg_header h = message(0, 1000);
         if (fd >= 0) {
             CHECK(raw_send(fd, &h, sizeof h) == 0 && raw_send(fd, src, h.bytes / 2) == 0);
@@ -2067,10 +2091,8 @@ static void test_forged_tcp(const mmp_transport *t)
     {
         mmp_channel *a = NULL;
         mmp_channel_cfg cs = make_cfg(addr, SLOT, 1, 1, 1000);
-        CHECK_OK(mmp_channel_open_with(&a, t, &cs, 1));
         mmp_tcp_hello reply = {0};
-        int fd = a ? raw_connect(mmp_channel_address(a), 0, 1, SLOT, &reply) : -1;
-        CHECK(fd >= 0 && reply.status == MMP_TCP_OK);
+        int fd = raw_peer(t, &cs, &a, 0, 1, SLOT, &reply);
         if (fd >= 0) {
             mmp_msg_header h = message(0, 64), got;
             void *q;
@@ -2285,7 +2307,7 @@ static void test_forged(const mmp_transport *t)
         test_forged_tcp(t);
         return;
     }
-    enum { SLOT = 4096, SLOTS = 4 };
+    enum { SLOT = FORGED_SLOT, SLOTS = 4 };
     char addr[96];
     fresh_address(addr, sizeof addr);
     mmp_channel *a = NULL, *b = NULL;
@@ -2298,23 +2320,8 @@ static void test_forged(const mmp_transport *t)
     if (!a || !b || !f.base) {
         goto exit;
     }
-    /* One forged field per row; the error must name the field. */
-    static const struct {
-        const char *field;
-        uint64_t bytes;
-        int32_t n, step, mb, flags;
-    } rows[] = {
-        {"bytes", SLOT + 1, 1, 0, 0, 0},
-        {"bytes", UINT64_MAX, 1, 0, 0, 0},
-        {"n", 8, -1, 0, 0, 0},
-        {"n", 8, INT32_MIN, 0, 0, 0},
-        {"step", 8, 1, -3, 0, 0},
-        {"mb", 8, 1, 0, -1, 0},
-        {"flags", 8, 1, 0, 0, 0x40},
-        {"bytes", 8, 1, 0, 0, MMP_MSG_STOP}, /* a STOP carries no payload */
-    };
     unsigned char src[64];
-    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    for (size_t r = 0; r < sizeof forged_rows / sizeof forged_rows[0]; r++) {
         mmp_msg_header h = {
             .step = 1, .mb = 2, .n = 3, .bytes = 8, .digest = 0xF0F6ED0000000000ull + r};
         memset(src, (int)r, sizeof src);
@@ -2324,18 +2331,12 @@ static void test_forged(const mmp_transport *t)
         if (!raw) {
             break;
         }
-        raw->bytes = rows[r].bytes;
-        raw->n = rows[r].n;
-        raw->step = rows[r].step;
-        raw->mb = rows[r].mb;
-        raw->flags = rows[r].flags;
+        forge(raw, r);
         mmp_msg_header got;
         const void *p = NULL;
         mmp_err e = mmp_channel_recv(b, &got, &p);
         CHECK(e == MMP_ERR_PROTO);
-        char want[32];
-        snprintf(want, sizeof want, "field %s", rows[r].field);
-        CHECK(e == MMP_ERR_PROTO && strstr(mmp_last_error(), want) != NULL);
+        CHECK(e == MMP_ERR_PROTO && names_forged_field(r));
         if (e == MMP_OK) {
             mmp_channel_release(b);
             continue;

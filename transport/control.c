@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -404,6 +405,39 @@ static mmp_err start_helper(mmp_ctl *c)
     return MMP_OK;
 }
 
+/* The common first half of bind and connect: the socket, the peer's
+ * endpoint (a DEALER's, for messages) and CURVE when the options ask for it. */
+static mmp_err ctl_prepare(mmp_ctl **c, int type, const char *job_token, const char *peer,
+                           const mmp_ctl_opts *opts)
+{
+    mmp_err ret = ctl_open(c, type, job_token);
+    if (ret != MMP_OK) {
+        return ret;
+    }
+    if (peer) {
+        snprintf((*c)->peer, sizeof(*c)->peer, "%s", peer);
+    }
+    if (opts && opts->curve) {
+        ret = curve_setup(*c, opts);
+    }
+    return ret;
+}
+
+/* The common second half: the helper thread, then *out, or c closed on any
+ * earlier failure (ret). */
+static mmp_err ctl_finish(mmp_ctl *c, mmp_err ret, mmp_ctl **out)
+{
+    if (ret == MMP_OK) {
+        ret = start_helper(c);
+    }
+    if (ret != MMP_OK) {
+        mmp_ctl_close(c);
+        return ret;
+    }
+    *out = c;
+    return MMP_OK;
+}
+
 mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token)
 {
     return mmp_ctl_bind_opts(out, endpoint, job_token, NULL);
@@ -417,26 +451,11 @@ mmp_err mmp_ctl_bind_opts(mmp_ctl **out, const char *endpoint, const char *job_t
     if (!endpoint) {
         return mmp_errorf(MMP_ERR_INVALID, "control: bind: no endpoint");
     }
-    mmp_err ret = ctl_open(&c, ZMQ_ROUTER, job_token);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
-    if (opts && opts->curve && (ret = curve_setup(c, opts)) != MMP_OK) {
-        goto fail;
-    }
-    if (zmq_bind(c->sock, endpoint) != 0) {
+    mmp_err ret = ctl_prepare(&c, ZMQ_ROUTER, job_token, NULL, opts);
+    if (ret == MMP_OK && zmq_bind(c->sock, endpoint) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: bind %s: %s", endpoint, zmq_strerror(errno));
-        goto fail;
     }
-    if ((ret = start_helper(c)) != MMP_OK) {
-        goto fail;
-    }
-    *out = c;
-exit:
-    return ret;
-fail:
-    mmp_ctl_close(c);
-    goto exit;
+    return ctl_finish(c, ret, out);
 }
 
 mmp_err mmp_ctl_connect(mmp_ctl **out, const char *endpoint, const char *identity,
@@ -461,31 +480,14 @@ mmp_err mmp_ctl_connect_opts(mmp_ctl **out, const char *endpoint, const char *id
                           "characters, got '%s'",
                           MMP_CTL_ID_MAX - 1, identity ? identity : "(null)");
     }
-    mmp_err ret = ctl_open(&c, ZMQ_DEALER, job_token);
-    if (ret != MMP_OK) {
-        goto fail;
-    }
-    snprintf(c->peer, sizeof c->peer, "%s", endpoint);
-    if (opts && opts->curve && (ret = curve_setup(c, opts)) != MMP_OK) {
-        goto fail;
-    }
-    if (zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, identity, n) != 0) {
+    mmp_err ret = ctl_prepare(&c, ZMQ_DEALER, job_token, endpoint, opts);
+    if (ret == MMP_OK && zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, identity, n) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: routing id '%s': %s", identity, zmq_strerror(errno));
-        goto fail;
     }
-    if (zmq_connect(c->sock, endpoint) != 0) {
+    if (ret == MMP_OK && zmq_connect(c->sock, endpoint) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: connect %s: %s", endpoint, zmq_strerror(errno));
-        goto fail;
     }
-    if ((ret = start_helper(c)) != MMP_OK) {
-        goto fail;
-    }
-    *out = c;
-exit:
-    return ret;
-fail:
-    mmp_ctl_close(c);
-    goto exit;
+    return ctl_finish(c, ret, out);
 }
 
 void mmp_ctl_close(mmp_ctl *c)
@@ -766,34 +768,25 @@ static Mmpipe__Envelope *check(mmp_ctl *c, zmq_msg_t *payload, size_t extra, cha
                                size_t why_n)
 {
     Mmpipe__Envelope *env = NULL;
-    long *counter = NULL;
+    long *counter = &c->stats.bad_frames;
     if (extra > 0) {
-        counter = &c->stats.bad_frames;
         snprintf(why, why_n, "%zu payload frames, want 1", extra + 1);
     } else {
-        switch (mmp_ctl_decode(zmq_msg_data(payload), zmq_msg_size(payload), c->token, &env, why,
-                               why_n)) {
-        case MMP_CTL_OK:
+        mmp_ctl_verdict v = mmp_ctl_decode(zmq_msg_data(payload), zmq_msg_size(payload), c->token,
+                                           &env, why, why_n);
+        if (v == MMP_CTL_OK) {
             return env;
-        case MMP_CTL_TOO_BIG:
-            counter = &c->stats.too_big;
-            break;
-        case MMP_CTL_UNDECODABLE:
-            counter = &c->stats.undecodable;
-            break;
-        case MMP_CTL_BAD_VERSION:
-            counter = &c->stats.bad_version;
-            break;
-        case MMP_CTL_BAD_TOKEN:
-            counter = &c->stats.bad_token;
-            break;
-        case MMP_CTL_NO_BODY:
-            counter = &c->stats.no_body;
-            break;
-        case MMP_CTL_BAD_BODY:
-            counter = &c->stats.bad_body;
-            break;
         }
+        /* Each refusal's counter in mmp_ctl_stats, by verdict. */
+        static const size_t counter_at[] = {
+            [MMP_CTL_TOO_BIG] = offsetof(mmp_ctl_stats, too_big),
+            [MMP_CTL_UNDECODABLE] = offsetof(mmp_ctl_stats, undecodable),
+            [MMP_CTL_BAD_VERSION] = offsetof(mmp_ctl_stats, bad_version),
+            [MMP_CTL_BAD_TOKEN] = offsetof(mmp_ctl_stats, bad_token),
+            [MMP_CTL_NO_BODY] = offsetof(mmp_ctl_stats, no_body),
+            [MMP_CTL_BAD_BODY] = offsetof(mmp_ctl_stats, bad_body),
+        };
+        counter = (long *)((char *)&c->stats + counter_at[v]);
     }
     (*counter)++;
     c->stats.rejected++;

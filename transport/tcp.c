@@ -464,6 +464,19 @@ static void abs_time(struct timespec *ts, double deadline_ms)
     }
 }
 
+/* One wait on cv (under mu) that ends by deadline (<= 0: none); 0 once the
+ * deadline passed. */
+static int cv_wait(tcp_channel *ch, double deadline)
+{
+    if (deadline <= 0) {
+        pthread_cond_wait(&ch->cv, &ch->mu);
+        return 1;
+    }
+    struct timespec ts;
+    abs_time(&ts, deadline);
+    return pthread_cond_timedwait(&ch->cv, &ch->mu, &ts) != ETIMEDOUT;
+}
+
 /* Waits (under mu) for the creator's connector; MMP_ERR_PEER at the deadline
  * or when the accepting thread failed. */
 static mmp_err wait_connected(tcp_channel *ch, double deadline)
@@ -473,16 +486,7 @@ static mmp_err wait_connected(tcp_channel *ch, double deadline)
     }
     mmp_err e = MMP_OK;
     pthread_mutex_lock(&ch->mu);
-    while (!atomic_load(&ch->connected) && !ch->failed) {
-        if (deadline <= 0) {
-            pthread_cond_wait(&ch->cv, &ch->mu);
-            continue;
-        }
-        struct timespec ts;
-        abs_time(&ts, deadline);
-        if (pthread_cond_timedwait(&ch->cv, &ch->mu, &ts) == ETIMEDOUT) {
-            break;
-        }
+    while (!atomic_load(&ch->connected) && !ch->failed && cv_wait(ch, deadline)) {
     }
     if (!atomic_load(&ch->connected)) {
         e = ch->failed
@@ -634,16 +638,7 @@ static mmp_err tcp_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **pay
         mmp_err e = MMP_OK;
         pthread_mutex_lock(&ch->mu);
         while (atomic_load_explicit(&ch->head, memory_order_acquire) <= k &&
-               !(ch->failed && ch->err_at <= k)) {
-            if (deadline <= 0) {
-                pthread_cond_wait(&ch->cv, &ch->mu);
-                continue;
-            }
-            struct timespec ts;
-            abs_time(&ts, deadline);
-            if (pthread_cond_timedwait(&ch->cv, &ch->mu, &ts) == ETIMEDOUT) {
-                break;
-            }
+               !(ch->failed && ch->err_at <= k) && cv_wait(ch, deadline)) {
         }
         if (atomic_load_explicit(&ch->head, memory_order_acquire) <= k) {
             if (ch->failed && ch->err_at <= k) {

@@ -83,6 +83,15 @@ _DTYPES = {"F32": torch.float32, "I32": torch.int32, "F16": torch.float16,
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
+def mb_slices(batch, m):
+    """The batch's non-empty micro-batches as slices, sized as
+    mmp_plan_mb_size: the first batch % m get one more sample."""
+    base, extra = divmod(batch, m)
+    sizes = [base + (1 if k < extra else 0) for k in range(m)]
+    starts = [sum(sizes[:k]) for k in range(m)]
+    return [slice(a, a + n) for a, n in zip(starts, sizes) if n]
+
+
 def read_safetensors(path):
     """(dict name -> tensor, metadata dict)."""
     with open(path, "rb") as f:
@@ -408,29 +417,17 @@ class MMPipeRef(nn.Module):
         if scope not in ("batch", "microbatch"):
             raise ValueError(f"itc_scope: {scope!r} (batch or microbatch)")
         B = images.shape[0]
-        base, extra = divmod(B, microbatches)
         if scope == "batch":
-            img, txt, at = [], [], 0
-            for k in range(microbatches):
-                n = base + (1 if k < extra else 0)
-                if n == 0:
-                    continue
-                sl = slice(at, at + n)
-                at += n
+            img, txt = [], []
+            for sl in mb_slices(B, microbatches):
                 img.append(self.image(images[sl]))
                 txt.append(self.text(ids[sl], mask[sl]))
             itc, itm = self.fusion(torch.cat(img), torch.cat(txt))
             return itc + itm, itc.detach(), itm.detach()
         loss = itc_sum = itm_sum = 0.0
-        at = 0
-        for k in range(microbatches):
-            n = base + (1 if k < extra else 0)
-            if n == 0:
-                continue
-            sl = slice(at, at + n)
-            at += n
+        for sl in mb_slices(B, microbatches):
             itc, itm = self(images[sl], ids[sl], mask[sl])
-            w = n / B
+            w = (sl.stop - sl.start) / B
             loss = loss + w * (itc + itm)
             itc_sum = itc_sum + w * itc.detach()
             itm_sum = itm_sum + w * itm.detach()

@@ -268,21 +268,6 @@ def mb_sizes(batch, m):
     return [base + (1 if k < extra else 0) for k in range(m)]
 
 
-def step_loss(model, images, ids, mask, m, scope):
-    if scope == "microbatch":
-        return model.step_loss(images, ids, mask, m)
-    img, txt, at = [], [], 0
-    for n in mb_sizes(images.shape[0], m):
-        if n == 0:
-            continue
-        sl = slice(at, at + n)
-        at += n
-        img.append(model.image(images[sl]))
-        txt.append(model.text(ids[sl], mask[sl]))
-    itc, itm = model.fusion(torch.cat(img), torch.cat(txt))
-    return itc + itm, itc.detach(), itm.detach()
-
-
 @torch.no_grad()
 def evaluate(model, val, n, chunk):
     model.eval()
@@ -362,7 +347,7 @@ def main():
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=False)
-            loss, itc, itm = step_loss(model, x, ids, mask, m, args.itc_scope)
+            loss, itc, itm = model.step_loss(x, ids, mask, m, args.itc_scope)
             loss.backward()
             norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
             if clip > 0 and norm > clip:

@@ -91,6 +91,24 @@ static void shifted_range(const mmp_conv_shape *s, int kh, int kw, size_t *j0, s
     *off = o;
 }
 
+/* Zeroes the padding columns (ow outside [lo, hi)) of the col rows that
+ * the same-stride-1 run [j0, j1) touches. */
+static void zero_pad_cols(float *row, size_t j0, size_t j1, int lo, int hi, int OW)
+{
+    if (lo <= 0 && hi >= OW) {
+        return;
+    }
+    for (size_t r = j0 / OW; r * OW < j1; r++) {
+        float *dst = row + r * OW;
+        for (int ow = 0; ow < lo; ow++) {
+            dst[ow] = 0.0f;
+        }
+        for (int ow = hi; ow < OW; ow++) {
+            dst[ow] = 0.0f;
+        }
+    }
+}
+
 /* im2col's and col2im's arguments; channels are independent (each writes
  * its own rows of col, or its own plane of img), so they run on the pool */
 typedef struct {
@@ -108,76 +126,119 @@ static size_t cols_grain(const mmp_conv_shape *s)
                                             : COLS_GRAIN_FLOATS / (per_channel ? per_channel : 1);
 }
 
-/* col (C*KH*KW, OH*OW) from one image img (C,H,W), channels [lo, hi); padding reads as 0. */
-static void im2col_range(void *p, size_t lo_c, size_t hi_c)
+/* One row of col: kernel tap (kh, kw) of channel c, its valid output
+ * columns [lo, hi) and, on the same-stride-1 path (same), the run [j0, j1)
+ * at plane offset off (shifted_range). */
+typedef struct {
+    int c, kh, kw, lo, hi, same;
+    size_t j0, j1;
+    ptrdiff_t off;
+    float *row;
+} col_row;
+
+/* Calls fn on each row of col for channels [lo_c, hi_c), in (c, kh, kw) order. */
+static void each_col_row(const cols_args *a, size_t lo_c, size_t hi_c,
+                         void (*fn)(const cols_args *, const col_row *))
 {
-    float *col = ((cols_args *)p)->col;
-    const float *img = ((cols_args *)p)->src;
-    const mmp_conv_shape *s = ((cols_args *)p)->s;
-    int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
-    size_t OHW = (size_t)OH * OW;
+    const mmp_conv_shape *s = a->s;
+    size_t OHW = (size_t)s->OH * s->OW;
     for (int c = (int)lo_c; c < (int)hi_c; c++) {
-        const float *plane = img + (size_t)c * H * W;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
-                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
-                int lo, hi;
-                valid_range(kw, W, OW, st, pad, &lo, &hi);
-                if (is_same_stride1(s)) {
-                    size_t j0, j1;
-                    ptrdiff_t off;
-                    shifted_range(s, kh, kw, &j0, &j1, &off);
-                    memset(row, 0, sizeof(float) * j0);
-                    memcpy(row + j0, plane + (ptrdiff_t)j0 + off, sizeof(float) * (j1 - j0));
-                    memset(row + j1, 0, sizeof(float) * (OHW - j1));
-                    if (lo > 0 || hi < OW) {
-                        for (size_t r = j0 / OW; r * OW < j1; r++) {
-                            float *dst = row + r * OW;
-                            for (int ow = 0; ow < lo; ow++) {
-                                dst[ow] = 0.0f;
-                            }
-                            for (int ow = hi; ow < OW; ow++) {
-                                dst[ow] = 0.0f;
-                            }
-                        }
-                    }
-                    continue;
+                col_row r = {.c = c, .kh = kh, .kw = kw, .same = is_same_stride1(s)};
+                r.row = a->col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
+                valid_range(kw, s->W, s->OW, s->stride, s->pad, &r.lo, &r.hi);
+                if (r.same) {
+                    shifted_range(s, kh, kw, &r.j0, &r.j1, &r.off);
                 }
-                for (int oh = 0; oh < OH; oh++) {
-                    float *dst = row + (size_t)oh * OW;
-                    int ih = oh * st - pad + kh;
-                    if (ih < 0 || ih >= H) {
-                        memset(dst, 0, sizeof(float) * OW);
-                        continue;
-                    }
-                    const float *src = plane + (size_t)ih * W;
-                    for (int ow = 0; ow < lo; ow++) {
-                        dst[ow] = 0.0f;
-                    }
-                    const float *run = src + (ptrdiff_t)lo * st - pad + kw;
-                    if (st == 2) {
-                        /* a constant stride the compiler vectorises (shuffles) */
-                        for (int i = 0; i < hi - lo; i++) {
-                            dst[lo + i] = run[2 * i];
-                        }
-                    } else {
-                        for (int i = 0; i < hi - lo; i++) {
-                            dst[lo + i] = run[(ptrdiff_t)i * st];
-                        }
-                    }
-                    for (int ow = hi; ow < OW; ow++) {
-                        dst[ow] = 0.0f;
-                    }
-                }
+                fn(a, &r);
             }
         }
     }
+}
+
+/* One row of col from one image src (C,H,W); padding reads as 0. */
+static void im2col_row(const cols_args *a, const col_row *r)
+{
+    const mmp_conv_shape *s = a->s;
+    int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
+    int lo = r->lo, hi = r->hi;
+    const float *plane = a->src + (size_t)r->c * H * W;
+    float *row = r->row;
+    if (r->same) {
+        size_t j0 = r->j0, j1 = r->j1;
+        memset(row, 0, sizeof(float) * j0);
+        memcpy(row + j0, plane + (ptrdiff_t)j0 + r->off, sizeof(float) * (j1 - j0));
+        memset(row + j1, 0, sizeof(float) * ((size_t)OH * OW - j1));
+        zero_pad_cols(row, j0, j1, lo, hi, OW);
+        return;
+    }
+    for (int oh = 0; oh < OH; oh++) {
+        float *dst = row + (size_t)oh * OW;
+        int ih = oh * st - pad + r->kh;
+        if (ih < 0 || ih >= H) {
+            memset(dst, 0, sizeof(float) * OW);
+            continue;
+        }
+        const float *src = plane + (size_t)ih * W;
+        for (int ow = 0; ow < lo; ow++) {
+            dst[ow] = 0.0f;
+        }
+        const float *run = src + (ptrdiff_t)lo * st - pad + r->kw;
+        if (st == 2) {
+            /* a constant stride the compiler vectorises (shuffles) */
+            for (int i = 0; i < hi - lo; i++) {
+                dst[lo + i] = run[2 * i];
+            }
+        } else {
+            for (int i = 0; i < hi - lo; i++) {
+                dst[lo + i] = run[(ptrdiff_t)i * st];
+            }
+        }
+        for (int ow = hi; ow < OW; ow++) {
+            dst[ow] = 0.0f;
+        }
+    }
+}
+
+/* col (C*KH*KW, OH*OW) from one image img (C,H,W), channels [lo, hi). */
+static void im2col_range(void *p, size_t lo_c, size_t hi_c)
+{
+    each_col_row(p, lo_c, hi_c, im2col_row);
 }
 
 static void im2col(float *col, const float *img, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .src = img, .s = s};
     mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), im2col_range, &a);
+}
+
+/* One row of col added into img's plane. */
+static void col2im_row(const cols_args *a, const col_row *r)
+{
+    const mmp_conv_shape *s = a->s;
+    float *plane = a->img + (size_t)r->c * s->H * s->W;
+    float *row = r->row;
+    if (r->same) {
+        zero_pad_cols(row, r->j0, r->j1, r->lo, r->hi, s->OW);
+        float *dst = plane + (ptrdiff_t)r->j0 + r->off;
+        const float *src = row + r->j0;
+        for (size_t i = 0; i < r->j1 - r->j0; i++) {
+            dst[i] += src[i];
+        }
+        return;
+    }
+    for (int oh = 0; oh < s->OH; oh++) {
+        int ih = oh * s->stride - s->pad + r->kh;
+        if (ih < 0 || ih >= s->H) {
+            continue;
+        }
+        const float *src = row + (size_t)oh * s->OW;
+        float *dst = plane + (size_t)ih * s->W;
+        for (int ow = r->lo; ow < r->hi; ow++) {
+            dst[ow * s->stride - s->pad + r->kw] += src[ow];
+        }
+    }
 }
 
 /* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped.
@@ -187,53 +248,7 @@ static void im2col(float *col, const float *img, const mmp_conv_shape *s)
  * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
 static void col2im_range(void *p, size_t lo_c, size_t hi_c)
 {
-    float *img = ((cols_args *)p)->img, *col = ((cols_args *)p)->col;
-    const mmp_conv_shape *s = ((cols_args *)p)->s;
-    int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
-    size_t OHW = (size_t)OH * OW;
-    for (int c = (int)lo_c; c < (int)hi_c; c++) {
-        float *plane = img + (size_t)c * H * W;
-        for (int kh = 0; kh < s->KH; kh++) {
-            for (int kw = 0; kw < s->KW; kw++) {
-                float *row = col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
-                int lo, hi;
-                valid_range(kw, W, OW, st, pad, &lo, &hi);
-                if (is_same_stride1(s)) {
-                    size_t j0, j1;
-                    ptrdiff_t off;
-                    shifted_range(s, kh, kw, &j0, &j1, &off);
-                    if (lo > 0 || hi < OW) {
-                        for (size_t r = j0 / OW; r * OW < j1; r++) {
-                            float *src = row + r * OW;
-                            for (int ow = 0; ow < lo; ow++) {
-                                src[ow] = 0.0f;
-                            }
-                            for (int ow = hi; ow < OW; ow++) {
-                                src[ow] = 0.0f;
-                            }
-                        }
-                    }
-                    float *dst = plane + (ptrdiff_t)j0 + off;
-                    const float *src = row + j0;
-                    for (size_t i = 0; i < j1 - j0; i++) {
-                        dst[i] += src[i];
-                    }
-                    continue;
-                }
-                for (int oh = 0; oh < OH; oh++) {
-                    int ih = oh * st - pad + kh;
-                    if (ih < 0 || ih >= H) {
-                        continue;
-                    }
-                    const float *src = row + (size_t)oh * OW;
-                    float *dst = plane + (size_t)ih * W;
-                    for (int ow = lo; ow < hi; ow++) {
-                        dst[ow * st - pad + kw] += src[ow];
-                    }
-                }
-            }
-        }
-    }
+    each_col_row(p, lo_c, hi_c, col2im_row);
 }
 
 static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
