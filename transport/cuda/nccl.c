@@ -147,7 +147,7 @@ static mmp_err cuda_fail(const nccl_channel *ch, cudaError_t e, const char *what
 }
 
 /* Polls the communicator until the last call settles (ncclInProgress gone),
- * at most until the deadline (ms, now_ms clock; <= 0: cfg's timeout). */
+ * for at most cfg.timeout_ms (<= 0: no bound, as channel.h says). */
 static mmp_err settle(nccl_channel *ch, ncclResult_t r, const char *what)
 {
     double deadline = ch->timeout_ms > 0 ? now_ms() + ch->timeout_ms : 0;
