@@ -85,18 +85,11 @@ static const char *host_listen_address(const coord *c, int h)
  * loopback on one host, and between GPU hosts too). */
 static const char *edge_transport(const coord *c, const mmp_sched_edge *ed)
 {
-    mmp_data_transport want = c->plan->transport.data;
-    int from = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->from));
-    int to = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->to));
-    int gpus = want == MMP_DATA_AUTO && from >= 0 && to >= 0;
-    if (proc_host(c, ed->from) != proc_host(c, ed->to)) {
-        /* shm across hosts is refused in coord_assign */
-        return gpus ? "nccl" : "tcp";
-    }
-    if (want == MMP_DATA_TCP) {
-        return "tcp";
-    }
-    return gpus ? "cuda_ipc" : "shm";
+    /* shm across hosts is refused in coord_assign */
+    return mmp_edge_transport(c->plan->transport.data,
+                              proc_host(c, ed->from) != proc_host(c, ed->to),
+                              mmp_plan_slot_device(&c->cur, proc_slot(c, ed->from)),
+                              mmp_plan_slot_device(&c->cur, proc_slot(c, ed->to)));
 }
 
 /* A transport whose creator reports its address (Endpoints): tcp, nccl. */
