@@ -1,4 +1,5 @@
-# Namespace "hosts" for the multi-host tests and benches (sourced, not a test):
+# Namespace "hosts" for the multi-host tests and benches (sourced, not a test;
+# tests/cli_hosts.sh, tests/cli_hosts_balance.sh, bench/hosts_balance.sh):
 # hosts_up NAME... makes a coordinator namespace ${P}c holding a bridge at
 # 10.77.0.1 and one namespace per NAME (10.77.0.2, .3, ... in order), each
 # running its own sshd with keys made here (config in $W/ssh, nothing in
