@@ -59,12 +59,16 @@
  * NCCL_IB_HCA: the usual environment); the side channel goes where the
  * coordinator's address says.
  *
- * Tested (tests/gpu_nccl.c): address parsing and the connector's timeout
- * with no creator (host only), the 1-rank communicator's non-blocking
- * init/poll/abort, and two ranks on one GPU refused by NCCL ending in a
- * named error on both ends without a hang. Untested until two GPUs (one
- * host or two): a payload actually crossing, ordering under load, peer
- * death mid-transfer (README, Across hosts).
+ * Tested: tests/nccl_mock/test_nccl_mock.c runs this file against
+ * stand-ins of the CUDA runtime and NCCL (host memory, a unix socket per
+ * communicator): 300 messages each way through 3 slots (bytes, headers,
+ * order, STOP), a sender SIGKILLed, a forged size, a creator alone.
+ * tests/gpu_nccl.c: address parsing and the connector's timeout (host), the
+ * 1-rank communicator's non-blocking init/poll/abort, a creator alone, and
+ * two ranks on one GPU refused by NCCL with a named error on both ends.
+ * Untested until two GPUs (one host or two): real NCCL moving a payload,
+ * the stream/event ordering on devices, peer death mid-transfer (README,
+ * Launching on several hosts).
  *
  * Must never: call CUDA or NCCL from can_connect, use an id it did not check,
  * wait on NCCL without a bound, or leave a communicator un-aborted on an
@@ -123,12 +127,19 @@ static void nap(void)
     nanosleep(&ts, NULL);
 }
 
+/* Aborts and forgets the communicator (no NCCL call touches it after). */
 static void nc_abort(nccl_channel *ch)
 {
     if (ch->comm && !ch->aborted) {
         ncclCommAbort(ch->comm);
         ch->aborted = 1;
+        ch->comm = NULL;
     }
+}
+
+static mmp_err gone(const nccl_channel *ch)
+{
+    return mmp_errorf(MMP_ERR_PEER, "nccl %s: communicator aborted earlier", ch->address);
 }
 
 /* An NCCL error as MMP_ERR_PEER, the communicator aborted. */
@@ -152,6 +163,9 @@ static mmp_err settle(nccl_channel *ch, ncclResult_t r, const char *what)
 {
     double deadline = ch->timeout_ms > 0 ? now_ms() + ch->timeout_ms : 0;
     while (r == ncclInProgress) {
+        if (!ch->comm) {
+            return gone(ch);
+        }
         if (deadline > 0 && now_ms() > deadline) {
             nc_abort(ch);
             return mmp_errorf(MMP_ERR_PEER, "nccl %s: %s: no progress after %d ms (peer gone?)",
@@ -168,8 +182,8 @@ static mmp_err settle(nccl_channel *ch, ncclResult_t r, const char *what)
 /* The creator's init finishes once the connector joined: first use waits. */
 static mmp_err ready(nccl_channel *ch)
 {
-    if (ch->aborted) {
-        return mmp_errorf(MMP_ERR_PEER, "nccl %s: communicator aborted earlier", ch->address);
+    if (!ch->comm) {
+        return gone(ch);
     }
     if (!ch->comm_ready) {
         MMP_TRY(settle(ch, ncclInProgress, "communicator init"));
@@ -432,14 +446,21 @@ static mmp_err nc_acquire(mmp_channel_impl *c, void **payload)
 static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
 {
     nccl_channel *ch = nc_of(c);
-    uint64_t bytes = h->bytes;
-    memcpy(ch->side_slot, &bytes, sizeof bytes);
+    int stop = (h->flags & MMP_MSG_STOP) != 0;
+    uint64_t bytes = stop ? 0 : h->bytes;
     mmp_msg_header s = *h;
-    s.bytes = sizeof bytes;
+    s.bytes = 0; /* STOP: no size word (a STOP carries no payload, tcp checks it) */
+    if (!stop) {
+        memcpy(ch->side_slot, &bytes, sizeof bytes);
+        s.bytes = sizeof bytes;
+    }
     MMP_TRY(side(ch, mmp_transport_tcp.post(ch->side, &s)));
     uint64_t k = ch->seq++;
     if (bytes == 0) {
         return MMP_OK;
+    }
+    if (!ch->comm) {
+        return gone(ch);
     }
     MMP_TRY(cuda_step(ch, cudaEventRecord(ch->filled, ch->stream), "post: cudaEventRecord"));
     MMP_TRY(cuda_step(ch, cudaStreamWaitEvent(ch->ns, ch->filled, 0), "post: cudaStreamWaitEvent"));
@@ -463,6 +484,11 @@ static mmp_err nc_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payl
     const void *p;
     MMP_TRY(side(ch, mmp_transport_tcp.recv(ch->side, h, &p)));
     uint64_t bytes;
+    if (h->flags & MMP_MSG_STOP) {
+        *payload = p; /* no payload (tcp checked bytes = 0) */
+        ch->seq++;
+        return MMP_OK;
+    }
     if (h->bytes != sizeof bytes) {
         return side(ch, mmp_errorf(MMP_ERR_PROTO,
                                    "nccl %s: side-channel message of %llu bytes, not the %zu of "
@@ -479,6 +505,9 @@ static mmp_err nc_recv(mmp_channel_impl *c, mmp_msg_header *h, const void **payl
     uint64_t k = ch->seq++;
     size_t i = slot_index(ch, k);
     if (bytes > 0) {
+        if (!ch->comm) {
+            return gone(ch);
+        }
         MMP_TRY(cuda_step(ch, cudaStreamWaitEvent(ch->ns, ch->freed[i], 0),
                           "recv: cudaStreamWaitEvent on the slot's release"));
         ncclResult_t r =
@@ -519,6 +548,9 @@ static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
 {
     double deadline = ch->timeout_ms > 0 ? now_ms() + ch->timeout_ms : 0;
     for (;;) {
+        if (!ch->comm) {
+            return gone(ch);
+        }
         cudaError_t ce = ev ? cudaEventQuery(ev) : cudaStreamQuery(ch->ns);
         if (ce == cudaSuccess) {
             return MMP_OK;
