@@ -102,7 +102,7 @@ typedef struct nccl_channel {
     cudaEvent_t filled;  /* sender: the caller's writes, recorded in post */
     cudaEvent_t *done;   /* [slots]: sender sent[i], receiver recvd[i] */
     cudaEvent_t *freed;  /* [slots]: receiver, recorded in release */
-    int pending;         /* sender: an ncclSend not settled yet (its slot: seq - 1) */
+    int pending;         /* sender: an ncclSend not settled yet, out of slot pending - 1 */
     uint64_t seq;        /* messages acquired (sender) or received (receiver) */
     uint64_t released;   /* receiver: messages released */
     void *side_slot;     /* sender: the side channel's acquired slot */
@@ -308,10 +308,10 @@ static mmp_err settle_send(nccl_channel *ch)
     if (!ch->pending) {
         return MMP_OK;
     }
+    size_t i = (size_t)ch->pending - 1;
     ch->pending = 0;
     MMP_TRY(settle(ch, ncclInProgress, "ncclSend"));
-    return cuda_step(ch, cudaEventRecord(ch->done[slot_index(ch, ch->seq - 1)], ch->ns),
-                     "cudaEventRecord after ncclSend");
+    return cuda_step(ch, cudaEventRecord(ch->done[i], ch->ns), "cudaEventRecord after ncclSend");
 }
 
 static mmp_err init_rank(nccl_channel *ch, const ncclUniqueId *id)
@@ -459,6 +459,7 @@ static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
     if (bytes == 0) {
         return MMP_OK;
     }
+    MMP_TRY(settle_send(ch)); /* one NCCL call in flight per communicator */
     if (!ch->comm) {
         return gone(ch);
     }
@@ -467,7 +468,7 @@ static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
     ncclResult_t r =
         ncclSend(slot_at(ch, k), (size_t)bytes, ncclUint8, 1 - ch->rank, ch->comm, ch->ns);
     if (r == ncclInProgress) {
-        ch->pending = 1; /* settled at the next acquire or close */
+        ch->pending = (int)slot_index(ch, k) + 1; /* settled at the next acquire or close */
         return MMP_OK;
     }
     if (r != ncclSuccess) {
