@@ -122,3 +122,16 @@ mmp_err mmp_placement_parse(const char *text, int image_layers, int text_layers,
     }
     return MMP_OK;
 }
+
+const char *mmp_edge_transport(mmp_data_transport want, int cross_host, int from_device,
+                               int to_device)
+{
+    int gpus = want == MMP_DATA_AUTO && from_device >= 0 && to_device >= 0;
+    if (cross_host) {
+        return gpus ? "nccl" : "tcp";
+    }
+    if (want == MMP_DATA_TCP) {
+        return "tcp";
+    }
+    return gpus ? "cuda_ipc" : "shm";
+}

@@ -46,4 +46,13 @@ const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
  * other. */
 mmp_err mmp_placement_parse(const char *text, int image_layers, int text_layers, mmp_placement *pl);
 
+/* The data transport of one edge (plan key transport.data = want) whose ends
+ * sit on the device slots from_device and to_device (CUDA ordinals, -1 for
+ * a cpu slot), on different hosts when cross_host: between hosts "nccl"
+ * when both ends are GPUs and want is auto, else "tcp"; on one host
+ * "cuda_ipc" between two GPUs (auto), "tcp" when forced, else "shm". (shm
+ * forced across hosts gives "tcp" here; the coordinator refuses that plan.) */
+const char *mmp_edge_transport(mmp_data_transport want, int cross_host, int from_device,
+                               int to_device);
+
 #endif

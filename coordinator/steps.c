@@ -77,20 +77,25 @@ static const char *host_listen_address(const coord *c, int h)
     return bracketed;
 }
 
-/* The data transport of an edge (plan key transport.data): tcp between two
- * hosts; on one host cuda_ipc between two GPU processes (device slots, no
- * host copy), shm otherwise (a CPU end reads and writes host memory; a GPU
- * end stages through it). data: shm forces shm, data: tcp forces tcp (over
- * loopback on one host). */
+/* The data transport of an edge (plan key transport.data): between two
+ * hosts nccl when both ends are GPU processes (device slots), tcp otherwise;
+ * on one host cuda_ipc between two GPU processes (device slots, no host
+ * copy), shm otherwise (a CPU end reads and writes host memory; a GPU end
+ * stages through it). data: shm forces shm, data: tcp forces tcp (over
+ * loopback on one host, and between GPU hosts too). */
 static const char *edge_transport(const coord *c, const mmp_sched_edge *ed)
 {
-    mmp_data_transport want = c->plan->transport.data;
-    if (want == MMP_DATA_TCP || proc_host(c, ed->from) != proc_host(c, ed->to)) {
-        return "tcp"; /* shm across hosts is refused in coord_assign */
-    }
-    int from = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->from));
-    int to = mmp_plan_slot_device(&c->cur, proc_slot(c, ed->to));
-    return want == MMP_DATA_AUTO && from >= 0 && to >= 0 ? "cuda_ipc" : "shm";
+    /* shm across hosts is refused in coord_assign */
+    return mmp_edge_transport(c->plan->transport.data,
+                              proc_host(c, ed->from) != proc_host(c, ed->to),
+                              mmp_plan_slot_device(&c->cur, proc_slot(c, ed->from)),
+                              mmp_plan_slot_device(&c->cur, proc_slot(c, ed->to)));
+}
+
+/* A transport whose creator reports its address (Endpoints): tcp, nccl. */
+static int network(const char *transport)
+{
+    return strcmp(transport, "tcp") == 0 || strcmp(transport, "nccl") == 0;
 }
 
 /* The process of stage st's replica 0 (the reduce's rank 0). */
@@ -133,7 +138,7 @@ int coord_forward_endpoints(coord *c, int from, const Mmpipe__Endpoints *eps)
         int id = ep->channel;
         int fits = id == -1 ? st->replica == 0 && st->n_replicas > 1 && reduce_over_tcp(c, st)
                             : id >= 0 && id < s->n_edges && s->edges[id].from == from &&
-                                  strcmp(edge_transport(c, &s->edges[id]), "tcp") == 0;
+                                  network(edge_transport(c, &s->edges[id]));
         if (!fits) {
             coord_fail(c,
                        "stage %s: endpoints field channel = %d names no tcp end it creates (%d "
@@ -163,11 +168,12 @@ int coord_forward_endpoints(coord *c, int from, const Mmpipe__Endpoints *eps)
 mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
 {
     const mmp_sched *s = &c->sched;
-    int ipc = 0, tcp = 0;
+    int ipc = 0, tcp = 0, nccl = 0;
     for (int e = 0; e < s->n_edges; e++) {
         const mmp_sched_edge *ed = &s->edges[e];
         ipc += strcmp(edge_transport(c, ed), "cuda_ipc") == 0;
         tcp += strcmp(edge_transport(c, ed), "tcp") == 0;
+        nccl += strcmp(edge_transport(c, ed), "nccl") == 0;
         if (c->plan->transport.data == MMP_DATA_SHM &&
             proc_host(c, ed->from) != proc_host(c, ed->to)) {
             return mmp_errorf(MMP_ERR_CONFIG,
@@ -176,8 +182,8 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
                               c->plan->path, c->procs[ed->from].name, c->procs[ed->to].name);
         }
     }
-    MMP_INFO("data channels: %d over cuda_ipc, %d over shm, %d over tcp", ipc,
-             s->n_edges - ipc - tcp, tcp);
+    MMP_INFO("data channels: %d over cuda_ipc, %d over shm, %d over tcp, %d over nccl", ipc,
+             s->n_edges - ipc - tcp - nccl, tcp, nccl);
     for (int i = 0; i < c->n; i++) {
         const mmp_sched_stage *st = &s->stages[i];
         Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
@@ -196,9 +202,10 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
             snprintf(peer[nc], sizeof peer[nc], "%s", c->procs[ch->send ? ed->to : ed->from].name);
             ch->peer = peer[nc];
             ch->transport = (char *)edge_transport(c, ed); /* protobuf-c: char *, not written */
-            if (strcmp(ch->transport, "tcp") == 0) {
+            if (network(ch->transport)) {
                 /* the sender creates: it listens on a free port of its host
-                 * and reports it (coord_forward_endpoints) */
+                 * and reports it (coord_forward_endpoints; nccl: with its
+                 * ncclUniqueId) */
                 snprintf(addr[nc], sizeof addr[nc], "%s:0",
                          host_listen_address(c, proc_host(c, ed->from)));
             } else {

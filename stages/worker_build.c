@@ -64,7 +64,7 @@ static int peer_timeout_ms(const worker *w)
     return stall > 30 ? 2000 * stall : 60000;
 }
 
-#define ENDPOINT_MAX 300 /* "host:port" */
+#define ENDPOINT_MAX 600 /* "host:port"; nccl: "host:port#nccl:<256 hex digits>" */
 
 /* A tcp end given port 0 whose creator has not reported its port yet (the
  * creator itself listens there; a connector waits for an Endpoints message). */
@@ -72,6 +72,12 @@ static int port_zero(const char *address)
 {
     size_t n = strlen(address);
     return address[0] != '/' && n >= 2 && strcmp(address + n - 2, ":0") == 0;
+}
+
+/* A transport whose creator reports its address (tcp, nccl: Endpoints). */
+static int network(const char *transport)
+{
+    return strcmp(transport, "tcp") == 0 || strcmp(transport, "nccl") == 0;
 }
 
 /* Opens the channel ends of one pass: 0 the creators, 1 the others, with
@@ -101,10 +107,11 @@ static mmp_err open_channels(worker *w, int pass, char (*addr)[ENDPOINT_MAX])
                                    .send = c->send,
                                    .timeout_ms = peer_timeout_ms(w)};
             mmp_err e = MMP_OK;
-            if (strcmp(c->transport, "cuda_ipc") == 0) {
+            if (strcmp(c->transport, "cuda_ipc") == 0 || strcmp(c->transport, "nccl") == 0) {
                 /* device slots, ordered on the backend's stream: no host copy, no host wait */
                 if (w->gpu < 0) {
-                    e = mmp_errorf(MMP_ERR_PROTO, "transport cuda_ipc for a stage on the CPU");
+                    e = mmp_errorf(MMP_ERR_PROTO, "transport %s for a stage on the CPU",
+                                   c->transport);
                 }
                 cfg.on_gpu = 1;
                 cfg.device = w->gpu;
@@ -199,7 +206,7 @@ static mmp_err open_data_plane(worker *w)
         for (size_t i = 0; i < a->n_channels; i++) {
             c = a->channels[i]->id == w->chans[k].id ? a->channels[i] : c;
         }
-        if (c && c->creator && strcmp(c->transport, "tcp") == 0) {
+        if (c && c->creator && network(c->transport)) {
             mmpipe__endpoint__init(&eps[n_eps]);
             eps[n_eps].channel = c->id;
             eps[n_eps].address = (char *)mmp_channel_address(w->chans[k].ch);
@@ -228,7 +235,7 @@ static mmp_err open_data_plane(worker *w)
     int needed = reduce_tcp && a->replica > 0 && port_zero(reduce_addr);
     for (size_t i = 0; i < a->n_channels; i++) {
         const Mmpipe__Channel *c = a->channels[i];
-        needed += !c->creator && strcmp(c->transport, "tcp") == 0 && port_zero(addr[i]);
+        needed += !c->creator && network(c->transport) && port_zero(addr[i]);
     }
     while (needed > 0) {
         Mmpipe__Envelope *env = NULL;
@@ -242,7 +249,7 @@ static mmp_err open_data_plane(worker *w)
             }
             for (size_t i = 0; !slot && i < a->n_channels; i++) {
                 const Mmpipe__Channel *c = a->channels[i];
-                if (c->id == ep->channel && !c->creator && strcmp(c->transport, "tcp") == 0) {
+                if (c->id == ep->channel && !c->creator && network(c->transport)) {
                     slot = addr[i];
                 }
             }

@@ -21,85 +21,13 @@
 # only when network namespaces cannot be made here.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, remote_left, nothing_left
 workdir
 BIN=$(realpath "$BIN")
-[ "$(id -u)" -eq 0 ] || { echo "skip: needs root for network namespaces"; exit 77; }
-P=m$(printf %05d $((($$ * 131 + RANDOM) % 100000))) # unique per run; link names stay within 15 characters
-if ! ip netns add "${P}c" 2>"$W/netns.err"; then
-  echo "skip: cannot create network namespaces: $(cat "$W/netns.err")"; exit 77
-fi
-SSHD=$(command -v sshd || echo /usr/sbin/sshd)
-[ -x "$SSHD" ] || { fail "sshd not installed (scripts/setup installs openssh-server)"; finish; exit 1; }
-HOSTS=(ia ib tx fu)
-cleanup() {
-  local f
-  for f in "$W"/ssh/sshd-*.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; done
-  for ns in "${HOSTS[@]}" c; do ip netns del "${P}$ns" 2>/dev/null; done
-}
-trap cleanup EXIT
-ipc() { ip netns exec "${P}c" "$@"; }
-ipc ip link set lo up
-ipc ip link add br0 type bridge
-ipc ip addr add 10.77.0.1/24 dev br0
-ipc ip link set br0 up
-n=2
-for h in "${HOSTS[@]}"; do
-  ip netns add "${P}$h"
-  ip link add "${P}$h" type veth peer name "${P}${h}p"
-  ip link set "${P}$h" netns "${P}c"
-  ip link set "${P}${h}p" netns "${P}$h"
-  ipc ip link set "${P}$h" master br0 up
-  ip netns exec "${P}$h" ip link set lo up
-  ip netns exec "${P}$h" ip link set "${P}${h}p" name eth0
-  ip netns exec "${P}$h" ip addr add "10.77.0.$n/24" dev eth0
-  ip netns exec "${P}$h" ip link set eth0 up
-  n=$((n + 1))
-done
-
-# ssh: a host key and a user key of this test's own
-mkdir -p "$W/ssh" && chmod 700 "$W/ssh"
-ssh-keygen -q -t ed25519 -N '' -f "$W/ssh/host" && ssh-keygen -q -t ed25519 -N '' -f "$W/ssh/id"
-cp "$W/ssh/id.pub" "$W/ssh/authorized_keys"
-: >"$W/ssh/known_hosts"
-mkdir -p /run/sshd # sshd's privilege separation directory (Debian creates it at boot)
-n=2
-for h in "${HOSTS[@]}"; do
-  cat >"$W/ssh/sshd-$h.conf" <<CONF
-ListenAddress 10.77.0.$n
-HostKey $W/ssh/host
-AuthorizedKeysFile $W/ssh/authorized_keys
-PidFile $W/ssh/sshd-$h.pid
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-ClientAliveInterval 1
-ClientAliveCountMax 3
-LogLevel ERROR
-CONF
-  ip netns exec "${P}$h" "$SSHD" -f "$W/ssh/sshd-$h.conf" -E "$W/ssh/sshd-$h.log" \
-    || fail "sshd on $h"
-  echo "10.77.0.$n $(cut -d' ' -f1-2 "$W/ssh/host.pub")" >>"$W/ssh/known_hosts"
-  n=$((n + 1))
-done
-cat >"$W/ssh/config" <<CONF
-User root
-IdentityFile $W/ssh/id
-IdentitiesOnly yes
-UserKnownHostsFile $W/ssh/known_hosts
-StrictHostKeyChecking yes
-BatchMode yes
-ConnectTimeout 5
-ServerAliveInterval 1
-ServerAliveCountMax 3
-LogLevel ERROR
-CONF
-for i in $(seq 50); do
-  ipc ssh -F "$W/ssh/config" 10.77.0.2 true 2>/dev/null && break
-  sleep 0.1
-done
-ipc ssh -F "$W/ssh/config" 10.77.0.5 true && ok "ssh reaches the hosts" || fail "ssh to 10.77.0.5"
+trap hosts_down EXIT
+hosts_up ia ib tx fu; rc=$? # image replica 0, image replica 1, text, fusion
+[ $rc -eq 77 ] && exit 77
+[ $rc -eq 0 ] && ok "ssh reaches the hosts" || { fail "hosts: rc $rc"; finish; exit 1; }
 
 synth 300 4
 # image replicas 0 and 1 on ia and ib, text on tx, fusion on fu (slots in order)
@@ -107,7 +35,7 @@ tiny_plan "name: hosts, steps: 30, seed: 5" \
   "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
   2 "batch: 16, microbatches: 4, eval_every: 0, ckpt_every: 0" \
   "launcher: ssh" \
-  "launcher_command: ssh -F $W/ssh/config {address}" \
+  "launcher_command: ssh -F $SSHCFG {address}" \
   "control: { address: 10.77.0.1 }" \
   "hosts:" \
   "  - { name: ia, address: 10.77.0.2, devices: [cpu], workdir: $PWD, binary: $BIN }" \
@@ -116,19 +44,6 @@ tiny_plan "name: hosts, steps: 30, seed: 5" \
   "  - { name: fu, address: 10.77.0.5, devices: [cpu] }" \
   "stages: { image: { replicas: 2 } }"
 
-# remote_left LOG: stage processes of that run still alive on any host (the
-# namespaces share this pid space; the run's shm prefix is on their lines)
-remote_left() {
-  local prefix; prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$1" | head -1 | sed 's/.*memory //')
-  [ -n "$prefix" ] || { echo 0; return; }
-  pgrep -f -- "--shm-prefix $prefix" | wc -l
-}
-# nothing_left NAME LOG: no stage (local ssh client or remote stage) and no shm
-nothing_left() {
-  local r; r=$(remote_left "$2")
-  [ "$r" -eq 0 ] && ok "$1: no remote stage left" || { fail "$1: $r remote stages left"; pgrep -af -- --shm-prefix; }
-  left_behind "$1" "$2"
-}
 # foreign: a ZeroMQ peer (a ZMTP 3.0 greeting, NULL mechanism: no keys) from host ib
 foreign() {
   ip netns exec "${P}ib" bash -c '

@@ -91,5 +91,22 @@ static void test_per_layer(void)
     mmp_sched_fini(&s);
 }
 
+/* Which transport an edge gets: nccl only between GPU ends on two hosts. */
+static void test_edge_transport(void)
+{
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 1, 0, 1), "nccl") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 1, 0, 0), "nccl") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 1, -1, 0), "tcp") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 1, 0, -1), "tcp") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 1, -1, -1), "tcp") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_TCP, 1, 0, 1), "tcp") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_SHM, 1, 0, 1), "tcp") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 0, 0, 1), "cuda_ipc") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 0, -1, 1), "shm") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_AUTO, 0, -1, -1), "shm") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_TCP, 0, 0, 1), "tcp") == 0);
+    CHECK(strcmp(mmp_edge_transport(MMP_DATA_SHM, 0, 0, 1), "shm") == 0);
+}
+
 MMP_TEST_LIST("test_placement", MMP_TEST_CASE(test_round_trip), MMP_TEST_CASE(test_bad_text),
-              MMP_TEST_CASE(test_per_layer))
+              MMP_TEST_CASE(test_per_layer), MMP_TEST_CASE(test_edge_transport))

@@ -15,12 +15,13 @@
 
 #include "transport/channel.h"
 
-/* Highest priority first. nccl goes here as it arrives. cuda_ipc accepts
- * only cfgs with on_gpu set and asks nothing of CUDA otherwise, so host
- * channels still reach shm without touching the driver. shm takes POSIX
- * names ("/..."), tcp "host:port": the address says which of the two. */
+/* Highest priority first. nccl and cuda_ipc accept only cfgs with on_gpu
+ * set and ask nothing of CUDA otherwise, so host channels still reach shm
+ * without touching the driver. shm and cuda_ipc take POSIX names ("/..."),
+ * tcp and nccl "host:port": the address says which of each two. */
 static const mmp_transport *const transports[] = {
 #ifdef MMP_HAVE_CUDA
+    &mmp_transport_nccl,
     &mmp_transport_cuda_ipc,
 #endif
     &mmp_transport_shm,

@@ -134,6 +134,14 @@ extern const mmp_transport mmp_transport_tcp;
 /* Device-memory slots between two GPU processes of one host (cfg.on_gpu);
  * transport/cuda/cuda_ipc.c states the stream-ordering contract of its calls. */
 extern const mmp_transport mmp_transport_cuda_ipc;
+/* Device-memory slots between two GPU processes on different hosts (cfg.on_gpu,
+ * a "host:port" address): ncclSend/ncclRecv, headers and credits over tcp;
+ * transport/cuda/nccl.c states the rendezvous and its ordering. */
+extern const mmp_transport mmp_transport_nccl;
+/* Splits a nccl creator's address "host:port#nccl:<hex id>" (untrusted: it
+ * crossed the control plane) into host_port (cap bytes) and the
+ * NCCL_UNIQUE_ID_BYTES of its ncclUniqueId; MMP_ERR_PROTO naming the fault. */
+mmp_err mmp_nccl_parse_address(const char *address, char *host_port, size_t cap, void *id_out);
 #endif
 
 /* The transports this build has, highest priority first (the order

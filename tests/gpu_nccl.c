@@ -1,0 +1,330 @@
+/* The nccl data channel (transport/cuda/nccl.c) as far as one GPU allows;
+ * NCCL refuses two ranks on one GPU, so no payload crosses here.
+ *
+ * On the host (no device needed; these run first and fail the test, not
+ * skip it, when wrong):
+ *  - address: a creator's "host:port#nccl:<hex id>" splits back into the
+ *    host:port and the id bytes; a missing tag, a short or long id, a non-hex
+ *    digit, an empty host:port are MMP_ERR_PROTO naming the fault;
+ *  - can_connect: refuses host payloads and POSIX shm names, accepts
+ *    on_gpu + "host:port", and touches no CUDA doing so;
+ *  - id exchange timeout: a connector given a well-formed address where no
+ *    creator listens gives MMP_ERR_PEER within its timeout (+ slack), before
+ *    any CUDA or NCCL call.
+ * On one GPU (skips with 77 without a device, after the host checks):
+ *  - a 1-rank non-blocking communicator: ncclCommInitRankConfig(blocking=0)
+ *    settles to ncclSuccess under ncclCommGetAsyncError polling; then
+ *    ncclCommAbort;
+ *  - a creator whose connector never comes: setup succeeds (its rank's init
+ *    is in progress), the first acquire gives MMP_ERR_PEER after its timeout,
+ *    naming NCCL's communicator init, and close (abort) returns promptly;
+ *  - two ranks on one GPU: the creator in this process, the connector in a
+ *    fresh process (this binary re-executed; the address handed over a
+ *    pipe, standing in for the control plane): NCCL refuses the duplicate
+ *    GPU and both ends end in a named error within their timeout, no hang.
+ * Untested until two GPUs (README, Across hosts): payloads through
+ * ncclSend/ncclRecv, ordering and credits under load, peer death mid-transfer. */
+#include "tests/harness.h"
+
+#ifndef MMP_HAVE_CUDA
+
+int main(void)
+{
+    return mmp_test_skip("gpu_nccl", "built without CUDA");
+}
+
+#else
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "transport/channel.h"
+
+#define NAME "gpu_nccl"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* "host:port#nccl:" + hex of bytes 0, 1, 2, ... (NCCL_UNIQUE_ID_BYTES). */
+static void make_address(char *out, size_t cap, const char *host_port)
+{
+    size_t n = (size_t)snprintf(out, cap, "%s#nccl:", host_port);
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES && n + 2 < cap; i++, n += 2) {
+        snprintf(out + n, 3, "%02x", (unsigned)(i * 7 + 3) & 0xff);
+    }
+}
+
+static int proto_error(const char *address, const char *want)
+{
+    char hp[600];
+    unsigned char id[NCCL_UNIQUE_ID_BYTES];
+    mmp_err e = mmp_nccl_parse_address(address, hp, sizeof hp, id);
+    if (e != MMP_ERR_PROTO || !strstr(mmp_last_error(), want)) {
+        fprintf(stderr, "  '%.60s...': %s: %s (wanted MMP_ERR_PROTO with '%s')\n", address,
+                mmp_err_name(e), mmp_last_error(), want);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_address(void)
+{
+    char a[600], hp[600];
+    unsigned char id[NCCL_UNIQUE_ID_BYTES];
+    make_address(a, sizeof a, "10.77.0.2:40123");
+    CHECK_OK(mmp_nccl_parse_address(a, hp, sizeof hp, id));
+    CHECK(strcmp(hp, "10.77.0.2:40123") == 0);
+    int same = 1;
+    for (int i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
+        same &= id[i] == (unsigned char)((i * 7 + 3) & 0xff);
+    }
+    CHECK(same);
+    CHECK(proto_error("10.77.0.2:40123", "no '#nccl:<id>'"));
+    a[strlen(a) - 1] = 0; /* one digit short */
+    CHECK(proto_error(a, "hex digits, not 256"));
+    make_address(a, sizeof a, "10.77.0.2:40123");
+    strcat(a, "0");
+    CHECK(proto_error(a, "hex digits, not 256"));
+    make_address(a, sizeof a, "10.77.0.2:40123");
+    a[strlen("10.77.0.2:40123#nccl:") + 5] = 'g';
+    CHECK(proto_error(a, "id digit 5 is not hex"));
+    make_address(a, sizeof a, "");
+    CHECK(proto_error(a, "not \"host:port\""));
+    make_address(a, sizeof a, "nohostport");
+    CHECK(proto_error(a, "not \"host:port\""));
+    CHECK(proto_error(NULL, "no '#nccl:<id>'"));
+}
+
+static void test_can_connect(void)
+{
+    const char *why = NULL;
+    mmp_channel_cfg cfg = {.address = "10.0.0.1:0", .slot_bytes = 64, .slots = 2, .send = 1};
+    CHECK(!mmp_transport_nccl.can_connect(&cfg, &why) && why && strstr(why, "host memory"));
+    cfg.on_gpu = 1;
+    cfg.address = "/mmpipe-x-e1";
+    CHECK(!mmp_transport_nccl.can_connect(&cfg, &why) && strstr(why, "cuda_ipc"));
+    cfg.address = "10.0.0.1:0";
+    CHECK(mmp_transport_nccl.can_connect(&cfg, &why));
+    CHECK(mmp_transport_nccl.caps == (MMP_TRANSPORT_DEVICE_SLOTS | MMP_TRANSPORT_NETWORK));
+}
+
+/* A loopback port nobody listens on (bound, then closed). */
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = 0;
+    if (s >= 0 && bind(s, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(s, (struct sockaddr *)&sa, &len) == 0) {
+        port = ntohs(sa.sin_port);
+    }
+    if (s >= 0) {
+        close(s);
+    }
+    return port;
+}
+
+static void test_connect_timeout(void)
+{
+    char hp[64], a[600];
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", free_port());
+    make_address(a, sizeof a, hp);
+    mmp_channel_cfg cfg = {.address = a,
+                           .slot_bytes = 256,
+                           .slots = 2,
+                           .send = 0,
+                           .timeout_ms = 400,
+                           .on_gpu = 1,
+                           .device = 0};
+    mmp_channel *ch = NULL;
+    double t0 = now_s();
+    mmp_err e = mmp_channel_open(&ch, "nccl", &cfg, 0);
+    double dt = now_s() - t0;
+    CHECK(e == MMP_ERR_PEER && ch == NULL);
+    CHECK(dt >= 0.3 && dt < 5.0);
+    if (e != MMP_ERR_PEER || dt >= 5.0) {
+        fprintf(stderr, "  connect with no creator: %s after %.2f s: %s\n", mmp_err_name(e), dt,
+                mmp_last_error());
+    }
+    /* a malformed address: refused before any connection attempt */
+    cfg.address = "127.0.0.1:1#nccl:zz";
+    t0 = now_s();
+    e = mmp_channel_open(&ch, "nccl", &cfg, 0);
+    CHECK(e == MMP_ERR_PROTO && now_s() - t0 < 0.2);
+}
+
+/* ---- on a device ----------------------------------------------------------------- */
+
+static void test_one_rank(void)
+{
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    ncclUniqueId id;
+    CHECK(ncclGetUniqueId(&id) == ncclSuccess);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, 1, id, 0, &config);
+    CHECK(r == ncclSuccess || r == ncclInProgress);
+    double t0 = now_s();
+    while (r == ncclInProgress && now_s() - t0 < 30) {
+        ncclResult_t st = ncclInProgress;
+        CHECK(ncclCommGetAsyncError(comm, &st) == ncclSuccess);
+        r = st;
+    }
+    CHECK(r == ncclSuccess);
+    int n = 0;
+    CHECK(ncclCommCount(comm, &n) == ncclSuccess && n == 1);
+    CHECK(ncclCommAbort(comm) == ncclSuccess);
+}
+
+static void test_creator_alone(void)
+{
+    mmp_channel_cfg cfg = {.address = "127.0.0.1:0",
+                           .slot_bytes = 4096,
+                           .slots = 2,
+                           .send = 1,
+                           .timeout_ms = 800,
+                           .on_gpu = 1,
+                           .device = 0};
+    mmp_channel *ch = NULL;
+    CHECK_OK(mmp_channel_open(&ch, "nccl", &cfg, 1));
+    if (!ch) {
+        return;
+    }
+    char hp[600];
+    unsigned char id[NCCL_UNIQUE_ID_BYTES];
+    CHECK_OK(mmp_nccl_parse_address(mmp_channel_address(ch), hp, sizeof hp, id));
+    CHECK(strncmp(hp, "127.0.0.1:", 10) == 0 && strcmp(hp, "127.0.0.1:0") != 0);
+    void *slot = NULL;
+    double t0 = now_s();
+    mmp_err e = mmp_channel_acquire(ch, &slot);
+    double dt = now_s() - t0;
+    CHECK(e == MMP_ERR_PEER && strstr(mmp_last_error(), "communicator init"));
+    CHECK(dt >= 0.7 && dt < 10);
+    if (e != MMP_ERR_PEER) {
+        fprintf(stderr, "  acquire with no connector: %s after %.2f s: %s\n", mmp_err_name(e), dt,
+                mmp_last_error());
+    }
+    t0 = now_s();
+    mmp_channel_close(ch);
+    CHECK(now_s() - t0 < 5);
+}
+
+static const char *self_path;
+
+/* The connector's process: connects to argv's address on device 0 and
+ * prints its result: "connect <errname> <message>". */
+static int connector_main(const char *address)
+{
+    mmp_channel_cfg cfg = {.address = address,
+                           .slot_bytes = 4096,
+                           .slots = 2,
+                           .send = 0,
+                           .timeout_ms = 20000,
+                           .on_gpu = 1,
+                           .device = 0};
+    mmp_channel *ch = NULL;
+    mmp_err e = mmp_channel_open(&ch, "nccl", &cfg, 0);
+    printf("connect %s %s\n", mmp_err_name(e), e == MMP_OK ? "" : mmp_last_error());
+    fflush(stdout);
+    if (ch) {
+        const void *p;
+        mmp_msg_header h;
+        e = mmp_channel_recv(ch, &h, &p);
+        printf("recv %s\n", mmp_err_name(e));
+        mmp_channel_close(ch);
+    }
+    return 0;
+}
+
+static void test_two_ranks_one_gpu(void)
+{
+    mmp_channel_cfg cfg = {.address = "127.0.0.1:0",
+                           .slot_bytes = 4096,
+                           .slots = 2,
+                           .send = 1,
+                           .timeout_ms = 20000,
+                           .on_gpu = 1,
+                           .device = 0};
+    mmp_channel *ch = NULL;
+    CHECK_OK(mmp_channel_open(&ch, "nccl", &cfg, 1));
+    if (!ch) {
+        return;
+    }
+    int out[2];
+    CHECK(pipe(out) == 0);
+    double t0 = now_s();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], 1);
+        close(out[0]);
+        execl(self_path, self_path, "--connector", mmp_channel_address(ch), (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    void *slot = NULL;
+    mmp_err e = mmp_channel_acquire(ch, &slot);
+    double dt = now_s() - t0;
+    fprintf(stderr, "  creator (rank 0) after %.2f s: %s: %s\n", dt, mmp_err_name(e),
+            e == MMP_OK ? "" : mmp_last_error());
+    CHECK(e == MMP_ERR_PEER && strstr(mmp_last_error(), "nccl"));
+    CHECK(dt < 30);
+    mmp_channel_close(ch);
+    char buf[2048] = {0};
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < sizeof buf && (k = read(out[0], buf + n, sizeof buf - 1 - n)) > 0) {
+        n += (size_t)k;
+    }
+    close(out[0]);
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fprintf(stderr, "  connector (rank 1), %.2f s: %s", now_s() - t0, buf);
+    CHECK(strncmp(buf, "connect ", 8) == 0 && strncmp(buf, "connect ok ", 11) != 0 &&
+          strstr(buf, "nccl"));
+    CHECK(now_s() - t0 < 40);
+}
+
+int main(int argc, char **argv)
+{
+    self_path = argv[0];
+    if (argc == 3 && strcmp(argv[1], "--connector") == 0) {
+        return connector_main(argv[2]);
+    }
+    signal(SIGPIPE, SIG_IGN);
+    test_address();
+    test_can_connect();
+    test_connect_timeout();
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        if (mmp_test_failures > 0) {
+            return mmp_test_finish(NAME);
+        }
+        fprintf(stderr, "%s: host checks passed (%d); the device checks need a GPU\n", NAME,
+                mmp_test_checks);
+        return mmp_test_skip(NAME, "no CUDA device");
+    }
+    test_one_rank();
+    test_creator_alone();
+    test_two_ranks_one_gpu();
+    return mmp_test_finish(NAME);
+}
+
+#endif
