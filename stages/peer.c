@@ -46,6 +46,8 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
         case MMPIPE__OP__LOAD:
         case MMPIPE__OP__FWD:
         case MMPIPE__OP__BWD:
+        case MMPIPE__OP__BWD_INPUT:
+        case MMPIPE__OP__BWD_WEIGHT:
             break;
         case MMPIPE__OP__RECV_ACT:
             send = 0, grad = 0;

@@ -33,6 +33,7 @@
 #include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/optim.h"
+#include "nn/wgrad.h"
 #include "stages/fuse.h"
 #include "stages/pairing.h"
 #include "stages/peer.h"
@@ -80,6 +81,10 @@ typedef struct flight {
     void *acts;
     float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along (backend) */
     float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip; HOST) */
+    /* zb-h1: BWD_INPUT ran, its weight gradients wait in wg for BWD_WEIGHT;
+     * the activations stay until then (W reads the layers' inputs). */
+    int b_done;
+    mmp_wgrad wg;
 } flight;
 
 typedef struct worker {
