@@ -73,6 +73,26 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
             return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: field mb = %d, outside 0..%d", i,
                               in->mb, m - 1);
         }
+        if (in->op == MMPIPE__OP__BWD_WEIGHT) {
+            /* zb-h1's W reads what its micro-batch's BWD_INPUT recorded */
+            int b = -1, w = -1;
+            for (size_t j = 0; j < n; j++) {
+                if (prog[j] && prog[j]->mb == in->mb && prog[j]->op == MMPIPE__OP__BWD_INPUT) {
+                    b = b < 0 ? (int)j : b;
+                }
+                if (j < i && prog[j] && prog[j]->mb == in->mb &&
+                    prog[j]->op == MMPIPE__OP__BWD_WEIGHT) {
+                    w = (int)j;
+                }
+            }
+            if (b < 0 || b > (int)i || w >= 0) {
+                return mmp_errorf(MMP_ERR_PROTO,
+                                  "instruction %zu: BWD_WEIGHT of mb %d %s", i, in->mb,
+                                  w >= 0  ? "repeats an earlier one"
+                                  : b < 0 ? "without its BWD_INPUT"
+                                          : "before its BWD_INPUT");
+            }
+        }
         if (send < 0) {
             continue;
         }
