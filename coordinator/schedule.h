@@ -186,8 +186,9 @@ const char *mmp_op_name(mmp_op op);
 const char *mmp_instr_str(const mmp_instr *in, char *buf, size_t n);
 /* The compact form --dump prints: "L3" load, "Ra3"/"Sa3" receive/send
  * activation, "F3" forward, "Rg3"/"Sg3" receive/send gradient, "B3" backward,
- * "NORM", "OPT"; zb-h1's split backward "Bi3" (BWD_INPUT) and "W3" (BWD_WEIGHT). A receive or send gets ":e<k>" appended when stage has more
- * than one edge in that role (fusion's two inputs). Returns buf. */
+ * "NORM", "OPT"; zb-h1's split backward "Bi3" (BWD_INPUT) and "W3" (BWD_WEIGHT). A receive or send
+ * gets ":e<k>" appended when stage has more than one edge in that role (fusion's two inputs).
+ * Returns buf. */
 const char *mmp_instr_compact(const mmp_sched *s, int stage, const mmp_instr *in, char *buf,
                               size_t n);
 /* Index of the first process (replica 0) of the stage named name, or of the

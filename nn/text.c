@@ -312,8 +312,8 @@ void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *
     }
 }
 
-void mmp_text_net_backward_input(mmp_text_net *net, mmp_text_acts *acts, const float *dout,
-                                  int B, float *din, mmp_wgrad *wg)
+void mmp_text_net_backward_input(mmp_text_net *net, mmp_text_acts *acts, const float *dout, int B,
+                                 float *din, mmp_wgrad *wg)
 {
     net->lp.defer = wg;
     mmp_text_net_backward(net, acts, dout, B, din);

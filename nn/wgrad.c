@@ -58,8 +58,8 @@ static mmp_wgrad_job *add(mmp_wgrad *wg, const float *dout, size_t n)
         void *mem = NULL;
         mmp_err e = wg->be->ops->alloc(wg->be, &mem, cap * sizeof(float));
         if (e != MMP_OK) {
-            wg->err = mmp_error_prefix(e, "deferred weight gradients: %zu bytes",
-                                       cap * sizeof(float));
+            wg->err =
+                mmp_error_prefix(e, "deferred weight gradients: %zu bytes", cap * sizeof(float));
             return NULL;
         }
         if (wg->store) {

@@ -33,13 +33,13 @@ struct mmp_lowp;
 struct mmp_params;
 
 typedef struct mmp_wgrad_job {
-    int conv;                   /* 1: conv2d, 0: linear */
-    float *dw, *db;             /* parameter gradients (arena), db may be NULL */
-    const float *inp, *w;       /* the layer's saved input and weights */
-    size_t dout_at;             /* floats into the recorder's store */
-    int N, C, OC;               /* linear */
-    mmp_conv_shape s;           /* conv2d */
-    float *scratch;             /* conv2d's im2col scratch (the network's) */
+    int conv;             /* 1: conv2d, 0: linear */
+    float *dw, *db;       /* parameter gradients (arena), db may be NULL */
+    const float *inp, *w; /* the layer's saved input and weights */
+    size_t dout_at;       /* floats into the recorder's store */
+    int N, C, OC;         /* linear */
+    mmp_conv_shape s;     /* conv2d */
+    float *scratch;       /* conv2d's im2col scratch (the network's) */
 } mmp_wgrad_job;
 
 typedef struct mmp_wgrad {

@@ -86,8 +86,8 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
                 }
             }
             if (b < 0 || b > (int)i || w >= 0) {
-                return mmp_errorf(MMP_ERR_PROTO,
-                                  "instruction %zu: BWD_WEIGHT of mb %d %s", i, in->mb,
+                return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: BWD_WEIGHT of mb %d %s", i,
+                                  in->mb,
                                   w >= 0  ? "repeats an earlier one"
                                   : b < 0 ? "without its BWD_INPUT"
                                           : "before its BWD_INPUT");

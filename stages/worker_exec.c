@@ -600,8 +600,7 @@ static mmp_err do_bwd(worker *w, int step, int mb, int split)
     w->gather_ms = 0;
     w->busy_ms += ms;
     w->bwd_ms[mb] += (float)ms; /* with zb-h1's W: B + W, comparable with the fused BWD */
-    mmp_trace_span(&w->trace, split ? "Bi" : "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1,
-                   mb);
+    mmp_trace_span(&w->trace, split ? "Bi" : "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
     return MMP_OK;
 }
 

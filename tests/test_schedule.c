@@ -836,7 +836,6 @@ static void test_batch_loss(void)
     mmp_sched_fini(&m0);
 }
 
-
 /* ---- zero bubble (zb-h1) ------------------------------------------------------------- */
 
 /* Swaps instructions a and b of stage st. */
@@ -858,18 +857,21 @@ static void test_zb_h1(void)
      * holds at most 3 micro-batches from F to W, 1F1B's peak. */
     make_plan(&p, MMP_SCHED_ZB_H1, 4, 1, one, 0, NULL);
     CHECK_OK(mmp_sched_compile(&s, &p));
-    check_list(&s, "image.0", 0,
-               "L0 F0 Sa0 L1 F1 Sa1 L2 F2 Sa2 Rg0 Bi0 W0 L3 F3 Sa3 Rg1 Bi1 W1 Rg2 Bi2 W2 Rg3 Bi3 W3 "
-               "NORM OPT");
+    check_list(
+        &s, "image.0", 0,
+        "L0 F0 Sa0 L1 F1 Sa1 L2 F2 Sa2 Rg0 Bi0 W0 L3 F3 Sa3 Rg1 Bi1 W1 Rg2 Bi2 W2 Rg3 Bi3 W3 "
+        "NORM OPT");
     check_list(&s, "image.1", 0,
                "Ra0 F0 Sa0 Ra1 F1 Sa1 Rg0 Bi0 Sg0 Ra2 F2 Sa2 Rg1 Bi1 Sg1 W0 Ra3 F3 Sa3 Rg2 Bi2 Sg2 "
                "W1 Rg3 Bi3 Sg3 W2 W3 NORM OPT");
-    check_list(&s, "text.0", 0,
-               "L0 F0 Sa0 L1 F1 Sa1 Rg0 Bi0 L2 F2 Sa2 Rg1 Bi1 W0 L3 F3 Sa3 Rg2 Bi2 W1 Rg3 Bi3 W2 W3 "
-               "NORM OPT");
-    check_list(&s, "fusion", 0,
-               "Ra0:e2 Ra0:e4 F0 Bi0 Sg0:e3 Sg0:e5 Ra1:e2 Ra1:e4 F1 Bi1 Sg1:e3 Sg1:e5 Ra2:e2 "
-               "Ra2:e4 F2 Bi2 Sg2:e3 Sg2:e5 W0 Ra3:e2 Ra3:e4 F3 Bi3 Sg3:e3 Sg3:e5 W1 W2 W3 NORM OPT");
+    check_list(
+        &s, "text.0", 0,
+        "L0 F0 Sa0 L1 F1 Sa1 Rg0 Bi0 L2 F2 Sa2 Rg1 Bi1 W0 L3 F3 Sa3 Rg2 Bi2 W1 Rg3 Bi3 W2 W3 "
+        "NORM OPT");
+    check_list(
+        &s, "fusion", 0,
+        "Ra0:e2 Ra0:e4 F0 Bi0 Sg0:e3 Sg0:e5 Ra1:e2 Ra1:e4 F1 Bi1 Sg1:e3 Sg1:e5 Ra2:e2 "
+        "Ra2:e4 F2 Bi2 Sg2:e3 Sg2:e5 W0 Ra3:e2 Ra3:e4 F3 Bi3 Sg3:e3 Sg3:e5 W1 W2 W3 NORM OPT");
     for (int st = 0; st < s.n_stages; st++) {
         CHECK(s.stages[st].inflight_bound == 3 && s.stages[st].max_inflight == 3);
         CHECK(s.stages[st].defer == 3 - (st == 0 ? 3 : st == 3 ? 1 : 2));
@@ -1055,8 +1057,8 @@ static void test_zb_h1(void)
     CHECK(r[2].bubble < r[1].bubble);
 }
 
-MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_zb_h1), MMP_TEST_CASE(test_batch_loss), MMP_TEST_CASE(test_route),
-              MMP_TEST_CASE(test_replicas), MMP_TEST_CASE(test_all_shapes),
-              MMP_TEST_CASE(test_exact_lists), MMP_TEST_CASE(test_rejects),
-              MMP_TEST_CASE(test_sim_textbook), MMP_TEST_CASE(test_sim_branches),
-              MMP_TEST_CASE(test_sim_large))
+MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_zb_h1), MMP_TEST_CASE(test_batch_loss),
+              MMP_TEST_CASE(test_route), MMP_TEST_CASE(test_replicas),
+              MMP_TEST_CASE(test_all_shapes), MMP_TEST_CASE(test_exact_lists),
+              MMP_TEST_CASE(test_rejects), MMP_TEST_CASE(test_sim_textbook),
+              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large))
