@@ -201,7 +201,8 @@ typedef struct mmp_sim_costs {
     double bwd_ms[MMP_SCHED_MAX_STAGES];
     /* The weight-gradient pass's share of bwd_ms, where a list splits the
      * backward (BWD_INPUT costs bwd_ms - wgt_ms, BWD_WEIGHT wgt_ms); 0: half
-     * of bwd_ms (GEMM-bound layers: dX and dW are GEMMs of the same size). */
+     * of bwd_ms (GEMM-bound layers: dX and dW are GEMMs of the same size).
+     * Measured costs of a zb-h1 run carry it (metrics.jsonl's wgt_ms). */
     double wgt_ms[MMP_SCHED_MAX_STAGES];
     double load_ms[MMP_SCHED_MAX_STAGES]; /* LOAD, first sub-stages of branches */
     double send_ms;                       /* per message hand-off latency */

@@ -490,6 +490,7 @@ mmp_err worker_build(worker *w)
     }
     w->fwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    w->wgt_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->owns = worker_xcalloc((size_t)a->microbatches, 1, &err);
     if (w->kind == MMP_BRANCH_IMAGE && w->replicas > 1 && !worker_simulated(w)) {
         w->bn_row = mmp_image_net_bn_row_floats(w->img);
@@ -569,6 +570,7 @@ void worker_teardown(worker *w)
     free(w->samples);
     free(w->fwd_ms);
     free(w->bwd_ms);
+    free(w->wgt_ms);
     mmp_backend_destroy(w->be); /* after everything of its memory; never the shared CPU one */
     w->be = NULL;
     mmp_trace_close(&w->trace);

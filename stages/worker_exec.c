@@ -198,6 +198,14 @@ static void sim_compute(const worker *w, int step, int n, int backward)
                                  backward, w->slot));
 }
 
+/* Half of this stage's simulated backward: zb-h1's B or W (the simulator's
+ * default split, coordinator/schedule.h). */
+static void sim_half_bwd(const worker *w, int step, int n)
+{
+    mmp_sleep_ms(0.5 * mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, 1,
+                                       w->slot));
+}
+
 /* Training: the next micro-batch from the prefetching loader (the wait is
  * the stage's data wait). Evaluation: the validation chunk, loaded here. */
 mmp_err worker_do_load(worker *w, int step, int mb, int eval)
@@ -547,7 +555,7 @@ static mmp_err do_bwd(worker *w, int step, int mb, int split)
     int n = f->n;
     if (w->kind == MMP_BRANCH_FUSION) {
         if (worker_simulated(w)) {
-            sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
+            split ? sim_half_bwd(w, step, n) : sim_compute(w, step, n, 1); /* dimg, dtxt: 0 */
         } else if (w->batch_scope) {
             MMP_TRY(batch_scope_bwd(w, step, mb, n));
         } else {
@@ -575,7 +583,7 @@ static mmp_err do_bwd(worker *w, int step, int mb, int split)
             w->be->ops->zero(w->be, din, (size_t)n * w->in_floats * sizeof(float));
         }
         if (worker_simulated(w)) {
-            sim_compute(w, step, n, 1); /* din keeps its zeros */
+            split ? sim_half_bwd(w, step, n) : sim_compute(w, step, n, 1); /* din keeps 0 */
         } else {
             /* each micro-batch's gradients apart, summed in double: nn/params.h */
             mmp_params_mb_begin(w->params);
@@ -615,7 +623,7 @@ static mmp_err do_wgt(worker *w, int step, int mb)
     double t0 = mmp_now();
     mmp_err e = MMP_OK;
     if (worker_simulated(w)) {
-        /* the simulated backward's cost went to BWD_INPUT */
+        sim_half_bwd(w, step, f->n);
     } else if (w->kind == MMP_BRANCH_IMAGE) {
         e = mmp_image_net_backward_weights(w->img, &f->wg);
     } else if (w->kind == MMP_BRANCH_TEXT) {
@@ -630,6 +638,7 @@ static mmp_err do_wgt(worker *w, int step, int mb)
     double ms = (mmp_now() - t0) * 1e3;
     w->busy_ms += ms;
     w->bwd_ms[mb] += (float)ms;
+    w->wgt_ms[mb] += (float)ms;
     mmp_trace_span(&w->trace, "W", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
     return MMP_OK;
 }
@@ -732,6 +741,7 @@ mmp_err worker_run_step(worker *w, int step)
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
     memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));
+    memset(w->wgt_ms, 0, (size_t)a->microbatches * sizeof(float));
     for (size_t i = 0; i < w->n_prog; i++) {
         const Mmpipe__Instr *in = w->prog[i];
         chan *c = in->edge >= 0 ? chan_of(w, in->edge) : NULL;
@@ -810,6 +820,7 @@ mmp_err worker_run_step(worker *w, int step)
         tm[m].mb = i;
         tm[m].fwd_ms = w->fwd_ms[i];
         tm[m].bwd_ms = w->bwd_ms[i];
+        tm[m].wgt_ms = w->wgt_ms[i];
         tp[m] = &tm[m];
         m++;
     }

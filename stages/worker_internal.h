@@ -163,7 +163,7 @@ typedef struct worker {
     float *out_mask, *out_valid;
     /* per-step accounting */
     double busy_ms, data_ms;
-    float *fwd_ms, *bwd_ms;
+    float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
     int inflight, max_inflight;
     mmp_loss_parts loss;
     float clip_coef;
