@@ -44,20 +44,21 @@
  * fusion BWD until all fusion FWDs of the step have run.
  *
  * Zero bubble (zb-h1; Qi et al., 2023, "Zero Bubble Pipeline Parallelism",
- * schedule H1): every branch stage's backward is split into BWD_INPUT (B:
- * the input gradient, which the stage before waits for, and the gradients
- * that are not linear/conv weight GEMMs) and BWD_WEIGHT (W: the deferred
- * weight gradients, which nobody waits for). F and B run in 1F1B's order;
- * W(i) follows the B that leaves more than `defer` weight passes pending, and
+ * schedule H1): every stage's backward is split into BWD_INPUT (B: the
+ * input gradient, which the stage before waits for, and the gradients that
+ * are not linear/conv weight GEMMs) and BWD_WEIGHT (W: the deferred weight
+ * gradients, which nobody waits for). F and B run in 1F1B's order; W(i)
+ * follows the B that leaves more than `defer` weight passes pending, and
  * the rest end the list. defer = P - bound, P the largest 1F1B bound of any
- * stage (the first image sub-stage's depth), so the last branch sub-stage
- * defers the most and the first none, and a micro-batch is held from its F
- * to its W: every stage holds at most P, 1F1B's peak. Along the chain the
- * gradients travel by B alone (W is off the critical path), and the deferred
- * W's fill the cool-down where 1F1B waits for gradients: the bubble shrinks
- * by about the W share of it. Fusion (the sink) keeps the fused BWD. Under
- * the batch-wide loss every bound is m, defer is 0 and each W follows its B:
- * the W's still run while the stage waits for the next gradient.
+ * stage (the first image sub-stage's depth), so fusion and the last branch
+ * sub-stages defer the most and the first none, and a micro-batch is held
+ * from its F to its W: every stage holds at most P, 1F1B's peak. Along the
+ * chain the gradients travel by B alone (W is off the critical path), and
+ * the deferred W's fill warm-up and cool-down, where 1F1B waits: with
+ * F = B = W the bubble is a third of 1F1B's. Under the batch-wide loss
+ * fusion keeps the fused BWD (one loss over the whole batch), every bound
+ * is m, defer is 0 and each W follows its B: the W's still run while a
+ * stage waits for its next gradient.
  *
  * Backward always runs micro-batches in ascending order on every process, the
  * order the single-process trainer accumulates gradients in, so every
