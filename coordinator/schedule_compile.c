@@ -275,7 +275,9 @@ static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
     }
 }
 
-/* Whether stage st's backward runs split (BWD_INPUT + BWD_WEIGHT). */
+/* Whether stage st's backward runs split (BWD_INPUT + BWD_WEIGHT): zb-h1's,
+ * but not fusion's under the batch-wide loss (one backward of the whole
+ * batch's loss, replicas gathered: nothing to defer it into). */
 static int split_bwd(const mmp_sched *s, int st)
 {
     return s->kind == MMP_SCHED_ZB_H1 && (s->stages[st].kind != MMP_KIND_FUSION || !s->batch_loss);
@@ -318,8 +320,9 @@ static void put_weights(builder *b, wqueue *q, int mb, int defer)
  * Others run `warm` forwards, then alternate F(warm+i) B(i), then drain the
  * backwards: GPipe warms up with all m, 1F1B and zb-h1 with depth - 1.
  * Backwards are in ascending micro-batch order either way. zb-h1 splits each
- * branch backward into B (Bi) and W, keeping `defer` W's pending (FIFO) and
- * ending with the rest, e.g. defer 1: F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3. */
+ * backward (fusion's only under the per-micro-batch loss) into B (Bi) and W,
+ * keeping `defer` W's pending (FIFO) and ending with the rest, e.g. defer 1:
+ * F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3. */
 static mmp_err build_list(mmp_sched *s, int st)
 {
     mmp_sched_stage *g = &s->stages[st];
