@@ -32,7 +32,7 @@
  *     fwd_ms, bwd_ms number  -  forward, backward per micro-batch (mean over its own)
  *     wgt_ms         number  -  zb-h1: the weight-gradient passes' part of bwd_ms
  *     load_ms        number  -  loading per micro-batch
- *     max_inflight   int     -  most micro-batches held between F and B
+ *     max_inflight   int     -  most micro-batches held between F and B (zb-h1: W)
  *     peak_mem_bytes int     peak resident memory
  *   balance          object  -  {efficiency: number, placement: string
  *                               ("image.0[0:3):2 image.1[3:6):1 text.0:1 fusion:1",
