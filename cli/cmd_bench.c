@@ -52,7 +52,7 @@ static const char USAGE[] =
     "  --force            replace DIR's earlier results and runs\n"
     "  --steps N          measured steps per run (default 10)\n"
     "  --warmup W         steps before them, not counted (default 3)\n"
-    "  --schedules LIST   comma list of gpipe, 1f1b (default: train.schedule)\n"
+    "  --schedules LIST   comma list of gpipe, 1f1b, zb-h1 (default: train.schedule)\n"
     "  --microbatches LIST\n"
     "                     comma list of micro-batch counts (default:\n"
     "                     train.microbatches)\n"
@@ -347,7 +347,7 @@ int mmp_cmd_bench(int argc, char **argv)
         goto exit;
     }
     if (schedules &&
-        parse_names("--schedules", schedules, MMP_BENCH_SCHED_NAMES, 2, b.sched, &b.n_sched)) {
+        parse_names("--schedules", schedules, MMP_BENCH_SCHED_NAMES, 3, b.sched, &b.n_sched)) {
         goto exit;
     }
     if (balances &&

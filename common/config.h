@@ -23,7 +23,11 @@
 #define MMP_MAX_SPLITS 8
 #define MMP_MAX_REPLICAS 64 /* stages.*.replicas' upper bound */
 
-typedef enum mmp_schedule { MMP_SCHED_GPIPE = 0, MMP_SCHED_1F1B = 1 } mmp_schedule;
+typedef enum mmp_schedule {
+    MMP_SCHED_GPIPE = 0,
+    MMP_SCHED_1F1B = 1,
+    MMP_SCHED_ZB_H1 = 2 /* 1F1B with the backward split in B and W (zero bubble, H1) */
+} mmp_schedule;
 typedef enum mmp_precision { MMP_PREC_FP32 = 0, MMP_PREC_BF16, MMP_PREC_FP16 } mmp_precision;
 typedef enum mmp_balance_mode { MMP_BALANCE_OFF = 0, MMP_BALANCE_DYNAMIC } mmp_balance_mode;
 /* How micro-batches are dealt to a stage's replicas. */

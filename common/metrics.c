@@ -20,7 +20,7 @@ static void stage_clear(mmp_metrics_stage *s)
     memset(s, 0, sizeof *s);
     s->replica = s->microbatches = s->max_inflight = -1;
     s->busy_ms = s->idle_ms = s->wall_ms = s->data_wait_ms = NAN;
-    s->fwd_ms = s->bwd_ms = s->load_ms = s->peak_mem_bytes = NAN;
+    s->fwd_ms = s->bwd_ms = s->load_ms = s->peak_mem_bytes = s->wgt_ms = NAN;
 }
 
 void mmp_metrics_step_clear(mmp_metrics_step *m)
@@ -113,6 +113,7 @@ static const field FIELDS[] = {
     STAGE(data_wait_ms),
     STAGE(fwd_ms),
     STAGE(bwd_ms),
+    STAGE(wgt_ms),
     STAGE(load_ms),
     STAGE_INT(max_inflight, 1),
     {"peak_mem_bytes", IN_STAGE, offsetof(mmp_metrics_stage, peak_mem_bytes), 0, "%.0f", 1, 0},

@@ -30,8 +30,9 @@
  *     wall_ms        number  -  the process's step wall time
  *     data_wait_ms   number  -  waiting on its loader
  *     fwd_ms, bwd_ms number  -  forward, backward per micro-batch (mean over its own)
+ *     wgt_ms         number  -  zb-h1: the weight-gradient passes' part of bwd_ms
  *     load_ms        number  -  loading per micro-batch
- *     max_inflight   int     -  most micro-batches held between F and B
+ *     max_inflight   int     -  most micro-batches held between F and B (zb-h1: W)
  *     peak_mem_bytes int     peak resident memory
  *   balance          object  -  {efficiency: number, placement: string
  *                               ("image.0[0:3):2 image.1[3:6):1 text.0:1 fusion:1",
@@ -61,6 +62,7 @@ typedef struct mmp_metrics_stage {
     int replica;
     int microbatches;
     double busy_ms, idle_ms, wall_ms, data_wait_ms, fwd_ms, bwd_ms, load_ms;
+    double wgt_ms; /* zb-h1: the weight passes' part of bwd_ms; NAN when fused */
     int max_inflight;
     double peak_mem_bytes;
 } mmp_metrics_stage;

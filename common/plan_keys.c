@@ -234,7 +234,12 @@ static void put_hosts(FILE *f, const void *obj)
 
 /* ---- the table ---------------------------------------------------------------- */
 
-static const char *const schedule_names[] = {"gpipe", "1f1b", NULL};
+/* train.schedule: gpipe (all forwards, then all backwards), 1f1b (the
+ * default: one forward, one backward; the fewest micro-batches held), zb-h1
+ * (1f1b with each branch stage's backward split into an input-gradient pass
+ * B and a weight-gradient pass W, W deferred into the bubbles; the same peak
+ * in-flight count as 1f1b; coordinator/schedule.h). */
+static const char *const schedule_names[] = {"gpipe", "1f1b", "zb-h1", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const balance_names[] = {"off", "dynamic", NULL};
 static const char *const routing_names[] = {"weighted", "round_robin", NULL};
@@ -247,7 +252,8 @@ static const char *const launcher_names[] = {"local", "ssh", "slurm", NULL};
 static const char *const ctl_transport_names[] = {"auto", "ipc", "tcp", NULL};
 static const char *const on_refused_names[] = {"log", "stop", NULL};
 
-static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1, "schedule_names order");
+static_assert(MMP_SCHED_GPIPE == 0 && MMP_SCHED_1F1B == 1 && MMP_SCHED_ZB_H1 == 2,
+              "schedule_names order");
 static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
               "precision_names order");
 static_assert(MMP_BALANCE_OFF == 0 && MMP_BALANCE_DYNAMIC == 1, "balance_names order");
@@ -482,7 +488,7 @@ mmp_err mmp_plan_key_text(const mmp_plan *p, int i, char *buf, size_t n)
 
 const char *mmp_schedule_name(mmp_schedule s)
 {
-    return (unsigned)s < 2 ? schedule_names[s] : "?";
+    return (unsigned)s < 3 ? schedule_names[s] : "?";
 }
 
 const char *mmp_precision_name(mmp_precision p)

@@ -33,10 +33,12 @@ void mmp_costs_nominal(const mmp_plan *p, const mmp_sched *s, mmp_sim_costs *c)
 
 /* ---- measured ----------------------------------------------------------------------- */
 
-/* Per-step values of every process's fwd, bwd, load and of the step time. */
+/* Per-step values of every process's fwd, bwd, load, zb-h1 weight pass (0
+ * when fused) and of the step time. */
 typedef struct measured {
     int cap, n; /* records: room for, and read */
     double *fwd[MMP_SCHED_MAX_STAGES], *bwd[MMP_SCHED_MAX_STAGES], *load[MMP_SCHED_MAX_STAGES];
+    double *wgt[MMP_SCHED_MAX_STAGES];
     double *step;
     double mem[MMP_SCHED_MAX_STAGES]; /* the most peak_mem_bytes any record gave */
 } measured;
@@ -47,6 +49,7 @@ static void measured_fini(measured *m)
         free(m->fwd[i]);
         free(m->bwd[i]);
         free(m->load[i]);
+        free(m->wgt[i]);
     }
     free(m->step);
     memset(m, 0, sizeof *m);
@@ -62,7 +65,8 @@ static mmp_err measured_init(measured *m, int n_stages, int cap)
         m->fwd[st] = malloc((size_t)m->cap * sizeof *m->fwd[st]);
         m->bwd[st] = malloc((size_t)m->cap * sizeof *m->bwd[st]);
         m->load[st] = malloc((size_t)m->cap * sizeof *m->load[st]);
-        ok &= m->fwd[st] && m->bwd[st] && m->load[st];
+        m->wgt[st] = malloc((size_t)m->cap * sizeof *m->wgt[st]);
+        ok &= m->fwd[st] && m->bwd[st] && m->load[st] && m->wgt[st];
     }
     return ok ? MMP_OK : mmp_errorf(MMP_ERR_NOMEM, "costs: %d step records", cap);
 }
@@ -77,7 +81,7 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
     MMP_ASSERT(m->n < m->cap);
     int k = m->n;
     m->step[k] = rec->step_ms;
-    double sum[3][MMP_SCHED_MAX_STAGES] = {{0}};
+    double sum[4][MMP_SCHED_MAX_STAGES] = {{0}};
     int count[MMP_SCHED_MAX_STAGES] = {0};
     for (int e = 0; e < rec->n_stages; e++) {
         const mmp_metrics_stage *g = &rec->stages[e];
@@ -97,6 +101,7 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
         sum[0][st] += g->fwd_ms;
         sum[1][st] += g->bwd_ms;
         sum[2][st] += isnan(g->load_ms) ? 0 : g->load_ms;
+        sum[3][st] += isnan(g->wgt_ms) ? 0 : g->wgt_ms;
         if (!isnan(g->peak_mem_bytes) && g->peak_mem_bytes > m->mem[st]) {
             m->mem[st] = g->peak_mem_bytes;
         }
@@ -106,7 +111,7 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
         /* a replica without its own entry: its stage's other replicas */
         for (int r = 0; !count[st] && r < s->n_stages; r++) {
             if (count[r] && strcmp(s->stages[r].name, s->stages[st].name) == 0) {
-                for (int i = 0; i < 3; i++) {
+                for (int i = 0; i < 4; i++) {
                     sum[i][st] = sum[i][r];
                 }
                 count[st] = count[r];
@@ -121,6 +126,7 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
         m->fwd[st][k] = sum[0][st] / count[st];
         m->bwd[st][k] = sum[1][st] / count[st];
         m->load[st][k] = sum[2][st] / count[st];
+        m->wgt[st][k] = sum[3][st] / count[st];
     }
     m->n++;
     return MMP_OK;
@@ -198,6 +204,7 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
             c->fwd_ms[st] = steady_median(m.fwd[st], m.n);
             c->bwd_ms[st] = steady_median(m.bwd[st], m.n);
             c->load_ms[st] = steady_median(m.load[st], m.n);
+            c->wgt_ms[st] = steady_median(m.wgt[st], m.n); /* 0: fused, simulated as 1:1 */
             c->mem_bytes[st] = m.mem[st];
         }
         for (int st = 0; st < s->n_stages; st++) {

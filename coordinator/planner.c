@@ -92,7 +92,8 @@ mmp_err mmp_planner_check(const mmp_planner_input *in)
         return mmp_errorf(MMP_ERR_INVALID, "planner: %d micro-batches (1 to the batch, %d)",
                           in->microbatches, in->batch);
     }
-    if (in->schedule != MMP_SCHED_GPIPE && in->schedule != MMP_SCHED_1F1B) {
+    if (in->schedule != MMP_SCHED_GPIPE && in->schedule != MMP_SCHED_1F1B &&
+        in->schedule != MMP_SCHED_ZB_H1) {
         return mmp_errorf(MMP_ERR_INVALID, "planner: unknown schedule %d", (int)in->schedule);
     }
     if (in->max_sub < 0 || in->max_sub > MMP_PLANNER_MAX_SUB) {

@@ -22,17 +22,20 @@ static const char *const op_names[] = {
     [MMP_OP_SEND_GRAD] = "SEND_GRAD",
     [MMP_OP_GRAD_NORM] = "GRAD_NORM",
     [MMP_OP_OPT_STEP] = "OPT_STEP",
+    [MMP_OP_BWD_INPUT] = "BWD_INPUT",
+    [MMP_OP_BWD_WEIGHT] = "BWD_WEIGHT",
 };
 
 static const char *const op_compact[] = {
     [MMP_OP_LOAD] = "L",       [MMP_OP_RECV_ACT] = "Ra",    [MMP_OP_FWD] = "F",
     [MMP_OP_SEND_ACT] = "Sa",  [MMP_OP_RECV_GRAD] = "Rg",   [MMP_OP_BWD] = "B",
     [MMP_OP_SEND_GRAD] = "Sg", [MMP_OP_GRAD_NORM] = "NORM", [MMP_OP_OPT_STEP] = "OPT",
+    [MMP_OP_BWD_INPUT] = "Bi", [MMP_OP_BWD_WEIGHT] = "W",
 };
 
 int mmp_op_valid(int op)
 {
-    return op >= MMP_OP_LOAD && op <= MMP_OP_OPT_STEP;
+    return op >= MMP_OP_LOAD && op <= MMP_OP_BWD_WEIGHT;
 }
 
 int mmp_op_is_send(mmp_op op)
@@ -48,6 +51,12 @@ int mmp_op_is_recv(mmp_op op)
 int mmp_op_is_grad(mmp_op op)
 {
     return op == MMP_OP_RECV_GRAD || op == MMP_OP_SEND_GRAD;
+}
+
+/* A backward that frees received messages: BWD or zb-h1's BWD_INPUT. */
+int mmp_op_is_bwd(mmp_op op)
+{
+    return op == MMP_OP_BWD || op == MMP_OP_BWD_INPUT;
 }
 
 /* The step's barrier and the optimizer: no micro-batch, no edge. */
@@ -134,14 +143,15 @@ const char *mmp_sched_pname(const mmp_sched_stage *g)
 }
 
 /* Most micro-batches forwarded and not yet backwarded at any point of the
- * list; *at is the FWD that first exceeds bound (-1 if none). */
+ * list (a split backward holds its micro-batch until BWD_WEIGHT); *at is the
+ * FWD that first exceeds bound (-1 if none). */
 int mmp_sched_list_inflight(const mmp_sched_stage *g, int bound, int *at)
 {
     int cur = 0, max = 0;
     *at = -1;
     for (int pc = 0; pc < g->n_prog; pc++) {
         cur += g->prog[pc].op == MMP_OP_FWD;
-        cur -= g->prog[pc].op == MMP_OP_BWD;
+        cur -= g->prog[pc].op == MMP_OP_BWD || g->prog[pc].op == MMP_OP_BWD_WEIGHT;
         if (cur > max) {
             max = cur;
             if (max > bound && *at < 0) {

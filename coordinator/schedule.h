@@ -43,6 +43,23 @@
  * executor (hence the deadlock check and `mmpipe simulate`) holds every
  * fusion BWD until all fusion FWDs of the step have run.
  *
+ * Zero bubble (zb-h1; Qi et al., 2023, "Zero Bubble Pipeline Parallelism",
+ * schedule H1): every stage's backward is split into BWD_INPUT (B: the
+ * input gradient, which the stage before waits for, and the gradients that
+ * are not linear/conv weight GEMMs) and BWD_WEIGHT (W: the deferred weight
+ * gradients, which nobody waits for). F and B run in 1F1B's order; W(i)
+ * follows the B that leaves more than `defer` weight passes pending, and
+ * the rest end the list. defer = P - bound, P the largest 1F1B bound of any
+ * stage (the first image sub-stage's depth), so fusion and the last branch
+ * sub-stages defer the most and the first none, and a micro-batch is held
+ * from its F to its W: every stage holds at most P, 1F1B's peak. Along the
+ * chain the gradients travel by B alone (W is off the critical path), and
+ * the deferred W's fill warm-up and cool-down, where 1F1B waits: with
+ * F = B = W the bubble is a third of 1F1B's. Under the batch-wide loss
+ * fusion keeps the fused BWD (one loss over the whole batch), every bound
+ * is m, defer is 0 and each W follows its B: the W's still run while a
+ * stage waits for its next gradient.
+ *
  * Backward always runs micro-batches in ascending order on every process, the
  * order the single-process trainer accumulates gradients in, so every
  * schedule without replicas gives bit-identical gradients (with replicas, the
@@ -74,6 +91,8 @@ typedef enum mmp_op {
     MMP_OP_SEND_GRAD = 7,
     MMP_OP_GRAD_NORM = 8,
     MMP_OP_OPT_STEP = 9,
+    MMP_OP_BWD_INPUT = 10,  /* zb-h1's B: input gradients; the weight part is recorded */
+    MMP_OP_BWD_WEIGHT = 11, /* zb-h1's W: the recorded weight gradients of mb */
 } mmp_op;
 
 typedef enum mmp_stage_kind {
@@ -103,6 +122,7 @@ typedef struct mmp_sched_stage {
                                     of its own micro-batches) */
     int stage_bound;             /* the same for any routing and replica: warm + 1 (at most m) */
     int warm;                    /* forwards before the first backward in the stage's order */
+    int defer;                   /* zb-h1: weight passes a split stage leaves pending (else 0) */
     int max_inflight;            /* what the compiled list actually holds at most */
     mmp_instr *prog;
     int n_prog;
@@ -167,8 +187,9 @@ const char *mmp_op_name(mmp_op op);
 const char *mmp_instr_str(const mmp_instr *in, char *buf, size_t n);
 /* The compact form --dump prints: "L3" load, "Ra3"/"Sa3" receive/send
  * activation, "F3" forward, "Rg3"/"Sg3" receive/send gradient, "B3" backward,
- * "NORM", "OPT". A receive or send gets ":e<k>" appended when stage has more
- * than one edge in that role (fusion's two inputs). Returns buf. */
+ * "NORM", "OPT"; zb-h1's split backward "Bi3" (BWD_INPUT) and "W3" (BWD_WEIGHT). A receive or send
+ * gets ":e<k>" appended when stage has more than one edge in that role (fusion's two inputs).
+ * Returns buf. */
 const char *mmp_instr_compact(const mmp_sched *s, int stage, const mmp_instr *in, char *buf,
                               size_t n);
 /* Index of the first process (replica 0) of the stage named name, or of the
@@ -179,6 +200,11 @@ int mmp_sched_find(const mmp_sched *s, const char *name);
 typedef struct mmp_sim_costs {
     double fwd_ms[MMP_SCHED_MAX_STAGES]; /* per micro-batch, per stage */
     double bwd_ms[MMP_SCHED_MAX_STAGES];
+    /* The weight-gradient pass's share of bwd_ms, where a list splits the
+     * backward (BWD_INPUT costs bwd_ms - wgt_ms, BWD_WEIGHT wgt_ms); 0: half
+     * of bwd_ms (GEMM-bound layers: dX and dW are GEMMs of the same size).
+     * Measured costs of a zb-h1 run carry it (metrics.jsonl's wgt_ms). */
+    double wgt_ms[MMP_SCHED_MAX_STAGES];
     double load_ms[MMP_SCHED_MAX_STAGES]; /* LOAD, first sub-stages of branches */
     double send_ms;                       /* per message hand-off latency */
     double step_overhead_ms;              /* grad-norm round trip + optimizer, per step */

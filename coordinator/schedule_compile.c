@@ -275,6 +275,14 @@ static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
     }
 }
 
+/* Whether stage st's backward runs split (BWD_INPUT + BWD_WEIGHT): zb-h1's,
+ * but not fusion's under the batch-wide loss (one backward of the whole
+ * batch's loss, replicas gathered: nothing to defer it into). */
+static int split_bwd(const mmp_sched *s, int st)
+{
+    return s->kind == MMP_SCHED_ZB_H1 && (s->stages[st].kind != MMP_KIND_FUSION || !s->batch_loss);
+}
+
 static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
 {
     for (int e = 0; e < s->n_edges; e++) {
@@ -282,7 +290,7 @@ static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
             put(b, MMP_OP_RECV_GRAD, mb, e);
         }
     }
-    put(b, MMP_OP_BWD, mb, -1);
+    put(b, split_bwd(s, st) ? MMP_OP_BWD_INPUT : MMP_OP_BWD, mb, -1);
     for (int e = 0; e < s->n_edges; e++) {
         if (s->edges[e].grad && s->edges[e].from == st && mmp_sched_edge_carries(s, e, mb)) {
             put(b, MMP_OP_SEND_GRAD, mb, e);
@@ -290,23 +298,46 @@ static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
     }
 }
 
+/* zb-h1: the weight passes pending after backwards, oldest first. */
+typedef struct wqueue {
+    int *mb;
+    int head, tail;
+} wqueue;
+
+/* After a split backward of mb: the oldest pending W's while more than
+ * defer are pending. */
+static void put_weights(builder *b, wqueue *q, int mb, int defer)
+{
+    q->mb[q->tail++] = mb;
+    while (q->tail - q->head > defer) {
+        put(b, MMP_OP_BWD_WEIGHT, q->mb[q->head++], -1);
+    }
+}
+
 /* Writes stage st's list. A stage that sends no activations (fusion) computes
- * the loss and runs its backward at once in both schedules: F0 B0 F1 B1 ...
+ * the loss and runs its backward at once in every schedule: F0 B0 F1 B1 ...
  * (with a batch-wide loss it warms up with all m: F0 .. Fm-1 B0 .. Bm-1).
  * Others run `warm` forwards, then alternate F(warm+i) B(i), then drain the
- * backwards: GPipe warms up with all m, 1F1B with depth - 1. Backwards are in
- * ascending micro-batch order either way. */
+ * backwards: GPipe warms up with all m, 1F1B and zb-h1 with depth - 1.
+ * Backwards are in ascending micro-batch order either way. zb-h1 splits each
+ * backward (fusion's only under the per-micro-batch loss) into B (Bi) and W,
+ * keeping `defer` W's pending (FIFO) and ending with the rest, e.g. defer 1:
+ * F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3. */
 static mmp_err build_list(mmp_sched *s, int st)
 {
     mmp_sched_stage *g = &s->stages[st];
     int m = s->microbatches;
     /* A micro-batch's forward and backward each take at most one receive,
      * one load and one send per branch input plus the compute. */
-    builder b = {.n = 0, .cap = g->n_owned * 8 + 2};
+    builder b = {.n = 0, .cap = g->n_owned * 9 + 2};
     b.p = malloc((size_t)b.cap * sizeof *b.p);
-    if (!b.p) {
+    wqueue q = {.mb = malloc((size_t)(g->n_owned + 1) * sizeof *q.mb), .head = 0, .tail = 0};
+    if (!b.p || !q.mb) {
+        free(b.p);
+        free(q.mb);
         return mmp_errorf(MMP_ERR_NOMEM, "schedule: stage %s: %d instructions", g->name, b.cap);
     }
+    int split = split_bwd(s, st);
     /* The stage's order; this replica keeps its own micro-batches' part. */
     int warm = g->warm;
     for (int i = 0; i < warm; i++) {
@@ -320,13 +351,23 @@ static mmp_err build_list(mmp_sched *s, int st)
         }
         if (mmp_sched_owns(g, i)) {
             put_backward(s, st, &b, i);
+            if (split) {
+                put_weights(&b, &q, i, g->defer);
+            }
         }
     }
     for (int i = m - warm; i < m; i++) {
         if (mmp_sched_owns(g, i)) {
             put_backward(s, st, &b, i);
+            if (split) {
+                put_weights(&b, &q, i, g->defer);
+            }
         }
     }
+    while (q.head < q.tail) {
+        put(&b, MMP_OP_BWD_WEIGHT, q.mb[q.head++], -1);
+    }
+    free(q.mb);
     put(&b, MMP_OP_GRAD_NORM, -1, -1);
     put(&b, MMP_OP_OPT_STEP, -1, -1);
     g->prog = b.p;
@@ -342,7 +383,7 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
         s->stages[i].n_prog = 0;
         s->stages[i].owns = NULL;
     }
-    if (kind != MMP_SCHED_GPIPE && kind != MMP_SCHED_1F1B) {
+    if (kind != MMP_SCHED_GPIPE && kind != MMP_SCHED_1F1B && kind != MMP_SCHED_ZB_H1) {
         return mmp_errorf(MMP_ERR_CONFIG, "train.schedule: unknown schedule %d", (int)kind);
     }
     if (microbatches < 1) {
@@ -448,21 +489,33 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
             g->warm = w;
         }
     }
+    int peak = 1; /* 1F1B's (or GPipe's) largest bound */
     for (int i = 0; i < s->n_stages; i++) {
         mmp_sched_stage *g = &s->stages[i];
         g->stage_bound = kind == MMP_SCHED_GPIPE || g->warm + 1 >= m ? m : g->warm + 1;
-        g->inflight_bound = g->n_owned < g->stage_bound ? g->n_owned : g->stage_bound;
-        if (g->inflight_bound < 1) {
-            g->inflight_bound = 1; /* a replica routed no micro-batch holds none */
-        }
+        peak = g->stage_bound > peak ? g->stage_bound : peak;
     }
     /* A message on an act edge belongs to a micro-batch its producer holds in
      * flight until the gradient comes back, and one on the paired grad edge
      * to a micro-batch its consumer holds: the producer's bound covers both.
-     * The bound any routing allows, so a new routing keeps the channels. */
+     * The bound any routing allows, so a new routing keeps the channels.
+     * zb-h1 sends and receives in 1F1B's order: 1F1B's slots. */
     for (int e = 0; e < s->n_edges; e += 2) {
         s->edges[e].slots = s->stages[s->edges[e].from].stage_bound;
         s->edges[e + 1].slots = s->edges[e].slots;
+    }
+    for (int i = 0; i < s->n_stages; i++) {
+        mmp_sched_stage *g = &s->stages[i];
+        g->defer = 0;
+        if (split_bwd(s, i)) {
+            /* W's pending fill the stage up to 1F1B's peak, never beyond */
+            g->defer = peak - g->stage_bound;
+            g->stage_bound = peak;
+        }
+        g->inflight_bound = g->n_owned < g->stage_bound ? g->n_owned : g->stage_bound;
+        if (g->inflight_bound < 1) {
+            g->inflight_bound = 1; /* a replica routed no micro-batch holds none */
+        }
     }
     for (int i = 0; i < s->n_stages; i++) {
         MMP_TRY(build_list(s, i));

@@ -19,6 +19,7 @@ int mmp_op_is_send(mmp_op op);
 int mmp_op_is_recv(mmp_op op);
 int mmp_op_is_grad(mmp_op op); /* RECV_GRAD, SEND_GRAD */
 int mmp_op_is_step(mmp_op op); /* GRAD_NORM, OPT_STEP: no micro-batch, no edge */
+int mmp_op_is_bwd(mmp_op op);  /* BWD, BWD_INPUT: the backward other stages wait for */
 
 /* Whether process g handles micro-batch mb (a hand-made schedule without a
  * routing table: every one). */
@@ -37,8 +38,9 @@ int mmp_sched_list_inflight(const mmp_sched_stage *g, int bound, int *at);
  * channels. Its channel model must stay at least as strict as the runtime's
  * ring (transport/channel.h): message k on an edge takes slot k % slots, so it
  * can be sent only once message k - slots has been released, and a message is
- * released when the receiving stage finishes the first FWD or BWD after its
- * RECV (that compute reads it in place). GRAD_NORM is a barrier over all
+ * released when the receiving stage finishes the first FWD or BWD (or
+ * BWD_INPUT; never BWD_WEIGHT, which receives nothing) after its RECV (that
+ * compute reads it in place). GRAD_NORM is a barrier over all
  * stages. Times follow the costs; with all-zero costs it is the plain
  * lock-step check. With s->batch_loss a fusion BWD waits until every fusion
  * process has run all the step's FWDs (m in all). The result does not depend on the order stages

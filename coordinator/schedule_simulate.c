@@ -67,21 +67,27 @@ static int exec_step(mmp_sched_exec *x, int st)
     switch (in->op) {
     case MMP_OP_LOAD:
     case MMP_OP_FWD:
-    case MMP_OP_BWD: {
+    case MMP_OP_BWD:
+    case MMP_OP_BWD_INPUT:
+    case MMP_OP_BWD_WEIGHT: {
         int fusion = g->kind == MMP_KIND_FUSION;
-        if (in->op == MMP_OP_BWD && fusion && x->s->batch_loss) {
+        if (mmp_op_is_bwd(in->op) && fusion && x->s->batch_loss) {
             /* the batch-wide loss needs the step's last forward */
             if (x->fusion_fwds < x->s->microbatches) {
                 return 0;
             }
             xs->t = fmax(xs->t, x->fusion_fwd_t);
         }
-        double cost = in->op == MMP_OP_LOAD  ? c->load_ms[st]
-                      : in->op == MMP_OP_FWD ? c->fwd_ms[st]
-                                             : c->bwd_ms[st];
+        double w = c->wgt_ms[st] > 0 ? c->wgt_ms[st] : 0.5 * c->bwd_ms[st];
+        w = w < c->bwd_ms[st] ? w : c->bwd_ms[st];
+        double cost = in->op == MMP_OP_LOAD         ? c->load_ms[st]
+                      : in->op == MMP_OP_FWD        ? c->fwd_ms[st]
+                      : in->op == MMP_OP_BWD_INPUT  ? c->bwd_ms[st] - w
+                      : in->op == MMP_OP_BWD_WEIGHT ? w
+                                                    : c->bwd_ms[st];
         xs->t += cost;
         xs->busy += cost;
-        if (in->op != MMP_OP_LOAD) {
+        if (in->op != MMP_OP_LOAD && in->op != MMP_OP_BWD_WEIGHT) {
             for (int k = 0; k < xs->n_held; k++) {
                 mmp_sched_exec_edge *E = &x->edges[xs->held[k]];
                 E->freed[E->released++] = xs->t;
@@ -178,12 +184,13 @@ mmp_err mmp_sched_simulate(const mmp_sched *s, const mmp_sim_costs *c, mmp_sim_r
     memset(r, 0, sizeof *r);
     MMP_TRY(mmp_sched_validate(s));
     for (int st = 0; st < s->n_stages; st++) {
-        if (!is_cost(c->fwd_ms[st]) || !is_cost(c->bwd_ms[st]) || !is_cost(c->load_ms[st])) {
+        if (!is_cost(c->fwd_ms[st]) || !is_cost(c->bwd_ms[st]) || !is_cost(c->load_ms[st]) ||
+            !is_cost(c->wgt_ms[st])) {
             return mmp_errorf(MMP_ERR_INVALID,
-                              "simulate: stage %s: costs fwd %g bwd %g load %g ms (each must be "
-                              "finite and >= 0)",
+                              "simulate: stage %s: costs fwd %g bwd %g (weight pass %g) load %g "
+                              "ms (each must be finite and >= 0)",
                               mmp_sched_pname(&s->stages[st]), c->fwd_ms[st], c->bwd_ms[st],
-                              c->load_ms[st]);
+                              c->wgt_ms[st], c->load_ms[st]);
         }
     }
     if (!is_cost(c->send_ms) || !is_cost(c->step_overhead_ms)) {

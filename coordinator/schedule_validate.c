@@ -1,7 +1,8 @@
 /* The schedule checker (coordinator/schedule.h, mmp_sched_validate): proves
  * a compiled or hand-made schedule sound before anything runs -- matching
  * sends and receives in the same order, F before B, inputs before the
- * compute that reads them, the in-flight bound -- and proves deadlock
+ * compute that reads them, the in-flight bound, each split backward's W after
+ * its B and before GRAD_NORM in ascending micro-batch order -- and proves deadlock
  * freedom the direct way, by executing all lists together against bounded
  * channels (the executor in schedule_simulate.c). Errors name the stage, the
  * instruction and the reason. Never blocks; allocates O(micro-batches). */
@@ -51,7 +52,7 @@ static const char *carries(int grad)
  * that way. Everything after relies on it. */
 static mmp_err check_structure(const mmp_sched *s)
 {
-    if (s->kind != MMP_SCHED_GPIPE && s->kind != MMP_SCHED_1F1B) {
+    if (s->kind != MMP_SCHED_GPIPE && s->kind != MMP_SCHED_1F1B && s->kind != MMP_SCHED_ZB_H1) {
         return mmp_errorf(MMP_ERR_INTERNAL, "schedule: unknown kind %d", (int)s->kind);
     }
     int m = s->microbatches;
@@ -252,6 +253,62 @@ static mmp_err check_role(const mmp_sched *s, int st, mmp_op op, int e, const in
 /* Per stage: each micro-batch forwarded and backwarded once, F before B,
  * every input received before the compute that reads it and every output
  * sent after the compute that makes it; the list ends GRAD_NORM, OPT_STEP. */
+/* A split backward (zb-h1): each BWD_INPUT has one BWD_WEIGHT after it (so
+ * before GRAD_NORM, which only the list's end holds), each BWD_WEIGHT its
+ * BWD_INPUT, only zb-h1 splits, and only branch stages (fusion's loss runs
+ * the fused BWD). W's run in ascending micro-batch order: the order the
+ * gradient sums add the micro-batches in (nn/wgrad.h). */
+static mmp_err check_split(const mmp_sched *s, int st, const int *bwd_at, int *w_at)
+{
+    const mmp_sched_stage *g = &s->stages[st];
+    int m = s->microbatches, last_w = -1;
+    for (int mb = 0; mb < m; mb++) {
+        w_at[mb] = -1;
+    }
+    for (int pc = 0; pc < g->n_prog; pc++) {
+        const mmp_instr *in = &g->prog[pc];
+        if (in->op != MMP_OP_BWD_INPUT && in->op != MMP_OP_BWD_WEIGHT) {
+            continue;
+        }
+        if (s->kind != MMP_SCHED_ZB_H1) {
+            return stage_err(s, st, pc, "only zb-h1 splits the backward (%s runs BWD)",
+                             mmp_schedule_name(s->kind));
+        }
+        if (g->kind == MMP_KIND_FUSION && s->batch_loss) {
+            return stage_err(s, st, pc,
+                             "fusion runs the fused BWD under the batch-wide loss "
+                             "(model.fusion.itc_scope: batch)");
+        }
+        if (in->op == MMP_OP_BWD_INPUT) {
+            continue;
+        }
+        if (w_at[in->mb] >= 0) {
+            return stage_err(s, st, pc, "repeats instr %d", w_at[in->mb]);
+        }
+        w_at[in->mb] = pc;
+        if (bwd_at[in->mb] < 0 || g->prog[bwd_at[in->mb]].op != MMP_OP_BWD_INPUT) {
+            return stage_err(s, st, pc, "mb%d has no BWD_INPUT to take the weight pass of", in->mb);
+        }
+        if (pc < bwd_at[in->mb]) {
+            return stage_err(s, st, pc, "mb%d's weight pass comes before its BWD_INPUT (instr %d)",
+                             in->mb, bwd_at[in->mb]);
+        }
+        if (last_w >= 0 && g->prog[last_w].mb > in->mb) {
+            return stage_err(s, st, pc,
+                             "weight passes must run in ascending micro-batch order (the order "
+                             "the gradient sums add them in), but mb%d's came first (instr %d)",
+                             g->prog[last_w].mb, last_w);
+        }
+        last_w = pc;
+    }
+    for (int mb = 0; mb < m; mb++) {
+        if (bwd_at[mb] >= 0 && g->prog[bwd_at[mb]].op == MMP_OP_BWD_INPUT && w_at[mb] < 0) {
+            return stage_err(s, st, bwd_at[mb], "mb%d has no BWD_WEIGHT before GRAD_NORM", mb);
+        }
+    }
+    return MMP_OK;
+}
+
 static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at, int *at)
 {
     const mmp_sched_stage *g = &s->stages[st];
@@ -268,7 +325,7 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
     }
     for (int pc = 0; pc < n; pc++) {
         const mmp_instr *in = &g->prog[pc];
-        int *slot = in->op == MMP_OP_FWD ? fwd_at : in->op == MMP_OP_BWD ? bwd_at : NULL;
+        int *slot = in->op == MMP_OP_FWD ? fwd_at : mmp_op_is_bwd(in->op) ? bwd_at : NULL;
         if (slot) {
             if (slot[in->mb] >= 0) {
                 return stage_err(s, st, pc, "repeats instr %d", slot[in->mb]);
@@ -301,6 +358,7 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
                              "mb%d's backward comes before its forward (instr %d)", mb, fwd_at[mb]);
         }
     }
+    MMP_TRY(check_split(s, st, bwd_at, at));
     if (!inputs) {
         MMP_TRY(check_role(s, st, MMP_OP_LOAD, -1, fwd_at, "FWD", 1, at));
     }
@@ -352,7 +410,7 @@ static int count_fwds(const mmp_sched_stage *g)
 static int waits_on(const mmp_sched *s, const mmp_sched_exec *x, int st, char *why, size_t n)
 {
     const mmp_instr *in = &s->stages[st].prog[x->stages[st].pc];
-    if (in->op == MMP_OP_BWD) { /* only a fusion BWD under batch_loss blocks */
+    if (mmp_op_is_bwd(in->op)) { /* only a fusion BWD under batch_loss blocks */
         for (int j = 0; j < s->n_stages; j++) {
             if (s->stages[j].kind == MMP_KIND_FUSION &&
                 x->stages[j].fwds < count_fwds(&s->stages[j])) {

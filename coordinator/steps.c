@@ -315,10 +315,11 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     for (int i = 0; i < c->n && i < MMP_METRICS_MAX_STAGES; i++) {
         const Mmpipe__StepDone *d = done_of(c, i);
         mmp_metrics_stage *st = &m.stages[i];
-        double fwd = 0, bwd = 0;
+        double fwd = 0, bwd = 0, wgt = 0;
         for (size_t k = 0; k < d->n_mbs; k++) {
             fwd += d->mbs[k]->fwd_ms;
             bwd += d->mbs[k]->bwd_ms;
+            wgt += d->mbs[k]->wgt_ms;
         }
         double n_mb = d->n_mbs ? (double)d->n_mbs : 1;
         snprintf(st->name, sizeof st->name, "%s", c->sched.stages[i].name);
@@ -330,6 +331,7 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
         st->data_wait_ms = d->data_ms;
         st->fwd_ms = fwd / n_mb;
         st->bwd_ms = bwd / n_mb;
+        st->wgt_ms = wgt > 0 ? wgt / n_mb : NAN; /* zb-h1's split backward only */
         st->load_ms = d->data_ms / n_mb;
         st->max_inflight = d->max_inflight;
         st->peak_mem_bytes = (double)d->peak_mem_bytes;

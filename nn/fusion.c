@@ -41,6 +41,7 @@
 
 #include "nn/model.h"
 #include "nn/transformer.h"
+#include "nn/wgrad.h"
 
 #define ITM_QUERY_ROWS 1
 #define L2NORM_EPS 1e-6f
@@ -499,4 +500,14 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
         be->ops->l2norm_fwd(be, txt_emb + (size_t)b0 * E, acts->emb_norm, acts->emb_proj, n, E,
                             L2NORM_EPS);
     }
+}
+
+void mmp_fusion_net_defer(mmp_fusion_net *net, mmp_wgrad *wg)
+{
+    net->lp.defer = wg;
+}
+
+mmp_err mmp_fusion_net_backward_weights(mmp_fusion_net *net, mmp_wgrad *wg)
+{
+    return mmp_wgrad_run(wg, &net->lp, &net->params);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "nn/image_layers.h"
+#include "nn/wgrad.h"
 
 /* ---- forward ---------------------------------------------------------------- */
 
@@ -245,4 +246,17 @@ void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const floa
         passes[l->kind].bwd(net, l, a, x, dy, dx, B);
         dy = dx;
     }
+}
+
+void mmp_image_net_backward_input(mmp_image_net *net, mmp_image_acts *acts, const float *dout,
+                                  int B, float *din, mmp_wgrad *wg)
+{
+    net->lp.defer = wg;
+    mmp_image_net_backward(net, acts, dout, B, din);
+    net->lp.defer = NULL;
+}
+
+mmp_err mmp_image_net_backward_weights(mmp_image_net *net, mmp_wgrad *wg)
+{
+    return mmp_wgrad_run(wg, &net->lp, &net->params);
 }

@@ -2,6 +2,8 @@
  * it is given: rounded copies go to the scratch only. */
 #include "nn/lowp.h"
 
+#include "nn/wgrad.h"
+
 #include <string.h>
 
 #define PAD(n) (((size_t)(n) + 15) / 16 * 16)
@@ -82,6 +84,13 @@ void mmp_lowp_linear_bwd(const mmp_lowp *lp, float *dinp, float *dw, float *db, 
 {
     // dinp (N,C) +=, dw (OC,C) +=, db (OC) +=, dout (N,OC)
     mmp_backend *be = lp->be;
+    if (lp->defer && (dw || db)) {
+        mmp_wgrad_record_linear(lp->defer, dw, db, dout, inp, w, N, C, OC);
+        dw = db = NULL;
+        if (!dinp) {
+            return;
+        }
+    }
     if (lp->prec == MMP_PREC_FP32) {
         be->ops->linear_bwd(be, dinp, dw, db, dout, inp, w, N, C, OC);
         return;
@@ -112,6 +121,13 @@ void mmp_lowp_conv2d_bwd(const mmp_lowp *lp, float *dinp, float *dw, float *db, 
                          const float *inp, const float *w, const mmp_conv_shape *s, float *scratch)
 {
     mmp_backend *be = lp->be;
+    if (lp->defer && (dw || db)) {
+        mmp_wgrad_record_conv2d(lp->defer, dw, db, dout, inp, w, s, scratch);
+        dw = db = NULL;
+        if (!dinp) {
+            return;
+        }
+    }
     if (lp->prec == MMP_PREC_FP32) {
         be->ops->conv2d_bwd(be, dinp, dw, db, dout, inp, w, s, scratch);
         return;

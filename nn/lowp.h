@@ -26,6 +26,10 @@ typedef struct mmp_lowp {
     mmp_precision prec;
     float *buf; /* backend memory, cap floats; NULL for fp32 */
     size_t cap;
+    /* Set (by the stage running a zero-bubble schedule's B pass): the
+     * linear/conv backwards below compute only the input gradient and record
+     * the weight gradients there for the W pass (nn/wgrad.h). NULL: fused. */
+    struct mmp_wgrad *defer;
 } mmp_lowp;
 
 /* No scratch yet; prec MMP_PREC_FP32 never needs any. */

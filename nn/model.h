@@ -60,6 +60,7 @@ mmp_err mmp_image_net_create_on(mmp_image_net **out, mmp_backend *be, const mmp_
                                 int first, int last, uint64_t seed);
 void mmp_image_net_destroy(mmp_image_net *net);
 mmp_params *mmp_image_net_params(mmp_image_net *net);
+struct mmp_wgrad;
 /* Floats per sample of this range's input and output activation
  * (input of layer 0: 3*S*S image; output of the last layer: Ni*D tokens). */
 int64_t mmp_image_net_in_floats(const mmp_image_net *net);
@@ -76,6 +77,14 @@ void mmp_image_net_forward(mmp_image_net *net, mmp_image_acts *acts, const float
  * matching forward (which must have been train = 1). */
 void mmp_image_net_backward(mmp_image_net *net, mmp_image_acts *acts, const float *dout, int B,
                             float *din);
+/* The same backward split in two (zero-bubble schedules, nn/wgrad.h): _input
+ * computes din and every gradient but the conv/linear weights', whose work
+ * it records in wg (acts must then live until _weights ran); _weights runs
+ * it into the gradient sums. Together bitwise the fused backward, between
+ * the same mmp_params_mb_begin/_mb_end around _input. */
+void mmp_image_net_backward_input(mmp_image_net *net, mmp_image_acts *acts, const float *dout,
+                                  int B, float *din, struct mmp_wgrad *wg);
+mmp_err mmp_image_net_backward_weights(mmp_image_net *net, struct mmp_wgrad *wg);
 
 /* Batch-norm statistics of replicas. Replicas of an image sub-stage see
  * different micro-batches, so updating running statistics in place would make
@@ -125,6 +134,10 @@ void mmp_text_net_forward(mmp_text_net *net, mmp_text_acts *acts, const int32_t 
                           const float *in, const float *mask, int B, float *out);
 void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *dout, int B,
                            float *din);
+/* As mmp_image_net_backward_input / _weights (linear layers' weights in W). */
+void mmp_text_net_backward_input(mmp_text_net *net, mmp_text_acts *acts, const float *dout, int B,
+                                 float *din, struct mmp_wgrad *wg);
+mmp_err mmp_text_net_backward_weights(mmp_text_net *net, struct mmp_wgrad *wg);
 
 /* ---- fusion / loss -------------------------------------------------------- */
 typedef struct mmp_fusion_net mmp_fusion_net;
@@ -150,6 +163,11 @@ void mmp_fusion_net_forward(mmp_fusion_net *net, mmp_fusion_acts *acts, const fl
  * samples): parameter grads +=, dimg (B,Ni,D) +=, dtxt (B,T,D) +=. */
 void mmp_fusion_net_backward(mmp_fusion_net *net, mmp_fusion_acts *acts, float weight, float *dimg,
                              float *dtxt);
+/* zb-h1 (nn/wgrad.h): while wg is attached (NULL detaches), backwards
+ * record the linear layers' weight gradients in wg instead of computing
+ * them; _weights then runs them into the gradient sums. */
+void mmp_fusion_net_defer(mmp_fusion_net *net, struct mmp_wgrad *wg);
+mmp_err mmp_fusion_net_backward_weights(mmp_fusion_net *net, struct mmp_wgrad *wg);
 
 /* Retrieval embeddings (no grad): img_emb (B,E), txt_emb (B,E), L2-normalised,
  * the same vectors ITC compares. E = mmp_fusion_embed_dim(). */

@@ -193,6 +193,15 @@ void mmp_params_mb_end(mmp_params *p)
     }
 }
 
+void mmp_params_acc_range(mmp_params *p, const float *g, size_t n)
+{
+    MMP_ASSERT(p->grads && g >= p->grads && g + n <= p->grads + p->total);
+    if (p->grad_acc) {
+        size_t off = (size_t)(g - p->grads);
+        p->be->ops->acc_f64(p->be, p->grad_acc + off, p->grads + off, n);
+    }
+}
+
 void mmp_params_grad_finish(mmp_params *p)
 {
     if (p->grads && p->grad_acc) {

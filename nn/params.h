@@ -96,6 +96,9 @@ void mmp_params_zero_grad(mmp_params *p);
  * parameters whose true gradient is near zero. */
 void mmp_params_mb_begin(mmp_params *p);
 void mmp_params_mb_end(mmp_params *p);
+/* mb_end for the n gradients at g (inside p->grads) only: a deferred weight
+ * pass adds its ranges with it (nn/wgrad.h). */
+void mmp_params_acc_range(mmp_params *p, const float *g, size_t n);
 void mmp_params_grad_finish(mmp_params *p);
 /* Divides the gradients by loss_scale (fp16 loss scaling, common/loss_scale.h;
  * a power of two, so exact) after grad_finish; nothing when it is 1. */

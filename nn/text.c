@@ -17,6 +17,7 @@
 
 #include "nn/model.h"
 #include "nn/transformer.h"
+#include "nn/wgrad.h"
 
 typedef mmp_tf_layer text_layer;
 
@@ -309,4 +310,17 @@ void mmp_text_net_backward(mmp_text_net *net, mmp_text_acts *acts, const float *
     if (net->first > 0 && din) {
         be->ops->add(be, din, din, dx, nd);
     }
+}
+
+void mmp_text_net_backward_input(mmp_text_net *net, mmp_text_acts *acts, const float *dout, int B,
+                                 float *din, mmp_wgrad *wg)
+{
+    net->lp.defer = wg;
+    mmp_text_net_backward(net, acts, dout, B, din);
+    net->lp.defer = NULL;
+}
+
+mmp_err mmp_text_net_backward_weights(mmp_text_net *net, mmp_wgrad *wg)
+{
+    return mmp_wgrad_run(wg, &net->lp, &net->params);
 }

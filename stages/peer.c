@@ -33,9 +33,26 @@ static const Mmpipe__Channel *channel_of(const Mmpipe__Assignment *a, int id)
     return NULL;
 }
 
+/* Whether prog has a BWD_INPUT of micro-batch mb (only asked on an error). */
+static int has_input(Mmpipe__Instr *const *prog, size_t n, int mb)
+{
+    for (size_t j = 0; j < n; j++) {
+        if (prog[j] && prog[j]->op == MMPIPE__OP__BWD_INPUT && prog[j]->mb == mb) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const *prog, size_t n)
 {
     int m = a->microbatches;
+    if (m < 1 || m > MMP_MAX_MICROBATCHES) {
+        return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, outside 1..%d", m,
+                          MMP_MAX_MICROBATCHES);
+    }
+    /* zb-h1, per micro-batch: 0 nothing yet, 1 its BWD_INPUT ran, 2 its BWD_WEIGHT too */
+    unsigned char split[MMP_MAX_MICROBATCHES] = {0};
     for (size_t i = 0; i < n; i++) {
         const Mmpipe__Instr *in = prog[i];
         if (!in) {
@@ -46,6 +63,8 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
         case MMPIPE__OP__LOAD:
         case MMPIPE__OP__FWD:
         case MMPIPE__OP__BWD:
+        case MMPIPE__OP__BWD_INPUT:
+        case MMPIPE__OP__BWD_WEIGHT:
             break;
         case MMPIPE__OP__RECV_ACT:
             send = 0, grad = 0;
@@ -70,6 +89,20 @@ mmp_err mmp_peer_check_program(const Mmpipe__Assignment *a, Mmpipe__Instr *const
         if (per_mb && (in->mb < 0 || in->mb >= m)) {
             return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: field mb = %d, outside 0..%d", i,
                               in->mb, m - 1);
+        }
+        if (in->op == MMPIPE__OP__BWD_WEIGHT) {
+            /* zb-h1's W reads what its micro-batch's BWD_INPUT recorded */
+            const char *why = split[in->mb] == 2           ? "repeats an earlier one"
+                              : split[in->mb] == 1         ? NULL
+                              : has_input(prog, n, in->mb) ? "before its BWD_INPUT"
+                                                           : "without its BWD_INPUT";
+            if (why) {
+                return mmp_errorf(MMP_ERR_PROTO, "instruction %zu: BWD_WEIGHT of mb %d %s", i,
+                                  in->mb, why);
+            }
+            split[in->mb] = 2;
+        } else if (in->op == MMPIPE__OP__BWD_INPUT && split[in->mb] == 0) {
+            split[in->mb] = 1;
         }
         if (send < 0) {
             continue;

@@ -315,8 +315,8 @@ static int program_max_inflight(Mmpipe__Instr *const *prog, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (prog[i]->op == MMPIPE__OP__FWD) {
             cur++;
-        } else if (prog[i]->op == MMPIPE__OP__BWD) {
-            cur--;
+        } else if (prog[i]->op == MMPIPE__OP__BWD || prog[i]->op == MMPIPE__OP__BWD_WEIGHT) {
+            cur--; /* zb-h1 holds a micro-batch until its weight pass */
         }
         most = cur > most ? cur : most;
     }
@@ -434,6 +434,7 @@ mmp_err worker_build(worker *w)
     w->fl = worker_xcalloc((size_t)w->n_fl, sizeof *w->fl, &err);
     for (int i = 0; err == MMP_OK && i < w->n_fl; i++) {
         w->fl[i].mb = -1;
+        mmp_wgrad_init(&w->fl[i].wg, w->be);
         if (w->kind == MMP_BRANCH_IMAGE) {
             err = mmp_image_acts_create((mmp_image_acts **)&w->fl[i].acts, w->img, w->mb_max);
         } else if (w->kind == MMP_BRANCH_TEXT) {
@@ -496,6 +497,7 @@ mmp_err worker_build(worker *w)
     }
     w->fwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->bwd_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
+    w->wgt_ms = worker_xcalloc((size_t)a->microbatches, sizeof(float), &err);
     w->owns = worker_xcalloc((size_t)a->microbatches, 1, &err);
     if (w->kind == MMP_BRANCH_IMAGE && w->replicas > 1 && !worker_simulated(w)) {
         w->bn_row = mmp_image_net_bn_row_floats(w->img);
@@ -530,6 +532,7 @@ void worker_teardown(worker *w)
         }
         be->ops->free(be, w->fl[i].mask);
         free(w->fl[i].valid);
+        mmp_wgrad_fini(&w->fl[i].wg);
     }
     if (w->uploaded) {
         worker_release_uploaded(w);
@@ -574,6 +577,7 @@ void worker_teardown(worker *w)
     free(w->samples);
     free(w->fwd_ms);
     free(w->bwd_ms);
+    free(w->wgt_ms);
     mmp_backend_destroy(w->be); /* after everything of its memory; never the shared CPU one */
     w->be = NULL;
     mmp_trace_close(&w->trace);

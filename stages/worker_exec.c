@@ -348,6 +348,14 @@ static void sim_compute(const worker *w, int step, int n, int backward)
                                  backward, w->slot));
 }
 
+/* Half of this stage's simulated backward: zb-h1's B or W (the simulator's
+ * default split, coordinator/schedule.h). */
+static void sim_half_bwd(const worker *w, int step, int n)
+{
+    mmp_sleep_ms(0.5 * mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, 1,
+                                       w->slot));
+}
+
 /* Training: the next micro-batch from the prefetching loader (the wait is
  * the stage's data wait). Evaluation: the validation chunk, loaded here. */
 mmp_err worker_do_load(worker *w, int step, int mb, int eval)
@@ -693,24 +701,35 @@ static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
     return MMP_OK;
 }
 
-static mmp_err do_bwd(worker *w, int step, int mb)
+/* BWD, or with split zb-h1's BWD_INPUT: the weight gradients wait in the
+ * flight's recorder for do_wgt, and the flight (its activations) with them. */
+static mmp_err do_bwd(worker *w, int step, int mb, int split)
 {
     flight *f = flight_find(w, mb);
-    if (!f) {
+    if (!f || f->b_done) {
         return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its forward", mb);
     }
+    if (split && w->kind == MMP_BRANCH_FUSION && w->batch_scope) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "BWD_INPUT %d on fusion under model.fusion.itc_scope: batch (the "
+                          "batch-wide loss runs the fused BWD)",
+                          mb);
+    }
+    mmp_wgrad *wg = split && !worker_simulated(w) ? &f->wg : NULL;
     double t0 = mmp_now();
     int n = f->n;
     if (w->kind == MMP_BRANCH_FUSION) {
         if (worker_simulated(w)) {
-            sim_compute(w, step, n, 1); /* dimg and dtxt keep their zeros */
+            split ? sim_half_bwd(w, step, n) : sim_compute(w, step, n, 1); /* dimg, dtxt: 0 */
         } else if (w->batch_scope) {
             MMP_TRY(batch_scope_bwd(w, step, mb, n));
         } else {
             /* the loss's backward starts here: scaled by the step's loss scale */
             float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
+            mmp_fusion_net_defer(w->fus, wg);
             mmp_fuse_backward(&w->fuse, w->fus, f->acts, w->B, mult, fusion_grad_out(w, 0),
                               fusion_grad_out(w, 1));
+            mmp_fusion_net_defer(w->fus, NULL);
             mmp_params_mb_end(w->params);
         }
     } else {
@@ -731,14 +750,14 @@ static mmp_err do_bwd(worker *w, int step, int mb)
             w->be->ops->zero(w->be, din, (size_t)n * w->in_floats * sizeof(float));
         }
         if (worker_simulated(w)) {
-            sim_compute(w, step, n, 1); /* din keeps its zeros */
+            split ? sim_half_bwd(w, step, n) : sim_compute(w, step, n, 1); /* din keeps 0 */
         } else {
             /* each micro-batch's gradients apart, summed in double: nn/params.h */
             mmp_params_mb_begin(w->params);
             if (w->kind == MMP_BRANCH_IMAGE) {
-                mmp_image_net_backward(w->img, f->acts, cg->payload, n, din);
+                mmp_image_net_backward_input(w->img, f->acts, cg->payload, n, din, wg);
             } else {
-                mmp_text_net_backward(w->txt, f->acts, cg->payload, n, din);
+                mmp_text_net_backward_input(w->txt, f->acts, cg->payload, n, din, wg);
             }
             mmp_params_mb_end(w->params);
         }
@@ -746,13 +765,48 @@ static mmp_err do_bwd(worker *w, int step, int mb)
     }
     w->out_n = n;
     w->out_digest = f->digest;
-    f->mb = -1;
-    w->inflight--;
+    if (split) {
+        f->b_done = 1; /* held until its BWD_WEIGHT */
+    } else {
+        f->mb = -1;
+        w->inflight--;
+    }
     double ms = (mmp_now() - t0) * 1e3 - w->gather_ms; /* a gather is communication */
     w->gather_ms = 0;
     w->busy_ms += ms;
+    w->bwd_ms[mb] += (float)ms; /* with zb-h1's W: B + W, comparable with the fused BWD */
+    mmp_trace_span(&w->trace, split ? "Bi" : "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
+    return MMP_OK;
+}
+
+/* zb-h1's BWD_WEIGHT: the weight gradients BWD_INPUT recorded, into the
+ * gradient sums (nn/wgrad.h); then the micro-batch's activations are free. */
+static mmp_err do_wgt(worker *w, int step, int mb)
+{
+    flight *f = flight_find(w, mb);
+    if (!f || !f->b_done) {
+        return mmp_errorf(MMP_ERR_INTERNAL, "weight pass %d without its BWD_INPUT", mb);
+    }
+    double t0 = mmp_now();
+    mmp_err e = MMP_OK;
+    if (worker_simulated(w)) {
+        sim_half_bwd(w, step, f->n);
+    } else if (w->kind == MMP_BRANCH_IMAGE) {
+        e = mmp_image_net_backward_weights(w->img, &f->wg);
+    } else if (w->kind == MMP_BRANCH_TEXT) {
+        e = mmp_text_net_backward_weights(w->txt, &f->wg);
+    } else {
+        e = mmp_fusion_net_backward_weights(w->fus, &f->wg);
+    }
+    f->b_done = 0;
+    f->mb = -1;
+    w->inflight--;
+    MMP_TRY(e);
+    double ms = (mmp_now() - t0) * 1e3;
+    w->busy_ms += ms;
     w->bwd_ms[mb] += (float)ms;
-    mmp_trace_span(&w->trace, "B", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
+    w->wgt_ms[mb] += (float)ms;
+    mmp_trace_span(&w->trace, "W", "compute", 0, t0 * 1e6, ms * 1e3, step + 1, mb);
     return MMP_OK;
 }
 
@@ -862,6 +916,7 @@ mmp_err worker_run_step(worker *w, int step)
     memset(&w->loss, 0, sizeof w->loss);
     memset(w->fwd_ms, 0, (size_t)a->microbatches * sizeof(float));
     memset(w->bwd_ms, 0, (size_t)a->microbatches * sizeof(float));
+    memset(w->wgt_ms, 0, (size_t)a->microbatches * sizeof(float));
     for (size_t i = 0; i < w->n_prog; i++) {
         const Mmpipe__Instr *in = w->prog[i];
         chan *c = in->edge >= 0 ? chan_of(w, in->edge) : NULL;
@@ -892,8 +947,12 @@ mmp_err worker_run_step(worker *w, int step)
             e = worker_do_send_act(w, step, mb, c, 0);
             break;
         case MMPIPE__OP__BWD:
+        case MMPIPE__OP__BWD_INPUT:
             zc_prepare(w, i, MMPIPE__OP__SEND_GRAD, mb);
-            e = do_bwd(w, step, mb);
+            e = do_bwd(w, step, mb, in->op == MMPIPE__OP__BWD_INPUT);
+            break;
+        case MMPIPE__OP__BWD_WEIGHT:
+            e = do_wgt(w, step, mb);
             break;
         case MMPIPE__OP__SEND_GRAD:
             e = do_send_grad(w, step, mb, c);
@@ -938,6 +997,7 @@ mmp_err worker_run_step(worker *w, int step)
         tm[m].mb = i;
         tm[m].fwd_ms = w->fwd_ms[i];
         tm[m].bwd_ms = w->bwd_ms[i];
+        tm[m].wgt_ms = w->wgt_ms[i];
         tp[m] = &tm[m];
         m++;
     }

@@ -33,6 +33,7 @@
 #include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/optim.h"
+#include "nn/wgrad.h"
 #include "stages/fuse.h"
 #include "stages/pairing.h"
 #include "stages/peer.h"
@@ -83,6 +84,10 @@ typedef struct flight {
     void *acts;
     float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along (backend) */
     float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip; HOST) */
+    /* zb-h1: BWD_INPUT ran, its weight gradients wait in wg for BWD_WEIGHT;
+     * the activations stay until then (W reads the layers' inputs). */
+    int b_done;
+    mmp_wgrad wg;
 } flight;
 
 typedef struct worker {
@@ -161,7 +166,7 @@ typedef struct worker {
     float *out_mask, *out_valid;
     /* per-step accounting */
     double busy_ms, data_ms;
-    float *fwd_ms, *bwd_ms;
+    float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
     int inflight, max_inflight;
     mmp_loss_parts loss;
     float clip_coef;

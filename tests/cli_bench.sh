@@ -46,7 +46,12 @@ usage_error() { # NAME PATTERN ARGS...: exit status 2 and PATTERN on stderr
   if [ $rc -eq 2 ] && grep -qE -- "$pat" <<<"$out" && [ ! -e "$W/usage" ]; then ok "$name"
   else fail "$name (rc=$rc, wanted 2 and /$pat/):"; echo "$out" | head -3 | sed 's/^/    /'; fi
 }
-usage_error "unknown --schedules value" "--schedules: unknown value 'zb'" --schedules gpipe,zb
+usage_error "unknown --schedules value" "--schedules: unknown value 'zb' \(one of: gpipe, 1f1b, zb-h1\)" \
+  --schedules gpipe,zb
+out=$("$BIN" bench "$W/plan.yaml" --out "$W/dry" --schedules zb-h1 --microbatches 4 \
+  --placement 'split=stages.image.split=[2]' --dry-run 2>&1)
+grep -q "train.schedule=zb-h1" <<<"$out" && ok "--schedules zb-h1: its runs set train.schedule=zb-h1" \
+  || { fail "--schedules zb-h1 dry run:"; echo "$out" | tail -3 | sed 's/^/    /'; }
 usage_error "--placement without KEY=VALUE" "--placement 'split=stages.image.split': .* is not KEY=VALUE" \
   --placement 'split=stages.image.split'
 usage_error "--placement without a name" "--placement '=stages.image.split=\[2\]': no NAME" \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The multi-process pipeline on one host, end to end: separate stage
-# processes; the same checkpoints as --single-process for gpipe and 1f1b
-# (the default model.fusion.itc_scope: batch; microbatch too),
+# processes; the same checkpoints as --single-process for gpipe, 1f1b and
+# zb-h1 (the default model.fusion.itc_scope: batch; microbatch too; zb-h1 also
+# on a three-way image split with replicas under both scopes),
 # micro-batch counts 1, 4, 8 (and 5, which does not divide the batch) and
 # an image branch split into two sub-stages; the in-flight bound of each
 # schedule in the stages' own reports; nothing left behind after a normal
@@ -19,7 +20,7 @@ for m in 1 4 5 8; do
   "$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_m$m" --set train.microbatches=$m \
     >"$W/single_m$m.log" 2>&1 || { fail "single m=$m"; tail -3 "$W/single_m$m.log"; }
 done
-for sched in gpipe 1f1b; do
+for sched in gpipe 1f1b zb-h1; do
   for m in 1 4 5 8; do
     for split in none 2; do
       name=${sched}_m${m}_s$split
@@ -58,7 +59,7 @@ ls "$W/1f1b_m4_s2"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok
 # default batch scope every stage holds all m (tests/cli_itc_scope.sh).
 "$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_m8_mb" --set train.microbatches=8 \
   --set model.fusion.itc_scope=microbatch >"$W/single_m8_mb.log" 2>&1 || fail "single m=8 microbatch scope"
-for sched in gpipe 1f1b; do
+for sched in gpipe 1f1b zb-h1; do
   name=${sched}_m8_s2_mb
   "$BIN" launch "$W/plan.yaml" --out "$W/$name" --set train.schedule=$sched --set train.microbatches=8 \
     --set 'stages.image.split=[2]' --set model.fusion.itc_scope=microbatch >"$W/$name.log" 2>&1 \
@@ -77,6 +78,20 @@ check_inflight 1f1b_m8_s2_mb text.0 2
 check_inflight 1f1b_m8_s2_mb fusion 1
 check_inflight gpipe_m8_s2_mb image.0 8
 check_inflight gpipe_m8_s2_mb fusion 1
+# zb-h1 holds a micro-batch from F to its W: every stage up to 1F1B's peak (3)
+for st in image.0 image.1 text.0 fusion; do check_inflight zb-h1_m8_s2_mb $st 3; done
+grep -q '"name":"W"' "$W/zb-h1_m8_s2_mb/trace.json" && grep -q '"name":"Bi"' "$W/zb-h1_m8_s2_mb/trace.json" \
+  && ok "zb-h1: split backward traced (Bi and W spans)" || fail "zb-h1: no Bi/W spans in trace.json"
+# zb-h1 on image split three ways, its middle sub-stage and fusion replicated, both scopes
+for scope in batch microbatch; do
+  name=zb-h1_rep_$scope
+  ref=single_m8; [ $scope = microbatch ] && ref=single_m8_mb
+  "$BIN" launch "$W/plan.yaml" --out "$W/$name" --set train.schedule=zb-h1 --set train.microbatches=8 \
+    --set 'stages.image.split=[1,3]' --set 'stages.image.replicas=[1,2,1]' --set stages.fusion.replicas=2 \
+    --set model.fusion.itc_scope=$scope >"$W/$name.log" 2>&1 || { fail "$name: launch"; tail -5 "$W/$name.log" | sed 's/^/    /'; }
+  out=$(same_ckpt "$W/$ref" "$W/$name") && ok "$name vs single-process: $out" \
+    || fail "$name differs from single-process: $out"
+done
 grep -q '"bubble":0\.[0-9]' "$W/1f1b_m4_snone/metrics.jsonl" && ok "bubble reported" || fail "no bubble"
 [ "$(shm_left "$W"/*.log)" -eq 0 ] && ok "no /dev/shm segments left after normal runs" || fail "shm segments left: $(ls /dev/shm)"
 [ "$(procs_left "$W"/*.log)" -eq 0 ] && ok "no stage processes left" || fail "stage processes left"

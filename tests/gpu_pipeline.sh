@@ -2,7 +2,7 @@
 # The demo model on one GPU (configs/gpu-1.yaml): the image, text and
 # fusion stages as three processes on cuda:0 passing activations and
 # gradients over CUDA IPC.
-#  - 20 steps of the pipeline (1f1b, gpipe, and 1f1b with two image
+#  - 20 steps of the pipeline (1f1b, gpipe, zb-h1, and 1f1b with two image
 #    replicas whose gradients meet in the host's reduce) equal 20 steps of
 #    the single process on the same GPU bit for bit (max_abs_diff=0);
 #  - the GPU single process against the CPU single process (the reference
@@ -31,6 +31,7 @@ run() { # NAME PLAN ARGS...
 run gpu_single configs/gpu-1.yaml --single-process
 run gpu_1f1b configs/gpu-1.yaml
 run gpu_gpipe configs/gpu-1.yaml --set train.schedule=gpipe
+run gpu_zb configs/gpu-1.yaml --set train.schedule=zb-h1
 # two image replicas on the GPU: their gradients summed through the host's reduce
 run gpu_replicas configs/gpu-1.yaml --set stages.image.replicas=2 \
   --set "hosts=[{name: localhost, devices: [cuda:0, cuda:0, cuda:0, cuda:0]}]"
@@ -47,7 +48,7 @@ grep -q "data channels: 2 over cuda_ipc, 2 over shm" "$W/mixed.log" && ok "mixed
 grep -q "CUDA MPS daemon started" "$W/gpu_1f1b.log" && ok "three stages on cuda:0 run under the job's MPS daemon" \
   || fail "no MPS daemon: $(grep -i mps "$W/gpu_1f1b.log" | head -2)"
 grep -q "data channels: 4 over cuda_ipc, 0 over shm" "$W/gpu_1f1b.log" && ok "the 4 data channels are cuda_ipc" || fail "transports: $(grep -o "data channels.*" "$W/gpu_1f1b.log")"
-for s in 1f1b gpipe replicas; do
+for s in 1f1b gpipe zb replicas; do
   out=$(same_ckpt "$W/gpu_$s" "$W/gpu_single") && ok "GPU $s pipeline == GPU single process: $out" \
     || fail "GPU $s pipeline differs from the GPU single process: $out"
 done

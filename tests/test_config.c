@@ -297,7 +297,7 @@ static void test_file_errors(void)
         {"wrongtype.yaml", ":4:10: train.batch: expected an integer, got 'abc'"},
         {"range.yaml", ":2:35: train.microbatches: 0 is out of range [1, 1024]"},
         {"badenum.yaml", ":3:13: train.schedule: unknown value 'pipedream' "
-                         "(accepted: gpipe, 1f1b)"},
+                         "(accepted: gpipe, 1f1b, zb-h1)"},
         {"dupkey.yaml", ":5:3: duplicate key 'train.batch' "
                         "(first given at line 3, column 3)"},
         {"notmap.yaml", ":4:9: model.text: expected a mapping, got a list"},

@@ -9,6 +9,7 @@
 #include "common/rng.h"
 #include "kernels/cpu.h"
 #include "nn/model.h"
+#include "nn/wgrad.h"
 #include "tests/harness.h"
 
 #define BN_EPS 1e-5f
@@ -477,6 +478,85 @@ static void test_in_flight(void)
     rig_fini(&r2);
 }
 
+/* zb-h1's split backward (nn/wgrad.h): B of two micro-batches, then their
+ * W's, gives the fused backward's input gradients and gradient sums to the
+ * bit, step after step (the recorder's store kept), in fp32 and bf16. */
+static void test_split_backward(void)
+{
+    int ch[2] = {4, 8}, bl[2] = {1, 1};
+    const int B = 3;
+    for (int prec = 0; prec < 2; prec++) {
+        mmp_plan plan;
+        make_plan(&plan, 8, 2, ch, bl, 6, 0);
+        plan.train.precision = prec ? MMP_PREC_BF16 : MMP_PREC_FP32;
+        int L = mmp_image_net_layers(&plan);
+        rig ref, spl;
+        if (!rig_init(&ref, &plan, 1, L, 9, B)) {
+            return;
+        }
+        if (!rig_init(&spl, &plan, 1, L, 9, B)) {
+            rig_fini(&ref);
+            return;
+        }
+        mmp_image_acts *ref2 = NULL, *spl2 = NULL;
+        CHECK_OK(mmp_image_acts_create(&ref2, ref.net, B));
+        CHECK_OK(mmp_image_acts_create(&spl2, spl.net, B));
+        mmp_wgrad wg1, wg2;
+        mmp_wgrad_init(&wg1, mmp_backend_cpu());
+        mmp_wgrad_init(&wg2, mmp_backend_cpu());
+        size_t n_in = (size_t)B * ref.in_n, n_out = (size_t)B * ref.out_n;
+        float *x = alloc_floats(2 * n_in), *d = alloc_floats(2 * n_out), *out = alloc_floats(n_out);
+        float *din_r = alloc_floats(2 * n_in), *din_s = alloc_floats(2 * n_in);
+        mmp_params *pr = mmp_image_net_params(ref.net), *ps = mmp_image_net_params(spl.net);
+        for (int step = 0; step < 2 && ref2 && spl2; step++) {
+            mmp_test_fill(x, 2 * n_in, -1.0f, 1.0f, 10 + (uint64_t)step);
+            mmp_test_fill(d, 2 * n_out, -1.0f, 1.0f, 20 + (uint64_t)step);
+            memset(din_r, 0, 2 * n_in * sizeof(float));
+            memset(din_s, 0, 2 * n_in * sizeof(float));
+            mmp_params_zero_grad(pr);
+            mmp_params_zero_grad(ps);
+            mmp_image_net_forward(ref.net, ref.acts, x, B, 1, out);
+            mmp_image_net_forward(ref.net, ref2, x + n_in, B, 1, out);
+            mmp_image_net_forward(spl.net, spl.acts, x, B, 1, out);
+            mmp_image_net_forward(spl.net, spl2, x + n_in, B, 1, out);
+            for (int mb = 0; mb < 2; mb++) {
+                mmp_params_mb_begin(pr);
+                mmp_image_net_backward(ref.net, mb ? ref2 : ref.acts, d + mb * n_out, B,
+                                       din_r + mb * n_in);
+                mmp_params_mb_end(pr);
+                mmp_params_mb_begin(ps);
+                mmp_image_net_backward_input(spl.net, mb ? spl2 : spl.acts, d + mb * n_out, B,
+                                             din_s + mb * n_in, mb ? &wg2 : &wg1);
+                mmp_params_mb_end(ps);
+            }
+            CHECK(same_bits(din_r, din_s, 2 * n_in));
+            CHECK(mmp_wgrad_pending(&wg1) && mmp_wgrad_pending(&wg2));
+            mmp_params_grad_finish(ps);
+            mmp_params_grad_finish(pr);
+            /* the conv weights' gradients are not there yet */
+            CHECK(!same_bits(pr->grads, ps->grads, pr->total));
+            CHECK_OK(mmp_image_net_backward_weights(spl.net, &wg1));
+            CHECK_OK(mmp_image_net_backward_weights(spl.net, &wg2));
+            CHECK(!mmp_wgrad_pending(&wg1) && !mmp_wgrad_pending(&wg2));
+            mmp_params_grad_finish(ps);
+            CHECK(same_bits(pr->grads, ps->grads, pr->total));
+            CHECK(mmp_params_grad_sumsq(ps) > 0);
+        }
+        mmp_wgrad_fini(&wg1);
+        mmp_wgrad_fini(&wg2);
+        mmp_wgrad_fini(&wg2); /* idempotent */
+        mmp_image_acts_destroy(ref2);
+        mmp_image_acts_destroy(spl2);
+        free(x);
+        free(d);
+        free(out);
+        free(din_r);
+        free(din_s);
+        rig_fini(&ref);
+        rig_fini(&spl);
+    }
+}
+
 /* ---- initialisation ------------------------------------------------------------------ */
 
 static void test_init(void)
@@ -836,7 +916,8 @@ static void test_gradients(void)
     gradcheck(6, 1, blocks_12);
 }
 
-MMP_TEST_LIST("test_nn_image", MMP_TEST_CASE(test_shapes), MMP_TEST_CASE(test_gradients),
-              MMP_TEST_CASE(test_split), MMP_TEST_CASE(test_in_flight), MMP_TEST_CASE(test_init),
+MMP_TEST_LIST("test_nn_image", MMP_TEST_CASE(test_split_backward), MMP_TEST_CASE(test_shapes),
+              MMP_TEST_CASE(test_gradients), MMP_TEST_CASE(test_split),
+              MMP_TEST_CASE(test_in_flight), MMP_TEST_CASE(test_init),
               MMP_TEST_CASE(test_eval_stem), MMP_TEST_CASE(test_eval_net),
               MMP_TEST_CASE(test_bn_log))

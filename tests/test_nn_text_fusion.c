@@ -10,6 +10,7 @@
 
 #include "common/rng.h"
 #include "nn/model.h"
+#include "nn/wgrad.h"
 #include "tests/harness.h"
 
 /* Finite differences run the float32 forward at x +- h and x +- 2h and use
@@ -828,6 +829,112 @@ static void test_fusion_image_tokens(const mmp_plan *plan)
     }
 }
 
+/* ---- zb-h1's split backward (nn/wgrad.h) --------------------------------------- */
+
+/* Text (a range past the embedding, so with an input gradient) and fusion:
+ * two micro-batches' B passes, then their W's, equal the fused backwards'
+ * input gradients and gradient sums to the bit. */
+static void test_split_backward(void)
+{
+    mmp_plan plan;
+    plan_tiny(&plan);
+    const int L = mmp_text_net_layers(&plan);
+    mmp_wgrad wg[2];
+    for (int k = 0; k < 2; k++) {
+        mmp_wgrad_init(&wg[k], mmp_backend_cpu());
+    }
+    /* text */
+    text_case *c[2][2] = {{NULL}}; /* [fused, split][mb]: one net per variant, acts per mb */
+    for (int v = 0; v < 2; v++) {
+        for (int mb = 0; mb < 2; mb++) {
+            c[v][mb] = calloc(1, sizeof *c[v][mb]);
+            text_inputs(c[v][mb]);
+            mmp_test_fill(c[v][mb]->in, TB * TT * TD, -1.0f, 1.0f, 30 + (uint64_t)mb);
+            mmp_test_fill(c[v][mb]->R, TB * TT * TD, -1.0f, 1.0f, 40 + (uint64_t)mb);
+        }
+        CHECK_OK(text_create(c[v][0], &plan, 1, L, 3));
+        c[v][1]->net = c[v][0]->net;
+        CHECK_OK(mmp_text_acts_create(&c[v][1]->acts, c[v][0]->net, TB));
+    }
+    float din[2][2][TB * TT * TD] = {{{0}}};
+    for (int v = 0; v < 2 && c[0][1]->acts && c[1][1]->acts; v++) {
+        mmp_params *p = mmp_text_net_params(c[v][0]->net);
+        mmp_params_zero_grad(p);
+        for (int mb = 0; mb < 2; mb++) {
+            text_loss(c[v][mb]);
+        }
+        for (int mb = 0; mb < 2; mb++) {
+            mmp_params_mb_begin(p);
+            if (v) {
+                mmp_text_net_backward_input(c[v][0]->net, c[v][mb]->acts, c[v][mb]->R, TB,
+                                            din[v][mb], &wg[mb]);
+            } else {
+                mmp_text_net_backward(c[v][0]->net, c[v][mb]->acts, c[v][mb]->R, TB, din[v][mb]);
+            }
+            mmp_params_mb_end(p);
+        }
+        for (int mb = 0; v && mb < 2; mb++) {
+            CHECK(mmp_wgrad_pending(&wg[mb]));
+            CHECK_OK(mmp_text_net_backward_weights(c[v][0]->net, &wg[mb]));
+        }
+        mmp_params_grad_finish(p);
+    }
+    mmp_params *p0 = mmp_text_net_params(c[0][0]->net), *p1 = mmp_text_net_params(c[1][0]->net);
+    CHECK(memcmp(din[0], din[1], sizeof din[0]) == 0);
+    CHECK(memcmp(p0->grads, p1->grads, p0->total * sizeof(float)) == 0);
+    CHECK(mmp_params_grad_sumsq(p1) > 0);
+    for (int v = 0; v < 2; v++) {
+        mmp_text_acts_destroy(c[v][1]->acts);
+        text_free(c[v][0]);
+        free(c[v][0]);
+        free(c[v][1]);
+    }
+
+    /* fusion */
+    fusion_case *f[2][2];
+    float dimg[2][2][FB * FNI * FD] = {{{0}}}, dtxt[2][2][FB * FT * FD] = {{{0}}};
+    for (int v = 0; v < 2; v++) {
+        f[v][0] = fusion_case_new(&plan, 50, FB, 0.5f);
+        f[v][1] = fusion_case_new(&plan, 60, FB, 0.5f);
+        mmp_fusion_acts_destroy(f[v][1]->acts); /* its acts on mb 0's net */
+        f[v][1]->acts = NULL;
+        CHECK_OK(mmp_fusion_acts_create(&f[v][1]->acts, f[v][0]->net, FB));
+    }
+    for (int v = 0; v < 2; v++) {
+        mmp_fusion_net *net = f[v][0]->net; /* both micro-batches on mb 0's net */
+        mmp_params *p = mmp_fusion_net_params(net);
+        mmp_params_zero_grad(p);
+        for (int mb = 0; mb < 2; mb++) {
+            mmp_fusion_net_forward(net, f[v][mb]->acts, f[v][mb]->img, f[v][mb]->txt,
+                                   f[v][mb]->mask, FB, &f[v][mb]->parts);
+        }
+        for (int mb = 0; mb < 2; mb++) {
+            mmp_params_mb_begin(p);
+            mmp_fusion_net_defer(net, v ? &wg[mb] : NULL);
+            mmp_fusion_net_backward(net, f[v][mb]->acts, 0.5f, dimg[v][mb], dtxt[v][mb]);
+            mmp_fusion_net_defer(net, NULL);
+            mmp_params_mb_end(p);
+        }
+        for (int mb = 0; v && mb < 2; mb++) {
+            CHECK(mmp_wgrad_pending(&wg[mb]));
+            CHECK_OK(mmp_fusion_net_backward_weights(net, &wg[mb]));
+        }
+        mmp_params_grad_finish(p);
+    }
+    mmp_params *q0 = mmp_fusion_net_params(f[0][0]->net), *q1 = mmp_fusion_net_params(f[1][0]->net);
+    CHECK(memcmp(dimg[0], dimg[1], sizeof dimg[0]) == 0);
+    CHECK(memcmp(dtxt[0], dtxt[1], sizeof dtxt[0]) == 0);
+    CHECK(memcmp(q0->grads, q1->grads, q0->total * sizeof(float)) == 0);
+    CHECK(mmp_params_grad_sumsq(q1) > 0);
+    for (int v = 0; v < 2; v++) {
+        fusion_case_free(f[v][1]); /* its acts first: they belong to mb 0's net */
+        fusion_case_free(f[v][0]);
+    }
+    for (int k = 0; k < 2; k++) {
+        mmp_wgrad_fini(&wg[k]);
+    }
+}
+
 static void test_text(void)
 {
     mmp_plan plan;
@@ -884,5 +991,6 @@ static void test_fusion_behaviour(void)
     test_fusion_image_tokens(&plan);
 }
 
-MMP_TEST_LIST("nn_text_fusion", MMP_TEST_CASE(test_text), MMP_TEST_CASE(test_fusion),
-              MMP_TEST_CASE(test_shallow), MMP_TEST_CASE(test_fusion_behaviour))
+MMP_TEST_LIST("nn_text_fusion", MMP_TEST_CASE(test_split_backward), MMP_TEST_CASE(test_text),
+              MMP_TEST_CASE(test_fusion), MMP_TEST_CASE(test_shallow),
+              MMP_TEST_CASE(test_fusion_behaviour))

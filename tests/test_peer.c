@@ -113,6 +113,26 @@ static void test_program(void)
             CHECK(strstr(mmp_last_error(), cases[i].says) != NULL);
         }
     }
+    /* zb-h1: a BWD_WEIGHT needs its micro-batch's BWD_INPUT before it, once */
+    Mmpipe__Instr b = MMPIPE__INSTR__INIT, w = MMPIPE__INSTR__INIT, w2 = MMPIPE__INSTR__INIT;
+    b.op = MMPIPE__OP__BWD_INPUT, b.mb = 1, b.edge = -1;
+    w.op = w2.op = MMPIPE__OP__BWD_WEIGHT, w.mb = w2.mb = 1, w.edge = w2.edge = -1;
+    Mmpipe__Instr *split[] = {&b, &w, &w2};
+    a.program = split;
+    a.n_program = 2;
+    CHECK_OK(mmp_peer_check_assignment(&a));
+    a.n_program = 3;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO &&
+          strstr(mmp_last_error(), "instruction 2: BWD_WEIGHT of mb 1 repeats an earlier one"));
+    split[0] = &w, split[1] = &b;
+    a.n_program = 2;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO &&
+          strstr(mmp_last_error(), "instruction 0: BWD_WEIGHT of mb 1 before its BWD_INPUT"));
+    b.mb = 2;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO &&
+          strstr(mmp_last_error(), "BWD_WEIGHT of mb 1 without its BWD_INPUT"));
+    a.program = prog;
+    a.n_program = 1;
     i0 = (Mmpipe__Instr)MMPIPE__INSTR__INIT;
     i0.op = MMPIPE__OP__FWD;
     CHECK_OK(mmp_peer_check_assignment(&a));

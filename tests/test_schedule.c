@@ -847,8 +847,229 @@ static void test_batch_loss(void)
     mmp_sched_fini(&m0);
 }
 
-MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_batch_loss), MMP_TEST_CASE(test_route),
-              MMP_TEST_CASE(test_replicas), MMP_TEST_CASE(test_all_shapes),
-              MMP_TEST_CASE(test_exact_lists), MMP_TEST_CASE(test_rejects),
-              MMP_TEST_CASE(test_sim_textbook), MMP_TEST_CASE(test_sim_branches),
-              MMP_TEST_CASE(test_sim_large))
+/* ---- zero bubble (zb-h1) ------------------------------------------------------------- */
+
+/* Swaps instructions a and b of stage st. */
+static void swap_instr(mmp_sched *s, int st, int a, int b)
+{
+    mmp_instr t = s->stages[st].prog[a];
+    s->stages[st].prog[a] = s->stages[st].prog[b];
+    s->stages[st].prog[b] = t;
+}
+
+static void test_zb_h1(void)
+{
+    static const int one[] = {4}, two[] = {3, 7}, text[] = {2};
+    mmp_plan p;
+    mmp_sched s, b1;
+    /* image.0 -> image.1 -> fusion <- text.0, m = 4, the loss per micro-batch:
+     * 1F1B's F and B order (B split: Bi), image.0 (1F1B's peak, 3) defers no
+     * W, image.1, text.0 (bound 2) one, fusion (bound 1) two: each stage
+     * holds at most 3 micro-batches from F to W, 1F1B's peak. */
+    make_plan(&p, MMP_SCHED_ZB_H1, 4, 1, one, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    check_list(
+        &s, "image.0", 0,
+        "L0 F0 Sa0 L1 F1 Sa1 L2 F2 Sa2 Rg0 Bi0 W0 L3 F3 Sa3 Rg1 Bi1 W1 Rg2 Bi2 W2 Rg3 Bi3 W3 "
+        "NORM OPT");
+    check_list(&s, "image.1", 0,
+               "Ra0 F0 Sa0 Ra1 F1 Sa1 Rg0 Bi0 Sg0 Ra2 F2 Sa2 Rg1 Bi1 Sg1 W0 Ra3 F3 Sa3 Rg2 Bi2 Sg2 "
+               "W1 Rg3 Bi3 Sg3 W2 W3 NORM OPT");
+    check_list(
+        &s, "text.0", 0,
+        "L0 F0 Sa0 L1 F1 Sa1 Rg0 Bi0 L2 F2 Sa2 Rg1 Bi1 W0 L3 F3 Sa3 Rg2 Bi2 W1 Rg3 Bi3 W2 W3 "
+        "NORM OPT");
+    check_list(
+        &s, "fusion", 0,
+        "Ra0:e2 Ra0:e4 F0 Bi0 Sg0:e3 Sg0:e5 Ra1:e2 Ra1:e4 F1 Bi1 Sg1:e3 Sg1:e5 Ra2:e2 "
+        "Ra2:e4 F2 Bi2 Sg2:e3 Sg2:e5 W0 Ra3:e2 Ra3:e4 F3 Bi3 Sg3:e3 Sg3:e5 W1 W2 W3 NORM OPT");
+    for (int st = 0; st < s.n_stages; st++) {
+        CHECK(s.stages[st].inflight_bound == 3 && s.stages[st].max_inflight == 3);
+        CHECK(s.stages[st].defer == 3 - (st == 0 ? 3 : st == 3 ? 1 : 2));
+    }
+    /* the same channels (slots) as 1F1B's */
+    make_plan(&p, MMP_SCHED_1F1B, 4, 1, one, 0, NULL);
+    CHECK_OK(mmp_sched_compile(&b1, &p));
+    CHECK(b1.n_edges == s.n_edges);
+    for (int e = 0; e < s.n_edges; e++) {
+        CHECK(b1.edges[e].slots == s.edges[e].slots);
+    }
+    mmp_sched_fini(&b1);
+    char buf[64];
+    mmp_instr in = {.op = MMP_OP_BWD_WEIGHT, .mb = 2, .edge = -1};
+    CHECK(strcmp(mmp_instr_str(&in, buf, sizeof buf), "BWD_WEIGHT mb2") == 0);
+
+    /* the checker: W before its B */
+    char want[512];
+    mmp_sched t;
+    int st = mmp_sched_find(&s, "image.1");
+    clone(&t, &s);
+    int w0 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 0, -1);
+    int bi0 = find_instr(&t, st, MMP_OP_BWD_INPUT, 0, -1);
+    swap_instr(&t, st, w0, bi0);
+    snprintf(want, sizeof want,
+             "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb0): mb0's weight pass comes "
+             "before its BWD_INPUT (instr %d)",
+             bi0, w0);
+    reject_and_free(&t, want);
+    /* a W missing */
+    clone(&t, &s);
+    remove_instr(&t, st, find_instr(&t, st, MMP_OP_BWD_WEIGHT, 3, -1));
+    snprintf(want, sizeof want,
+             "schedule zb-h1: stage image.1 instr %d (BWD_INPUT mb3): mb3 has no BWD_WEIGHT "
+             "before GRAD_NORM",
+             find_instr(&t, st, MMP_OP_BWD_INPUT, 3, -1));
+    reject_and_free(&t, want);
+    /* W's out of micro-batch order (the gradient sums' order) */
+    clone(&t, &s);
+    int w2 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 2, -1);
+    int w3 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 3, -1);
+    swap_instr(&t, st, w2, w3);
+    snprintf(want, sizeof want,
+             "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb2): weight passes must run in "
+             "ascending micro-batch order (the order the gradient sums add them in), but mb3's "
+             "came first (instr %d)",
+             w3, w2);
+    reject_and_free(&t, want);
+    /* a W after a fused BWD */
+    clone(&t, &s);
+    t.stages[st].prog[bi0].op = MMP_OP_BWD;
+    snprintf(want, sizeof want,
+             "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb0): mb0 has no BWD_INPUT to "
+             "take the weight pass of",
+             w0);
+    reject_and_free(&t, want);
+    /* W0 deferred past F3 holds 4 (the W's stay ascending) */
+    clone(&t, &s);
+    int w = find_instr(&t, 0, MMP_OP_BWD_WEIGHT, 0, -1);
+    mmp_instr keep = t.stages[0].prog[w];
+    remove_instr(&t, 0, w);
+    int sa3 = find_instr(&t, 0, MMP_OP_SEND_ACT, 3, 0) + 1;
+    memmove(&t.stages[0].prog[sa3 + 1], &t.stages[0].prog[sa3],
+            (size_t)(t.stages[0].n_prog - sa3) * sizeof *t.stages[0].prog);
+    t.stages[0].prog[sa3] = keep;
+    t.stages[0].n_prog++;
+    snprintf(want, sizeof want,
+             "schedule zb-h1: stage image.0 instr %d (FWD mb3): 4 micro-batches in flight, more "
+             "than the bound 3",
+             find_instr(&t, 0, MMP_OP_FWD, 3, -1));
+    expect_reject(&t, want);
+    /* only the bound broke */
+    t.stages[0].inflight_bound = 4;
+    CHECK_OK(mmp_sched_validate(&t));
+    mmp_sched_fini(&t);
+    /* a split backward in a 1f1b schedule */
+    clone(&t, &s);
+    t.kind = MMP_SCHED_1F1B;
+    snprintf(want, sizeof want,
+             "schedule 1f1b: stage image.0 instr %d (BWD_INPUT mb0): only zb-h1 splits the "
+             "backward (1f1b runs BWD)",
+             find_instr(&t, 0, MMP_OP_BWD_INPUT, 0, -1));
+    reject_and_free(&t, want);
+    mmp_sched_fini(&s);
+
+    /* Every shape compiles and holds at most 1F1B's peak on every stage. */
+    static const int ms[] = {1, 2, 3, 4, 8, 13};
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+        make_plan(&p, MMP_SCHED_ZB_H1, ms[i], 2, two, 1, text);
+        CHECK_OK(mmp_sched_compile(&s, &p));
+        make_plan(&p, MMP_SCHED_1F1B, ms[i], 2, two, 1, text);
+        CHECK_OK(mmp_sched_compile(&b1, &p));
+        int peak = 0;
+        for (int k = 0; k < b1.n_stages; k++) {
+            peak = b1.stages[k].max_inflight > peak ? b1.stages[k].max_inflight : peak;
+        }
+        for (int k = 0; k < s.n_stages; k++) {
+            CHECK(s.stages[k].max_inflight <= peak);
+        }
+        mmp_sched_fini(&b1);
+        mmp_sched_fini(&s);
+    }
+
+    /* Simulated, p = 5 (image.0 .. image.3, fusion), m = 8, F = 1, B + W = 2
+     * (W half): 1F1B (m + p - 1)(F + B + W) = 36; zb-h1 m(F + B + W) +
+     * (p - 1)(F + B - W) = 28, its idle a third of 1F1B's (20 vs 60 ms). */
+    mmp_sim_result r[3];
+    for (int k = 1; k <= 2; k++) {
+        CHECK_OK(compile_graph(&s, (mmp_schedule)k, 8, 4, 0));
+        mmp_sim_costs c = {0};
+        for (int j = 0; j < s.n_stages; j++) {
+            c.fwd_ms[j] = 1;
+            c.bwd_ms[j] = 2;
+        }
+        CHECK_OK(mmp_sched_simulate(&s, &c, &r[k]));
+        if (k == 2) {
+            /* W's share given: 0.5 of 2 ms is the default; W = 0 makes B
+             * the whole backward and W free: m(F + B) + (p - 1)(F + B) */
+            for (int j = 0; j < s.n_stages; j++) {
+                c.wgt_ms[j] = 1;
+            }
+            CHECK_OK(mmp_sched_simulate(&s, &c, &r[0]));
+            CHECK(near(r[0].step_ms, r[2].step_ms));
+            c.wgt_ms[0] = -1;
+            CHECK(mmp_sched_simulate(&s, &c, &r[0]) == MMP_ERR_INVALID);
+        }
+        mmp_sched_fini(&s);
+    }
+    CHECK(near(r[1].step_ms, 36) && near(r[2].step_ms, 28));
+    CHECK(near(r[1].bubble, 60.0 / (5 * 36)) && near(r[2].bubble, 20.0 / (5 * 28)));
+
+    /* Under the batch-wide loss: all m forwards first everywhere (bound m,
+     * defer 0), fusion's BWD fused, each W right after its B; the W's
+     * still run while a stage waits for its next gradient. */
+    make_plan(&p, MMP_SCHED_ZB_H1, 4, 1, one, 0, NULL);
+    p.model.fusion.itc_scope = MMP_ITC_BATCH;
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    check_list(&s, "image.1", 0,
+               "Ra0 F0 Sa0 Ra1 F1 Sa1 Ra2 F2 Sa2 Ra3 F3 Sa3 Rg0 Bi0 Sg0 W0 Rg1 Bi1 Sg1 W1 Rg2 Bi2 "
+               "Sg2 W2 Rg3 Bi3 Sg3 W3 NORM OPT");
+    check_list(&s, "fusion", 1, "F0 F1 F2 F3 B0 B1 B2 B3");
+    /* fusion may not split under it */
+    clone(&t, &s);
+    st = mmp_sched_find(&t, "fusion");
+    int fb = find_instr(&t, st, MMP_OP_BWD, 0, -1);
+    t.stages[st].prog[fb].op = MMP_OP_BWD_INPUT;
+    snprintf(want, sizeof want,
+             "schedule zb-h1: stage fusion instr %d (BWD_INPUT mb0): fusion runs the fused BWD "
+             "under the batch-wide loss (model.fusion.itc_scope: batch)",
+             fb);
+    reject_and_free(&t, want);
+    mmp_sched_fini(&s);
+    for (int k = 1; k <= 2; k++) {
+        mmp_sched g; /* compile_graph's, with the batch-wide loss */
+        memset(&g, 0, sizeof g);
+        for (int j = 0; j < 4; j++) {
+            mmp_sched_stage *h = &g.stages[g.n_stages++];
+            snprintf(h->name, sizeof h->name, "image.%d", j);
+            h->kind = MMP_KIND_IMAGE;
+            h->sub = j;
+            h->n_sub = 4;
+            h->layer_first = j;
+            h->layer_last = j + 1;
+        }
+        mmp_sched_stage *h = &g.stages[g.n_stages++];
+        snprintf(h->name, sizeof h->name, "fusion");
+        h->kind = MMP_KIND_FUSION;
+        h->n_sub = 1;
+        h->layer_last = 1;
+        g.batch_loss = 1;
+        CHECK_OK(mmp_sched_compile_stages(&g, (mmp_schedule)k, 8));
+        mmp_sim_costs c = {0};
+        for (int j = 0; j < g.n_stages; j++) {
+            c.fwd_ms[j] = 1;
+            c.bwd_ms[j] = 2;
+        }
+        CHECK_OK(mmp_sched_simulate(&g, &c, &r[k]));
+        mmp_sched_fini(&g);
+    }
+    /* 1F1B (= GPipe here) 36 ms, zb-h1 33: the last gradients climb the
+     * chain by B alone, each W runs while its stage waits for the next. */
+    CHECK(near(r[1].step_ms, 36) && near(r[2].step_ms, 33));
+    CHECK(r[2].bubble < r[1].bubble);
+}
+
+MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_zb_h1), MMP_TEST_CASE(test_batch_loss),
+              MMP_TEST_CASE(test_route), MMP_TEST_CASE(test_replicas),
+              MMP_TEST_CASE(test_all_shapes), MMP_TEST_CASE(test_exact_lists),
+              MMP_TEST_CASE(test_rejects), MMP_TEST_CASE(test_sim_textbook),
+              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large))

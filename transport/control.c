@@ -678,7 +678,8 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         }
         for (size_t k = 0; k < d->n_mbs; k++) {
             const Mmpipe__MbTiming *t = d->mbs[k];
-            if (!t || t->mb < 0 || !finite_nonneg(t->fwd_ms) || !finite_nonneg(t->bwd_ms)) {
+            if (!t || t->mb < 0 || !finite_nonneg(t->fwd_ms) || !finite_nonneg(t->bwd_ms) ||
+                !finite_nonneg(t->wgt_ms) || t->wgt_ms > t->bwd_ms) {
                 return BAD("step_done: step %d: micro-batch timing %zu: field mb = %d or its "
                            "times out of range",
                            d->step, k, t ? t->mb : -1);

@@ -37,7 +37,7 @@
  * --single-process, two words per --set, NULL */
 #define MMP_BENCH_ARGV_MAX (2 * MMP_BENCH_RUN_SETS + 12)
 
-extern const char *const MMP_BENCH_SCHED_NAMES[2];   /* by mmp_schedule */
+extern const char *const MMP_BENCH_SCHED_NAMES[3];   /* by mmp_schedule */
 extern const char *const MMP_BENCH_BALANCE_NAMES[2]; /* by mmp_balance_mode */
 
 /* One --placement: NAME[=KEY=VALUE[,KEY=VALUE]...]. */

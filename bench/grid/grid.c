@@ -8,7 +8,7 @@
 
 #include "bench/grid/bench.h"
 
-const char *const MMP_BENCH_SCHED_NAMES[2] = {"gpipe", "1f1b"};
+const char *const MMP_BENCH_SCHED_NAMES[3] = {"gpipe", "1f1b", "zb-h1"};
 const char *const MMP_BENCH_BALANCE_NAMES[2] = {"off", "dynamic"};
 
 void mmp_bench_fini(mmp_bench *b)
