@@ -17,18 +17,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 BIN=build/mmpipe
 OUT=runs/bench-balance
-while [ $# -gt 0 ]; do
-  case $1 in
-    --bin) BIN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench/balance.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -x "$BIN" ] || { echo "bench/balance.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
+. bench/lib.sh
+bench_args bench/balance.sh 16 --bin=BIN --out=OUT -- "$@"
+bench_need_bin
 . tests/lib.sh # median, metric, stage_tp
-rm -rf "$OUT"; mkdir -p "$OUT"
-say() { echo "bench/balance.sh: $*" >&2; }
+bench_fresh_out
 run() { # NAME ARGS...: a run into $OUT/NAME; its log beside it
   local name=$1; shift
   say "$name ..."

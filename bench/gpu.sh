@@ -21,21 +21,12 @@ BIN=build/mmpipe
 OUT=runs/bench-gpu
 STEPS=40
 SEED_STEPS=10
-while [ $# -gt 0 ]; do
-  case $1 in
-    --bin) BIN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --seed-steps) SEED_STEPS=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench/gpu.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -x "$BIN" ] || { echo "bench/gpu.sh: no mmpipe binary at $BIN" >&2; exit 2; }
+. bench/lib.sh
+bench_args bench/gpu.sh 17 --bin=BIN --out=OUT --steps=STEPS --seed-steps=SEED_STEPS -- "$@"
+bench_need_bin
 "$BIN" devices | grep -q '^cuda:0' || { echo "bench/gpu.sh: no CUDA device here" >&2; exit 77; }
 . tests/lib.sh # median, metric
-rm -rf "$OUT"; mkdir -p "$OUT"
-say() { echo "bench/gpu.sh: $*" >&2; }
+bench_fresh_out
 gpu=$("$BIN" devices | grep '^cuda:0' | sed 's/^cuda:0 *//')
 "$BIN" data synth --out "$OUT/data32" --samples 2048 --seed 4 >/dev/null 2>&1 || { say "synth failed"; exit 1; }
 "$BIN" data synth --out "$OUT/data224" --samples 256 --image-size 224 --seed 4 >/dev/null 2>&1 \

@@ -15,23 +15,15 @@ cd "$(dirname "$0")/.." || exit 1
 BIN=build/mmpipe
 OUT=runs/bench-hosts-balance
 REPS=3
-while [ $# -gt 0 ]; do
-  case $1 in
-    --bin) BIN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --reps) REPS=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench/hosts_balance.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -x "$BIN" ] || { echo "bench/hosts_balance.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
+. bench/lib.sh
+bench_args bench/hosts_balance.sh 13 --bin=BIN --out=OUT --reps=REPS -- "$@"
+bench_need_bin
 case $REPS in '' | *[!0-9]* | 0) echo "bench/hosts_balance.sh: --reps wants a count >= 1" >&2; exit 2 ;; esac
 . tests/lib.sh # median, metric
 . tests/hosts_lib.sh
 BIN=$(realpath "$BIN")
 rm -rf "$OUT"; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 W=$OUT
-say() { echo "bench/hosts_balance.sh: $*" >&2; }
 trap hosts_down EXIT
 hosts_up ha hb >&2 || { say "cannot make the namespace hosts"; exit 1; }
 "$BIN" data synth --out "$OUT/data" --samples 2000 --seed 4 >/dev/null 2>&1 || { say "synth failed"; exit 1; }

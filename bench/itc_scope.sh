@@ -18,18 +18,9 @@ PLAN=configs/demo.yaml
 OUT=runs/bench-itc-scope
 STEPS=10
 sets=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --bin) BIN=$2; shift 2 ;;
-    --plan) PLAN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench/itc_scope.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -x "$BIN" ] || { echo "bench/itc_scope.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
+. bench/lib.sh
+bench_args bench/itc_scope.sh 13 --bin=BIN --plan=PLAN --out=OUT --steps=STEPS --set=+sets -- "$@"
+bench_need_bin
 "$BIN" bench "$PLAN" --out "$OUT" --force --steps "$STEPS" --warmup 3 --schedules gpipe,1f1b \
   --microbatches 4,8 --placement batch=model.fusion.itc_scope=batch \
   --placement microbatch=model.fusion.itc_scope=microbatch ${sets[@]+"${sets[@]}"} >/dev/null \

@@ -27,18 +27,8 @@ PLAN=configs/demo.yaml STEPS=12 REPS=3 THREADS="1 2" DATA="" BATCH="" MICRO=""
 PYTHON=${PYTHON:-python3}
 BIN=${MMP_BIN:-build/mmpipe}
 TMP=${MMP_TMP:-/tmp/mmpipe-bench-torch}
-while [ $# -gt 0 ]; do
-  case $1 in
-    --steps) STEPS=$2; shift 2 ;;
-    --reps) REPS=$2; shift 2 ;;
-    --threads) THREADS=$2; shift 2 ;;
-    --data) DATA=$2; shift 2 ;;
-    --batch) BATCH=$2; shift 2 ;;
-    --microbatches) MICRO=$2; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) PLAN=$1; shift ;;
-  esac
-done
+. bench/lib.sh
+bench_args bench/torch_vs_mmpipe.sh 23 --steps=STEPS --reps=REPS --threads=THREADS --data=DATA --batch=BATCH --microbatches=MICRO @=PLAN -- "$@"
 "$PYTHON" -c 'import torch' 2>/dev/null || { echo "torch_vs_mmpipe: $PYTHON has no torch (set PYTHON)" >&2; exit 2; }
 mkdir -p "$TMP"
 if [ -z "$DATA" ]; then

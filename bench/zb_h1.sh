@@ -29,19 +29,9 @@ OUT=runs/bench-zb-h1
 STEPS=10
 M=8
 sets=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --bin) BIN=$2; shift 2 ;;
-    --plan) PLAN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --m) M=$2; shift 2 ;;
-    --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench/zb_h1.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -x "$BIN" ] || { echo "bench/zb_h1.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
+. bench/lib.sh
+bench_args bench/zb_h1.sh 24 --bin=BIN --plan=PLAN --out=OUT --steps=STEPS --m=M --set=+sets -- "$@"
+bench_need_bin
 SCOPE=model.fusion.itc_scope=microbatch
 SIM=compute=simulated,sim.cost.image=3,sim.cost.text=1,sim.cost.fusion=1
 # KEY=VALUE,KEY=VALUE one a line (commas inside [] belong to the value)

@@ -16,19 +16,9 @@ OUT=runs/bench-zero-copy
 STEPS=20
 PAIRS=3
 sets=()
-while [ $# -gt 0 ]; do
-  case $1 in
-    --bin) BIN=$2; shift 2 ;;
-    --plan) PLAN=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --steps) STEPS=$2; shift 2 ;;
-    --pairs) PAIRS=$2; shift 2 ;;
-    --set) sets+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench/zero_copy.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
-  esac
-done
-[ -x "$BIN" ] || { echo "bench/zero_copy.sh: no mmpipe binary at $BIN (scripts/setup builds it)" >&2; exit 2; }
+. bench/lib.sh
+bench_args bench/zero_copy.sh 10 --bin=BIN --plan=PLAN --out=OUT --steps=STEPS --pairs=PAIRS --set=+sets -- "$@"
+bench_need_bin
 mkdir -p "$OUT"
 rm -f "$OUT/zc1.sps" "$OUT/zc0.sps"
 for p in $(seq 1 "$PAIRS"); do

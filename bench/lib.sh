@@ -1,0 +1,51 @@
+# Shared preamble of the bench/*.sh scripts (sourced; not a bench itself).
+# A script sets its defaults, then:
+#   . bench/lib.sh
+#   bench_args bench/NAME.sh HELP_LAST --bin=BIN --out=OUT --set=+sets ... -- "$@"
+# SPEC --OPT=VAR takes `--OPT VALUE` into VAR; --OPT=+ARRAY appends
+# `--OPT VALUE` to ARRAY; @=VAR takes any other word into VAR (without it,
+# another word is an error). -h/--help prints the script's header comment
+# (lines 2..HELP_LAST).
+bench_args() {
+  BENCH_NAME=$1
+  local last=$2 spec=() s var found
+  shift 2
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do spec+=("$1"); shift; done
+  shift
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -h | --help) sed -n "2,${last}p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    esac
+    found=
+    for s in "${spec[@]}"; do
+      var=${s#*=}
+      if [ "${s%%=*}" = "$1" ]; then
+        [ $# -ge 2 ] || { echo "$BENCH_NAME: $1 wants a value (see --help)" >&2; exit 2; }
+        if [ "${var#+}" != "$var" ]; then
+          local -n arr=${var#+}
+          arr+=("$1" "$2")
+          unset -n arr
+        else
+          printf -v "$var" '%s' "$2"
+        fi
+        found=2
+        break
+      elif [ "${s%%=*}" = @ ]; then
+        found=@$var
+      fi
+    done
+    case $found in
+      2) shift 2 ;;
+      @*) printf -v "${found#@}" '%s' "$1"; shift ;;
+      *) echo "$BENCH_NAME: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+  done
+}
+# say MESSAGE...: a line on stderr, named after the script.
+say() { echo "$BENCH_NAME: $*" >&2; }
+# bench_need_bin: stops (2) unless $BIN is an executable.
+bench_need_bin() {
+  [ -x "$BIN" ] || { say "no mmpipe binary at $BIN (scripts/setup builds it)"; exit 2; }
+}
+# bench_fresh_out: an empty $OUT.
+bench_fresh_out() { rm -rf "$OUT" && mkdir -p "$OUT"; }
