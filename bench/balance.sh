@@ -14,11 +14,8 @@
 # Prints a Markdown table (for the README).
 #   bench/balance.sh [--bin build/mmpipe] [--out runs/bench-balance]
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-BIN=build/mmpipe
-OUT=runs/bench-balance
-. bench/lib.sh
-bench_args bench/balance.sh 16 --bin=BIN --out=OUT -- "$@"
+. "$(dirname "$0")/lib.sh" || exit 1
+bench_args bench/balance.sh 16 --bin=BIN=build/mmpipe --out=OUT=runs/bench-balance -- "$@"
 bench_need_bin
 . tests/lib.sh # median, metric, stage_tp
 bench_fresh_out

@@ -16,13 +16,9 @@
 # Prints a Markdown table (for the README).
 #   bench/gpu.sh [--bin build/mmpipe] [--out runs/bench-gpu] [--steps N] [--seed-steps N]
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-BIN=build/mmpipe
-OUT=runs/bench-gpu
-STEPS=40
-SEED_STEPS=10
-. bench/lib.sh
-bench_args bench/gpu.sh 17 --bin=BIN --out=OUT --steps=STEPS --seed-steps=SEED_STEPS -- "$@"
+. "$(dirname "$0")/lib.sh" || exit 1
+bench_args bench/gpu.sh 17 --bin=BIN=build/mmpipe --out=OUT=runs/bench-gpu --steps=STEPS=40 \
+  --seed-steps=SEED_STEPS=10 -- "$@"
 bench_need_bin
 "$BIN" devices | grep -q '^cuda:0' || { echo "bench/gpu.sh: no CUDA device here" >&2; exit 77; }
 . tests/lib.sh # median, metric

@@ -11,12 +11,9 @@
 # the table gives the medians over reps. Needs root (network namespaces).
 #   bench/hosts_balance.sh [--bin build/mmpipe] [--out runs/bench-hosts-balance] [--reps 3]
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-BIN=build/mmpipe
-OUT=runs/bench-hosts-balance
-REPS=3
-. bench/lib.sh
-bench_args bench/hosts_balance.sh 13 --bin=BIN --out=OUT --reps=REPS -- "$@"
+. "$(dirname "$0")/lib.sh" || exit 1
+bench_args bench/hosts_balance.sh 13 --bin=BIN=build/mmpipe --out=OUT=runs/bench-hosts-balance \
+  --reps=REPS=3 -- "$@"
 bench_need_bin
 case $REPS in '' | *[!0-9]* | 0) echo "bench/hosts_balance.sh: --reps wants a count >= 1" >&2; exit 2 ;; esac
 . tests/lib.sh # median, metric

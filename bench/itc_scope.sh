@@ -12,14 +12,9 @@
 #   bench/itc_scope.sh [--bin build/mmpipe] [--plan configs/demo.yaml]
 #                      [--out runs/bench-itc-scope] [--steps 10] [--set KEY=VALUE]...
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-BIN=build/mmpipe
-PLAN=configs/demo.yaml
-OUT=runs/bench-itc-scope
-STEPS=10
-sets=()
-. bench/lib.sh
-bench_args bench/itc_scope.sh 13 --bin=BIN --plan=PLAN --out=OUT --steps=STEPS --set=+sets -- "$@"
+. "$(dirname "$0")/lib.sh" || exit 1
+bench_args bench/itc_scope.sh 13 --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
+  --out=OUT=runs/bench-itc-scope --steps=STEPS=10 --set=+sets -- "$@"
 bench_need_bin
 "$BIN" bench "$PLAN" --out "$OUT" --force --steps "$STEPS" --warmup 3 --schedules gpipe,1f1b \
   --microbatches 4,8 --placement batch=model.fusion.itc_scope=batch \

@@ -1,16 +1,27 @@
 # Shared preamble of the bench/*.sh scripts (sourced; not a bench itself).
-# A script sets its defaults, then:
-#   . bench/lib.sh
-#   bench_args bench/NAME.sh HELP_LAST --bin=BIN --out=OUT --set=+sets ... -- "$@"
-# SPEC --OPT=VAR takes `--OPT VALUE` into VAR; --OPT=+ARRAY appends
-# `--OPT VALUE` to ARRAY; @=VAR takes any other word into VAR (without it,
-# another word is an error). -h/--help prints the script's header comment
-# (lines 2..HELP_LAST).
+# Sourcing it moves to the repository root. A script then declares its
+# options with their defaults and parses its arguments:
+#   . "$(dirname "$0")/lib.sh" || exit 1
+#   bench_args bench/NAME.sh HELP_LAST --out=OUT=runs/x --set=+sets ... -- "$@"
+# SPEC --OPT=VAR[=DEFAULT] takes `--OPT VALUE` into VAR (set to DEFAULT
+# first when given); --OPT=+ARRAY appends `--OPT VALUE` to ARRAY (emptied
+# first); @=VAR takes any other word into VAR (without it, another word is
+# an error). -h/--help prints the script's header comment (lines
+# 2..HELP_LAST).
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 bench_args() {
   BENCH_NAME=$1
   local last=$2 spec=() s var found
   shift 2
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do spec+=("$1"); shift; done
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    s=${1#*=}
+    case $s in
+      +*) eval "${s#+}=()" ;;
+      *=*) printf -v "${s%%=*}" '%s' "${s#*=}" ;;
+    esac
+    spec+=("${1%%=*}=${s%%=*}")
+    shift
+  done
   shift
   while [ $# -gt 0 ]; do
     case $1 in

@@ -28,7 +28,8 @@ PYTHON=${PYTHON:-python3}
 BIN=${MMP_BIN:-build/mmpipe}
 TMP=${MMP_TMP:-/tmp/mmpipe-bench-torch}
 . bench/lib.sh
-bench_args bench/torch_vs_mmpipe.sh 23 --steps=STEPS --reps=REPS --threads=THREADS --data=DATA --batch=BATCH --microbatches=MICRO @=PLAN -- "$@"
+bench_args bench/torch_vs_mmpipe.sh 23 --steps=STEPS --reps=REPS --threads=THREADS --data=DATA \
+  --batch=BATCH --microbatches=MICRO @=PLAN -- "$@"
 "$PYTHON" -c 'import torch' 2>/dev/null || { echo "torch_vs_mmpipe: $PYTHON has no torch (set PYTHON)" >&2; exit 2; }
 mkdir -p "$TMP"
 if [ -z "$DATA" ]; then

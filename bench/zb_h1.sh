@@ -22,15 +22,9 @@
 #   bench/zb_h1.sh [--bin build/mmpipe] [--plan configs/demo.yaml] [--m 8]
 #                  [--out runs/bench-zb-h1] [--steps 10] [--set KEY=VALUE]...
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-BIN=build/mmpipe
-PLAN=configs/demo.yaml
-OUT=runs/bench-zb-h1
-STEPS=10
-M=8
-sets=()
-. bench/lib.sh
-bench_args bench/zb_h1.sh 24 --bin=BIN --plan=PLAN --out=OUT --steps=STEPS --m=M --set=+sets -- "$@"
+. "$(dirname "$0")/lib.sh" || exit 1
+bench_args bench/zb_h1.sh 24 --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
+  --out=OUT=runs/bench-zb-h1 --steps=STEPS=10 --m=M=8 --set=+sets -- "$@"
 bench_need_bin
 SCOPE=model.fusion.itc_scope=microbatch
 SIM=compute=simulated,sim.cost.image=3,sim.cost.text=1,sim.cost.fusion=1

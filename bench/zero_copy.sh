@@ -9,15 +9,9 @@
 #                      [--out runs/bench-zero-copy] [--steps 20] [--pairs 3]
 #                      [--set KEY=VALUE]...
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-BIN=build/mmpipe
-PLAN=configs/demo.yaml
-OUT=runs/bench-zero-copy
-STEPS=20
-PAIRS=3
-sets=()
-. bench/lib.sh
-bench_args bench/zero_copy.sh 10 --bin=BIN --plan=PLAN --out=OUT --steps=STEPS --pairs=PAIRS --set=+sets -- "$@"
+. "$(dirname "$0")/lib.sh" || exit 1
+bench_args bench/zero_copy.sh 10 --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
+  --out=OUT=runs/bench-zero-copy --steps=STEPS=20 --pairs=PAIRS=3 --set=+sets -- "$@"
 bench_need_bin
 mkdir -p "$OUT"
 rm -f "$OUT/zc1.sps" "$OUT/zc0.sps"
