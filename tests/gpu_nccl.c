@@ -140,18 +140,35 @@ static int free_port(void)
     return port;
 }
 
+/* A device channel's settings: two slots on device 0. */
+static mmp_channel_cfg gpu_cfg(const char *address, size_t slot_bytes, int send, int timeout_ms)
+{
+    mmp_channel_cfg cfg = {.address = address,
+                           .slot_bytes = slot_bytes,
+                           .slots = 2,
+                           .send = send,
+                           .timeout_ms = timeout_ms,
+                           .on_gpu = 1,
+                           .device = 0};
+    return cfg;
+}
+
+/* A creator on 127.0.0.1 (a port of its own), 4 KiB slots; NULL (a failed
+ * check) when it cannot open. */
+static mmp_channel *open_creator(int timeout_ms)
+{
+    mmp_channel_cfg cfg = gpu_cfg("127.0.0.1:0", 4096, 1, timeout_ms);
+    mmp_channel *ch = NULL;
+    CHECK_OK(mmp_channel_open(&ch, "nccl", &cfg, 1));
+    return ch;
+}
+
 static void test_connect_timeout(void)
 {
     char hp[64], a[600];
     snprintf(hp, sizeof hp, "127.0.0.1:%d", free_port());
     make_address(a, sizeof a, hp);
-    mmp_channel_cfg cfg = {.address = a,
-                           .slot_bytes = 256,
-                           .slots = 2,
-                           .send = 0,
-                           .timeout_ms = 400,
-                           .on_gpu = 1,
-                           .device = 0};
+    mmp_channel_cfg cfg = gpu_cfg(a, 256, 0, 400);
     mmp_channel *ch = NULL;
     double t0 = now_s();
     mmp_err e = mmp_channel_open(&ch, "nccl", &cfg, 0);
@@ -195,15 +212,7 @@ static void test_one_rank(void)
 
 static void test_creator_alone(void)
 {
-    mmp_channel_cfg cfg = {.address = "127.0.0.1:0",
-                           .slot_bytes = 4096,
-                           .slots = 2,
-                           .send = 1,
-                           .timeout_ms = 800,
-                           .on_gpu = 1,
-                           .device = 0};
-    mmp_channel *ch = NULL;
-    CHECK_OK(mmp_channel_open(&ch, "nccl", &cfg, 1));
+    mmp_channel *ch = open_creator(800);
     if (!ch) {
         return;
     }
@@ -232,13 +241,7 @@ static const char *self_path;
  * prints its result: "connect <errname> <message>". */
 static int connector_main(const char *address)
 {
-    mmp_channel_cfg cfg = {.address = address,
-                           .slot_bytes = 4096,
-                           .slots = 2,
-                           .send = 0,
-                           .timeout_ms = 20000,
-                           .on_gpu = 1,
-                           .device = 0};
+    mmp_channel_cfg cfg = gpu_cfg(address, 4096, 0, 20000);
     mmp_channel *ch = NULL;
     mmp_err e = mmp_channel_open(&ch, "nccl", &cfg, 0);
     printf("connect %s %s\n", mmp_err_name(e), e == MMP_OK ? "" : mmp_last_error());
@@ -255,15 +258,7 @@ static int connector_main(const char *address)
 
 static void test_two_ranks_one_gpu(void)
 {
-    mmp_channel_cfg cfg = {.address = "127.0.0.1:0",
-                           .slot_bytes = 4096,
-                           .slots = 2,
-                           .send = 1,
-                           .timeout_ms = 20000,
-                           .on_gpu = 1,
-                           .device = 0};
-    mmp_channel *ch = NULL;
-    CHECK_OK(mmp_channel_open(&ch, "nccl", &cfg, 1));
+    mmp_channel *ch = open_creator(20000);
     if (!ch) {
         return;
     }

@@ -28,10 +28,15 @@ cudaError_t cudaSetDevice(int device)
 {
     return device == 0 ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-cudaError_t cudaMalloc(void **p, size_t bytes)
+/* A zeroed block into *P (streams and events are blocks too). */
+static cudaError_t mock_handle(void **p, size_t bytes)
 {
     *p = calloc(1, bytes ? bytes : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes)
+{
+    return mock_handle(p, bytes);
 }
 cudaError_t cudaFree(void *p)
 {
@@ -41,13 +46,14 @@ cudaError_t cudaFree(void *p)
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     (void)flags;
-    *s = calloc(1, sizeof **s);
-    return *s ? cudaSuccess : cudaErrorMemoryAllocation;
+    void *p = NULL;
+    cudaError_t r = mock_handle(&p, sizeof **s);
+    *s = p;
+    return r;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
-    free(s);
-    return cudaSuccess;
+    return cudaFree(s);
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
@@ -67,13 +73,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
     (void)flags;
-    *e = calloc(1, sizeof **e);
-    return *e ? cudaSuccess : cudaErrorMemoryAllocation;
+    void *p = NULL;
+    cudaError_t r = mock_handle(&p, sizeof **e);
+    *e = p;
+    return r;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-    free(e);
-    return cudaSuccess;
+    return cudaFree(e);
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {

@@ -189,6 +189,25 @@ static void test_roundtrip_creator_receives(void)
     test_roundtrip(0);
 }
 
+/* The connector's end (3 s timeout) of the address a forked creator writes
+ * into the pipe FD (read to its end of file, then closed); NULL (a failed
+ * check) when it cannot open. */
+static mmp_channel *connect_piped(int fd)
+{
+    char address[700] = {0};
+    size_t got = 0;
+    ssize_t k;
+    while (got + 1 < sizeof address &&
+           (k = read(fd, address + got, sizeof address - 1 - got)) > 0) {
+        got += (size_t)k;
+    }
+    close(fd);
+    mmp_channel_cfg c = cfg_of(address, 0, 3000);
+    mmp_channel *ch = NULL;
+    CHECK_OK(mmp_channel_open_with(&ch, &mmp_transport_nccl, &c, 0));
+    return ch;
+}
+
 static void test_sender_killed(void)
 {
     int fds[2];
@@ -209,17 +228,7 @@ static void test_sender_killed(void)
         _exit(1);
     }
     close(fds[1]);
-    char address[700] = {0};
-    size_t got = 0;
-    ssize_t k;
-    while (got + 1 < sizeof address &&
-           (k = read(fds[0], address + got, sizeof address - 1 - got)) > 0) {
-        got += (size_t)k;
-    }
-    close(fds[0]);
-    mmp_channel_cfg c = cfg_of(address, 0, 3000);
-    mmp_channel *ch = NULL;
-    CHECK_OK(mmp_channel_open_with(&ch, &mmp_transport_nccl, &c, 0));
+    mmp_channel *ch = connect_piped(fds[0]);
     if (ch) {
         CHECK(receiver(ch, 3) == 0);
         int before = mock_nccl_aborts;
@@ -276,17 +285,7 @@ static void test_forged_size(void)
         _exit(0);
     }
     close(fds[1]);
-    char address[700] = {0};
-    size_t got = 0;
-    ssize_t k;
-    while (got + 1 < sizeof address &&
-           (k = read(fds[0], address + got, sizeof address - 1 - got)) > 0) {
-        got += (size_t)k;
-    }
-    close(fds[0]);
-    mmp_channel_cfg c = cfg_of(address, 0, 3000);
-    mmp_channel *ch = NULL;
-    CHECK_OK(mmp_channel_open_with(&ch, &mmp_transport_nccl, &c, 0));
+    mmp_channel *ch = connect_piped(fds[0]);
     if (ch) {
         mmp_msg_header h;
         const void *p;
