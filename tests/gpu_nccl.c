@@ -43,7 +43,6 @@ int main(void)
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -52,13 +51,6 @@ int main(void)
 #include "transport/channel.h"
 
 #define NAME "gpu_nccl"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* "host:port#nccl:" + hex of bytes 0, 1, 2, ... (NCCL_UNIQUE_ID_BYTES). */
 static void make_address(char *out, size_t cap, const char *host_port)
@@ -140,24 +132,12 @@ static int free_port(void)
     return port;
 }
 
-/* A device channel's settings: two slots on device 0. */
-static mmp_channel_cfg gpu_cfg(const char *address, size_t slot_bytes, int send, int timeout_ms)
-{
-    mmp_channel_cfg cfg = {.address = address,
-                           .slot_bytes = slot_bytes,
-                           .slots = 2,
-                           .send = send,
-                           .timeout_ms = timeout_ms,
-                           .on_gpu = 1,
-                           .device = 0};
-    return cfg;
-}
-
 /* A creator on 127.0.0.1 (a port of its own), 4 KiB slots; NULL (a failed
  * check) when it cannot open. */
 static mmp_channel *open_creator(int timeout_ms)
 {
-    mmp_channel_cfg cfg = gpu_cfg("127.0.0.1:0", 4096, 1, timeout_ms);
+    mmp_channel_cfg cfg;
+    mmp_test_gpu_channel_cfg(&cfg, "127.0.0.1:0", 4096, 2, 1, timeout_ms);
     mmp_channel *ch = NULL;
     CHECK_OK(mmp_channel_open(&ch, "nccl", &cfg, 1));
     return ch;
@@ -168,11 +148,12 @@ static void test_connect_timeout(void)
     char hp[64], a[600];
     snprintf(hp, sizeof hp, "127.0.0.1:%d", free_port());
     make_address(a, sizeof a, hp);
-    mmp_channel_cfg cfg = gpu_cfg(a, 256, 0, 400);
+    mmp_channel_cfg cfg;
+    mmp_test_gpu_channel_cfg(&cfg, a, 256, 2, 0, 400);
     mmp_channel *ch = NULL;
-    double t0 = now_s();
+    double t0 = mmp_test_now_s();
     mmp_err e = mmp_channel_open(&ch, "nccl", &cfg, 0);
-    double dt = now_s() - t0;
+    double dt = mmp_test_now_s() - t0;
     CHECK(e == MMP_ERR_PEER && ch == NULL);
     CHECK(dt >= 0.3 && dt < 5.0);
     if (e != MMP_ERR_PEER || dt >= 5.0) {
@@ -181,9 +162,9 @@ static void test_connect_timeout(void)
     }
     /* a malformed address: refused before any connection attempt */
     cfg.address = "127.0.0.1:1#nccl:zz";
-    t0 = now_s();
+    t0 = mmp_test_now_s();
     e = mmp_channel_open(&ch, "nccl", &cfg, 0);
-    CHECK(e == MMP_ERR_PROTO && now_s() - t0 < 0.2);
+    CHECK(e == MMP_ERR_PROTO && mmp_test_now_s() - t0 < 0.2);
 }
 
 /* ---- on a device ----------------------------------------------------------------- */
@@ -198,8 +179,8 @@ static void test_one_rank(void)
     ncclComm_t comm = NULL;
     ncclResult_t r = ncclCommInitRankConfig(&comm, 1, id, 0, &config);
     CHECK(r == ncclSuccess || r == ncclInProgress);
-    double t0 = now_s();
-    while (r == ncclInProgress && now_s() - t0 < 30) {
+    double t0 = mmp_test_now_s();
+    while (r == ncclInProgress && mmp_test_now_s() - t0 < 30) {
         ncclResult_t st = ncclInProgress;
         CHECK(ncclCommGetAsyncError(comm, &st) == ncclSuccess);
         r = st;
@@ -221,18 +202,18 @@ static void test_creator_alone(void)
     CHECK_OK(mmp_nccl_parse_address(mmp_channel_address(ch), hp, sizeof hp, id));
     CHECK(strncmp(hp, "127.0.0.1:", 10) == 0 && strcmp(hp, "127.0.0.1:0") != 0);
     void *slot = NULL;
-    double t0 = now_s();
+    double t0 = mmp_test_now_s();
     mmp_err e = mmp_channel_acquire(ch, &slot);
-    double dt = now_s() - t0;
+    double dt = mmp_test_now_s() - t0;
     CHECK(e == MMP_ERR_PEER && strstr(mmp_last_error(), "communicator init"));
     CHECK(dt >= 0.7 && dt < 10);
     if (e != MMP_ERR_PEER) {
         fprintf(stderr, "  acquire with no connector: %s after %.2f s: %s\n", mmp_err_name(e), dt,
                 mmp_last_error());
     }
-    t0 = now_s();
+    t0 = mmp_test_now_s();
     mmp_channel_close(ch);
-    CHECK(now_s() - t0 < 5);
+    CHECK(mmp_test_now_s() - t0 < 5);
 }
 
 static const char *self_path;
@@ -241,7 +222,8 @@ static const char *self_path;
  * prints its result: "connect <errname> <message>". */
 static int connector_main(const char *address)
 {
-    mmp_channel_cfg cfg = gpu_cfg(address, 4096, 0, 20000);
+    mmp_channel_cfg cfg;
+    mmp_test_gpu_channel_cfg(&cfg, address, 4096, 2, 0, 20000);
     mmp_channel *ch = NULL;
     mmp_err e = mmp_channel_open(&ch, "nccl", &cfg, 0);
     printf("connect %s %s\n", mmp_err_name(e), e == MMP_OK ? "" : mmp_last_error());
@@ -264,7 +246,7 @@ static void test_two_ranks_one_gpu(void)
     }
     int out[2];
     CHECK(pipe(out) == 0);
-    double t0 = now_s();
+    double t0 = mmp_test_now_s();
     pid_t pid = fork();
     if (pid == 0) {
         dup2(out[1], 1);
@@ -275,7 +257,7 @@ static void test_two_ranks_one_gpu(void)
     close(out[1]);
     void *slot = NULL;
     mmp_err e = mmp_channel_acquire(ch, &slot);
-    double dt = now_s() - t0;
+    double dt = mmp_test_now_s() - t0;
     fprintf(stderr, "  creator (rank 0) after %.2f s: %s: %s\n", dt, mmp_err_name(e),
             e == MMP_OK ? "" : mmp_last_error());
     CHECK(e == MMP_ERR_PEER && strstr(mmp_last_error(), "nccl"));
@@ -290,10 +272,10 @@ static void test_two_ranks_one_gpu(void)
     close(out[0]);
     int status = 0;
     CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    fprintf(stderr, "  connector (rank 1), %.2f s: %s", now_s() - t0, buf);
+    fprintf(stderr, "  connector (rank 1), %.2f s: %s", mmp_test_now_s() - t0, buf);
     CHECK(strncmp(buf, "connect ", 8) == 0 && strncmp(buf, "connect ok ", 11) != 0 &&
           strstr(buf, "nccl"));
-    CHECK(now_s() - t0 < 40);
+    CHECK(mmp_test_now_s() - t0 < 40);
 }
 
 int main(int argc, char **argv)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "common/ckpt.h"
 #include "common/config.h"
@@ -13,6 +14,7 @@
 #include "nn/model.h"
 #include "nn/params.h"
 #include "common/rng.h"
+#include "transport/channel.h"
 
 int mmp_test_failures = 0;
 int mmp_test_checks = 0;
@@ -92,6 +94,25 @@ const char *mmp_test_tmpdir(const char *name)
         exit(1);
     }
     return path;
+}
+
+double mmp_test_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void mmp_test_gpu_channel_cfg(mmp_channel_cfg *c, const char *address, size_t slot_bytes, int slots,
+                              int send, int timeout_ms)
+{
+    *c = (mmp_channel_cfg){.address = address,
+                           .slot_bytes = slot_bytes,
+                           .slots = slots,
+                           .send = send,
+                           .timeout_ms = timeout_ms,
+                           .on_gpu = 1,
+                           .device = 0};
 }
 
 const char *mmp_test_bin(void)

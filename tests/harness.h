@@ -80,6 +80,15 @@ int mmp_test_write_text(const char *path, const char *text);
 /* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
 const char *mmp_test_tmpdir(const char *name);
 
+/* Seconds on the monotonic clock. */
+double mmp_test_now_s(void);
+
+/* *C = a device channel's settings (on_gpu, device 0, no stream), as the
+ * nccl channel tests (gpu_nccl, test_nccl_mock) open theirs. */
+struct mmp_channel_cfg;
+void mmp_test_gpu_channel_cfg(struct mmp_channel_cfg *c, const char *address, size_t slot_bytes,
+                              int slots, int send, int timeout_ms);
+
 /* Path of the mmpipe binary ($MMP_BIN, else build/mmpipe). */
 const char *mmp_test_bin(void);
 

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/rng.h"
@@ -353,13 +352,6 @@ static void test_closed_vs_simulated(void)
 
 /* ---- scale --------------------------------------------------------------------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 /* A ResNet-152-like image branch (50 layers, dearer towards the middle) and
  * a 24-layer text encoder, batch 4096 in 32 micro-batches. */
 static void big_model(model *M, int D)
@@ -396,9 +388,9 @@ static void test_scale(void)
         model M;
         big_model(&M, devices[i]);
         mmp_planner_result r;
-        double t0 = now_s();
+        double t0 = mmp_test_now_s();
         CHECK_OK(mmp_planner_plan(&M.in, &r));
-        double dt = now_s() - t0;
+        double dt = mmp_test_now_s() - t0;
         char label[64];
         snprintf(label, sizeof label, "%d devices (%.3f s, %d candidates)", devices[i], dt,
                  r.candidates);
@@ -430,9 +422,9 @@ static void test_cli(void)
     static char out[65536];
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "%s simulate configs/cluster-1024.yaml --plan-devices all", bin);
-    double t0 = now_s();
+    double t0 = mmp_test_now_s();
     int rc = mmp_test_run(cmd, out, sizeof out);
-    double dt = now_s() - t0;
+    double dt = mmp_test_now_s() - t0;
     CHECK(rc == 0);
     const char *at = strstr(out, "planner: 1024 devices");
     double ms = -1, eff = -1;

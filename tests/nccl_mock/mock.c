@@ -28,33 +28,31 @@ cudaError_t cudaSetDevice(int device)
 {
     return device == 0 ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-/* A zeroed block into *P (streams and events are blocks too). */
-static cudaError_t mock_handle(void **p, size_t bytes)
+cudaError_t cudaMalloc(void **p, size_t bytes)
 {
     *p = calloc(1, bytes ? bytes : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaMalloc(void **p, size_t bytes)
-{
-    return mock_handle(p, bytes);
 }
 cudaError_t cudaFree(void *p)
 {
     free(p);
     return cudaSuccess;
 }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
-{
-    (void)flags;
-    void *p = NULL;
-    cudaError_t r = mock_handle(&p, sizeof **s);
-    *s = p;
-    return r;
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s)
-{
-    return cudaFree(s);
-}
+/* Streams and events are zeroed blocks, made and freed alike. */
+#define MOCK_HANDLE_API(T, CREATE, DESTROY)                                                        \
+    cudaError_t CREATE(T *h, unsigned flags)                                                       \
+    {                                                                                              \
+        (void)flags;                                                                               \
+        *h = calloc(1, sizeof **h);                                                                \
+        return *h ? cudaSuccess : cudaErrorMemoryAllocation;                                       \
+    }                                                                                              \
+    cudaError_t DESTROY(T h)                                                                       \
+    {                                                                                              \
+        free(h);                                                                                   \
+        return cudaSuccess;                                                                        \
+    }
+MOCK_HANDLE_API(cudaStream_t, cudaStreamCreateWithFlags, cudaStreamDestroy)
+MOCK_HANDLE_API(cudaEvent_t, cudaEventCreateWithFlags, cudaEventDestroy)
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     (void)s;
@@ -69,18 +67,6 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
     (void)s, (void)flags;
     return e ? cudaSuccess : cudaErrorNotReady;
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
-{
-    (void)flags;
-    void *p = NULL;
-    cudaError_t r = mock_handle(&p, sizeof **e);
-    *e = p;
-    return r;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e)
-{
-    return cudaFree(e);
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {

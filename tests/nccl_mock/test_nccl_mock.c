@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "nccl.h"
@@ -34,13 +33,6 @@ extern int mock_nccl_aborts, mock_nccl_destroys;
 #define SLOT 4096
 #define N 300
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static size_t size_of(int k)
 {
     return k % 11 == 0 ? 0 : (size_t)(k * 977) % SLOT + 1;
@@ -48,13 +40,8 @@ static size_t size_of(int k)
 
 static mmp_channel_cfg cfg_of(const char *address, int send, int timeout_ms)
 {
-    mmp_channel_cfg c = {.address = address,
-                         .slot_bytes = SLOT,
-                         .slots = 3,
-                         .send = send,
-                         .timeout_ms = timeout_ms,
-                         .on_gpu = 1,
-                         .device = 0};
+    mmp_channel_cfg c;
+    mmp_test_gpu_channel_cfg(&c, address, SLOT, 3, send, timeout_ms);
     return c;
 }
 
@@ -234,9 +221,9 @@ static void test_sender_killed(void)
         int before = mock_nccl_aborts;
         mmp_msg_header h;
         const void *p;
-        double t0 = now_s();
+        double t0 = mmp_test_now_s();
         CHECK(mmp_channel_recv(ch, &h, &p) == MMP_ERR_PEER);
-        CHECK(now_s() - t0 < 5);
+        CHECK(mmp_test_now_s() - t0 < 5);
         CHECK(mock_nccl_aborts == before + 1);
         /* and after the abort, every call is an error, none touches NCCL */
         CHECK(mmp_channel_recv(ch, &h, &p) == MMP_ERR_PEER);
@@ -309,10 +296,10 @@ static void test_creator_alone(void)
         return;
     }
     void *slot;
-    double t0 = now_s();
+    double t0 = mmp_test_now_s();
     CHECK(mmp_channel_acquire(ch, &slot) == MMP_ERR_PEER &&
           strstr(mmp_last_error(), "communicator init: no progress after 500 ms"));
-    CHECK(now_s() - t0 >= 0.45 && now_s() - t0 < 5);
+    CHECK(mmp_test_now_s() - t0 >= 0.45 && mmp_test_now_s() - t0 < 5);
     mmp_channel_close(ch);
 }
 
