@@ -35,13 +35,10 @@ int main(void)
 
 #else
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,23 +112,6 @@ static void test_can_connect(void)
     CHECK(mmp_transport_nccl.caps == (MMP_TRANSPORT_DEVICE_SLOTS | MMP_TRANSPORT_NETWORK));
 }
 
-/* A loopback port nobody listens on (bound, then closed). */
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (s >= 0 && bind(s, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(s, (struct sockaddr *)&sa, &len) == 0) {
-        port = ntohs(sa.sin_port);
-    }
-    if (s >= 0) {
-        close(s);
-    }
-    return port;
-}
-
 /* A creator on 127.0.0.1 (a port of its own), 4 KiB slots; NULL (a failed
  * check) when it cannot open. */
 static mmp_channel *open_creator(int timeout_ms)
@@ -146,7 +126,7 @@ static mmp_channel *open_creator(int timeout_ms)
 static void test_connect_timeout(void)
 {
     char hp[64], a[600];
-    snprintf(hp, sizeof hp, "127.0.0.1:%d", free_port());
+    snprintf(hp, sizeof hp, "127.0.0.1:%d", mmp_test_free_port());
     make_address(a, sizeof a, hp);
     mmp_channel_cfg cfg;
     mmp_test_gpu_channel_cfg(&cfg, a, 256, 2, 0, 400);

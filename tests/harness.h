@@ -80,6 +80,10 @@ int mmp_test_write_text(const char *path, const char *text);
 /* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
 const char *mmp_test_tmpdir(const char *name);
 
+/* A loopback tcp port nobody listens on right now (the kernel's pick:
+ * bound, then closed); -1 when none could be had. */
+int mmp_test_free_port(void);
+
 /* Seconds on the monotonic clock. */
 double mmp_test_now_s(void);
 

@@ -39,30 +39,13 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* A tcp port nobody listens on right now (the kernel's pick). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
-        port = ntohs(a.sin_port);
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return port;
-}
-
 static const char *endpoint(const char *name)
 {
     static char buf[8][128];
     static int next;
     char *b = buf[next++ % 8];
     if (over_tcp) {
-        snprintf(b, sizeof buf[0], "tcp://127.0.0.1:%d", free_port());
+        snprintf(b, sizeof buf[0], "tcp://127.0.0.1:%d", mmp_test_free_port());
     } else {
         snprintf(b, sizeof buf[0], "ipc://@mmpipe-test-%d-%s", (int)getpid(), name);
     }
@@ -834,7 +817,7 @@ out:
  * unanswered and it calls lost within MMP_CTL_LOST_S seconds. */
 static void test_lost_on_silent_link(void)
 {
-    int port = free_port();
+    int port = mmp_test_free_port();
     char ep[64], via[64];
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
     mmp_ctl *r = NULL, *d = NULL;
