@@ -36,8 +36,11 @@ int mmp_wgrad_pending(const mmp_wgrad *wg)
     return wg->n > 0;
 }
 
-/* A new job with room for n floats of output gradient copied from dout. */
-static mmp_wgrad_job *add(mmp_wgrad *wg, const float *dout, size_t n)
+/* A new job with room for n floats of output gradient copied from dout,
+ * the gradients (dw, db) it will add into and its input and weights; NULL
+ * (wg->err set) when it cannot be had. */
+static mmp_wgrad_job *add(mmp_wgrad *wg, const float *dout, size_t n, int conv, float *dw,
+                          float *db, const float *inp, const float *w)
 {
     if (wg->err != MMP_OK) {
         return NULL;
@@ -72,6 +75,11 @@ static mmp_wgrad_job *add(mmp_wgrad *wg, const float *dout, size_t n)
     mmp_wgrad_job *j = &wg->jobs[wg->n++];
     memset(j, 0, sizeof *j);
     j->dout_at = wg->used;
+    j->conv = conv;
+    j->dw = dw;
+    j->db = db;
+    j->inp = inp;
+    j->w = w;
     wg->be->ops->copy(wg->be, wg->store + wg->used, dout, n * sizeof(float));
     wg->used += n;
     return j;
@@ -80,35 +88,23 @@ static mmp_wgrad_job *add(mmp_wgrad *wg, const float *dout, size_t n)
 void mmp_wgrad_record_linear(mmp_wgrad *wg, float *dw, float *db, const float *dout,
                              const float *inp, const float *w, int N, int C, int OC)
 {
-    mmp_wgrad_job *j = add(wg, dout, (size_t)N * OC);
-    if (!j) {
-        return;
+    mmp_wgrad_job *j = add(wg, dout, (size_t)N * OC, 0, dw, db, inp, w);
+    if (j) {
+        j->N = N;
+        j->C = C;
+        j->OC = OC;
     }
-    j->conv = 0;
-    j->dw = dw;
-    j->db = db;
-    j->inp = inp;
-    j->w = w;
-    j->N = N;
-    j->C = C;
-    j->OC = OC;
 }
 
 void mmp_wgrad_record_conv2d(mmp_wgrad *wg, float *dw, float *db, const float *dout,
                              const float *inp, const float *w, const mmp_conv_shape *s,
                              float *scratch)
 {
-    mmp_wgrad_job *j = add(wg, dout, (size_t)s->N * s->OC * s->OH * s->OW);
-    if (!j) {
-        return;
+    mmp_wgrad_job *j = add(wg, dout, (size_t)s->N * s->OC * s->OH * s->OW, 1, dw, db, inp, w);
+    if (j) {
+        j->s = *s;
+        j->scratch = scratch;
     }
-    j->conv = 1;
-    j->dw = dw;
-    j->db = db;
-    j->inp = inp;
-    j->w = w;
-    j->s = *s;
-    j->scratch = scratch;
 }
 
 static size_t dw_floats(const mmp_wgrad_job *j)

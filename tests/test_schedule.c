@@ -849,6 +849,23 @@ static void swap_instr(mmp_sched *s, int st, int a, int b)
     s->stages[st].prog[b] = t;
 }
 
+/* A copy of s with stage st's (a_op, a_mb) and (b_op, b_mb) swapped must be
+ * rejected with fmt, given where the swap put the first, then the second. */
+static void reject_swapped(const mmp_sched *s, int st, mmp_op a_op, int a_mb, mmp_op b_op, int b_mb,
+                           const char *fmt) __attribute__((format(printf, 7, 0)));
+static void reject_swapped(const mmp_sched *s, int st, mmp_op a_op, int a_mb, mmp_op b_op, int b_mb,
+                           const char *fmt)
+{
+    mmp_sched t;
+    clone(&t, s);
+    int a = find_instr(&t, st, a_op, a_mb, -1);
+    int b = find_instr(&t, st, b_op, b_mb, -1);
+    swap_instr(&t, st, a, b);
+    char want[512];
+    snprintf(want, sizeof want, fmt, b, a);
+    reject_and_free(&t, want);
+}
+
 static void test_zb_h1(void)
 {
     static const int one[] = {4}, two[] = {3, 7}, text[] = {2};
@@ -895,15 +912,9 @@ static void test_zb_h1(void)
     char want[512];
     mmp_sched t;
     int st = mmp_sched_find(&s, "image.1");
-    clone(&t, &s);
-    int w0 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 0, -1);
-    int bi0 = find_instr(&t, st, MMP_OP_BWD_INPUT, 0, -1);
-    swap_instr(&t, st, w0, bi0);
-    snprintf(want, sizeof want,
-             "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb0): mb0's weight pass comes "
-             "before its BWD_INPUT (instr %d)",
-             bi0, w0);
-    reject_and_free(&t, want);
+    reject_swapped(&s, st, MMP_OP_BWD_WEIGHT, 0, MMP_OP_BWD_INPUT, 0,
+                   "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb0): mb0's weight pass "
+                   "comes before its BWD_INPUT (instr %d)");
     /* a W missing */
     clone(&t, &s);
     remove_instr(&t, st, find_instr(&t, st, MMP_OP_BWD_WEIGHT, 3, -1));
@@ -913,19 +924,14 @@ static void test_zb_h1(void)
              find_instr(&t, st, MMP_OP_BWD_INPUT, 3, -1));
     reject_and_free(&t, want);
     /* W's out of micro-batch order (the gradient sums' order) */
-    clone(&t, &s);
-    int w2 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 2, -1);
-    int w3 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 3, -1);
-    swap_instr(&t, st, w2, w3);
-    snprintf(want, sizeof want,
-             "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb2): weight passes must run in "
-             "ascending micro-batch order (the order the gradient sums add them in), but mb3's "
-             "came first (instr %d)",
-             w3, w2);
-    reject_and_free(&t, want);
+    reject_swapped(&s, st, MMP_OP_BWD_WEIGHT, 2, MMP_OP_BWD_WEIGHT, 3,
+                   "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb2): weight passes must "
+                   "run in ascending micro-batch order (the order the gradient sums add them in), "
+                   "but mb3's came first (instr %d)");
     /* a W after a fused BWD */
     clone(&t, &s);
-    t.stages[st].prog[bi0].op = MMP_OP_BWD;
+    int w0 = find_instr(&t, st, MMP_OP_BWD_WEIGHT, 0, -1);
+    t.stages[st].prog[find_instr(&t, st, MMP_OP_BWD_INPUT, 0, -1)].op = MMP_OP_BWD;
     snprintf(want, sizeof want,
              "schedule zb-h1: stage image.1 instr %d (BWD_WEIGHT mb0): mb0 has no BWD_INPUT to "
              "take the weight pass of",
