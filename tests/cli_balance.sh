@@ -37,17 +37,7 @@ rm -rf "$W"; mkdir -p "$W"
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
 
 # --- 1. the math -------------------------------------------------------------------
-cat > "$W/real.yaml" <<YAML
-job:   { name: r, steps: 60, seed: 7 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
-model: { width: 32, image: { blocks: [1, 1, 1], channels: [8, 16, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 30,
-         clip_grad_norm: 0.5 }
-hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu] } ]
-stages: { image: { split: [2], replicas: [2, 1] } }
-balance: { force: { step: 30, set: "stages.image.split=[4]" } }
-YAML
+balance_plan "$W/real.yaml" 60 30 'step: 30, set: "stages.image.split=[4]"'
 "$BIN" launch "$W/real.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
   || { fail "single-process run failed"; tail -5 "$W/single.log"; }
 "$BIN" launch "$W/real.yaml" --out "$W/bal" >"$W/bal.log" 2>&1 \

@@ -68,17 +68,7 @@ steps_once "$W/dyn/metrics.jsonl" 30 && ok "metrics: steps 1..30 once each acros
 nothing_left "sim-uneven dynamic" "$W/dyn.log"
 
 # --- 2. the math: a scripted re-placement across hosts equals one process ----------------
-cat >"$W/real-src.yaml" <<YAML
-job:   { name: r, steps: 20, seed: 7 }
-data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
-model: { width: 32, image: { blocks: [1, 1, 1], channels: [8, 16, 16] },
-         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
-train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0,
-         clip_grad_norm: 0.5 }
-hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu] } ]
-stages: { image: { split: [2], replicas: [2, 1] } }
-balance: { force: { step: 10, set: "stages.image.replicas=[1,2]" } }
-YAML
+balance_plan "$W/real-src.yaml" 20 0 'step: 10, set: "stages.image.replicas=[1,2]"'
 hosts_plan "$W/real-src.yaml" "cpu, cpu" "cpu, cpu, cpu" >"$W/real.yaml"
 "$BIN" launch "$W/real-src.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
   || { fail "single-process run"; tail -5 "$W/single.log"; }

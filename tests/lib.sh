@@ -26,6 +26,22 @@ YAML
   [ $# -gt 4 ] && printf '%s\n' "${@:5}" >> "$W/plan.yaml"
   return 0
 }
+# balance_plan FILE STEPS EVAL_EVERY FORCE: writes FILE, the small real-compute
+# plan of the balance tests (data $W/data, five cpu slots, image split [2] with
+# image.0 x2), re-planned once by balance.force (FORCE: the insides of that map).
+balance_plan() {
+  cat >"$1" <<YAML
+job:   { name: r, steps: $2, seed: 7 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64 }
+model: { width: 32, image: { blocks: [1, 1, 1], channels: [8, 16, 16] },
+         text: { layers: 2, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: $3,
+         clip_grad_norm: 0.5 }
+hosts: [ { name: localhost, devices: [cpu, cpu, cpu, cpu, cpu] } ]
+stages: { image: { split: [2], replicas: [2, 1] } }
+balance: { force: { $4 } }
+YAML
+}
 ok()   { checks=$((checks+1)); echo "ok   $*"; }
 fail() { checks=$((checks+1)); fails=$((fails+1)); echo "FAIL $*"; }
 # expect_fail NAME PATTERN CMD...: CMD must exit non-zero and print PATTERN (grep -E).
