@@ -172,6 +172,42 @@ static chan *zc_chan(worker *w, int grad, int text)
     return NULL;
 }
 
+/* Copies the fp32 segs into slot from *at on, each checked against the
+ * slot's size first: host memory through the transport (mmp_channel_fill),
+ * backend memory by to_host. *at ends past them. */
+static mmp_err fill_slot(worker *w, chan *c, void *slot, size_t *at, const seg *segs, int n_segs)
+{
+    size_t cap = mmp_channel_slot_bytes(c->ch);
+    for (int i = 0; i < n_segs; i++) {
+        size_t bytes = segs[i].n * sizeof(float);
+        if (bytes > cap - *at) {
+            return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu",
+                              c->id, *at + bytes, cap);
+        }
+        if (bytes && segs[i].host) {
+            MMP_TRY(mmp_channel_fill(c->ch, (char *)slot + *at, segs[i].p, bytes));
+        } else if (bytes) {
+            w->be->ops->to_host(w->be, (char *)slot + *at, segs[i].p, bytes);
+        }
+        *at += bytes;
+    }
+    return MMP_OK;
+}
+
+/* Posts c's acquired slot, bytes of payload in it. */
+static mmp_err post_slot(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
+                         size_t bytes)
+{
+    mmp_msg_header h = {.step = step,
+                        .mb = mb,
+                        .digest = digest,
+                        .bytes = bytes,
+                        .n = n,
+                        .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    return mmp_channel_post(c->ch, &h);
+}
+
 /* Posts c's zero-copy slot: data_bytes of output already in it, then segs
  * (mask, valid flags) appended through the transport. */
 static mmp_err zc_post(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
@@ -179,28 +215,9 @@ static mmp_err zc_post(worker *w, chan *c, int step, int mb, int eval, int n, ui
 {
     float *slot = c->zc;
     c->zc = NULL;
-    size_t at = data_bytes, cap = mmp_channel_slot_bytes(c->ch);
-    for (int i = 0; i < n_segs; i++) {
-        size_t bytes = segs[i].n * sizeof(float);
-        if (bytes > cap - at) {
-            return mmp_errorf(MMP_ERR_INVALID, "channel %d: %zu payload bytes, slot holds %zu",
-                              c->id, at + bytes, cap);
-        }
-        if (bytes && segs[i].host) {
-            MMP_TRY(mmp_channel_fill(c->ch, (char *)slot + at, segs[i].p, bytes));
-        } else if (bytes) {
-            w->be->ops->to_host(w->be, (char *)slot + at, segs[i].p, bytes);
-        }
-        at += bytes;
-    }
-    mmp_msg_header h = {.step = step,
-                        .mb = mb,
-                        .digest = digest,
-                        .bytes = at,
-                        .n = n,
-                        .flags = eval ? MMP_MSG_EVAL : 0};
-    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
-    return mmp_channel_post(c->ch, &h);
+    size_t at = data_bytes;
+    MMP_TRY(fill_slot(w, c, slot, &at, segs, n_segs));
+    return post_slot(w, c, step, mb, eval, n, digest, at);
 }
 
 /* Low-precision data on a host-slot channel of a CPU stage: the fp32 parts
@@ -221,24 +238,9 @@ static mmp_err send_packed_in_place(worker *w, chan *c, int step, int mb, int ev
     void *slot = NULL;
     MMP_TRY(mmp_channel_acquire(c->ch, &slot));
     size_t at = 0;
-    for (int i = 1; i < n_segs; i++) {
-        size_t bytes = segs[i].n * sizeof(float);
-        if (bytes && segs[i].host) {
-            MMP_TRY(mmp_channel_fill(c->ch, (char *)slot + at, segs[i].p, bytes));
-        } else if (bytes) {
-            w->be->ops->to_host(w->be, (char *)slot + at, segs[i].p, bytes);
-        }
-        at += bytes;
-    }
+    MMP_TRY(fill_slot(w, c, slot, &at, segs + 1, n_segs - 1));
     w->be->ops->pack_lp(w->be, (char *)slot + at, segs[0].p, segs[0].n, c->prec);
-    mmp_msg_header h = {.step = step,
-                        .mb = mb,
-                        .digest = digest,
-                        .bytes = total,
-                        .n = n,
-                        .flags = eval ? MMP_MSG_EVAL : 0};
-    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
-    return mmp_channel_post(c->ch, &h);
+    return post_slot(w, c, step, mb, eval, n, digest, total);
 }
 
 /* The size is checked against the slot before anything is copied
