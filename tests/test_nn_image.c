@@ -69,6 +69,20 @@ static void rig_fini(rig *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Two rigs alike (the same layers and seed): 1, or 0 with neither made. */
+static int rig_twins(rig *a, rig *b, const mmp_plan *plan, int first, int last, uint64_t seed,
+                     int B)
+{
+    if (!rig_init(a, plan, first, last, seed, B)) {
+        return 0;
+    }
+    if (!rig_init(b, plan, first, last, seed, B)) {
+        rig_fini(a);
+        return 0;
+    }
+    return 1;
+}
+
 /* ---- layer and token arithmetic, argument errors ------------------------------ */
 
 static void test_shapes(void)
@@ -416,11 +430,7 @@ static void test_in_flight(void)
     make_plan(&plan, 8, 2, ch, bl, 6, 0);
     int L = mmp_image_net_layers(&plan);
     rig r1, r2;
-    if (!rig_init(&r1, &plan, 0, L, 9, B)) {
-        return;
-    }
-    if (!rig_init(&r2, &plan, 0, L, 9, B)) {
-        rig_fini(&r1);
+    if (!rig_twins(&r1, &r2, &plan, 0, L, 9, B)) {
         return;
     }
     mmp_image_acts *second = NULL;
@@ -491,11 +501,7 @@ static void test_split_backward(void)
         plan.train.precision = prec ? MMP_PREC_BF16 : MMP_PREC_FP32;
         int L = mmp_image_net_layers(&plan);
         rig ref, spl;
-        if (!rig_init(&ref, &plan, 1, L, 9, B)) {
-            return;
-        }
-        if (!rig_init(&spl, &plan, 1, L, 9, B)) {
-            rig_fini(&ref);
+        if (!rig_twins(&ref, &spl, &plan, 1, L, 9, B)) {
             return;
         }
         mmp_image_acts *ref2 = NULL, *spl2 = NULL;
@@ -816,11 +822,7 @@ static void bn_log_range(const mmp_plan *plan, int first, int last, int64_t want
 {
     const int B = 3;
     rig a, b;
-    if (!rig_init(&a, plan, first, last, 17, B)) {
-        return;
-    }
-    if (!rig_init(&b, plan, first, last, 17, B)) {
-        rig_fini(&a);
+    if (!rig_twins(&a, &b, plan, first, last, 17, B)) {
         return;
     }
     int64_t rf = mmp_image_net_bn_row_floats(b.net);
