@@ -28,6 +28,14 @@ static void make_plan(mmp_plan *p, int S, int n_stages, const int *channels, con
     p->model.image.stem_pool = stem_pool;
 }
 
+/* The small net most tests use: 8x8 images, two stages of 4 and 8 channels
+ * (one block, then blocks2), width 6. */
+static void small_plan(mmp_plan *p, int blocks2, int stem_pool)
+{
+    const int ch[2] = {4, 8}, bl[2] = {1, blocks2};
+    make_plan(p, 8, 2, ch, bl, 6, stem_pool);
+}
+
 static float *alloc_floats(size_t n)
 {
     float *x = calloc(n ? n : 1, sizeof(float));
@@ -354,10 +362,9 @@ static int params_match(mmp_params *part, mmp_params *whole)
 
 static void test_split(void)
 {
-    int ch[2] = {4, 8}, bl[2] = {1, 2};
     const int B = 3;
     mmp_plan plan;
-    make_plan(&plan, 8, 2, ch, bl, 6, 1);
+    small_plan(&plan, 2, 1);
     int L = mmp_image_net_layers(&plan);
     CHECK(L == 5); /* stem (with pool), layer1.0, layer2.0 (down), layer2.1, proj */
     size_t n_in = (size_t)B * 3 * 8 * 8, n_out = (size_t)B * mmp_image_net_tokens(&plan) * 6;
@@ -424,10 +431,9 @@ static void test_split(void)
  * they are with a din. */
 static void test_in_flight(void)
 {
-    int ch[2] = {4, 8}, bl[2] = {1, 1};
     const int B = 3;
     mmp_plan plan;
-    make_plan(&plan, 8, 2, ch, bl, 6, 0);
+    small_plan(&plan, 1, 0);
     int L = mmp_image_net_layers(&plan);
     rig r1, r2;
     if (!rig_twins(&r1, &r2, &plan, 0, L, 9, B)) {
@@ -493,11 +499,10 @@ static void test_in_flight(void)
  * bit, step after step (the recorder's store kept), in fp32 and bf16. */
 static void test_split_backward(void)
 {
-    int ch[2] = {4, 8}, bl[2] = {1, 1};
     const int B = 3;
     for (int prec = 0; prec < 2; prec++) {
         mmp_plan plan;
-        make_plan(&plan, 8, 2, ch, bl, 6, 0);
+        small_plan(&plan, 1, 0);
         plan.train.precision = prec ? MMP_PREC_BF16 : MMP_PREC_FP32;
         int L = mmp_image_net_layers(&plan);
         rig ref, spl;
@@ -738,10 +743,9 @@ static void test_eval_stem(void)
  * the running statistics alone. */
 static void test_eval_net(void)
 {
-    int ch[2] = {4, 8}, bl[2] = {1, 1};
     const int B = 4;
     mmp_plan plan;
-    make_plan(&plan, 8, 2, ch, bl, 6, 1);
+    small_plan(&plan, 1, 1);
     int L = mmp_image_net_layers(&plan);
     rig r;
     if (!rig_init(&r, &plan, 0, L, 5, B)) {
@@ -899,9 +903,8 @@ static void bn_log_range(const mmp_plan *plan, int first, int last, int64_t want
 
 static void test_bn_log(void)
 {
-    int ch[2] = {4, 8}, bl[2] = {1, 2};
     mmp_plan plan;
-    make_plan(&plan, 8, 2, ch, bl, 6, 1);
+    small_plan(&plan, 2, 1);
     int L = mmp_image_net_layers(&plan);
     CHECK(L == 5); /* stem (with pool), layer1.0, layer2.0 (down), layer2.1, proj */
     /* stem 4 + layer1.0 2x4 + layer2.0 3x8 + layer2.1 2x8 channels, mean and var each */
