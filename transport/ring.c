@@ -162,6 +162,19 @@ static void ring_wake(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers)
     }
 }
 
+/* Reads the peer's tail into *tail and refuses it when it is more than this
+ * sender posted (a receiver cannot release what was never posted). */
+static mmp_err read_tail(const mmp_ring *r, memory_order order, uint64_t *tail)
+{
+    *tail = atomic_load_explicit(&r->sh->tail, order);
+    if (*tail > r->count) {
+        return mmp_errorf(
+            MMP_ERR_PROTO, "%s %s: header field tail = %llu, more than the %llu messages posted",
+            r->what, r->name, (unsigned long long)*tail, (unsigned long long)r->count);
+    }
+    return MMP_OK;
+}
+
 /* Waits until *counter >= target (acquire). Polls for spin_ns, then blocks on
  * bell; reports a closed or dead peer and the channel's timeout as
  * MMP_ERR_PEER. `awaited` names the awaited event for the message. */
@@ -240,27 +253,16 @@ static mmp_err ring_acquire(mmp_ring *r, uint32_t *slot, int wait)
             MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
                                  &r->sh->credit_sleepers, "a credit"));
         }
-        /* tail is the peer's word: a receiver cannot release what was never posted. */
-        uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_acquire);
-        if (tail > r->count) {
-            return mmp_errorf(MMP_ERR_PROTO,
-                              "%s %s: header field tail = %llu, more than the %llu messages posted",
-                              r->what, r->name, (unsigned long long)tail,
-                              (unsigned long long)r->count);
-        }
+        uint64_t tail;
+        MMP_TRY(read_tail(r, memory_order_acquire, &tail));
         r->peer_seen = tail; /* checked, and count only grows: it stays valid */
         if (tail < r->count - r->slots + 1) {
             return MMP_ERR_TIMEOUT; /* !wait: the slot is still the receiver's */
         }
     } else if (!reused) {
         /* the first lap needs no credit; a forged tail is still refused */
-        uint64_t tail = atomic_load_explicit(&r->sh->tail, memory_order_relaxed);
-        if (tail > r->count) {
-            return mmp_errorf(MMP_ERR_PROTO,
-                              "%s %s: header field tail = %llu, more than the %llu messages posted",
-                              r->what, r->name, (unsigned long long)tail,
-                              (unsigned long long)r->count);
-        }
+        uint64_t tail;
+        MMP_TRY(read_tail(r, memory_order_relaxed, &tail));
     }
     uint32_t i = (uint32_t)(r->count % r->slots);
     if (r->hooks && r->hooks->acquire) {
