@@ -1,8 +1,9 @@
-/* A stand-in for nccl.h, for tests/nccl_mock only (see mock.c): a 2-rank
- * "communicator" is one unix stream socket between the two processes, found
+/* A stand-in for nccl.h, for tests/nccl_mock only (see mock.c): an R-rank
+ * "communicator" (R <= 8) is a star of unix stream sockets to rank 0, found
  * through an abstract socket name carried in the ncclUniqueId; non-blocking
- * as NCCL's with blocking = 0 (init, send and recv return ncclInProgress and
- * settle under ncclCommGetAsyncError). */
+ * as NCCL's with blocking = 0 (init, send, recv and all-gather return
+ * ncclInProgress and settle under ncclCommGetAsyncError). Send and recv
+ * need R = 2. */
 #ifndef MMP_NCCL_MOCK_NCCL_H
 #define MMP_NCCL_MOCK_NCCL_H
 #include <stddef.h>
@@ -23,7 +24,7 @@ typedef enum {
     ncclRemoteError = 6,
     ncclInProgress = 7
 } ncclResult_t;
-typedef enum { ncclUint8 = 1 } ncclDataType_t;
+typedef enum { ncclUint8 = 1, ncclDouble = 8 } ncclDataType_t;
 typedef struct {
     int blocking;
 } ncclConfig_t;
@@ -40,6 +41,8 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer,
                       cudaStream_t s);
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                       cudaStream_t s);
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                           ncclDataType_t t, ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);

@@ -15,7 +15,24 @@
  *     MMP_ERR_PEER within its timeout, the communicator aborted;
  *  4. a forged side-channel size (slot_bytes + 1): MMP_ERR_PROTO naming it;
  *  5. a creator whose connector never comes: acquire gives MMP_ERR_PEER
- *     naming the communicator init after its timeout. */
+ *     naming the communicator init after its timeout.
+ * The replicas' reduce over NCCL (transport/cuda/reduce_nccl.c: all-gather,
+ * then the rank-order sum):
+ *  6. cfg checks, the id in rank 0's address read back whole, a 1-rank
+ *     communicator (the sum is the input, bitwise);
+ *  7. 3 ranks in 3 processes, 6 rounds of lengths 0 to capacity through
+ *     300-double chunks, data whose sum order shows in the bits: every
+ *     rank's result equals the rank-order sum and the tcp reduce's result,
+ *     bitwise, and differs from the reverse order somewhere; an n over the
+ *     capacity refused first, the ranks still in step; clean finalize;
+ *  8. ranks disagreeing on n: MMP_ERR_PROTO on both, then MMP_ERR_PEER;
+ *  9. a rank SIGKILLed inside the all-gather: the other two get
+ *     MMP_ERR_PEER within their timeout, their communicators aborted;
+ * 10. a rank stalled inside the all-gather: both ends MMP_ERR_PEER after
+ *     their timeout, none hangs;
+ * 11. a rank that never starts its NCCL init (its host reduce answers):
+ *     rank 0's first sum gives MMP_ERR_PEER naming the init. */
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,8 +44,10 @@
 #include "nccl.h"
 #include "tests/harness.h"
 #include "transport/channel.h"
+#include "transport/reduce_nccl.h"
 
 extern int mock_nccl_aborts, mock_nccl_destroys;
+extern int mock_nccl_die_in_collective, mock_nccl_stall_collectives;
 
 #define SLOT 4096
 #define N 300
@@ -197,7 +216,7 @@ static mmp_channel *connect_piped(int fd)
 
 static void test_sender_killed(void)
 {
-    int fds[2];
+    int fds[2] = {-1, -1};
     CHECK(pipe(fds) == 0);
     pid_t pid = fork();
     if (pid == 0) { /* the creator, sending 3 then SIGKILLed */
@@ -235,7 +254,7 @@ static void test_sender_killed(void)
 
 static void test_forged_size(void)
 {
-    int fds[2];
+    int fds[2] = {-1, -1};
     CHECK(pipe(fds) == 0);
     pid_t pid = fork();
     if (pid == 0) { /* a forger: a raw tcp side channel and a mock id of its own */
@@ -303,6 +322,422 @@ static void test_creator_alone(void)
     mmp_channel_close(ch);
 }
 
+
+/* ---- the replicas' reduce over NCCL -------------------------------------------- */
+
+#define RN_CAP 1000
+#define RN_CHUNK 300
+#define RN_MAX 3
+
+/* Rank k's element i of round t: magnitudes 2^-20 to 2^20, both signs, so
+ * the order of the additions shows in the bits. */
+static double rn_value(int rank, int round, size_t i)
+{
+    unsigned long long h = (unsigned long long)(i + 1) * 2654435761ull ^
+                           (unsigned long long)(rank + 1) * 40503ull ^
+                           (unsigned long long)(round + 1) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    double m = (double)(long long)(h % 2000001ull) - 1000000.0;
+    return ldexp(m / 3.0, (int)((h >> 24) % 41) - 20);
+}
+
+typedef struct rn_rank {
+    mmp_reduce *side;
+    mmp_reduce_nccl *r;
+} rn_rank;
+
+static void rn_close(rn_rank *x)
+{
+    mmp_reduce_nccl_close(x->r);
+    mmp_reduce_close(x->side);
+    x->r = NULL;
+    x->side = NULL;
+}
+
+/* Rank `rank` of R: rank 0 listens on 127.0.0.1 and writes the others'
+ * address into out; rank k > 0 reads the id and the host reduce's address
+ * from `address`. nccl = 0: the host reduce alone (a rank that never starts
+ * its NCCL init). */
+static mmp_err rn_open(rn_rank *x, int R, int rank, const char *address, int timeout_ms,
+                       int nccl, char *out, size_t cap)
+{
+    memset(x, 0, sizeof *x);
+    char host_port[700] = "127.0.0.1:0";
+    unsigned char id[MMP_NCCL_ID_BYTES];
+    if (rank > 0) {
+        MMP_TRY(mmp_nccl_parse_address(address, host_port, sizeof host_port, id));
+    }
+    mmp_reduce_cfg rc = {.name = host_port,
+                         .replicas = R,
+                         .rank = rank,
+                         .capacity = 2 * RN_CAP,
+                         .timeout_ms = timeout_ms};
+    MMP_TRY(mmp_reduce_open(&x->side, &rc));
+    mmp_reduce_nccl_cfg nc = {.replicas = R,
+                              .rank = rank,
+                              .capacity = RN_CAP,
+                              .device = 0,
+                              .side = x->side,
+                              .id = rank > 0 ? id : NULL,
+                              .timeout_ms = timeout_ms,
+                              .chunk = RN_CHUNK};
+    mmp_err e = nccl ? mmp_reduce_nccl_open(&x->r, &nc) : MMP_OK;
+    if (e == MMP_OK && rank == 0) {
+        e = mmp_reduce_nccl_address(x->r, mmp_reduce_address(x->side), out, cap);
+    }
+    if (e != MMP_OK) {
+        rn_close(x);
+    }
+    return e;
+}
+
+/* Rank 0's address to a child over a pipe (the control plane's stand-in). */
+static void rn_hand(int fd, const char *address)
+{
+    if (fd < 0) {
+        return;
+    }
+    if (write(fd, address, strlen(address) + 1) < 0) {
+        perror("write");
+    }
+    close(fd);
+}
+
+static void rn_read(int fd, char *address, size_t cap)
+{
+    size_t got = 0;
+    ssize_t k;
+    memset(address, 0, cap);
+    while (got + 1 < cap && (k = read(fd, address + got, cap - 1 - got)) > 0) {
+        got += (size_t)k;
+    }
+    close(fd);
+}
+
+static const size_t rn_lengths[] = {RN_CAP, 7, 0, RN_CHUNK, RN_CHUNK + 1, 1};
+#define RN_ROUNDS (sizeof rn_lengths / sizeof rn_lengths[0])
+
+/* The rounds on rank `rank` of R; returns problems; *shows counts the
+ * elements whose reverse-order sum has other bits. */
+static int rn_rounds(rn_rank *x, int R, int rank, int *shows)
+{
+    static double v[RN_CAP + 1], host[RN_CAP], want[RN_CAP], g[RN_MAX * RN_CAP];
+    int bad = 0;
+    if (mmp_reduce_nccl_sum_f64(x->r, v, RN_CAP + 1) != MMP_ERR_INVALID) {
+        PROBLEM(bad, "rank %d: n over the capacity not refused", rank);
+    }
+    for (size_t t = 0; t < RN_ROUNDS; t++) {
+        size_t n = rn_lengths[t];
+        for (int k = 0; k < R; k++) {
+            for (size_t i = 0; i < n; i++) {
+                g[(size_t)k * n + i] = rn_value(k, (int)t, i);
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            v[i] = host[i] = g[(size_t)rank * n + i];
+            double acc = g[i], rev = g[(size_t)(R - 1) * n + i];
+            for (int k = 1; k < R; k++) {
+                acc = acc + g[(size_t)k * n + i];
+                rev = rev + g[(size_t)(R - 1 - k) * n + i];
+            }
+            want[i] = acc;
+            *shows += memcmp(&acc, &rev, sizeof acc) != 0;
+        }
+        mmp_err e = mmp_reduce_nccl_sum_f64(x->r, v, n);
+        if (e != MMP_OK) {
+            PROBLEM(bad, "rank %d round %zu (n %zu): %s", rank, t, n, mmp_last_error());
+            return bad;
+        }
+        if (n > 0 && memcmp(v, want, n * sizeof *v) != 0) {
+            PROBLEM(bad, "rank %d round %zu: not the rank-order sum's bits", rank, t);
+        }
+        e = mmp_reduce_sum_f64(x->side, host, n);
+        if (e != MMP_OK || (n > 0 && memcmp(v, host, n * sizeof *v) != 0)) {
+            PROBLEM(bad, "rank %d round %zu: not the tcp reduce's bits (%s)", rank, t,
+                    e == MMP_OK ? "differ" : mmp_last_error());
+        }
+    }
+    return bad;
+}
+
+/* Forks ranks 1 .. R-1, each running fn(rank, address) on the address rank
+ * 0 hands it, exiting with its problem count. */
+static void rn_fork(int R, int (*fn)(int rank, const char *address), pid_t *pids, int *fds)
+{
+    for (int k = 1; k < R; k++) {
+        int p[2];
+        fds[k] = -1;
+        if (pipe(p) != 0) {
+            pids[k] = -1;
+            continue;
+        }
+        pids[k] = fork();
+        if (pids[k] == 0) {
+            close(p[1]);
+            for (int j = 1; j < k; j++) { /* the earlier ranks' write ends: their end of file */
+                if (fds[j] >= 0) {
+                    close(fds[j]);
+                }
+            }
+            char address[700];
+            rn_read(p[0], address, sizeof address);
+            _exit(fn(k, address));
+        }
+        close(p[0]);
+        fds[k] = p[1];
+    }
+}
+
+static void test_reduce_cfg_and_one_rank(void)
+{
+    mmp_reduce_nccl *r = NULL;
+    mmp_reduce_nccl_cfg c = {.replicas = 0, .capacity = 8};
+    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID && strstr(mmp_last_error(), "0 replicas"));
+    c = (mmp_reduce_nccl_cfg){.replicas = 2, .rank = 2, .capacity = 8};
+    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID && strstr(mmp_last_error(), "rank 2 of 2"));
+    c.rank = 0;
+    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID &&
+          strstr(mmp_last_error(), "no side reduce"));
+    c = (mmp_reduce_nccl_cfg){.replicas = 2, .rank = 1, .capacity = 8, .side = (mmp_reduce *)&c};
+    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID && strstr(mmp_last_error(), "id"));
+    CHECK(r == NULL);
+
+    c = (mmp_reduce_nccl_cfg){.replicas = 1, .capacity = RN_CAP, .chunk = RN_CHUNK};
+    CHECK_OK(mmp_reduce_nccl_open(&r, &c));
+    if (!r) {
+        return;
+    }
+    char a[700], hp[700], b[700];
+    unsigned char id[MMP_NCCL_ID_BYTES];
+    CHECK_OK(mmp_reduce_nccl_address(r, "10.1.2.3:4567", a, sizeof a));
+    CHECK_OK(mmp_nccl_parse_address(a, hp, sizeof hp, id));
+    CHECK(strcmp(hp, "10.1.2.3:4567") == 0);
+    CHECK(mmp_reduce_nccl_address(r, "10.1.2.3:4567", b, strlen(a)) == MMP_ERR_INVALID);
+    /* the id read back is the one made: formatted again, the same text */
+    size_t n = (size_t)snprintf(b, sizeof b, "%s#nccl:", hp);
+    for (int i = 0; i < MMP_NCCL_ID_BYTES; i++, n += 2) {
+        snprintf(b + n, 3, "%02x", id[i]);
+    }
+    CHECK(strcmp(a, b) == 0);
+    static double v[RN_CAP], in[RN_CAP];
+    for (size_t i = 0; i < RN_CAP; i++) {
+        v[i] = in[i] = rn_value(0, 0, i);
+    }
+    CHECK_OK(mmp_reduce_nccl_sum_f64(r, v, RN_CAP));
+    CHECK(memcmp(v, in, sizeof v) == 0);
+    CHECK_OK(mmp_reduce_nccl_sum_f64(r, v, 0));
+    CHECK(mmp_reduce_nccl_sum_f64(r, NULL, 3) == MMP_ERR_INVALID);
+    int before = mock_nccl_aborts;
+    mmp_reduce_nccl_close(r);
+    CHECK(mock_nccl_aborts == before);
+    mmp_reduce_nccl_close(NULL);
+}
+
+static int rn_shows;
+
+static int rn_rank_main(int rank, const char *address)
+{
+    rn_rank x;
+    if (rn_open(&x, 3, rank, address, 10000, 1, NULL, 0) != MMP_OK) {
+        fprintf(stderr, "  rank %d: open: %s\n", rank, mmp_last_error());
+        return 1;
+    }
+    int shows = 0;
+    int bad = rn_rounds(&x, 3, rank, &shows);
+    int before = mock_nccl_aborts;
+    rn_close(&x);
+    return bad + (mock_nccl_aborts != before);
+}
+
+static void test_reduce_three_ranks(void)
+{
+    pid_t pids[RN_MAX];
+    int fds[RN_MAX] = {-1, -1, -1};
+    rn_fork(3, rn_rank_main, pids, fds);
+    rn_rank x;
+    char a[700];
+    mmp_err e = rn_open(&x, 3, 0, NULL, 10000, 1, a, sizeof a);
+    CHECK_OK(e);
+    for (int k = 1; k < 3; k++) {
+        rn_hand(fds[k], e == MMP_OK ? a : "");
+    }
+    if (e == MMP_OK) {
+        CHECK(rn_rounds(&x, 3, 0, &rn_shows) == 0);
+        CHECK(rn_shows > 100); /* the data can tell a wrong order */
+        int before = mock_nccl_aborts;
+        rn_close(&x);
+        CHECK(mock_nccl_aborts == before); /* finalized and destroyed */
+    }
+    for (int k = 1; k < 3; k++) {
+        CHECK(child_problems(pids[k]) == 0);
+    }
+}
+
+static int rn_disagree_main(int rank, const char *address)
+{
+    rn_rank x;
+    int bad = 0;
+    if (rn_open(&x, 2, rank, address, 10000, 1, NULL, 0) != MMP_OK) {
+        PROBLEM(bad, "rank %d: open: %s", rank, mmp_last_error());
+        return bad;
+    }
+    static double v[8];
+    mmp_err e = mmp_reduce_nccl_sum_f64(x.r, v, (size_t)(5 + rank));
+    if (e != MMP_ERR_PROTO || !strstr(mmp_last_error(), "ranks disagree on n in round 1")) {
+        PROBLEM(bad, "rank %d: %s: %s", rank, mmp_err_name(e), mmp_last_error());
+    }
+    if (mmp_reduce_nccl_sum_f64(x.r, v, 5) != MMP_ERR_PEER) {
+        PROBLEM(bad, "rank %d: a sum after the failure: %s", rank, mmp_last_error());
+    }
+    rn_close(&x);
+    return bad;
+}
+
+static void test_reduce_disagree(void)
+{
+    pid_t pids[2];
+    int fds[2] = {-1, -1};
+    rn_fork(2, rn_disagree_main, pids, fds);
+    char a[700];
+    rn_rank x;
+    mmp_err e = rn_open(&x, 2, 0, NULL, 10000, 1, a, sizeof a);
+    CHECK_OK(e);
+    rn_hand(fds[1], e == MMP_OK ? a : "");
+    if (e == MMP_OK) {
+        static double v[8];
+        CHECK(mmp_reduce_nccl_sum_f64(x.r, v, 5) == MMP_ERR_PROTO &&
+              strstr(mmp_last_error(), "rank 1 has 6"));
+        int before = mock_nccl_aborts;
+        CHECK(mmp_reduce_nccl_sum_f64(x.r, v, 5) == MMP_ERR_PEER &&
+              strstr(mmp_last_error(), "out of step"));
+        CHECK(mock_nccl_aborts == before); /* aborted once, at the failure, not again */
+        rn_close(&x);
+    }
+    CHECK(child_problems(pids[1]) == 0);
+}
+
+/* A rank of 3 (or 2) whose mode is set before it sums: 'k' dies inside the
+ * all-gather, 's' stalls in it, 'n' never starts its NCCL init, 'w' is a
+ * well-behaved rank that must see MMP_ERR_PEER within its timeout. */
+static char rn_mode[RN_MAX];
+static int rn_timeout_ms = 10000;
+
+static int rn_fault_main(int rank, const char *address)
+{
+    rn_rank x;
+    int bad = 0, R = rn_mode[2] ? 3 : 2;
+    char mode = rn_mode[rank];
+    if (mode == 's') {
+        rn_timeout_ms *= 3; /* rank 0 gives up first: its own bound, not this end's close */
+    }
+    if (rn_open(&x, R, rank, address, rn_timeout_ms, mode != 'n', NULL, 0) != MMP_OK) {
+        PROBLEM(bad, "rank %d: open: %s", rank, mmp_last_error());
+        return bad;
+    }
+    static double v[RN_CAP];
+    if (mode == 'n') { /* only the host reduce's agreement round, as a sum would do */
+        static double ns[RN_MAX];
+        ns[rank] = RN_CAP;
+        if (mmp_reduce_sum_f64(x.side, ns, (size_t)R) != MMP_OK) {
+            PROBLEM(bad, "rank %d: the host round: %s", rank, mmp_last_error());
+        }
+        usleep((useconds_t)rn_timeout_ms * 3000); /* until rank 0 gave up */
+        rn_close(&x);
+        return bad;
+    }
+    mock_nccl_die_in_collective = mode == 'k';
+    mock_nccl_stall_collectives = mode == 's';
+    int before = mock_nccl_aborts;
+    double t0 = mmp_test_now_s();
+    mmp_err e = mmp_reduce_nccl_sum_f64(x.r, v, RN_CAP);
+    double dt = mmp_test_now_s() - t0;
+    if (e != MMP_ERR_PEER || dt > rn_timeout_ms / 1000.0 + 3 || mock_nccl_aborts != before + 1) {
+        PROBLEM(bad, "rank %d (%c): %s after %.2f s, %d aborts: %s", rank, mode, mmp_err_name(e),
+                dt, mock_nccl_aborts - before, mmp_last_error());
+    }
+    rn_close(&x);
+    return bad;
+}
+
+/* Runs rank 0 (mode rn_mode[0], 'w') against the forked others; returns
+ * rank 0's error and its message in msg. */
+static mmp_err rn_fault_run(int R, char *msg, size_t cap, double *dt, int *aborts)
+{
+    pid_t pids[RN_MAX];
+    int fds[RN_MAX] = {-1, -1, -1};
+    rn_fork(R, rn_fault_main, pids, fds);
+    char a[700];
+    rn_rank x;
+    mmp_err e = rn_open(&x, R, 0, NULL, rn_timeout_ms, 1, a, sizeof a);
+    CHECK_OK(e);
+    for (int k = 1; k < R; k++) {
+        rn_hand(fds[k], e == MMP_OK ? a : "");
+    }
+    if (e == MMP_OK) {
+        static double v[RN_CAP];
+        int before = mock_nccl_aborts;
+        double t0 = mmp_test_now_s();
+        e = mmp_reduce_nccl_sum_f64(x.r, v, RN_CAP);
+        *dt = mmp_test_now_s() - t0;
+        snprintf(msg, cap, "%s", mmp_last_error());
+        *aborts = mock_nccl_aborts - before;
+        fprintf(stderr, "  rank 0: %s after %.2f s: %s\n", mmp_err_name(e), *dt, msg);
+        CHECK(mmp_reduce_nccl_sum_f64(x.r, v, RN_CAP) == MMP_ERR_PEER);
+        rn_close(&x);
+    }
+    for (int k = 1; k < R; k++) {
+        int st = 0;
+        CHECK(waitpid(pids[k], &st, 0) == pids[k]);
+        if (rn_mode[k] == 'k') {
+            CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+        } else {
+            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+    }
+    return e;
+}
+
+static void test_reduce_peer_killed(void)
+{
+    memcpy(rn_mode, "wwk", 3);
+    rn_timeout_ms = 10000;
+    char msg[512];
+    double dt = 0;
+    int aborts = 0;
+    mmp_err e = rn_fault_run(3, msg, sizeof msg, &dt, &aborts);
+    CHECK(e == MMP_ERR_PEER && strstr(msg, "ncclAllGather") && strstr(msg, "rank 2"));
+    CHECK(dt < 5 && aborts == 1);
+}
+
+static void test_reduce_peer_stalled(void)
+{
+    memcpy(rn_mode, "ws\0", 3);
+    rn_timeout_ms = 600;
+    char msg[512];
+    double dt = 0;
+    int aborts = 0;
+    mmp_err e = rn_fault_run(2, msg, sizeof msg, &dt, &aborts);
+    CHECK(e == MMP_ERR_PEER && strstr(msg, "ncclAllGather: no progress after 600 ms"));
+    CHECK(dt >= 0.55 && dt < 5 && aborts == 1);
+}
+
+static void test_reduce_init_never(void)
+{
+    memcpy(rn_mode, "wn\0", 3);
+    rn_timeout_ms = 500;
+    char msg[512];
+    double dt = 0;
+    int aborts = 0;
+    mmp_err e = rn_fault_run(2, msg, sizeof msg, &dt, &aborts);
+    CHECK(e == MMP_ERR_PEER && strstr(msg, "communicator init: no progress after 500 ms"));
+    CHECK(dt >= 0.45 && dt < 5 && aborts == 1);
+}
+
 MMP_TEST_LIST("test_nccl_mock", MMP_TEST_CASE(test_roundtrip_creator_sends),
               MMP_TEST_CASE(test_roundtrip_creator_receives), MMP_TEST_CASE(test_sender_killed),
-              MMP_TEST_CASE(test_forged_size), MMP_TEST_CASE(test_creator_alone))
+              MMP_TEST_CASE(test_forged_size), MMP_TEST_CASE(test_creator_alone),
+              MMP_TEST_CASE(test_reduce_cfg_and_one_rank), MMP_TEST_CASE(test_reduce_three_ranks),
+              MMP_TEST_CASE(test_reduce_disagree), MMP_TEST_CASE(test_reduce_peer_killed),
+              MMP_TEST_CASE(test_reduce_peer_stalled), MMP_TEST_CASE(test_reduce_init_never))
