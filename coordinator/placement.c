@@ -135,3 +135,12 @@ const char *mmp_edge_transport(mmp_data_transport want, int cross_host, int from
     }
     return gpus ? "cuda_ipc" : "shm";
 }
+
+const char *mmp_reduce_transport(mmp_data_transport want, int cross_host, int all_gpus,
+                                 int have_nccl)
+{
+    if (!cross_host && want != MMP_DATA_TCP) {
+        return "shm";
+    }
+    return cross_host && all_gpus && want == MMP_DATA_AUTO && have_nccl ? "nccl" : "tcp";
+}

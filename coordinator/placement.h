@@ -55,4 +55,12 @@ mmp_err mmp_placement_parse(const char *text, int image_layers, int text_layers,
 const char *mmp_edge_transport(mmp_data_transport want, int cross_host, int from_device,
                                int to_device);
 
+/* The transport of one stage's replicas' reduce (transport/reduce.h):
+ * "shm" when its replicas share one host and want is not tcp; else "nccl"
+ * when they span hosts, every replica is on a GPU (all_gpus), want is auto
+ * and this build has NCCL (have_nccl: a CUDA build), and "tcp" otherwise
+ * (GPU replicas then stage their gradients through host memory). */
+const char *mmp_reduce_transport(mmp_data_transport want, int cross_host, int all_gpus,
+                                 int have_nccl);
+
 #endif

@@ -109,19 +109,30 @@ static int replica0(const coord *c, const mmp_sched_stage *st)
     return -1;
 }
 
-/* Whether stage st's replicas reduce over tcp: forced, or spread over hosts. */
-static int reduce_over_tcp(const coord *c, const mmp_sched_stage *st)
+/* The transport of stage st's replicas' reduce (mmp_reduce_transport):
+ * "shm", "tcp" (forced, or spread over hosts) or "nccl" (spread over hosts,
+ * every replica on a GPU, a CUDA build). */
+static const char *reduce_transport(const coord *c, const mmp_sched_stage *st)
 {
-    if (c->plan->transport.data == MMP_DATA_TCP) {
-        return 1;
-    }
-    int r0 = replica0(c, st);
+    int r0 = replica0(c, st), cross = 0, gpus = 1;
     for (int j = 0; j < c->n; j++) {
-        if (strcmp(c->sched.stages[j].name, st->name) == 0 && proc_host(c, j) != proc_host(c, r0)) {
-            return 1;
+        if (strcmp(c->sched.stages[j].name, st->name) == 0) {
+            cross |= proc_host(c, j) != proc_host(c, r0);
+            gpus &= mmp_plan_slot_device(&c->cur, proc_slot(c, j)) >= 0;
         }
     }
-    return 0;
+#ifdef MMP_HAVE_CUDA
+    int have_nccl = 1;
+#else
+    int have_nccl = 0;
+#endif
+    return mmp_reduce_transport(c->plan->transport.data, cross, gpus, have_nccl);
+}
+
+/* Whether rank 0 of stage st's replicas' reduce reports its address. */
+static int reduce_over_network(const coord *c, const mmp_sched_stage *st)
+{
+    return st->n_replicas > 1 && network(reduce_transport(c, st));
 }
 
 /* An Endpoints message from stage `from` (its tcp creator ends listen there):
@@ -136,7 +147,7 @@ int coord_forward_endpoints(coord *c, int from, const Mmpipe__Endpoints *eps)
     for (size_t k = 0; k < eps->n_endpoints; k++) {
         const Mmpipe__Endpoint *ep = eps->endpoints[k];
         int id = ep->channel;
-        int fits = id == -1 ? st->replica == 0 && st->n_replicas > 1 && reduce_over_tcp(c, st)
+        int fits = id == -1 ? st->replica == 0 && reduce_over_network(c, st)
                             : id >= 0 && id < s->n_edges && s->edges[id].from == from &&
                                   network(edge_transport(c, &s->edges[id]));
         if (!fits) {
@@ -235,10 +246,12 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
             snprintf(ckpt_file, sizeof ckpt_file, "%s.ckpt", kind_names[st->kind]);
         }
         char reduce[MMP_ADDRESS_MAX + 64];
-        if (st->n_replicas > 1 && reduce_over_tcp(c, st)) {
-            /* rank 0 listens and reports its port, as a tcp channel's creator */
-            snprintf(reduce, sizeof reduce, "%s:0",
-                     host_listen_address(c, proc_host(c, replica0(c, st))));
+        if (reduce_over_network(c, st)) {
+            /* rank 0 listens and reports its port, as a tcp channel's
+             * creator; "#nccl": and its ncclUniqueId (transport/reduce_nccl.h) */
+            snprintf(reduce, sizeof reduce, "%s:0%s",
+                     host_listen_address(c, proc_host(c, replica0(c, st))),
+                     strcmp(reduce_transport(c, st), "nccl") == 0 ? "#nccl" : "");
         } else {
             snprintf(reduce, sizeof reduce, "%s-g%d-r-%s", c->shm_prefix, c->launch, st->name);
         }

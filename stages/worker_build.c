@@ -147,20 +147,82 @@ static mmp_err open_channels(worker *w, int pass, char (*addr)[ENDPOINT_MAX])
     return MMP_OK;
 }
 
+/* Rank k > 0 of a reduce over nccl before rank 0's report: the
+ * coordinator's "host:0#nccl". */
+static int nccl_waiting(const char *address)
+{
+    size_t n = strlen(address);
+    return n > 7 && strcmp(address + n - 7, ":0#nccl") == 0;
+}
+
+/* A "#nccl" reduce address: rank 0's "host:0#nccl" (from the coordinator)
+ * or the others' "host:port#nccl:<id hex>" (rank 0's report, untrusted:
+ * checked whole) into the host reduce's "host:port" and (rank > 0) the id. */
+static mmp_err split_nccl(const worker *w, const char *address, char *host, unsigned char *id)
+{
+    if (w->gpu < 0) {
+        return mmp_errorf(MMP_ERR_PROTO, "reduce address '%s': nccl for a stage on the CPU",
+                          address);
+    }
+#ifdef MMP_HAVE_CUDA
+    if (w->asg->replica > 0) {
+        return mmp_nccl_parse_address(address, host, ENDPOINT_MAX, id);
+    }
+    if (!nccl_waiting(address)) {
+        return mmp_errorf(MMP_ERR_PROTO, "reduce address '%s': rank 0 wants \"host:0#nccl\"",
+                          address);
+    }
+    snprintf(host, ENDPOINT_MAX, "%.*s", (int)(strlen(address) - 5), address);
+    (void)id;
+    return MMP_OK;
+#else
+    (void)host, (void)id;
+    return mmp_errorf(MMP_ERR_UNSUPPORTED, "reduce address '%s': nccl, but built without CUDA",
+                      address);
+#endif
+}
+
+/* The replicas' reduce at address: a shm name, "host:port" (tcp), or for
+ * GPU replicas across hosts a "#nccl" address (split_nccl): the gradients
+ * then go over NCCL (w->reduce_dev) beside the tcp reduce (w->reduce). */
 static mmp_err open_reduce(worker *w, const char *address)
 {
     const Mmpipe__Assignment *a = w->asg;
+    char host[ENDPOINT_MAX];
+    unsigned char id[MMP_NCCL_ID_BYTES];
+    int nccl = address[0] != '/' && strstr(address, "#nccl") != NULL;
+    snprintf(host, sizeof host, "%s", address);
+    if (nccl) {
+        MMP_TRY(split_nccl(w, address, host, id));
+    }
     size_t cap = 2 * w->params->total; /* the gradients in double */
     cap = cap > w->gather_floats ? cap : w->gather_floats;
     if ((size_t)a->microbatches * (size_t)w->bn_row > cap) {
         cap = (size_t)a->microbatches * (size_t)w->bn_row;
     }
-    mmp_reduce_cfg rc = {.name = address,
+    if (cap < 2 * (size_t)w->replicas) {
+        cap = 2 * (size_t)w->replicas; /* the nccl reduce's n check: R doubles */
+    }
+    mmp_reduce_cfg rc = {.name = host,
                          .replicas = w->replicas,
                          .rank = a->replica,
                          .capacity = cap,
                          .timeout_ms = peer_timeout_ms(w)};
     MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
+    if (nccl) {
+        MMP_INFO("%s: replicas' reduce over nccl on cuda:%d (all-gather, rank-order sum), tcp via "
+                 "%s beside it (rank %d of %d)",
+                 w->name, w->gpu, mmp_reduce_address(w->reduce), a->replica, w->replicas);
+        mmp_reduce_nccl_cfg nc = {.replicas = w->replicas,
+                                  .rank = a->replica,
+                                  .capacity = w->params->total,
+                                  .device = w->gpu,
+                                  .stream = mmp_backend_stream(w->be),
+                                  .side = w->reduce,
+                                  .id = a->replica > 0 ? id : NULL,
+                                  .timeout_ms = peer_timeout_ms(w)};
+        return mmp_reduce_nccl_open(&w->reduce_dev, &nc);
+    }
     if (address[0] != '/') {
         MMP_INFO("%s: replicas' reduce over tcp via %s (rank %d of %d)", w->name,
                  mmp_reduce_address(w->reduce), a->replica, w->replicas);
@@ -214,10 +276,16 @@ static mmp_err open_data_plane(worker *w)
             n_eps++;
         }
     }
+    char reduce_at[ENDPOINT_MAX];
     if (reduce_tcp && a->replica == 0) {
+        snprintf(reduce_at, sizeof reduce_at, "%s", mmp_reduce_address(w->reduce));
+        if (w->reduce_dev) { /* "host:port#nccl:<the id>" */
+            MMP_TRY(mmp_reduce_nccl_address(w->reduce_dev, mmp_reduce_address(w->reduce), reduce_at,
+                                            sizeof reduce_at));
+        }
         mmpipe__endpoint__init(&eps[n_eps]);
         eps[n_eps].channel = -1;
-        eps[n_eps].address = (char *)mmp_reduce_address(w->reduce);
+        eps[n_eps].address = reduce_at;
         epp[n_eps] = &eps[n_eps];
         n_eps++;
     }
@@ -232,7 +300,8 @@ static mmp_err open_data_plane(worker *w)
     }
 
     /* Wait for the addresses the connectors need. */
-    int needed = reduce_tcp && a->replica > 0 && port_zero(reduce_addr);
+    int needed =
+        reduce_tcp && a->replica > 0 && (port_zero(reduce_addr) || nccl_waiting(reduce_addr));
     for (size_t i = 0; i < a->n_channels; i++) {
         const Mmpipe__Channel *c = a->channels[i];
         needed += !c->creator && network(c->transport) && port_zero(addr[i]);
@@ -253,7 +322,7 @@ static mmp_err open_data_plane(worker *w)
                     slot = addr[i];
                 }
             }
-            if (!slot || !port_zero(slot) || port_zero(ep->address)) {
+            if (!slot || !(port_zero(slot) || nccl_waiting(slot)) || port_zero(ep->address)) {
                 e = mmp_errorf(MMP_ERR_PROTO,
                                "endpoints: field channel = %d (address '%s') is no tcp end this "
                                "stage connects and still waits for",
@@ -541,6 +610,8 @@ void worker_teardown(worker *w)
         mmp_loader_release(w->loader, w->batch);
     }
     mmp_loader_destroy(w->loader);
+    mmp_reduce_nccl_close(w->reduce_dev); /* before its side reduce */
+    w->reduce_dev = NULL;
     mmp_reduce_close(w->reduce);
     mmp_backend_host_free(be, w->reduce_host);
     w->reduce_host = NULL;

@@ -839,7 +839,11 @@ static mmp_err do_send_grad(worker *w, int step, int mb, chan *c)
 static mmp_err reduce_replicas(worker *w, int step)
 {
     double t0 = mmp_now();
-    if (w->reduce_host) {
+    if (w->reduce_dev) {
+        /* GPU replicas across hosts: NCCL all-gather, then the same
+         * rank-order sum on the device (transport/reduce_nccl.h) */
+        MMP_TRY(mmp_reduce_nccl_sum_f64(w->reduce_dev, w->params->grad_acc, w->params->total));
+    } else if (w->reduce_host) {
         /* a GPU stage: the double sums go through the host's shared-memory
          * reduce (the same fixed rank order, so still bitwise one process) */
         size_t bytes = w->params->total * sizeof(double);

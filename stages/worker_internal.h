@@ -40,6 +40,7 @@
 #include "transport/channel.h"
 #include "transport/control.h"
 #include "transport/reduce.h"
+#include "transport/reduce_nccl.h"
 
 #define MAX_CHANNELS 256
 #define MAX_INFLIGHT MMP_MAX_MICROBATCHES /* the plan and the assignment check allow no more */
@@ -106,7 +107,11 @@ typedef struct worker {
     int replica, replicas, slot;
     mmp_reduce *reduce;  /* replicas > 1 */
     double *reduce_host; /* replicas of a GPU stage: the gradient sums staged on the host */
-    float *bn_rows;      /* image replicas: [microbatches][bn_row] batch-norm statistics */
+    /* GPU replicas across hosts (a "#nccl" reduce address): the gradient
+     * sums over NCCL on the device; reduce then carries the small host
+     * vectors (batch-norm rows, fusion's gather) and each sum's n check */
+    mmp_reduce_nccl *reduce_dev;
+    float *bn_rows; /* image replicas: [microbatches][bn_row] batch-norm statistics */
     int64_t bn_row;
     mmp_plan plan;
     /* Where this stage computes: its slot's device (mmp_plan_slot_device),

@@ -108,5 +108,21 @@ static void test_edge_transport(void)
     CHECK(strcmp(mmp_edge_transport(MMP_DATA_SHM, 0, 0, 1), "shm") == 0);
 }
 
+/* Which transport a stage's replicas' reduce gets: nccl only for GPU
+ * replicas on several hosts, auto, in a build with NCCL. */
+static void test_reduce_transport(void)
+{
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_AUTO, 1, 1, 1), "nccl") == 0);
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_AUTO, 1, 1, 0), "tcp") == 0); /* no NCCL built */
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_AUTO, 1, 0, 1), "tcp") == 0); /* a CPU replica */
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_TCP, 1, 1, 1), "tcp") == 0);
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_SHM, 1, 1, 1), "tcp") == 0);
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_AUTO, 0, 1, 1), "shm") == 0); /* one host */
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_AUTO, 0, 0, 0), "shm") == 0);
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_TCP, 0, 1, 1), "tcp") == 0);
+    CHECK(strcmp(mmp_reduce_transport(MMP_DATA_SHM, 0, 1, 1), "shm") == 0);
+}
+
 MMP_TEST_LIST("test_placement", MMP_TEST_CASE(test_round_trip), MMP_TEST_CASE(test_bad_text),
-              MMP_TEST_CASE(test_per_layer), MMP_TEST_CASE(test_edge_transport))
+              MMP_TEST_CASE(test_per_layer), MMP_TEST_CASE(test_edge_transport),
+              MMP_TEST_CASE(test_reduce_transport))

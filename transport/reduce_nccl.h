@@ -54,11 +54,11 @@
 #define MMP_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES (checked where nccl.h is seen) */
 
 typedef struct mmp_reduce_nccl_cfg {
-    int replicas;    /* R, 1 to 64 (1: a communicator of one, the whole path still runs) */
-    int rank;        /* 0 .. R-1 */
-    size_t capacity; /* doubles: the largest n mmp_reduce_nccl_sum_f64 is given */
-    int device;      /* CUDA ordinal the vectors live on */
-    void *stream;    /* cudaStream_t the vectors are ordered on (NULL: the legacy default) */
+    int replicas;     /* R, 1 to 64 (1: a communicator of one, the whole path still runs) */
+    int rank;         /* 0 .. R-1 */
+    size_t capacity;  /* doubles: the largest n mmp_reduce_nccl_sum_f64 is given */
+    int device;       /* CUDA ordinal the vectors live on */
+    void *stream;     /* cudaStream_t the vectors are ordered on (NULL: the legacy default) */
     mmp_reduce *side; /* the same ranks' host reduce (not owned); NULL only when R = 1 */
     const void *id;   /* rank > 0: rank 0's id, MMP_NCCL_ID_BYTES; rank 0: NULL (made here) */
     int timeout_ms;   /* each wait; <= 0: 60000 */
@@ -101,8 +101,8 @@ void mmp_reduce_nccl_close(mmp_reduce_nccl *r);
 /* The rank-order sum on the device (transport/cuda/rank_sum.cu): out[i] =
  * mmp_rank_sum_f64(gathered, stride, ranks, i) for i < n, queued on stream
  * (a cudaStream_t). Returns the cudaError_t of the launch (0: queued). */
-int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_t stride,
-                            int ranks, void *stream);
+int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_t stride, int ranks,
+                            void *stream);
 #else
 /* A build without CUDA has no NCCL: the coordinator never asks for this
  * reduce (coordinator/steps.c), a stage that is asked anyway says so, and

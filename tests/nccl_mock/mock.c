@@ -109,8 +109,8 @@ const char *cudaGetErrorString(cudaError_t e)
 
 /* The NCCL reduce's sum kernel (transport/cuda/rank_sum.cu) as the stream
  * would run it: at once, the same formula (transport/rank_sum.h). */
-int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_t stride,
-                            int ranks, void *stream)
+int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_t stride, int ranks,
+                            void *stream)
 {
     (void)stream;
     if (n > 0 && (ranks < 1 || stride < n || !out || !gathered)) {
@@ -126,8 +126,8 @@ int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_
 #define MOCK_MAX_RANKS 8
 struct mock_comm {
     int rank, nranks;
-    int fd;  /* a 2-rank communicator's peer (send, recv); -1 otherwise */
-    int lfd; /* rank 0: the id's listening socket (made[]'s, not closed here) */
+    int fd;                  /* a 2-rank communicator's peer (send, recv); -1 otherwise */
+    int lfd;                 /* rank 0: the id's listening socket (made[]'s, not closed here) */
     int fds[MOCK_MAX_RANKS]; /* rank 0: fds[k] to rank k; rank k > 0: fds[0] to rank 0 */
     int joined;              /* rank 0: ranks connected */
     ncclResult_t state;      /* ncclInProgress while init or the last call settles */
@@ -299,9 +299,9 @@ static void progress_ag(ncclComm_t c)
     for (int k = c->rank == 0 ? 1 : 0; k < (c->rank == 0 ? c->nranks : 1); k++) {
         int st;
         if (c->ag_phase == 0) {
-            st = c->rank == 0 ? ag_move(c->fds[k], c->ag_out + (size_t)k * b, b, &c->ag_done[k], 0,
-                                        &got)
-                              : ag_move(c->fds[0], (char *)c->ag_in, b, &c->ag_done[0], 1, &got);
+            st = c->rank == 0
+                     ? ag_move(c->fds[k], c->ag_out + (size_t)k * b, b, &c->ag_done[k], 0, &got)
+                     : ag_move(c->fds[0], (char *)c->ag_in, b, &c->ag_done[0], 1, &got);
         } else {
             st = ag_move(c->fds[k], c->ag_out, all, &c->ag_done[k], c->rank == 0, &got);
         }
@@ -324,8 +324,8 @@ static void progress_ag(ncclComm_t c)
     c->state = ncclSuccess;
 }
 
-ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
-                           ncclDataType_t t, ncclComm_t c, cudaStream_t s)
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t t,
+                           ncclComm_t c, cudaStream_t s)
 {
     (void)s;
     size_t size = t == ncclDouble ? sizeof(double) : t == ncclUint8 ? 1 : 0;

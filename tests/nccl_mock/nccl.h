@@ -41,8 +41,8 @@ ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer,
                       cudaStream_t s);
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                       cudaStream_t s);
-ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
-                           ncclDataType_t t, ncclComm_t comm, cudaStream_t s);
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t t,
+                           ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);

@@ -322,7 +322,6 @@ static void test_creator_alone(void)
     mmp_channel_close(ch);
 }
 
-
 /* ---- the replicas' reduce over NCCL -------------------------------------------- */
 
 #define RN_CAP 1000
@@ -360,8 +359,8 @@ static void rn_close(rn_rank *x)
  * address into out; rank k > 0 reads the id and the host reduce's address
  * from `address`. nccl = 0: the host reduce alone (a rank that never starts
  * its NCCL init). */
-static mmp_err rn_open(rn_rank *x, int R, int rank, const char *address, int timeout_ms,
-                       int nccl, char *out, size_t cap)
+static mmp_err rn_open(rn_rank *x, int R, int rank, const char *address, int timeout_ms, int nccl,
+                       char *out, size_t cap)
 {
     memset(x, 0, sizeof *x);
     char host_port[700] = "127.0.0.1:0";
@@ -494,9 +493,11 @@ static void test_reduce_cfg_and_one_rank(void)
 {
     mmp_reduce_nccl *r = NULL;
     mmp_reduce_nccl_cfg c = {.replicas = 0, .capacity = 8};
-    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID && strstr(mmp_last_error(), "0 replicas"));
+    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID &&
+          strstr(mmp_last_error(), "0 replicas"));
     c = (mmp_reduce_nccl_cfg){.replicas = 2, .rank = 2, .capacity = 8};
-    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID && strstr(mmp_last_error(), "rank 2 of 2"));
+    CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID &&
+          strstr(mmp_last_error(), "rank 2 of 2"));
     c.rank = 0;
     CHECK(mmp_reduce_nccl_open(&r, &c) == MMP_ERR_INVALID &&
           strstr(mmp_last_error(), "no side reduce"));

@@ -19,7 +19,7 @@ static __global__ void rank_sum_kernel(double *out, const double *g, size_t n, s
 
 /* Declared (C) in transport/reduce_nccl.h, which is not C++. */
 extern "C" int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_t stride,
-                            int ranks, void *stream)
+                                       int ranks, void *stream)
 {
     // out (n), gathered (ranks, stride) with stride >= n; out must not overlap gathered
     if (n == 0) {

@@ -148,8 +148,9 @@ static mmp_err wait_done(mmp_reduce_nccl *r)
         }
         if (now_ms() > deadline) {
             abort_comm(r);
-            return mmp_errorf(MMP_ERR_PEER, "%s: the all-gather: not done after %d ms (a peer gone?)",
-                              r->what, r->timeout_ms);
+            return mmp_errorf(MMP_ERR_PEER,
+                              "%s: the all-gather: not done after %d ms (a peer gone?)", r->what,
+                              r->timeout_ms);
         }
         nap();
     }
