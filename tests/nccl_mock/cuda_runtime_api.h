@@ -1,9 +1,9 @@
 /* A stand-in for the CUDA runtime header, for tests/nccl_mock only: "device"
  * memory is host memory, every stream runs its work at once (so stream order
  * is call order), events are always complete. Just the calls
- * transport/cuda/nccl.c makes. Not a model of a GPU: it lets the channel's
- * own logic (rendezvous, side channel, slots, sizes, credits, errors) run
- * on a machine without one. */
+ * transport/cuda/nccl.c and reduce_nccl.c make. Not a model of a GPU: it
+ * lets their own logic (rendezvous, side channel, slots, sizes, credits,
+ * chunking, errors) run on a machine without one. */
 #ifndef MMP_NCCL_MOCK_CUDA_RUNTIME_API_H
 #define MMP_NCCL_MOCK_CUDA_RUNTIME_API_H
 #include <stddef.h>

@@ -1,6 +1,7 @@
-/* transport/cuda/nccl.c's own logic on a machine without a GPU: the file
- * compiled against the stand-ins in this folder (cuda_runtime_api.h, nccl.h,
- * mock.c: host memory for device memory, one unix socket per communicator).
+/* transport/cuda/nccl.c's and reduce_nccl.c's own logic on a machine
+ * without a GPU: the files compiled against the stand-ins in this folder
+ * (cuda_runtime_api.h, nccl.h, mock.c: host memory for device memory, unix
+ * sockets for a communicator, the reduce's sum kernel run on the host).
  * What this proves is the channel's side: the ncclUniqueId carried in the
  * creator's address, the side channel's headers, sizes and credits, slot
  * indexing over laps, ordering, STOP, a forged size refused, peer death and
