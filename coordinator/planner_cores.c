@@ -68,7 +68,9 @@ static void pack_unit(const mmp_cores_input *ci, double fwd_mb, double bwd_mb, i
         int c = *k % ci->cores;
         int n = m / replicas + (r < m % replicas);
         fwd[c] += n * fwd_mb;
-        (fusion ? fus : bwd)[c] += n * bwd_mb;
+        /* under the batch-wide loss every fusion replica runs the whole
+         * batch's backward (stages/worker_exec.c, batch_scope_bwd) */
+        (fusion ? fus : bwd)[c] += (fusion && ci->in.batch_loss ? m : n) * bwd_mb;
     }
 }
 
@@ -144,10 +146,18 @@ mmp_err mmp_planner_cores_evaluate(const mmp_cores_input *ci, const mmp_placemen
 
 /* ---- search ----------------------------------------------------------------------- */
 
-/* Whether (sa, a) ranks before (sb, b): shorter step, then fewer processes,
- * then fewer sub-stages. */
+/* Whether (sa, a) ranks before (sb, b): a step shorter by more than
+ * MMP_CORES_PROC_TOLERANCE when they have different process counts (else
+ * fewer processes), then a shorter step, then fewer sub-stages. */
 static int better(double sa, const mmp_placement *a, double sb, const mmp_placement *b)
 {
+    int pa = procs_of(a), pb = procs_of(b);
+    if (pa != pb && isfinite(sa) && isfinite(sb)) {
+        double lo = fmin(sa, sb);
+        if (fabs(sa - sb) <= MMP_CORES_PROC_TOLERANCE * lo) {
+            return pa < pb;
+        }
+    }
     double tol = 1e-9 * fmax(fabs(sa), fabs(sb));
     if (sa < sb - tol) {
         return 1;
@@ -155,8 +165,8 @@ static int better(double sa, const mmp_placement *a, double sb, const mmp_placem
     if (sa > sb + tol) {
         return 0;
     }
-    if (procs_of(a) != procs_of(b)) {
-        return procs_of(a) < procs_of(b);
+    if (pa != pb) {
+        return pa < pb;
     }
     return subs_of(a) < subs_of(b);
 }

@@ -23,7 +23,10 @@
  * of R handles n_r = m / R micro-batches, one more for r < m % R; one
  * micro-batch of a sub-stage costs q0 * (its layers' fwd_ms + bwd_ms), q0 =
  * ceil(batch / m). A core's load per step is the sum over its processes of
- * n_r times that. The predicted step is the largest of three lower bounds,
+ * n_r times that -- except that under the batch-wide loss (in->batch_loss)
+ * every fusion replica runs the whole batch's backward (replicas gather the
+ * batch's rows and each computes the loss), so its backward counts m
+ * micro-batches. The predicted step is the largest of three lower bounds,
  *
  *   1. cores:    the most loaded core + step_overhead_ms;
  *   2. flush:    (in->batch_loss only: no branch backward starts before the
@@ -45,8 +48,14 @@
  * improved by steepest descent over the moves: a replica more or less on
  * one sub-stage (or fusion), a cut moved by one layer, a sub-stage split in
  * two at the layer that halves its cost, two neighbouring sub-stages merged
- * -- while the predicted step shortens. Ties (within 1e-9 relative) go to
- * fewer processes, then fewer sub-stages. Not proved optimal:
+ * -- while the predicted step shortens. A placement with more processes
+ * must predict a step more than MMP_CORES_PROC_TOLERANCE shorter to win:
+ * every process adds what the model does not count (a replica's share of
+ * the reduce and, for fusion under the batch-wide loss, the gather; context
+ * switches). Ties (within 1e-9 relative) go to fewer sub-stages. Each
+ * local optimum is then tried with every replica count vector for its cuts
+ * and for its cuts moved by one layer (where there are at most 20000) before
+ * the descent goes on. Not proved optimal:
  * tests/test_planner_cores.c compares it with exhaustive search on small
  * cases. */
 #ifndef MMP_COORDINATOR_PLANNER_CORES_H
@@ -56,6 +65,8 @@
 
 /* Processes a cores placement has at most: the schedule's limit. */
 #define MMP_CORES_MAX_PROCS 64
+/* More processes must buy a step this much shorter (see The search). */
+#define MMP_CORES_PROC_TOLERANCE 0.03
 
 typedef struct mmp_cores_input {
     mmp_planner_input in; /* costs, batch, schedule...; in.devices is not read */

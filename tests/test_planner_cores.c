@@ -2,7 +2,9 @@
  * (process k on core k % C, whole micro-batches per replica) against hand
  * sums, the demo's measured costs on 2 cores (co-located placement, about
  * twice one process per stage), the search against exhaustive enumeration
- * on small random cases, many cores, determinism, invalid input. */
+ * on small random cases (the best step, or fewer processes within
+ * MMP_CORES_PROC_TOLERANCE, in 9 of 10; never worse than the tolerance),
+ * many cores, determinism, invalid input. */
 #include "coordinator/planner_cores.h"
 
 #include <math.h>
@@ -213,7 +215,9 @@ static void test_brute_force(void)
         double b = brute(&M, &bp);
         double ratio = r.eval.step_ms / b;
         cases++;
-        exact += ratio <= 1 + 1e-9;
+        /* the best step, or fewer processes within the tolerance */
+        exact += ratio <= 1 + 1e-9 ||
+                 (procs(&r.placement) < procs(&bp) && ratio <= 1 + MMP_CORES_PROC_TOLERANCE);
         worst = fmax(worst, ratio);
         CHECK(ratio >= 1 - 1e-9); /* brute force saw every placement the search may return */
         if (ratio > 1.05) {
@@ -225,7 +229,7 @@ static void test_brute_force(void)
     }
     printf("  brute force: %d of %d cases exact, worst %.4fx the best step\n", exact, cases, worst);
     CHECK(exact >= cases * 9 / 10);
-    CHECK(worst <= 1.05);
+    CHECK(worst <= 1 + MMP_CORES_PROC_TOLERANCE);
 }
 
 /* 64 cores, 4:1:1 over 32 / 8 layers: the search fills the cores. */
