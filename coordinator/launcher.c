@@ -83,7 +83,7 @@ static mmp_err stage_words(mmp_launch_line *l, const mmp_launch_stage *s, int se
         MMP_TRY(push(l, "--secrets"));
         MMP_TRY(push(l, "stdin"));
     }
-    if (s->pin_index >= 0) {
+    if (s->pinned) {
         MMP_TRY(push(l, "--pin-index"));
         MMP_TRY(push(l, "%d", s->pin_index));
     }

@@ -40,7 +40,8 @@ typedef struct mmp_launch_stage {
     int replica;            /* >= 0 */
     const char *shm_prefix; /* "/mmpipe-..." */
     int secrets_stdin;      /* tcp control: token and keys on stdin (always for ssh and slurm) */
-    int pin_index;          /* train.pin: the process's index on its host (common/pin.h); -1: none */
+    int pinned;             /* train.pin is on: --pin-index pin_index (common/pin.h) */
+    int pin_index;          /* the process's index on its host */
 } mmp_launch_stage;
 
 /* Builds the line that starts stage s on plan host `host` with the plan's

@@ -115,7 +115,8 @@ mmp_err coord_spawn_all(coord *c)
                                .replica = c->sched.stages[i].replica,
                                .shm_prefix = c->shm_prefix,
                                .secrets_stdin = c->tcp,
-                               .pin_index = c->cur.train.pin.mode != MMP_PIN_OFF ? pin_index : -1};
+                               .pinned = c->cur.train.pin.mode != MMP_PIN_OFF,
+                               .pin_index = pin_index};
         static mmp_launch_line line;
         if ((ret = mmp_launch_line_build(&line, &c->cur, host, &ls)) != MMP_OK) {
             break;
