@@ -12,15 +12,22 @@
 # rounds. Prints a Markdown table: samples/s, the pipeline / single ratio,
 # balance efficiency (measured, metrics.jsonl; and the ratio / cores: the
 # single process's compute spread over the cores, the bar's 0.9), the
-# bubble, the planner's prediction, and where the pipeline's step goes:
+# bubble, CPU time per step of all processes (single vs pipeline: the most
+# the pipeline could reach with no bubble), the planner's prediction, and
+# where the pipeline's step goes:
 # per process, median ms per step of compute (F, B, L, OPT) and of waiting
 # in the replicas' reduce and gather (trace.json, last round).
+# The pipeline routes round robin by default (--routing): the CPU planner
+# packs cores for micro-batches dealt equally, and weighted routing reads a
+# replica that shares its core as slow (busy is wall time), moving a whole
+# micro-batch (a quarter of the step at m = 4) to the other core.
 #   bench/cores.sh [--bin build/mmpipe] [--out runs/bench-cores] [--rounds 2]
-#                  [--steps 150] [--from 31] [--pin auto] [--set KEY=VALUE]...
+#                  [--steps 150] [--from 31] [--pin auto] [--routing round_robin]
+#                  [--set KEY=VALUE]...
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/cores.sh 19 --bin=BIN=build/mmpipe --out=OUT=runs/bench-cores --rounds=ROUNDS=2 \
-  --steps=STEPS=150 --from=FROM=31 --pin=PIN=auto --set=+sets -- "$@"
+bench_args bench/cores.sh 26 --bin=BIN=build/mmpipe --out=OUT=runs/bench-cores --rounds=ROUNDS=2 \
+  --steps=STEPS=150 --from=FROM=31 --pin=PIN=auto --routing=ROUTING=round_robin --set=+sets -- "$@"
 bench_need_bin
 . tests/lib.sh # median, metric
 bench_fresh_out
@@ -28,29 +35,34 @@ bench_fresh_out
 cores=$(nproc)
 common=(--set "data.manifest=$OUT/data/train.jsonl" --set "job.steps=$STEPS" --set train.eval_every=0
         --set train.final_eval=false --set "train.pin=$PIN" "${sets[@]}")
-run() { # NAME ARGS...: a run into $OUT/NAME; prints its median samples/s
+run() { # NAME ARGS...: a run into $OUT/NAME, its CPU time (user + system, all processes) in NAME.cpu
   local name=$1; shift
   say "$name ..."
-  "$BIN" launch configs/demo.yaml "${common[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 \
+  /usr/bin/time -o "$OUT/$name.cpu" -f "%U %S" \
+    "$BIN" launch configs/demo.yaml "${common[@]}" "$@" --out "$OUT/$name" >"$OUT/$name.log" 2>&1 \
     || { say "$name failed (see $OUT/$name.log)"; exit 1; }
 }
+# CPU ms per step of a run: its whole CPU time (start-up, profiling and
+# relaunch included) over its steps.
+cpu() { tail -1 "$OUT/$1.cpu" | awk -v n="$STEPS" '{ printf "%.1f", ($1 + $2) * 1000 / n }'; }
 sps() { metric "$OUT/$1/metrics.jsonl" samples_per_s "$FROM" "$STEPS" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-s1=() s2=() pp=() eff=() bub=()
+s1=() s2=() pp=() eff=() bub=() c1=() cp=()
 for r in $(seq 1 "$ROUNDS"); do
   run "single-t1-$r" --single-process --set train.threads=1
-  run "pipeline-$r" --set stages=auto --set train.threads=1
+  run "pipeline-$r" --set stages=auto --set train.threads=1 --set "balance.routing=$ROUTING"
   run "single-t2-$r" --single-process --set train.threads=2
   s1+=("$(sps "single-t1-$r")") s2+=("$(sps "single-t2-$r")") pp+=("$(sps "pipeline-$r")")
   eff+=("$(metric "$OUT/pipeline-$r/metrics.jsonl" efficiency "$FROM" "$STEPS" | median)")
   bub+=("$(metric "$OUT/pipeline-$r/metrics.jsonl" bubble "$FROM" "$STEPS" | median)")
+  c1+=("$(cpu "single-t1-$r")") cp+=("$(cpu "pipeline-$r")")
 done
 med() { printf '%s\n' "$@" | median; }
 S1=$(med "${s1[@]}") S2=$(med "${s2[@]}") P=$(med "${pp[@]}")
 last="$OUT/pipeline-$ROUNDS"
 placement=$(tail -1 "$last/metrics.jsonl" | grep -o '"placement":"[^"]*"' | sed 's/.*:"//; s/"$//')
 why=$(grep -o '"reason":"stages: auto[^"]*"' "$last/metrics.jsonl" | head -1 | sed 's/"reason":"//; s/"$//')
-echo "demo, $cores cores, train.pin $PIN, $STEPS steps, medians of steps $FROM-$STEPS over $ROUNDS rounds (alternating)"
+echo "demo, $cores cores, train.pin $PIN, balance.routing $ROUTING, $STEPS steps, medians of steps $FROM-$STEPS over $ROUNDS rounds (alternating)"
 echo
 echo "| run | samples/s | vs single t1 |"
 echo "|---|---|---|"
@@ -61,6 +73,9 @@ echo
 echo "balance efficiency: measured $(med "${eff[@]}") (${eff[*]}; busy is wall time in compute, so"
 echo "processes sharing a core count their wait for it); ratio / cores $(awk -v a="$P" -v b="$S1" -v c="$cores" 'BEGIN { printf "%.2f", a / b / c }');"
 echo "bubble $(med "${bub[@]}") (${bub[*]})"
+C1=$(med "${c1[@]}") CP=$(med "${cp[@]}")
+echo "CPU per step (all processes, start-up included): single t1 $C1 ms, pipeline $CP ms ($(ratio "$CP" "$C1")x):"
+echo "with no bubble at all the pipeline could reach $(awk -v a="$C1" -v b="$CP" -v c="$cores" 'BEGIN { printf "%.2f", c * a / b }')x on $cores cores"
 echo "planner: ${why:-no re-placement}"
 echo
 echo "where the pipeline's step goes (ms per step, medians over steps $FROM-$STEPS, $last/trace.json):"
