@@ -75,8 +75,9 @@ mmp_err mmp_pin_self(const int *cores, int n)
     /* The calling thread first: a refusal is then about the cores, not a
      * thread that ended meanwhile. */
     if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        ret = mmp_errorf(MMP_ERR_INVALID, "train.pin: cores %s: %s (cores this process may use: see "
-                                          "`taskset -p $$`)",
+        ret = mmp_errorf(MMP_ERR_INVALID,
+                         "train.pin: cores %s: %s (cores this process may use: see "
+                         "`taskset -p $$`)",
                          list, strerror(errno));
     }
     for (struct dirent *e; ret == MMP_OK && (e = readdir(d));) {

@@ -275,9 +275,9 @@ static mmp_err load_pin(mmp_schema_loader *L, void *obj, mmp_schema_site at)
         }
         if (!ok) {
             char list[512];
-            return mmp_schema_fail(L, is,
-                                   "%s: core %lld is not one this machine lets mmpipe use (%s)",
-                                   name, core, mmp_pin_format(allowed, n_allowed, list, sizeof list));
+            return mmp_schema_fail(
+                L, is, "%s: core %lld is not one this machine lets mmpipe use (%s)", name, core,
+                mmp_pin_format(allowed, n_allowed, list, sizeof list));
         }
         p->train.pin.cores[i] = (int)core;
     }

@@ -97,8 +97,8 @@ static mmp_err score(const mmp_cores_input *ci, const mmp_placement *pl, mmp_pla
         const mmp_planner_layers *u = &in.branch[b];
         for (int j = 0; j < pl->n_sub[b]; j++) {
             const mmp_planner_stage *g = &pl->sub[b][j];
-            pack_unit(ci, q0 * sum_of(u, g->first, g->last, 0), q0 * sum_of(u, g->first, g->last, 1),
-                      g->replicas, 0, &k, fwd, bwd, fus);
+            pack_unit(ci, q0 * sum_of(u, g->first, g->last, 0),
+                      q0 * sum_of(u, g->first, g->last, 1), g->replicas, 0, &k, fwd, bwd, fus);
         }
     }
     pack_unit(ci, q0 * sum_of(&in.fusion, 0, in.fusion.n, 0),

@@ -134,9 +134,9 @@ static void test_demo_two_cores(void)
            mmp_placement_format(&r.placement, text, sizeof text), r.eval.step_ms, core[0], core[1],
            r.eval.efficiency, one.step_ms, one.efficiency, r.candidates);
     CHECK(memcmp(&e, &r.eval, sizeof e) == 0);
-    CHECK(procs(&r.placement) > 3);                /* co-located: more processes than cores */
-    CHECK(r.eval.efficiency >= 0.9);               /* predicted */
-    CHECK(r.eval.step_ms < 0.65 * one.step_ms);    /* 1/1/1 leaves a core half idle */
+    CHECK(procs(&r.placement) > 3);                 /* co-located: more processes than cores */
+    CHECK(r.eval.efficiency >= 0.9);                /* predicted */
+    CHECK(r.eval.step_ms < 0.65 * one.step_ms);     /* 1/1/1 leaves a core half idle */
     CHECK(fabs(core[0] - core[1]) < 0.1 * core[0]); /* both cores about equally loaded */
     CHECK(r.bound_ms <= r.eval.step_ms);
     /* deterministic */
