@@ -10,7 +10,8 @@
 #     stage order), and the run equals --single-process bitwise (ckpt diff
 #     max_abs_diff=0); nothing left behind;
 #  3. a core id this machine does not give is refused before anything runs,
-#     with file:line:column.
+#     with file:line:column;
+#  and `mmpipe simulate --plan-cores 2` plans on paper from the run's costs.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -73,6 +74,15 @@ done
 out=$(same_ckpt "$W/single" "$W/auto") && ok "stages: auto on cores, pinned = --single-process: $out" \
   || fail "stages: auto on cores differs from --single-process: $out"
 left_behind "stages: auto on cores" "$W/auto.log"
+
+# --- simulate --plan-cores: the same planner on the run's measured costs, on paper -------
+out=$("$BIN" simulate "$W/auto.yaml" --costs "$W/auto" --plan-cores 2 2>&1)
+grep -qE '^placement image\.0[^ ]* .*fusion:[0-9]+ \(process k on core k % 2\)$' <<<"$out" \
+  && grep -qE '^core loads per step \(ms\): [0-9.]+ [0-9.]+$' <<<"$out" \
+  && ok "simulate --plan-cores 2: $(grep '^placement' <<<"$out")" \
+  || { fail "simulate --plan-cores 2"; tail -5 <<<"$out" | sed 's/^/    /'; }
+expect_fail "simulate --plan-cores 0 is a usage error" "--plan-cores '0': expected a core count" \
+  "$BIN" simulate "$W/auto.yaml" --plan-cores 0
 
 # --- 3. a core id this machine does not give ------------------------------------------------
 sed "s/pin: auto/pin: [${allowed[0]}, 1023]/" "$W/auto.yaml" >"$W/badpin.yaml"
