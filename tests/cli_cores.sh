@@ -79,7 +79,7 @@ left_behind "stages: auto on cores" "$W/auto.log"
 out=$("$BIN" simulate "$W/auto.yaml" --costs "$W/auto" --plan-cores 2 2>&1)
 grep -qE '^placement image\.0[^ ]* .*fusion:[0-9]+ \(process k on core k % 2\)$' <<<"$out" \
   && grep -qE '^core loads per step \(ms\): [0-9.]+ [0-9.]+$' <<<"$out" \
-  && ok "simulate --plan-cores 2: $(grep '^placement' <<<"$out")" \
+  && ok "simulate --plan-cores 2: $(grep '(process k on core' <<<"$out")" \
   || { fail "simulate --plan-cores 2"; tail -5 <<<"$out" | sed 's/^/    /'; }
 expect_fail "simulate --plan-cores 0 is a usage error" "--plan-cores '0': expected a core count" \
   "$BIN" simulate "$W/auto.yaml" --plan-cores 0
