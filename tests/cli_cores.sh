@@ -11,7 +11,8 @@
 #     max_abs_diff=0); nothing left behind;
 #  3. a core id this machine does not give is refused before anything runs,
 #     with file:line:column;
-#  and `mmpipe simulate --plan-cores 2` plans on paper from the run's costs.
+#  and `mmpipe simulate --plan-cores 2` plans on paper from the run's costs;
+#  train.threads 2 reaches every stage process (each pins to 2 cores).
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -74,6 +75,15 @@ done
 out=$(same_ckpt "$W/single" "$W/auto") && ok "stages: auto on cores, pinned = --single-process: $out" \
   || fail "stages: auto on cores differs from --single-process: $out"
 left_behind "stages: auto on cores" "$W/auto.log"
+
+# --- train.threads reaches every stage process: 2 threads, 2 cores each ----------------
+if [ "$n" -ge 2 ]; then
+  "$BIN" launch "$W/plan.yaml" --out "$W/t2" --set job.steps=2 --set train.threads=2 \
+    --set train.pin=auto >"$W/t2.log" 2>&1 || { fail "threads 2 run"; tail -3 "$W/t2.log"; }
+  got=$(grep -c "pinned to cores ${allowed[0]},${allowed[1]} (train.pin)" "$W/t2.log")
+  [ "$got" -eq 3 ] && ok "train.threads 2: each of the 3 stage processes takes 2 cores" \
+    || fail "train.threads 2: $got of 3 processes pinned to cores ${allowed[0]},${allowed[1]}"
+fi
 
 # --- simulate --plan-cores: the same planner on the run's measured costs, on paper -------
 out=$("$BIN" simulate "$W/auto.yaml" --costs "$W/auto" --plan-cores 2 2>&1)
