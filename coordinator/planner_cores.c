@@ -171,6 +171,8 @@ static int better(double sa, const mmp_placement *a, double sb, const mmp_placem
     return subs_of(a) < subs_of(b);
 }
 
+#define NB_ROOM 4096 /* placements best.nb holds */
+
 typedef struct best {
     const mmp_cores_input *ci;
     int max_sub;
@@ -389,7 +391,9 @@ static int best_replicas(best *B, mmp_placement *pl, double *step)
  * replaced by the best when it beats them. */
 static int moved_cut(best *B, mmp_placement *pl, double *step)
 {
-    mmp_placement cand[4 * MMP_PLANNER_MAX_SUB + 2 * 16 * MMP_PLANNER_MAX_SUB];
+    /* B->nb is free here: descend asks for neighbours again after this */
+    mmp_placement *cand = B->nb;
+    static_assert(2 * MMP_PLANNER_MAX_SUB * (2 + 16) <= NB_ROOM, "room for the moved cuts");
     int n = 0;
     for (int b = 0; b < 2; b++) {
         int ns = pl->n_sub[b];
@@ -434,7 +438,7 @@ static int moved_cut(best *B, mmp_placement *pl, double *step)
 /* Steepest descent from pl (valid, scored step); offers the end to B. */
 static void descend(best *B, mmp_placement pl, double step)
 {
-    enum { ROOM = 4096 };
+    enum { ROOM = NB_ROOM };
     /* replica moves: units x (2 + other units); per sub-stage 2 cuts, 15 x 4 splits, 1 merge */
     static_assert(ROOM >= (2 * MMP_PLANNER_MAX_SUB + 1) * (2 * MMP_PLANNER_MAX_SUB + 2) +
                               2 * MMP_PLANNER_MAX_SUB * (2 + 15 * 4 + 1),
@@ -472,7 +476,7 @@ mmp_err mmp_planner_cores_plan(const mmp_cores_input *ci, mmp_planner_result *ou
 {
     MMP_TRY(check_cores(ci));
     best B = {.ci = ci, .max_sub = ci->in.max_sub > 0 ? ci->in.max_sub : MMP_PLANNER_DEFAULT_SUB};
-    B.nb = malloc(4096 * sizeof *B.nb);
+    B.nb = malloc(NB_ROOM * sizeof *B.nb);
     if (!B.nb) {
         return mmp_errorf(MMP_ERR_NOMEM, "planner: cores: neighbours");
     }
