@@ -14,12 +14,16 @@
 #include "common/config.h"
 #include "common/progress.h"
 #include "coordinator/costs.h"
+#include "common/pin.h"
+#include "coordinator/placement.h"
 #include "coordinator/planner.h"
+#include "coordinator/planner_cores.h"
 #include "coordinator/schedule.h"
 
 static const char USAGE[] =
     "usage: mmpipe simulate PLAN.yaml [--costs FILE] [--set KEY=VALUE]... [--dump]\n"
     "                       [--plan-devices N|all [--device-memory SIZE]]\n"
+    "                       [--plan-cores N|all]\n"
     "\n"
     "Compiles the plan's schedule (train.schedule: gpipe, 1f1b or zb-h1;\n"
     "train.microbatches, the stages' splits, model.fusion.itc_scope: under\n"
@@ -68,6 +72,14 @@ static const char USAGE[] =
     "                   ones) spread evenly over its layers, the same on every\n"
     "                   replica: an upper bound, as a replica holds fewer samples'\n"
     "                   activations. Prints each stage's memory beside its time\n"
+    "  --plan-cores N|all\n"
+    "                   also choose a placement for N CPU cores where stage\n"
+    "                   processes may share cores (what stages: auto does on a\n"
+    "                   CPU plan; 'all': the cores mmpipe may run on, or\n"
+    "                   train.pin's list): process k on core k % N, whole\n"
+    "                   micro-batches per replica; prints the placement, each\n"
+    "                   core's load per step, the predicted step time, samples/s\n"
+    "                   and balance efficiency (busy / (cores x step))\n"
     "  -h, --help       this text\n"
     "\n"
     "Exit status: 0 ok, 1 a plan, costs or schedule error, 2 usage error.\n";
@@ -111,18 +123,64 @@ static int parse_size(const char *text, double *out)
     return 0;
 }
 
-static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
-                          int measured, int devices, double mem_cap)
+/* The planner's per-layer, per-sample costs from c into *lc. */
+static void layer_costs(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
+                        mmp_layer_costs *lc)
 {
-    /* the planner's per-layer costs: per process, per sample */
-    static mmp_layer_costs lc;
     double fwd[MMP_SCHED_MAX_STAGES], bwd[MMP_SCHED_MAX_STAGES];
     double samples = (double)p->train.batch / p->train.microbatches;
     for (int st = 0; st < s->n_stages; st++) {
         fwd[st] = c->fwd_ms[st] / samples;
         bwd[st] = c->bwd_ms[st] / samples;
     }
-    mmp_costs_per_layer(s, fwd, bwd, &lc);
+    mmp_costs_per_layer(s, fwd, bwd, lc);
+}
+
+/* Plans a placement on `cores` CPU cores (coordinator/planner_cores.h) and
+ * prints it. 0 ok, 1 error (printed). */
+static int plan_cores(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c, int measured,
+                      int cores)
+{
+    static mmp_layer_costs lc;
+    layer_costs(p, s, c, &lc);
+    mmp_cores_input ci = {.cores = cores};
+    mmp_costs_planner_input(p, &lc, &ci.in);
+    ci.in.batch = p->train.batch;
+    ci.in.send_ms = c->send_ms;
+    ci.in.step_overhead_ms = c->step_overhead_ms;
+    mmp_planner_result r;
+    double t0 = mmp_now();
+    mmp_err e = mmp_planner_cores_plan(&ci, &r);
+    double took = mmp_now() - t0;
+    static double core_ms[MMP_PLANNER_MAX_DEVICES];
+    if (e == MMP_OK) {
+        e = mmp_planner_cores_evaluate(&ci, &r.placement, &r.eval, core_ms);
+    }
+    if (e != MMP_OK) {
+        fprintf(stderr, "mmpipe simulate: --plan-cores %d: %s\n", cores, mmp_last_error());
+        return 1;
+    }
+    char text[1100];
+    const mmp_planner_eval *v = &r.eval;
+    printf("\nplanner on cores: %d cores, %s per-layer costs, planned in %.1f ms (%d candidates)\n"
+           "placement %s (process k on core k %% %d)\ncore loads per step (ms):",
+           cores, measured ? "measured" : "nominal", 1000 * took, r.candidates,
+           mmp_placement_format(&r.placement, text, sizeof text), cores);
+    for (int k = 0; k < cores && k < MMP_CORES_MAX_PROCS; k++) {
+        printf(" %.1f", core_ms[k]);
+    }
+    printf("\npredicted step time %.3f ms, %.1f samples/s, balance efficiency %.1f%% (busy / (%d "
+           "cores x step)); %d of %d cores used\n",
+           v->step_ms, v->samples_per_s, 100 * v->efficiency, cores, v->devices_used, cores);
+    return 0;
+}
+
+static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
+                          int measured, int devices, double mem_cap)
+{
+    /* the planner's per-layer costs: per process, per sample */
+    static mmp_layer_costs lc;
+    layer_costs(p, s, c, &lc);
     if (mem_cap > 0) {
         mmp_costs_per_layer_mem(s, c->mem_bytes, &lc);
         if (!lc.have_mem) {
@@ -200,7 +258,8 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
 
 int mmp_cmd_simulate(int argc, char **argv)
 {
-    const char *costs_arg = NULL, *plan_devices = NULL, *device_memory = NULL;
+    const char *costs_arg = NULL, *plan_devices = NULL, *device_memory = NULL,
+               *plan_cores_arg = NULL;
     int want_dump = 0;
     static mmp_plan plan;
     static mmp_sched sched;
@@ -208,6 +267,7 @@ int mmp_cmd_simulate(int argc, char **argv)
     const mmp_cli_opt opts[] = {
         {"--dump", MMP_CLI_FLAG, &want_dump},
         {"--plan-devices", MMP_CLI_VALUE, &plan_devices},
+        {"--plan-cores", MMP_CLI_VALUE, &plan_cores_arg},
         {"--device-memory", MMP_CLI_VALUE, &device_memory},
         {"--costs", MMP_CLI_VALUE, &costs_arg},
         {"--set", MMP_CLI_SET, NULL},
@@ -233,6 +293,20 @@ int mmp_cmd_simulate(int argc, char **argv)
             goto exit;
         }
         devices = (int)v;
+    }
+    int cores = 0;
+    if (plan_cores_arg && strcmp(plan_cores_arg, "all") != 0) {
+        char *end;
+        long v = strtol(plan_cores_arg, &end, 10);
+        if (*end || end == plan_cores_arg || v < 1 || v > MMP_PLANNER_MAX_DEVICES) {
+            fprintf(stderr,
+                    "mmpipe simulate: --plan-cores '%s': expected a core count (1 to %d) or "
+                    "'all'\n",
+                    plan_cores_arg, MMP_PLANNER_MAX_DEVICES);
+            ret = 2;
+            goto exit;
+        }
+        cores = (int)v;
     }
     double mem_cap = 0;
     if (device_memory) {
@@ -308,6 +382,16 @@ int mmp_cmd_simulate(int argc, char **argv)
             }
         }
         if (plan_placement(&plan, &sched, &costs, costs_arg != NULL, devices, mem_cap) != 0) {
+            goto exit;
+        }
+    }
+    if (plan_cores_arg) {
+        if (cores == 0) { /* all */
+            static int list[MMP_PIN_MAX_CORES];
+            cores = plan.train.pin.mode != MMP_PIN_OFF ? mmp_pin_list(&plan, list)
+                                                       : mmp_pin_allowed(list, MMP_PIN_MAX_CORES);
+        }
+        if (plan_cores(&plan, &sched, &costs, costs_arg != NULL, cores) != 0) {
             goto exit;
         }
     }

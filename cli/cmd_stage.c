@@ -14,6 +14,7 @@
 static const char USAGE[] =
     "usage: MMP_JOB_TOKEN=T mmpipe stage --connect ENDPOINT --stage NAME --replica K\n"
     "                                    [--shm-prefix /mmpipe-ID] [--secrets stdin]\n"
+    "                                    [--pin-index I]\n"
     "\n"
     "Runs one stage process of a pipeline. The coordinator (mmpipe launch)\n"
     "starts these itself, here or through ssh / srun; there is no reason to\n"
@@ -27,7 +28,10 @@ static const char USAGE[] =
     "--secrets stdin (tcp control, other hosts): the token and the job's CURVE\n"
     "keys come as one line on standard input instead, and standard input then\n"
     "stays open: its end of file means the coordinator (or its ssh) is gone,\n"
-    "and the stage removes the job's shared memory here (--shm-prefix) and exits.\n";
+    "and the stage removes the job's shared memory here (--shm-prefix) and exits.\n"
+    "\n"
+    "--pin-index I (plan key train.pin): this is the I-th stage process on its\n"
+    "host; it pins itself to the cores the plan's train.pin gives that index.\n";
 
 /* Reads the secrets line from fd 0 one byte at a time (nothing after the
  * newline is consumed: the rest of stdin is the coordinator's liveness). */
@@ -82,7 +86,7 @@ static int take_token(char *buf, size_t n)
 
 int mmp_cmd_stage(int argc, char **argv)
 {
-    mmp_worker_args a = {.watch_fd = -1};
+    mmp_worker_args a = {.watch_fd = -1, .pin_index = -1};
     int secrets_stdin = 0;
     static mmp_ctl_keys keys;
     for (int i = 1; i < argc; i++) {
@@ -101,6 +105,15 @@ int mmp_cmd_stage(int argc, char **argv)
             a.stage = v;
         } else if (strcmp(argv[i - 1], "--replica") == 0) {
             a.replica = atoi(v);
+        } else if (strcmp(argv[i - 1], "--pin-index") == 0) {
+            char *end;
+            long k = strtol(v, &end, 10);
+            if (*end || end == v || k < 0 || k > 1000000) {
+                fprintf(stderr, "mmpipe stage: --pin-index takes a process index, got '%s'\n\n%s",
+                        v, USAGE);
+                return 2;
+            }
+            a.pin_index = (int)k;
         } else if (strcmp(argv[i - 1], "--shm-prefix") == 0) {
             a.shm_prefix = v;
         } else if (strcmp(argv[i - 1], "--secrets") == 0) {

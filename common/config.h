@@ -21,7 +21,8 @@
 #define MMP_MAX_DEVICES 64
 #define MMP_MAX_IMAGE_STAGES 4 /* ResNet stages (blocks/channels entries) */
 #define MMP_MAX_SPLITS 8
-#define MMP_MAX_REPLICAS 64 /* stages.*.replicas' upper bound */
+#define MMP_MAX_REPLICAS 64  /* stages.*.replicas' upper bound */
+#define MMP_MAX_PIN_LIST 256 /* train.pin entries */
 
 typedef enum mmp_schedule {
     MMP_SCHED_GPIPE = 0,
@@ -164,7 +165,14 @@ typedef struct mmp_plan {
          * coordinator stop the others and relaunch them all from ckpt/latest
          * before giving up; default 0, at most 1000. */
         int max_restarts;
-        int threads;            /* OpenBLAS threads per process, default 1 */
+        int threads; /* OpenBLAS threads per process, default 1 */
+        /* train.pin: off (default) | auto | [core ids]: which cores each
+         * stage process (and the single process) runs on (common/pin.h) */
+        struct {
+            int mode; /* mmp_pin_mode */
+            int n_cores;
+            int cores[MMP_MAX_PIN_LIST];
+        } pin;
         float init_temperature; /* ITC temperature at start, default 0.07 */
     } train;
 

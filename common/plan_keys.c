@@ -17,6 +17,7 @@
 
 #include "common/config.h"
 #include "common/hostlist.h"
+#include "common/pin.h"
 #include "common/plan_schema.h"
 
 /* ---- hosts: [{name, address?, devices, workdir?, binary?}, ...] | slurm --- */
@@ -232,6 +233,73 @@ static void put_hosts(FILE *f, const void *obj)
     fputs("\n  ]", f);
 }
 
+/* ---- train.pin: off | auto | [core, ...] ----------------------------------------- */
+
+static mmp_err load_pin(mmp_schema_loader *L, void *obj, mmp_schema_site at)
+{
+    mmp_plan *p = obj;
+    char word[16], got[96];
+    if (mmp_schema_text(at, word, sizeof word, NULL)) {
+        if (strcmp(word, "off") == 0 || strcmp(word, "auto") == 0) {
+            p->train.pin.mode = word[0] == 'o' ? MMP_PIN_OFF : MMP_PIN_AUTO;
+            p->train.pin.n_cores = 0;
+            return MMP_OK;
+        }
+    }
+    if (mmp_schema_items(at) < 0) {
+        return mmp_schema_fail(L, at, "train.pin: expected off, auto or a list of core ids, got %s",
+                               mmp_schema_describe(at, got, sizeof got));
+    }
+    int n = 0;
+    MMP_TRY(mmp_schema_check_list(L, "train.pin", at, 1, MMP_MAX_PIN_LIST, &n));
+    /* The cores this machine lets us use: a core id outside them would make
+     * every stage fail at start; say so here, where the line is known. */
+    static int allowed[MMP_PIN_MAX_CORES];
+    int n_allowed = mmp_pin_allowed(allowed, MMP_PIN_MAX_CORES);
+    void *iter = NULL;
+    mmp_schema_site is;
+    for (int i = 0; mmp_schema_next_item(at, &iter, &is); i++) {
+        char name[32];
+        long long core = 0;
+        snprintf(name, sizeof name, "train.pin[%d]", i);
+        MMP_TRY(mmp_schema_parse_int(L, name, is, 0, MMP_PIN_MAX_CORES - 1, &core));
+        for (int j = 0; j < i; j++) {
+            if (p->train.pin.cores[j] == core) {
+                return mmp_schema_fail(L, is, "%s: core %lld is already train.pin[%d]", name, core,
+                                       j);
+            }
+        }
+        int ok = 0;
+        for (int j = 0; j < n_allowed; j++) {
+            ok |= allowed[j] == core;
+        }
+        if (!ok) {
+            char list[512];
+            return mmp_schema_fail(
+                L, is, "%s: core %lld is not one this machine lets mmpipe use (%s)", name, core,
+                mmp_pin_format(allowed, n_allowed, list, sizeof list));
+        }
+        p->train.pin.cores[i] = (int)core;
+    }
+    p->train.pin.mode = MMP_PIN_LIST;
+    p->train.pin.n_cores = n;
+    return MMP_OK;
+}
+
+static void put_pin(FILE *f, const void *obj)
+{
+    const mmp_plan *p = obj;
+    if (p->train.pin.mode != MMP_PIN_LIST) {
+        fputs(p->train.pin.mode == MMP_PIN_AUTO ? "\"auto\"" : "\"off\"", f);
+        return;
+    }
+    fputc('[', f);
+    for (int i = 0; i < p->train.pin.n_cores && i < MMP_MAX_PIN_LIST; i++) {
+        fprintf(f, "%s%d", i ? ", " : "", p->train.pin.cores[i]);
+    }
+    fputc(']', f);
+}
+
 /* ---- the table ---------------------------------------------------------------- */
 
 /* train.schedule: gpipe (all forwards, then all backwards), 1f1b (the
@@ -391,6 +459,11 @@ static const mmp_key_spec keys[] = {
     INT("train.stall_timeout", train.stall_timeout, 0, 86400, 60),
     INT("train.max_restarts", train.max_restarts, 0, 1000, 0),
     INT("train.threads", train.threads, 1, 256, 1),
+    {.path = "train.pin",
+     .type = MMP_KEY_CUSTOM,
+     .field = MMP_KEY_NO_FIELD,
+     .load = load_pin,
+     .put_json = put_pin},
     FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
 
     ENUM("balance.mode", balance.mode, balance_names, MMP_BALANCE_OFF),

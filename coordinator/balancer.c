@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/pin.h"
 #include "common/stats.h"
 #include "coordinator/costs.h"
 #include "coordinator/placement.h"
 #include "coordinator/planner.h"
+#include "coordinator/planner_cores.h"
 
 #define ROUTE_TOLERANCE 0.10 /* a speed this far from the routed one re-routes */
 #define SEND_MS 0.05         /* planner: one hand-off between stages */
@@ -29,6 +31,22 @@ static int window_of(const mmp_balancer *b)
     return w < 1 ? 1 : w > MMP_BAL_WINDOW_MAX ? MMP_BAL_WINDOW_MAX : w;
 }
 
+/* The cores a CPU plan's processes share (balancer.h), 0 for other plans. */
+static int cpu_cores(const mmp_plan *p)
+{
+    if (p->compute != MMP_COMPUTE_REAL || p->n_hosts != 1 || p->launcher != MMP_LAUNCH_LOCAL) {
+        return 0;
+    }
+    for (int s = 0; s < mmp_plan_slots(p); s++) {
+        if (mmp_plan_slot_device(p, s) >= 0) {
+            return 0;
+        }
+    }
+    static int list[MMP_PIN_MAX_CORES];
+    return p->train.pin.mode != MMP_PIN_OFF ? mmp_pin_list(p, list)
+                                            : mmp_pin_allowed(list, MMP_PIN_MAX_CORES);
+}
+
 void mmp_balancer_reset(mmp_balancer *b, const mmp_plan *cur, const mmp_sched *sched,
                         const char *plan_json)
 {
@@ -37,7 +55,10 @@ void mmp_balancer_reset(mmp_balancer *b, const mmp_plan *cur, const mmp_sched *s
     b->sched = sched;
     b->plan_json = plan_json;
     b->slots = mmp_plan_slots(cur);
-    if (b->slots < sched->n_stages) {
+    b->cores = cpu_cores(cur);
+    if (b->cores > 0) {
+        b->slots = b->cores;
+    } else if (b->slots < sched->n_stages) {
         b->slots = sched->n_stages; /* more processes than slots share them */
     }
     for (int i = 0; i < sched->n_stages; i++) {
@@ -229,12 +250,22 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     mmp_placement_of_sched(b->sched, &now);
     mmp_planner_eval cur_ev;
     mmp_planner_result res;
-    MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
-    MMP_TRY(mmp_planner_plan(&in, &res));
+    if (b->cores > 0) {
+        mmp_cores_input ci = {.in = in, .cores = b->cores};
+        MMP_TRY(mmp_planner_cores_evaluate(&ci, &now, &cur_ev, NULL));
+        MMP_TRY(mmp_planner_cores_plan(&ci, &res));
+    } else {
+        MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
+        MMP_TRY(mmp_planner_plan(&in, &res));
+    }
     double g = cur_ev.step_ms / res.eval.step_ms - 1;
     if (memcmp(&now, &res.placement, sizeof now) == 0 ||
         !(g >= (profiling ? 0 : p->balance.min_gain))) {
         return MMP_OK;
+    }
+    char cores_note[64] = "";
+    if (b->cores > 0) {
+        snprintf(cores_note, sizeof cores_note, "on %d cores, ", b->cores);
     }
     *next = b->cur;
     next->stages_auto = 0;
@@ -242,9 +273,9 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     *go = 1;
     *gain = g;
     snprintf(why, why_n,
-             "%smeasured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
+             "%s%smeasured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
              "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency %.2f)",
-             profiling ? "stages: auto, after profiling: " : "", cur_ev.step_ms,
+             profiling ? "stages: auto, after profiling: " : "", cores_note, cur_ev.step_ms,
              cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms, res.eval.bottleneck_ms,
              res.eval.efficiency);
     return MMP_OK;

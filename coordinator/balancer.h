@@ -16,7 +16,10 @@
  *    measured since the stages were (re)launched, the per-layer costs are
  *    estimated (each stage's time per sample on its fastest replica, spread
  *    evenly over its layers; fusion one unit) and given to the planner
- *    (coordinator/planner.h) with the plan's device slots. When the planner's
+ *    (coordinator/planner.h) with the plan's device slots -- for a CPU plan
+ *    (compute: real, one host, launcher local, every slot cpu) the host's
+ *    cores instead: train.pin's list, or the cores this process may run on,
+ *    with processes sharing cores (coordinator/planner_cores.h). When the planner's
  *    placement is predicted to shorten the step by at least balance.min_gain
  *    over the current placement scored with the same costs, the balancer
  *    proposes it: the coordinator checkpoints, stops the stages, relaunches
@@ -29,7 +32,9 @@
  *    whatever the gain and the mode.
  *
  * Balance efficiency, measured: sum over processes of busy time / (device
- * slots x step time) -- the share of the devices' time spent working. */
+ * slots x step time) -- the share of the devices' time spent working (for a
+ * CPU plan, slots are its cores; busy time is wall time inside compute, so
+ * processes sharing a core count time they waited for it as busy). */
 #ifndef MMP_COORDINATOR_BALANCER_H
 #define MMP_COORDINATOR_BALANCER_H
 
@@ -49,7 +54,8 @@ typedef struct mmp_bal_proc {
 typedef struct mmp_balancer {
     mmp_plan cur; /* the plan with the placement running now */
     const mmp_sched *sched;
-    int slots;      /* device slots (>= 1) */
+    int slots;      /* device slots (>= 1): for a CPU plan its cores */
+    int cores;      /* CPU plans: the host's cores, planned for with mmp_planner_cores_plan; 0 */
     int steps_seen; /* steps observed since the (re)launch */
     /* per process, the last steps' ms per sample (ring of balance.window) */
     double ms_per_sample[MMP_SCHED_MAX_STAGES][MMP_BAL_WINDOW_MAX];

@@ -83,6 +83,10 @@ static mmp_err stage_words(mmp_launch_line *l, const mmp_launch_stage *s, int se
         MMP_TRY(push(l, "--secrets"));
         MMP_TRY(push(l, "stdin"));
     }
+    if (s->pinned) {
+        MMP_TRY(push(l, "--pin-index"));
+        MMP_TRY(push(l, "%d", s->pin_index));
+    }
     return MMP_OK;
 }
 

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/pin.h"
 #include "common/progress.h"
 #include "coordinator/coord.h"
 #include "coordinator/launcher.h"
@@ -101,6 +102,11 @@ mmp_err coord_spawn_all(coord *c)
     for (int i = 0; i < c->n; i++) {
         proc *p = &c->procs[i];
         int host = mmp_plan_slot_host(&c->cur, slots > 0 ? i % slots : 0);
+        /* train.pin counts the processes of each host in order (common/pin.h) */
+        int pin_index = 0;
+        for (int j = 0; j < i; j++) {
+            pin_index += mmp_plan_slot_host(&c->cur, slots > 0 ? j % slots : 0) == host;
+        }
         const mmp_host *h = &c->cur.hosts[host];
         mmp_launch_stage ls = {.exe = exe,
                                .cwd = cwd,
@@ -108,7 +114,9 @@ mmp_err coord_spawn_all(coord *c)
                                .stage = c->sched.stages[i].name,
                                .replica = c->sched.stages[i].replica,
                                .shm_prefix = c->shm_prefix,
-                               .secrets_stdin = c->tcp};
+                               .secrets_stdin = c->tcp,
+                               .pinned = c->cur.train.pin.mode != MMP_PIN_OFF,
+                               .pin_index = pin_index};
         static mmp_launch_line line;
         if ((ret = mmp_launch_line_build(&line, &c->cur, host, &ls)) != MMP_OK) {
             break;

@@ -400,9 +400,30 @@ static int checkpoint(coord *c, int steps_done)
 }
 
 /* Sends every process its list under the routing c->speed, from step on. */
-static int reroute(coord *c, int step)
+/* Whether process i's list differs between schedules a and b. */
+static int list_changed(const mmp_sched *a, const mmp_sched *b, int i)
+{
+    const mmp_sched_stage *x = &a->stages[i], *y = &b->stages[i];
+    if (x->n_prog != y->n_prog) {
+        return 1;
+    }
+    for (int k = 0; k < x->n_prog; k++) {
+        if (x->prog[k].op != y->prog[k].op || x->prog[k].mb != y->prog[k].mb ||
+            x->prog[k].edge != y->prog[k].edge) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Compiles the routing for c->speed and sends each process whose list
+ * changed its new list (a Program makes a stage drop its prefetched
+ * batches: with few micro-batches most speed changes deal them as before,
+ * and then nothing is sent). *sent: how many processes got one. */
+static int reroute(coord *c, int step, int *sent)
 {
     mmp_sched next;
+    *sent = 0;
     if (mmp_sched_compile_routed(&next, &c->cur, c->speed) != MMP_OK) {
         coord_fail(c, "re-routing: %s", mmp_last_error());
         mmp_sched_fini(&next);
@@ -410,6 +431,10 @@ static int reroute(coord *c, int step)
     }
     for (int i = 0; i < c->n; i++) {
         const mmp_sched_stage *st = &next.stages[i];
+        if (c->sched.n_stages == next.n_stages && !list_changed(&c->sched, &next, i)) {
+            continue;
+        }
+        (*sent)++;
         Mmpipe__Instr *ins, **insp;
         if (program_msg(st, &ins, &insp) != MMP_OK) {
             coord_fail(c, "re-routing: %s", mmp_last_error());
@@ -487,8 +512,12 @@ static int balance(coord *c, int done, double step_ms)
     double speed[MMP_SCHED_MAX_STAGES];
     if (done < c->plan->job.steps && mmp_balancer_route(&c->bal, speed, why, sizeof why)) {
         memcpy(c->speed, speed, sizeof speed);
-        if (reroute(c, done)) {
+        int sent = 0;
+        if (reroute(c, done, &sent)) {
             return 1;
+        }
+        if (!sent) {
+            return 0; /* the same micro-batches to the same replicas */
         }
         snprintf(c->decision, sizeof c->decision, "{\"action\":\"route\",\"reason\":\"%s\"}",
                  mmp_json_escape(why, esc, sizeof esc));

@@ -19,6 +19,7 @@
 #include "common/interrupt.h"
 #include "common/loss_scale.h"
 #include "common/metrics.h"
+#include "common/pin.h"
 #include "common/progress.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -602,6 +603,13 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         MMP_INFO("resuming %s at step %d of %d", out_dir, first_step, plan->job.steps);
     }
     mmp_cpu_set_threads(plan->train.threads);
+    if (plan->train.pin.mode != MMP_PIN_OFF) {
+        char cores[256];
+        if ((err = mmp_pin_apply(plan, 0, NULL, cores, sizeof cores)) != MMP_OK) {
+            goto exit;
+        }
+        MMP_INFO("pinned to core%s %s (train.pin)", strchr(cores, ',') ? "s" : "", cores);
+    }
     for (int k = 0; k < 2; k++) {
         mmp_loader_cfg lc = {.ds = t.train,
                              .plan = plan,

@@ -21,6 +21,7 @@ typedef struct mmp_worker_args {
     const mmp_ctl_keys *curve;
     int watch_fd;
     const char *shm_prefix;
+    int pin_index; /* train.pin: this process's index on its host (common/pin.h); -1: none */
 } mmp_worker_args;
 
 /* Runs the worker to its end; returns the process exit status. */

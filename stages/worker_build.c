@@ -4,6 +4,8 @@
  * teardown that undoes all of it, valid after a failed set-up. */
 #include "stages/worker_internal.h"
 
+#include "common/pin.h"
+
 /* ---- set-up ---------------------------------------------------------------------- */
 
 chan *worker_find_chan(worker *w, int id)
@@ -424,6 +426,11 @@ mmp_err worker_build(worker *w)
     MMP_TRY(mmp_peer_check_assignment(a));
     MMP_TRY(mmp_plan_load(p, a->plan_path, NULL, 0));
     mmp_cpu_set_threads(p->train.threads); /* train.threads holds in every process */
+    if (p->train.pin.mode != MMP_PIN_OFF && w->pin_index >= 0) {
+        char cores[256];
+        MMP_TRY(mmp_pin_apply(p, w->pin_index, NULL, cores, sizeof cores));
+        MMP_INFO("pinned to core%s %s (train.pin)", strchr(cores, ',') ? "s" : "", cores);
+    }
     if (a->microbatches != p->train.microbatches) {
         return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, but the plan has %d",
                           a->microbatches, p->train.microbatches);

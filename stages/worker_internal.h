@@ -105,6 +105,7 @@ typedef struct worker {
     Mmpipe__Envelope *prog_env;
     unsigned char *owns; /* [microbatches] from the list's LOADs / FWDs */
     int replica, replicas, slot;
+    int pin_index;       /* mmp_worker_args.pin_index */
     mmp_reduce *reduce;  /* replicas > 1 */
     double *reduce_host; /* replicas of a GPU stage: the gradient sums staged on the host */
     /* GPU replicas across hosts (a "#nccl" reduce address): the gradient

@@ -60,6 +60,16 @@ static void test_lines(void)
     expect_line(&p, 0, &ipc, 10,
                 "/usr/bin/mmpipe stage --connect ipc://@mmpipe-1-x --stage image.0 --replica 1 "
                 "--shm-prefix /mmpipe-abc");
+    /* train.pin: the process's index on its host (index 0 is said too) */
+    mmp_launch_stage pinned = ipc;
+    pinned.pinned = 1;
+    expect_line(&p, 0, &pinned, 12,
+                "/usr/bin/mmpipe stage --connect ipc://@mmpipe-1-x --stage image.0 --replica 1 "
+                "--shm-prefix /mmpipe-abc --pin-index 0");
+    pinned.pin_index = 3;
+    expect_line(&p, 0, &pinned, 12,
+                "/usr/bin/mmpipe stage --connect ipc://@mmpipe-1-x --stage image.0 --replica 1 "
+                "--shm-prefix /mmpipe-abc --pin-index 3");
 
     p.launcher = MMP_LAUNCH_SSH;
     snprintf(p.launcher_command, sizeof p.launcher_command,
@@ -77,6 +87,14 @@ static void test_lines(void)
                 "ssh -F /etc/mm/ssh_config -l beta-user 10.9.0.2 cd '/srv/it'\\''s here' && exec "
                 "'/opt/mm/mmpipe' 'stage' '--connect' 'tcp://10.9.0.1:40000' '--stage' 'image.0' "
                 "'--replica' '1' '--shm-prefix' '/mmpipe-abc' '--secrets' 'stdin'");
+    pinned = stage;
+    pinned.pinned = 1;
+    pinned.pin_index = 2;
+    expect_line(&p, 1, &pinned, 7,
+                "ssh -F /etc/mm/ssh_config -l beta-user 10.9.0.2 cd '/srv/it'\\''s here' && exec "
+                "'/opt/mm/mmpipe' 'stage' '--connect' 'tcp://10.9.0.1:40000' '--stage' 'image.0' "
+                "'--replica' '1' '--shm-prefix' '/mmpipe-abc' '--secrets' 'stdin' '--pin-index' "
+                "'2'");
     mmp_launch_line l;
     CHECK_OK(mmp_launch_line_build(&l, &p, 1, &stage));
     CHECK(strcmp(l.argv[5], "10.9.0.2") == 0); /* the destination is one word of its own */

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The pipeline on the cores there are (issue 17), end to end; speed lives in
+# bench/cores.sh, not here:
+#  1. train.pin: auto pins the single process to its first core, and it
+#     trains the same bits as unpinned;
+#  2. `stages: auto` on a CPU plan profiles 1/1/1, then takes the CPU
+#     planner's placement for this host's cores (the decision says "on N
+#     cores", N the cores this test may use); with train.pin: auto every
+#     process of the new placement pins itself to core k % N (k its place in
+#     stage order), and the run equals --single-process bitwise (ckpt diff
+#     max_abs_diff=0); nothing left behind;
+#  3. a core id this machine does not give is refused before anything runs,
+#     with file:line:column;
+#  and `mmpipe simulate --plan-cores 2` plans on paper from the run's costs;
+#  train.threads 2 reaches every stage process (each pins to 2 cores).
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+workdir
+synth 800 4
+tiny_plan "name: c, steps: 16, seed: 7" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64" \
+  2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0, final_eval: false, clip_grad_norm: 0.5"
+# The cores this process may use, in order (what train.pin: auto lists).
+allowed=()
+for part in $(grep '^Cpus_allowed_list:' /proc/self/status | awk '{ print $2 }' | tr ',' ' '); do
+  if [ "${part#*-}" != "$part" ]; then
+    for ((c = ${part%-*}; c <= ${part#*-}; c++)); do allowed+=("$c"); done
+  else
+    allowed+=("$part")
+  fi
+done
+n=${#allowed[@]}
+[ "$n" -ge 1 ] || { echo "cannot read Cpus_allowed_list"; exit 1; }
+
+# --- 1. the single process -------------------------------------------------------------
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/single" >"$W/single.log" 2>&1 \
+  || { fail "single"; tail -3 "$W/single.log"; }
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_pin" --set train.pin=auto \
+  >"$W/single_pin.log" 2>&1 || { fail "single pinned"; tail -3 "$W/single_pin.log"; }
+grep -q "pinned to core ${allowed[0]} (train.pin)" "$W/single_pin.log" \
+  && ok "the single process pins itself to core ${allowed[0]}" \
+  || fail "single process: no 'pinned to core ${allowed[0]}' in its log"
+out=$(same_ckpt "$W/single" "$W/single_pin") && ok "pinned single process = unpinned: $out" \
+  || fail "pinned single process differs: $out"
+
+# --- 2. stages: auto on cores, pinned -------------------------------------------------
+sed 's/^train: { /train: { pin: auto, /' "$W/plan.yaml" >"$W/auto.yaml"
+echo "stages: auto" >>"$W/auto.yaml"
+"$BIN" launch "$W/auto.yaml" --out "$W/auto" >"$W/auto.log" 2>&1 \
+  || { fail "stages: auto run failed"; tail -5 "$W/auto.log"; }
+why=$(grep -o '"reason":"stages: auto[^"]*"' "$W/auto/metrics.jsonl" | head -1)
+if [ "$n" -eq 1 ]; then # one core: nothing beats one process per stage
+  [ -z "$why" ] && ok "stages: auto on 1 core keeps one process per stage" \
+    || fail "stages: auto on 1 core re-placed: $why"
+else
+  grep -q "after profiling: on $n cores, " <<<"$why" \
+    && ok "stages: auto plans on the $n cores: $why" || fail "stages: auto: '${why:-no decision}'"
+fi
+placement=$(tail -1 "$W/auto/metrics.jsonl" | grep -o '"placement":"[^"]*"' | sed 's/.*:"//; s/"$//')
+# The processes in stage order: image.0:2 -> image.0/0 image.0/1 ...
+procs=()
+for tok in $placement; do
+  name=${tok%%[[:]*} reps=${tok##*:}
+  for ((r = 0; r < reps; r++)); do procs+=("$name/$r"); done
+done
+bad=0
+for k in "${!procs[@]}"; do
+  want=${allowed[$((k % n))]}
+  got=$(grep "^\[${procs[$k]}\] info .*pinned to core" "$W/auto.log" | tail -1 | sed 's/.*pinned to cores\{0,1\} \([0-9,]*\).*/\1/')
+  [ "$got" = "$want" ] || { bad=$((bad + 1)); echo "    ${procs[$k]} (process $k): core '$got', want $want"; }
+done
+[ ${#procs[@]} -ge 3 ] && [ $bad -eq 0 ] \
+  && ok "placement '$placement': process k runs on core k % $n (${#procs[@]} processes)" \
+  || fail "pinning of '$placement': $bad processes on the wrong core"
+out=$(same_ckpt "$W/single" "$W/auto") && ok "stages: auto on cores, pinned = --single-process: $out" \
+  || fail "stages: auto on cores differs from --single-process: $out"
+left_behind "stages: auto on cores" "$W/auto.log"
+
+# --- train.threads reaches every stage process: 2 threads, 2 cores each ----------------
+if [ "$n" -ge 2 ]; then
+  "$BIN" launch "$W/plan.yaml" --out "$W/t2" --set job.steps=2 --set train.threads=2 \
+    --set train.pin=auto >"$W/t2.log" 2>&1 || { fail "threads 2 run"; tail -3 "$W/t2.log"; }
+  got=$(grep -c "pinned to cores ${allowed[0]},${allowed[1]} (train.pin)" "$W/t2.log")
+  [ "$got" -eq 3 ] && ok "train.threads 2: each of the 3 stage processes takes 2 cores" \
+    || fail "train.threads 2: $got of 3 processes pinned to cores ${allowed[0]},${allowed[1]}"
+fi
+
+# --- simulate --plan-cores: the same planner on the run's measured costs, on paper -------
+out=$("$BIN" simulate "$W/auto.yaml" --costs "$W/auto" --plan-cores 2 2>&1)
+grep -qE '^placement image\.0[^ ]* .*fusion:[0-9]+ \(process k on core k % 2\)$' <<<"$out" \
+  && grep -qE '^core loads per step \(ms\): [0-9.]+ [0-9.]+$' <<<"$out" \
+  && ok "simulate --plan-cores 2: $(grep '(process k on core' <<<"$out")" \
+  || { fail "simulate --plan-cores 2"; tail -5 <<<"$out" | sed 's/^/    /'; }
+expect_fail "simulate --plan-cores 0 is a usage error" "--plan-cores '0': expected a core count" \
+  "$BIN" simulate "$W/auto.yaml" --plan-cores 0
+
+# --- 3. a core id this machine does not give ------------------------------------------------
+sed "s/pin: auto/pin: [${allowed[0]}, 1023]/" "$W/auto.yaml" >"$W/badpin.yaml"
+expect_fail "a core outside this machine's is refused with its place" \
+  "badpin.yaml:5:[0-9]+: train.pin\[1\]: core 1023 is not one this machine lets mmpipe use" \
+  "$BIN" launch "$W/badpin.yaml" --out "$W/bad"
+[ ! -e "$W/bad" ] && ok "nothing started for the bad plan" || fail "the bad plan made $W/bad"
+finish
