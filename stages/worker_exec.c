@@ -344,18 +344,18 @@ int worker_simulated(const worker *w)
 }
 
 /* This stage's simulated forward (or backward) of n samples at step. */
-static void sim_compute(const worker *w, int step, int n, int backward)
+static void sim_compute(worker *w, int step, int n, int backward)
 {
-    mmp_sleep_ms(mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step,
-                                 backward, w->slot));
+    mmp_sim_sleep(&w->sim_clock, mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last,
+                                                 n, step, backward, w->slot));
 }
 
 /* Half of this stage's simulated backward: zb-h1's B or W (the simulator's
  * default split, coordinator/schedule.h). */
-static void sim_half_bwd(const worker *w, int step, int n)
+static void sim_half_bwd(worker *w, int step, int n)
 {
-    mmp_sleep_ms(0.5 * mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, 1,
-                                       w->slot));
+    mmp_sim_sleep(&w->sim_clock, 0.5 * mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first,
+                                                       w->last, n, step, 1, w->slot));
 }
 
 /* Training: the next micro-batch from the prefetching loader (the wait is
