@@ -62,7 +62,7 @@ typedef struct trainer {
     mmp_fuse fuse;
     float *img_valid, *txt_valid;
     FILE *metrics;
-    mmp_loss_scale ls; /* fp16 loss scaling: the coordinator's arithmetic */
+    mmp_loss_scale ls;       /* fp16 loss scaling: the coordinator's arithmetic */
     mmp_sim_clock sim_clock; /* compute: simulated, as a stage's (common/progress.h) */
 } trainer;
 
