@@ -6,7 +6,10 @@
 #     (sim.slowdown): end-to-end samples/s and the image stage's own
 #     throughput (samples per second of its slowest replica's busy time);
 #  2. configs/sim-uneven.yaml (4:1:1 on six slots): dynamic balancing vs the
-#     static 2/2/2 placement, steady samples/s and balance efficiency;
+#     static 2/2/2 placement, steady samples/s and balance efficiency; beside
+#     them the schedule's own floor at the costs each run measured
+#     (`mmpipe simulate --costs`: predicted step, with no send or step
+#     overhead), and the ratio and efficiency that floor allows;
 #  3. cost drift (text x3 at step 100): the step of the re-plan and the
 #     measured efficiency after it;
 #  4. `mmpipe simulate --costs` on a demo pipeline run: predicted vs measured
@@ -45,6 +48,17 @@ t_static=$(metric "$OUT/static/metrics.jsonl" samples_per_s 2 8 | median)
 e_static=$(metric "$OUT/static/metrics.jsonl" efficiency 2 8 | median)
 t_dyn=$(metric "$OUT/dynamic/metrics.jsonl" samples_per_s 21 30 | median)
 e_dyn=$(metric "$OUT/dynamic/metrics.jsonl" efficiency 21 30 | median)
+s_static=$(metric "$OUT/static/metrics.jsonl" step_ms 2 8 | median)
+s_dyn=$(metric "$OUT/dynamic/metrics.jsonl" step_ms 21 30 | median)
+floor() { # RUN: "predicted_ms busy_ms_sum" of the run's last placement
+  "$BIN" simulate configs/sim-uneven.yaml --costs "$1" $D 2>&1 | awk '
+    $1 ~ /^(image|text|fusion)/ && NF >= 10 { busy += $8 }
+    /^predicted step time/ { ms = $4 }
+    END { if (ms > 0) printf "%s %.1f", ms, busy }'
+}
+read -r f_static _ <<<"$(floor "$OUT/static")"
+read -r f_dyn b_dyn <<<"$(floor "$OUT/dynamic")"
+slots=6
 
 # --- 3. drift ------------------------------------------------------------------------------------
 run drift configs/sim-uneven.yaml $D --set job.steps=125 --set sim.change_step=100 --set sim.change.text=3.0
@@ -61,5 +75,8 @@ echo "| weighted vs round-robin routing, one of two image replicas 2x slow: samp
 echo "| the same, image stage throughput (slowest replica's busy time) | $swt | $srr | $(ratio "$swt" "$srr")x |"
 echo "| sim-uneven: dynamic (steps 21-30) vs static 2/2/2: samples/s | $t_dyn | $t_static | $(ratio "$t_dyn" "$t_static")x |"
 echo "| sim-uneven: balance efficiency, dynamic vs static | $e_dyn | $e_static | |"
+echo "| sim-uneven: step ms, dynamic vs static (steps 21-30, 2-8) | $s_dyn | $s_static | $(ratio "$s_static" "$s_dyn")x |"
+echo "| the same, the schedule's floor at the measured costs (\`simulate --costs\`) | ${f_dyn:-?} | ${f_static:-?} | $(ratio "${f_static:-0}" "${f_dyn:-1}")x |"
+echo "| sim-uneven dynamic: measured step over its floor; efficiency the floor allows | $(ratio "$s_dyn" "${f_dyn:-1}")x | $(awk -v b="${b_dyn:-0}" -v f="${f_dyn:-1}" -v s=$slots 'BEGIN { printf "%.4f", b / (s * f) }') | |"
 echo "| drift (text x3 at step 100): re-planned after step, efficiency steps 118-125 | ${re:-none}, $e_drift | | |"
 echo "| demo pipeline, 60 steps: \`simulate --costs\` step time prediction error | ${err:-none} | | |"

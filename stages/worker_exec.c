@@ -905,7 +905,10 @@ mmp_err worker_run_step(worker *w, int step)
 {
     const Mmpipe__Assignment *a = w->asg;
     double t0 = mmp_now();
-    mmp_params_zero_grad(w->params);
+    /* The gradients are zeroed just before the step's first instruction that
+     * writes or reads them, not here: the forwards before it (on a first
+     * stage, what every later stage waits for) start sooner. */
+    int zeroed = 0;
     if (w->bn_rows) {
         memset(w->bn_rows, 0, (size_t)a->microbatches * (size_t)w->bn_row * sizeof(float));
     }
@@ -928,6 +931,11 @@ mmp_err worker_run_step(worker *w, int step)
                               in->edge);
         }
         mmp_err e = MMP_OK;
+        if (!zeroed && in->op != MMPIPE__OP__LOAD && in->op != MMPIPE__OP__RECV_ACT &&
+            in->op != MMPIPE__OP__FWD && in->op != MMPIPE__OP__SEND_ACT) {
+            mmp_params_zero_grad(w->params);
+            zeroed = 1;
+        }
         switch (in->op) {
         case MMPIPE__OP__LOAD: {
             double l0 = mmp_now();
