@@ -59,6 +59,8 @@ floor() { # RUN: "predicted_ms busy_ms_sum" of the run's last placement
 read -r f_static _ <<<"$(floor "$OUT/static")"
 read -r f_dyn b_dyn <<<"$(floor "$OUT/dynamic")"
 slots=6
+# the placements steps 21-30 ran (a re-placement back, under load, shows here)
+places=$(sed -n 21,30p "$OUT/dynamic/metrics.jsonl" | grep -o '"placement":"[^"]*"' | sort -u | cut -d'"' -f4 | paste -sd';')
 
 # --- 3. drift ------------------------------------------------------------------------------------
 run drift configs/sim-uneven.yaml $D --set job.steps=125 --set sim.change_step=100 --set sim.change.text=3.0
@@ -73,7 +75,7 @@ echo "| comparison (one run, medians) | measured | baseline | ratio |"
 echo "|---|---|---|---|"
 echo "| weighted vs round-robin routing, one of two image replicas 2x slow: samples/s | $wt | $rr | $(ratio "$wt" "$rr")x |"
 echo "| the same, image stage throughput (slowest replica's busy time) | $swt | $srr | $(ratio "$swt" "$srr")x |"
-echo "| sim-uneven: dynamic (steps 21-30) vs static 2/2/2: samples/s | $t_dyn | $t_static | $(ratio "$t_dyn" "$t_static")x |"
+echo "| sim-uneven: dynamic (steps 21-30: $places) vs static 2/2/2: samples/s | $t_dyn | $t_static | $(ratio "$t_dyn" "$t_static")x |"
 echo "| sim-uneven: balance efficiency, dynamic vs static | $e_dyn | $e_static | |"
 echo "| sim-uneven: step ms, dynamic vs static (steps 21-30, 2-8) | $s_dyn | $s_static | $(ratio "$s_static" "$s_dyn")x |"
 echo "| the same, the schedule's floor at the measured costs (\`simulate --costs\`) | ${f_dyn:-?} | ${f_static:-?} | $(ratio "${f_static:-0}" "${f_dyn:-1}")x |"
