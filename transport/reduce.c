@@ -593,7 +593,7 @@ void mmp_reduce_close(mmp_reduce *r)
     if (r->hdr) {
         /* Peers blocked in a sum this rank will never join fail at once. */
         atomic_store_explicit(&r->hdr->closed[r->rank], 1, memory_order_release);
-        mmp_segment_bell_ring(&r->hdr->bell, NULL); /* every waiter, whatever the count */
+        mmp_segment_bell_ring(&r->hdr->bell, NULL);          /* every waiter, whatever the count */
         mmp_segment_unlink_once(&r->hdr->unlinked, r->name); /* a no-op once every rank attached */
         mmp_segment_unmap(r->hdr, r->map_bytes);
     }
