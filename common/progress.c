@@ -13,11 +13,9 @@ double mmp_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void mmp_sleep_ms(double ms)
+/* Sleeps to the CLOCK_MONOTONIC time t (ns since its zero). */
+static void sleep_until_ns(long long t_ns)
 {
-    if (!(ms > 0)) {
-        return;
-    }
     /* The default 50 us timer slack would lengthen every simulated compute
      * by up to that much: ask for the deadline itself. */
     static int slack_set = 0;
@@ -25,13 +23,41 @@ void mmp_sleep_ms(double ms)
         prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
         slack_set = 1;
     }
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    long long ns = (long long)t.tv_nsec + (long long)(ms * 1e6);
-    t.tv_sec += (time_t)(ns / 1000000000LL);
-    t.tv_nsec = (long)(ns % 1000000000LL);
+    struct timespec t = {.tv_sec = (time_t)(t_ns / 1000000000LL),
+                         .tv_nsec = (long)(t_ns % 1000000000LL)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR) {
     }
+}
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + (long long)t.tv_nsec;
+}
+
+void mmp_sleep_ms(double ms)
+{
+    if (!(ms > 0)) {
+        return;
+    }
+    sleep_until_ns(now_ns() + (long long)(ms * 1e6));
+}
+
+void mmp_sim_sleep(mmp_sim_clock *c, double ms)
+{
+    if (!(ms > 0)) {
+        return;
+    }
+    double owed = c->late_ms > 0 ? c->late_ms : 0;
+    if (owed >= ms) {
+        c->late_ms = owed - ms; /* this compute is paid for by earlier lateness */
+        return;
+    }
+    long long due = now_ns() + (long long)((ms - owed) * 1e6);
+    sleep_until_ns(due);
+    double late = (double)(now_ns() - due) * 1e-6;
+    c->late_ms = late < 0 ? 0 : late > MMP_SIM_CARRY_MAX_MS ? MMP_SIM_CARRY_MAX_MS : late;
 }
 
 void mmp_progress_init(mmp_progress *p, int total, int plain_every)

@@ -27,4 +27,18 @@ double mmp_now(void);
  * not shorten it; no busy wait). Simulated compute waits with it. */
 void mmp_sleep_ms(double ms);
 
+/* Simulated compute's clock (compute: simulated). A sleep wakes late by the
+ * timer's and the scheduler's latency (tens of us per call on a loaded host,
+ * so a stage of 192 two-millisecond computes per step ran 2-4% slow); the
+ * lateness is carried and taken off the next simulated compute's sleep, so a
+ * stage's simulated busy time sums to the cost model's. Only lateness up to
+ * MMP_SIM_CARRY_MAX_MS is carried: a longer preemption is load, and stays. */
+#define MMP_SIM_CARRY_MAX_MS 1.0
+typedef struct mmp_sim_clock {
+    double late_ms; /* owed to the next sleep, 0 .. MMP_SIM_CARRY_MAX_MS */
+} mmp_sim_clock;
+/* Sleeps ms of simulated compute less what c carries (no sleep when that is
+ * more; the rest stays carried), and carries this wake-up's lateness. */
+void mmp_sim_sleep(mmp_sim_clock *c, double ms);
+
 #endif

@@ -64,6 +64,7 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
             break;
         }
         p->have_norm = 1;
+        p->norm_seq = ++c->norm_seq;
         p->sumsq = env->grad_norm->sumsq;
         break;
     case MMPIPE__ENVELOPE__BODY_EVAL_DONE:
@@ -203,9 +204,11 @@ static int watch(coord *c, done_fn done, void *arg, const char *what)
     for (int i = 0; i < c->n; i++) {
         const proc *p = &c->procs[i];
         /* Waiting on a flag: the processes without it. Waiting on the
+         * norms: the stages none of whose replicas sent one. Waiting on the
          * evaluation: the fusion stage, which sends its result. */
-        int awaited = done == coord_all_flag ? !*(const int *)((const char *)p + (size_t)arg)
-                                             : c->sched.stages[i].kind == MMP_KIND_FUSION;
+        int awaited = done == coord_all_flag      ? !*(const int *)((const char *)p + (size_t)arg)
+                      : done == coord_stage_norms ? coord_stage_norm(c, i) < 0
+                                                  : c->sched.stages[i].kind == MMP_KIND_FUSION;
         w[i] = (mmp_watch_proc){.name = p->name,
                                 .pid = (int)p->pid,
                                 .alive = p->alive,
@@ -263,6 +266,30 @@ int coord_all_flag(coord *c, void *arg)
     size_t off = (size_t)arg;
     for (int i = 0; i < c->n; i++) {
         if (!*(int *)((char *)&c->procs[i] + off)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int coord_stage_norm(const coord *c, int i)
+{
+    int best = -1;
+    for (int j = 0; j < c->n; j++) {
+        if (c->procs[j].have_norm &&
+            strcmp(c->sched.stages[j].name, c->sched.stages[i].name) == 0 &&
+            (best < 0 || c->procs[j].norm_seq < c->procs[best].norm_seq)) {
+            best = j;
+        }
+    }
+    return best;
+}
+
+int coord_stage_norms(coord *c, void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < c->n; i++) {
+        if (coord_stage_norm(c, i) < 0) {
             return 0;
         }
     }

@@ -43,6 +43,7 @@ typedef struct proc {
     /* per-step inbox */
     int have_norm, have_done, have_ack, have_ready, have_hello;
     double sumsq;
+    uint64_t norm_seq; /* the order the step's gradient norms arrived in */
     Mmpipe__Envelope
         *done; /* its StepDone, kept (the envelope owns it) until the metrics are written */
 } proc;
@@ -75,6 +76,7 @@ typedef struct coord {
     mmp_ctl *ctl;
     proc procs[MMP_SCHED_MAX_STAGES];
     int n;
+    uint64_t norm_seq; /* gradient norms received, ever: orders them */
     int have_eval;
     float eval_i2t, eval_t2i;
     char failure[2048];
@@ -132,6 +134,11 @@ int coord_all_flag(coord *c, void *arg);
 #define ALL(field) ((void *)offsetof(proc, field))
 /* done_fn: the evaluation's result arrived. */
 int coord_got_eval(coord *c, void *arg);
+/* The process that reported stage i's gradient norm first among i's replicas
+ * (they hold the same reduced gradients, transport/reduce.h), or -1. */
+int coord_stage_norm(const coord *c, int i);
+/* done_fn: every stage has a gradient norm (from one of its replicas). */
+int coord_stage_norms(coord *c, void *arg);
 mmp_err coord_send_to(coord *c, int i, Mmpipe__Envelope *env);
 /* Forwards the addresses stage `from` reports for its tcp creator ends to
  * the ends that connect (coordinator/steps.c). 1 when it failed (c->failure). */

@@ -554,16 +554,22 @@ int coord_run_steps(coord *c, int first_step)
         st.loss_scale = c->ls.scale;
         env.body_case = MMPIPE__ENVELOPE__BODY_START;
         env.start = &st;
+        /* Replicas hold the same reduced gradients (transport/reduce.h):
+         * the first of a stage's replicas to send its norm gives the
+         * stage's, and the clip goes out without waiting for the others
+         * (the last replica to finish the reduce is usually the first with
+         * the sum; the others still copy it out). Their norms come before
+         * their step results. */
         if (coord_broadcast(c, &env) != MMP_OK ||
-            coord_wait_until(c, coord_all_flag, ALL(have_norm), 0, "gradient norms")) {
+            coord_wait_until(c, coord_stage_norms, NULL, 0, "gradient norms")) {
             break;
         }
         /* Sum in stage order (image, text, fusion), as the single process
-         * does; replicas hold the same reduced gradients: replica 0 counts. */
+         * does: one replica per stage. */
         double sumsq = 0;
         for (int i = 0; i < c->n; i++) {
             if (c->sched.stages[i].replica == 0) {
-                sumsq += c->procs[i].sumsq;
+                sumsq += c->procs[coord_stage_norm(c, i)].sumsq;
             }
         }
         double norm = sqrt(sumsq);

@@ -63,7 +63,8 @@ typedef struct trainer {
     mmp_fuse fuse;
     float *img_valid, *txt_valid;
     FILE *metrics;
-    mmp_loss_scale ls; /* fp16 loss scaling: the coordinator's arithmetic */
+    mmp_loss_scale ls;       /* fp16 loss scaling: the coordinator's arithmetic */
+    mmp_sim_clock sim_clock; /* compute: simulated, as a stage's (common/progress.h) */
 } trainer;
 
 static void *xcalloc(size_t n, size_t size, mmp_err *err)
@@ -505,8 +506,9 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         if (plan->compute == MMP_COMPUTE_SIMULATED) {
             mmp_loader_release(t->img_loader, bi);
             mmp_loader_release(t->txt_loader, bt);
-            mmp_sleep_ms(sim_ms(plan, step, n, 0)); /* the loss stays 0, the gradients 0 */
-            mmp_sleep_ms(sim_ms(plan, step, n, 1));
+            /* the loss stays 0, the gradients 0 */
+            mmp_sim_sleep(&t->sim_clock, sim_ms(plan, step, n, 0));
+            mmp_sim_sleep(&t->sim_clock, sim_ms(plan, step, n, 1));
             continue;
         }
         valid_floats(t->img_valid, bi);

@@ -344,18 +344,18 @@ int worker_simulated(const worker *w)
 }
 
 /* This stage's simulated forward (or backward) of n samples at step. */
-static void sim_compute(const worker *w, int step, int n, int backward)
+static void sim_compute(worker *w, int step, int n, int backward)
 {
-    mmp_sleep_ms(mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step,
-                                 backward, w->slot));
+    mmp_sim_sleep(&w->sim_clock, mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last,
+                                                 n, step, backward, w->slot));
 }
 
 /* Half of this stage's simulated backward: zb-h1's B or W (the simulator's
  * default split, coordinator/schedule.h). */
-static void sim_half_bwd(const worker *w, int step, int n)
+static void sim_half_bwd(worker *w, int step, int n)
 {
-    mmp_sleep_ms(0.5 * mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first, w->last, n, step, 1,
-                                       w->slot));
+    mmp_sim_sleep(&w->sim_clock, 0.5 * mmp_plan_sim_ms(&w->plan, (mmp_branch)w->kind, w->first,
+                                                       w->last, n, step, 1, w->slot));
 }
 
 /* Training: the next micro-batch from the prefetching loader (the wait is
@@ -909,7 +909,10 @@ mmp_err worker_run_step(worker *w, int step)
 {
     const Mmpipe__Assignment *a = w->asg;
     double t0 = mmp_now();
-    mmp_params_zero_grad(w->params);
+    /* The gradients are zeroed just before the step's first instruction that
+     * writes or reads them, not here: the forwards before it (on a first
+     * stage, what every later stage waits for) start sooner. */
+    int zeroed = 0;
     if (w->bn_rows) {
         memset(w->bn_rows, 0, (size_t)a->microbatches * (size_t)w->bn_row * sizeof(float));
     }
@@ -932,6 +935,11 @@ mmp_err worker_run_step(worker *w, int step)
                               in->edge);
         }
         mmp_err e = MMP_OK;
+        if (!zeroed && in->op != MMPIPE__OP__LOAD && in->op != MMPIPE__OP__RECV_ACT &&
+            in->op != MMPIPE__OP__FWD && in->op != MMPIPE__OP__SEND_ACT) {
+            mmp_params_zero_grad(w->params);
+            zeroed = 1;
+        }
         switch (in->op) {
         case MMPIPE__OP__LOAD: {
             double l0 = mmp_now();

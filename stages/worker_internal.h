@@ -172,6 +172,7 @@ typedef struct worker {
     float *out_mask, *out_valid;
     /* per-step accounting */
     double busy_ms, data_ms;
+    mmp_sim_clock sim_clock;         /* compute: simulated: the sleeps' carried lateness */
     float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
     int inflight, max_inflight;
     mmp_loss_parts loss;

@@ -4,27 +4,45 @@
  * Layout, mapped once by every rank:
  *
  *   page 0..   reduce_header: magic (stored last by rank 0), version,
- *              geometry, the attach count, the barrier's arrival counter and
- *              doorbell (futex word) on their own cache line, then per rank:
- *              pid, closed flag, barriers entered and this round's n.
- *   then       R regions of region_stride floats (capacity rounded up to 16),
- *              starting on a page boundary, so every region is 64-byte aligned.
+ *              geometry, the attach count, the poison word, the doorbell
+ *              (futex word) and its sleepers on their own cache line, per rank
+ *              pid, closed flag and this round's n, then one progress counter
+ *              per bucket, each on its own cache line.
+ *   then       2 accumulators of region_stride floats (capacity rounded up to
+ *              16), starting on a page boundary: round g sums into
+ *              accumulator g % 2.
  *
- * One sum is: write v into my region and my n; barrier; check every rank's
- * n; sum my slice of the elements over all regions in rank order into my
- * region; barrier; copy every slice from its owner's region into v; barrier.
- * The last barrier keeps a fast rank from overwriting its region for the next
- * round while a slow one still reads it.
+ * A vector is cut into buckets of `bucket` floats (at most MAX_BUCKETS). One
+ * sum is a chain in rank order over each bucket: rank 0 copies its bucket into
+ * the accumulator, rank k adds its own into it once rank k - 1 has, and the
+ * last rank's addition is the sum, which it writes into the accumulator and
+ * its own v at once; every other rank then copies the bucket out. So every
+ * element is ((v0 + v1) + v2) + ..., the same expression on every rank, added
+ * in rank order -- the bits of the reduce-scatter this replaced -- and:
+ * - a rank adds as soon as its predecessors have, while later ranks still
+ *   compute: the replicas of a pipeline stage finish their last backward one
+ *   after another, and the sum of the early ones is done by the time the last
+ *   one arrives, which then makes one pass over its own vector;
+ * - ranks that arrive together work in a pipeline, bucket by bucket;
+ * - nothing is copied into the segment but the running sum.
  *
- * The barrier is one 64-bit arrival counter that only grows: a rank's b-th
- * barrier is passed once arrived >= b * R. Nobody resets it, so there is no
- * generation to get wrong: a rank cannot arrive at barrier b + 1 before all R
- * arrivals of barrier b are counted. The last arrival rings the doorbell
- * (bumps `bell`, FUTEX_WAKE); waiters sleep on it in slices of SLICE_MS and
- * after each slice check that every peer is alive (a pidfd, which also sees an
- * unreaped zombie as dead) and has not closed, and the caller's timeout. The
- * counter's RMWs are acq_rel and the waiters' loads acquire, so passing a
- * barrier makes every region and n written before it visible.
+ * A bucket's counter only grows: it counts every addition to that bucket
+ * ever, R per round, so in round g (from 1) rank k's turn on bucket b comes
+ * when done[b] reaches (g - 1) R + k and the bucket's sum is complete at g R.
+ * Buckets beyond this round's n are counted as passed without a turn, so the
+ * counts stay in step whatever n the rounds have. Two accumulators make the
+ * barrier after the copies unneeded: round g + 1 writes the other one, and
+ * round g + 2 cannot start before every rank finished round g (its turn in
+ * round g + 1 comes after theirs). A rank that finds the ranks before it with
+ * another n poisons the segment before touching the accumulator: every rank
+ * then fails, naming both n's.
+ *
+ * Waits sleep on the doorbell (every addition rings it; the ring is a system
+ * call only when someone sleeps) in slices of SLICE_MS and after each slice
+ * check that every peer is alive (a pidfd, which also sees an unreaped zombie
+ * as dead) and has not closed, and the caller's timeout. Additions are
+ * published by the counter's release increment and seen by the waiters'
+ * acquire loads.
  *
  * Naming: rank 0 creates the name with O_CREAT|O_EXCL; the rank whose attach
  * makes the count R removes it, so once everyone is attached a crash leaves
@@ -33,7 +51,7 @@
  *
  * Creating, attaching, the futex calls, the pidfds and the unlink flag are
  * transport/segment.h's, shared with the shm data channel; this file owns the
- * layout, the barrier and the sum.
+ * layout, the chain and the sum.
  *
  * Must never: spin, wait without a timeout, leave a name behind once all
  * ranks are attached, trust a header it did not check, or add in any order
@@ -62,61 +80,69 @@
 #error "transport/reduce.c needs FLT_EVAL_METHOD == 0 (SSE/NEON float arithmetic)"
 #endif
 
-#define REDUCE_MAGIC 0x31304452504d4d00ull /* "\0MMPRD01" */
-#define REDUCE_VERSION 1u
+#define REDUCE_MAGIC 0x32304452504d4d00ull /* "\0MMPRD02" */
+#define REDUCE_VERSION 2u
 #define MAX_RANKS 64
 #define REGION_ALIGN 16 /* floats: 64 bytes */
 #define PAGE 4096
-/* Far beyond any model; keeps R * capacity * 4 + header far from overflow. */
+/* Far beyond any model; keeps 2 * capacity * 4 + header far from overflow. */
 #define MAX_CAPACITY ((size_t)1 << 36)
 /* A blocked wait checks on its peers this often: a dead one is noticed within
  * one slice. */
 #define SLICE_MS 100
-/* Floats summed per pass over the R regions: v's chunk stays in L1/L2 while
- * every region's chunk is added to it. */
-#define CHUNK 4096
+/* Buckets: at least MIN_BUCKET floats (1 MB: a ring and a wake-up cost a few
+ * microseconds, far less than a bucket's pass), at most MAX_BUCKETS of them. */
+#define MIN_BUCKET ((size_t)1 << 18)
+#define MAX_BUCKETS 64
+
+typedef struct bucket_word {
+    alignas(64) _Atomic uint64_t done; /* additions to this bucket, all rounds */
+} bucket_word;
 
 typedef struct reduce_header {
     _Atomic uint64_t magic; /* REDUCE_MAGIC once rank 0 has set up the rest */
     uint32_t version;
     uint32_t replicas;
     uint64_t capacity;      /* floats per rank */
-    uint64_t region_stride; /* floats between regions */
-    uint64_t data_offset;   /* bytes from the segment's start to region 0 */
+    uint64_t region_stride; /* floats between the two accumulators */
+    uint64_t data_offset;   /* bytes from the segment's start to accumulator 0 */
     uint64_t total_bytes;
-    _Atomic uint32_t attached;            /* ranks attached so far (rank 0 included) */
-    _Atomic uint32_t unlinked;            /* 1 once a rank has claimed removing the name */
-    alignas(64) _Atomic uint64_t arrived; /* barrier arrivals, all ranks, ever */
-    _Atomic uint32_t bell;                /* futex word: rung by the last arrival and by close */
+    uint64_t bucket;                   /* floats per bucket */
+    _Atomic uint32_t attached;         /* ranks attached so far (rank 0 included) */
+    _Atomic uint32_t unlinked;         /* 1 once a rank has claimed removing the name */
+    _Atomic uint32_t poison;           /* 0, or 1 + the rank that found n's that differ */
+    alignas(64) _Atomic uint32_t bell; /* futex word: rung by every addition and by close */
+    _Atomic uint32_t sleepers;         /* ranks asleep on the bell */
     alignas(64) _Atomic int32_t pid[MAX_RANKS]; /* 0 until that rank attached */
     _Atomic uint32_t closed[MAX_RANKS];
-    _Atomic uint64_t entered[MAX_RANKS]; /* barriers that rank arrived at: names a laggard */
-    _Atomic uint64_t n[MAX_RANKS];       /* that rank's n in the current round */
+    _Atomic uint64_t n[MAX_RANKS]; /* that rank's n (floats) in its current round */
+    bucket_word bucket_done[MAX_BUCKETS];
 } reduce_header;
 
 static_assert(offsetof(reduce_header, magic) == 0, "a segment's magic comes first (segment.h)");
-static_assert(sizeof(reduce_header) == 1664, "reduce_header is part of the segment layout");
-static_assert(sizeof(reduce_header) <= PAGE, "the header fits the first page");
+static_assert(sizeof(reduce_header) == 5312, "reduce_header is part of the segment layout");
 
 struct mmp_reduce {
     reduce_header *hdr; /* NULL when R == 1: no segment */
     size_t map_bytes;   /* the segment's size, as this rank computes it */
-    size_t data_offset; /* from hdr to region 0 */
-    float *regions;     /* region 0; region k at regions + k * stride */
+    size_t data_offset; /* from hdr to accumulator 0 */
+    float *regions;     /* accumulator 0; accumulator 1 at regions + stride */
     size_t stride;      /* floats */
     size_t capacity;
+    size_t bucket; /* floats per bucket */
+    int buckets;   /* buckets of a full-capacity vector, 1..MAX_BUCKETS */
     int replicas, rank;
     int timeout_ms;
-    uint64_t barriers; /* barriers this rank has arrived at */
-    uint64_t rounds;   /* sums this rank has started */
-    int failed;        /* a sum failed: the ranks are out of step */
+    uint64_t rounds; /* sums this rank has started */
+    int failed;      /* a sum failed: the ranks are out of step */
     int pidfd[MAX_RANKS];
     char name[NAME_MAX + 1];
     mmp_reduce_tcp *tcp; /* a "host:port" name: the sums go over tcp (reduce_tcp.c) */
 };
 
 typedef struct layout {
-    size_t stride, data_offset, total;
+    size_t stride, data_offset, total, bucket;
+    int buckets;
 } layout;
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -128,17 +154,11 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 
-/* Bumps the doorbell after the caller's state change and wakes every waiter
- * (they do not count themselves): one FUTEX_WAKE per barrier, cheap beside
- * summing R vectors. */
+/* Bumps the doorbell after the caller's state change and wakes the sleepers
+ * (a system call only when there are some). */
 static void ring(reduce_header *h)
 {
-    mmp_segment_bell_ring(&h->bell, NULL);
-}
-
-static float *region(const mmp_reduce *r, int k)
-{
-    return r->regions + (size_t)k * r->stride;
+    mmp_segment_bell_ring(&h->bell, &h->sleepers);
 }
 
 /* 1 when rank k's process is known to have exited (a zombie counts). */
@@ -147,7 +167,7 @@ static int peer_dead(mmp_reduce *r, int k)
     return mmp_segment_peer_dead(&r->hdr->pid[k], &r->pidfd[k]);
 }
 
-/* ---- the barrier -------------------------------------------------------- */
+/* ---- waiting ------------------------------------------------------------ */
 
 /* A peer that will never arrive: one that died without closing (checked when
  * check_alive), or one that closed. Returns its rank and sets *dead, or -1.
@@ -177,87 +197,86 @@ static int gone_peer(mmp_reduce *r, int check_alive, int *dead)
     return closed;
 }
 
-/* The first rank that has not arrived at barrier b (for the timeout message). */
-static int laggard(const mmp_reduce *r, uint64_t b)
-{
-    for (int k = 0; k < r->replicas; k++) {
-        if (k != r->rank && atomic_load_explicit(&r->hdr->entered[k], memory_order_relaxed) < b) {
-            return k;
-        }
-    }
-    return -1;
-}
-
-static mmp_err wait_barrier(mmp_reduce *r, uint64_t b)
+/* The ranks disagree on n (poisoned by rank p - 1): every rank's error. */
+static mmp_err poisoned(const mmp_reduce *r, uint32_t p)
 {
     reduce_header *h = r->hdr;
-    uint64_t target = b * (uint64_t)r->replicas;
-    double start = now_ms();
+    int k = (int)p - 1;
+    if (k < 1 || k >= r->replicas) {
+        return mmp_errorf(MMP_ERR_PROTO, "reduce %s: header field poison = %u, not a rank 1..%d",
+                          r->name, p, r->replicas - 1);
+    }
+    return mmp_errorf(MMP_ERR_PROTO,
+                      "reduce %s: ranks disagree on n in round %llu: rank 0 has %llu, rank %d has "
+                      "%llu (every rank must sum the same length)",
+                      r->name, (unsigned long long)r->rounds,
+                      (unsigned long long)atomic_load_explicit(&h->n[0], memory_order_relaxed), k,
+                      (unsigned long long)atomic_load_explicit(&h->n[k], memory_order_relaxed));
+}
+
+/* Waits until bucket b's counter reaches target. Above most it is forged or
+ * corrupt (no rank can have got it there): MMP_ERR_PROTO naming the field.
+ * `next` is the rank whose addition is awaited (for the messages). */
+static mmp_err wait_done(mmp_reduce *r, int b, uint64_t target, uint64_t most)
+{
+    reduce_header *h = r->hdr;
+    _Atomic uint64_t *word = &h->bucket_done[b].done;
+    double start = -1;
     int check_alive = 0;
     for (;;) {
         /* The bell before the counter: a ring after this load changes the
-         * word, so FUTEX_WAIT below returns at once instead of sleeping. */
+         * word, so the wait below returns at once instead of sleeping. */
         uint32_t seen = atomic_load_explicit(&h->bell, memory_order_acquire);
-        uint64_t arrived = atomic_load_explicit(&h->arrived, memory_order_acquire);
-        if (arrived >= target) {
-            /* The counter is every rank's word: while this rank has not left
-             * barrier b, the others can be at most one barrier ahead, so a
-             * larger count is forged or corrupt, not a barrier passed. */
-            if (arrived > target + (uint64_t)r->replicas - 1) {
-                return mmp_errorf(MMP_ERR_PROTO,
-                                  "reduce %s: header field arrived = %llu at barrier %llu, over "
-                                  "the %llu that %d ranks can reach (round %llu)",
-                                  r->name, (unsigned long long)arrived, (unsigned long long)b,
-                                  (unsigned long long)(target + (uint64_t)r->replicas - 1),
-                                  r->replicas, (unsigned long long)r->rounds);
-            }
+        uint64_t done = atomic_load_explicit(word, memory_order_acquire);
+        if (done > most) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "reduce %s: header field done[%d] = %llu in round %llu, over the "
+                              "%llu that %d ranks can reach",
+                              r->name, b, (unsigned long long)done, (unsigned long long)r->rounds,
+                              (unsigned long long)most, r->replicas);
+        }
+        if (done >= target) {
             return MMP_OK;
         }
+        uint32_t p = atomic_load_explicit(&h->poison, memory_order_acquire);
+        if (p) {
+            return poisoned(r, p);
+        }
+        int next = (int)(done % (uint64_t)r->replicas);
         int dead = 0;
         int k = gone_peer(r, check_alive, &dead);
         if (k >= 0) {
-            /* It may have arrived before it went: then this barrier is whole. */
-            if (atomic_load_explicit(&h->arrived, memory_order_acquire) >= target) {
-                return MMP_OK;
+            /* It may have added before it went: then the wait is over. */
+            if (atomic_load_explicit(word, memory_order_acquire) >= target) {
+                continue;
             }
             return mmp_errorf(MMP_ERR_PEER, "reduce %s: replica rank %d (pid %d) %s (round %llu)",
                               r->name, k, (int)atomic_load(&h->pid[k]),
                               dead ? "is gone" : "closed the reduce",
                               (unsigned long long)r->rounds);
         }
-        double left = r->timeout_ms - (now_ms() - start);
+        double t = now_ms();
+        if (start < 0) {
+            start = t;
+        }
+        double left = r->timeout_ms - (t - start);
         if (left <= 0) {
-            if (atomic_load_explicit(&h->arrived, memory_order_acquire) >= target) {
-                return MMP_OK;
+            if (atomic_load_explicit(word, memory_order_acquire) >= target) {
+                continue;
             }
-            int lag = laggard(r, b);
             char who[32] = "never attached";
-            if (lag >= 0 && atomic_load(&h->pid[lag]) > 0) {
-                snprintf(who, sizeof who, "pid %d", (int)atomic_load(&h->pid[lag]));
+            if (atomic_load(&h->pid[next]) > 0) {
+                snprintf(who, sizeof who, "pid %d", (int)atomic_load(&h->pid[next]));
             }
             return mmp_errorf(MMP_ERR_PEER,
                               "reduce %s: timed out after %.1f s waiting for rank %d (%s) "
                               "(round %llu)",
-                              r->name, r->timeout_ms / 1e3, lag, who,
+                              r->name, r->timeout_ms / 1e3, next, who,
                               (unsigned long long)r->rounds);
         }
         int slice = left < SLICE_MS ? (int)left + 1 : SLICE_MS;
-        check_alive = mmp_segment_bell_wait(&h->bell, seen, NULL, slice) == ETIMEDOUT;
+        check_alive = mmp_segment_bell_wait(&h->bell, seen, &h->sleepers, slice) == ETIMEDOUT;
     }
-}
-
-/* Arrives at this rank's next barrier and waits for every other rank. */
-static mmp_err barrier(mmp_reduce *r)
-{
-    reduce_header *h = r->hdr;
-    uint64_t b = ++r->barriers;
-    uint64_t now = atomic_fetch_add_explicit(&h->arrived, 1, memory_order_acq_rel) + 1;
-    atomic_store_explicit(&h->entered[r->rank], b, memory_order_relaxed);
-    if (now == b * (uint64_t)r->replicas) {
-        ring(h); /* the last arrival: the acq_rel add already saw everyone's writes */
-        return MMP_OK;
-    }
-    return wait_barrier(r, b);
 }
 
 /* ---- open --------------------------------------------------------------- */
@@ -292,7 +311,14 @@ static mmp_err check_cfg(const mmp_reduce_cfg *cfg, layout *g)
     }
     g->stride = (cfg->capacity + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN;
     g->data_offset = (sizeof(reduce_header) + PAGE - 1) / PAGE * PAGE;
-    g->total = g->data_offset + (size_t)cfg->replicas * g->stride * sizeof(float);
+    g->total = g->data_offset + 2 * g->stride * sizeof(float);
+    size_t per = (cfg->capacity + MAX_BUCKETS - 1) / MAX_BUCKETS;
+    per = (per + REGION_ALIGN - 1) / REGION_ALIGN * REGION_ALIGN; /* whole doubles, 64 bytes */
+    g->bucket = per > MIN_BUCKET ? per : MIN_BUCKET;
+    g->buckets = (int)((cfg->capacity + g->bucket - 1) / g->bucket);
+    if (g->buckets < 1) {
+        g->buckets = 1; /* bucket 0 takes the turns even when every n is 0 */
+    }
     return MMP_OK;
 }
 
@@ -313,6 +339,7 @@ static mmp_err create(mmp_reduce *r)
     h->capacity = r->capacity;
     h->region_stride = r->stride;
     h->data_offset = r->data_offset;
+    h->bucket = r->bucket;
     h->total_bytes = r->map_bytes;
     atomic_store(&h->pid[0], (int32_t)getpid());
     atomic_store(&h->attached, 1);
@@ -341,13 +368,14 @@ static mmp_err check_header(void *ctx, const void *header, uint64_t magic, size_
                           r->replicas, r->capacity);
     }
     if (h->region_stride != r->stride || h->data_offset != r->data_offset ||
-        h->total_bytes != r->map_bytes || file_bytes != r->map_bytes) {
+        h->total_bytes != r->map_bytes || file_bytes != r->map_bytes || h->bucket != r->bucket) {
         return mmp_errorf(MMP_ERR_PEER,
-                          "reduce %s: layout mismatch: segment stride %llu offset %llu size %lld, "
-                          "rank %d computes stride %zu offset %zu size %zu",
+                          "reduce %s: layout mismatch: segment stride %llu offset %llu size %lld "
+                          "bucket %llu, rank %d computes stride %zu offset %zu size %zu bucket %zu",
                           r->name, (unsigned long long)h->region_stride,
-                          (unsigned long long)h->data_offset, (long long)file_bytes, r->rank,
-                          r->stride, r->data_offset, r->map_bytes);
+                          (unsigned long long)h->data_offset, (long long)file_bytes,
+                          (unsigned long long)h->bucket, r->rank, r->stride, r->data_offset,
+                          r->map_bytes, r->bucket);
     }
     return MMP_OK;
 }
@@ -400,6 +428,8 @@ mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
     r->stride = g.stride;
     r->data_offset = g.data_offset;
     r->map_bytes = g.total;
+    r->bucket = g.bucket;
+    r->buckets = g.buckets;
     r->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 60000;
     for (int k = 0; k < MAX_RANKS; k++) {
         r->pidfd[k] = -1;
@@ -421,65 +451,89 @@ mmp_err mmp_reduce_open(mmp_reduce **out, const mmp_reduce_cfg *cfg)
 
 /* ---- sum ---------------------------------------------------------------- */
 
-/* Reduce-scatter, then all-gather. Rank k owns the slice [lo_k, hi_k) of the
- * elements: it adds region 0 + region 1 + ... + region R-1 there, in exactly
- * that order for every element (the order fixes the rounding, so each element
- * has the same bits whichever rank computed it), and writes the sums into its
- * own region's slice -- which no other rank reads. After a barrier every rank
- * copies each slice from its owner's region. Each rank reads about 2n values
- * instead of R n, and the ranks add in parallel. */
-static void slice_of(const mmp_reduce *r, int k, size_t n, size_t *lo, size_t *hi)
-{
-    *lo = n * (size_t)k / (size_t)r->replicas;
-    *hi = n * (size_t)(k + 1) / (size_t)r->replicas;
-}
-
-#define DEFINE_SUM_SLICE(NAME, T)                                                                  \
-    static void NAME(const mmp_reduce *r, size_t n)                                                \
+/* Rank 0 of the chain copies, the middle ranks add, the last one adds and
+ * keeps the sum: acc[i] and v[i] get ((v0 + v1) + ...) + v[i]. */
+#define DEFINE_ADD(NAME, T)                                                                        \
+    static void NAME(const mmp_reduce *r, void *accp, void *vp, size_t lo, size_t hi)              \
     {                                                                                              \
-        size_t lo, hi;                                                                             \
-        slice_of(r, r->rank, n, &lo, &hi);                                                         \
-        T *restrict out = (T *)region(r, r->rank);                                                 \
-        for (size_t i0 = lo; i0 < hi; i0 += CHUNK) {                                               \
-            size_t m = hi - i0 < CHUNK ? hi - i0 : CHUNK;                                          \
-            T acc[CHUNK];                                                                          \
-            memcpy(acc, (const T *)region(r, 0) + i0, m * sizeof(T));                              \
-            for (int k = 1; k < r->replicas; k++) {                                                \
-                const T *restrict src = (const T *)region(r, k) + i0;                              \
-                for (size_t i = 0; i < m; i++) {                                                   \
-                    acc[i] += src[i];                                                              \
-                }                                                                                  \
+        T *restrict acc = (T *)accp + lo;                                                          \
+        T *restrict v = (T *)vp + lo;                                                              \
+        size_t m = hi - lo;                                                                        \
+        if (r->rank == 0) {                                                                        \
+            memcpy(acc, v, m * sizeof(T));                                                         \
+        } else if (r->rank < r->replicas - 1) {                                                    \
+            for (size_t i = 0; i < m; i++) {                                                       \
+                acc[i] += v[i];                                                                    \
             }                                                                                      \
-            memcpy(out + i0, acc, m * sizeof(T));                                                  \
+        } else {                                                                                   \
+            for (size_t i = 0; i < m; i++) {                                                       \
+                T s = acc[i] + v[i];                                                               \
+                acc[i] = s;                                                                        \
+                v[i] = s;                                                                          \
+            }                                                                                      \
         }                                                                                          \
     }
-DEFINE_SUM_SLICE(sum_slice_f32, float)
-DEFINE_SUM_SLICE(sum_slice_f64, double)
+DEFINE_ADD(add_f32, float)
+DEFINE_ADD(add_f64, double)
 
-/* v (n elements of size bytes) = every slice from its owner's region. */
-static void gather_slices(const mmp_reduce *r, void *v, size_t n, size_t size)
-{
-    for (int k = 0; k < r->replicas; k++) {
-        size_t lo, hi;
-        slice_of(r, k, n, &lo, &hi);
-        memcpy((char *)v + lo * size, (const char *)region(r, k) + lo * size, (hi - lo) * size);
-    }
-}
-
-/* Every rank reads the same n[] after the first barrier, so a mismatch is
- * reported by all of them alike and nobody is left waiting. */
-static mmp_err check_rounds_n(const mmp_reduce *r)
+/* Rank k checks the n of every rank before it (they stored theirs before
+ * their turn on bucket 0, which this rank has waited for). On a mismatch it
+ * poisons the segment: nobody's wait can then end otherwise. */
+static mmp_err check_n(mmp_reduce *r, uint64_t floats)
 {
     reduce_header *h = r->hdr;
-    uint64_t n0 = atomic_load_explicit(&h->n[0], memory_order_relaxed);
-    for (int k = 1; k < r->replicas; k++) {
-        uint64_t nk = atomic_load_explicit(&h->n[k], memory_order_relaxed);
-        if (nk != n0) {
-            return mmp_errorf(MMP_ERR_PROTO,
-                              "reduce %s: ranks disagree on n in round %llu: rank 0 has %llu, "
-                              "rank %d has %llu (every rank must sum the same length)",
-                              r->name, (unsigned long long)r->rounds, (unsigned long long)n0, k,
-                              (unsigned long long)nk);
+    for (int k = 0; k < r->rank; k++) {
+        if (atomic_load_explicit(&h->n[k], memory_order_relaxed) != floats) {
+            uint32_t none = 0;
+            atomic_compare_exchange_strong(&h->poison, &none, (uint32_t)r->rank + 1);
+            ring(h);
+            return poisoned(r, atomic_load(&h->poison));
+        }
+    }
+    return MMP_OK;
+}
+
+/* One round: n elements of `size` bytes (4: float, 8: double) at v. */
+static mmp_err chain_round(mmp_reduce *r, void *v, size_t n, size_t size)
+{
+    reduce_header *h = r->hdr;
+    uint64_t R = (uint64_t)r->replicas;
+    uint64_t g = ++r->rounds;
+    uint64_t floats = n * (size / sizeof(float));
+    size_t per = r->bucket / (size / sizeof(float)); /* elements per bucket */
+    int used = n > 0 ? (int)((n + per - 1) / per) : 0;
+    int turns = used > 0 ? used : 1; /* bucket 0 always: it carries the n check */
+    void *acc = r->regions + (size_t)(g % 2) * r->stride;
+    uint64_t base = (g - 1) * R + (uint64_t)r->rank;
+    atomic_store_explicit(&h->n[r->rank], floats, memory_order_relaxed);
+    for (int b = 0; b < turns; b++) {
+        MMP_TRY(wait_done(r, b, base, base));
+        if (b == 0) {
+            MMP_TRY(check_n(r, floats));
+        }
+        size_t lo = (size_t)b * per, hi = lo + per < n ? lo + per : n;
+        if (lo < hi) {
+            (size == sizeof(float) ? add_f32 : add_f64)(r, acc, v, lo, hi);
+        }
+        atomic_fetch_add_explicit(&h->bucket_done[b].done, 1, memory_order_release);
+        ring(h);
+    }
+    /* the buckets this n leaves out pass without a turn: counts stay in step */
+    for (int b = turns; b < r->buckets; b++) {
+        atomic_fetch_add_explicit(&h->bucket_done[b].done, 1, memory_order_release);
+    }
+    if (turns < r->buckets) {
+        ring(h);
+    }
+    if (r->rank == r->replicas - 1) {
+        return MMP_OK; /* its additions were the sums, already in v */
+    }
+    for (int b = 0; b < turns; b++) {
+        /* complete at g R; the next round may have begun on it (not past this rank) */
+        MMP_TRY(wait_done(r, b, g * R, g * R + R - 1));
+        size_t lo = (size_t)b * per, hi = lo + per < n ? lo + per : n;
+        if (lo < hi) {
+            memcpy((char *)v + lo * size, (const char *)acc + lo * size, (hi - lo) * size);
         }
     }
     return MMP_OK;
@@ -511,28 +565,7 @@ static mmp_err reduce_round(mmp_reduce *r, void *v, size_t n, size_t size)
                           "reduce %s: an earlier sum failed and the replicas are out of step",
                           r->name);
     }
-    r->rounds++;
-    if (n > 0) {
-        memcpy(region(r, r->rank), v, n * size);
-    }
-    atomic_store_explicit(&r->hdr->n[r->rank], floats, memory_order_relaxed);
-    mmp_err ret = barrier(r);
-    if (ret == MMP_OK) {
-        ret = check_rounds_n(r);
-    }
-    if (ret == MMP_OK) {
-        if (size == sizeof(float)) {
-            sum_slice_f32(r, n);
-        } else {
-            sum_slice_f64(r, n);
-        }
-        ret = barrier(r); /* every slice summed */
-    }
-    if (ret == MMP_OK) {
-        gather_slices(r, v, n, size);
-        /* Nobody writes its region for the next round until all have read. */
-        ret = barrier(r);
-    }
+    mmp_err ret = chain_round(r, v, n, size);
     if (ret != MMP_OK) {
         r->failed = 1;
     }
@@ -560,7 +593,7 @@ void mmp_reduce_close(mmp_reduce *r)
     if (r->hdr) {
         /* Peers blocked in a sum this rank will never join fail at once. */
         atomic_store_explicit(&r->hdr->closed[r->rank], 1, memory_order_release);
-        ring(r->hdr);
+        mmp_segment_bell_ring(&r->hdr->bell, NULL);          /* every waiter, whatever the count */
         mmp_segment_unlink_once(&r->hdr->unlinked, r->name); /* a no-op once every rank attached */
         mmp_segment_unmap(r->hdr, r->map_bytes);
     }

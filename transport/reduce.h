@@ -2,13 +2,16 @@
  * gradient vectors through one POSIX shared-memory segment on one host, or
  * over tcp through rank 0 when the name is "host:port" (see name below).
  *
- * Each rank writes its vector into its own region of the segment, waits at a
- * barrier for every rank, then sums all regions in rank order
- * ((v0 + v1) + v2) + ... into its own vector, and passes a second barrier so
- * no region is overwritten while a peer still reads it. Every rank therefore
- * ends with the bitwise-identical sum, whatever the arrival order: replicas
- * stay in lock-step through the optimizer step without a broadcast.
- *
+ * The sum is a chain in rank order, bucket by bucket (about 1 MB each): rank
+ * 0's vector is copied into a shared accumulator, rank k adds its own once
+ * rank k - 1 has, and the last rank's additions are the sums, which every
+ * other rank then copies out. Each element is ((v0 + v1) + v2) + ..., the
+ * same on every rank whatever the arrival order: replicas stay in lock-step
+ * through the optimizer step without a broadcast. A rank adds as soon as the
+ * ranks before it have, so when the replicas finish their last backward one
+ * after another, the early ones' sum is done while the last one computes; it
+ * then makes one pass over its own vector (transport/reduce.c).
+
  * Weighting: mmpipe's losses are normalised by the global batch (every
  * micro-batch's gradient is already scaled by 1 / train.batch), so the plain
  * sum of the replicas' sums is the sample-weighted mean one process computes

@@ -7,9 +7,10 @@
  * each one's hello (replicas, capacity, rank free) and answers it, so a rank
  * that opens is answered whatever rank 0's process is doing. A sum: every
  * rank k > 0 sends (round, n, its vector) to rank 0; rank 0 reads them in
- * rank order, adds ((v0 + v1) + v2) + ... element by element exactly as the
- * shm reduce does (so the bits are the same whichever transport a run
- * used), and sends (round, n, the sum) back to each rank. Ranks that
+ * rank order, adding each as it comes in -- ((v0 + v1) + v2) + ... element by
+ * element exactly as the shm reduce does (so the bits are the same whichever
+ * transport a run used; the early ranks' additions are done while later ones
+ * still compute) -- and sends (round, n, the sum) back to each rank. Ranks that
  * disagree on n all get MMP_ERR_PROTO (rank 0 answers with the n's it saw).
  *
  * A star, not a ring: R is a handful of replicas per stage, and a fixed
@@ -355,6 +356,16 @@ mmp_err mmp_reduce_tcp_round(mmp_reduce_tcp *r, void *v, size_t n, size_t size)
         } else if (f.n != floats && bad_rank < 0) {
             bad_rank = k;
             bad_n = f.n;
+        } else if (bad_rank < 0 && n > 0) {
+            /* ((v0 + v1) + v2) + ...: the shm reduce's order, element by
+             * element, each rank added as soon as it is in (the ranks are
+             * read in rank order): while later ranks still compute. */
+            const float *src = r->buf + (size_t)k * r->capacity;
+            if (size == sizeof(float)) {
+                add_f32(v, src, n);
+            } else {
+                add_f64(v, src, n);
+            }
         }
     }
     if (e == MMP_OK && bad_rank >= 0) {
@@ -380,17 +391,6 @@ mmp_err mmp_reduce_tcp_round(mmp_reduce_tcp *r, void *v, size_t n, size_t size)
             struct iovec iov = {&back, sizeof back};
             if (k != lost_rank) {
                 (void)mmp_sock_writev(r->fd[k], r->what, &iov, 1, mmp_sock_deadline(1000), -1);
-            }
-        }
-    }
-    if (e == MMP_OK && n > 0) {
-        /* ((v0 + v1) + v2) + ...: the shm reduce's order, element by element. */
-        for (int k = 1; k < r->replicas; k++) {
-            const float *src = r->buf + (size_t)k * r->capacity;
-            if (size == sizeof(float)) {
-                add_f32(v, src, n);
-            } else {
-                add_f64(v, src, n);
             }
         }
     }
