@@ -252,6 +252,19 @@ static void cuda_linear_bwd(mmp_backend *be, float *dinp, float *dw, float *db, 
     REC(be, mmp_cuda_linear_bwd(CTX(be), dinp, dw, db, dout, inp, w, N, C, OC));
 }
 
+static void cuda_linear_fwd_lp(mmp_backend *be, float *out, const float *inp, const float *w,
+                               const float *b, int N, int C, int OC, mmp_precision prec)
+{
+    REC(be, mmp_cuda_linear_fwd_lp(CTX(be), out, inp, w, b, N, C, OC, (int)prec));
+}
+
+static void cuda_linear_bwd_lp(mmp_backend *be, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w, int N, int C,
+                               int OC, mmp_precision prec)
+{
+    REC(be, mmp_cuda_linear_bwd_lp(CTX(be), dinp, dw, db, dout, inp, w, N, C, OC, (int)prec));
+}
+
 static size_t cuda_conv2d_scratch_floats(const mmp_conv_shape *s)
 {
     (void)s;
@@ -477,6 +490,8 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .gemm = cuda_gemm,
     .linear_fwd = cuda_linear_fwd,
     .linear_bwd = cuda_linear_bwd,
+    .linear_fwd_lp = cuda_linear_fwd_lp,
+    .linear_bwd_lp = cuda_linear_bwd_lp,
     .conv2d_scratch_floats = cuda_conv2d_scratch_floats,
     .conv2d_fwd = cuda_conv2d_fwd,
     .conv2d_bwd = cuda_conv2d_bwd,
