@@ -523,19 +523,31 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         mmp_backend *be = w->be;
         chan *zc = train ? zc_chan(w, 0, -1) : NULL;
         float *out = zc ? zc->zc : w->out; /* zero-copy: the slot of the SEND_ACT next */
-        /* A received payload is backend memory; a loaded batch is the
-         * host's, uploaded here on a GPU (the CPU reads it in place). */
-        if (ci) {
-            payload_to_host(w, f->valid, valid, (size_t)n * sizeof(float));
-        } else {
-            memcpy(f->valid, valid, (size_t)n * sizeof(float));
-        }
         /* A training batch (pinned, the loader's) goes up asynchronously
          * and is handed back to the loader at the next load, after
          * upload_wait; evaluation's host buffers are reused at once, so
          * they go up with a wait. */
         void (*up)(mmp_backend *, void *, const void *, size_t) =
             w->batch ? mmp_backend_upload : be->ops->to_device;
+        /* A received payload is backend memory; a loaded batch is the
+         * host's, uploaded here on a GPU (the CPU reads it in place). The
+         * valid flags: a branch computes nothing from them, it passes them
+         * on. A GPU stage keeps them on the device (a queued copy out of
+         * the slot, or the upload of w->in_valid, pinned and rewritten only
+         * after the next load's upload_wait), so its host never waits for
+         * them; the CPU copies them to its host array. */
+        size_t vb = (size_t)n * sizeof(float);
+        if (f->valid_dev) {
+            if (ci) {
+                be->ops->copy(be, f->valid_dev, valid, vb);
+            } else {
+                up(be, f->valid_dev, valid, vb);
+            }
+        } else if (ci) {
+            payload_to_host(w, f->valid, valid, vb);
+        } else {
+            memcpy(f->valid, valid, vb);
+        }
         if (w->kind == MMP_BRANCH_TEXT) {
             size_t mb_bytes = (size_t)n * w->T * sizeof(float);
             if (ci) {
@@ -584,7 +596,8 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         w->out_n = n;
         w->out_digest = digest;
         w->out_mask = f->mask;
-        w->out_valid = f->valid;
+        w->out_valid = f->valid_dev ? f->valid_dev : f->valid;
+        w->out_valid_host = !f->valid_dev;
     }
     double ms = (mmp_now() - t0) * 1e3;
     if (!eval) {
@@ -603,7 +616,7 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
     size_t n = (size_t)w->out_n;
     seg segs[3] = {{w->out, n * (size_t)w->out_floats, 0, 0},
                    {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0, 0, 0},
-                   {w->out_valid, n, 1, 0}};
+                   {w->out_valid, n, w->out_valid_host, 0}};
     if (c && c->zc) {
         /* the forward wrote the data into this slot */
         return zc_post(w, c, step, mb, eval, w->out_n, w->out_digest, segs[0].n * sizeof(float),

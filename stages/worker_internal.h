@@ -85,6 +85,11 @@ typedef struct flight {
     void *acts;
     float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along (backend) */
     float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip; HOST) */
+    /* GPU branch stages: the valid flags on the device (backend, mb_max),
+     * copied from the received payload or uploaded with the batch and sent
+     * on from there: the host never waits for them (NULL on the CPU, whose
+     * host valid is read in place). */
+    float *valid_dev;
     /* zb-h1: BWD_INPUT ran, its weight gradients wait in wg for BWD_WEIGHT;
      * the activations stay until then (W reads the layers' inputs). */
     int b_done;
@@ -169,6 +174,7 @@ typedef struct worker {
     int out_mb, out_n;
     uint64_t out_digest;
     float *out_mask, *out_valid;
+    int out_valid_host; /* out_valid is HOST memory (else the backend's: flight.valid_dev) */
     /* per-step accounting */
     double busy_ms, data_ms;
     float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
