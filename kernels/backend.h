@@ -136,6 +136,14 @@ typedef struct mmp_backend_ops {
                        const float *b, const mmp_conv_shape *s, float *scratch);
     void (*conv2d_bwd)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
                        const float *inp, const float *w, const mmp_conv_shape *s, float *scratch);
+    /* Optional (NULL on the CPU), as linear_*_lp: conv2d with inp, w and dout
+     * rounded to prec by the op (CUDA: im2col GEMMs on the tensor cores);
+     * takes no scratch. */
+    void (*conv2d_fwd_lp)(mmp_backend *be, float *out, const float *inp, const float *w,
+                          const float *b, const mmp_conv_shape *s, mmp_precision prec);
+    void (*conv2d_bwd_lp)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const mmp_conv_shape *s,
+                          mmp_precision prec);
 
     /* ---- batch norm ------------------------------------------------------ */
     // out, inp (N,C,HW); mean, rstd, running_*, gamma, beta (C)

@@ -134,6 +134,16 @@ mmp_err mmp_cuda_conv2d_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, con
 mmp_err mmp_cuda_conv2d_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db, const float *dout,
                             const float *inp, const float *w, const mmp_conv_shape *s);
 
+/* As above with inp, w (and dout) rounded to prec first (1 bf16, 2 fp16; 0
+ * is the fp32 cuDNN path above): im2col GEMMs on the tensor cores, fp32
+ * accumulation and outputs, deterministic (conv_lp.cu). Uses the lp
+ * workspace and, for dinp, N*C*KH*KW*OH*OW floats of the workspace. */
+mmp_err mmp_cuda_conv2d_fwd_lp(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
+                               const float *b, const mmp_conv_shape *s, int prec);
+mmp_err mmp_cuda_conv2d_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w,
+                               const mmp_conv_shape *s, int prec);
+
 /* ---- batch norm ----------------------------------------------------------- */
 mmp_err mmp_cuda_batchnorm_fwd_train(mmp_cuda_ctx *ctx, float *out, float *mean, float *rstd,
                                      float *running_mean, float *running_var, const float *inp,

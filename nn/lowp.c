@@ -120,6 +120,10 @@ void mmp_lowp_conv2d_fwd(const mmp_lowp *lp, float *out, const float *inp, const
         be->ops->conv2d_fwd(be, out, inp, w, b, s, scratch);
         return;
     }
+    if (be->ops->conv2d_fwd_lp) {
+        be->ops->conv2d_fwd_lp(be, out, inp, w, b, s, lp->prec);
+        return;
+    }
     size_t at = 0;
     const float *ri = rounded(lp, &at, inp, (size_t)s->N * s->C * s->H * s->W);
     const float *rw = rounded(lp, &at, w, (size_t)s->OC * s->C * s->KH * s->KW);
@@ -139,6 +143,10 @@ void mmp_lowp_conv2d_bwd(const mmp_lowp *lp, float *dinp, float *dw, float *db, 
     }
     if (lp->prec == MMP_PREC_FP32) {
         be->ops->conv2d_bwd(be, dinp, dw, db, dout, inp, w, s, scratch);
+        return;
+    }
+    if (be->ops->conv2d_bwd_lp) {
+        be->ops->conv2d_bwd_lp(be, dinp, dw, db, dout, inp, w, s, lp->prec);
         return;
     }
     size_t at = 0;

@@ -286,6 +286,19 @@ static void cuda_conv2d_bwd(mmp_backend *be, float *dinp, float *dw, float *db, 
     REC(be, mmp_cuda_conv2d_bwd(CTX(be), dinp, dw, db, dout, inp, w, s));
 }
 
+static void cuda_conv2d_fwd_lp(mmp_backend *be, float *out, const float *inp, const float *w,
+                               const float *b, const mmp_conv_shape *s, mmp_precision prec)
+{
+    REC(be, mmp_cuda_conv2d_fwd_lp(CTX(be), out, inp, w, b, s, (int)prec));
+}
+
+static void cuda_conv2d_bwd_lp(mmp_backend *be, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w,
+                               const mmp_conv_shape *s, mmp_precision prec)
+{
+    REC(be, mmp_cuda_conv2d_bwd_lp(CTX(be), dinp, dw, db, dout, inp, w, s, (int)prec));
+}
+
 static void cuda_bn_train(mmp_backend *be, float *out, float *mean, float *rstd, float *rm,
                           float *rv, const float *inp, const float *gamma, const float *beta, int N,
                           int C, int HW, float eps, float momentum)
@@ -493,6 +506,8 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .linear_fwd_lp = cuda_linear_fwd_lp,
     .linear_bwd_lp = cuda_linear_bwd_lp,
     .conv2d_scratch_floats = cuda_conv2d_scratch_floats,
+    .conv2d_fwd_lp = cuda_conv2d_fwd_lp,
+    .conv2d_bwd_lp = cuda_conv2d_bwd_lp,
     .conv2d_fwd = cuda_conv2d_fwd,
     .conv2d_bwd = cuda_conv2d_bwd,
     .batchnorm_fwd_train = cuda_bn_train,

@@ -28,16 +28,8 @@ static cublasOperation_t op(int trans)
     return trans ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
-static int ld8(int cols)
-{
-    return (cols + 7) / 8 * 8;
-}
-
-/* Bytes of batch packed (rows, cols) operands. */
-static size_t packed_bytes(int rows, int cols, int batch)
-{
-    return ws_align((size_t)batch * rows * ld8(cols) * 2);
-}
+#define ld8 lp_ld
+#define packed_bytes lp_packed_bytes
 
 /* dst (batch, rows, ld8(cols)) of 16-bit values = src (batch at stride, rows
  * at ld, cols) rounded to prec (1 bf16, 2 fp16); padding columns 0. */
@@ -54,12 +46,7 @@ static __global__ void pack_kernel(unsigned short *dst, const float *src, int ro
     }
 }
 
-/* A packed operand: 16-bit storage, its leading dimension and batch stride. */
-typedef struct packed {
-    const void *p;
-    int ld;
-    long long stride;
-} packed;
+typedef mmp_cuda_packed packed;
 
 /* Packs src (batch at stride, rows at ld, cols) into dst (packed_bytes). */
 static mmp_err pack(mmp_cuda_ctx *ctx, int prec, void *dst, const float *src, int rows, int cols,
@@ -75,10 +62,9 @@ static mmp_err pack(mmp_cuda_ctx *ctx, int prec, void *dst, const float *src, in
     return MMP_OK;
 }
 
-/* Row-major C_i (M,N) = alpha op(A_i) op(B_i) + beta C_i on packed operands. */
-static mmp_err gemm_packed(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N,
-                           int K, float alpha, packed A, packed B, float beta, float *C, int ldc,
-                           long long stride_c, int batch)
+mmp_err mmp_cuda_gemm_packed(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N,
+                             int K, float alpha, packed A, packed B, float beta, float *C, int ldc,
+                             long long stride_c, int batch)
 {
     const cudaDataType t = prec == 1 ? CUDA_R_16BF : CUDA_R_16F;
     if (batch == 1) {
@@ -113,8 +99,8 @@ mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int prec, int trans_a, int tran
         packed pa, pb;
         MMP_TRY(pack(ctx, prec, ws, A, ar, ac, lda, stride_a, batch, &pa));
         MMP_TRY(pack(ctx, prec, (char *)ws + a_bytes, B, br, bc, ldb, stride_b, batch, &pb));
-        return gemm_packed(ctx, prec, trans_a, trans_b, M, N, K, alpha, pa, pb, beta, C, ldc,
-                           stride_c, batch);
+        return mmp_cuda_gemm_packed(ctx, prec, trans_a, trans_b, M, N, K, alpha, pa, pb, beta, C,
+                                    ldc, stride_c, batch);
     }
     if (batch == 1) {
         CU_TRY(cublasSgemm(ctx->cublas, op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb, A, lda,
@@ -280,12 +266,12 @@ mmp_err mmp_cuda_linear_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
     if (w_bytes) {
         MMP_TRY(pack(ctx, prec, at + d_bytes, w, OC, C, C, 0, 1, &pw));
         // dinp (N,C) += dout (N,OC) @ w (OC,C)
-        MMP_TRY(gemm_packed(ctx, prec, 0, 0, N, C, OC, 1.0f, pd, pw, 1.0f, dinp, C, 0, 1));
+        MMP_TRY(mmp_cuda_gemm_packed(ctx, prec, 0, 0, N, C, OC, 1.0f, pd, pw, 1.0f, dinp, C, 0, 1));
     }
     if (i_bytes) {
         MMP_TRY(pack(ctx, prec, at + d_bytes + w_bytes, inp, N, C, C, 0, 1, &pi));
         // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
-        MMP_TRY(gemm_packed(ctx, prec, 1, 0, OC, C, N, 1.0f, pd, pi, 1.0f, dw, C, 0, 1));
+        MMP_TRY(mmp_cuda_gemm_packed(ctx, prec, 1, 0, OC, C, N, 1.0f, pd, pi, 1.0f, dw, C, 0, 1));
     }
     if (db) {
         MMP_TRY(colsum_add(ctx, db, lp_rows{(const unsigned short *)pd.p, pd.ld, prec}, N, OC));

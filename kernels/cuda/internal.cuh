@@ -108,6 +108,28 @@ mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int prec, int trans_a, int tran
                               const float *B, int ldb, long long stride_b, float beta, float *C,
                               int ldc, long long stride_c, int batch);
 
+/* bf16/fp16 operands packed for the tensor cores (gemm.cu): 16-bit values,
+ * rows of lp_ld(cols) elements (16 bytes), batches stride elements apart. */
+typedef struct mmp_cuda_packed {
+    const void *p;
+    int ld;
+    long long stride;
+} mmp_cuda_packed;
+static inline int lp_ld(int cols)
+{
+    return (cols + 7) / 8 * 8;
+}
+/* Bytes of batch packed (rows, cols) operands, 256-byte aligned. */
+static inline size_t lp_packed_bytes(int rows, int cols, int batch)
+{
+    return ws_align((size_t)batch * rows * lp_ld(cols) * 2);
+}
+/* Row-major C_i (M,N) = alpha op(A_i) op(B_i) + beta C_i on packed operands
+ * (prec 1 bf16, 2 fp16), fp32 accumulation and C (gemm.cu). */
+mmp_err mmp_cuda_gemm_packed(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N,
+                             int K, float alpha, mmp_cuda_packed A, mmp_cuda_packed B, float beta,
+                             float *C, int ldc, long long stride_c, int batch);
+
 /* ---- launch sizes ------------------------------------------------------- */
 #define WARP 32
 #define BLOCK 256                     /* threads per block unless a kernel says otherwise */
