@@ -175,6 +175,7 @@ typedef struct worker {
     uint64_t out_digest;
     float *out_mask, *out_valid;
     int out_valid_host; /* out_valid is HOST memory (else the backend's: flight.valid_dev) */
+    int out_all_valid;  /* every one of them is 1: MMP_MSG_ALL_VALID on the send */
     /* per-step accounting */
     double busy_ms, data_ms;
     float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
@@ -222,6 +223,10 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval);
 mmp_err worker_do_load(worker *w, int step, int mb, int eval);
 mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval);
 const float *worker_payload_valid(const worker *w, const chan *c, size_t data_row, int text);
+/* The n valid flags of c's held message into dst (HOST): 1s when the
+ * sender marked them all valid (MMP_MSG_ALL_VALID: no copy, so a GPU stage
+ * does not wait), else copied out of the payload (a GPU stage waits). */
+void worker_valid_to_host(worker *w, float *dst, const chan *c, size_t data_row, int text);
 /* Runs the step's instruction list, sends the grad norm, waits for the clip
  * coefficient, steps the optimizer and reports StepDone. */
 mmp_err worker_run_step(worker *w, int step);

@@ -198,8 +198,8 @@ mmp_err mmp_cuda_conv2d_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
                                      dw, CKK, 0, 1));
     }
     if (db) {
-        rowsum_lp_kernel<<<s->OC, BLOCK, 0, ctx->stream>>>(db, (const unsigned short *)pdm.p, pdm.ld,
-                                                          s->N * P, prec);
+        rowsum_lp_kernel<<<s->OC, BLOCK, 0, ctx->stream>>>(db, (const unsigned short *)pdm.p,
+                                                           pdm.ld, s->N * P, prec);
         LAUNCH_CHECK();
     }
     if (dinp) {
