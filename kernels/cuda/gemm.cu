@@ -28,10 +28,7 @@ static cublasOperation_t op(int trans)
     return trans ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
-#define ld8 lp_ld
-#define packed_bytes lp_packed_bytes
-
-/* dst (batch, rows, ld8(cols)) of 16-bit values = src (batch at stride, rows
+/* dst (batch, rows, lp_ld(cols)) of 16-bit values = src (batch at stride, rows
  * at ld, cols) rounded to prec (1 bf16, 2 fp16); padding columns 0. */
 static __global__ void pack_kernel(unsigned short *dst, const float *src, int rows, int cols,
                                    int ld, long long stride, int ldd, size_t total, int prec)
@@ -48,11 +45,11 @@ static __global__ void pack_kernel(unsigned short *dst, const float *src, int ro
 
 typedef mmp_cuda_packed packed;
 
-/* Packs src (batch at stride, rows at ld, cols) into dst (packed_bytes). */
+/* Packs src (batch at stride, rows at ld, cols) into dst (lp_packed_bytes). */
 static mmp_err pack(mmp_cuda_ctx *ctx, int prec, void *dst, const float *src, int rows, int cols,
                     int ld, long long stride, int batch, packed *out)
 {
-    const int ldd = ld8(cols);
+    const int ldd = lp_ld(cols);
     const size_t total = (size_t)batch * rows * ldd;
     out->p = dst;
     out->ld = ldd;
@@ -93,9 +90,9 @@ mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int prec, int trans_a, int tran
         /* op(A) (M,K) is stored (K,M) when transposed; op(B) (K,N) likewise */
         const int ar = trans_a ? K : M, ac = trans_a ? M : K;
         const int br = trans_b ? N : K, bc = trans_b ? K : N;
-        const size_t a_bytes = packed_bytes(ar, ac, batch);
+        const size_t a_bytes = lp_packed_bytes(ar, ac, batch);
         void *ws;
-        MMP_TRY(mmp_cuda_lp_ws_get(ctx, a_bytes + packed_bytes(br, bc, batch), &ws));
+        MMP_TRY(mmp_cuda_lp_ws_get(ctx, a_bytes + lp_packed_bytes(br, bc, batch), &ws));
         packed pa, pb;
         MMP_TRY(pack(ctx, prec, ws, A, ar, ac, lda, stride_a, batch, &pa));
         MMP_TRY(pack(ctx, prec, (char *)ws + a_bytes, B, br, bc, ldb, stride_b, batch, &pb));
@@ -255,9 +252,9 @@ mmp_err mmp_cuda_linear_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
         /* fp32, or nothing to round: an empty dout adds nothing anywhere */
         return mmp_cuda_linear_bwd(ctx, dinp, dw, db, dout, inp, w, N, C, OC);
     }
-    const size_t d_bytes = packed_bytes(N, OC, 1);
-    const size_t w_bytes = dinp && C > 0 ? packed_bytes(OC, C, 1) : 0;
-    const size_t i_bytes = dw && C > 0 ? packed_bytes(N, C, 1) : 0;
+    const size_t d_bytes = lp_packed_bytes(N, OC, 1);
+    const size_t w_bytes = dinp && C > 0 ? lp_packed_bytes(OC, C, 1) : 0;
+    const size_t i_bytes = dw && C > 0 ? lp_packed_bytes(N, C, 1) : 0;
     void *ws;
     MMP_TRY(mmp_cuda_lp_ws_get(ctx, d_bytes + w_bytes + i_bytes, &ws));
     char *at = (char *)ws;
