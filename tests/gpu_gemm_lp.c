@@ -76,6 +76,14 @@ static float *rounded(const float *x, size_t n, int prec)
     return r;
 }
 
+/* n random values already rounded to prec. */
+static float *rnd_rounded(size_t n, int prec)
+{
+    float *x = rnd(n);
+    mmp_cpu_round_lp(x, x, n, prec);
+    return x;
+}
+
 static float *dev(const float *x, size_t n)
 {
     void *p = NULL;
@@ -296,8 +304,8 @@ static int close_to(const char *label, const float *got, const float *ref, size_
 static void attention_case(int prec, int B, int Tq, int Tk, int C, int NH)
 {
     const size_t nq = (size_t)B * Tq * C, nk = (size_t)B * Tk * C, na = (size_t)B * NH * Tq * Tk;
-    float *q = rounded(rnd(nq), nq, prec), *k = rounded(rnd(nk), nk, prec);
-    float *v = rounded(rnd(nk), nk, prec), *dout = rounded(rnd(nq), nq, prec);
+    float *q = rnd_rounded(nq, prec), *k = rnd_rounded(nk, prec);
+    float *v = rnd_rounded(nk, prec), *dout = rnd_rounded(nq, prec);
     float *out = host(nq), *att = host(na), *dq = host(nq), *dk = host(nk), *dv = host(nk);
     mmp_cpu_attention_fwd(out, att, q, k, v, NULL, B, Tq, Tk, C, NH, prec);
     mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH, prec);
