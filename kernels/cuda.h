@@ -23,9 +23,11 @@
  *    fp32 (exact products: the same agreement).
  *  - A context is not thread-safe: one thread uses it at a time.
  *
- * Scratch memory comes from the context's workspace, which grows on demand
- * (the only cudaMalloc outside mmp_cuda_malloc; it happens on the first call
- * of a new, larger shape and waits for the device). This header needs no CUDA
+ * Scratch memory comes from the context's workspace and, for the bf16/fp16
+ * products' 16-bit operands, its lp workspace; both grow on demand (the
+ * only cudaMallocs outside mmp_cuda_malloc besides cuBLAS's own workspace,
+ * made once with the context; a growth happens on the first call of a new,
+ * larger shape and waits for the device). This header needs no CUDA
  * header, so C code includes it as is; it is only linked where the build
  * defines MMP_HAVE_CUDA. */
 #ifndef MMP_KERNELS_CUDA_H
