@@ -12,12 +12,15 @@
 #     plan.json; same batch, micro-batches, clipping and AdamW) timed by
 #     bench/torch/time_step.py: eager fp32, eager with autocast bf16, and
 #     torch.compile fp32 (where it compiles within 150 s); samples/s =
-#     batch / median step time, peak = torch.cuda.max_memory_allocated.
-# Prints a Markdown table (for the README).
+#     batch / median step time, peak = torch.cuda.max_memory_allocated;
+#  4. mmpipe with train.precision: bf16 (tensor-core GEMMs, kernels/cuda/gemm.cu)
+#     single process and 1f1b, and the ratios mmpipe bf16 / PyTorch AMP bf16
+#     and mmpipe bf16 / mmpipe fp32 (single process) of each model.
+# Prints a Markdown table (for the README), then the ratios.
 #   bench/gpu.sh [--bin build/mmpipe] [--out runs/bench-gpu] [--steps N] [--seed-steps N]
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/gpu.sh 17 --bin=BIN=build/mmpipe --out=OUT=runs/bench-gpu --steps=STEPS=40 \
+bench_args bench/gpu.sh 20 --bin=BIN=build/mmpipe --out=OUT=runs/bench-gpu --steps=STEPS=40 \
   --seed-steps=SEED_STEPS=10 -- "$@"
 bench_need_bin
 "$BIN" devices | grep -q '^cuda:0' || { echo "bench/gpu.sh: no CUDA device here" >&2; exit 77; }
@@ -32,6 +35,7 @@ echo "GPU: $gpu. Median samples/s of steps 4..N; peak device memory per stage at
 echo
 echo "| model | run | samples/s | peak device memory per stage (MiB) |"
 echo "|---|---|---:|---|"
+declare -A SPS # "model|run" -> samples/s, for the ratios at the end
 row() { # MODEL NAME PLAN DATA STEPS ARGS...
   local model=$1 name=$2 plan=$3 data=$4 steps=$5; shift 5
   local run=$OUT/$model-$(tr -c 'a-zA-Z0-9\n' '_' <<<"$name")
@@ -46,6 +50,7 @@ row() { # MODEL NAME PLAN DATA STEPS ARGS...
   sps=$(metric "$run/metrics.jsonl" samples_per_s 4 "$steps" | median)
   mem=$(tail -1 "$run/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","replica":0[^}]*"peak_mem_bytes":[0-9.e+]*' \
     | sed -E 's/"name":"([^"]*)".*"peak_mem_bytes":(.*)/\1 \2/' | awk '{ printf "%s%s %.0f", (NR > 1 ? ", " : ""), $1, $2 / 1048576 }')
+  SPS["$model|$name"]=$sps
   echo "| $model | $name | $sps | $mem |"
 }
 for r in "single --single-process" "gpipe --set train.schedule=gpipe" "1f1b --set train.schedule=1f1b"; do
@@ -56,12 +61,33 @@ for r in "single --single-process" "gpipe --set train.schedule=gpipe" "1f1b --se
   set -- $r
   row seed-scale "$1" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" "${@:2}"
 done
-# The pipelines time-sliced (no MPS: MMP_GPU_SHARING=timeslice), against the
-# rows above where the coordinator ran its private MPS daemon.
-export MMP_GPU_SHARING=timeslice
-row demo "1f1b, time-sliced" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
-row seed-scale "1f1b, time-sliced" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
-unset MMP_GPU_SHARING
+# bf16: fp32 master weights, products on the tensor cores (train.precision)
+for model in demo seed-scale; do
+  if [ $model = demo ]; then set -- configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS"
+  else set -- configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS"; fi
+  row $model "single bf16" "$@" --single-process --set train.precision=bf16
+  row $model "1f1b bf16" "$@" --set train.schedule=1f1b --set train.precision=bf16
+done
+ratio() { # LABEL A B: A / B of the rows named, or why not
+  local a=${SPS[$2]:-} b=${SPS[$3]:-}
+  if [ -n "$a" ] && [ -n "$b" ] && awk -v b="$b" 'BEGIN { exit !(b > 0) }'; then
+    echo "- $1: $(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2fx", a / b }') ($a / $b samples/s)"
+  else
+    echo "- $1: n/a (a row is missing or failed)"
+  fi
+}
+print_ratios() {
+  echo
+  echo "Ratios (this run, same GPU):"
+  for model in demo seed-scale; do
+    ratio "$model: mmpipe bf16 single / PyTorch AMP bf16" "$model|single bf16" "$model|PyTorch eager AMP bf16"
+    ratio "$model: mmpipe bf16 1f1b / mmpipe bf16 single" "$model|1f1b bf16" "$model|single bf16"
+    ratio "$model: mmpipe bf16 / mmpipe fp32 (single)" "$model|single bf16" "$model|single"
+  done
+  echo
+  echo "| model | run | samples/s | peak device memory per stage (MiB) |"
+  echo "|---|---|---:|---|"
+}
 PYTHON=${PYTHON:-python3}
 if "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
   torch_row() { # MODEL RUN STEPS ARGS...: the reference beside mmpipe's run RUN
@@ -77,13 +103,23 @@ if "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/
       return
     fi
     local peak; peak=$(sed -nE 's/.*peak_mem_bytes=([0-9]+).*/\1/p' <<<"$out")
-    echo "| $model | PyTorch $run | $(awk -v b="$batch" -v m="$ms" 'BEGIN { printf "%.1f", b * 1000 / m }') | $(awk -v p="$peak" 'BEGIN { printf "%.0f", p / 1048576 }') (one process) |"
+    SPS["$model|PyTorch $run"]=$(awk -v b="$batch" -v m="$ms" 'BEGIN { printf "%.1f", b * 1000 / m }')
+    echo "| $model | PyTorch $run | ${SPS["$model|PyTorch $run"]} | $(awk -v p="$peak" 'BEGIN { printf "%.0f", p / 1048576 }') (one process) |"
   }
-  for model in demo seed-scale; do
+  for model in demo seed-scale; do # AMP bf16 first: the comparison that matters most
     steps=$([ $model = demo ] && echo 20 || echo 8)
-    torch_row $model "eager fp32" $steps
     torch_row $model "eager AMP bf16" $steps --amp bf16
+    torch_row $model "eager fp32" $steps
   done
+fi
+print_ratios # before the rows below, so that a timeout there still leaves them
+# The pipelines time-sliced (no MPS: MMP_GPU_SHARING=timeslice), against the
+# rows above where the coordinator ran its private MPS daemon.
+export MMP_GPU_SHARING=timeslice
+row demo "1f1b, time-sliced" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
+row seed-scale "1f1b, time-sliced" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
+unset MMP_GPU_SHARING
+if "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
   for model in demo seed-scale; do # compiling takes longest: last
     torch_row $model "compile fp32" $([ $model = demo ] && echo 20 || echo 8) --compile
   done

@@ -116,6 +116,16 @@ typedef struct mmp_backend_ops {
     // dinp (N,C) +=, dw (OC,C) +=, db (OC) +=, dout (N,OC)
     void (*linear_bwd)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
                        const float *inp, const float *w, int N, int C, int OC);
+    /* Optional (NULL on the CPU: nn/lowp.h rounds into its scratch and calls
+     * linear_fwd/_bwd): linear with inp, w and dout rounded to prec (bf16 or
+     * fp16) by the op itself; b, db and the gradients fp32, db sums the
+     * rounded dout. Same values as rounding then linear_*, up to the fp32
+     * accumulation order (CUDA: tensor-core GEMMs on 16-bit copies). */
+    void (*linear_fwd_lp)(mmp_backend *be, float *out, const float *inp, const float *w,
+                          const float *b, int N, int C, int OC, mmp_precision prec);
+    void (*linear_bwd_lp)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, int N, int C, int OC,
+                          mmp_precision prec);
 
     /* ---- conv2d -------------------------------------------------------- */
     /* Floats of scratch the caller passes to conv2d (CPU: one im2col; CUDA: 0,
@@ -126,6 +136,14 @@ typedef struct mmp_backend_ops {
                        const float *b, const mmp_conv_shape *s, float *scratch);
     void (*conv2d_bwd)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
                        const float *inp, const float *w, const mmp_conv_shape *s, float *scratch);
+    /* Optional (NULL on the CPU), as linear_*_lp: conv2d with inp, w and dout
+     * rounded to prec by the op (CUDA: im2col GEMMs on the tensor cores);
+     * takes no scratch. */
+    void (*conv2d_fwd_lp)(mmp_backend *be, float *out, const float *inp, const float *w,
+                          const float *b, const mmp_conv_shape *s, mmp_precision prec);
+    void (*conv2d_bwd_lp)(mmp_backend *be, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const mmp_conv_shape *s,
+                          mmp_precision prec);
 
     /* ---- batch norm ------------------------------------------------------ */
     // out, inp (N,C,HW); mean, rstd, running_*, gamma, beta (C)

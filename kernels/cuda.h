@@ -17,12 +17,17 @@
  *    is queued then), or MMP_ERR_CUDA / MMP_ERR_NOMEM naming the failed call
  *    (mmp_last_error()). After MMP_ERR_CUDA the outputs are undefined.
  *  - All arithmetic is fp32 without TF32 (cuBLAS default math, cuDNN FMA
- *    math), so results agree with the CPU reference to fp32 rounding.
+ *    math), so results agree with the CPU reference to fp32 rounding; the
+ *    *_lp GEMMs and attention with prec bf16/fp16 multiply 16-bit copies of
+ *    operands rounded to that precision on the tensor cores, accumulating in
+ *    fp32 (exact products: the same agreement).
  *  - A context is not thread-safe: one thread uses it at a time.
  *
- * Scratch memory comes from the context's workspace, which grows on demand
- * (the only cudaMalloc outside mmp_cuda_malloc; it happens on the first call
- * of a new, larger shape and waits for the device). This header needs no CUDA
+ * Scratch memory comes from the context's workspace and, for the bf16/fp16
+ * products' 16-bit operands, its lp workspace; both grow on demand (the
+ * only cudaMallocs outside mmp_cuda_malloc besides cuBLAS's own workspace,
+ * made once with the context; a growth happens on the first call of a new,
+ * larger shape and waits for the device). This header needs no CUDA
  * header, so C code includes it as is; it is only linked where the build
  * defines MMP_HAVE_CUDA. */
 #ifndef MMP_KERNELS_CUDA_H
@@ -98,6 +103,13 @@ mmp_err mmp_cuda_gemm(mmp_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N,
                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
                       int ldc);
 
+/* The same with A and B rounded to prec (0 fp32: mmp_cuda_gemm; 1 bf16, 2
+ * fp16: tensor cores from 16-bit copies in the context's lp workspace, fp32
+ * accumulation and C; deterministic; gemm.cu says how). */
+mmp_err mmp_cuda_gemm_lp(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N, int K,
+                         float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                         float *C, int ldc);
+
 /* ---- linear --------------------------------------------------------------- */
 /* out (N,OC) = inp (N,C) @ w^T + b;  w (OC,C), b (OC) or NULL. */
 mmp_err mmp_cuda_linear_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
@@ -105,6 +117,15 @@ mmp_err mmp_cuda_linear_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, con
 /* dinp (N,C) += dout @ w;  dw (OC,C) += dout^T @ inp;  db (OC) += sum_n dout. */
 mmp_err mmp_cuda_linear_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
+
+/* As above with inp, w (and dout) rounded to prec first (the semantics of
+ * nn/lowp.h's rounding then the fp32 op; b, db and every gradient fp32, db
+ * sums the rounded dout): bf16/fp16 GEMMs on the tensor cores. */
+mmp_err mmp_cuda_linear_fwd_lp(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
+                               const float *b, int N, int C, int OC, int prec);
+mmp_err mmp_cuda_linear_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w, int N, int C,
+                               int OC, int prec);
 
 /* ---- conv2d (cuDNN) ------------------------------------------------------- */
 /* As mmp_cpu_conv2d_*, without the scratch argument: cuDNN's workspace is
@@ -114,6 +135,16 @@ mmp_err mmp_cuda_conv2d_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, con
                             const float *b, const mmp_conv_shape *s);
 mmp_err mmp_cuda_conv2d_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db, const float *dout,
                             const float *inp, const float *w, const mmp_conv_shape *s);
+
+/* As above with inp, w (and dout) rounded to prec first (1 bf16, 2 fp16; 0
+ * is the fp32 cuDNN path above): im2col GEMMs on the tensor cores, fp32
+ * accumulation and outputs, deterministic (conv_lp.cu). Uses the lp
+ * workspace and, for dinp, N*C*KH*KW*OH*OW floats of the workspace. */
+mmp_err mmp_cuda_conv2d_fwd_lp(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
+                               const float *b, const mmp_conv_shape *s, int prec);
+mmp_err mmp_cuda_conv2d_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w,
+                               const mmp_conv_shape *s, int prec);
 
 /* ---- batch norm ----------------------------------------------------------- */
 mmp_err mmp_cuda_batchnorm_fwd_train(mmp_cuda_ctx *ctx, float *out, float *mean, float *rstd,

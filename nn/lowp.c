@@ -73,6 +73,11 @@ void mmp_lowp_linear_fwd(const mmp_lowp *lp, float *out, const float *inp, const
         be->ops->linear_fwd(be, out, inp, w, b, N, C, OC);
         return;
     }
+    if (be->ops->linear_fwd_lp) {
+        /* the backend rounds as it goes (CUDA: into 16-bit tensor-core operands) */
+        be->ops->linear_fwd_lp(be, out, inp, w, b, N, C, OC, lp->prec);
+        return;
+    }
     size_t at = 0;
     const float *ri = rounded(lp, &at, inp, (size_t)N * C);
     const float *rw = rounded(lp, &at, w, (size_t)OC * C);
@@ -95,6 +100,10 @@ void mmp_lowp_linear_bwd(const mmp_lowp *lp, float *dinp, float *dw, float *db, 
         be->ops->linear_bwd(be, dinp, dw, db, dout, inp, w, N, C, OC);
         return;
     }
+    if (be->ops->linear_bwd_lp) {
+        be->ops->linear_bwd_lp(be, dinp, dw, db, dout, inp, w, N, C, OC, lp->prec);
+        return;
+    }
     size_t at = 0;
     const float *ri = rounded(lp, &at, inp, (size_t)N * C);
     const float *rw = rounded(lp, &at, w, (size_t)OC * C);
@@ -109,6 +118,10 @@ void mmp_lowp_conv2d_fwd(const mmp_lowp *lp, float *out, const float *inp, const
     mmp_backend *be = lp->be;
     if (lp->prec == MMP_PREC_FP32) {
         be->ops->conv2d_fwd(be, out, inp, w, b, s, scratch);
+        return;
+    }
+    if (be->ops->conv2d_fwd_lp) {
+        be->ops->conv2d_fwd_lp(be, out, inp, w, b, s, lp->prec);
         return;
     }
     size_t at = 0;
@@ -130,6 +143,10 @@ void mmp_lowp_conv2d_bwd(const mmp_lowp *lp, float *dinp, float *dw, float *db, 
     }
     if (lp->prec == MMP_PREC_FP32) {
         be->ops->conv2d_bwd(be, dinp, dw, db, dout, inp, w, s, scratch);
+        return;
+    }
+    if (be->ops->conv2d_bwd_lp) {
+        be->ops->conv2d_bwd_lp(be, dinp, dw, db, dout, inp, w, s, lp->prec);
         return;
     }
     size_t at = 0;

@@ -524,8 +524,17 @@ mmp_err worker_build(worker *w)
             }
         }
         w->fl[i].valid = worker_xcalloc((size_t)w->mb_max, sizeof(float), &err);
+        if (w->gpu >= 0 && w->kind != MMP_BRANCH_FUSION) {
+            w->fl[i].valid_dev = worker_balloc(w, (size_t)w->mb_max * sizeof(float), &err);
+        }
     }
-    w->in_valid = worker_xcalloc((size_t)w->mb_max, sizeof(float), &err);
+    /* staging memory (pinned on a GPU): a training batch's flags go up
+     * asynchronously (worker_do_fwd), rewritten only after upload_wait */
+    w->in_valid = mmp_backend_host_alloc(w->be, (size_t)w->mb_max * sizeof(float));
+    if (!w->in_valid && err == MMP_OK) {
+        err = mmp_errorf(MMP_ERR_NOMEM, "%zu bytes of staging memory for the valid flags",
+                         (size_t)w->mb_max * sizeof(float));
+    }
     w->eval_valid = worker_xcalloc((size_t)w->mb_max, 1, &err);
     size_t mbx = (size_t)w->mb_max;
     int S = p->data.image_size;
@@ -608,6 +617,7 @@ void worker_teardown(worker *w)
         }
         be->ops->free(be, w->fl[i].mask);
         free(w->fl[i].valid);
+        be->ops->free(be, w->fl[i].valid_dev);
         mmp_wgrad_fini(&w->fl[i].wg);
     }
     if (w->uploaded) {
@@ -631,7 +641,8 @@ void worker_teardown(worker *w)
     mmp_fuse_step_fini(&w->fstep);
     free(w->gather);
     w->gather = NULL;
-    free(w->in_valid);
+    mmp_backend_host_free(be, w->in_valid);
+    w->in_valid = NULL;
     free(w->eval_valid);
     free(w->fl);
     mmp_image_net_destroy(w->img);

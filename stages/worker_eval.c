@@ -40,7 +40,7 @@ mmp_err worker_run_eval(worker *w, int step)
             if (!worker_simulated(w)) {
                 /* the embeddings and flags of the chunk, on the host */
                 float *ih = ie + (size_t)kept * E, *th = te + (size_t)kept * E;
-                size_t eb = (size_t)n * E * sizeof(float), vb = (size_t)n * sizeof(float);
+                size_t eb = (size_t)n * E * sizeof(float);
                 mmp_backend *be = w->be;
                 mmp_fusion_net_embed(w->fus, w->fl[0].acts, ci->payload, txt, mask, n,
                                      w->emb_dev[0] ? w->emb_dev[0] : ih,
@@ -49,10 +49,8 @@ mmp_err worker_run_eval(worker *w, int step)
                     be->ops->to_host(be, ih, w->emb_dev[0], eb);
                     be->ops->to_host(be, th, w->emb_dev[1], eb);
                 }
-                be->ops->to_host(be, w->valid_in[0],
-                                 worker_payload_valid(w, ci, w->fuse.img_row, 0), vb);
-                be->ops->to_host(be, w->valid_in[1],
-                                 worker_payload_valid(w, ct, w->fuse.txt_row, 1), vb);
+                worker_valid_to_host(w, w->valid_in[0], ci, w->fuse.img_row, 0);
+                worker_valid_to_host(w, w->valid_in[1], ct, w->fuse.txt_row, 1);
                 const float *iv = w->valid_in[0], *tv = w->valid_in[1];
                 int64_t base = kept;
                 for (int i = 0; i < n; i++) { /* keep the good pairs, in order */

@@ -195,35 +195,32 @@ static mmp_err fill_slot(worker *w, chan *c, void *slot, size_t *at, const seg *
 }
 
 /* Posts c's acquired slot, bytes of payload in it. */
-static mmp_err post_slot(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
-                         size_t bytes)
+static mmp_err post_slot(worker *w, chan *c, int step, int mb, int32_t flags, int n,
+                         uint64_t digest, size_t bytes)
 {
-    mmp_msg_header h = {.step = step,
-                        .mb = mb,
-                        .digest = digest,
-                        .bytes = bytes,
-                        .n = n,
-                        .flags = eval ? MMP_MSG_EVAL : 0};
-    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    mmp_msg_header h = {
+        .step = step, .mb = mb, .digest = digest, .bytes = bytes, .n = n, .flags = flags};
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, (flags & MMP_MSG_EVAL) != 0), 0,
+                   mmp_trace_now_us());
     return mmp_channel_post(c->ch, &h);
 }
 
 /* Posts c's zero-copy slot: data_bytes of output already in it, then segs
  * (mask, valid flags) appended through the transport. */
-static mmp_err zc_post(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
+static mmp_err zc_post(worker *w, chan *c, int step, int mb, int32_t flags, int n, uint64_t digest,
                        size_t data_bytes, const seg *segs, int n_segs)
 {
     float *slot = c->zc;
     c->zc = NULL;
     size_t at = data_bytes;
     MMP_TRY(fill_slot(w, c, slot, &at, segs, n_segs));
-    return post_slot(w, c, step, mb, eval, n, digest, at);
+    return post_slot(w, c, step, mb, flags, n, digest, at);
 }
 
 /* Low-precision data on a host-slot channel of a CPU stage: the fp32 parts
  * (mask, valid flags) go into the slot first and the data is packed straight
  * into it behind them, the layout chan_send gathers (no staging in packed). */
-static mmp_err send_packed_in_place(worker *w, chan *c, int step, int mb, int eval, int n,
+static mmp_err send_packed_in_place(worker *w, chan *c, int step, int mb, int32_t flags, int n,
                                     uint64_t digest, const seg *segs, int n_segs)
 {
     size_t lp = mmp_backend_lp_bytes(c->prec), total = segs[0].n * lp,
@@ -240,13 +237,14 @@ static mmp_err send_packed_in_place(worker *w, chan *c, int step, int mb, int ev
     size_t at = 0;
     MMP_TRY(fill_slot(w, c, slot, &at, segs + 1, n_segs - 1));
     w->be->ops->pack_lp(w->be, (char *)slot + at, segs[0].p, segs[0].n, c->prec);
-    return post_slot(w, c, step, mb, eval, n, digest, total);
+    return post_slot(w, c, step, mb, flags, n, digest, total);
 }
 
 /* The size is checked against the slot before anything is copied
- * (mmp_channel_sendv), and the bytes go through the transport. */
-static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, uint64_t digest,
-                         const seg *segs, int n_segs)
+ * (mmp_channel_sendv), and the bytes go through the transport. flags: the
+ * header's (MMP_MSG_*). */
+static mmp_err chan_send(worker *w, chan *c, int step, int mb, int32_t flags, int n,
+                         uint64_t digest, const seg *segs, int n_segs)
 {
     if (!c) {
         return mmp_errorf(MMP_ERR_PROTO, "step %d micro-batch %d: no channel to send on", step + 1,
@@ -265,7 +263,7 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
                               segs[0].n);
         }
         if (zero_copy_on() && !c->stage_host && w->gpu < 0 && mmp_channel_host_slots(c->ch)) {
-            return send_packed_in_place(w, c, step, mb, eval, n, digest, segs, n_segs);
+            return send_packed_in_place(w, c, step, mb, flags, n, digest, segs, n_segs);
         }
         w->be->ops->pack_lp(w->be, c->packed, segs[0].p, segs[0].n, c->prec);
         for (int i = 1; i < n_segs; i++) {
@@ -297,11 +295,11 @@ static mmp_err chan_send(worker *w, chan *c, int step, int mb, int eval, int n, 
         v[0] = (mmp_channel_seg){c->stage_host, at};
         n_segs = 1;
     }
-    mmp_msg_header h = {
-        .step = step, .mb = mb, .digest = digest, .n = n, .flags = eval ? MMP_MSG_EVAL : 0};
+    mmp_msg_header h = {.step = step, .mb = mb, .digest = digest, .n = n, .flags = flags};
     char what[32];
     snprintf(what, sizeof what, "%d", c->id);
-    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, eval), 0, mmp_trace_now_us());
+    mmp_trace_flow(&w->trace, 's', flow_id(c->id, step, mb, (flags & MMP_MSG_EVAL) != 0), 0,
+                   mmp_trace_now_us());
     return mmp_channel_sendv(c->ch, what, h, v, n_segs);
 }
 
@@ -435,6 +433,19 @@ const float *worker_payload_valid(const worker *w, const chan *c, size_t data_ro
     return c->payload + (size_t)c->hdr.n * (data_row + (text ? (size_t)w->T : 0));
 }
 
+void worker_valid_to_host(worker *w, float *dst, const chan *c, size_t data_row, int text)
+{
+    if (c->hdr.flags & MMP_MSG_ALL_VALID) {
+        /* the sender says every flag is 1: nothing to copy (nor to wait for) */
+        for (int i = 0; i < c->hdr.n; i++) {
+            dst[i] = 1.0f;
+        }
+        return;
+    }
+    payload_to_host(w, dst, worker_payload_valid(w, c, data_row, text),
+                    (size_t)c->hdr.n * sizeof(float));
+}
+
 mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
 {
     flight *f = eval ? &w->fl[0] : flight_take(w, mb);
@@ -473,17 +484,15 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
                                   "the plan's micro-batch has %d samples",
                                   ci->id, step + 1, mb, n, mmp_plan_mb_size(&w->plan, mb));
             }
-            size_t vb = (size_t)n * sizeof(float);
-            payload_to_host(w, w->valid_in[0], worker_payload_valid(w, ci, img_row, 0), vb);
-            payload_to_host(w, w->valid_in[1], worker_payload_valid(w, ct, txt_row, 1), vb);
+            worker_valid_to_host(w, w->valid_in[0], ci, img_row, 0);
+            worker_valid_to_host(w, w->valid_in[1], ct, txt_row, 1);
             mmp_fuse_step_put(&w->fstep, mmp_plan_mb_offset(&w->plan, mb), n, ci->payload,
                               ct->payload, payload_mask(ct, txt_row), w->valid_in[0],
                               w->valid_in[1]);
         } else {
             mmp_params_mb_begin(w->params); /* its backward follows at once */
-            size_t vb = (size_t)n * sizeof(float);
-            payload_to_host(w, w->valid_in[0], worker_payload_valid(w, ci, img_row, 0), vb);
-            payload_to_host(w, w->valid_in[1], worker_payload_valid(w, ct, txt_row, 1), vb);
+            worker_valid_to_host(w, w->valid_in[0], ci, img_row, 0);
+            worker_valid_to_host(w, w->valid_in[1], ct, txt_row, 1);
             mmp_fuse_forward(&w->fuse, w->fus, f->acts, ci->payload, ct->payload,
                              payload_mask(ct, txt_row), w->valid_in[0], w->valid_in[1], n, w->B,
                              &w->loss, &skipped);
@@ -523,19 +532,45 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         mmp_backend *be = w->be;
         chan *zc = train ? zc_chan(w, 0, -1) : NULL;
         float *out = zc ? zc->zc : w->out; /* zero-copy: the slot of the SEND_ACT next */
-        /* A received payload is backend memory; a loaded batch is the
-         * host's, uploaded here on a GPU (the CPU reads it in place). */
-        if (ci) {
-            payload_to_host(w, f->valid, valid, (size_t)n * sizeof(float));
-        } else {
-            memcpy(f->valid, valid, (size_t)n * sizeof(float));
-        }
         /* A training batch (pinned, the loader's) goes up asynchronously
          * and is handed back to the loader at the next load, after
          * upload_wait; evaluation's host buffers are reused at once, so
          * they go up with a wait. */
         void (*up)(mmp_backend *, void *, const void *, size_t) =
             w->batch ? mmp_backend_upload : be->ops->to_device;
+        /* A received payload is backend memory; a loaded batch is the
+         * host's, uploaded here on a GPU (the CPU reads it in place). The
+         * valid flags: a branch computes nothing from them, it passes them
+         * on. A GPU stage keeps them on the device (a queued copy out of
+         * the slot, or the upload of w->in_valid, pinned and rewritten only
+         * after the next load's upload_wait), so its host never waits for
+         * them; the CPU copies them to its host array. */
+        size_t vb = (size_t)n * sizeof(float);
+        const float *host_valid = NULL; /* where this host can read them */
+        if (f->valid_dev) {
+            if (ci) {
+                be->ops->copy(be, f->valid_dev, valid, vb);
+            } else {
+                up(be, f->valid_dev, valid, vb);
+                host_valid = valid;
+            }
+        } else if (ci) {
+            payload_to_host(w, f->valid, valid, vb);
+            host_valid = f->valid;
+        } else {
+            memcpy(f->valid, valid, vb);
+            host_valid = f->valid;
+        }
+        /* MMP_MSG_ALL_VALID on what this branch sends on: from the flags
+         * where the host has them, else as received */
+        int all_valid = 1;
+        if (host_valid) {
+            for (int i = 0; i < n; i++) {
+                all_valid &= host_valid[i] == 1.0f;
+            }
+        } else {
+            all_valid = (ci->hdr.flags & MMP_MSG_ALL_VALID) != 0;
+        }
         if (w->kind == MMP_BRANCH_TEXT) {
             size_t mb_bytes = (size_t)n * w->T * sizeof(float);
             if (ci) {
@@ -584,7 +619,9 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval)
         w->out_n = n;
         w->out_digest = digest;
         w->out_mask = f->mask;
-        w->out_valid = f->valid;
+        w->out_valid = f->valid_dev ? f->valid_dev : f->valid;
+        w->out_valid_host = !f->valid_dev;
+        w->out_all_valid = all_valid;
     }
     double ms = (mmp_now() - t0) * 1e3;
     if (!eval) {
@@ -603,13 +640,14 @@ mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval)
     size_t n = (size_t)w->out_n;
     seg segs[3] = {{w->out, n * (size_t)w->out_floats, 0, 0},
                    {w->out_mask, w->kind == MMP_BRANCH_TEXT ? n * (size_t)w->T : 0, 0, 0},
-                   {w->out_valid, n, 1, 0}};
+                   {w->out_valid, n, w->out_valid_host, 0}};
+    int32_t flags = (eval ? MMP_MSG_EVAL : 0) | (w->out_all_valid ? MMP_MSG_ALL_VALID : 0);
     if (c && c->zc) {
         /* the forward wrote the data into this slot */
-        return zc_post(w, c, step, mb, eval, w->out_n, w->out_digest, segs[0].n * sizeof(float),
+        return zc_post(w, c, step, mb, flags, w->out_n, w->out_digest, segs[0].n * sizeof(float),
                        segs + 1, 2);
     }
-    return chan_send(w, c, step, mb, eval, w->out_n, w->out_digest, segs, 3);
+    return chan_send(w, c, step, mb, flags, w->out_n, w->out_digest, segs, 3);
 }
 
 /* Replicated fusion under batch scope: each replica holds its own

@@ -85,6 +85,11 @@ typedef struct flight {
     void *acts;
     float *mask;  /* text: (mb_max, T) the micro-batch's mask, forwarded along (backend) */
     float *valid; /* (mb_max) 1 = good sample, 0 = skipped (data.on_bad_sample: skip; HOST) */
+    /* GPU branch stages: the valid flags on the device (backend, mb_max),
+     * copied from the received payload or uploaded with the batch and sent
+     * on from there: the host never waits for them (NULL on the CPU, whose
+     * host valid is read in place). */
+    float *valid_dev;
     /* zb-h1: BWD_INPUT ran, its weight gradients wait in wg for BWD_WEIGHT;
      * the activations stay until then (W reads the layers' inputs). */
     int b_done;
@@ -170,6 +175,8 @@ typedef struct worker {
     int out_mb, out_n;
     uint64_t out_digest;
     float *out_mask, *out_valid;
+    int out_valid_host; /* out_valid is HOST memory (else the backend's: flight.valid_dev) */
+    int out_all_valid;  /* every one of them is 1: MMP_MSG_ALL_VALID on the send */
     /* per-step accounting */
     double busy_ms, data_ms;
     mmp_sim_clock sim_clock;         /* compute: simulated: the sleeps' carried lateness */
@@ -218,6 +225,10 @@ mmp_err worker_do_fwd(worker *w, int step, int mb, int eval);
 mmp_err worker_do_load(worker *w, int step, int mb, int eval);
 mmp_err worker_do_send_act(worker *w, int step, int mb, chan *c, int eval);
 const float *worker_payload_valid(const worker *w, const chan *c, size_t data_row, int text);
+/* The n valid flags of c's held message into dst (HOST): 1s when the
+ * sender marked them all valid (MMP_MSG_ALL_VALID: no copy, so a GPU stage
+ * does not wait), else copied out of the payload (a GPU stage waits). */
+void worker_valid_to_host(worker *w, float *dst, const chan *c, size_t data_row, int text);
 /* Runs the step's instruction list, sends the grad norm, waits for the clip
  * coefficient, steps the optimizer and reports StepDone. */
 mmp_err worker_run_step(worker *w, int step);

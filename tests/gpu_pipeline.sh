@@ -40,6 +40,8 @@ run cpu_single configs/demo.yaml --single-process
 run gpu_bf16_single configs/gpu-1.yaml --single-process --set train.precision=bf16
 run gpu_bf16_1f1b configs/gpu-1.yaml --set train.precision=bf16
 run gpu_step1 configs/gpu-1.yaml --single-process --set job.steps=1
+run gpu_bf16_step1 configs/gpu-1.yaml --single-process --set job.steps=1 --set train.precision=bf16
+run cpu_bf16_step1 configs/demo.yaml --single-process --set job.steps=1 --set train.precision=bf16
 run cpu_step1 configs/demo.yaml --single-process --set job.steps=1
 # the text stage on the CPU between GPU stages: shm there, staged through the host
 run mixed configs/gpu-1.yaml --set "hosts=[{name: localhost, devices: [cuda:0, cpu, cuda:0]}]"
@@ -60,6 +62,16 @@ rel() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = a < 0
 r1=$(rel "${l1g:-nan}" "${l1c:-0}"); r20=$(rel "${l20g:-nan}" "${l20c:-0}")
 awk -v r="$r1" 'BEGIN { exit !(r + 0 == r && r < 1e-4) }' && ok "step 1 loss GPU $l1g vs CPU $l1c (rel $r1 < 1e-4)" \
   || fail "step 1 loss GPU $l1g vs CPU $l1c: rel $r1"
+# bf16 on the tensor cores (kernels/cuda/gemm.cu, conv_lp.cu) against the
+# CPU's bf16: the same rounded products, fp32 sums in another order; a value
+# the two put on different sides of a bf16 rounding boundary differs by one
+# bf16 ulp (2^-8), so the bound is loose (1e-2): it catches a wrong layout or
+# an unrounded operand (O(1) or ~2^-8 everywhere), not the sums' order.
+l1gb=$(metric "$W/gpu_bf16_step1/metrics.jsonl" loss 1 1); l1cb=$(metric "$W/cpu_bf16_step1/metrics.jsonl" loss 1 1)
+r1b=$(rel "${l1gb:-nan}" "${l1cb:-0}")
+awk -v r="$r1b" 'BEGIN { exit !(r + 0 == r && r < 1e-2) }' && ok "bf16 step 1 loss GPU $l1gb vs CPU $l1cb (rel $r1b < 1e-2)" \
+  || fail "bf16 step 1 loss GPU $l1gb vs CPU $l1cb: rel $r1b"
+echo "    bf16 GPU vs CPU after one step: $("$BIN" ckpt diff "$W/gpu_bf16_step1" "$W/cpu_bf16_step1" --quiet | tail -1)"
 l1m=$(metric "$W/mixed/metrics.jsonl" loss 1 1); r1m=$(rel "${l1m:-nan}" "${l1g:-0}")
 awk -v r="$r1m" 'BEGIN { exit !(r + 0 == r && r < 1e-4) }' && ok "mixed step 1 loss $l1m vs GPU $l1g (rel $r1m < 1e-4)" \
   || fail "mixed step 1 loss $l1m vs GPU $l1g: rel $r1m"

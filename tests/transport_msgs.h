@@ -17,7 +17,8 @@ static inline mmp_msg_header message(int k, size_t slot_bytes)
                         .digest = 0x9E3779B97F4A7C15ull * (uint64_t)(k + 1),
                         .bytes = slot_bytes ? 1 + ((uint64_t)k * 7919u) % slot_bytes : 0,
                         .n = k % 17 + 1,
-                        .flags = k % 5 == 0 ? MMP_MSG_EVAL : 0};
+                        .flags =
+                            (k % 5 == 0 ? MMP_MSG_EVAL : 0) | (k % 3 == 0 ? MMP_MSG_ALL_VALID : 0)};
     return h;
 }
 

@@ -310,7 +310,7 @@ mmp_err mmp_channel_release(mmp_channel *ch)
 
 mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_bytes)
 {
-    const int32_t known = MMP_MSG_EVAL | MMP_MSG_STOP;
+    const int32_t known = MMP_MSG_EVAL | MMP_MSG_STOP | MMP_MSG_ALL_VALID;
     if (h->bytes > slot_bytes) {
         return mmp_errorf(MMP_ERR_PROTO,
                           "channel %s: header field bytes = %llu, over the %zu-byte slot", what,

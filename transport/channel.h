@@ -50,6 +50,10 @@ typedef struct mmp_msg_header {
 enum {
     MMP_MSG_EVAL = 1, /* an evaluation chunk, not a training micro-batch */
     MMP_MSG_STOP = 2, /* the sender is done (no payload) */
+    /* Activations whose n valid flags (the payload's last n floats) are all
+     * 1: a receiver may take them as such without reading them (a GPU stage
+     * then copies nothing to its host). Set by stages/worker_exec.c. */
+    MMP_MSG_ALL_VALID = 4,
 };
 
 typedef struct mmp_channel_cfg {

@@ -16,22 +16,24 @@ typedef struct bh_stride {
 } bh_stride;
 
 /* For every (b, h): C_bh = alpha op(A_bh) op(B_bh) + beta C_bh (row-major),
- * X_bh = X + b * sX.b + h * sX.h. */
-static mmp_err gemm_bh(mmp_cuda_ctx *ctx, int ta, int tb, int M, int N, int K, float alpha,
-                       const float *A, int lda, bh_stride sa, const float *Bm, int ldb,
+ * X_bh = X + b * sX.b + h * sX.h. prec: every operand here comes rounded to
+ * it (q, k, v, dout by the caller, att and the score gradients by the
+ * kernels below), so bf16/fp16 run on the tensor cores (gemm.cu). */
+static mmp_err gemm_bh(mmp_cuda_ctx *ctx, int prec, int ta, int tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, bh_stride sa, const float *Bm, int ldb,
                        bh_stride sb, float beta, float *Cm, int ldc, bh_stride sc, int nb, int nh)
 {
     if (nb <= nh) {
         for (int b = 0; b < nb; b++) {
-            MMP_TRY(mmp_cuda_gemm_batched(ctx, ta, tb, M, N, K, alpha, A + b * sa.b, lda, sa.h,
-                                          Bm + b * sb.b, ldb, sb.h, beta, Cm + b * sc.b, ldc, sc.h,
-                                          nh));
+            MMP_TRY(mmp_cuda_gemm_batched(ctx, prec, ta, tb, M, N, K, alpha, A + b * sa.b, lda,
+                                          sa.h, Bm + b * sb.b, ldb, sb.h, beta, Cm + b * sc.b, ldc,
+                                          sc.h, nh));
         }
     } else {
         for (int h = 0; h < nh; h++) {
-            MMP_TRY(mmp_cuda_gemm_batched(ctx, ta, tb, M, N, K, alpha, A + h * sa.h, lda, sa.b,
-                                          Bm + h * sb.h, ldb, sb.b, beta, Cm + h * sc.h, ldc, sc.b,
-                                          nb));
+            MMP_TRY(mmp_cuda_gemm_batched(ctx, prec, ta, tb, M, N, K, alpha, A + h * sa.h, lda,
+                                          sa.b, Bm + h * sb.h, ldb, sb.b, beta, Cm + h * sc.h, ldc,
+                                          sc.b, nb));
         }
     }
     return MMP_OK;
@@ -106,15 +108,15 @@ mmp_err mmp_cuda_attention_fwd(mmp_cuda_ctx *ctx, float *out, float *att, const 
     ARG_CHECK(B > 0 && Tq > 0 && Tk > 0 && C > 0 && NH > 0 && C % NH == 0);
     const heads h = head_layout(Tq, Tk, C, NH);
     // att_bh (Tq,Tk) = scale * q_bh (Tq,hs) @ k_bh^T (hs,Tk)
-    MMP_TRY(gemm_bh(ctx, 0, 1, Tq, Tk, h.hs, h.scale, q, C, h.s_q, k, C, h.s_kv, 0.0f, att, Tk,
-                    h.s_att, B, NH));
+    MMP_TRY(gemm_bh(ctx, prec, 0, 1, Tq, Tk, h.hs, h.scale, q, C, h.s_q, k, C, h.s_kv, 0.0f, att,
+                    Tk, h.s_att, B, NH));
     const int rows = B * NH * Tq;
     attention_softmax_kernel<<<row_blocks(rows), BLOCK, 0, ctx->stream>>>(att, key_mask, rows,
                                                                           NH * Tq, Tk, prec);
     LAUNCH_CHECK();
     // out_bh (Tq,hs) = att_bh (Tq,Tk) @ v_bh (Tk,hs)
-    return gemm_bh(ctx, 0, 0, Tq, h.hs, Tk, 1.0f, att, Tk, h.s_att, v, C, h.s_kv, 0.0f, out, C,
-                   h.s_q, B, NH);
+    return gemm_bh(ctx, prec, 0, 0, Tq, h.hs, Tk, 1.0f, att, Tk, h.s_att, v, C, h.s_kv, 0.0f, out,
+                   C, h.s_q, B, NH);
 }
 
 mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *dv,
@@ -127,8 +129,8 @@ mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *d
     const heads h = head_layout(Tq, Tk, C, NH);
     if (dv) {
         // dv_bh (Tk,hs) += att_bh^T (Tk,Tq) @ dout_bh (Tq,hs)
-        MMP_TRY(gemm_bh(ctx, 1, 0, Tk, h.hs, Tq, 1.0f, att, Tk, h.s_att, dout, C, h.s_q, 1.0f, dv,
-                        C, h.s_kv, B, NH));
+        MMP_TRY(gemm_bh(ctx, prec, 1, 0, Tk, h.hs, Tq, 1.0f, att, Tk, h.s_att, dout, C, h.s_q, 1.0f,
+                        dv, C, h.s_kv, B, NH));
     }
     if (!dq && !dk) {
         return MMP_OK;
@@ -137,7 +139,7 @@ mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *d
     MMP_TRY(mmp_cuda_ws_get(ctx, sizeof(float) * (size_t)B * NH * h.TT, &ws));
     float *dp = (float *)ws;
     // dp_bh (Tq,Tk) = dout_bh (Tq,hs) @ v_bh^T (hs,Tk), then d scores in place
-    MMP_TRY(gemm_bh(ctx, 0, 1, Tq, Tk, h.hs, 1.0f, dout, C, h.s_q, v, C, h.s_kv, 0.0f, dp, Tk,
+    MMP_TRY(gemm_bh(ctx, prec, 0, 1, Tq, Tk, h.hs, 1.0f, dout, C, h.s_q, v, C, h.s_kv, 0.0f, dp, Tk,
                     h.s_att, B, NH));
     const int rows = B * NH * Tq;
     attention_softmax_bwd_kernel<<<row_blocks(rows), BLOCK, 0, ctx->stream>>>(dp, att, rows, Tk,
@@ -145,13 +147,13 @@ mmp_err mmp_cuda_attention_bwd(mmp_cuda_ctx *ctx, float *dq, float *dk, float *d
     LAUNCH_CHECK();
     if (dq) {
         // dq_bh (Tq,hs) += dscores_bh (Tq,Tk) @ k_bh (Tk,hs)
-        MMP_TRY(gemm_bh(ctx, 0, 0, Tq, h.hs, Tk, 1.0f, dp, Tk, h.s_att, k, C, h.s_kv, 1.0f, dq, C,
-                        h.s_q, B, NH));
+        MMP_TRY(gemm_bh(ctx, prec, 0, 0, Tq, h.hs, Tk, 1.0f, dp, Tk, h.s_att, k, C, h.s_kv, 1.0f,
+                        dq, C, h.s_q, B, NH));
     }
     if (dk) {
         // dk_bh (Tk,hs) += dscores_bh^T (Tk,Tq) @ q_bh (Tq,hs)
-        MMP_TRY(gemm_bh(ctx, 1, 0, Tk, h.hs, Tq, 1.0f, dp, Tk, h.s_att, q, C, h.s_q, 1.0f, dk, C,
-                        h.s_kv, B, NH));
+        MMP_TRY(gemm_bh(ctx, prec, 1, 0, Tk, h.hs, Tq, 1.0f, dp, Tk, h.s_att, q, C, h.s_q, 1.0f, dk,
+                        C, h.s_kv, B, NH));
     }
     return MMP_OK;
 }

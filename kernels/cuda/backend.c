@@ -252,6 +252,19 @@ static void cuda_linear_bwd(mmp_backend *be, float *dinp, float *dw, float *db, 
     REC(be, mmp_cuda_linear_bwd(CTX(be), dinp, dw, db, dout, inp, w, N, C, OC));
 }
 
+static void cuda_linear_fwd_lp(mmp_backend *be, float *out, const float *inp, const float *w,
+                               const float *b, int N, int C, int OC, mmp_precision prec)
+{
+    REC(be, mmp_cuda_linear_fwd_lp(CTX(be), out, inp, w, b, N, C, OC, (int)prec));
+}
+
+static void cuda_linear_bwd_lp(mmp_backend *be, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w, int N, int C,
+                               int OC, mmp_precision prec)
+{
+    REC(be, mmp_cuda_linear_bwd_lp(CTX(be), dinp, dw, db, dout, inp, w, N, C, OC, (int)prec));
+}
+
 static size_t cuda_conv2d_scratch_floats(const mmp_conv_shape *s)
 {
     (void)s;
@@ -271,6 +284,19 @@ static void cuda_conv2d_bwd(mmp_backend *be, float *dinp, float *dw, float *db, 
 {
     (void)scratch;
     REC(be, mmp_cuda_conv2d_bwd(CTX(be), dinp, dw, db, dout, inp, w, s));
+}
+
+static void cuda_conv2d_fwd_lp(mmp_backend *be, float *out, const float *inp, const float *w,
+                               const float *b, const mmp_conv_shape *s, mmp_precision prec)
+{
+    REC(be, mmp_cuda_conv2d_fwd_lp(CTX(be), out, inp, w, b, s, (int)prec));
+}
+
+static void cuda_conv2d_bwd_lp(mmp_backend *be, float *dinp, float *dw, float *db,
+                               const float *dout, const float *inp, const float *w,
+                               const mmp_conv_shape *s, mmp_precision prec)
+{
+    REC(be, mmp_cuda_conv2d_bwd_lp(CTX(be), dinp, dw, db, dout, inp, w, s, (int)prec));
 }
 
 static void cuda_bn_train(mmp_backend *be, float *out, float *mean, float *rstd, float *rm,
@@ -477,7 +503,11 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .gemm = cuda_gemm,
     .linear_fwd = cuda_linear_fwd,
     .linear_bwd = cuda_linear_bwd,
+    .linear_fwd_lp = cuda_linear_fwd_lp,
+    .linear_bwd_lp = cuda_linear_bwd_lp,
     .conv2d_scratch_floats = cuda_conv2d_scratch_floats,
+    .conv2d_fwd_lp = cuda_conv2d_fwd_lp,
+    .conv2d_bwd_lp = cuda_conv2d_bwd_lp,
     .conv2d_fwd = cuda_conv2d_fwd,
     .conv2d_bwd = cuda_conv2d_bwd,
     .batchnorm_fwd_train = cuda_bn_train,

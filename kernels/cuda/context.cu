@@ -71,6 +71,16 @@ static mmp_err ctx_init(mmp_cuda_ctx *ctx, int device)
     /* Default math is fp32 compute without TF32 (that takes
      * CUBLAS_TF32_TENSOR_OP_MATH), so GEMMs match the CPU's fp32. */
     CU_TRY(cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH));
+    /* cuBLAS's workspace, ours and made once (after cublasSetStream, which
+     * resets it): the size NVIDIA recommends (32 MiB on Hopper and later,
+     * 4 MiB before), never an allocation inside a GEMM, and the setting
+     * under which cuBLAS results are bitwise reproducible run to run. */
+    int major = 0;
+    CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const size_t blas_ws = (size_t)(major >= 9 ? 32 : 4) << 20;
+    CU_TRY(cudaMalloc(&ctx->blas_ws, blas_ws));
+    ctx->blas_ws_bytes = blas_ws;
+    CU_TRY(cublasSetWorkspace(ctx->cublas, ctx->blas_ws, blas_ws));
     CU_TRY(cudnnCreate(&ctx->cudnn));
     CU_TRY(cudnnSetStream(ctx->cudnn, ctx->stream));
     return MMP_OK;
@@ -110,6 +120,12 @@ void mmp_cuda_ctx_destroy(mmp_cuda_ctx *ctx)
     if (ctx->ws) {
         (void)cudaFree(ctx->ws);
     }
+    if (ctx->lp_ws) {
+        (void)cudaFree(ctx->lp_ws);
+    }
+    if (ctx->blas_ws) {
+        (void)cudaFree(ctx->blas_ws);
+    }
     if (ctx->upload_done) {
         (void)cudaEventDestroy(ctx->upload_done);
     }
@@ -134,24 +150,38 @@ void *mmp_cuda_ctx_stream(const mmp_cuda_ctx *ctx)
     return (void *)ctx->stream;
 }
 
-mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
+/* *buf (*have bytes) grown to at least bytes. */
+static mmp_err ws_grow(void **buf, size_t *have, size_t bytes, const char *what)
 {
-    if (bytes > ctx->ws_bytes) {
+    if (bytes > *have) {
         /* Grow by half again so that a slowly growing shape does not
          * reallocate every call. cudaFree waits for the device, so work
          * still reading the old workspace finishes first. */
         size_t want = bytes + bytes / 2;
-        CU_TRY(cudaFree(ctx->ws));
-        ctx->ws = NULL;
-        ctx->ws_bytes = 0;
-        if (cudaMalloc(&ctx->ws, want) != cudaSuccess) {
+        CU_TRY(cudaFree(*buf));
+        *buf = NULL;
+        *have = 0;
+        if (cudaMalloc(buf, want) != cudaSuccess) {
             (void)cudaGetLastError();
-            ctx->ws = NULL;
-            return mmp_errorf(MMP_ERR_NOMEM, "cudaMalloc(%zu bytes) for the CUDA workspace", want);
+            *buf = NULL;
+            return mmp_errorf(MMP_ERR_NOMEM, "cudaMalloc(%zu bytes) for the CUDA %s", want, what);
         }
-        ctx->ws_bytes = want;
+        *have = want;
     }
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
+{
+    MMP_TRY(ws_grow(&ctx->ws, &ctx->ws_bytes, bytes, "workspace"));
     *out = ctx->ws;
+    return MMP_OK;
+}
+
+mmp_err mmp_cuda_lp_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
+{
+    MMP_TRY(ws_grow(&ctx->lp_ws, &ctx->lp_ws_bytes, bytes, "bf16/fp16 GEMM operands"));
+    *out = ctx->lp_ws;
     return MMP_OK;
 }
 
@@ -184,7 +214,7 @@ mmp_err mmp_cuda_arena_alloc(mmp_cuda_ctx *ctx, void **out, size_t bytes)
 
 size_t mmp_cuda_ctx_device_bytes(const mmp_cuda_ctx *ctx)
 {
-    return ctx->arena_bytes + ctx->ws_bytes;
+    return ctx->arena_bytes + ctx->ws_bytes + ctx->lp_ws_bytes + ctx->blas_ws_bytes;
 }
 
 mmp_err mmp_cuda_upload(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)

@@ -65,6 +65,15 @@ struct mmp_cuda_ctx {
     cudnnHandle_t cudnn;
     void *ws; /* workspace: grows, never shrinks */
     size_t ws_bytes;
+    /* The 16-bit operands of bf16/fp16 GEMMs (gemm.cu): grows, never
+     * shrinks; apart from ws, which may hold one of a GEMM's fp32 inputs. */
+    void *lp_ws;
+    size_t lp_ws_bytes;
+    /* cuBLAS's own workspace (cublasSetWorkspace), made once with the
+     * context: no allocation in a GEMM call, and the one-stream, own-workspace
+     * setting under which cuBLAS is bitwise reproducible. */
+    void *blas_ws;
+    size_t blas_ws_bytes;
     /* The per-stage device arena (mmp_cuda_arena_alloc): chunks carved in
      * order, given back only with the context. */
     mmp_cuda_chunk *chunks;
@@ -78,6 +87,8 @@ struct mmp_cuda_ctx {
 /* A workspace of at least bytes, valid until the next call that asks for
  * workspace. Growing waits for the device (earlier work may use the old one). */
 mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out);
+/* The same for the lp workspace (gemm.cu's packed 16-bit operands). */
+mmp_err mmp_cuda_lp_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out);
 /* Bytes rounded up so that carved sub-buffers stay 256-byte aligned. */
 static inline size_t ws_align(size_t bytes)
 {
@@ -89,11 +100,35 @@ void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx);
 
 /* Row-major strided-batched GEMM on the context's stream (gemm.cu):
  * for i < batch: C_i (M,N) = alpha op(A_i) @ op(B_i) + beta C_i,
- * X_i = X + i * strideX. batch == 1 is a plain GEMM. */
-mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int trans_a, int trans_b, int M, int N, int K,
-                              float alpha, const float *A, int lda, long long stride_a,
+ * X_i = X + i * strideX. batch == 1 is a plain GEMM. prec 0: fp32 Sgemm;
+ * 1 bf16, 2 fp16: A and B rounded to it, tensor cores, fp32 accumulation
+ * and C (gemm.cu's top comment); uses the lp workspace. */
+mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N,
+                              int K, float alpha, const float *A, int lda, long long stride_a,
                               const float *B, int ldb, long long stride_b, float beta, float *C,
                               int ldc, long long stride_c, int batch);
+
+/* bf16/fp16 operands packed for the tensor cores (gemm.cu): 16-bit values,
+ * rows of lp_ld(cols) elements (16 bytes), batches stride elements apart. */
+typedef struct mmp_cuda_packed {
+    const void *p;
+    int ld;
+    long long stride;
+} mmp_cuda_packed;
+static inline int lp_ld(int cols)
+{
+    return (cols + 7) / 8 * 8;
+}
+/* Bytes of batch packed (rows, cols) operands, 256-byte aligned. */
+static inline size_t lp_packed_bytes(int rows, int cols, int batch)
+{
+    return ws_align((size_t)batch * rows * lp_ld(cols) * 2);
+}
+/* Row-major C_i (M,N) = alpha op(A_i) op(B_i) + beta C_i on packed operands
+ * (prec 1 bf16, 2 fp16), fp32 accumulation and C (gemm.cu). */
+mmp_err mmp_cuda_gemm_packed(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N,
+                             int K, float alpha, mmp_cuda_packed A, mmp_cuda_packed B, float beta,
+                             float *C, int ldc, long long stride_c, int batch);
 
 /* ---- launch sizes ------------------------------------------------------- */
 #define WARP 32
