@@ -33,7 +33,9 @@
  * see what the 2-core machine does when stages outnumber cores) --only shm|tcp
  * (sections (a) and (b), or (c), alone). */
 #include <errno.h>
+#include <math.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -106,6 +108,8 @@ typedef struct tp_result {
     double gbps[MODES][MAX_REPS];
     /* CPU seconds each end spent on a rep's messages (spinning included) */
     double cpu_s[2][MODES][MAX_REPS]; /* [0] sender, [1] receiver */
+    /* voluntary context switches (a futex sleep each) per message, each end */
+    double sleeps[2][MODES][MAX_REPS];
     uint64_t sink;                    /* the receiver's sums, so the reads are not optimised away */
 } tp_result;
 
@@ -117,6 +121,13 @@ static uint64_t sum_bytes(const void *p, size_t n)
         s += w[i];
     }
     return s;
+}
+
+/* Voluntary context switches of this thread so far: one per futex sleep. */
+static long nvcsw(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nvcsw : 0;
 }
 
 /* Receives msgs messages (each read in full into *sink) and returns GB/s of
@@ -153,6 +164,7 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
     for (int r = 0; r < reps; r++) {
         for (int mode = 0; mode < MODES; mode++) {
             double t0 = 0, c0 = 0;
+            long v0 = 0;
             for (int m = 0; m < msgs; m++) {
                 mmp_msg_header h;
                 const void *p;
@@ -164,8 +176,10 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
                 if (m == 0) {
                     t0 = now_s();
                     c0 = cpu_s();
+                    v0 = nvcsw();
                 }
             }
+            res->sleeps[1][mode][r] = (double)(nvcsw() - v0) / (msgs - 1 > 0 ? msgs - 1 : 1);
             res->gbps[mode][r] = (double)(msgs - 1) * cfg->slot_bytes / (now_s() - t0) / 1e9;
             res->cpu_s[1][mode][r] = (cpu_s() - c0) * msgs / (msgs - 1 > 0 ? msgs - 1 : 1);
         }
@@ -189,10 +203,12 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
     memset(src, 0x5a, cfg->slot_bytes);
     tp_result *res = cpu_res;
     double c0 = 0;
+    long v0 = 0;
     for (int k = 0; k < reps * MODES * msgs; k++) {
         int mode = (k / msgs) % MODES;
         if (k % msgs == 0) {
             c0 = cpu_s();
+            v0 = nvcsw();
         }
         mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
         if (mode == SEND_COPY) {
@@ -211,6 +227,7 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         }
         if (k % msgs == msgs - 1) {
             res->cpu_s[0][mode][k / (msgs * MODES)] = cpu_s() - c0;
+            res->sleeps[0][mode][k / (msgs * MODES)] = (double)(nvcsw() - v0) / msgs;
         }
     }
     int st;
@@ -319,6 +336,126 @@ static void pin(int who)
     }
 }
 
+/* memcpy across cores: another process, on another CPU, copies each message
+ * out of a buffer this process has just written (memset, as the zero-copy
+ * sender) into its own buffer, then hands the buffer back (a flag, not
+ * timed), and this process writes it again: the bytes start in the writer's
+ * cache, as a channel's do, and nothing else runs in the pair while the copy
+ * is timed. GB/s of the copies alone (bytes over the time inside memcpy), one
+ * figure per rep into v[0..reps). The two processes are pinned to the CPUs
+ * xcore_cpus chose: a memcpy between two cores is what a transfer between
+ * two processes can be held to (a memcpy inside one core's cache never pays
+ * for the move). */
+typedef struct xcore_shared {
+    _Atomic uint64_t head; /* buffers written */
+    char pad1[120];
+    _Atomic uint64_t tail; /* buffers copied */
+    char pad2[120];
+    double gbps[MAX_REPS];
+} xcore_shared;
+
+/* The two CPUs of the cross-core memcpy: --pin's, else the first two this
+ * process may run on; 0 when it may run on one CPU only. */
+static int xcore_cpus(int cpu[2])
+{
+    if (pin_cpu[0] >= 0) {
+        cpu[0] = pin_cpu[0];
+        cpu[1] = pin_cpu[1];
+        return cpu[0] != cpu[1];
+    }
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        return 0;
+    }
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++) {
+        if (CPU_ISSET(c, &set)) {
+            cpu[n++] = c;
+        }
+    }
+    return n == 2;
+}
+
+static void pin_to(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        fprintf(stderr, "bench_transport: pin to CPU %d: %s\n", cpu, strerror(errno));
+        exit(1);
+    }
+}
+
+static void xcore_wait(_Atomic uint64_t *c, uint64_t target)
+{
+    for (int i = 1; atomic_load_explicit(c, memory_order_acquire) < target; i++) {
+        if (i % 4096 == 0) {
+            sched_yield(); /* not timed; lets a loaded machine's other work through */
+        }
+    }
+}
+
+/* Fills v[0..reps) with NAN when there are not two CPUs to run it on. */
+static void xcore_memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
+{
+    int cpu[2];
+    if (!xcore_cpus(cpu)) {
+        for (int r = 0; r < reps; r++) {
+            v[r] = NAN;
+        }
+        return;
+    }
+    xcore_shared *x = shared_pages(sizeof *x);
+    unsigned char *buf = shared_pages(bytes);
+    memset(buf, 1, bytes);
+    cpu_set_t was;
+    if (sched_getaffinity(0, sizeof was, &was) != 0) {
+        die("sched_getaffinity");
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        pin_to(cpu[1]);
+        unsigned char *dst = malloc(bytes);
+        if (!dst) {
+            _exit(1);
+        }
+        memset(dst, 0, bytes);
+        uint64_t k = 0;
+        for (int r = 0; r < reps; r++) {
+            double busy = 0;
+            for (int m = 0; m < msgs; m++, k++) {
+                xcore_wait(&x->head, k + 1);
+                double t0 = now_s();
+                memcpy(dst, buf, bytes);
+                busy += now_s() - t0;
+                dst[k % bytes] ^= 1; /* the copy is used */
+                atomic_store_explicit(&x->tail, k + 1, memory_order_release);
+            }
+            x->gbps[r] = (double)msgs * bytes / busy / 1e9;
+        }
+        free(dst);
+        _exit(0);
+    }
+    pin_to(cpu[0]);
+    for (uint64_t k = 0; k < (uint64_t)reps * (uint64_t)msgs; k++) {
+        xcore_wait(&x->tail, k);
+        memset(buf, (int)(k & 0xff), bytes);
+        atomic_store_explicit(&x->head, k + 1, memory_order_release);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    sched_setaffinity(0, sizeof was, &was);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "bench_transport: cross-core memcpy child failed\n");
+        exit(1);
+    }
+    memcpy(v, x->gbps, sizeof(double) * (size_t)reps);
+    munmap(buf, bytes);
+    munmap(x, sizeof *x);
+}
+
 static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
 {
     printf("## shm channel throughput: 2 processes, slots=%d, median of %d reps of ~%u MB\n\n",
@@ -344,24 +481,33 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
            "(the same buffers every time, so as cache-warm as the slots), half its reps before "
            "the channel's and half after; ratio = channel / memcpy, medians of this run. A "
            "channel at ratio 1.0 moves bytes between processes as fast as one memcpy moves "
-           "them inside one. one thread = the sender's write and the receiver's read of each "
-           "message done by one thread through two buffers (copy sender): no channel. CPU time "
-           "columns: the same ratio with each side's CPU time in place of wall time (the channel: "
-           "bytes over the busier end's CPU seconds, its spinning included; memcpy: bytes over its "
-           "CPU seconds): what the ratio would be if each process had a core of its own; on a "
-           "loaded machine the wall-time ratio also counts the time the ends wait for a core.\n\n");
-    printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | copy ratio | zero-copy ratio | "
-           "copy ratio, CPU time | zero-copy ratio, CPU time | one thread GB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "them inside one; below the size of a core's L2 that memcpy never leaves the core, "
+           "which no transfer between two cores can match. memcpy across cores = the baseline a "
+           "transfer can be held to: another process (the receiver's CPU under --pin) memcpy's "
+           "each message out of a buffer this process has just written (two buffers in turn, "
+           "as the slots) into its own buffer, GB/s of the copies alone, half the reps before "
+           "the channel's and half after; the 'across cores' ratios are channel / that. one "
+           "thread = the sender's write and the receiver's read of each message done by one "
+           "thread through two buffers (copy sender): no channel. CPU time column: the "
+           "zero-copy ratio with each side's CPU time in place of wall time (the channel: bytes "
+           "over the busier end's CPU seconds, its spinning included; memcpy: bytes over its CPU "
+           "seconds): what the ratio would be if each process had a core of its own; on a "
+           "loaded machine the wall-time ratio also counts the time the ends wait for a "
+           "core.\n\n");
+    printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | memcpy across cores GB/s | copy "
+           "ratio | zero-copy ratio | copy ratio, across cores | zero-copy ratio, across cores | "
+           "zero-copy ratio, CPU time | zero-copy sleeps per message | one thread GB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
         size_t bytes = sizes[s];
         int msgs = msgs_for(bytes);
         char addr[96], name[32];
         snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
-        double cpv[MAX_REPS], cpc[MAX_REPS];
+        double cpv[MAX_REPS], cpc[MAX_REPS], xcv[MAX_REPS];
         int before = (reps + 1) / 2;
         memcpy_gbps(bytes, before, msgs, cpv, cpc);
+        xcore_memcpy_gbps(bytes, before, msgs, xcv);
         mmp_channel_cfg scfg = {.address = addr,
                                 .slot_bytes = bytes,
                                 .slots = slots,
@@ -378,8 +524,14 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
         }
         tp_sender(&scfg, reps, msgs, pid, res);
         memcpy_gbps(bytes, reps - before, msgs, cpv + before, cpc + before);
+        xcore_memcpy_gbps(bytes, reps - before, msgs, xcv + before);
         double cp = quantile(cpv, reps, 0.5), cpu_cp = quantile(cpc, reps, 0.5);
-        double g[MODES], gc[MODES];
+        double xc = quantile(xcv, reps, 0.5);
+        double g[MODES], gc[MODES], sl[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            sl[r] = res->sleeps[0][SEND_IN_PLACE][r] + res->sleeps[1][SEND_IN_PLACE][r];
+        }
+        double sleeps = quantile(sl, reps, 0.5);
         for (int m = 0; m < MODES; m++) {
             g[m] = quantile(res->gbps[m], reps, 0.5);
             double v[MAX_REPS];
@@ -391,10 +543,11 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
             gc[m] = quantile(v, reps, 0.5);
         }
         double one = serial_gbps(bytes, reps, msgs, SEND_COPY);
-        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-               size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp,
-               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, gc[SEND_COPY] / cpu_cp,
-               gc[SEND_IN_PLACE] / cpu_cp, one);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+               "|\n",
+               size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp, xc,
+               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, g[SEND_COPY] / xc, g[SEND_IN_PLACE] / xc,
+               gc[SEND_IN_PLACE] / cpu_cp, sleeps, one);
     }
     printf("\n");
     munmap(res, sizeof *res);

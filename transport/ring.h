@@ -47,14 +47,21 @@ typedef struct mmp_ring_shared {
     _Atomic uint32_t unlinked;  /* 1 once one end has claimed unlinking the name */
     _Atomic int32_t pid[2];     /* [CREATOR], [CONNECTOR]; 0 until attached */
     _Atomic uint32_t closed[2]; /* [CREATOR], [CONNECTOR] */
+    /* The CPU each end last ran on + 1 (0: not known yet), a hint for the
+     * adaptive spin (mmp_ring_adaptive_spin); written only when it changes.
+     * Nothing but that choice depends on it, so a forged value costs at most
+     * some CPU time. In the line's padding: the size stays 192. */
+    _Atomic int32_t cpu[2];
     /* Written by the sender. */
     alignas(64) _Atomic uint64_t head; /* messages posted */
     _Atomic uint32_t data_bell;        /* futex word: rung on post and close */
     _Atomic uint32_t data_sleepers;
+    _Atomic int64_t data_rung_ns; /* CLOCK_MONOTONIC of the last post that found a sleeper */
     /* Written by the receiver. */
     alignas(64) _Atomic uint64_t tail; /* messages released */
     _Atomic uint32_t credit_bell;      /* futex word: rung on release and close */
     _Atomic uint32_t credit_sleepers;
+    _Atomic int64_t credit_rung_ns; /* the same for the last release */
 } mmp_ring_shared;
 
 /* The start of every ring transport's segment: what the connector checks
@@ -101,6 +108,9 @@ typedef struct mmp_ring {
     int me, peer;                /* MMP_RING_CREATOR / MMP_RING_CONNECTOR */
     int timeout_ms;              /* <= 0: blocking calls wait for ever */
     long spin_ns;                /* a waiter polls this long before sleeping (0: none) */
+    long spin_max_ns;            /* adaptive spin's ceiling (0: off; mmp_ring_adaptive_spin) */
+    uint32_t wait_hist;          /* the last 16 waits, newest in bit 0: 1 = within spin_max_ns */
+    int32_t cpu_said;            /* the cpu[me] this end last published */
     const mmp_ring_hooks *hooks; /* NULL: none */
     void *ctx;                   /* the hooks' */
     uint64_t count;              /* sender: messages posted; receiver: messages received */
@@ -135,6 +145,17 @@ mmp_err mmp_ring_check_header(const mmp_ring *r, const mmp_ring_header *h, uint3
  * outlive r. */
 void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_channel_cfg *cfg,
                    int me, long spin_ns, const mmp_ring_hooks *hooks, void *ctx);
+
+/* Adaptive spin (off after mmp_ring_init): before it sleeps on the bell, a
+ * waiter polls for up to max_ns instead of spin_ns while at least 12 of its
+ * last 16 waits ended within max_ns (the peer answers within the budget; a
+ * fresh ring starts with all 16 counted as such), and not at all while the
+ * peer last ran on the CPU this end runs on (polling there only delays the
+ * peer). Waits longer than max_ns (an idle pipeline, a peer that lost its
+ * core) bring it back to spin_ns within 5 waits, so an idle end burns at most
+ * max_ns of CPU per wait for 5 waits, then spin_ns per wait. max_ns <=
+ * spin_ns: off. */
+void mmp_ring_adaptive_spin(mmp_ring *r, long max_ns);
 
 /* Points r at the shared words and per-slot headers in its segment. */
 void mmp_ring_attach(mmp_ring *r, mmp_ring_shared *sh, mmp_msg_header *msg);

@@ -66,12 +66,15 @@
 #define MMP_SHM_SPIN_NS 2000
 #endif
 
-/* The spin of this process's waiters: MMP_SHM_SPIN_NS from the environment,
- * else the built-in default. */
-static mmp_err spin_ns(long *out)
+#ifndef MMP_SHM_SPIN_MAX_NS
+#define MMP_SHM_SPIN_MAX_NS 50000
+#endif
+
+/* The environment variable `var` (0 to 10^9 ns) into *out, else dflt. */
+static mmp_err env_ns(const char *var, long dflt, long *out)
 {
-    const char *e = getenv("MMP_SHM_SPIN_NS");
-    *out = MMP_SHM_SPIN_NS;
+    const char *e = getenv(var);
+    *out = dflt;
     if (!e) {
         return MMP_OK;
     }
@@ -80,9 +83,9 @@ static mmp_err spin_ns(long *out)
     long v = strtol(e, &end, 10);
     if (end == e || *end || errno || v < 0 || v > 1000000000L) {
         return mmp_errorf(MMP_ERR_INVALID,
-                          "shm: environment variable MMP_SHM_SPIN_NS='%s' is not a number of "
+                          "shm: environment variable %s='%s' is not a number of "
                           "nanoseconds from 0 to 1000000000",
-                          e);
+                          var, e);
     }
     *out = v;
     return MMP_OK;
@@ -137,9 +140,10 @@ static mmp_err check_cfg(const mmp_channel_cfg *cfg, shm_geometry *g)
 static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me)
 {
     shm_geometry g = {0};
-    long spin = 0;
+    long spin = 0, spin_max = 0;
     MMP_TRY(check_cfg(cfg, &g));
-    MMP_TRY(spin_ns(&spin));
+    MMP_TRY(env_ns("MMP_SHM_SPIN_NS", MMP_SHM_SPIN_NS, &spin));
+    MMP_TRY(env_ns("MMP_SHM_SPIN_MAX_NS", MMP_SHM_SPIN_MAX_NS, &spin_max));
     shm_channel *ch = calloc(1, sizeof *ch);
     if (!ch) {
         return mmp_errorf(MMP_ERR_NOMEM, "shm %s: channel", cfg->address);
@@ -152,6 +156,7 @@ static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me
     ch->map_bytes = g.total;
     ch->payload_offset = g.payload_offset;
     mmp_ring_init(&ch->ring, "shm", ch->name, cfg, me, spin, NULL, NULL);
+    mmp_ring_adaptive_spin(&ch->ring, spin_max);
     *out = ch;
     return MMP_OK;
 }
