@@ -110,7 +110,7 @@ typedef struct tp_result {
     double cpu_s[2][MODES][MAX_REPS]; /* [0] sender, [1] receiver */
     /* voluntary context switches (a futex sleep each) per message, each end */
     double sleeps[2][MODES][MAX_REPS];
-    uint64_t sink;                    /* the receiver's sums, so the reads are not optimised away */
+    uint64_t sink; /* the receiver's sums, so the reads are not optimised away */
 } tp_result;
 
 static uint64_t sum_bytes(const void *p, size_t n)
