@@ -10,7 +10,11 @@
  * wake the waiters: data_bell, rung on post, and credit_bell, rung on
  * release, each only when its sleepers count says a waiter is about to
  * sleep (a waiter counts itself, then looks at the counter once more); both
- * are rung on close, unconditionally. A blocked call sleeps in slices of
+ * are rung on close, unconditionally. Before it sleeps a waiter polls: for
+ * spin_ns, or adaptively (mmp_ring_adaptive_spin, shm) up to a ceiling while
+ * its recent waits say the peer answers within it; a ringer stamps the time
+ * it found a sleeper, so a waiter learns when the peer answered, not when it
+ * woke. A blocked call sleeps in slices of
  * MMP_RING_SLICE_MS and after each checks the peer's closed flag and whether
  * its process still exists, so a closed or SIGKILLed peer and the channel's
  * timeout are MMP_ERR_PEER, never a hang.

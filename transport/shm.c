@@ -13,10 +13,13 @@
  *
  * The ring protocol (slots in ring order, credits, the two doorbells, peer
  * death and timeouts as MMP_ERR_PEER) is transport/ring.h's, shared with
- * cuda_ipc; this file gives it host slots and no hooks. A waiter first polls
- * for MMP_SHM_SPIN_NS (2 µs; measurements beside it) before it sleeps on the
- * futex doorbell, so the steady state (the peer is busy, the ring neither
- * full nor empty) makes no system call at all.
+ * cuda_ipc; this file gives it host slots and no hooks, and turns on the
+ * ring's adaptive spin: a waiter polls for up to MMP_SHM_SPIN_MAX_NS (50 µs)
+ * while its recent waits say the peer answers within that, else for
+ * MMP_SHM_SPIN_NS (2 µs), and not at all while the peer runs on its CPU,
+ * before it sleeps on the futex doorbell (measurements beside the values).
+ * A stream between two cores (the peer busy, the ring neither full nor empty
+ * for long) then makes no system call at all.
  *
  * Naming: the creator creates the name with O_CREAT|O_EXCL; the connector
  * unlinks it as soon as it has mapped the segment, so once both ends are
