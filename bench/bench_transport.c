@@ -8,7 +8,10 @@
  *     for ~256 MB and is timed by the receiver from its first message to its
  *     last release (so the pipeline is full); the median rep is reported next
  *     to a plain memcpy of the same size in this process (median of as many
- *     reps).
+ *     reps) and to a memcpy across cores (a process on another CPU copying
+ *     out what this one has just written: a transfer between cores pays for
+ *     moving the bytes, which a memcpy inside one core's cache never does),
+ *     with the futex sleeps per message of the two ends.
  * (b) Control overhead per message: a ping-pong of 8-byte messages (A posts
  *     on A->B, B answers on B->A); half the round trip is the latency from
  *     post to the peer's return. Back-to-back, a waiter's short spin can
@@ -1151,10 +1154,12 @@ int main(int argc, char **argv)
         }
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *spin = getenv("MMP_SHM_SPIN_NS");
-    printf("# bench_transport (%ld CPUs online, %d extra spinning processes, shm waiters spin %s "
-           "ns before they sleep%s)\n\n",
-           cpus, busy, spin ? spin : "2000", spin ? ": MMP_SHM_SPIN_NS" : ", the default");
+    const char *spin = getenv("MMP_SHM_SPIN_NS"), *spin_max = getenv("MMP_SHM_SPIN_MAX_NS");
+    printf("# bench_transport (%ld CPUs online, %d extra spinning processes; shm waiters poll up "
+           "to %s ns%s while their peer answers within that, else %s ns%s, before they "
+           "sleep)\n\n",
+           cpus, busy, spin_max ? spin_max : "50000", spin_max ? " (MMP_SHM_SPIN_MAX_NS)" : "",
+           spin ? spin : "2000", spin ? " (MMP_SHM_SPIN_NS)" : "");
     double t0 = now_s();
     if (only != 2) {
         throughput(sizes, nsizes, reps, slots);
