@@ -34,7 +34,10 @@
  * on CPU A, the receiver on CPU B) --reps N (default 15) --iters N (round trips,
  * default 20000) --busy N (N spinning processes during the measurements, to
  * see what the 2-core machine does when stages outnumber cores) --only shm|tcp
- * (sections (a) and (b), or (c), alone). */
+ * (sections (a) and (b), or (c), alone) --spin-ab 1 (instead of the rest:
+ * zero-copy throughput with the shm waiters' adaptive spin against the old
+ * 2 µs poll, two channels between the same two processes, reps alternating,
+ * the ratio of each rep's pair; --pin, --busy, --sizes, --reps apply). */
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
@@ -560,6 +563,126 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
     sched_setaffinity(0, sizeof was, &was); /* the other sections: unpinned */
 }
 
+/* ---- (a') the adaptive spin against the old wait --------------------------- */
+
+/* Opens one end with MMP_SHM_SPIN_MAX_NS set to `max` for the open only
+ * (NULL: as the environment says). */
+static mmp_channel *open_with_spin_max(const mmp_channel_cfg *cfg, int creator, const char *max)
+{
+    const char *was = getenv("MMP_SHM_SPIN_MAX_NS");
+    char keep[32] = "";
+    if (was) {
+        snprintf(keep, sizeof keep, "%s", was);
+    }
+    if (max) {
+        setenv("MMP_SHM_SPIN_MAX_NS", max, 1);
+    }
+    mmp_channel *ch;
+    mmp_err e = mmp_channel_open_with(&ch, &mmp_transport_shm, cfg, creator);
+    if (was) {
+        setenv("MMP_SHM_SPIN_MAX_NS", keep, 1);
+    } else {
+        unsetenv("MMP_SHM_SPIN_MAX_NS");
+    }
+    if (e != MMP_OK) {
+        die(creator ? "spin A/B setup" : "spin A/B connect");
+    }
+    return ch;
+}
+
+/* --spin-ab: zero-copy throughput as in (a) over two channels between the
+ * same two processes, one with the waiting ends' adaptive spin (the
+ * default) and one with MMP_SHM_SPIN_MAX_NS=0 (a 2 µs poll, then the futex:
+ * the wait before the adaptive spin), reps alternating between them, so a
+ * load change hits both alike; ratio = median of the per-rep ratios. */
+static void spin_ab(const size_t *sizes, int nsizes, int reps, int slots)
+{
+    static const char *const max[2] = {NULL, "0"};
+    printf("## adaptive spin against the old wait: zero-copy, 2 processes, slots=%d, %d reps "
+           "each, alternating\n\n",
+           slots, reps);
+    printf("adaptive = this build's default; old = MMP_SHM_SPIN_MAX_NS=0 (poll 2 µs, then "
+           "sleep on the futex); sleeps = the receiver's futex sleeps per message.\n\n");
+    printf("| size | adaptive GB/s | old GB/s | adaptive / old | adaptive sleeps | old sleeps "
+           "|\n|---:|---:|---:|---:|---:|---:|\n");
+    pin(0);
+    tp_result *res = shared_pages(sizeof *res);
+    for (int s = 0; s < nsizes; s++) {
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        char addr[2][96], name[32];
+        mmp_channel_cfg cfg[2];
+        for (int v = 0; v < 2; v++) {
+            snprintf(addr[v], sizeof addr[v], "/mmpipe-bench-%d-ab%d-%d", (int)getpid(), s, v);
+            cfg[v] = (mmp_channel_cfg){.address = addr[v],
+                                       .slot_bytes = bytes,
+                                       .slots = slots,
+                                       .send = 1,
+                                       .timeout_ms = 60000};
+        }
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            pin(1);
+            mmp_channel *ch[2];
+            uint64_t sink = 0;
+            for (int v = 0; v < 2; v++) {
+                cfg[v].send = 0;
+                ch[v] = open_with_spin_max(&cfg[v], 0, max[v]);
+            }
+            for (int r = 0; r < reps; r++) {
+                for (int v = 0; v < 2; v++) {
+                    long v0 = nvcsw();
+                    res->gbps[v][r] = recv_gbps(ch[v], msgs, bytes, &sink, "spin A/B recv");
+                    res->sleeps[1][v][r] = (double)(nvcsw() - v0) / msgs;
+                }
+            }
+            res->sink = sink;
+            mmp_channel_close(ch[0]);
+            mmp_channel_close(ch[1]);
+            _exit(0);
+        }
+        mmp_channel *ch[2];
+        for (int v = 0; v < 2; v++) {
+            ch[v] = open_with_spin_max(&cfg[v], 1, max[v]);
+        }
+        for (int r = 0; r < reps; r++) {
+            for (int v = 0; v < 2; v++) {
+                for (int m = 0; m < msgs; m++) {
+                    mmp_msg_header h = {.step = m, .bytes = bytes};
+                    void *p;
+                    if (mmp_channel_acquire(ch[v], &p) != MMP_OK) {
+                        die("spin A/B acquire");
+                    }
+                    memset(p, m & 0xff, bytes);
+                    if (mmp_channel_post(ch[v], &h) != MMP_OK) {
+                        die("spin A/B post");
+                    }
+                }
+            }
+        }
+        int st;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "bench_transport: spin A/B receiver failed (status %#x)\n", st);
+            exit(1);
+        }
+        mmp_channel_close(ch[0]);
+        mmp_channel_close(ch[1]);
+        double ratio[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            ratio[r] = res->gbps[0][r] / res->gbps[1][r];
+        }
+        double g0 = quantile(res->gbps[0], reps, 0.5), g1 = quantile(res->gbps[1], reps, 0.5);
+        double s0 = quantile(res->sleeps[1][0], reps, 0.5);
+        double s1 = quantile(res->sleeps[1][1], reps, 0.5);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", size_name(bytes, name, sizeof name),
+               g0, g1, quantile(ratio, reps, 0.5), s0, s1);
+    }
+    printf("\n");
+    munmap(res, sizeof *res);
+}
+
 /* ---- (b) ping-pong latency --------------------------------------------- */
 
 /* One end of the shm ping-pong: tx creates the channel at to, rx connects to
@@ -1071,7 +1194,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--tcp-sizes 1M,4M,16M] "
-            "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp]\n"
+            "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp] "
+            "[--spin-ab 1]\n"
             "  sizes: a number with K or M (KiB, MiB; no suffix: MiB, fractions allowed: "
             "0.0625 = 64K), 64 B to 1 GiB, up to %d of them\n",
             MAX_SIZES);
@@ -1110,6 +1234,7 @@ int main(int argc, char **argv)
     size_t sizes[MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
            tsizes[MAX_SIZES] = {1 << 20, 4 << 20, 16 << 20};
     int nsizes = 6, ntsizes = 3, reps = 15, iters = 20000, busy = 0, only = 0, slots = 2;
+    int spin_ab_on = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             usage();
@@ -1129,6 +1254,8 @@ int main(int argc, char **argv)
                 pin_cpu[1] < 0) {
                 usage();
             }
+        } else if (strcmp(argv[i], "--spin-ab") == 0) {
+            spin_ab_on = strcmp(argv[++i], "1") == 0;
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
@@ -1161,11 +1288,13 @@ int main(int argc, char **argv)
            cpus, busy, spin_max ? spin_max : "50000", spin_max ? " (MMP_SHM_SPIN_MAX_NS)" : "",
            spin ? spin : "2000", spin ? " (MMP_SHM_SPIN_NS)" : "");
     double t0 = now_s();
-    if (only != 2) {
+    if (spin_ab_on) {
+        spin_ab(sizes, nsizes, reps, slots);
+    } else if (only != 2) {
         throughput(sizes, nsizes, reps, slots);
         latency(iters);
     }
-    if (only != 1) {
+    if (only != 1 && !spin_ab_on) {
         tcp_throughput(tsizes, ntsizes, reps);
         tcp_latency(iters);
     }
