@@ -115,6 +115,9 @@ typedef struct mmp_ring {
     long spin_max_ns;            /* adaptive spin's ceiling (0: off; mmp_ring_adaptive_spin) */
     uint32_t wait_hist;          /* the last 16 waits, newest in bit 0: 1 = within spin_max_ns */
     int32_t cpu_said;            /* the cpu[me] this end last published */
+    int load_fd;                 /* /proc/loadavg, -1 until the adaptive spin reads it */
+    int cpus_free;               /* its last sample: runnable tasks <= online CPUs */
+    int64_t load_at;             /* when (CLOCK_MONOTONIC ns) it was taken */
     const mmp_ring_hooks *hooks; /* NULL: none */
     void *ctx;                   /* the hooks' */
     uint64_t count;              /* sender: messages posted; receiver: messages received */
@@ -155,7 +158,10 @@ void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_ch
  * last 16 waits ended within max_ns (the peer answers within the budget; a
  * fresh ring starts with all 16 counted as such), and not at all while the
  * peer last ran on the CPU this end runs on (polling there only delays the
- * peer). Waits longer than max_ns (an idle pipeline, a peer that lost its
+ * peer), nor while the host has more runnable tasks than online CPUs
+ * (/proc/loadavg, sampled at most every 10 ms: polling would take a CPU
+ * another process wants, e.g. stages outnumbering cores). Waits longer than
+ * max_ns (an idle pipeline, a peer that lost its
  * core) bring it back to spin_ns within 5 waits, so an idle end burns at most
  * max_ns of CPU per wait for 5 waits, then spin_ns per wait. max_ns <=
  * spin_ns: off. */
