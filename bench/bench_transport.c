@@ -8,7 +8,10 @@
  *     for ~256 MB and is timed by the receiver from its first message to its
  *     last release (so the pipeline is full); the median rep is reported next
  *     to a plain memcpy of the same size in this process (median of as many
- *     reps).
+ *     reps) and to a memcpy across cores (a process on another CPU copying
+ *     out what this one has just written: a transfer between cores pays for
+ *     moving the bytes, which a memcpy inside one core's cache never does),
+ *     with the futex sleeps per message of the two ends.
  * (b) Control overhead per message: a ping-pong of 8-byte messages (A posts
  *     on A->B, B answers on B->A); half the round trip is the latency from
  *     post to the peer's return. Back-to-back, a waiter's short spin can
@@ -31,9 +34,14 @@
  * on CPU A, the receiver on CPU B) --reps N (default 15) --iters N (round trips,
  * default 20000) --busy N (N spinning processes during the measurements, to
  * see what the 2-core machine does when stages outnumber cores) --only shm|tcp
- * (sections (a) and (b), or (c), alone). */
+ * (sections (a) and (b), or (c), alone) --spin-ab 1 (instead of the rest:
+ * zero-copy throughput with the shm waiters' adaptive spin against the old
+ * 2 µs poll, two channels between the same two processes, reps alternating,
+ * the ratio of each rep's pair; --pin, --busy, --sizes, --reps apply). */
 #include <errno.h>
+#include <math.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -106,7 +114,9 @@ typedef struct tp_result {
     double gbps[MODES][MAX_REPS];
     /* CPU seconds each end spent on a rep's messages (spinning included) */
     double cpu_s[2][MODES][MAX_REPS]; /* [0] sender, [1] receiver */
-    uint64_t sink;                    /* the receiver's sums, so the reads are not optimised away */
+    /* voluntary context switches (a futex sleep each) per message, each end */
+    double sleeps[2][MODES][MAX_REPS];
+    uint64_t sink; /* the receiver's sums, so the reads are not optimised away */
 } tp_result;
 
 static uint64_t sum_bytes(const void *p, size_t n)
@@ -117,6 +127,13 @@ static uint64_t sum_bytes(const void *p, size_t n)
         s += w[i];
     }
     return s;
+}
+
+/* Voluntary context switches of this thread so far: one per futex sleep. */
+static long nvcsw(void)
+{
+    struct rusage u;
+    return getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_nvcsw : 0;
 }
 
 /* Receives msgs messages (each read in full into *sink) and returns GB/s of
@@ -153,6 +170,7 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
     for (int r = 0; r < reps; r++) {
         for (int mode = 0; mode < MODES; mode++) {
             double t0 = 0, c0 = 0;
+            long v0 = 0;
             for (int m = 0; m < msgs; m++) {
                 mmp_msg_header h;
                 const void *p;
@@ -164,8 +182,10 @@ static void tp_receiver(const mmp_channel_cfg *cfg, int reps, int msgs, tp_resul
                 if (m == 0) {
                     t0 = now_s();
                     c0 = cpu_s();
+                    v0 = nvcsw();
                 }
             }
+            res->sleeps[1][mode][r] = (double)(nvcsw() - v0) / (msgs - 1 > 0 ? msgs - 1 : 1);
             res->gbps[mode][r] = (double)(msgs - 1) * cfg->slot_bytes / (now_s() - t0) / 1e9;
             res->cpu_s[1][mode][r] = (cpu_s() - c0) * msgs / (msgs - 1 > 0 ? msgs - 1 : 1);
         }
@@ -189,10 +209,12 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
     memset(src, 0x5a, cfg->slot_bytes);
     tp_result *res = cpu_res;
     double c0 = 0;
+    long v0 = 0;
     for (int k = 0; k < reps * MODES * msgs; k++) {
         int mode = (k / msgs) % MODES;
         if (k % msgs == 0) {
             c0 = cpu_s();
+            v0 = nvcsw();
         }
         mmp_msg_header h = {.step = k, .bytes = cfg->slot_bytes};
         if (mode == SEND_COPY) {
@@ -211,6 +233,7 @@ static void tp_sender(const mmp_channel_cfg *cfg, int reps, int msgs, pid_t rece
         }
         if (k % msgs == msgs - 1) {
             res->cpu_s[0][mode][k / (msgs * MODES)] = cpu_s() - c0;
+            res->sleeps[0][mode][k / (msgs * MODES)] = (double)(nvcsw() - v0) / msgs;
         }
     }
     int st;
@@ -319,6 +342,126 @@ static void pin(int who)
     }
 }
 
+/* memcpy across cores: another process, on another CPU, copies each message
+ * out of a buffer this process has just written (memset, as the zero-copy
+ * sender) into its own buffer, then hands the buffer back (a flag, not
+ * timed), and this process writes it again: the bytes start in the writer's
+ * cache, as a channel's do, and nothing else runs in the pair while the copy
+ * is timed. GB/s of the copies alone (bytes over the time inside memcpy), one
+ * figure per rep into v[0..reps). The two processes are pinned to the CPUs
+ * xcore_cpus chose: a memcpy between two cores is what a transfer between
+ * two processes can be held to (a memcpy inside one core's cache never pays
+ * for the move). */
+typedef struct xcore_shared {
+    _Atomic uint64_t head; /* buffers written */
+    char pad1[120];
+    _Atomic uint64_t tail; /* buffers copied */
+    char pad2[120];
+    double gbps[MAX_REPS];
+} xcore_shared;
+
+/* The two CPUs of the cross-core memcpy: --pin's, else the first two this
+ * process may run on; 0 when it may run on one CPU only. */
+static int xcore_cpus(int cpu[2])
+{
+    if (pin_cpu[0] >= 0) {
+        cpu[0] = pin_cpu[0];
+        cpu[1] = pin_cpu[1];
+        return cpu[0] != cpu[1];
+    }
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        return 0;
+    }
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < 2; c++) {
+        if (CPU_ISSET(c, &set)) {
+            cpu[n++] = c;
+        }
+    }
+    return n == 2;
+}
+
+static void pin_to(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        fprintf(stderr, "bench_transport: pin to CPU %d: %s\n", cpu, strerror(errno));
+        exit(1);
+    }
+}
+
+static void xcore_wait(_Atomic uint64_t *c, uint64_t target)
+{
+    for (int i = 1; atomic_load_explicit(c, memory_order_acquire) < target; i++) {
+        if (i % 4096 == 0) {
+            sched_yield(); /* not timed; lets a loaded machine's other work through */
+        }
+    }
+}
+
+/* Fills v[0..reps) with NAN when there are not two CPUs to run it on. */
+static void xcore_memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
+{
+    int cpu[2];
+    if (!xcore_cpus(cpu)) {
+        for (int r = 0; r < reps; r++) {
+            v[r] = NAN;
+        }
+        return;
+    }
+    xcore_shared *x = shared_pages(sizeof *x);
+    unsigned char *buf = shared_pages(bytes);
+    memset(buf, 1, bytes);
+    cpu_set_t was;
+    if (sched_getaffinity(0, sizeof was, &was) != 0) {
+        die("sched_getaffinity");
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        pin_to(cpu[1]);
+        unsigned char *dst = malloc(bytes);
+        if (!dst) {
+            _exit(1);
+        }
+        memset(dst, 0, bytes);
+        uint64_t k = 0;
+        for (int r = 0; r < reps; r++) {
+            double busy = 0;
+            for (int m = 0; m < msgs; m++, k++) {
+                xcore_wait(&x->head, k + 1);
+                double t0 = now_s();
+                memcpy(dst, buf, bytes);
+                busy += now_s() - t0;
+                dst[k % bytes] ^= 1; /* the copy is used */
+                atomic_store_explicit(&x->tail, k + 1, memory_order_release);
+            }
+            x->gbps[r] = (double)msgs * bytes / busy / 1e9;
+        }
+        free(dst);
+        _exit(0);
+    }
+    pin_to(cpu[0]);
+    for (uint64_t k = 0; k < (uint64_t)reps * (uint64_t)msgs; k++) {
+        xcore_wait(&x->tail, k);
+        memset(buf, (int)(k & 0xff), bytes);
+        atomic_store_explicit(&x->head, k + 1, memory_order_release);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    sched_setaffinity(0, sizeof was, &was);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "bench_transport: cross-core memcpy child failed\n");
+        exit(1);
+    }
+    memcpy(v, x->gbps, sizeof(double) * (size_t)reps);
+    munmap(buf, bytes);
+    munmap(x, sizeof *x);
+}
+
 static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
 {
     printf("## shm channel throughput: 2 processes, slots=%d, median of %d reps of ~%u MB\n\n",
@@ -344,24 +487,36 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
            "(the same buffers every time, so as cache-warm as the slots), half its reps before "
            "the channel's and half after; ratio = channel / memcpy, medians of this run. A "
            "channel at ratio 1.0 moves bytes between processes as fast as one memcpy moves "
-           "them inside one. one thread = the sender's write and the receiver's read of each "
-           "message done by one thread through two buffers (copy sender): no channel. CPU time "
-           "columns: the same ratio with each side's CPU time in place of wall time (the channel: "
-           "bytes over the busier end's CPU seconds, its spinning included; memcpy: bytes over its "
-           "CPU seconds): what the ratio would be if each process had a core of its own; on a "
-           "loaded machine the wall-time ratio also counts the time the ends wait for a core.\n\n");
-    printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | copy ratio | zero-copy ratio | "
-           "copy ratio, CPU time | zero-copy ratio, CPU time | one thread GB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "them inside one; below the size of a core's L2 that memcpy never leaves the core, "
+           "which no transfer between two cores can match. memcpy across cores = the baseline a "
+           "transfer can be held to: a process on another CPU (--pin's two, else the first two "
+           "this one may use) memcpy's each message out of a buffer this process, on the first, "
+           "has just written (memset) into its own buffer and hands it back, so the bytes start "
+           "in the writer's cache as a channel's do; GB/s of the copies alone (the hand-offs "
+           "not timed), a quarter as many messages a rep, half the reps before the channel's and "
+           "half after; the 'across cores' ratios are channel / that. one "
+           "thread = the sender's write and the receiver's read of each message done by one "
+           "thread through two buffers (copy sender): no channel. CPU time column: the "
+           "zero-copy ratio with each side's CPU time in place of wall time (the channel: bytes "
+           "over the busier end's CPU seconds, its spinning included; memcpy: bytes over its CPU "
+           "seconds): what the ratio would be if each process had a core of its own; on a "
+           "loaded machine the wall-time ratio also counts the time the ends wait for a "
+           "core.\n\n");
+    printf("| size | copy GB/s | zero-copy GB/s | memcpy GB/s | memcpy across cores GB/s | copy "
+           "ratio | zero-copy ratio | copy ratio, across cores | zero-copy ratio, across cores | "
+           "zero-copy ratio, CPU time | zero-copy sleeps per message | one thread GB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     tp_result *res = shared_pages(sizeof *res);
     for (int s = 0; s < nsizes; s++) {
         size_t bytes = sizes[s];
         int msgs = msgs_for(bytes);
         char addr[96], name[32];
         snprintf(addr, sizeof addr, "/mmpipe-bench-%d-tp%d", (int)getpid(), s);
-        double cpv[MAX_REPS], cpc[MAX_REPS];
+        double cpv[MAX_REPS], cpc[MAX_REPS], xcv[MAX_REPS];
         int before = (reps + 1) / 2;
         memcpy_gbps(bytes, before, msgs, cpv, cpc);
+        int xmsgs = msgs / 4 < 8 ? 8 : msgs / 4; /* its hand-offs are not timed: fewer */
+        xcore_memcpy_gbps(bytes, before, xmsgs, xcv);
         mmp_channel_cfg scfg = {.address = addr,
                                 .slot_bytes = bytes,
                                 .slots = slots,
@@ -378,8 +533,14 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
         }
         tp_sender(&scfg, reps, msgs, pid, res);
         memcpy_gbps(bytes, reps - before, msgs, cpv + before, cpc + before);
+        xcore_memcpy_gbps(bytes, reps - before, xmsgs, xcv + before);
         double cp = quantile(cpv, reps, 0.5), cpu_cp = quantile(cpc, reps, 0.5);
-        double g[MODES], gc[MODES];
+        double xc = quantile(xcv, reps, 0.5);
+        double g[MODES], gc[MODES], sl[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            sl[r] = res->sleeps[0][SEND_IN_PLACE][r] + res->sleeps[1][SEND_IN_PLACE][r];
+        }
+        double sleeps = quantile(sl, reps, 0.5);
         for (int m = 0; m < MODES; m++) {
             g[m] = quantile(res->gbps[m], reps, 0.5);
             double v[MAX_REPS];
@@ -391,14 +552,135 @@ static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
             gc[m] = quantile(v, reps, 0.5);
         }
         double one = serial_gbps(bytes, reps, msgs, SEND_COPY);
-        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-               size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp,
-               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, gc[SEND_COPY] / cpu_cp,
-               gc[SEND_IN_PLACE] / cpu_cp, one);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+               "|\n",
+               size_name(bytes, name, sizeof name), g[SEND_COPY], g[SEND_IN_PLACE], cp, xc,
+               g[SEND_COPY] / cp, g[SEND_IN_PLACE] / cp, g[SEND_COPY] / xc, g[SEND_IN_PLACE] / xc,
+               gc[SEND_IN_PLACE] / cpu_cp, sleeps, one);
     }
     printf("\n");
     munmap(res, sizeof *res);
     sched_setaffinity(0, sizeof was, &was); /* the other sections: unpinned */
+}
+
+/* ---- (a') the adaptive spin against the old wait --------------------------- */
+
+/* Opens one end with MMP_SHM_SPIN_MAX_NS set to `max` for the open only
+ * (NULL: as the environment says). */
+static mmp_channel *open_with_spin_max(const mmp_channel_cfg *cfg, int creator, const char *max)
+{
+    const char *was = getenv("MMP_SHM_SPIN_MAX_NS");
+    char keep[32] = "";
+    if (was) {
+        snprintf(keep, sizeof keep, "%s", was);
+    }
+    if (max) {
+        setenv("MMP_SHM_SPIN_MAX_NS", max, 1);
+    }
+    mmp_channel *ch;
+    mmp_err e = mmp_channel_open_with(&ch, &mmp_transport_shm, cfg, creator);
+    if (was) {
+        setenv("MMP_SHM_SPIN_MAX_NS", keep, 1);
+    } else {
+        unsetenv("MMP_SHM_SPIN_MAX_NS");
+    }
+    if (e != MMP_OK) {
+        die(creator ? "spin A/B setup" : "spin A/B connect");
+    }
+    return ch;
+}
+
+/* --spin-ab: zero-copy throughput as in (a) over two channels between the
+ * same two processes, one with the waiting ends' adaptive spin (the
+ * default) and one with MMP_SHM_SPIN_MAX_NS=0 (a 2 µs poll, then the futex:
+ * the wait before the adaptive spin), reps alternating between them, so a
+ * load change hits both alike; ratio = median of the per-rep ratios. */
+static void spin_ab(const size_t *sizes, int nsizes, int reps, int slots)
+{
+    static const char *const max[2] = {NULL, "0"};
+    printf("## adaptive spin against the old wait: zero-copy, 2 processes, slots=%d, %d reps "
+           "each, alternating\n\n",
+           slots, reps);
+    printf("adaptive = this build's default; old = MMP_SHM_SPIN_MAX_NS=0 (poll 2 µs, then "
+           "sleep on the futex); sleeps = the receiver's futex sleeps per message.\n\n");
+    printf("| size | adaptive GB/s | old GB/s | adaptive / old | adaptive sleeps | old sleeps "
+           "|\n|---:|---:|---:|---:|---:|---:|\n");
+    pin(0);
+    tp_result *res = shared_pages(sizeof *res);
+    for (int s = 0; s < nsizes; s++) {
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        char addr[2][96], name[32];
+        mmp_channel_cfg cfg[2];
+        for (int v = 0; v < 2; v++) {
+            snprintf(addr[v], sizeof addr[v], "/mmpipe-bench-%d-ab%d-%d", (int)getpid(), s, v);
+            cfg[v] = (mmp_channel_cfg){.address = addr[v],
+                                       .slot_bytes = bytes,
+                                       .slots = slots,
+                                       .send = 1,
+                                       .timeout_ms = 60000};
+        }
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            pin(1);
+            mmp_channel *ch[2];
+            uint64_t sink = 0;
+            for (int v = 0; v < 2; v++) {
+                cfg[v].send = 0;
+                ch[v] = open_with_spin_max(&cfg[v], 0, max[v]);
+            }
+            for (int r = 0; r < reps; r++) {
+                for (int v = 0; v < 2; v++) {
+                    long v0 = nvcsw();
+                    res->gbps[v][r] = recv_gbps(ch[v], msgs, bytes, &sink, "spin A/B recv");
+                    res->sleeps[1][v][r] = (double)(nvcsw() - v0) / msgs;
+                }
+            }
+            res->sink = sink;
+            mmp_channel_close(ch[0]);
+            mmp_channel_close(ch[1]);
+            _exit(0);
+        }
+        mmp_channel *ch[2];
+        for (int v = 0; v < 2; v++) {
+            ch[v] = open_with_spin_max(&cfg[v], 1, max[v]);
+        }
+        for (int r = 0; r < reps; r++) {
+            for (int v = 0; v < 2; v++) {
+                for (int m = 0; m < msgs; m++) {
+                    mmp_msg_header h = {.step = m, .bytes = bytes};
+                    void *p;
+                    if (mmp_channel_acquire(ch[v], &p) != MMP_OK) {
+                        die("spin A/B acquire");
+                    }
+                    memset(p, m & 0xff, bytes);
+                    if (mmp_channel_post(ch[v], &h) != MMP_OK) {
+                        die("spin A/B post");
+                    }
+                }
+            }
+        }
+        int st;
+        waitpid(pid, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "bench_transport: spin A/B receiver failed (status %#x)\n", st);
+            exit(1);
+        }
+        mmp_channel_close(ch[0]);
+        mmp_channel_close(ch[1]);
+        double ratio[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            ratio[r] = res->gbps[0][r] / res->gbps[1][r];
+        }
+        double g0 = quantile(res->gbps[0], reps, 0.5), g1 = quantile(res->gbps[1], reps, 0.5);
+        double s0 = quantile(res->sleeps[1][0], reps, 0.5);
+        double s1 = quantile(res->sleeps[1][1], reps, 0.5);
+        printf("| %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", size_name(bytes, name, sizeof name),
+               g0, g1, quantile(ratio, reps, 0.5), s0, s1);
+    }
+    printf("\n");
+    munmap(res, sizeof *res);
 }
 
 /* ---- (b) ping-pong latency --------------------------------------------- */
@@ -912,7 +1194,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--tcp-sizes 1M,4M,16M] "
-            "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp]\n"
+            "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp] "
+            "[--spin-ab 1]\n"
             "  sizes: a number with K or M (KiB, MiB; no suffix: MiB, fractions allowed: "
             "0.0625 = 64K), 64 B to 1 GiB, up to %d of them\n",
             MAX_SIZES);
@@ -951,6 +1234,7 @@ int main(int argc, char **argv)
     size_t sizes[MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
            tsizes[MAX_SIZES] = {1 << 20, 4 << 20, 16 << 20};
     int nsizes = 6, ntsizes = 3, reps = 15, iters = 20000, busy = 0, only = 0, slots = 2;
+    int spin_ab_on = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             usage();
@@ -970,6 +1254,8 @@ int main(int argc, char **argv)
                 pin_cpu[1] < 0) {
                 usage();
             }
+        } else if (strcmp(argv[i], "--spin-ab") == 0) {
+            spin_ab_on = strcmp(argv[++i], "1") == 0;
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
@@ -995,16 +1281,20 @@ int main(int argc, char **argv)
         }
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    const char *spin = getenv("MMP_SHM_SPIN_NS");
-    printf("# bench_transport (%ld CPUs online, %d extra spinning processes, shm waiters spin %s "
-           "ns before they sleep%s)\n\n",
-           cpus, busy, spin ? spin : "2000", spin ? ": MMP_SHM_SPIN_NS" : ", the default");
+    const char *spin = getenv("MMP_SHM_SPIN_NS"), *spin_max = getenv("MMP_SHM_SPIN_MAX_NS");
+    printf("# bench_transport (%ld CPUs online, %d extra spinning processes; shm waiters poll up "
+           "to %s ns%s while their peer answers within that, else %s ns%s, before they "
+           "sleep)\n\n",
+           cpus, busy, spin_max ? spin_max : "50000", spin_max ? " (MMP_SHM_SPIN_MAX_NS)" : "",
+           spin ? spin : "2000", spin ? " (MMP_SHM_SPIN_NS)" : "");
     double t0 = now_s();
-    if (only != 2) {
+    if (spin_ab_on) {
+        spin_ab(sizes, nsizes, reps, slots);
+    } else if (only != 2) {
         throughput(sizes, nsizes, reps, slots);
         latency(iters);
     }
-    if (only != 1) {
+    if (only != 1 && !spin_ab_on) {
         tcp_throughput(tsizes, ntsizes, reps);
         tcp_latency(iters);
     }

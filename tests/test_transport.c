@@ -1685,30 +1685,37 @@ static void test_open_gpu(const mmp_transport *t)
 
 /* ---- (8) crash clean-up ------------------------------------------------- */
 
-/* MMP_SHM_SPIN_NS in the environment: a number is taken (the channel works),
- * anything else fails the open with an error naming the variable, and no
- * name is left behind. */
+/* MMP_SHM_SPIN_NS and MMP_SHM_SPIN_MAX_NS in the environment: a number is
+ * taken (the channel works), anything else fails the open with an error
+ * naming the variable, and no name is left behind. */
 static void test_spin_env(void)
 {
     static const char *bad[] = {"abc", "-1", "12x", "", "2000000000"};
+    static const char *vars[] = {"MMP_SHM_SPIN_NS", "MMP_SHM_SPIN_MAX_NS"};
     char addr[96];
     mmp_channel *a = NULL;
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        fresh_address(addr, sizeof addr);
-        mmp_channel_cfg c = make_cfg(addr, 64, 1, 1, 100);
-        setenv("MMP_SHM_SPIN_NS", bad[i], 1);
-        CHECK(mmp_channel_open_with(&a, &mmp_transport_shm, &c, 1) == MMP_ERR_INVALID && !a);
-        CHECK(strstr(mmp_last_error(), "MMP_SHM_SPIN_NS") != NULL);
-        mmp_channel_close(a);
-        a = NULL;
+    for (size_t v = 0; v < sizeof vars / sizeof vars[0]; v++) {
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            fresh_address(addr, sizeof addr);
+            mmp_channel_cfg c = make_cfg(addr, 64, 1, 1, 100);
+            setenv(vars[v], bad[i], 1);
+            CHECK(mmp_channel_open_with(&a, &mmp_transport_shm, &c, 1) == MMP_ERR_INVALID && !a);
+            CHECK(strstr(mmp_last_error(), vars[v]) != NULL);
+            mmp_channel_close(a);
+            a = NULL;
+        }
+        unsetenv(vars[v]);
     }
+    CHECK(leftovers(prefix) == 0);
     fresh_address(addr, sizeof addr);
     mmp_channel *b = NULL;
     mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 1000), cr = make_cfg(addr, 64, 1, 0, 1000);
     setenv("MMP_SHM_SPIN_NS", "0", 1);
+    setenv("MMP_SHM_SPIN_MAX_NS", "0", 1);
     CHECK_OK(mmp_channel_open_with(&a, &mmp_transport_shm, &cs, 1));
     CHECK_OK(mmp_channel_open_with(&b, &mmp_transport_shm, &cr, 0));
     unsetenv("MMP_SHM_SPIN_NS");
+    unsetenv("MMP_SHM_SPIN_MAX_NS");
     if (a && b) {
         mmp_msg_header h = {.step = 4, .n = 1, .bytes = 8}, got;
         const void *p;
@@ -1719,6 +1726,78 @@ static void test_spin_env(void)
         CHECK_OK(mmp_channel_release(b));
     }
     mmp_channel_close(b);
+    mmp_channel_close(a);
+}
+
+static double thread_cpu_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+
+/* An shm end blocked with nothing coming burns little CPU, whatever its
+ * spin (transport/ring.h: it polls at most the adaptive ceiling per wait,
+ * then sleeps on the doorbell): a receiver waiting ~400 ms for a message and
+ * a sender waiting as long for a credit each use under 10% of the wait's
+ * time on the CPU (a waiter that polled until the peer moved would use all
+ * of it). Both ends start by answering at once (50 messages back and forth),
+ * so the spin is at its ceiling when the long waits begin. */
+static void test_idle_cpu(void)
+{
+    enum { LONG_MS = 400, WARM = 50 };
+    char addr[96];
+    mmp_channel *a = NULL;
+    fresh_address(addr, sizeof addr);
+    mmp_channel_cfg cs = make_cfg(addr, 64, 1, 1, 5000), cr = make_cfg(addr, 64, 1, 0, 5000);
+    CHECK_OK(mmp_channel_open_with(&a, &mmp_transport_shm, &cs, 1));
+    if (!a) {
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        mmp_channel *b = NULL;
+        mmp_msg_header h;
+        const void *p;
+        int bad = 0;
+        if (mmp_channel_open_with(&b, &mmp_transport_shm, &cr, 0) != MMP_OK) {
+            _exit(1);
+        }
+        for (int k = 0; k < WARM; k++) {
+            bad += mmp_channel_recv(b, &h, &p) != MMP_OK || mmp_channel_release(b) != MMP_OK;
+        }
+        double t0 = now_ms(), c0 = thread_cpu_ms();
+        bad += mmp_channel_recv(b, &h, &p) != MMP_OK; /* the sender pauses LONG_MS first */
+        double waited = now_ms() - t0, cpu = thread_cpu_ms() - c0;
+        if (waited < LONG_MS / 2 || cpu > 0.1 * waited) {
+            fprintf(stderr, "  receiver: waited %.0f ms, %.1f ms of it on the CPU\n", waited, cpu);
+            bad++;
+        }
+        sleep_ms(LONG_MS); /* holds the only slot: the sender waits for its credit */
+        bad += mmp_channel_release(b) != MMP_OK;
+        bad += mmp_channel_recv(b, &h, &p) != MMP_OK || mmp_channel_release(b) != MMP_OK;
+        mmp_channel_close(b);
+        _exit(bad ? 1 : 0);
+    }
+    mmp_msg_header h = {.step = 0, .n = 1, .bytes = 8};
+    unsigned char src[8] = {0};
+    for (int k = 0; k < WARM; k++) {
+        CHECK_OK(mmp_channel_send(a, &h, src));
+    }
+    sleep_ms(LONG_MS);
+    CHECK_OK(mmp_channel_send(a, &h, src));
+    double t0 = now_ms(), c0 = thread_cpu_ms();
+    CHECK_OK(mmp_channel_send(a, &h, src)); /* waits for the credit the receiver holds */
+    double waited = now_ms() - t0, cpu = thread_cpu_ms() - c0;
+    if (waited < LONG_MS / 2 || cpu > 0.1 * waited) {
+        fprintf(stderr, "  sender: waited %.0f ms, %.1f ms of it on the CPU\n", waited, cpu);
+        CHECK(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     mmp_channel_close(a);
 }
 
@@ -2576,6 +2655,11 @@ static void spin_env(void)
     run_global("shm-spin-env", test_spin_env);
 }
 
+static void idle_cpu(void)
+{
+    run_global("shm-idle-cpu", test_idle_cpu);
+}
+
 static const mmp_test_case cases[] = {
     TRANSPORT_TABLE(shm),
     TRANSPORT_TABLE(tcp),
@@ -2589,6 +2673,7 @@ static const mmp_test_case cases[] = {
     {"channel-open", channel_open},
     {"unlink-prefix", unlink_prefix},
     {"shm-spin-env", spin_env},
+    {"shm-idle-cpu", idle_cpu},
 };
 
 int main(int argc, char **argv)

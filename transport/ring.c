@@ -7,17 +7,19 @@
 #include "transport/ring.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "transport/segment.h"
 
-static double now_ms(void)
+static int64_t now_ns(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 static void cpu_relax(void)
@@ -100,7 +102,14 @@ void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_ch
                     .spin_ns = spin_ns,
                     .hooks = hooks,
                     .ctx = ctx,
+                    .load_fd = -1,
                     .peer_pidfd = -1};
+}
+
+void mmp_ring_adaptive_spin(mmp_ring *r, long max_ns)
+{
+    r->spin_max_ns = max_ns > r->spin_ns ? max_ns : 0;
+    r->wait_hist = 0xffffu; /* start as if the peer answered in time: a stream spins at once */
 }
 
 void mmp_ring_attach(mmp_ring *r, mmp_ring_shared *sh, mmp_msg_header *msg)
@@ -153,11 +162,14 @@ mmp_err mmp_ring_join(mmp_ring *r, int *joined)
  * asleep) costs no write to the shared line beyond the counter itself: the
  * bell is bumped only when a sleeper is counted. The fence pairs with the
  * waiter's (wait_counter): of "this store, then read sleepers" and "count
- * myself, then read the counter", one sees the other's write. */
-static void ring_wake(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers)
+ * myself, then read the counter", one sees the other's write. A sleeper
+ * found is told when the counter moved (*rung), so that it can tell how long
+ * a spin would have had to last, whatever its own wake-up took. */
+static void ring_wake(_Atomic uint32_t *bell, _Atomic uint32_t *sleepers, _Atomic int64_t *rung)
 {
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(sleepers, memory_order_relaxed) != 0) {
+        atomic_store_explicit(rung, now_ns(), memory_order_release);
         mmp_segment_bell_ring(bell, NULL);
     }
 }
@@ -175,30 +187,98 @@ static mmp_err read_tail(const mmp_ring *r, memory_order order, uint64_t *tail)
     return MMP_OK;
 }
 
-/* Waits until *counter >= target (acquire). Polls for spin_ns, then blocks on
- * bell; reports a closed or dead peer and the channel's timeout as
- * MMP_ERR_PEER. `awaited` names the awaited event for the message. */
+/* Publishes the CPU this end runs on (cpu[me]) when it changed: a getcpu
+ * (rseq or vDSO, no system call) and, rarely, a store to a read-mostly line. */
+static int note_cpu(mmp_ring *r)
+{
+    int cpu = sched_getcpu();
+    if (cpu >= 0 && cpu + 1 != r->cpu_said) {
+        r->cpu_said = cpu + 1;
+        atomic_store_explicit(&r->sh->cpu[r->me], cpu + 1, memory_order_relaxed);
+    }
+    return cpu;
+}
+
+/* 1 when the host has no more runnable tasks (this one included) than
+ * online CPUs: /proc/loadavg's fourth field, sampled at most every 10 ms (a
+ * pread of a small file, a few µs). Unreadable: 0, the old short poll. */
+static int cpus_free(mmp_ring *r, int64_t now)
+{
+    if (r->load_at != 0 && now - r->load_at < 10000000) {
+        return r->cpus_free;
+    }
+    r->load_at = now;
+    r->cpus_free = 0;
+    if (r->load_fd < 0) {
+        r->load_fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    }
+    char buf[128];
+    ssize_t n = r->load_fd >= 0 ? pread(r->load_fd, buf, sizeof buf - 1, 0) : -1;
+    long running = 0, online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n > 0) {
+        buf[n] = 0;
+        double l1, l5, l15;
+        if (sscanf(buf, "%lf %lf %lf %ld/", &l1, &l5, &l15, &running) == 4) {
+            r->cpus_free = running >= 1 && running <= online;
+        }
+    }
+    return r->cpus_free;
+}
+
+/* How long the next wait polls before it sleeps (mmp_ring_adaptive_spin). */
+static long spin_budget(mmp_ring *r, int64_t now)
+{
+    if (r->spin_max_ns <= r->spin_ns) {
+        return r->spin_ns;
+    }
+    int cpu = note_cpu(r);
+    if (cpu >= 0 && atomic_load_explicit(&r->sh->cpu[r->peer], memory_order_relaxed) == cpu + 1) {
+        return 0; /* the peer shares this CPU: it cannot answer while we poll */
+    }
+    if (__builtin_popcount(r->wait_hist & 0xffffu) < 12 || !cpus_free(r, now)) {
+        return r->spin_ns;
+    }
+    return r->spin_max_ns;
+}
+
+/* Records a wait that began at start (ns) and that the peer answered at
+ * `answered`. */
+static void note_wait(mmp_ring *r, int64_t start, int64_t answered)
+{
+    r->wait_hist = (r->wait_hist << 1) | (answered - start <= r->spin_max_ns);
+}
+
+/* Waits until *counter >= target (acquire). Polls (spin_budget), then
+ * blocks on bell; reports a closed or dead peer and the channel's timeout as
+ * MMP_ERR_PEER. `awaited` names the awaited event for the message; *rung is
+ * where the peer stamps a post or release that found this end asleep. */
 static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t target,
-                            _Atomic uint32_t *bell, _Atomic uint32_t *sleepers, const char *awaited)
+                            _Atomic uint32_t *bell, _Atomic uint32_t *sleepers,
+                            _Atomic int64_t *rung, const char *awaited)
 {
     if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
         return MMP_OK;
     }
-    double start = now_ms();
-    if (r->spin_ns > 0) {
+    int64_t start = now_ns();
+    long spin = spin_budget(r, start);
+    if (spin > 0) {
         for (int i = 1;; i++) {
             cpu_relax();
             if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
+                note_wait(r, start, now_ns());
                 return MMP_OK;
             }
-            if (i % 32 == 0 && (now_ms() - start) * 1e6 >= (double)r->spin_ns) {
+            if (i % 32 == 0 && now_ns() - start >= spin) {
                 break;
             }
         }
     }
-    for (;;) {
+    for (int slept = 0;; slept = 1) {
         uint32_t seen = atomic_load_explicit(bell, memory_order_acquire);
         if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
+            /* Woken: when the peer moved the counter, not when this end woke. */
+            int64_t at = slept ? atomic_load_explicit(rung, memory_order_acquire) : 0;
+            note_wait(r, start, at > start ? at : now_ns());
             return MMP_OK;
         }
         if (atomic_load_explicit(&r->sh->closed[r->peer], memory_order_acquire)) {
@@ -207,7 +287,7 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
         }
         int slice = MMP_RING_SLICE_MS;
         if (r->timeout_ms > 0) {
-            double left = r->timeout_ms - (now_ms() - start);
+            double left = r->timeout_ms - (now_ns() - start) * 1e-6;
             if (left <= 0) {
                 return mmp_errorf(MMP_ERR_PEER,
                                   "%s %s: waiting for %s: nothing from the %s end in %d ms",
@@ -222,6 +302,7 @@ static mmp_err wait_counter(mmp_ring *r, _Atomic uint64_t *counter, uint64_t tar
         atomic_thread_fence(memory_order_seq_cst);
         if (atomic_load_explicit(counter, memory_order_acquire) >= target) {
             atomic_fetch_sub_explicit(sleepers, 1, memory_order_relaxed);
+            note_wait(r, start, now_ns());
             return MMP_OK;
         }
         int w = mmp_segment_bell_wait(bell, seen, NULL, slice);
@@ -251,7 +332,7 @@ static mmp_err ring_acquire(mmp_ring *r, uint32_t *slot, int wait)
     if (reused && r->peer_seen < r->count - r->slots + 1) {
         if (wait) {
             MMP_TRY(wait_counter(r, &r->sh->tail, r->count - r->slots + 1, &r->sh->credit_bell,
-                                 &r->sh->credit_sleepers, "a credit"));
+                                 &r->sh->credit_sleepers, &r->sh->credit_rung_ns, "a credit"));
         }
         uint64_t tail;
         MMP_TRY(read_tail(r, memory_order_acquire, &tail));
@@ -301,7 +382,10 @@ mmp_err mmp_ring_post(mmp_ring *r, const mmp_msg_header *h)
     r->count++;
     r->acquired = 0;
     atomic_store_explicit(&r->sh->head, r->count, memory_order_release);
-    ring_wake(&r->sh->data_bell, &r->sh->data_sleepers);
+    if (r->spin_max_ns > 0) {
+        note_cpu(r); /* the peer's spin_budget asks where this end runs */
+    }
+    ring_wake(&r->sh->data_bell, &r->sh->data_sleepers, &r->sh->data_rung_ns);
     return MMP_OK;
 }
 
@@ -312,7 +396,7 @@ mmp_err mmp_ring_recv(mmp_ring *r, mmp_msg_header *h, uint32_t *slot)
     }
     if (r->peer_seen < r->count + 1) {
         MMP_TRY(wait_counter(r, &r->sh->head, r->count + 1, &r->sh->data_bell,
-                             &r->sh->data_sleepers, "a message"));
+                             &r->sh->data_sleepers, &r->sh->data_rung_ns, "a message"));
         /* head is the peer's word: more than a ring ahead of what we took means
          * it is forged or corrupt (the sender may never lap the receiver). */
         uint64_t head = atomic_load_explicit(&r->sh->head, memory_order_acquire);
@@ -351,7 +435,10 @@ mmp_err mmp_ring_release(mmp_ring *r)
     }
     r->released++;
     atomic_store_explicit(&r->sh->tail, r->released, memory_order_release);
-    ring_wake(&r->sh->credit_bell, &r->sh->credit_sleepers);
+    if (r->spin_max_ns > 0) {
+        note_cpu(r);
+    }
+    ring_wake(&r->sh->credit_bell, &r->sh->credit_sleepers, &r->sh->credit_rung_ns);
     return MMP_OK;
 }
 
@@ -420,6 +507,10 @@ void mmp_ring_close(mmp_ring *r)
 
 void mmp_ring_fini(mmp_ring *r)
 {
+    if (r->load_fd >= 0) {
+        close(r->load_fd);
+        r->load_fd = -1;
+    }
     if (r->peer_pidfd >= 0) {
         close(r->peer_pidfd);
         r->peer_pidfd = -1;

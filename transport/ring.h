@@ -10,7 +10,11 @@
  * wake the waiters: data_bell, rung on post, and credit_bell, rung on
  * release, each only when its sleepers count says a waiter is about to
  * sleep (a waiter counts itself, then looks at the counter once more); both
- * are rung on close, unconditionally. A blocked call sleeps in slices of
+ * are rung on close, unconditionally. Before it sleeps a waiter polls: for
+ * spin_ns, or adaptively (mmp_ring_adaptive_spin, shm) up to a ceiling while
+ * its recent waits say the peer answers within it; a ringer stamps the time
+ * it found a sleeper, so a waiter learns when the peer answered, not when it
+ * woke. A blocked call sleeps in slices of
  * MMP_RING_SLICE_MS and after each checks the peer's closed flag and whether
  * its process still exists, so a closed or SIGKILLed peer and the channel's
  * timeout are MMP_ERR_PEER, never a hang.
@@ -47,14 +51,21 @@ typedef struct mmp_ring_shared {
     _Atomic uint32_t unlinked;  /* 1 once one end has claimed unlinking the name */
     _Atomic int32_t pid[2];     /* [CREATOR], [CONNECTOR]; 0 until attached */
     _Atomic uint32_t closed[2]; /* [CREATOR], [CONNECTOR] */
+    /* The CPU each end last ran on + 1 (0: not known yet), a hint for the
+     * adaptive spin (mmp_ring_adaptive_spin); written only when it changes.
+     * Nothing but that choice depends on it, so a forged value costs at most
+     * some CPU time. In the line's padding: the size stays 192. */
+    _Atomic int32_t cpu[2];
     /* Written by the sender. */
     alignas(64) _Atomic uint64_t head; /* messages posted */
     _Atomic uint32_t data_bell;        /* futex word: rung on post and close */
     _Atomic uint32_t data_sleepers;
+    _Atomic int64_t data_rung_ns; /* CLOCK_MONOTONIC of the last post that found a sleeper */
     /* Written by the receiver. */
     alignas(64) _Atomic uint64_t tail; /* messages released */
     _Atomic uint32_t credit_bell;      /* futex word: rung on release and close */
     _Atomic uint32_t credit_sleepers;
+    _Atomic int64_t credit_rung_ns; /* the same for the last release */
 } mmp_ring_shared;
 
 /* The start of every ring transport's segment: what the connector checks
@@ -101,6 +112,12 @@ typedef struct mmp_ring {
     int me, peer;                /* MMP_RING_CREATOR / MMP_RING_CONNECTOR */
     int timeout_ms;              /* <= 0: blocking calls wait for ever */
     long spin_ns;                /* a waiter polls this long before sleeping (0: none) */
+    long spin_max_ns;            /* adaptive spin's ceiling (0: off; mmp_ring_adaptive_spin) */
+    uint32_t wait_hist;          /* the last 16 waits, newest in bit 0: 1 = within spin_max_ns */
+    int32_t cpu_said;            /* the cpu[me] this end last published */
+    int load_fd;                 /* /proc/loadavg, -1 until the adaptive spin reads it */
+    int cpus_free;               /* its last sample: runnable tasks <= online CPUs */
+    int64_t load_at;             /* when (CLOCK_MONOTONIC ns) it was taken */
     const mmp_ring_hooks *hooks; /* NULL: none */
     void *ctx;                   /* the hooks' */
     uint64_t count;              /* sender: messages posted; receiver: messages received */
@@ -135,6 +152,20 @@ mmp_err mmp_ring_check_header(const mmp_ring *r, const mmp_ring_header *h, uint3
  * outlive r. */
 void mmp_ring_init(mmp_ring *r, const char *what, const char *name, const mmp_channel_cfg *cfg,
                    int me, long spin_ns, const mmp_ring_hooks *hooks, void *ctx);
+
+/* Adaptive spin (off after mmp_ring_init): before it sleeps on the bell, a
+ * waiter polls for up to max_ns instead of spin_ns while at least 12 of its
+ * last 16 waits ended within max_ns (the peer answers within the budget; a
+ * fresh ring starts with all 16 counted as such), and not at all while the
+ * peer last ran on the CPU this end runs on (polling there only delays the
+ * peer), nor while the host has more runnable tasks than online CPUs
+ * (/proc/loadavg, sampled at most every 10 ms: polling would take a CPU
+ * another process wants, e.g. stages outnumbering cores). Waits longer than
+ * max_ns (an idle pipeline, a peer that lost its
+ * core) bring it back to spin_ns within 5 waits, so an idle end burns at most
+ * max_ns of CPU per wait for 5 waits, then spin_ns per wait. max_ns <=
+ * spin_ns: off. */
+void mmp_ring_adaptive_spin(mmp_ring *r, long max_ns);
 
 /* Points r at the shared words and per-slot headers in its segment. */
 void mmp_ring_attach(mmp_ring *r, mmp_ring_shared *sh, mmp_msg_header *msg);

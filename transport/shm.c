@@ -13,10 +13,14 @@
  *
  * The ring protocol (slots in ring order, credits, the two doorbells, peer
  * death and timeouts as MMP_ERR_PEER) is transport/ring.h's, shared with
- * cuda_ipc; this file gives it host slots and no hooks. A waiter first polls
- * for MMP_SHM_SPIN_NS (2 µs; measurements beside it) before it sleeps on the
- * futex doorbell, so the steady state (the peer is busy, the ring neither
- * full nor empty) makes no system call at all.
+ * cuda_ipc; this file gives it host slots and no hooks, and turns on the
+ * ring's adaptive spin: a waiter polls for up to MMP_SHM_SPIN_MAX_NS (50 µs)
+ * while its recent waits say the peer answers within that, else for
+ * MMP_SHM_SPIN_NS (2 µs; also while the host has more runnable tasks than
+ * CPUs), and not at all while the peer runs on its CPU, before it sleeps on
+ * the futex doorbell (measurements beside the values).
+ * A stream between two cores (the peer busy, the ring neither full nor empty
+ * for long) then makes no system call at all.
  *
  * Naming: the creator creates the name with O_CREAT|O_EXCL; the connector
  * unlinks it as soon as it has mapped the segment, so once both ends are
@@ -66,12 +70,24 @@
 #define MMP_SHM_SPIN_NS 2000
 #endif
 
-/* The spin of this process's waiters: MMP_SHM_SPIN_NS from the environment,
- * else the built-in default. */
-static mmp_err spin_ns(long *out)
+/* The adaptive spin's ceiling (transport/ring.h, mmp_ring_adaptive_spin).
+ * Measured with bench_transport --spin-ab (2-core VM, other jobs running):
+ * zero-copy 64 KB-1 MB streams 1.1-2.4x the 2 µs poll (the ends stop falling
+ * into futex lock-step), 4-64 MB unchanged; a pipeline's waits (a
+ * micro-batch being computed, ms) stay above it, so the demo's stages never
+ * poll longer than 2 µs (counted: 0 long polls in 30 steps). An idle end
+ * polls 50 µs per wait for at most 5 waits. MMP_SHM_SPIN_MAX_NS in the
+ * environment (0 to 10^9; <= MMP_SHM_SPIN_NS: off, the old wait) overrides
+ * it per process, for measuring. */
+#ifndef MMP_SHM_SPIN_MAX_NS
+#define MMP_SHM_SPIN_MAX_NS 50000
+#endif
+
+/* The environment variable `var` (0 to 10^9 ns) into *out, else dflt. */
+static mmp_err env_ns(const char *var, long dflt, long *out)
 {
-    const char *e = getenv("MMP_SHM_SPIN_NS");
-    *out = MMP_SHM_SPIN_NS;
+    const char *e = getenv(var);
+    *out = dflt;
     if (!e) {
         return MMP_OK;
     }
@@ -80,9 +96,9 @@ static mmp_err spin_ns(long *out)
     long v = strtol(e, &end, 10);
     if (end == e || *end || errno || v < 0 || v > 1000000000L) {
         return mmp_errorf(MMP_ERR_INVALID,
-                          "shm: environment variable MMP_SHM_SPIN_NS='%s' is not a number of "
+                          "shm: environment variable %s='%s' is not a number of "
                           "nanoseconds from 0 to 1000000000",
-                          e);
+                          var, e);
     }
     *out = v;
     return MMP_OK;
@@ -137,9 +153,10 @@ static mmp_err check_cfg(const mmp_channel_cfg *cfg, shm_geometry *g)
 static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me)
 {
     shm_geometry g = {0};
-    long spin = 0;
+    long spin = 0, spin_max = 0;
     MMP_TRY(check_cfg(cfg, &g));
-    MMP_TRY(spin_ns(&spin));
+    MMP_TRY(env_ns("MMP_SHM_SPIN_NS", MMP_SHM_SPIN_NS, &spin));
+    MMP_TRY(env_ns("MMP_SHM_SPIN_MAX_NS", MMP_SHM_SPIN_MAX_NS, &spin_max));
     shm_channel *ch = calloc(1, sizeof *ch);
     if (!ch) {
         return mmp_errorf(MMP_ERR_NOMEM, "shm %s: channel", cfg->address);
@@ -152,6 +169,7 @@ static mmp_err new_channel(shm_channel **out, const mmp_channel_cfg *cfg, int me
     ch->map_bytes = g.total;
     ch->payload_offset = g.payload_offset;
     mmp_ring_init(&ch->ring, "shm", ch->name, cfg, me, spin, NULL, NULL);
+    mmp_ring_adaptive_spin(&ch->ring, spin_max);
     *out = ch;
     return MMP_OK;
 }
