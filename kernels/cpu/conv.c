@@ -109,13 +109,67 @@ static void zero_pad_cols(float *row, size_t j0, size_t j1, int lo, int hi, int 
     }
 }
 
+/* Where kernel tap (kh, kw) reads, the same for every channel and image:
+ * its valid output columns [lo, hi) and, on the same-stride-1 path (same),
+ * the run [j0, j1) at plane offset off (shifted_range). */
+typedef struct {
+    int kh, kw, lo, hi, same;
+    size_t j0, j1;
+    ptrdiff_t off;
+} conv_tap;
+
+static void tap_set(conv_tap *t, const mmp_conv_shape *s, int kh, int kw)
+{
+    t->kh = kh;
+    t->kw = kw;
+    t->same = is_same_stride1(s);
+    t->j0 = t->j1 = 0;
+    t->off = 0;
+    valid_range(kw, s->W, s->OW, s->stride, s->pad, &t->lo, &t->hi);
+    if (t->same) {
+        shifted_range(s, kh, kw, &t->j0, &t->j1, &t->off);
+    }
+}
+
+/* Taps are worked out once per call (up to MAX_TAPS, a 7x7 kernel; a larger
+ * one has each tap worked out where it is used), not once per row: the
+ * small maps of a deep layer have rows of 16 floats, where that bookkeeping
+ * (divisions among it) cost more than the copy. */
+#define MAX_TAPS 49
+
 /* im2col's and col2im's arguments; channels are independent (each writes
  * its own rows of col, or its own plane of img), so they run on the pool */
 typedef struct {
     float *col, *img;
     const float *src;
     const mmp_conv_shape *s;
+    int n_taps; /* KH * KW when taps holds them all, else 0 */
+    conv_tap taps[MAX_TAPS];
 } cols_args;
+
+static void cols_args_init(cols_args *a, const mmp_conv_shape *s)
+{
+    a->s = s;
+    a->n_taps = 0;
+    if (s->KH * s->KW <= MAX_TAPS) {
+        for (int kh = 0; kh < s->KH; kh++) {
+            for (int kw = 0; kw < s->KW; kw++) {
+                tap_set(&a->taps[kh * s->KW + kw], s, kh, kw);
+            }
+        }
+        a->n_taps = s->KH * s->KW;
+    }
+}
+
+/* Tap k = kh * KW + kw of a's conv: from the table, or worked out into *own. */
+static const conv_tap *tap_at(const cols_args *a, int k, conv_tap *own)
+{
+    if (a->n_taps) {
+        return &a->taps[k];
+    }
+    tap_set(own, a->s, k / a->s->KW, k % a->s->KW);
+    return own;
+}
 
 #define COLS_GRAIN_FLOATS 16384
 
@@ -126,65 +180,60 @@ static size_t cols_grain(const mmp_conv_shape *s)
                                             : COLS_GRAIN_FLOATS / (per_channel ? per_channel : 1);
 }
 
-/* One row of col: kernel tap (kh, kw) of channel c, its valid output
- * columns [lo, hi) and, on the same-stride-1 path (same), the run [j0, j1)
- * at plane offset off (shifted_range). */
-typedef struct {
-    int c, kh, kw, lo, hi, same;
-    size_t j0, j1;
-    ptrdiff_t off;
-    float *row;
-} col_row;
+/* Short runs are plain loops (vectorised, inlined): a libc call per run of
+ * 16 floats costs more than the copy. */
+#define CALL_FLOATS 256
 
-/* Calls fn on each row of col for channels [lo_c, hi_c), in (c, kh, kw) order. */
-static void each_col_row(const cols_args *a, size_t lo_c, size_t hi_c,
-                         void (*fn)(const cols_args *, const col_row *))
+static void zero_floats(float *restrict dst, size_t n)
 {
-    const mmp_conv_shape *s = a->s;
-    size_t OHW = (size_t)s->OH * s->OW;
-    for (int c = (int)lo_c; c < (int)hi_c; c++) {
-        for (int kh = 0; kh < s->KH; kh++) {
-            for (int kw = 0; kw < s->KW; kw++) {
-                col_row r = {.c = c, .kh = kh, .kw = kw, .same = is_same_stride1(s)};
-                r.row = a->col + ((size_t)(c * s->KH + kh) * s->KW + kw) * OHW;
-                valid_range(kw, s->W, s->OW, s->stride, s->pad, &r.lo, &r.hi);
-                if (r.same) {
-                    shifted_range(s, kh, kw, &r.j0, &r.j1, &r.off);
-                }
-                fn(a, &r);
-            }
-        }
+    if (n >= CALL_FLOATS) {
+        memset(dst, 0, sizeof(float) * n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = 0.0f;
     }
 }
 
-/* One row of col from one image src (C,H,W); padding reads as 0. */
-static void im2col_row(const cols_args *a, const col_row *r)
+static void copy_floats(float *restrict dst, const float *restrict src, size_t n)
+{
+    if (n >= CALL_FLOATS) {
+        memcpy(dst, src, sizeof(float) * n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = src[i];
+    }
+}
+
+/* Row k = kh * KW + kw of channel c's block of col: tap t read from one
+ * image src (C,H,W); padding reads as 0. */
+static void im2col_row(const cols_args *a, int c, const conv_tap *t, float *row)
 {
     const mmp_conv_shape *s = a->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
-    int lo = r->lo, hi = r->hi;
-    const float *plane = a->src + (size_t)r->c * H * W;
-    float *row = r->row;
-    if (r->same) {
-        size_t j0 = r->j0, j1 = r->j1;
-        memset(row, 0, sizeof(float) * j0);
-        memcpy(row + j0, plane + (ptrdiff_t)j0 + r->off, sizeof(float) * (j1 - j0));
-        memset(row + j1, 0, sizeof(float) * ((size_t)OH * OW - j1));
+    int lo = t->lo, hi = t->hi;
+    const float *plane = a->src + (size_t)c * H * W;
+    if (t->same) {
+        size_t j0 = t->j0, j1 = t->j1;
+        zero_floats(row, j0);
+        copy_floats(row + j0, plane + (ptrdiff_t)j0 + t->off, j1 - j0);
+        zero_floats(row + j1, (size_t)OH * OW - j1);
         zero_pad_cols(row, j0, j1, lo, hi, OW);
         return;
     }
     for (int oh = 0; oh < OH; oh++) {
         float *dst = row + (size_t)oh * OW;
-        int ih = oh * st - pad + r->kh;
+        int ih = oh * st - pad + t->kh;
         if (ih < 0 || ih >= H) {
-            memset(dst, 0, sizeof(float) * OW);
+            zero_floats(dst, (size_t)OW);
             continue;
         }
         const float *src = plane + (size_t)ih * W;
         for (int ow = 0; ow < lo; ow++) {
             dst[ow] = 0.0f;
         }
-        const float *run = src + (ptrdiff_t)lo * st - pad + r->kw;
+        const float *run = src + (ptrdiff_t)lo * st - pad + t->kw;
         if (st == 2) {
             /* a constant stride the compiler vectorises (shuffles) */
             for (int i = 0; i < hi - lo; i++) {
@@ -204,39 +253,81 @@ static void im2col_row(const cols_args *a, const col_row *r)
 /* col (C*KH*KW, OH*OW) from one image img (C,H,W), channels [lo, hi). */
 static void im2col_range(void *p, size_t lo_c, size_t hi_c)
 {
-    each_col_row(p, lo_c, hi_c, im2col_row);
+    const cols_args *a = p;
+    const mmp_conv_shape *s = a->s;
+    int K = s->KH * s->KW;
+    size_t OHW = (size_t)s->OH * s->OW;
+    for (int c = (int)lo_c; c < (int)hi_c; c++) {
+        for (int k = 0; k < K; k++) {
+            conv_tap own;
+            im2col_row(a, c, tap_at(a, k, &own), a->col + ((size_t)c * K + k) * OHW);
+        }
+    }
 }
 
 static void im2col(float *col, const float *img, const mmp_conv_shape *s)
 {
-    cols_args a = {.col = col, .src = img, .s = s};
+    cols_args a = {.col = col, .src = img};
+    cols_args_init(&a, s);
     mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), im2col_range, &a);
 }
 
-/* One row of col added into img's plane. */
-static void col2im_row(const cols_args *a, const col_row *r)
+/* One row of col (tap t of channel c) added into img's plane. */
+static void col2im_row(const cols_args *a, int c, const conv_tap *t, const float *row)
 {
     const mmp_conv_shape *s = a->s;
-    float *plane = a->img + (size_t)r->c * s->H * s->W;
-    float *row = r->row;
-    if (r->same) {
-        zero_pad_cols(row, r->j0, r->j1, r->lo, r->hi, s->OW);
-        float *dst = plane + (ptrdiff_t)r->j0 + r->off;
-        const float *src = row + r->j0;
-        for (size_t i = 0; i < r->j1 - r->j0; i++) {
-            dst[i] += src[i];
-        }
-        return;
-    }
+    float *plane = a->img + (size_t)c * s->H * s->W;
     for (int oh = 0; oh < s->OH; oh++) {
-        int ih = oh * s->stride - s->pad + r->kh;
+        int ih = oh * s->stride - s->pad + t->kh;
         if (ih < 0 || ih >= s->H) {
             continue;
         }
         const float *src = row + (size_t)oh * s->OW;
         float *dst = plane + (size_t)ih * s->W;
-        for (int ow = r->lo; ow < r->hi; ow++) {
-            dst[ow * s->stride - s->pad + r->kw] += src[ow];
+        for (int ow = t->lo; ow < t->hi; ow++) {
+            dst[ow * s->stride - s->pad + t->kw] += src[ow];
+        }
+    }
+}
+
+/* Elements of a plane per block of the same-stride-1 col2im: the block and
+ * the tap rows' pieces of it stay in L1 while every tap adds into it. */
+#define COL2IM_BLOCK 512
+
+/* Channel c on the same-stride-1 path: each tap's row adds one contiguous
+ * run into the plane (element j takes row[j - off] for j in [j0, j1) + off),
+ * after its padding columns were zeroed. The plane goes block by block,
+ * every tap's run within a block in turn: each element still takes its
+ * contributions in (kh, kw) order, the order a whole run per tap gives. */
+static void col2im_channel_same(const cols_args *a, int c)
+{
+    const mmp_conv_shape *s = a->s;
+    int K = s->KH * s->KW;
+    size_t OHW = (size_t)s->OH * s->OW, HW = (size_t)s->H * s->W;
+    float *plane = a->img + (size_t)c * HW;
+    float *rows = a->col + (size_t)c * K * OHW;
+    for (int k = 0; k < K; k++) {
+        conv_tap own;
+        const conv_tap *t = tap_at(a, k, &own);
+        zero_pad_cols(rows + (size_t)k * OHW, t->j0, t->j1, t->lo, t->hi, s->OW);
+    }
+    for (size_t b0 = 0; b0 < HW; b0 += COL2IM_BLOCK) {
+        size_t b1 = b0 + COL2IM_BLOCK < HW ? b0 + COL2IM_BLOCK : HW;
+        for (int k = 0; k < K; k++) {
+            conv_tap own;
+            const conv_tap *t = tap_at(a, k, &own);
+            /* the run's image elements are [j0 + off, j1 + off), within the plane */
+            ptrdiff_t r0 = (ptrdiff_t)t->j0 + t->off, r1 = (ptrdiff_t)t->j1 + t->off;
+            ptrdiff_t lo = r0 > (ptrdiff_t)b0 ? r0 : (ptrdiff_t)b0;
+            ptrdiff_t hi = r1 < (ptrdiff_t)b1 ? r1 : (ptrdiff_t)b1;
+            if (hi <= lo) {
+                continue;
+            }
+            float *restrict dst = plane + lo;
+            const float *restrict src = rows + (size_t)k * OHW + (lo - t->off);
+            for (ptrdiff_t i = 0; i < hi - lo; i++) {
+                dst[i] += src[i];
+            }
         }
     }
 }
@@ -244,16 +335,30 @@ static void col2im_row(const cols_args *a, const col_row *r)
 /* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped.
  * Each image element takes its contributions in (c, kh, kw) order. The
  * same-stride-1 path zeroes col's padding columns first (col is the
- * caller's scratch) and then adds one contiguous run: those zeros land on
+ * caller's scratch) and then adds contiguous runs: those zeros land on
  * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
 static void col2im_range(void *p, size_t lo_c, size_t hi_c)
 {
-    each_col_row(p, lo_c, hi_c, col2im_row);
+    const cols_args *a = p;
+    const mmp_conv_shape *s = a->s;
+    int K = s->KH * s->KW;
+    size_t OHW = (size_t)s->OH * s->OW;
+    for (int c = (int)lo_c; c < (int)hi_c; c++) {
+        if (is_same_stride1(s)) {
+            col2im_channel_same(a, c);
+            continue;
+        }
+        for (int k = 0; k < K; k++) {
+            conv_tap own;
+            col2im_row(a, c, tap_at(a, k, &own), a->col + ((size_t)c * K + k) * OHW);
+        }
+    }
 }
 
 static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
 {
-    cols_args a = {.col = col, .img = img, .s = s};
+    cols_args a = {.col = col, .img = img};
+    cols_args_init(&a, s);
     mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), col2im_range, &a);
 }
 
