@@ -92,13 +92,13 @@ static void shifted_range(const mmp_conv_shape *s, int kh, int kw, size_t *j0, s
 }
 
 /* Zeroes the padding columns (ow outside [lo, hi)) of the col rows that
- * the same-stride-1 run [j0, j1) touches. */
-static void zero_pad_cols(float *row, size_t j0, size_t j1, int lo, int hi, int OW)
+ * the same-stride-1 run [j0, j1) touches, rows r0 = j0 / OW on. */
+static void zero_pad_cols(float *row, size_t j1, size_t r0, int lo, int hi, int OW)
 {
     if (lo <= 0 && hi >= OW) {
         return;
     }
-    for (size_t r = j0 / OW; r * OW < j1; r++) {
+    for (size_t r = r0; r * OW < j1; r++) {
         float *dst = row + r * OW;
         for (int ow = 0; ow < lo; ow++) {
             dst[ow] = 0.0f;
@@ -114,7 +114,7 @@ static void zero_pad_cols(float *row, size_t j0, size_t j1, int lo, int hi, int 
  * the run [j0, j1) at plane offset off (shifted_range). */
 typedef struct {
     int kh, kw, lo, hi, same;
-    size_t j0, j1;
+    size_t j0, j1, r0; /* r0 = j0 / OW, the run's first row */
     ptrdiff_t off;
 } conv_tap;
 
@@ -123,11 +123,12 @@ static void tap_set(conv_tap *t, const mmp_conv_shape *s, int kh, int kw)
     t->kh = kh;
     t->kw = kw;
     t->same = is_same_stride1(s);
-    t->j0 = t->j1 = 0;
+    t->j0 = t->j1 = t->r0 = 0;
     t->off = 0;
     valid_range(kw, s->W, s->OW, s->stride, s->pad, &t->lo, &t->hi);
     if (t->same) {
         shifted_range(s, kh, kw, &t->j0, &t->j1, &t->off);
+        t->r0 = t->j0 / (size_t)s->OW;
     }
 }
 
@@ -219,7 +220,7 @@ static void im2col_row(const cols_args *a, int c, const conv_tap *t, float *row)
         zero_floats(row, j0);
         copy_floats(row + j0, plane + (ptrdiff_t)j0 + t->off, j1 - j0);
         zero_floats(row + j1, (size_t)OH * OW - j1);
-        zero_pad_cols(row, j0, j1, lo, hi, OW);
+        zero_pad_cols(row, j1, t->r0, lo, hi, OW);
         return;
     }
     for (int oh = 0; oh < OH; oh++) {
@@ -309,7 +310,7 @@ static void col2im_channel_same(const cols_args *a, int c)
     for (int k = 0; k < K; k++) {
         conv_tap own;
         const conv_tap *t = tap_at(a, k, &own);
-        zero_pad_cols(rows + (size_t)k * OHW, t->j0, t->j1, t->lo, t->hi, s->OW);
+        zero_pad_cols(rows + (size_t)k * OHW, t->j1, t->r0, t->lo, t->hi, s->OW);
     }
     for (size_t b0 = 0; b0 < HW; b0 += COL2IM_BLOCK) {
         size_t b1 = b0 + COL2IM_BLOCK < HW ? b0 + COL2IM_BLOCK : HW;
