@@ -118,7 +118,7 @@ typedef struct mmp_backend_ops {
                        const float *inp, const float *w, int N, int C, int OC);
 
     /* ---- conv2d -------------------------------------------------------- */
-    /* Floats of scratch the caller passes to conv2d (CPU: one im2col; CUDA: 0,
+    /* Floats of scratch the caller passes to conv2d (CPU: im2col matrices; CUDA: 0,
      * cuDNN uses the context's workspace). scratch may be NULL when it is 0. */
     size_t (*conv2d_scratch_floats)(const mmp_conv_shape *s);
     // out (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW), b (OC) or NULL

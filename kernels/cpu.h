@@ -62,7 +62,8 @@ void mmp_cpu_linear_bwd(float *dinp, float *dw, float *db, const float *dout, co
                         const float *w, int N, int C, int OC);
 
 /* ---- conv2d ------------------------------------------------------------ */
-/* Floats of scratch conv2d needs (one image's im2col matrix). */
+/* Floats of scratch conv2d needs: one image's im2col matrix, or on a small
+ * map a group of images' im2col matrices and their output (conv.c). */
 size_t mmp_cpu_conv2d_scratch_floats(const mmp_conv_shape *s);
 /* out (N,OC,OH,OW) = conv(inp, w) + b;  b (OC) or NULL. scratch may be NULL (then allocated). */
 void mmp_cpu_conv2d_fwd(float *out, const float *inp, const float *w, const float *b,

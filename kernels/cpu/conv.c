@@ -1,9 +1,10 @@
-/* 2-D convolution on the CPU: per image, im2col then one GEMM.
+/* 2-D convolution on the CPU: im2col then one GEMM per image, or per group
+ * of images on small maps (group_images).
  *
  * This is the hot loop of CPU training (a small ResNet on 2 cores), so the
  * only work outside OpenBLAS is the im2col / col2im copy, and a 1x1 stride-1
  * unpadded convolution skips even that (the image already is its column
- * matrix). Never allocates except the im2col buffer when the caller passes
+ * matrix). Never allocates except the scratch buffer when the caller passes
  * no scratch. */
 #include "kernels/cpu.h"
 
@@ -30,14 +31,38 @@ void mmp_conv_shape_set(mmp_conv_shape *s, int N, int C, int H, int W, int OC, i
     s->OW = (W + 2 * pad - KW) / stride + 1;
 }
 
-size_t mmp_cpu_conv2d_scratch_floats(const mmp_conv_shape *s)
-{
-    return (size_t)s->C * s->KH * s->KW * s->OH * s->OW;
-}
-
 static int is_pointwise(const mmp_conv_shape *s)
 {
     return s->KH == 1 && s->KW == 1 && s->stride == 1 && s->pad == 0;
+}
+
+/* Images per GEMM. A small map (a deep layer's 4x4: 16 output columns per
+ * image) makes thin GEMMs that pack w again for every image and run
+ * OpenBLAS's kernel on a sliver; the col matrices of several images side by
+ * side, up to GROUP_COLS columns, share one GEMM. Larger maps go one image
+ * at a time (their col matrix stays in cache). A function of the shape
+ * alone, so every caller of a shape computes the same bits. */
+#define GROUP_COLS 256
+
+static int group_images(const mmp_conv_shape *s)
+{
+    int OHW = s->OH * s->OW;
+    if (is_pointwise(s) || OHW <= 0 || 2 * OHW > GROUP_COLS || s->N < 2) {
+        return 1;
+    }
+    int g = GROUP_COLS / OHW;
+    return g < s->N ? g : s->N;
+}
+
+size_t mmp_cpu_conv2d_scratch_floats(const mmp_conv_shape *s)
+{
+    size_t OHW = (size_t)s->OH * s->OW, CKK = (size_t)s->C * s->KH * s->KW;
+    int g = group_images(s);
+    if (g == 1) {
+        return CKK * OHW;
+    }
+    /* a group's col, then its (OC, g OH OW) output or output gradient */
+    return (size_t)g * OHW * (CKK + (size_t)s->OC);
 }
 
 /* Output columns [*lo, *hi) whose input column ow * stride - pad + kw lies
@@ -141,16 +166,18 @@ static void tap_set(conv_tap *t, const mmp_conv_shape *s, int kh, int kw)
 /* im2col's and col2im's arguments; channels are independent (each writes
  * its own rows of col, or its own plane of img), so they run on the pool */
 typedef struct {
-    float *col, *img;
-    const float *src;
+    float *col, *img; /* image i's planes at img + i C H W, its col rows at col + i OH OW */
+    const float *src; /* the same for im2col's images */
+    size_t ld;        /* col's row stride: images' rows lie side by side */
     const mmp_conv_shape *s;
     int n_taps; /* KH * KW when taps holds them all, else 0 */
     conv_tap taps[MAX_TAPS];
 } cols_args;
 
-static void cols_args_init(cols_args *a, const mmp_conv_shape *s)
+static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
 {
     a->s = s;
+    a->ld = ld;
     a->n_taps = 0;
     if (s->KH * s->KW <= MAX_TAPS) {
         for (int kh = 0; kh < s->KH; kh++) {
@@ -207,14 +234,12 @@ static void copy_floats(float *restrict dst, const float *restrict src, size_t n
     }
 }
 
-/* Row k = kh * KW + kw of channel c's block of col: tap t read from one
- * image src (C,H,W); padding reads as 0. */
-static void im2col_row(const cols_args *a, int c, const conv_tap *t, float *row)
+/* One row of col: tap t read from one image plane (H,W); padding reads as 0. */
+static void im2col_row(const cols_args *a, const float *plane, const conv_tap *t, float *row)
 {
     const mmp_conv_shape *s = a->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
     int lo = t->lo, hi = t->hi;
-    const float *plane = a->src + (size_t)c * H * W;
     if (t->same) {
         size_t j0 = t->j0, j1 = t->j1;
         zero_floats(row, j0);
@@ -251,33 +276,46 @@ static void im2col_row(const cols_args *a, int c, const conv_tap *t, float *row)
     }
 }
 
-/* col (C*KH*KW, OH*OW) from one image img (C,H,W), channels [lo, hi). */
-static void im2col_range(void *p, size_t lo_c, size_t hi_c)
+/* Item it = i C + c of a's images: image i's channel c. */
+static void item_at(const cols_args *a, size_t it, size_t *i, int *c)
+{
+    *i = it / (size_t)a->s->C;
+    *c = (int)(it % (size_t)a->s->C);
+}
+
+/* col rows of items [lo, hi): image i's rows (c, kh, kw) at
+ * col + ((c KH + kh) KW + kw) ld + i OH OW, from src (images of (C,H,W)). */
+static void im2col_range(void *p, size_t lo, size_t hi)
 {
     const cols_args *a = p;
     const mmp_conv_shape *s = a->s;
     int K = s->KH * s->KW;
-    size_t OHW = (size_t)s->OH * s->OW;
-    for (int c = (int)lo_c; c < (int)hi_c; c++) {
+    size_t OHW = (size_t)s->OH * s->OW, HW = (size_t)s->H * s->W;
+    for (size_t it = lo; it < hi; it++) {
+        size_t i;
+        int c;
+        item_at(a, it, &i, &c);
+        const float *plane = a->src + (i * (size_t)s->C + (size_t)c) * HW;
         for (int k = 0; k < K; k++) {
             conv_tap own;
-            im2col_row(a, c, tap_at(a, k, &own), a->col + ((size_t)c * K + k) * OHW);
+            im2col_row(a, plane, tap_at(a, k, &own), a->col + ((size_t)c * K + k) * a->ld + i * OHW);
         }
     }
 }
 
-static void im2col(float *col, const float *img, const mmp_conv_shape *s)
+/* col (C*KH*KW, ld) from n images img (n,C,H,W), side by side: image i in
+ * columns [i OH OW, (i + 1) OH OW). */
+static void im2col(float *col, size_t ld, const float *img, int n, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .src = img};
-    cols_args_init(&a, s);
-    mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), im2col_range, &a);
+    cols_args_init(&a, s, ld);
+    mmp_cpu_parallel_for((size_t)n * s->C, cols_grain(s), im2col_range, &a);
 }
 
-/* One row of col (tap t of channel c) added into img's plane. */
-static void col2im_row(const cols_args *a, int c, const conv_tap *t, const float *row)
+/* One row of col (tap t) added into its image plane. */
+static void col2im_row(const cols_args *a, float *plane, const conv_tap *t, const float *row)
 {
     const mmp_conv_shape *s = a->s;
-    float *plane = a->img + (size_t)c * s->H * s->W;
     for (int oh = 0; oh < s->OH; oh++) {
         int ih = oh * s->stride - s->pad + t->kh;
         if (ih < 0 || ih >= s->H) {
@@ -295,22 +333,21 @@ static void col2im_row(const cols_args *a, int c, const conv_tap *t, const float
  * the tap rows' pieces of it stay in L1 while every tap adds into it. */
 #define COL2IM_BLOCK 512
 
-/* Channel c on the same-stride-1 path: each tap's row adds one contiguous
+/* One image channel (plane, its col rows at rows, stride ld) on the
+ * same-stride-1 path: each tap's row adds one contiguous
  * run into the plane (element j takes row[j - off] for j in [j0, j1) + off),
  * after its padding columns were zeroed. The plane goes block by block,
  * every tap's run within a block in turn: each element still takes its
  * contributions in (kh, kw) order, the order a whole run per tap gives. */
-static void col2im_channel_same(const cols_args *a, int c)
+static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
 {
     const mmp_conv_shape *s = a->s;
     int K = s->KH * s->KW;
-    size_t OHW = (size_t)s->OH * s->OW, HW = (size_t)s->H * s->W;
-    float *plane = a->img + (size_t)c * HW;
-    float *rows = a->col + (size_t)c * K * OHW;
+    size_t HW = (size_t)s->H * s->W, ld = a->ld;
     for (int k = 0; k < K; k++) {
         conv_tap own;
         const conv_tap *t = tap_at(a, k, &own);
-        zero_pad_cols(rows + (size_t)k * OHW, t->j1, t->r0, t->lo, t->hi, s->OW);
+        zero_pad_cols(rows + (size_t)k * ld, t->j1, t->r0, t->lo, t->hi, s->OW);
     }
     for (size_t b0 = 0; b0 < HW; b0 += COL2IM_BLOCK) {
         size_t b1 = b0 + COL2IM_BLOCK < HW ? b0 + COL2IM_BLOCK : HW;
@@ -325,7 +362,7 @@ static void col2im_channel_same(const cols_args *a, int c)
                 continue;
             }
             float *restrict dst = plane + lo;
-            const float *restrict src = rows + (size_t)k * OHW + (lo - t->off);
+            const float *restrict src = rows + (size_t)k * ld + (lo - t->off);
             for (ptrdiff_t i = 0; i < hi - lo; i++) {
                 dst[i] += src[i];
             }
@@ -333,34 +370,40 @@ static void col2im_channel_same(const cols_args *a, int c)
     }
 }
 
-/* img (C,H,W) += col (C*KH*KW, OH*OW) scattered back; padding is dropped.
+/* Images += col's items [lo, hi) scattered back; padding is dropped.
  * Each image element takes its contributions in (c, kh, kw) order. The
  * same-stride-1 path zeroes col's padding columns first (col is the
  * caller's scratch) and then adds contiguous runs: those zeros land on
  * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
-static void col2im_range(void *p, size_t lo_c, size_t hi_c)
+static void col2im_range(void *p, size_t lo, size_t hi)
 {
     const cols_args *a = p;
     const mmp_conv_shape *s = a->s;
     int K = s->KH * s->KW;
-    size_t OHW = (size_t)s->OH * s->OW;
-    for (int c = (int)lo_c; c < (int)hi_c; c++) {
+    size_t OHW = (size_t)s->OH * s->OW, HW = (size_t)s->H * s->W;
+    for (size_t it = lo; it < hi; it++) {
+        size_t i;
+        int c;
+        item_at(a, it, &i, &c);
+        float *plane = a->img + (i * (size_t)s->C + (size_t)c) * HW;
+        float *rows = a->col + (size_t)c * K * a->ld + i * OHW;
         if (is_same_stride1(s)) {
-            col2im_channel_same(a, c);
+            col2im_channel_same(a, plane, rows);
             continue;
         }
         for (int k = 0; k < K; k++) {
             conv_tap own;
-            col2im_row(a, c, tap_at(a, k, &own), a->col + ((size_t)c * K + k) * OHW);
+            col2im_row(a, plane, tap_at(a, k, &own), rows + (size_t)k * a->ld);
         }
     }
 }
 
-static void col2im_add(float *img, float *col, const mmp_conv_shape *s)
+/* n images img (n,C,H,W) += col (C*KH*KW, ld) laid out as im2col's. */
+static void col2im_add(float *img, float *col, size_t ld, int n, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .img = img};
-    cols_args_init(&a, s);
-    mmp_cpu_parallel_for((size_t)s->C, cols_grain(s), col2im_range, &a);
+    cols_args_init(&a, s, ld);
+    mmp_cpu_parallel_for((size_t)n * s->C, cols_grain(s), col2im_range, &a);
 }
 
 /* The caller's scratch, or a fresh buffer (*owned set) when it passed none. */
@@ -386,25 +429,37 @@ void mmp_cpu_conv2d_fwd(float *out, const float *inp, const float *w, const floa
     float *col = get_scratch(s, scratch, &owned);
     int OHW = s->OH * s->OW;
     int CKK = s->C * s->KH * s->KW;
-    for (int n = 0; n < s->N; n++) {
-        const float *x = inp + (size_t)n * s->C * s->H * s->W;
-        float *y = out + (size_t)n * s->OC * OHW;
+    int g = group_images(s);
+    size_t CHW = (size_t)s->C * s->H * s->W;
+    for (int n0 = 0; n0 < s->N; n0 += g) {
+        int gn = s->N - n0 < g ? s->N - n0 : g;
+        int ld = gn * OHW;
+        const float *x = inp + (size_t)n0 * CHW;
+        float *y = out + (size_t)n0 * s->OC * OHW;
+        /* one image's product lands in place; a group's (OC, ld) in scratch */
+        float *yg = g > 1 ? col + (size_t)CKK * g * OHW : y;
         const float *xcol = x;
         if (!is_pointwise(s)) {
-            im2col(col, x, s);
+            im2col(col, (size_t)ld, x, gn, s);
             xcol = col;
         }
         float beta = 0.0f;
         if (b) {
             for (int o = 0; o < s->OC; o++) {
-                for (int i = 0; i < OHW; i++) {
-                    y[(size_t)o * OHW + i] = b[o];
+                for (int i = 0; i < ld; i++) {
+                    yg[(size_t)o * ld + i] = b[o];
                 }
             }
             beta = 1.0f;
         }
-        // y (OC, OHW) = w (OC, CKK) @ xcol (CKK, OHW)
-        mmp_cpu_gemm(0, 0, s->OC, OHW, CKK, 1.0f, w, CKK, xcol, OHW, beta, y, OHW);
+        // yg (OC, ld) = w (OC, CKK) @ xcol (CKK, ld)
+        mmp_cpu_gemm(0, 0, s->OC, ld, CKK, 1.0f, w, CKK, xcol, ld, beta, yg, ld);
+        for (int i = 0; g > 1 && i < gn; i++) {
+            for (int o = 0; o < s->OC; o++) {
+                memcpy(y + ((size_t)i * s->OC + o) * OHW, yg + (size_t)o * ld + (size_t)i * OHW,
+                       sizeof(float) * (size_t)OHW);
+            }
+        }
     }
     free(owned);
 }
@@ -419,38 +474,59 @@ void mmp_cpu_conv2d_bwd(float *dinp, float *dw, float *db, const float *dout, co
         col = get_scratch(s, scratch, &owned);
     }
     int OHW = s->OH * s->OW;
-    int HW = s->H * s->W;
+    size_t CHW = (size_t)s->C * s->H * s->W;
     int CKK = s->C * s->KH * s->KW;
-    for (int n = 0; n < s->N; n++) {
-        const float *dy = dout + (size_t)n * s->OC * OHW;
-        if (db) {
+    int g = group_images(s);
+    for (int n0 = 0; n0 < s->N; n0 += g) {
+        int gn = s->N - n0 < g ? s->N - n0 : g;
+        int ld = gn * OHW;
+        const float *dy = dout + (size_t)n0 * s->OC * OHW;
+        for (int i = 0; db && i < gn; i++) {
+            const float *dyi = dy + (size_t)i * s->OC * OHW;
             for (int o = 0; o < s->OC; o++) {
                 float sum = 0.0f;
-                for (int i = 0; i < OHW; i++) {
-                    sum += dy[(size_t)o * OHW + i];
+                for (int j = 0; j < OHW; j++) {
+                    sum += dyi[(size_t)o * OHW + j];
                 }
                 db[o] += sum;
             }
         }
         if (dw) {
-            const float *x = inp + (size_t)n * s->C * HW;
+            const float *x = inp + (size_t)n0 * CHW;
             const float *xcol = x;
             if (!is_pointwise(s)) {
-                im2col(col, x, s);
+                im2col(col, (size_t)ld, x, gn, s);
                 xcol = col;
             }
-            // dw (OC, CKK) += dy (OC, OHW) @ xcol^T (OHW, CKK)
-            mmp_cpu_gemm(0, 1, s->OC, CKK, OHW, 1.0f, dy, OHW, xcol, OHW, 1.0f, dw, CKK);
+            /* one GEMM per image, in image order, whatever the group: dw's sums
+             * are those of the image-by-image loop */
+            for (int i = 0; i < gn; i++) {
+                // dw (OC, CKK) += dy_i (OC, OHW) @ xcol_i^T (OHW, CKK)
+                mmp_cpu_gemm(0, 1, s->OC, CKK, OHW, 1.0f, dy + (size_t)i * s->OC * OHW, OHW,
+                             xcol + (size_t)i * OHW, ld, 1.0f, dw, CKK);
+            }
         }
         if (dinp) {
-            float *dx = dinp + (size_t)n * s->C * HW;
+            float *dx = dinp + (size_t)n0 * CHW;
             if (is_pointwise(s)) {
-                // dx (C, HW) += w^T (C, OC) @ dy (OC, HW)
-                mmp_cpu_gemm(1, 0, s->C, HW, s->OC, 1.0f, w, CKK, dy, OHW, 1.0f, dx, HW);
+                // dx (C, HW) += w^T (C, OC) @ dy (OC, HW), one image (no groups)
+                mmp_cpu_gemm(1, 0, s->C, OHW, s->OC, 1.0f, w, CKK, dy, OHW, 1.0f, dx, OHW);
             } else {
-                // dcol (CKK, OHW) = w^T (CKK, OC) @ dy (OC, OHW), then scattered into dx
-                mmp_cpu_gemm(1, 0, CKK, OHW, s->OC, 1.0f, w, CKK, dy, OHW, 0.0f, col, OHW);
-                col2im_add(dx, col, s);
+                const float *dyg = dy;
+                if (g > 1) {
+                    /* the group's dy (gn,OC,OHW) as (OC, ld), beside its col */
+                    float *t = col + (size_t)CKK * g * OHW;
+                    for (int i = 0; i < gn; i++) {
+                        for (int o = 0; o < s->OC; o++) {
+                            memcpy(t + (size_t)o * ld + (size_t)i * OHW,
+                                   dy + ((size_t)i * s->OC + o) * OHW, sizeof(float) * (size_t)OHW);
+                        }
+                    }
+                    dyg = t;
+                }
+                // dcol (CKK, ld) = w^T (CKK, OC) @ dyg (OC, ld), then scattered into dx
+                mmp_cpu_gemm(1, 0, CKK, ld, s->OC, 1.0f, w, CKK, dyg, ld, 0.0f, col, ld);
+                col2im_add(dx, col, (size_t)ld, gn, s);
             }
         }
     }
