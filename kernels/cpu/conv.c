@@ -298,7 +298,8 @@ static void im2col_range(void *p, size_t lo, size_t hi)
         const float *plane = a->src + (i * (size_t)s->C + (size_t)c) * HW;
         for (int k = 0; k < K; k++) {
             conv_tap own;
-            im2col_row(a, plane, tap_at(a, k, &own), a->col + ((size_t)c * K + k) * a->ld + i * OHW);
+            im2col_row(a, plane, tap_at(a, k, &own),
+                       a->col + ((size_t)c * K + k) * a->ld + i * OHW);
         }
     }
 }
