@@ -322,10 +322,17 @@ static void col2im_row(const cols_args *a, float *plane, const conv_tap *t, cons
         if (ih < 0 || ih >= s->H) {
             continue;
         }
-        const float *src = row + (size_t)oh * s->OW;
-        float *dst = plane + (size_t)ih * s->W;
-        for (int ow = t->lo; ow < t->hi; ow++) {
-            dst[ow * s->stride - s->pad + t->kw] += src[ow];
+        const float *src = row + (size_t)oh * s->OW + t->lo;
+        float *dst = plane + (size_t)ih * s->W + (ptrdiff_t)t->lo * s->stride - s->pad + t->kw;
+        if (s->stride == 2) {
+            /* a constant stride the compiler vectorises (shuffles) */
+            for (int i = 0; i < t->hi - t->lo; i++) {
+                dst[2 * i] += src[i];
+            }
+        } else {
+            for (int i = 0; i < t->hi - t->lo; i++) {
+                dst[(ptrdiff_t)i * s->stride] += src[i];
+            }
         }
     }
 }
