@@ -384,6 +384,9 @@ static void test_conv(void)
         {"5x5 s1 p2 wider pad than image", 2, 2, 3, 4, 3, 5, 5, 1, 2},
         {"1x3 s1 p1 (OH = H + 2)", 1, 2, 3, 4, 2, 1, 3, 1, 1},
         {"3x3 s1 p1 one column", 1, 2, 4, 1, 2, 3, 3, 1, 1},
+        /* stride 2 on an even map: im2col / col2im's phase-plane path */
+        {"3x3 s2 p1 even map", 3, 3, 8, 6, 4, 3, 3, 2, 1},
+        {"1x1 s2 p0 even map", 2, 4, 6, 4, 3, 1, 1, 2, 0},
     };
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, 2, 3, 32, 32, 8, 3, 3, 2, 1);

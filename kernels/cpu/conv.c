@@ -139,17 +139,98 @@ static void zero_pad_cols(float *row, size_t j1, size_t r0, int lo, int hi, int 
  * the run [j0, j1) at plane offset off (shifted_range). */
 typedef struct {
     int kh, kw, lo, hi, same;
+    int phase;         /* phase-plane path: the phase (p, q) read, as 2 p + q */
     size_t j0, j1, r0; /* r0 = j0 / OW, the run's first row */
     ptrdiff_t off;
 } conv_tap;
+
+/* A stride-2 convolution of an even map whose output is half its size
+ * (3x3/2 pad 1, 1x1/2 pad 0) reads, for tap (kh, kw), one of the map's four
+ * phases P_pq[i][j] = x[2 i + p][2 j + q] (p, q = (kh - pad) mod 2, (kw -
+ * pad) mod 2), each OH x OW, shifted by (dh, dw) = ((kh - pad - p) / 2,
+ * (kw - pad - q) / 2): a same-stride-1 run on the phase plane. im2col then
+ * copies runs where it copied every other float of each short output row,
+ * and col2im adds runs into the phases (each element still takes its taps
+ * in (kh, kw) order). A channel's phases are split off on the stack, so
+ * maps up to PHASE_MAX_FLOATS floats. */
+#define PHASE_MAX_FLOATS 4096
+
+static int is_phase_path(const mmp_conv_shape *s)
+{
+    return s->stride == 2 && s->H % 2 == 0 && s->W % 2 == 0 && s->OH == s->H / 2 &&
+           s->OW == s->W / 2 && (size_t)s->H * s->W <= PHASE_MAX_FLOATS;
+}
+
+/* The run of a shift (dh, dw) read from a plane of src_h rows of OW floats
+ * into an (OH, OW) col row: valid columns [lo, hi), the run [j0, j1) of col
+ * elements j that read plane[j + off], trimmed to the plane. */
+static void shift_run(conv_tap *t, int dh, int dw, int src_h, int OH, int OW)
+{
+    int lo = -dw > 0 ? -dw : 0, hi = OW - dw < OW ? OW - dw : OW;
+    hi = hi > 0 ? hi : 0;
+    t->lo = lo < hi ? lo : hi;
+    t->hi = hi;
+    int oh_lo = -dh > 0 ? -dh : 0, oh_hi = src_h - dh < OH ? src_h - dh : OH;
+    oh_hi = oh_hi > oh_lo ? oh_hi : oh_lo;
+    ptrdiff_t off = (ptrdiff_t)dh * OW + dw;
+    ptrdiff_t a = (ptrdiff_t)oh_lo * OW, b = (ptrdiff_t)oh_hi * OW;
+    ptrdiff_t plane = (ptrdiff_t)src_h * OW;
+    a = a > -off ? a : -off;
+    b = b < plane - off ? b : plane - off;
+    b = b > a ? b : a;
+    t->j0 = (size_t)a;
+    t->j1 = (size_t)b;
+    t->off = off;
+    t->r0 = t->j0 / (size_t)OW;
+}
+
+/* the plane (H,W) split into its four phases ph (4, H/2, W/2) */
+static void split_phases(float *restrict ph, const float *restrict plane, int H, int W)
+{
+    int OW = W / 2;
+    size_t OHW = (size_t)(H / 2) * OW;
+    for (int ih = 0; ih < H; ih++) {
+        const float *src = plane + (size_t)ih * W;
+        float *e = ph + (size_t)(ih & 1) * 2 * OHW + (size_t)(ih >> 1) * OW;
+        float *o = e + OHW;
+        for (int j = 0; j < OW; j++) {
+            e[j] = src[2 * j];
+            o[j] = src[2 * j + 1];
+        }
+    }
+}
+
+/* split_phases undone: the plane written back from ph */
+static void join_phases(float *restrict plane, const float *restrict ph, int H, int W)
+{
+    int OW = W / 2;
+    size_t OHW = (size_t)(H / 2) * OW;
+    for (int ih = 0; ih < H; ih++) {
+        float *dst = plane + (size_t)ih * W;
+        const float *e = ph + (size_t)(ih & 1) * 2 * OHW + (size_t)(ih >> 1) * OW;
+        const float *o = e + OHW;
+        for (int j = 0; j < OW; j++) {
+            dst[2 * j] = e[j];
+            dst[2 * j + 1] = o[j];
+        }
+    }
+}
 
 static void tap_set(conv_tap *t, const mmp_conv_shape *s, int kh, int kw)
 {
     t->kh = kh;
     t->kw = kw;
     t->same = is_same_stride1(s);
+    t->phase = 0;
     t->j0 = t->j1 = t->r0 = 0;
     t->off = 0;
+    if (is_phase_path(s)) {
+        int p = ((kh - s->pad) % 2 + 2) % 2, q = ((kw - s->pad) % 2 + 2) % 2;
+        t->same = 1; /* a same-stride-1 run, on the phase plane */
+        t->phase = 2 * p + q;
+        shift_run(t, (kh - s->pad - p) / 2, (kw - s->pad - q) / 2, s->OH, s->OH, s->OW);
+        return;
+    }
     valid_range(kw, s->W, s->OW, s->stride, s->pad, &t->lo, &t->hi);
     if (t->same) {
         shifted_range(s, kh, kw, &t->j0, &t->j1, &t->off);
@@ -296,10 +377,16 @@ static void im2col_range(void *p, size_t lo, size_t hi)
         int c;
         item_at(a, it, &i, &c);
         const float *plane = a->src + (i * (size_t)s->C + (size_t)c) * HW;
+        float ph[PHASE_MAX_FLOATS];
+        int phased = is_phase_path(s);
+        if (phased) {
+            split_phases(ph, plane, s->H, s->W);
+        }
         for (int k = 0; k < K; k++) {
             conv_tap own;
-            im2col_row(a, plane, tap_at(a, k, &own),
-                       a->col + ((size_t)c * K + k) * a->ld + i * OHW);
+            const conv_tap *t = tap_at(a, k, &own);
+            const float *src = phased ? ph + (size_t)t->phase * OHW : plane;
+            im2col_row(a, src, t, a->col + ((size_t)c * K + k) * a->ld + i * OHW);
         }
     }
 }
@@ -352,6 +439,13 @@ static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
     const mmp_conv_shape *s = a->s;
     int K = s->KH * s->KW;
     size_t HW = (size_t)s->H * s->W, ld = a->ld;
+    float ph[PHASE_MAX_FLOATS];
+    int phased = is_phase_path(s);
+    if (phased) {
+        /* the runs land in the phases (each OH x OW), then back in the plane */
+        split_phases(ph, plane, s->H, s->W);
+        HW = (size_t)s->OH * s->OW;
+    }
     for (int k = 0; k < K; k++) {
         conv_tap own;
         const conv_tap *t = tap_at(a, k, &own);
@@ -369,12 +463,15 @@ static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
             if (hi <= lo) {
                 continue;
             }
-            float *restrict dst = plane + lo;
+            float *restrict dst = (phased ? ph + (size_t)t->phase * HW : plane) + lo;
             const float *restrict src = rows + (size_t)k * ld + (lo - t->off);
             for (ptrdiff_t i = 0; i < hi - lo; i++) {
                 dst[i] += src[i];
             }
         }
+    }
+    if (phased) {
+        join_phases(plane, ph, s->H, s->W);
     }
 }
 
@@ -395,7 +492,7 @@ static void col2im_range(void *p, size_t lo, size_t hi)
         item_at(a, it, &i, &c);
         float *plane = a->img + (i * (size_t)s->C + (size_t)c) * HW;
         float *rows = a->col + (size_t)c * K * a->ld + i * OHW;
-        if (is_same_stride1(s)) {
+        if (is_same_stride1(s) || is_phase_path(s)) {
             col2im_channel_same(a, plane, rows);
             continue;
         }
