@@ -139,6 +139,14 @@ typedef struct mmp_backend_ops {
     void (*batchnorm_bwd)(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
                           const float *dout, const float *inp, const float *mean, const float *rstd,
                           const float *gamma, int N, int C, int HW);
+    /* batchnorm_bwd / relu_bwd that write dinp: the bits a zeroed dinp holds
+     * after the accumulating op (0 + x: a -0 becomes +0), without zeroing or
+     * reading dinp first */
+    void (*batchnorm_bwd_set)(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
+                              const float *dout, const float *inp, const float *mean,
+                              const float *rstd, const float *gamma, int N, int C, int HW);
+    void (*relu_bwd_set)(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                         size_t n);
 
     /* ---- elementwise ----------------------------------------------------- */
     // out, inp, dinp, dout (n)

@@ -88,11 +88,18 @@ void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamm
 void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
                            const float *inp, const float *mean, const float *rstd,
                            const float *gamma, int N, int C, int HW);
+/* mmp_cpu_batchnorm_bwd with dinp written: dinp = 0 + (what it adds), the
+ * bits of the accumulating call on a zeroed dinp, dinp neither zeroed nor read. */
+void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               const float *gamma, int N, int C, int HW);
 
 /* ---- elementwise ------------------------------------------------------- */
 void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n);
 /* dinp += dout * (out > 0); out is the forward output (in-place safe). */
 void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n);
+/* dinp = 0 + dout * (out > 0): mmp_cpu_relu_bwd's bits on a zeroed dinp. */
+void mmp_cpu_relu_bwd_set(float *dinp, const float *dout, const float *out, size_t n);
 /* GELU, tanh approximation (as BERT / GPT-2). */
 void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n);
 void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n);

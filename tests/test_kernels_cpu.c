@@ -516,6 +516,16 @@ static void test_batchnorm(void)
     float *only = fzeros(n);
     mmp_cpu_batchnorm_bwd(only, NULL, NULL, R, x, mean, rstd, gamma, N, C, HW);
     check_alone("dinp", only, dx1, n);
+
+    /* _set writes what the accumulating call leaves in a zeroed dinp, bit
+     * for bit, whatever dinp held (a NaN here), and the same parameter
+     * gradients */
+    float *set = fcopy(x, n), *dg2 = fzeros(C), *db2 = fzeros(C);
+    set[0] = NAN;
+    mmp_cpu_batchnorm_bwd_set(set, dg2, db2, R, x, mean, rstd, gamma, N, C, HW);
+    CHECK(memcmp(set, dx1, n * sizeof(float)) == 0);
+    CHECK(memcmp(dg2, dg1, C * sizeof(float)) == 0);
+    CHECK(memcmp(db2, db1, C * sizeof(float)) == 0);
     release_all();
 }
 
@@ -580,6 +590,21 @@ static void check_unary(const char *name, size_t n, float lo, float hi, double (
 static void test_relu(void)
 {
     check_unary("relu", 24, -1, 1, relu_d, mmp_cpu_relu_fwd, mmp_cpu_relu_bwd, 1, 1);
+    /* relu_bwd_set: relu_bwd's bits on a zeroed dinp (-0 in dout becomes +0,
+     * a non-positive out gives +0), whatever dinp held */
+    snprintf(case_name, sizeof case_name, "relu_bwd_set");
+    enum { n = 40 };
+    float *out = frand(n, -1, 1), *dout = frand(n, -1, 1);
+    out[0] = 0.5f, dout[0] = -0.0f;
+    out[1] = -0.5f, dout[1] = -0.0f;
+    out[2] = 0.0f;
+    float *acc = fzeros(n), *set = frand(n, -1, 1);
+    set[3] = NAN;
+    mmp_cpu_relu_bwd(acc, dout, out, n);
+    mmp_cpu_relu_bwd_set(set, dout, out, n);
+    CHECK(memcmp(acc, set, n * sizeof(float)) == 0);
+    CHECK(!signbit(set[0]) && !signbit(set[1]));
+    release_all();
 }
 
 static void test_gelu(void)

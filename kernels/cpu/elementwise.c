@@ -56,6 +56,24 @@ void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n
     mmp_cpu_parallel_for(n, EW_GRAIN, relu_bwd_range, &a);
 }
 
+static void relu_bwd_set_range(void *p, size_t lo, size_t hi)
+{
+    float *dinp = ((ew_args *)p)->y;
+    const float *dout = ((ew_args *)p)->a, *out = ((ew_args *)p)->b;
+    for (size_t i = lo; i < hi; i++) {
+        /* relu_bwd_range with a = +0: 0 + dout (not dout: a -0 becomes +0) */
+        float sum = 0.0f + dout[i];
+        dinp[i] = out[i] > 0.0f ? sum : 0.0f;
+    }
+}
+
+void mmp_cpu_relu_bwd_set(float *dinp, const float *dout, const float *out, size_t n)
+{
+    // dinp (n), dout (n), out (n): the forward's output
+    ew_args a = {dinp, dout, out};
+    mmp_cpu_parallel_for(n, EW_GRAIN, relu_bwd_set_range, &a);
+}
+
 /* exp(x) for x clamped to [-60, 60], within 1 ulp of expf (Cephes' expf:
  * x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial for exp(r), 2^n put
  * into the exponent bits). Branch-free and without library calls so that

@@ -249,6 +249,7 @@ typedef struct {
     const float *inp, *dout, *gamma, *beta;
     const float *mean_in, *rstd_in;
     int N, C, HW;
+    int set; /* backward: dinp written (0 + x), not added to */
     float eps, momentum;
 } bn_args;
 
@@ -407,6 +408,13 @@ static void bn_bwd_range(void *p, size_t lo, size_t hi)
                 const float *x = inp + ((size_t)n * C + c) * HW;
                 const float *dy = dout + ((size_t)n * C + c) * HW;
                 float *dx = dinp + ((size_t)n * C + c) * HW;
+                if (a->set) {
+                    for (int i = 0; i < HW; i++) {
+                        float xhat = (x[i] - mc) * rc;
+                        dx[i] = 0.0f + gr * (dy[i] - mean_dy - xhat * mean_dy_xhat);
+                    }
+                    continue;
+                }
                 for (int i = 0; i < HW; i++) {
                     float xhat = (x[i] - mc) * rc;
                     dx[i] += gr * (dy[i] - mean_dy - xhat * mean_dy_xhat);
@@ -416,12 +424,10 @@ static void bn_bwd_range(void *p, size_t lo, size_t hi)
     }
 }
 
-void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                           const float *inp, const float *mean, const float *rstd,
-                           const float *gamma, int N, int C, int HW)
+static void batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                          const float *inp, const float *mean, const float *rstd,
+                          const float *gamma, int N, int C, int HW, int set)
 {
-    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
-    // mean (C), rstd (C), gamma (C)
     bn_args a = {.dinp = dinp,
                  .dgamma = dgamma,
                  .dbeta = dbeta,
@@ -432,8 +438,27 @@ void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float
                  .gamma = gamma,
                  .N = N,
                  .C = C,
-                 .HW = HW};
+                 .HW = HW,
+                 .set = set};
     mmp_cpu_parallel_for((size_t)C, bn_grain(N, HW), bn_bwd_range, &a);
+}
+
+void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                           const float *inp, const float *mean, const float *rstd,
+                           const float *gamma, int N, int C, int HW)
+{
+    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
+    // mean (C), rstd (C), gamma (C)
+    batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 0);
+}
+
+void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               const float *gamma, int N, int C, int HW)
+{
+    // dinp (N,C,HW) written, dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
+    // mean (C), rstd (C), gamma (C)
+    batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 1);
 }
 
 void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
