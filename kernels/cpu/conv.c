@@ -184,34 +184,59 @@ static void shift_run(conv_tap *t, int dh, int dw, int src_h, int OH, int OW)
     t->r0 = t->j0 / (size_t)OW;
 }
 
-/* the plane (H,W) split into its four phases ph (4, H/2, W/2) */
-static void split_phases(float *restrict ph, const float *restrict plane, int H, int W)
+/* The plane (H,W) split into the phases ph (4, H/2, W/2) that used has a
+ * bit 1 << (2 p + q) for (a 1x1/2 conv reads only phase 0). */
+static void split_phases(float *restrict ph, const float *restrict plane, int H, int W,
+                         unsigned used)
 {
     int OW = W / 2;
     size_t OHW = (size_t)(H / 2) * OW;
     for (int ih = 0; ih < H; ih++) {
+        unsigned both = used >> (2 * (ih & 1)) & 3u;
         const float *src = plane + (size_t)ih * W;
         float *e = ph + (size_t)(ih & 1) * 2 * OHW + (size_t)(ih >> 1) * OW;
         float *o = e + OHW;
-        for (int j = 0; j < OW; j++) {
-            e[j] = src[2 * j];
-            o[j] = src[2 * j + 1];
+        if (both == 3u) {
+            for (int j = 0; j < OW; j++) {
+                e[j] = src[2 * j];
+                o[j] = src[2 * j + 1];
+            }
+        } else if (both == 1u) {
+            for (int j = 0; j < OW; j++) {
+                e[j] = src[2 * j];
+            }
+        } else if (both == 2u) {
+            for (int j = 0; j < OW; j++) {
+                o[j] = src[2 * j + 1];
+            }
         }
     }
 }
 
-/* split_phases undone: the plane written back from ph */
-static void join_phases(float *restrict plane, const float *restrict ph, int H, int W)
+/* split_phases undone for the same phases: those written back from ph */
+static void join_phases(float *restrict plane, const float *restrict ph, int H, int W,
+                        unsigned used)
 {
     int OW = W / 2;
     size_t OHW = (size_t)(H / 2) * OW;
     for (int ih = 0; ih < H; ih++) {
+        unsigned both = used >> (2 * (ih & 1)) & 3u;
         float *dst = plane + (size_t)ih * W;
         const float *e = ph + (size_t)(ih & 1) * 2 * OHW + (size_t)(ih >> 1) * OW;
         const float *o = e + OHW;
-        for (int j = 0; j < OW; j++) {
-            dst[2 * j] = e[j];
-            dst[2 * j + 1] = o[j];
+        if (both == 3u) {
+            for (int j = 0; j < OW; j++) {
+                dst[2 * j] = e[j];
+                dst[2 * j + 1] = o[j];
+            }
+        } else if (both == 1u) {
+            for (int j = 0; j < OW; j++) {
+                dst[2 * j] = e[j];
+            }
+        } else if (both == 2u) {
+            for (int j = 0; j < OW; j++) {
+                dst[2 * j + 1] = o[j];
+            }
         }
     }
 }
@@ -251,7 +276,8 @@ typedef struct {
     const float *src; /* the same for im2col's images */
     size_t ld;        /* col's row stride: images' rows lie side by side */
     const mmp_conv_shape *s;
-    int n_taps; /* KH * KW when taps holds them all, else 0 */
+    int n_taps;      /* KH * KW when taps holds them all, else 0 */
+    unsigned phases; /* phase-plane path: bit 2 p + q for each phase a tap reads */
     conv_tap taps[MAX_TAPS];
 } cols_args;
 
@@ -260,10 +286,14 @@ static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
     a->s = s;
     a->ld = ld;
     a->n_taps = 0;
+    a->phases = 0xFu;
     if (s->KH * s->KW <= MAX_TAPS) {
+        a->phases = 0;
         for (int kh = 0; kh < s->KH; kh++) {
             for (int kw = 0; kw < s->KW; kw++) {
-                tap_set(&a->taps[kh * s->KW + kw], s, kh, kw);
+                conv_tap *t = &a->taps[kh * s->KW + kw];
+                tap_set(t, s, kh, kw);
+                a->phases |= 1u << t->phase;
             }
         }
         a->n_taps = s->KH * s->KW;
@@ -380,7 +410,7 @@ static void im2col_range(void *p, size_t lo, size_t hi)
         float ph[PHASE_MAX_FLOATS];
         int phased = is_phase_path(s);
         if (phased) {
-            split_phases(ph, plane, s->H, s->W);
+            split_phases(ph, plane, s->H, s->W, a->phases);
         }
         for (int k = 0; k < K; k++) {
             conv_tap own;
@@ -443,7 +473,7 @@ static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
     int phased = is_phase_path(s);
     if (phased) {
         /* the runs land in the phases (each OH x OW), then back in the plane */
-        split_phases(ph, plane, s->H, s->W);
+        split_phases(ph, plane, s->H, s->W, a->phases);
         HW = (size_t)s->OH * s->OW;
     }
     for (int k = 0; k < K; k++) {
@@ -471,7 +501,7 @@ static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
         }
     }
     if (phased) {
-        join_phases(plane, ph, s->H, s->W);
+        join_phases(plane, ph, s->H, s->W, a->phases);
     }
 }
 
