@@ -118,7 +118,7 @@ static void shifted_range(const mmp_conv_shape *s, int kh, int kw, size_t *j0, s
 
 /* Zeroes the padding columns (ow outside [lo, hi)) of the col rows that
  * the same-stride-1 run [j0, j1) touches, rows r0 = j0 / OW on. */
-static void zero_pad_cols(float *row, size_t j1, size_t r0, int lo, int hi, int OW)
+static MMP_CPU_INLINE void zero_pad_cols(float *row, size_t j1, size_t r0, int lo, int hi, int OW)
 {
     if (lo <= 0 && hi >= OW) {
         return;
@@ -186,8 +186,8 @@ static void shift_run(conv_tap *t, int dh, int dw, int src_h, int OH, int OW)
 
 /* The plane (H,W) split into the phases ph (4, H/2, W/2) that used has a
  * bit 1 << (2 p + q) for (a 1x1/2 conv reads only phase 0). */
-static void split_phases(float *restrict ph, const float *restrict plane, int H, int W,
-                         unsigned used)
+static MMP_CPU_INLINE void split_phases(float *restrict ph, const float *restrict plane, int H,
+                                        int W, unsigned used)
 {
     int OW = W / 2;
     size_t OHW = (size_t)(H / 2) * OW;
@@ -214,8 +214,8 @@ static void split_phases(float *restrict ph, const float *restrict plane, int H,
 }
 
 /* split_phases undone for the same phases: those written back from ph */
-static void join_phases(float *restrict plane, const float *restrict ph, int H, int W,
-                        unsigned used)
+static MMP_CPU_INLINE void join_phases(float *restrict plane, const float *restrict ph, int H,
+                                       int W, unsigned used)
 {
     int OW = W / 2;
     size_t OHW = (size_t)(H / 2) * OW;
@@ -301,7 +301,7 @@ static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
 }
 
 /* Tap k = kh * KW + kw of a's conv: from the table, or worked out into *own. */
-static const conv_tap *tap_at(const cols_args *a, int k, conv_tap *own)
+static MMP_CPU_INLINE const conv_tap *tap_at(const cols_args *a, int k, conv_tap *own)
 {
     if (a->n_taps) {
         return &a->taps[k];
@@ -323,7 +323,7 @@ static size_t cols_grain(const mmp_conv_shape *s)
  * 16 floats costs more than the copy. */
 #define CALL_FLOATS 256
 
-static void zero_floats(float *restrict dst, size_t n)
+static MMP_CPU_INLINE void zero_floats(float *restrict dst, size_t n)
 {
     if (n >= CALL_FLOATS) {
         memset(dst, 0, sizeof(float) * n);
@@ -334,7 +334,7 @@ static void zero_floats(float *restrict dst, size_t n)
     }
 }
 
-static void copy_floats(float *restrict dst, const float *restrict src, size_t n)
+static MMP_CPU_INLINE void copy_floats(float *restrict dst, const float *restrict src, size_t n)
 {
     if (n >= CALL_FLOATS) {
         memcpy(dst, src, sizeof(float) * n);
@@ -346,7 +346,8 @@ static void copy_floats(float *restrict dst, const float *restrict src, size_t n
 }
 
 /* One row of col: tap t read from one image plane (H,W); padding reads as 0. */
-static void im2col_row(const cols_args *a, const float *plane, const conv_tap *t, float *row)
+static MMP_CPU_INLINE void im2col_row(const cols_args *a, const float *plane, const conv_tap *t,
+                                      float *row)
 {
     const mmp_conv_shape *s = a->s;
     int H = s->H, W = s->W, OH = s->OH, OW = s->OW, st = s->stride, pad = s->pad;
@@ -388,7 +389,7 @@ static void im2col_row(const cols_args *a, const float *plane, const conv_tap *t
 }
 
 /* Item it = i C + c of a's images: image i's channel c. */
-static void item_at(const cols_args *a, size_t it, size_t *i, int *c)
+static MMP_CPU_INLINE void item_at(const cols_args *a, size_t it, size_t *i, int *c)
 {
     *i = it / (size_t)a->s->C;
     *c = (int)(it % (size_t)a->s->C);
@@ -396,7 +397,7 @@ static void item_at(const cols_args *a, size_t it, size_t *i, int *c)
 
 /* col rows of items [lo, hi): image i's rows (c, kh, kw) at
  * col + ((c KH + kh) KW + kw) ld + i OH OW, from src (images of (C,H,W)). */
-static void im2col_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void im2col_range(void *p, size_t lo, size_t hi)
 {
     const cols_args *a = p;
     const mmp_conv_shape *s = a->s;
@@ -431,7 +432,8 @@ static void im2col(float *col, size_t ld, const float *img, int n, const mmp_con
 }
 
 /* One row of col (tap t) added into its image plane. */
-static void col2im_row(const cols_args *a, float *plane, const conv_tap *t, const float *row)
+static MMP_CPU_INLINE void col2im_row(const cols_args *a, float *plane, const conv_tap *t,
+                                      const float *row)
 {
     const mmp_conv_shape *s = a->s;
     for (int oh = 0; oh < s->OH; oh++) {
@@ -464,7 +466,7 @@ static void col2im_row(const cols_args *a, float *plane, const conv_tap *t, cons
  * after its padding columns were zeroed. The plane goes block by block,
  * every tap's run within a block in turn: each element still takes its
  * contributions in (kh, kw) order, the order a whole run per tap gives. */
-static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
+static MMP_CPU_INLINE void col2im_channel_same(const cols_args *a, float *plane, float *rows)
 {
     const mmp_conv_shape *s = a->s;
     int K = s->KH * s->KW;
@@ -510,7 +512,7 @@ static void col2im_channel_same(const cols_args *a, float *plane, float *rows)
  * same-stride-1 path zeroes col's padding columns first (col is the
  * caller's scratch) and then adds contiguous runs: those zeros land on
  * neighbouring elements, where x + 0 == x (a -0 element becomes +0). */
-static void col2im_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void col2im_range(void *p, size_t lo, size_t hi)
 {
     const cols_args *a = p;
     const mmp_conv_shape *s = a->s;
