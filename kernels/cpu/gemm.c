@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "kernels/cpu/parallel.h"
 
@@ -42,9 +43,7 @@ void mmp_cpu_linear_fwd(float *out, const float *inp, const float *w, const floa
     float beta = 0.0f;
     if (b) {
         for (int n = 0; n < N; n++) {
-            for (int o = 0; o < OC; o++) {
-                out[(size_t)n * OC + o] = b[o];
-            }
+            memcpy(out + (size_t)n * OC, b, sizeof(float) * (size_t)OC);
         }
         beta = 1.0f;
     }

@@ -29,36 +29,6 @@ static double lanes_total(const lanes *a)
     return (a->s[0] + a->s[1]) + (a->s[2] + a->s[3]);
 }
 
-/* a += x (n), element i into lane i % LANES */
-static void add_row(lanes *a, const float *x, int n)
-{
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            a->s[k] += x[i + k];
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        a->s[k] += x[i];
-    }
-}
-
-/* a += (x - m)^2 over x (n), in double */
-static void add_sqdev_row(lanes *a, const float *x, int n, double m)
-{
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            double d = x[i + k] - m;
-            a->s[k] += d * d;
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        double d = x[i] - m;
-        a->s[k] += d * d;
-    }
-}
-
 /* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
  * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
 static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, const float *w,
@@ -465,20 +435,33 @@ void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *in
                            const float *b, int N, int C, float eps)
 {
     // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
-        lanes sum = {{0}}, ss = {{0}};
-        add_row(&sum, x, C);
-        double m = lanes_total(&sum) / C;
-        add_sqdev_row(&ss, x, C, m);
-        float mf = (float)m;
-        float rs = (float)(1.0 / sqrt(lanes_total(&ss) / C + eps));
-        for (int i = 0; i < C; i++) {
-            y[i] = (x[i] - mf) * rs * w[i] + b[i];
+    /* rows summed BN_GROUP side by side, as batch norm's channels: each row's
+     * sums in its own order */
+    for (int n0 = 0; n0 < N; n0 += BN_GROUP) {
+        int rows[BN_GROUP];
+        int used = group_channels(rows, (size_t)n0, (size_t)N);
+        const float *x[BN_GROUP];
+        for (int g = 0; g < BN_GROUP; g++) {
+            x[g] = inp + (size_t)rows[g] * C;
         }
-        mean[n] = mf;
-        rstd[n] = rs;
+        lanes sum[BN_GROUP] = {{{0}}}, ss[BN_GROUP] = {{{0}}};
+        add_rows(sum, x, C);
+        double m[BN_GROUP];
+        for (int g = 0; g < BN_GROUP; g++) {
+            m[g] = lanes_total(&sum[g]) / C;
+        }
+        add_sqdev_rows(ss, x, C, m);
+        for (int g = 0; g < used; g++) {
+            const float *xr = x[g];
+            float *y = out + (size_t)rows[g] * C;
+            float mf = (float)m[g];
+            float rs = (float)(1.0 / sqrt(lanes_total(&ss[g]) / C + eps));
+            for (int i = 0; i < C; i++) {
+                y[i] = (xr[i] - mf) * rs * w[i] + b[i];
+            }
+            mean[rows[g]] = mf;
+            rstd[rows[g]] = rs;
+        }
     }
 }
 
