@@ -88,7 +88,7 @@ static inline void lanes_put(lanes *a, const lanes_v *v)
 }
 
 /* a[g] += x[g] (n) for the BN_GROUP slots g, element i into lane i % LANES */
-static void add_rows(lanes *a, const float *const *x, int n)
+static MMP_CPU_INLINE void add_rows(lanes *a, const float *const *x, int n)
 {
     lanes_v s0, s1, s2, s3, v0, v1, v2, v3;
     lanes_get(&s0, &a[0]);
@@ -120,7 +120,7 @@ static void add_rows(lanes *a, const float *const *x, int n)
 }
 
 /* a[g] += (x[g] - m[g])^2 over x[g] (n), in double */
-static void add_sqdev_rows(lanes *a, const float *const *x, int n, const double *m)
+static MMP_CPU_INLINE void add_sqdev_rows(lanes *a, const float *const *x, int n, const double *m)
 {
     lanes_v s0, s1, s2, s3, d0, d1, d2, d3;
     lanes_get(&s0, &a[0]);
@@ -160,8 +160,9 @@ static void add_sqdev_rows(lanes *a, const float *const *x, int n, const double 
 /* add_grad_row (w NULL) for two slots g = 0, 1: four sums of LANES doubles
  * are what the 16 vector registers of baseline x86-64 hold beside the
  * temporaries, so backward takes a group's slots two at a time */
-static void add_grad_rows2(lanes *g_sum, lanes *gx_sum, const float *const *dy,
-                           const float *const *x, int n, const float *m, const float *rs)
+static MMP_CPU_INLINE void add_grad_rows2(lanes *g_sum, lanes *gx_sum, const float *const *dy,
+                                          const float *const *x, int n, const float *m,
+                                          const float *rs)
 {
     lanes_v g0, g1, h0, h1, w;
     lanes_get(&g0, &g_sum[0]);
@@ -202,7 +203,7 @@ static void add_grad_rows2(lanes *g_sum, lanes *gx_sum, const float *const *dy,
 }
 
 /* The channels of the group at c0 within [c0, hi): ch[g], the last repeated. */
-static int group_channels(int *ch, size_t c0, size_t hi)
+static MMP_CPU_INLINE int group_channels(int *ch, size_t c0, size_t hi)
 {
     int n = 0;
     for (int g = 0; g < BN_GROUP; g++) {
@@ -232,7 +233,7 @@ static size_t bn_grain(int N, int HW)
     return per_channel >= BN_GRAIN_FLOATS ? 1 : BN_GRAIN_FLOATS / (per_channel ? per_channel : 1);
 }
 
-static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
 {
     const bn_args *a = p;
     float *out = a->out, *mean = a->mean, *rstd = a->rstd;
@@ -330,7 +331,7 @@ void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamm
     }
 }
 
-static void bn_bwd_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void bn_bwd_range(void *p, size_t lo, size_t hi)
 {
     const bn_args *a = p;
     float *dinp = a->dinp, *dgamma = a->dgamma, *dbeta = a->dbeta;
