@@ -128,7 +128,7 @@ typedef struct mmp_backend_ops {
                           mmp_precision prec);
 
     /* ---- conv2d -------------------------------------------------------- */
-    /* Floats of scratch the caller passes to conv2d (CPU: one im2col; CUDA: 0,
+    /* Floats of scratch the caller passes to conv2d (CPU: im2col matrices; CUDA: 0,
      * cuDNN uses the context's workspace). scratch may be NULL when it is 0. */
     size_t (*conv2d_scratch_floats)(const mmp_conv_shape *s);
     // out (N,OC,OH,OW), inp (N,C,H,W), w (OC,C,KH,KW), b (OC) or NULL
@@ -157,6 +157,14 @@ typedef struct mmp_backend_ops {
     void (*batchnorm_bwd)(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
                           const float *dout, const float *inp, const float *mean, const float *rstd,
                           const float *gamma, int N, int C, int HW);
+    /* batchnorm_bwd / relu_bwd that write dinp: the bits a zeroed dinp holds
+     * after the accumulating op (0 + x: a -0 becomes +0), without zeroing or
+     * reading dinp first */
+    void (*batchnorm_bwd_set)(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
+                              const float *dout, const float *inp, const float *mean,
+                              const float *rstd, const float *gamma, int N, int C, int HW);
+    void (*relu_bwd_set)(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                         size_t n);
 
     /* ---- elementwise ----------------------------------------------------- */
     // out, inp, dinp, dout (n)

@@ -62,7 +62,8 @@ void mmp_cpu_linear_bwd(float *dinp, float *dw, float *db, const float *dout, co
                         const float *w, int N, int C, int OC);
 
 /* ---- conv2d ------------------------------------------------------------ */
-/* Floats of scratch conv2d needs (one image's im2col matrix). */
+/* Floats of scratch conv2d needs: one image's im2col matrix, or on a small
+ * map a group of images' im2col matrices and their output (conv.c). */
 size_t mmp_cpu_conv2d_scratch_floats(const mmp_conv_shape *s);
 /* out (N,OC,OH,OW) = conv(inp, w) + b;  b (OC) or NULL. scratch may be NULL (then allocated). */
 void mmp_cpu_conv2d_fwd(float *out, const float *inp, const float *w, const float *b,
@@ -87,11 +88,18 @@ void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamm
 void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
                            const float *inp, const float *mean, const float *rstd,
                            const float *gamma, int N, int C, int HW);
+/* mmp_cpu_batchnorm_bwd with dinp written: dinp = 0 + (what it adds), the
+ * bits of the accumulating call on a zeroed dinp, dinp neither zeroed nor read. */
+void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               const float *gamma, int N, int C, int HW);
 
 /* ---- elementwise ------------------------------------------------------- */
 void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n);
 /* dinp += dout * (out > 0); out is the forward output (in-place safe). */
 void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n);
+/* dinp = 0 + dout * (out > 0): mmp_cpu_relu_bwd's bits on a zeroed dinp. */
+void mmp_cpu_relu_bwd_set(float *dinp, const float *dout, const float *out, size_t n);
 /* GELU, tanh approximation (as BERT / GPT-2). */
 void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n);
 void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n);

@@ -115,11 +115,13 @@ static void conv_bwd(mmp_image_net *net, int weight, float *dinp, const float *d
                         net->scratch);
 }
 
+/* dinp written (batch norm's and ReLU's input gradients land in temporaries
+ * that nothing else adds to: the _set ops give a zeroed buffer's bits) */
 static void bn_bwd(mmp_image_net *net, const bn_ref *bn, float *dinp, const float *dout,
                    const float *inp, const float *mean, const float *rstd, int B, int C, int HW)
 {
-    net->be->ops->batchnorm_bwd(net->be, dinp, pg(net, bn->gamma), pg(net, bn->beta), dout, inp,
-                                mean, rstd, pw(net, bn->gamma), B, C, HW);
+    net->be->ops->batchnorm_bwd_set(net->be, dinp, pg(net, bn->gamma), pg(net, bn->beta), dout, inp,
+                                    mean, rstd, pw(net, bn->gamma), B, C, HW);
 }
 
 // dy (B, C, out_h, out_w) -> dx (B, 3, S, S) += (dx NULL: weight gradients only)
@@ -135,9 +137,9 @@ static void stem_bwd(mmp_image_net *net, const image_layer *l, const layer_acts 
                                l->out_w);
         d_act = d;
     }
-    float *d_bn = zeroed(net, net->tmp[1], n);
-    be->ops->relu_bwd(be, d_bn, d_act, a->a1, n);
-    float *d_conv = zeroed(net, net->tmp[2], n);
+    float *d_bn = net->tmp[1];
+    be->ops->relu_bwd_set(be, d_bn, d_act, a->a1, n);
+    float *d_conv = net->tmp[2];
     bn_bwd(net, &l->bn1, d_conv, d_bn, a->c1, a->mean1, a->rstd1, B, l->c, l->h * l->w);
     conv_bwd(net, l->conv1, dx, d_conv, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, 1);
 }
@@ -150,19 +152,19 @@ static void block_bwd(mmp_image_net *net, const image_layer *l, const layer_acts
     int HW = l->h * l->w;
     mmp_backend *be = net->be;
     /* d_sum: gradient of the residual sum, shared by both branches until the end */
-    float *d_sum = zeroed(net, net->tmp[0], n);
-    be->ops->relu_bwd(be, d_sum, dy, a->out, n);
-    float *d_c2 = zeroed(net, net->tmp[1], n);
+    float *d_sum = net->tmp[0];
+    be->ops->relu_bwd_set(be, d_sum, dy, a->out, n);
+    float *d_c2 = net->tmp[1];
     bn_bwd(net, &l->bn2, d_c2, d_sum, a->c2, a->mean2, a->rstd2, B, l->c, HW);
     float *d_a1 = zeroed(net, net->tmp[2], n);
     conv_bwd(net, l->conv2, d_a1, d_c2, a->a1, B, l->c, l->h, l->w, l->c, 3, 1);
-    float *d_bn1 = zeroed(net, net->tmp[1], n);
-    be->ops->relu_bwd(be, d_bn1, d_a1, a->a1, n);
-    float *d_c1 = zeroed(net, net->tmp[2], n);
+    float *d_bn1 = net->tmp[1];
+    be->ops->relu_bwd_set(be, d_bn1, d_a1, a->a1, n);
+    float *d_c1 = net->tmp[2];
     bn_bwd(net, &l->bn1, d_c1, d_bn1, a->c1, a->mean1, a->rstd1, B, l->c, HW);
     conv_bwd(net, l->conv1, dx, d_c1, x, B, l->in_c, l->in_h, l->in_w, l->c, 3, l->stride);
     if (l->down) {
-        float *d_cd = zeroed(net, net->tmp[1], n);
+        float *d_cd = net->tmp[1];
         bn_bwd(net, &l->bn_down, d_cd, d_sum, a->cd, a->mean_d, a->rstd_d, B, l->c, HW);
         conv_bwd(net, l->conv_down, dx, d_cd, x, B, l->in_c, l->in_h, l->in_w, l->c, 1, l->stride);
     } else if (dx) {

@@ -39,8 +39,10 @@
     X(batchnorm_fwd_train) \
     X(batchnorm_fwd_infer) \
     X(batchnorm_bwd) \
+    X(batchnorm_bwd_set) \
     X(relu_fwd) \
     X(relu_bwd) \
+    X(relu_bwd_set) \
     X(gelu_fwd) \
     X(gelu_bwd) \
     X(add) \
@@ -166,8 +168,14 @@ FWD(batchnorm_bwd,
     (mmp_backend * be, float *di, float *dg, float *db, const float *d, const float *i,
      const float *m, const float *r, const float *g, int N, int C, int HW),
     (be, di, dg, db, d, i, m, r, g, N, C, HW))
+FWD(batchnorm_bwd_set,
+    (mmp_backend * be, float *di, float *dg, float *db, const float *d, const float *i,
+     const float *m, const float *r, const float *g, int N, int C, int HW),
+    (be, di, dg, db, d, i, m, r, g, N, C, HW))
 FWD(relu_fwd, (mmp_backend * be, float *o, const float *i, size_t n), (be, o, i, n))
 FWD(relu_bwd, (mmp_backend * be, float *di, const float *d, const float *o, size_t n),
+    (be, di, d, o, n))
+FWD(relu_bwd_set, (mmp_backend * be, float *di, const float *d, const float *o, size_t n),
     (be, di, d, o, n))
 FWD(gelu_fwd, (mmp_backend * be, float *o, const float *i, size_t n), (be, o, i, n))
 FWD(gelu_bwd, (mmp_backend * be, float *di, const float *d, const float *i, size_t n),
@@ -356,9 +364,9 @@ static void test_image_through_table(void)
                         K_conv2d_bwd,
                         K_batchnorm_fwd_train,
                         K_batchnorm_fwd_infer,
-                        K_batchnorm_bwd,
+                        K_batchnorm_bwd_set,
                         K_relu_fwd,
-                        K_relu_bwd,
+                        K_relu_bwd_set,
                         K_add,
                         K_transpose,
                         K_maxpool2d_fwd,

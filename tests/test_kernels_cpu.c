@@ -384,6 +384,9 @@ static void test_conv(void)
         {"5x5 s1 p2 wider pad than image", 2, 2, 3, 4, 3, 5, 5, 1, 2},
         {"1x3 s1 p1 (OH = H + 2)", 1, 2, 3, 4, 2, 1, 3, 1, 1},
         {"3x3 s1 p1 one column", 1, 2, 4, 1, 2, 3, 3, 1, 1},
+        /* stride 2 on an even map: im2col / col2im's phase-plane path */
+        {"3x3 s2 p1 even map", 3, 3, 8, 6, 4, 3, 3, 2, 1},
+        {"1x1 s2 p0 even map", 2, 4, 6, 4, 3, 1, 1, 2, 0},
     };
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, 2, 3, 32, 32, 8, 3, 3, 2, 1);
@@ -513,6 +516,16 @@ static void test_batchnorm(void)
     float *only = fzeros(n);
     mmp_cpu_batchnorm_bwd(only, NULL, NULL, R, x, mean, rstd, gamma, N, C, HW);
     check_alone("dinp", only, dx1, n);
+
+    /* _set writes what the accumulating call leaves in a zeroed dinp, bit
+     * for bit, whatever dinp held (a NaN here), and the same parameter
+     * gradients */
+    float *set = fcopy(x, n), *dg2 = fzeros(C), *db2 = fzeros(C);
+    set[0] = NAN;
+    mmp_cpu_batchnorm_bwd_set(set, dg2, db2, R, x, mean, rstd, gamma, N, C, HW);
+    CHECK(memcmp(set, dx1, n * sizeof(float)) == 0);
+    CHECK(memcmp(dg2, dg1, C * sizeof(float)) == 0);
+    CHECK(memcmp(db2, db1, C * sizeof(float)) == 0);
     release_all();
 }
 
@@ -577,6 +590,21 @@ static void check_unary(const char *name, size_t n, float lo, float hi, double (
 static void test_relu(void)
 {
     check_unary("relu", 24, -1, 1, relu_d, mmp_cpu_relu_fwd, mmp_cpu_relu_bwd, 1, 1);
+    /* relu_bwd_set: relu_bwd's bits on a zeroed dinp (-0 in dout becomes +0,
+     * a non-positive out gives +0), whatever dinp held */
+    snprintf(case_name, sizeof case_name, "relu_bwd_set");
+    enum { n = 40 };
+    float *out = frand(n, -1, 1), *dout = frand(n, -1, 1);
+    out[0] = 0.5f, dout[0] = -0.0f;
+    out[1] = -0.5f, dout[1] = -0.0f;
+    out[2] = 0.0f;
+    float *acc = fzeros(n), *set = frand(n, -1, 1);
+    set[3] = NAN;
+    mmp_cpu_relu_bwd(acc, dout, out, n);
+    mmp_cpu_relu_bwd_set(set, dout, out, n);
+    CHECK(memcmp(acc, set, n * sizeof(float)) == 0);
+    CHECK(!signbit(set[0]) && !signbit(set[1]));
+    release_all();
 }
 
 static void test_gelu(void)

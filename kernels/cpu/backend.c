@@ -133,6 +133,14 @@ static void cpu_bn_bwd(mmp_backend *be, float *dinp, float *dgamma, float *dbeta
     mmp_cpu_batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
 }
 
+static void cpu_bn_bwd_set(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
+                           const float *dout, const float *inp, const float *mean,
+                           const float *rstd, const float *gamma, int N, int C, int HW)
+{
+    (void)be;
+    mmp_cpu_batchnorm_bwd_set(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
+}
+
 static void cpu_relu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
 {
     (void)be;
@@ -144,6 +152,13 @@ static void cpu_relu_bwd(mmp_backend *be, float *dinp, const float *dout, const 
 {
     (void)be;
     mmp_cpu_relu_bwd(dinp, dout, out, n);
+}
+
+static void cpu_relu_bwd_set(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                             size_t n)
+{
+    (void)be;
+    mmp_cpu_relu_bwd_set(dinp, dout, out, n);
 }
 
 static void cpu_gelu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
@@ -333,8 +348,10 @@ const mmp_backend_ops mmp_backend_cpu_ops = {
     .batchnorm_fwd_train = cpu_bn_train,
     .batchnorm_fwd_infer = cpu_bn_infer,
     .batchnorm_bwd = cpu_bn_bwd,
+    .batchnorm_bwd_set = cpu_bn_bwd_set,
     .relu_fwd = cpu_relu_fwd,
     .relu_bwd = cpu_relu_bwd,
+    .relu_bwd_set = cpu_relu_bwd_set,
     .gelu_fwd = cpu_gelu_fwd,
     .gelu_bwd = cpu_gelu_bwd,
     .add = cpu_add,

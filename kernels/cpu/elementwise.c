@@ -20,7 +20,7 @@ typedef struct {
     const float *a, *b;
 } ew_args;
 
-static void relu_fwd_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void relu_fwd_range(void *p, size_t lo, size_t hi)
 {
     float *out = ((ew_args *)p)->y;
     const float *inp = ((ew_args *)p)->a;
@@ -36,7 +36,7 @@ void mmp_cpu_relu_fwd(float *out, const float *inp, size_t n)
     mmp_cpu_parallel_for(n, EW_GRAIN, relu_fwd_range, &a);
 }
 
-static void relu_bwd_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void relu_bwd_range(void *p, size_t lo, size_t hi)
 {
     float *dinp = ((ew_args *)p)->y;
     const float *dout = ((ew_args *)p)->a, *out = ((ew_args *)p)->b;
@@ -54,6 +54,24 @@ void mmp_cpu_relu_bwd(float *dinp, const float *dout, const float *out, size_t n
     // dinp (n), dout (n), out (n): the forward's output
     ew_args a = {dinp, dout, out};
     mmp_cpu_parallel_for(n, EW_GRAIN, relu_bwd_range, &a);
+}
+
+MMP_CPU_CLONES static void relu_bwd_set_range(void *p, size_t lo, size_t hi)
+{
+    float *dinp = ((ew_args *)p)->y;
+    const float *dout = ((ew_args *)p)->a, *out = ((ew_args *)p)->b;
+    for (size_t i = lo; i < hi; i++) {
+        /* relu_bwd_range with a = +0: 0 + dout (not dout: a -0 becomes +0) */
+        float sum = 0.0f + dout[i];
+        dinp[i] = out[i] > 0.0f ? sum : 0.0f;
+    }
+}
+
+void mmp_cpu_relu_bwd_set(float *dinp, const float *dout, const float *out, size_t n)
+{
+    // dinp (n), dout (n), out (n): the forward's output
+    ew_args a = {dinp, dout, out};
+    mmp_cpu_parallel_for(n, EW_GRAIN, relu_bwd_set_range, &a);
 }
 
 /* exp(x) for x clamped to [-60, 60], within 1 ulp of expf (Cephes' expf:
@@ -93,7 +111,7 @@ static inline float exp_approx(float x)
  * The sigmoid form is what the loops compute: no tanhf call, and no
  * cancellation in 1 + tanh(u) for negative x. The tanhf form is kept in
  * tests/test_kernels_cpu.c as the reference (within 1e-6 of each other). */
-static void gelu_fwd_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void gelu_fwd_range(void *p, size_t lo, size_t hi)
 {
     float *out = ((ew_args *)p)->y;
     const float *inp = ((ew_args *)p)->a;
@@ -111,7 +129,7 @@ void mmp_cpu_gelu_fwd(float *out, const float *inp, size_t n)
     mmp_cpu_parallel_for(n, EW_GRAIN, gelu_fwd_range, &a);
 }
 
-static void gelu_bwd_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void gelu_bwd_range(void *p, size_t lo, size_t hi)
 {
     float *dinp = ((ew_args *)p)->y;
     const float *dout = ((ew_args *)p)->a, *inp = ((ew_args *)p)->b;
@@ -135,7 +153,7 @@ void mmp_cpu_gelu_bwd(float *dinp, const float *dout, const float *inp, size_t n
     mmp_cpu_parallel_for(n, EW_GRAIN, gelu_bwd_range, &a);
 }
 
-static void add_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void add_range(void *p, size_t lo, size_t hi)
 {
     float *out = ((ew_args *)p)->y;
     const float *a = ((ew_args *)p)->a, *b = ((ew_args *)p)->b;

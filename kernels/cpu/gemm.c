@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "kernels/cpu/parallel.h"
 
@@ -42,9 +43,7 @@ void mmp_cpu_linear_fwd(float *out, const float *inp, const float *w, const floa
     float beta = 0.0f;
     if (b) {
         for (int n = 0; n < N; n++) {
-            for (int o = 0; o < OC; o++) {
-                out[(size_t)n * OC + o] = b[o];
-            }
+            memcpy(out + (size_t)n * OC, b, sizeof(float) * (size_t)OC);
         }
         beta = 1.0f;
     }
@@ -62,12 +61,25 @@ void mmp_cpu_linear_bwd(float *dinp, float *dw, float *db, const float *dout, co
         mmp_cpu_gemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     }
     if (db) {
-        for (int o = 0; o < OC; o++) {
-            float sum = 0.0f;
-            for (int n = 0; n < N; n++) {
-                sum += dout[(size_t)n * OC + o];
+        /* db[o] += ((0 + dout[0][o]) + dout[1][o]) + ...: one float sum per o
+         * in row order, kept for DB_CHUNK columns at once so that dout is
+         * read along its rows (a column walk strides OC floats per add) */
+        enum { DB_CHUNK = 256 };
+        for (int o0 = 0; o0 < OC; o0 += DB_CHUNK) {
+            int w = OC - o0 < DB_CHUNK ? OC - o0 : DB_CHUNK;
+            float sum[DB_CHUNK];
+            for (int o = 0; o < w; o++) {
+                sum[o] = 0.0f;
             }
-            db[o] += sum;
+            for (int n = 0; n < N; n++) {
+                const float *row = dout + (size_t)n * OC + o0;
+                for (int o = 0; o < w; o++) {
+                    sum[o] += row[o];
+                }
+            }
+            for (int o = 0; o < w; o++) {
+                db[o0 + o] += sum[o];
+            }
         }
     }
 }

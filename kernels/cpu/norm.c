@@ -14,6 +14,7 @@
 #include "kernels/cpu.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/parallel.h"
 
@@ -26,36 +27,6 @@ typedef struct {
 static double lanes_total(const lanes *a)
 {
     return (a->s[0] + a->s[1]) + (a->s[2] + a->s[3]);
-}
-
-/* a += x (n), element i into lane i % LANES */
-static void add_row(lanes *a, const float *x, int n)
-{
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            a->s[k] += x[i + k];
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        a->s[k] += x[i];
-    }
-}
-
-/* a += (x - m)^2 over x (n), in double */
-static void add_sqdev_row(lanes *a, const float *x, int n, double m)
-{
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            double d = x[i + k] - m;
-            a->s[k] += d * d;
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        double d = x[i] - m;
-        a->s[k] += d * d;
-    }
 }
 
 /* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
@@ -78,6 +49,170 @@ static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, c
     }
 }
 
+/* Batch norm sums BN_GROUP channels side by side: one channel's LANES sums
+ * are LANES chains of dependent double adds, which leave the units mostly
+ * waiting (a latency per element); BN_GROUP channels give BN_GROUP times as
+ * many independent chains. Each channel's own sums keep their order, so the
+ * grouping changes no bit. A group past the range's end repeats its last
+ * channel in the spare slots (summed, then ignored). The sums are vectors
+ * of LANES doubles (GCC / clang vector extensions, plain code on any target):
+ * vector lane k is lanes lane k, and a vector op is LANES scalar ones. */
+#define BN_GROUP 4
+
+typedef double lanes_v __attribute__((vector_size(LANES * sizeof(double))));
+typedef float floats_v __attribute__((vector_size(LANES * sizeof(float))));
+
+/* Helpers take and fill vectors through pointers: a vector wider than the
+ * target's registers as an argument or return value changes the ABI (and
+ * GCC warns of it); inlined, these cost nothing. */
+static inline void load_floats(floats_v *v, const float *p)
+{
+    memcpy(v, p, sizeof *v);
+}
+
+static inline void load_wide(lanes_v *v, const float *p)
+{
+    floats_v f;
+    memcpy(&f, p, sizeof f);
+    *v = __builtin_convertvector(f, lanes_v);
+}
+
+static inline void lanes_get(lanes_v *v, const lanes *a)
+{
+    memcpy(v, a->s, sizeof *v);
+}
+
+static inline void lanes_put(lanes *a, const lanes_v *v)
+{
+    memcpy(a->s, v, sizeof *v);
+}
+
+/* a[g] += x[g] (n) for the BN_GROUP slots g, element i into lane i % LANES */
+static MMP_CPU_INLINE void add_rows(lanes *a, const float *const *x, int n)
+{
+    lanes_v s0, s1, s2, s3, v0, v1, v2, v3;
+    lanes_get(&s0, &a[0]);
+    lanes_get(&s1, &a[1]);
+    lanes_get(&s2, &a[2]);
+    lanes_get(&s3, &a[3]);
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        load_wide(&v0, x0 + i);
+        load_wide(&v1, x1 + i);
+        load_wide(&v2, x2 + i);
+        load_wide(&v3, x3 + i);
+        s0 += v0;
+        s1 += v1;
+        s2 += v2;
+        s3 += v3;
+    }
+    for (int k = 0; i < n; i++, k++) {
+        s0[k] += x0[i];
+        s1[k] += x1[i];
+        s2[k] += x2[i];
+        s3[k] += x3[i];
+    }
+    lanes_put(&a[0], &s0);
+    lanes_put(&a[1], &s1);
+    lanes_put(&a[2], &s2);
+    lanes_put(&a[3], &s3);
+}
+
+/* a[g] += (x[g] - m[g])^2 over x[g] (n), in double */
+static MMP_CPU_INLINE void add_sqdev_rows(lanes *a, const float *const *x, int n, const double *m)
+{
+    lanes_v s0, s1, s2, s3, d0, d1, d2, d3;
+    lanes_get(&s0, &a[0]);
+    lanes_get(&s1, &a[1]);
+    lanes_get(&s2, &a[2]);
+    lanes_get(&s3, &a[3]);
+    const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+    double m0 = m[0], m1 = m[1], m2 = m[2], m3 = m[3];
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        load_wide(&d0, x0 + i);
+        load_wide(&d1, x1 + i);
+        load_wide(&d2, x2 + i);
+        load_wide(&d3, x3 + i);
+        d0 -= m0;
+        d1 -= m1;
+        d2 -= m2;
+        d3 -= m3;
+        s0 += d0 * d0;
+        s1 += d1 * d1;
+        s2 += d2 * d2;
+        s3 += d3 * d3;
+    }
+    for (int k = 0; i < n; i++, k++) {
+        double e0 = x0[i] - m0, e1 = x1[i] - m1, e2 = x2[i] - m2, e3 = x3[i] - m3;
+        s0[k] += e0 * e0;
+        s1[k] += e1 * e1;
+        s2[k] += e2 * e2;
+        s3[k] += e3 * e3;
+    }
+    lanes_put(&a[0], &s0);
+    lanes_put(&a[1], &s1);
+    lanes_put(&a[2], &s2);
+    lanes_put(&a[3], &s3);
+}
+
+/* add_grad_row (w NULL) for two slots g = 0, 1: four sums of LANES doubles
+ * are what the 16 vector registers of baseline x86-64 hold beside the
+ * temporaries, so backward takes a group's slots two at a time */
+static MMP_CPU_INLINE void add_grad_rows2(lanes *g_sum, lanes *gx_sum, const float *const *dy,
+                                          const float *const *x, int n, const float *m,
+                                          const float *rs)
+{
+    lanes_v g0, g1, h0, h1, w;
+    lanes_get(&g0, &g_sum[0]);
+    lanes_get(&g1, &g_sum[1]);
+    lanes_get(&h0, &gx_sum[0]);
+    lanes_get(&h1, &gx_sum[1]);
+    const float *y0 = dy[0], *y1 = dy[1], *x0 = x[0], *x1 = x[1];
+    float m0 = m[0], m1 = m[1], r0 = rs[0], r1 = rs[1];
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        floats_v d0, d1, a0, a1;
+        load_floats(&d0, y0 + i);
+        load_floats(&d1, y1 + i);
+        load_floats(&a0, x0 + i);
+        load_floats(&a1, x1 + i);
+        a0 = d0 * ((a0 - m0) * r0);
+        a1 = d1 * ((a1 - m1) * r1);
+        w = __builtin_convertvector(d0, lanes_v);
+        g0 += w;
+        w = __builtin_convertvector(a0, lanes_v);
+        h0 += w;
+        w = __builtin_convertvector(d1, lanes_v);
+        g1 += w;
+        w = __builtin_convertvector(a1, lanes_v);
+        h1 += w;
+    }
+    for (int k = 0; i < n; i++, k++) {
+        float d0 = y0[i], d1 = y1[i];
+        g0[k] += d0;
+        h0[k] += d0 * ((x0[i] - m0) * r0);
+        g1[k] += d1;
+        h1[k] += d1 * ((x1[i] - m1) * r1);
+    }
+    lanes_put(&g_sum[0], &g0);
+    lanes_put(&g_sum[1], &g1);
+    lanes_put(&gx_sum[0], &h0);
+    lanes_put(&gx_sum[1], &h1);
+}
+
+/* The channels of the group at c0 within [c0, hi): ch[g], the last repeated. */
+static MMP_CPU_INLINE int group_channels(int *ch, size_t c0, size_t hi)
+{
+    int n = 0;
+    for (int g = 0; g < BN_GROUP; g++) {
+        ch[g] = (int)(c0 + (size_t)g < hi ? c0 + (size_t)g : hi - 1);
+        n += c0 + (size_t)g < hi;
+    }
+    return n;
+}
+
 /* batch norm's arguments, for its per-channel range functions */
 typedef struct {
     float *out, *mean, *rstd, *running_mean, *running_var;
@@ -85,6 +220,7 @@ typedef struct {
     const float *inp, *dout, *gamma, *beta;
     const float *mean_in, *rstd_in;
     int N, C, HW;
+    int set; /* backward: dinp written (0 + x), not added to */
     float eps, momentum;
 } bn_args;
 
@@ -97,7 +233,7 @@ static size_t bn_grain(int N, int HW)
     return per_channel >= BN_GRAIN_FLOATS ? 1 : BN_GRAIN_FLOATS / (per_channel ? per_channel : 1);
 }
 
-static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
 {
     const bn_args *a = p;
     float *out = a->out, *mean = a->mean, *rstd = a->rstd;
@@ -106,37 +242,52 @@ static void bn_fwd_train_range(void *p, size_t lo, size_t hi)
     int N = a->N, C = a->C, HW = a->HW;
     float eps = a->eps, momentum = a->momentum;
     size_t count = (size_t)N * HW;
-    for (int c = (int)lo; c < (int)hi; c++) {
-        lanes sum = {{0}};
+    for (size_t c0 = lo; c0 < hi; c0 += BN_GROUP) {
+        int ch[BN_GROUP];
+        int used = group_channels(ch, c0, hi);
+        const float *x[BN_GROUP];
+        lanes sum[BN_GROUP] = {{{0}}};
         for (int n = 0; n < N; n++) {
-            add_row(&sum, inp + ((size_t)n * C + c) * HW, HW);
-        }
-        double m = lanes_total(&sum) / (double)count;
-        lanes ss = {{0}};
-        for (int n = 0; n < N; n++) {
-            add_sqdev_row(&ss, inp + ((size_t)n * C + c) * HW, HW, m);
-        }
-        double var =
-            lanes_total(&ss) / (double)count; /* biased: what the batch is normalised with */
-        float mf = (float)m;
-        float rs = (float)(1.0 / sqrt(var + eps));
-        float g = gamma[c], b = beta[c];
-        mean[c] = mf;
-        rstd[c] = rs;
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            float *y = out + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                y[i] = (x[i] - mf) * rs * g + b;
+            for (int g = 0; g < BN_GROUP; g++) {
+                x[g] = inp + ((size_t)n * C + ch[g]) * HW;
             }
+            add_rows(sum, x, HW);
         }
-        if (running_mean) {
-            running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mf;
+        double m[BN_GROUP];
+        for (int g = 0; g < BN_GROUP; g++) {
+            m[g] = lanes_total(&sum[g]) / (double)count;
         }
-        if (running_var) {
-            /* unbiased, as inference estimates the population variance */
-            double unbiased = count > 1 ? var * (double)count / (double)(count - 1) : var;
-            running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)unbiased;
+        lanes ss[BN_GROUP] = {{{0}}};
+        for (int n = 0; n < N; n++) {
+            for (int g = 0; g < BN_GROUP; g++) {
+                x[g] = inp + ((size_t)n * C + ch[g]) * HW;
+            }
+            add_sqdev_rows(ss, x, HW, m);
+        }
+        for (int g = 0; g < used; g++) {
+            int c = ch[g];
+            /* biased: what the batch is normalised with */
+            double var = lanes_total(&ss[g]) / (double)count;
+            float mf = (float)m[g];
+            float rs = (float)(1.0 / sqrt(var + eps));
+            float gm = gamma[c], b = beta[c];
+            mean[c] = mf;
+            rstd[c] = rs;
+            for (int n = 0; n < N; n++) {
+                const float *xc = inp + ((size_t)n * C + c) * HW;
+                float *y = out + ((size_t)n * C + c) * HW;
+                for (int i = 0; i < HW; i++) {
+                    y[i] = (xc[i] - mf) * rs * gm + b;
+                }
+            }
+            if (running_mean) {
+                running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mf;
+            }
+            if (running_var) {
+                /* unbiased, as inference estimates the population variance */
+                double unbiased = count > 1 ? var * (double)count / (double)(count - 1) : var;
+                running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)unbiased;
+            }
         }
     }
 }
@@ -180,7 +331,7 @@ void mmp_cpu_batchnorm_fwd_infer(float *out, const float *inp, const float *gamm
     }
 }
 
-static void bn_bwd_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void bn_bwd_range(void *p, size_t lo, size_t hi)
 {
     const bn_args *a = p;
     float *dinp = a->dinp, *dgamma = a->dgamma, *dbeta = a->dbeta;
@@ -188,44 +339,66 @@ static void bn_bwd_range(void *p, size_t lo, size_t hi)
     const float *gamma = a->gamma;
     int N = a->N, C = a->C, HW = a->HW;
     double count = (double)N * HW;
-    for (int c = (int)lo; c < (int)hi; c++) {
-        float m = mean[c], rs = rstd[c];
-        lanes dy_sum = {{0}}, dy_xhat_sum = {{0}};
+    for (size_t c0 = lo; c0 < hi; c0 += BN_GROUP) {
+        int ch[BN_GROUP];
+        int used = group_channels(ch, c0, hi);
+        float m[BN_GROUP], rs[BN_GROUP];
+        for (int g = 0; g < BN_GROUP; g++) {
+            m[g] = mean[ch[g]];
+            rs[g] = rstd[ch[g]];
+        }
+        lanes dy_sum[BN_GROUP] = {{{0}}}, dy_xhat_sum[BN_GROUP] = {{{0}}};
         for (int n = 0; n < N; n++) {
-            size_t off = ((size_t)n * C + c) * HW;
-            add_grad_row(&dy_sum, &dy_xhat_sum, dout + off, inp + off, NULL, HW, m, rs);
+            const float *x[BN_GROUP], *dy[BN_GROUP];
+            for (int g = 0; g < BN_GROUP; g++) {
+                size_t off = ((size_t)n * C + ch[g]) * HW;
+                x[g] = inp + off;
+                dy[g] = dout + off;
+            }
+            for (int g = 0; g < BN_GROUP; g += 2) {
+                add_grad_rows2(dy_sum + g, dy_xhat_sum + g, dy + g, x + g, HW, m + g, rs + g);
+            }
         }
-        double sum_dy = lanes_total(&dy_sum), sum_dy_xhat = lanes_total(&dy_xhat_sum);
-        if (dbeta) {
-            dbeta[c] += (float)sum_dy;
-        }
-        if (dgamma) {
-            dgamma[c] += (float)sum_dy_xhat;
-        }
-        if (!dinp) {
-            continue;
-        }
-        float mean_dy = (float)(sum_dy / count);
-        float mean_dy_xhat = (float)(sum_dy_xhat / count);
-        float g = gamma[c] * rs;
-        for (int n = 0; n < N; n++) {
-            const float *x = inp + ((size_t)n * C + c) * HW;
-            const float *dy = dout + ((size_t)n * C + c) * HW;
-            float *dx = dinp + ((size_t)n * C + c) * HW;
-            for (int i = 0; i < HW; i++) {
-                float xhat = (x[i] - m) * rs;
-                dx[i] += g * (dy[i] - mean_dy - xhat * mean_dy_xhat);
+        for (int g = 0; g < used; g++) {
+            int c = ch[g];
+            double sum_dy = lanes_total(&dy_sum[g]), sum_dy_xhat = lanes_total(&dy_xhat_sum[g]);
+            if (dbeta) {
+                dbeta[c] += (float)sum_dy;
+            }
+            if (dgamma) {
+                dgamma[c] += (float)sum_dy_xhat;
+            }
+            if (!dinp) {
+                continue;
+            }
+            float mc = m[g], rc = rs[g];
+            float mean_dy = (float)(sum_dy / count);
+            float mean_dy_xhat = (float)(sum_dy_xhat / count);
+            float gr = gamma[c] * rc;
+            for (int n = 0; n < N; n++) {
+                const float *x = inp + ((size_t)n * C + c) * HW;
+                const float *dy = dout + ((size_t)n * C + c) * HW;
+                float *dx = dinp + ((size_t)n * C + c) * HW;
+                if (a->set) {
+                    for (int i = 0; i < HW; i++) {
+                        float xhat = (x[i] - mc) * rc;
+                        dx[i] = 0.0f + gr * (dy[i] - mean_dy - xhat * mean_dy_xhat);
+                    }
+                    continue;
+                }
+                for (int i = 0; i < HW; i++) {
+                    float xhat = (x[i] - mc) * rc;
+                    dx[i] += gr * (dy[i] - mean_dy - xhat * mean_dy_xhat);
+                }
             }
         }
     }
 }
 
-void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
-                           const float *inp, const float *mean, const float *rstd,
-                           const float *gamma, int N, int C, int HW)
+static void batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                          const float *inp, const float *mean, const float *rstd,
+                          const float *gamma, int N, int C, int HW, int set)
 {
-    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
-    // mean (C), rstd (C), gamma (C)
     bn_args a = {.dinp = dinp,
                  .dgamma = dgamma,
                  .dbeta = dbeta,
@@ -236,28 +409,60 @@ void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float
                  .gamma = gamma,
                  .N = N,
                  .C = C,
-                 .HW = HW};
+                 .HW = HW,
+                 .set = set};
     mmp_cpu_parallel_for((size_t)C, bn_grain(N, HW), bn_bwd_range, &a);
+}
+
+void mmp_cpu_batchnorm_bwd(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                           const float *inp, const float *mean, const float *rstd,
+                           const float *gamma, int N, int C, int HW)
+{
+    // dinp (N,C,HW), dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
+    // mean (C), rstd (C), gamma (C)
+    batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 0);
+}
+
+void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               const float *gamma, int N, int C, int HW)
+{
+    // dinp (N,C,HW) written, dgamma (C), dbeta (C), dout (N,C,HW), inp (N,C,HW),
+    // mean (C), rstd (C), gamma (C)
+    batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 1);
 }
 
 void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
                            const float *b, int N, int C, float eps)
 {
     // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
-        lanes sum = {{0}}, ss = {{0}};
-        add_row(&sum, x, C);
-        double m = lanes_total(&sum) / C;
-        add_sqdev_row(&ss, x, C, m);
-        float mf = (float)m;
-        float rs = (float)(1.0 / sqrt(lanes_total(&ss) / C + eps));
-        for (int i = 0; i < C; i++) {
-            y[i] = (x[i] - mf) * rs * w[i] + b[i];
+    /* rows summed BN_GROUP side by side, as batch norm's channels: each row's
+     * sums in its own order */
+    for (int n0 = 0; n0 < N; n0 += BN_GROUP) {
+        int rows[BN_GROUP];
+        int used = group_channels(rows, (size_t)n0, (size_t)N);
+        const float *x[BN_GROUP];
+        for (int g = 0; g < BN_GROUP; g++) {
+            x[g] = inp + (size_t)rows[g] * C;
         }
-        mean[n] = mf;
-        rstd[n] = rs;
+        lanes sum[BN_GROUP] = {{{0}}}, ss[BN_GROUP] = {{{0}}};
+        add_rows(sum, x, C);
+        double m[BN_GROUP];
+        for (int g = 0; g < BN_GROUP; g++) {
+            m[g] = lanes_total(&sum[g]) / C;
+        }
+        add_sqdev_rows(ss, x, C, m);
+        for (int g = 0; g < used; g++) {
+            const float *xr = x[g];
+            float *y = out + (size_t)rows[g] * C;
+            float mf = (float)m[g];
+            float rs = (float)(1.0 / sqrt(lanes_total(&ss[g]) / C + eps));
+            for (int i = 0; i < C; i++) {
+                y[i] = (xr[i] - mf) * rs * w[i] + b[i];
+            }
+            mean[rows[g]] = mf;
+            rstd[rows[g]] = rs;
+        }
     }
 }
 

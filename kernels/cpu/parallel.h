@@ -28,4 +28,22 @@ void mmp_cpu_parallel_for(size_t n, size_t grain, mmp_cpu_range_fn fn, void *ctx
  * later loops run on the caller. Called by mmp_cpu_set_threads. */
 void mmp_cpu_pool_resize(int n);
 
+/* On x86-64 Linux with GCC or clang, a loop function marked MMP_CPU_CLONES is
+ * compiled twice, for AVX2 and for the baseline, and the dynamic loader
+ * picks one for the CPU (an ifunc). The build keeps floating-point
+ * contraction off (no FMA) and never reassociates, so both compute the
+ * same bits; only the vector width differs. Elsewhere it is empty. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(MMP_NO_CLONES)
+#define MMP_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MMP_CPU_CLONES
+#endif
+/* For the helpers such a loop calls: inlined into each clone, so that they
+ * are compiled for its target too (a call would run the baseline code). */
+#if defined(__GNUC__)
+#define MMP_CPU_INLINE inline __attribute__((always_inline))
+#else
+#define MMP_CPU_INLINE inline
+#endif
+
 #endif

@@ -322,6 +322,16 @@ static void cuda_bn_bwd(mmp_backend *be, float *dinp, float *dgamma, float *dbet
                                    HW));
 }
 
+/* The _set ops on the device: zero, then the accumulating kernel (the same
+ * bits by definition; a fused kernel would save the memset). */
+static void cuda_bn_bwd_set(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
+                            const float *dout, const float *inp, const float *mean,
+                            const float *rstd, const float *gamma, int N, int C, int HW)
+{
+    cuda_zero(be, dinp, (size_t)N * C * HW * sizeof(float));
+    cuda_bn_bwd(be, dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
+}
+
 static void cuda_relu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
 {
     REC(be, mmp_cuda_relu_fwd(CTX(be), out, inp, n));
@@ -331,6 +341,13 @@ static void cuda_relu_bwd(mmp_backend *be, float *dinp, const float *dout, const
                           size_t n)
 {
     REC(be, mmp_cuda_relu_bwd(CTX(be), dinp, dout, out, n));
+}
+
+static void cuda_relu_bwd_set(mmp_backend *be, float *dinp, const float *dout, const float *out,
+                              size_t n)
+{
+    cuda_zero(be, dinp, n * sizeof(float));
+    cuda_relu_bwd(be, dinp, dout, out, n);
 }
 
 static void cuda_gelu_fwd(mmp_backend *be, float *out, const float *inp, size_t n)
@@ -513,8 +530,10 @@ const mmp_backend_ops mmp_backend_cuda_ops = {
     .batchnorm_fwd_train = cuda_bn_train,
     .batchnorm_fwd_infer = cuda_bn_infer,
     .batchnorm_bwd = cuda_bn_bwd,
+    .batchnorm_bwd_set = cuda_bn_bwd_set,
     .relu_fwd = cuda_relu_fwd,
     .relu_bwd = cuda_relu_bwd,
+    .relu_bwd_set = cuda_relu_bwd_set,
     .gelu_fwd = cuda_gelu_fwd,
     .gelu_bwd = cuda_gelu_bwd,
     .add = cuda_add,
