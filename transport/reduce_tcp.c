@@ -82,7 +82,9 @@ struct mmp_reduce_tcp {
     int attached; /* rank 0: ranks connected (under mu) */
     uint64_t rounds;
     int failed;
-    float *buf; /* rank 0: R regions of capacity floats */
+    float *buf;    /* rank 0: R regions of stride floats */
+    size_t stride; /* capacity rounded up to 16 floats: every region 64-byte aligned, so a
+                    * region read as doubles is aligned whatever the capacity */
 };
 
 static void *accept_thread(void *arg)
@@ -176,7 +178,9 @@ mmp_err mmp_reduce_tcp_open(mmp_reduce_tcp **out, const mmp_reduce_cfg *cfg)
     mmp_err e = MMP_OK;
     if (r->rank == 0) {
         char bound[MMP_SOCK_ADDR_MAX];
-        r->buf = malloc((size_t)r->replicas * (r->capacity ? r->capacity : 1) * sizeof(float));
+        r->stride = (r->capacity + 15) / 16 * 16;
+        r->buf =
+            aligned_alloc(64, (size_t)r->replicas * (r->stride ? r->stride : 16) * sizeof(float));
         e = r->buf ? mmp_sock_listen(&r->lfd, r->what, cfg->name, bound, sizeof bound)
                    : mmp_errorf(MMP_ERR_NOMEM, "reduce %s: %d x %zu floats", cfg->name, r->replicas,
                                 r->capacity);
@@ -346,7 +350,7 @@ mmp_err mmp_reduce_tcp_round(mmp_reduce_tcp *r, void *v, size_t n, size_t size)
             break;
         }
         if (e == MMP_OK) {
-            float *dst = r->buf + (size_t)k * r->capacity;
+            float *dst = r->buf + (size_t)k * r->stride;
             e = mmp_sock_read(r->fd[k], r->what, dst, (size_t)f.n * sizeof(float), deadline, -1,
                               NULL);
         }
@@ -360,7 +364,7 @@ mmp_err mmp_reduce_tcp_round(mmp_reduce_tcp *r, void *v, size_t n, size_t size)
             /* ((v0 + v1) + v2) + ...: the shm reduce's order, element by
              * element, each rank added as soon as it is in (the ranks are
              * read in rank order): while later ranks still compute. */
-            const float *src = r->buf + (size_t)k * r->capacity;
+            const float *src = r->buf + (size_t)k * r->stride;
             if (size == sizeof(float)) {
                 add_f32(v, src, n);
             } else {
