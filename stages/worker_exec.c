@@ -947,6 +947,9 @@ mmp_err worker_run_step(worker *w, int step)
 {
     const Mmpipe__Assignment *a = w->asg;
     double t0 = mmp_now();
+    if (w->cpu_mark == 0) {
+        w->cpu_mark = mmp_metrics_cpu_ms();
+    }
     /* The gradients are zeroed just before the step's first instruction that
      * writes or reads them, not here: the forwards before it (on a first
      * stage, what every later stage waits for) start sooner. */
@@ -1068,6 +1071,9 @@ mmp_err worker_run_step(worker *w, int step)
     d.itm = w->loss.itm;
     d.max_inflight = w->max_inflight;
     d.skipped = w->skipped;
+    double cpu = mmp_metrics_cpu_ms();
+    d.cpu_ms = (float)(cpu - w->cpu_mark);
+    w->cpu_mark = cpu;
     env.body_case = MMPIPE__ENVELOPE__BODY_STEP_DONE;
     env.step_done = &d;
     return worker_send_env(w, &env);
