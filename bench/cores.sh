@@ -13,7 +13,8 @@
 # balance efficiency (measured, metrics.jsonl; and the ratio / cores: the
 # single process's compute spread over the cores, the bar's 0.9), the
 # bubble, CPU time per step of all processes (single vs pipeline: the most
-# the pipeline could reach with no bubble), the planner's prediction, and
+# the pipeline could reach with no bubble; whole runs, and per process over
+# the measured steps from metrics.jsonl's cpu_ms), the planner's prediction, and
 # where the pipeline's step goes:
 # per process, median ms per step of compute (F, B, L, OPT) and of waiting
 # in the replicas' reduce and gather (trace.json, last round).
@@ -26,7 +27,7 @@
 #                  [--set KEY=VALUE]...
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/cores.sh 26 --bin=BIN=build/mmpipe --out=OUT=runs/bench-cores --rounds=ROUNDS=2 \
+bench_args bench/cores.sh 27 --bin=BIN=build/mmpipe --out=OUT=runs/bench-cores --rounds=ROUNDS=2 \
   --steps=STEPS=150 --from=FROM=31 --pin=PIN=auto --routing=ROUTING=round_robin --set=+sets -- "$@"
 bench_need_bin
 . tests/lib.sh # median, metric
@@ -74,9 +75,52 @@ echo "balance efficiency: measured $(med "${eff[@]}") (${eff[*]}; busy is wall t
 echo "processes sharing a core count their wait for it); ratio / cores $(awk -v a="$P" -v b="$S1" -v c="$cores" 'BEGIN { printf "%.2f", a / b / c }');"
 echo "bubble $(med "${bub[@]}") (${bub[*]})"
 C1=$(med "${c1[@]}") CP=$(med "${cp[@]}")
-echo "CPU per step (all processes, start-up included): single t1 $C1 ms, pipeline $CP ms ($(ratio "$CP" "$C1")x):"
-echo "with no bubble at all the pipeline could reach $(awk -v a="$C1" -v b="$CP" -v c="$cores" 'BEGIN { printf "%.2f", c * a / b }')x on $cores cores"
+echo "CPU per step (all processes, start-up, profiling and relaunch included): single t1 $C1 ms,"
+echo "pipeline $CP ms ($(ratio "$CP" "$C1")x)"
 echo "planner: ${why:-no re-placement}"
+echo
+echo "CPU ms per step of each process (metrics.jsonl cpu_ms: getrusage, user + system, every"
+echo "thread, from one step's record to the next; medians over steps $FROM-$STEPS, per round, then"
+echo "over rounds; load inflates CPU time much less than wall time):"
+/usr/bin/python3 - "$OUT" "$ROUNDS" "$FROM" "$STEPS" "$cores" <<'PY'
+import collections, json, statistics, sys
+out, rounds, lo, hi, cores = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+med = statistics.median
+def per_proc(run):
+    """{process: median cpu_ms}, "coordinator" and "all" included, over steps lo..hi"""
+    rows = collections.defaultdict(list)
+    for line in open("%s/%s/metrics.jsonl" % (out, run)):
+        r = json.loads(line)
+        if not lo <= r["step"] <= hi or "cpu_ms" not in r:
+            continue
+        own = 0.0
+        for s in r["stages"]:
+            if "cpu_ms" in s:
+                rows["%s/%d" % (s["name"], s.get("replica", 0))].append(s["cpu_ms"])
+                own += s["cpu_ms"]
+        if len(r["stages"]) > 1:
+            rows["coordinator"].append(r["cpu_ms"] - own)
+        rows["all"].append(r["cpu_ms"])
+    return {k: med(v) for k, v in rows.items()}
+single = [per_proc("single-t1-%d" % k) for k in range(1, rounds + 1)]
+pipe = [per_proc("pipeline-%d" % k) for k in range(1, rounds + 1)]
+if not all("all" in x for x in single + pipe):
+    print("(no cpu_ms in metrics.jsonl: a binary older than this script)")
+    sys.exit(0)
+procs = sorted({k for x in pipe for k in x if k != "all"}, key=lambda k: (k == "coordinator", k))
+print("| process | CPU ms per step (per round) |")
+print("|---|---|")
+def row(name, xs, key):
+    v = [x.get(key) for x in xs if key in x]
+    print("| %s | %.1f (%s) |" % (name, med(v), " ".join("%.1f" % a for a in v)))
+row("`--single-process` t1", single, "all")
+for k in procs:
+    row("pipeline " + k, pipe, k)
+row("pipeline, all processes", pipe, "all")
+s1, sp = med(x["all"] for x in single), med(x["all"] for x in pipe)
+print("\npipeline / single CPU per step: %.3fx; with no bubble at all the pipeline could reach"
+      " %.2fx on %d cores" % (sp / s1, cores * s1 / sp, cores))
+PY
 echo
 echo "where the pipeline's step goes (ms per step, medians over steps $FROM-$STEPS, $last/trace.json):"
 /usr/bin/python3 - "$last/trace.json" "$FROM" "$STEPS" <<'PY'

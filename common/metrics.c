@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,20 +21,30 @@ static void stage_clear(mmp_metrics_stage *s)
     memset(s, 0, sizeof *s);
     s->replica = s->microbatches = s->max_inflight = -1;
     s->busy_ms = s->idle_ms = s->wall_ms = s->data_wait_ms = NAN;
-    s->fwd_ms = s->bwd_ms = s->load_ms = s->peak_mem_bytes = s->wgt_ms = NAN;
+    s->fwd_ms = s->bwd_ms = s->load_ms = s->peak_mem_bytes = s->wgt_ms = s->cpu_ms = NAN;
 }
 
 void mmp_metrics_step_clear(mmp_metrics_step *m)
 {
     memset(m, 0, sizeof *m);
     m->step = m->skipped_samples = m->step_skipped = -1;
-    m->loss_scale = NAN;
+    m->loss_scale = m->cpu_ms = NAN;
     m->loss = m->itc_loss = m->itm_loss = m->lr = m->grad_norm = NAN;
     m->samples_per_s = m->step_ms = m->data_ms = m->bubble = NAN;
     m->efficiency = m->val_i2t_r1 = m->val_t2i_r1 = NAN;
     for (int i = 0; i < MMP_METRICS_MAX_STAGES; i++) {
         stage_clear(&m->stages[i]);
     }
+}
+
+double mmp_metrics_cpu_ms(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) {
+        return NAN;
+    }
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
 }
 
 /* ---- reading -------------------------------------------------------------------- */
@@ -105,6 +116,7 @@ static const field FIELDS[] = {
     /* optional: a line without them (older runs) still reads */
     {"loss_scale", IN_STEP, offsetof(mmp_metrics_step, loss_scale), 0, "%.9g", 1, 0},
     {"step_skipped", IN_STEP, offsetof(mmp_metrics_step, step_skipped), 1, "%d", 1, 0},
+    {"cpu_ms", IN_STEP, offsetof(mmp_metrics_step, cpu_ms), 0, "%.4g", 1, 0},
     STAGE_INT(replica, 0),
     STAGE_INT(microbatches, 1),
     STAGE(busy_ms),
@@ -117,6 +129,7 @@ static const field FIELDS[] = {
     STAGE(load_ms),
     STAGE_INT(max_inflight, 1),
     {"peak_mem_bytes", IN_STAGE, offsetof(mmp_metrics_stage, peak_mem_bytes), 0, "%.0f", 1, 0},
+    STAGE(cpu_ms),
     {"efficiency", IN_BALANCE, offsetof(mmp_metrics_step, efficiency), 0, "%.4f", 0, 0},
     {"val_i2t_r1", IN_EVAL, offsetof(mmp_metrics_step, val_i2t_r1), 0, "%.4f", 0, 1},
     {"val_t2i_r1", IN_EVAL, offsetof(mmp_metrics_step, val_t2i_r1), 0, "%.4f", 0, 1},

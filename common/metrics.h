@@ -21,6 +21,8 @@
  *                            train.loss_scale_window clean ones; 1 unless fp16)
  *   step_skipped     int     1 when the optimizer step was skipped (an inf/nan
  *                            gradient under fp16: every stage skipped it), else 0
+ *   cpu_ms           number  CPU time over the step of all processes (pipeline
+ *                            runs: the stages' and the coordinator's)
  *   stages           list, one object per process:
  *     name           string  "image.0", "text.0", "fusion" ("single" single-process)
  *     replica        int     0 .. replicas - 1
@@ -34,6 +36,9 @@
  *     load_ms        number  -  loading per micro-batch
  *     max_inflight   int     -  most micro-batches held between F and B (zb-h1: W)
  *     peak_mem_bytes int     peak resident memory
+ *     cpu_ms         number  CPU time (user + system, all its threads) the process
+ *                            used over the step (getrusage: what load does not
+ *                            inflate the way it does wall time)
  *   balance          object  -  {efficiency: number, placement: string
  *                               ("image.0[0:3):2 image.1[3:6):1 text.0:1 fusion:1",
  *                               coordinator/placement.h), decision: object or null}
@@ -65,6 +70,7 @@ typedef struct mmp_metrics_stage {
     double wgt_ms; /* zb-h1: the weight passes' part of bwd_ms; NAN when fused */
     int max_inflight;
     double peak_mem_bytes;
+    double cpu_ms; /* CPU time of the process over the step; NAN when absent */
 } mmp_metrics_stage;
 
 typedef struct mmp_metrics_step {
@@ -74,6 +80,7 @@ typedef struct mmp_metrics_step {
     int skipped_samples;
     double bubble;
     double loss_scale; /* NAN when absent (lines written before loss scaling) */
+    double cpu_ms;     /* every process's CPU time over the step, the coordinator's included */
     int step_skipped;  /* -1 when absent */
     int has_stages;    /* the line has a "stages" list (every step record does) */
     int n_stages;
@@ -90,6 +97,10 @@ typedef struct mmp_metrics_step {
 /* Sets every field of m, every stages[] entry included, to "absent" (NAN,
  * -1, 0 flags, ""). */
 void mmp_metrics_step_clear(mmp_metrics_step *m);
+
+/* CPU time (user + system, every thread) this process has used so far, in
+ * ms (getrusage RUSAGE_SELF); a step's is the difference of two calls. */
+double mmp_metrics_cpu_ms(void);
 
 /* ---- reading -------------------------------------------------------------------- */
 

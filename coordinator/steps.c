@@ -292,7 +292,10 @@ static const Mmpipe__StepDone *done_of(const coord *c, int i)
 
 /* The step's metrics.jsonl line (common/metrics.h), from the stages'
  * reports. Returns 1 (c->failure set) when it cannot be written. */
-static int write_metrics(coord *c, int step, double step_ms, double grad_norm, int eval)
+/* coord_cpu_ms: the coordinator's own CPU time over the step (from the end
+ * of the previous step's record to this one's). */
+static int write_metrics(coord *c, int step, double step_ms, double grad_norm, int eval,
+                         double coord_cpu_ms)
 {
     const mmp_plan *p = c->plan;
     static mmp_metrics_step m;
@@ -323,6 +326,7 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     m.bubble = wall > 0 ? idle / wall : 0;
     m.loss_scale = c->ls.scale;
     m.step_skipped = c->step_skipped;
+    m.cpu_ms = coord_cpu_ms;
     m.has_stages = 1;
     m.n_stages = c->n;
     for (int i = 0; i < c->n && i < MMP_METRICS_MAX_STAGES; i++) {
@@ -348,6 +352,8 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
         st->load_ms = d->data_ms / n_mb;
         st->max_inflight = d->max_inflight;
         st->peak_mem_bytes = (double)d->peak_mem_bytes;
+        st->cpu_ms = d->cpu_ms;
+        m.cpu_ms += d->cpu_ms;
     }
     m.has_balance = 1;
     m.efficiency = c->bal.efficiency;
@@ -537,6 +543,7 @@ int coord_run_steps(coord *c, int first_step)
     mmp_progress progress;
     mmp_progress_init(&progress, p->job.steps, 10);
     c->in_steps = 1;
+    double cpu_prev = mmp_metrics_cpu_ms();
     for (int step = first_step; step < p->job.steps; step++) {
         if (step == first_step && mmp_interrupt_signal()) {
             c->stopped = 1; /* nothing trained since the state this launch started from */
@@ -617,9 +624,11 @@ int coord_run_steps(coord *c, int first_step)
         if (balance(c, done, step_ms)) {
             break;
         }
-        if (write_metrics(c, step, step_ms, norm, eval)) {
+        double cpu_now = mmp_metrics_cpu_ms();
+        if (write_metrics(c, step, step_ms, norm, eval, cpu_now - cpu_prev)) {
             break;
         }
+        cpu_prev = cpu_now;
         if (eval) {
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done,

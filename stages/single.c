@@ -644,7 +644,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
              (long long)(t.val ? mmp_dataset_size(t.val) : 0));
     mmp_progress progress;
     mmp_progress_init(&progress, plan->job.steps, 10);
-    double run_t0 = mmp_now();
+    double run_t0 = mmp_now(), cpu_mark = mmp_metrics_cpu_ms();
     for (int step = first_step; step < plan->job.steps; step++) {
         double t0 = mmp_now(), data_s = 0, grad_norm = 0;
         mmp_loss_parts parts;
@@ -654,7 +654,10 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             mmp_progress_end(&progress);
             goto exit;
         }
-        double step_s = mmp_now() - t0;
+        double step_s = mmp_now() - t0, cpu_now = mmp_metrics_cpu_ms();
+        /* from the previous step's record: what happens between steps counts */
+        double cpu_ms = cpu_now - cpu_mark;
+        cpu_mark = cpu_now;
         int done = step + 1;
         if (step_skipped) {
             mmp_progress_end(&progress);
@@ -677,12 +680,14 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         rec.bubble = 0;
         rec.loss_scale = t.ls.scale;
         rec.step_skipped = step_skipped;
+        rec.cpu_ms = cpu_ms;
         rec.n_stages = 1;
         mmp_metrics_stage *st = &rec.stages[0];
         snprintf(st->name, sizeof st->name, "single");
         st->replica = 0;
         st->busy_ms = step_s * 1e3;
         st->idle_ms = 0;
+        st->cpu_ms = cpu_ms;
         st->peak_mem_bytes =
             t.gpu >= 0 ? (double)mmp_backend_device_bytes(t.be) : (double)peak_rss_bytes();
         if (mmp_plan_eval_due(plan, done)) {

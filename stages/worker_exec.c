@@ -916,13 +916,20 @@ static mmp_err do_grad_norm(worker *w, int step)
     }
     mmp_params_grad_finish(w->params);
     mmp_params_grad_unscale(w->params, w->loss_scale);
-    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
-    Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
-    g.step = step;
-    g.sumsq = mmp_params_grad_sumsq(w->params);
-    env.body_case = MMPIPE__ENVELOPE__BODY_GRAD_NORM;
-    env.grad_norm = &g;
-    MMP_TRY(worker_send_env(w, &env));
+    /* Every replica now holds the same sums, bit for bit, and the
+     * coordinator takes one norm per stage: only the last replica, the
+     * reduce chain's last rank and so the first to hold them, computes and
+     * sends it; the others go straight to waiting for the coefficient (one
+     * pass over the gradients and two control messages less each). */
+    if (!w->reduce || w->asg->replica == w->replicas - 1) {
+        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+        Mmpipe__GradNorm g = MMPIPE__GRAD_NORM__INIT;
+        g.step = step;
+        g.sumsq = mmp_params_grad_sumsq(w->params);
+        env.body_case = MMPIPE__ENVELOPE__BODY_GRAD_NORM;
+        env.grad_norm = &g;
+        MMP_TRY(worker_send_env(w, &env));
+    }
     Mmpipe__Envelope *reply;
     MMP_TRY(worker_wait_for(w, MMPIPE__ENVELOPE__BODY_CLIP, &reply));
     int ok = reply->clip->step == step;
@@ -947,6 +954,9 @@ mmp_err worker_run_step(worker *w, int step)
 {
     const Mmpipe__Assignment *a = w->asg;
     double t0 = mmp_now();
+    if (w->cpu_mark == 0) {
+        w->cpu_mark = mmp_metrics_cpu_ms();
+    }
     /* The gradients are zeroed just before the step's first instruction that
      * writes or reads them, not here: the forwards before it (on a first
      * stage, what every later stage waits for) start sooner. */
@@ -1068,6 +1078,9 @@ mmp_err worker_run_step(worker *w, int step)
     d.itm = w->loss.itm;
     d.max_inflight = w->max_inflight;
     d.skipped = w->skipped;
+    double cpu = mmp_metrics_cpu_ms();
+    d.cpu_ms = (float)(cpu - w->cpu_mark);
+    w->cpu_mark = cpu;
     env.body_case = MMPIPE__ENVELOPE__BODY_STEP_DONE;
     env.step_done = &d;
     return worker_send_env(w, &env);

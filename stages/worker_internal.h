@@ -25,6 +25,7 @@
 
 #include "common/ckpt.h"
 #include "common/loss_scale.h"
+#include "common/metrics.h"
 #include "common/progress.h"
 #include "common/trace.h"
 #include "data/dataset.h"
@@ -179,6 +180,10 @@ typedef struct worker {
     int out_all_valid;  /* every one of them is 1: MMP_MSG_ALL_VALID on the send */
     /* per-step accounting */
     double busy_ms, data_ms;
+    /* CPU time (mmp_metrics_cpu_ms) when the last StepDone left; 0 before
+     * the first step: a step's cpu_ms counts from there, so what the process
+     * does between steps (waiting for Start, its loader) is in it. */
+    double cpu_mark;
     mmp_sim_clock sim_clock;         /* compute: simulated: the sleeps' carried lateness */
     float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
     int inflight, max_inflight;

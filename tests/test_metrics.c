@@ -101,6 +101,21 @@ static void test_single_line(void)
     CHECK(isnan(back.stages[0].fwd_ms) && back.stages[0].microbatches == -1);
     /* a line without the loss-scale fields (older runs) reads them as absent */
     CHECK(isnan(back.loss_scale) && back.step_skipped == -1 && !strstr(buf, "loss_scale"));
+    /* and without cpu_ms (older runs): absent too */
+    CHECK(isnan(back.cpu_ms) && isnan(back.stages[0].cpu_ms) && !strstr(buf, "cpu_ms"));
+    free(buf);
+    /* cpu_ms, the step's and a process's, written and read back */
+    m.cpu_ms = 151.25;
+    m.stages[0].cpu_ms = 150.5;
+    buf = NULL;
+    n = 0;
+    f = open_memstream(&buf, &n);
+    CHECK_OK(mmp_metrics_write(f, &m));
+    fclose(f);
+    CHECK(strstr(buf, "\"cpu_ms\":151.2,\"stages\":[") != NULL);
+    CHECK(strstr(buf, "\"peak_mem_bytes\":47700000,\"cpu_ms\":150.5}") != NULL);
+    CHECK_OK(mmp_metrics_parse(buf, n, &back));
+    CHECK(fabs(back.cpu_ms - 151.2) < 0.06 && back.stages[0].cpu_ms == 150.5);
     free(buf);
 }
 
