@@ -271,12 +271,7 @@ int main(int argc, char **argv)
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
-        if (mmp_test_failures > 0) {
-            return mmp_test_finish(NAME);
-        }
-        fprintf(stderr, "%s: host checks passed (%d); the device checks need a GPU\n", NAME,
-                mmp_test_checks);
-        return mmp_test_skip(NAME, "no CUDA device");
+        return mmp_test_skip_after_host_checks(NAME, "no CUDA device");
     }
     test_one_rank();
     test_creator_alone();

@@ -54,20 +54,6 @@ int main(void)
 #define NAME "gpu_reduce_nccl"
 #define TWO_N 4096
 
-/* Rank k's element i of round t: magnitudes 2^-20 to 2^20, both signs, so
- * the order of the additions shows in the bits. */
-static double value(int rank, int round, size_t i)
-{
-    unsigned long long h = (unsigned long long)(i + 1) * 2654435761ull ^
-                           (unsigned long long)(rank + 1) * 40503ull ^
-                           (unsigned long long)(round + 1) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 32;
-    double m = (double)(long long)(h % 2000001ull) - 1000000.0;
-    return ldexp(m / 3.0, (int)((h >> 24) % 41) - 20);
-}
-
 static int invalid(const mmp_reduce_nccl_cfg *c, const char *want)
 {
     mmp_reduce_nccl *r = (mmp_reduce_nccl *)(uintptr_t)1;
@@ -112,7 +98,7 @@ static void test_kernel(void)
             }
             for (int k = 0; k < R; k++) {
                 for (size_t i = 0; i < stride; i++) {
-                    g[(size_t)k * stride + i] = value(k, (int)t, i);
+                    g[(size_t)k * stride + i] = mmp_test_order_value(k, (int)t, i);
                 }
             }
             int spec_same = 1;
@@ -175,7 +161,7 @@ static void one_rank(size_t chunk)
     CHECK_OK(mmp_reduce_nccl_open(&r, &c));
     for (int round = 0; r && round < 3; round++) {
         for (size_t i = 0; i < N; i++) {
-            in[i] = value(0, round, i);
+            in[i] = mmp_test_order_value(0, round, i);
         }
         CHECK(cudaMemcpyAsync(dv, in, sizeof in, cudaMemcpyHostToDevice, s) == cudaSuccess);
         double t0 = mmp_test_now_s();
@@ -256,8 +242,8 @@ static mmp_err two_sum(two *x, int rank, int *right)
 {
     static double v[TWO_N], want[TWO_N];
     for (size_t i = 0; i < TWO_N; i++) {
-        v[i] = value(rank, 0, i);
-        want[i] = value(0, 0, i) + value(1, 0, i);
+        v[i] = mmp_test_order_value(rank, 0, i);
+        want[i] = mmp_test_order_value(0, 0, i) + mmp_test_order_value(1, 0, i);
     }
     *right = 0;
     if (cudaMemcpyAsync(x->dv, v, sizeof v, cudaMemcpyHostToDevice, x->s) != cudaSuccess) {
@@ -346,12 +332,7 @@ int main(int argc, char **argv)
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
-        if (mmp_test_failures > 0) {
-            return mmp_test_finish(NAME);
-        }
-        fprintf(stderr, "%s: host checks passed (%d); the device checks need a GPU\n", NAME,
-                mmp_test_checks);
-        return mmp_test_skip(NAME, "no CUDA device");
+        return mmp_test_skip_after_host_checks(NAME, "no CUDA device");
     }
     test_kernel();
     test_one_rank();

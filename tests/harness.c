@@ -213,6 +213,28 @@ int mmp_test_skip(const char *name, const char *why)
     return 77;
 }
 
+int mmp_test_skip_after_host_checks(const char *name, const char *why)
+{
+    if (mmp_test_failures > 0) {
+        return mmp_test_finish(name);
+    }
+    fprintf(stderr, "%s: host checks passed (%d); the device checks need a GPU\n", name,
+            mmp_test_checks);
+    return mmp_test_skip(name, why);
+}
+
+double mmp_test_order_value(int rank, int round, size_t i)
+{
+    unsigned long long h = (unsigned long long)(i + 1) * 2654435761ull ^
+                           (unsigned long long)(rank + 1) * 40503ull ^
+                           (unsigned long long)(round + 1) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    double m = (double)(long long)(h % 2000001ull) - 1000000.0;
+    return ldexp(m / 3.0, (int)((h >> 24) % 41) - 20);
+}
+
 int mmp_test_shm_count(const char *p, int show)
 {
     DIR *d = opendir("/dev/shm");

@@ -126,6 +126,13 @@ int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int a
         return MMP_TEST_MAIN(suite, mmp_test_cases_, argc, argv);                                  \
     }
 int mmp_test_skip(const char *name, const char *why);
+/* For a GPU test whose host-side checks ran first: their failures end the
+ * test (mmp_test_finish) even without a device; else it says they passed
+ * and skips (77) for why. */
+int mmp_test_skip_after_host_checks(const char *name, const char *why);
+/* Rank k's element i of round t for order-sensitive sum tests: magnitudes
+ * 2^-20 to 2^20, both signs, so the order of the additions shows in the bits. */
+double mmp_test_order_value(int rank, int round, size_t i);
 
 /* A tiny three-branch model for the nn tests (common/config.h's mmp_plan):
  * width 8, texts of 5 tokens, 2 heads, one fusion layer, init_temperature

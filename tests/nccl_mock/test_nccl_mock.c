@@ -329,20 +329,6 @@ static void test_creator_alone(void)
 #define RN_CHUNK 300
 #define RN_MAX 3
 
-/* Rank k's element i of round t: magnitudes 2^-20 to 2^20, both signs, so
- * the order of the additions shows in the bits. */
-static double rn_value(int rank, int round, size_t i)
-{
-    unsigned long long h = (unsigned long long)(i + 1) * 2654435761ull ^
-                           (unsigned long long)(rank + 1) * 40503ull ^
-                           (unsigned long long)(round + 1) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 32;
-    double m = (double)(long long)(h % 2000001ull) - 1000000.0;
-    return ldexp(m / 3.0, (int)((h >> 24) % 41) - 20);
-}
-
 typedef struct rn_rank {
     mmp_reduce *side;
     mmp_reduce_nccl *r;
@@ -432,7 +418,7 @@ static int rn_rounds(rn_rank *x, int R, int rank, int *shows)
         size_t n = rn_lengths[t];
         for (int k = 0; k < R; k++) {
             for (size_t i = 0; i < n; i++) {
-                g[(size_t)k * n + i] = rn_value(k, (int)t, i);
+                g[(size_t)k * n + i] = mmp_test_order_value(k, (int)t, i);
             }
         }
         for (size_t i = 0; i < n; i++) {
@@ -525,7 +511,7 @@ static void test_reduce_cfg_and_one_rank(void)
     CHECK(strcmp(a, b) == 0);
     static double v[RN_CAP], in[RN_CAP];
     for (size_t i = 0; i < RN_CAP; i++) {
-        v[i] = in[i] = rn_value(0, 0, i);
+        v[i] = in[i] = mmp_test_order_value(0, 0, i);
     }
     CHECK_OK(mmp_reduce_nccl_sum_f64(r, v, RN_CAP));
     CHECK(memcmp(v, in, sizeof v) == 0);
