@@ -83,6 +83,7 @@
 #include <nccl.h>
 
 #include "transport/channel.h"
+#include "transport/sock.h"
 
 #define NC_ALIGN 256
 #define NC_MAX_SLOTS 256
@@ -112,13 +113,6 @@ typedef struct nccl_channel {
 static nccl_channel *nc_of(mmp_channel_impl *c)
 {
     return (nccl_channel *)(void *)c;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 static void nap(void)
@@ -161,12 +155,12 @@ static mmp_err cuda_fail(const nccl_channel *ch, cudaError_t e, const char *what
  * for at most cfg.timeout_ms (<= 0: no bound, as channel.h says). */
 static mmp_err settle(nccl_channel *ch, ncclResult_t r, const char *what)
 {
-    double deadline = ch->timeout_ms > 0 ? now_ms() + ch->timeout_ms : 0;
+    double deadline = ch->timeout_ms > 0 ? mmp_sock_now_ms() + ch->timeout_ms : 0;
     while (r == ncclInProgress) {
         if (!ch->comm) {
             return gone(ch);
         }
-        if (deadline > 0 && now_ms() > deadline) {
+        if (deadline > 0 && mmp_sock_now_ms() > deadline) {
             nc_abort(ch);
             return mmp_errorf(MMP_ERR_PEER, "nccl %s: %s: no progress after %d ms (peer gone?)",
                               ch->address, what, ch->timeout_ms);
@@ -547,7 +541,7 @@ static mmp_err nc_fill(mmp_channel_impl *c, void *dst, const void *src, size_t b
  * MMP_ERR_PEER rather than a hung host. */
 static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
 {
-    double deadline = ch->timeout_ms > 0 ? now_ms() + ch->timeout_ms : 0;
+    double deadline = ch->timeout_ms > 0 ? mmp_sock_now_ms() + ch->timeout_ms : 0;
     for (;;) {
         if (!ch->comm) {
             return gone(ch);
@@ -564,7 +558,7 @@ static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
             (st != ncclSuccess && st != ncclInProgress)) {
             return nccl_fail(ch, st, what);
         }
-        if (deadline > 0 && now_ms() > deadline) {
+        if (deadline > 0 && mmp_sock_now_ms() > deadline) {
             nc_abort(ch);
             return mmp_errorf(MMP_ERR_PEER, "nccl %s: %s: not done after %d ms", ch->address, what,
                               ch->timeout_ms);

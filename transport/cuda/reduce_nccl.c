@@ -42,6 +42,7 @@
 #include <nccl.h>
 
 #include "transport/reduce_nccl.h"
+#include "transport/sock.h"
 
 _Static_assert(MMP_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "the id's size on the wire");
 
@@ -65,13 +66,6 @@ struct mmp_reduce_nccl {
     unsigned long long rounds;
     char what[64];
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void nap(void)
 {
@@ -108,9 +102,9 @@ static mmp_err cuda_fail(mmp_reduce_nccl *r, cudaError_t ce, const char *what)
  * bound_ms. */
 static mmp_err settle_within(mmp_reduce_nccl *r, ncclResult_t res, const char *what, int bound_ms)
 {
-    double deadline = now_ms() + bound_ms;
+    double deadline = mmp_sock_now_ms() + bound_ms;
     while (res == ncclInProgress) {
-        if (now_ms() > deadline) {
+        if (mmp_sock_now_ms() > deadline) {
             abort_comm(r);
             return mmp_errorf(MMP_ERR_PEER, "%s: %s: no progress after %d ms (a peer gone?)",
                               r->what, what, bound_ms);
@@ -132,7 +126,7 @@ static mmp_err settle(mmp_reduce_nccl *r, ncclResult_t res, const char *what)
  * peer that died mid-collective ends in MMP_ERR_PEER, not a hung host. */
 static mmp_err wait_done(mmp_reduce_nccl *r)
 {
-    double deadline = now_ms() + r->timeout_ms;
+    double deadline = mmp_sock_now_ms() + r->timeout_ms;
     for (;;) {
         cudaError_t ce = cudaEventQuery(r->done);
         if (ce == cudaSuccess) {
@@ -146,7 +140,7 @@ static mmp_err wait_done(mmp_reduce_nccl *r)
         if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
             return nccl_fail(r, q != ncclSuccess ? q : st, "the all-gather");
         }
-        if (now_ms() > deadline) {
+        if (mmp_sock_now_ms() > deadline) {
             abort_comm(r);
             return mmp_errorf(MMP_ERR_PEER,
                               "%s: the all-gather: not done after %d ms (a peer gone?)", r->what,
