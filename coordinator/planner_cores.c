@@ -229,6 +229,22 @@ static mmp_placement split_at(const mmp_placement *pl, int b, int j, int cut, in
     return x;
 }
 
+/* pl's units in order, as (branch, sub-stage) pairs: image's sub-stages,
+ * text's, then fusion as (2, 0); returns how many. */
+static int list_units(const mmp_placement *pl, int *ub, int *uj)
+{
+    int nu = 0;
+    for (int b = 0; b < 2; b++) {
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            ub[nu] = b;
+            uj[nu++] = j;
+        }
+    }
+    ub[nu] = 2;
+    uj[nu++] = 0;
+    return nu;
+}
+
 /* The neighbours of pl (the moves above, and a replica moved from one unit
  * to another) into nb; returns how many (at most room). */
 static int neighbours(const best *B, const mmp_placement *pl, mmp_placement *nb, int room)
@@ -240,16 +256,9 @@ static int neighbours(const best *B, const mmp_placement *pl, mmp_placement *nb,
             nb[n++] = (x);                                                                         \
         }                                                                                          \
     } while (0)
-    /* units: (b, j) */
-    int ub[2 * MMP_PLANNER_MAX_SUB + 1], uj[2 * MMP_PLANNER_MAX_SUB + 1], nu = 0;
-    for (int b = 0; b < 2; b++) {
-        for (int j = 0; j < pl->n_sub[b]; j++) {
-            ub[nu] = b;
-            uj[nu++] = j;
-        }
-    }
-    ub[nu] = 2;
-    uj[nu++] = 0;
+
+    int ub[2 * MMP_PLANNER_MAX_SUB + 1], uj[2 * MMP_PLANNER_MAX_SUB + 1];
+    int nu = list_units(pl, ub, uj);
     for (int a = 0; a < nu; a++) {
         mmp_placement x = *pl;
         int *r = replicas_of(&x, ub[a], uj[a]);
@@ -362,15 +371,8 @@ static double count_vectors(int nu, int maxp)
  * 1 and *pl, *step replaced when it beats them. */
 static int best_replicas(best *B, mmp_placement *pl, double *step)
 {
-    int ub[2 * MMP_PLANNER_MAX_SUB + 1], uj[2 * MMP_PLANNER_MAX_SUB + 1], nu = 0;
-    for (int b = 0; b < 2; b++) {
-        for (int j = 0; j < pl->n_sub[b]; j++) {
-            ub[nu] = b;
-            uj[nu++] = j;
-        }
-    }
-    ub[nu] = 2;
-    uj[nu++] = 0;
+    int ub[2 * MMP_PLANNER_MAX_SUB + 1], uj[2 * MMP_PLANNER_MAX_SUB + 1];
+    int nu = list_units(pl, ub, uj);
     int maxp = max_procs_of(B->ci);
     if (count_vectors(nu, maxp) > ENUM_MAX) {
         return 0;
