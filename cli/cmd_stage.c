@@ -14,7 +14,7 @@
 static const char USAGE[] =
     "usage: MMP_JOB_TOKEN=T mmpipe stage --connect ENDPOINT --stage NAME --replica K\n"
     "                                    [--shm-prefix /mmpipe-ID] [--secrets stdin]\n"
-    "                                    [--pin-index I]\n"
+    "                                    [--pin-index I] [--nice N]\n"
     "\n"
     "Runs one stage process of a pipeline. The coordinator (mmpipe launch)\n"
     "starts these itself, here or through ssh / srun; there is no reason to\n"
@@ -31,7 +31,11 @@ static const char USAGE[] =
     "and the stage removes the job's shared memory here (--shm-prefix) and exits.\n"
     "\n"
     "--pin-index I (plan key train.pin): this is the I-th stage process on its\n"
-    "host; it pins itself to the cores the plan's train.pin gives that index.\n";
+    "host; it pins itself to the cores the plan's train.pin gives that index.\n"
+    "\n"
+    "--nice N (plan key train.priority, 1 to 19): the coordinator's planner\n"
+    "gave this process a large share of cores it shares with lighter stages;\n"
+    "it lowers its own priority (every thread) to nice N.\n";
 
 /* Reads the secrets line from fd 0 one byte at a time (nothing after the
  * newline is consumed: the rest of stdin is the coordinator's liveness). */
@@ -114,6 +118,15 @@ int mmp_cmd_stage(int argc, char **argv)
                 return 2;
             }
             a.pin_index = (int)k;
+        } else if (strcmp(argv[i - 1], "--nice") == 0) {
+            char *end;
+            long k = strtol(v, &end, 10);
+            if (*end || end == v || k < 1 || k > 19) {
+                fprintf(stderr, "mmpipe stage: --nice takes a nice value from 1 to 19, got '%s'\n\n%s",
+                        v, USAGE);
+                return 2;
+            }
+            a.nice = (int)k;
         } else if (strcmp(argv[i - 1], "--shm-prefix") == 0) {
             a.shm_prefix = v;
         } else if (strcmp(argv[i - 1], "--secrets") == 0) {

@@ -31,6 +31,7 @@ typedef enum mmp_schedule {
 } mmp_schedule;
 typedef enum mmp_precision { MMP_PREC_FP32 = 0, MMP_PREC_BF16, MMP_PREC_FP16 } mmp_precision;
 typedef enum mmp_balance_mode { MMP_BALANCE_OFF = 0, MMP_BALANCE_DYNAMIC } mmp_balance_mode;
+typedef enum mmp_priority { MMP_PRIORITY_AUTO = 0, MMP_PRIORITY_OFF } mmp_priority;
 /* How micro-batches are dealt to a stage's replicas. */
 typedef enum mmp_routing { MMP_ROUTE_WEIGHTED = 0, MMP_ROUTE_ROUND_ROBIN } mmp_routing;
 typedef enum mmp_bad_sample { MMP_BAD_FAIL = 0, MMP_BAD_SKIP } mmp_bad_sample;
@@ -173,6 +174,12 @@ typedef struct mmp_plan {
             int n_cores;
             int cores[MMP_MAX_PIN_LIST];
         } pin;
+        /* train.priority: auto (default) | off. auto: when the planner on
+         * cores places more processes than cores, the processes carrying
+         * the largest shares run at a lower priority (nice), so the light
+         * stages' work others wait on goes first
+         * (coordinator/planner_cores.h, Priorities). */
+        mmp_priority priority;
         float init_temperature; /* ITC temperature at start, default 0.07 */
     } train;
 

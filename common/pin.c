@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -55,6 +56,37 @@ const char *mmp_pin_format(const int *cores, int n_cores, char *buf, size_t n)
     return buf;
 }
 
+/* Calls set(tid, arg) for every thread of this process but the caller (whose
+ * own call comes first, from the caller); a thread that ended after the
+ * listing (ESRCH) is skipped. what names the setting in errors. */
+static mmp_err each_other_thread(int (*set)(long tid, const void *arg), const void *arg,
+                                 const char *what)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d) {
+        return mmp_errorf(MMP_ERR_IO, "%s: /proc/self/task: %s", what, strerror(errno));
+    }
+    mmp_err ret = MMP_OK;
+    long self = (long)syscall(SYS_gettid);
+    for (struct dirent *e; ret == MMP_OK && (e = readdir(d));) {
+        char *end;
+        long tid = strtol(e->d_name, &end, 10);
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end || tid == self) {
+            continue;
+        }
+        if (set(tid, arg) != 0 && errno != ESRCH) {
+            ret = mmp_errorf(MMP_ERR_INVALID, "%s for thread %ld: %s", what, tid, strerror(errno));
+        }
+    }
+    closedir(d);
+    return ret;
+}
+
+static int set_affinity(long tid, const void *set)
+{
+    return (int)syscall(SYS_sched_setaffinity, (pid_t)tid, sizeof(cpu_set_t), set);
+}
+
 mmp_err mmp_pin_self(const int *cores, int n)
 {
     cpu_set_t set;
@@ -65,35 +97,36 @@ mmp_err mmp_pin_self(const int *cores, int n)
         }
         CPU_SET(cores[i], &set);
     }
-    char list[256];
+    char list[256], what[300];
     mmp_pin_format(cores, n, list, sizeof list);
-    DIR *d = opendir("/proc/self/task");
-    if (!d) {
-        return mmp_errorf(MMP_ERR_IO, "train.pin: /proc/self/task: %s", strerror(errno));
-    }
-    mmp_err ret = MMP_OK;
     /* The calling thread first: a refusal is then about the cores, not a
      * thread that ended meanwhile. */
     if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        ret = mmp_errorf(MMP_ERR_INVALID,
-                         "train.pin: cores %s: %s (cores this process may use: see "
-                         "`taskset -p $$`)",
-                         list, strerror(errno));
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "train.pin: cores %s: %s (cores this process may use: see "
+                          "`taskset -p $$`)",
+                          list, strerror(errno));
     }
-    for (struct dirent *e; ret == MMP_OK && (e = readdir(d));) {
-        char *end;
-        long tid = strtol(e->d_name, &end, 10);
-        if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end) {
-            continue;
-        }
-        /* ESRCH: the thread ended after the listing; nothing to pin */
-        if (syscall(SYS_sched_setaffinity, (pid_t)tid, sizeof set, &set) != 0 && errno != ESRCH) {
-            ret = mmp_errorf(MMP_ERR_INVALID, "train.pin: cores %s for thread %ld: %s", list, tid,
-                             strerror(errno));
-        }
+    snprintf(what, sizeof what, "train.pin: cores %s", list);
+    return each_other_thread(set_affinity, &set, what);
+}
+
+static int set_nice(long tid, const void *n)
+{
+    return setpriority(PRIO_PROCESS, (id_t)tid, *(const int *)n);
+}
+
+mmp_err mmp_nice_self(int n)
+{
+    if (n < 1 || n > 19) {
+        return mmp_errorf(MMP_ERR_INVALID, "train.priority: nice %d is not 1 to 19", n);
     }
-    closedir(d);
-    return ret;
+    char what[64];
+    snprintf(what, sizeof what, "train.priority: nice %d", n);
+    if (setpriority(PRIO_PROCESS, 0, n) != 0) {
+        return mmp_errorf(MMP_ERR_INVALID, "%s: %s", what, strerror(errno));
+    }
+    return each_other_thread(set_nice, &n, what);
 }
 
 int mmp_pin_list(const mmp_plan *p, int *cores)

@@ -45,6 +45,12 @@ int mmp_pin_pick(const int *list, int n, int k, int threads, int *out);
  * task list cannot be read. */
 mmp_err mmp_pin_self(const int *cores, int n);
 
+/* Lowers this process's priority to nice n (1 to 19), every thread's
+ * (Linux keeps a nice value per thread; the threads started later inherit
+ * it): train.priority (coordinator/planner_cores.h, Priorities). Raising a
+ * nice value needs no privilege. MMP_ERR_INVALID naming the thread. */
+mmp_err mmp_nice_self(int n);
+
 /* The core list plan p pins to (train.pin): its list, or for auto the cores
  * this process may run on; into cores (room for MMP_PIN_MAX_CORES); returns
  * how many, 0 when pinning is off. */

@@ -311,6 +311,7 @@ static const char *const schedule_names[] = {"gpipe", "1f1b", "zb-h1", NULL};
 static const char *const precision_names[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const balance_names[] = {"off", "dynamic", NULL};
 static const char *const routing_names[] = {"weighted", "round_robin", NULL};
+static const char *const priority_names[] = {"auto", "off", NULL};
 static const char *const bad_sample_names[] = {"fail", "skip", NULL};
 static const char *const compute_names[] = {"real", "simulated", NULL};
 static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
@@ -464,6 +465,7 @@ static const mmp_key_spec keys[] = {
      .field = MMP_KEY_NO_FIELD,
      .load = load_pin,
      .put_json = put_pin},
+    ENUM("train.priority", train.priority, priority_names, MMP_PRIORITY_AUTO),
     FLOAT("train.init_temperature", train.init_temperature, '(', 0, 10, ']', 0.07),
 
     ENUM("balance.mode", balance.mode, balance_names, MMP_BALANCE_OFF),

@@ -209,12 +209,26 @@ mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp
     return MMP_OK;
 }
 
+int mmp_balancer_may_act(const mmp_balancer *b, int done)
+{
+    int seen = b->steps_seen + 1; /* once step done is observed */
+    if (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) {
+        return 1;
+    }
+    if ((b->cur.balance.mode == MMP_BALANCE_DYNAMIC || b->cur.stages_auto) &&
+        seen >= window_of(b) + 1) {
+        return 1;
+    }
+    return b->cur.balance.routing == MMP_ROUTE_WEIGHTED && seen >= 2;
+}
+
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
                             size_t why_n, double *gain)
 {
     *go = 0;
     *gain = NAN;
     why[0] = 0;
+    memset(b->next_nice, 0, sizeof b->next_nice);
     if (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) {
         MMP_TRY(mmp_balancer_forced_plan(&b->cur, b->plan_json, next));
         *go = 1;
@@ -263,9 +277,22 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         !(g >= (profiling ? 0 : p->balance.min_gain))) {
         return MMP_OK;
     }
-    char cores_note[64] = "";
+    char cores_note[64] = "", nice_note[160] = "";
     if (b->cores > 0) {
         snprintf(cores_note, sizeof cores_note, "on %d cores, ", b->cores);
+        mmp_cores_input ci = {.in = in, .cores = b->cores};
+        int P = mmp_planner_cores_nice(&ci, &res.placement, b->next_nice);
+        int heavy = 0;
+        for (int k = 0; k < P; k++) {
+            heavy += b->next_nice[k] > 0;
+        }
+        if (heavy > 0 && p->train.priority == MMP_PRIORITY_AUTO) {
+            snprintf(nice_note, sizeof nice_note,
+                     "; the %d process%s with the largest shares at nice %d (train.priority)",
+                     heavy, heavy > 1 ? "es" : "", MMP_CORES_NICE_HEAVY);
+        } else {
+            memset(b->next_nice, 0, sizeof b->next_nice);
+        }
     }
     *next = b->cur;
     next->stages_auto = 0;
@@ -274,9 +301,10 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     *gain = g;
     snprintf(why, why_n,
              "%s%smeasured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
-             "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency %.2f)",
+             "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency "
+             "%.2f)%s",
              profiling ? "stages: auto, after profiling: " : "", cores_note, cur_ev.step_ms,
              cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms, res.eval.bottleneck_ms,
-             res.eval.efficiency);
+             res.eval.efficiency, nice_note);
     return MMP_OK;
 }

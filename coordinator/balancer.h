@@ -63,6 +63,9 @@ typedef struct mmp_balancer {
     double routed_speed[MMP_SCHED_MAX_STAGES]; /* what the routing was compiled with */
     double efficiency;                         /* the last step's, measured */
     const char *plan_json; /* the run's plan.json, which balance.force.set overrides */
+    /* after mmp_balancer_replan said go on cores: each new process's nice
+     * value (coordinator/planner_cores.h, Priorities), all 0 otherwise */
+    int next_nice[MMP_SCHED_MAX_STAGES];
 } mmp_balancer;
 
 /* Starts over for a (re)launched placement: cur is copied; sched (its
@@ -85,6 +88,14 @@ void mmp_balancer_routed(mmp_balancer *b, const double *speed);
  * MMP_ERR_* (with a message) when the planner or a scripted override fails. */
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
                             size_t why_n, double *gain);
+
+/* Whether the balancer may act after step `done` (re-route or re-place), to
+ * be asked before that step is observed: 0 means mmp_balancer_route and
+ * mmp_balancer_replan will certainly do nothing then (static routing, no
+ * dynamic mode or profiling window ending, no scripted move at done), so
+ * the coordinator may start step done + 1 before step done's reports are in
+ * (coordinator/steps.c). */
+int mmp_balancer_may_act(const mmp_balancer *b, int done);
 
 /* The scripted re-placement: plan_json (the run's plan) loaded with
  * cur's balance.force.set overrides, only stages.* keys allowed. The

@@ -58,9 +58,17 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
         coord_forward_endpoints(c, i, env->endpoints);
         break;
     case MMPIPE__ENVELOPE__BODY_GRAD_NORM:
-        if (env->grad_norm->step != c->cur_step) {
-            coord_fail(c, "stage %s sent a gradient norm for step %d during step %d", p->name,
-                       env->grad_norm->step + 1, c->cur_step + 1);
+        if (c->ahead && env->grad_norm->step == c->cur_step + 1 && !p->have_next_norm) {
+            /* a stage already in the chained next step (steps.c) */
+            p->have_next_norm = 1;
+            p->next_norm_seq = ++c->norm_seq;
+            p->next_sumsq = env->grad_norm->sumsq;
+            break;
+        }
+        if (env->grad_norm->step != c->cur_step || p->have_norm) {
+            coord_fail(c, "stage %s sent a gradient norm for step %d during step %d%s", p->name,
+                       env->grad_norm->step + 1, c->cur_step + 1,
+                       p->have_norm ? " (a second one)" : "");
             break;
         }
         p->have_norm = 1;

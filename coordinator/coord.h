@@ -44,6 +44,11 @@ typedef struct proc {
     int have_norm, have_done, have_ack, have_ready, have_hello;
     double sumsq;
     uint64_t norm_seq; /* the order the step's gradient norms arrived in */
+    /* the next step's norm, come early: it started before this step's
+     * results were in (coord.ahead) */
+    int have_next_norm;
+    double next_sumsq;
+    uint64_t next_norm_seq;
     Mmpipe__Envelope
         *done; /* its StepDone, kept (the envelope owns it) until the metrics are written */
 } proc;
@@ -57,6 +62,7 @@ typedef struct coord {
     mmp_balancer bal;
     double speed[MMP_SCHED_MAX_STAGES]; /* the routing's weights */
     int replan;                         /* run_steps stopped for a re-placement */
+    int nice[MMP_SCHED_MAX_STAGES];     /* each process's nice at launch (train.priority) */
     mmp_plan next;                      /* ... to this placement */
     char decision[1200];                /* this step's balancer decision, JSON, or empty */
     /* fp16 loss scaling (common/loss_scale.h): the one state every stage
@@ -66,6 +72,7 @@ typedef struct coord {
     int replan_step;  /* steps done when it stopped for one */
     int launch;       /* launches so far (names each one's shm) */
     int cur_step;     /* the step running (0-based), -1 between runs */
+    int ahead;        /* step cur_step + 1 is started too (steps.c: chained steps) */
     char token[33];
     int tcp;           /* control over tcp with CURVE (mmp_plan_control_tcp) */
     mmp_ctl_keys keys; /* the job's CURVE keys when tcp */

@@ -87,6 +87,10 @@ static mmp_err stage_words(mmp_launch_line *l, const mmp_launch_stage *s, int se
         MMP_TRY(push(l, "--pin-index"));
         MMP_TRY(push(l, "%d", s->pin_index));
     }
+    if (s->nice > 0) {
+        MMP_TRY(push(l, "--nice"));
+        MMP_TRY(push(l, "%d", s->nice));
+    }
     return MMP_OK;
 }
 

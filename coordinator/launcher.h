@@ -3,7 +3,7 @@
  * nothing, reads no environment (tests/test_launcher.c checks the lines).
  *
  *   local: BINARY stage --connect EP --stage NAME --replica K --shm-prefix P
- *          [--secrets stdin] [--pin-index I]
+ *          [--secrets stdin] [--pin-index I] [--nice N]
  *   ssh:   the plan's launcher_command split on spaces ({address}, {name}
  *          replaced), then ONE argument, the remote command for the remote
  *          user's shell: cd 'WORKDIR' && exec 'BINARY' stage ... --secrets stdin
@@ -42,6 +42,7 @@ typedef struct mmp_launch_stage {
     int secrets_stdin;      /* tcp control: token and keys on stdin (always for ssh and slurm) */
     int pinned;             /* train.pin is on: --pin-index pin_index (common/pin.h) */
     int pin_index;          /* the process's index on its host */
+    int nice;               /* > 0: --nice nice (train.priority) */
 } mmp_launch_stage;
 
 /* Builds the line that starts stage s on plan host `host` with the plan's

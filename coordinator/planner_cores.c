@@ -59,9 +59,10 @@ static double sum_of(const mmp_planner_layers *u, int first, int last, int bwd)
     return s;
 }
 
-/* Adds one unit's replicas to the cores, from process *k on. */
+/* Adds one unit's replicas to the cores, from process *k on; proc (may be
+ * NULL) gets each process's load. */
 static void pack_unit(const mmp_cores_input *ci, double fwd_mb, double bwd_mb, int replicas,
-                      int fusion, int *k, double *fwd, double *bwd, double *fus)
+                      int fusion, int *k, double *fwd, double *bwd, double *fus, double *proc)
 {
     int m = ci->in.microbatches;
     for (int r = 0; r < replicas; r++, (*k)++) {
@@ -70,13 +71,17 @@ static void pack_unit(const mmp_cores_input *ci, double fwd_mb, double bwd_mb, i
         fwd[c] += n * fwd_mb;
         /* under the batch-wide loss every fusion replica runs the whole
          * batch's backward (stages/worker_exec.c, batch_scope_bwd) */
-        (fusion ? fus : bwd)[c] += (fusion && ci->in.batch_loss ? m : n) * bwd_mb;
+        double b = (fusion && ci->in.batch_loss ? m : n) * bwd_mb;
+        (fusion ? fus : bwd)[c] += b;
+        if (proc && *k < MMP_CORES_MAX_PROCS) {
+            proc[*k] = n * fwd_mb + b;
+        }
     }
 }
 
 /* The three bounds; *ded the planner's evaluation (device per process). */
 static mmp_err score(const mmp_cores_input *ci, const mmp_placement *pl, mmp_planner_eval *ded,
-                     double *step, double *core_ms)
+                     double *step, double *core_ms, double *proc_ms)
 {
     int P = procs_of(pl);
     if (P > max_procs_of(ci)) {
@@ -98,12 +103,13 @@ static mmp_err score(const mmp_cores_input *ci, const mmp_placement *pl, mmp_pla
         for (int j = 0; j < pl->n_sub[b]; j++) {
             const mmp_planner_stage *g = &pl->sub[b][j];
             pack_unit(ci, q0 * sum_of(u, g->first, g->last, 0),
-                      q0 * sum_of(u, g->first, g->last, 1), g->replicas, 0, &k, fwd, bwd, fus);
+                      q0 * sum_of(u, g->first, g->last, 1), g->replicas, 0, &k, fwd, bwd, fus,
+                      proc_ms);
         }
     }
     pack_unit(ci, q0 * sum_of(&in.fusion, 0, in.fusion.n, 0),
               q0 * sum_of(&in.fusion, 0, in.fusion.n, 1), pl->fusion_replicas, 1, &k, fwd, bwd,
-              fus);
+              fus, proc_ms);
     double most = 0, most_f = 0, most_b = 0, most_z = 0;
     for (int c = 0; c < cmax; c++) {
         double load = fwd[c] + bwd[c] + fus[c];
@@ -132,7 +138,7 @@ mmp_err mmp_planner_cores_evaluate(const mmp_cores_input *ci, const mmp_placemen
     MMP_TRY(check_cores(ci));
     mmp_planner_eval e;
     double step = 0;
-    MMP_TRY(score(ci, pl, &e, &step, core_ms));
+    MMP_TRY(score(ci, pl, &e, &step, core_ms, NULL));
     int P = procs_of(pl);
     e.method = MMP_PLANNER_CLOSED_FORM;
     e.step_ms = step;
@@ -142,6 +148,30 @@ mmp_err mmp_planner_cores_evaluate(const mmp_cores_input *ci, const mmp_placemen
     e.devices_used = P < ci->cores ? P : ci->cores;
     *ev = e;
     return MMP_OK;
+}
+
+int mmp_planner_cores_nice(const mmp_cores_input *ci, const mmp_placement *pl, int *nice)
+{
+    int P = procs_of(pl);
+    mmp_planner_eval e;
+    double step = 0, load[MMP_CORES_MAX_PROCS] = {0};
+    if (check_cores(ci) != MMP_OK || score(ci, pl, &e, &step, NULL, load) != MMP_OK) {
+        return -1;
+    }
+    double most = 0;
+    for (int k = 0; k < P; k++) {
+        most = fmax(most, load[k]);
+    }
+    int heavy = 0;
+    for (int k = 0; k < P; k++) {
+        heavy += load[k] >= most / 2;
+    }
+    /* nothing to favour when every process is heavy (or each has a core) */
+    int on = P > ci->cores && heavy < P;
+    for (int k = 0; k < P; k++) {
+        nice[k] = on && load[k] >= most / 2 ? MMP_CORES_NICE_HEAVY : 0;
+    }
+    return P;
 }
 
 /* ---- search ----------------------------------------------------------------------- */
@@ -187,7 +217,7 @@ static int try_score(best *B, const mmp_placement *pl, double *step)
 {
     mmp_planner_eval e;
     B->candidates++;
-    return score(B->ci, pl, &e, step, NULL) == MMP_OK;
+    return score(B->ci, pl, &e, step, NULL, NULL) == MMP_OK;
 }
 
 /* The layer of [first, last) of u (exclusive of first) where a cut halves

@@ -82,6 +82,28 @@ typedef struct mmp_cores_input {
 mmp_err mmp_planner_cores_evaluate(const mmp_cores_input *ci, const mmp_placement *pl,
                                    mmp_planner_eval *ev, double *core_ms);
 
+/* Priorities
+ * ----------
+ * Where a placement's processes outnumber the cores, the kernel's fair
+ * share between the processes of a core decides what runs first: a light
+ * stage's short piece of work that the others wait on (the fusion's
+ * backward after the batch-wide flush, a text forward) then waits behind a
+ * replica of the big stage for a slice, while the other core idles. So the
+ * processes that carry the big shares run at a lower priority (nice
+ * MMP_CORES_NICE_HEAVY) and the light ones, and the coordinator's control
+ * messages, go first; the big stage still gets every cycle they leave.
+ * (Measured on the demo, 2 cores: README "The pipeline on the cores there
+ * are".) */
+#define MMP_CORES_NICE_HEAVY 10
+
+/* The nice value of each process of pl on ci's cores, in packing order,
+ * into nice[0..P): MMP_CORES_NICE_HEAVY for a process whose step load (as
+ * the packing counts it) is at least half the largest, 0 for the others;
+ * all 0 when the processes do not outnumber the cores or every process is
+ * heavy (nothing light to go first). Returns P, or -1
+ * (nice untouched) when ci or pl is invalid. Pure. */
+int mmp_planner_cores_nice(const mmp_cores_input *ci, const mmp_placement *pl, int *nice);
+
 /* Chooses the placement for ci as described above. Writes *out only on
  * success (bound_ms: the least load any core can have, total work / C;
  * candidates: placements scored). MMP_ERR_INVALID for an invalid input;

@@ -116,7 +116,8 @@ mmp_err coord_spawn_all(coord *c)
                                .shm_prefix = c->shm_prefix,
                                .secrets_stdin = c->tcp,
                                .pinned = c->cur.train.pin.mode != MMP_PIN_OFF,
-                               .pin_index = pin_index};
+                               .pin_index = pin_index,
+                               .nice = c->nice[i]};
         static mmp_launch_line line;
         if ((ret = mmp_launch_line_build(&line, &c->cur, host, &ls)) != MMP_OK) {
             break;

@@ -513,6 +513,7 @@ static int balance(coord *c, int done, double step_ms)
         MMP_INFO("balancer: after step %d, re-placing to %s: %s", done, to, why);
         mmp_trace_instant(&c->trace, "re-place", mmp_trace_now_us(), to);
         c->replan = 1;
+        memcpy(c->nice, c->bal.next_nice, sizeof c->nice);
         return 0;
     }
     double speed[MMP_SCHED_MAX_STAGES];
@@ -533,6 +534,36 @@ static int balance(coord *c, int done, double step_ms)
     return 0;
 }
 
+/* Whether step `step`'s Start can follow its predecessor's Clip at once
+ * (a chained step): nothing the coordinator does after step - 1 needs the
+ * stages between steps (evaluation, checkpoint, a balancer decision, a
+ * graceful stop). The stages then go from one step's optimizer straight
+ * into the next step's first forward, without waiting a round trip for the
+ * Start while the coordinator reads the step's results and writes its
+ * metrics; messages of one socket arrive in order, so a stage reads the
+ * Start only after the Clip, and the coordinator files a norm of the
+ * chained step that comes before the results of this one (control_loop.c). */
+static int can_chain(const coord *c, int step)
+{
+    const mmp_plan *p = c->plan;
+    int done = step; /* steps done when `step` would start */
+    return step < p->job.steps && !mmp_plan_eval_due(p, done) &&
+           !(p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) &&
+           !mmp_balancer_may_act(&c->bal, done) && !c->replan && !mmp_interrupt_signal();
+}
+
+static mmp_err send_start(coord *c, int step)
+{
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Start st = MMPIPE__START__INIT;
+    st.first_step = step;
+    st.steps = 1;
+    st.loss_scale = c->ls.scale;
+    env.body_case = MMPIPE__ENVELOPE__BODY_START;
+    env.start = &st;
+    return coord_broadcast(c, &env);
+}
+
 /* Runs steps from first_step; returns 0 at the end, when the balancer asks
  * for a re-placement (c->replan, after checkpointing) or when a signal asked
  * to stop (c->stopped, after finishing the step in flight and checkpointing
@@ -544,30 +575,34 @@ int coord_run_steps(coord *c, int first_step)
     mmp_progress_init(&progress, p->job.steps, 10);
     c->in_steps = 1;
     double cpu_prev = mmp_metrics_cpu_ms();
+    double t_done = 0; /* when the last step's results were all in */
+    c->ahead = 0;
     for (int step = first_step; step < p->job.steps; step++) {
         if (step == first_step && mmp_interrupt_signal()) {
             c->stopped = 1; /* nothing trained since the state this launch started from */
             break;
         }
-        double t0 = mmp_now();
+        /* A chained step started while the last one's results came in:
+         * its time runs from then (step times add up to the wall time). */
+        int chained = c->ahead;
+        double t0 = chained ? t_done : mmp_now();
         c->cur_step = step;
+        c->ahead = 0;
         for (int i = 0; i < c->n; i++) {
-            c->procs[i].have_norm = c->procs[i].have_done = 0;
+            proc *q = &c->procs[i];
+            q->have_done = 0;
+            q->have_norm = q->have_next_norm;
+            q->norm_seq = q->next_norm_seq;
+            q->sumsq = q->next_sumsq;
+            q->have_next_norm = 0;
         }
-        Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
-        Mmpipe__Start st = MMPIPE__START__INIT;
-        st.first_step = step;
-        st.steps = 1;
-        st.loss_scale = c->ls.scale;
-        env.body_case = MMPIPE__ENVELOPE__BODY_START;
-        env.start = &st;
         /* Replicas hold the same reduced gradients (transport/reduce.h):
          * the first of a stage's replicas to send its norm gives the
          * stage's, and the clip goes out without waiting for the others
          * (the last replica to finish the reduce is usually the first with
          * the sum; the others still copy it out). Their norms come before
          * their step results. */
-        if (coord_broadcast(c, &env) != MMP_OK ||
+        if ((!chained && send_start(c, step) != MMP_OK) ||
             coord_wait_until(c, coord_stage_norms, NULL, 0, "gradient norms")) {
             break;
         }
@@ -602,11 +637,20 @@ int coord_run_steps(coord *c, int first_step)
         clip.opt_step = mmp_loss_scale_opt_step(&c->ls, step);
         cenv.body_case = MMPIPE__ENVELOPE__BODY_CLIP;
         cenv.clip = &clip;
-        if (coord_broadcast(c, &cenv) != MMP_OK ||
-            coord_wait_until(c, coord_all_flag, ALL(have_done), 0, "step results")) {
+        if (coord_broadcast(c, &cenv) != MMP_OK) {
             break;
         }
-        double step_ms = (mmp_now() - t0) * 1e3;
+        if (can_chain(c, step + 1)) {
+            if (send_start(c, step + 1) != MMP_OK) {
+                break;
+            }
+            c->ahead = 1;
+        }
+        if (coord_wait_until(c, coord_all_flag, ALL(have_done), 0, "step results")) {
+            break;
+        }
+        t_done = mmp_now();
+        double step_ms = (t_done - t0) * 1e3;
         int done = step + 1;
         int eval = mmp_plan_eval_due(p, done);
         if (eval) {
@@ -622,6 +666,11 @@ int coord_run_steps(coord *c, int first_step)
             }
         }
         if (balance(c, done, step_ms)) {
+            break;
+        }
+        if (c->ahead && (c->replan || c->decision[0])) {
+            /* can_chain asked mmp_balancer_may_act, which must agree */
+            coord_fail(c, "balancer acted after step %d, whose successor had started", done);
             break;
         }
         double cpu_now = mmp_metrics_cpu_ms();
@@ -655,7 +704,7 @@ int coord_run_steps(coord *c, int first_step)
             c->replan_step = done;
             break;
         }
-        if (mmp_interrupt_signal() && done < p->job.steps) {
+        if (mmp_interrupt_signal() && done < p->job.steps && !c->ahead) {
             mmp_progress_end(&progress);
             MMP_INFO("%s: step %d finished; checkpointing and stopping (a second signal stops "
                      "at once)",

@@ -205,6 +205,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     memset(&w, 0, sizeof w);
     w.loaded_mb = w.out_mb = -1;
     w.pin_index = args->pin_index;
+    w.nice = args->nice;
     snprintf(w.name, sizeof w.name, "%s/%d", args->stage, args->replica);
     mmp_log_set_name(w.name);
     mmp_ctl_opts opts = {

@@ -22,6 +22,7 @@ typedef struct mmp_worker_args {
     int watch_fd;
     const char *shm_prefix;
     int pin_index; /* train.pin: this process's index on its host (common/pin.h); -1: none */
+    int nice;      /* train.priority: > 0, the nice value to run at (common/pin.h) */
 } mmp_worker_args;
 
 /* Runs the worker to its end; returns the process exit status. */

@@ -6,6 +6,8 @@
 
 #include "common/pin.h"
 
+#include <sys/resource.h>
+
 /* ---- set-up ---------------------------------------------------------------------- */
 
 chan *worker_find_chan(worker *w, int id)
@@ -430,6 +432,12 @@ mmp_err worker_build(worker *w)
         char cores[256];
         MMP_TRY(mmp_pin_apply(p, w->pin_index, NULL, cores, sizeof cores));
         MMP_INFO("pinned to core%s %s (train.pin)", strchr(cores, ',') ? "s" : "", cores);
+    }
+    if (w->nice > 0) {
+        MMP_TRY(mmp_nice_self(w->nice));
+        /* what the kernel now says, not what was asked (tests read it) */
+        MMP_INFO("running at nice %d (train.priority: a large share of shared cores)",
+                 getpriority(PRIO_PROCESS, 0));
     }
     if (a->microbatches != p->train.microbatches) {
         return mmp_errorf(MMP_ERR_PROTO, "assignment: field microbatches = %d, but the plan has %d",

@@ -112,6 +112,7 @@ typedef struct worker {
     unsigned char *owns; /* [microbatches] from the list's LOADs / FWDs */
     int replica, replicas, slot;
     int pin_index;       /* mmp_worker_args.pin_index */
+    int nice;            /* mmp_worker_args.nice */
     mmp_reduce *reduce;  /* replicas > 1 */
     double *reduce_host; /* replicas of a GPU stage: the gradient sums staged on the host */
     /* GPU replicas across hosts (a "#nccl" reduce address): the gradient

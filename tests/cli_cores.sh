@@ -11,6 +11,8 @@
 #     max_abs_diff=0); nothing left behind;
 #  3. a core id this machine does not give is refused before anything runs,
 #     with file:line:column;
+#  train.priority: the processes the decision names (with more processes
+#     than cores) run at nice 10, the others at 0, none with priority: off;
 #  and `mmpipe simulate --plan-cores 2` plans on paper from the run's costs;
 #  train.threads 2 reaches every stage process (each pins to 2 cores).
 cd "$(dirname "$0")/.." || exit 1
@@ -20,6 +22,9 @@ synth 800 4
 tiny_plan "name: c, steps: 16, seed: 7" \
   "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64" \
   2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 0, final_eval: false, clip_grad_norm: 0.5"
+# An image branch several times the text's, as in the demo: the planner's
+# priorities then have light processes to favour.
+sed -i 's/channels: \[8, 16\]/channels: [16, 48]/' "$W/plan.yaml"
 # The cores this process may use, in order (what train.pin: auto lists).
 allowed=()
 for part in $(grep '^Cpus_allowed_list:' /proc/self/status | awk '{ print $2 }' | tr ',' ' '); do
@@ -75,6 +80,24 @@ done
 out=$(same_ckpt "$W/single" "$W/auto") && ok "stages: auto on cores, pinned = --single-process: $out" \
   || fail "stages: auto on cores differs from --single-process: $out"
 left_behind "stages: auto on cores" "$W/auto.log"
+# train.priority (auto): with more processes than cores, the processes the
+# decision names run at nice 10 (what each read back from the kernel), the
+# others at 0; with train.priority: off nobody changes its priority.
+niced=$(grep -c '\] info .*running at nice 10 (train.priority' "$W/auto.log")
+said=$(grep -o 'the [0-9]* process[es]* with the largest shares at nice 10' <<<"$why" | awk '{ print $2 }')
+if [ ${#procs[@]} -gt "$n" ]; then
+  [ -n "$said" ] && [ "$niced" -eq "$said" ] && [ "$niced" -lt ${#procs[@]} ] \
+    && ok "train.priority: $niced of ${#procs[@]} processes on $n cores run at nice 10, as decided" \
+    || fail "train.priority: decision says '${said:-none}', $niced processes at nice 10"
+else
+  [ "$niced" -eq 0 ] && [ -z "$said" ] && ok "train.priority: a core each, nobody niced" \
+    || fail "train.priority: $niced niced with a core per process"
+fi
+"$BIN" launch "$W/auto.yaml" --out "$W/auto_off" --set train.priority=off --set job.steps=6 \
+  >"$W/auto_off.log" 2>&1 || { fail "train.priority: off run failed"; tail -5 "$W/auto_off.log"; }
+! grep -q 'running at nice\|at nice 10 (train.priority)' "$W/auto_off.log" "$W/auto_off/metrics.jsonl" \
+  && ok "train.priority: off: no process changes its priority" \
+  || fail "train.priority: off still niced a process"
 
 # --- train.threads reaches every stage process: 2 threads, 2 cores each ----------------
 if [ "$n" -ge 2 ]; then

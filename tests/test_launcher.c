@@ -70,6 +70,11 @@ static void test_lines(void)
     expect_line(&p, 0, &pinned, 12,
                 "/usr/bin/mmpipe stage --connect ipc://@mmpipe-1-x --stage image.0 --replica 1 "
                 "--shm-prefix /mmpipe-abc --pin-index 3");
+    /* train.priority: a nice value only when there is one */
+    pinned.nice = 10;
+    expect_line(&p, 0, &pinned, 14,
+                "/usr/bin/mmpipe stage --connect ipc://@mmpipe-1-x --stage image.0 --replica 1 "
+                "--shm-prefix /mmpipe-abc --pin-index 3 --nice 10");
 
     p.launcher = MMP_LAUNCH_SSH;
     snprintf(p.launcher_command, sizeof p.launcher_command,

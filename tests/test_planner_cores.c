@@ -277,6 +277,51 @@ static void test_invalid(void)
     CHECK(strstr(mmp_last_error(), "8 processes") != NULL);
 }
 
+/* Priorities: on 2 cores, image:2 text:2 fusion:1 (5 processes) puts the
+ * image replicas (the big shares) at MMP_CORES_NICE_HEAVY and the rest at 0
+ * (with every process as heavy, nobody);
+ * on 8 cores the same 5 processes each have a core: all 0; a placement the
+ * cores cannot take: -1, untouched. */
+static void test_nice(void)
+{
+    double fi[6], ft[4];
+    for (int l = 0; l < 6; l++) {
+        fi[l] = 0.55 / 6;
+    }
+    for (int l = 0; l < 4; l++) {
+        ft[l] = 0.108 / 4;
+    }
+    model M;
+    make(&M, 6, fi, 4, ft, 0.0016, 2.02, 64, 4, 2, 1);
+    mmp_placement pl = flat(&M, 2, 2, 1);
+    int nice[MMP_CORES_MAX_PROCS];
+    CHECK(mmp_planner_cores_nice(&M.ci, &pl, nice) == 5);
+    const int want[5] = {MMP_CORES_NICE_HEAVY, MMP_CORES_NICE_HEAVY, 0, 0, 0};
+    CHECK(memcmp(nice, want, sizeof want) == 0);
+    /* text as heavy as image: every branch process is heavy, fusion not */
+    make(&M, 6, fi, 4, (double[]){0.55 / 4, 0.55 / 4, 0.55 / 4, 0.55 / 4}, 0.0016, 2.02, 64, 4, 2,
+         1);
+    CHECK(mmp_planner_cores_nice(&M.ci, &pl, nice) == 5);
+    CHECK(nice[0] > 0 && nice[1] > 0 && nice[2] > 0 && nice[3] > 0 && nice[4] == 0);
+    /* fusion as heavy too: nobody light to favour, all 0 */
+    make(&M, 6, fi, 4, (double[]){0.55 / 4, 0.55 / 4, 0.55 / 4, 0.55 / 4}, 0.55 / 4, 2.02, 64, 4,
+         2, 0);
+    CHECK(mmp_planner_cores_nice(&M.ci, &pl, nice) == 5);
+    for (int k = 0; k < 5; k++) {
+        CHECK(nice[k] == 0);
+    }
+    M.ci.cores = 8;
+    CHECK(mmp_planner_cores_nice(&M.ci, &pl, nice) == 5);
+    for (int k = 0; k < 5; k++) {
+        CHECK(nice[k] == 0);
+    }
+    M.ci.cores = 2;
+    pl = flat(&M, 4, 2, 2); /* 8 processes, 7 allowed on 2 cores */
+    nice[0] = 42;
+    CHECK(mmp_planner_cores_nice(&M.ci, &pl, nice) == -1 && nice[0] == 42);
+}
+
 MMP_TEST_LIST("test_planner_cores", MMP_TEST_CASE(test_packing_rule),
               MMP_TEST_CASE(test_demo_two_cores), MMP_TEST_CASE(test_brute_force),
-              MMP_TEST_CASE(test_many_cores), MMP_TEST_CASE(test_invalid))
+              MMP_TEST_CASE(test_many_cores), MMP_TEST_CASE(test_invalid),
+              MMP_TEST_CASE(test_nice))
