@@ -9,7 +9,10 @@
 # STEPS steps, evaluation off. Runs alternate (single t1, pipeline, single
 # t2) for ROUNDS rounds; each run's figure is the median over its steps
 # FROM..STEPS (after the re-placement and a warm-up), then the median over
-# rounds. Prints a Markdown table: samples/s, the pipeline / single ratio,
+# rounds; with 2 or more cores each round also runs two single processes at
+# once, one pinned to each of two cores (their summed samples/s: what 2
+# cores give independent work here, the ceiling of any split of it).
+# Prints a Markdown table: samples/s, the pipeline / single ratio,
 # balance efficiency (measured, metrics.jsonl; and the ratio / cores: the
 # single process's compute spread over the cores, the bar's 0.9), the
 # bubble, CPU time per step of all processes (single vs pipeline: the most
@@ -48,11 +51,33 @@ run() { # NAME ARGS...: a run into $OUT/NAME, its CPU time (user + system, all p
 cpu() { tail -1 "$OUT/$1.cpu" | awk -v n="$STEPS" '{ printf "%.1f", ($1 + $2) * 1000 / n }'; }
 sps() { metric "$OUT/$1/metrics.jsonl" samples_per_s "$FROM" "$STEPS" | median; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-s1=() s2=() pp=() eff=() bub=() c1=() cp=()
+# The first two cores this process may use (Cpus_allowed_list), for the pair below.
+two=$(/usr/bin/python3 -c '
+import os; c = sorted(os.sched_getaffinity(0)); print(*c[:2]) if len(c) > 1 else None')
+# Two single processes at once, one pinned to each of two cores: the most any
+# split of the work over 2 cores can give on this machine (the two cores
+# share caches, memory bandwidth and, on a VM, perhaps a physical core).
+pair() { # NAME: both runs into $OUT/NAME.a and $OUT/NAME.b
+  local name=$1 ca cb
+  read -r ca cb <<<"$two"
+  say "$name ..."
+  "$BIN" launch configs/demo.yaml "${common[@]}" --single-process --set train.threads=1 \
+    --set "train.pin=[$ca]" --out "$OUT/$name.a" >"$OUT/$name.a.log" 2>&1 &
+  local a=$!
+  "$BIN" launch configs/demo.yaml "${common[@]}" --single-process --set train.threads=1 \
+    --set "train.pin=[$cb]" --out "$OUT/$name.b" >"$OUT/$name.b.log" 2>&1 \
+    || { say "$name.b failed (see $OUT/$name.b.log)"; wait $a; exit 1; }
+  wait $a || { say "$name.a failed (see $OUT/$name.a.log)"; exit 1; }
+}
+s1=() s2=() pp=() eff=() bub=() c1=() cp=() pr=()
 for r in $(seq 1 "$ROUNDS"); do
   run "single-t1-$r" --single-process --set train.threads=1
   run "pipeline-$r" --set stages=auto --set train.threads=1 --set "balance.routing=$ROUTING"
   run "single-t2-$r" --single-process --set train.threads=2
+  if [ -n "$two" ]; then
+    pair "pair-$r"
+    pr+=("$(awk -v a="$(sps "pair-$r.a")" -v b="$(sps "pair-$r.b")" 'BEGIN { print a + b }')")
+  fi
   s1+=("$(sps "single-t1-$r")") s2+=("$(sps "single-t2-$r")") pp+=("$(sps "pipeline-$r")")
   eff+=("$(metric "$OUT/pipeline-$r/metrics.jsonl" efficiency "$FROM" "$STEPS" | median)")
   bub+=("$(metric "$OUT/pipeline-$r/metrics.jsonl" bubble "$FROM" "$STEPS" | median)")
@@ -70,10 +95,15 @@ echo "|---|---|---|"
 echo "| \`--single-process\`, train.threads 1 | $S1 (${s1[*]}) | 1.00x |"
 echo "| \`--single-process\`, train.threads 2 | $S2 (${s2[*]}) | $(ratio "$S2" "$S1")x |"
 echo "| pipeline, \`stages: auto\` -> $placement, train.threads 1 | $P (${pp[*]}) | $(ratio "$P" "$S1")x |"
+if [ ${#pr[@]} -gt 0 ]; then
+  PR=$(med "${pr[@]}")
+  echo "| two \`--single-process\` t1 at once, pinned to cores $two (the sum) | $PR (${pr[*]}) | $(ratio "$PR" "$S1")x |"
+fi
 echo
 echo "balance efficiency: measured $(med "${eff[@]}") (${eff[*]}; busy is wall time in compute, so"
 echo "processes sharing a core count their wait for it); ratio / cores $(awk -v a="$P" -v b="$S1" -v c="$cores" 'BEGIN { printf "%.2f", a / b / c }');"
 echo "bubble $(med "${bub[@]}") (${bub[*]})"
+[ ${#pr[@]} -gt 0 ] && echo "pipeline / two singles at once (the 2-core ceiling here): $(ratio "$P" "$PR")x"
 C1=$(med "${c1[@]}") CP=$(med "${cp[@]}")
 echo "CPU per step (all processes, start-up, profiling and relaunch included): single t1 $C1 ms,"
 echo "pipeline $CP ms ($(ratio "$CP" "$C1")x)"
