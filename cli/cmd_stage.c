@@ -88,6 +88,18 @@ static int take_token(char *buf, size_t n)
     return 1;
 }
 
+/* Whether v is a whole decimal number from lo to hi; if so *out gets it. */
+static int int_in(const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    long k = strtol(v, &end, 10);
+    if (*end || end == v || k < lo || k > hi) {
+        return 0;
+    }
+    *out = (int)k;
+    return 1;
+}
+
 int mmp_cmd_stage(int argc, char **argv)
 {
     mmp_worker_args a = {.watch_fd = -1, .pin_index = -1};
@@ -110,23 +122,18 @@ int mmp_cmd_stage(int argc, char **argv)
         } else if (strcmp(argv[i - 1], "--replica") == 0) {
             a.replica = atoi(v);
         } else if (strcmp(argv[i - 1], "--pin-index") == 0) {
-            char *end;
-            long k = strtol(v, &end, 10);
-            if (*end || end == v || k < 0 || k > 1000000) {
+            if (!int_in(v, 0, 1000000, &a.pin_index)) {
                 fprintf(stderr, "mmpipe stage: --pin-index takes a process index, got '%s'\n\n%s",
                         v, USAGE);
                 return 2;
             }
-            a.pin_index = (int)k;
         } else if (strcmp(argv[i - 1], "--nice") == 0) {
-            char *end;
-            long k = strtol(v, &end, 10);
-            if (*end || end == v || k < 1 || k > 19) {
-                fprintf(stderr, "mmpipe stage: --nice takes a nice value from 1 to 19, got '%s'\n\n%s",
-                        v, USAGE);
+            if (!int_in(v, 1, 19, &a.nice)) {
+                fprintf(stderr,
+                        "mmpipe stage: --nice takes a nice value from 1 to 19, got '%s'\n\n%s", v,
+                        USAGE);
                 return 2;
             }
-            a.nice = (int)k;
         } else if (strcmp(argv[i - 1], "--shm-prefix") == 0) {
             a.shm_prefix = v;
         } else if (strcmp(argv[i - 1], "--secrets") == 0) {

@@ -108,8 +108,8 @@ static mmp_err score(const mmp_cores_input *ci, const mmp_placement *pl, mmp_pla
         }
     }
     pack_unit(ci, q0 * sum_of(&in.fusion, 0, in.fusion.n, 0),
-              q0 * sum_of(&in.fusion, 0, in.fusion.n, 1), pl->fusion_replicas, 1, &k, fwd, bwd,
-              fus, proc_ms);
+              q0 * sum_of(&in.fusion, 0, in.fusion.n, 1), pl->fusion_replicas, 1, &k, fwd, bwd, fus,
+              proc_ms);
     double most = 0, most_f = 0, most_b = 0, most_z = 0;
     for (int c = 0; c < cmax; c++) {
         double load = fwd[c] + bwd[c] + fus[c];
