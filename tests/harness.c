@@ -306,6 +306,26 @@ int mmp_test_shm_count(const char *p, int show)
     return n;
 }
 
+static void *zeros(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) {
+        fprintf(stderr, "out of host memory for %zu elements of %zu bytes\n", n, size);
+        exit(1);
+    }
+    return p;
+}
+
+float *mmp_test_floats(size_t n)
+{
+    return zeros(n, sizeof(float));
+}
+
+double *mmp_test_doubles(size_t n)
+{
+    return zeros(n, sizeof(double));
+}
+
 unsigned char *mmp_test_slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

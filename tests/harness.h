@@ -67,6 +67,11 @@ int mmp_test_shm_count(const char *p, int show);
 /* Fills x with uniform values in [lo, hi) from a fixed seed. */
 void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long seed);
 
+/* n zeroed floats (doubles), never NULL: out of memory ends the test
+ * (exit 1). The caller frees them. */
+float *mmp_test_floats(size_t n);
+double *mmp_test_doubles(size_t n);
+
 /* A whole file, NUL-terminated (*len excludes the NUL); NULL when it cannot
  * be read. The caller frees it. */
 unsigned char *mmp_test_slurp(const char *path, size_t *len);
