@@ -44,6 +44,7 @@ int main(void)
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "kernels/cuda.h"
 #include "transport/channel.h"
 
 #define NAME "gpu_nccl"
@@ -252,9 +253,7 @@ int main(int argc, char **argv)
     test_address();
     test_can_connect();
     test_connect_timeout();
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        (void)cudaGetLastError();
+    if (mmp_cuda_device_count() == 0) {
         return mmp_test_skip_after_host_checks(NAME, "no CUDA device");
     }
     test_one_rank();

@@ -46,6 +46,7 @@ int main(void)
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda.h"
 #include "transport/channel.h"
 #include "transport/rank_sum.h"
 #include "transport/reduce_nccl.h"
@@ -313,9 +314,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     test_cfg();
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        (void)cudaGetLastError();
+    if (mmp_cuda_device_count() == 0) {
         return mmp_test_skip_after_host_checks(NAME, "no CUDA device");
     }
     test_kernel();
