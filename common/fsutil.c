@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,9 +33,10 @@ mmp_err mmp_fs_read_file(const char *path, mmp_err bad_path, size_t max_len, uns
         ret = mmp_errorf(bad_path, "%s: not a regular file", path);
         goto exit;
     }
-    if ((unsigned long long)st.st_size > (unsigned long long)max_len) {
+    size_t cap = max_len < SIZE_MAX ? max_len : SIZE_MAX - 1; /* n + 1 below must not wrap */
+    if ((unsigned long long)st.st_size > (unsigned long long)cap) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: %lld bytes, more than the %zu this file may hold", path,
-                         (long long)st.st_size, max_len);
+                         (long long)st.st_size, cap);
         goto exit;
     }
     size_t n = (size_t)st.st_size;
