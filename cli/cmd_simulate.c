@@ -123,6 +123,26 @@ static int parse_size(const char *text, double *out)
     return 0;
 }
 
+/* A --plan-devices or --plan-cores value: a count of `what`s from 1 to
+ * MMP_PLANNER_MAX_DEVICES, or "all" (and no flag at all) for 0. 0 ok, -1 a
+ * usage error (printed). */
+static int parse_count(const char *arg, const char *flag, const char *what, int *out)
+{
+    *out = 0;
+    if (!arg || strcmp(arg, "all") == 0) {
+        return 0;
+    }
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (*end || end == arg || v < 1 || v > MMP_PLANNER_MAX_DEVICES) {
+        fprintf(stderr, "mmpipe simulate: %s '%s': expected a %s count (1 to %d) or 'all'\n", flag,
+                arg, what, MMP_PLANNER_MAX_DEVICES);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 /* The planner's per-layer, per-sample costs from c into *lc. */
 static void layer_costs(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
                         mmp_layer_costs *lc)
@@ -280,33 +300,11 @@ int mmp_cmd_simulate(int argc, char **argv)
     }
     const char *plan_path = args.plan;
     ret = 1;
-    int devices = 0;
-    if (plan_devices && strcmp(plan_devices, "all") != 0) {
-        char *end;
-        long v = strtol(plan_devices, &end, 10);
-        if (*end || end == plan_devices || v < 1 || v > MMP_PLANNER_MAX_DEVICES) {
-            fprintf(stderr,
-                    "mmpipe simulate: --plan-devices '%s': expected a device count (1 to %d) or "
-                    "'all'\n",
-                    plan_devices, MMP_PLANNER_MAX_DEVICES);
-            ret = 2;
-            goto exit;
-        }
-        devices = (int)v;
-    }
-    int cores = 0;
-    if (plan_cores_arg && strcmp(plan_cores_arg, "all") != 0) {
-        char *end;
-        long v = strtol(plan_cores_arg, &end, 10);
-        if (*end || end == plan_cores_arg || v < 1 || v > MMP_PLANNER_MAX_DEVICES) {
-            fprintf(stderr,
-                    "mmpipe simulate: --plan-cores '%s': expected a core count (1 to %d) or "
-                    "'all'\n",
-                    plan_cores_arg, MMP_PLANNER_MAX_DEVICES);
-            ret = 2;
-            goto exit;
-        }
-        cores = (int)v;
+    int devices = 0, cores = 0;
+    if (parse_count(plan_devices, "--plan-devices", "device", &devices) != 0 ||
+        parse_count(plan_cores_arg, "--plan-cores", "core", &cores) != 0) {
+        ret = 2;
+        goto exit;
     }
     double mem_cap = 0;
     if (device_memory) {

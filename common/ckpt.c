@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/fingerprint.h"
+#include "common/fsutil.h"
 #include "common/rng.h"
 
 static const char MAGIC[8] = {'M', 'M', 'P', 'C', 'K', 'P', 'T', 0};
@@ -167,23 +168,10 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
 {
     mmp_err ret = MMP_OK;
     unsigned char *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || st.st_size < 24) {
+    size_t size = 0;
+    MMP_TRY(mmp_fs_read_file(path, MMP_ERR_IO, SIZE_MAX, &buf, &size));
+    if (size < 24) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: too short to be a checkpoint", path);
-        goto exit;
-    }
-    size_t size = (size_t)st.st_size;
-    buf = malloc(size);
-    if (!buf) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "%s: %zu bytes", path, size);
-        goto exit;
-    }
-    if (fread(buf, 1, size, f) != size) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
         goto exit;
     }
     if (memcmp(buf, MAGIC, 8) != 0) {
@@ -197,7 +185,7 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
         goto exit;
     }
     cursor cur = {buf + 8, buf + size - 8};
-    uint32_t version, count;
+    uint32_t version = 0, count = 0; /* size >= 24: take() fills both */
     take(&cur, &version, 4);
     take(&cur, &count, 4);
     if (version != MMP_CKPT_VERSION) {
@@ -278,7 +266,6 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
     }
 exit:
     free(buf);
-    fclose(f);
     return ret;
 }
 

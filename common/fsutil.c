@@ -1,14 +1,62 @@
-/* Tree removal (nftw + remove, no shell) and the run directory's lock.
+/* Whole-file reads, tree removal (nftw + remove, no shell) and the run
+ * directory's lock.
  * Must never hand a path to a shell or exec another program. */
 #include "common/fsutil.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+mmp_err mmp_fs_read_file(const char *path, mmp_err bad_path, size_t max_len, unsigned char **out,
+                         size_t *len)
+{
+    mmp_err ret = MMP_OK;
+    unsigned char *buf = NULL;
+    *out = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return mmp_errorf(bad_path, "%s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+        goto exit;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = mmp_errorf(bad_path, "%s: not a regular file", path);
+        goto exit;
+    }
+    size_t cap = max_len < SIZE_MAX ? max_len : SIZE_MAX - 1; /* n + 1 below must not wrap */
+    if ((unsigned long long)st.st_size > (unsigned long long)cap) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: %lld bytes, more than the %zu this file may hold", path,
+                         (long long)st.st_size, cap);
+        goto exit;
+    }
+    size_t n = (size_t)st.st_size;
+    buf = malloc(n + 1);
+    if (!buf) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "%s: %zu bytes to read it", path, n);
+        goto exit;
+    }
+    if (n && fread(buf, 1, n, f) != n) {
+        ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
+        free(buf);
+        goto exit;
+    }
+    buf[n] = 0;
+    *out = buf;
+    *len = n;
+exit:
+    fclose(f);
+    return ret;
+}
 
 /* nftw has no user pointer: the first failure's path goes here (one tree
  * removal at a time per thread). */

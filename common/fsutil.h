@@ -1,4 +1,5 @@
-/* File-system helpers that take user paths: tree removal and the run lock.
+/* File-system helpers that take user paths: whole-file reads, tree removal
+ * and the run lock.
  *
  * No function here ever runs a shell or another program: a path is passed
  * to system calls as bytes, so quotes, spaces, newlines or a leading '-' in
@@ -13,11 +14,23 @@
 #ifndef MMP_COMMON_FSUTIL_H
 #define MMP_COMMON_FSUTIL_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "common/err.h"
 
 #define MMP_RUN_LOCK_FILE ".mmpipe.lock"
+
+/* Reads the whole regular file path into a new buffer. MMP_OK: *out (the
+ * caller frees it) holds the *len bytes and one NUL byte after them, not
+ * counted in *len, so that text can be parsed in place. Blocks. On failure
+ * *out is NULL, *len 0, and the message names path: bad_path when path
+ * cannot be opened or is not a regular file (MMP_ERR_DATA where a dataset
+ * named the file, MMP_ERR_IO elsewhere); MMP_ERR_DATA when it holds more
+ * than max_len bytes; MMP_ERR_IO when fstat or the read fails;
+ * MMP_ERR_NOMEM. */
+mmp_err mmp_fs_read_file(const char *path, mmp_err bad_path, size_t max_len, unsigned char **out,
+                         size_t *len);
 
 /* Removes path and, when it is a directory, everything under it (symlinks
  * are removed, never followed). A path that does not exist is not an error.

@@ -9,14 +9,13 @@
  * state between calls (loader threads share nothing). */
 #include "data/image.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "common/fsutil.h"
 #include "data/codecs.h"
 
 /* PIL's fixed point: 8 bits of result, 2 spare for overshoot, the rest
@@ -27,53 +26,14 @@ static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a
 
 /* ---- reading ------------------------------------------------------------ */
 
-static mmp_err read_whole(const char *path, unsigned char **out, size_t *out_len)
-{
-    mmp_err ret = MMP_OK;
-    unsigned char *buf = NULL;
-    *out = NULL;
-    *out_len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        /* A dataset naming a file that is not there is bad data, not a
-         * failing disk. */
-        return mmp_errorf(MMP_ERR_DATA, "%s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: not a regular file", path);
-        goto fail;
-    }
-    size_t len = (size_t)st.st_size;
-    buf = malloc(len ? len : 1);
-    if (!buf) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "%s: %zu bytes to read it", path, len);
-        goto fail;
-    }
-    if (len && fread(buf, 1, len, f) != len) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
-        goto fail;
-    }
-    *out = buf;
-    *out_len = len;
-exit:
-    fclose(f);
-    return ret;
-fail:
-    free(buf);
-    goto exit;
-}
-
 mmp_err mmp_image_read(const char *path, long long max_pixels, mmp_image *img)
 {
     unsigned char *buf = NULL;
     size_t len = 0;
     memset(img, 0, sizeof *img);
-    MMP_TRY(read_whole(path, &buf, &len));
+    /* A dataset naming a file that is not there is bad data, not a failing
+     * disk. */
+    MMP_TRY(mmp_fs_read_file(path, MMP_ERR_DATA, SIZE_MAX, &buf, &len));
     mmp_err ret;
     if (len == 0) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", path);

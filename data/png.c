@@ -10,7 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+
+#include "common/fsutil.h"
 
 static const unsigned char png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 
@@ -149,36 +150,12 @@ fail:
 
 mmp_err mmp_png_read(const char *path, mmp_image *img)
 {
-    mmp_err ret = MMP_OK;
     unsigned char *buf = NULL;
+    size_t len = 0;
     memset(img, 0, sizeof *img);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
-        goto exit;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: not a regular file", path);
-        goto exit;
-    }
-    size_t len = (size_t)st.st_size;
-    buf = malloc(len ? len : 1);
-    if (!buf) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "%s: %zu bytes to read it", path, len);
-        goto exit;
-    }
-    if (len && fread(buf, 1, len, f) != len) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
-        goto exit;
-    }
-    ret = mmp_png_decode(path, buf, len, 0, img);
-exit:
+    MMP_TRY(mmp_fs_read_file(path, MMP_ERR_IO, SIZE_MAX, &buf, &len));
+    mmp_err ret = mmp_png_decode(path, buf, len, 0, img);
     free(buf);
-    fclose(f);
     return ret;
 }
 

@@ -10,13 +10,12 @@
  * threads. */
 #include "data/tokenizer.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "data/unicode.h"
+#include "common/fsutil.h"
 #include "common/utf8.h"
 
 /* A word of at most MMP_TOKENIZER_MAX_WORD_CHARS characters of valid UTF-8
@@ -104,41 +103,6 @@ void mmp_tokenizer_destroy(mmp_tokenizer *t)
     free(t);
 }
 
-static mmp_err read_whole(const char *path, char **out, size_t *len)
-{
-    mmp_err ret = MMP_OK;
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: not a readable regular file", path);
-        goto exit;
-    }
-    if ((uint64_t)st.st_size >= UINT32_MAX) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: vocab larger than 4 GiB", path);
-        goto exit;
-    }
-    *len = (size_t)st.st_size;
-    *out = malloc(*len + 1);
-    if (!*out) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "%s: %zu bytes", path, *len);
-        goto exit;
-    }
-    if (*len && fread(*out, 1, *len, f) != *len) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: short read", path);
-        free(*out);
-        *out = NULL;
-        goto exit;
-    }
-    (*out)[*len] = 0;
-exit:
-    fclose(f);
-    return ret;
-}
-
 mmp_err mmp_tokenizer_load(mmp_tokenizer **out, const char *path)
 {
     mmp_err ret = MMP_OK;
@@ -148,7 +112,10 @@ mmp_err mmp_tokenizer_load(mmp_tokenizer **out, const char *path)
         return mmp_errorf(MMP_ERR_NOMEM, "tokenizer");
     }
     size_t size = 0;
-    MMP_TRY_GOTO(read_whole(path, &t->arena, &size), ret, fail);
+    unsigned char *text = NULL;
+    /* the offsets and lengths are 32-bit */
+    MMP_TRY_GOTO(mmp_fs_read_file(path, MMP_ERR_IO, UINT32_MAX - 1, &text, &size), ret, fail);
+    t->arena = (char *)text;
     size_t lines = 0;
     for (size_t i = 0; i < size; i++) {
         lines += t->arena[i] == '\n';

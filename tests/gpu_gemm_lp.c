@@ -52,26 +52,16 @@ static const char *prec_name(int prec)
     return prec == 1 ? "bf16" : "fp16";
 }
 
-static float *host(size_t n)
-{
-    float *p = calloc(n ? n : 1, sizeof(float));
-    if (!p) {
-        fprintf(stderr, "%s: out of host memory\n", NAME);
-        exit(1);
-    }
-    return p;
-}
-
 static float *rnd(size_t n)
 {
-    float *x = host(n);
+    float *x = mmp_test_floats(n);
     mmp_test_fill(x, n, -1.0f, 1.0f, ++seed);
     return x;
 }
 
 static float *rounded(const float *x, size_t n, int prec)
 {
-    float *r = host(n);
+    float *r = mmp_test_floats(n);
     mmp_cpu_round_lp(r, x, n, prec);
     return r;
 }
@@ -97,7 +87,7 @@ static float *dev(const float *x, size_t n)
 
 static float *back(const float *d, size_t n)
 {
-    float *h = host(n);
+    float *h = mmp_test_floats(n);
     CHECK_OK(mmp_cuda_memcpy_d2h(ctx, h, d, n * sizeof(float)));
     return h;
 }
@@ -203,7 +193,7 @@ static void gemm_case(int prec, int M, int N, int K, int pad)
             CHECK(within_bound(label, g1, ex, s, nc, K));
             CHECK(same_bits(g1, g2, nc));
             /* the CPU reference on the same rounded inputs, within the same bound */
-            float *cpu = host(nc);
+            float *cpu = mmp_test_floats(nc);
             memcpy(cpu, C0, nc * sizeof(float));
             mmp_cpu_gemm(ta, tb, M, N, K, alpha, Ar, lda, Br, ldb, beta, cpu, N);
             CHECK(within_bound("  (the CPU reference)", cpu, ex, s, nc, K));
@@ -243,7 +233,7 @@ static void linear_case(int prec, int N, int C, int OC)
     double *ex = malloc(ni > nw ? ni * sizeof(double) * 2 : nw * sizeof(double) * 2);
     double *s = malloc(ni > nw ? ni * sizeof(double) * 2 : nw * sizeof(double) * 2);
     double *ex2 = malloc(no * sizeof(double)), *s2 = malloc(no * sizeof(double));
-    float *bias_rows = host(no);
+    float *bias_rows = mmp_test_floats(no);
     for (int n = 0; n < N; n++) {
         memcpy(bias_rows + (size_t)n * OC, b, OC * sizeof(float));
     }
@@ -254,7 +244,7 @@ static void linear_case(int prec, int N, int C, int OC)
     float *o2 = back(d_out, no);
     CHECK(within_bound(label, o1, ex2, s2, no, C));
     CHECK(same_bits(o1, o2, no));
-    float *cpu = host(no);
+    float *cpu = mmp_test_floats(no);
     mmp_cpu_linear_fwd(cpu, ri, rw, b, N, C, OC);
     CHECK(within_bound("  (the CPU linear)", cpu, ex2, s2, no, C));
 
@@ -306,7 +296,8 @@ static void attention_case(int prec, int B, int Tq, int Tk, int C, int NH)
     const size_t nq = (size_t)B * Tq * C, nk = (size_t)B * Tk * C, na = (size_t)B * NH * Tq * Tk;
     float *q = rnd_rounded(nq, prec), *k = rnd_rounded(nk, prec);
     float *v = rnd_rounded(nk, prec), *dout = rnd_rounded(nq, prec);
-    float *out = host(nq), *att = host(na), *dq = host(nq), *dk = host(nk), *dv = host(nk);
+    float *out = mmp_test_floats(nq), *att = mmp_test_floats(na), *dq = mmp_test_floats(nq),
+          *dk = mmp_test_floats(nk), *dv = mmp_test_floats(nk);
     mmp_cpu_attention_fwd(out, att, q, k, v, NULL, B, Tq, Tk, C, NH, prec);
     mmp_cpu_attention_bwd(dq, dk, dv, dout, att, q, k, v, B, Tq, Tk, C, NH, prec);
     float *d_q = dev(q, nq), *d_k = dev(k, nk), *d_v = dev(v, nk), *d_dout = dev(dout, nq);
@@ -358,24 +349,16 @@ typedef struct conv_exact {
     double *out, *s_out, *dinp, *s_dinp, *dw, *s_dw, *db, *s_db;
 } conv_exact;
 
-static double *dzeros(size_t n)
-{
-    double *p = calloc(n ? n : 1, sizeof(double));
-    if (!p) {
-        fprintf(stderr, "%s: out of host memory\n", NAME);
-        exit(1);
-    }
-    return p;
-}
-
 static void conv_exact_run(conv_exact *e, const mmp_conv_shape *s, const float *inp, const float *w,
                            const float *b, const float *dout, const float *dinp0, const float *dw0,
                            const float *db0)
 {
     const size_t ni = (size_t)s->N * s->C * s->H * s->W, nw = (size_t)s->OC * s->C * s->KH * s->KW;
     const size_t no = (size_t)s->N * s->OC * s->OH * s->OW;
-    e->out = dzeros(no), e->s_out = dzeros(no), e->dinp = dzeros(ni), e->s_dinp = dzeros(ni);
-    e->dw = dzeros(nw), e->s_dw = dzeros(nw), e->db = dzeros(s->OC), e->s_db = dzeros(s->OC);
+    e->out = mmp_test_doubles(no), e->s_out = mmp_test_doubles(no), e->dinp = mmp_test_doubles(ni),
+    e->s_dinp = mmp_test_doubles(ni);
+    e->dw = mmp_test_doubles(nw), e->s_dw = mmp_test_doubles(nw), e->db = mmp_test_doubles(s->OC),
+    e->s_db = mmp_test_doubles(s->OC);
     for (size_t i = 0; i < ni; i++) {
         e->dinp[i] = dinp0[i];
         e->s_dinp[i] = fabs(dinp0[i]);
@@ -471,7 +454,8 @@ static void conv_case(int prec, int N, int C, int H, int W, int OC, int k, int s
     CHECK(same_bits(got[0][0], got[1][0], no) && same_bits(got[0][1], got[1][1], ni) &&
           same_bits(got[0][2], got[1][2], nw) && same_bits(got[0][3], got[1][3], OC));
     /* the CPU's conv of the rounded inputs, within the same bounds */
-    float *cpu = host(no), *ci = host(ni), *cw = host(nw), *cb = host(OC);
+    float *cpu = mmp_test_floats(no), *ci = mmp_test_floats(ni), *cw = mmp_test_floats(nw),
+          *cb = mmp_test_floats(OC);
     memcpy(ci, dinp0, ni * sizeof(float));
     memcpy(cw, dw0, nw * sizeof(float));
     memcpy(cb, db0, OC * sizeof(float));

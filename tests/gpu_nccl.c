@@ -39,12 +39,12 @@ int main(void)
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "kernels/cuda.h"
 #include "transport/channel.h"
 
 #define NAME "gpu_nccl"
@@ -224,17 +224,9 @@ static void test_two_ranks_one_gpu(void)
     if (!ch) {
         return;
     }
-    int out[2];
-    CHECK(pipe(out) == 0);
     double t0 = mmp_test_now_s();
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(out[1], 1);
-        close(out[0]);
-        execl(self_path, self_path, "--connector", mmp_channel_address(ch), (char *)NULL);
-        _exit(127);
-    }
-    close(out[1]);
+    int out = -1;
+    pid_t pid = mmp_test_spawn_self(self_path, "--connector", mmp_channel_address(ch), &out);
     void *slot = NULL;
     mmp_err e = mmp_channel_acquire(ch, &slot);
     double dt = mmp_test_now_s() - t0;
@@ -243,15 +235,8 @@ static void test_two_ranks_one_gpu(void)
     CHECK(e == MMP_ERR_PEER && strstr(mmp_last_error(), "nccl"));
     CHECK(dt < 30);
     mmp_channel_close(ch);
-    char buf[2048] = {0};
-    size_t n = 0;
-    ssize_t k;
-    while (n + 1 < sizeof buf && (k = read(out[0], buf + n, sizeof buf - 1 - n)) > 0) {
-        n += (size_t)k;
-    }
-    close(out[0]);
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char buf[2048];
+    CHECK(mmp_test_child_output(pid, out, buf, sizeof buf));
     fprintf(stderr, "  connector (rank 1), %.2f s: %s", mmp_test_now_s() - t0, buf);
     CHECK(strncmp(buf, "connect ", 8) == 0 && strncmp(buf, "connect ok ", 11) != 0 &&
           strstr(buf, "nccl"));
@@ -268,9 +253,7 @@ int main(int argc, char **argv)
     test_address();
     test_can_connect();
     test_connect_timeout();
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        (void)cudaGetLastError();
+    if (mmp_cuda_device_count() == 0) {
         return mmp_test_skip_after_host_checks(NAME, "no CUDA device");
     }
     test_one_rank();

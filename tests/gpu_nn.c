@@ -54,18 +54,9 @@ static void die(const char *what)
     exit(1);
 }
 
-static float *host_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    if (!x) {
-        die("host allocation");
-    }
-    return x;
-}
-
 static float *rnd(size_t n, float lo, float hi, unsigned long long seed)
 {
-    float *x = host_floats(n);
+    float *x = mmp_test_floats(n);
     mmp_test_fill(x, n, lo, hi, seed);
     return x;
 }
@@ -86,7 +77,7 @@ static void *up(const void *host, size_t bytes)
 /* A host copy of n floats of GPU memory; the caller frees it. */
 static float *down(const float *dev, size_t n)
 {
-    float *h = host_floats(n);
+    float *h = mmp_test_floats(n);
     gpu->ops->to_host(gpu, h, dev, n * sizeof(float));
     return h;
 }
@@ -192,7 +183,7 @@ static void test_image(void)
     size_t n_in = (size_t)B * mmp_image_net_in_floats(nc);
     size_t n_out = (size_t)B * mmp_image_net_out_floats(nc);
     float *in = rnd(n_in, -1.0f, 1.0f, 101), *dout = rnd(n_out, -1.0f, 1.0f, 102);
-    float *out = host_floats(n_out), *din = host_floats(n_in);
+    float *out = mmp_test_floats(n_out), *din = mmp_test_floats(n_in);
     float *g_in = up(in, n_in * sizeof(float)), *g_dout = up(dout, n_out * sizeof(float));
     float *g_out = up(NULL, n_out * sizeof(float)), *g_din = up(NULL, n_in * sizeof(float));
 
@@ -214,7 +205,7 @@ static void test_image(void)
     /* Batch-norm statistics rows: logged on the device, replayed on both. */
     int64_t rf = mmp_image_net_bn_row_floats(nc);
     CHECK(rf > 0 && rf == mmp_image_net_bn_row_floats(ng));
-    float *row_c = host_floats((size_t)rf), *row_g = host_floats((size_t)rf);
+    float *row_c = mmp_test_floats((size_t)rf), *row_g = mmp_test_floats((size_t)rf);
     mmp_image_net_bn_log(nc, row_c);
     mmp_image_net_bn_log(ng, row_g);
     mmp_image_net_forward(nc, ac, in, B, 1, out);
@@ -281,7 +272,7 @@ static void text_range(int first)
         mask[i] = (i % T) < T - 1 - (i / T) % 2 ? 1.0f : 0.0f;
     }
     float *in = rnd(nd, -1.0f, 1.0f, 201), *dout = rnd(nd, -1.0f, 1.0f, 202);
-    float *out = host_floats(nd), *din = host_floats(nd);
+    float *out = mmp_test_floats(nd), *din = mmp_test_floats(nd);
     int32_t *g_ids = up(ids, sizeof ids);
     float *g_mask = up(mask, sizeof mask), *g_in = up(in, nd * sizeof(float));
     float *g_dout = up(dout, nd * sizeof(float)), *g_out = up(NULL, nd * sizeof(float));
@@ -353,11 +344,11 @@ static void test_fusion(void)
     check_same_init("fusion", pc, pg);
     size_t ni = (size_t)B * Ni * D, nt = (size_t)B * T * D, E = (size_t)mmp_fusion_embed_dim(nc);
     float *img = rnd(ni, -1.0f, 1.0f, 301), *txt = rnd(nt, -1.0f, 1.0f, 302);
-    float *mask = host_floats((size_t)B * T);
+    float *mask = mmp_test_floats((size_t)B * T);
     for (int i = 0; i < B * T; i++) {
         mask[i] = 1.0f;
     }
-    float *dimg = host_floats(ni), *dtxt = host_floats(nt);
+    float *dimg = mmp_test_floats(ni), *dtxt = mmp_test_floats(nt);
     float *g_img = up(img, ni * sizeof(float)), *g_txt = up(txt, nt * sizeof(float));
     float *g_mask = up(mask, (size_t)B * T * sizeof(float));
     float *g_dimg = up(NULL, ni * sizeof(float)), *g_dtxt = up(NULL, nt * sizeof(float));
@@ -383,7 +374,7 @@ static void test_fusion(void)
     free(g1);
 
     /* Retrieval embeddings. */
-    float *ie = host_floats((size_t)B * E), *te = host_floats((size_t)B * E);
+    float *ie = mmp_test_floats((size_t)B * E), *te = mmp_test_floats((size_t)B * E);
     float *g_ie = up(NULL, (size_t)B * E * sizeof(float));
     float *g_te = up(NULL, (size_t)B * E * sizeof(float));
     mmp_fusion_net_embed(nc, ac, img, txt, mask, B, ie, te);

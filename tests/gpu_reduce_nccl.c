@@ -42,11 +42,11 @@ int main(void)
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda.h"
 #include "transport/channel.h"
 #include "transport/rank_sum.h"
 #include "transport/reduce_nccl.h"
@@ -282,17 +282,9 @@ static void test_two_ranks_one_gpu(void)
         two_close(&x);
         return;
     }
-    int out[2];
-    CHECK(pipe(out) == 0);
     double t0 = mmp_test_now_s();
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(out[1], 1);
-        close(out[0]);
-        execl(self_path, self_path, "--rank1", a, (char *)NULL);
-        _exit(127);
-    }
-    close(out[1]);
+    int out = -1;
+    pid_t pid = mmp_test_spawn_self(self_path, "--rank1", a, &out);
     int right = 0;
     e = two_sum(&x, 0, &right);
     double dt = mmp_test_now_s() - t0;
@@ -303,15 +295,8 @@ static void test_two_ranks_one_gpu(void)
     CHECK(refused || (e == MMP_OK && right));
     CHECK(dt < 30);
     two_close(&x);
-    char buf[2048] = {0};
-    size_t n = 0;
-    ssize_t k;
-    while (n + 1 < sizeof buf && (k = read(out[0], buf + n, sizeof buf - 1 - n)) > 0) {
-        n += (size_t)k;
-    }
-    close(out[0]);
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char buf[2048];
+    CHECK(mmp_test_child_output(pid, out, buf, sizeof buf));
     fprintf(stderr, "  rank 1 (a fresh process), %.2f s: %s", mmp_test_now_s() - t0, buf);
     if (refused) {
         CHECK(strncmp(buf, "rank1 peer 0 ", 13) == 0 && strstr(buf, "nccl reduce"));
@@ -329,9 +314,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     test_cfg();
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        (void)cudaGetLastError();
+    if (mmp_cuda_device_count() == 0) {
         return mmp_test_skip_after_host_checks(NAME, "no CUDA device");
     }
     test_kernel();

@@ -166,6 +166,57 @@ int mmp_test_run(const char *cmd, char *out, size_t n)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+pid_t mmp_test_spawn_self(const char *self, const char *mode, const char *arg, int *out)
+{
+    int p[2];
+    *out = -1;
+    int piped = pipe(p) == 0;
+    CHECK(piped);
+    if (!piped) {
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1);
+        close(p[0]);
+        execl(self, self, mode, arg, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    CHECK(pid > 0);
+    if (pid < 0) {
+        close(p[0]);
+        return -1;
+    }
+    *out = p[0];
+    return pid;
+}
+
+int mmp_test_child_output(pid_t pid, int fd, char *buf, size_t cap)
+{
+    size_t n = 0;
+    char sink[256];
+    ssize_t k;
+    /* past cap: drained, so the child never blocks on a full pipe */
+    for (;;) {
+        int room = n + 1 < cap;
+        k = room ? read(fd, buf + n, cap - 1 - n) : read(fd, sink, sizeof sink);
+        if (k <= 0) {
+            break;
+        }
+        n += room ? (size_t)k : 0;
+    }
+    if (cap) {
+        buf[n] = 0;
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+}
+
 int mmp_test_finish(const char *name)
 {
     if (mmp_test_checks == 0) {
@@ -253,6 +304,26 @@ int mmp_test_shm_count(const char *p, int show)
     }
     closedir(d);
     return n;
+}
+
+static void *zeros(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) {
+        fprintf(stderr, "out of host memory for %zu elements of %zu bytes\n", n, size);
+        exit(1);
+    }
+    return p;
+}
+
+float *mmp_test_floats(size_t n)
+{
+    return zeros(n, sizeof(float));
+}
+
+double *mmp_test_doubles(size_t n)
+{
+    return zeros(n, sizeof(double));
 }
 
 unsigned char *mmp_test_slurp(const char *path, size_t *len)

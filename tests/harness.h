@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 extern int mmp_test_failures;
 extern int mmp_test_checks;
@@ -66,6 +67,11 @@ int mmp_test_shm_count(const char *p, int show);
 /* Fills x with uniform values in [lo, hi) from a fixed seed. */
 void mmp_test_fill(float *x, size_t n, float lo, float hi, unsigned long long seed);
 
+/* n zeroed floats (doubles), never NULL: out of memory ends the test
+ * (exit 1). The caller frees them. */
+float *mmp_test_floats(size_t n);
+double *mmp_test_doubles(size_t n);
+
 /* A whole file, NUL-terminated (*len excludes the NUL); NULL when it cannot
  * be read. The caller frees it. */
 unsigned char *mmp_test_slurp(const char *path, size_t *len);
@@ -92,6 +98,16 @@ double mmp_test_now_s(void);
 struct mmp_channel_cfg;
 void mmp_test_gpu_channel_cfg(struct mmp_channel_cfg *c, const char *address, size_t slot_bytes,
                               int slots, int send, int timeout_ms);
+
+/* A second process of this test's own binary self (argv[0]): `self mode
+ * arg`, its stdout on a pipe whose read end is *out, while the caller goes
+ * on as the other side; mmp_test_child_output then collects it. Returns the
+ * pid, or -1 (a failed CHECK) when pipe or fork failed. */
+pid_t mmp_test_spawn_self(const char *self, const char *mode, const char *arg, int *out);
+/* What the mmp_test_spawn_self child printed, read to its end into
+ * buf[cap] (NUL-terminated, cut at cap - 1); closes fd, reaps pid. Returns 1
+ * when the child exited with status 0. */
+int mmp_test_child_output(pid_t pid, int fd, char *buf, size_t cap);
 
 /* Path of the mmpipe binary ($MMP_BIN, else build/mmpipe). */
 const char *mmp_test_bin(void);

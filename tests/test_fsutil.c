@@ -1,9 +1,11 @@
-/* common/fsutil: tree removal takes any bytes as a path and never follows a
+/* common/fsutil: a whole-file read ends in a NUL and fails with the
+ * caller's code for a bad path; tree removal takes any bytes as a path and never follows a
  * symlink; the run lock refuses a second holder naming its pid and is free
  * again once the holder is gone. Also the fingerprint's key selection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +91,34 @@ static void test_lock(const char *tmp)
     mmp_run_unlock(&b);
 }
 
+static void test_read_file(const char *tmp)
+{
+    char p[1200];
+    snprintf(p, sizeof p, "%s/text", tmp);
+    FILE *f = fopen(p, "wb");
+    CHECK(f != NULL);
+    if (!f) {
+        return;
+    }
+    fputs("ab\ncd", f);
+    fclose(f);
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    CHECK_OK(mmp_fs_read_file(p, MMP_ERR_IO, SIZE_MAX, &buf, &len));
+    CHECK(buf && len == 5 && memcmp(buf, "ab\ncd", 6) == 0); /* NUL after the bytes */
+    free(buf);
+    CHECK(mmp_fs_read_file(p, MMP_ERR_IO, 4, &buf, &len) == MMP_ERR_DATA && !buf && len == 0);
+    CHECK_OK(mmp_fs_read_file(p, MMP_ERR_IO, 5, &buf, &len));
+    free(buf);
+    /* the caller's code for a bad path: missing, or not a regular file */
+    snprintf(p, sizeof p, "%s/missing", tmp);
+    CHECK(mmp_fs_read_file(p, MMP_ERR_DATA, SIZE_MAX, &buf, &len) == MMP_ERR_DATA && !buf);
+    CHECK(strstr(mmp_last_error(), p) != NULL);
+    CHECK(mmp_fs_read_file(p, MMP_ERR_IO, SIZE_MAX, &buf, &len) == MMP_ERR_IO && !buf);
+    CHECK(mmp_fs_read_file(tmp, MMP_ERR_DATA, SIZE_MAX, &buf, &len) == MMP_ERR_DATA && !buf);
+    CHECK(strstr(mmp_last_error(), "not a regular file") != NULL);
+}
+
 static void test_fingerprint_keys(void)
 {
     CHECK(mmp_fingerprint_has("model.text.heads"));
@@ -120,9 +150,15 @@ static void test_lock_case(void)
     test_lock(tmp);
 }
 
+static void test_read_file_case(void)
+{
+    test_read_file(tmp);
+}
+
 static const mmp_test_case cases[] = {
     {"test_rmtree", test_rmtree_case},
     {"test_lock", test_lock_case},
+    {"test_read_file", test_read_file_case},
     MMP_TEST_CASE(test_fingerprint_keys),
 };
 

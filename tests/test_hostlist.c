@@ -148,13 +148,5 @@ static void test_slurm_env(void)
     CHECK(strstr(mmp_last_error(), "CUDA_VISIBLE_DEVICES") != NULL);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_expand_table),
-    MMP_TEST_CASE(test_malformed_table),
-    MMP_TEST_CASE(test_slurm_env),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_hostlist", cases, argc, argv);
-}
+MMP_TEST_LIST("test_hostlist", MMP_TEST_CASE(test_expand_table),
+              MMP_TEST_CASE(test_malformed_table), MMP_TEST_CASE(test_slurm_env))

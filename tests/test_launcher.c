@@ -139,12 +139,4 @@ static void test_refused(void)
     CHECK(mmp_launch_line_build(&l, &p, 1, &stage) == MMP_ERR_INVALID);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_lines),
-    MMP_TEST_CASE(test_refused),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_launcher", cases, argc, argv);
-}
+MMP_TEST_LIST("test_launcher", MMP_TEST_CASE(test_lines), MMP_TEST_CASE(test_refused))

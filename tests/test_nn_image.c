@@ -36,16 +36,6 @@ static void small_plan(mmp_plan *p, int blocks2, int stem_pool)
     make_plan(p, 8, 2, ch, bl, 6, stem_pool);
 }
 
-static float *alloc_floats(size_t n)
-{
-    float *x = calloc(n ? n : 1, sizeof(float));
-    if (!x) {
-        fprintf(stderr, "out of memory\n");
-        exit(1);
-    }
-    return x;
-}
-
 /* A net of layers [first, last) with acts for B samples. */
 typedef struct rig {
     mmp_image_net *net;
@@ -280,8 +270,8 @@ static void gradcheck(int S, int stem_pool, const int *blocks)
         return;
     }
     size_t n_in = (size_t)B * r.in_n, n_out = (size_t)B * r.out_n;
-    float *in = alloc_floats(n_in), *R = alloc_floats(n_out), *out = alloc_floats(n_out);
-    float *din = alloc_floats(n_in);
+    float *in = mmp_test_floats(n_in), *R = mmp_test_floats(n_out), *out = mmp_test_floats(n_out);
+    float *din = mmp_test_floats(n_in);
     mmp_test_fill(in, n_in, -1.0f, 1.0f, 101);
     mmp_test_fill(R, n_out, -1.0f, 1.0f, 202);
     mmp_params *p = mmp_image_net_params(r.net);
@@ -290,7 +280,7 @@ static void gradcheck(int S, int stem_pool, const int *blocks)
     mmp_image_net_forward(r.net, r.acts, in, B, 1, out);
     mmp_image_net_backward(r.net, r.acts, R, B, din);
     /* a copy, so the check does not rest on forward leaving the gradients be */
-    float *grads = alloc_floats(p->total);
+    float *grads = mmp_test_floats(p->total);
     memcpy(grads, p->grads, p->total * sizeof(float));
 
     mmp_rng rng;
@@ -368,9 +358,9 @@ static void test_split(void)
     int L = mmp_image_net_layers(&plan);
     CHECK(L == 5); /* stem (with pool), layer1.0, layer2.0 (down), layer2.1, proj */
     size_t n_in = (size_t)B * 3 * 8 * 8, n_out = (size_t)B * mmp_image_net_tokens(&plan) * 6;
-    float *in = alloc_floats(n_in), *dout = alloc_floats(n_out);
-    float *out_w = alloc_floats(n_out), *out_s = alloc_floats(n_out);
-    float *din_w = alloc_floats(n_in), *din_s = alloc_floats(n_in);
+    float *in = mmp_test_floats(n_in), *dout = mmp_test_floats(n_out);
+    float *out_w = mmp_test_floats(n_out), *out_s = mmp_test_floats(n_out);
+    float *din_w = mmp_test_floats(n_in), *din_s = mmp_test_floats(n_in);
     mmp_test_fill(in, n_in, -1.0f, 1.0f, 7);
     mmp_test_fill(dout, n_out, -1.0f, 1.0f, 8);
 
@@ -388,7 +378,7 @@ static void test_split(void)
         }
         CHECK(a.out_n == b.in_n);
         size_t n_mid = (size_t)B * a.out_n;
-        float *mid = alloc_floats(n_mid), *dmid = alloc_floats(n_mid);
+        float *mid = mmp_test_floats(n_mid), *dmid = mmp_test_floats(n_mid);
         memset(din_w, 0, n_in * sizeof(float));
         memset(din_s, 0, n_in * sizeof(float));
         /* two steps, so the second runs on updated running statistics and
@@ -442,9 +432,9 @@ static void test_in_flight(void)
     mmp_image_acts *second = NULL;
     CHECK_OK(mmp_image_acts_create(&second, r1.net, 2 * B)); /* a larger one grows the workspace */
     size_t n_in = (size_t)B * r1.in_n, n_out = (size_t)B * r1.out_n;
-    float *x1 = alloc_floats(n_in), *x2 = alloc_floats(n_in);
-    float *d1 = alloc_floats(n_out), *d2 = alloc_floats(n_out), *out = alloc_floats(n_out);
-    float *din_a = alloc_floats(2 * n_in), *din_b = alloc_floats(2 * n_in);
+    float *x1 = mmp_test_floats(n_in), *x2 = mmp_test_floats(n_in);
+    float *d1 = mmp_test_floats(n_out), *d2 = mmp_test_floats(n_out), *out = mmp_test_floats(n_out);
+    float *din_a = mmp_test_floats(2 * n_in), *din_b = mmp_test_floats(2 * n_in);
     mmp_test_fill(x1, n_in, -1.0f, 1.0f, 1);
     mmp_test_fill(x2, n_in, -1.0f, 1.0f, 2);
     mmp_test_fill(d1, n_out, -1.0f, 1.0f, 3);
@@ -516,8 +506,9 @@ static void test_split_backward(void)
         mmp_wgrad_init(&wg1, mmp_backend_cpu());
         mmp_wgrad_init(&wg2, mmp_backend_cpu());
         size_t n_in = (size_t)B * ref.in_n, n_out = (size_t)B * ref.out_n;
-        float *x = alloc_floats(2 * n_in), *d = alloc_floats(2 * n_out), *out = alloc_floats(n_out);
-        float *din_r = alloc_floats(2 * n_in), *din_s = alloc_floats(2 * n_in);
+        float *x = mmp_test_floats(2 * n_in), *d = mmp_test_floats(2 * n_out),
+              *out = mmp_test_floats(n_out);
+        float *din_r = mmp_test_floats(2 * n_in), *din_s = mmp_test_floats(2 * n_in);
         mmp_params *pr = mmp_image_net_params(ref.net), *ps = mmp_image_net_params(spl.net);
         for (int step = 0; step < 2 && ref2 && spl2; step++) {
             mmp_test_fill(x, 2 * n_in, -1.0f, 1.0f, 10 + (uint64_t)step);
@@ -687,9 +678,9 @@ static void test_eval_stem(void)
     mmp_test_fill(gamma->w, C0, 0.5f, 1.5f, 31);
     mmp_test_fill(beta->w, C0, -0.5f, 0.5f, 32);
     size_t n_in = (size_t)B * 3 * S * S, n_out = (size_t)B * C0 * S * S;
-    float *x1 = alloc_floats(n_in), *x2 = alloc_floats(n_in), *out = alloc_floats(n_out);
+    float *x1 = mmp_test_floats(n_in), *x2 = mmp_test_floats(n_in), *out = mmp_test_floats(n_out);
     double *conv = calloc(n_out, sizeof(double));
-    float *want = alloc_floats(n_out);
+    float *want = mmp_test_floats(n_out);
     mmp_test_fill(x1, n_in, 0.0f, 2.0f, 33); /* off-centre, so the mean moves visibly */
     mmp_test_fill(x2, n_in, -1.0f, 1.0f, 34);
 
@@ -752,14 +743,15 @@ static void test_eval_net(void)
         return;
     }
     size_t n_in = (size_t)B * r.in_n, n_out = (size_t)B * r.out_n;
-    float *x = alloc_floats(n_in), *train = alloc_floats(n_out);
-    float *e1 = alloc_floats(n_out), *e2 = alloc_floats(n_out), *e_one = alloc_floats(n_out);
+    float *x = mmp_test_floats(n_in), *train = mmp_test_floats(n_out);
+    float *e1 = mmp_test_floats(n_out), *e2 = mmp_test_floats(n_out),
+          *e_one = mmp_test_floats(n_out);
     for (int step = 0; step < 5; step++) {
         mmp_test_fill(x, n_in, -1.0f, 1.5f, 50 + (unsigned long long)step);
         mmp_image_net_forward(r.net, r.acts, x, B, 1, train);
     }
     mmp_params *p = mmp_image_net_params(r.net);
-    float *before = alloc_floats(p->total);
+    float *before = mmp_test_floats(p->total);
     memcpy(before, p->values, p->total * sizeof(float));
     mmp_image_net_forward(r.net, r.acts, x, B, 0, e1);
     mmp_image_net_forward(r.net, r.acts, x, B, 0, e2);
@@ -834,9 +826,10 @@ static void bn_log_range(const mmp_plan *plan, int first, int last, int64_t want
     CHECK(mmp_image_net_bn_row_floats(a.net) == rf);
     mmp_params *pa = mmp_image_net_params(a.net), *pb = mmp_image_net_params(b.net);
     size_t n_in = (size_t)B * a.in_n, n_out = (size_t)B * a.out_n;
-    float *x = alloc_floats(n_in), *out_a = alloc_floats(n_out), *out_b = alloc_floats(n_out);
-    float *rows = alloc_floats((size_t)LOG_MB * (size_t)rf);
-    float *init = alloc_floats(pb->total), *after0 = alloc_floats(pa->total);
+    float *x = mmp_test_floats(n_in), *out_a = mmp_test_floats(n_out),
+          *out_b = mmp_test_floats(n_out);
+    float *rows = mmp_test_floats((size_t)LOG_MB * (size_t)rf);
+    float *init = mmp_test_floats(pb->total), *after0 = mmp_test_floats(pa->total);
     memcpy(init, pb->values, pb->total * sizeof(float));
     /* garbage in the rows: a logged forward must overwrite all of its row */
     for (size_t i = 0; i < (size_t)LOG_MB * (size_t)rf; i++) {

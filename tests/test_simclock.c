@@ -46,13 +46,6 @@ static void test_a_run_lasts_the_model(void)
     CHECK(ms >= 20.0 - 1e-3);
 }
 
-static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_carry_pays_for_short_computes),
-    MMP_TEST_CASE(test_sleep_takes_the_carry_off),
-    MMP_TEST_CASE(test_a_run_lasts_the_model),
-};
-
-int main(int argc, char **argv)
-{
-    return MMP_TEST_MAIN("test_simclock", cases, argc, argv);
-}
+MMP_TEST_LIST("test_simclock", MMP_TEST_CASE(test_carry_pays_for_short_computes),
+              MMP_TEST_CASE(test_sleep_takes_the_carry_off),
+              MMP_TEST_CASE(test_a_run_lasts_the_model))

@@ -418,10 +418,7 @@ void mmp_reduce_tcp_close(mmp_reduce_tcp *r)
         return;
     }
     if (r->has_thread) {
-        uint64_t one = 1;
-        if (write(r->stop_fd, &one, sizeof one) != (ssize_t)sizeof one) {
-            MMP_WARN("%s: cannot stop the thread: %s", r->what, strerror(errno));
-        }
+        mmp_sock_stop(r->stop_fd, r->what);
         pthread_join(r->thread, NULL);
     }
     for (int k = 0; k < RT_MAX_RANKS; k++) {

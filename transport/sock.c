@@ -420,6 +420,14 @@ mmp_err mmp_sock_read_some(int fd, const char *what, void *buf, size_t cap, size
     }
 }
 
+void mmp_sock_stop(int stop_fd, const char *what)
+{
+    uint64_t one = 1;
+    if (write(stop_fd, &one, sizeof one) != (ssize_t)sizeof one) {
+        MMP_WARN("%s: cannot stop the thread: %s", what, strerror(errno));
+    }
+}
+
 void mmp_sock_close_graceful(int fd, double deadline)
 {
     if (fd < 0) {

@@ -61,6 +61,11 @@ mmp_err mmp_sock_read(int fd, const char *what, void *buf, size_t bytes, double 
  * reset is MMP_ERR_PEER. */
 mmp_err mmp_sock_read_some(int fd, const char *what, void *buf, size_t cap, size_t *n);
 
+/* Ends the waits given stop_fd: adds 1 to the eventfd, which stays readable
+ * until someone reads it. A failure is logged with `what`, not returned (the
+ * caller is closing). */
+void mmp_sock_stop(int stop_fd, const char *what);
+
 /* Sender's orderly close: FIN after the queued bytes, then waits (draining
  * and discarding whatever arrives) until the peer acknowledged every byte,
  * at most until the deadline, so closing never turns into a reset that would

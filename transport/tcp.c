@@ -699,10 +699,7 @@ static void tcp_close(mmp_channel_impl *c)
         return;
     }
     if (ch->has_thread) {
-        uint64_t one = 1;
-        if (write(ch->stop_fd, &one, sizeof one) != (ssize_t)sizeof one) {
-            MMP_WARN("%s: cannot stop the thread: %s", ch->what, strerror(errno));
-        }
+        mmp_sock_stop(ch->stop_fd, ch->what);
         pthread_join(ch->thread, NULL);
     }
     if (ch->send) {

@@ -281,33 +281,34 @@ mmp_err mmp_cuda_free(void *p)
     return MMP_OK;
 }
 
-mmp_err mmp_cuda_memcpy_h2d(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+/* One copy on ctx's stream; sync: wait until it is done (a host buffer
+ * is then free to reuse, a host result there to read). */
+static mmp_err stream_copy(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes,
+                           cudaMemcpyKind kind, int sync)
 {
     if (bytes == 0) {
         return MMP_OK;
     }
-    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream));
-    CU_TRY(cudaStreamSynchronize(ctx->stream));
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream));
+    if (sync) {
+        CU_TRY(cudaStreamSynchronize(ctx->stream));
+    }
     return MMP_OK;
+}
+
+mmp_err mmp_cuda_memcpy_h2d(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
+{
+    return stream_copy(ctx, dst, src, bytes, cudaMemcpyHostToDevice, 1);
 }
 
 mmp_err mmp_cuda_memcpy_d2h(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
-    if (bytes == 0) {
-        return MMP_OK;
-    }
-    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream));
-    CU_TRY(cudaStreamSynchronize(ctx->stream));
-    return MMP_OK;
+    return stream_copy(ctx, dst, src, bytes, cudaMemcpyDeviceToHost, 1);
 }
 
 mmp_err mmp_cuda_memcpy_d2d(mmp_cuda_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
-    if (bytes == 0) {
-        return MMP_OK;
-    }
-    CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream));
-    return MMP_OK;
+    return stream_copy(ctx, dst, src, bytes, cudaMemcpyDeviceToDevice, 0);
 }
 
 mmp_err mmp_cuda_memset(mmp_cuda_ctx *ctx, void *dst, int value, size_t bytes)

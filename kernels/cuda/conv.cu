@@ -176,6 +176,13 @@ static mmp_err plan_get(mmp_cuda_ctx *ctx, const mmp_conv_shape *s, mmp_cuda_con
     return MMP_OK;
 }
 
+/* The context's workspace for an algorithm that asked for bytes of it;
+ * *ws stays NULL where it asked for none. */
+static mmp_err plan_ws(mmp_cuda_ctx *ctx, size_t bytes, void **ws)
+{
+    return bytes > 0 ? mmp_cuda_ws_get(ctx, bytes, ws) : MMP_OK;
+}
+
 mmp_err mmp_cuda_conv2d_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
                             const float *b, const mmp_conv_shape *s)
 {
@@ -183,9 +190,7 @@ mmp_err mmp_cuda_conv2d_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, con
     mmp_cuda_conv_plan *p = NULL;
     MMP_TRY(plan_get(ctx, s, &p));
     void *ws = NULL;
-    if (p->fwd_ws > 0) {
-        MMP_TRY(mmp_cuda_ws_get(ctx, p->fwd_ws, &ws));
-    }
+    MMP_TRY(plan_ws(ctx, p->fwd_ws, &ws));
     const float one = 1.0f, zero = 0.0f;
     CU_TRY(cudnnConvolutionForward(ctx->cudnn, &one, p->x, inp, p->w, w, p->conv, p->fwd, ws,
                                    p->fwd_ws, &zero, p->y, out));
@@ -207,17 +212,13 @@ mmp_err mmp_cuda_conv2d_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db
     }
     if (dw) {
         void *ws = NULL;
-        if (p->bwd_filter_ws > 0) {
-            MMP_TRY(mmp_cuda_ws_get(ctx, p->bwd_filter_ws, &ws));
-        }
+        MMP_TRY(plan_ws(ctx, p->bwd_filter_ws, &ws));
         CU_TRY(cudnnConvolutionBackwardFilter(ctx->cudnn, &one, p->x, inp, p->y, dout, p->conv,
                                               p->bwd_filter, ws, p->bwd_filter_ws, &one, p->w, dw));
     }
     if (dinp) {
         void *ws = NULL;
-        if (p->bwd_data_ws > 0) {
-            MMP_TRY(mmp_cuda_ws_get(ctx, p->bwd_data_ws, &ws));
-        }
+        MMP_TRY(plan_ws(ctx, p->bwd_data_ws, &ws));
         CU_TRY(cudnnConvolutionBackwardData(ctx->cudnn, &one, p->w, w, p->y, dout, p->conv,
                                             p->bwd_data, ws, p->bwd_data_ws, &one, p->x, dinp));
     }
