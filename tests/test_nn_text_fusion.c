@@ -982,8 +982,8 @@ static void test_split_backward_batch(void)
                                       mask + off * FT, valid + off, NULL);
                 }
                 mmp_params_mb_begin(p[v]);
-                (v ? mmp_fuse_step_run_input : mmp_fuse_step_run)(
-                    &fs[v], &fuse[v], net[v], acts[v], 1.0f, &loss[v], &skipped[v]);
+                (v ? mmp_fuse_step_run_input : mmp_fuse_step_run)(&fs[v], &fuse[v], net[v], acts[v],
+                                                                  1.0f, &loss[v], &skipped[v]);
                 mmp_params_mb_end(p[v]);
                 mmp_params_grad_finish(p[v]);
             }

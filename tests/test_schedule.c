@@ -1076,8 +1076,7 @@ static void test_zb_h1(void)
         int wpc = find_instr(&t, st, MMP_OP_BWD_WEIGHT, mb, -1);
         int to = find_instr(&t, st, MMP_OP_SEND_GRAD, mb, 5) + 1;
         mmp_instr wi = t.stages[st].prog[wpc];
-        memmove(&t.stages[st].prog[to + 1], &t.stages[st].prog[to],
-                (size_t)(wpc - to) * sizeof wi);
+        memmove(&t.stages[st].prog[to + 1], &t.stages[st].prog[to], (size_t)(wpc - to) * sizeof wi);
         t.stages[st].prog[to] = wi;
     }
     check_list(&t, "fusion", 0,
