@@ -1122,36 +1122,43 @@ static void test_zb_h1(void)
     CHECK(near(r[1].step_ms, 36) && near(r[2].step_ms, 32));
     CHECK(r[2].bubble < r[1].bubble);
 
-    /* configs/sim-uneven.yaml re-placed (image.0 x4, text.0, fusion; m = 96;
-     * ms per micro-batch F/B: image 8/16, text and fusion 2/4): every
-     * replica's F's end at 24 x 8 = 192, fusion's (keeping pace) at 200.
-     * 1F1B: fusion's B's (4 ms) reach image replica k at 204 + 4k, the
-     * last ends 216 + 24 x 16 = 600. zb-h1: fusion's Bi's (2 ms) at 202 +
-     * 2k, the last ends 208 + 384 = 592, fusion's W's (192 ms) from 392 to
-     * 584, inside that drain. */
-    for (int k = 1; k <= 2; k++) {
-        make_plan(&p, (mmp_schedule)k, 96, 0, NULL, 0, NULL);
-        p.model.fusion.itc_scope = MMP_ITC_BATCH;
-        p.train.batch = 192;
-        p.stages.image.n_replicas = 1;
-        p.stages.image.replicas[0] = 4;
-        CHECK_OK(mmp_sched_compile(&s, &p));
-        mmp_sim_costs c = {0};
-        for (int j = 0; j < s.n_stages; j++) {
-            int img = s.stages[j].kind == MMP_KIND_IMAGE;
-            c.fwd_ms[j] = img ? 8 : 2;
-            c.bwd_ms[j] = img ? 16 : 4;
+    /* configs/sim-uneven.yaml re-placed (image.0 x4, text.0, fusion; batch
+     * 192, ms per sample F/B: image 4/8, text and fusion 1/2). m = 96 (2
+     * samples a micro-batch): every replica's F's end at 24 x 8 = 192,
+     * fusion's (keeping pace) at 200. 1F1B: fusion's B's (4 ms) reach image
+     * replica k at 204 + 4k, the last ends 216 + 24 x 16 = 600. zb-h1:
+     * fusion's Bi's (2 ms) at 202 + 2k, the last ends 208 + 384 = 592,
+     * fusion's W's (192 ms) from 392 to 584, inside that drain. m = 192 (the
+     * config's): fill and drain halve, 1F1B 204 + 384 = 588, zb-h1 200 +
+     * 384 = 584. */
+    static const int sim_m[] = {96, 192};
+    static const double want_1f1b[] = {600, 588}, want_zb[] = {592, 584};
+    for (int i = 0; i < 2; i++) {
+        int m = sim_m[i], spm = 192 / m; /* samples a micro-batch */
+        for (int k = 1; k <= 2; k++) {
+            make_plan(&p, (mmp_schedule)k, m, 0, NULL, 0, NULL);
+            p.model.fusion.itc_scope = MMP_ITC_BATCH;
+            p.train.batch = 192;
+            p.stages.image.n_replicas = 1;
+            p.stages.image.replicas[0] = 4;
+            CHECK_OK(mmp_sched_compile(&s, &p));
+            mmp_sim_costs c = {0};
+            for (int j = 0; j < s.n_stages; j++) {
+                int img = s.stages[j].kind == MMP_KIND_IMAGE;
+                c.fwd_ms[j] = (img ? 4 : 1) * spm;
+                c.bwd_ms[j] = (img ? 8 : 2) * spm;
+            }
+            CHECK_OK(mmp_sched_simulate(&s, &c, &r[k]));
+            if (k == 2) {
+                int f = mmp_sched_find(&s, "fusion");
+                int w0 = find_instr(&s, f, MMP_OP_BWD_WEIGHT, 0, -1);
+                CHECK(w0 > find_instr(&s, f, MMP_OP_BWD_INPUT, m - 1, -1));
+                CHECK(near(r[2].busy_ms[f], 576));
+            }
+            mmp_sched_fini(&s);
         }
-        CHECK_OK(mmp_sched_simulate(&s, &c, &r[k]));
-        if (k == 2) {
-            int f = mmp_sched_find(&s, "fusion");
-            int w0 = find_instr(&s, f, MMP_OP_BWD_WEIGHT, 0, -1);
-            CHECK(w0 > find_instr(&s, f, MMP_OP_BWD_INPUT, 95, -1));
-            CHECK(near(r[2].busy_ms[f], 96 * 6));
-        }
-        mmp_sched_fini(&s);
+        CHECK(near(r[1].step_ms, want_1f1b[i]) && near(r[2].step_ms, want_zb[i]));
     }
-    CHECK(near(r[1].step_ms, 600) && near(r[2].step_ms, 592));
 }
 
 MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_zb_h1), MMP_TEST_CASE(test_batch_loss),
