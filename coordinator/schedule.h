@@ -56,9 +56,14 @@
  * chain the gradients travel by B alone (W is off the critical path), and
  * the deferred W's fill warm-up and cool-down, where 1F1B waits: with
  * F = B = W the bubble is a third of 1F1B's. Under the batch-wide loss
- * fusion keeps the fused BWD (one loss over the whole batch), every bound
- * is m, defer is 0 and each W follows its B: the W's still run while a
- * stage waits for its next gradient.
+ * every bound is m and a branch's defer is 0 (each W follows its B: the W's
+ * still run while a stage waits for its next gradient); the fusion splits
+ * too and defers all its W's to the end of its list (its first B runs the
+ * whole batch's loss and input gradients, its first W the batch's weight
+ * gradients; in simulated compute each costs half the micro-batch's
+ * backward), so the gradients reach the branches without the fusion's
+ * weight GEMMs ahead of them and those fill the drain, where the fusion
+ * would wait for the branches' last backwards.
  *
  * Backward always runs micro-batches in ascending order on every process, the
  * order the single-process trainer accumulates gradients in, so every

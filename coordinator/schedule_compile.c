@@ -275,12 +275,14 @@ static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
     }
 }
 
-/* Whether stage st's backward runs split (BWD_INPUT + BWD_WEIGHT): zb-h1's,
- * but not fusion's under the batch-wide loss (one backward of the whole
- * batch's loss, replicas gathered: nothing to defer it into). */
+/* Whether stage st's backward runs split (BWD_INPUT + BWD_WEIGHT): every
+ * stage's under zb-h1, fusion's under the batch-wide loss too (there its
+ * first B runs the whole batch's loss and input gradients, W's its weight
+ * gradients: stages/worker_exec.c). */
 static int split_bwd(const mmp_sched *s, int st)
 {
-    return s->kind == MMP_SCHED_ZB_H1 && (s->stages[st].kind != MMP_KIND_FUSION || !s->batch_loss);
+    (void)st;
+    return s->kind == MMP_SCHED_ZB_H1;
 }
 
 static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
@@ -320,9 +322,10 @@ static void put_weights(builder *b, wqueue *q, int mb, int defer)
  * Others run `warm` forwards, then alternate F(warm+i) B(i), then drain the
  * backwards: GPipe warms up with all m, 1F1B and zb-h1 with depth - 1.
  * Backwards are in ascending micro-batch order either way. zb-h1 splits each
- * backward (fusion's only under the per-micro-batch loss) into B (Bi) and W,
- * keeping `defer` W's pending (FIFO) and ending with the rest, e.g. defer 1:
- * F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3. */
+ * backward into B (Bi) and W, keeping `defer` W's pending (FIFO) and ending
+ * with the rest, e.g. defer 1: F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3; the
+ * fusion under the batch-wide loss defers all its W's: F0 .. Fm-1 Bi0 ..
+ * Bim-1 W0 .. Wm-1. */
 static mmp_err build_list(mmp_sched *s, int st)
 {
     mmp_sched_stage *g = &s->stages[st];
@@ -507,7 +510,13 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
     for (int i = 0; i < s->n_stages; i++) {
         mmp_sched_stage *g = &s->stages[i];
         g->defer = 0;
-        if (split_bwd(s, i)) {
+        if (split_bwd(s, i) && s->batch_loss && g->kind == MMP_KIND_FUSION) {
+            /* The batch-wide loss: every B sends its gradients before any W
+             * (the branches wait on those, nobody on the W's), so the W's
+             * fill the drain, where the fusion would wait for the branches'
+             * last backwards. It holds all m from F on: its bound already. */
+            g->defer = g->n_owned;
+        } else if (split_bwd(s, i)) {
             /* W's pending fill the stage up to 1F1B's peak, never beyond */
             g->defer = peak - g->stage_bound;
             g->stage_bound = peak;

@@ -72,7 +72,8 @@ static int exec_step(mmp_sched_exec *x, int st)
     case MMP_OP_BWD_WEIGHT: {
         int fusion = g->kind == MMP_KIND_FUSION;
         if (mmp_op_is_bwd(in->op) && fusion && x->s->batch_loss) {
-            /* the batch-wide loss needs the step's last forward */
+            /* the batch-wide loss needs the step's last forward (a zb-h1
+             * fusion's W's come after its Bi's: they need nothing more) */
             if (x->fusion_fwds < x->s->microbatches) {
                 return 0;
             }

@@ -255,9 +255,10 @@ static mmp_err check_role(const mmp_sched *s, int st, mmp_op op, int e, const in
  * sent after the compute that makes it; the list ends GRAD_NORM, OPT_STEP. */
 /* A split backward (zb-h1): each BWD_INPUT has one BWD_WEIGHT after it (so
  * before GRAD_NORM, which only the list's end holds), each BWD_WEIGHT its
- * BWD_INPUT, only zb-h1 splits, and only branch stages (fusion's loss runs
- * the fused BWD). W's run in ascending micro-batch order: the order the
- * gradient sums add the micro-batches in (nn/wgrad.h). */
+ * BWD_INPUT, and only zb-h1 splits. W's run in ascending micro-batch order:
+ * the order the gradient sums add the micro-batches in (nn/wgrad.h). A
+ * fusion under the batch-wide loss runs the batch's weight pass at its first
+ * W, after its first B (the batch's): these rules cover it too. */
 static mmp_err check_split(const mmp_sched *s, int st, const int *bwd_at, int *w_at)
 {
     const mmp_sched_stage *g = &s->stages[st];
@@ -273,11 +274,6 @@ static mmp_err check_split(const mmp_sched *s, int st, const int *bwd_at, int *w
         if (s->kind != MMP_SCHED_ZB_H1) {
             return stage_err(s, st, pc, "only zb-h1 splits the backward (%s runs BWD)",
                              mmp_schedule_name(s->kind));
-        }
-        if (g->kind == MMP_KIND_FUSION && s->batch_loss) {
-            return stage_err(s, st, pc,
-                             "fusion runs the fused BWD under the batch-wide loss "
-                             "(model.fusion.itc_scope: batch)");
         }
         if (in->op == MMP_OP_BWD_INPUT) {
             continue;

@@ -128,14 +128,19 @@ static int seen(const mmp_wgrad *wg, int k, const float *g)
     return 0;
 }
 
-mmp_err mmp_wgrad_run(mmp_wgrad *wg, const mmp_lowp *lp, mmp_params *p)
+mmp_err mmp_wgrad_clear(mmp_wgrad *wg)
 {
     mmp_err e = wg->err;
-    if (e != MMP_OK) {
-        wg->err = MMP_OK;
-        wg->n = 0;
-        wg->used = 0;
-        return e;
+    wg->err = MMP_OK;
+    wg->n = 0;
+    wg->used = 0;
+    return e;
+}
+
+mmp_err mmp_wgrad_run(mmp_wgrad *wg, const mmp_lowp *lp, mmp_params *p)
+{
+    if (wg->err != MMP_OK) {
+        return mmp_wgrad_clear(wg);
     }
     mmp_backend *be = wg->be;
     mmp_lowp l = *lp;

@@ -66,6 +66,10 @@ void mmp_wgrad_record_conv2d(mmp_wgrad *wg, float *dw, float *db, const float *d
                              const float *inp, const float *w, const mmp_conv_shape *s,
                              float *scratch);
 
+/* Drops the recorded jobs unrun (their gradients stay as B left them: +0);
+ * returns wg->err (cleared) or MMP_OK. */
+mmp_err mmp_wgrad_clear(mmp_wgrad *wg);
+
 /* The W pass: zeroes every recorded gradient range of p, replays the jobs in
  * recording order through lp (its recorder must not be wg's: detached while
  * running), adds the ranges to p's double accumulator once each, and empties

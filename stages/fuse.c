@@ -149,6 +149,7 @@ mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t 
     size_t b = (size_t)batch;
     mmp_err err = alloc_staging(be, b, img_row, s->txt_row, T, &s->img, &s->dimg, &s->txt, &s->dtxt,
                                 &s->mask);
+    mmp_wgrad_init(&s->wg, be);
     s->valid[0] = calloc(b ? b : 1, sizeof(float));
     s->valid[1] = calloc(b ? b : 1, sizeof(float));
     if (err != MMP_OK || !s->valid[0] || !s->valid[1]) {
@@ -167,6 +168,7 @@ void mmp_fuse_step_fini(mmp_fuse_step *s)
         return;
     }
     free_staging(s->be, s->img, s->dimg, s->txt, s->dtxt, s->mask);
+    mmp_wgrad_fini(&s->wg);
     free(s->valid[0]);
     free(s->valid[1]);
     memset(s, 0, sizeof *s);
@@ -208,12 +210,48 @@ void mmp_fuse_step_put(mmp_fuse_step *s, int off, int n, const float *img, const
     s->rows += n;
 }
 
+static void step_run(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts,
+                     float loss_mult, int defer, mmp_loss_parts *acc, int *skipped)
+{
+    MMP_ASSERT(s->rows == s->batch && f->mb_max >= s->batch && !s->done);
+    MMP_ASSERT(!mmp_wgrad_pending(&s->wg));
+    mmp_fuse_forward(f, net, acts, s->img, s->txt, s->mask, s->valid[0], s->valid[1], s->batch,
+                     s->batch, acc, skipped);
+    if (defer) {
+        mmp_fusion_net_defer(net, &s->wg);
+    }
+    mmp_fuse_backward(f, net, acts, s->batch, loss_mult, s->dimg, s->dtxt);
+    if (defer) {
+        mmp_fusion_net_defer(net, NULL);
+    }
+    s->done = 1;
+}
+
 void mmp_fuse_step_run(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts,
                        float loss_mult, mmp_loss_parts *acc, int *skipped)
 {
-    MMP_ASSERT(s->rows == s->batch && f->mb_max >= s->batch && !s->done);
-    mmp_fuse_forward(f, net, acts, s->img, s->txt, s->mask, s->valid[0], s->valid[1], s->batch,
-                     s->batch, acc, skipped);
-    mmp_fuse_backward(f, net, acts, s->batch, loss_mult, s->dimg, s->dtxt);
-    s->done = 1;
+    step_run(s, f, net, acts, loss_mult, 0, acc, skipped);
+}
+
+void mmp_fuse_step_run_input(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net,
+                             mmp_fusion_acts *acts, float loss_mult, mmp_loss_parts *acc,
+                             int *skipped)
+{
+    step_run(s, f, net, acts, loss_mult, 1, acc, skipped);
+}
+
+int mmp_fuse_step_weights_pending(const mmp_fuse_step *s)
+{
+    return mmp_wgrad_pending(&s->wg) || s->wg.err != MMP_OK;
+}
+
+mmp_err mmp_fuse_step_run_weights(mmp_fuse_step *s, mmp_fusion_net *net, int keep)
+{
+    if (!mmp_fuse_step_weights_pending(s)) {
+        return MMP_OK;
+    }
+    if (keep) {
+        return mmp_fusion_net_backward_weights(net, &s->wg);
+    }
+    return mmp_wgrad_clear(&s->wg);
 }

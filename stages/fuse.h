@@ -19,6 +19,7 @@
 
 #include "common/err.h"
 #include "nn/model.h"
+#include "nn/wgrad.h"
 
 typedef struct mmp_fuse {
     mmp_backend *be;
@@ -65,6 +66,7 @@ typedef struct mmp_fuse_step {
     float *valid[2];                       /* (batch) image, text: 1 good, 0 skipped (HOST) */
     int rows;                              /* rows put since mmp_fuse_step_begin */
     int done;                              /* mmp_fuse_step_run ran for this step */
+    mmp_wgrad wg; /* mmp_fuse_step_run_input's deferred weight gradients, until run */
 } mmp_fuse_step;
 
 mmp_err mmp_fuse_step_init(mmp_fuse_step *s, mmp_backend *be, int batch, size_t img_row, int T,
@@ -86,5 +88,22 @@ void mmp_fuse_step_put(mmp_fuse_step *s, int off, int n, const float *img, const
  * initialised for `batch` rows. */
 void mmp_fuse_step_run(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net, mmp_fusion_acts *acts,
                        float loss_mult, mmp_loss_parts *acc, int *skipped);
+/* zb-h1's split of it (nn/wgrad.h): as mmp_fuse_step_run, but the linear
+ * layers' weight gradients are only recorded (s->wg: the layers' inputs in
+ * acts, which must stay untouched until the weight pass, and copies of
+ * their output gradients); the net's other parameter gradients are
+ * computed, the deferred ones left at +0. mmp_fuse_step_run_weights then
+ * replays them, with the bits the fused backward gives, and adds their
+ * ranges to the net's double gradient sums (nn/params.h); keep 0 (a fusion
+ * replica whose gradients are not kept: it never ends its mb_begin) drops
+ * them instead. A no-op when nothing is recorded; returns a failure to
+ * record (out of memory) or MMP_OK. */
+void mmp_fuse_step_run_input(mmp_fuse_step *s, mmp_fuse *f, mmp_fusion_net *net,
+                             mmp_fusion_acts *acts, float loss_mult, mmp_loss_parts *acc,
+                             int *skipped);
+mmp_err mmp_fuse_step_run_weights(mmp_fuse_step *s, mmp_fusion_net *net, int keep);
+/* Whether mmp_fuse_step_run_input recorded work mmp_fuse_step_run_weights
+ * has not run yet. */
+int mmp_fuse_step_weights_pending(const mmp_fuse_step *s);
 
 #endif

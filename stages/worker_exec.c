@@ -706,8 +706,10 @@ static float *fusion_grad_out(worker *w, int text)
  * each backward then hands its micro-batch's rows of the input gradients to
  * SEND_GRAD. Replicas gather the rows first and each runs the whole batch;
  * replica 0 alone keeps the parameter gradients and reports the loss, so the
- * replicas' gradient sum is one process's. */
-static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
+ * replicas' gradient sum is one process's. split (zb-h1's BWD_INPUT): the
+ * batch's linear weight gradients are recorded, not computed; the step's
+ * first BWD_WEIGHT runs them (do_wgt), the other W's have nothing left. */
+static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n, int split)
 {
     mmp_fuse_step *fs = &w->fstep;
     if (!fs->done && w->reduce) {
@@ -725,8 +727,8 @@ static mmp_err batch_scope_bwd(worker *w, int step, int mb, int n)
         mmp_loss_parts other = {0};
         float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
         mmp_params_mb_begin(w->params);
-        mmp_fuse_step_run(fs, &w->fuse, w->fus, w->fl[0].acts, mult, keep ? &w->loss : &other,
-                          &skipped);
+        (split ? mmp_fuse_step_run_input : mmp_fuse_step_run)(
+            fs, &w->fuse, w->fus, w->fl[0].acts, mult, keep ? &w->loss : &other, &skipped);
         if (keep) {
             mmp_params_mb_end(w->params);
             w->skipped += skipped;
@@ -749,12 +751,6 @@ static mmp_err do_bwd(worker *w, int step, int mb, int split)
     if (!f || f->b_done) {
         return mmp_errorf(MMP_ERR_INTERNAL, "backward %d without its forward", mb);
     }
-    if (split && w->kind == MMP_BRANCH_FUSION && w->batch_scope) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "BWD_INPUT %d on fusion under model.fusion.itc_scope: batch (the "
-                          "batch-wide loss runs the fused BWD)",
-                          mb);
-    }
     mmp_wgrad *wg = split && !worker_simulated(w) ? &f->wg : NULL;
     double t0 = mmp_now();
     int n = f->n;
@@ -762,7 +758,7 @@ static mmp_err do_bwd(worker *w, int step, int mb, int split)
         if (worker_simulated(w)) {
             split ? sim_half_bwd(w, step, n) : sim_compute(w, step, n, 1); /* dimg, dtxt: 0 */
         } else if (w->batch_scope) {
-            MMP_TRY(batch_scope_bwd(w, step, mb, n));
+            MMP_TRY(batch_scope_bwd(w, step, mb, n, split));
         } else {
             /* the loss's backward starts here: scaled by the step's loss scale */
             float mult = mmp_loss_scale_grad_mult(w->loss_scale, &w->plan, step);
@@ -831,6 +827,10 @@ static mmp_err do_wgt(worker *w, int step, int mb)
     mmp_err e = MMP_OK;
     if (worker_simulated(w)) {
         sim_half_bwd(w, step, f->n);
+    } else if (w->batch_scope) {
+        /* the whole batch's weight pass, at the step's first W (after the
+         * first BWD_INPUT, which ran the batch); replica 0's alone are kept */
+        e = mmp_fuse_step_run_weights(&w->fstep, w->fus, w->asg->replica == 0);
     } else if (w->kind == MMP_BRANCH_IMAGE) {
         e = mmp_image_net_backward_weights(w->img, &f->wg);
     } else if (w->kind == MMP_BRANCH_TEXT) {
@@ -910,6 +910,12 @@ static mmp_err do_grad_norm(worker *w, int step)
          * part in the gather of the step's rows (it adds none) */
         MMP_TRY(gather_step(w, step));
         w->gather_ms = 0; /* no BWD's time to take it from */
+    }
+    if (w->batch_scope && mmp_fuse_step_weights_pending(&w->fstep)) {
+        return mmp_errorf(MMP_ERR_INTERNAL,
+                          "step %d: the batch's deferred weight gradients never ran (a "
+                          "BWD_INPUT without its BWD_WEIGHT)",
+                          step + 1);
     }
     if (w->reduce) {
         MMP_TRY(reduce_replicas(w, step));

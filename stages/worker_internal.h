@@ -165,7 +165,10 @@ typedef struct worker {
     /* fusion under model.fusion.itc_scope: batch (real compute): the step's
      * rows gathered from every FWD; the first BWD runs the loss over them
      * with fl[0].acts (made for train.batch rows; the other flights have
-     * none) and every BWD sends its micro-batch's rows of the gradients */
+     * none) and every BWD sends its micro-batch's rows of the gradients.
+     * zb-h1: the first BWD_INPUT records the weight part (fstep.wg), the
+     * first BWD_WEIGHT runs it, reading fl[0].acts (untouched until then:
+     * every FWD came before) */
     int batch_scope;
     mmp_fuse_step fstep;
     /* fusion replicas under batch scope: the step's rows, summed across the

@@ -5,7 +5,8 @@
 #        run when it is reached, naming its line;
 #  skip: the same data trains to the end; skipped samples are counted in
 #        metrics.jsonl; the fusion stage's alignment check stays silent; and
-#        the pipeline still equals --single-process bit for bit.
+#        the pipeline still equals --single-process bit for bit (1f1b, and
+#        zb-h1 with the fusion's batch backward split over the good rows).
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -61,4 +62,11 @@ grep -q "refusing to pair" "$W/s_pipe.log" && fail "skip: alignment check fired"
 out=$("$BIN" ckpt diff "$W/s_single" "$W/s_pipe" --quiet); rc=$?
 [ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
   && ok "skip: pipeline equals single-process" || fail "skip: pipeline vs single: $(tail -1 <<<"$out")"
+# zb-h1: the fusion's batch backward split (weight pass deferred) over the
+# gathered good rows
+"$BIN" launch "$W/plan.yaml" --out "$W/s_zb" --set data.on_bad_sample=skip --set train.schedule=zb-h1 \
+  >"$W/s_zb.log" 2>&1 || { fail "skip: zb-h1 pipeline"; tail -5 "$W/s_zb.log"; }
+out=$("$BIN" ckpt diff "$W/s_single" "$W/s_zb" --quiet); rc=$?
+[ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
+  && ok "skip: zb-h1 pipeline equals single-process" || fail "skip: zb-h1 vs single: $(tail -1 <<<"$out")"
 finish

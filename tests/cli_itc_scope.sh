@@ -23,10 +23,12 @@
 #    norm's per-micro-batch statistics move the weights; after three steps
 #    it does not tell the scopes apart (microbatch scope's checkpoints land
 #    within 2.1%), the losses of section 1 do.
-# 3. The pipeline equals --single-process bitwise under batch scope for gpipe
-#    and 1f1b, with image / text / fusion replicas (fusion x3 with m = 2: a
-#    replica routed no micro-batch still joins the gather of the features),
-#    and under microbatch scope as before.
+# 3. The pipeline equals --single-process bitwise under batch scope for gpipe,
+#    1f1b and zb-h1 (the fusion's batch backward split: its weight pass
+#    deferred, which fusion/0's wgt_ms shows ran), with image / text / fusion
+#    replicas (fusion x3 with m = 2: a replica routed no micro-batch still
+#    joins the gather of the features), in fp16 too, and under microbatch
+#    scope as before.
 # 4. The cost: every stage holds all m micro-batches' activations (the
 #    stages' own in-flight reports), and `simulate` shows the lists.
 cd "$(dirname "$0")/.." || exit 1
@@ -102,10 +104,19 @@ run_pipe() { # name m scope extra...
   [ "$(metric "$W/$name/metrics.jsonl" loss 1 6)" = "$(metric "$W/s_${sc}_m$m/metrics.jsonl" loss 1 6)" ] \
     && ok "$name: the same six losses" || fail "$name: losses differ"
 }
-for sched in gpipe 1f1b; do
+for sched in gpipe 1f1b zb-h1; do
   run_pipe "${sched}_batch" 4 batch --set train.schedule=$sched
   run_pipe "${sched}_batch_rep" 4 batch --set train.schedule=$sched --set stages.image.replicas=2 \
     --set stages.text.replicas=2 --set stages.fusion.replicas=2
+done
+# zb-h1 splits the fusion's batch backward too: its weight pass ran apart
+# (wgt_ms) on the replica whose gradients count, and the sums stayed exact
+wgt() { grep -o "\"name\":\"fusion\",\"replica\":$2,[^}]*\"wgt_ms\":[0-9.e+-]*" "$W/$1/metrics.jsonl" \
+  | grep -o '[0-9.e+-]*$' | awk '$1 > 0 { n++ } END { print n + 0 }'; }
+for run in zb-h1_batch zb-h1_batch_rep; do
+  n=$(wgt $run 0)
+  [ "$n" -eq 6 ] && ok "$run: fusion/0 ran its deferred weight pass in all 6 steps" \
+    || fail "$run: fusion/0 reported a weight pass in $n of 6 steps"
 done
 run_pipe fusion3_m2 2 batch --set stages.fusion.replicas=3
 grep -q '"name":"GATHER"' "$W/gpipe_batch_rep/trace.json" \
@@ -113,13 +124,16 @@ grep -q '"name":"GATHER"' "$W/gpipe_batch_rep/trace.json" \
 run_pipe 1f1b_microbatch 4 microbatch --set train.schedule=1f1b
 # fp16 (loss scaling: the loss gradient times the scale where the batch's
 # backward starts, the scale decided by the coordinator as before)
-for run in single pipe; do
+for run in single pipe zb; do
   extra=(); [ $run = single ] && extra=(--single-process)
+  [ $run = zb ] && extra=(--set train.schedule=zb-h1)
   "$BIN" launch "$W/plan.yaml" "${extra[@]}" --out "$W/fp16_$run" --set train.precision=fp16 \
     --set train.microbatches=4 >"$W/fp16_$run.log" 2>&1 || fail "fp16 $run"
 done
 out=$(same_ckpt "$W/fp16_single" "$W/fp16_pipe") && ok "fp16, batch scope: pipeline vs single-process: $out" \
   || fail "fp16, batch scope: pipeline differs: $out"
+out=$(same_ckpt "$W/fp16_single" "$W/fp16_zb") && ok "fp16, batch scope, zb-h1: pipeline vs single-process: $out" \
+  || fail "fp16, batch scope, zb-h1: pipeline differs: $out"
 a=$(metric "$W/fp16_single/metrics.jsonl" loss_scale 1 6 | tr '\n' ' '); b=$(metric "$W/fp16_pipe/metrics.jsonl" loss_scale 1 6 | tr '\n' ' ')
 [ "$a" = "$b" ] && [ -n "$a" ] && ok "fp16, batch scope: the same loss scales ($a)" || fail "fp16 loss scales: '$a' vs '$b'"
 run_pipe 1f1b_microbatch_rep 4 microbatch --set stages.fusion.replicas=2

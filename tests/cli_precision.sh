@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixed precision end to end (train.precision bf16 | fp16): the pipeline
-# equals the single process bitwise for gpipe and 1f1b (the branch->fusion
+# equals the single process bitwise for gpipe, 1f1b and zb-h1 (the branch->fusion
 # edges carry bf16/fp16 data, the single process rounds at the same points),
 # also with the image branch cut in two (sub-stage edges stay fp32); bf16
 # learns as fp32 does.
@@ -15,7 +15,7 @@ tiny_plan "name: mp, steps: 12, seed: 7" \
 for prec in bf16 fp16; do
   "$BIN" launch "$W/plan.yaml" --single-process --out "$W/single_$prec" --set train.precision=$prec \
     >"$W/single_$prec.log" 2>&1 || { fail "single $prec"; tail -3 "$W/single_$prec.log"; continue; }
-  for run in gpipe 1f1b split; do
+  for run in gpipe 1f1b zb-h1 split; do
     name=${prec}_$run
     extra=(--set train.schedule=$run)
     [ $run = split ] && extra=(--set 'stages.image.split=[2]')

@@ -11,6 +11,7 @@
 #include "common/rng.h"
 #include "nn/model.h"
 #include "nn/wgrad.h"
+#include "stages/fuse.h"
 #include "tests/harness.h"
 
 /* Finite differences run the float32 forward at x +- h and x +- 2h and use
@@ -935,6 +936,92 @@ static void test_split_backward(void)
     }
 }
 
+/* The same under the batch-wide loss (stages/fuse.h, mmp_fuse_step): the
+ * fusion's backward of the whole batch with its weight gradients deferred
+ * (mmp_fuse_step_run_input), then its weight pass (mmp_fuse_step_run_weights)
+ * gives mmp_fuse_step_run's input gradients, loss and gradient sums to the
+ * bit, in fp32 and bf16, with every row good and with a skipped one (the
+ * gathered path), step after step; a replica whose gradients are not kept
+ * drops the recorded pass and its sums stay as B left them. */
+static void test_split_backward_batch(void)
+{
+    const size_t img_row = FNI * FD, txt_row = FT * FD;
+    for (int prec = 0; prec < 2; prec++) {
+        mmp_plan plan;
+        plan_tiny(&plan);
+        plan.train.precision = prec ? MMP_PREC_BF16 : MMP_PREC_FP32;
+        mmp_fusion_net *net[2] = {NULL, NULL}; /* [fused, split] */
+        mmp_fusion_acts *acts[2] = {NULL, NULL};
+        mmp_fuse fuse[2];
+        mmp_fuse_step fs[2];
+        for (int v = 0; v < 2; v++) {
+            CHECK_OK(mmp_fusion_net_create(&net[v], &plan, 9));
+            CHECK_OK(mmp_fusion_acts_create(&acts[v], net[v], FB));
+            CHECK_OK(mmp_fuse_init(&fuse[v], mmp_backend_cpu(), FB, img_row, FT, FD));
+            CHECK_OK(mmp_fuse_step_init(&fs[v], mmp_backend_cpu(), FB, img_row, FT, FD));
+        }
+        float img[FB * FNI * FD], txt[FB * FT * FD], mask[FB * FT], valid[FB];
+        mmp_params *p[2] = {mmp_fusion_net_params(net[0]), mmp_fusion_net_params(net[1])};
+        for (int step = 0; step < 3 && acts[0] && acts[1]; step++) {
+            mmp_test_fill(img, FB * FNI * FD, -1.0f, 1.0f, 70 + (uint64_t)step);
+            mmp_test_fill(txt, FB * FT * FD, -1.0f, 1.0f, 80 + (uint64_t)step);
+            for (int i = 0; i < FB * FT; i++) {
+                mask[i] = (i % FT) < FT - 1 || (i / FT) % 2 == 0 ? 1.0f : 0.0f;
+            }
+            for (int i = 0; i < FB; i++) {
+                valid[i] = step == 1 && i == 2 ? 0.0f : 1.0f; /* step 2: row 2 skipped */
+            }
+            mmp_loss_parts loss[2];
+            int skipped[2] = {0, 0};
+            for (int v = 0; v < 2; v++) {
+                memset(&loss[v], 0, sizeof loss[v]);
+                mmp_params_zero_grad(p[v]);
+                mmp_fuse_step_begin(&fs[v], 0);
+                for (int off = 0; off < FB; off += 2) { /* two micro-batches of 2 */
+                    mmp_fuse_step_put(&fs[v], off, 2, img + off * img_row, txt + off * txt_row,
+                                      mask + off * FT, valid + off, NULL);
+                }
+                mmp_params_mb_begin(p[v]);
+                (v ? mmp_fuse_step_run_input : mmp_fuse_step_run)(&fs[v], &fuse[v], net[v], acts[v],
+                                                                  1.0f, &loss[v], &skipped[v]);
+                mmp_params_mb_end(p[v]);
+                mmp_params_grad_finish(p[v]);
+            }
+            CHECK(skipped[0] == (step == 1) && skipped[1] == skipped[0]);
+            CHECK(memcmp(&loss[0], &loss[1], sizeof loss[0]) == 0);
+            CHECK(memcmp(fs[0].dimg, fs[1].dimg, FB * img_row * sizeof(float)) == 0);
+            CHECK(memcmp(fs[0].dtxt, fs[1].dtxt, FB * txt_row * sizeof(float)) == 0);
+            CHECK(!mmp_fuse_step_weights_pending(&fs[0]) && mmp_fuse_step_weights_pending(&fs[1]));
+            /* the weight gradients are not there yet */
+            CHECK(memcmp(p[0]->grads, p[1]->grads, p[0]->total * sizeof(float)) != 0);
+            if (step == 2) {
+                /* not kept: dropped, the sums untouched */
+                float *before = malloc(p[1]->total * sizeof(float));
+                memcpy(before, p[1]->grads, p[1]->total * sizeof(float));
+                CHECK_OK(mmp_fuse_step_run_weights(&fs[1], net[1], 0));
+                CHECK(!mmp_fuse_step_weights_pending(&fs[1]));
+                mmp_params_grad_finish(p[1]);
+                CHECK(memcmp(before, p[1]->grads, p[1]->total * sizeof(float)) == 0);
+                free(before);
+                continue;
+            }
+            CHECK_OK(mmp_fuse_step_run_weights(&fs[1], net[1], 1));
+            CHECK(!mmp_fuse_step_weights_pending(&fs[1]));
+            CHECK_OK(mmp_fuse_step_run_weights(&fs[1], net[1], 1)); /* nothing left: no-op */
+            mmp_params_grad_finish(p[1]);
+            CHECK(memcmp(p[0]->grads, p[1]->grads, p[0]->total * sizeof(float)) == 0);
+            CHECK(mmp_params_grad_sumsq(p[1]) > 0);
+        }
+        for (int v = 0; v < 2; v++) {
+            mmp_fuse_step_fini(&fs[v]);
+            mmp_fuse_step_fini(&fs[v]); /* idempotent */
+            mmp_fuse_fini(&fuse[v]);
+            mmp_fusion_acts_destroy(acts[v]);
+            mmp_fusion_net_destroy(net[v]);
+        }
+    }
+}
+
 static void test_text(void)
 {
     mmp_plan plan;
@@ -991,6 +1078,7 @@ static void test_fusion_behaviour(void)
     test_fusion_image_tokens(&plan);
 }
 
-MMP_TEST_LIST("nn_text_fusion", MMP_TEST_CASE(test_split_backward), MMP_TEST_CASE(test_text),
+MMP_TEST_LIST("nn_text_fusion", MMP_TEST_CASE(test_split_backward),
+              MMP_TEST_CASE(test_split_backward_batch), MMP_TEST_CASE(test_text),
               MMP_TEST_CASE(test_fusion), MMP_TEST_CASE(test_shallow),
               MMP_TEST_CASE(test_fusion_behaviour))

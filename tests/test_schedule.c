@@ -1012,26 +1012,78 @@ static void test_zb_h1(void)
     CHECK(near(r[1].step_ms, 36) && near(r[2].step_ms, 28));
     CHECK(near(r[1].bubble, 60.0 / (5 * 36)) && near(r[2].bubble, 20.0 / (5 * 28)));
 
-    /* Under the batch-wide loss: all m forwards first everywhere (bound m,
-     * defer 0), fusion's BWD fused, each W right after its B; the W's
-     * still run while a stage waits for its next gradient. */
+    /* Under the batch-wide loss: all m forwards first everywhere (bound m),
+     * a branch's W right after its B (defer 0: the W's still run while it
+     * waits for its next gradient); the fusion splits too and defers every
+     * W to the end (its B's send all the gradients first, the W's fill the
+     * drain). */
     make_plan(&p, MMP_SCHED_ZB_H1, 4, 1, one, 0, NULL);
     p.model.fusion.itc_scope = MMP_ITC_BATCH;
     CHECK_OK(mmp_sched_compile(&s, &p));
     check_list(&s, "image.1", 0,
                "Ra0 F0 Sa0 Ra1 F1 Sa1 Ra2 F2 Sa2 Ra3 F3 Sa3 Rg0 Bi0 Sg0 W0 Rg1 Bi1 Sg1 W1 Rg2 Bi2 "
                "Sg2 W2 Rg3 Bi3 Sg3 W3 NORM OPT");
-    check_list(&s, "fusion", 1, "F0 F1 F2 F3 B0 B1 B2 B3");
-    /* fusion may not split under it */
+    check_list(&s, "fusion", 0,
+               "Ra0:e2 Ra0:e4 F0 Ra1:e2 Ra1:e4 F1 Ra2:e2 Ra2:e4 F2 Ra3:e2 Ra3:e4 F3 Bi0 Sg0:e3 "
+               "Sg0:e5 Bi1 Sg1:e3 Sg1:e5 Bi2 Sg2:e3 Sg2:e5 Bi3 Sg3:e3 Sg3:e5 W0 W1 W2 W3 NORM OPT");
+    st = mmp_sched_find(&s, "fusion");
+    CHECK(s.stages[st].defer == 4 && s.stages[st].inflight_bound == 4 &&
+          s.stages[st].max_inflight == 4);
+    /* the checker holds the fusion to the same rules: W before its B, */
+    reject_swapped(&s, st, MMP_OP_BWD_WEIGHT, 0, MMP_OP_BWD_INPUT, 0,
+                   "schedule zb-h1: stage fusion instr %d (BWD_WEIGHT mb0): mb0's weight pass "
+                   "comes before its BWD_INPUT (instr %d)");
+    /* W's out of micro-batch order, */
+    reject_swapped(&s, st, MMP_OP_BWD_WEIGHT, 1, MMP_OP_BWD_WEIGHT, 2,
+                   "schedule zb-h1: stage fusion instr %d (BWD_WEIGHT mb1): weight passes must "
+                   "run in ascending micro-batch order (the order the gradient sums add them in), "
+                   "but mb2's came first (instr %d)");
+    /* a W missing, */
     clone(&t, &s);
-    st = mmp_sched_find(&t, "fusion");
-    int fb = find_instr(&t, st, MMP_OP_BWD, 0, -1);
-    t.stages[st].prog[fb].op = MMP_OP_BWD_INPUT;
+    remove_instr(&t, st, find_instr(&t, st, MMP_OP_BWD_WEIGHT, 2, -1));
     snprintf(want, sizeof want,
-             "schedule zb-h1: stage fusion instr %d (BWD_INPUT mb0): fusion runs the fused BWD "
-             "under the batch-wide loss (model.fusion.itc_scope: batch)",
-             fb);
+             "schedule zb-h1: stage fusion instr %d (BWD_INPUT mb2): mb2 has no BWD_WEIGHT "
+             "before GRAD_NORM",
+             find_instr(&t, st, MMP_OP_BWD_INPUT, 2, -1));
     reject_and_free(&t, want);
+    /* a B before the step's last forward (the batch-wide loss needs them all) */
+    reject_swapped(&s, st, MMP_OP_BWD_INPUT, 0, MMP_OP_FWD, 3,
+                   "schedule zb-h1: stage fusion instr %d (BWD_INPUT mb0): the batch-wide loss "
+                   "(model.fusion.itc_scope: batch) needs the step's last forward (instr %d) "
+                   "before any backward");
+    /* ... and accepts the fused BWD's (what the lists were before) and each W
+     * right after its B (the worker runs the batch's at the first W) */
+    clone(&t, &s);
+    for (int pc = 0, out = 0; pc <= t.stages[st].n_prog; pc++) {
+        mmp_instr *in = &t.stages[st].prog[pc < t.stages[st].n_prog ? pc : 0];
+        if (pc == t.stages[st].n_prog) {
+            t.stages[st].n_prog = out;
+            break;
+        }
+        if (in->op == MMP_OP_BWD_WEIGHT) {
+            continue;
+        }
+        if (in->op == MMP_OP_BWD_INPUT) {
+            in->op = MMP_OP_BWD;
+        }
+        t.stages[st].prog[out++] = *in;
+    }
+    check_list(&t, "fusion", 1, "F0 F1 F2 F3 B0 B1 B2 B3");
+    CHECK_OK(mmp_sched_validate(&t));
+    mmp_sched_fini(&t);
+    clone(&t, &s);
+    for (int mb = 0; mb < 3; mb++) {
+        int wpc = find_instr(&t, st, MMP_OP_BWD_WEIGHT, mb, -1);
+        int to = find_instr(&t, st, MMP_OP_SEND_GRAD, mb, 5) + 1;
+        mmp_instr wi = t.stages[st].prog[wpc];
+        memmove(&t.stages[st].prog[to + 1], &t.stages[st].prog[to], (size_t)(wpc - to) * sizeof wi);
+        t.stages[st].prog[to] = wi;
+    }
+    check_list(&t, "fusion", 0,
+               "Ra0:e2 Ra0:e4 F0 Ra1:e2 Ra1:e4 F1 Ra2:e2 Ra2:e4 F2 Ra3:e2 Ra3:e4 F3 Bi0 Sg0:e3 "
+               "Sg0:e5 W0 Bi1 Sg1:e3 Sg1:e5 W1 Bi2 Sg2:e3 Sg2:e5 W2 Bi3 Sg3:e3 Sg3:e5 W3 NORM OPT");
+    CHECK_OK(mmp_sched_validate(&t));
+    mmp_sched_fini(&t);
     mmp_sched_fini(&s);
     for (int k = 1; k <= 2; k++) {
         mmp_sched g; /* compile_graph's, with the batch-wide loss */
@@ -1062,8 +1114,51 @@ static void test_zb_h1(void)
     }
     /* 1F1B (= GPipe here) 36 ms, zb-h1 33: the last gradients climb the
      * chain by B alone, each W runs while its stage waits for the next. */
-    CHECK(near(r[1].step_ms, 36) && near(r[2].step_ms, 33));
+    /* 1F1B (= GPipe here) 36 ms, zb-h1 32: fusion's F's end at 12 either
+     * way; its B's then send each gradient after Bi (1 ms, not B + W = 2),
+     * so image.3 starts at 13, not 14, and the last gradients climb the
+     * chain by B alone, each W running while its stage waits for the next:
+     * image.0 ends 16 ms (8 x (B + W)) after its first gradient at 16. */
+    CHECK(near(r[1].step_ms, 36) && near(r[2].step_ms, 32));
     CHECK(r[2].bubble < r[1].bubble);
+
+    /* configs/sim-uneven.yaml re-placed (image.0 x4, text.0, fusion; batch
+     * 192, ms per sample F/B: image 4/8, text and fusion 1/2). m = 96 (2
+     * samples a micro-batch): every replica's F's end at 24 x 8 = 192,
+     * fusion's (keeping pace) at 200. 1F1B: fusion's B's (4 ms) reach image
+     * replica k at 204 + 4k, the last ends 216 + 24 x 16 = 600. zb-h1:
+     * fusion's Bi's (2 ms) at 202 + 2k, the last ends 208 + 384 = 592,
+     * fusion's W's (192 ms) from 392 to 584, inside that drain. m = 192 (the
+     * config's): fill and drain halve, 1F1B 204 + 384 = 588, zb-h1 200 +
+     * 384 = 584. */
+    static const int sim_m[] = {96, 192};
+    static const double want_1f1b[] = {600, 588}, want_zb[] = {592, 584};
+    for (int i = 0; i < 2; i++) {
+        int m = sim_m[i], spm = 192 / m; /* samples a micro-batch */
+        for (int k = 1; k <= 2; k++) {
+            make_plan(&p, (mmp_schedule)k, m, 0, NULL, 0, NULL);
+            p.model.fusion.itc_scope = MMP_ITC_BATCH;
+            p.train.batch = 192;
+            p.stages.image.n_replicas = 1;
+            p.stages.image.replicas[0] = 4;
+            CHECK_OK(mmp_sched_compile(&s, &p));
+            mmp_sim_costs c = {0};
+            for (int j = 0; j < s.n_stages; j++) {
+                int img = s.stages[j].kind == MMP_KIND_IMAGE;
+                c.fwd_ms[j] = (img ? 4 : 1) * spm;
+                c.bwd_ms[j] = (img ? 8 : 2) * spm;
+            }
+            CHECK_OK(mmp_sched_simulate(&s, &c, &r[k]));
+            if (k == 2) {
+                int f = mmp_sched_find(&s, "fusion");
+                int w0 = find_instr(&s, f, MMP_OP_BWD_WEIGHT, 0, -1);
+                CHECK(w0 > find_instr(&s, f, MMP_OP_BWD_INPUT, m - 1, -1));
+                CHECK(near(r[2].busy_ms[f], 576));
+            }
+            mmp_sched_fini(&s);
+        }
+        CHECK(near(r[1].step_ms, want_1f1b[i]) && near(r[2].step_ms, want_zb[i]));
+    }
 }
 
 MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_zb_h1), MMP_TEST_CASE(test_batch_loss),
