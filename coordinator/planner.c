@@ -307,7 +307,7 @@ static double closed_step(const ctx *c, const flat *f, double *bottleneck)
            c->in->step_overhead_ms;
 }
 
-static int devices_used(const mmp_placement *pl)
+int mmp_placement_procs(const mmp_placement *pl)
 {
     int n = pl->fusion_replicas;
     for (int b = 0; b < 2; b++) {
@@ -410,7 +410,7 @@ typedef struct search {
     int n_top, candidates;
 } search;
 
-static int total_subs(const mmp_placement *pl)
+int mmp_placement_subs(const mmp_placement *pl)
 {
     return pl->n_sub[0] + pl->n_sub[1];
 }
@@ -426,10 +426,10 @@ static int ranks_before(double a, const mmp_placement *pa, double b, const mmp_p
     if (b < a - tol) {
         return 0;
     }
-    if (total_subs(pa) != total_subs(pb)) {
-        return total_subs(pa) < total_subs(pb);
+    if (mmp_placement_subs(pa) != mmp_placement_subs(pb)) {
+        return mmp_placement_subs(pa) < mmp_placement_subs(pb);
     }
-    return devices_used(pa) < devices_used(pb);
+    return mmp_placement_procs(pa) < mmp_placement_procs(pb);
 }
 
 static uint64_t placement_hash(const mmp_placement *pl)
@@ -463,7 +463,7 @@ static double fill(const ctx *c, mmp_placement *pl)
 {
     flat f;
     flatten(c, pl, &f);
-    int left = c->in->devices - devices_used(pl);
+    int left = c->in->devices - mmp_placement_procs(pl);
     double B, cur = closed_step(c, &f, &B);
     while (left > 0) {
         int best_mask_n = 0, best_mask[MAX_STAGES], best_to[MAX_STAGES];
@@ -574,7 +574,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
         mmp_placement base = *pl;
         flat f;
         flatten(c, &base, &f);
-        int spare = c->in->devices - devices_used(pl);
+        int spare = c->in->devices - mmp_placement_procs(pl);
         for (int a = 0; a < f.n; a++) {
             if (*f.rep[a] <= 1) {
                 continue;
@@ -810,7 +810,7 @@ static mmp_err simulate(const ctx *c, const mmp_placement *pl, double ar_ms, dou
 
 static int simulable(const mmp_placement *pl)
 {
-    int stages = total_subs(pl) + 1;
+    int stages = mmp_placement_subs(pl) + 1;
     return stages <= MMP_SCHED_MAX_STAGES && 2 * (stages - 1) <= MMP_SCHED_MAX_EDGES;
 }
 
@@ -901,7 +901,7 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
     flat f;
     flatten(c, &copy, &f);
     e.closed_form_ms = closed_step(c, &f, &e.bottleneck_ms);
-    e.devices_used = devices_used(pl);
+    e.devices_used = mmp_placement_procs(pl);
     if (method == MMP_PLANNER_AUTO) {
         method = simulable(pl) ? MMP_PLANNER_SIMULATED : MMP_PLANNER_CLOSED_FORM;
     }
@@ -911,7 +911,7 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
         if (!simulable(pl)) {
             return mmp_errorf(MMP_ERR_INVALID,
                               "planner: %d stages are more than the schedule compiler holds (%d)",
-                              total_subs(pl) + 1, MMP_SCHED_MAX_STAGES);
+                              mmp_placement_subs(pl) + 1, MMP_SCHED_MAX_STAGES);
         }
         MMP_TRY(simulate(c, pl, ar, &e.step_ms));
     }

@@ -153,6 +153,12 @@ typedef struct mmp_placement {
     int fusion_replicas;
 } mmp_placement;
 
+/* Processes (devices) placement pl runs: every sub-stage's replicas and the
+ * fusion's. */
+int mmp_placement_procs(const mmp_placement *pl);
+/* Its sub-stages, both branches (fusion not counted). */
+int mmp_placement_subs(const mmp_placement *pl);
+
 typedef struct mmp_planner_eval {
     mmp_planner_method method;                  /* CLOSED_FORM or SIMULATED: which step_ms is */
     double step_ms;                             /* predicted step time */

@@ -8,22 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int procs_of(const mmp_placement *pl)
-{
-    int n = pl->fusion_replicas;
-    for (int b = 0; b < 2; b++) {
-        for (int j = 0; j < pl->n_sub[b]; j++) {
-            n += pl->sub[b][j].replicas;
-        }
-    }
-    return n;
-}
-
-static int subs_of(const mmp_placement *pl)
-{
-    return pl->n_sub[0] + pl->n_sub[1];
-}
-
 static int max_procs_of(const mmp_cores_input *ci)
 {
     if (ci->max_procs > 0) {
@@ -83,7 +67,7 @@ static void pack_unit(const mmp_cores_input *ci, double fwd_mb, double bwd_mb, i
 static mmp_err score(const mmp_cores_input *ci, const mmp_placement *pl, mmp_planner_eval *ded,
                      double *step, double *core_ms, double *proc_ms)
 {
-    int P = procs_of(pl);
+    int P = mmp_placement_procs(pl);
     if (P > max_procs_of(ci)) {
         return mmp_errorf(MMP_ERR_INVALID, "planner: cores: %d processes, more than the %d allowed",
                           P, max_procs_of(ci));
@@ -139,7 +123,7 @@ mmp_err mmp_planner_cores_evaluate(const mmp_cores_input *ci, const mmp_placemen
     mmp_planner_eval e;
     double step = 0;
     MMP_TRY(score(ci, pl, &e, &step, core_ms, NULL));
-    int P = procs_of(pl);
+    int P = mmp_placement_procs(pl);
     e.method = MMP_PLANNER_CLOSED_FORM;
     e.step_ms = step;
     e.closed_form_ms = step;
@@ -152,7 +136,7 @@ mmp_err mmp_planner_cores_evaluate(const mmp_cores_input *ci, const mmp_placemen
 
 int mmp_planner_cores_nice(const mmp_cores_input *ci, const mmp_placement *pl, int *nice)
 {
-    int P = procs_of(pl);
+    int P = mmp_placement_procs(pl);
     mmp_planner_eval e;
     double step = 0, load[MMP_CORES_MAX_PROCS] = {0};
     if (check_cores(ci) != MMP_OK || score(ci, pl, &e, &step, NULL, load) != MMP_OK) {
@@ -181,7 +165,7 @@ int mmp_planner_cores_nice(const mmp_cores_input *ci, const mmp_placement *pl, i
  * fewer processes), then a shorter step, then fewer sub-stages. */
 static int better(double sa, const mmp_placement *a, double sb, const mmp_placement *b)
 {
-    int pa = procs_of(a), pb = procs_of(b);
+    int pa = mmp_placement_procs(a), pb = mmp_placement_procs(b);
     if (pa != pb && isfinite(sa) && isfinite(sb)) {
         double lo = fmin(sa, sb);
         if (fabs(sa - sb) <= MMP_CORES_PROC_TOLERANCE * lo) {
@@ -198,7 +182,7 @@ static int better(double sa, const mmp_placement *a, double sb, const mmp_placem
     if (pa != pb) {
         return pa < pb;
     }
-    return subs_of(a) < subs_of(b);
+    return mmp_placement_subs(a) < mmp_placement_subs(b);
 }
 
 #define NB_ROOM 4096 /* placements best.nb holds */
@@ -246,6 +230,23 @@ static int *replicas_of(mmp_placement *pl, int b, int j)
 }
 
 /* Splits sub-stage j of branch b at layer cut, replicas ra and rb. */
+/* pl with the cut after sub-stage j of branch b moved by d layers: 1 and
+ * *out when there is such a cut and both sides keep a layer, else 0. */
+static int move_cut(const mmp_placement *pl, int b, int j, int d, mmp_placement *out)
+{
+    if (j + 1 >= pl->n_sub[b]) {
+        return 0;
+    }
+    int cut = pl->sub[b][j].last + d;
+    if (cut <= pl->sub[b][j].first || cut >= pl->sub[b][j + 1].last) {
+        return 0;
+    }
+    *out = *pl;
+    out->sub[b][j].last = cut;
+    out->sub[b][j + 1].first = cut;
+    return 1;
+}
+
 static mmp_placement split_at(const mmp_placement *pl, int b, int j, int cut, int ra, int rb)
 {
     mmp_placement x = *pl;
@@ -279,7 +280,7 @@ static int list_units(const mmp_placement *pl, int *ub, int *uj)
  * to another) into nb; returns how many (at most room). */
 static int neighbours(const best *B, const mmp_placement *pl, mmp_placement *nb, int room)
 {
-    int n = 0, P = procs_of(pl), maxp = max_procs_of(B->ci);
+    int n = 0, P = mmp_placement_procs(pl), maxp = max_procs_of(B->ci);
 #define ADD(x)                                                                                     \
     do {                                                                                           \
         if (n < room) {                                                                            \
@@ -316,12 +317,9 @@ static int neighbours(const best *B, const mmp_placement *pl, mmp_placement *nb,
         for (int j = 0; j < ns; j++) {
             const mmp_planner_stage *g = &pl->sub[b][j];
             /* the cut after sub-stage j, one layer either way */
-            for (int d = -1; j + 1 < ns && d <= 1; d += 2) {
-                int cut = g->last + d;
-                if (cut > g->first && cut < pl->sub[b][j + 1].last) {
-                    mmp_placement x = *pl;
-                    x.sub[b][j].last = cut;
-                    x.sub[b][j + 1].first = cut;
+            for (int d = -1; d <= 1; d += 2) {
+                mmp_placement x;
+                if (move_cut(pl, b, j, d, &x)) {
                     ADD(x);
                 }
             }
@@ -431,13 +429,8 @@ static int moved_cut(best *B, mmp_placement *pl, double *step)
         int ns = pl->n_sub[b];
         for (int j = 0; j < ns; j++) {
             const mmp_planner_stage *g = &pl->sub[b][j];
-            for (int d = -1; j + 1 < ns && d <= 1; d += 2) {
-                int cut = g->last + d;
-                if (cut > g->first && cut < pl->sub[b][j + 1].last) {
-                    cand[n] = *pl;
-                    cand[n].sub[b][j].last = cut;
-                    cand[n++].sub[b][j + 1].first = cut;
-                }
+            for (int d = -1; d <= 1; d += 2) {
+                n += move_cut(pl, b, j, d, &cand[n]);
             }
             for (int cut = g->first + 1;
                  ns < B->max_sub && g->last - g->first <= 16 && cut < g->last; cut++) {
@@ -449,7 +442,7 @@ static int moved_cut(best *B, mmp_placement *pl, double *step)
     double bs = *step;
     for (int i = 0; i < n; i++) {
         double s;
-        if (procs_of(&cand[i]) > max_procs_of(B->ci) || !try_score(B, &cand[i], &s)) {
+        if (mmp_placement_procs(&cand[i]) > max_procs_of(B->ci) || !try_score(B, &cand[i], &s)) {
             s = INFINITY; /* best_replicas may still find counts that fit */
         }
         if (best_replicas(B, &cand[i], &s) || isfinite(s)) {

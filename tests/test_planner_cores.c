@@ -60,17 +60,6 @@ static mmp_placement flat(const model *M, int ri, int rt, int rf)
     return pl;
 }
 
-static int procs(const mmp_placement *pl)
-{
-    int n = pl->fusion_replicas;
-    for (int b = 0; b < 2; b++) {
-        for (int j = 0; j < pl->n_sub[b]; j++) {
-            n += pl->sub[b][j].replicas;
-        }
-    }
-    return n;
-}
-
 /* image:2 text:1 fusion:1 on 2 cores: processes 0 (image/0) and 2 (text)
  * on core 0, 1 (image/1) and 3 (fusion) on core 1; m = 5 deals 3 and 2
  * micro-batches to the image replicas. */
@@ -142,7 +131,7 @@ static void test_demo_two_cores(void)
            mmp_placement_format(&r.placement, text, sizeof text), r.eval.step_ms, core[0], core[1],
            r.eval.efficiency, one.step_ms, one.efficiency, r.candidates);
     CHECK(memcmp(&e, &r.eval, sizeof e) == 0);
-    CHECK(procs(&r.placement) > 3);                 /* co-located: more processes than cores */
+    CHECK(mmp_placement_procs(&r.placement) > 3);   /* co-located: more processes than cores */
     CHECK(r.eval.efficiency >= 0.9);                /* predicted */
     CHECK(r.eval.step_ms < 0.65 * one.step_ms);     /* 1/1/1 leaves a core half idle */
     CHECK(fabs(core[0] - core[1]) < 0.1 * core[0]); /* both cores about equally loaded */
@@ -224,8 +213,9 @@ static void test_brute_force(void)
         double ratio = r.eval.step_ms / b;
         cases++;
         /* the best step, or fewer processes within the tolerance */
-        exact += ratio <= 1 + 1e-9 ||
-                 (procs(&r.placement) < procs(&bp) && ratio <= 1 + MMP_CORES_PROC_TOLERANCE);
+        exact +=
+            ratio <= 1 + 1e-9 || (mmp_placement_procs(&r.placement) < mmp_placement_procs(&bp) &&
+                                  ratio <= 1 + MMP_CORES_PROC_TOLERANCE);
         worst = fmax(worst, ratio);
         CHECK(ratio >= 1 - 1e-9); /* brute force saw every placement the search may return */
         if (ratio > 1.05) {
@@ -257,9 +247,9 @@ static void test_many_cores(void)
     char text[512];
     printf("  32 cores: %s: efficiency %.3f, %d processes, %d candidates\n",
            mmp_placement_format(&r.placement, text, sizeof text), r.eval.efficiency,
-           procs(&r.placement), r.candidates);
+           mmp_placement_procs(&r.placement), r.candidates);
     CHECK(r.eval.efficiency >= 0.8);
-    CHECK(procs(&r.placement) <= 2 * 32 + 3);
+    CHECK(mmp_placement_procs(&r.placement) <= 2 * 32 + 3);
 }
 
 static void test_invalid(void)
