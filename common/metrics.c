@@ -27,7 +27,7 @@ static void stage_clear(mmp_metrics_stage *s)
 void mmp_metrics_step_clear(mmp_metrics_step *m)
 {
     memset(m, 0, sizeof *m);
-    m->step = m->skipped_samples = m->step_skipped = -1;
+    m->step = m->skipped_samples = m->step_skipped = m->chained = -1;
     m->loss_scale = m->cpu_ms = NAN;
     m->loss = m->itc_loss = m->itm_loss = m->lr = m->grad_norm = NAN;
     m->samples_per_s = m->step_ms = m->data_ms = m->bubble = NAN;
@@ -117,6 +117,7 @@ static const field FIELDS[] = {
     {"loss_scale", IN_STEP, offsetof(mmp_metrics_step, loss_scale), 0, "%.9g", 1, 0},
     {"step_skipped", IN_STEP, offsetof(mmp_metrics_step, step_skipped), 1, "%d", 1, 0},
     {"cpu_ms", IN_STEP, offsetof(mmp_metrics_step, cpu_ms), 0, "%.4g", 1, 0},
+    {"chained", IN_STEP, offsetof(mmp_metrics_step, chained), 1, "%d", 1, 0},
     STAGE_INT(replica, 0),
     STAGE_INT(microbatches, 1),
     STAGE(busy_ms),

@@ -23,6 +23,9 @@
  *                            gradient under fp16: every stage skipped it), else 0
  *   cpu_ms           number  CPU time over the step of all processes (pipeline
  *                            runs: the stages' and the coordinator's)
+ *   chained          int     -  pipeline runs: 1 when the step started right
+ *                            behind the last one's clip, before its results were
+ *                            in (coordinator/steps.c), 0 when it waited for them
  *   stages           list, one object per process:
  *     name           string  "image.0", "text.0", "fusion" ("single" single-process)
  *     replica        int     0 .. replicas - 1
@@ -82,6 +85,7 @@ typedef struct mmp_metrics_step {
     double loss_scale; /* NAN when absent (lines written before loss scaling) */
     double cpu_ms;     /* every process's CPU time over the step, the coordinator's included */
     int step_skipped;  /* -1 when absent */
+    int chained;       /* -1 when absent (single-process runs, older lines) */
     int has_stages;    /* the line has a "stages" list (every step record does) */
     int n_stages;
     mmp_metrics_stage stages[MMP_METRICS_MAX_STAGES];

@@ -219,7 +219,16 @@ int mmp_balancer_may_act(const mmp_balancer *b, int done)
         seen >= window_of(b) + 1) {
         return 1;
     }
-    return b->cur.balance.routing == MMP_ROUTE_WEIGHTED && seen >= 2;
+    if (b->cur.balance.routing != MMP_ROUTE_WEIGHTED || seen < 2) {
+        return 0;
+    }
+    /* weighted routing only ever moves micro-batches between replicas */
+    for (int i = 0; i < b->sched->n_stages; i++) {
+        if (b->sched->stages[i].n_replicas > 1) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,

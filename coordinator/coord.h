@@ -73,6 +73,7 @@ typedef struct coord {
     int launch;       /* launches so far (names each one's shm) */
     int cur_step;     /* the step running (0-based), -1 between runs */
     int ahead;        /* step cur_step + 1 is started too (steps.c: chained steps) */
+    int step_chained; /* the step running started that way */
     char token[33];
     int tcp;           /* control over tcp with CURVE (mmp_plan_control_tcp) */
     mmp_ctl_keys keys; /* the job's CURVE keys when tcp */

@@ -326,6 +326,7 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     m.bubble = wall > 0 ? idle / wall : 0;
     m.loss_scale = c->ls.scale;
     m.step_skipped = c->step_skipped;
+    m.chained = c->step_chained;
     m.cpu_ms = coord_cpu_ms;
     m.has_stages = 1;
     m.n_stages = c->n;
@@ -585,6 +586,7 @@ int coord_run_steps(coord *c, int first_step)
         /* A chained step started while the last one's results came in:
          * its time runs from then (step times add up to the wall time). */
         int chained = c->ahead;
+        c->step_chained = chained;
         double t0 = chained ? t_done : mmp_now();
         c->cur_step = step;
         c->ahead = 0;

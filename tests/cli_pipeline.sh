@@ -5,7 +5,8 @@
 # on a three-way image split with replicas under both scopes),
 # micro-batch counts 1, 4, 8 (and 5, which does not divide the batch) and
 # an image branch split into two sub-stages; the in-flight bound of each
-# schedule in the stages' own reports; nothing left behind after a normal
+# schedule in the stages' own reports; chained steps (metrics.jsonl
+# "chained": all but the first and the one after an evaluation); nothing left behind after a normal
 # run, SIGINT to the coordinator, SIGKILL to a stage; resume after a kill.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -53,6 +54,15 @@ grep -q '"traceEvents"' "$W/1f1b_m4_s2/trace.json" && grep -q '"ph":"s"' "$W/1f1
   && grep -q '"name":"F"' "$W/1f1b_m4_s2/trace.json" && ok "trace.json has spans and flows" \
   || fail "trace.json incomplete"
 ls "$W/1f1b_m4_s2"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok "trace parts merged"
+
+# --- chained steps: a step starts behind the last one's clip unless the coordinator
+# needs the stages between them (coordinator/steps.c): here the first step and the
+# one after the evaluation at step 25 wait (metrics.jsonl "chained")
+bad=$(grep -o '"step":[0-9]*\|"chained":[0-9]*' "$W/1f1b_m4_snone/metrics.jsonl" | paste -d' ' - - \
+  | awk '{ s = substr($1, 8); c = substr($2, 11); want = (s == 1 || s == 26) ? 0 : 1
+           if (c != want) print s "=" c } END { if (NR != 50) print "lines=" NR }')
+[ -z "$bad" ] && ok "chained steps: all but step 1 and the one after the evaluation" \
+  || fail "chained steps: unexpected $bad"
 
 # --- memory of the schedule: in-flight activations the stages report ---------------
 # With the loss per micro-batch (model.fusion.itc_scope: microbatch): under the
