@@ -22,9 +22,9 @@
 # per process, median ms per step of compute (F, B, L, OPT) and of waiting
 # in the replicas' reduce and gather (trace.json, last round).
 # The pipeline routes round robin by default (--routing): the CPU planner
-# packs cores for micro-batches dealt equally, and weighted routing reads a
-# replica that shares its core as slow (busy is wall time), moving a whole
-# micro-batch (a quarter of the step at m = 4) to the other core.
+# packs cores for micro-batches dealt equally; weighted routing (the plan
+# default) now leaves that deal alone where processes share cores
+# (coordinator/balancer.h), so --routing weighted runs the same.
 #   bench/cores.sh [--bin build/mmpipe] [--out runs/bench-cores] [--rounds 2]
 #                  [--steps 150] [--from 31] [--pin auto] [--routing round_robin]
 #                  [--set KEY=VALUE]...

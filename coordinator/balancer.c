@@ -104,10 +104,17 @@ static double median_ms(const mmp_balancer *b, int i)
     return mmp_median(v, n); /* NAN when none */
 }
 
+/* Whether weighted routing applies: not where processes share cores (balancer.h). */
+static int routes(const mmp_balancer *b)
+{
+    return b->cur.balance.routing == MMP_ROUTE_WEIGHTED &&
+           !(b->cores > 0 && b->sched->n_stages > b->cores);
+}
+
 int mmp_balancer_route(mmp_balancer *b, double *speed, char *why, size_t why_n)
 {
     const mmp_sched *s = b->sched;
-    if (b->cur.balance.routing != MMP_ROUTE_WEIGHTED || b->steps_seen < 2) {
+    if (!routes(b) || b->steps_seen < 2) {
         return 0;
     }
     int change = 0;
@@ -219,7 +226,7 @@ int mmp_balancer_may_act(const mmp_balancer *b, int done)
         seen >= window_of(b) + 1) {
         return 1;
     }
-    if (b->cur.balance.routing != MMP_ROUTE_WEIGHTED || seen < 2) {
+    if (!routes(b) || seen < 2) {
         return 0;
     }
     /* weighted routing only ever moves micro-batches between replicas */

@@ -11,7 +11,11 @@
  *    10% from the speeds the current routing was compiled with, the routing
  *    is recompiled with the new speeds (coordinator/schedule.h,
  *    mmp_sched_route): a replica twice as slow gets half the micro-batches.
- *    round_robin keeps equal speeds.
+ *    round_robin keeps equal speeds. Not on a CPU plan whose processes
+ *    outnumber its cores: the planner on cores packed them for micro-batches
+ *    dealt equally, and there a replica's wall-time speed measures whom it
+ *    shares its core with, not the replica (routing by it flapped between
+ *    1:3 and 3:1 on the demo, a quarter of the step each time).
  * 2. Placement (balance.mode: dynamic): once balance.window steps have been
  *    measured since the stages were (re)launched, the per-layer costs are
  *    estimated (each stage's time per sample on its fastest replica, spread

@@ -93,6 +93,16 @@ else
   [ "$niced" -eq 0 ] && [ -z "$said" ] && ok "train.priority: a core each, nobody niced" \
     || fail "train.priority: $niced niced with a core per process"
 fi
+# Weighted routing (the default) stays off where processes share cores (the
+# planner dealt micro-batches equally; wall-time speeds there measure the
+# sharing): no re-routing, and the steps after the re-placement chain.
+if [ ${#procs[@]} -gt "$n" ]; then
+  routed=$(grep -c '"action":"route"' "$W/auto/metrics.jsonl")
+  last=$(tail -1 "$W/auto/metrics.jsonl" | grep -o '"chained":[0-9]' | sed 's/.*://')
+  [ "$routed" -eq 0 ] && [ "$last" = 1 ] \
+    && ok "shared cores: weighted routing leaves the equal deal alone, steps chain" \
+    || fail "shared cores: $routed re-routings, last step chained '${last:-?}'"
+fi
 "$BIN" launch "$W/auto.yaml" --out "$W/auto_off" --set train.priority=off --set job.steps=6 \
   >"$W/auto_off.log" 2>&1 || { fail "train.priority: off run failed"; tail -5 "$W/auto_off.log"; }
 ! grep -q 'running at nice\|at nice 10 (train.priority)' "$W/auto_off.log" "$W/auto_off/metrics.jsonl" \
