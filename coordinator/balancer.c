@@ -104,11 +104,28 @@ static double median_ms(const mmp_balancer *b, int i)
     return mmp_median(v, n); /* NAN when none */
 }
 
-/* Whether weighted routing applies: not where processes share cores (balancer.h). */
+/* Whether weighted routing applies: some stage has replicas to route
+ * between, and the processes do not share cores (balancer.h). */
 static int routes(const mmp_balancer *b)
 {
-    return b->cur.balance.routing == MMP_ROUTE_WEIGHTED &&
-           !(b->cores > 0 && b->sched->n_stages > b->cores);
+    if (b->cur.balance.routing != MMP_ROUTE_WEIGHTED ||
+        (b->cores > 0 && b->sched->n_stages > b->cores)) {
+        return 0;
+    }
+    for (int i = 0; i < b->sched->n_stages; i++) {
+        if (b->sched->stages[i].n_replicas > 1) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Whether the planner is asked, with `seen` steps observed: dynamic mode or
+ * stages: auto's first placement, once a window is measured. */
+static int replans(const mmp_balancer *b, int seen)
+{
+    return (b->cur.balance.mode == MMP_BALANCE_DYNAMIC || b->cur.stages_auto) &&
+           seen >= window_of(b) + 1;
 }
 
 int mmp_balancer_route(mmp_balancer *b, double *speed, char *why, size_t why_n)
@@ -219,23 +236,8 @@ mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp
 int mmp_balancer_may_act(const mmp_balancer *b, int done)
 {
     int seen = b->steps_seen + 1; /* once step done is observed */
-    if (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) {
-        return 1;
-    }
-    if ((b->cur.balance.mode == MMP_BALANCE_DYNAMIC || b->cur.stages_auto) &&
-        seen >= window_of(b) + 1) {
-        return 1;
-    }
-    if (!routes(b) || seen < 2) {
-        return 0;
-    }
-    /* weighted routing only ever moves micro-batches between replicas */
-    for (int i = 0; i < b->sched->n_stages; i++) {
-        if (b->sched->stages[i].n_replicas > 1) {
-            return 1;
-        }
-    }
-    return 0;
+    return (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) ||
+           replans(b, seen) || (routes(b) && seen >= 2);
 }
 
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
@@ -253,8 +255,7 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         return MMP_OK;
     }
     int profiling = b->cur.stages_auto; /* stages: auto, its first placement */
-    if ((b->cur.balance.mode != MMP_BALANCE_DYNAMIC && !profiling) ||
-        b->steps_seen < window_of(b) + 1) {
+    if (!replans(b, b->steps_seen)) {
         return MMP_OK;
     }
     static mmp_layer_costs lc;
