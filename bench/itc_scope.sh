@@ -29,8 +29,8 @@ for sched in gpipe 1f1b; do
     [ -n "$b" ] && [ -n "$u" ] || { echo "| $sched | $m | missing run | | | | | |"; continue; }
     awk -F, -v b="$b" -v u="$u" -v s="$sched" -v m="$m" 'BEGIN {
       nb = split(b, B, ","); nu = split(u, U, ",")
-      printf "| %s | %d | %.1f | %.1f | %.2fx | %.1f%% / %.1f%% | %s | %s |\n", s, m, B[6], U[6],
-        (U[6] > 0 ? B[6] / U[6] : 0), 100 * B[10], 100 * U[10], B[12], U[12] }'
+      printf "| %s | %d | %.1f | %.1f | %.2fx | %.1f%% / %.1f%% | %s | %s |\n", s, m, B[7], U[7],
+        (U[7] > 0 ? B[7] / U[7] : 0), 100 * B[11], 100 * U[11], B[13], U[13] }'
   done
 done
 echo

@@ -50,7 +50,7 @@ echo "| placement | schedule | samples/s | / 1f1b | bubble measured | bubble sim
 echo "|---|---|--:|--:|--:|--:|--:|"
 for i in "${!names[@]}"; do
   pl=${names[$i]}
-  ref=$(grep "^1f1b-m$M-$pl-" "$csv" | cut -d, -f6)
+  ref=$(grep "^1f1b-m$M-$pl-" "$csv" | cut -d, -f7)
   extra=(--set train.microbatches="$M")
   while read -r k; do extra+=(--set "$k"); done < <(split_keys "${keys[$i]}")
   for sched in gpipe 1f1b zb-h1; do
@@ -60,8 +60,8 @@ for i in "${!names[@]}"; do
     [ -n "$row" ] || { echo "| $pl | $sched | missing run | | | | $nominal |"; continue; }
     awk -v r="$row" -v ref="${ref:-0}" -v pl="$pl" -v s="$sched" -v nom="$nominal" 'BEGIN {
       split(r, R, ",")
-      printf "| %s | %s | %.1f | %.2fx | %.1f%% | %.1f%% | %s |\n", pl, s, R[6],
-        (ref > 0 ? R[6] / ref : 0), 100 * R[9], 100 * R[10], nom }'
+      printf "| %s | %s | %.1f | %.2fx | %.1f%% | %.1f%% | %s |\n", pl, s, R[7],
+        (ref > 0 ? R[7] / ref : 0), 100 * R[10], 100 * R[11], nom }'
   done
 done
 echo

@@ -17,14 +17,16 @@
 static const char USAGE[] =
     "usage: mmpipe bench PLAN.yaml [--out DIR] [--force] [--steps N] [--warmup W]\n"
     "                    [--schedules LIST] [--microbatches LIST] [--balance LIST]\n"
+    "                    [--precisions LIST]\n"
     "                    [--placement NAME[=KEY=VALUE[,KEY=VALUE]...]]... [--set KEY=VALUE]...\n"
     "                    [--no-single] [--dry-run]\n"
     "\n"
-    "Runs the plan over a grid: each schedule x micro-batch count x placement x\n"
-    "balance mode is one `mmpipe launch` (its own processes; W warm-up steps,\n"
-    "then N measured ones; evaluation and checkpoints only after the last),\n"
-    "and one --single-process run (the plan's own schedule and micro-batches)\n"
-    "is the baseline. From each run's metrics.jsonl, over the measured steps:\n"
+    "Runs the plan over a grid: each precision x schedule x micro-batch count x\n"
+    "placement x balance mode is one `mmpipe launch` (its own processes; W\n"
+    "warm-up steps, then N measured ones; evaluation and checkpoints only after\n"
+    "the last), and per precision one --single-process run (the plan's own\n"
+    "schedule and micro-batches) is the baseline of that precision's runs. From each run's "
+    "metrics.jsonl, over the measured steps:\n"
     "median samples/s and step time, mean bubble (idle share), median balance\n"
     "efficiency (the run's balance.efficiency when it reports one, else the\n"
     "stages' busy time / (stages x step time)), each stage's largest peak\n"
@@ -32,15 +34,17 @@ static const char USAGE[] =
     "RUN` runs) predicts from the run's own costs (empty when it cannot model\n"
     "the run). Writes into DIR:\n"
     "  results.csv     one row per run: run_id, schedule, microbatches, placement,\n"
-    "                  balance, samples_per_s, ratio_to_single (samples/s over the\n"
-    "                  baseline's), step_ms, bubble_measured, bubble_predicted,\n"
-    "                  balance_efficiency, peak_mem, status (ok | failed: ...)\n"
+    "                  balance, precision, samples_per_s, ratio_to_single\n"
+    "                  (samples/s over the baseline's in the same precision),\n"
+    "                  step_ms, bubble_measured, bubble_predicted,\n"
+    "                  balance_efficiency, peak_mem (per stage: device memory on\n"
+    "                  GPU stages, host RSS on CPU ones), status (ok | failed: ...)\n"
     "  results.md      the same as a Markdown table (also printed on stdout)\n"
-    "  throughput.png  samples/s against micro-batches, one line per schedule,\n"
-    "                  placement and balance mode; the baseline dashed\n"
+    "  throughput.png  samples/s against micro-batches, one line per precision,\n"
+    "                  schedule, placement and balance mode; the baselines dashed\n"
     "  stages.png      each stage's busy and idle ms per step (medians), one group\n"
-    "                  per placement, at the first schedule, the most micro-batches\n"
-    "                  and the first balance mode\n"
+    "                  per placement, at the first precision and schedule, the\n"
+    "                  most micro-batches and the first balance mode\n"
     "  runs/ID/        each run's directory as launch wrote it (metrics.jsonl,\n"
     "                  trace.json, ...), with log.txt (its output) and\n"
     "                  simulate.txt (the prediction)\n"
@@ -67,11 +71,15 @@ static const char USAGE[] =
     "                     and microbatch=model.fusion.itc_scope=microbatch compare\n"
     "                     the contrastive scopes (bench/itc_scope.sh)\n"
     "  --balance LIST     comma list of off, dynamic (default: balance.mode)\n"
+    "  --precisions LIST  comma list of fp32, bf16, fp16 (default: train.precision);\n"
+    "                     run ids then end in the precision (gpipe-m4-plan-off-bf16,\n"
+    "                     single-bf16)\n"
     "  --set KEY=VALUE    override a plan key in every run, the baseline too\n"
     "                     (repeatable; applied after the grid's own overrides).\n"
     "                     The keys the grid sets (job.steps, train.schedule,\n"
-    "                     train.microbatches, balance.mode, train.eval_every,\n"
-    "                     train.ckpt_every) are refused here and in placements\n"
+    "                     train.microbatches, balance.mode, train.precision,\n"
+    "                     train.eval_every, train.ckpt_every) are refused here and\n"
+    "                     in placements\n"
     "  --no-single        no baseline run (ratio_to_single stays empty)\n"
     "  --dry-run          print the runs, as launch command lines, and exit\n"
     "  --plan PLAN.yaml   the plan, as an option\n"
@@ -267,7 +275,7 @@ int mmp_cmd_bench(int argc, char **argv)
     memset(&b, 0, sizeof b);
     b.steps = 10;
     b.warmup = 3;
-    const char *schedules = NULL, *mbs = NULL, *balances = NULL;
+    const char *schedules = NULL, *mbs = NULL, *balances = NULL, *precs = NULL;
     int ret = 2, dry_run = 0;
     b.user_sets = calloc((size_t)argc + 1, sizeof *b.user_sets);
     if (!b.user_sets) {
@@ -307,6 +315,8 @@ int mmp_cmd_bench(int argc, char **argv)
             mbs = argv[++i];
         } else if (v && strcmp(a, "--balance") == 0) {
             balances = argv[++i];
+        } else if (v && strcmp(a, "--precisions") == 0) {
+            precs = argv[++i];
         } else if (v && strcmp(a, "--set") == 0) {
             if (!strchr(argv[++i], '=')) {
                 usage_error("--set '%s': expected KEY=VALUE", argv[i]);
@@ -357,6 +367,10 @@ int mmp_cmd_bench(int argc, char **argv)
     if (mbs && parse_counts("--microbatches", mbs, b.mb, &b.n_mb)) {
         goto exit;
     }
+    if (precs && parse_names("--precisions", precs, MMP_BENCH_PREC_NAMES, 3, b.prec, &b.n_prec)) {
+        goto exit;
+    }
+    b.prec_axis = precs != NULL;
     ret = 1;
     /* The plan with the user's overrides: the defaults of the grid, and a
      * plan error reported once rather than by every run. */
@@ -372,6 +386,9 @@ int mmp_cmd_bench(int argc, char **argv)
     }
     if (!b.n_bal) {
         b.bal[b.n_bal++] = plan.balance.mode;
+    }
+    if (!b.n_prec) {
+        b.prec[b.n_prec++] = plan.train.precision;
     }
     if (!b.n_place) {
         b.place[0].name = "plan";

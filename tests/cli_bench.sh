@@ -59,6 +59,10 @@ usage_error "--placement without a name" "--placement '=stages.image.split=\[2\]
 usage_error "--microbatches not numbers" "--microbatches: '2,four'" --microbatches 2,four
 usage_error "--set of a key the grid sets" "--set 'train.microbatches=8': the grid sets this key" \
   --set train.microbatches=8
+usage_error "unknown --precisions value" "--precisions: unknown value 'fp8' \(one of: fp32, bf16, fp16\)" \
+  --precisions bf16,fp8
+usage_error "--set train.precision: the precision axis owns it" \
+  "--set 'train.precision=bf16': the grid sets this key; use --precisions" --set train.precision=bf16
 
 # --- the grid ------------------------------------------------------------------------------------
 t0=$(date +%s.%N)
@@ -67,14 +71,15 @@ took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 [ $rc -eq 0 ] && ok "grid of 9 runs: exit 0 in ${took} s" \
   || { fail "grid rc=$rc"; tail -5 "$W/grid.err" | sed 's/^/    /'; }
 csv=$W/grid/results.csv
-header=run_id,schedule,microbatches,placement,balance,samples_per_s,ratio_to_single,step_ms,bubble_measured,bubble_predicted,balance_efficiency,peak_mem,status
+header=run_id,schedule,microbatches,placement,balance,precision,samples_per_s,ratio_to_single,step_ms,bubble_measured,bubble_predicted,balance_efficiency,peak_mem,status
 [ "$(head -1 "$csv" 2>/dev/null)" = "$header" ] && ok "results.csv header" \
   || fail "results.csv header: $(head -1 "$csv" 2>/dev/null)"
 rows=$(tail -n +2 "$csv" 2>/dev/null | grep -c .)
 [ "$rows" -eq 9 ] && ok "results.csv has 9 rows" || fail "results.csv has $rows rows, want 9"
 bad=0
-while IFS=, read -r id sched m place bal sps ratio step bm bp eff peak status; do
-  if ! is_num "$sps" || ! is_num "$ratio" || ! is_num "$step" || [ "$status" != ok ]; then
+while IFS=, read -r id sched m place bal prec sps ratio step bm bp eff peak status; do
+  if ! is_num "$sps" || ! is_num "$ratio" || ! is_num "$step" || [ "$status" != ok ] \
+     || [ "$prec" != fp32 ]; then
     bad=$((bad+1)); echo "    bad row: $id sps=$sps ratio=$ratio step=$step status=$status"
   fi
   if [ "$id" != single ] && ! is_num "$bp"; then
@@ -83,7 +88,7 @@ while IFS=, read -r id sched m place bal sps ratio step bm bp eff peak status; d
 done < <(tail -n +2 "$csv" 2>/dev/null)
 [ $bad -eq 0 ] && ok "every row: numeric samples/s, ratio, step time; status ok; predicted bubble" \
   || fail "$bad bad rows"
-ratio=$(grep '^single,' "$csv" | cut -d, -f7)
+ratio=$(grep '^single,' "$csv" | cut -d, -f8)
 [ "$ratio" = 1.0000 ] && ok "baseline ratio 1" || fail "baseline ratio '$ratio'"
 grep -q '^1f1b-m4-split-off,1f1b,4,[^,]*,off,.*image\.1:[0-9.]*MB' "$csv" \
   && ok "split run: its stages' peak memory, image.1 included" || fail "split run row: $(grep split-off "$csv" | head -1)"
@@ -97,6 +102,44 @@ for d in "$W"/grid/runs/*-m*-*; do [ -s "$d/trace.json" ] && traces=$((traces+1)
 for c in throughput stages; do
   png "$W/grid/$c.png" && ok "$c.png is a PNG" || fail "$c.png missing or not a PNG ($(tail -2 "$W/grid/gnuplot.log" 2>/dev/null))"
 done
+
+# --- the precision axis: a baseline per precision, each run compared with its own ------------
+pgrid=(--steps 2 --warmup 1 --schedules 1f1b --microbatches 2 --precisions fp32,bf16)
+out=$("$BIN" bench "$W/plan.yaml" --out "$W/pdry" "${pgrid[@]}" --dry-run 2>&1)
+want="single-process m=4 fp32|1f1b m=2 plan balance=off fp32|single-process m=4 bf16|1f1b m=2 plan balance=off bf16"
+got=$(grep -o '^\[[0-9]*/4\] .*' <<<"$out" | sed 's/^\[[0-9]*\/4\] //' | paste -sd'|')
+sets=$(grep -c 'train.precision=fp32' <<<"$out")/$(grep -c 'train.precision=bf16' <<<"$out")
+[ "$got" = "$want" ] && [ "$sets" = 2/2 ] \
+  && ok "--precisions fp32,bf16 --dry-run: a baseline and the grid per precision, each run sets it" \
+  || { fail "--precisions dry run: runs '$got', train.precision sets fp32/bf16 $sets"; }
+"$BIN" bench "$W/plan.yaml" --out "$W/prec" "${pgrid[@]}" >"$W/prec.out" 2>"$W/prec.err"; rc=$?
+pcsv=$W/prec/results.csv
+ids=$(tail -n +2 "$pcsv" 2>/dev/null | cut -d, -f1,6 | paste -sd' ')
+[ $rc -eq 0 ] && [ "$ids" = "single-fp32,fp32 1f1b-m2-plan-off-fp32,fp32 single-bf16,bf16 1f1b-m2-plan-off-bf16,bf16" ] \
+  && ok "precision grid: 4 runs, ids and precision column" \
+  || { fail "precision grid rc=$rc rows '$ids'"; tail -3 "$W/prec.err" | sed 's/^/    /'; }
+ran=""
+for id in single-fp32 1f1b-m2-plan-off-fp32 single-bf16 1f1b-m2-plan-off-bf16; do
+  ran+="$(grep -o '"precision": *"[a-z0-9]*"' "$W/prec/runs/$id/plan.json" 2>/dev/null | grep -o '[a-z0-9]*"$' | tr -d '"') "
+done
+[ "$ran" = "fp32 fp32 bf16 bf16 " ] && ok "each run trained in its precision (its plan.json)" \
+  || fail "the runs' plan.json precisions: '$ran'"
+# ratio_to_single of each pipeline row = its samples/s over the baseline of ITS precision
+bad=$(awk -F, 'NR > 1 { sps[$1] = $7; ratio[$1] = $8 } END {
+  n = 0
+  split("fp32 bf16", P, " ")
+  for (i = 1; i <= 2; i++) {
+    p = P[i]; r = "1f1b-m2-plan-off-" p; b = "single-" p
+    if (!(sps[b] > 0) || !(sps[r] > 0)) { n++; continue }
+    want = sps[r] / sps[b]; d = ratio[r] - want
+    if (d < -0.0002 * want - 0.0001 || d > 0.0002 * want + 0.0001) n++
+    if (ratio[b] != "1.0000") n++
+  }
+  print n }' "$pcsv")
+[ "$bad" = 0 ] && ok "ratio_to_single: each run over its own precision's baseline" \
+  || { fail "ratio_to_single per precision ($bad wrong):"; sed 's/^/    /' "$pcsv"; }
+grep -q '^| 1f1b-m2-plan-off-bf16 | 1f1b | 2 | [^|]* | off | bf16 |' "$W/prec/results.md" \
+  && ok "results.md: precision column" || fail "results.md has no precision column"
 
 # --- an existing bench needs --force --------------------------------------------------------------
 expect_fail "a second bench into the same DIR is refused" "pass --force" \

@@ -28,7 +28,8 @@
 #include "common/config.h"
 #include "common/err.h"
 
-#define MMP_BENCH_MAX_LIST 32 /* values per --schedules / --microbatches / --balance */
+#define MMP_BENCH_MAX_LIST                                                                         \
+    32 /* values per --schedules / --microbatches / --balance / --precisions */
 #define MMP_BENCH_MAX_PLACEMENTS 32
 #define MMP_BENCH_MAX_KV 32          /* overrides per placement */
 #define MMP_BENCH_MAX_STAGE_ROWS 128 /* stage entries (stage x replica) per run */
@@ -39,6 +40,7 @@
 
 extern const char *const MMP_BENCH_SCHED_NAMES[3];   /* by mmp_schedule */
 extern const char *const MMP_BENCH_BALANCE_NAMES[2]; /* by mmp_balance_mode */
+extern const char *const MMP_BENCH_PREC_NAMES[3];    /* by mmp_precision */
 
 /* One --placement: NAME[=KEY=VALUE[,KEY=VALUE]...]. */
 typedef struct mmp_bench_placement {
@@ -69,6 +71,7 @@ typedef struct mmp_bench_run {
     int mb;
     int place;   /* index into placements; -1 for the baseline */
     int balance; /* mmp_balance_mode */
+    int prec;    /* mmp_precision */
     int n_sets;
     char *sets[MMP_BENCH_RUN_SETS]; /* its --set values, owned where owned[] */
     char owned[MMP_BENCH_RUN_SETS];
@@ -90,6 +93,8 @@ typedef struct mmp_bench {
     int n_sched, sched[MMP_BENCH_MAX_LIST];
     int n_mb, mb[MMP_BENCH_MAX_LIST];
     int n_bal, bal[MMP_BENCH_MAX_LIST];
+    int n_prec, prec[MMP_BENCH_MAX_LIST];
+    int prec_axis; /* --precisions was given: run ids and labels name the precision */
     int n_place;
     mmp_bench_placement place[MMP_BENCH_MAX_PLACEMENTS];
     int n_user_sets;
@@ -108,17 +113,19 @@ void mmp_bench_fini(mmp_bench *b);
  * make a row's labels lie, so the CLI refuses it. */
 const char *mmp_bench_grid_key_option(const char *kv);
 
-/* Lays out every run and its overrides in b->runs: the --single-process
- * baseline first (plan's schedule and micro-batches) unless b->no_single,
- * then schedules x micro-batch counts x placements x balance modes,
- * outermost first. MMP_ERR_NOMEM, MMP_ERR_INVALID (too many overrides). */
+/* Lays out every run and its overrides in b->runs: per precision (the
+ * outermost axis), the --single-process baseline in that precision first
+ * (plan's schedule and micro-batches) unless b->no_single, then schedules x
+ * micro-batch counts x placements x balance modes, outermost first. Every run
+ * sets train.precision. MMP_ERR_NOMEM, MMP_ERR_INVALID (too many overrides). */
 mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan);
 
 /* Fills argv (MMP_BENCH_ARGV_MAX entries, NULL-terminated) with r's
  * `mmpipe launch PLAN --out run_dir --force [--single-process] --set ...`;
  * returns the count. argv borrows every string. */
 int mmp_bench_run_argv(const mmp_bench *b, const mmp_bench_run *r, char *run_dir, char **argv);
-/* "gpipe m=4 split balance=off", "single-process m=4"; returns buf. */
+/* "gpipe m=4 split balance=off", "single-process m=4" (" bf16" after
+ * either with a precision axis); returns buf. */
 const char *mmp_bench_run_label(const mmp_bench *b, const mmp_bench_run *r, char *buf, size_t n);
 /* What --dry-run prints: every run as a launch command line, shell-quoted. */
 void mmp_bench_print_runs(const mmp_bench *b, FILE *f);
@@ -171,8 +178,9 @@ void mmp_bench_predict(const mmp_bench *b, const char *run_dir, mmp_bench_run *r
 mmp_err mmp_bench_write_results(const mmp_bench *b);
 /* The Markdown table with its notes. */
 void mmp_bench_write_md(const mmp_bench *b, FILE *f);
-/* The baseline's samples/s; NAN when it did not run. */
-double mmp_bench_baseline_sps(const mmp_bench *b);
+/* The samples/s of the baseline in precision prec (mmp_precision): the one
+ * every run of that precision is compared with; NAN when it did not run. */
+double mmp_bench_baseline_sps(const mmp_bench *b, int prec);
 
 /* Whether gnuplot is in PATH. */
 int mmp_bench_have_gnuplot(void);

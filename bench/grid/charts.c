@@ -24,11 +24,19 @@ static void gp_str(FILE *f, const char *s)
     fputc('\'', f);
 }
 
-/* throughput.dat: one block per (schedule, placement, balance) series with
- * at least one finished run; the plot command for them goes into gp. */
+/* " bf16" when the grid has a precision axis, else "". */
+static const char *prec_suffix(const mmp_bench *b, int prec, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s%s", b->prec_axis ? ", " : "",
+             b->prec_axis ? MMP_BENCH_PREC_NAMES[prec] : "");
+    return buf;
+}
+
+/* throughput.dat: one block per (precision, schedule, placement, balance)
+ * series with at least one finished run; the plot command for them goes
+ * into gp, and a dashed line per precision's baseline. */
 static int throughput_chart(const mmp_bench *b, FILE *dat, FILE *gp)
 {
-    double base = mmp_bench_baseline_sps(b);
     int lo = b->mb[0], hi = b->mb[0];
     for (int i = 1; i < b->n_mb; i++) {
         lo = b->mb[i] < lo ? b->mb[i] : lo;
@@ -46,51 +54,64 @@ static int throughput_chart(const mmp_bench *b, FILE *dat, FILE *gp)
     }
     fprintf(gp, ")\nplot");
     int block = 0;
-    for (int s = 0; s < b->n_sched; s++) {
-        for (int p = 0; p < b->n_place; p++) {
-            for (int k = 0; k < b->n_bal; k++) {
-                int points = 0;
-                for (int i = 0; i < b->n_runs; i++) {
-                    const mmp_bench_run *r = &b->runs[i];
-                    if (!r->single && r->state == MMP_BENCH_OK && r->sched == b->sched[s] &&
-                        r->place == p && r->balance == b->bal[k]) {
-                        if (!points) {
-                            fprintf(dat, "%s# %s %s balance=%s\n", block ? "\n\n" : "",
-                                    MMP_BENCH_SCHED_NAMES[b->sched[s]], b->place[p].name,
-                                    MMP_BENCH_BALANCE_NAMES[b->bal[k]]);
+    char ps[16];
+    for (int q = 0; q < b->n_prec; q++) {
+        for (int s = 0; s < b->n_sched; s++) {
+            for (int p = 0; p < b->n_place; p++) {
+                for (int k = 0; k < b->n_bal; k++) {
+                    int points = 0;
+                    for (int i = 0; i < b->n_runs; i++) {
+                        const mmp_bench_run *r = &b->runs[i];
+                        if (!r->single && r->state == MMP_BENCH_OK && r->prec == b->prec[q] &&
+                            r->sched == b->sched[s] && r->place == p && r->balance == b->bal[k]) {
+                            if (!points) {
+                                fprintf(dat, "%s# %s %s balance=%s %s\n", block ? "\n\n" : "",
+                                        MMP_BENCH_SCHED_NAMES[b->sched[s]], b->place[p].name,
+                                        MMP_BENCH_BALANCE_NAMES[b->bal[k]],
+                                        MMP_BENCH_PREC_NAMES[b->prec[q]]);
+                            }
+                            fprintf(dat, "%d %.6g\n", r->mb, r->sps);
+                            points++;
                         }
-                        fprintf(dat, "%d %.6g\n", r->mb, r->sps);
-                        points++;
                     }
+                    if (!points) {
+                        continue;
+                    }
+                    char title[256];
+                    snprintf(title, sizeof title, "%s, %s, balance %s%s",
+                             MMP_BENCH_SCHED_NAMES[b->sched[s]], b->place[p].name,
+                             MMP_BENCH_BALANCE_NAMES[b->bal[k]],
+                             prec_suffix(b, b->prec[q], ps, sizeof ps));
+                    fprintf(gp,
+                            "%s 'throughput.dat' index %d using 1:2 with linespoints lw 2 pt 7 "
+                            "title ",
+                            block ? ", \\\n    " : "", block);
+                    gp_str(gp, title);
+                    block++;
                 }
-                if (!points) {
-                    continue;
-                }
-                char title[256];
-                snprintf(title, sizeof title, "%s, %s, balance %s",
-                         MMP_BENCH_SCHED_NAMES[b->sched[s]], b->place[p].name,
-                         MMP_BENCH_BALANCE_NAMES[b->bal[k]]);
-                fprintf(gp,
-                        "%s 'throughput.dat' index %d using 1:2 with linespoints lw 2 pt 7 "
-                        "title ",
-                        block ? ", \\\n    " : "", block);
-                gp_str(gp, title);
-                block++;
             }
         }
     }
-    if (isfinite(base)) {
-        fprintf(gp, "%s %.6g with lines dt 2 lw 2 lc rgb 'black' title 'single process'",
-                block ? ", \\\n    " : "", base);
-        block++;
+    for (int q = 0; q < b->n_prec; q++) {
+        double base = mmp_bench_baseline_sps(b, b->prec[q]);
+        if (isfinite(base)) {
+            char title[64];
+            snprintf(title, sizeof title, "single process%s",
+                     prec_suffix(b, b->prec[q], ps, sizeof ps));
+            fprintf(gp, "%s %.6g with lines dt %d lw 2 lc rgb 'black' title ",
+                    block ? ", \\\n    " : "", base, 2 + q);
+            gp_str(gp, title);
+            block++;
+        }
     }
     fprintf(gp, "\n");
     return block;
 }
 
 /* stages.dat: per placement one block of "stage busy idle" (ms per step) for
- * its run at the first schedule, the most micro-batches, the first balance
- * mode; rowstacked bars, one group per placement. */
+ * its run at the first precision, the first schedule, the most
+ * micro-batches, the first balance mode; rowstacked bars, one group per
+ * placement. */
 static int stages_chart(const mmp_bench *b, FILE *dat, FILE *gp)
 {
     int hi = b->mb[0];
@@ -98,23 +119,26 @@ static int stages_chart(const mmp_bench *b, FILE *dat, FILE *gp)
         hi = b->mb[i] > hi ? b->mb[i] : hi;
     }
     int blocks = 0;
+    char ps[16];
     fprintf(gp,
             "set output 'stages.png'\n"
             "set title 'busy and idle time per step (median) of each stage, by placement: %s, %d "
-            "micro-batches, balance %s'\n"
+            "micro-batches, balance %s%s'\n"
             "unset logscale x\nset xrange [*:*]\nset yrange [0:*]\nset xtics auto\n"
             "unset xlabel\nset ylabel 'ms per step'\nset bmargin 5\n"
             "unset grid\nset grid ytics\nset key outside right top\n"
             "set style data histograms\nset style histogram rowstacked title offset 0,-1\n"
             "set style fill solid 0.8 border -1\nset boxwidth 0.75\nset xtics rotate by -30\n"
             "plot",
-            MMP_BENCH_SCHED_NAMES[b->sched[0]], hi, MMP_BENCH_BALANCE_NAMES[b->bal[0]]);
+            MMP_BENCH_SCHED_NAMES[b->sched[0]], hi, MMP_BENCH_BALANCE_NAMES[b->bal[0]],
+            prec_suffix(b, b->prec[0], ps, sizeof ps));
     for (int p = 0; p < b->n_place; p++) {
         const mmp_bench_run *r = NULL;
         for (int i = 0; i < b->n_runs; i++) {
             const mmp_bench_run *c = &b->runs[i];
-            if (!c->single && c->state == MMP_BENCH_OK && c->sched == b->sched[0] && c->mb == hi &&
-                c->place == p && c->balance == b->bal[0] && c->n_stages > 0) {
+            if (!c->single && c->state == MMP_BENCH_OK && c->prec == b->prec[0] &&
+                c->sched == b->sched[0] && c->mb == hi && c->place == p &&
+                c->balance == b->bal[0] && c->n_stages > 0) {
                 r = c;
             }
         }
@@ -177,8 +201,9 @@ mmp_err mmp_bench_draw_charts(const mmp_bench *b)
         goto exit;
     }
     if (!stages_chart(b, s, gp)) {
-        fprintf(stderr, "mmpipe bench: stages.png not drawn: no finished run at the first "
-                        "schedule, the most micro-batches and the first balance mode\n");
+        fprintf(stderr,
+                "mmpipe bench: stages.png not drawn: no finished run at the first "
+                "precision and schedule, the most micro-batches and the first balance mode\n");
     }
     int bad = fclose(t) | fclose(s) | fclose(gp);
     t = s = gp = NULL;

@@ -10,6 +10,7 @@
 
 const char *const MMP_BENCH_SCHED_NAMES[3] = {"gpipe", "1f1b", "zb-h1"};
 const char *const MMP_BENCH_BALANCE_NAMES[2] = {"off", "dynamic"};
+const char *const MMP_BENCH_PREC_NAMES[3] = {"fp32", "bf16", "fp16"};
 
 void mmp_bench_fini(mmp_bench *b)
 {
@@ -40,6 +41,7 @@ const char *mmp_bench_grid_key_option(const char *kv)
         {"job.steps", "--steps and --warmup"},    {"train.schedule", "--schedules"},
         {"train.microbatches", "--microbatches"}, {"balance.mode", "--balance"},
         {"train.eval_every", "bench (0)"},        {"train.ckpt_every", "bench (0)"},
+        {"train.precision", "--precisions"},
     };
     size_t len = strcspn(kv, "=");
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -70,11 +72,13 @@ static int run_add_setf(mmp_bench_run *r, const char *key, const char *val)
     return run_add_set(r, buf, 1);
 }
 
-/* Lays out every run and its overrides: the baseline first, then schedules,
- * micro-batch counts, placements and balance modes, outermost first. */
+/* Lays out every run and its overrides: per precision, the baseline first,
+ * then schedules, micro-batch counts, placements and balance modes,
+ * outermost first. */
 mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan)
 {
-    int n = (b->no_single ? 0 : 1) + b->n_sched * b->n_mb * b->n_place * b->n_bal;
+    int per_prec = (b->no_single ? 0 : 1) + b->n_sched * b->n_mb * b->n_place * b->n_bal;
+    int n = b->n_prec * per_prec;
     b->runs = calloc((size_t)n, sizeof *b->runs);
     if (!b->runs) {
         return mmp_errorf(MMP_ERR_NOMEM, "out of memory for %d runs", n);
@@ -85,16 +89,20 @@ mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan)
         mmp_bench_run *r = &b->runs[b->n_runs++];
         r->sps = r->step_ms = r->bubble = r->bubble_pred = r->efficiency = NAN;
         snprintf(r->status, sizeof r->status, "not run");
-        int g = i - (b->no_single ? 0 : 1);
+        r->prec = b->prec[i / per_prec];
+        const char *prec = MMP_BENCH_PREC_NAMES[r->prec];
+        int g = i % per_prec - (b->no_single ? 0 : 1);
         int err = run_add_setf(r, "job.steps", steps) | run_add_set(r, "train.eval_every=0", 0) |
-                  run_add_set(r, "train.ckpt_every=0", 0);
+                  run_add_set(r, "train.ckpt_every=0", 0) |
+                  run_add_setf(r, "train.precision", prec);
+        char id[sizeof r->id];
         if (g < 0) {
             r->single = 1;
             r->sched = plan->train.schedule;
             r->mb = plan->train.microbatches;
             r->place = -1;
             r->balance = MMP_BALANCE_OFF; /* one process has nothing to balance */
-            snprintf(r->id, sizeof r->id, "single");
+            snprintf(id, sizeof id, "single");
             err |= run_add_set(r, "balance.mode=off", 0);
         } else {
             int bi = g % b->n_bal, pi = g / b->n_bal % b->n_place,
@@ -104,7 +112,7 @@ mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan)
             r->mb = b->mb[mi];
             r->place = pi;
             r->balance = b->bal[bi];
-            snprintf(r->id, sizeof r->id, "%s-m%d-%s-%s", MMP_BENCH_SCHED_NAMES[r->sched], r->mb,
+            snprintf(id, sizeof id, "%s-m%d-%s-%s", MMP_BENCH_SCHED_NAMES[r->sched], r->mb,
                      b->place[pi].slug, MMP_BENCH_BALANCE_NAMES[r->balance]);
             char mb[32];
             snprintf(mb, sizeof mb, "%d", r->mb);
@@ -114,6 +122,11 @@ mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan)
                 err |= run_add_set(r, b->place[pi].kv[k], 0);
             }
             err |= run_add_setf(r, "balance.mode", MMP_BENCH_BALANCE_NAMES[r->balance]);
+        }
+        if (b->prec_axis) {
+            snprintf(r->id, sizeof r->id, "%.150s-%s", id, prec);
+        } else {
+            snprintf(r->id, sizeof r->id, "%s", id);
         }
         for (int k = 0; k < b->n_user_sets; k++) {
             err |= run_add_set(r, b->user_sets[k], 0);
@@ -147,11 +160,13 @@ int mmp_bench_run_argv(const mmp_bench *b, const mmp_bench_run *r, char *run_dir
 
 const char *mmp_bench_run_label(const mmp_bench *b, const mmp_bench_run *r, char *buf, size_t n)
 {
+    const char *prec = b->prec_axis ? MMP_BENCH_PREC_NAMES[r->prec] : "";
+    const char *sep = b->prec_axis ? " " : "";
     if (r->single) {
-        snprintf(buf, n, "single-process m=%d", r->mb);
+        snprintf(buf, n, "single-process m=%d%s%s", r->mb, sep, prec);
     } else {
-        snprintf(buf, n, "%s m=%d %s balance=%s", MMP_BENCH_SCHED_NAMES[r->sched], r->mb,
-                 b->place[r->place].name, MMP_BENCH_BALANCE_NAMES[r->balance]);
+        snprintf(buf, n, "%s m=%d %s balance=%s%s%s", MMP_BENCH_SCHED_NAMES[r->sched], r->mb,
+                 b->place[r->place].name, MMP_BENCH_BALANCE_NAMES[r->balance], sep, prec);
     }
     return buf;
 }

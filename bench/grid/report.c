@@ -8,10 +8,10 @@
 
 #include "bench/grid/bench.h"
 
-double mmp_bench_baseline_sps(const mmp_bench *b)
+double mmp_bench_baseline_sps(const mmp_bench *b, int prec)
 {
     for (int i = 0; i < b->n_runs; i++) {
-        if (b->runs[i].single && b->runs[i].state == MMP_BENCH_OK) {
+        if (b->runs[i].single && b->runs[i].prec == prec && b->runs[i].state == MMP_BENCH_OK) {
             return b->runs[i].sps;
         }
     }
@@ -57,12 +57,12 @@ static mmp_err write_csv(const mmp_bench *b, const char *path)
     if (!f) {
         return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }
-    fputs("run_id,schedule,microbatches,placement,balance,samples_per_s,ratio_to_single,step_ms,"
-          "bubble_measured,bubble_predicted,balance_efficiency,peak_mem,status\n",
+    fputs("run_id,schedule,microbatches,placement,balance,precision,samples_per_s,ratio_to_single,"
+          "step_ms,bubble_measured,bubble_predicted,balance_efficiency,peak_mem,status\n",
           f);
-    double base = mmp_bench_baseline_sps(b);
     for (int i = 0; i < b->n_runs; i++) {
         const mmp_bench_run *r = &b->runs[i];
+        double base = mmp_bench_baseline_sps(b, r->prec);
         char t[9][64];
         snprintf(t[0], sizeof t[0], "%d", r->mb);
         csv_field(f, r->id, 0);
@@ -70,6 +70,7 @@ static mmp_err write_csv(const mmp_bench *b, const char *path)
         csv_field(f, t[0], 0);
         csv_field(f, placement_of(b, r), 0);
         csv_field(f, MMP_BENCH_BALANCE_NAMES[r->balance], 0);
+        csv_field(f, MMP_BENCH_PREC_NAMES[r->prec], 0);
         csv_field(f, num(t[1], 64, r->sps, 2), 0);
         csv_field(f, num(t[2], 64, r->sps / base, 4), 0);
         csv_field(f, num(t[3], 64, r->step_ms, 3), 0);
@@ -112,13 +113,14 @@ static void pct(char *buf, size_t n, double x)
 
 void mmp_bench_write_md(const mmp_bench *b, FILE *f)
 {
-    double base = mmp_bench_baseline_sps(b);
-    fprintf(f, "| run | schedule | micro-batches | placement | balance | samples/s | x single | "
-               "step ms | bubble | predicted bubble | balance efficiency | peak memory | status |\n"
-               "|---|---|--:|---|---|--:|--:|--:|--:|--:|--:|---|---|\n");
+    fprintf(f, "| run | schedule | micro-batches | placement | balance | precision | samples/s | x "
+               "single | step ms | bubble | predicted bubble | balance efficiency | peak memory | "
+               "status |\n"
+               "|---|---|--:|---|---|---|--:|--:|--:|--:|--:|--:|---|---|\n");
     int notes = 0;
     for (int i = 0; i < b->n_runs; i++) {
         const mmp_bench_run *r = &b->runs[i];
+        double base = mmp_bench_baseline_sps(b, r->prec);
         char t[64];
         fputs("|", f);
         md_cell(f, r->id);
@@ -127,6 +129,7 @@ void mmp_bench_write_md(const mmp_bench *b, FILE *f)
         md_cell(f, t);
         md_cell(f, placement_of(b, r));
         md_cell(f, r->single ? "" : MMP_BENCH_BALANCE_NAMES[r->balance]);
+        md_cell(f, MMP_BENCH_PREC_NAMES[r->prec]);
         md_cell(f, num(t, sizeof t, r->sps, 1));
         if (isfinite(r->sps / base)) {
             snprintf(t, sizeof t, "%.2fx", r->sps / base);
@@ -156,10 +159,11 @@ void mmp_bench_write_md(const mmp_bench *b, FILE *f)
             notes++;
         }
     }
-    fprintf(f,
-            "\n%d warm-up + %d measured steps per run; medians over the measured steps (bubble: "
-            "mean); x single: samples/s over the single-process baseline's.\n",
-            b->warmup, b->steps);
+    fprintf(
+        f,
+        "\n%d warm-up + %d measured steps per run; medians over the measured steps (bubble: "
+        "mean); x single: samples/s over the single-process baseline's in the same precision.\n",
+        b->warmup, b->steps);
 }
 
 mmp_err mmp_bench_write_results(const mmp_bench *b)
