@@ -12,9 +12,18 @@
 # waiting for the loader; eval and checkpoints are off), over steps after
 # the first two. PyTorch's is bench/torch/time_step.py's (warm-up 2 steps).
 #
+# With --pipeline-steps N (N >= 20) each rep also runs mmpipe's pipeline as
+# a user on this machine would: `stages: auto` on the host's cores
+# (profile, then the planner's placement: coordinator/planner_cores.h),
+# train.pin auto, one thread per stage process, N steps; its figure is the
+# median step_ms over the second half of its steps (after the re-placement),
+# set against PyTorch at the largest --threads value in a second table: what
+# the same cores give each system.
+#
 # usage: bench/torch_vs_mmpipe.sh [PLAN.yaml] [--steps N] [--reps R]
 #                                 [--threads "1 2"] [--data MANIFEST]
 #                                 [--batch B] [--microbatches M]
+#                                 [--pipeline-steps N]
 # --batch / --microbatches override the plan's train.batch / microbatches
 # for both (seed-scale on CPU: e.g. --batch 8 --microbatches 2 --steps 4).
 # Needs build/mmpipe and a python3 with torch ($PYTHON, default python3;
@@ -28,8 +37,11 @@ PYTHON=${PYTHON:-python3}
 BIN=${MMP_BIN:-build/mmpipe}
 TMP=${MMP_TMP:-/tmp/mmpipe-bench-torch}
 . bench/lib.sh
-bench_args bench/torch_vs_mmpipe.sh 23 --steps=STEPS --reps=REPS --threads=THREADS --data=DATA \
-  --batch=BATCH --microbatches=MICRO @=PLAN -- "$@"
+PIPE_STEPS=0
+bench_args bench/torch_vs_mmpipe.sh 31 --steps=STEPS --reps=REPS --threads=THREADS --data=DATA \
+  --batch=BATCH --microbatches=MICRO --pipeline-steps=PIPE_STEPS @=PLAN -- "$@"
+[ "$PIPE_STEPS" = 0 ] || [ "$PIPE_STEPS" -ge 20 ] 2>/dev/null \
+  || { echo "torch_vs_mmpipe: --pipeline-steps wants 0 or at least 20" >&2; exit 2; }
 "$PYTHON" -c 'import torch' 2>/dev/null || { echo "torch_vs_mmpipe: $PYTHON has no torch (set PYTHON)" >&2; exit 2; }
 mkdir -p "$TMP"
 if [ -z "$DATA" ]; then
@@ -63,6 +75,21 @@ print(f"{statistics.median(ms):.2f}")
 EOF
 }
 
+# pipeline_run OUT: the pipeline on this host's cores; prints its median
+# step ms over the second half of its steps.
+pipeline_run() {
+  "$BIN" launch "$PLAN" --force --out "$1" --steps "$PIPE_STEPS" "${overrides[@]}" \
+    --set data.manifest="$DATA" --set stages=auto --set train.pin=auto --set train.threads=1 \
+    --set train.eval_every=0 --set train.final_eval=false --set train.ckpt_every=0 >"$1.log" 2>&1 \
+    || { echo "torch_vs_mmpipe: the pipeline failed, see $1.log" >&2; tail -5 "$1.log" >&2; exit 1; }
+  "$PYTHON" - "$1/metrics.jsonl" "$PIPE_STEPS" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ms = [r["step_ms"] for r in rows if r.get("step", 0) > int(sys.argv[2]) // 2 and "step_ms" in r]
+print(f"{statistics.median(ms):.2f}")
+EOF
+}
+
 declare -A runs
 weights=""
 for rep in $(seq "$REPS"); do
@@ -81,6 +108,11 @@ for rep in $(seq "$REPS"); do
     runs[torch,$t]+="$p "
     echo "rep $rep threads $t: mmpipe $m ms, torch $p ms" >&2
   done
+  if [ "$PIPE_STEPS" != 0 ]; then
+    q=$(pipeline_run "$TMP/mmpipe-pipeline")
+    runs[pipeline]+="$q "
+    echo "rep $rep pipeline (stages: auto on $(nproc) cores): $q ms" >&2
+  fi
 done
 
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -95,3 +127,15 @@ for t in $THREADS; do
   p=$(echo "${runs[torch,$t]}" | median)
   printf "| %s | %.1f | %.1f | %.2fx |\n" "$t" "$m" "$p" "$(echo "$p / $m" | bc -l)"
 done
+if [ "$PIPE_STEPS" != 0 ]; then
+  tmax=$(tr ' ' '\n' <<<"$THREADS" | grep . | sort -n | tail -1)
+  q=$(echo "${runs[pipeline]}" | median)
+  p=$(echo "${runs[torch,$tmax]}" | median)
+  placed=$(grep -o '"placement":"[^"]*"' "$TMP/mmpipe-pipeline/metrics.jsonl" | tail -1 | cut -d'"' -f4)
+  echo
+  echo "The same cores, each system as a user runs it: mmpipe's pipeline (stages: auto on $(nproc) cores, placed ${placed:-?}; median step of steps $((PIPE_STEPS / 2 + 1))..$PIPE_STEPS) against PyTorch eager at $tmax threads (the runs above)"
+  echo
+  echo "| cores | mmpipe pipeline (ms/step) | PyTorch eager, $tmax threads (ms/step) | mmpipe speed / PyTorch speed |"
+  echo "|--:|--:|--:|--:|"
+  printf "| %s | %.1f | %.1f | %.2fx |\n" "$(nproc)" "$q" "$p" "$(echo "$p / $q" | bc -l)"
+fi
