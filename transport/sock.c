@@ -8,6 +8,7 @@
 #include "transport/sock.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -91,9 +92,20 @@ mmp_err mmp_sock_parse(const char *what, const char *address, char *host, size_t
             p = -1;
         }
     }
+    /* A host is a name or a numeric address: nothing else reaches
+     * getaddrinfo (nor reads as a shm name, '/'). */
+    int bracket = h != a;
+    for (size_t i = 0; colon && i < hl; i++) {
+        char c = h[i];
+        if (!(isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_' ||
+              (bracket && (c == ':' || c == '%')))) {
+            colon = NULL;
+        }
+    }
     if (!colon || hl == 0 || hl >= host_n || p < 0 || p > 65535) {
         return mmp_errorf(MMP_ERR_INVALID,
-                          "%s: address '%s' is not host:port (port 0..65535; IPv6 as [addr]:port)",
+                          "%s: address '%s' is not host:port (host of [A-Za-z0-9._-], port "
+                          "0..65535; IPv6 as [addr]:port)",
                           what, a);
     }
     memcpy(host, h, hl);

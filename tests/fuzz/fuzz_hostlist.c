@@ -7,8 +7,7 @@
 #include "tests/fuzz/fuzz.h"
 
 static const char *const vars[] = {"SLURM_JOB_NODELIST", "SLURM_GPUS_ON_NODE",
-                                   "CUDA_VISIBLE_DEVICES", "SLURM_NTASKS_PER_NODE",
-                                   "SLURM_JOB_ID"};
+                                   "CUDA_VISIBLE_DEVICES", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID"};
 #define N_VARS (sizeof vars / sizeof vars[0])
 static const char *values[N_VARS];
 
