@@ -1816,8 +1816,9 @@ static void test_endpoint_check(void)
     snprintf(bad_hex, sizeof bad_hex, "%s", nccl);
     bad_hex[n - 1] = 'g';
     const char *good[] = {"node7:4100", "10.0.0.2:65535", "[::1]:1", nccl};
-    const char *bad[] = {"/mmpipe-x-r0", "/l:33", "[[a]]:5",      "node7:0", "node7", "node7:65536",
-                         "node7:4100 ",  "a:b:1", "node3:0#nccl", bad_hex,   "",      NULL};
+    const char *bad[] = {
+        "/mmpipe-x-r0", "/l:33", "[[a]]:5",      "[%1]:4015", "node7:0", "node7", "node7:65536",
+        "node7:4100 ",  "a:b:1", "node3:0#nccl", bad_hex,     "",        NULL};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         CHECK_OK(mmp_channel_check_endpoint(good[i]));
     }

@@ -95,6 +95,9 @@ mmp_err mmp_sock_parse(const char *what, const char *address, char *host, size_t
     /* A host is a name or a numeric address: nothing else reaches
      * getaddrinfo (nor reads as a shm name, '/'). */
     int bracket = h != a;
+    if (bracket && !memchr(h, ':', hl)) {
+        colon = NULL; /* brackets hold an IPv6 literal, nothing else */
+    }
     for (size_t i = 0; colon && i < hl; i++) {
         char c = h[i];
         if (!(isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_' ||
