@@ -17,7 +17,8 @@
  * frame reaches past it); canvas pixels the frame does not cover hold the
  * frame's transparent index when it has one, else index 0; every index is
  * looked up in the frame's local colour table, else the global one (a GIF
- * with neither is grey: the index is the level); transparency itself is
+ * with neither, or an index past the table, is grey: the index is the
+ * level, as PIL's palettes start as a grey ramp); transparency itself is
  * dropped. Interlaced frames are put back in row order. Later frames are
  * never read (an animation costs what its first frame costs).
  *

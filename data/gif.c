@@ -145,14 +145,14 @@ mmp_err mmp_gif_decode(const char *name, const void *buf, size_t len, long long 
     const ColorMapObject *map = d->ColorMap ? d->ColorMap : gif->SColorMap;
     for (size_t i = 0; i < n; i++) {
         uint8_t k = canvas[i], *px = img->rgb + 3 * i;
-        if (!map) {
-            px[0] = px[1] = px[2] = k;
-        } else if (k < map->ColorCount) {
+        if (map && k < map->ColorCount) {
             px[0] = map->Colors[k].Red;
             px[1] = map->Colors[k].Green;
             px[2] = map->Colors[k].Blue;
         } else {
-            px[0] = px[1] = px[2] = 0; /* an index past the table */
+            /* no table, or an index past it: grey at the index's level, as
+             * PIL (its palettes start as a grey ramp) */
+            px[0] = px[1] = px[2] = k;
         }
     }
     img->width = (int)w;

@@ -326,11 +326,14 @@ static mmp_err open_data_plane(worker *w)
                     slot = addr[i];
                 }
             }
-            if (!slot || !(port_zero(slot) || nccl_waiting(slot)) || port_zero(ep->address)) {
+            if (!slot || !(port_zero(slot) || nccl_waiting(slot))) {
                 e = mmp_errorf(MMP_ERR_PROTO,
                                "endpoints: field channel = %d (address '%s') is no tcp end this "
                                "stage connects and still waits for",
                                ep->channel, ep->address);
+            } else if (mmp_channel_check_endpoint(ep->address) != MMP_OK) {
+                /* never a shm name: the reduce would join whatever segment it names */
+                e = mmp_error_prefix(MMP_ERR_PROTO, "endpoints: field channel = %d", ep->channel);
             } else {
                 snprintf(slot, ENDPOINT_MAX, "%s", ep->address);
                 needed--;

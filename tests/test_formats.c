@@ -285,5 +285,25 @@ static void test_sniff(void)
     free(webp);
 }
 
+/* A GIF index past its colour table reads as PIL gives it: grey at the
+ * index's level (Pillow's palettes start as a grey ramp). A 2x2 frame with a
+ * local table of 2 entries (over a global one of 4) and indices 0..3; the
+ * pixels are PIL 9.4's Image.open(p).convert("RGB"). Found while seeding
+ * fuzz_gif (tests/fuzz/corpus/gif/grows_transparent.gif). */
+static void test_gif_short_table(void)
+{
+    static const unsigned char gif[] = {0x47, 0x49, 0x46, 0x38, 0x39, 0x61, 0x02, 0x00, 0x02, 0x00,
+                                        0x81, 0x00, 0x00, 0x09, 0x09, 0x09, 0x08, 0x08, 0x08, 0x07,
+                                        0x07, 0x07, 0x06, 0x06, 0x06, 0x2c, 0x00, 0x00, 0x00, 0x00,
+                                        0x02, 0x00, 0x02, 0x00, 0x80, 0x0a, 0x14, 0x1e, 0x28, 0x32,
+                                        0x3c, 0x02, 0x04, 0x04, 0x43, 0x71, 0x05, 0x00, 0x3b};
+    static const unsigned char want[] = {10, 20, 30, 40, 50, 60, 2, 2, 2, 3, 3, 3};
+    mmp_image img = {0};
+    CHECK_OK(mmp_gif_decode("short.gif", gif, sizeof gif, 0, &img));
+    CHECK(img.width == 2 && img.height == 2 && img.rgb && memcmp(img.rgb, want, sizeof want) == 0);
+    mmp_image_fini(&img);
+}
+
 MMP_TEST_LIST("test_formats", MMP_TEST_CASE(test_parity), MMP_TEST_CASE(test_pixel_limit),
-              MMP_TEST_CASE(test_cut_files), MMP_TEST_CASE(test_sniff))
+              MMP_TEST_CASE(test_cut_files), MMP_TEST_CASE(test_sniff),
+              MMP_TEST_CASE(test_gif_short_table))

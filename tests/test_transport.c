@@ -1801,6 +1801,36 @@ static void test_idle_cpu(void)
     mmp_channel_close(a);
 }
 
+/* What a stage takes from another process as the address of the network
+ * end it connects (mmp_channel_check_endpoint): a real "host:port" or a nccl
+ * creator's address, never a shm name (a reduce given one would join that
+ * segment) nor port 0 nor text. */
+static void test_endpoint_check(void)
+{
+    char nccl[400], bad_hex[400];
+    int n = snprintf(nccl, sizeof nccl, "node7:4100#nccl:");
+    for (int i = 0; i < 256; i++) {
+        nccl[n++] = "0123456789abcdef"[i % 16];
+    }
+    nccl[n] = 0;
+    snprintf(bad_hex, sizeof bad_hex, "%s", nccl);
+    bad_hex[n - 1] = 'g';
+    const char *good[] = {"node7:4100", "10.0.0.2:65535", "[::1]:1", nccl};
+    const char *bad[] = {
+        "/mmpipe-x-r0", "/l:33", "[[a]]:5",      "[%1]:4015", "node7:0", "node7", "node7:65536",
+        "node7:4100 ",  "a:b:1", "node3:0#nccl", bad_hex,     "",        NULL};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        CHECK_OK(mmp_channel_check_endpoint(good[i]));
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(mmp_channel_check_endpoint(bad[i]) == MMP_ERR_PROTO);
+    }
+    CHECK(strstr(mmp_last_error(), "endpoint") != NULL);
+    nccl[n - 2] = 0; /* an id one byte short */
+    CHECK(mmp_channel_check_endpoint(nccl) == MMP_ERR_PROTO);
+    CHECK(strstr(mmp_last_error(), "hex digits") != NULL);
+}
+
 static void test_unlink_prefix(void)
 {
     char stray[96], keep[96];
@@ -2650,6 +2680,11 @@ static void unlink_prefix(void)
     run_global("unlink-prefix", test_unlink_prefix);
 }
 
+static void endpoint_check(void)
+{
+    run_global("endpoint-check", test_endpoint_check);
+}
+
 static void spin_env(void)
 {
     run_global("shm-spin-env", test_spin_env);
@@ -2672,6 +2707,7 @@ static const mmp_test_case cases[] = {
 #endif
     {"channel-open", channel_open},
     {"unlink-prefix", unlink_prefix},
+    {"endpoint-check", endpoint_check},
     {"shm-spin-env", spin_env},
     {"shm-idle-cpu", idle_cpu},
 };

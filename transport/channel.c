@@ -14,6 +14,8 @@
 #include <sys/mman.h>
 
 #include "transport/channel.h"
+#include "transport/reduce_nccl.h"
+#include "transport/sock.h"
 
 /* Highest priority first. nccl and cuda_ipc accept only cfgs with on_gpu
  * set and ask nothing of CUDA otherwise, so host channels still reach shm
@@ -27,6 +29,23 @@ static const mmp_transport *const transports[] = {
     &mmp_transport_shm,
     &mmp_transport_tcp,
 };
+
+mmp_err mmp_channel_check_endpoint(const char *address)
+{
+    char hp[MMP_SOCK_ADDR_MAX], host[MMP_SOCK_ADDR_MAX];
+    unsigned char id[MMP_NCCL_ID_BYTES];
+    const char *a = address ? address : "";
+    if (strstr(a, "#nccl")) {
+        MMP_TRY(mmp_nccl_parse_address(a, hp, sizeof hp, id));
+        a = hp;
+    }
+    int port = 0;
+    if (mmp_sock_parse("endpoint", a, host, sizeof host, &port) != MMP_OK || port == 0) {
+        return mmp_errorf(MMP_ERR_PROTO, "endpoint '%.300s': not host:port with a port 1..65535",
+                          address ? address : "(null)");
+    }
+    return MMP_OK;
+}
 
 const mmp_transport *const *mmp_transports(size_t *n)
 {

@@ -142,11 +142,18 @@ extern const mmp_transport mmp_transport_cuda_ipc;
  * a "host:port" address): ncclSend/ncclRecv, headers and credits over tcp;
  * transport/cuda/nccl.c states the rendezvous and its ordering. */
 extern const mmp_transport mmp_transport_nccl;
+#endif
 /* Splits a nccl creator's address "host:port#nccl:<hex id>" (untrusted: it
  * crossed the control plane) into host_port (cap bytes) and the
- * NCCL_UNIQUE_ID_BYTES of its ncclUniqueId; MMP_ERR_PROTO naming the fault. */
+ * NCCL_UNIQUE_ID_BYTES (MMP_NCCL_ID_BYTES) of its ncclUniqueId; MMP_ERR_PROTO
+ * naming the fault. Text only (transport/sock.c): built with or without CUDA. */
 mmp_err mmp_nccl_parse_address(const char *address, char *host_port, size_t cap, void *id_out);
-#endif
+/* Checks an address a creator reported (an Endpoints entry the coordinator
+ * forwards to the connecting end): "host:port" with a port 1..65535, or a
+ * nccl creator's "host:port#nccl:<id hex>" of that form. MMP_ERR_PROTO
+ * naming the fault otherwise, so that a stage never takes a shm name, port 0
+ * or other text from another process for the network end it connects. */
+mmp_err mmp_channel_check_endpoint(const char *address);
 
 /* The transports this build has, highest priority first (the order
  * mmp_channel_open walks); *n is their count. */

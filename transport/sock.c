@@ -8,6 +8,7 @@
 #include "transport/sock.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,6 +26,11 @@
 #include <unistd.h>
 
 #include <linux/sockios.h>
+
+#include "transport/channel.h"
+#include "transport/reduce_nccl.h"
+
+#define NCCL_TAG "#nccl:" /* as transport/cuda/nccl.c and reduce_nccl.c */
 
 /* A wait re-checks its deadline at least this often (ms). */
 #define SLICE_MS 100
@@ -86,14 +92,73 @@ mmp_err mmp_sock_parse(const char *what, const char *address, char *host, size_t
             p = -1;
         }
     }
+    /* A host is a name or a numeric address: nothing else reaches
+     * getaddrinfo (nor reads as a shm name, '/'). */
+    int bracket = h != a;
+    if (bracket && !memchr(h, ':', hl)) {
+        colon = NULL; /* brackets hold an IPv6 literal, nothing else */
+    }
+    for (size_t i = 0; colon && i < hl; i++) {
+        char c = h[i];
+        if (!(isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_' ||
+              (bracket && (c == ':' || c == '%')))) {
+            colon = NULL;
+        }
+    }
     if (!colon || hl == 0 || hl >= host_n || p < 0 || p > 65535) {
         return mmp_errorf(MMP_ERR_INVALID,
-                          "%s: address '%s' is not host:port (port 0..65535; IPv6 as [addr]:port)",
+                          "%s: address '%s' is not host:port (host of [A-Za-z0-9._-], port "
+                          "0..65535; IPv6 as [addr]:port)",
                           what, a);
     }
     memcpy(host, h, hl);
     host[hl] = '\0';
     *port = (int)p;
+    return MMP_OK;
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* "host:port#nccl:<2 x MMP_NCCL_ID_BYTES hex digits>" (what a nccl creator's
+ * address says; from another process, so checked whole). Plain text: CPU
+ * builds have it too (the stages' endpoint check, tests/fuzz/fuzz_endpoint.c). */
+mmp_err mmp_nccl_parse_address(const char *address, char *host_port, size_t cap, void *id_out)
+{
+    const char *tag = address ? strstr(address, NCCL_TAG) : NULL;
+    if (!tag) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "nccl address '%s': no '%s<id>' (the creator's address carries its "
+                          "ncclUniqueId)",
+                          address ? address : "(null)", NCCL_TAG);
+    }
+    size_t hp = (size_t)(tag - address);
+    if (hp == 0 || hp >= cap || !memchr(address, ':', hp)) {
+        return mmp_errorf(MMP_ERR_PROTO, "nccl address '%.*s': not \"host:port\"", (int)hp,
+                          address);
+    }
+    const char *hex = tag + strlen(NCCL_TAG);
+    size_t want = 2 * MMP_NCCL_ID_BYTES;
+    if (strlen(hex) != want) {
+        return mmp_errorf(MMP_ERR_PROTO, "nccl address: the id has %zu hex digits, not %zu",
+                          strlen(hex), want);
+    }
+    unsigned char *id = id_out;
+    for (size_t i = 0; i < MMP_NCCL_ID_BYTES; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            return mmp_errorf(MMP_ERR_PROTO, "nccl address: id digit %zu is not hex",
+                              hi < 0 ? 2 * i : 2 * i + 1);
+        }
+        id[i] = (unsigned char)(hi * 16 + lo);
+    }
+    memcpy(host_port, address, hp);
+    host_port[hp] = 0;
     return MMP_OK;
 }
 

@@ -32,6 +32,8 @@ double mmp_sock_now_ms(void);
 double mmp_sock_deadline(int timeout_ms);
 
 /* Splits "host:port": host (brackets removed) into host[host_n], *port.
+ * A host is made of [A-Za-z0-9._-]; in brackets, an IPv6 literal (':' and
+ * '%' also, at least one ':').
  * MMP_ERR_INVALID naming `what` and the address when it is not one. */
 mmp_err mmp_sock_parse(const char *what, const char *address, char *host, size_t host_n, int *port);
 

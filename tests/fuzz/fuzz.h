@@ -20,6 +20,7 @@
 
 #include "common/err.h"
 #include "common/tensor.h"
+#include "data/png.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -76,6 +77,52 @@ static inline void fuzz_check_tensor(const mmp_tensor *t)
         volatile uint8_t last = ((const uint8_t *)t->data)[n - 1];
         (void)last;
     }
+}
+
+/* The pixel limit the image harnesses decode under: small enough that a
+ * header declaring a big canvas costs milliseconds, not a second. */
+#define FUZZ_IMAGE_MAX_PIXELS (1LL << 22)
+
+typedef mmp_err (*fuzz_decoder)(const char *name, const void *buf, size_t len, long long max_pixels,
+                                mmp_image *img);
+
+/* Decodes data with dec under FUZZ_IMAGE_MAX_PIXELS and traps unless the
+ * decoders' contract holds (data/png.h, data/codecs.h): an accepted image is
+ * 1..16384 on a side, within the limit, its w x h x 3 bytes all there; the
+ * limit is exact (one pixel less refuses the same bytes as too large, with
+ * the same size, before any pixel is decoded); a refusal leaves img zeroed
+ * except for a refusal on the limit, which holds a size over the limit. */
+static inline void fuzz_check_decode(fuzz_decoder dec, const char *name, const uint8_t *data,
+                                     size_t size)
+{
+    mmp_image img = {0};
+    if (dec(name, data, size, FUZZ_IMAGE_MAX_PIXELS, &img) == MMP_OK) {
+        long long px = (long long)img.width * img.height;
+        if (!img.rgb || img.width < 1 || img.height < 1 || img.width > MMP_PNG_MAX_SIDE ||
+            img.height > MMP_PNG_MAX_SIDE || px > FUZZ_IMAGE_MAX_PIXELS) {
+            __builtin_trap(); /* an accepted image outside the limits */
+        }
+        volatile uint8_t last = img.rgb[(size_t)px * 3 - 1]; /* the whole buffer is there */
+        (void)last;
+        if (px > 1) {
+            mmp_image small = {0};
+            if (dec(name, data, size, px - 1, &small) != MMP_ERR_DATA ||
+                !mmp_image_too_large(&small) || small.width != img.width ||
+                small.height != img.height) {
+                __builtin_trap(); /* the pixel limit is not exact */
+            }
+            mmp_image_fini(&small);
+        }
+    } else if (img.rgb) {
+        __builtin_trap(); /* pixels left behind by a refusal */
+    } else if (mmp_image_too_large(&img)) {
+        if ((long long)img.width * img.height <= FUZZ_IMAGE_MAX_PIXELS) {
+            __builtin_trap(); /* "too large" for a size within the limit */
+        }
+    } else if (img.width || img.height) {
+        __builtin_trap(); /* a refusal that is not zeroed */
+    }
+    mmp_image_fini(&img);
 }
 
 #endif

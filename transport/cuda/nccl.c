@@ -353,50 +353,6 @@ static mmp_err nc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
     return MMP_OK;
 }
 
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
-/* "host:port#nccl:<2 x NCCL_UNIQUE_ID_BYTES hex digits>" (what a creator's
- * address says; from another process, so checked whole). */
-mmp_err mmp_nccl_parse_address(const char *address, char *host_port, size_t cap, void *id_out)
-{
-    const char *tag = address ? strstr(address, NC_TAG) : NULL;
-    if (!tag) {
-        return mmp_errorf(MMP_ERR_PROTO,
-                          "nccl address '%s': no '%s<id>' (the creator's address carries its "
-                          "ncclUniqueId)",
-                          address ? address : "(null)", NC_TAG);
-    }
-    size_t hp = (size_t)(tag - address);
-    if (hp == 0 || hp >= cap || !memchr(address, ':', hp)) {
-        return mmp_errorf(MMP_ERR_PROTO, "nccl address '%.*s': not \"host:port\"", (int)hp,
-                          address);
-    }
-    const char *hex = tag + strlen(NC_TAG);
-    size_t want = 2 * NCCL_UNIQUE_ID_BYTES;
-    if (strlen(hex) != want) {
-        return mmp_errorf(MMP_ERR_PROTO, "nccl address: the id has %zu hex digits, not %zu",
-                          strlen(hex), want);
-    }
-    unsigned char *id = id_out;
-    for (size_t i = 0; i < NCCL_UNIQUE_ID_BYTES; i++) {
-        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            return mmp_errorf(MMP_ERR_PROTO, "nccl address: id digit %zu is not hex",
-                              hi < 0 ? 2 * i : 2 * i + 1);
-        }
-        id[i] = (unsigned char)(hi * 16 + lo);
-    }
-    memcpy(host_port, address, hp);
-    host_port[hp] = 0;
-    return MMP_OK;
-}
-
 static mmp_err nc_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     *out = NULL;
