@@ -442,6 +442,15 @@ static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
     nccl_channel *ch = nc_of(c);
     int stop = (h->flags & MMP_MSG_STOP) != 0;
     uint64_t bytes = stop ? 0 : h->bytes;
+    /* As ring.c's and tcp.c's post: the side channel carries a size word,
+     * not the payload, so its own checks see neither of these. */
+    if (!ch->side_slot) {
+        return mmp_errorf(MMP_ERR_INVALID, "nccl %s: post without an acquired slot", ch->address);
+    }
+    if (bytes > ch->slot_bytes) {
+        return mmp_errorf(MMP_ERR_INVALID, "nccl %s: post of %llu bytes into %zu-byte slots",
+                          ch->address, (unsigned long long)bytes, ch->slot_bytes);
+    }
     mmp_msg_header s = *h;
     s.bytes = 0; /* STOP: no size word (a STOP carries no payload, tcp checks it) */
     if (!stop) {
@@ -449,6 +458,7 @@ static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
         s.bytes = sizeof bytes;
     }
     MMP_TRY(side(ch, mmp_transport_tcp.post(ch->side, &s)));
+    ch->side_slot = NULL;
     uint64_t k = ch->seq++;
     if (bytes == 0) {
         return MMP_OK;
