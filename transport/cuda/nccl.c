@@ -264,6 +264,7 @@ static mmp_err device_and_slots(nccl_channel *ch)
     }
     ce = cudaMalloc((void **)&ch->dev, ch->stride * (size_t)ch->slots);
     if (ce != cudaSuccess) {
+        ch->dev = NULL; /* not cudaFree'd by nc_close, whatever the call left there */
         return cuda_fail(ch, ce, "cudaMalloc of the slots");
     }
     ce = cudaStreamCreateWithFlags(&ch->ns, cudaStreamNonBlocking);
@@ -563,10 +564,9 @@ static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
         if (ce != cudaErrorNotReady) {
             return cuda_fail(ch, ce, what);
         }
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(ch->comm, &st) != ncclSuccess ||
-            (st != ncclSuccess && st != ncclInProgress)) {
-            return nccl_fail(ch, st, what);
+        ncclResult_t st = ncclSuccess, q = ncclCommGetAsyncError(ch->comm, &st);
+        if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+            return nccl_fail(ch, q != ncclSuccess ? q : st, what);
         }
         if (deadline > 0 && mmp_sock_now_ms() > deadline) {
             nc_abort(ch);
