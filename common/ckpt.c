@@ -432,7 +432,9 @@ mmp_err mmp_ckpt_prune(const char *run_dir, int64_t latest_step, int keep)
         }
         steps[n++] = st;
     }
-    qsort(steps, n, sizeof *steps, by_step_desc);
+    if (n > 1) { /* qsort's base must not be NULL, even for 0 elements */
+        qsort(steps, n, sizeof *steps, by_step_desc);
+    }
     for (size_t i = (size_t)keep; i < n; i++) {
         char dir[1200];
         mmp_ckpt_step_dir(dir, sizeof dir, run_dir, steps[i]);

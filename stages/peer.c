@@ -154,6 +154,10 @@ mmp_err mmp_peer_check_assignment(const Mmpipe__Assignment *a)
         if (!c || !c->peer || !c->address || !c->transport) {
             return mmp_errorf(MMP_ERR_PROTO, "assignment: channel %zu is incomplete", i);
         }
+        if (c->id < 0) { /* an instruction's edge -1 is "no channel": the worker's NULL */
+            return mmp_errorf(MMP_ERR_PROTO, "assignment: channel %zu: field id = %d, negative", i,
+                              c->id);
+        }
         if (c->slots < 1 || c->slots > 4096) {
             return mmp_errorf(MMP_ERR_PROTO,
                               "assignment: channel %d: field slots = %d, outside 1..4096", c->id,

@@ -27,8 +27,9 @@ mmp_err mmp_peer_check_rows(int chan, const mmp_msg_header *h, int mb_max, size_
 
 /* An Assignment's shape, before the stage builds anything from it:
  * 1..MMP_MAX_MICROBATCHES micro-batches, replica < replicas, a known
- * kind, sub and layers not negative, channels with unique ids, slots in
- * 1..4096, and its program (mmp_peer_check_program). */
+ * kind, sub and layers not negative, channels with unique ids not
+ * negative (an instruction's edge -1 names no channel), slots in 1..4096,
+ * and its program (mmp_peer_check_program). */
 mmp_err mmp_peer_check_assignment(const Mmpipe__Assignment *a);
 
 /* An instruction list for assignment a (its first program or a later

@@ -147,6 +147,14 @@ static void test_program(void)
     a.kind = MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE;
     out.id = 3;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "twice"));
+    /* an id of -1 would let a send or receive of edge -1 (no channel) pass
+     * the check, and the worker run it on a NULL channel (do_send_grad) */
+    out.id = -1;
+    i0.op = MMPIPE__OP__SEND_ACT, i0.mb = 0, i0.edge = -1;
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO &&
+          strstr(mmp_last_error(), "channel 1: field id = -1, negative"));
+    i0 = (Mmpipe__Instr)MMPIPE__INSTR__INIT;
+    i0.op = MMPIPE__OP__FWD;
     out.id = 5;
     out.slots = 0;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "slots"));

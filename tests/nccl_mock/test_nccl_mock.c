@@ -11,6 +11,8 @@
  *  1. 300 messages of varied sizes (0 included) through 3 slots, creator
  *     sending, connector in another process: bytes, headers, order, STOP,
  *     then MMP_ERR_PEER once the sender closed; clean finalize on both ends;
+ *     first a post with no slot acquired and one larger than the slot, both
+ *     MMP_ERR_INVALID with nothing sent (channel.h's post);
  *  2. the same with the connector sending (creator receives);
  *  3. a sender SIGKILLed after 3 messages: the receiver gets the 3, then
  *     MMP_ERR_PEER within its timeout, the communicator aborted;
@@ -79,6 +81,27 @@ static int sender(mmp_channel *ch, int die_after)
             buf[i] = (unsigned char)(k + 3 * i);
         }
         mmp_msg_header h = {.step = k, .mb = k % 7, .digest = (uint64_t)k * 31, .bytes = n, .n = 1};
+        if (k == 0) {
+            /* channel.h's post: larger than the slot, or with no slot
+             * acquired, is MMP_ERR_INVALID and sends nothing (ncclSend
+             * would read past the slot); the acquired slot stays usable. */
+            mmp_msg_header big = h;
+            big.bytes = SLOT + 1;
+            void *slot = NULL;
+            if (mmp_channel_post(ch, &h) != MMP_ERR_INVALID ||
+                !strstr(mmp_last_error(), "post without an acquired slot")) {
+                PROBLEM(bad, "a post with no slot acquired: %s", mmp_last_error());
+            }
+            if (mmp_channel_acquire(ch, &slot) != MMP_OK ||
+                mmp_channel_post(ch, &big) != MMP_ERR_INVALID ||
+                !strstr(mmp_last_error(), "post of 4097 bytes into 4096-byte slots") ||
+                mmp_channel_fill(ch, slot, buf, n) != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
+                PROBLEM(bad, "a post larger than the slot, then the slot's post: %s",
+                        mmp_last_error());
+                return bad;
+            }
+            continue;
+        }
         if (mmp_channel_send(ch, &h, buf) != MMP_OK) {
             PROBLEM(bad, "send %d: %s", k, mmp_last_error());
             return bad;

@@ -264,6 +264,7 @@ static mmp_err device_and_slots(nccl_channel *ch)
     }
     ce = cudaMalloc((void **)&ch->dev, ch->stride * (size_t)ch->slots);
     if (ce != cudaSuccess) {
+        ch->dev = NULL; /* not cudaFree'd by nc_close, whatever the call left there */
         return cuda_fail(ch, ce, "cudaMalloc of the slots");
     }
     ce = cudaStreamCreateWithFlags(&ch->ns, cudaStreamNonBlocking);
@@ -398,6 +399,15 @@ static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
     nccl_channel *ch = nc_of(c);
     int stop = (h->flags & MMP_MSG_STOP) != 0;
     uint64_t bytes = stop ? 0 : h->bytes;
+    /* As ring.c's and tcp.c's post: the side channel carries a size word,
+     * not the payload, so its own checks see neither of these. */
+    if (!ch->side_slot) {
+        return mmp_errorf(MMP_ERR_INVALID, "nccl %s: post without an acquired slot", ch->address);
+    }
+    if (bytes > ch->slot_bytes) {
+        return mmp_errorf(MMP_ERR_INVALID, "nccl %s: post of %llu bytes into %zu-byte slots",
+                          ch->address, (unsigned long long)bytes, ch->slot_bytes);
+    }
     mmp_msg_header s = *h;
     s.bytes = 0; /* STOP: no size word (a STOP carries no payload, tcp checks it) */
     if (!stop) {
@@ -405,6 +415,7 @@ static mmp_err nc_post(mmp_channel_impl *c, const mmp_msg_header *h)
         s.bytes = sizeof bytes;
     }
     MMP_TRY(side(ch, mmp_transport_tcp.post(ch->side, &s)));
+    ch->side_slot = NULL;
     uint64_t k = ch->seq++;
     if (bytes == 0) {
         return MMP_OK;
@@ -509,10 +520,9 @@ static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
         if (ce != cudaErrorNotReady) {
             return cuda_fail(ch, ce, what);
         }
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(ch->comm, &st) != ncclSuccess ||
-            (st != ncclSuccess && st != ncclInProgress)) {
-            return nccl_fail(ch, st, what);
+        ncclResult_t st = ncclSuccess, q = ncclCommGetAsyncError(ch->comm, &st);
+        if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+            return nccl_fail(ch, q != ncclSuccess ? q : st, what);
         }
         if (deadline > 0 && mmp_sock_now_ms() > deadline) {
             nc_abort(ch);
