@@ -55,19 +55,8 @@ static int take_secrets(char *token, size_t token_n, mmp_ctl_keys *k)
         line[n++] = ch;
     }
     line[n] = 0;
-    char tag[32], tok[160], sp[64], cp[64], cs[64];
-    int ok = sscanf(line, "%31s %159s %63s %63s %63s", tag, tok, sp, cp, cs) == 5 &&
-             strcmp(tag, MMP_LAUNCH_SECRETS_TAG) == 0 && strlen(tok) < token_n &&
-             strlen(sp) == 40 && strlen(cp) == 40 && strlen(cs) == 40;
-    if (ok) {
-        snprintf(token, token_n, "%s", tok);
-        memcpy(k->server_public, sp, 41);
-        memcpy(k->client_public, cp, 41);
-        memcpy(k->client_secret, cs, 41);
-    }
+    int ok = mmp_launch_secrets_parse(line, token, token_n, k) == MMP_OK;
     explicit_bzero(line, sizeof line);
-    explicit_bzero(tok, sizeof tok);
-    explicit_bzero(cs, sizeof cs);
     return ok;
 }
 
@@ -154,7 +143,8 @@ int mmp_cmd_stage(int argc, char **argv)
     static char token[128];
     if (secrets_stdin) {
         if (!take_secrets(token, sizeof token, &keys)) {
-            fprintf(stderr, "mmpipe stage: no valid secrets line on stdin\n\n%s", USAGE);
+            fprintf(stderr, "mmpipe stage: no valid secrets line on stdin (%s)\n\n%s",
+                    mmp_last_error(), USAGE);
             return 2;
         }
         a.curve = &keys;

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <libfyaml.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdbool.h>
@@ -49,8 +50,9 @@ double mmp_metrics_cpu_ms(void)
 
 /* ---- reading -------------------------------------------------------------------- */
 
-/* The number under key in mapping node: 1, 0 when absent, -1 when not a
- * finite number. */
+/* The number under key in mapping node: 1, 0 when absent (no key, or null:
+ * how the writer puts a number that is not finite), -1 when not a finite
+ * number. */
 static int json_number(struct fy_node *node, const char *key, double *out)
 {
     struct fy_node *v = fy_node_mapping_lookup_value_by_simple_key(node, key, strlen(key));
@@ -60,6 +62,9 @@ static int json_number(struct fy_node *node, const char *key, double *out)
     size_t len;
     const char *text = fy_node_is_scalar(v) ? fy_node_get_scalar(v, &len) : NULL;
     char buf[64];
+    if (text && fy_node_get_style(v) == FYNS_PLAIN && len == 4 && memcmp(text, "null", 4) == 0) {
+        return 0;
+    }
     if (!text || len == 0 || len >= sizeof buf) {
         return -1;
     }
@@ -147,6 +152,10 @@ static mmp_err read_fields(struct fy_node *node, int in, void *base, const char 
         int got = f->in == in ? json_number(node, f->key, &v) : 0;
         if (got < 0 && !f->lenient) {
             return mmp_errorf(MMP_ERR_DATA, "%s%s is not a number", what, f->key);
+        }
+        if (got == 1 && f->is_int && !(v == floor(v) && v >= INT_MIN && v <= INT_MAX)) {
+            return mmp_errorf(MMP_ERR_DATA, "%s%s is not an integer in %d..%d", what, f->key,
+                              INT_MIN, INT_MAX);
         }
         if (got == 1 && f->is_int) {
             *(int *)((char *)base + f->off) = (int)v;

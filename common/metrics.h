@@ -131,8 +131,10 @@ void mmp_metrics_close(mmp_metrics_reader *r);
  * malformed JSON or not an object, when "stages" is not a list of objects
  * with a name, "balance" not an object, or a field is not a finite number
  * (the loss-like fields -- loss, itc_loss, itm_loss, lr, grad_norm, val_* --
- * are then NAN instead: a diverged step is still a record). Absent fields
- * stay absent (see mmp_metrics_step). */
+ * are then NAN instead: a diverged step is still a record), or an int field
+ * is not an integer in int's range. Absent fields, and fields whose value is
+ * null (what the writer puts for a number that is not finite), stay absent
+ * (see mmp_metrics_step). */
 mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m);
 
 /* ---- writing -------------------------------------------------------------------- */

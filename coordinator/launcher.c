@@ -234,3 +234,74 @@ const char *mmp_launch_line_text(const mmp_launch_line *l, char *buf, size_t n)
     }
     return buf;
 }
+
+/* ---- the secrets line ---------------------------------------------------- */
+
+#define KEY_LEN (MMP_CTL_KEY_CHARS - 1)
+
+static const char Z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          ".-:+=^!/*?&<>()[]{}@%$#";
+
+/* The length of the run of characters of set at s. */
+static size_t run_of(const char *s, const char *set)
+{
+    return strspn(s, set);
+}
+
+static int is_key(const char *s)
+{
+    return s && strlen(s) == KEY_LEN && run_of(s, Z85) == KEY_LEN;
+}
+
+mmp_err mmp_launch_secrets_format(const char *token, const mmp_ctl_keys *k, char *buf, size_t n)
+{
+    size_t tl = token ? strlen(token) : 0;
+    if (tl == 0 || run_of(token, "0123456789abcdef") != tl || !is_key(k->server_public) ||
+        !is_key(k->client_public) || !is_key(k->client_secret)) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "secrets line: a token of [0-9a-f] and Z85 keys of %d "
+                          "characters are needed",
+                          KEY_LEN);
+    }
+    int w = snprintf(buf, n, "%s %s %s %s %s\n", MMP_LAUNCH_SECRETS_TAG, token, k->server_public,
+                     k->client_public, k->client_secret);
+    if (w < 0 || (size_t)w >= n) {
+        return mmp_errorf(MMP_ERR_INVALID, "secrets line: %d bytes, more than %zu", w, n);
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_launch_secrets_parse(const char *line, char *token, size_t token_n, mmp_ctl_keys *k)
+{
+    static const char tag[] = MMP_LAUNCH_SECRETS_TAG " ";
+    const char *s = line ? line : "";
+    if (strncmp(s, tag, sizeof tag - 1) != 0) {
+        return mmp_errorf(MMP_ERR_PROTO, "secrets line: does not start with '%s'", tag);
+    }
+    s += sizeof tag - 1;
+    size_t tl = run_of(s, "0123456789abcdef");
+    if (tl == 0 || tl >= token_n || s[tl] != ' ') {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "secrets line: the token is not 1..%zu characters [0-9a-f] then a space",
+                          token_n ? token_n - 1 : 0);
+    }
+    const char *key[3];
+    const char *p = s + tl + 1;
+    for (int i = 0; i < 3; i++) {
+        key[i] = p;
+        if (run_of(p, Z85) != KEY_LEN || p[KEY_LEN] != (i < 2 ? ' ' : '\0')) {
+            return mmp_errorf(MMP_ERR_PROTO,
+                              "secrets line: key %d is not %d Z85 characters followed by %s", i + 1,
+                              KEY_LEN, i < 2 ? "a space" : "the end of the line");
+        }
+        p += KEY_LEN + 1;
+    }
+    memcpy(token, s, tl);
+    token[tl] = 0;
+    char *dst[3] = {k->server_public, k->client_public, k->client_secret};
+    for (int i = 0; i < 3; i++) {
+        memcpy(dst[i], key[i], KEY_LEN);
+        dst[i][KEY_LEN] = 0;
+    }
+    return MMP_OK;
+}

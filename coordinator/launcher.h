@@ -22,6 +22,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
+#include "transport/control.h"
 
 #define MMP_LAUNCH_ARGV_MAX 64
 
@@ -58,5 +59,19 @@ const char *mmp_launch_line_text(const mmp_launch_line *l, char *buf, size_t n);
  * made of [0-9a-f] and Z85 characters, no spaces): "mmpipe-secrets-1 TOKEN
  * SERVER_PUBLIC CLIENT_PUBLIC CLIENT_SECRET\n". */
 #define MMP_LAUNCH_SECRETS_TAG "mmpipe-secrets-1"
+
+/* The secrets line for token and k's server public, client public and
+ * client secret keys into buf (n bytes, newline and NUL included).
+ * MMP_ERR_INVALID when a part is not what mmp_launch_secrets_parse takes or
+ * the line does not fit. */
+mmp_err mmp_launch_secrets_format(const char *token, const mmp_ctl_keys *k, char *buf, size_t n);
+
+/* Reads a secrets line (from another process: the coordinator's pipe, which
+ * ssh or srun forwards), its newline already taken off: the tag, a token of
+ * 1..token_n-1 characters [0-9a-f], then three keys of 40 Z85 characters,
+ * separated by single spaces, nothing after. On success token and k's three
+ * keys are set (k->server_secret is left alone); on failure MMP_ERR_PROTO
+ * naming the part (never its text: it is secret) and nothing is written. */
+mmp_err mmp_launch_secrets_parse(const char *line, char *token, size_t token_n, mmp_ctl_keys *k);
 
 #endif

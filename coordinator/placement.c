@@ -61,7 +61,10 @@ const char *mmp_placement_format(const mmp_placement *pl, char *buf, size_t n)
             }
         }
     }
-    snprintf(buf + len, len < n ? n - len : 0, "%sfusion:%d", len ? " " : "", pl->fusion_replicas);
+    if (pl->fusion_replicas > 0) { /* missing, as parse reads a text without it */
+        snprintf(buf + len, len < n ? n - len : 0, "%sfusion:%d", len ? " " : "",
+                 pl->fusion_replicas);
+    }
     return buf;
 }
 
@@ -83,7 +86,7 @@ static int parse_token(const char *t, const int layers[2], mmp_placement *pl)
     const char *br_open = strchr(t, '[');
     int reps = 0, sub = 0, first = 0, last = 0, used = 0;
     if (br < 0 || !colon || sscanf(colon + 1, "%d%n", &reps, &used) != 1 || colon[1 + used] ||
-        reps < 1) {
+        reps < 1 || reps > MMP_SCHED_MAX_STAGES) {
         return -1;
     }
     if (br == 2) {
@@ -118,6 +121,18 @@ mmp_err mmp_placement_parse(const char *text, int image_layers, int text_layers,
     for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
         if (parse_token(t, layers, pl) != 0) {
             return mmp_errorf(MMP_ERR_DATA, "cannot read the placement '%s' at '%s'", text, t);
+        }
+    }
+    /* A cut branch's ranges cover its layers, no more, no fewer. */
+    for (int br = 0; br < 2; br++) {
+        int n = pl->n_sub[br];
+        if (n > 0 && (pl->sub[br][0].first != 0 || pl->sub[br][n - 1].last != layers[br])) {
+            int first = pl->sub[br][0].first, last = pl->sub[br][n - 1].last;
+            memset(pl, 0, sizeof *pl);
+            return mmp_errorf(MMP_ERR_DATA,
+                              "cannot read the placement '%s': its %s sub-stages hold layers "
+                              "[%d, %d), the plan's branch [0, %d)",
+                              text, BRANCH_NAMES[br], first, last, layers[br]);
         }
     }
     return MMP_OK;

@@ -31,7 +31,8 @@ void mmp_placement_of_sched(const mmp_sched *s, mmp_placement *pl);
  * have at most MMP_MAX_SPLITS + 1 sub-stages (asserted). */
 void mmp_placement_to_plan(const mmp_placement *pl, mmp_plan *p);
 
-/* The text form of pl into buf (at most n bytes, NUL included); returns buf. */
+/* The text form of pl into buf (at most n bytes, NUL included); returns buf.
+ * A fusion of 0 replicas (missing) is left out, as parse reads it. */
 const char *mmp_placement_format(const mmp_placement *pl, char *buf, size_t n);
 /* The text form of the placement s runs: mmp_placement_format of
  * mmp_placement_of_sched. */
@@ -41,9 +42,11 @@ const char *mmp_placement_str(const mmp_sched *s, char *buf, size_t n);
  * branches' layer counts: the range of a branch that is not cut. Branches
  * missing from text get n_sub 0, a missing fusion 0 replicas.
  * MMP_ERR_DATA "cannot read the placement 'TEXT' at 'TOKEN'" for a token
- * that is not one of the forms above, sub-stages out of order or more than a
- * plan can cut (MMP_MAX_SPLITS + 1), or ranges that do not follow each
- * other. */
+ * that is not one of the forms above (replicas 1..MMP_SCHED_MAX_STAGES),
+ * sub-stages out of order or more than a plan can cut (MMP_MAX_SPLITS + 1),
+ * ranges that do not follow each other, or a cut branch whose ranges do not
+ * cover exactly [0, its layers) (the text is from another run: a
+ * metrics.jsonl, checked whole). */
 mmp_err mmp_placement_parse(const char *text, int image_layers, int text_layers, mmp_placement *pl);
 
 /* The data transport of one edge (plan key transport.data = want) whose ends

@@ -42,8 +42,13 @@ static mmp_err secrets_pipe(coord *c, proc *p, posix_spawn_file_actions_t *fa, i
         return mmp_errorf(MMP_ERR_IO, "pipe for %s: %s", p->name, strerror(errno));
     }
     char line[256];
-    int n = snprintf(line, sizeof line, "%s %s %s %s %s\n", MMP_LAUNCH_SECRETS_TAG, c->token,
-                     c->keys.server_public, c->keys.client_public, c->keys.client_secret);
+    mmp_err e = mmp_launch_secrets_format(c->token, &c->keys, line, sizeof line);
+    if (e != MMP_OK) {
+        close(fds[0]);
+        close(fds[1]);
+        return mmp_error_prefix(e, "secrets for %s", p->name);
+    }
+    ssize_t n = (ssize_t)strlen(line);
     ssize_t w = write(fds[1], line, (size_t)n);
     explicit_bzero(line, sizeof line);
     if (w != n) {

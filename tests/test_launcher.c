@@ -139,4 +139,50 @@ static void test_refused(void)
     CHECK(mmp_launch_line_build(&l, &p, 1, &stage) == MMP_ERR_INVALID);
 }
 
-MMP_TEST_LIST("test_launcher", MMP_TEST_CASE(test_lines), MMP_TEST_CASE(test_refused))
+/* The secrets line (--secrets stdin): what the coordinator writes, the
+ * stage reads back; anything else is refused naming the part, never
+ * echoing the secret. */
+static void test_secrets_line(void)
+{
+    mmp_ctl_keys k = {0}, got = {0};
+    snprintf(k.server_public, sizeof k.server_public, "%s",
+             "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+    snprintf(k.client_public, sizeof k.client_public, "%s",
+             "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID");
+    snprintf(k.client_secret, sizeof k.client_secret, "%s",
+             "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs");
+    char line[256], token[128];
+    CHECK_OK(mmp_launch_secrets_format("0123456789abcdef0123456789abcdef", &k, line, sizeof line));
+    CHECK(strncmp(line, MMP_LAUNCH_SECRETS_TAG " 0123", 21) == 0 && line[strlen(line) - 1] == '\n');
+    line[strlen(line) - 1] = 0;
+    CHECK_OK(mmp_launch_secrets_parse(line, token, sizeof token, &got));
+    CHECK(strcmp(token, "0123456789abcdef0123456789abcdef") == 0 &&
+          strcmp(got.server_public, k.server_public) == 0 &&
+          strcmp(got.client_public, k.client_public) == 0 &&
+          strcmp(got.client_secret, k.client_secret) == 0);
+    CHECK(mmp_launch_secrets_format("01 23", &k, line, sizeof line) == MMP_ERR_INVALID);
+    CHECK(mmp_launch_secrets_format("0123", &k, line, 40) == MMP_ERR_INVALID);
+    char good[256];
+    snprintf(good, sizeof good, "%s %s %s %s %s", MMP_LAUNCH_SECRETS_TAG, "beef", k.server_public,
+             k.client_public, k.client_secret);
+    char bad[6][300];
+    snprintf(bad[0], sizeof bad[0], "%s x", good);                        /* more after */
+    snprintf(bad[1], sizeof bad[1], "mmpipe-secrets-2%s", good + 16);     /* another tag */
+    snprintf(bad[2], sizeof bad[2], "%.*s  %s", 21, good, good + 22);     /* two spaces */
+    snprintf(bad[3], sizeof bad[3], "%.*s", (int)strlen(good) - 1, good); /* a key short */
+    snprintf(bad[4], sizeof bad[4], "%s", good);
+    bad[4][19] = 'G'; /* not hex in the token */
+    snprintf(bad[5], sizeof bad[5], "%s", good);
+    bad[5][30] = ' '; /* a space inside a key */
+    for (int i = 0; i < 6; i++) {
+        memset(token, 'x', sizeof token);
+        CHECK(mmp_launch_secrets_parse(bad[i], token, sizeof token, &got) == MMP_ERR_PROTO);
+        CHECK(token[0] == 'x' && strstr(mmp_last_error(), "secrets line") != NULL);
+        CHECK(strstr(mmp_last_error(), k.client_secret) == NULL);
+    }
+    CHECK_OK(mmp_launch_secrets_parse(good, token, 5, &got));
+    CHECK(mmp_launch_secrets_parse(good, token, 4, &got) == MMP_ERR_PROTO); /* no room */
+}
+
+MMP_TEST_LIST("test_launcher", MMP_TEST_CASE(test_lines), MMP_TEST_CASE(test_refused),
+              MMP_TEST_CASE(test_secrets_line))

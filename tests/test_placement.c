@@ -61,6 +61,9 @@ static void test_bad_text(void)
         "image.0[0:3):1 image.1[4:10):1 fusion:1", /* ranges with a gap */
         "image.0:1 text.0:x fusion:1",             /* not a count */
         "video.0:1",                               /* no such branch */
+        "image.0[0:3):1 image.1[3:12):1 fusion:1", /* past the branch's 10 layers */
+        "image.0[1:3):1 image.1[3:10):1 fusion:1", /* not from layer 0 */
+        "image.0:1 text.0:1 fusion:2147483647",    /* more replicas than a schedule holds */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECK(mmp_placement_parse(bad[i], 10, 6, &pl) == MMP_ERR_DATA);

@@ -6,6 +6,7 @@
  * and 1024 micro-batches. */
 #include "coordinator/schedule.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,6 +273,16 @@ static void test_rejects(void)
     /* image.0 (e0 act to fusion, e1 grad back), text.0 (e2, e3), fusion */
     make_plan(&p, MMP_SCHED_GPIPE, 4, 0, NULL, 0, NULL);
     CHECK_OK(mmp_sched_compile(&base, &p));
+
+    /* replicas near INT_MAX (a placement read from a run's metrics.jsonl):
+     * the process count bound must not overflow */
+    const mmp_stage_cfg fusion = p.stages.fusion;
+    p.stages.fusion.n_replicas = 1;
+    p.stages.fusion.replicas[0] = INT_MAX;
+    CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
+    CHECK(strstr(mmp_last_error(), "more than the 64 processes") != NULL);
+    mmp_sched_fini(&s);
+    p.stages.fusion = fusion;
 
     /* a missing send, a missing receive: the error names the other end's instr */
     static const struct {
