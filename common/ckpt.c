@@ -61,6 +61,9 @@ mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path)
     put(w, MAGIC, sizeof MAGIC);
     put(w, &version, 4);
     put(w, &count, 4); /* patched at close */
+    if (w->err != MMP_OK) {
+        mmp_ckpt_writer_abort(w); /* callers only close a writer that opened */
+    }
     return w->err;
 }
 

@@ -34,7 +34,8 @@ typedef struct mmp_ckpt_writer {
     mmp_err err;
 } mmp_ckpt_writer;
 
-/* Opens path's temporary sibling for writing. */
+/* Opens path's temporary sibling for writing. On failure nothing is left
+ * open or on disk. */
 mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path);
 /* Appends one tensor (CPU data). Errors are sticky: check the result of close. */
 mmp_err mmp_ckpt_write(mmp_ckpt_writer *w, const char *name, mmp_dtype dtype, int ndim,
