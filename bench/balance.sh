@@ -20,7 +20,7 @@
 #   bench/balance.sh [--bin build/mmpipe] [--out runs/bench-balance] [--reps 1]
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/balance.sh 20 --bin=BIN=build/mmpipe --out=OUT=runs/bench-balance --reps=REPS=1 \
+bench_args bench/balance.sh --bin=BIN=build/mmpipe --out=OUT=runs/bench-balance --reps=REPS=1 \
   -- "$@"
 [[ "$REPS" =~ ^[1-9][0-9]?$ ]] || { say "--reps: $REPS is not a count from 1 to 99"; exit 2; }
 bench_need_bin

@@ -30,7 +30,7 @@
 #                  [--set KEY=VALUE]...
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/cores.sh 27 --bin=BIN=build/mmpipe --out=OUT=runs/bench-cores --rounds=ROUNDS=2 \
+bench_args bench/cores.sh --bin=BIN=build/mmpipe --out=OUT=runs/bench-cores --rounds=ROUNDS=2 \
   --steps=STEPS=150 --from=FROM=31 --pin=PIN=auto --routing=ROUTING=round_robin --set=+sets -- "$@"
 bench_need_bin
 . tests/lib.sh # median, metric

@@ -20,7 +20,7 @@
 #   bench/gpu.sh [--bin build/mmpipe] [--out runs/bench-gpu] [--steps N] [--seed-steps N]
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/gpu.sh 20 --bin=BIN=build/mmpipe --out=OUT=runs/bench-gpu --steps=STEPS=40 \
+bench_args bench/gpu.sh --bin=BIN=build/mmpipe --out=OUT=runs/bench-gpu --steps=STEPS=40 \
   --seed-steps=SEED_STEPS=10 -- "$@"
 bench_need_bin
 "$BIN" devices | grep -q '^cuda:0' || { echo "bench/gpu.sh: no CUDA device here" >&2; exit 77; }

@@ -12,7 +12,7 @@
 #   bench/hosts_balance.sh [--bin build/mmpipe] [--out runs/bench-hosts-balance] [--reps 3]
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/hosts_balance.sh 13 --bin=BIN=build/mmpipe --out=OUT=runs/bench-hosts-balance \
+bench_args bench/hosts_balance.sh --bin=BIN=build/mmpipe --out=OUT=runs/bench-hosts-balance \
   --reps=REPS=3 -- "$@"
 bench_need_bin
 case $REPS in '' | *[!0-9]* | 0) echo "bench/hosts_balance.sh: --reps wants a count >= 1" >&2; exit 2 ;; esac

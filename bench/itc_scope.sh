@@ -13,7 +13,7 @@
 #                      [--out runs/bench-itc-scope] [--steps 10] [--set KEY=VALUE]...
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/itc_scope.sh 13 --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
+bench_args bench/itc_scope.sh --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
   --out=OUT=runs/bench-itc-scope --steps=STEPS=10 --set=+sets -- "$@"
 bench_need_bin
 "$BIN" bench "$PLAN" --out "$OUT" --force --steps "$STEPS" --warmup 3 --schedules gpipe,1f1b \

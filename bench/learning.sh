@@ -41,7 +41,7 @@ TOL=0.02 SINGLE=() REPORT=0
 SETS=()
 PYTHON=${PYTHON:-/usr/bin/python3}
 BIN=${MMP_BIN:-build/mmpipe}
-usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; }
 while [ $# -gt 0 ]; do
   case $1 in
     --seeds) SEEDS=$2; shift 2 ;;

@@ -2,17 +2,19 @@
 # Sourcing it moves to the repository root. A script then declares its
 # options with their defaults and parses its arguments:
 #   . "$(dirname "$0")/lib.sh" || exit 1
-#   bench_args bench/NAME.sh HELP_LAST --out=OUT=runs/x --set=+sets ... -- "$@"
+#   bench_args bench/NAME.sh --out=OUT=runs/x --set=+sets ... -- "$@"
 # SPEC --OPT=VAR[=DEFAULT] takes `--OPT VALUE` into VAR (set to DEFAULT
 # first when given); --OPT=+ARRAY appends `--OPT VALUE` to ARRAY (emptied
 # first); @=VAR takes any other word into VAR (without it, another word is
-# an error). -h/--help prints the script's header comment (lines
-# 2..HELP_LAST).
+# an error). -h/--help prints the script's header comment (bench_help).
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+# bench_help: the calling script's header comment (its lines after the first
+# up to the first line that is not a comment), without the "# ".
+bench_help() { awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; }
 bench_args() {
   BENCH_NAME=$1
-  local last=$2 spec=() s var found
-  shift 2
+  local spec=() s var found
+  shift
   while [ $# -gt 0 ] && [ "$1" != -- ]; do
     s=${1#*=}
     case $s in
@@ -25,7 +27,7 @@ bench_args() {
   shift
   while [ $# -gt 0 ]; do
     case $1 in
-      -h | --help) sed -n "2,${last}p" "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+      -h | --help) bench_help; exit 0 ;;
     esac
     found=
     for s in "${spec[@]}"; do

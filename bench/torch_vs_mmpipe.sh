@@ -38,7 +38,7 @@ BIN=${MMP_BIN:-build/mmpipe}
 TMP=${MMP_TMP:-/tmp/mmpipe-bench-torch}
 . bench/lib.sh
 PIPE_STEPS=0
-bench_args bench/torch_vs_mmpipe.sh 31 --steps=STEPS --reps=REPS --threads=THREADS --data=DATA \
+bench_args bench/torch_vs_mmpipe.sh --steps=STEPS --reps=REPS --threads=THREADS --data=DATA \
   --batch=BATCH --microbatches=MICRO --pipeline-steps=PIPE_STEPS @=PLAN -- "$@"
 [ "$PIPE_STEPS" = 0 ] || [ "$PIPE_STEPS" -ge 20 ] 2>/dev/null \
   || { echo "torch_vs_mmpipe: --pipeline-steps wants 0 or at least 20" >&2; exit 2; }

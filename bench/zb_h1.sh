@@ -23,7 +23,7 @@
 #                  [--out runs/bench-zb-h1] [--steps 10] [--set KEY=VALUE]...
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/zb_h1.sh 24 --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
+bench_args bench/zb_h1.sh --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
   --out=OUT=runs/bench-zb-h1 --steps=STEPS=10 --m=M=8 --set=+sets -- "$@"
 bench_need_bin
 SCOPE=model.fusion.itc_scope=microbatch

@@ -10,7 +10,7 @@
 #                      [--set KEY=VALUE]...
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
-bench_args bench/zero_copy.sh 10 --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
+bench_args bench/zero_copy.sh --bin=BIN=build/mmpipe --plan=PLAN=configs/demo.yaml \
   --out=OUT=runs/bench-zero-copy --steps=STEPS=20 --pairs=PAIRS=3 --set=+sets -- "$@"
 bench_need_bin
 mkdir -p "$OUT"

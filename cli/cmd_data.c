@@ -31,7 +31,7 @@ static const char USAGE[] =
     "                  write the synthetic shapes set (PNG images + JSONL + vocab.txt)\n"
     "  tokenize --vocab FILE [--max-len N]\n"
     "                  print the token ids of each line of stdin\n"
-    "  check MANIFEST [--vocab FILE] [--decode]\n"
+    "  check MANIFEST [--vocab FILE] [--decode [--max-pixels N]]\n"
     "                  report every bad line of a JSONL manifest\n"
     "\n"
     "mmpipe data <command> --help shows a command's options.\n";
@@ -77,8 +77,8 @@ static const char CHECK_USAGE[] =
     "                   as training does: undecodable or truncated images, and\n"
     "                   images of more pixels than the limit, are problems;\n"
     "                   report the image sizes\n"
-    "  --max-pixels N   the pixel limit (the plan's data.max_image_pixels;\n"
-    "                   default PIL's 89478485)\n"
+    "  --max-pixels N   with --decode: the pixel limit (the plan's\n"
+    "                   data.max_image_pixels; default PIL's 89478485)\n"
     "\n"
     "Exit status: 0 when there is no problem, 1 otherwise, 2 on usage errors.\n";
 
@@ -451,6 +451,10 @@ static int cmd_check(int argc, char **argv)
     }
     if (!manifest) {
         return usage_error("check", CHECK_USAGE, "%s", "a MANIFEST is required");
+    }
+    if (max_pixels && !decode) {
+        /* the limit is checked while decoding: without --decode it would do nothing */
+        return usage_error("check", CHECK_USAGE, "%s", "--max-pixels applies with --decode");
     }
     check_state *st = calloc(1, sizeof *st);
     if (!st) {

@@ -85,7 +85,7 @@ typedef struct mmp_plan {
 
     struct {
         char name[128]; /* default "job" */
-        int steps;      /* default 100, >= 1 */
+        int steps;      /* default 100, >= 0 (0: only the initial checkpoint) */
         long long seed; /* default 1 */
     } job;
 

@@ -45,6 +45,9 @@
  *   balance          object  -  {efficiency: number, placement: string
  *                               ("image.0[0:3):2 image.1[3:6):1 text.0:1 fusion:1",
  *                               coordinator/placement.h), decision: object or null}
+ *                               decision (coordinator/steps.c): {action: "replace",
+ *                               to: placement, predicted_gain: step now / after - 1,
+ *                               reason} or {action: "route", reason}
  *   val_i2t_r1, val_t2i_r1
  *                    number  validation recall@1, on evaluation steps only
  *   restarts         list    -  pipeline runs, on the first step line after a restart:
