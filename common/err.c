@@ -6,6 +6,10 @@
 #include <string.h>
 #include <time.h>
 
+/* err.h's analyzer model of these two would rename their definitions. */
+#undef mmp_errorf
+#undef mmp_error_prefix
+
 static _Thread_local char last_error[2048];
 static char log_name[64] = "mmpipe";
 static mmp_log_level log_level = MMP_LOG_INFO;

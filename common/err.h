@@ -37,6 +37,26 @@ mmp_err mmp_errorf(mmp_err e, const char *fmt, ...) __attribute__((format(printf
 /* Prepends "<context>: " to this thread's last error message; returns e. */
 mmp_err mmp_error_prefix(mmp_err e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* For static analyzers only (scripts/analyze): they read one file at a time
+ * and cannot see that the two calls above return their e, so to them every
+ * `return mmp_errorf(MMP_ERR_..., ...)` after a cleanup may be MMP_OK, and
+ * the caller's use of what was cleaned up a bug. This states the contract
+ * where they look; builds never define it. */
+#if defined(__clang_analyzer__) || defined(MMP_ANALYZER)
+#define mmp_errorf(e, ...)                                                                         \
+    __extension__({                                                                                \
+        mmp_err mmp_model_e_ = (e);                                                                \
+        (void)mmp_errorf(mmp_model_e_, __VA_ARGS__);                                               \
+        mmp_model_e_;                                                                              \
+    })
+#define mmp_error_prefix(e, ...)                                                                   \
+    __extension__({                                                                                \
+        mmp_err mmp_model_e_ = (e);                                                                \
+        (void)mmp_error_prefix(mmp_model_e_, __VA_ARGS__);                                         \
+        mmp_model_e_;                                                                              \
+    })
+#endif
+
 /* This thread's last error message ("" if none). Valid until the next call. */
 const char *mmp_last_error(void);
 

@@ -537,9 +537,9 @@ static void test_skip_at_load(void)
                         float ref_img[3 * 64], ref_mask[6];
                         int32_t ref_ids[6];
                         if (want) { /* good rows are exactly what the strict path loads */
-                            mmp_err le = mmp_dataset_load(d, &s, 1, images ? ref_img : NULL,
-                                                          text ? ref_ids : NULL,
-                                                          text ? ref_mask : NULL);
+                            mmp_err le =
+                                mmp_dataset_load(d, &s, 1, images ? ref_img : NULL,
+                                                 text ? ref_ids : NULL, text ? ref_mask : NULL);
                             CHECK_OK(le);
                             if (le != MMP_OK) {
                                 rows_ok = 0; /* nothing loaded to compare */

@@ -95,7 +95,8 @@ static int sender(mmp_channel *ch, int die_after)
             if (mmp_channel_acquire(ch, &slot) != MMP_OK ||
                 mmp_channel_post(ch, &big) != MMP_ERR_INVALID ||
                 !strstr(mmp_last_error(), "post of 4097 bytes into 4096-byte slots") ||
-                mmp_channel_fill(ch, slot, buf, n) != MMP_OK || mmp_channel_post(ch, &h) != MMP_OK) {
+                mmp_channel_fill(ch, slot, buf, n) != MMP_OK ||
+                mmp_channel_post(ch, &h) != MMP_OK) {
                 PROBLEM(bad, "a post larger than the slot, then the slot's post: %s",
                         mmp_last_error());
                 return bad;
