@@ -92,22 +92,28 @@ for s in bench/*.sh scripts/*; do
   [ $bad = 1 ] || ok "$s --help: its header, every option"
 done
 
-# ---- command lines quoted in README.md ---------------------------------------------
+# ---- command lines quoted in README.md (code blocks and `inline`) -----------------
+CMD='([A-Z_]+=[^ `]+ )*(bash )?((build/)?mmpipe|bench/[a-z_0-9]+\.sh|scripts/[a-z-]+|build/bench/[a-z_]+)( |$)'
 bad=0
 while IFS= read -r line; do
   cmd=$(sed -E 's/^([A-Z_]+=[^ ]+ )*//; s/^bash //; s#^build/mmpipe#mmpipe#' <<<"$line" | sed 's/ #.*//')
   set -f; read -ra w <<<"$cmd"; set +f
   case ${w[0]} in
-    mmpipe) args=("${w[1]}"); [[ ${w[1]} =~ ^(data|ckpt)$ ]] && args+=("${w[2]}")
+    mmpipe) [ ${#w[@]} -gt 1 ] || continue
+            args=("${w[1]}"); [[ ${w[1]} =~ ^(data|ckpt)$ && ${w[2]:-} =~ ^[a-z]+$ ]] && args+=("${w[2]}")
             help=$("$BIN" "${args[@]}" --help 2>&1) || { fail "README: '${args[*]}' has no --help: $line"; bad=1; continue; } ;;
     bench/*.sh | scripts/*) [ -x "${w[0]}" ] || { fail "README: no ${w[0]}: $line"; bad=1; continue; }
             help=$(timeout 10 "${w[0]}" --help 2>&1) ;;
+    build/bench/*) exe=$(dirname "$BIN")/bench/${w[0]#build/bench/}
+            [ -x "$exe" ] || continue # not built here
+            help=$("$exe" --help 2>&1) ;;
     *) continue ;;
   esac
   for o in $(grep -oE -- '(^| |\[)--[a-z][a-z-]*' <<<"$cmd" | sed 's/^[ [|]//'); do
     in_help "$o" "$help" || { fail "README: $o is not in ${w[0]} --help: $line"; bad=1; }
   done
-done < <(awk '/^```/ { f = !f; next } f' README.md | grep -E '^([A-Z_]+=[^ ]+ )*(bash )?((build/)?mmpipe|bench/[a-z_0-9]+\.sh|scripts/[a-z-]+)( |$)')
+done < <({ awk '/^```/ { f = !f; next } f' README.md; grep -oE '`[^`]+`' README.md | tr -d '`'; } |
+  sed 's/\\|/|/g' | grep -E "^$CMD")
 [ $bad = 1 ] || ok "README: every option of its quoted command lines is in that command's --help"
 
 # ---- README "Plan keys" against plan.json -----------------------------------------
