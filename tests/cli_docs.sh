@@ -12,7 +12,8 @@
 #    and each key takes its documented default through --set;
 #  - README "metrics.jsonl schema": every field a pipeline run (zb-h1, a
 #    scripted re-placement) and a --single-process run write is named there,
-#    and every field it lists is written (restarts: tests/cli_restart.sh);
+#    of the type common/metrics.h gives, and every field it lists is written
+#    (restarts: tests/cli_restart.sh);
 #  - README "Layout": every folder and file it names exists, every top-level
 #    folder is named.
 cd "$(dirname "$0")/.." || exit 1
@@ -187,9 +188,29 @@ def walk(o, where):
                 walk(s, "stages")
         elif isinstance(v, dict):
             walk(v, k)
+# the types common/metrics.h gives (the schema's reference, field by field)
+INTS = {"step", "skipped_samples", "step_skipped", "chained", "replica", "microbatches",
+        "max_inflight", "peak_mem_bytes"}
+STRS = {"name", "placement"}
+def types(o, where):
+    for k, v in o.items():
+        want = int if k in INTS else str if k in STRS else None
+        if k == "stages":
+            for st in v:
+                types(st, "stages")
+        elif k == "balance":
+            types({kk: vv for kk, vv in v.items() if kk != "decision"}, "balance")
+            if v["decision"] is not None and not isinstance(v["decision"], dict):
+                print(f"FAIL balance.decision is neither null nor an object: {v['decision']!r}")
+        elif want and not (isinstance(v, want) and not isinstance(v, bool)):
+            print(f"FAIL {where}.{k} = {v!r}, metrics.h says {want.__name__}")
+        elif not want and not isinstance(v, (int, float)) and not (k == "grad_norm" and v is None):
+            print(f"FAIL {where}.{k} = {v!r}, metrics.h says number")
 for path in sys.argv[1:3]:
     for line in open(path):
-        walk(json.loads(line), "step")
+        rec = json.loads(line)
+        walk(rec, "step")
+        types(rec, "step")
 sec = open(sys.argv[3]).read().split("\n### metrics.jsonl schema\n", 1)[1].split("\n### ", 1)[0]
 words = set(re.findall(r"[a-z_0-9]+", sec))
 for where, k in sorted(seen):
