@@ -698,8 +698,9 @@ int coord_run_steps(coord *c, int first_step)
             }
         }
         char text[256];
-        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s  efficiency %.2f", lsum,
-                 p->train.batch / (step_ms / 1e3), c->bal.efficiency);
+        double sps = p->train.batch / (step_ms / 1e3);
+        snprintf(text, sizeof text, "loss %.4f  %.*f samples/s  efficiency %.2f", lsum,
+                 sps < 10 ? 2 : 0, sps, c->bal.efficiency);
         mmp_progress_update(&progress, done, text);
         c->steps_done = done;
         if (c->replan) {

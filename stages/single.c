@@ -724,7 +724,9 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             goto exit;
         }
         char text[256];
-        snprintf(text, sizeof text, "loss %.4f  %.0f samples/s", (double)parts.loss, sps);
+        /* two decimals below 10 samples/s: a seed-scale step on CPU is not "0 samples/s" */
+        snprintf(text, sizeof text, "loss %.4f  %.*f samples/s", (double)parts.loss,
+                 sps < 10 ? 2 : 0, sps);
         mmp_progress_update(&progress, done, text);
     }
     mmp_progress_end(&progress);

@@ -97,6 +97,14 @@ grep -q '^1f1b-m4-split-off,1f1b,4,[^,]*,off,.*image\.1:[0-9.]*MB' "$csv" \
 traces=0
 for d in "$W"/grid/runs/*-m*-*; do [ -s "$d/trace.json" ] && traces=$((traces+1)); done
 [ "$traces" -eq 8 ] && ok "8 pipeline runs, each with trace.json" || fail "$traces run dirs with trace.json, want 8"
+# what bench --help promises in DIR: each run's log.txt, simulate.txt (the
+# prediction) for the pipeline runs, and charts.gp beside the charts
+logs=0; sims=0
+for d in "$W"/grid/runs/*; do [ -s "$d/log.txt" ] && logs=$((logs+1)); done
+for d in "$W"/grid/runs/*-m*-*; do [ -s "$d/simulate.txt" ] && sims=$((sims+1)); done
+[ "$logs" -eq 9 ] && [ "$sims" -eq 8 ] && [ -s "$W/grid/charts.gp" ] \
+  && ok "each run's log.txt, the pipeline runs' simulate.txt, charts.gp (as --help says)" \
+  || fail "$logs log.txt (want 9), $sims simulate.txt (want 8), charts.gp: $(ls "$W/grid" | paste -sd' ')"
 [ "$(grep -c '^\[[0-9]/9\] .*samples/s (step [0-9]* ms)' "$W/grid.err")" -eq 9 ] \
   && ok "one progress line per run" || { fail "progress lines:"; head -12 "$W/grid.err" | sed 's/^/    /'; }
 for c in throughput stages; do

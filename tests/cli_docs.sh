@@ -12,7 +12,8 @@
 #    and each key takes its documented default through --set;
 #  - README "metrics.jsonl schema": every field a pipeline run (zb-h1, a
 #    scripted re-placement) and a --single-process run write is named there,
-#    and every field it lists is written (restarts: tests/cli_restart.sh);
+#    of the type common/metrics.h gives, and every field it lists is written
+#    (restarts: tests/cli_restart.sh);
 #  - README "Layout": every folder and file it names exists, every top-level
 #    folder is named.
 cd "$(dirname "$0")/.." || exit 1
@@ -92,22 +93,28 @@ for s in bench/*.sh scripts/*; do
   [ $bad = 1 ] || ok "$s --help: its header, every option"
 done
 
-# ---- command lines quoted in README.md ---------------------------------------------
+# ---- command lines quoted in README.md (code blocks and `inline`) -----------------
+CMD='([A-Z_]+=[^ `]+ )*(bash )?((build/)?mmpipe|bench/[a-z_0-9]+\.sh|scripts/[a-z-]+|build/bench/[a-z_]+)( |$)'
 bad=0
 while IFS= read -r line; do
   cmd=$(sed -E 's/^([A-Z_]+=[^ ]+ )*//; s/^bash //; s#^build/mmpipe#mmpipe#' <<<"$line" | sed 's/ #.*//')
   set -f; read -ra w <<<"$cmd"; set +f
   case ${w[0]} in
-    mmpipe) args=("${w[1]}"); [[ ${w[1]} =~ ^(data|ckpt)$ ]] && args+=("${w[2]}")
+    mmpipe) [ ${#w[@]} -gt 1 ] || continue
+            args=("${w[1]}"); [[ ${w[1]} =~ ^(data|ckpt)$ && ${w[2]:-} =~ ^[a-z]+$ ]] && args+=("${w[2]}")
             help=$("$BIN" "${args[@]}" --help 2>&1) || { fail "README: '${args[*]}' has no --help: $line"; bad=1; continue; } ;;
     bench/*.sh | scripts/*) [ -x "${w[0]}" ] || { fail "README: no ${w[0]}: $line"; bad=1; continue; }
             help=$(timeout 10 "${w[0]}" --help 2>&1) ;;
+    build/bench/*) exe=$(dirname "$BIN")/bench/${w[0]#build/bench/}
+            [ -x "$exe" ] || continue # not built here
+            help=$("$exe" --help 2>&1) ;;
     *) continue ;;
   esac
   for o in $(grep -oE -- '(^| |\[)--[a-z][a-z-]*' <<<"$cmd" | sed 's/^[ [|]//'); do
     in_help "$o" "$help" || { fail "README: $o is not in ${w[0]} --help: $line"; bad=1; }
   done
-done < <(awk '/^```/ { f = !f; next } f' README.md | grep -E '^([A-Z_]+=[^ ]+ )*(bash )?((build/)?mmpipe|bench/[a-z_0-9]+\.sh|scripts/[a-z-]+)( |$)')
+done < <({ awk '/^```/ { f = !f; next } f' README.md; grep -oE '`[^`]+`' README.md | tr -d '`'; } |
+  sed 's/\\|/|/g' | grep -E "^$CMD")
 [ $bad = 1 ] || ok "README: every option of its quoted command lines is in that command's --help"
 
 # ---- README "Plan keys" against plan.json -----------------------------------------
@@ -181,9 +188,29 @@ def walk(o, where):
                 walk(s, "stages")
         elif isinstance(v, dict):
             walk(v, k)
+# the types common/metrics.h gives (the schema's reference, field by field)
+INTS = {"step", "skipped_samples", "step_skipped", "chained", "replica", "microbatches",
+        "max_inflight", "peak_mem_bytes"}
+STRS = {"name", "placement"}
+def types(o, where):
+    for k, v in o.items():
+        want = int if k in INTS else str if k in STRS else None
+        if k == "stages":
+            for st in v:
+                types(st, "stages")
+        elif k == "balance":
+            types({kk: vv for kk, vv in v.items() if kk != "decision"}, "balance")
+            if v["decision"] is not None and not isinstance(v["decision"], dict):
+                print(f"FAIL balance.decision is neither null nor an object: {v['decision']!r}")
+        elif want and not (isinstance(v, want) and not isinstance(v, bool)):
+            print(f"FAIL {where}.{k} = {v!r}, metrics.h says {want.__name__}")
+        elif not want and not isinstance(v, (int, float)) and not (k == "grad_norm" and v is None):
+            print(f"FAIL {where}.{k} = {v!r}, metrics.h says number")
 for path in sys.argv[1:3]:
     for line in open(path):
-        walk(json.loads(line), "step")
+        rec = json.loads(line)
+        walk(rec, "step")
+        types(rec, "step")
 sec = open(sys.argv[3]).read().split("\n### metrics.jsonl schema\n", 1)[1].split("\n### ", 1)[0]
 words = set(re.findall(r"[a-z_0-9]+", sec))
 for where, k in sorted(seen):
