@@ -109,7 +109,11 @@ int mmp_cmd_stage(int argc, char **argv)
         } else if (strcmp(argv[i - 1], "--stage") == 0) {
             a.stage = v;
         } else if (strcmp(argv[i - 1], "--replica") == 0) {
-            a.replica = atoi(v);
+            if (!int_in(v, 0, 1000000, &a.replica)) {
+                fprintf(stderr, "mmpipe stage: --replica takes a replica index, got '%s'\n\n%s",
+                        v, USAGE);
+                return 2;
+            }
         } else if (strcmp(argv[i - 1], "--pin-index") == 0) {
             if (!int_in(v, 0, 1000000, &a.pin_index)) {
                 fprintf(stderr, "mmpipe stage: --pin-index takes a process index, got '%s'\n\n%s",

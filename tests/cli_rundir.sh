@@ -55,6 +55,10 @@ done
   || fail "a stage shows the job token"
 "$BIN" stage --help | grep -q MMP_JOB_TOKEN && ok "stage --help documents MMP_JOB_TOKEN" \
   || fail "stage --help does not say where the token comes from"
+for bad in x -1 2x; do # an index the coordinator never writes is refused before anything starts
+  expect_fail "stage --replica '$bad' is a usage error" "--replica takes a replica index, got '$bad'" \
+    env MMP_JOB_TOKEN=00 "$BIN" stage --connect ipc://@nowhere --stage image.0 --replica "$bad"
+done
 
 before=$(state "$L/ckpt/step_0000001"; state "$L/plan.json"; ls -a "$L")
 expect_fail "--force into a live run is refused naming its pid" "in use .*pid $LPID" \
