@@ -133,6 +133,16 @@ static mmp_err resolve_defaults(mmp_schema_loader *L, mmp_plan *p)
     if (!mmp_schema_given(L, "sim.change.fusion")) {
         p->sim.change.fusion = p->sim.cost.fusion;
     }
+    /* Simulated stages sleep instead of computing: an evaluation would
+     * retrieve with embeddings no model made (recall 0). Off unless asked. */
+    if (p->compute == MMP_COMPUTE_SIMULATED) {
+        if (!mmp_schema_given(L, "train.eval_every")) {
+            p->train.eval_every = 0;
+        }
+        if (!mmp_schema_given(L, "train.final_eval")) {
+            p->train.final_eval = 0;
+        }
+    }
     return resolve_paths(L, p);
 }
 

@@ -45,6 +45,15 @@ waited "$bwd" 16 && ok "image.0 bwd_ms $bwd ~ 2 x forward" || fail "image.0 bwd_
 loss=$(last_metric "$W/pipe/metrics.jsonl" loss)
 [ "$loss" = 0 ] && ok "simulated loss is 0" || fail "simulated loss $loss"
 
+# --- no evaluation unless asked: sleeping stages make no embeddings to retrieve with ------
+grep -q '"final_eval": *false' "$W/pipe/plan.json" && ! grep -q val_i2t_r1 "$W/pipe/metrics.jsonl" \
+  && ok "no final evaluation by default under compute: simulated" \
+  || fail "a simulated run evaluated unasked ($(grep -o '"final_eval": *[a-z]*' "$W/pipe/plan.json"))"
+"$BIN" launch "$W/plan.yaml" --out "$W/evald" --steps 2 --set train.final_eval=true >"$W/evald.log" 2>&1
+tail -1 "$W/evald/metrics.jsonl" 2>/dev/null | grep -q val_i2t_r1 \
+  && ok "train.final_eval: true still evaluates a simulated run" \
+  || { fail "final_eval=true under simulated: no evaluation"; tail -3 "$W/evald.log" | sed 's/^/    /'; }
+
 # --- a change of costs at a step ------------------------------------------------------
 before=$(head -10 "$W/change/metrics.jsonl" > "$W/before.jsonl"; stage_metric "$W/before.jsonl" text.0 fwd_ms | median)
 after=$(tail -10 "$W/change/metrics.jsonl" > "$W/after.jsonl"; stage_metric "$W/after.jsonl" text.0 fwd_ms | median)
