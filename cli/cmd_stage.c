@@ -110,8 +110,8 @@ int mmp_cmd_stage(int argc, char **argv)
             a.stage = v;
         } else if (strcmp(argv[i - 1], "--replica") == 0) {
             if (!int_in(v, 0, 1000000, &a.replica)) {
-                fprintf(stderr, "mmpipe stage: --replica takes a replica index, got '%s'\n\n%s",
-                        v, USAGE);
+                fprintf(stderr, "mmpipe stage: --replica takes a replica index, got '%s'\n\n%s", v,
+                        USAGE);
                 return 2;
             }
         } else if (strcmp(argv[i - 1], "--pin-index") == 0) {

@@ -71,7 +71,11 @@ void mmp_balancer_observe(mmp_balancer *b, const mmp_bal_proc *procs, double ste
     int n = b->sched->n_stages;
     double busy = 0;
     for (int i = 0; i < n; i++) {
-        busy += procs[i].busy_ms;
+        /* Where processes share cores, a process computes in wall time it
+         * spends waiting for its core: count at most the CPU time it got,
+         * so the cores' busy share cannot pass 1. */
+        int shared = b->cores > 0 && n > b->cores && procs[i].cpu_ms > 0;
+        busy += shared ? fmin(procs[i].busy_ms, procs[i].cpu_ms) : procs[i].busy_ms;
     }
     b->efficiency = step_ms > 0 ? busy / (b->slots * step_ms) : 0;
     b->steps_seen++;

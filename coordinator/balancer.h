@@ -37,8 +37,10 @@
  *
  * Balance efficiency, measured: sum over processes of busy time / (device
  * slots x step time) -- the share of the devices' time spent working (for a
- * CPU plan, slots are its cores; busy time is wall time inside compute, so
- * processes sharing a core count time they waited for it as busy). */
+ * CPU plan, slots are its cores). Busy time is wall time inside compute;
+ * where a CPU plan has more processes than cores, a process counts at most
+ * the CPU time it got in the step (its busy wall time also holds the time it
+ * waited for a core its neighbour held), so the share stays at most 1. */
 #ifndef MMP_COORDINATOR_BALANCER_H
 #define MMP_COORDINATOR_BALANCER_H
 
@@ -52,7 +54,8 @@
 typedef struct mmp_bal_proc {
     double fwd_ms, bwd_ms; /* forward, backward of its micro-batches */
     int samples;           /* samples in them */
-    double busy_ms;
+    double busy_ms;        /* wall time in compute over the step */
+    double cpu_ms;         /* CPU time of the process over the step (0: not known) */
 } mmp_bal_proc;
 
 typedef struct mmp_balancer {

@@ -477,7 +477,7 @@ static int balance(coord *c, int done, double step_ms)
     mmp_bal_proc bp[MMP_SCHED_MAX_STAGES];
     for (int i = 0; i < c->n; i++) {
         const Mmpipe__StepDone *d = done_of(c, i);
-        bp[i] = (mmp_bal_proc){.busy_ms = d->busy_ms};
+        bp[i] = (mmp_bal_proc){.busy_ms = d->busy_ms, .cpu_ms = d->cpu_ms};
         for (size_t k = 0; k < d->n_mbs; k++) {
             bp[i].fwd_ms += d->mbs[k]->fwd_ms;
             bp[i].bwd_ms += d->mbs[k]->bwd_ms;

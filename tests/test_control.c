@@ -463,6 +463,18 @@ static void test_untrusted_router(void)
         sn = mmpipe__envelope__pack(&env, sd);
         CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
         mmp_ctl_free(e);
+        /* the process's CPU time feeds the balancer and metrics.jsonl too */
+        const float bad_cpu[] = {-1.0f, NAN, INFINITY};
+        for (size_t k = 0; k < sizeof bad_cpu / sizeof bad_cpu[0]; k++) {
+            d.cpu_ms = bad_cpu[k];
+            sn = mmpipe__envelope__pack(&env, sd);
+            e = NULL;
+            CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_BAD_BODY && !e);
+        }
+        d.cpu_ms = 12.5f;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+        mmp_ctl_free(e);
     }
 
     /* Far over the limit: ZeroMQ itself drops the connection, so the message

@@ -668,7 +668,7 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
             return BAD("step_done: field step = %d, below 0", d ? d->step : -1);
         }
         if (!finite_nonneg(d->busy_ms) || !isfinite(d->idle_ms) || !finite_nonneg(d->wall_ms) ||
-            !finite_nonneg(d->data_ms)) {
+            !finite_nonneg(d->data_ms) || !finite_nonneg(d->cpu_ms)) {
             return BAD("step_done: step %d: a timing that is negative or not finite", d->step);
         }
         if (d->max_inflight < 0 || d->skipped < 0 || d->n_mbs > 65536) {
