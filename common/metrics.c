@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/json.h"
+#include "common/stats.h"
 
 static void stage_clear(mmp_metrics_stage *s)
 {
@@ -471,4 +472,56 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
 exit:
     fclose(in);
     return ret;
+}
+
+void mmp_metrics_summary(const char *run_dir, char *out, size_t n)
+{
+    out[0] = 0;
+    mmp_metrics_reader r;
+    static mmp_metrics_step m;
+    double *sps = NULL;
+    int count = 0, cap = 0, first = -1, last = -1, eval_step = -1, got = 0;
+    double i2t = 0, t2i = 0;
+    if (mmp_metrics_open(&r, run_dir) != MMP_OK) {
+        goto exit;
+    }
+    while (mmp_metrics_next(&r, &m, &got) == MMP_OK && got) {
+        if (m.has_eval) {
+            eval_step = m.step;
+            i2t = m.val_i2t_r1;
+            t2i = m.val_t2i_r1;
+        }
+        if (first < 0) {
+            first = m.step; /* warms up: not counted */
+            continue;
+        }
+        if (!isfinite(m.samples_per_s)) {
+            continue;
+        }
+        if (count == cap) {
+            int grown = cap ? 2 * cap : 256;
+            double *v = realloc(sps, (size_t)grown * sizeof *v);
+            if (!v) {
+                goto exit;
+            }
+            sps = v;
+            cap = grown;
+        }
+        sps[count++] = m.samples_per_s;
+        last = m.step;
+    }
+    size_t at = 0;
+    if (count > 0) {
+        double med = mmp_median(sps, count);
+        int w = snprintf(out, n, "median %.*f samples/s (steps %d-%d)", med < 10 ? 2 : 0, med,
+                         first + 1, last);
+        at = w > 0 && (size_t)w < n ? (size_t)w : n - 1;
+    }
+    if (eval_step >= 0 && at + 1 < n) {
+        snprintf(out + at, n - at, "%sval recall@1 image->text %.3f, text->image %.3f (step %d)",
+                 at ? "; " : "", i2t, t2i, eval_step);
+    }
+exit:
+    free(sps);
+    mmp_metrics_close(&r);
 }

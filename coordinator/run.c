@@ -255,7 +255,11 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         }
         if (!c.replan) {
             rc = 0;
-            MMP_INFO("done: %d steps; checkpoint %s/ckpt/latest", plan->job.steps, out_dir);
+            char summary[256];
+            mmp_metrics_summary(out_dir, summary, sizeof summary);
+            MMP_INFO("done: %d steps%s%s; checkpoint %s/ckpt/latest (metrics.jsonl and "
+                     "trace.json beside it)",
+                     plan->job.steps, summary[0] ? "; " : "", summary, out_dir);
             if (c.restarts.n) {
                 MMP_INFO("%d restart%s (see \"restarts\" in metrics.jsonl)", c.restarts.n,
                          c.restarts.n == 1 ? "" : "s");

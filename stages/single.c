@@ -733,8 +733,10 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     if ((err = write_checkpoint(&t, plan->job.steps)) != MMP_OK) {
         goto exit;
     }
-    MMP_INFO("done: %d steps in %.1f s; checkpoint %s/ckpt/latest", plan->job.steps,
-             mmp_now() - run_t0, out_dir);
+    char summary[256];
+    mmp_metrics_summary(out_dir, summary, sizeof summary);
+    MMP_INFO("done: %d steps in %.1f s%s%s; checkpoint %s/ckpt/latest", plan->job.steps,
+             mmp_now() - run_t0, summary[0] ? "; " : "", summary, out_dir);
 exit:
     trainer_fini(&t);
     return err;

@@ -50,6 +50,18 @@ expect_fail "malformed manifest line is reported by number" "train.jsonl:5" \
   || fail "no ckpt/latest"
 [ "$(wc -l < "$W/a/metrics.jsonl")" -eq 6 ] && ok "one metrics line per step" || fail "metrics lines"
 grep -q '"val_i2t_r1"' "$W/a/metrics.jsonl" && ok "metrics carry val recall" || fail "no val recall"
+# the run's last line: the median samples/s of steps 2..N and the last
+# evaluation, as metrics.jsonl has them (single process and pipeline)
+"$BIN" launch "$W/plan.yaml" --out "$W/p" >"$W/p.log" 2>&1 || { fail "pipeline run p"; tail -3 "$W/p.log"; }
+for r in a p; do
+  med=$(metric "$W/$r/metrics.jsonl" samples_per_s 2 6 | median | awk '{ printf "%.0f", $1 }')
+  rec=$(printf '%.3f, text->image %.3f' "$(last_metric "$W/$r/metrics.jsonl" val_i2t_r1)" \
+    "$(last_metric "$W/$r/metrics.jsonl" val_t2i_r1)")
+  line=$(grep 'done: 6 steps' "$W/$r.log")
+  grep -qF "median $med samples/s (steps 2-6); val recall@1 image->text $rec (step 6)" <<<"$line" \
+    && ok "$r: the last line tells the median samples/s and the recall metrics.jsonl holds" \
+    || fail "$r: last line '$line', want median $med and recall $rec"
+done
 out=$("$BIN" ckpt diff "$W/a/ckpt/latest" "$W/b/ckpt/latest"); rc=$?
 last=$(tail -1 <<<"$out")
 [ $rc -eq 0 ] && [ "$last" = "max_abs_diff=0 max_rel_diff=0" ] && ok "same seed: ckpt diff exactly 0" \
