@@ -102,14 +102,6 @@ if [ ${#procs[@]} -gt "$n" ]; then
   [ "$routed" -eq 0 ] && [ "$last" = 1 ] \
     && ok "shared cores: weighted routing leaves the equal deal alone, steps chain" \
     || fail "shared cores: $routed re-routings, last step chained '${last:-?}'"
-  # Busy time counts at most each process's CPU time there: the cores' share
-  # stays at most 1 (2% for the stages' and coordinator's step windows, which
-  # are not the same instants). Before, wall time waiting for a shared core
-  # counted as busy: 1.10-1.13 on the demo.
-  top=$(grep -o '"efficiency":[0-9.e+-]*' "$W/auto/metrics.jsonl" | cut -d: -f2 | sort -g | tail -1)
-  awk -v e="$top" 'BEGIN { exit !(e > 0 && e <= 1.02) }' \
-    && ok "shared cores: measured balance efficiency at most 1 (largest $top)" \
-    || fail "shared cores: measured balance efficiency $top above 1"
 fi
 "$BIN" launch "$W/auto.yaml" --out "$W/auto_off" --set train.priority=off --set job.steps=6 \
   >"$W/auto_off.log" 2>&1 || { fail "train.priority: off run failed"; tail -5 "$W/auto_off.log"; }
