@@ -62,7 +62,9 @@ static int json_number(struct fy_node *node, const char *key, double *out)
     }
     size_t len;
     const char *text = fy_node_is_scalar(v) ? fy_node_get_scalar(v, &len) : NULL;
-    char buf[64];
+    /* room for any finite double the writer prints ("%.4f" of 1e308 is 314
+     * characters) */
+    char buf[352];
     if (text && fy_node_get_style(v) == FYNS_PLAIN && len == 4 && memcmp(text, "null", 4) == 0) {
         return 0;
     }

@@ -292,6 +292,30 @@ static size_t bad_text_at(const char *text, size_t len)
     return nul ? (size_t)(nul - text) : bad;
 }
 
+/* The offset of the first explicit-key indicator in block context (a line
+ * whose first item, after blanks and "- " entries, is a '?' followed by a
+ * blank or the line's end), or len. A plan has no complex keys, and Debian's
+ * libfyaml 0.8 corrupts its parser on one whose key is an implicit mapping
+ * with a tab before a ':' ("? e:\t:" crashes in fy_parser_destroy, found by
+ * tests/fuzz/fuzz_plan.c). */
+static size_t complex_key_at(const char *text, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        while (i < len &&
+               (text[i] == ' ' || text[i] == '\t' ||
+                (text[i] == '-' && i + 1 < len && (text[i + 1] == ' ' || text[i + 1] == '\t')))) {
+            i++;
+        }
+        if (i < len && text[i] == '?' && (i + 1 == len || strchr(" \t\r\n", text[i + 1]) != NULL)) {
+            return i;
+        }
+        const char *nl = memchr(text + i, '\n', len - i);
+        i = nl ? (size_t)(nl - text) + 1 : len;
+    }
+    return len;
+}
+
 /* Puts override i ("a.b.c=value") into the tree: the value is parsed as YAML
  * (so "[1,2]" is a list) and missing mappings on the way are created. */
 static mmp_err apply_override(mmp_schema_loader *L, int i)
@@ -342,6 +366,10 @@ static mmp_err apply_override(mmp_schema_loader *L, int i)
     const char *text = eq[1] ? eq + 1 : "~"; /* "key=" sets nothing: a null */
     if (bad_text_at(text, strlen(text)) < strlen(text)) {
         return mmp_errorf(MMP_ERR_CONFIG, "--set %s: invalid YAML value: not UTF-8 text", key);
+    }
+    if (complex_key_at(text, strlen(text)) < strlen(text)) {
+        return mmp_errorf(MMP_ERR_CONFIG,
+                          "--set %s: invalid YAML value: a '?' complex key (plans have none)", key);
     }
     int before = mmp_yaml_diag_count(L->diag);
     struct fy_node *value = fy_node_build_from_string(L->fyd, text, FY_NT);
@@ -487,12 +515,18 @@ static mmp_err yaml_error(mmp_schema_loader *L, int first)
  * document, or an empty one for a file without any (empty, or comments). */
 static mmp_err parse_text(mmp_schema_loader *L, const char *text, size_t len)
 {
-    size_t bad = bad_text_at(text, len);
-    if (bad < len) {
+    size_t bad = bad_text_at(text, len), key = bad < len ? len : complex_key_at(text, len);
+    if (bad < len || key < len) {
+        size_t at = bad < len ? bad : key;
         int line = 1, col = 1;
-        for (size_t i = 0; i < bad; i++) {
+        for (size_t i = 0; i < at; i++) {
             line += text[i] == '\n';
             col = text[i] == '\n' ? 1 : col + 1;
+        }
+        if (key < len) {
+            return mmp_errorf(MMP_ERR_CONFIG,
+                              "%s:%d:%d: invalid YAML: a '?' complex key (plans have none)",
+                              L->path, line, col);
         }
         return mmp_errorf(MMP_ERR_CONFIG, "%s:%d:%d: invalid YAML: byte 0x%02x is not UTF-8 text",
                           L->path, line, col, (unsigned char)text[bad]);

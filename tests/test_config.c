@@ -308,6 +308,9 @@ static void test_file_errors(void)
         /* Not UTF-8: refused before libfyaml, which loops for ever on this one
          * (a directive holding invalid bytes; found by tests/fuzz/fuzz_plan.c). */
         {"notutf8.yaml", ":2:2: invalid YAML: byte 0xf7 is not UTF-8 text"},
+        /* A complex key: refused before libfyaml, whose parser this one
+         * corrupts (found by tests/fuzz/fuzz_plan.c). */
+        {"complexkey.yaml", ":3:3: invalid YAML: a '?' complex key (plans have none)"},
         /* checks across keys, placed at the key the file gave */
         {"microbatches.yaml", ":4:17: train.microbatches (8) is more than "
                               "train.batch (4)"},
@@ -328,6 +331,9 @@ static void test_file_errors(void)
     const char *bad_set[] = {"train.schedule=gpipe\xf7"};
     expect_error(DIR "minimal.yaml", bad_set, 1, MMP_ERR_CONFIG,
                  "--set train.schedule: invalid YAML value: not UTF-8 text");
+    const char *key_set[] = {"train.schedule=? e:\t:"};
+    expect_error(DIR "minimal.yaml", key_set, 1, MMP_ERR_CONFIG,
+                 "--set train.schedule: invalid YAML value: a '?' complex key (plans have none)");
     expect_error(DIR "does_not_exist.yaml", NULL, 0, MMP_ERR_IO,
                  DIR "does_not_exist.yaml: No such file or directory");
     expect_error("tests/data/config", NULL, 0, MMP_ERR_IO, "tests/data/config: Is a directory");

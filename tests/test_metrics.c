@@ -134,6 +134,8 @@ static void test_errors(const char *tmp)
      * absent, in every field (fuzz_metrics: a written line did not read) */
     m.step_ms = INFINITY;
     m.samples_per_s = NAN;
+    m.has_balance = 1;
+    m.efficiency = 1e300; /* "%.4f" prints 305 characters (fuzz_metrics) */
     char *buf = NULL;
     size_t n = 0;
     FILE *mf = open_memstream(&buf, &n);
@@ -143,7 +145,7 @@ static void test_errors(const char *tmp)
     }
     CHECK(buf && strstr(buf, "\"step_ms\":null") != NULL);
     CHECK(buf && mmp_metrics_parse(buf, n, &m) == MMP_OK && isnan(m.step_ms) &&
-          isnan(m.samples_per_s) && m.step == 3);
+          isnan(m.samples_per_s) && m.step == 3 && m.efficiency == 1e300);
     free(buf);
     const char *quoted_null = "{\"step\":3,\"step_ms\":\"null\"}"; /* a string: no number */
     CHECK(mmp_metrics_parse(quoted_null, strlen(quoted_null), &m) == MMP_ERR_DATA);
