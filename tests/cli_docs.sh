@@ -117,6 +117,18 @@ done < <({ awk '/^```/ { f = !f; next } f' README.md; grep -oE '`[^`]+`' README.
   sed 's/\\|/|/g' | grep -E "^$CMD")
 [ $bad = 1 ] || ok "README: every option of its quoted command lines is in that command's --help"
 
+# checked FILE MESSAGE: a checker's output (FAIL lines, then an OK line) into
+# the tally: each FAIL a failed check, else MESSAGE as one passed check (a
+# checker that ended without its OK line fails).
+checked() {
+  local n; n=$(grep -c '^FAIL' "$1")
+  grep '^FAIL' "$1"
+  fails=$((fails + n)); checks=$((checks + n))
+  if [ "$n" -eq 0 ]; then
+    grep -q '^OK' "$1" && ok "$2" || fail "$2: the checker stopped early ($(tail -1 "$1"))"
+  fi
+}
+
 # ---- README "Plan keys" against plan.json -----------------------------------------
 synth 200 1
 mkdir -p "$W/min"
@@ -158,11 +170,8 @@ for k, d in doc.items():
         print(f"SET {k}={m.group(1)}")
 print(f"OK {len(doc)} keys")
 PY
-grep '^FAIL' "$W/keys.out" | sed 's/^FAIL //' | while IFS= read -r l; do echo "FAIL $l"; done
-n_fail=$(grep -c '^FAIL' "$W/keys.out")
-fails=$((fails + n_fail)); checks=$((checks + n_fail))
-grep -q '^OK' "$W/keys.out" && [ "$n_fail" -eq 0 ] &&
-  ok "README Plan keys: $(grep '^OK' "$W/keys.out" | cut -d' ' -f2) keys = plan.json's, literal defaults = its values"
+checked "$W/keys.out" \
+  "README Plan keys: $(grep '^OK' "$W/keys.out" | cut -d' ' -f2) keys = plan.json's, literal defaults = its values"
 bad=0
 while IFS= read -r kv; do
   "$BIN" simulate "$W/min/plan.yaml" --set "$kv" >/dev/null 2>"$W/set.err" ||
@@ -229,11 +238,8 @@ for k in ("action", "to", "predicted_gain", "reason"):
         print(f"FAIL the scripted re-placement wrote no decision.{k}")
 print(f"OK {len(seen)} fields")
 PY
-n_fail=$(grep -c '^FAIL' "$W/metrics.out")
-grep '^FAIL' "$W/metrics.out"
-fails=$((fails + n_fail)); checks=$((checks + n_fail))
-[ "$n_fail" -eq 0 ] && grep -q '^OK' "$W/metrics.out" &&
-  ok "README metrics.jsonl schema: every field written is named, every named field written"
+checked "$W/metrics.out" \
+  "README metrics.jsonl schema: every field written is named, every named field written"
 
 # ---- README "Layout" --------------------------------------------------------------
 "$PY" - README.md >"$W/layout.out" <<'PY'
@@ -265,9 +271,5 @@ for t in sorted(tops - set(rows)):
     print(f"FAIL Layout has no row for the top-level folder {t}")
 print(f"OK {len(rows)} rows")
 PY
-n_fail=$(grep -c '^FAIL' "$W/layout.out")
-grep '^FAIL' "$W/layout.out"
-fails=$((fails + n_fail)); checks=$((checks + n_fail))
-[ "$n_fail" -eq 0 ] && grep -q '^OK' "$W/layout.out" &&
-  ok "README Layout: every name exists, every top-level folder has its row"
+checked "$W/layout.out" "README Layout: every name exists, every top-level folder has its row"
 finish
