@@ -22,6 +22,8 @@
  * fraction. Weights are non-negative here, so sums stay below 2^31. */
 #define PRECISION_BITS (32 - 8 - 2)
 
+#define MMP_IMAGE_FILE_SLACK ((size_t)64 << 20)
+
 static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 
 /* ---- reading ------------------------------------------------------------ */
@@ -32,8 +34,15 @@ mmp_err mmp_image_read(const char *path, long long max_pixels, mmp_image *img)
     size_t len = 0;
     memset(img, 0, sizeof *img);
     /* A dataset naming a file that is not there is bad data, not a failing
-     * disk. */
-    MMP_TRY(mmp_fs_read_file(path, MMP_ERR_DATA, SIZE_MAX, &buf, &len));
+     * disk. The file is read whole, so its size is bounded before anything
+     * is allocated: 16 bytes per allowed pixel (an uncompressed 16-bit RGBA
+     * PNG takes 8) plus 64 MiB for metadata and the frames of an animation
+     * we do not decode. A file past that is a bad sample, not an OOM kill. */
+    long long px = max_pixels > 0 ? max_pixels : MMP_IMAGE_MAX_PIXELS;
+    size_t max_len = px > (long long)((SIZE_MAX - MMP_IMAGE_FILE_SLACK) / 16)
+                         ? SIZE_MAX
+                         : (size_t)px * 16 + MMP_IMAGE_FILE_SLACK;
+    MMP_TRY(mmp_fs_read_file(path, MMP_ERR_DATA, max_len, &buf, &len));
     mmp_err ret;
     if (len == 0) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: empty file (0 bytes)", path);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/rng.h"
@@ -289,6 +290,25 @@ static void test_bad_files(void)
     const char *text = "this is a caption, not a picture\n";
     spill(path, text, strlen(text));
     expect_bad(path, "not a PNG, JPEG, GIF or WebP image");
+
+    /* A file past the size an image of max_pixels pixels may have (16 bytes a
+     * pixel + 64 MiB) is refused before it is read: a sparse PNG-headed file
+     * one byte over the bound for 100 pixels, and one byte under it, which is
+     * read and then fails in the PNG decoder instead. */
+    for (int over = 1; over >= 0; over--) {
+        snprintf(path, sizeof path, "%s/huge%d.png", tmp, over);
+        spill(path, "\x89PNG\r\n\x1a\n", 8);
+        CHECK(truncate(path, (off_t)(16 * 100 + (64 << 20) + over)) == 0);
+        mmp_image img = {.width = 7};
+        mmp_err e = mmp_image_read(path, 100, &img);
+        CHECK(e == MMP_ERR_DATA && img.rgb == NULL && img.width == 0);
+        int says_size = strstr(mmp_last_error(), "bytes this file may have") != NULL;
+        CHECK(says_size == over);
+        if (says_size != over) {
+            fprintf(stderr, "  %s: %s\n", path, mmp_last_error());
+        }
+        unlink(path);
+    }
 
     snprintf(path, sizeof path, "%s/missing.jpg", tmp);
     expect_bad(path, "No such file");
