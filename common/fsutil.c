@@ -35,8 +35,8 @@ mmp_err mmp_fs_read_file(const char *path, mmp_err bad_path, size_t max_len, uns
     }
     size_t cap = max_len < SIZE_MAX ? max_len : SIZE_MAX - 1; /* n + 1 below must not wrap */
     if ((unsigned long long)st.st_size > (unsigned long long)cap) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: %lld bytes, more than the %zu bytes this file may have", path,
-                         (long long)st.st_size, cap);
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: %lld bytes, more than the %zu bytes this file may have",
+                         path, (long long)st.st_size, cap);
         goto exit;
     }
     size_t n = (size_t)st.st_size;
