@@ -286,7 +286,7 @@ int mmp_cmd_launch(int argc, char **argv)
         out = resume;
     }
     if (mmp_plan_check_runnable(&plan) != MMP_OK) {
-        fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error()); /* it names the plan */
         goto exit;
     }
     char out_buf[1024];

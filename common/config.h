@@ -253,6 +253,9 @@ typedef struct mmp_plan {
         int stop_on_refused;
     } control;
     int n_hosts;
+    /* Where `hosts` was given ("FILE:LINE:COL" or "--set hosts=..."; empty
+     * when it was not), for errors found after loading. */
+    char hosts_site[MMP_PATH_MAX + 64];
     mmp_host hosts[MMP_MAX_HOSTS]; /* default: one "localhost" with three cpu devices;
                                       `hosts: slurm` expands the allocation (common/hostlist.h) */
 
@@ -276,8 +279,9 @@ mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *override
 
 /* Whether this version can run the plan: settings the schema accepts (they
  * are part of the plan format) but no process can run yet are refused by
- * key, never silently ignored. MMP_ERR_INVALID with "KEY: what is not
- * supported yet" in mmp_last_error() otherwise. Every entry point that runs
+ * key, never silently ignored. MMP_ERR_INVALID with "[SITE: ]KEY: what is
+ * not supported yet" in mmp_last_error() otherwise (SITE: where the plan
+ * gave `hosts`, else the plan's path). Every entry point that runs
  * a plan (launch, the coordinator, the single-process trainer) asks it. */
 mmp_err mmp_plan_check_runnable(const mmp_plan *p);
 

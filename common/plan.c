@@ -257,6 +257,8 @@ static mmp_err check_launcher(mmp_schema_loader *L, mmp_plan *p)
 /* The schema engine's check hook: runs while the keys' positions are known. */
 static mmp_err check_loaded(mmp_schema_loader *L, void *obj)
 {
+    mmp_plan *p = obj;
+    mmp_schema_where(L, "hosts", p->hosts_site, sizeof p->hosts_site);
     MMP_TRY(resolve_defaults(L, obj));
     MMP_TRY(check_launcher(L, obj));
     return check_plan(L, obj);
@@ -293,10 +295,12 @@ mmp_err mmp_plan_check_runnable(const mmp_plan *p)
         {p->n_hosts > 1 && p->launcher == MMP_LAUNCH_LOCAL, "hosts",
          "more than one host with launcher: local (set launcher: ssh or slurm)"},
     };
+    /* the rules concern hosts: say where the plan gave them */
+    const char *site = p->hosts_site[0] ? p->hosts_site : p->path, *sep = site[0] ? ": " : "";
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
         if (rules[i].bad) {
-            return mmp_errorf(MMP_ERR_INVALID, "%s: %s is not supported yet", rules[i].key,
-                              rules[i].why);
+            return mmp_errorf(MMP_ERR_INVALID, "%s%s%s: %s is not supported yet", site, sep,
+                              rules[i].key, rules[i].why);
         }
     }
 #ifndef MMP_HAVE_CUDA
@@ -304,10 +308,10 @@ mmp_err mmp_plan_check_runnable(const mmp_plan *p)
         for (int d = 0; d < p->hosts[h].n_devices; d++) {
             if (p->hosts[h].devices[d] >= 0) {
                 return mmp_errorf(MMP_ERR_INVALID,
-                                  "hosts[%d].devices[%d]: CUDA device %d, but this mmpipe was "
+                                  "%s%shosts[%d].devices[%d]: CUDA device %d, but this mmpipe was "
                                   "built without CUDA (configure with -DMMP_CUDA=ON where nvcc, "
                                   "cuDNN and NCCL are installed)",
-                                  h, d, p->hosts[h].devices[d]);
+                                  site, sep, h, d, p->hosts[h].devices[d]);
             }
         }
     }

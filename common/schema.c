@@ -425,6 +425,19 @@ int mmp_schema_list_len(const mmp_schema_loader *L, const char *path)
     return i >= 0 ? L->keys[i].list_len : 0;
 }
 
+bool mmp_schema_where(mmp_schema_loader *L, const char *path, char *buf, size_t size)
+{
+    int i = find_key(L->schema, path);
+    if (size) {
+        buf[0] = 0;
+    }
+    if (i < 0 || !L->keys[i].seen) {
+        return false;
+    }
+    mmp_schema_site_text(L, L->keys[i].site, buf, size);
+    return true;
+}
+
 mmp_err mmp_schema_fail_at(mmp_schema_loader *L, const char *key, const char *or_key,
                            const char *fmt, ...)
 {

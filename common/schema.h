@@ -123,6 +123,9 @@ bool mmp_schema_given(const mmp_schema_loader *L, const char *path);
 bool mmp_schema_from_override(const mmp_schema_loader *L, const char *path);
 /* Entries given for list key path; its default length when not given. */
 int mmp_schema_list_len(const mmp_schema_loader *L, const char *path);
+/* Where key path was given: "FILE:LINE:COL" or "--set K=V" into buf; false
+ * (buf empty) when nobody gave it. */
+bool mmp_schema_where(mmp_schema_loader *L, const char *path, char *buf, size_t size);
 /* Returns MMP_ERR_CONFIG with "FILE:LINE:COL: msg" (or "--set K=V: msg") at
  * the site of the first of keys key, or_key (may be NULL) that was given;
  * at the top of the file when neither was. */

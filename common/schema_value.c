@@ -6,6 +6,7 @@
  * and the key, through mmp_schema_fail(). Nothing here prints or keeps
  * state between calls. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -70,6 +71,19 @@ bool mmp_yaml_node_mark(mmp_schema_loader *L, struct fy_node *n, int *line, int 
     return true;
 }
 
+void mmp_schema_site_text(mmp_schema_loader *L, mmp_schema_site at, char *buf, size_t size)
+{
+    if (at.origin >= 0) {
+        snprintf(buf, size, "--set %s", L->overrides[at.origin]);
+        return;
+    }
+    int line = 1, col = 1;
+    if (!mmp_yaml_node_mark(L, at.node, &line, &col)) {
+        mmp_yaml_node_mark(L, at.key, &line, &col);
+    }
+    snprintf(buf, size, "%s:%d:%d", L->path, line, col);
+}
+
 mmp_err mmp_schema_fail(mmp_schema_loader *L, mmp_schema_site at, const char *fmt, ...)
 {
     char msg[1536];
@@ -77,14 +91,9 @@ mmp_err mmp_schema_fail(mmp_schema_loader *L, mmp_schema_site at, const char *fm
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (at.origin >= 0) {
-        return mmp_errorf(MMP_ERR_CONFIG, "--set %s: %s", L->overrides[at.origin], msg);
-    }
-    int line = 1, col = 1;
-    if (!mmp_yaml_node_mark(L, at.node, &line, &col)) {
-        mmp_yaml_node_mark(L, at.key, &line, &col);
-    }
-    return mmp_errorf(MMP_ERR_CONFIG, "%s:%d:%d: %s", L->path, line, col, msg);
+    char where[PATH_MAX + 64];
+    mmp_schema_site_text(L, at, where, sizeof where);
+    return mmp_errorf(MMP_ERR_CONFIG, "%s: %s", where, msg);
 }
 
 /* ---- nodes ------------------------------------------------------------------ */

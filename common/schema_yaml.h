@@ -35,6 +35,8 @@ int mmp_yaml_diag_count(struct fy_diag *diag);
 struct fy_diag_error *mmp_yaml_diag_error(struct fy_diag *diag, int i);
 /* 1-based line and column of node n in the file; false if it has none. */
 bool mmp_yaml_node_mark(mmp_schema_loader *L, struct fy_node *n, int *line, int *col);
+/* Where site at is: "FILE:LINE:COL", or "--set K=V" for an override. */
+void mmp_schema_site_text(mmp_schema_loader *L, mmp_schema_site at, char *buf, size_t size);
 
 bool mmp_yaml_is_scalar(struct fy_node *n);
 bool mmp_yaml_is_plain(struct fy_node *n);

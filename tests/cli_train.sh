@@ -28,10 +28,18 @@ expect_fail "replicas: one number, or one per sub-stage" "stages.image.replicas:
 # A CUDA device where none can run it: refused by name (a build without
 # CUDA before anything starts; a CUDA build on a machine without a device
 # in the stage, naming the device). Where a device is visible this runs.
+# A build without CUDA names where the plan gave the device: the override,
+# or the file's line and column.
 if ! "$BIN" devices | grep -q '^cuda:0'; then
   expect_fail "a CUDA device this machine cannot run is refused by name" \
-    "hosts\[0\].devices\[0\]: CUDA device 0, but this mmpipe was built without CUDA|backend cuda on device 0" \
+    "--set hosts=\[.*\]: hosts\[0\].devices\[0\]: CUDA device 0, but this mmpipe was built without CUDA|backend cuda on device 0" \
     "$BIN" launch "$W/plan.yaml" --out "$W/r_gpu" --set 'hosts=[{name: a, devices: [cuda:0, cpu, cpu]}]'
+  grep -v '^hosts:' "$W/plan.yaml" > "$W/gpu.yaml"
+  printf 'hosts:\n  - name: a\n    devices: [cpu, cuda:1, cpu]\n' >> "$W/gpu.yaml"
+  line=$(($(grep -n '^hosts:' "$W/gpu.yaml" | cut -d: -f1) + 1))
+  expect_fail "a CUDA device in the plan file is refused at file:line:col" \
+    "gpu.yaml:$line:[0-9]+: hosts\[0\].devices\[1\]: CUDA device 1, but this mmpipe was built without CUDA|backend cuda on device 1" \
+    "$BIN" launch "$W/gpu.yaml" --out "$W/r_gpu2"
 fi
 mkdir -p "$W/badmani"
 cp "$W/data/vocab.txt" "$W/data/val.jsonl" "$W/badmani/"
