@@ -37,7 +37,10 @@
  * (sections (a) and (b), or (c), alone) --spin-ab 1 (instead of the rest:
  * zero-copy throughput with the shm waiters' adaptive spin against the old
  * 2 µs poll, two channels between the same two processes, reps alternating,
- * the ratio of each rep's pair; --pin, --busy, --sizes, --reps apply). */
+ * the ratio of each rep's pair; --pin, --busy, --sizes, --reps apply)
+ * --ceiling 1 (instead of the rest: (d), the hand-off ceiling between two
+ * cores without a channel, next to memcpy; --pin, --slots, --sizes, --reps
+ * apply). */
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
@@ -460,6 +463,178 @@ static void xcore_memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
     memcpy(v, x->gbps, sizeof(double) * (size_t)reps);
     munmap(buf, bytes);
     munmap(x, sizeof *x);
+}
+
+/* ---- (d) the hardware's ceiling for a hand-off between two cores ---------- */
+
+/* No channel: two processes pinned to two CPUs (xcore_cpus) share a ring of
+ * `slots` buffers and two spin counters (no syscalls, no credits, no
+ * checks). The writer writes each message into the next free buffer, the
+ * reader sums it in place and frees it, as the channel's zero-copy ends do;
+ * timed by the reader from its first message to its last. What a channel
+ * between two cores could reach at best on this machine, whatever it is
+ * built of; the writer's variants are the two ways x86 offers to hand lines
+ * to another core sooner: CLDEMOTE (push each written line from the writer's
+ * L1/L2 to the shared L3) and non-temporal stores (write around the
+ * writer's caches). */
+enum { CEIL_PLAIN, CEIL_DEMOTE, CEIL_NT, CEIL_MODES };
+static const char *const ceil_name[CEIL_MODES] = {"plain", "cldemote", "non-temporal"};
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+static int have_cldemote(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 25));
+}
+__attribute__((target("cldemote"))) static void demote_lines(unsigned char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 64) {
+        _cldemote(p + i);
+    }
+}
+static void write_nt(unsigned char *p, size_t n, int v)
+{
+    __m128i x = _mm_set1_epi8((char)v);
+    for (size_t i = 0; i + 16 <= n; i += 16) {
+        _mm_stream_si128((__m128i *)(void *)(p + i), x);
+    }
+    _mm_sfence();
+}
+#else
+static int have_cldemote(void)
+{
+    return 0;
+}
+static void demote_lines(unsigned char *p, size_t n)
+{
+    (void)p;
+    (void)n;
+}
+static void write_nt(unsigned char *p, size_t n, int v)
+{
+    memset(p, v, n);
+}
+#endif
+
+/* GB/s of each rep into v[0..reps); NAN when there are not two CPUs. */
+static void ceiling_gbps(size_t bytes, int reps, int msgs, int slots, int mode, double *v)
+{
+    int cpu[2];
+    if (!xcore_cpus(cpu)) {
+        for (int r = 0; r < reps; r++) {
+            v[r] = NAN;
+        }
+        return;
+    }
+    xcore_shared *x = shared_pages(sizeof *x);
+    unsigned char *ring = shared_pages(bytes * (size_t)slots);
+    memset(ring, 1, bytes * (size_t)slots);
+    cpu_set_t was;
+    if (sched_getaffinity(0, sizeof was, &was) != 0) {
+        die("sched_getaffinity");
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        pin_to(cpu[1]);
+        uint64_t k = 0, sink = 0;
+        for (int r = 0; r < reps; r++) {
+            double t0 = 0;
+            for (int m = 0; m < msgs; m++, k++) {
+                xcore_wait(&x->head, k + 1);
+                if (m == 0) {
+                    t0 = now_s();
+                }
+                sink += sum_bytes(ring + (k % (uint64_t)slots) * bytes, bytes);
+                atomic_store_explicit(&x->tail, k + 1, memory_order_release);
+            }
+            /* the first message's wait is not timed: msgs - 1 transfers */
+            x->gbps[r] = (double)(msgs - 1) * bytes / (now_s() - t0) / 1e9;
+        }
+        _exit(sink == 42 ? 3 : 0); /* the sums are used */
+    }
+    pin_to(cpu[0]);
+    for (uint64_t k = 0; k < (uint64_t)reps * (uint64_t)msgs; k++) {
+        if (k >= (uint64_t)slots) {
+            xcore_wait(&x->tail, k - (uint64_t)slots + 1);
+        }
+        unsigned char *p = ring + (k % (uint64_t)slots) * bytes;
+        if (mode == CEIL_NT) {
+            write_nt(p, bytes, (int)(k & 0xff));
+        } else {
+            memset(p, (int)(k & 0xff), bytes);
+            if (mode == CEIL_DEMOTE) {
+                demote_lines(p, bytes);
+            }
+        }
+        atomic_store_explicit(&x->head, k + 1, memory_order_release);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    sched_setaffinity(0, sizeof was, &was);
+    if (!WIFEXITED(st) || (WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 3)) {
+        fprintf(stderr, "bench_transport: ceiling reader failed\n");
+        exit(1);
+    }
+    memcpy(v, x->gbps, sizeof(double) * (size_t)reps);
+    munmap(ring, bytes * (size_t)slots);
+    munmap(x, sizeof *x);
+}
+
+static void ceiling(const size_t *sizes, int nsizes, int reps, int slots)
+{
+    int cpu[2];
+    if (!xcore_cpus(cpu)) {
+        printf("## hand-off ceiling: needs two CPUs, skipped\n\n");
+        return;
+    }
+    int demote = have_cldemote();
+    printf("## hand-off ceiling between two cores: no channel, slots=%d, CPUs %d and %d, median "
+           "of %d reps of ~%u MB\n\n",
+           slots, cpu[0], cpu[1], reps, REP_BYTES >> 20);
+    printf("What is compared. Two processes pinned to two CPUs share a ring of %d buffers and "
+           "two spin counters, nothing else (no syscalls, credits or checks): the writer writes "
+           "each message into the next free buffer, the reader sums it in place and frees it, "
+           "as the channel's zero-copy ends do; GB/s timed by the reader. The best any "
+           "transfer between two cores can do on this machine, however built. Writers: plain "
+           "(memset); cldemote (then CLDEMOTE each line, pushing it to the shared L3%s); "
+           "non-temporal (streaming stores around the writer's caches). memcpy = one thread "
+           "copying between two cache-warm buffers (the (a) section's), reps alternating with "
+           "the ceiling's; ratio = ceiling / memcpy, medians.\n\n",
+           slots, demote ? "" : "; this CPU has no CLDEMOTE, where it is a no-op");
+    printf("| size | memcpy GB/s |");
+    for (int m = 0; m < CEIL_MODES; m++) {
+        printf(" %s GB/s | %s ratio |", ceil_name[m], ceil_name[m]);
+    }
+    printf("\n|---:|---:|");
+    for (int m = 0; m < CEIL_MODES; m++) {
+        printf("---:|---:|");
+    }
+    printf("\n");
+    for (int s = 0; s < nsizes; s++) {
+        size_t bytes = sizes[s];
+        int msgs = msgs_for(bytes);
+        double mc[MAX_REPS], mc_cpu[MAX_REPS], g[CEIL_MODES][MAX_REPS], one;
+        for (int r = 0; r < reps; r++) {
+            memcpy_gbps(bytes, 1, msgs, &mc[r], &mc_cpu[r]);
+            for (int m = 0; m < CEIL_MODES; m++) {
+                ceiling_gbps(bytes, 1, msgs, slots, m, &one);
+                g[m][r] = one;
+            }
+        }
+        char name[32];
+        double mmed = quantile(mc, reps, 0.5);
+        printf("| %s | %.2f |", size_name(bytes, name, sizeof name), mmed);
+        for (int m = 0; m < CEIL_MODES; m++) {
+            double med = quantile(g[m], reps, 0.5);
+            printf(" %.2f | %.2f |", med, med / mmed);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    printf("\n");
 }
 
 static void throughput(const size_t *sizes, int nsizes, int reps, int slots)
@@ -1195,7 +1370,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench_transport [--sizes 64K,256K,1M,4M,16M,64M] [--tcp-sizes 1M,4M,16M] "
             "[--reps N] [--iters N] [--slots N] [--pin A,B] [--busy N] [--only shm|tcp] "
-            "[--spin-ab 1]\n"
+            "[--spin-ab 1] [--ceiling 1]\n"
             "  sizes: a number with K or M (KiB, MiB; no suffix: MiB, fractions allowed: "
             "0.0625 = 64K), 64 B to 1 GiB, up to %d of them\n",
             MAX_SIZES);
@@ -1234,7 +1409,7 @@ int main(int argc, char **argv)
     size_t sizes[MAX_SIZES] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20},
            tsizes[MAX_SIZES] = {1 << 20, 4 << 20, 16 << 20};
     int nsizes = 6, ntsizes = 3, reps = 15, iters = 20000, busy = 0, only = 0, slots = 2;
-    int spin_ab_on = 0;
+    int spin_ab_on = 0, ceiling_on = 0;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) {
             usage();
@@ -1256,6 +1431,8 @@ int main(int argc, char **argv)
             }
         } else if (strcmp(argv[i], "--spin-ab") == 0) {
             spin_ab_on = strcmp(argv[++i], "1") == 0;
+        } else if (strcmp(argv[i], "--ceiling") == 0) {
+            ceiling_on = strcmp(argv[++i], "1") == 0;
         } else if (strcmp(argv[i], "--busy") == 0) {
             busy = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--only") == 0 && strcmp(argv[i + 1], "tcp") == 0) {
@@ -1288,13 +1465,15 @@ int main(int argc, char **argv)
            cpus, busy, spin_max ? spin_max : "50000", spin_max ? " (MMP_SHM_SPIN_MAX_NS)" : "",
            spin ? spin : "2000", spin ? " (MMP_SHM_SPIN_NS)" : "");
     double t0 = now_s();
-    if (spin_ab_on) {
+    if (ceiling_on) {
+        ceiling(sizes, nsizes, reps, slots);
+    } else if (spin_ab_on) {
         spin_ab(sizes, nsizes, reps, slots);
     } else if (only != 2) {
         throughput(sizes, nsizes, reps, slots);
         latency(iters);
     }
-    if (only != 1 && !spin_ab_on) {
+    if (only != 1 && !spin_ab_on && !ceiling_on) {
         tcp_throughput(tsizes, ntsizes, reps);
         tcp_latency(iters);
     }
