@@ -361,6 +361,7 @@ typedef struct xcore_shared {
     _Atomic uint64_t tail; /* buffers copied */
     char pad2[120];
     double gbps[MAX_REPS];
+    uint64_t sink; /* the reader's sums, so its reads are not optimised away */
 } xcore_shared;
 
 /* The two CPUs of the cross-core memcpy: --pin's, else the first two this
@@ -405,19 +406,35 @@ static void xcore_wait(_Atomic uint64_t *c, uint64_t target)
     }
 }
 
-/* Fills v[0..reps) with NAN when there are not two CPUs to run it on. */
-static void xcore_memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
+/* A writer and a reader on two CPUs (xcore_cpus), sharing x and a ring of
+ * `slots` buffers of `bytes`: the writer writes message k into buffer
+ * k % slots once the reader has freed it, the reader takes it and frees it
+ * (two counters, spinning). */
+typedef struct xcore_job {
+    size_t bytes;
+    int reps, msgs, slots, mode; /* mode: how the writer writes (CEIL_*) */
+    unsigned char *ring;         /* shared: slots * bytes */
+    xcore_shared *x;
+} xcore_job;
+
+static void ring_writer(const xcore_job *j);
+
+/* Runs reader in a child pinned to the second CPU and ring_writer here on
+ * the first; the reader leaves a GB/s per rep in x->gbps, copied to
+ * v[0..reps). Fills v with NAN when there are not two CPUs to run it on. */
+static void xcore_pair(xcore_job *j, void (*reader)(const xcore_job *), double *v)
 {
     int cpu[2];
     if (!xcore_cpus(cpu)) {
-        for (int r = 0; r < reps; r++) {
+        for (int r = 0; r < j->reps; r++) {
             v[r] = NAN;
         }
         return;
     }
-    xcore_shared *x = shared_pages(sizeof *x);
-    unsigned char *buf = shared_pages(bytes);
-    memset(buf, 1, bytes);
+    size_t ring_bytes = j->bytes * (size_t)j->slots;
+    j->x = shared_pages(sizeof *j->x);
+    j->ring = shared_pages(ring_bytes);
+    memset(j->ring, 1, ring_bytes);
     cpu_set_t was;
     if (sched_getaffinity(0, sizeof was, &was) != 0) {
         die("sched_getaffinity");
@@ -426,43 +443,50 @@ static void xcore_memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
     pid_t pid = fork();
     if (pid == 0) {
         pin_to(cpu[1]);
-        unsigned char *dst = malloc(bytes);
-        if (!dst) {
-            _exit(1);
-        }
-        memset(dst, 0, bytes);
-        uint64_t k = 0;
-        for (int r = 0; r < reps; r++) {
-            double busy = 0;
-            for (int m = 0; m < msgs; m++, k++) {
-                xcore_wait(&x->head, k + 1);
-                double t0 = now_s();
-                memcpy(dst, buf, bytes);
-                busy += now_s() - t0;
-                dst[k % bytes] ^= 1; /* the copy is used */
-                atomic_store_explicit(&x->tail, k + 1, memory_order_release);
-            }
-            x->gbps[r] = (double)msgs * bytes / busy / 1e9;
-        }
-        free(dst);
+        reader(j);
         _exit(0);
     }
     pin_to(cpu[0]);
-    for (uint64_t k = 0; k < (uint64_t)reps * (uint64_t)msgs; k++) {
-        xcore_wait(&x->tail, k);
-        memset(buf, (int)(k & 0xff), bytes);
-        atomic_store_explicit(&x->head, k + 1, memory_order_release);
-    }
+    ring_writer(j);
     int st;
     waitpid(pid, &st, 0);
     sched_setaffinity(0, sizeof was, &was);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "bench_transport: cross-core memcpy child failed\n");
+        fprintf(stderr, "bench_transport: cross-core reader failed\n");
         exit(1);
     }
-    memcpy(v, x->gbps, sizeof(double) * (size_t)reps);
-    munmap(buf, bytes);
-    munmap(x, sizeof *x);
+    memcpy(v, j->x->gbps, sizeof(double) * (size_t)j->reps);
+    munmap(j->ring, ring_bytes);
+    munmap(j->x, sizeof *j->x);
+}
+
+static void memcpy_reader(const xcore_job *j)
+{
+    unsigned char *dst = malloc(j->bytes);
+    if (!dst) {
+        _exit(1);
+    }
+    memset(dst, 0, j->bytes);
+    uint64_t k = 0;
+    for (int r = 0; r < j->reps; r++) {
+        double busy = 0;
+        for (int m = 0; m < j->msgs; m++, k++) {
+            xcore_wait(&j->x->head, k + 1);
+            double t0 = now_s();
+            memcpy(dst, j->ring + (k % (uint64_t)j->slots) * j->bytes, j->bytes);
+            busy += now_s() - t0;
+            dst[k % j->bytes] ^= 1; /* the copy is used */
+            atomic_store_explicit(&j->x->tail, k + 1, memory_order_release);
+        }
+        j->x->gbps[r] = (double)j->msgs * j->bytes / busy / 1e9;
+    }
+    free(dst);
+}
+
+static void xcore_memcpy_gbps(size_t bytes, int reps, int msgs, double *v)
+{
+    xcore_job j = {.bytes = bytes, .reps = reps, .msgs = msgs, .slots = 1, .mode = 0};
+    xcore_pair(&j, memcpy_reader, v);
 }
 
 /* ---- (d) the hardware's ceiling for a hand-off between two cores ---------- */
@@ -518,69 +542,49 @@ static void write_nt(unsigned char *p, size_t n, int v)
 }
 #endif
 
+static void ring_writer(const xcore_job *j)
+{
+    for (uint64_t k = 0; k < (uint64_t)j->reps * (uint64_t)j->msgs; k++) {
+        if (k >= (uint64_t)j->slots) {
+            xcore_wait(&j->x->tail, k - (uint64_t)j->slots + 1);
+        }
+        unsigned char *p = j->ring + (k % (uint64_t)j->slots) * j->bytes;
+        if (j->mode == CEIL_NT) {
+            write_nt(p, j->bytes, (int)(k & 0xff));
+        } else {
+            memset(p, (int)(k & 0xff), j->bytes);
+            if (j->mode == CEIL_DEMOTE) {
+                demote_lines(p, j->bytes);
+            }
+        }
+        atomic_store_explicit(&j->x->head, k + 1, memory_order_release);
+    }
+}
+
+static void sum_reader(const xcore_job *j)
+{
+    uint64_t k = 0, sink = 0;
+    for (int r = 0; r < j->reps; r++) {
+        double t0 = 0;
+        for (int m = 0; m < j->msgs; m++, k++) {
+            xcore_wait(&j->x->head, k + 1);
+            if (m == 0) {
+                t0 = now_s();
+            }
+            sink += sum_bytes(j->ring + (k % (uint64_t)j->slots) * j->bytes, j->bytes);
+            atomic_store_explicit(&j->x->tail, k + 1, memory_order_release);
+        }
+        /* the first message's wait is not timed: msgs - 1 transfers */
+        j->x->gbps[r] = (double)(j->msgs - 1) * j->bytes / (now_s() - t0) / 1e9;
+    }
+    j->x->sink = sink; /* the sums are used */
+}
+
 /* GB/s of each rep into v[0..reps); NAN when there are not two CPUs. */
 static void ceiling_gbps(size_t bytes, int reps, int msgs, int slots, int mode, double *v)
 {
-    int cpu[2];
-    if (!xcore_cpus(cpu)) {
-        for (int r = 0; r < reps; r++) {
-            v[r] = NAN;
-        }
-        return;
-    }
-    xcore_shared *x = shared_pages(sizeof *x);
-    unsigned char *ring = shared_pages(bytes * (size_t)slots);
-    memset(ring, 1, bytes * (size_t)slots);
-    cpu_set_t was;
-    if (sched_getaffinity(0, sizeof was, &was) != 0) {
-        die("sched_getaffinity");
-    }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        pin_to(cpu[1]);
-        uint64_t k = 0, sink = 0;
-        for (int r = 0; r < reps; r++) {
-            double t0 = 0;
-            for (int m = 0; m < msgs; m++, k++) {
-                xcore_wait(&x->head, k + 1);
-                if (m == 0) {
-                    t0 = now_s();
-                }
-                sink += sum_bytes(ring + (k % (uint64_t)slots) * bytes, bytes);
-                atomic_store_explicit(&x->tail, k + 1, memory_order_release);
-            }
-            /* the first message's wait is not timed: msgs - 1 transfers */
-            x->gbps[r] = (double)(msgs - 1) * bytes / (now_s() - t0) / 1e9;
-        }
-        _exit(sink == 42 ? 3 : 0); /* the sums are used */
-    }
-    pin_to(cpu[0]);
-    for (uint64_t k = 0; k < (uint64_t)reps * (uint64_t)msgs; k++) {
-        if (k >= (uint64_t)slots) {
-            xcore_wait(&x->tail, k - (uint64_t)slots + 1);
-        }
-        unsigned char *p = ring + (k % (uint64_t)slots) * bytes;
-        if (mode == CEIL_NT) {
-            write_nt(p, bytes, (int)(k & 0xff));
-        } else {
-            memset(p, (int)(k & 0xff), bytes);
-            if (mode == CEIL_DEMOTE) {
-                demote_lines(p, bytes);
-            }
-        }
-        atomic_store_explicit(&x->head, k + 1, memory_order_release);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    sched_setaffinity(0, sizeof was, &was);
-    if (!WIFEXITED(st) || (WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 3)) {
-        fprintf(stderr, "bench_transport: ceiling reader failed\n");
-        exit(1);
-    }
-    memcpy(v, x->gbps, sizeof(double) * (size_t)reps);
-    munmap(ring, bytes * (size_t)slots);
-    munmap(x, sizeof *x);
+    xcore_job j = {.bytes = bytes, .reps = reps, .msgs = msgs, .slots = slots, .mode = mode};
+    xcore_pair(&j, sum_reader, v);
 }
 
 static void ceiling(const size_t *sizes, int nsizes, int reps, int slots)
