@@ -323,12 +323,16 @@ static void cuda_bn_bwd(mmp_backend *be, float *dinp, float *dgamma, float *dbet
 }
 
 /* The _set ops on the device: zero, then the accumulating kernel (the same
- * bits by definition; a fused kernel would save the memset). */
+ * bits by definition; a fused kernel would save the memset). A NULL dinp is
+ * skipped, as on the CPU: no memset of address 0 (an error recorded). dinp
+ * must not alias dout here (the CPU allows it; nn/ never does it). */
 static void cuda_bn_bwd_set(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
                             const float *dout, const float *inp, const float *mean,
                             const float *rstd, const float *gamma, int N, int C, int HW)
 {
-    cuda_zero(be, dinp, (size_t)N * C * HW * sizeof(float));
+    if (dinp) {
+        cuda_zero(be, dinp, (size_t)N * C * HW * sizeof(float));
+    }
     cuda_bn_bwd(be, dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
 }
 
