@@ -107,12 +107,17 @@ static void prof_print(void)
     memset(prof, 0, sizeof prof);
 }
 
-/* Records a launcher's error in the instance (the first one wins), timing
- * the op when profiling. */
+/* Records a launcher's error in the instance (the first one wins), its
+ * message prefixed with the op ("conv2d_fwd: kernels/cuda/conv.cu:..."),
+ * timing the op when profiling. */
 #define REC(be, call)                                                                              \
     do {                                                                                           \
         double prof_t0_ = prof_begin(be);                                                          \
-        mmp_backend_fail((be), (call));                                                            \
+        mmp_err rec_e_ = (call);                                                                   \
+        if (rec_e_ != MMP_OK) {                                                                    \
+            rec_e_ = mmp_error_prefix(rec_e_, "%s", __func__ + 5 /* "cuda_" */);                   \
+        }                                                                                          \
+        mmp_backend_fail((be), rec_e_);                                                            \
         prof_end((be), __func__, prof_t0_);                                                        \
     } while (0)
 
