@@ -27,7 +27,8 @@
  * drains the stream before and after itself and adds the wall time between
  * (its kernels plus their launches) to its row; the table goes to stderr
  * when the instance closes. Serialises everything: for finding the biggest
- * costs, never for throughput figures. */
+ * costs, never for throughput figures. The drain after an op also pins an
+ * asynchronous fault (an illegal address in its kernels) on that op. */
 #define PROF_ROWS 64
 typedef struct prof_row {
     const char *op;
@@ -67,7 +68,11 @@ static void prof_end(mmp_backend *be, const char *op, double t0)
     if (!prof_enabled()) {
         return;
     }
-    (void)mmp_cuda_sync(CTX(be));
+    mmp_err e = mmp_cuda_sync(CTX(be));
+    if (e != MMP_OK) {
+        /* a fault in the op's own kernels: otherwise it surfaces in a later op */
+        mmp_backend_fail(be, mmp_error_prefix(e, "%s (its kernels)", op + 5 /* "cuda_" */));
+    }
     double ms = prof_now_ms() - t0;
     for (int i = 0; i < PROF_ROWS; i++) {
         if (!prof[i].op || prof[i].op == op) {
