@@ -3,6 +3,7 @@
  * kernels/cuda/backend.cu; nothing here knows a device. */
 #include "kernels/backend.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 static mmp_backend cpu_instance = {.ops = &mmp_backend_cpu_ops, .ctx = NULL, .err = MMP_OK};
@@ -49,18 +50,23 @@ void mmp_backend_destroy(mmp_backend *be)
 
 mmp_err mmp_backend_error(const mmp_backend *be)
 {
+    if (be->err != MMP_OK) {
+        (void)mmp_errorf(be->err, "%s", be->err_msg);
+    }
     return be->err;
 }
 
 void mmp_backend_clear_error(mmp_backend *be)
 {
     be->err = MMP_OK;
+    be->err_msg[0] = '\0';
 }
 
 void mmp_backend_fail(mmp_backend *be, mmp_err e)
 {
     if (e != MMP_OK && be->err == MMP_OK) {
         be->err = e;
+        snprintf(be->err_msg, sizeof be->err_msg, "%s", mmp_last_error());
     }
 }
 

@@ -245,6 +245,7 @@ struct mmp_backend {
     const mmp_backend_ops *ops;
     void *ctx;   /* the implementation's device state (CUDA: mmp_cuda_ctx *), NULL on the CPU */
     mmp_err err; /* the first failed op's error, MMP_OK while none failed */
+    char err_msg[512]; /* mmp_last_error() when err was recorded */
 };
 
 /* The implementations. mmp_backend_cuda_ops exists only where the build
@@ -278,8 +279,9 @@ void mmp_backend_upload_wait(mmp_backend *be);
 /* 1 when the instance's memory is the host's (the CPU backend). */
 int mmp_backend_is_host(const mmp_backend *be);
 
-/* The first error an op recorded (MMP_OK if none); the failing op also set
- * mmp_last_error() then (a later error may have replaced that message).
+/* The first error an op recorded (MMP_OK if none); when there is one,
+ * mmp_last_error() is set back to that op's message (a CUDA fault makes
+ * every later op fail too, and their messages would hide the first).
  * clear resets it. */
 mmp_err mmp_backend_error(const mmp_backend *be);
 void mmp_backend_clear_error(mmp_backend *be);

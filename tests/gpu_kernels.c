@@ -23,6 +23,7 @@ int main(void)
 #include <string.h>
 
 #include "common/err.h"
+#include "kernels/backend.h"
 #include "kernels/cpu.h"
 #include "kernels/cuda.h"
 
@@ -110,6 +111,18 @@ static void release(void)
     n_host = n_dev = 0;
 }
 
+/* The device array d (bytes) holds exactly ref's bits. */
+static void check_bits(const char *label, const void *d, const void *ref, size_t bytes)
+{
+    void *h = host_alloc(bytes);
+    CHECK_OK(mmp_cuda_memcpy_d2h(ctx, h, d, bytes));
+    int same = memcmp(h, ref, bytes) == 0;
+    if (!same) {
+        fprintf(stderr, "  %s: not bitwise the reference\n", label);
+    }
+    CHECK(same);
+}
+
 /* ---- context and memory --------------------------------------------------- */
 
 static void test_context(void)
@@ -133,6 +146,44 @@ static void test_context(void)
 
     /* a shape an op cannot take is an error value, not a crash */
     CHECK(mmp_cuda_attention_fwd(ctx, d, d, d, d, d, NULL, 1, 2, 2, 10, 3, 0) == MMP_ERR_INVALID);
+    release();
+}
+
+/* The arena (256-byte aligned, disjoint carvings, a chunk of its own past
+ * MMP_CUDA_ARENA_CHUNK) and the asynchronous upload from page-locked memory. */
+static void test_arena_upload(void)
+{
+    const size_t sizes[] = {1, 255, 256, 1000, MMP_CUDA_ARENA_CHUNK + 1, 4096};
+    const size_t count = sizeof sizes / sizeof sizes[0];
+    char *p[sizeof sizes / sizeof sizes[0]];
+    size_t before = mmp_cuda_ctx_device_bytes(ctx);
+    for (size_t i = 0; i < count; i++) {
+        void *q = NULL;
+        CHECK_OK(mmp_cuda_arena_alloc(ctx, &q, sizes[i]));
+        p[i] = q;
+        CHECK(q != NULL && (uintptr_t)q % 256 == 0);
+    }
+    for (size_t i = 0; i < count; i++) {
+        for (size_t j = 0; j < count; j++) {
+            CHECK(i == j || p[i] + sizes[i] <= p[j] || p[j] + sizes[j] <= p[i]);
+        }
+    }
+    CHECK(mmp_cuda_ctx_device_bytes(ctx) >= before + MMP_CUDA_ARENA_CHUNK + 1);
+
+    const size_t n = 100003;
+    float *host = mmp_cuda_host_alloc(sizeof(float) * n);
+    CHECK(host != NULL);
+    if (!host) {
+        return;
+    }
+    float *x = rnd(n, -1, 1);
+    memcpy(host, x, sizeof(float) * n);
+    float *d = dev(NULL, n);
+    CHECK_OK(mmp_cuda_upload(ctx, d, host, sizeof(float) * n));
+    CHECK_OK(mmp_cuda_upload_wait(ctx));
+    memset(host, 0, sizeof(float) * n); /* the copy is done: host is free again */
+    check_bits("upload", d, x, sizeof(float) * n);
+    mmp_cuda_host_free(host);
     release();
 }
 
@@ -328,6 +379,83 @@ static void test_elementwise(void)
     CHECK_OK(mmp_cuda_scale(ctx, d_y, -0.37f, n));
     check("scale", d_y, y, n, 0.0);
     release();
+}
+
+/* transpose (plain and accumulating) and the double gradient accumulator:
+ * bitwise the CPU's (each is one copy, add or conversion per element). */
+static void test_transpose_f64(void)
+{
+    const int B = 3, R = 37, C = 19;
+    const size_t n = (size_t)B * R * C;
+    float *inp = rnd(n, -1, 1), *out = rnd(n, -1, 1);
+    float *d_inp = dev(inp, n), *d_out = dev(out, n);
+    mmp_cpu_transpose(out, inp, B, R, C, 1);
+    CHECK_OK(mmp_cuda_transpose(ctx, d_out, d_inp, B, R, C, 1));
+    check_bits("transpose (accumulate)", d_out, out, sizeof(float) * n);
+    mmp_cpu_transpose(out, inp, B, R, C, 0);
+    CHECK_OK(mmp_cuda_transpose(ctx, d_out, d_inp, B, R, C, 0));
+    check_bits("transpose", d_out, out, sizeof(float) * n);
+
+    const size_t m = 10007;
+    double *acc = host_alloc(sizeof(double) * m);
+    double *d_acc = dev_bytes(NULL, sizeof(double) * m);
+    for (int k = 0; k < 3; k++) {
+        float *x = rnd(m, -1, 1);
+        x[k] = k == 0 ? 1e-30f : k == 1 ? -3e38f : 7.0f;
+        float *d_x = dev(x, m);
+        mmp_cpu_acc_f64(acc, x, m);
+        CHECK_OK(mmp_cuda_acc_f64(ctx, d_acc, d_x, m));
+    }
+    check_bits("acc_f64", d_acc, acc, sizeof(double) * m);
+    float *r = rnd(m, 0, 0), *d_r = dev(NULL, m);
+    mmp_cpu_round_f64(r, acc, m);
+    CHECK_OK(mmp_cuda_round_f64(ctx, d_r, d_acc, m));
+    check_bits("round_f64", d_r, r, sizeof(float) * m);
+    release();
+}
+
+/* The backend's _set ops (kernels/cuda/backend.c: zero, then the
+ * accumulating kernel) against the CPU's, and a NULL dinp skipped. */
+static void test_backend_set_ops(void)
+{
+    mmp_backend *be = NULL;
+    CHECK_OK(mmp_backend_create(&be, &mmp_backend_cuda_ops, 0));
+    if (!be) {
+        return;
+    }
+    const int N = 3, C = 5, HW = 49;
+    const size_t n = (size_t)N * C * HW;
+    float *inp = rnd(n, -2, 2), *dout = rnd(n, -1, 1), *out = rnd(n, -1, 1);
+    float *gamma = rnd(C, 0.5f, 1.5f), *mean = rnd(C, -0.1f, 0.1f), *rstd = rnd(C, 0.5f, 1.5f);
+    float *dgamma = rnd(C, -1, 1), *dbeta = rnd(C, -1, 1);
+    float *dinp = rnd(n, 0, 0);
+    dout[0] = -0.0f; /* 0 + -0 is +0 on both */
+    float *d_inp = dev(inp, n), *d_dout = dev(dout, n), *d_out = dev(out, n);
+    float *d_gamma = dev(gamma, C), *d_mean = dev(mean, C), *d_rstd = dev(rstd, C);
+    float *d_dgamma = dev(dgamma, C), *d_dbeta = dev(dbeta, C);
+    float *d_dinp = dev(rnd(n, -1, 1), n); /* garbage the _set ops must not read */
+
+    mmp_cpu_relu_bwd_set(dinp, dout, out, n);
+    be->ops->relu_bwd_set(be, d_dinp, d_dout, d_out, n);
+    be->ops->sync(be); /* be has a stream of its own; check() reads on ctx's */
+    check_bits("relu_bwd_set", d_dinp, dinp, sizeof(float) * n);
+
+    mmp_cpu_batchnorm_bwd_set(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
+    be->ops->batchnorm_bwd_set(be, d_dinp, d_dgamma, d_dbeta, d_dout, d_inp, d_mean, d_rstd,
+                               d_gamma, N, C, HW);
+    be->ops->sync(be);
+    check("batchnorm_bwd_set dinp", d_dinp, dinp, n, ATOL);
+    check("batchnorm_bwd_set dgamma", d_dgamma, dgamma, C, ATOL_LONG);
+    check("batchnorm_bwd_set dbeta", d_dbeta, dbeta, C, ATOL_LONG);
+    /* no input gradient wanted: the parameter gradients only, as on the CPU */
+    mmp_cpu_batchnorm_bwd_set(NULL, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
+    be->ops->batchnorm_bwd_set(be, NULL, d_dgamma, d_dbeta, d_dout, d_inp, d_mean, d_rstd, d_gamma,
+                               N, C, HW);
+    be->ops->sync(be);
+    check("batchnorm_bwd_set dgamma (dinp NULL)", d_dgamma, dgamma, C, ATOL_LONG);
+    CHECK_OK(mmp_backend_error(be));
+    release();
+    mmp_backend_destroy(be);
 }
 
 /* ---- pooling ----------------------------------------------------------------- */
@@ -724,12 +852,16 @@ static void test_softmax(void)
 }
 
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_context),   MMP_TEST_CASE(test_gemm),      MMP_TEST_CASE(test_linear),
-    MMP_TEST_CASE(test_conv),      MMP_TEST_CASE(test_batchnorm), MMP_TEST_CASE(test_elementwise),
-    MMP_TEST_CASE(test_pool),      MMP_TEST_CASE(test_layernorm), MMP_TEST_CASE(test_embedding),
-    MMP_TEST_CASE(test_attention), MMP_TEST_CASE(test_softmax),   MMP_TEST_CASE(test_l2norm),
-    MMP_TEST_CASE(test_infonce),   MMP_TEST_CASE(test_bce),       MMP_TEST_CASE(test_adamw),
-    MMP_TEST_CASE(test_sumsq),     MMP_TEST_CASE(test_precision),
+    MMP_TEST_CASE(test_context),       MMP_TEST_CASE(test_gemm),
+    MMP_TEST_CASE(test_linear),        MMP_TEST_CASE(test_conv),
+    MMP_TEST_CASE(test_batchnorm),     MMP_TEST_CASE(test_elementwise),
+    MMP_TEST_CASE(test_pool),          MMP_TEST_CASE(test_layernorm),
+    MMP_TEST_CASE(test_embedding),     MMP_TEST_CASE(test_attention),
+    MMP_TEST_CASE(test_softmax),       MMP_TEST_CASE(test_l2norm),
+    MMP_TEST_CASE(test_infonce),       MMP_TEST_CASE(test_bce),
+    MMP_TEST_CASE(test_adamw),         MMP_TEST_CASE(test_sumsq),
+    MMP_TEST_CASE(test_precision),     MMP_TEST_CASE(test_arena_upload),
+    MMP_TEST_CASE(test_transpose_f64), MMP_TEST_CASE(test_backend_set_ops),
 };
 
 int main(int argc, char **argv)

@@ -290,6 +290,32 @@ static void test_tables_complete(void)
     }
 }
 
+/* mmp_backend_error keeps the first failed op's message: a fault that makes
+ * every later op fail too (CUDA's sticky errors) must not hide which op
+ * failed first. */
+static void test_first_error(void)
+{
+    mmp_backend *be = NULL;
+    CHECK_OK(mmp_backend_create(&be, &mmp_backend_cpu_ops, 0));
+    if (!be) {
+        return;
+    }
+    CHECK(mmp_backend_error(be) == MMP_OK);
+    mmp_backend_fail(be, MMP_OK);
+    CHECK(mmp_backend_error(be) == MMP_OK);
+    mmp_backend_fail(be, mmp_errorf(MMP_ERR_CUDA, "conv2d_fwd: the first"));
+    mmp_backend_fail(be, mmp_errorf(MMP_ERR_INVALID, "gemm: a later one"));
+    (void)mmp_errorf(MMP_ERR_IO, "unrelated");
+    CHECK(mmp_backend_error(be) == MMP_ERR_CUDA);
+    CHECK(strcmp(mmp_last_error(), "conv2d_fwd: the first") == 0);
+    mmp_backend_clear_error(be);
+    CHECK(mmp_backend_error(be) == MMP_OK);
+    mmp_backend_fail(be, mmp_errorf(MMP_ERR_NOMEM, "after clear"));
+    CHECK(mmp_backend_error(be) == MMP_ERR_NOMEM);
+    CHECK(strcmp(mmp_last_error(), "after clear") == 0);
+    mmp_backend_destroy(be);
+}
+
 /* One training step (micro-batch accumulation, norm, AdamW) of the image
  * branch on be; returns the output, input gradient and parameter arena. */
 static void image_run(mmp_backend *be, const mmp_plan *plan, const float *in, const float *dout,
@@ -487,6 +513,6 @@ static void test_text_fusion_through_table(void)
     CHECK(live_allocs == 0);
 }
 
-MMP_TEST_LIST("test_backend", MMP_TEST_CASE(test_tables_complete),
+MMP_TEST_LIST("test_backend", MMP_TEST_CASE(test_tables_complete), MMP_TEST_CASE(test_first_error),
               MMP_TEST_CASE(test_image_through_table),
               MMP_TEST_CASE(test_text_fusion_through_table))

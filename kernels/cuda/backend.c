@@ -27,7 +27,8 @@
  * drains the stream before and after itself and adds the wall time between
  * (its kernels plus their launches) to its row; the table goes to stderr
  * when the instance closes. Serialises everything: for finding the biggest
- * costs, never for throughput figures. */
+ * costs, never for throughput figures. The drain after an op also pins an
+ * asynchronous fault (an illegal address in its kernels) on that op. */
 #define PROF_ROWS 64
 typedef struct prof_row {
     const char *op;
@@ -67,7 +68,11 @@ static void prof_end(mmp_backend *be, const char *op, double t0)
     if (!prof_enabled()) {
         return;
     }
-    (void)mmp_cuda_sync(CTX(be));
+    mmp_err e = mmp_cuda_sync(CTX(be));
+    if (e != MMP_OK) {
+        /* a fault in the op's own kernels: otherwise it surfaces in a later op */
+        mmp_backend_fail(be, mmp_error_prefix(e, "%s (its kernels)", op + 5 /* "cuda_" */));
+    }
     double ms = prof_now_ms() - t0;
     for (int i = 0; i < PROF_ROWS; i++) {
         if (!prof[i].op || prof[i].op == op) {
@@ -107,12 +112,17 @@ static void prof_print(void)
     memset(prof, 0, sizeof prof);
 }
 
-/* Records a launcher's error in the instance (the first one wins), timing
- * the op when profiling. */
+/* Records a launcher's error in the instance (the first one wins), its
+ * message prefixed with the op ("conv2d_fwd: kernels/cuda/conv.cu:..."),
+ * timing the op when profiling. */
 #define REC(be, call)                                                                              \
     do {                                                                                           \
         double prof_t0_ = prof_begin(be);                                                          \
-        mmp_backend_fail((be), (call));                                                            \
+        mmp_err rec_e_ = (call);                                                                   \
+        if (rec_e_ != MMP_OK) {                                                                    \
+            rec_e_ = mmp_error_prefix(rec_e_, "%s", __func__ + 5 /* "cuda_" */);                   \
+        }                                                                                          \
+        mmp_backend_fail((be), rec_e_);                                                            \
         prof_end((be), __func__, prof_t0_);                                                        \
     } while (0)
 
@@ -323,12 +333,16 @@ static void cuda_bn_bwd(mmp_backend *be, float *dinp, float *dgamma, float *dbet
 }
 
 /* The _set ops on the device: zero, then the accumulating kernel (the same
- * bits by definition; a fused kernel would save the memset). */
+ * bits by definition; a fused kernel would save the memset). A NULL dinp is
+ * skipped, as on the CPU: no memset of address 0 (an error recorded). dinp
+ * must not alias dout here (the CPU allows it; nn/ never does it). */
 static void cuda_bn_bwd_set(mmp_backend *be, float *dinp, float *dgamma, float *dbeta,
                             const float *dout, const float *inp, const float *mean,
                             const float *rstd, const float *gamma, int N, int C, int HW)
 {
-    cuda_zero(be, dinp, (size_t)N * C * HW * sizeof(float));
+    if (dinp) {
+        cuda_zero(be, dinp, (size_t)N * C * HW * sizeof(float));
+    }
     cuda_bn_bwd(be, dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW);
 }
 

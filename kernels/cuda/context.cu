@@ -151,13 +151,17 @@ void *mmp_cuda_ctx_stream(const mmp_cuda_ctx *ctx)
 }
 
 /* *buf (*have bytes) grown to at least bytes. */
-static mmp_err ws_grow(void **buf, size_t *have, size_t bytes, const char *what)
+static mmp_err ws_grow(cudaStream_t stream, void **buf, size_t *have, size_t bytes,
+                       const char *what)
 {
     if (bytes > *have) {
         /* Grow by half again so that a slowly growing shape does not
-         * reallocate every call. cudaFree waits for the device, so work
-         * still reading the old workspace finishes first. */
+         * reallocate every call. Work queued on the stream may still read
+         * the old workspace: wait for it (cudaFree of cudaMalloc memory
+         * synchronises too, but this does not rest on that). Rare: a new,
+         * larger shape. */
         size_t want = bytes + bytes / 2;
+        CU_TRY(cudaStreamSynchronize(stream));
         CU_TRY(cudaFree(*buf));
         *buf = NULL;
         *have = 0;
@@ -173,14 +177,14 @@ static mmp_err ws_grow(void **buf, size_t *have, size_t bytes, const char *what)
 
 mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
 {
-    MMP_TRY(ws_grow(&ctx->ws, &ctx->ws_bytes, bytes, "workspace"));
+    MMP_TRY(ws_grow(ctx->stream, &ctx->ws, &ctx->ws_bytes, bytes, "workspace"));
     *out = ctx->ws;
     return MMP_OK;
 }
 
 mmp_err mmp_cuda_lp_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
 {
-    MMP_TRY(ws_grow(&ctx->lp_ws, &ctx->lp_ws_bytes, bytes, "bf16/fp16 GEMM operands"));
+    MMP_TRY(ws_grow(ctx->stream, &ctx->lp_ws, &ctx->lp_ws_bytes, bytes, "bf16/fp16 GEMM operands"));
     *out = ctx->lp_ws;
     return MMP_OK;
 }
