@@ -159,3 +159,18 @@ const char *mmp_reduce_transport(mmp_data_transport want, int cross_host, int al
     }
     return cross_host && all_gpus && want == MMP_DATA_AUTO && have_nccl ? "nccl" : "tcp";
 }
+
+int mmp_replicas_own_gpus(const int *host, const int *device, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (device[i] < 0) {
+            return 0;
+        }
+        for (int j = 0; j < i; j++) {
+            if (host[j] == host[i] && device[j] == device[i]) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}

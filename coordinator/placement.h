@@ -66,4 +66,12 @@ const char *mmp_edge_transport(mmp_data_transport want, int cross_host, int from
 const char *mmp_reduce_transport(mmp_data_transport want, int cross_host, int all_gpus,
                                  int have_nccl);
 
+/* 1 when n replicas placed on host[i], device[i] (a CUDA ordinal, -1: the
+ * CPU) are each on a GPU of their own: every device >= 0 and no two on one
+ * device of one host. NCCL refuses two ranks of a communicator on one GPU
+ * ("Duplicate GPU detected", at the first sum), so only then may a reduce be
+ * "nccl" (the caller's all_gpus above); replicas that share a GPU go over
+ * the host path. */
+int mmp_replicas_own_gpus(const int *host, const int *device, int n);
+
 #endif

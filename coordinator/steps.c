@@ -111,16 +111,19 @@ static int replica0(const coord *c, const mmp_sched_stage *st)
 
 /* The transport of stage st's replicas' reduce (mmp_reduce_transport):
  * "shm", "tcp" (forced, or spread over hosts) or "nccl" (spread over hosts,
- * every replica on a GPU, a CUDA build). */
+ * every replica on a GPU of its own, a CUDA build). */
 static const char *reduce_transport(const coord *c, const mmp_sched_stage *st)
 {
-    int r0 = replica0(c, st), cross = 0, gpus = 1;
-    for (int j = 0; j < c->n; j++) {
+    int r0 = replica0(c, st), cross = 0, n = 0;
+    int host[MMP_SCHED_MAX_STAGES], device[MMP_SCHED_MAX_STAGES];
+    for (int j = 0; j < c->n && n < MMP_SCHED_MAX_STAGES; j++) {
         if (strcmp(c->sched.stages[j].name, st->name) == 0) {
             cross |= proc_host(c, j) != proc_host(c, r0);
-            gpus &= mmp_plan_slot_device(&c->cur, proc_slot(c, j)) >= 0;
+            host[n] = proc_host(c, j);
+            device[n++] = mmp_plan_slot_device(&c->cur, proc_slot(c, j));
         }
     }
+    int gpus = mmp_replicas_own_gpus(host, device, n);
 #ifdef MMP_HAVE_CUDA
     int have_nccl = 1;
 #else

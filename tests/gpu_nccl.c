@@ -21,9 +21,14 @@
  *  - two ranks on one GPU: the creator in this process, the connector in a
  *    fresh process (this binary re-executed; the address handed over a
  *    pipe, standing in for the control plane): NCCL refuses the duplicate
- *    GPU and both ends end in a named error within their timeout, no hang.
- * Untested until two GPUs (README, Across hosts): payloads through
- * ncclSend/ncclRecv, ordering and credits under load, peer death mid-transfer. */
+ *    GPU and both ends end in a named error within their timeout, no hang;
+ *  - two ranks on one GPU as two hosts (NCCL_HOSTID per process, NCCL's
+ *    socket transport on loopback; both ends fresh processes): 40 payloads
+ *    of changing sizes (one of 0 bytes) through 3 slots and a STOP, each
+ *    read back to the host byte for byte: real ncclSend/ncclRecv, events,
+ *    credits. (Its plumbing ran against tests/nccl_mock; not yet on a GPU.)
+ * Untested until two GPUs (README, Across hosts): NVLink/PCIe transports,
+ * peer death mid-transfer. */
 #include "tests/harness.h"
 
 #ifndef MMP_HAVE_CUDA
@@ -243,11 +248,141 @@ static void test_two_ranks_one_gpu(void)
     CHECK(mmp_test_now_s() - t0 < 40);
 }
 
+/* ---- two ranks on one GPU as two hosts ----------------------------------------------
+ * With NCCL_HOSTID distinct per process (mmp_test_as_nccl_host) NCCL takes
+ * the two ends for two hosts and moves the payloads over its socket
+ * transport on loopback: the channel's real ncclSend/ncclRecv, events,
+ * side channel and credits, on one GPU (nccl-tests run so with two ranks on
+ * one GPU, NCCL 2.29). TH_MSGS messages of changing sizes through TH_SLOTS
+ * slots (laps reuse every slot and event), one of 0 bytes (no NCCL call),
+ * then a STOP; the receiver reads each payload back to the host. */
+#define TH_MSGS 40
+#define TH_SLOTS 3
+#define TH_BYTES 65536
+
+static size_t th_bytes(int k)
+{
+    return k == 5 ? 0 : TH_BYTES - (size_t)k * 1531;
+}
+
+static unsigned char th_byte(int k, size_t j)
+{
+    return (unsigned char)((size_t)k * 131 + j * 7 + (j >> 8));
+}
+
+/* The sending end (creator), NCCL host "a": prints "address <a>", then
+ * sends, then "sender <errname> <messages sent> <message>". */
+static int host_sender_main(void)
+{
+    mmp_test_as_nccl_host("mmp-gpu-nccl-a");
+    mmp_channel_cfg cfg;
+    mmp_test_gpu_channel_cfg(&cfg, "127.0.0.1:0", TH_BYTES, TH_SLOTS, 1, 30000);
+    mmp_channel *ch = NULL;
+    mmp_err e = mmp_channel_open_with(&ch, &mmp_transport_nccl, &cfg, 1);
+    printf("address %s\n", e == MMP_OK ? mmp_channel_address(ch) : "-");
+    fflush(stdout);
+    static unsigned char buf[TH_BYTES];
+    int k = 0;
+    for (; e == MMP_OK && k < TH_MSGS; k++) {
+        mmp_msg_header h = {.step = k, .mb = k % 4, .digest = 1000u + (unsigned)k, .n = 1};
+        h.bytes = th_bytes(k);
+        for (size_t j = 0; j < h.bytes; j++) {
+            buf[j] = th_byte(k, j);
+        }
+        e = mmp_channel_send(ch, &h, buf);
+    }
+    if (e == MMP_OK) {
+        mmp_msg_header stop = {.step = TH_MSGS, .flags = MMP_MSG_STOP};
+        e = mmp_channel_send(ch, &stop, NULL);
+    }
+    printf("sender %s %d %s\n", mmp_err_name(e), k, e == MMP_OK ? "" : mmp_last_error());
+    fflush(stdout);
+    mmp_channel_close(ch);
+    return 0;
+}
+
+/* The receiving end (connector), NCCL host "b": "receiver <errname>
+ * <messages right> <message>". */
+static int host_receiver_main(const char *address)
+{
+    mmp_test_as_nccl_host("mmp-gpu-nccl-b");
+    mmp_channel_cfg cfg;
+    mmp_test_gpu_channel_cfg(&cfg, address, TH_BYTES, TH_SLOTS, 0, 30000);
+    mmp_channel *ch = NULL;
+    mmp_err e = mmp_channel_open_with(&ch, &mmp_transport_nccl, &cfg, 0);
+    static unsigned char buf[TH_BYTES];
+    int right = 0;
+    for (int k = 0; e == MMP_OK && k <= TH_MSGS; k++) {
+        mmp_msg_header h;
+        const void *p = NULL;
+        if ((e = mmp_channel_recv(ch, &h, &p)) != MMP_OK) {
+            break;
+        }
+        if (k == TH_MSGS) { /* the STOP */
+            right += (h.flags & MMP_MSG_STOP) != 0 && h.bytes == 0;
+            e = mmp_channel_release(ch);
+            break;
+        }
+        int ok = h.step == k && h.mb == k % 4 && h.digest == 1000u + (unsigned)k &&
+                 h.bytes == th_bytes(k) && !(h.flags & MMP_MSG_STOP);
+        if (ok && h.bytes > 0) {
+            memset(buf, 0xee, h.bytes);
+            e = mmp_channel_read(ch, buf, p, (size_t)h.bytes);
+            for (size_t j = 0; e == MMP_OK && j < h.bytes; j++) {
+                ok &= buf[j] == th_byte(k, j);
+            }
+        }
+        if (!ok && e == MMP_OK) {
+            fprintf(stderr,
+                    "receiver: message %d: step %d mb %d bytes %llu: header or bytes wrong\n", k,
+                    h.step, h.mb, (unsigned long long)h.bytes);
+        }
+        right += ok;
+        e = e == MMP_OK ? mmp_channel_release(ch) : e;
+    }
+    printf("receiver %s %d %s\n", mmp_err_name(e), right, e == MMP_OK ? "" : mmp_last_error());
+    fflush(stdout);
+    mmp_channel_close(ch);
+    return 0;
+}
+
+static void test_two_hosts_one_gpu(void)
+{
+    double t0 = mmp_test_now_s();
+    int sout = -1, rout = -1;
+    pid_t sp = mmp_test_spawn_self(self_path, "--host-sender", "-", &sout);
+    char line[1024], sbuf[2048], rbuf[2048];
+    int got = mmp_test_read_line(sout, line, sizeof line, 30000);
+    CHECK(got && strncmp(line, "address ", 8) == 0 && strcmp(line, "address -") != 0);
+    if (!got || strncmp(line, "address ", 8) != 0 || strcmp(line, "address -") == 0) {
+        mmp_test_child_output_within(sp, sout, sbuf, sizeof sbuf, 40);
+        fprintf(stderr, "  two hosts on one GPU: the sender gave no address: '%s' %s", line, sbuf);
+        return;
+    }
+    pid_t rp = mmp_test_spawn_self(self_path, "--host-receiver", line + 8, &rout);
+    CHECK(mmp_test_child_output_within(rp, rout, rbuf, sizeof rbuf, 60));
+    CHECK(mmp_test_child_output_within(sp, sout, sbuf, sizeof sbuf, 30));
+    fprintf(stderr,
+            "  two hosts on one GPU (NCCL_HOSTID, NCCL's socket transport), %.2f s:\n    %s    %s",
+            mmp_test_now_s() - t0, sbuf, rbuf);
+    char want[64];
+    snprintf(want, sizeof want, "sender ok %d ", TH_MSGS);
+    CHECK(strncmp(sbuf, want, strlen(want)) == 0);
+    snprintf(want, sizeof want, "receiver ok %d ", TH_MSGS + 1);
+    CHECK(strncmp(rbuf, want, strlen(want)) == 0);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argv[0];
     if (argc == 3 && strcmp(argv[1], "--connector") == 0) {
         return connector_main(argv[2]);
+    }
+    if (argc == 3 && strcmp(argv[1], "--host-sender") == 0) {
+        return host_sender_main();
+    }
+    if (argc == 3 && strcmp(argv[1], "--host-receiver") == 0) {
+        return host_receiver_main(argv[2]);
     }
     signal(SIGPIPE, SIG_IGN);
     test_address();
@@ -259,6 +394,7 @@ int main(int argc, char **argv)
     test_one_rank();
     test_creator_alone();
     test_two_ranks_one_gpu();
+    test_two_hosts_one_gpu();
     return mmp_test_finish(NAME);
 }
 

@@ -23,7 +23,12 @@
  *    the control plane), each with its tcp host reduce on 127.0.0.1: NCCL
  *    refuses the duplicate GPU and both sums end in MMP_ERR_PEER naming the
  *    nccl reduce within their bound, no hang (or, were two ranks on one GPU
- *    accepted, both sums give the rank-order bits).
+ *    accepted, both sums give the rank-order bits);
+ *  - two ranks on one GPU as two hosts (NCCL_HOSTID per process, NCCL's
+ *    socket transport on loopback): two sums of 4096 doubles in chunks of
+ *    1000, both ranks with the rank-order bits: a gradient really crosses
+ *    between the processes. (Its plumbing ran against tests/nccl_mock; not
+ *    yet on a GPU.)
  * Untested until two GPUs (README, Launching on several hosts): NCCL moving
  * a gradient between two devices, a peer dying mid-collective on a device. */
 #include "tests/harness.h"
@@ -194,6 +199,8 @@ static void test_one_rank(void)
 
 /* Rank `rank` of 2 on device 0: a tcp host reduce ("127.0.0.1:0" for rank
  * 0, else the address's host:port) and the nccl reduce. */
+static size_t two_chunk; /* the nccl reduce's cfg.chunk (0: its default) */
+
 typedef struct two {
     mmp_reduce *side;
     mmp_reduce_nccl *r;
@@ -223,7 +230,8 @@ static mmp_err two_open(two *x, int rank, const char *address)
                              .stream = x->s,
                              .side = x->side,
                              .id = rank > 0 ? id : NULL,
-                             .timeout_ms = 20000};
+                             .timeout_ms = 20000,
+                             .chunk = two_chunk};
     return mmp_reduce_nccl_open(&x->r, &c);
 }
 
@@ -306,11 +314,71 @@ static void test_two_ranks_one_gpu(void)
     CHECK(mmp_test_now_s() - t0 < 50);
 }
 
+/* ---- two ranks on one GPU as two hosts ----------------------------------------------
+ * NCCL_HOSTID distinct per process (mmp_test_as_nccl_host): NCCL takes the
+ * ranks for two hosts and runs the all-gather over its socket transport on
+ * loopback, so a gradient really crosses between the two processes' device
+ * buffers: two sums of 4096 doubles in chunks of 1000 (5 all-gathers each),
+ * both ranks must end with the rank-order bits. */
+static int host_rank_main(int rank, const char *address)
+{
+    mmp_test_as_nccl_host(rank == 0 ? "mmp-gpu-reduce-a" : "mmp-gpu-reduce-b");
+    two_chunk = 1000;
+    two x;
+    char a[700] = "-";
+    mmp_err e = two_open(&x, rank, address);
+    if (rank == 0) {
+        if (e == MMP_OK) {
+            e = mmp_reduce_nccl_address(x.r, mmp_reduce_address(x.side), a, sizeof a);
+        }
+        printf("address %s\n", e == MMP_OK ? a : "-");
+        fflush(stdout);
+    }
+    int right = 0, again = 0;
+    e = e == MMP_OK ? two_sum(&x, rank, &right) : e;
+    e = e == MMP_OK ? two_sum(&x, rank, &again) : e;
+    printf("rank%d %s %d %s\n", rank, mmp_err_name(e), right && again,
+           e == MMP_OK ? "" : mmp_last_error());
+    fflush(stdout);
+    two_close(&x);
+    return 0;
+}
+
+static void test_two_hosts_one_gpu(void)
+{
+    double t0 = mmp_test_now_s();
+    int out0 = -1, out1 = -1;
+    pid_t p0 = mmp_test_spawn_self(self_path, "--host-rank0", "-", &out0);
+    char line[1024], b0[2048], b1[2048];
+    int got = mmp_test_read_line(out0, line, sizeof line, 30000);
+    int have = got && strncmp(line, "address ", 8) == 0 && strcmp(line, "address -") != 0;
+    CHECK(have);
+    if (!have) {
+        mmp_test_child_output_within(p0, out0, b0, sizeof b0, 40);
+        fprintf(stderr, "  two hosts on one GPU: rank 0 gave no address: '%s' %s", line, b0);
+        return;
+    }
+    pid_t p1 = mmp_test_spawn_self(self_path, "--host-rank1", line + 8, &out1);
+    CHECK(mmp_test_child_output_within(p1, out1, b1, sizeof b1, 60));
+    CHECK(mmp_test_child_output_within(p0, out0, b0, sizeof b0, 30));
+    fprintf(stderr,
+            "  two hosts on one GPU (NCCL_HOSTID, NCCL's socket transport), %.2f s:\n    %s    %s",
+            mmp_test_now_s() - t0, b0, b1);
+    CHECK(strncmp(b0, "rank0 ok 1 ", 11) == 0);
+    CHECK(strncmp(b1, "rank1 ok 1 ", 11) == 0);
+}
+
 int main(int argc, char **argv)
 {
     self_path = argv[0];
     if (argc == 3 && strcmp(argv[1], "--rank1") == 0) {
         return rank1_main(argv[2]);
+    }
+    if (argc == 3 && strcmp(argv[1], "--host-rank0") == 0) {
+        return host_rank_main(0, NULL);
+    }
+    if (argc == 3 && strcmp(argv[1], "--host-rank1") == 0) {
+        return host_rank_main(1, argv[2]);
     }
     signal(SIGPIPE, SIG_IGN);
     test_cfg();
@@ -320,6 +388,7 @@ int main(int argc, char **argv)
     test_kernel();
     test_one_rank();
     test_two_ranks_one_gpu();
+    test_two_hosts_one_gpu();
     return mmp_test_finish(NAME);
 }
 

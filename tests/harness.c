@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -215,6 +217,79 @@ int mmp_test_child_output(pid_t pid, int fd, char *buf, size_t cap)
     int status = 0;
     return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
            WEXITSTATUS(status) == 0;
+}
+
+int mmp_test_child_output_within(pid_t pid, int fd, char *buf, size_t cap, double timeout_s)
+{
+    size_t n = 0;
+    char sink[256];
+    double end = mmp_test_now_s() + timeout_s;
+    int done = fd < 0;
+    while (!done) {
+        int left_ms = (int)((end - mmp_test_now_s()) * 1000);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (left_ms <= 0 || poll(&pf, 1, left_ms) <= 0) {
+            break; /* the bound (or a failed poll) */
+        }
+        int room = n + 1 < cap;
+        ssize_t k = room ? read(fd, buf + n, cap - 1 - n) : read(fd, sink, sizeof sink);
+        if (k <= 0) {
+            done = 1; /* end of file: the child closed its stdout */
+            break;
+        }
+        n += room ? (size_t)k : 0;
+    }
+    if (cap) {
+        buf[n] = 0;
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    int status = 0;
+    pid_t got = 0;
+    while (pid > 0 && (got = waitpid(pid, &status, WNOHANG)) == 0 && mmp_test_now_s() < end) {
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+    }
+    if (pid > 0 && got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return 0;
+    }
+    return done && got == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int mmp_test_read_line(int fd, char *buf, size_t cap, int timeout_ms)
+{
+    size_t n = 0;
+    double end = mmp_test_now_s() + timeout_ms / 1000.0;
+    while (fd >= 0 && n + 1 < cap) {
+        int left_ms = (int)((end - mmp_test_now_s()) * 1000);
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        char c;
+        if (left_ms <= 0 || poll(&pf, 1, left_ms) <= 0 || read(fd, &c, 1) != 1) {
+            break;
+        }
+        if (c == '\n') {
+            buf[n] = 0;
+            return 1;
+        }
+        buf[n++] = c;
+    }
+    if (cap) {
+        buf[n] = 0;
+    }
+    return 0;
+}
+
+void mmp_test_as_nccl_host(const char *hostid)
+{
+    setenv("NCCL_HOSTID", hostid, 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 1); /* bootstrap and data over loopback */
+    setenv("NCCL_P2P_DISABLE", "1", 1);
+    setenv("NCCL_SHM_DISABLE", "1", 1);
+    setenv("NCCL_IB_DISABLE", "1", 1);
+    setenv("NCCL_NET", "Socket", 1);
 }
 
 int mmp_test_finish(const char *name)

@@ -108,6 +108,17 @@ pid_t mmp_test_spawn_self(const char *self, const char *mode, const char *arg, i
  * buf[cap] (NUL-terminated, cut at cap - 1); closes fd, reaps pid. Returns 1
  * when the child exited with status 0. */
 int mmp_test_child_output(pid_t pid, int fd, char *buf, size_t cap);
+/* The same, but bounded: a child still running after timeout_s seconds is
+ * killed (SIGKILL) and the call returns 0, its output so far in buf. */
+int mmp_test_child_output_within(pid_t pid, int fd, char *buf, size_t cap, double timeout_s);
+/* One line of a spawned child's stdout (fd), without its '\n', into
+ * buf[cap]; 0 at end of file, an error or after timeout_ms. */
+int mmp_test_read_line(int fd, char *buf, size_t cap, int timeout_ms);
+/* Makes this process look like a host of its own to NCCL (NCCL_HOSTID =
+ * hostid, loopback sockets, no P2P/SHM/IB): NCCL then takes two processes
+ * on one GPU for two hosts and moves their bytes over its socket transport,
+ * where it would refuse a duplicate GPU. Call before any NCCL call. */
+void mmp_test_as_nccl_host(const char *hostid);
 
 /* Path of the mmpipe binary ($MMP_BIN, else build/mmpipe). */
 const char *mmp_test_bin(void);

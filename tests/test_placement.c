@@ -126,6 +126,23 @@ static void test_reduce_transport(void)
     CHECK(strcmp(mmp_reduce_transport(MMP_DATA_SHM, 0, 1, 1), "shm") == 0);
 }
 
+/* nccl only for replicas each on a GPU of its own: NCCL refuses two ranks
+ * on one GPU, so two replicas sharing cuda:0 of one host go over tcp. */
+static void test_replicas_own_gpus(void)
+{
+    int h2[] = {0, 1}, d2[] = {0, 0};
+    CHECK(mmp_replicas_own_gpus(h2, d2, 2)); /* cuda:0 of two hosts */
+    int h3[] = {0, 0, 1}, d3[] = {0, 0, 0};
+    CHECK(!mmp_replicas_own_gpus(h3, d3, 3)); /* two on host 0's cuda:0 */
+    int d3b[] = {0, 1, 0};
+    CHECK(mmp_replicas_own_gpus(h3, d3b, 3));
+    int d2c[] = {0, -1};
+    CHECK(!mmp_replicas_own_gpus(h2, d2c, 2)); /* a CPU replica */
+    int h4[] = {1, 0, 2, 0}, d4[] = {3, 2, 3, 2};
+    CHECK(!mmp_replicas_own_gpus(h4, d4, 4)); /* the pair need not be adjacent */
+    CHECK(mmp_replicas_own_gpus(h4, d4, 3));
+}
+
 MMP_TEST_LIST("test_placement", MMP_TEST_CASE(test_round_trip), MMP_TEST_CASE(test_bad_text),
               MMP_TEST_CASE(test_per_layer), MMP_TEST_CASE(test_edge_transport),
-              MMP_TEST_CASE(test_reduce_transport))
+              MMP_TEST_CASE(test_replicas_own_gpus), MMP_TEST_CASE(test_reduce_transport))
