@@ -16,7 +16,8 @@
 # Time-sliced (MMP_GPU_SHARING=timeslice: MPS is gpu_pipeline's matter).
 # Skips (77) where no CUDA device is visible or the build has no CUDA.
 # MMP_TEST_DEVICE=cpu runs the same placement on the CPU (shm and tcp
-# instead), a check of this script on a machine without a GPU.
+# instead), a check of this script on a machine without a GPU: ctest's
+# two_hosts_cpu (label cpu) runs it so in every build.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 dev=${MMP_TEST_DEVICE:-cuda:0}
@@ -48,16 +49,16 @@ export MMP_GPU_SHARING=timeslice
 grep -q 'image.0/1 (pid [0-9]*, ssh to host gb' "$W/two.log" && grep -q 'image.0/0 (pid [0-9]*, ssh to host ga' "$W/two.log" \
   && ok "image replica 0 on ga, replica 1 on gb" || fail "placement: $(grep -o 'started .*' "$W/two.log" | tr '\n' ';')"
 if [ "$dev" = cpu ]; then
-  want_ch="data channels: 0 over cuda_ipc, 4 over shm, 2 over tcp, 0 over nccl"; want_red="reduce over tcp"
+  want_ch="data channels: 0 over cuda_ipc, 4 over shm, 2 over tcp, 0 over nccl"; want_red="reduce over tcp"; across=tcp
 else
-  want_ch="data channels: 4 over cuda_ipc, 0 over shm, 0 over tcp, 2 over nccl"; want_red="reduce over nccl"
+  want_ch="data channels: 4 over cuda_ipc, 0 over shm, 0 over tcp, 2 over nccl"; want_red="reduce over nccl"; across=NCCL
 fi
 grep -q "$want_ch" "$W/two.log" && ok "$want_ch" || fail "transports: $(grep -o 'data channels.*' "$W/two.log")"
 grep -q "replicas' $want_red" "$W/two.log" && ok "the image replicas' $want_red" \
   || fail "replicas' reduce: $(grep -o "replicas' reduce.*" "$W/two.log" | head -2 | tr '\n' ';')"
 "$BIN" launch "$W/plan.yaml" --out "$W/single" --single-process --force >"$W/single.log" 2>&1 \
   || { fail "single process failed"; tail -5 "$W/single.log" | sed 's/^/    /'; }
-out=$(same_ckpt "$W/two" "$W/single") && ok "two hosts over NCCL == single process: $out" \
+out=$(same_ckpt "$W/two" "$W/single") && ok "two hosts over $across == single process: $out" \
   || fail "two hosts differ from the single process: $out"
 left_behind "two hosts" "$W/two.log"
 finish
