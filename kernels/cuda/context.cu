@@ -58,6 +58,15 @@ mmp_err mmp_cuda_device_info(int d, char *name, size_t name_size, size_t *total_
     return MMP_OK;
 }
 
+/* A workspace given back: after the work queued on stream (pools), or at
+ * once (the caller has waited for the stream). */
+static void ws_free(cudaStream_t stream, int pools, void *buf)
+{
+    if (buf) {
+        (void)(pools ? cudaFreeAsync(buf, stream) : cudaFree(buf));
+    }
+}
+
 /* Fills a zeroed ctx; on failure what was made is left for destroy. */
 static mmp_err ctx_init(mmp_cuda_ctx *ctx, int device)
 {
@@ -83,6 +92,19 @@ static mmp_err ctx_init(mmp_cuda_ctx *ctx, int device)
     CU_TRY(cublasSetWorkspace(ctx->cublas, ctx->blas_ws, blas_ws));
     CU_TRY(cudnnCreate(&ctx->cudnn));
     CU_TRY(cudnnSetStream(ctx->cudnn, ctx->stream));
+    /* Stream-ordered workspaces where the device has memory pools and they
+     * work here (a probe: under MPS, too); else the synchronous fallback. */
+    int pools = 0;
+    void *probe = NULL;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess &&
+        pools && cudaMallocAsync(&probe, 256, ctx->stream) == cudaSuccess) {
+        pools = cudaFreeAsync(probe, ctx->stream) == cudaSuccess &&
+                cudaStreamSynchronize(ctx->stream) == cudaSuccess;
+    } else {
+        pools = 0;
+    }
+    (void)cudaGetLastError(); /* a failed probe is no error of the context's */
+    ctx->pools = pools;
     return MMP_OK;
 }
 
@@ -117,11 +139,10 @@ void mmp_cuda_ctx_destroy(mmp_cuda_ctx *ctx)
     if (ctx->cublas) {
         cublasDestroy(ctx->cublas);
     }
-    if (ctx->ws) {
-        (void)cudaFree(ctx->ws);
-    }
-    if (ctx->lp_ws) {
-        (void)cudaFree(ctx->lp_ws);
+    ws_free(ctx->stream, ctx->pools, ctx->ws);
+    ws_free(ctx->stream, ctx->pools, ctx->lp_ws);
+    if (ctx->stream && ctx->pools) {
+        (void)cudaStreamSynchronize(ctx->stream); /* the frees above are stream-ordered */
     }
     if (ctx->blas_ws) {
         (void)cudaFree(ctx->blas_ws);
@@ -151,21 +172,26 @@ void *mmp_cuda_ctx_stream(const mmp_cuda_ctx *ctx)
 }
 
 /* *buf (*have bytes) grown to at least bytes. */
-static mmp_err ws_grow(cudaStream_t stream, void **buf, size_t *have, size_t bytes,
+static mmp_err ws_grow(cudaStream_t stream, int pools, void **buf, size_t *have, size_t bytes,
                        const char *what)
 {
     if (bytes > *have) {
         /* Grow by half again so that a slowly growing shape does not
-         * reallocate every call. Work queued on the stream may still read
-         * the old workspace: wait for it (cudaFree of cudaMalloc memory
-         * synchronises too, but this does not rest on that). Rare: a new,
-         * larger shape. */
+         * reallocate every call. Rare: a new, larger shape. Work queued on
+         * the stream may still read the old workspace: with pools the free
+         * and the new allocation are ordered on the stream behind it and
+         * nothing waits (a cudaFree would wait for the whole device, NCCL's
+         * kernels included, which may be waiting for a peer that waits for
+         * this process); without, wait for the stream, then cudaFree. */
         size_t want = bytes + bytes / 2;
-        CU_TRY(cudaStreamSynchronize(stream));
-        CU_TRY(cudaFree(*buf));
+        if (!pools) {
+            CU_TRY(cudaStreamSynchronize(stream));
+        }
+        ws_free(stream, pools, *buf);
         *buf = NULL;
         *have = 0;
-        if (cudaMalloc(buf, want) != cudaSuccess) {
+        cudaError_t e = pools ? cudaMallocAsync(buf, want, stream) : cudaMalloc(buf, want);
+        if (e != cudaSuccess) {
             (void)cudaGetLastError();
             *buf = NULL;
             return mmp_errorf(MMP_ERR_NOMEM, "cudaMalloc(%zu bytes) for the CUDA %s", want, what);
@@ -177,14 +203,15 @@ static mmp_err ws_grow(cudaStream_t stream, void **buf, size_t *have, size_t byt
 
 mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
 {
-    MMP_TRY(ws_grow(ctx->stream, &ctx->ws, &ctx->ws_bytes, bytes, "workspace"));
+    MMP_TRY(ws_grow(ctx->stream, ctx->pools, &ctx->ws, &ctx->ws_bytes, bytes, "workspace"));
     *out = ctx->ws;
     return MMP_OK;
 }
 
 mmp_err mmp_cuda_lp_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out)
 {
-    MMP_TRY(ws_grow(ctx->stream, &ctx->lp_ws, &ctx->lp_ws_bytes, bytes, "bf16/fp16 GEMM operands"));
+    MMP_TRY(ws_grow(ctx->stream, ctx->pools, &ctx->lp_ws, &ctx->lp_ws_bytes, bytes,
+                    "bf16/fp16 GEMM operands"));
     *out = ctx->lp_ws;
     return MMP_OK;
 }

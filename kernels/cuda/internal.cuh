@@ -63,6 +63,9 @@ struct mmp_cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t cublas;
     cudnnHandle_t cudnn;
+    /* Whether the device has stream-ordered memory pools: the workspaces
+     * below then grow with cudaFreeAsync/cudaMallocAsync on the stream. */
+    int pools;
     void *ws; /* workspace: grows, never shrinks */
     size_t ws_bytes;
     /* The 16-bit operands of bf16/fp16 GEMMs (gemm.cu): grows, never
@@ -85,7 +88,11 @@ struct mmp_cuda_ctx {
 };
 
 /* A workspace of at least bytes, valid until the next call that asks for
- * workspace. Growing waits for the device (earlier work may use the old one). */
+ * workspace, for work on the context's stream. Growing is ordered on that
+ * stream (cudaFreeAsync, cudaMallocAsync): no cudaFree, whose device-wide
+ * wait would also wait for NCCL kernels blocked on a peer that waits for
+ * this stage (a deadlock across processes). Without memory pools it waits
+ * for the stream, then cudaFree. */
 mmp_err mmp_cuda_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out);
 /* The same for the lp workspace (gemm.cu's packed 16-bit operands). */
 mmp_err mmp_cuda_lp_ws_get(mmp_cuda_ctx *ctx, size_t bytes, void **out);
