@@ -194,42 +194,22 @@ pid_t mmp_test_spawn_self(const char *self, const char *mode, const char *arg, i
     return pid;
 }
 
-int mmp_test_child_output(pid_t pid, int fd, char *buf, size_t cap)
+/* Reads fd into buf (NUL-terminated, past cap drained so the child never
+ * blocks on a full pipe) until end of file, or until the clock passes end
+ * (end <= 0: no bound); closes fd. Returns 1 at end of file (fd < 0: at
+ * once), 0 at the bound or on a failed poll. */
+static int drain(int fd, char *buf, size_t cap, double end)
 {
     size_t n = 0;
     char sink[256];
-    ssize_t k;
-    /* past cap: drained, so the child never blocks on a full pipe */
-    for (;;) {
-        int room = n + 1 < cap;
-        k = room ? read(fd, buf + n, cap - 1 - n) : read(fd, sink, sizeof sink);
-        if (k <= 0) {
-            break;
-        }
-        n += room ? (size_t)k : 0;
-    }
-    if (cap) {
-        buf[n] = 0;
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    int status = 0;
-    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
-           WEXITSTATUS(status) == 0;
-}
-
-int mmp_test_child_output_within(pid_t pid, int fd, char *buf, size_t cap, double timeout_s)
-{
-    size_t n = 0;
-    char sink[256];
-    double end = mmp_test_now_s() + timeout_s;
     int done = fd < 0;
     while (!done) {
-        int left_ms = (int)((end - mmp_test_now_s()) * 1000);
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        if (left_ms <= 0 || poll(&pf, 1, left_ms) <= 0) {
-            break; /* the bound (or a failed poll) */
+        if (end > 0) {
+            int left_ms = (int)((end - mmp_test_now_s()) * 1000);
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            if (left_ms <= 0 || poll(&pf, 1, left_ms) <= 0) {
+                break; /* the bound (or a failed poll) */
+            }
         }
         int room = n + 1 < cap;
         ssize_t k = room ? read(fd, buf + n, cap - 1 - n) : read(fd, sink, sizeof sink);
@@ -245,6 +225,21 @@ int mmp_test_child_output_within(pid_t pid, int fd, char *buf, size_t cap, doubl
     if (fd >= 0) {
         close(fd);
     }
+    return done;
+}
+
+int mmp_test_child_output(pid_t pid, int fd, char *buf, size_t cap)
+{
+    drain(fd, buf, cap, 0);
+    int status = 0;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+           WEXITSTATUS(status) == 0;
+}
+
+int mmp_test_child_output_within(pid_t pid, int fd, char *buf, size_t cap, double timeout_s)
+{
+    double end = mmp_test_now_s() + timeout_s;
+    int done = drain(fd, buf, cap, end);
     int status = 0;
     pid_t got = 0;
     while (pid > 0 && (got = waitpid(pid, &status, WNOHANG)) == 0 && mmp_test_now_s() < end) {
