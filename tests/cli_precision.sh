@@ -31,6 +31,9 @@ done
 same_ckpt "$W/single_fp32" "$W/single_bf16" >/dev/null && fail "bf16 equals fp32" || ok "bf16 differs from fp32"
 
 # --- bf16 learns the task as fp32 does (final loss within 5%) ------------------------
+# (a property of the numbers, not of memory: the Release pass asserts it, the
+# sanitizers' pass stops here instead of spending two minutes on 240 steps)
+[ "$SANITIZED" = 1 ] && { echo "skip the bf16 learning check under the sanitizers"; finish; exit; }
 tiny_plan "name: mpl, steps: 120, seed: 3" \
   "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 64" \
   2 "batch: 16, microbatches: 2, optimizer: { lr: 2.0e-3, warmup: 10 }, eval_every: 0"

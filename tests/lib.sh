@@ -2,6 +2,10 @@
 set -uo pipefail
 BIN=${MMP_BIN:-${BIN:-build/mmpipe}} # a bench sets BIN (--bin) before sourcing
 TMP=${MMP_TMP:-/tmp/mmpipe-test}
+# SANITIZED=1: BIN is an ASan+UBSan build (ctest of build-asan/ says so), 3 to
+# 10 times slower; a test may shorten its long runs there (fewer steps, the
+# same configurations) since the Release pass runs them whole.
+SANITIZED=${MMP_TEST_SANITIZED:-0}
 fails=0
 checks=0
 # workdir: W, a fresh $TMP/<script name> for this test's files.
