@@ -71,6 +71,8 @@
 #define REP_BYTES (256u << 20)
 #define PING_BYTES 64
 #define GAP_US 50
+/* The tcp channels' job secret (transport/auth.h): both ends are this program. */
+#define BENCH_SECRET "bench_transport"
 
 static double now_s(void)
 {
@@ -1053,8 +1055,12 @@ static void latency(int iters)
 static pid_t tcp_pair(mmp_channel **snd, size_t bytes, void (*fn)(const mmp_channel_cfg *, void *),
                       void *arg)
 {
-    mmp_channel_cfg c = {
-        .address = "127.0.0.1:0", .slot_bytes = bytes, .slots = 2, .send = 1, .timeout_ms = 60000};
+    mmp_channel_cfg c = {.address = "127.0.0.1:0",
+                         .slot_bytes = bytes,
+                         .slots = 2,
+                         .send = 1,
+                         .timeout_ms = 60000,
+                         .secret = BENCH_SECRET};
     if (mmp_channel_open(snd, "tcp", &c, 1) != MMP_OK) {
         die("tcp setup");
     }
@@ -1302,8 +1308,12 @@ static void tcp_latency(int iters)
         while (!atomic_load(&a->ready)) {
             pause_us(100);
         }
-        mmp_channel_cfg ic = {
-            .address = a->back, .slot_bytes = bytes, .slots = 2, .send = 0, .timeout_ms = 60000};
+        mmp_channel_cfg ic = {.address = a->back,
+                              .slot_bytes = bytes,
+                              .slots = 2,
+                              .send = 0,
+                              .timeout_ms = 60000,
+                              .secret = BENCH_SECRET};
         if (mmp_channel_open(&in, "tcp", &ic, 0) != MMP_OK) {
             die("ping connect");
         }

@@ -206,6 +206,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     w.loaded_mb = w.out_mb = -1;
     w.pin_index = args->pin_index;
     w.nice = args->nice;
+    w.token = args->token;
     snprintf(w.name, sizeof w.name, "%s/%d", args->stage, args->replica);
     mmp_log_set_name(w.name);
     mmp_ctl_opts opts = {

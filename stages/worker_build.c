@@ -109,7 +109,8 @@ static mmp_err open_channels(worker *w, int pass, char (*addr)[ENDPOINT_MAX])
                                    .slot_bytes = ch->row_bytes * (size_t)w->mb_max,
                                    .slots = c->slots,
                                    .send = c->send,
-                                   .timeout_ms = peer_timeout_ms(w)};
+                                   .timeout_ms = peer_timeout_ms(w),
+                                   .secret = w->token};
             mmp_err e = MMP_OK;
             if (strcmp(c->transport, "cuda_ipc") == 0 || strcmp(c->transport, "nccl") == 0) {
                 /* device slots, ordered on the backend's stream: no host copy, no host wait */
@@ -211,7 +212,8 @@ static mmp_err open_reduce(worker *w, const char *address)
                          .replicas = w->replicas,
                          .rank = a->replica,
                          .capacity = cap,
-                         .timeout_ms = peer_timeout_ms(w)};
+                         .timeout_ms = peer_timeout_ms(w),
+                         .secret = w->token};
     MMP_TRY(mmp_reduce_open(&w->reduce, &rc));
     if (nccl) {
         MMP_INFO("%s: replicas' reduce over nccl on cuda:%d (all-gather, rank-order sum), tcp via "

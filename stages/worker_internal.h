@@ -99,6 +99,7 @@ typedef struct flight {
 
 typedef struct worker {
     char name[80];
+    const char *token; /* the job token: also the secret of its tcp data connections */
     mmp_ctl *ctl;
     /* The coordinator ended this process (Abort, Shutdown while waiting) or
      * went away: the end is its doing, nothing to report back. */

@@ -220,8 +220,12 @@ static mmp_err two_open(two *x, int rank, const char *address)
         cudaMalloc((void **)&x->dv, TWO_N * sizeof(double)) != cudaSuccess) {
         return mmp_errorf(MMP_ERR_CUDA, "device set-up");
     }
-    mmp_reduce_cfg rc = {
-        .name = hp, .replicas = 2, .rank = rank, .capacity = 2 * TWO_N, .timeout_ms = 20000};
+    mmp_reduce_cfg rc = {.name = hp,
+                         .replicas = 2,
+                         .rank = rank,
+                         .capacity = 2 * TWO_N,
+                         .timeout_ms = 20000,
+                         .secret = MMP_TEST_SECRET};
     MMP_TRY(mmp_reduce_open(&x->side, &rc));
     mmp_reduce_nccl_cfg c = {.replicas = 2,
                              .rank = rank,

@@ -134,7 +134,8 @@ void mmp_test_gpu_channel_cfg(mmp_channel_cfg *c, const char *address, size_t sl
                            .send = send,
                            .timeout_ms = timeout_ms,
                            .on_gpu = 1,
-                           .device = 0};
+                           .device = 0,
+                           .secret = MMP_TEST_SECRET};
 }
 
 const char *mmp_test_bin(void)

@@ -93,6 +93,10 @@ int mmp_test_free_port(void);
 /* Seconds on the monotonic clock. */
 double mmp_test_now_s(void);
 
+/* The job secret the tests' network channels and reduces prove they hold
+ * (transport/auth.h): both ends of a test are the test. */
+#define MMP_TEST_SECRET "mmpipe-test-secret"
+
 /* *C = a device channel's settings (on_gpu, device 0, no stream), as the
  * nccl channel tests (gpu_nccl, test_nccl_mock) open theirs. */
 struct mmp_channel_cfg;

@@ -75,7 +75,8 @@ static mmp_reduce_cfg make_cfg(const char *name, int replicas, int rank, size_t 
                         .replicas = replicas,
                         .rank = rank,
                         .capacity = capacity,
-                        .timeout_ms = timeout_ms};
+                        .timeout_ms = timeout_ms,
+                        .secret = MMP_TEST_SECRET};
     return c;
 }
 
@@ -126,7 +127,8 @@ static mmp_err open_rank(const job *j, int rank, size_t capacity, mmp_reduce **r
                           .replicas = j->replicas,
                           .rank = rank,
                           .capacity = capacity,
-                          .timeout_ms = j->timeout_ms};
+                          .timeout_ms = j->timeout_ms,
+                          .secret = MMP_TEST_SECRET};
     if (over_tcp(j) && rank > 0) {
         for (int i = 0; i < 20000 && !atomic_load(&j->bd->addr_ready); i++) {
             struct timespec t = {0, 1000000};
@@ -706,6 +708,17 @@ static void test_tcp_geometry(void)
     CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_PEER && x == NULL);
     CHECK(strstr(mmp_last_error(), "3 replicas") && strstr(mmp_last_error(), "2 replicas"));
 
+    /* A process of another job (or of none) cannot claim a rank: refused in
+     * the job-key handshake at once, before its hello. */
+    bad = make_cfg(at, 3, 1, 100, 1000);
+    bad.secret = "another job's token";
+    double t0 = now_ms();
+    CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_PROTO && x == NULL && now_ms() - t0 < 900 &&
+          strstr(mmp_last_error(), "does not hold this job's key"));
+    bad.secret = NULL;
+    CHECK(mmp_reduce_open(&x, &bad) == MMP_ERR_INVALID && x == NULL &&
+          strstr(mmp_last_error(), "secret"));
+
     /* Refused ranks leave rank 0 listening; a rank attaches once. */
     mmp_reduce_cfg c1 = make_cfg(at, 3, 1, 100, 1000);
     CHECK_OK(mmp_reduce_open(&r1, &c1));
@@ -720,7 +733,7 @@ static void test_tcp_geometry(void)
     mmp_reduce_close(r2);
 
     /* A rank that closed: rank 0's next sum fails at once, naming it. */
-    double t0 = now_ms();
+    t0 = now_ms();
     CHECK(r0 && mmp_reduce_sum(r0, v, 16) == MMP_ERR_PEER);
     CHECK(now_ms() - t0 < 300 && strstr(mmp_last_error(), "rank 1 (") &&
           strstr(mmp_last_error(), "closed"));

@@ -62,6 +62,8 @@
 #include "tests/harness.h"
 #include "tests/transport_msgs.h"
 #include "transport/channel.h"
+#include "transport/auth.h"
+#include "transport/sock.h"
 #include "transport/tcp.h"
 
 #ifdef MMP_HAVE_CUDA
@@ -158,7 +160,8 @@ static mmp_channel_cfg make_cfg(const char *address, size_t slot_bytes, int slot
                          .slot_bytes = slot_bytes,
                          .slots = slots,
                          .send = send,
-                         .timeout_ms = timeout_ms};
+                         .timeout_ms = timeout_ms,
+                         .secret = MMP_TEST_SECRET};
     return c;
 }
 
@@ -2028,9 +2031,10 @@ static mmp_msg_header *forger_find(const forger *f, uint64_t d)
  * of transport/tcp.h and then lies. A lie breaks the stream for good (TCP
  * cannot resynchronise), so each forged header gets a fresh channel. */
 
-/* A raw connection to address that sends a hello (sends: 1 the sending end,
- * 0 the receiving one, < 0 no hello) and reads the answer into reply
- * (NULL: does not). -1 when any of it fails. */
+/* A raw connection to address that passes the job-key handshake and sends
+ * a hello (sends: 1 the sending end, 0 the receiving one, < 0 neither
+ * handshake nor hello) and reads the answer into reply (NULL: does not).
+ * -1 when any of it fails. */
 static int raw_connect(const char *address, int sends, uint32_t slots, uint64_t slot_bytes,
                        mmp_tcp_hello *reply)
 {
@@ -2055,6 +2059,11 @@ static int raw_connect(const char *address, int sends, uint32_t slots, uint64_t 
     if (sends < 0) {
         return fd; /* no hello: the caller sends what it likes */
     }
+    if (mmp_auth_handshake(fd, "raw connector", MMP_TEST_SECRET, 1, mmp_sock_deadline(5000), -1) !=
+        MMP_OK) {
+        close(fd);
+        return -1;
+    }
     if (write(fd, &h, sizeof h) != (ssize_t)sizeof h ||
         (reply && recv(fd, reply, sizeof *reply, MSG_WAITALL) != (ssize_t)sizeof *reply)) {
         close(fd);
@@ -2078,6 +2087,19 @@ static int raw_peer(const mmp_transport *t, const mmp_channel_cfg *c, mmp_channe
 static int raw_send(int fd, const void *p, size_t n)
 {
     return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
+/* Reads until the peer closes (or 5 s of silence: raw_connect's receive
+ * timeout), at most cap bytes into buf; how many came. */
+static size_t recv_to_eof(int fd, void *buf, size_t cap)
+{
+    size_t have = 0;
+    for (;;) {
+        ssize_t r = recv(fd, (char *)buf + have, cap - have, 0);
+        if (r <= 0 || (have += (size_t)r) == cap) {
+            return have;
+        }
+    }
 }
 
 /* One forged header field per row (for slots of FORGED_SLOT bytes); the
@@ -2218,20 +2240,47 @@ static void test_forged_tcp(const mmp_transport *t)
         mmp_channel_close(a);
     }
 
-    /* Strangers at the door: junk, a wrong geometry and a wrong direction are
-     * refused (the answer says why), and the right connector still gets in. */
+    /* Strangers at the door: junk, a process without the job's key (a wrong
+     * one, none, or the creator's own nonce and answer sent back), a wrong
+     * geometry and a wrong direction are refused (the answer says why, once
+     * the stranger holds the key), and the right connector still gets in. */
     {
         mmp_channel *b = NULL, *a = NULL;
         CHECK_OK(mmp_channel_open_with(&b, t, &cr, 1));
         const char *at = b ? mmp_channel_address(b) : "127.0.0.1:1";
-        int junk = raw_connect(at, -1, 0, 0, NULL); /* a hello is 32 bytes: send 32 of junk */
+        int junk = raw_connect(at, -1, 0, 0, NULL); /* one handshake part of junk */
         if (junk >= 0) {
-            memset(src, 0x5a, 32);
-            CHECK(raw_send(junk, src, 32) == 0);
-            char c;
-            CHECK(recv(junk, &c, 1, 0) <= 0); /* closed without an answer */
+            memset(src, 0x5a, MMP_AUTH_BYTES);
+            CHECK(raw_send(junk, src, MMP_AUTH_BYTES) == 0);
+            /* the creator's magic and nonce, then the end: never its HMAC */
+            CHECK(recv_to_eof(junk, src, sizeof src) == 40 && memcmp(src, "MMPAUTH1", 8) == 0);
             close(junk);
         }
+        int mirror = raw_connect(at, -1, 0, 0, NULL);
+        if (mirror >= 0) { /* sends back the creator's own magic and nonce */
+            unsigned char part[40];
+            CHECK(recv(mirror, part, sizeof part, MSG_WAITALL) == (ssize_t)sizeof part);
+            CHECK(raw_send(mirror, part, sizeof part) == 0);
+            CHECK(recv_to_eof(mirror, src, sizeof src) == 0);
+            close(mirror);
+        }
+        int stranger = raw_connect(at, -1, 0, 0, NULL);
+        if (stranger >= 0) { /* another job's key: each end finds the other's HMAC wrong */
+            CHECK(mmp_auth_handshake(stranger, "stranger", "another job's token", 1,
+                                     mmp_sock_deadline(5000), -1) == MMP_ERR_PROTO &&
+                  strstr(mmp_last_error(), "does not hold this job's key"));
+            CHECK(recv_to_eof(stranger, src, sizeof src) == 0); /* and no hello answered */
+            close(stranger);
+        }
+        mmp_channel_cfg other = make_cfg(at, SLOT, SLOTS, 1, 1000);
+        other.secret = "another job's token";
+        double t0 = mmp_test_now_s();
+        CHECK(mmp_channel_open_with(&a, t, &other, 0) == MMP_ERR_PROTO && a == NULL &&
+              strstr(mmp_last_error(), "does not hold this job's key") &&
+              mmp_test_now_s() - t0 < 0.9); /* told at once, not at its timeout */
+        other.secret = NULL;
+        CHECK(mmp_channel_open_with(&a, t, &other, 0) == MMP_ERR_INVALID && a == NULL &&
+              strstr(mmp_last_error(), "secret"));
         mmp_tcp_hello reply = {0};
         int g = raw_connect(at, 1, SLOTS, (uint64_t)1 << 50, &reply);
         CHECK(g >= 0 && reply.status == MMP_TCP_GEOMETRY && reply.slots == SLOTS &&

@@ -72,6 +72,11 @@ typedef struct mmp_channel_cfg {
                         * make it the calling thread's current device) */
     void *cuda_stream; /* on_gpu: this end's cudaStream_t (void *, so this header
                         * needs no CUDA); NULL: the legacy default stream */
+    /* Network transports (tcp, and nccl's tcp side channel): the job's
+     * secret both ends prove they hold before anything else crosses the
+     * connection (transport/auth.h); required there (NULL or "": refused
+     * with MMP_ERR_INVALID), ignored by the others. */
+    const char *secret;
 } mmp_channel_cfg;
 
 /* A transport's own state for one end of one channel. Only its transport

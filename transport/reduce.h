@@ -42,6 +42,9 @@ typedef struct mmp_reduce_cfg {
     int rank;        /* 0 .. R-1 */
     size_t capacity; /* floats per rank, the largest n mmp_reduce_sum is given */
     int timeout_ms;  /* attach and every wait; <= 0: 60000 */
+    /* over tcp: the job's secret every rank proves it holds before its hello
+     * (transport/auth.h); required there, ignored by shm */
+    const char *secret;
 } mmp_reduce_cfg;
 
 typedef struct mmp_reduce mmp_reduce;

@@ -3,7 +3,9 @@
  * the shm reduce, through rank 0.
  *
  * Rank 0 listens on the cfg's "host:port" (port 0: a free one, reported by
- * mmp_reduce_address); a thread of rank 0 accepts the other ranks, checks
+ * mmp_reduce_address); a thread of rank 0 accepts the other ranks, runs the
+ * job-key handshake with each (transport/auth.h: a process without the
+ * job's secret is refused and logged before it can claim a rank), checks
  * each one's hello (replicas, capacity, rank free) and answers it, so a rank
  * that opens is answered whatever rank 0's process is doing. A sum: every
  * rank k > 0 sends (round, n, its vector) to rank 0; rank 0 reads them in
@@ -20,6 +22,7 @@
  * the capacity), add in another order, or wait without a deadline check. */
 #include <errno.h>
 #include <float.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/auth.h"
 #include "transport/reduce_tcp.h"
 #include "transport/sock.h"
 
@@ -37,7 +41,8 @@
 #endif
 
 #define RT_MAGIC 0x3130544452504d4dull /* "MMPRDT01" */
-#define RT_VERSION 1u
+#define RT_VERSION 2u                  /* 2: the job-key handshake first */
+#define RT_SECRET_MAX 256
 #define RT_MAX_RANKS 64
 #define HELLO_MS 5000
 
@@ -70,6 +75,7 @@ _Static_assert(sizeof(rt_frame) == 40, "rt_frame is part of the wire");
 struct mmp_reduce_tcp {
     char address[MMP_SOCK_ADDR_MAX]; /* rank 0: where it listens; else rank 0's */
     char what[MMP_SOCK_ADDR_MAX + 64];
+    char secret[RT_SECRET_MAX]; /* the job's (copied: rank 0's thread uses it) */
     int replicas, rank, timeout_ms;
     size_t capacity;
     int lfd, stop_fd;
@@ -87,6 +93,13 @@ struct mmp_reduce_tcp {
                     * region read as doubles is aligned whatever the capacity */
 };
 
+/* close asked rank 0's thread to stop (the eventfd stays readable). */
+static int stop_asked(const mmp_reduce_tcp *r)
+{
+    struct pollfd p = {.fd = r->stop_fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1;
+}
+
 static void *accept_thread(void *arg)
 {
     mmp_reduce_tcp *r = arg;
@@ -103,7 +116,17 @@ static void *accept_thread(void *arg)
         rt_hello h;
         char what[sizeof r->what + MMP_SOCK_ADDR_MAX + 16];
         snprintf(what, sizeof what, "%s: rank at %s", r->what, peer);
-        e = mmp_sock_read(fd, what, &h, sizeof h, mmp_sock_deadline(HELLO_MS), r->stop_fd, NULL);
+        double hello_by = mmp_sock_deadline(HELLO_MS);
+        e = mmp_auth_handshake(fd, what, r->secret, 0, hello_by, r->stop_fd);
+        if (e != MMP_OK) {
+            if (e != MMP_ERR_TIMEOUT || !stop_asked(r)) {
+                MMP_WARN("%s; refused",
+                         e == MMP_ERR_TIMEOUT ? "nothing from it in time" : mmp_last_error());
+            }
+            close(fd);
+            continue;
+        }
+        e = mmp_sock_read(fd, what, &h, sizeof h, hello_by, r->stop_fd, NULL);
         if (e != MMP_OK || h.magic != RT_MAGIC || h.version != RT_VERSION) {
             MMP_WARN("%s: refused %s: not an mmpipe reduce rank", r->what, peer);
             close(fd);
@@ -148,6 +171,7 @@ static mmp_reduce_tcp *new_reduce(const mmp_reduce_cfg *cfg)
         return NULL;
     }
     snprintf(r->address, sizeof r->address, "%s", cfg->name);
+    snprintf(r->secret, sizeof r->secret, "%s", cfg->secret ? cfg->secret : "");
     r->replicas = cfg->replicas;
     r->rank = cfg->rank;
     r->capacity = cfg->capacity;
@@ -169,6 +193,12 @@ mmp_err mmp_reduce_tcp_open(mmp_reduce_tcp **out, const mmp_reduce_cfg *cfg)
     if (cfg->replicas > RT_MAX_RANKS) {
         return mmp_errorf(MMP_ERR_INVALID, "reduce %s: %d replicas (at most %d over tcp)",
                           cfg->name, cfg->replicas, RT_MAX_RANKS);
+    }
+    if (!cfg->secret || !cfg->secret[0] || strlen(cfg->secret) >= RT_SECRET_MAX) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "reduce %s: the job's secret is missing or longer than %d bytes (every "
+                          "tcp connection is authenticated with it)",
+                          cfg->name, RT_SECRET_MAX - 1);
     }
     mmp_reduce_tcp *r = new_reduce(cfg);
     if (!r || r->stop_fd < 0) {
@@ -196,6 +226,13 @@ mmp_err mmp_reduce_tcp_open(mmp_reduce_tcp **out, const mmp_reduce_cfg *cfg)
     } else {
         double deadline = mmp_sock_deadline(r->timeout_ms);
         e = mmp_sock_connect(&r->fd[0], r->what, cfg->name, deadline);
+        if (e == MMP_OK) {
+            e = mmp_auth_handshake(r->fd[0], r->what, r->secret, 1, deadline, -1);
+            if (e == MMP_ERR_TIMEOUT) {
+                e = mmp_errorf(MMP_ERR_PEER, "%s: rank 0 did not answer in %d ms", r->what,
+                               r->timeout_ms);
+            }
+        }
         rt_hello h = {.magic = RT_MAGIC,
                       .version = RT_VERSION,
                       .replicas = (uint32_t)r->replicas,

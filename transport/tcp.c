@@ -9,7 +9,10 @@
  * which connects, retrying a refused port until timeout_ms. setup never
  * blocks: a thread of the creator accepts and checks connectors (a refused
  * one is told why and the creator listens on), so a connector is answered
- * even while its creator's process waits elsewhere.
+ * even while its creator's process waits elsewhere. Before its hello, every
+ * connector proves it holds the job's secret and checks that the creator
+ * does (transport/auth.h): a process of another job, or none, is refused
+ * and logged before a byte of the channel crosses.
  *
  * Both ends own `slots` payload buffers of slot_bytes (64-byte aligned); a
  * message travels from the sender's slot (writev of header and payload: no
@@ -45,11 +48,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/auth.h"
 #include "transport/channel.h"
 #include "transport/sock.h"
 
 #define TCP_ALIGN 64
 #define TCP_MAX_SLOTS 4096
+#define MMP_TCP_SECRET_MAX 256
 /* How long the creator waits for a connector's hello before dropping it. */
 #define HELLO_MS 5000
 /* A receiver polls for the next message this long before sleeping (ns), as
@@ -65,6 +70,7 @@ typedef struct tcp_channel {
     char address[MMP_SOCK_ADDR_MAX]; /* creator: where it listens (real port); else cfg's */
     char peer[MMP_SOCK_ADDR_MAX];    /* the other end, once connected */
     char what[2 * MMP_SOCK_ADDR_MAX + 32];
+    char secret[MMP_TCP_SECRET_MAX]; /* the job's (cfg's, copied: the creator's thread uses it) */
     int creator, send, timeout_ms;
     uint32_t slots;
     size_t slot_bytes, stride;
@@ -150,11 +156,18 @@ static mmp_err new_channel(tcp_channel **out, const mmp_channel_cfg *cfg, int cr
     if (cfg->slot_bytes > ((size_t)1 << 40)) {
         return mmp_errorf(MMP_ERR_INVALID, "tcp %s: slot_bytes %zu is absurd", a, cfg->slot_bytes);
     }
+    if (!cfg->secret || !cfg->secret[0] || strlen(cfg->secret) >= MMP_TCP_SECRET_MAX) {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "tcp %s: the job's secret is missing or longer than %d bytes (every "
+                          "tcp connection is authenticated with it)",
+                          a, MMP_TCP_SECRET_MAX - 1);
+    }
     tcp_channel *ch = calloc(1, sizeof *ch);
     if (!ch) {
         return mmp_errorf(MMP_ERR_NOMEM, "tcp %s: channel", a);
     }
     snprintf(ch->address, sizeof ch->address, "%s", a);
+    snprintf(ch->secret, sizeof ch->secret, "%s", cfg->secret);
     ch->creator = creator;
     ch->send = cfg->send != 0;
     ch->timeout_ms = cfg->timeout_ms;
@@ -302,7 +315,14 @@ static void *creator_thread(void *arg)
         mmp_tcp_hello h;
         char what[sizeof ch->what];
         snprintf(what, sizeof what, "tcp %s: connector %s", ch->address, peer);
-        e = mmp_sock_read(fd, what, &h, sizeof h, mmp_sock_deadline(HELLO_MS), ch->stop_fd, NULL);
+        double hello_by = mmp_sock_deadline(HELLO_MS);
+        e = mmp_auth_handshake(fd, what, ch->secret, 0, hello_by, ch->stop_fd);
+        if (e == MMP_OK) {
+            e = mmp_sock_read(fd, what, &h, sizeof h, hello_by, ch->stop_fd, NULL);
+        }
+        if (e == MMP_ERR_TIMEOUT) { /* or stopped: looked at below */
+            e = mmp_errorf(MMP_ERR_PEER, "%s: nothing from it in %d ms", what, HELLO_MS);
+        }
         int status = -1;
         if (e == MMP_OK && h.magic == MMP_TCP_MAGIC) {
             status = judge(ch, &h);
@@ -315,9 +335,13 @@ static void *creator_thread(void *arg)
                 close(fd);
                 return NULL;
             }
+            if (e != MMP_OK) { /* the message names the channel and the connector */
+                MMP_WARN("%s; refused", mmp_last_error());
+                close(fd);
+                continue;
+            }
             MMP_WARN("tcp %s: refused connector %s: %s", ch->address, peer,
-                     e != MMP_OK   ? mmp_last_error()
-                     : status < 0  ? "not an mmpipe tcp channel (magic)"
+                     status < 0    ? "not an mmpipe tcp channel (magic)"
                      : status == 1 ? "geometry differs"
                      : status == 2 ? "both ends have the same direction"
                                    : "version differs");
@@ -397,9 +421,21 @@ static const char *status_text(int s)
 static mmp_err handshake(tcp_channel *ch, double deadline)
 {
     mmp_tcp_hello mine = my_hello(ch, 0), theirs;
+    mmp_err e = mmp_auth_handshake(ch->fd, ch->what, ch->secret, 1, deadline, -1);
+    if (e == MMP_ERR_TIMEOUT) {
+        return mmp_errorf(MMP_ERR_PEER, "%s: the creator did not answer in %d ms", ch->what,
+                          ch->timeout_ms);
+    }
+    if (e == MMP_ERR_PEER) {
+        return mmp_errorf(MMP_ERR_PEER,
+                          "%s: the creator closed the connection during the job-key handshake "
+                          "(it refused this end: see its log)",
+                          ch->what);
+    }
+    MMP_TRY(e);
     struct iovec iov = {&mine, sizeof mine};
     MMP_TRY(mmp_sock_writev(ch->fd, ch->what, &iov, 1, deadline, -1));
-    mmp_err e = mmp_sock_read(ch->fd, ch->what, &theirs, sizeof theirs, deadline, -1, NULL);
+    e = mmp_sock_read(ch->fd, ch->what, &theirs, sizeof theirs, deadline, -1, NULL);
     if (e == MMP_ERR_TIMEOUT) {
         return mmp_errorf(MMP_ERR_PEER, "%s: the creator did not answer in %d ms", ch->what,
                           ch->timeout_ms);

@@ -3,6 +3,8 @@
  * socket (tests/test_transport.c). Little-endian hosts only (x86-64, arm64):
  * the structs go on the wire as they lie in memory.
  *
+ * 0. The job-key handshake (transport/auth.h): both ends prove they hold
+ *    the job's secret; the creator drops a connector that does not.
  * 1. The connector sends one mmp_tcp_hello (its geometry, sends = 1 when it
  *    is the sending end, status 0). The creator checks it and answers with
  *    its own hello, status MMP_TCP_OK or the reason it refuses; on a refusal
@@ -27,7 +29,7 @@
 #endif
 
 #define MMP_TCP_MAGIC 0x3130504354504d4dull /* "MMPTCP01" */
-#define MMP_TCP_VERSION 1u
+#define MMP_TCP_VERSION 2u                  /* 2: the job-key handshake (transport/auth.h) first */
 
 enum {
     MMP_TCP_OK = 0,

@@ -283,8 +283,12 @@ static void test_forged_size(void)
     CHECK(pipe(fds) == 0);
     pid_t pid = fork();
     if (pid == 0) { /* a forger: a raw tcp side channel and a mock id of its own */
-        mmp_channel_cfg c = {
-            .address = "127.0.0.1:0", .slot_bytes = 8, .slots = 3, .send = 1, .timeout_ms = 5000};
+        mmp_channel_cfg c = {.address = "127.0.0.1:0",
+                             .slot_bytes = 8,
+                             .slots = 3,
+                             .send = 1,
+                             .timeout_ms = 5000,
+                             .secret = MMP_TEST_SECRET};
         mmp_channel *side = NULL;
         ncclUniqueId id;
         ncclComm_t comm;
@@ -383,7 +387,8 @@ static mmp_err rn_open(rn_rank *x, int R, int rank, const char *address, int tim
                          .replicas = R,
                          .rank = rank,
                          .capacity = 2 * RN_CAP,
-                         .timeout_ms = timeout_ms};
+                         .timeout_ms = timeout_ms,
+                         .secret = MMP_TEST_SECRET};
     MMP_TRY(mmp_reduce_open(&x->side, &rc));
     mmp_reduce_nccl_cfg nc = {.replicas = R,
                               .rank = rank,
