@@ -105,6 +105,20 @@ if [ "$dev" != cpu ]; then
     || fail "no MPS daemon: $(grep -i mps "$W/pipe.log" | head -2)"
   mps_left=$(grep -ho '/tmp/mmpipe-mps-[0-9a-f]*' "$W"/*.log | sort -u | while read -r d; do [ -e "$d" ] && echo "$d"; done)
   [ -z "$mps_left" ] && ok "no MPS directory left" || fail "MPS directories left: $mps_left"
+  # nor a daemon or server of ours (they carry our pipe directory in their
+  # environment; quit is asynchronous: a few seconds' grace)
+  ours=$(grep -ho '/tmp/mmpipe-mps-[0-9a-f]*' "$W"/*.log | sort -u)
+  mps_procs() {
+    local pid d
+    for pid in $(pgrep -f '^[^ ]*nvidia-cuda-mps-(control|server)'); do # names past 15 characters: -f
+      for d in $ours; do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$d/" && echo "$pid"
+      done
+    done
+  }
+  for _ in $(seq 50); do [ -z "$(mps_procs)" ] && break; sleep 0.1; done
+  left=$(mps_procs | tr '\n' ' ')
+  [ -z "$left" ] && ok "no MPS daemon or server of these runs left" || fail "MPS processes left: $left"
 fi
 left_behind "lifecycle runs" "$W/pipe.log" "$W/resumed.log" "$W/restarted.log" "$W/replaced.log"
 finish
