@@ -124,9 +124,10 @@ int coord_abrupt_end(const proc *p);
 const char *coord_describe_exit(int status, char *buf, size_t n);
 
 /* ---- mps.c ---- */
-/* A private CUDA MPS daemon when two device slots share a GPU (see mps.c);
- * never fails the job: without it the stages time-slice, with a warning. */
-void coord_mps_start(coord *c, const char *run_id);
+/* A private CUDA MPS daemon when two of up to n_procs stage processes share
+ * a GPU (mmp_procs_share_gpu; see mps.c); never fails the job: without it
+ * the stages time-slice, with a warning. */
+void coord_mps_start(coord *c, const char *run_id, int n_procs);
 /* Quits it and removes its directories; NULL-safe state, idempotent. */
 void coord_mps_stop(coord *c);
 

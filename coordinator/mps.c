@@ -2,8 +2,9 @@
  * one GPU time-slice it: one context's kernels at a time, so a pipeline on
  * one GPU is slower than one process. Under MPS their kernels share the GPU
  * at once (measured on an H100: seed-scale 1f1b 114 vs 76 samples/s, the
- * single process 86; bench/gpu.sh). So when the plan puts two or more
- * device slots on one GPU, the coordinator starts a private MPS control
+ * single process 86; bench/gpu.sh). So when two or more stage processes
+ * land on one GPU of one host (two slots naming it, or more processes than
+ * slots dealt onto a GPU slot twice), the coordinator starts a private MPS control
  * daemon for the job (its pipe and log directories under /tmp, named by the
  * run id), its stages find it through CUDA_MPS_PIPE_DIRECTORY, and it is
  * stopped ("quit") and its directories removed when the job ends.
@@ -24,6 +25,7 @@
 
 #include "common/progress.h"
 #include "coordinator/coord.h"
+#include "coordinator/placement.h"
 
 extern char **environ;
 
@@ -37,21 +39,6 @@ static int find_control(char *path, size_t n)
         snprintf(path, n, "%s/nvidia-cuda-mps-control", d[0] ? d : ".");
         if (access(path, X_OK) == 0) {
             return 1;
-        }
-    }
-    return 0;
-}
-
-/* 1 when two device slots of the plan name the same GPU. */
-static int gpu_shared(const mmp_plan *p)
-{
-    int slots = mmp_plan_slots(p);
-    for (int a = 0; a < slots; a++) {
-        int da = mmp_plan_slot_device(p, a);
-        for (int b = a + 1; da >= 0 && b < slots; b++) {
-            if (mmp_plan_slot_device(p, b) == da) {
-                return 1;
-            }
         }
     }
     return 0;
@@ -113,10 +100,10 @@ static void remove_dir(const char *dir)
     rmdir(dir);
 }
 
-void coord_mps_start(coord *c, const char *run_id)
+void coord_mps_start(coord *c, const char *run_id, int n_procs)
 {
     const char *mode = getenv("MMP_GPU_SHARING");
-    if (!gpu_shared(c->plan) || (mode && strcmp(mode, "timeslice") == 0)) {
+    if (!mmp_procs_share_gpu(c->plan, n_procs) || (mode && strcmp(mode, "timeslice") == 0)) {
         return;
     }
     char exe[600];

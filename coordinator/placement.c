@@ -174,3 +174,22 @@ int mmp_replicas_own_gpus(const int *host, const int *device, int n)
     }
     return 1;
 }
+
+int mmp_procs_share_gpu(const mmp_plan *p, int n_procs)
+{
+    int slots = mmp_plan_slots(p);
+    if (slots <= 0) {
+        return 0;
+    }
+    for (int i = 0; i < n_procs; i++) {
+        int si = i % slots, di = mmp_plan_slot_device(p, si);
+        for (int j = 0; di >= 0 && j < i; j++) {
+            int sj = j % slots;
+            if (mmp_plan_slot_device(p, sj) == di &&
+                mmp_plan_slot_host(p, sj) == mmp_plan_slot_host(p, si)) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}

@@ -74,4 +74,11 @@ const char *mmp_reduce_transport(mmp_data_transport want, int cross_host, int al
  * the host path. */
 int mmp_replicas_own_gpus(const int *host, const int *device, int n);
 
+/* 1 when two of n_procs stage processes of plan p run on one GPU: process
+ * i takes device slot i % slots (the launcher's dealing), so two processes
+ * share when their slots name the same device of the same host, or when
+ * there are more processes than slots and a slot dealt twice is a GPU. The
+ * same ordinal on two hosts is two GPUs. 0 for no GPU slot at all. */
+int mmp_procs_share_gpu(const mmp_plan *p, int n_procs);
+
 #endif

@@ -182,6 +182,11 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         MMP_ERROR("%s", mmp_last_error());
         return 1;
     }
+    /* The most processes a launch of this run may have, for MPS: this
+     * placement's, one a slot (the balancer's limit when there are fewer),
+     * and a scripted re-placement's (below). */
+    int most_procs =
+        c.sched.n_stages > mmp_plan_slots(plan) ? c.sched.n_stages : mmp_plan_slots(plan);
     mmp_sched_fini(&c.sched);
     if (resume) {
         if (mmp_ckpt_latest(out_dir, resume_dir, sizeof resume_dir, &first_step) != MMP_OK) {
@@ -231,13 +236,16 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     }
     if (plan->balance.force.step > 0) {
         /* A scripted re-placement is checked now, not when it is due. */
-        if (mmp_balancer_forced_plan(plan, c.plan_json, &c.next) != MMP_OK) {
+        if (mmp_balancer_forced_plan(plan, c.plan_json, &c.next) != MMP_OK ||
+            mmp_sched_compile(&c.sched, &c.next) != MMP_OK) {
             MMP_ERROR("%s", mmp_last_error());
             goto out;
         }
+        most_procs = c.sched.n_stages > most_procs ? c.sched.n_stages : most_procs;
+        mmp_sched_fini(&c.sched);
     }
     mmp_interrupt_install(0);
-    coord_mps_start(&c, run_id);
+    coord_mps_start(&c, run_id, most_procs);
     for (;;) {
         c.launch++;
         int bad = launch(&c, first_step, resume_dir[0] ? resume_dir : NULL);

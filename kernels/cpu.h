@@ -32,9 +32,11 @@ void mmp_cpu_set_threads(int n);
 
 /* ---- low precision ----------------------------------------------------- */
 /* prec is an mmp_precision (common/config.h): 0 fp32, 1 bf16, 2 fp16.
- * bf16: round to nearest even on the fp32 bit pattern (NaN -> 0x7fff), as
+ * bf16: round to nearest even on the fp32 bit pattern, as
  * __float2bfloat16_rn; fp16: bit level too (nearest even, subnormals,
- * overflow to inf), as __float2half_rn. fp32 is never rounded. */
+ * overflow to inf), as __float2half_rn. Every NaN narrows to 0x7fff; an fp16
+ * NaN widens to 0x7fffffff, bf16 by the shift (the CUDA kernels' bits too).
+ * fp32 is never rounded. */
 uint16_t mmp_cpu_to_bf16(float x);
 float mmp_cpu_from_bf16(uint16_t h);
 uint16_t mmp_cpu_to_fp16(float x);

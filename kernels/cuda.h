@@ -205,7 +205,8 @@ mmp_err mmp_cuda_embedding_bwd(mmp_cuda_ctx *ctx, float *dwte, float *dwpe, cons
                                const int32_t *ids, int B, int T, int C);
 
 /* ---- low precision -------------------------------------------------------- */
-/* prec 0 fp32 (a copy), 1 bf16, 2 fp16; __float2bfloat16_rn / __float2half_rn. */
+/* prec 0 fp32 (a copy), 1 bf16, 2 fp16: kernels/cpu/precision.c's bits,
+ * NaN included (round to nearest even; every NaN narrows to 0x7fff). */
 mmp_err mmp_cuda_round_lp(mmp_cuda_ctx *ctx, float *dst, const float *src, size_t n, int prec);
 mmp_err mmp_cuda_pack_lp(mmp_cuda_ctx *ctx, void *dst, const float *src, size_t n, int prec);
 mmp_err mmp_cuda_unpack_lp(mmp_cuda_ctx *ctx, float *dst, const void *src, size_t n, int prec);

@@ -371,6 +371,11 @@ static mmp_err evaluate(trainer *t, double *i2t, double *t2i)
             }
         }
     }
+    if (mmp_backend_error(t->be) != MMP_OK) {
+        /* a failed device op: no recall from what it left (a CPU never fails) */
+        err = mmp_error_prefix(mmp_backend_error(t->be), "evaluation on cuda:%d", t->gpu);
+        goto exit;
+    }
     if (kept < nv) {
         MMP_WARN("evaluation: %lld of %lld validation pairs skipped (bad data, "
                  "data.on_bad_sample: skip)",

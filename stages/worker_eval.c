@@ -88,6 +88,13 @@ mmp_err worker_run_eval(worker *w, int step)
             goto exit;
         }
     }
+    if (mmp_backend_error(w->be) != MMP_OK) {
+        /* a failed device op: the embeddings (and what was sent) are not
+         * the model's; no recall from them (a CPU stage never fails) */
+        err = mmp_error_prefix(mmp_backend_error(w->be), "evaluation after step %d on cuda:%d",
+                               step + 1, w->gpu);
+        goto exit;
+    }
     if (w->kind == MMP_BRANCH_FUSION) {
         double i2t = 0, t2i = 0; /* simulated: no embeddings, recall 0 */
         if (!worker_simulated(w) && kept < nv) {

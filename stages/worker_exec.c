@@ -394,6 +394,10 @@ mmp_err worker_do_load(worker *w, int step, int mb, int eval)
         w->val, w->samples, n, w->kind == MMP_BRANCH_IMAGE ? w->images : NULL,
         w->kind == MMP_BRANCH_TEXT ? w->ids : NULL, w->kind == MMP_BRANCH_TEXT ? w->mask : NULL,
         w->eval_valid, NULL));
+    /* w->in_valid is pinned and the last training forward's upload of it
+     * may still be queued (rewritten only after upload_wait; a later sync
+     * of the stream covers it today, but no such sync is promised) */
+    mmp_backend_upload_wait(w->be);
     for (int i = 0; i < n; i++) {
         w->in_valid[i] = w->eval_valid[i] ? 1.0f : 0.0f;
     }

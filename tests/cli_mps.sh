@@ -5,7 +5,8 @@
 # CUDA_MPS_PIPE_DIRECTORY under /tmp/mmpipe-mps-*), its stages inherit the
 # directory, and the daemon is told to quit and its directories are removed
 # when the job ends (here it fails: no GPU, so the stages cannot start);
-# MMP_GPU_SHARING=timeslice and a plan with one slot per GPU start none.
+# MMP_GPU_SHARING=timeslice and a plan with one slot per GPU start none; one
+# cuda:0 slot for three processes (dealt onto it in turn) starts one.
 # Needs a CUDA build (a build without CUDA refuses cuda:N plans before any
 # of this); skipped where a GPU is visible (the real daemon is exercised
 # there by tests/gpu_pipeline.sh and bench/gpu.sh).
@@ -43,5 +44,12 @@ MMP_GPU_SHARING=timeslice PATH="$W/bin:$PATH" "$BIN" launch "$W/plan.yaml" --out
 PATH="$W/bin:$PATH" "$BIN" launch "$W/plan.yaml" --out "$W/run3" --force \
   --set 'hosts=[{name: localhost, devices: [cuda:0, cuda:1, cuda:2]}]' >"$W/run3.log" 2>&1
 [ ! -e "$W/calls" ] && ok "one slot per GPU: no daemon" || fail "a daemon for unshared GPUs: $(cat "$W/calls")"
-left_behind "the failed GPU runs" "$W/run.log" "$W/run2.log" "$W/run3.log"
+# one slot for the plan's three processes: all three on cuda:0 (dealt in turn)
+rm -f "$W/calls"
+PATH="$W/bin:$PATH" "$BIN" launch "$W/plan.yaml" --out "$W/run4" --force \
+  --set 'hosts=[{name: localhost, devices: [cuda:0]}]' >"$W/run4.log" 2>&1
+grep -q '^start /tmp/mmpipe-mps-' "$W/calls" 2>/dev/null && grep -q '^quit ' "$W/calls" \
+  && ok "three processes dealt onto one cuda:0 slot: the daemon starts and quits" \
+  || fail "one slot, three processes: calls '$(cat "$W/calls" 2>/dev/null)'"
+left_behind "the failed GPU runs" "$W/run.log" "$W/run2.log" "$W/run3.log" "$W/run4.log"
 finish

@@ -143,6 +143,51 @@ static void test_replicas_own_gpus(void)
     CHECK(mmp_replicas_own_gpus(h4, d4, 3));
 }
 
+/* Sets p's hosts: n_hosts hosts of the given device lists (-1 the CPU). */
+static void set_hosts(mmp_plan *p, int n_hosts, const int *n_devices, const int devices[][4])
+{
+    p->n_hosts = n_hosts;
+    for (int h = 0; h < n_hosts; h++) {
+        p->hosts[h].n_devices = n_devices[h];
+        for (int d = 0; d < n_devices[h]; d++) {
+            p->hosts[h].devices[d] = devices[h][d];
+        }
+    }
+}
+
+/* MPS when two processes land on one GPU of one host: two slots naming it,
+ * or more processes than slots dealt onto a GPU slot twice; the same
+ * ordinal on two hosts is two GPUs. */
+static void test_procs_share_gpu(void)
+{
+    static mmp_plan p;
+    make_plan(&p);
+    const int one[] = {3}, three_same[][4] = {{0, 0, 0}};
+    set_hosts(&p, 1, one, three_same);
+    CHECK(mmp_procs_share_gpu(&p, 3));
+    CHECK(!mmp_procs_share_gpu(&p, 1));
+    const int distinct[][4] = {{0, 1, 2}};
+    set_hosts(&p, 1, one, distinct);
+    CHECK(!mmp_procs_share_gpu(&p, 3));
+    CHECK(mmp_procs_share_gpu(&p, 4)); /* process 3 back on slot 0's cuda:0 */
+    const int n1[] = {1}, single[][4] = {{0}};
+    set_hosts(&p, 1, n1, single);
+    CHECK(!mmp_procs_share_gpu(&p, 1));
+    CHECK(mmp_procs_share_gpu(&p, 3)); /* three processes on the one slot */
+    const int cpu_gpu[][4] = {{-1, 0}}, n2[] = {2};
+    set_hosts(&p, 1, n2, cpu_gpu);
+    CHECK(!mmp_procs_share_gpu(&p, 3)); /* the slot dealt twice is the CPU */
+    CHECK(mmp_procs_share_gpu(&p, 4));
+    const int two_hosts[][4] = {{0}, {0}}, n11[] = {1, 1};
+    set_hosts(&p, 2, n11, two_hosts);
+    CHECK(!mmp_procs_share_gpu(&p, 2)); /* cuda:0 of two hosts */
+    CHECK(mmp_procs_share_gpu(&p, 3));
+    const int cpus[][4] = {{-1, -1}}, n0[] = {2};
+    set_hosts(&p, 1, n0, cpus);
+    CHECK(!mmp_procs_share_gpu(&p, 5));
+}
+
 MMP_TEST_LIST("test_placement", MMP_TEST_CASE(test_round_trip), MMP_TEST_CASE(test_bad_text),
               MMP_TEST_CASE(test_per_layer), MMP_TEST_CASE(test_edge_transport),
-              MMP_TEST_CASE(test_replicas_own_gpus), MMP_TEST_CASE(test_reduce_transport))
+              MMP_TEST_CASE(test_replicas_own_gpus), MMP_TEST_CASE(test_reduce_transport),
+              MMP_TEST_CASE(test_procs_share_gpu))

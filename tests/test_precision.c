@@ -84,9 +84,66 @@ static void test_fp16(void)
     CHECK(mmp_cpu_to_fp16(NAN) == 0x7fff && mmp_cpu_to_fp16(-0.0f) == 0x8000);
 }
 
+/* The edges of both conversions, by their bits: NaN (any sign, quiet or
+ * signalling, any payload) narrows to 0x7fff and an fp16 NaN widens to
+ * 0x7fffffff (the CUDA kernels' lp_pack / lp_unpack give the same bits:
+ * gpu_kernels test_precision_nan), inf, overflow, subnormals, signed zero;
+ * through the backend's pack_lp / unpack_lp / round_lp too. */
+static void test_edges_bits(void)
+{
+    static const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u,
+                                    0x7fffffffu, 0xffffffffu, 0x7fa5a5a5u, 0xffbfe001u};
+    mmp_backend *be = mmp_backend_cpu();
+    for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) {
+        const float x = from_bits(nans[i]);
+        CHECK(mmp_cpu_to_bf16(x) == 0x7fff);
+        CHECK(mmp_cpu_to_fp16(x) == 0x7fff);
+        CHECK(bits(round1(x, MMP_PREC_BF16)) == 0x7fff0000u);
+        CHECK(bits(round1(x, MMP_PREC_FP16)) == 0x7fffffffu);
+        uint16_t h = 0;
+        be->ops->pack_lp(be, &h, &x, 1, MMP_PREC_FP16);
+        CHECK(h == 0x7fff);
+        be->ops->pack_lp(be, &h, &x, 1, MMP_PREC_BF16);
+        CHECK(h == 0x7fff);
+    }
+    /* fp16 NaNs of every kind widen to one pattern; bf16 by the shift */
+    static const uint16_t hnans[] = {0x7c01, 0xfc01, 0x7e00, 0xfe00, 0x7fff, 0xffff, 0x7d55};
+    for (size_t i = 0; i < sizeof hnans / sizeof *hnans; i++) {
+        float y = 0;
+        CHECK(bits(mmp_cpu_from_fp16(hnans[i])) == 0x7fffffffu);
+        be->ops->unpack_lp(be, &y, &hnans[i], 1, MMP_PREC_FP16);
+        CHECK(bits(y) == 0x7fffffffu);
+        be->ops->unpack_lp(be, &y, &hnans[i], 1, MMP_PREC_BF16);
+        CHECK(bits(y) == (uint32_t)hnans[i] << 16);
+    }
+    /* inf both ways, and the overflow boundaries */
+    CHECK(mmp_cpu_to_fp16(INFINITY) == 0x7c00 && mmp_cpu_to_fp16(-INFINITY) == 0xfc00);
+    CHECK(mmp_cpu_to_bf16(INFINITY) == 0x7f80 && mmp_cpu_to_bf16(-INFINITY) == 0xff80);
+    CHECK(bits(mmp_cpu_from_fp16(0x7c00)) == 0x7f800000u);
+    CHECK(bits(mmp_cpu_from_fp16(0xfc00)) == 0xff800000u);
+    CHECK(mmp_cpu_to_fp16(from_bits(0x477fefffu)) == 0x7bff); /* just under 65520 */
+    CHECK(mmp_cpu_to_fp16(-65520.0f) == 0xfc00 && mmp_cpu_to_fp16(3.4028235e38f) == 0x7c00);
+    CHECK(mmp_cpu_to_bf16(from_bits(0x7f7f8000u)) == 0x7f80); /* tie, odd: up to inf */
+    CHECK(mmp_cpu_to_bf16(from_bits(0xff7f7fffu)) == 0xff7f);
+    /* fp16 subnormals: ties to even at each end, the carry into the normals */
+    CHECK(mmp_cpu_to_fp16(0x1p-25f) == 0x0000 && mmp_cpu_to_fp16(-0x1p-25f) == 0x8000);
+    CHECK(mmp_cpu_to_fp16(from_bits(0x33000001u)) == 0x0001); /* just above 2^-25 */
+    CHECK(mmp_cpu_to_fp16(1.5f * 0x1p-24f) == 0x0002);
+    CHECK(mmp_cpu_to_fp16(1023.5f * 0x1p-24f) == 0x0400); /* tie, odd: the smallest normal */
+    CHECK(mmp_cpu_to_fp16(0x1p-14f) == 0x0400 && mmp_cpu_to_fp16(1022.5f * 0x1p-24f) == 0x03fe);
+    CHECK(mmp_cpu_to_fp16(from_bits(0x80000001u)) == 0x8000); /* fp32 subnormal: -0 */
+    CHECK(mmp_cpu_from_fp16(0x0001) == 0x1p-24f && mmp_cpu_from_fp16(0x83ff) == -1023 * 0x1p-24f);
+    CHECK(bits(mmp_cpu_from_fp16(0x8000)) == 0x80000000u);
+    /* bf16 subnormals (fp32's): ties to even, the sign kept */
+    CHECK(mmp_cpu_to_bf16(from_bits(0x00008000u)) == 0x0000);
+    CHECK(mmp_cpu_to_bf16(from_bits(0x80018000u)) == 0x8002);
+    CHECK(bits(mmp_cpu_from_bf16(0x0001)) == 0x00010000u);
+}
+
 /* The bit-level fp16 conversions against the compiler's _Float16 where it
  * has one (GCC on x86-64): every half pattern widened, and a million fp32
- * patterns spread over the whole range narrowed (NaN aside: canonical). */
+ * patterns spread over the whole range narrowed (NaN aside: x86 keeps the
+ * sign and payload where mmpipe canonicalises, as the GPU; test_edges_bits). */
 static void test_fp16_exhaustive(void)
 {
 #ifdef __FLT16_MAX__
@@ -224,8 +281,10 @@ static void test_attention(void)
 }
 
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_bf16), MMP_TEST_CASE(test_fp16),        MMP_TEST_CASE(test_fp16_exhaustive),
-    MMP_TEST_CASE(test_pack), MMP_TEST_CASE(test_lowp_linear), MMP_TEST_CASE(test_attention),
+    MMP_TEST_CASE(test_bf16),       MMP_TEST_CASE(test_fp16),
+    MMP_TEST_CASE(test_edges_bits), MMP_TEST_CASE(test_fp16_exhaustive),
+    MMP_TEST_CASE(test_pack),       MMP_TEST_CASE(test_lowp_linear),
+    MMP_TEST_CASE(test_attention),
 };
 
 int main(int argc, char **argv)

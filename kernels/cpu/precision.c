@@ -2,13 +2,19 @@
  * them, so mixed-precision training is testable without a GPU.
  *
  * bf16 is rounded at the bit level (round to nearest, ties to even, on the
- * top 16 bits of the fp32 pattern; NaN becomes the canonical 0x7fff, as
- * __float2bfloat16_rn does); fp16 likewise at the bit level (IEEE round to
- * nearest even, subnormals kept, overflow to inf, NaN the canonical 0x7fff),
- * as __float2half_rn does: no _Float16, which not every compiler has on
- * x86 (clang 14 has none) and GCC emulates slowly; test_precision holds it
- * to _Float16 where the compiler has one. Must never round fp32 (prec 0): that path is a plain
- * copy, so fp32 training stays bitwise what it was. */
+ * top 16 bits of the fp32 pattern); fp16 likewise (IEEE round to nearest
+ * even, subnormals kept, overflow to inf): no _Float16, which not every
+ * compiler has on x86 (clang 14 has none) and GCC emulates slowly;
+ * test_precision holds it to _Float16 where the compiler has one.
+ * NaN: every NaN, whatever its sign and payload, narrows to 0x7fff in both
+ * formats; an fp16 NaN widens to 0x7fffffff, a bf16 value (NaN too) by the
+ * 16-bit shift. That is what the CUDA headers' host code of
+ * __float2bfloat16_rn / __float2half_rn / __half2float does, and what the
+ * CUDA kernels do by explicit bit tests (kernels/cuda/internal.cuh lp_pack,
+ * lp_unpack; the PTX ISA leaves the NaN of cvt unspecified), so CPU and GPU
+ * agree bit for bit on NaN as well (tests/test_lp_cuda_host, gpu_kernels).
+ * Must never round fp32 (prec 0): that path is a plain copy, so fp32
+ * training stays bitwise what it was. */
 #include "kernels/cpu.h"
 
 #include <string.h>
@@ -40,7 +46,7 @@ uint16_t mmp_cpu_to_fp16(float x)
     memcpy(&u, &x, sizeof u);
     uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) {
-        return (uint16_t)(sign | 0x7fffu); /* NaN: canonical, as __float2half_rn */
+        return 0x7fffu; /* NaN: canonical, sign dropped */
     }
     if (a >= 0x477ff000u) {
         return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and inf): inf */
@@ -66,7 +72,7 @@ float mmp_cpu_from_fp16(uint16_t b)
 {
     uint32_t sign = (uint32_t)(b & 0x8000u) << 16, e = (b >> 10) & 0x1fu, m = b & 0x3ffu, u;
     if (e == 0x1f) {
-        u = sign | 0x7f800000u | (m << 13); /* inf, NaN */
+        u = m ? 0x7fffffffu : sign | 0x7f800000u; /* NaN: canonical; inf */
     } else if (e) {
         u = sign | (e + 112) << 23 | m << 13;
     } else if (m == 0) {

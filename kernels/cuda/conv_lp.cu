@@ -37,9 +37,7 @@ static __global__ void im2col_lp_kernel(unsigned short *dst, const float *inp, m
         const float x = h >= 0 && h < s.H && w >= 0 && w < s.W
                             ? inp[((n * s.C + c) * s.H + h) * s.W + w]
                             : 0.0f;
-        dst[n * n_stride + (size_t)r * ld + p] = prec == 1
-                                                     ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
-                                                     : __half_as_ushort(__float2half_rn(x));
+        dst[n * n_stride + (size_t)r * ld + p] = lp_pack(x, prec);
     }
 }
 
@@ -119,8 +117,7 @@ static __global__ void rowsum_lp_kernel(float *db, const unsigned short *dout, i
     const unsigned short *row = dout + (size_t)blockIdx.x * ld;
     float sum = 0.0f;
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
-        sum += prec == 1 ? __bfloat162float(__ushort_as_bfloat16(row[i]))
-                         : __half2float(__ushort_as_half(row[i]));
+        sum += lp_unpack(row[i], prec);
     }
     sum = block_reduce(sum, sum_op());
     if (threadIdx.x == 0) {

@@ -7,8 +7,8 @@
  *
  * bf16/fp16 (prec 1/2): with train.precision bf16/fp16 the operands of every
  * product are rounded to that precision (nn/lowp.h), so storing them as true
- * 16-bit values is exact. They are packed (rounded on the way: the
- * __float2bfloat16_rn / __float2half_rn of a rounded value is that value)
+ * 16-bit values is exact. They are packed (rounded on the way by lp_pack:
+ * the rounding of a rounded value is that value)
  * into the context's lp workspace (mmp_cuda_lp_ws_get), dense, with a
  * leading dimension rounded up to 8 elements (16 bytes) and 256-byte aligned
  * bases: the alignment cuBLAS's tensor-core kernels want, whatever K is (K
@@ -38,8 +38,7 @@ static __global__ void pack_kernel(unsigned short *dst, const float *src, int ro
         const size_t b = i / per, rc = i % per;
         const int r = (int)(rc / ldd), c = (int)(rc % ldd);
         const float x = c < cols ? src[b * stride + (size_t)r * ld + c] : 0.0f;
-        dst[i] = prec == 1 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
-                           : __half_as_ushort(__float2half_rn(x));
+        dst[i] = lp_pack(x, prec);
     }
 }
 
@@ -150,8 +149,7 @@ struct lp_rows {
     __device__ float operator()(int n, int col) const
     {
         const unsigned short x = p[(size_t)n * ld + col];
-        return prec == 1 ? __bfloat162float(__ushort_as_bfloat16(x))
-                         : __half2float(__ushort_as_half(x));
+        return lp_unpack(x, prec);
     }
 };
 

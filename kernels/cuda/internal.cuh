@@ -191,18 +191,40 @@ static __device__ inline size_t thread_count()
     return (size_t)gridDim.x * blockDim.x;
 }
 
+/* fp32 to 16-bit storage (prec 1 bf16, 2 fp16) and back, bit for bit as
+ * kernels/cpu/precision.c (the spec): every kernel converts through these.
+ * Numbers go through the hardware's round to nearest even (cvt.rn); NaN is
+ * handled here, by its bits, because the PTX ISA leaves the NaN that
+ * cvt.rn.f16.f32 / cvt.rn.bf16.f32 / cvt.f32.f16 give unspecified (and
+ * __bfloat162float is a cvt.f32.bf16 on sm_90, a plain shift before): every
+ * NaN narrows to 0x7fff (sign and payload dropped), an fp16 NaN widens to
+ * 0x7fffffff, and bf16 widens by the 16-bit shift, NaN or not (as the CUDA
+ * headers' own host code of these intrinsics does). */
+static __device__ inline unsigned short lp_pack(float x, int prec)
+{
+    if ((__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u) {
+        return 0x7fff;
+    }
+    return prec == 1 ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                     : __half_as_ushort(__float2half_rn(x));
+}
+static __device__ inline float lp_unpack(unsigned short h, int prec)
+{
+    if (prec == 1) {
+        return __uint_as_float((unsigned)h << 16);
+    }
+    if ((h & 0x7fffu) > 0x7c00u) {
+        return __uint_as_float(0x7fffffffu);
+    }
+    return __half2float(__ushort_as_half(h));
+}
+
 /* x rounded to prec (0 fp32: unchanged, 1 bf16, 2 fp16) and widened back:
  * what a product reads from low-precision storage (kernels/cpu.h's
  * mmp_cpu_round_lp is the spec). */
 static __device__ inline float lp_round(float x, int prec)
 {
-    if (prec == 1) {
-        return __bfloat162float(__float2bfloat16_rn(x));
-    }
-    if (prec == 2) {
-        return __half2float(__float2half_rn(x));
-    }
-    return x;
+    return prec == 1 || prec == 2 ? lp_unpack(lp_pack(x, prec), prec) : x;
 }
 
 /* ---- reductions --------------------------------------------------------- */

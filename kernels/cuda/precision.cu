@@ -1,11 +1,8 @@
 /* Low-precision storage on the device: rounding fp32 to bf16/fp16 and back,
- * packing to 2-byte storage and widening it again. The conversions are the
- * hardware's round-to-nearest-even (__float2bfloat16_rn, __float2half_rn),
- * which kernels/cpu/precision.c reproduces bit for bit. prec 0 (fp32) is a
- * copy, never a rounding. */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+ * packing to 2-byte storage and widening it again, through lp_pack /
+ * lp_unpack (internal.cuh): the hardware's round to nearest even, NaN by
+ * its bits, kernels/cpu/precision.c bit for bit. prec 0 (fp32) is a copy,
+ * never a rounding. */
 #include "kernels/cuda/internal.cuh"
 
 static __global__ void round_lp_kernel(float *dst, const float *src, size_t n, int prec)
@@ -18,22 +15,14 @@ static __global__ void round_lp_kernel(float *dst, const float *src, size_t n, i
 static __global__ void pack_lp_kernel(unsigned short *dst, const float *src, size_t n, int prec)
 {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        if (prec == 1) {
-            dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
-        } else {
-            dst[i] = __half_as_ushort(__float2half_rn(src[i]));
-        }
+        dst[i] = lp_pack(src[i], prec);
     }
 }
 
 static __global__ void unpack_lp_kernel(float *dst, const unsigned short *src, size_t n, int prec)
 {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        if (prec == 1) {
-            dst[i] = __bfloat162float(__ushort_as_bfloat16(src[i]));
-        } else {
-            dst[i] = __half2float(__ushort_as_half(src[i]));
-        }
+        dst[i] = lp_unpack(src[i], prec);
     }
 }
 
