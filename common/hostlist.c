@@ -38,6 +38,21 @@ static mmp_err add(expander *e, const char *name, const char *at)
 }
 
 /* A decimal number of at most 9 digits at s; its digit count in *width. */
+/* s[0..w) is a device UUID as CUDA_VISIBLE_DEVICES takes one: "GPU-<hex and
+ * dashes>", "MIG-<hex and dashes>" or "MIG-GPU-<uuid>/<gi>/<ci>". */
+static int uuid_entry(const char *s, size_t w)
+{
+    if (w <= 4 || (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0)) {
+        return 0;
+    }
+    for (size_t i = 4; i < w; i++) {
+        if (!isxdigit((unsigned char)s[i]) && !strchr("-/GPU", s[i])) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 static int number(const char *s, long *v, int *width)
 {
     int w = 0;
@@ -209,19 +224,25 @@ mmp_err mmp_hostlist_from_slurm(mmp_slurm_env *out, const char *(*getenv_fn)(con
         for (int i = 0; i < out->gpus; i++) {
             out->gpu[i] = i; /* srun renumbers the node's GPUs from 0 in each step */
         }
-    } else if (cvd && *cvd) {
+    } else if (cvd && *cvd && strcmp(cvd, "NoDevFiles") != 0) {
+        /* What the stages see: they inherit this variable (posix_spawn, srun's
+         * --export=ALL), and CUDA numbers the devices it lists from 0, so
+         * "2,3" is cuda:0 and cuda:1 in every stage. Entries are ordinals or
+         * GPU-/MIG- UUIDs; SLURM's "NoDevFiles" means none. */
         const char *s = cvd;
         while (*s) {
+            size_t w = strcspn(s, ",");
             long v;
-            int w;
-            if (out->gpus >= max_gpus || !number(s, &v, &w) || v > 1023 ||
-                (s[w] != ',' && s[w] != 0)) {
+            int nw;
+            int ordinal = number(s, &v, &nw) && (size_t)nw == w && v <= 1023;
+            if (out->gpus >= max_gpus || w == 0 || !(ordinal || uuid_entry(s, w))) {
                 return mmp_errorf(MMP_ERR_INVALID,
                                   "hosts: slurm: CUDA_VISIBLE_DEVICES='%.60s' is not a list of at "
-                                  "most %d GPU ordinals (UUIDs are not supported)",
+                                  "most %d GPU ordinals or GPU-/MIG- UUIDs",
                                   cvd, max_gpus);
             }
-            out->gpu[out->gpus++] = (int)v;
+            out->gpu[out->gpus] = out->gpus;
+            out->gpus++;
             s += w + (s[w] == ',');
         }
     }

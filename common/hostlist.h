@@ -27,15 +27,17 @@ mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MA
 /* What an allocation offers each node, from the environment SLURM gives a
  * batch script or salloc shell: the nodes (SLURM_JOB_NODELIST), GPUs per
  * node (SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; 0
- * when neither is set: each node then has cpu_slots cpu devices, from
+ * when neither is set, or it is SLURM's "NoDevFiles": each node then has
+ * cpu_slots cpu devices, from
  * SLURM_NTASKS_PER_NODE, else 1). MMP_ERR_INVALID naming the variable when
  * SLURM_JOB_NODELIST is unset (not inside an allocation) or a value is
  * malformed. `getenv_fn` is getenv, or a table in tests. */
 typedef struct mmp_slurm_env {
     int n_nodes;
     char nodes[64][MMP_HOSTLIST_NAME_MAX];
-    int gpus;    /* GPUs on each node */
-    int gpu[64]; /* their ordinals as this process sees them (CUDA_VISIBLE_DEVICES or 0..gpus-1) */
+    int gpus;      /* GPUs on each node */
+    int gpu[64];   /* their ordinals as a stage sees them: 0..gpus-1 (CUDA renumbers the devices
+                    * CUDA_VISIBLE_DEVICES lists, and srun each step's, from 0) */
     int cpu_slots; /* when gpus == 0 */
     char job_id[32];
 } mmp_slurm_env;

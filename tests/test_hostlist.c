@@ -125,7 +125,25 @@ static void test_slurm_env(void)
                                       NULL};
     fake_env = cvd;
     CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
-    CHECK(s.gpus == 2 && s.gpu[0] == 2 && s.gpu[1] == 3 && s.cpu_slots == 3);
+    /* the stages inherit the variable: CUDA shows them physical 2 and 3 as 0 and 1 */
+    CHECK(s.gpus == 2 && s.gpu[0] == 0 && s.gpu[1] == 1 && s.cpu_slots == 3);
+    static const char *const uuids[] = {
+        "SLURM_JOB_NODELIST", "a", "CUDA_VISIBLE_DEVICES",
+        "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,MIG-GPU-8932f937-d72c-4106-c12f-20bd9faed9f6/1/0",
+        NULL};
+    fake_env = uuids;
+    CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
+    CHECK(s.gpus == 2 && s.gpu[0] == 0 && s.gpu[1] == 1);
+    static const char *const nodev[] = {"SLURM_JOB_NODELIST",
+                                        "a",
+                                        "CUDA_VISIBLE_DEVICES",
+                                        "NoDevFiles",
+                                        "SLURM_NTASKS_PER_NODE",
+                                        "2",
+                                        NULL};
+    fake_env = nodev;
+    CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
+    CHECK(s.gpus == 0 && s.cpu_slots == 2);
 
     static const char *const cpu[] = {"SLURM_JOB_NODELIST", "c[1-3]", NULL};
     fake_env = cpu;
@@ -142,7 +160,7 @@ static void test_slurm_env(void)
     CHECK(mmp_hostlist_from_slurm(&s, fake_getenv) == MMP_ERR_INVALID);
     CHECK(strstr(mmp_last_error(), "SLURM_GPUS_ON_NODE") != NULL);
     static const char *const uuid[] = {"SLURM_JOB_NODELIST", "c1", "CUDA_VISIBLE_DEVICES",
-                                       "GPU-1234", NULL};
+                                       "0,GPU-12x4", NULL};
     fake_env = uuid;
     CHECK(mmp_hostlist_from_slurm(&s, fake_getenv) == MMP_ERR_INVALID);
     CHECK(strstr(mmp_last_error(), "CUDA_VISIBLE_DEVICES") != NULL);
