@@ -279,11 +279,51 @@ typedef struct {
     int n_taps;      /* KH * KW when taps holds them all, else 0 */
     unsigned phases; /* phase-plane path: bit 2 p + q for each phase a tap reads */
     conv_tap taps[MAX_TAPS];
+    /* padded-plane path (padded set, padded_init): the image plane in a
+     * zero-bordered (Hp, Wp) plane */
+    int padded, Hp, Wp;
+    int padded_max_ow; /* the widest output a caller takes this path for */
 } cols_args;
 
-static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
+/* Floats of stack the padded-plane path may use for its plane (32 KiB; a
+ * 3x3 conv's padded 32x32 map is 34 x 34). Larger maps take the run path. */
+#define PAD_MAX_FLOATS 8192
+
+/* Output widths up to which im2col and col2im take the padded-plane path:
+ * measured (bench/bench_conv, the demo's shapes), it beats the run path
+ * there (im2col of a 16x16 map 0.89x the time, 8x8 0.81x, 4x4 0.85x;
+ * col2im of a 16x16 map 1.07x, so col2im stops at 8) */
+#define IM2COL_PADDED_OW 16
+#define COL2IM_PADDED_OW 8
+
+/* Small maps on the same-stride-1 path read every col row as OH short rows
+ * of a zero-bordered copy of the image plane, P (H + 2 pad, W + 2 pad): no
+ * per-row valid ranges, no zeroing of padding columns, and OW a constant in
+ * the copy loops (4, 8 or 16 floats), where the run path spent more on a
+ * 4x4 map's bookkeeping than on its copy. The col matrix holds the same
+ * bits (padding reads as +0, the zero the run path wrote). Tap (kh, kw)
+ * reads P from element kh Wp + kw on. Sets a->padded or leaves it 0. */
+static void padded_init(cols_args *a)
+{
+    const mmp_conv_shape *s = a->s;
+    a->padded = 0;
+    if (!a->n_taps || !is_same_stride1(s) || s->OW > a->padded_max_ow) {
+        return;
+    }
+    /* rows oh + kh - pad for oh in [0, OH) lie in [-pad, H + pad), columns alike */
+    long Hp = (long)s->H + 2L * s->pad, Wp = (long)s->W + 2L * s->pad;
+    if (Hp * Wp > PAD_MAX_FLOATS) {
+        return;
+    }
+    a->Hp = (int)Hp;
+    a->Wp = (int)Wp;
+    a->padded = 1;
+}
+
+static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld, int padded_max_ow)
 {
     a->s = s;
+    a->padded_max_ow = padded_max_ow;
     a->ld = ld;
     a->n_taps = 0;
     a->phases = 0xFu;
@@ -298,6 +338,7 @@ static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
         }
         a->n_taps = s->KH * s->KW;
     }
+    padded_init(a);
 }
 
 /* Tap k = kh * KW + kw of a's conv: from the table, or worked out into *own. */
@@ -388,6 +429,95 @@ static MMP_CPU_INLINE void im2col_row(const cols_args *a, const float *plane, co
     }
 }
 
+/* ---- the padded-plane path (padded_init) ---- */
+
+/* P (Hp, Wp) from the image plane (H, W): the interior a copy, the border
+ * of pad rows and columns zero. Writes all of P. */
+static MMP_CPU_INLINE void pad_plane(float *restrict P, const cols_args *a,
+                                     const float *restrict plane)
+{
+    int H = a->s->H, W = a->s->W, pad = a->s->pad, Wp = a->Wp;
+    zero_floats(P, (size_t)pad * Wp);
+    for (int i = 0; i < H; i++) {
+        float *dst = P + (size_t)(i + pad) * Wp;
+        const float *src = plane + (size_t)i * W;
+        zero_floats(dst, (size_t)pad);
+        for (int j = 0; j < W; j++) {
+            dst[pad + j] = src[j];
+        }
+        zero_floats(dst + pad + W, (size_t)pad);
+    }
+    zero_floats(P + (size_t)(pad + H) * Wp, (size_t)pad * Wp);
+}
+
+/* pad_plane undone: P's interior written back into the image plane */
+static MMP_CPU_INLINE void unpad_plane(float *restrict plane, const cols_args *a,
+                                       const float *restrict P)
+{
+    int H = a->s->H, W = a->s->W, pad = a->s->pad, Wp = a->Wp;
+    for (int i = 0; i < H; i++) {
+        const float *src = P + (size_t)(i + pad) * Wp + pad;
+        float *dst = plane + (size_t)i * W;
+        for (int j = 0; j < W; j++) {
+            dst[j] = src[j];
+        }
+    }
+}
+
+/* OH rows of OW floats: row (OH, OW) = P's rows at src, Wp apart (im2col),
+ * or P's rows += row (col2im). OW is a constant where inlined. */
+static MMP_CPU_INLINE void rows_get(float *restrict row, const float *restrict src, int OH, int OW,
+                                    int Wp)
+{
+    for (int oh = 0; oh < OH; oh++) {
+        for (int ow = 0; ow < OW; ow++) {
+            row[(size_t)oh * OW + ow] = src[(size_t)oh * Wp + ow];
+        }
+    }
+}
+
+static MMP_CPU_INLINE void rows_add(float *restrict dst, const float *restrict row, int OH, int OW,
+                                    int Wp)
+{
+    for (int oh = 0; oh < OH; oh++) {
+        for (int ow = 0; ow < OW; ow++) {
+            dst[(size_t)oh * Wp + ow] += row[(size_t)oh * OW + ow];
+        }
+    }
+}
+
+/* rows_get / rows_add with the common widths made constants */
+static MMP_CPU_INLINE void rows_move(int add, float *restrict P, float *restrict row, int OH,
+                                     int OW, int Wp)
+{
+#define MMP_ROWS_MOVE(w)                                                                           \
+    do {                                                                                           \
+        if (add) {                                                                                 \
+            rows_add(P, row, OH, w, Wp);                                                           \
+        } else {                                                                                   \
+            rows_get(row, P, OH, w, Wp);                                                           \
+        }                                                                                          \
+    } while (0)
+    switch (OW) {
+    case 4:
+        MMP_ROWS_MOVE(4);
+        break;
+    case 8:
+        MMP_ROWS_MOVE(8);
+        break;
+    case 16:
+        MMP_ROWS_MOVE(16);
+        break;
+    case 32:
+        MMP_ROWS_MOVE(32);
+        break;
+    default:
+        MMP_ROWS_MOVE(OW);
+        break;
+    }
+#undef MMP_ROWS_MOVE
+}
+
 /* Item it = i C + c of a's images: image i's channel c. */
 static MMP_CPU_INLINE void item_at(const cols_args *a, size_t it, size_t *i, int *c)
 {
@@ -408,6 +538,16 @@ MMP_CPU_CLONES static void im2col_range(void *p, size_t lo, size_t hi)
         int c;
         item_at(a, it, &i, &c);
         const float *plane = a->src + (i * (size_t)s->C + (size_t)c) * HW;
+        if (a->padded) {
+            float P[PAD_MAX_FLOATS];
+            pad_plane(P, a, plane);
+            for (int k = 0; k < K; k++) {
+                const conv_tap *t = &a->taps[k];
+                float *row = a->col + ((size_t)c * K + k) * a->ld + i * OHW;
+                rows_move(0, P + (size_t)t->kh * a->Wp + t->kw, row, s->OH, s->OW, a->Wp);
+            }
+            continue;
+        }
         float ph[PHASE_MAX_FLOATS];
         int phased = is_phase_path(s);
         if (phased) {
@@ -427,7 +567,7 @@ MMP_CPU_CLONES static void im2col_range(void *p, size_t lo, size_t hi)
 static void im2col(float *col, size_t ld, const float *img, int n, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .src = img};
-    cols_args_init(&a, s, ld);
+    cols_args_init(&a, s, ld, IM2COL_PADDED_OW);
     mmp_cpu_parallel_for((size_t)n * s->C, cols_grain(s), im2col_range, &a);
 }
 
@@ -524,6 +664,19 @@ MMP_CPU_CLONES static void col2im_range(void *p, size_t lo, size_t hi)
         item_at(a, it, &i, &c);
         float *plane = a->img + (i * (size_t)s->C + (size_t)c) * HW;
         float *rows = a->col + (size_t)c * K * a->ld + i * OHW;
+        if (a->padded) {
+            /* each interior element takes its taps in (kh, kw) order; the
+             * border takes the padding columns' values and is dropped */
+            float P[PAD_MAX_FLOATS];
+            pad_plane(P, a, plane);
+            for (int k = 0; k < K; k++) {
+                const conv_tap *t = &a->taps[k];
+                rows_move(1, P + (size_t)t->kh * a->Wp + t->kw, rows + (size_t)k * a->ld, s->OH,
+                          s->OW, a->Wp);
+            }
+            unpad_plane(plane, a, P);
+            continue;
+        }
         if (is_same_stride1(s) || is_phase_path(s)) {
             col2im_channel_same(a, plane, rows);
             continue;
@@ -539,7 +692,7 @@ MMP_CPU_CLONES static void col2im_range(void *p, size_t lo, size_t hi)
 static void col2im_add(float *img, float *col, size_t ld, int n, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .img = img};
-    cols_args_init(&a, s, ld);
+    cols_args_init(&a, s, ld, COL2IM_PADDED_OW);
     mmp_cpu_parallel_for((size_t)n * s->C, cols_grain(s), col2im_range, &a);
 }
 
