@@ -395,6 +395,9 @@ static void test_conv(void)
         /* stride 2 on an even map: im2col / col2im's phase-plane path */
         {"3x3 s2 p1 even map", 3, 3, 8, 6, 4, 3, 3, 2, 1},
         {"1x1 s2 p0 even map", 2, 4, 6, 4, 3, 1, 1, 2, 0},
+        /* 1x1 strided, no padding: the one-pass subsample path */
+        {"1x1 s3 p0", 2, 3, 7, 8, 2, 1, 1, 3, 0},
+        {"1x1 s2 p1 (row path)", 1, 2, 6, 4, 2, 1, 1, 2, 1},
     };
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, 2, 3, 32, 32, 8, 3, 3, 2, 1);

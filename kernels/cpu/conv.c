@@ -518,6 +518,46 @@ static MMP_CPU_INLINE void rows_move(int add, float *restrict P, float *restrict
 #undef MMP_ROWS_MOVE
 }
 
+/* A 1x1 convolution with stride > 1 and no padding (a shortcut's 1x1/2)
+ * reads every stride-th element of every stride-th row: its one col row
+ * per channel is that subsample, copied (im2col) or added back (col2im) in
+ * one strided pass, where the phase path split the plane, copied and
+ * joined. Each element still takes its one add. */
+static int is_strided_pointwise(const mmp_conv_shape *s)
+{
+    return s->KH == 1 && s->KW == 1 && s->pad == 0 && s->stride > 1;
+}
+
+/* row (OH, OW) = plane's subsample (add 0), or plane's subsample += row
+ * (add 1); st a constant where inlined */
+static MMP_CPU_INLINE void subsample_move(int add, float *restrict plane, float *restrict row,
+                                          int OH, int OW, int W, int st)
+{
+    for (int oh = 0; oh < OH; oh++) {
+        float *p = plane + (size_t)oh * st * W;
+        float *r = row + (size_t)oh * OW;
+        if (add) {
+            for (int ow = 0; ow < OW; ow++) {
+                p[(size_t)ow * st] += r[ow];
+            }
+        } else {
+            for (int ow = 0; ow < OW; ow++) {
+                r[ow] = p[(size_t)ow * st];
+            }
+        }
+    }
+}
+
+static MMP_CPU_INLINE void strided_pointwise(int add, const mmp_conv_shape *s, float *plane,
+                                             float *row)
+{
+    if (s->stride == 2) {
+        subsample_move(add, plane, row, s->OH, s->OW, s->W, 2);
+    } else {
+        subsample_move(add, plane, row, s->OH, s->OW, s->W, s->stride);
+    }
+}
+
 /* Item it = i C + c of a's images: image i's channel c. */
 static MMP_CPU_INLINE void item_at(const cols_args *a, size_t it, size_t *i, int *c)
 {
@@ -538,6 +578,11 @@ MMP_CPU_CLONES static void im2col_range(void *p, size_t lo, size_t hi)
         int c;
         item_at(a, it, &i, &c);
         const float *plane = a->src + (i * (size_t)s->C + (size_t)c) * HW;
+        if (is_strided_pointwise(s)) {
+            /* only read: the plane is the input, never written */
+            strided_pointwise(0, s, (float *)plane, a->col + (size_t)c * a->ld + i * OHW);
+            continue;
+        }
         if (a->padded) {
             float P[PAD_MAX_FLOATS];
             pad_plane(P, a, plane);
@@ -664,6 +709,10 @@ MMP_CPU_CLONES static void col2im_range(void *p, size_t lo, size_t hi)
         item_at(a, it, &i, &c);
         float *plane = a->img + (i * (size_t)s->C + (size_t)c) * HW;
         float *rows = a->col + (size_t)c * K * a->ld + i * OHW;
+        if (is_strided_pointwise(s)) {
+            strided_pointwise(1, s, plane, rows);
+            continue;
+        }
         if (a->padded) {
             /* each interior element takes its taps in (kh, kw) order; the
              * border takes the padding columns' values and is dropped */
