@@ -29,26 +29,6 @@ static double lanes_total(const lanes *a)
     return (a->s[0] + a->s[1]) + (a->s[2] + a->s[3]);
 }
 
-/* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
- * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
-static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, const float *w,
-                         int n, float m, float rs)
-{
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            float d = w ? dy[i + k] * w[i + k] : dy[i + k];
-            g->s[k] += d;
-            gx->s[k] += d * ((x[i + k] - m) * rs);
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        float d = w ? dy[i] * w[i] : dy[i];
-        g->s[k] += d;
-        gx->s[k] += d * ((x[i] - m) * rs);
-    }
-}
-
 /* Batch norm sums BN_GROUP channels side by side: one channel's LANES sums
  * are LANES chains of dependent double adds, which leave the units mostly
  * waiting (a latency per element); BN_GROUP channels give BN_GROUP times as
@@ -92,6 +72,38 @@ static inline void lanes_get(lanes_v *v, const lanes *a)
 static inline void lanes_put(lanes *a, const lanes_v *v)
 {
     memcpy(a->s, v, sizeof *v);
+}
+
+/* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
+ * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
+static MMP_CPU_INLINE void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x,
+                                        const float *w, int n, float m, float rs)
+{
+    lanes_v gv, hv, t;
+    lanes_get(&gv, g);
+    lanes_get(&hv, gx);
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        floats_v d, a, wv;
+        load_floats(&d, dy + i);
+        load_floats(&a, x + i);
+        if (w) {
+            load_floats(&wv, w + i);
+            d = d * wv;
+        }
+        a = d * ((a - m) * rs);
+        widen(&t, &d);
+        gv += t;
+        widen(&t, &a);
+        hv += t;
+    }
+    for (int k = 0; i < n; i++, k++) {
+        float d = w ? dy[i] * w[i] : dy[i];
+        gv[k] += d;
+        hv[k] += d * ((x[i] - m) * rs);
+    }
+    lanes_put(g, &gv);
+    lanes_put(gx, &hv);
 }
 
 /* a[g] += x[g] (n) for the BN_GROUP slots g, element i into lane i % LANES */
@@ -439,8 +451,8 @@ void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const f
     batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 1);
 }
 
-void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                           const float *b, int N, int C, float eps)
+MMP_CPU_CLONES void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                                          const float *w, const float *b, int N, int C, float eps)
 {
     // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
     /* rows summed BN_GROUP side by side, as batch norm's channels: each row's
@@ -473,8 +485,9 @@ void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *in
     }
 }
 
-void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                           const float *w, const float *mean, const float *rstd, int N, int C)
+MMP_CPU_CLONES void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                                          const float *inp, const float *w, const float *mean,
+                                          const float *rstd, int N, int C)
 {
     // dinp (N,C), dw (C), db (C), dout (N,C), inp (N,C), w (C), mean (N), rstd (N)
     for (int n = 0; n < N; n++) {
