@@ -451,10 +451,11 @@ void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const f
     batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 1);
 }
 
-MMP_CPU_CLONES void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
-                                          const float *w, const float *b, int N, int C, float eps)
+/* The bodies of layer norm are clones of their own: clang 14 emits no
+ * symbol for an external function marked MMP_CPU_CLONES. */
+MMP_CPU_CLONES static void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *w, const float *b, int N, int C, float eps)
 {
-    // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
     /* rows summed BN_GROUP side by side, as batch norm's channels: each row's
      * sums in its own order */
     for (int n0 = 0; n0 < N; n0 += BN_GROUP) {
@@ -485,11 +486,10 @@ MMP_CPU_CLONES void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, 
     }
 }
 
-MMP_CPU_CLONES void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
-                                          const float *inp, const float *w, const float *mean,
-                                          const float *rstd, int N, int C)
+MMP_CPU_CLONES static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                                         const float *inp, const float *w, const float *mean,
+                                         const float *rstd, int N, int C)
 {
-    // dinp (N,C), dw (C), db (C), dout (N,C), inp (N,C), w (C), mean (N), rstd (N)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *dy = dout + (size_t)n * C;
@@ -517,6 +517,20 @@ MMP_CPU_CLONES void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, con
             dx[i] += rs * (dy[i] * w[i] - mean_dn - xhat * mean_dn_xhat);
         }
     }
+}
+
+void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                           const float *b, int N, int C, float eps)
+{
+    // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
+    layernorm_fwd(out, mean, rstd, inp, w, b, N, C, eps);
+}
+
+void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, int N, int C)
+{
+    // dinp (N,C), dw (C), db (C), dout (N,C), inp (N,C), w (C), mean (N), rstd (N)
+    layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 void mmp_cpu_l2norm_fwd(float *out, float *norm, const float *inp, int N, int C, float eps)
