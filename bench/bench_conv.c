@@ -71,6 +71,11 @@ int main(int argc, char **argv)
             only = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
             N = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: bench_conv [--reps N] [--threads N] [--batch N] [--only ROW]\n"
+                   "median us of the demo's conv2d forward and backward per shape, and a\n"
+                   "hash of their outputs' bits (compare two builds)\n");
+            return 0;
         } else {
             fprintf(stderr,
                     "usage: bench_conv [--reps N] [--threads N] [--batch N] [--only ROW]\n");
