@@ -523,9 +523,6 @@ static MMP_CPU_INLINE void rows_move(int add, float *restrict P, float *restrict
     case 16:
         MMP_ROWS_MOVE(16);
         break;
-    case 32:
-        MMP_ROWS_MOVE(32);
-        break;
     default:
         MMP_ROWS_MOVE(OW);
         break;
