@@ -384,9 +384,20 @@ static void test_conv(void)
         {"5x5 s1 p2 wider pad than image", 2, 2, 3, 4, 3, 5, 5, 1, 2},
         {"1x3 s1 p1 (OH = H + 2)", 1, 2, 3, 4, 2, 1, 3, 1, 1},
         {"3x3 s1 p1 one column", 1, 2, 4, 1, 2, 3, 3, 1, 1},
+        /* OW of 4, 8 and 16 take the padded-plane path (constant row widths,
+         * im2col up to 16, col2im up to 8); OW 24 and a plane past its
+         * stack buffer the run path */
+        {"3x3 s1 p1 4x4 padded", 2, 3, 4, 4, 3, 3, 3, 1, 1},
+        {"3x3 s1 p1 8x8 padded", 2, 2, 8, 8, 3, 3, 3, 1, 1},
+        {"3x3 s1 p1 16x16", 1, 2, 16, 16, 2, 3, 3, 1, 1},
+        {"3x3 s1 p1 24 wide", 1, 2, 5, 24, 2, 3, 3, 1, 1},
+        {"3x3 s1 p1 8 wide, 840 rows (run path)", 1, 1, 840, 8, 1, 3, 3, 1, 1},
         /* stride 2 on an even map: im2col / col2im's phase-plane path */
         {"3x3 s2 p1 even map", 3, 3, 8, 6, 4, 3, 3, 2, 1},
         {"1x1 s2 p0 even map", 2, 4, 6, 4, 3, 1, 1, 2, 0},
+        /* 1x1 strided, no padding: the one-pass subsample path */
+        {"1x1 s3 p0", 2, 3, 7, 8, 2, 1, 1, 3, 0},
+        {"1x1 s2 p1 (row path)", 1, 2, 6, 4, 2, 1, 1, 2, 1},
     };
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, 2, 3, 32, 32, 8, 3, 3, 2, 1);

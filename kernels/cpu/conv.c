@@ -123,8 +123,23 @@ static MMP_CPU_INLINE void zero_pad_cols(float *row, size_t j1, size_t r0, int l
     if (lo <= 0 && hi >= OW) {
         return;
     }
-    for (size_t r = r0; r * OW < j1; r++) {
-        float *dst = row + r * OW;
+    size_t r1 = (j1 + (size_t)OW - 1) / (size_t)OW; /* rows r0 .. r1 - 1 */
+    float *dst = row + r0 * (size_t)OW;
+    if (lo <= 1 && hi >= OW - 1) {
+        /* a 3x3 pad-1 tap: at most one column each side, one store per
+         * row and side without a loop around it (was 2% of a demo step) */
+        int left = lo == 1, right = hi == OW - 1;
+        for (size_t r = r0; r < r1; r++, dst += OW) {
+            if (left) {
+                dst[0] = 0.0f;
+            }
+            if (right) {
+                dst[OW - 1] = 0.0f;
+            }
+        }
+        return;
+    }
+    for (size_t r = r0; r < r1; r++, dst += OW) {
         for (int ow = 0; ow < lo; ow++) {
             dst[ow] = 0.0f;
         }
@@ -279,11 +294,51 @@ typedef struct {
     int n_taps;      /* KH * KW when taps holds them all, else 0 */
     unsigned phases; /* phase-plane path: bit 2 p + q for each phase a tap reads */
     conv_tap taps[MAX_TAPS];
+    /* padded-plane path (padded set, padded_init): the image plane in a
+     * zero-bordered (Hp, Wp) plane */
+    int padded, Hp, Wp;
+    int padded_max_ow; /* the widest output a caller takes this path for */
 } cols_args;
 
-static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
+/* Floats of stack the padded-plane path may use for its plane (32 KiB; a
+ * 3x3 conv's padded 32x32 map is 34 x 34). Larger maps take the run path. */
+#define PAD_MAX_FLOATS 8192
+
+/* Output widths up to which im2col and col2im take the padded-plane path:
+ * measured (bench/bench_conv, the demo's shapes), it beats the run path
+ * there (im2col of a 16x16 map 0.89x the time, 8x8 0.81x, 4x4 0.85x;
+ * col2im of a 16x16 map 1.07x, so col2im stops at 8) */
+#define IM2COL_PADDED_OW 16
+#define COL2IM_PADDED_OW 8
+
+/* Small maps on the same-stride-1 path read every col row as OH short rows
+ * of a zero-bordered copy of the image plane, P (H + 2 pad, W + 2 pad): no
+ * per-row valid ranges, no zeroing of padding columns, and OW a constant in
+ * the copy loops (4, 8 or 16 floats), where the run path spent more on a
+ * 4x4 map's bookkeeping than on its copy. The col matrix holds the same
+ * bits (padding reads as +0, the zero the run path wrote). Tap (kh, kw)
+ * reads P from element kh Wp + kw on. Sets a->padded or leaves it 0. */
+static void padded_init(cols_args *a)
+{
+    const mmp_conv_shape *s = a->s;
+    a->padded = 0;
+    if (!a->n_taps || !is_same_stride1(s) || s->OW > a->padded_max_ow) {
+        return;
+    }
+    /* rows oh + kh - pad for oh in [0, OH) lie in [-pad, H + pad), columns alike */
+    long Hp = (long)s->H + 2L * s->pad, Wp = (long)s->W + 2L * s->pad;
+    if (Hp * Wp > PAD_MAX_FLOATS) {
+        return;
+    }
+    a->Hp = (int)Hp;
+    a->Wp = (int)Wp;
+    a->padded = 1;
+}
+
+static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld, int padded_max_ow)
 {
     a->s = s;
+    a->padded_max_ow = padded_max_ow;
     a->ld = ld;
     a->n_taps = 0;
     a->phases = 0xFu;
@@ -298,6 +353,7 @@ static void cols_args_init(cols_args *a, const mmp_conv_shape *s, size_t ld)
         }
         a->n_taps = s->KH * s->KW;
     }
+    padded_init(a);
 }
 
 /* Tap k = kh * KW + kw of a's conv: from the table, or worked out into *own. */
@@ -388,6 +444,132 @@ static MMP_CPU_INLINE void im2col_row(const cols_args *a, const float *plane, co
     }
 }
 
+/* ---- the padded-plane path (padded_init) ---- */
+
+/* P (Hp, Wp) from the image plane (H, W): the interior a copy, the border
+ * of pad rows and columns zero. Writes all of P. */
+static MMP_CPU_INLINE void pad_plane(float *restrict P, const cols_args *a,
+                                     const float *restrict plane)
+{
+    int H = a->s->H, W = a->s->W, pad = a->s->pad, Wp = a->Wp;
+    zero_floats(P, (size_t)pad * Wp);
+    for (int i = 0; i < H; i++) {
+        float *dst = P + (size_t)(i + pad) * Wp;
+        const float *src = plane + (size_t)i * W;
+        zero_floats(dst, (size_t)pad);
+        for (int j = 0; j < W; j++) {
+            dst[pad + j] = src[j];
+        }
+        zero_floats(dst + pad + W, (size_t)pad);
+    }
+    zero_floats(P + (size_t)(pad + H) * Wp, (size_t)pad * Wp);
+}
+
+/* pad_plane undone: P's interior written back into the image plane */
+static MMP_CPU_INLINE void unpad_plane(float *restrict plane, const cols_args *a,
+                                       const float *restrict P)
+{
+    int H = a->s->H, W = a->s->W, pad = a->s->pad, Wp = a->Wp;
+    for (int i = 0; i < H; i++) {
+        const float *src = P + (size_t)(i + pad) * Wp + pad;
+        float *dst = plane + (size_t)i * W;
+        for (int j = 0; j < W; j++) {
+            dst[j] = src[j];
+        }
+    }
+}
+
+/* OH rows of OW floats: row (OH, OW) = P's rows at src, Wp apart (im2col),
+ * or P's rows += row (col2im). OW is a constant where inlined. */
+static MMP_CPU_INLINE void rows_get(float *restrict row, const float *restrict src, int OH, int OW,
+                                    int Wp)
+{
+    for (int oh = 0; oh < OH; oh++) {
+        for (int ow = 0; ow < OW; ow++) {
+            row[(size_t)oh * OW + ow] = src[(size_t)oh * Wp + ow];
+        }
+    }
+}
+
+static MMP_CPU_INLINE void rows_add(float *restrict dst, const float *restrict row, int OH, int OW,
+                                    int Wp)
+{
+    for (int oh = 0; oh < OH; oh++) {
+        for (int ow = 0; ow < OW; ow++) {
+            dst[(size_t)oh * Wp + ow] += row[(size_t)oh * OW + ow];
+        }
+    }
+}
+
+/* rows_get / rows_add with the common widths made constants */
+static MMP_CPU_INLINE void rows_move(int add, float *restrict P, float *restrict row, int OH,
+                                     int OW, int Wp)
+{
+#define MMP_ROWS_MOVE(w)                                                                           \
+    do {                                                                                           \
+        if (add) {                                                                                 \
+            rows_add(P, row, OH, w, Wp);                                                           \
+        } else {                                                                                   \
+            rows_get(row, P, OH, w, Wp);                                                           \
+        }                                                                                          \
+    } while (0)
+    switch (OW) {
+    case 4:
+        MMP_ROWS_MOVE(4);
+        break;
+    case 8:
+        MMP_ROWS_MOVE(8);
+        break;
+    case 16:
+        MMP_ROWS_MOVE(16);
+        break;
+    default:
+        MMP_ROWS_MOVE(OW);
+        break;
+    }
+#undef MMP_ROWS_MOVE
+}
+
+/* A 1x1 convolution with stride > 1 and no padding (a shortcut's 1x1/2)
+ * reads every stride-th element of every stride-th row: its one col row
+ * per channel is that subsample, copied (im2col) or added back (col2im) in
+ * one strided pass, where the phase path split the plane, copied and
+ * joined. Each element still takes its one add. */
+static int is_strided_pointwise(const mmp_conv_shape *s)
+{
+    return s->KH == 1 && s->KW == 1 && s->pad == 0 && s->stride > 1;
+}
+
+/* row (OH, OW) = plane's subsample (add 0), or plane's subsample += row
+ * (add 1); st a constant where inlined */
+static MMP_CPU_INLINE void subsample_move(int add, float *restrict plane, float *restrict row,
+                                          int OH, int OW, int W, int st)
+{
+    for (int oh = 0; oh < OH; oh++) {
+        float *p = plane + (size_t)oh * st * W;
+        float *r = row + (size_t)oh * OW;
+        if (add) {
+            for (int ow = 0; ow < OW; ow++) {
+                p[(size_t)ow * st] += r[ow];
+            }
+        } else {
+            for (int ow = 0; ow < OW; ow++) {
+                r[ow] = p[(size_t)ow * st];
+            }
+        }
+    }
+}
+
+static MMP_CPU_INLINE void strided_pointwise(int add, const mmp_conv_shape *s, float *plane,
+                                             float *row)
+{
+    if (s->stride == 2) {
+        subsample_move(add, plane, row, s->OH, s->OW, s->W, 2);
+    } else {
+        subsample_move(add, plane, row, s->OH, s->OW, s->W, s->stride);
+    }
+}
+
 /* Item it = i C + c of a's images: image i's channel c. */
 static MMP_CPU_INLINE void item_at(const cols_args *a, size_t it, size_t *i, int *c)
 {
@@ -408,6 +590,21 @@ MMP_CPU_CLONES static void im2col_range(void *p, size_t lo, size_t hi)
         int c;
         item_at(a, it, &i, &c);
         const float *plane = a->src + (i * (size_t)s->C + (size_t)c) * HW;
+        if (is_strided_pointwise(s)) {
+            /* only read: the plane is the input, never written */
+            strided_pointwise(0, s, (float *)plane, a->col + (size_t)c * a->ld + i * OHW);
+            continue;
+        }
+        if (a->padded) {
+            float P[PAD_MAX_FLOATS];
+            pad_plane(P, a, plane);
+            for (int k = 0; k < K; k++) {
+                const conv_tap *t = &a->taps[k];
+                float *row = a->col + ((size_t)c * K + k) * a->ld + i * OHW;
+                rows_move(0, P + (size_t)t->kh * a->Wp + t->kw, row, s->OH, s->OW, a->Wp);
+            }
+            continue;
+        }
         float ph[PHASE_MAX_FLOATS];
         int phased = is_phase_path(s);
         if (phased) {
@@ -427,7 +624,7 @@ MMP_CPU_CLONES static void im2col_range(void *p, size_t lo, size_t hi)
 static void im2col(float *col, size_t ld, const float *img, int n, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .src = img};
-    cols_args_init(&a, s, ld);
+    cols_args_init(&a, s, ld, IM2COL_PADDED_OW);
     mmp_cpu_parallel_for((size_t)n * s->C, cols_grain(s), im2col_range, &a);
 }
 
@@ -524,6 +721,23 @@ MMP_CPU_CLONES static void col2im_range(void *p, size_t lo, size_t hi)
         item_at(a, it, &i, &c);
         float *plane = a->img + (i * (size_t)s->C + (size_t)c) * HW;
         float *rows = a->col + (size_t)c * K * a->ld + i * OHW;
+        if (is_strided_pointwise(s)) {
+            strided_pointwise(1, s, plane, rows);
+            continue;
+        }
+        if (a->padded) {
+            /* each interior element takes its taps in (kh, kw) order; the
+             * border takes the padding columns' values and is dropped */
+            float P[PAD_MAX_FLOATS];
+            pad_plane(P, a, plane);
+            for (int k = 0; k < K; k++) {
+                const conv_tap *t = &a->taps[k];
+                rows_move(1, P + (size_t)t->kh * a->Wp + t->kw, rows + (size_t)k * a->ld, s->OH,
+                          s->OW, a->Wp);
+            }
+            unpad_plane(plane, a, P);
+            continue;
+        }
         if (is_same_stride1(s) || is_phase_path(s)) {
             col2im_channel_same(a, plane, rows);
             continue;
@@ -539,7 +753,7 @@ MMP_CPU_CLONES static void col2im_range(void *p, size_t lo, size_t hi)
 static void col2im_add(float *img, float *col, size_t ld, int n, const mmp_conv_shape *s)
 {
     cols_args a = {.col = col, .img = img};
-    cols_args_init(&a, s, ld);
+    cols_args_init(&a, s, ld, COL2IM_PADDED_OW);
     mmp_cpu_parallel_for((size_t)n * s->C, cols_grain(s), col2im_range, &a);
 }
 

@@ -200,7 +200,7 @@ typedef struct {
     float *x;
 } f64_args;
 
-static void acc_f64_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void acc_f64_range(void *p, size_t lo, size_t hi)
 {
     double *restrict acc = ((f64_args *)p)->acc;
     const float *restrict x = ((f64_args *)p)->x;
@@ -216,7 +216,7 @@ void mmp_cpu_acc_f64(double *restrict acc, const float *restrict x, size_t n)
     mmp_cpu_parallel_for(n, EW_GRAIN, acc_f64_range, &a);
 }
 
-static void round_f64_range(void *p, size_t lo, size_t hi)
+MMP_CPU_CLONES static void round_f64_range(void *p, size_t lo, size_t hi)
 {
     const double *restrict acc = ((f64_args *)p)->acc;
     float *restrict x = ((f64_args *)p)->x;

@@ -29,26 +29,6 @@ static double lanes_total(const lanes *a)
     return (a->s[0] + a->s[1]) + (a->s[2] + a->s[3]);
 }
 
-/* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
- * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
-static void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x, const float *w,
-                         int n, float m, float rs)
-{
-    int i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        for (int k = 0; k < LANES; k++) {
-            float d = w ? dy[i + k] * w[i + k] : dy[i + k];
-            g->s[k] += d;
-            gx->s[k] += d * ((x[i + k] - m) * rs);
-        }
-    }
-    for (int k = 0; i < n; i++, k++) {
-        float d = w ? dy[i] * w[i] : dy[i];
-        g->s[k] += d;
-        gx->s[k] += d * ((x[i] - m) * rs);
-    }
-}
-
 /* Batch norm sums BN_GROUP channels side by side: one channel's LANES sums
  * are LANES chains of dependent double adds, which leave the units mostly
  * waiting (a latency per element); BN_GROUP channels give BN_GROUP times as
@@ -70,11 +50,18 @@ static inline void load_floats(floats_v *v, const float *p)
     memcpy(v, p, sizeof *v);
 }
 
+/* Widening element by element, not by __builtin_convertvector: GCC 12
+ * turns the latter into two 2-float conversions and an insert in the AVX2
+ * clones (three shuffle-port uops per 4 floats, the bound of the sum
+ * loops), the former into one vcvtps2pd. The values are the same. */
+static inline void widen(lanes_v *v, const floats_v *f)
+{
+    *v = (lanes_v){(*f)[0], (*f)[1], (*f)[2], (*f)[3]};
+}
+
 static inline void load_wide(lanes_v *v, const float *p)
 {
-    floats_v f;
-    memcpy(&f, p, sizeof f);
-    *v = __builtin_convertvector(f, lanes_v);
+    *v = (lanes_v){p[0], p[1], p[2], p[3]};
 }
 
 static inline void lanes_get(lanes_v *v, const lanes *a)
@@ -85,6 +72,38 @@ static inline void lanes_get(lanes_v *v, const lanes *a)
 static inline void lanes_put(lanes *a, const lanes_v *v)
 {
     memcpy(a->s, v, sizeof *v);
+}
+
+/* g += dy * w, gx += dy * w * xhat over a row (n), xhat = (x - m) rs in
+ * float; w NULL reads as 1 (batch norm applies gamma afterwards). */
+static MMP_CPU_INLINE void add_grad_row(lanes *g, lanes *gx, const float *dy, const float *x,
+                                        const float *w, int n, float m, float rs)
+{
+    lanes_v gv, hv, t;
+    lanes_get(&gv, g);
+    lanes_get(&hv, gx);
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        floats_v d, a, wv;
+        load_floats(&d, dy + i);
+        load_floats(&a, x + i);
+        if (w) {
+            load_floats(&wv, w + i);
+            d = d * wv;
+        }
+        a = d * ((a - m) * rs);
+        widen(&t, &d);
+        gv += t;
+        widen(&t, &a);
+        hv += t;
+    }
+    for (int k = 0; i < n; i++, k++) {
+        float d = w ? dy[i] * w[i] : dy[i];
+        gv[k] += d;
+        hv[k] += d * ((x[i] - m) * rs);
+    }
+    lanes_put(g, &gv);
+    lanes_put(gx, &hv);
 }
 
 /* a[g] += x[g] (n) for the BN_GROUP slots g, element i into lane i % LANES */
@@ -180,13 +199,13 @@ static MMP_CPU_INLINE void add_grad_rows2(lanes *g_sum, lanes *gx_sum, const flo
         load_floats(&a1, x1 + i);
         a0 = d0 * ((a0 - m0) * r0);
         a1 = d1 * ((a1 - m1) * r1);
-        w = __builtin_convertvector(d0, lanes_v);
+        widen(&w, &d0);
         g0 += w;
-        w = __builtin_convertvector(a0, lanes_v);
+        widen(&w, &a0);
         h0 += w;
-        w = __builtin_convertvector(d1, lanes_v);
+        widen(&w, &d1);
         g1 += w;
-        w = __builtin_convertvector(a1, lanes_v);
+        widen(&w, &a1);
         h1 += w;
     }
     for (int k = 0; i < n; i++, k++) {
@@ -432,10 +451,11 @@ void mmp_cpu_batchnorm_bwd_set(float *dinp, float *dgamma, float *dbeta, const f
     batchnorm_bwd(dinp, dgamma, dbeta, dout, inp, mean, rstd, gamma, N, C, HW, 1);
 }
 
-void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                           const float *b, int N, int C, float eps)
+/* The bodies of layer norm are clones of their own: clang 14 emits no
+ * symbol for an external function marked MMP_CPU_CLONES. */
+MMP_CPU_CLONES static void layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                                         const float *w, const float *b, int N, int C, float eps)
 {
-    // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
     /* rows summed BN_GROUP side by side, as batch norm's channels: each row's
      * sums in its own order */
     for (int n0 = 0; n0 < N; n0 += BN_GROUP) {
@@ -466,10 +486,10 @@ void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *in
     }
 }
 
-void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                           const float *w, const float *mean, const float *rstd, int N, int C)
+MMP_CPU_CLONES static void layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
+                                         const float *inp, const float *w, const float *mean,
+                                         const float *rstd, int N, int C)
 {
-    // dinp (N,C), dw (C), db (C), dout (N,C), inp (N,C), w (C), mean (N), rstd (N)
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *dy = dout + (size_t)n * C;
@@ -497,6 +517,20 @@ void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout,
             dx[i] += rs * (dy[i] * w[i] - mean_dn - xhat * mean_dn_xhat);
         }
     }
+}
+
+void mmp_cpu_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                           const float *b, int N, int C, float eps)
+{
+    // out (N,C), mean (N), rstd (N), inp (N,C), w (C), b (C)
+    layernorm_fwd(out, mean, rstd, inp, w, b, N, C, eps);
+}
+
+void mmp_cpu_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, int N, int C)
+{
+    // dinp (N,C), dw (C), db (C), dout (N,C), inp (N,C), w (C), mean (N), rstd (N)
+    layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
 }
 
 void mmp_cpu_l2norm_fwd(float *out, float *norm, const float *inp, int N, int C, float eps)
