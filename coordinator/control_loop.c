@@ -266,7 +266,9 @@ int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const 
         }
         take_one(c, 200);
     }
-    return 0;
+    /* The message that completed done() may itself have failed the run (a
+     * stage's checkpoint ack saying it could not write): done, but not ok. */
+    return c->failure[0] ? 1 : 0;
 }
 
 int coord_all_flag(coord *c, void *arg)

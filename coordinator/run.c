@@ -292,7 +292,9 @@ out:
     if (c.metrics) {
         fclose(c.metrics);
     }
-    mmp_trace_merge(out_dir);
+    if (mmp_trace_merge(out_dir) != MMP_OK) {
+        MMP_WARN("trace: %s", mmp_last_error());
+    }
     mmp_sched_fini(&c.sched);
     return rc;
 }
