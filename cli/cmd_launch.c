@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/interrupt.h"
 #include "common/metrics.h"
+#include "coordinator/balancer.h"
 #include "coordinator/run.h"
 #include "data/preflight.h"
 #include "data/tokenizer.h"
@@ -301,6 +302,13 @@ int mmp_cmd_launch(int argc, char **argv)
     }
     /* Everything that can refuse the command without a lock is checked
      * before anything is created or changed. */
+    static mmp_plan forced;
+    if (plan.balance.force.step > 0 &&
+        mmp_balancer_forced_plan(&plan, plan_path, (const char *const *)args.sets, args.n_sets,
+                                 &forced) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
+        goto exit;
+    }
     if (mmp_data_preflight(&plan) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
         goto exit;

@@ -231,7 +231,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     }
     if (plan->balance.force.step > 0) {
         /* A scripted re-placement is checked now, not when it is due. */
-        if (mmp_balancer_forced_plan(plan, c.plan_json, &c.next) != MMP_OK) {
+        if (mmp_balancer_forced_plan(plan, c.plan_json, NULL, 0, &c.next) != MMP_OK) {
             MMP_ERROR("%s", mmp_last_error());
             goto out;
         }

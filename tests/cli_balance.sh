@@ -60,6 +60,8 @@ expect_fail "a bad balance.force.set is refused before training" "balance.force.
   "$BIN" launch "$W/real.yaml" --out "$W/badforce" --set 'balance.force.set=stages.image.split=[99]'
 expect_fail "balance.force.set may only change stages.*" "only stages.\* keys" \
   "$BIN" launch "$W/real.yaml" --out "$W/badforce2" --set 'balance.force.set=train.batch=8'
+[ ! -e "$W/badforce" ] && [ ! -e "$W/badforce2" ] && ok "... before the run directory exists" \
+  || fail "a refused balance.force.set left a run directory (the next launch there needs --force)"
 
 # --- 2. weighted routing vs round robin, one slow replica --------------------------
 route() { # NAME ROUTING: configs/sim-slow-replica.yaml (image.0 x2, its replica 1 2x slower)

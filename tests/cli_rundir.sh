@@ -8,8 +8,9 @@
 #  fingerprint: --resume under a plan that changes the model or the data
 #               order (same shapes) is refused naming the key, nothing changes
 #               on disk; keys a resume may change are accepted;
-#  preflight:   a missing manifest, vocab or named validation set is one
-#               error naming its key, before any process or file exists; no
+#  preflight:   a missing manifest, vocab or named validation set, or an
+#               empty manifest, is one error naming its key, before any
+#               process or file exists; no
 #               validation set is needed with evaluation off, and without
 #               val.jsonl beside the manifest evaluation is off (said once);
 #               evaluation obeys data.on_bad_sample: skip;
@@ -132,7 +133,16 @@ expect_fail "missing vocab: error naming data.vocab" "data.vocab: .*$W/none.txt"
 mkdir -p "$W/noval" && cp "$W/data/train.jsonl" "$W/data/vocab.txt" "$W/noval/" && ln -s "$W/data/images" "$W/noval/images"
 expect_fail "missing validation set named in the plan: error naming data.val_manifest" "data.val_manifest: .*noval/held.jsonl" \
   "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl" --set data.val_manifest="$W/noval/held.jsonl"
-[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && ok "no run directory after a preflight error" || fail "preflight left a directory"
+mkdir -p "$W/empty" && cp "$W/data/vocab.txt" "$W/empty/" && printf '\n  \n' >"$W/empty/train.jsonl" && : >"$W/empty/val.jsonl"
+expect_fail "empty manifest (blank lines only): error naming data.manifest" \
+  "data.manifest: .*empty/train.jsonl: no samples" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf6" --set data.manifest="$W/empty/train.jsonl"
+cp "$W/data/train.jsonl" "$W/empty/train.jsonl" && ln -s "$W/data/images" "$W/empty/images"
+expect_fail "empty val.jsonl beside the manifest: error naming data.val_manifest" \
+  "data.val_manifest: .*empty/val.jsonl: no samples" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf7" --set data.manifest="$W/empty/train.jsonl"
+[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && [ ! -e "$W/pf6" ] && [ ! -e "$W/pf7" ] \
+  && ok "no run directory after a preflight error" || fail "preflight left a directory"
 "$BIN" launch "$W/plan.yaml" --out "$W/pf4" --set data.manifest="$W/noval/train.jsonl" \
   --set train.final_eval=false >"$W/pf4.log" 2>&1 \
   && ! grep -q val_i2t_r1 "$W/pf4/metrics.jsonl" && ok "evaluation off: no validation set needed" \
