@@ -370,7 +370,7 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     }
     m.restarts = mmp_restart_field(&c->restarts, step + 1, restarts, sizeof restarts);
     if (mmp_metrics_write(c->metrics, &m) != MMP_OK) {
-        coord_fail(c, "%s", mmp_last_error());
+        coord_fail(c, "%s: %s", c->out_dir, mmp_last_error()); /* RUN: metrics.jsonl: why */
         return 1;
     }
     return 0;
