@@ -64,7 +64,8 @@ static const char USAGE[] =
     "                     (model.*, data.manifest, data.vocab, data.image_size,\n"
     "                     data.max_text_len, data.mean, data.std, data.augment,\n"
     "                     job.seed, train.batch); job.steps, the optimizer,\n"
-    "                     schedule, evaluation and stages.* may change\n"
+    "                     schedule, evaluation and stages.* may change. job.steps\n"
+    "                     is the run's total: a checkpoint past it is refused\n"
     "  --init-from FILE   start a new run (step 0, fresh AdamW moments) from the\n"
     "                     weights in FILE.safetensors: an export (mmpipe ckpt export\n"
     "                     RUN --format safetensors) or the PyTorch reference's\n"
@@ -166,6 +167,15 @@ static int check_resume(const mmp_plan *plan, const char *dir)
     if (mmp_ckpt_latest(dir, step_dir, sizeof step_dir, &step) != MMP_OK ||
         mmp_fingerprint_check(step_dir, plan, &checked) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: --resume %s: %s\n", dir, mmp_last_error());
+        return 1;
+    }
+    if (step > plan->job.steps) {
+        /* job.steps counts from the run's start, not from the checkpoint */
+        fprintf(stderr,
+                "mmpipe launch: --resume %s: its checkpoint is at step %d, past job.steps %d: "
+                "nothing to train (job.steps is the run's total: --steps N with N > %d trains "
+                "on)\n",
+                dir, step, plan->job.steps, step);
         return 1;
     }
     if (!checked) {

@@ -6,8 +6,9 @@
 #               newline replaces that run's outputs and nothing else
 #               (--out "runs/victim' 'x" leaves runs/victim alone);
 #  fingerprint: --resume under a plan that changes the model or the data
-#               order (same shapes) is refused naming the key, nothing changes
-#               on disk; keys a resume may change are accepted;
+#               order (same shapes), or whose job.steps its checkpoint is
+#               past, is refused naming the key, nothing changes on disk;
+#               keys a resume may change are accepted;
 #  preflight:   a missing manifest, vocab or named validation set, or an
 #               empty manifest, is one error naming its key, before any
 #               process or file exists; no
@@ -115,6 +116,10 @@ expect_fail "--resume with another train.batch is refused naming it" "train.batc
   "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set train.batch=6 --set train.microbatches=2
 expect_fail "pipeline --resume with other model.fusion.heads is refused" "model.fusion.heads" \
   "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set model.fusion.heads=1
+for mode in --single-process ""; do # job.steps is the run's total: step 2 is past --steps 1
+  expect_fail "--resume past job.steps is refused, saying so ${mode:-(pipeline)}" \
+    "checkpoint is at step 2, past job.steps 1" "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 1 $mode
+done
 [ "$before" = "$(state "$F")" ] && ok "refused resumes changed nothing on disk" \
   || { fail "a refused resume changed the run"; diff <(echo "$before") <(state "$F") | head -5; }
 "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set train.microbatches=4 \
