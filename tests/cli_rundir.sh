@@ -17,7 +17,8 @@
 #               evaluation obeys data.on_bad_sample: skip;
 #  paths:       relative plan paths resolve beside the plan file (launching
 #               from / works), --set ones against the current directory;
-#               plan.json records them absolute;
+#               plan.json records them absolute; a relative --out holds the
+#               whole run when stages start in another hosts[].workdir;
 #  vocab:       English captions under the synthetic 64-token vocab make
 #               launch warn about [UNK] (naming scripts/vocab); the real
 #               bert-base-uncased vocab does not;
@@ -178,6 +179,18 @@ case $BIN in /*) ABS_BIN=$BIN ;; *) ABS_BIN=$PWD/$BIN ;; esac
   && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel3/plan.json" \
   && ok "--set data.vocab=vocab.txt is relative to the current directory" \
   || { fail "--set path relative to the current directory"; tail -3 "$W/rel3.log"; }
+# A relative --out, stages started in another directory (hosts[].workdir;
+# launcher: ssh through `env ... sh -c`, no sshd): they get the run
+# directory from the root, so the whole run lands in the one directory.
+mkdir -p "$W/elsewhere"
+{ cat "$W/plan.yaml"; echo "launcher: ssh"; echo "launcher_command: env MMP_HOST={address} sh -c"
+  echo "hosts: [ { name: a, address: 127.0.0.1, devices: [cpu, cpu, cpu], workdir: $W/elsewhere, binary: $ABS_BIN } ]"
+} >"$W/plans/workdir.yaml"
+(cd "$W" && "$ABS_BIN" launch plans/workdir.yaml --out rel4 --steps 2) >"$W/rel4.log" 2>&1 \
+  && [ -s "$W/rel4/ckpt/latest/fusion.ckpt" ] && [ -z "$(ls -A "$W/elsewhere")" ] \
+  && grep -q "resume with\|done: 2 steps" "$W/rel4.log" \
+  && ok "relative --out, stages in hosts[].workdir elsewhere: the run is whole in --out" \
+  || { fail "relative --out with hosts[].workdir elsewhere"; tail -3 "$W/rel4.log"; }
 
 # --- vocab coverage: English captions under the synthetic set's 64-token vocab warn ---------
 E=$W/english
