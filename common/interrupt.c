@@ -1,4 +1,4 @@
-/* SIGINT/SIGTERM: first asks for a stop at a step boundary, second for a stop
+/* SIGINT/SIGTERM/SIGHUP: first asks for a stop at a step boundary, second for a stop
  * at once. Must never do more in the handler than async-signal-safe stores,
  * signal() and raise(). */
 #include "common/interrupt.h"
@@ -35,6 +35,7 @@ void mmp_interrupt_install(int die_on_second)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* the terminal or ssh session went away */
 }
 
 int mmp_interrupt_signal(void)
