@@ -36,6 +36,10 @@ void mmp_interrupt_install(int die_on_second)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL); /* the terminal or ssh session went away */
+    /* `mmpipe launch ... 2>&1 | tee log`: Ctrl-C ends tee at once, and the
+     * next log line would end this process before its checkpoint. A write
+     * to a closed pipe fails instead (stage processes inherit this). */
+    signal(SIGPIPE, SIG_IGN);
 }
 
 int mmp_interrupt_signal(void)

@@ -76,6 +76,23 @@ step=$(last_step "$W/single_HUP/metrics.jsonl")
   && ok "single-process SIGHUP: exits 129, step $step checkpointed" \
   || fail "single-process SIGHUP: rc=$rc, latest $(readlink "$W/single_HUP/ckpt/latest"), step $step"
 
+# --- Ctrl-C with the log piped into tee: tee ends at once (the terminal signals its whole
+# process group), the coordinator's next log line meets a closed pipe and must not die of it
+# before its checkpoint (SIGPIPE, SIGINT at their defaults, as in a terminal) --------------
+if env --default-signal=INT,PIPE true 2>/dev/null; then
+  env --default-signal=INT,PIPE setsid bash -c \
+    '"$0" launch "$1" --out "$2" 2>&1 | tee "$2.log" >/dev/null; echo "${PIPESTATUS[0]}" >"$2.rc"' \
+    "$BIN" "$W/plan.yaml" "$W/tee" &
+  gpid=$!
+  wait_step "$W/tee/metrics.jsonl" 5 || fail "tee: no step 5"
+  kill -INT -- -$gpid; wait $gpid
+  step=$(last_step "$W/tee/metrics.jsonl"); rc=$(cat "$W/tee.rc" 2>/dev/null)
+  [ "$rc" = 130 ] && [ "$(readlink "$W/tee/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
+    && ok "Ctrl-C through | tee: exits 130, step $step checkpointed" \
+    || fail "Ctrl-C through | tee: rc=$rc, latest $(readlink "$W/tee/ckpt/latest"), step $step"
+  left_behind "Ctrl-C through | tee" "$W/tee.log"
+else echo "skip: env --default-signal (coreutils 8.31) missing"; fi
+
 # --- a second signal stops at once: no checkpoint, nothing left ---------------------------
 # Slow simulated steps (about 2 s each) so both signals land inside one step.
 "$BIN" launch "$W/plan.yaml" --out "$W/twice" --set compute=simulated --set sim.cost.image=40 \
