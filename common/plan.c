@@ -244,6 +244,15 @@ static mmp_err check_launcher(mmp_schema_loader *L, mmp_plan *p)
                                   p->control.address);
     }
     for (int h = 0; h < p->n_hosts; h++) {
+        const mmp_host *ho = &p->hosts[h];
+        if (p->launcher == MMP_LAUNCH_LOCAL && (ho->binary[0] || ho->workdir[0])) {
+            /* never silently ignored: a local stage is this binary, here */
+            return mmp_schema_fail_at(L, "hosts", NULL,
+                                      "hosts[%d].%s: only launcher: ssh or slurm starts stages "
+                                      "from it (launcher: local runs this mmpipe in this "
+                                      "directory); drop it or set launcher",
+                                      h, ho->binary[0] ? "binary" : "workdir");
+        }
         if (p->launcher != MMP_LAUNCH_LOCAL && !p->hosts[h].address[0] &&
             !mmp_plan_address_ok(p->hosts[h].name)) {
             return mmp_schema_fail_at(L, "hosts", NULL,
