@@ -375,7 +375,8 @@ static void test_written_errors(const char *tmp)
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, workdir: rel/dir, devices: [cpu] }\n",
          "%s:3:25: hosts[0].workdir: expected an absolute path without quotes or control "
          "characters, got 'rel/dir'"},
-        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binary: /opt/mmpipe, devices: [cpu] }\n",
+        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binary: /opt/mmpipe, devices: [cpu] "
+         "}\n",
          "%s:3:3: hosts[0].binary: only launcher: ssh or slurm starts stages from it (launcher: "
          "local runs this mmpipe in this directory); drop it or set launcher"},
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binray: /x, devices: [cpu] }\n",
