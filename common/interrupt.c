@@ -35,7 +35,12 @@ void mmp_interrupt_install(int die_on_second)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL); /* the terminal or ssh session went away */
+    /* The terminal or ssh session went away; unless started under nohup,
+     * whose ignored SIGHUP asks to outlive it. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) {
+        sigaction(SIGHUP, &sa, NULL);
+    }
     /* `mmpipe launch ... 2>&1 | tee log`: Ctrl-C ends tee at once, and the
      * next log line would end this process before its checkpoint. A write
      * to a closed pipe fails instead (stage processes inherit this). */

@@ -10,7 +10,8 @@
 #ifndef MMP_COMMON_INTERRUPT_H
 #define MMP_COMMON_INTERRUPT_H
 
-/* Installs the SIGINT/SIGTERM/SIGHUP handler and clears any earlier record;
+/* Installs the SIGINT/SIGTERM/SIGHUP handler (SIGHUP not where it is
+ * ignored: nohup) and clears any earlier record;
  * ignores SIGPIPE (a log pipe closed by the same Ctrl-C must not end the run
  * before its checkpoint; the processes it starts inherit that).
  * die_on_second: a second signal ends the process at once with the signal's

@@ -70,6 +70,13 @@ if [ -n "$cmd" ] && "$BIN" $cmd >"$W/single_resumed.log" 2>&1; then
     && ok "single-process: stopped + resumed ($cmd) equals the uninterrupted run" \
     || fail "single-process resumed run differs: $(tail -1 <<<"$out")"
 else fail "single-process: resume command '$cmd' failed"; fi
+# under nohup a SIGHUP is ignored, as nohup asks: the run goes on to its end
+nohup "$BIN" launch "$W/plan.yaml" --out "$W/nohup" --single-process >"$W/nohup.log" 2>&1 &
+cpid=$!
+wait_step "$W/nohup/metrics.jsonl" 5 || fail "nohup: no step 5"
+kill -HUP $cpid; wait $cpid; rc=$?
+[ $rc -eq 0 ] && steps_once "$W/nohup/metrics.jsonl" 50 && ok "nohup: SIGHUP ignored, the run finished" \
+  || fail "nohup: rc=$rc, last step $(last_step "$W/nohup/metrics.jsonl")"
 stop_by HUP single_HUP --single-process
 step=$(last_step "$W/single_HUP/metrics.jsonl")
 [ $rc -eq 129 ] && [ "$(readlink "$W/single_HUP/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
