@@ -178,6 +178,23 @@ static mmp_err check_replicas(mmp_schema_loader *L, const char *key, const char 
     return MMP_OK;
 }
 
+/* A replica runs whole micro-batches (the runtime deals them out): more
+ * replicas than train.microbatches leaves one with none, which its loader
+ * refuses after every process has started. */
+static mmp_err check_replicas_mbs(mmp_schema_loader *L, const char *key, const mmp_stage_cfg *s,
+                                  int m)
+{
+    for (int i = 0; i < s->n_replicas; i++) {
+        if (s->replicas[i] > m) {
+            return mmp_schema_fail_at(L, key, "train.microbatches",
+                                      "%s: %d replicas, more than train.microbatches (%d): a "
+                                      "replica runs whole micro-batches, so one would have none",
+                                      key, s->replicas[i], m);
+        }
+    }
+    return MMP_OK;
+}
+
 static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
 {
     if (p->train.microbatches > p->train.batch) {
@@ -216,6 +233,10 @@ static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
     MMP_TRY(check_replicas(L, "stages.image.replicas", "stages.image.split", &p->stages.image));
     MMP_TRY(check_replicas(L, "stages.text.replicas", "stages.text.split", &p->stages.text));
     MMP_TRY(check_replicas(L, "stages.fusion.replicas", NULL, &p->stages.fusion));
+    int m = p->train.microbatches;
+    MMP_TRY(check_replicas_mbs(L, "stages.image.replicas", &p->stages.image, m));
+    MMP_TRY(check_replicas_mbs(L, "stages.text.replicas", &p->stages.text, m));
+    MMP_TRY(check_replicas_mbs(L, "stages.fusion.replicas", &p->stages.fusion, m));
     return MMP_OK;
 }
 

@@ -305,6 +305,19 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
         MMP_TRY(mmp_planner_plan(&in, &res));
     }
+    /* The planner splits a micro-batch's samples among replicas; the runtime
+     * deals whole micro-batches, so a stage with more replicas than
+     * micro-batches cannot run (a replica's loader refuses to own none). */
+    int most = res.placement.fusion_replicas;
+    for (int br = 0; br < 2; br++) {
+        for (int j = 0; j < res.placement.n_sub[br]; j++) {
+            most = res.placement.sub[br][j].replicas > most ? res.placement.sub[br][j].replicas
+                                                            : most;
+        }
+    }
+    if (most > p->train.microbatches) {
+        return MMP_OK;
+    }
     double g = cur_ev.step_ms / res.eval.step_ms - 1;
     if (memcmp(&now, &res.placement, sizeof now) == 0 ||
         !(g >= (profiling ? 0 : p->balance.min_gain))) {

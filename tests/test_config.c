@@ -438,9 +438,15 @@ static void test_overrides(void)
     CHECK(strcmp(p.job.name, "override run") == 0);
 
     /* later overrides win; a value in the file is replaced */
-    const char *const twice[] = {"train.batch=8", "train.batch=16", "train.microbatches=2"};
+    const char *const twice[] = {"train.batch=8", "train.batch=16", "train.microbatches=3"};
     CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", twice, 3));
-    CHECK(p.train.batch == 16 && p.train.microbatches == 2);
+    CHECK(p.train.batch == 16 && p.train.microbatches == 3);
+    /* more replicas than micro-batches: one replica would have none */
+    const char *const few[] = {"train.microbatches=2"};
+    expect_error(DIR "good.yaml", few, 1, MMP_ERR_CONFIG,
+                 "tests/data/config/good.yaml:58:23: stages.fusion.replicas: 3 replicas, more "
+                 "than train.microbatches (2): a replica runs whole micro-batches, so one would "
+                 "have none");
     CHECK(feq(p.train.optimizer.lr, 3e-4)); /* the rest of the file still applies */
 
     /* a whole section as a flow mapping */
