@@ -311,8 +311,8 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     int most = res.placement.fusion_replicas;
     for (int br = 0; br < 2; br++) {
         for (int j = 0; j < res.placement.n_sub[br]; j++) {
-            most = res.placement.sub[br][j].replicas > most ? res.placement.sub[br][j].replicas
-                                                            : most;
+            most =
+                res.placement.sub[br][j].replicas > most ? res.placement.sub[br][j].replicas : most;
         }
     }
     if (most > p->train.microbatches) {
