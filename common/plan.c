@@ -178,19 +178,19 @@ static mmp_err check_replicas(mmp_schema_loader *L, const char *key, const char 
     return MMP_OK;
 }
 
-/* A replica runs whole micro-batches (the runtime deals them out): more
- * replicas than train.microbatches leaves one with none, which its loader
- * refuses after every process has started. */
+/* The runtime deals whole micro-batches to a stage's replicas: where a
+ * branch's first sub-stage has more replicas than train.microbatches, one
+ * loads none, which its loader refuses after every process has started
+ * (later sub-stages and the fusion take part with none). */
 static mmp_err check_replicas_mbs(mmp_schema_loader *L, const char *key, const mmp_stage_cfg *s,
                                   int m)
 {
-    for (int i = 0; i < s->n_replicas; i++) {
-        if (s->replicas[i] > m) {
-            return mmp_schema_fail_at(L, key, "train.microbatches",
-                                      "%s: %d replicas, more than train.microbatches (%d): a "
-                                      "replica runs whole micro-batches, so one would have none",
-                                      key, s->replicas[i], m);
-        }
+    if (s->n_replicas > 0 && s->replicas[0] > m) {
+        return mmp_schema_fail_at(L, key, "train.microbatches",
+                                  "%s: %d replicas of the branch's first sub-stage, more than "
+                                  "train.microbatches (%d): each loads whole micro-batches, so "
+                                  "one would load none",
+                                  key, s->replicas[0], m);
     }
     return MMP_OK;
 }
@@ -236,7 +236,6 @@ static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
     int m = p->train.microbatches;
     MMP_TRY(check_replicas_mbs(L, "stages.image.replicas", &p->stages.image, m));
     MMP_TRY(check_replicas_mbs(L, "stages.text.replicas", &p->stages.text, m));
-    MMP_TRY(check_replicas_mbs(L, "stages.fusion.replicas", &p->stages.fusion, m));
     return MMP_OK;
 }
 

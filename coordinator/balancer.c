@@ -306,17 +306,13 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         MMP_TRY(mmp_planner_plan(&in, &res));
     }
     /* The planner splits a micro-batch's samples among replicas; the runtime
-     * deals whole micro-batches, so a stage with more replicas than
-     * micro-batches cannot run (a replica's loader refuses to own none). */
-    int most = res.placement.fusion_replicas;
+     * deals whole micro-batches, so a branch's first sub-stage (it loads the
+     * data) with more replicas than micro-batches cannot run: one replica's
+     * loader would own none (common/plan.c refuses such a plan too). */
     for (int br = 0; br < 2; br++) {
-        for (int j = 0; j < res.placement.n_sub[br]; j++) {
-            most =
-                res.placement.sub[br][j].replicas > most ? res.placement.sub[br][j].replicas : most;
+        if (res.placement.sub[br][0].replicas > p->train.microbatches) {
+            return MMP_OK;
         }
-    }
-    if (most > p->train.microbatches) {
-        return MMP_OK;
     }
     double g = cur_ev.step_ms / res.eval.step_ms - 1;
     if (memcmp(&now, &res.placement, sizeof now) == 0 ||

@@ -127,7 +127,7 @@ left_behind "dynamic, after the relaunch" "$W/dynamic.log"
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/few_mbs" --set job.steps=12 \
   --set train.microbatches=2 --set train.batch=8 >"$W/few_mbs.log" 2>&1 \
   && steps_once "$W/few_mbs/metrics.jsonl" 12 && ! grep -q "owns none" "$W/few_mbs.log" \
-  && ok "dynamic, 2 micro-batches: no re-placement to more replicas than micro-batches" \
+  && ok "dynamic, 2 micro-batches: no re-placement to more loading replicas than micro-batches" \
   || { fail "dynamic, 2 micro-batches"; grep error "$W/few_mbs.log" | tail -2 | sed 's/^/    /'; }
 
 # --- 4. cost drift: text x3 at step 100 ---------------------------------------------

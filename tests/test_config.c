@@ -441,12 +441,15 @@ static void test_overrides(void)
     const char *const twice[] = {"train.batch=8", "train.batch=16", "train.microbatches=3"};
     CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", twice, 3));
     CHECK(p.train.batch == 16 && p.train.microbatches == 3);
-    /* more replicas than micro-batches: one replica would have none */
-    const char *const few[] = {"train.microbatches=2"};
-    expect_error(DIR "good.yaml", few, 1, MMP_ERR_CONFIG,
-                 "tests/data/config/good.yaml:58:23: stages.fusion.replicas: 3 replicas, more "
-                 "than train.microbatches (2): a replica runs whole micro-batches, so one would "
-                 "have none");
+    /* more replicas of a loading sub-stage than micro-batches: one would load
+     * none (the fusion's 3 replicas with 2 micro-batches are fine) */
+    const char *const few[] = {"train.microbatches=2", "stages.image.replicas=[3,1,1]"};
+    expect_error(DIR "good.yaml", few, 2, MMP_ERR_CONFIG,
+                 "--set stages.image.replicas=[3,1,1]: stages.image.replicas: 3 replicas of the "
+                 "branch's first sub-stage, more than train.microbatches (2): each loads whole "
+                 "micro-batches, so one would load none");
+    const char *const fusion3[] = {"train.microbatches=2"};
+    CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", fusion3, 1));
     CHECK(feq(p.train.optimizer.lr, 3e-4)); /* the rest of the file still applies */
 
     /* a whole section as a flow mapping */
