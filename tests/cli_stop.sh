@@ -92,7 +92,10 @@ if env --default-signal=INT,PIPE true 2>/dev/null; then
     "$BIN" "$W/plan.yaml" "$W/tee" &
   gpid=$!
   wait_step "$W/tee/metrics.jsonl" 5 || fail "tee: no step 5"
-  kill -INT -- -$gpid; wait $gpid
+  # the group setsid made: the coordinator's (its pid is in the run lock)
+  pg=$(ps -o pgid= -p "$(cat "$W/tee/.mmpipe.lock")" | tr -d ' ')
+  kill -INT -- -"$pg"; wait $gpid
+  for _ in $(seq 300); do [ -s "$W/tee.rc" ] && break; sleep 0.1; done
   step=$(last_step "$W/tee/metrics.jsonl"); rc=$(cat "$W/tee.rc" 2>/dev/null)
   [ "$rc" = 130 ] && [ "$(readlink "$W/tee/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
     && ok "Ctrl-C through | tee: exits 130, step $step checkpointed" \
