@@ -210,12 +210,6 @@ void coord_settle(coord *c)
  * a checkpoint long before the others is not silent, only done). */
 static int watch(coord *c, done_fn done, void *arg, const char *what, double since)
 {
-    if (done == coord_all_flag && arg == ALL(have_ack)) {
-        /* A stage writing its checkpoint file is busy on I/O, not stalled,
-         * and cannot talk meanwhile (a slow or shared filesystem): the
-         * checkpoint wait's own limit covers it (steps.c). */
-        return 0;
-    }
     mmp_watch_proc w[MMP_SCHED_MAX_STAGES];
     for (int i = 0; i < c->n; i++) {
         const proc *p = &c->procs[i];
