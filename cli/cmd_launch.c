@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/interrupt.h"
 #include "common/metrics.h"
+#include "coordinator/balancer.h"
 #include "coordinator/run.h"
 #include "data/preflight.h"
 #include "data/tokenizer.h"
@@ -63,7 +64,8 @@ static const char USAGE[] =
     "                     (model.*, data.manifest, data.vocab, data.image_size,\n"
     "                     data.max_text_len, data.mean, data.std, data.augment,\n"
     "                     job.seed, train.batch); job.steps, the optimizer,\n"
-    "                     schedule, evaluation and stages.* may change\n"
+    "                     schedule, evaluation and stages.* may change. job.steps\n"
+    "                     is the run's total: a checkpoint past it is refused\n"
     "  --init-from FILE   start a new run (step 0, fresh AdamW moments) from the\n"
     "                     weights in FILE.safetensors: an export (mmpipe ckpt export\n"
     "                     RUN --format safetensors) or the PyTorch reference's\n"
@@ -104,10 +106,11 @@ static const char USAGE[] =
     "changes nothing on disk.\n"
     "\n"
     "Stopping, resuming, restarting:\n"
-    "  Ctrl-C or SIGTERM  finishes the step in flight, writes a checkpoint, stops\n"
-    "                     every stage, prints the command to resume and exits 130\n"
-    "                     (SIGINT) or 143 (SIGTERM); a second signal stops at once\n"
-    "                     (stages killed, shared memory removed, nothing saved).\n"
+    "  Ctrl-C, SIGTERM or SIGHUP  finishes the step in flight, writes a checkpoint,\n"
+    "                     stops every stage, prints the command to resume and exits\n"
+    "                     130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP: the terminal\n"
+    "                     closed); a second signal stops at once (stages killed,\n"
+    "                     shared memory removed, nothing saved).\n"
     "  --resume DIR       goes on from DIR/ckpt/latest: metrics.jsonl keeps its\n"
     "                     lines up to that step, trace.json keeps every launch.\n"
     "  train.ckpt_every   checkpoint every N steps (default 50): what a crash loses;\n"
@@ -165,6 +168,15 @@ static int check_resume(const mmp_plan *plan, const char *dir)
     if (mmp_ckpt_latest(dir, step_dir, sizeof step_dir, &step) != MMP_OK ||
         mmp_fingerprint_check(step_dir, plan, &checked) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: --resume %s: %s\n", dir, mmp_last_error());
+        return 1;
+    }
+    if (step > plan->job.steps) {
+        /* job.steps counts from the run's start, not from the checkpoint */
+        fprintf(stderr,
+                "mmpipe launch: --resume %s: its checkpoint is at step %d, past job.steps %d: "
+                "nothing to train (job.steps is the run's total: --steps N with N > %d trains "
+                "on)\n",
+                dir, step, plan->job.steps, step);
         return 1;
     }
     if (!checked) {
@@ -301,6 +313,13 @@ int mmp_cmd_launch(int argc, char **argv)
     }
     /* Everything that can refuse the command without a lock is checked
      * before anything is created or changed. */
+    static mmp_plan forced;
+    if (plan.balance.force.step > 0 &&
+        mmp_balancer_forced_plan(&plan, plan_path, (const char *const *)args.sets, args.n_sets,
+                                 &forced) != MMP_OK) {
+        fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
+        goto exit;
+    }
     if (mmp_data_preflight(&plan) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
         goto exit;

@@ -1,4 +1,4 @@
-/* SIGINT/SIGTERM: first asks for a stop at a step boundary, second for a stop
+/* SIGINT/SIGTERM/SIGHUP: first asks for a stop at a step boundary, second for a stop
  * at once. Must never do more in the handler than async-signal-safe stores,
  * signal() and raise(). */
 #include "common/interrupt.h"
@@ -35,6 +35,16 @@ void mmp_interrupt_install(int die_on_second)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* The terminal or ssh session went away; unless started under nohup,
+     * whose ignored SIGHUP asks to outlive it. */
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) {
+        sigaction(SIGHUP, &sa, NULL);
+    }
+    /* `mmpipe launch ... 2>&1 | tee log`: Ctrl-C ends tee at once, and the
+     * next log line would end this process before its checkpoint. A write
+     * to a closed pipe fails instead (stage processes inherit this). */
+    signal(SIGPIPE, SIG_IGN);
 }
 
 int mmp_interrupt_signal(void)

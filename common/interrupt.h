@@ -1,6 +1,7 @@
-/* Stopping a training run by signal: the first SIGINT or SIGTERM asks the
- * run to stop at the next step boundary (after checkpointing the step in
- * flight); a second one asks it to stop at once.
+/* Stopping a training run by signal: the first SIGINT, SIGTERM or SIGHUP (a
+ * closed terminal or ssh session; dying of it lost every step since the
+ * last checkpoint) asks the run to stop at the next step boundary (after
+ * checkpointing the step in flight); a second one asks it to stop at once.
  *
  * The handler only records; the trainer polls. One process-wide state (a
  * signal is process-wide): the coordinator and the single-process trainer
@@ -9,7 +10,10 @@
 #ifndef MMP_COMMON_INTERRUPT_H
 #define MMP_COMMON_INTERRUPT_H
 
-/* Installs the SIGINT/SIGTERM handler and clears any earlier record.
+/* Installs the SIGINT/SIGTERM/SIGHUP handler (SIGHUP not where it is
+ * ignored: nohup) and clears any earlier record;
+ * ignores SIGPIPE (a log pipe closed by the same Ctrl-C must not end the run
+ * before its checkpoint; the processes it starts inherit that).
  * die_on_second: a second signal ends the process at once with the signal's
  * default action (for a process with nothing to clean up); otherwise it is
  * only recorded and the caller stops at once when it sees
@@ -17,14 +21,14 @@
  * and remove their shared memory first). */
 void mmp_interrupt_install(int die_on_second);
 
-/* The first signal received (SIGINT or SIGTERM), 0 when none. */
+/* The first signal received (SIGINT, SIGTERM or SIGHUP), 0 when none. */
 int mmp_interrupt_signal(void);
 
 /* How many signals arrived since install (saturates at 2). */
 int mmp_interrupt_count(void);
 
 /* The exit status a run stopped by the first signal reports: 128 + signal
- * (130 for SIGINT, 143 for SIGTERM); 0 when none arrived. */
+ * (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP); 0 when none arrived. */
 int mmp_interrupt_status(void);
 
 #endif

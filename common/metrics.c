@@ -454,7 +454,9 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
         }
     }
     free(line);
-    if (ferror(in) || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    /* ferror(f) too: a write that failed inside fwrite (a full disk) drops
+     * its buffer, and the final fflush then has nothing left to fail on. */
+    if (ferror(in) || fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "%s: %s", tmp, strerror(errno));
     }
     if (fclose(f) != 0 && ret == MMP_OK) {

@@ -178,6 +178,23 @@ static mmp_err check_replicas(mmp_schema_loader *L, const char *key, const char 
     return MMP_OK;
 }
 
+/* The runtime deals whole micro-batches to a stage's replicas: where a
+ * branch's first sub-stage has more replicas than train.microbatches, one
+ * loads none, which its loader refuses after every process has started
+ * (later sub-stages and the fusion take part with none). */
+static mmp_err check_replicas_mbs(mmp_schema_loader *L, const char *key, const mmp_stage_cfg *s,
+                                  int m)
+{
+    if (s->n_replicas > 0 && s->replicas[0] > m) {
+        return mmp_schema_fail_at(L, key, "train.microbatches",
+                                  "%s: %d replicas of the branch's first sub-stage, more than "
+                                  "train.microbatches (%d): each loads whole micro-batches, so "
+                                  "one would load none",
+                                  key, s->replicas[0], m);
+    }
+    return MMP_OK;
+}
+
 static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
 {
     if (p->train.microbatches > p->train.batch) {
@@ -216,6 +233,9 @@ static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
     MMP_TRY(check_replicas(L, "stages.image.replicas", "stages.image.split", &p->stages.image));
     MMP_TRY(check_replicas(L, "stages.text.replicas", "stages.text.split", &p->stages.text));
     MMP_TRY(check_replicas(L, "stages.fusion.replicas", NULL, &p->stages.fusion));
+    int m = p->train.microbatches;
+    MMP_TRY(check_replicas_mbs(L, "stages.image.replicas", &p->stages.image, m));
+    MMP_TRY(check_replicas_mbs(L, "stages.text.replicas", &p->stages.text, m));
     return MMP_OK;
 }
 
@@ -244,6 +264,15 @@ static mmp_err check_launcher(mmp_schema_loader *L, mmp_plan *p)
                                   p->control.address);
     }
     for (int h = 0; h < p->n_hosts; h++) {
+        const mmp_host *ho = &p->hosts[h];
+        if (p->launcher == MMP_LAUNCH_LOCAL && (ho->binary[0] || ho->workdir[0])) {
+            /* never silently ignored: a local stage is this binary, here */
+            return mmp_schema_fail_at(L, "hosts", NULL,
+                                      "hosts[%d].%s: only launcher: ssh or slurm starts stages "
+                                      "from it (launcher: local runs this mmpipe in this "
+                                      "directory); drop it or set launcher",
+                                      h, ho->binary[0] ? "binary" : "workdir");
+        }
         if (p->launcher != MMP_LAUNCH_LOCAL && !p->hosts[h].address[0] &&
             !mmp_plan_address_ok(p->hosts[h].name)) {
             return mmp_schema_fail_at(L, "hosts", NULL,

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/plan_schema.h"
@@ -38,9 +39,15 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
 {
     enum { DEPTH = 8 };
     const mmp_schema *s = &mmp_plan_schema;
-    FILE *f = fopen(path, "w");
+    /* Written aside and renamed: a resume that fails here (a full disk)
+     * must not cut short the plan.json its `resume with` command names. */
+    char tmp[1300];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        return mmp_errorf(MMP_ERR_IO, "%s: path too long", path);
+    }
+    FILE *f = fopen(tmp, "w");
     if (!f) {
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", tmp, strerror(errno));
     }
     char open[DEPTH][64]; /* the sections now open, outermost first */
     bool first[DEPTH + 1] = {true};
@@ -72,9 +79,16 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
         fprintf(f, "\n%*s}", 2 * (n_open + 1), "");
     }
     fputs("\n}\n", f);
-    int failed = ferror(f);
+    int failed = fflush(f) != 0 || ferror(f);
+    int e = errno;
     if (fclose(f) != 0 || failed) {
-        return mmp_errorf(MMP_ERR_IO, "%s: write failed", path);
+        unlink(tmp);
+        return mmp_errorf(MMP_ERR_IO, "%s: write failed: %s", tmp, strerror(failed ? e : errno));
+    }
+    if (rename(tmp, path) != 0) {
+        e = errno;
+        unlink(tmp);
+        return mmp_errorf(MMP_ERR_IO, "rename %s: %s", tmp, strerror(e));
     }
     return MMP_OK;
 }

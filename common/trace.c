@@ -144,14 +144,28 @@ mmp_err mmp_trace_merge(const char *run_dir)
             first = 0;
         }
         fclose(f);
-        unlink(part);
     }
     free(line);
-    closedir(d);
     fputs("\n]}\n", out);
-    if (fclose(out) != 0 || rename(tmp_path, out_path) != 0) {
+    /* A write that failed on the way (a full disk) sets only the error flag:
+     * fclose alone would miss it, and a cut-short trace.json would replace
+     * the whole one. The parts go once the merged file is in place. */
+    int bad = fflush(out) != 0 || ferror(out);
+    int e = errno;
+    if (fclose(out) != 0 || bad || rename(tmp_path, out_path) != 0) {
+        e = bad ? e : errno;
         unlink(tmp_path);
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", out_path, strerror(errno));
+        closedir(d);
+        return mmp_errorf(MMP_ERR_IO, "%s: %s (the trace parts are kept)", tmp_path, strerror(e));
     }
+    rewinddir(d);
+    while ((de = readdir(d)) != NULL) {
+        if (is_part(de->d_name)) {
+            char part[1400];
+            snprintf(part, sizeof part, "%s/%s", run_dir, de->d_name);
+            unlink(part);
+        }
+    }
+    closedir(d);
     return MMP_OK;
 }

@@ -40,7 +40,10 @@ void mmp_trace_instant(mmp_trace *t, const char *name, double ts_us, const char 
 /* Merges every trace.*.part of run_dir into run_dir/trace.json and removes the
  * parts. Lines that are not complete events (a killed writer) are dropped.
  * The events of an existing trace.json (earlier launches of a resumed run)
- * are kept, before the new ones: the file holds every launch segment. */
+ * are kept, before the new ones: the file holds every launch segment. Call it
+ * when no process writes a part any more. On a failure (a full disk)
+ * MMP_ERR_IO, and trace.json and the parts stay as they were (a later merge,
+ * e.g. the resumed run's, takes them). */
 mmp_err mmp_trace_merge(const char *run_dir);
 
 #endif

@@ -207,7 +207,8 @@ static int estimate_costs(const mmp_balancer *b, mmp_layer_costs *out)
     return mmp_costs_per_layer(s, fwd, bwd, out);
 }
 
-mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp_plan *next)
+mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json,
+                                 const char *const *sets, int n_sets, mmp_plan *next)
 {
     char buf[sizeof cur->balance.force.set];
     const char *ov[16];
@@ -230,7 +231,18 @@ mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp
                               ov[i]);
         }
     }
-    mmp_err e = mmp_plan_load(next, plan_json, ov, n);
+    const char **all = n_sets + n ? malloc((size_t)(n_sets + n) * sizeof *all) : NULL;
+    if (n_sets + n && !all) {
+        return mmp_errorf(MMP_ERR_NOMEM, "balance.force.set: %d overrides", n_sets + n);
+    }
+    for (int i = 0; i < n_sets; i++) {
+        all[i] = sets[i];
+    }
+    for (int i = 0; i < n; i++) {
+        all[n_sets + i] = ov[i];
+    }
+    mmp_err e = mmp_plan_load(next, plan_json, all, n_sets + n);
+    free(all);
     if (e != MMP_OK) {
         return mmp_error_prefix(e, "balance.force.set");
     }
@@ -252,7 +264,7 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     why[0] = 0;
     memset(b->next_nice, 0, sizeof b->next_nice);
     if (b->cur.balance.force.step > 0 && done == b->cur.balance.force.step) {
-        MMP_TRY(mmp_balancer_forced_plan(&b->cur, b->plan_json, next));
+        MMP_TRY(mmp_balancer_forced_plan(&b->cur, b->plan_json, NULL, 0, next));
         *go = 1;
         snprintf(why, why_n, "scripted by balance.force at step %d: %s", done,
                  b->cur.balance.force.set);
@@ -292,6 +304,15 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     } else {
         MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
         MMP_TRY(mmp_planner_plan(&in, &res));
+    }
+    /* The planner splits a micro-batch's samples among replicas; the runtime
+     * deals whole micro-batches, so a branch's first sub-stage (it loads the
+     * data) with more replicas than micro-batches cannot run: one replica's
+     * loader would own none (common/plan.c refuses such a plan too). */
+    for (int br = 0; br < 2; br++) {
+        if (res.placement.sub[br][0].replicas > p->train.microbatches) {
+            return MMP_OK;
+        }
     }
     double g = cur_ev.step_ms / res.eval.step_ms - 1;
     if (memcmp(&now, &res.placement, sizeof now) == 0 ||

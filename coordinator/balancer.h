@@ -104,10 +104,13 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
  * (coordinator/steps.c). */
 int mmp_balancer_may_act(const mmp_balancer *b, int done);
 
-/* The scripted re-placement: plan_json (the run's plan) loaded with
- * cur's balance.force.set overrides, only stages.* keys allowed. The
- * coordinator calls it at start too, so a bad script fails before training.
- * MMP_ERR_CONFIG naming balance.force.set. */
-mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json, mmp_plan *next);
+/* The scripted re-placement: plan_json (the run's plan) loaded with the
+ * n_sets overrides it was loaded with (none for a plan.json), then cur's
+ * balance.force.set overrides, only stages.* keys allowed. launch calls it
+ * before it creates the run directory (with the plan file and its --set
+ * overrides) and the coordinator at start, so a bad script fails before
+ * anything is written. MMP_ERR_CONFIG naming balance.force.set. */
+mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json,
+                                 const char *const *sets, int n_sets, mmp_plan *next);
 
 #endif

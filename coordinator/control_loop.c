@@ -205,8 +205,10 @@ void coord_settle(coord *c)
 }
 
 /* The stall watchdog's turn (while training): names the stage to blame when
- * one the coordinator waits on has been silent for train.stall_timeout. */
-static int watch(coord *c, done_fn done, void *arg, const char *what)
+ * one the coordinator waits on has been silent for train.stall_timeout since
+ * the wait began (since: a stage that finished its part of an evaluation or
+ * a checkpoint long before the others is not silent, only done). */
+static int watch(coord *c, done_fn done, void *arg, const char *what, double since)
 {
     mmp_watch_proc w[MMP_SCHED_MAX_STAGES];
     for (int i = 0; i < c->n; i++) {
@@ -221,7 +223,7 @@ static int watch(coord *c, done_fn done, void *arg, const char *what)
                                 .pid = (int)p->pid,
                                 .alive = p->alive,
                                 .awaited = awaited && p->have_hello,
-                                .last_seen = p->last_seen};
+                                .last_seen = p->last_seen > since ? p->last_seen : since};
     }
     char why[1024];
     if (mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what, why,
@@ -261,12 +263,14 @@ int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const 
             coord_fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
             return 1;
         }
-        if (c->in_steps && watch(c, done, arg, what)) {
+        if (c->in_steps && watch(c, done, arg, what, t0)) {
             return 1;
         }
         take_one(c, 200);
     }
-    return 0;
+    /* The message that completed done() may itself have failed the run (a
+     * stage's checkpoint ack saying it could not write): done, but not ok. */
+    return c->failure[0] ? 1 : 0;
 }
 
 int coord_all_flag(coord *c, void *arg)

@@ -136,7 +136,8 @@ typedef int (*done_fn)(coord *c, void *arg);
 /* Judges stage ends and errors into c->failure, most telling cause first. */
 void coord_settle(coord *c);
 /* Serves the control socket until done(c, arg) holds, a failure, or
- * timeout_s (0: none); the watchdog while training. Returns 0 when done. */
+ * timeout_s (0: none); the watchdog while training. Returns 0 when done
+ * with no failure recorded (c->failure), else 1. */
 int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what);
 /* done_fn: every process has the int flag at offset arg (ALL(field)) set. */
 int coord_all_flag(coord *c, void *arg);

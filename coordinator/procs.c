@@ -70,6 +70,12 @@ mmp_err coord_spawn_all(coord *c)
         return mmp_errorf(MMP_ERR_IO, "cannot find my own executable: %s", strerror(errno));
     }
     exe[len] = 0;
+    /* A binary replaced on disk while the run goes on (a rebuild, an
+     * upgrade) reads "PATH (deleted)": the name of what is there now. */
+    static const char gone[] = " (deleted)";
+    if ((size_t)len > sizeof gone - 1 && strcmp(exe + len - (sizeof gone - 1), gone) == 0) {
+        exe[len - (sizeof gone - 1)] = 0;
+    }
     if (!getcwd(cwd, sizeof cwd)) {
         return mmp_errorf(MMP_ERR_IO, "current directory: %s", strerror(errno));
     }
@@ -142,8 +148,11 @@ mmp_err coord_spawn_all(coord *c)
                 break;
             }
         }
+        /* A local stage runs this very binary (/proc/self/exe), even when
+         * the file at its path was replaced since: a restart or re-placement
+         * relaunches the code the run started with, not a newer build. */
         int rc = c->cur.launcher == MMP_LAUNCH_LOCAL
-                     ? posix_spawn(&p->pid, line.argv[0], &fa, &attr, line.argv, envp)
+                     ? posix_spawn(&p->pid, "/proc/self/exe", &fa, &attr, line.argv, envp)
                      : posix_spawnp(&p->pid, line.argv[0], &fa, &attr, line.argv, envp);
         posix_spawn_file_actions_destroy(&fa);
         if (read_end >= 0) {

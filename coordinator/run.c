@@ -171,13 +171,25 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
 {
     static coord c;
     memset(&c, 0, sizeof c);
+    mmp_log_set_name("coordinator");
+    /* A stage may run in another directory (hosts[].workdir): every path it
+     * is given (plan.json, checkpoints, trace parts) starts at the root. */
+    static char out_abs[1100];
+    char cwd[1024];
+    if (out_dir[0] != '/') {
+        if (!getcwd(cwd, sizeof cwd) ||
+            snprintf(out_abs, sizeof out_abs, "%s/%s", cwd, out_dir) >= (int)sizeof out_abs) {
+            MMP_ERROR("%s: the run directory's absolute path is too long", out_dir);
+            return 1;
+        }
+        out_dir = out_abs;
+    }
     c.cur_step = -1;
     c.plan = plan;
     c.cur = *plan;
     c.out_dir = out_dir;
     int rc = 1, first_step = 0;
     char resume_dir[1200] = "";
-    mmp_log_set_name("coordinator");
     if (mmp_plan_check_runnable(plan) != MMP_OK || mmp_sched_compile(&c.sched, plan) != MMP_OK) {
         MMP_ERROR("%s", mmp_last_error());
         return 1;
@@ -236,7 +248,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     }
     if (plan->balance.force.step > 0) {
         /* A scripted re-placement is checked now, not when it is due. */
-        if (mmp_balancer_forced_plan(plan, c.plan_json, &c.next) != MMP_OK ||
+        if (mmp_balancer_forced_plan(plan, c.plan_json, NULL, 0, &c.next) != MMP_OK ||
             mmp_sched_compile(&c.sched, &c.next) != MMP_OK) {
             MMP_ERROR("%s", mmp_last_error());
             goto out;
@@ -300,7 +312,9 @@ out:
     if (c.metrics) {
         fclose(c.metrics);
     }
-    mmp_trace_merge(out_dir);
+    if (mmp_trace_merge(out_dir) != MMP_OK) {
+        MMP_WARN("trace: %s", mmp_last_error());
+    }
     mmp_sched_fini(&c.sched);
     return rc;
 }

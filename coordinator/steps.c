@@ -370,7 +370,7 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     }
     m.restarts = mmp_restart_field(&c->restarts, step + 1, restarts, sizeof restarts);
     if (mmp_metrics_write(c->metrics, &m) != MMP_OK) {
-        coord_fail(c, "%s", mmp_last_error());
+        coord_fail(c, "%s: %s", c->out_dir, mmp_last_error()); /* RUN: metrics.jsonl: why */
         return 1;
     }
     return 0;
@@ -665,8 +665,11 @@ int coord_run_steps(coord *c, int first_step)
             er.step = step;
             eenv.body_case = MMPIPE__ENVELOPE__BODY_EVAL_REQUEST;
             eenv.eval_request = &er;
+            /* no time limit of its own: a large validation set takes what it
+             * takes; the stages talk after every chunk, so the watchdog
+             * (train.stall_timeout) still names a stalled one */
             if (coord_broadcast(c, &eenv) != MMP_OK ||
-                coord_wait_until(c, coord_got_eval, NULL, 600, "evaluation")) {
+                coord_wait_until(c, coord_got_eval, NULL, 0, "evaluation")) {
                 break;
             }
         }

@@ -11,8 +11,35 @@
 #include "data/manifest.h"
 #include "data/tokenizer.h"
 
-/* Whether path is a regular file this process can read. */
-static mmp_err readable(const char *key, const char *path, const char *hint)
+/* Whether fd has a byte other than white space (and a leading UTF-8 BOM),
+ * the least a manifest with a sample holds; reads only up to that byte. */
+static int has_text(int fd)
+{
+    char buf[4096];
+    ssize_t got;
+    int first = 1;
+    while ((got = read(fd, buf, sizeof buf)) != 0) {
+        if (got < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return 1; /* a read error is the dataset's to report, with its cause */
+        }
+        ssize_t i = first && got >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+        first = 0;
+        for (; i < got; i++) {
+            if (!strchr(" \t\r\n", buf[i])) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Whether path is a regular file this process can read; a manifest must
+ * also hold something (an empty one fails every stage after the run
+ * directory exists). */
+static mmp_err readable(const char *key, const char *path, int manifest, const char *hint)
 {
     struct stat st;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -21,17 +48,22 @@ static mmp_err readable(const char *key, const char *path, const char *hint)
                           hint);
     }
     int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    int empty = ok && manifest && !has_text(fd);
     close(fd);
     if (!ok) {
         return mmp_errorf(MMP_ERR_DATA, "%s: %s is not a regular file%s", key, path, hint);
+    }
+    if (empty) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: %s: no samples (the manifest is empty)%s", key, path,
+                          hint);
     }
     return MMP_OK;
 }
 
 mmp_err mmp_data_preflight(const mmp_plan *p)
 {
-    MMP_TRY(readable("data.manifest", p->data.manifest, ""));
-    MMP_TRY(readable("data.vocab", p->data.vocab, ""));
+    MMP_TRY(readable("data.manifest", p->data.manifest, 1, ""));
+    MMP_TRY(readable("data.vocab", p->data.vocab, 0, ""));
     mmp_tokenizer *tok = NULL;
     mmp_err e = mmp_tokenizer_load(&tok, p->data.vocab);
     mmp_tokenizer_destroy(tok);
@@ -39,7 +71,7 @@ mmp_err mmp_data_preflight(const mmp_plan *p)
         return mmp_error_prefix(MMP_ERR_DATA, "data.vocab");
     }
     if (mmp_plan_evaluates(p)) {
-        MMP_TRY(readable("data.val_manifest", p->data.val_manifest,
+        MMP_TRY(readable("data.val_manifest", p->data.val_manifest, 1,
                          " (evaluation reads it; with train.eval_every: 0 and train.final_eval: "
                          "false it is not needed)"));
     }

@@ -4,7 +4,8 @@
  * process, so a missing or unreadable manifest, vocab or validation set is
  * one error naming its plan key, with nothing left on disk (not one error
  * per stage process after the run directory exists). It checks that
- * data.manifest and data.val_manifest are readable regular files and that
+ * data.manifest and data.val_manifest are readable regular files holding
+ * more than white space (an empty manifest has no sample) and that
  * data.vocab loads as a vocab; data.val_manifest only when the plan
  * evaluates (mmp_plan_evaluates: train.eval_every > 0 or train.final_eval).
  * Sample-level problems (a bad line, a missing image) stay the dataset's to

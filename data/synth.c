@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/json.h"
 #include "common/rng.h"
@@ -446,7 +447,7 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
     mmp_err ret = MMP_OK;
     FILE *train = NULL, *val = NULL;
     uint8_t *rgb = NULL;
-    char path[4096], train_path[4096], val_path[4096];
+    char path[4096], train_path[4096], val_path[4096], train_tmp[4100], val_tmp[4100];
 
     if (samples < 1 || samples > MAX_SAMPLES) {
         return mmp_errorf(MMP_ERR_INVALID, "synth samples %d out of range [1, %d]", samples,
@@ -466,14 +467,21 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
 
     snprintf(train_path, sizeof train_path, "%s/train.jsonl", out_dir);
     snprintf(val_path, sizeof val_path, "%s/val.jsonl", out_dir);
-    train = fopen(train_path, "w");
+    snprintf(train_tmp, sizeof train_tmp, "%s.tmp", train_path);
+    snprintf(val_tmp, sizeof val_tmp, "%s.tmp", val_path);
+    /* The manifests appear only once every image is written: a set cut short
+     * (a full disk, a signal) has none, rather than one that looks whole, or
+     * an older one whose images were just overwritten. */
+    unlink(train_path);
+    unlink(val_path);
+    train = fopen(train_tmp, "w");
     if (!train) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", train_path, strerror(errno));
+        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", train_tmp, strerror(errno));
         goto exit;
     }
-    val = fopen(val_path, "w");
+    val = fopen(val_tmp, "w");
     if (!val) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", val_path, strerror(errno));
+        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", val_tmp, strerror(errno));
         goto exit;
     }
     rgb = malloc((size_t)image_size * (size_t)image_size * 3);
@@ -496,8 +504,19 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
         fputs("}\n", f);
     }
 exit:
-    ret = close_checked(train, train_path, ret);
-    ret = close_checked(val, val_path, ret);
+    ret = close_checked(train, train_tmp, ret);
+    ret = close_checked(val, val_tmp, ret);
+    if (ret == MMP_OK && rename(train_tmp, train_path) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "rename %s: %s", train_tmp, strerror(errno));
+    }
+    if (ret == MMP_OK && rename(val_tmp, val_path) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "rename %s: %s", val_tmp, strerror(errno));
+    }
+    if (ret != MMP_OK) {
+        unlink(train_tmp);
+        unlink(val_tmp);
+        unlink(train_path);
+    }
     free(rgb);
     return ret;
 }

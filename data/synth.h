@@ -37,7 +37,10 @@ mmp_err mmp_synth_sample(uint64_t seed, int64_t index, int image_size, uint8_t *
  *   vocab.txt          BERT vocab: [PAD] [UNK] [CLS] [SEP] [MASK], every caption
  *                      word, then ASCII punctuation
  * samples in [1, 10^7], image_size in [MMP_SYNTH_MIN_IMAGE, MMP_SYNTH_MAX_IMAGE].
- * Blocks until done; on failure some files may already have been written. */
+ * Blocks until done. On failure (or when killed) images and vocab.txt may
+ * have been written, but no train.jsonl or val.jsonl (an older set's are
+ * removed at the start): the manifests are written under .tmp names and
+ * renamed once every image is in place. */
 mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int image_size);
 
 #endif

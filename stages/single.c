@@ -707,6 +707,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done, i2t, t2i);
         }
         if ((err = mmp_metrics_write(t.metrics, &rec)) != MMP_OK) {
+            err = mmp_error_prefix(err, "%s", out_dir); /* RUN: metrics.jsonl: why */
             goto exit;
         }
         fflush(t.metrics);

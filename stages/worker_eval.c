@@ -28,6 +28,10 @@ mmp_err worker_run_eval(worker *w, int step)
         }
     }
     for (int c = 0; c < chunks; c++) {
+        /* An evaluation is many forwards: talking as it goes keeps the
+         * coordinator's stall watchdog, sized for one, from calling it a
+         * stall (at most one heartbeat a second). */
+        worker_heartbeat(w, step, c);
         if (w->kind == MMP_BRANCH_FUSION) {
             chan *ci = worker_act_in(w, 0), *ct = worker_act_in(w, 1);
             if ((err = worker_chan_recv(w, ci, step, c, 1)) != MMP_OK ||

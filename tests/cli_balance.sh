@@ -60,6 +60,8 @@ expect_fail "a bad balance.force.set is refused before training" "balance.force.
   "$BIN" launch "$W/real.yaml" --out "$W/badforce" --set 'balance.force.set=stages.image.split=[99]'
 expect_fail "balance.force.set may only change stages.*" "only stages.\* keys" \
   "$BIN" launch "$W/real.yaml" --out "$W/badforce2" --set 'balance.force.set=train.batch=8'
+[ ! -e "$W/badforce" ] && [ ! -e "$W/badforce2" ] && ok "... before the run directory exists" \
+  || fail "a refused balance.force.set left a run directory (the next launch there needs --force)"
 
 # --- 2. weighted routing vs round robin, one slow replica --------------------------
 route() { # NAME ROUTING: configs/sim-slow-replica.yaml (image.0 x2, its replica 1 2x slower)
@@ -119,6 +121,14 @@ ratio=$(awk -v a="$t_dyn" -v b="$t_static" 'BEGIN { printf "%.3f", a / b }')
 ge "$ratio" 1.2 && ok "dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (bar 1.2, a bench figure; measured efficiency $eff_dyn)" \
   || fail "dynamic only $ratio x static ($t_dyn vs $t_static samples/s, efficiency $eff_dyn)"
 left_behind "dynamic, after the relaunch" "$W/dynamic.log"
+# With 2 micro-batches the placement above (image.0:4) cannot run: a replica takes whole
+# micro-batches. The balancer keeps the placement it has rather than relaunch into one
+# whose replicas would have none.
+"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/few_mbs" --set job.steps=12 \
+  --set train.microbatches=2 --set train.batch=8 >"$W/few_mbs.log" 2>&1 \
+  && steps_once "$W/few_mbs/metrics.jsonl" 12 && ! grep -q "owns none" "$W/few_mbs.log" \
+  && ok "dynamic, 2 micro-batches: no re-placement to more loading replicas than micro-batches" \
+  || { fail "dynamic, 2 micro-batches"; grep error "$W/few_mbs.log" | tail -2 | sed 's/^/    /'; }
 
 # --- 4. cost drift: text x3 at step 100 ---------------------------------------------
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/drift" --set job.steps=125 \

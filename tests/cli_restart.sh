@@ -5,7 +5,8 @@
 # from the latest checkpoint each time; the run finishes with a final
 # checkpoint equal to the uninterrupted run's (max_abs_diff=0), every
 # restart recorded in metrics.jsonl (which holds each step once) and in
-# trace.json, and no stage process or /dev/shm segment left.
+# trace.json, and no stage process or /dev/shm segment left. A restart after
+# the binary was replaced on disk relaunches the code the run started with.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 KILLS=${MMP_RESTART_KILLS:-12}
@@ -61,5 +62,20 @@ trace_ok "$W/killed/trace.json" && [ "$marks" -eq "$kills" ] && ok "trace.json v
   || fail "trace.json: valid? restart marks $marks"
 sleep 0.2
 left_behind "after $kills kills" "$L"
+
+# The binary replaced on disk mid-run (a rebuild, an upgrade): a restart relaunches the code
+# the run started with (the old file's path reads "PATH (deleted)": spawning that failed).
+cp "$BIN" "$W/mmpipe_copy"
+"$W/mmpipe_copy" launch "$W/plan.yaml" --out "$W/rebuilt" --set job.steps=30 >"$W/rebuilt.log" 2>&1 &
+cpid=$!
+wait_step "$W/rebuilt/metrics.jsonl" 5 || fail "rebuilt: no step 5"
+rm "$W/mmpipe_copy" && cp "$BIN" "$W/mmpipe_copy"
+vpid=$(grep -o "started text.0/0 (pid [0-9]*)" "$W/rebuilt.log" | head -1 | grep -o '[0-9]*)$' | tr -d ')')
+kill -KILL "$vpid"; wait $cpid; rc=$?
+[ $rc -eq 0 ] && grep -q "restart 1 of" "$W/rebuilt.log" && steps_once "$W/rebuilt/metrics.jsonl" 30 \
+  && ok "binary replaced mid-run, a stage killed: restarted and finished" \
+  || { fail "binary replaced mid-run: rc=$rc"; grep error "$W/rebuilt.log" | tail -2 | sed 's/^/    /'; }
+sleep 0.2
+left_behind "binary replaced mid-run" "$W/rebuilt.log"
 echo "cli_restart: $kills kills, ${secs}s"
 finish

@@ -3,7 +3,9 @@
 # metrics ahead of the last checkpoint) and --resume, metrics.jsonl holds
 # every step exactly once (the lines after the checkpoint are dropped, the
 # earlier ones kept) and trace.json keeps both launch segments and stays one
-# valid Chrome-trace JSON file. Same for --single-process's metrics.
+# valid Chrome-trace JSON file. Same for --single-process's metrics. A
+# checkpoint a stage could not write never becomes ckpt/latest; a resume
+# that cannot write leaves plan.json and metrics.jsonl as they were.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -56,4 +58,46 @@ trace_ok "$T" && [ "$early" -gt 0 ] && [ "$late" -gt 0 ] \
   && ok "stopped at step $at by SIGINT, resumed: trace.json keeps both segments (step 2 and 55 spans)" \
   || fail "stopped and resumed: trace.json spans: step 2: $early, step 55: $late"
 left_behind "resume" "$W/pipeline.log" "$W/pipeline_resumed.log" "$W/int.log" "$W/int_resumed.log"
+
+# A checkpoint one stage could not write never becomes latest, even when that
+# stage's failed ack is the last one in (fusion writes the biggest file, and
+# its rename fails only at the end: a directory stands at its name). The run
+# stops naming the stage and the file; latest stays at the step before.
+for mode in pipeline single; do
+  extra=(); [ $mode = single ] && extra=(--single-process)
+  R=$W/badck_$mode
+  mkdir -p "$R/ckpt/step_0000020/fusion.ckpt/in_the_way"
+  "$BIN" launch "$W/plan.yaml" --out "$R" "${extra[@]}" >"$R.log" 2>&1; rc=$?
+  latest=$(readlink "$R/ckpt/latest")
+  [ $rc -ne 0 ] && [ "$latest" = step_0000010 ] && grep -q "step_0000020/fusion.ckpt" "$R.log" \
+    && ok "$mode: a checkpoint fusion could not write is refused, latest stays at step 10" \
+    || { fail "$mode: rc=$rc, latest '$latest' after a failed checkpoint write"; tail -2 "$R.log"; }
+  rm -rf "$R/ckpt/step_0000020"
+  "$BIN" launch "$W/plan.yaml" --resume "$R" "${extra[@]}" >"$R.resumed.log" 2>&1 \
+    && [ "$(readlink "$R/ckpt/latest")" = step_0000060 ] && ok "$mode: ... and resumes from it" \
+    || { fail "$mode: resume after a failed checkpoint"; tail -2 "$R.resumed.log"; }
+done
+left_behind "failed checkpoint" "$W/badck_pipeline.log" "$W/badck_pipeline.resumed.log"
+
+# A resume that cannot write (a full disk: here a file size limit, 2 KiB stops plan.json,
+# 3 KiB the rewritten metrics.jsonl after a first buffer) fails and leaves plan.json and
+# metrics.jsonl as they were: the `resume with` command must still work once there is room.
+R=$W/fd
+"$BIN" launch "$W/plan.yaml" --out "$R" --steps 12 >"$R.log" 2>&1 || fail "full disk: base run"
+ln -sfn step_0000010 "$R/ckpt/latest" # a crash after step 12's metrics, before its checkpoint
+cp "$R/plan.json" "$W/fd.plan"; cp "$R/metrics.jsonl" "$W/fd.metrics"
+for lim in 2 3; do
+  for mode in pipeline single; do
+    extra=(); [ $mode = single ] && extra=(--single-process)
+    (trap '' XFSZ; ulimit -f $lim; exec "$BIN" launch "$R/plan.json" --resume "$R" "${extra[@]}") \
+      >"$R.$lim$mode.log" 2>&1; rc=$?
+    [ $rc -ne 0 ] && cmp -s "$R/plan.json" "$W/fd.plan" && cmp -s "$R/metrics.jsonl" "$W/fd.metrics" \
+      && ok "$mode, writes capped at $lim KiB: resume fails, plan.json and metrics.jsonl intact" \
+      || { fail "$mode, writes capped at $lim KiB: rc=$rc, plan.json $(wc -c <"$R/plan.json") B, metrics.jsonl $(wc -c <"$R/metrics.jsonl") B"; tail -2 "$R.$lim$mode.log"; }
+    cp "$W/fd.plan" "$R/plan.json"; cp "$W/fd.metrics" "$R/metrics.jsonl"
+  done
+done
+"$BIN" launch "$R/plan.json" --resume "$R" >"$R.resumed.log" 2>&1 && steps_once "$R/metrics.jsonl" 12 \
+  && ok "... and with room again it resumes: steps 1..12 once each" || { fail "full disk: resume"; tail -2 "$R.resumed.log"; }
+left_behind "full disk" "$R.log" "$R".2*.log "$R".3*.log "$R.resumed.log"
 finish

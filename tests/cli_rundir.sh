@@ -6,16 +6,19 @@
 #               newline replaces that run's outputs and nothing else
 #               (--out "runs/victim' 'x" leaves runs/victim alone);
 #  fingerprint: --resume under a plan that changes the model or the data
-#               order (same shapes) is refused naming the key, nothing changes
-#               on disk; keys a resume may change are accepted;
-#  preflight:   a missing manifest, vocab or named validation set is one
-#               error naming its key, before any process or file exists; no
+#               order (same shapes), or whose job.steps its checkpoint is
+#               past, is refused naming the key, nothing changes on disk;
+#               keys a resume may change are accepted;
+#  preflight:   a missing manifest, vocab or named validation set, or an
+#               empty manifest, is one error naming its key, before any
+#               process or file exists; no
 #               validation set is needed with evaluation off, and without
 #               val.jsonl beside the manifest evaluation is off (said once);
 #               evaluation obeys data.on_bad_sample: skip;
 #  paths:       relative plan paths resolve beside the plan file (launching
 #               from / works), --set ones against the current directory;
-#               plan.json records them absolute;
+#               plan.json records them absolute; a relative --out holds the
+#               whole run when stages start in another hosts[].workdir;
 #  vocab:       English captions under the synthetic 64-token vocab make
 #               launch warn about [UNK] (naming scripts/vocab); the real
 #               bert-base-uncased vocab does not;
@@ -114,6 +117,10 @@ expect_fail "--resume with another train.batch is refused naming it" "train.batc
   "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set train.batch=6 --set train.microbatches=2
 expect_fail "pipeline --resume with other model.fusion.heads is refused" "model.fusion.heads" \
   "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set model.fusion.heads=1
+for mode in --single-process ""; do # job.steps is the run's total: step 2 is past --steps 1
+  expect_fail "--resume past job.steps is refused, saying so ${mode:-(pipeline)}" \
+    "checkpoint is at step 2, past job.steps 1" "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 1 $mode
+done
 [ "$before" = "$(state "$F")" ] && ok "refused resumes changed nothing on disk" \
   || { fail "a refused resume changed the run"; diff <(echo "$before") <(state "$F") | head -5; }
 "$BIN" launch "$W/plan.yaml" --resume "$F" --steps 4 --set train.microbatches=4 \
@@ -132,7 +139,16 @@ expect_fail "missing vocab: error naming data.vocab" "data.vocab: .*$W/none.txt"
 mkdir -p "$W/noval" && cp "$W/data/train.jsonl" "$W/data/vocab.txt" "$W/noval/" && ln -s "$W/data/images" "$W/noval/images"
 expect_fail "missing validation set named in the plan: error naming data.val_manifest" "data.val_manifest: .*noval/held.jsonl" \
   "$BIN" launch "$W/plan.yaml" --out "$W/pf3" --set data.manifest="$W/noval/train.jsonl" --set data.val_manifest="$W/noval/held.jsonl"
-[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && ok "no run directory after a preflight error" || fail "preflight left a directory"
+mkdir -p "$W/empty" && cp "$W/data/vocab.txt" "$W/empty/" && printf '\n  \n' >"$W/empty/train.jsonl" && : >"$W/empty/val.jsonl"
+expect_fail "empty manifest (blank lines only): error naming data.manifest" \
+  "data.manifest: .*empty/train.jsonl: no samples" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf6" --set data.manifest="$W/empty/train.jsonl"
+cp "$W/data/train.jsonl" "$W/empty/train.jsonl" && ln -s "$W/data/images" "$W/empty/images"
+expect_fail "empty val.jsonl beside the manifest: error naming data.val_manifest" \
+  "data.val_manifest: .*empty/val.jsonl: no samples" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf7" --set data.manifest="$W/empty/train.jsonl"
+[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && [ ! -e "$W/pf6" ] && [ ! -e "$W/pf7" ] \
+  && ok "no run directory after a preflight error" || fail "preflight left a directory"
 "$BIN" launch "$W/plan.yaml" --out "$W/pf4" --set data.manifest="$W/noval/train.jsonl" \
   --set train.final_eval=false >"$W/pf4.log" 2>&1 \
   && ! grep -q val_i2t_r1 "$W/pf4/metrics.jsonl" && ok "evaluation off: no validation set needed" \
@@ -163,6 +179,18 @@ case $BIN in /*) ABS_BIN=$BIN ;; *) ABS_BIN=$PWD/$BIN ;; esac
   && grep -q "\"vocab\": \"$W/data/vocab.txt\"" "$W/rel3/plan.json" \
   && ok "--set data.vocab=vocab.txt is relative to the current directory" \
   || { fail "--set path relative to the current directory"; tail -3 "$W/rel3.log"; }
+# A relative --out, stages started in another directory (hosts[].workdir;
+# launcher: ssh through `env ... sh -c`, no sshd): they get the run
+# directory from the root, so the whole run lands in the one directory.
+mkdir -p "$W/elsewhere"
+{ cat "$W/plan.yaml"; echo "launcher: ssh"; echo "launcher_command: env MMP_HOST={address} sh -c"
+  echo "hosts: [ { name: a, address: 127.0.0.1, devices: [cpu, cpu, cpu], workdir: $W/elsewhere, binary: $ABS_BIN } ]"
+} >"$W/plans/workdir.yaml"
+(cd "$W" && "$ABS_BIN" launch plans/workdir.yaml --out rel4 --steps 2) >"$W/rel4.log" 2>&1 \
+  && [ -s "$W/rel4/ckpt/latest/fusion.ckpt" ] && [ -z "$(ls -A "$W/elsewhere")" ] \
+  && grep -q "resume with\|done: 2 steps" "$W/rel4.log" \
+  && ok "relative --out, stages in hosts[].workdir elsewhere: the run is whole in --out" \
+  || { fail "relative --out with hosts[].workdir elsewhere"; tail -3 "$W/rel4.log"; }
 
 # --- vocab coverage: English captions under the synthetic set's 64-token vocab warn ---------
 E=$W/english

@@ -2,7 +2,8 @@
 # A stalled stage is named, not waited on for ever: SIGSTOP one stage process
 # and the coordinator's watchdog (train.stall_timeout) names it within the
 # timeout and stops the job, leaving nothing behind; with train.max_restarts
-# it relaunches from the latest checkpoint and finishes instead.
+# it relaunches from the latest checkpoint and finishes instead. An evaluation
+# longer than the timeout is not a stall.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -46,4 +47,14 @@ wait $cpid; rc=$?
   || { fail "SIGSTOP with restarts: rc=$rc"; grep -E "restart|error" "$W/restart.log" | tail -3 | sed 's/^/    /'; }
 sleep 0.2
 left_behind "SIGSTOP + restart" "$W/restart.log"
+# --- an evaluation is not a stall: many forwards (1000 validation pairs at 128 px, seconds)
+# with train.stall_timeout 2; the stages talk as they go, and the step after it does not
+# blame a stage that finished its part early -------------------------------------------------
+for _ in 1 2 3; do cat "$W/data/train.jsonl"; done >"$W/data/bigval.jsonl"
+"$BIN" launch "$W/plan.yaml" --out "$W/eval" --steps 3 --set train.eval_every=2 \
+  --set train.final_eval=false --set train.stall_timeout=2 --set data.image_size=128 \
+  --set data.val_manifest="$W/data/bigval.jsonl" --set data.val_samples=1000 >"$W/eval.log" 2>&1 \
+  && grep -q "step 2: val recall" "$W/eval.log" && steps_once "$W/eval/metrics.jsonl" 3 \
+  && ok "an evaluation longer than train.stall_timeout is not a stall" \
+  || { fail "evaluation vs the watchdog"; grep -E "error" "$W/eval.log" | tail -2 | sed 's/^/    /'; }
 finish

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Stopping by signal loses no work: the first SIGINT/SIGTERM to the
-# coordinator (and to --single-process) finishes the step in flight, writes a
-# checkpoint of it, exits 130/143 and prints the command that resumes; that
+# Stopping by signal loses no work: the first SIGINT/SIGTERM/SIGHUP (a closed
+# terminal) to the coordinator (and to --single-process) finishes the step in
+# flight, writes a checkpoint of it, exits 130/143/129 and prints the command
+# that resumes; that
 # command continues to a result equal to an uninterrupted run's. A second
 # signal stops at once. Nothing is left behind either way. A plan without
 # train.ckpt_every still checkpoints (the default), so a killed run resumes.
@@ -30,8 +31,8 @@ resume_cmd() { grep -o 'resume with: mmpipe launch .*' "$1" | tail -1 | sed 's/^
   || fail "uninterrupted single-process run"
 
 # --- first SIGINT to the coordinator: step finished, checkpointed, resumable ------------
-for sig in INT TERM; do
-  want=$([ $sig = INT ] && echo 130 || echo 143)
+for sig in INT TERM HUP; do
+  want=$(case $sig in INT) echo 130 ;; TERM) echo 143 ;; HUP) echo 129 ;; esac)
   name=pipe_$sig
   stop_by $sig $name
   step=$(last_step "$W/$name/metrics.jsonl")
@@ -44,7 +45,7 @@ for sig in INT TERM; do
   grep -q -- "--resume $W/$name\$" <<<"$cmd" && ok "SIG$sig: says how to resume: mmpipe $cmd" \
     || fail "SIG$sig: no resume command in the log"
   left_behind "SIG$sig" "$W/$name.log"
-  [ $sig = TERM ] && continue # resuming is the same after either signal
+  [ $sig != INT ] && continue # resuming is the same after any of them
   # shellcheck disable=SC2086
   "$BIN" $cmd >"$W/${name}_resumed.log" 2>&1 || { fail "SIG$sig: resume"; tail -3 "$W/${name}_resumed.log"; }
   out=$("$BIN" ckpt diff "$W/full" "$W/$name" --quiet); rc=$?
@@ -69,6 +70,38 @@ if [ -n "$cmd" ] && "$BIN" $cmd >"$W/single_resumed.log" 2>&1; then
     && ok "single-process: stopped + resumed ($cmd) equals the uninterrupted run" \
     || fail "single-process resumed run differs: $(tail -1 <<<"$out")"
 else fail "single-process: resume command '$cmd' failed"; fi
+# under nohup a SIGHUP is ignored, as nohup asks: the run goes on to its end
+nohup "$BIN" launch "$W/plan.yaml" --out "$W/nohup" --single-process >"$W/nohup.log" 2>&1 &
+cpid=$!
+wait_step "$W/nohup/metrics.jsonl" 5 || fail "nohup: no step 5"
+kill -HUP $cpid; wait $cpid; rc=$?
+[ $rc -eq 0 ] && steps_once "$W/nohup/metrics.jsonl" 50 && ok "nohup: SIGHUP ignored, the run finished" \
+  || fail "nohup: rc=$rc, last step $(last_step "$W/nohup/metrics.jsonl")"
+stop_by HUP single_HUP --single-process
+step=$(last_step "$W/single_HUP/metrics.jsonl")
+[ $rc -eq 129 ] && [ "$(readlink "$W/single_HUP/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
+  && ok "single-process SIGHUP: exits 129, step $step checkpointed" \
+  || fail "single-process SIGHUP: rc=$rc, latest $(readlink "$W/single_HUP/ckpt/latest"), step $step"
+
+# --- Ctrl-C with the log piped into tee: tee ends at once (the terminal signals its whole
+# process group), the coordinator's next log line meets a closed pipe and must not die of it
+# before its checkpoint (SIGPIPE, SIGINT at their defaults, as in a terminal) --------------
+if env --default-signal=INT,PIPE true 2>/dev/null; then
+  env --default-signal=INT,PIPE setsid bash -c \
+    '"$0" launch "$1" --out "$2" 2>&1 | tee "$2.log" >/dev/null; echo "${PIPESTATUS[0]}" >"$2.rc"' \
+    "$BIN" "$W/plan.yaml" "$W/tee" &
+  gpid=$!
+  wait_step "$W/tee/metrics.jsonl" 5 || fail "tee: no step 5"
+  # the group setsid made: the coordinator's (its pid is in the run lock)
+  pg=$(ps -o pgid= -p "$(cat "$W/tee/.mmpipe.lock")" | tr -d ' ')
+  kill -INT -- -"$pg"; wait $gpid
+  for _ in $(seq 300); do [ -s "$W/tee.rc" ] && break; sleep 0.1; done
+  step=$(last_step "$W/tee/metrics.jsonl"); rc=$(cat "$W/tee.rc" 2>/dev/null)
+  [ "$rc" = 130 ] && [ "$(readlink "$W/tee/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
+    && ok "Ctrl-C through | tee: exits 130, step $step checkpointed" \
+    || fail "Ctrl-C through | tee: rc=$rc, latest $(readlink "$W/tee/ckpt/latest"), step $step"
+  left_behind "Ctrl-C through | tee" "$W/tee.log"
+else echo "skip: env --default-signal (coreutils 8.31) missing"; fi
 
 # --- a second signal stops at once: no checkpoint, nothing left ---------------------------
 # Slow simulated steps (about 2 s each) so both signals land inside one step.

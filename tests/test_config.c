@@ -375,6 +375,10 @@ static void test_written_errors(const char *tmp)
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, workdir: rel/dir, devices: [cpu] }\n",
          "%s:3:25: hosts[0].workdir: expected an absolute path without quotes or control "
          "characters, got 'rel/dir'"},
+        {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binary: /opt/mmpipe, devices: [cpu] "
+         "}\n",
+         "%s:3:3: hosts[0].binary: only launcher: ssh or slurm starts stages from it (launcher: "
+         "local runs this mmpipe in this directory); drop it or set launcher"},
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binray: /x, devices: [cpu] }\n",
          "%s:3:16: unknown key 'hosts[0].binray' (did you mean 'hosts[0].binary'?)"},
         {"data: { manifest: t.jsonl }\nlauncher: ssh\nlauncher_command: ssh {address}; rm\n",
@@ -434,9 +438,18 @@ static void test_overrides(void)
     CHECK(strcmp(p.job.name, "override run") == 0);
 
     /* later overrides win; a value in the file is replaced */
-    const char *const twice[] = {"train.batch=8", "train.batch=16", "train.microbatches=2"};
+    const char *const twice[] = {"train.batch=8", "train.batch=16", "train.microbatches=3"};
     CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", twice, 3));
-    CHECK(p.train.batch == 16 && p.train.microbatches == 2);
+    CHECK(p.train.batch == 16 && p.train.microbatches == 3);
+    /* more replicas of a loading sub-stage than micro-batches: one would load
+     * none (the fusion's 3 replicas with 2 micro-batches are fine) */
+    const char *const few[] = {"train.microbatches=2", "stages.image.replicas=[3,1,1]"};
+    expect_error(DIR "good.yaml", few, 2, MMP_ERR_CONFIG,
+                 "--set stages.image.replicas=[3,1,1]: stages.image.replicas: 3 replicas of the "
+                 "branch's first sub-stage, more than train.microbatches (2): each loads whole "
+                 "micro-batches, so one would load none");
+    const char *const fusion3[] = {"train.microbatches=2"};
+    CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", fusion3, 1));
     CHECK(feq(p.train.optimizer.lr, 3e-4)); /* the rest of the file still applies */
 
     /* a whole section as a flow mapping */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/ckpt.h"
 #include "common/json.h"
@@ -129,6 +130,45 @@ static void test_trace(void)
     CHECK(count(s, "},\n{") == count(s, "\n{") - 1);
 }
 
+/* A merge that cannot write trace.json (a full disk: its temporary file is
+ * /dev/full here) fails, and leaves trace.json and the parts as they were
+ * for a later merge; none of the parts' events is lost. */
+static void test_trace_full_disk(void)
+{
+    struct stat sb;
+    if (stat("/dev/full", &sb) != 0) {
+        printf("skip: no /dev/full\n");
+        return;
+    }
+    char dir[1100], path[1400], tmp[1400], part[1400];
+    case_dir("trace_full", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/trace.json", dir);
+    snprintf(tmp, sizeof tmp, "%s/trace.json.tmp", dir);
+    snprintf(part, sizeof part, "%s/trace.stage.p7.part", dir);
+    write_file(path, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n"
+                     "{\"name\":\"old\",\"ph\":\"i\",\"pid\":0,\"tid\":0,\"ts\":1}\n]}\n");
+    static char before[1 << 16];
+    snprintf(before, sizeof before, "%s", slurp(path));
+    mmp_trace t;
+    CHECK_OK(mmp_trace_open(&t, dir, "stage.p7", 1, "image.0/0"));
+    for (int i = 0; i < 300; i++) { /* several stdio buffers, under slurp's 64 KiB */
+        mmp_trace_span(&t, "F", "compute", 0, 1000.0 + i, 5, i, 0);
+    }
+    mmp_trace_close(&t);
+    CHECK(symlink("/dev/full", tmp) == 0);
+    CHECK(mmp_trace_merge(dir) == MMP_ERR_IO);
+    CHECK(strstr(mmp_last_error(), "trace.json.tmp") != NULL);
+    const char *s = slurp(path);
+    CHECK(s && strcmp(s, before) == 0);
+    CHECK(stat(part, &sb) == 0 && sb.st_size > 30000);
+    CHECK(lstat(tmp, &sb) != 0);
+    /* the disk has room again: the next merge takes every event */
+    CHECK_OK(mmp_trace_merge(dir));
+    s = slurp(path);
+    CHECK(s && count(s, "\"name\":\"old\"") == 1 && count(s, "\"args\":{\"step\":299,") == 1);
+    CHECK(stat(part, &sb) != 0);
+}
+
 static void test_restarts(void)
 {
     char dir[1100];
@@ -220,4 +260,5 @@ static void test_prune(void)
 }
 
 MMP_TEST_LIST("test_records", MMP_TEST_CASE(test_metrics), MMP_TEST_CASE(test_trace),
-              MMP_TEST_CASE(test_restarts), MMP_TEST_CASE(test_prune))
+              MMP_TEST_CASE(test_trace_full_disk), MMP_TEST_CASE(test_restarts),
+              MMP_TEST_CASE(test_prune))

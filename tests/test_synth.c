@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/err.h"
@@ -328,6 +329,19 @@ static void test_synth_determinism(void)
 
     CHECK(mmp_synth_write(a, 0, 7, 32) == MMP_ERR_INVALID);
     CHECK(mmp_synth_write(a, 10, 7, 8) == MMP_ERR_INVALID);
+
+    /* A set cut short (here image 20 cannot be written: a directory stands
+     * at its name) leaves no manifest, not a partial one that looks whole,
+     * nor the older set's whose first images were just overwritten. */
+    snprintf(pa, sizeof pa, "%s/images/%06d.png", c, 20);
+    CHECK(unlink(pa) == 0 && mkdir(pa, 0755) == 0);
+    CHECK(mmp_synth_write(c, 40, 9, 32) == MMP_ERR_IO);
+    static const char *const left[] = {"train.jsonl", "val.jsonl", "train.jsonl.tmp",
+                                       "val.jsonl.tmp"};
+    for (int k = 0; k < 4; k++) {
+        snprintf(pb, sizeof pb, "%s/%s", c, left[k]);
+        CHECK(access(pb, F_OK) != 0);
+    }
 }
 
 static void test_synth_content(void)
