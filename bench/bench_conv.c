@@ -108,6 +108,11 @@ int main(int argc, char **argv)
         float *w = malloc(sizeof(float) * nw), *dw = malloc(sizeof(float) * nw);
         float *scratch = malloc(sizeof(float) * (mmp_cpu_conv2d_scratch_floats(&s) + 1));
         if (!x || !dx || !y || !dy || !w || !dw || !scratch) {
+            void *all[] = {x, dx, y, dy, w, dw, scratch, t};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+                free(all[i]);
+            }
+            fprintf(stderr, "bench_conv: out of memory for %s\n", k->name);
             return 1;
         }
         uint64_t st = 1 + c;

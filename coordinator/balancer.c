@@ -231,8 +231,8 @@ mmp_err mmp_balancer_forced_plan(const mmp_plan *cur, const char *plan_json,
                               ov[i]);
         }
     }
-    const char **all = n_sets + n ? malloc((size_t)(n_sets + n) * sizeof *all) : NULL;
-    if (n_sets + n && !all) {
+    const char **all = malloc((size_t)(n_sets + n + 1) * sizeof *all); /* + 1: never 0 bytes */
+    if (!all) {
         return mmp_errorf(MMP_ERR_NOMEM, "balance.force.set: %d overrides", n_sets + n);
     }
     for (int i = 0; i < n_sets; i++) {

@@ -312,7 +312,7 @@ static void *creator_thread(void *arg)
             fail(ch, mmp_error_prefix(e, "tcp %s", ch->address), 0);
             return NULL;
         }
-        mmp_tcp_hello h;
+        mmp_tcp_hello h = {0};
         char what[sizeof ch->what];
         snprintf(what, sizeof what, "tcp %s: connector %s", ch->address, peer);
         double hello_by = mmp_sock_deadline(HELLO_MS);

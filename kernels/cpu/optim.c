@@ -93,7 +93,7 @@ double mmp_cpu_sumsq(const float *x, size_t n)
 {
     // x (n)
     if (n <= SUMSQ_BLOCK) {
-        double sum;
+        double sum = 0.0;
         sumsq_args a = {x, n, &sum};
         sumsq_range(&a, 0, 1); /* one block, in the clone for this CPU */
         return sum;
