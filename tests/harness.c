@@ -86,6 +86,11 @@ int mmp_test_write_text(const char *path, const char *text)
     return 1;
 }
 
+/* The directories mmp_test_tmpdir made, removed by mmp_test_finish when every
+ * check passed (kept on a failure to look at, or with MMP_KEEP_TMP=1). */
+static char tmpdirs[32][1024];
+static int n_tmpdirs;
+
 const char *mmp_test_tmpdir(const char *name)
 {
     static char path[1024];
@@ -98,6 +103,13 @@ const char *mmp_test_tmpdir(const char *name)
     if (mmp_fs_rmtree(path) != MMP_OK || mmp_mkdirs(path) != MMP_OK) {
         fprintf(stderr, "cannot make %s: %s\n", path, mmp_last_error());
         exit(1);
+    }
+    int known = 0;
+    for (int i = 0; i < n_tmpdirs; i++) {
+        known |= strcmp(tmpdirs[i], path) == 0;
+    }
+    if (!known && n_tmpdirs < (int)(sizeof tmpdirs / sizeof tmpdirs[0])) {
+        snprintf(tmpdirs[n_tmpdirs++], sizeof tmpdirs[0], "%s", path);
     }
     return path;
 }
@@ -295,7 +307,15 @@ int mmp_test_finish(const char *name)
         return 1;
     }
     fprintf(stderr, "%s: %d checks, %d failed\n", name, mmp_test_checks, mmp_test_failures);
-    return mmp_test_failures ? 1 : 0;
+    if (mmp_test_failures) {
+        return 1;
+    }
+    const char *keep = getenv("MMP_KEEP_TMP");
+    for (int i = 0; i < n_tmpdirs && !(keep && strcmp(keep, "1") == 0); i++) {
+        mmp_fs_rmtree(tmpdirs[i]);
+    }
+    n_tmpdirs = 0;
+    return 0;
 }
 
 int mmp_test_main(const char *suite, const mmp_test_case *cases, size_t n, int argc, char **argv)

@@ -83,7 +83,8 @@ int mmp_test_same_file(const char *a, const char *b);
  * opened and returns 1, else 0. */
 int mmp_test_write_text(const char *path, const char *text);
 
-/* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its path. */
+/* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its
+ * path. mmp_test_finish removes it when every check passed (MMP_KEEP_TMP=1 keeps it). */
 const char *mmp_test_tmpdir(const char *name);
 
 /* A loopback tcp port nobody listens on right now (the kernel's pick:

@@ -146,7 +146,11 @@ trace_ok() {
        END { if (prev != "]}" || bad) exit 1 }' "$1" || return 1
   if command -v python3 >/dev/null; then python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$1" || return 1; fi
 }
+# finish: prints the summary; a test that passed removes its work dir W (a
+# seed-scale run leaves 3 GB of checkpoints; CI's disk holds two builds' worth
+# of tests), one that failed keeps it to look at, and MMP_KEEP_TMP=1 keeps all.
 finish() {
   echo "$(basename "$0"): $checks checks, $fails failed"
-  [ $checks -gt 0 ] && [ $fails -eq 0 ]
+  [ $checks -gt 0 ] && [ $fails -eq 0 ] || return 1
+  [ "${MMP_KEEP_TMP:-0}" = 1 ] || [ -z "${W:-}" ] || rm -rf "$W"
 }
