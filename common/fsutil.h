@@ -62,9 +62,9 @@ mmp_err mmp_fs_read_file(const char *path, mmp_err bad_path, size_t max_len, uns
  *   what resume reads: plan.json, metrics.jsonl) are durable; files that are
  *   diagnostics or regenerable (trace.json, synthetic data) are not, and
  *   skip the fsyncs' latency. A directory fsync that fails with anything
- *   but "not supported by this file system" fails the commit; PATH then
- *   already holds the new file (the rename is done; its durability is not
- *   known).
+ *   but "not supported by this file system" fails the commit ("fsync
+ *   DIR: ..."); PATH then already holds the new file (the rename is done;
+ *   its durability is not known).
  * - A stale PATH.tmp (a writer killed before commit) is truncated and
  *   reused by the next open. Two writers of one PATH at once are the
  *   caller's to prevent (the run lock does).
@@ -89,7 +89,9 @@ typedef struct mmp_atomic_file {
 mmp_err mmp_atomic_open(mmp_atomic_file *a, const char *path, unsigned flags);
 /* Checks every write, fsyncs (durable), closes and renames PATH.tmp over
  * PATH. MMP_OK: PATH is the new file. Otherwise PATH is untouched (but see
- * the directory fsync above), PATH.tmp removed, MMP_ERR_IO. */
+ * the directory fsync above), PATH.tmp removed, MMP_ERR_IO. a->f must be
+ * open (a second commit, or one after a failed open, is a broken invariant
+ * and panics). */
 mmp_err mmp_atomic_commit(mmp_atomic_file *a);
 /* Abandons the write: closes and removes PATH.tmp; PATH stays as it was. */
 void mmp_atomic_abort(mmp_atomic_file *a);
