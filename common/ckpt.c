@@ -42,20 +42,17 @@ static void put(mmp_ckpt_writer *w, const void *p, size_t n)
     if (w->err != MMP_OK) {
         return;
     }
-    if (fwrite(p, 1, n, w->f) != n) {
-        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
-        return;
+    if (fwrite(p, 1, n, w->file.f) != n) {
+        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
     }
 }
 
 mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path)
 {
     memset(w, 0, sizeof *w);
-    snprintf(w->path, sizeof w->path, "%s", path);
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f) {
-        return mmp_errorf(MMP_ERR_IO, "create %s: %s", w->tmp, strerror(errno));
+    /* Durable: once ckpt/latest names a step, its files must be on disk. */
+    if ((w->err = mmp_atomic_open(&w->file, path, MMP_ATOMIC_DURABLE)) != MMP_OK) {
+        return w->err;
     }
     uint32_t version = MMP_CKPT_VERSION, count = 0;
     put(w, MAGIC, sizeof MAGIC);
@@ -95,12 +92,9 @@ mmp_err mmp_ckpt_write(mmp_ckpt_writer *w, const char *name, mmp_dtype dtype, in
 
 void mmp_ckpt_writer_abort(mmp_ckpt_writer *w)
 {
-    if (!w || !w->f) {
-        return;
+    if (w) {
+        mmp_atomic_abort(&w->file);
     }
-    fclose(w->f);
-    w->f = NULL;
-    unlink(w->tmp);
 }
 
 mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
@@ -111,16 +105,16 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
     }
     /* The count is part of the checksummed header: rewrite it, then hash the
      * whole file once more so the footer covers what is on disk. */
-    if (fseek(w->f, 12, SEEK_SET) != 0 || fwrite(&w->count, 4, 1, w->f) != 1 || fflush(w->f) != 0) {
-        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
+    FILE *f = w->file.f;
+    if (fseek(f, 12, SEEK_SET) != 0 || fwrite(&w->count, 4, 1, f) != 1 || fflush(f) != 0) {
+        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
         mmp_ckpt_writer_abort(w);
         return w->err;
     }
     uint64_t h = MMP_FNV1A_INIT;
-    rewind(w->f);
-    FILE *r = fopen(w->tmp, "rb");
+    FILE *r = fopen(w->file.tmp, "rb");
     if (!r) {
-        w->err = mmp_errorf(MMP_ERR_IO, "reopen %s: %s", w->tmp, strerror(errno));
+        w->err = mmp_errorf(MMP_ERR_IO, "reopen %s: %s", w->file.tmp, strerror(errno));
         mmp_ckpt_writer_abort(w);
         return w->err;
     }
@@ -130,20 +124,12 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
         h = mmp_fnv1a(h, buf, got);
     }
     fclose(r);
-    if (fseek(w->f, 0, SEEK_END) != 0 || fwrite(&h, 8, 1, w->f) != 1 || fflush(w->f) != 0 ||
-        fsync(fileno(w->f)) != 0) {
-        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->tmp, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || fwrite(&h, 8, 1, f) != 1) {
+        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
         mmp_ckpt_writer_abort(w);
         return w->err;
     }
-    fclose(w->f);
-    w->f = NULL;
-    if (rename(w->tmp, w->path) != 0) {
-        w->err = mmp_errorf(MMP_ERR_IO, "rename %s: %s", w->tmp, strerror(errno));
-        unlink(w->tmp);
-        return w->err;
-    }
-    return MMP_OK;
+    return w->err = mmp_atomic_commit(&w->file); /* fsync, rename, fsync of the directory */
 }
 
 /* ---- reader --------------------------------------------------------------------- */
@@ -371,7 +357,10 @@ mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step)
         unlink(tmp);
         return mmp_errorf(MMP_ERR_IO, "rename %s: %s", link, strerror(errno));
     }
-    return MMP_OK;
+    /* On disk before the caller prunes older steps: after a power cut,
+     * latest must not name a step directory that was removed. */
+    snprintf(tmp, sizeof tmp, "%s/ckpt", run_dir);
+    return mmp_fs_sync_dir(tmp);
 }
 
 /* Removes one step directory: its files (checkpoints are flat), then it. */

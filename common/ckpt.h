@@ -22,26 +22,27 @@
 #include "common/config.h"
 #include "common/loss_scale.h"
 #include "common/err.h"
+#include "common/fsutil.h"
 #include "common/tensor.h"
 
 #define MMP_CKPT_VERSION 1
 
 /* ---- writing -------------------------------------------------------------- */
 typedef struct mmp_ckpt_writer {
-    FILE *f;
-    char path[1024], tmp[1100];
+    mmp_atomic_file file; /* durable: fsync of the file and its directory */
     uint32_t count;
     mmp_err err;
 } mmp_ckpt_writer;
 
-/* Opens path's temporary sibling for writing. On failure nothing is left
- * open or on disk. */
+/* Opens path's temporary sibling (mmp_atomic_file) for writing. On failure
+ * nothing is left open or on disk. */
 mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path);
 /* Appends one tensor (CPU data). Errors are sticky: check the result of close. */
 mmp_err mmp_ckpt_write(mmp_ckpt_writer *w, const char *name, mmp_dtype dtype, int ndim,
                        const int64_t *shape, const void *data);
-/* Finishes (count, checksum), fsyncs and renames into place. On failure the
- * temporary file is removed and nothing replaces path. */
+/* Finishes (count, checksum), fsyncs, renames into place and fsyncs the
+ * directory. On failure the temporary file is removed and nothing replaces
+ * path. */
 mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w);
 /* Abandons a write (removes the temporary file). NULL-safe. */
 void mmp_ckpt_writer_abort(mmp_ckpt_writer *w);
@@ -71,7 +72,8 @@ const mmp_ckpt_entry *mmp_ckpt_find(const mmp_ckpt *c, const char *name);
 /* ---- step directories ------------------------------------------------------ */
 /* "<run>/ckpt/step_0000042" into buf. */
 void mmp_ckpt_step_dir(char *buf, size_t n, const char *run_dir, int64_t step);
-/* Points <run>/ckpt/latest at step_NNNNNNN atomically (symlink + rename). */
+/* Points <run>/ckpt/latest at step_NNNNNNN atomically (symlink + rename)
+ * and durably (fsync of <run>/ckpt). */
 mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step);
 
 /* Keeps the keep newest step directories up to latest_step (latest_step's

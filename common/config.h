@@ -285,8 +285,9 @@ mmp_err mmp_plan_load(mmp_plan *p, const char *path, const char *const *override
  * a plan (launch, the coordinator, the single-process trainer) asks it. */
 mmp_err mmp_plan_check_runnable(const mmp_plan *p);
 
-/* Writes the resolved plan as JSON (plan.json) to path: through path.tmp
- * and a rename, so a failed write leaves an existing file as it was. */
+/* Writes the resolved plan as JSON (plan.json) to path, atomically and
+ * durably (mmp_atomic_file: path.tmp, fsync, rename), so a failed write
+ * leaves an existing file as it was. */
 mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path);
 
 /* Layers of each branch, the units a split cuts between (the networks in

@@ -3,11 +3,11 @@
 #include "common/fingerprint.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+
+#include "common/fsutil.h"
 
 /* Exact keys, or prefixes ending in '.' (a section: keys added to it later
  * are bound too). See the header for why each is in and others are not. */
@@ -49,28 +49,13 @@ mmp_err mmp_fingerprint_text(const mmp_plan *p, char *buf, size_t n)
 
 mmp_err mmp_fingerprint_write(const char *step_dir, const mmp_plan *p)
 {
-    char text[16384], path[1200], tmp[1300];
+    char text[16384], path[1200];
     MMP_TRY(mmp_fingerprint_text(p, text, sizeof text));
     snprintf(path, sizeof path, "%s/%s", step_dir, MMP_FINGERPRINT_FILE);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        return mmp_errorf(MMP_ERR_IO, "create %s: %s", tmp, strerror(errno));
-    }
-    size_t len = strlen(text);
-    ssize_t w = write(fd, text, len);
-    int bad = w != (ssize_t)len || fsync(fd) != 0;
-    int e = errno;
-    if (close(fd) != 0 || bad) {
-        unlink(tmp);
-        return mmp_errorf(MMP_ERR_IO, "write %s: %s", tmp, strerror(bad ? e : errno));
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return mmp_errorf(MMP_ERR_IO, "rename %s: %s", path, strerror(e));
-    }
-    return MMP_OK;
+    mmp_atomic_file a;
+    MMP_TRY(mmp_atomic_open(&a, path, MMP_ATOMIC_DURABLE)); /* part of the checkpoint */
+    fputs(text, a.f);
+    return mmp_atomic_commit(&a);
 }
 
 /* The value of key in "key=value\n" text, into out; 0 when absent. */

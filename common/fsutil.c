@@ -1,5 +1,5 @@
-/* Whole-file reads, tree removal (nftw + remove, no shell) and the run
- * directory's lock.
+/* Whole-file reads, atomic replacement (PATH.tmp + rename), tree removal
+ * (nftw + remove, no shell) and the run directory's lock.
  * Must never hand a path to a shell or exec another program. */
 #include "common/fsutil.h"
 
@@ -56,6 +56,104 @@ mmp_err mmp_fs_read_file(const char *path, mmp_err bad_path, size_t max_len, uns
 exit:
     fclose(f);
     return ret;
+}
+
+mmp_err mmp_atomic_open(mmp_atomic_file *a, const char *path, unsigned flags)
+{
+    a->f = NULL;
+    a->flags = flags;
+    a->path[0] = a->tmp[0] = 0;
+    size_t n = strlen(path);
+    if (n >= sizeof a->path) {
+        /* the reason first: a message is cut at 2 KiB */
+        return mmp_errorf(MMP_ERR_IO, "path too long (%zu bytes, at most %zu): %s", n,
+                          sizeof a->path - 1, path);
+    }
+    memcpy(a->path, path, n + 1);
+    memcpy(a->tmp, path, n);
+    memcpy(a->tmp + n, ".tmp", 5);
+    /* O_CLOEXEC: a stage process started meanwhile must not hold it open. */
+    int fd = open(a->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        return mmp_errorf(MMP_ERR_IO, "create %s: %s", a->tmp, strerror(errno));
+    }
+    a->f = fdopen(fd, "wb");
+    if (!a->f) {
+        int e = errno;
+        close(fd);
+        unlink(a->tmp);
+        return mmp_errorf(MMP_ERR_IO, "create %s: %s", a->tmp, strerror(e));
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_fs_sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        return mmp_errorf(MMP_ERR_IO, "open %s: %s", dir, strerror(errno));
+    }
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL && e != ENOTSUP) {
+        return mmp_errorf(MMP_ERR_IO, "fsync %s: %s", dir, strerror(e));
+    }
+    return MMP_OK;
+}
+
+/* fsyncs the directory that holds path (its rename is then on disk). */
+static mmp_err sync_parent(const char *path)
+{
+    char dir[MMP_ATOMIC_PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        return mmp_fs_sync_dir(".");
+    }
+    size_t n = slash == path ? 1 : (size_t)(slash - path); /* "/x" lives in "/" */
+    memcpy(dir, path, n);
+    dir[n] = 0;
+    return mmp_fs_sync_dir(dir);
+}
+
+mmp_err mmp_atomic_commit(mmp_atomic_file *a)
+{
+    MMP_ASSERT(a->f != NULL);
+    FILE *f = a->f;
+    a->f = NULL;
+    /* ferror too: a write that failed inside stdio (a full disk) drops its
+     * buffer, and fflush then has nothing left to fail on. errno still
+     * holds that write's reason; EIO where nothing says more. */
+    int bad = fflush(f) != 0 || ferror(f);
+    int e = errno;
+    if (!bad && (a->flags & MMP_ATOMIC_DURABLE) && fsync(fileno(f)) != 0) {
+        bad = 1;
+        e = errno;
+    }
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad) {
+        unlink(a->tmp);
+        return mmp_errorf(MMP_ERR_IO, "write %s: %s", a->tmp, strerror(e ? e : EIO));
+    }
+    if (rename(a->tmp, a->path) != 0) {
+        e = errno;
+        unlink(a->tmp);
+        return mmp_errorf(MMP_ERR_IO, "rename %s: %s", a->tmp, strerror(e));
+    }
+    return a->flags & MMP_ATOMIC_DURABLE ? sync_parent(a->path) : MMP_OK;
+}
+
+void mmp_atomic_abort(mmp_atomic_file *a)
+{
+    if (!a || !a->f) {
+        return;
+    }
+    fclose(a->f);
+    a->f = NULL;
+    unlink(a->tmp);
 }
 
 /* nftw has no user pointer: the first failure's path goes here (one tree

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/json.h"
 #include "common/stats.h"
 
@@ -425,9 +426,8 @@ long mmp_metrics_line_step(const char *line)
 
 mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
 {
-    char path[1200], tmp[1300];
+    char path[1200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    snprintf(tmp, sizeof tmp, "%s/metrics.jsonl.tmp", run_dir);
     *out = NULL;
     FILE *in = keep_steps >= 0 ? fopen(path, "r") : NULL;
     if (!in) {
@@ -437,12 +437,11 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
         *out = fopen(path, "w");
         return *out ? MMP_OK : mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }
+    /* Durable: the rewrite happens once a launch, and a power cut must not
+     * take the record of every earlier launch with it. */
     mmp_err ret = MMP_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", tmp, strerror(errno));
-        goto exit;
-    }
+    mmp_atomic_file a;
+    MMP_TRY_GOTO(mmp_atomic_open(&a, path, MMP_ATOMIC_DURABLE), ret, exit);
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -450,25 +449,16 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
         long step = mmp_metrics_line_step(line);
         int whole = n >= 2 && line[n - 1] == '\n' && line[n - 2] == '}';
         if (whole && step >= 0 && step <= keep_steps) {
-            fwrite(line, 1, (size_t)n, f);
+            fwrite(line, 1, (size_t)n, a.f);
         }
     }
     free(line);
-    /* ferror(f) too: a write that failed inside fwrite (a full disk) drops
-     * its buffer, and the final fflush then has nothing left to fail on. */
-    if (ferror(in) || fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", tmp, strerror(errno));
-    }
-    if (fclose(f) != 0 && ret == MMP_OK) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", tmp, strerror(errno));
-    }
-    if (ret == MMP_OK && rename(tmp, path) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "rename %s: %s", tmp, strerror(errno));
-    }
-    if (ret != MMP_OK) {
-        unlink(tmp);
+    if (ferror(in)) {
+        ret = mmp_errorf(MMP_ERR_IO, "read %s: %s", path, strerror(errno));
+        mmp_atomic_abort(&a);
         goto exit;
     }
+    MMP_TRY_GOTO(mmp_atomic_commit(&a), ret, exit);
     *out = fopen(path, "a");
     if (!*out) {
         ret = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));

@@ -156,8 +156,8 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m);
 /* Opens <run_dir>/metrics.jsonl for appending step lines. keep_steps < 0:
  * a new run, the file starts empty. keep_steps >= 0: the lines whose step is
  * <= keep_steps are kept, in order; later steps, and a last line a killed
- * writer left incomplete, are dropped (rewritten through a temporary file
- * and a rename, so a crash leaves either the old or the new file). A missing
+ * writer left incomplete, are dropped (rewritten through mmp_atomic_file,
+ * durably, so a crash leaves either the old or the new file). A missing
  * file is created. *out is the caller's to fclose. */
 mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out);
 

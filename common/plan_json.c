@@ -3,13 +3,12 @@
  * changes). JSON is YAML, so it loads back as a plan: stage processes load
  * the resolved plan from it. Values are written by the schema engine
  * (mmp_schema_put_json), the same text mmp_plan_key_text gives. */
-#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/config.h"
+#include "common/fsutil.h"
 #include "common/plan_schema.h"
 
 /* Splits "a.b.c" into its parts; returns how many. */
@@ -40,15 +39,11 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
     enum { DEPTH = 8 };
     const mmp_schema *s = &mmp_plan_schema;
     /* Written aside and renamed: a resume that fails here (a full disk)
-     * must not cut short the plan.json its `resume with` command names. */
-    char tmp[1300];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        return mmp_errorf(MMP_ERR_IO, "%s: path too long", path);
-    }
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", tmp, strerror(errno));
-    }
+     * must not cut short the plan.json its `resume with` command names.
+     * Durable: a checkpoint is resumed with this file. */
+    mmp_atomic_file a;
+    MMP_TRY(mmp_atomic_open(&a, path, MMP_ATOMIC_DURABLE));
+    FILE *f = a.f;
     char open[DEPTH][64]; /* the sections now open, outermost first */
     bool first[DEPTH + 1] = {true};
     int n_open = 0;
@@ -79,16 +74,5 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
         fprintf(f, "\n%*s}", 2 * (n_open + 1), "");
     }
     fputs("\n}\n", f);
-    int failed = fflush(f) != 0 || ferror(f);
-    int e = errno;
-    if (fclose(f) != 0 || failed) {
-        unlink(tmp);
-        return mmp_errorf(MMP_ERR_IO, "%s: write failed: %s", tmp, strerror(failed ? e : errno));
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return mmp_errorf(MMP_ERR_IO, "rename %s: %s", tmp, strerror(e));
-    }
-    return MMP_OK;
+    return mmp_atomic_commit(&a);
 }

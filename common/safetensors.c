@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/json.h"
 
 #define NAME_CAP ((int)sizeof(((mmp_ckpt_entry *)0)->name))
@@ -161,41 +161,26 @@ mmp_err mmp_safetensors_write(const char *path, const mmp_st_item *items, int n,
     MMP_TRY(check_items(items, n));
     mmp_err ret = MMP_OK;
     strbuf s = {0};
-    char tmp[1100];
-    FILE *f = NULL;
+    mmp_atomic_file a;
     build_header(&s, items, n, meta);
     if (s.oom) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "safetensors header for %d tensors", n);
         goto exit;
     }
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        ret = mmp_errorf(MMP_ERR_INVALID, "%s: path too long", path);
-        goto exit;
-    }
-    f = fopen(tmp, "wb");
-    if (!f) {
-        ret = mmp_errorf(MMP_ERR_IO, "create %s: %s", tmp, strerror(errno));
-        goto exit;
-    }
+    MMP_TRY_GOTO(mmp_atomic_open(&a, path, MMP_ATOMIC_DURABLE), ret, exit);
     unsigned char len[8];
     for (int i = 0; i < 8; i++) {
         len[i] = (unsigned char)((uint64_t)s.len >> (8 * i)); /* little-endian on any host */
     }
-    int ok = fwrite(len, 1, 8, f) == 8 && fwrite(s.p, 1, s.len, f) == s.len;
-    for (int i = 0; ok && i < n; i++) {
+    fwrite(len, 1, 8, a.f);
+    fwrite(s.p, 1, s.len, a.f);
+    for (int i = 0; i < n && !ferror(a.f); i++) {
         size_t bytes = mmp_tensor_bytes(items[i].t);
-        ok = bytes == 0 || fwrite(items[i].t->data, 1, bytes, f) == bytes;
+        if (bytes) {
+            fwrite(items[i].t->data, 1, bytes, a.f);
+        }
     }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (fclose(f) != 0 || !ok) {
-        ret = mmp_errorf(MMP_ERR_IO, "write %s: %s", tmp, strerror(errno));
-        unlink(tmp);
-        goto exit;
-    }
-    if (rename(tmp, path) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "rename %s: %s", tmp, strerror(errno));
-        unlink(tmp);
-    }
+    ret = mmp_atomic_commit(&a);
 exit:
     free(s.p);
     return ret;

@@ -40,11 +40,11 @@ typedef struct mmp_st_meta {
     char value[MMP_ST_META_MAX][256];
 } mmp_st_meta;
 
-/* Writes n tensors in the order given, with meta (NULL: none), to path via
- * a temporary sibling, fsync and rename: path is either the old file or the
- * whole new one. Names must be unique, non-empty, shorter than a checkpoint
- * entry's name and must not be "__metadata__". Blocks; nothing is owned
- * after the call. */
+/* Writes n tensors in the order given, with meta (NULL: none), to path
+ * through a durable mmp_atomic_file (path.tmp, fsync, rename): path is
+ * either the old file or the whole new one. Names must be unique,
+ * non-empty, shorter than a checkpoint entry's name and must not be
+ * "__metadata__". Blocks; nothing is owned after the call. */
 mmp_err mmp_safetensors_write(const char *path, const mmp_st_item *items, int n,
                               const mmp_st_meta *meta);
 

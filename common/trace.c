@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
+
 double mmp_trace_now_us(void)
 {
     struct timespec ts;
@@ -89,18 +91,22 @@ static int is_part(const char *n)
 
 mmp_err mmp_trace_merge(const char *run_dir)
 {
-    char out_path[1200], tmp_path[1300];
+    char out_path[1200];
     snprintf(out_path, sizeof out_path, "%s/trace.json", run_dir);
-    snprintf(tmp_path, sizeof tmp_path, "%s/trace.json.tmp", run_dir);
     DIR *d = opendir(run_dir);
     if (!d) {
         return mmp_errorf(MMP_ERR_IO, "%s: %s", run_dir, strerror(errno));
     }
-    FILE *out = fopen(tmp_path, "w");
-    if (!out) {
+    /* Not durable (no fsync): trace.json is a diagnostic nothing resumes
+     * from, merged as a launch ends, and a power cut that loses it loses no
+     * training; an fsync of a file of many MB would slow every exit. */
+    mmp_atomic_file a;
+    mmp_err ret = mmp_atomic_open(&a, out_path, 0);
+    if (ret != MMP_OK) {
         closedir(d);
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", tmp_path, strerror(errno));
+        return ret;
     }
+    FILE *out = a.f;
     fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", out);
     int first = 1;
     struct dirent *de;
@@ -147,16 +153,11 @@ mmp_err mmp_trace_merge(const char *run_dir)
     }
     free(line);
     fputs("\n]}\n", out);
-    /* A write that failed on the way (a full disk) sets only the error flag:
-     * fclose alone would miss it, and a cut-short trace.json would replace
-     * the whole one. The parts go once the merged file is in place. */
-    int bad = fflush(out) != 0 || ferror(out);
-    int e = errno;
-    if (fclose(out) != 0 || bad || rename(tmp_path, out_path) != 0) {
-        e = bad ? e : errno;
-        unlink(tmp_path);
+    /* A cut-short trace.json (a full disk) never replaces the whole one, and
+     * the parts go only once the merged file is in place. */
+    if ((ret = mmp_atomic_commit(&a)) != MMP_OK) {
         closedir(d);
-        return mmp_errorf(MMP_ERR_IO, "%s: %s (the trace parts are kept)", tmp_path, strerror(e));
+        return mmp_error_prefix(ret, "trace parts kept, not merged");
     }
     rewinddir(d);
     while ((de = readdir(d)) != NULL) {

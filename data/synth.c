@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/json.h"
 #include "common/rng.h"
 #include "data/png.h"
@@ -428,26 +429,13 @@ static mmp_err write_vocab(const char *path)
     return MMP_OK;
 }
 
-static mmp_err close_checked(FILE *f, const char *path, mmp_err ret)
-{
-    if (!f) {
-        return ret;
-    }
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        if (ret == MMP_OK) {
-            ret = mmp_errorf(MMP_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-        }
-    }
-    return ret;
-}
-
 mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int image_size)
 {
     mmp_err ret = MMP_OK;
-    FILE *train = NULL, *val = NULL;
+    /* Zeroed: abort is a no-op on a manifest not (yet) opened. */
+    mmp_atomic_file train = {0}, val = {0};
     uint8_t *rgb = NULL;
-    char path[4096], train_path[4096], val_path[4096], train_tmp[4100], val_tmp[4100];
+    char path[4096], train_path[4096], val_path[4096];
 
     if (samples < 1 || samples > MAX_SAMPLES) {
         return mmp_errorf(MMP_ERR_INVALID, "synth samples %d out of range [1, %d]", samples,
@@ -465,25 +453,17 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
     snprintf(path, sizeof path, "%s/vocab.txt", out_dir);
     MMP_TRY(write_vocab(path));
 
-    snprintf(train_path, sizeof train_path, "%s/train.jsonl", out_dir);
-    snprintf(val_path, sizeof val_path, "%s/val.jsonl", out_dir);
-    snprintf(train_tmp, sizeof train_tmp, "%s.tmp", train_path);
-    snprintf(val_tmp, sizeof val_tmp, "%s.tmp", val_path);
     /* The manifests appear only once every image is written: a set cut short
      * (a full disk, a signal) has none, rather than one that looks whole, or
-     * an older one whose images were just overwritten. */
+     * an older one whose images were just overwritten. Not durable: a data
+     * set is regenerated from its seed, and its images are not fsynced
+     * either. */
+    snprintf(train_path, sizeof train_path, "%s/train.jsonl", out_dir);
+    snprintf(val_path, sizeof val_path, "%s/val.jsonl", out_dir);
     unlink(train_path);
     unlink(val_path);
-    train = fopen(train_tmp, "w");
-    if (!train) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", train_tmp, strerror(errno));
-        goto exit;
-    }
-    val = fopen(val_tmp, "w");
-    if (!val) {
-        ret = mmp_errorf(MMP_ERR_IO, "%s: %s", val_tmp, strerror(errno));
-        goto exit;
-    }
+    MMP_TRY_GOTO(mmp_atomic_open(&train, train_path, 0), ret, exit);
+    MMP_TRY_GOTO(mmp_atomic_open(&val, val_path, 0), ret, exit);
     rgb = malloc((size_t)image_size * (size_t)image_size * 3);
     if (!rgb) {
         ret = mmp_errorf(MMP_ERR_NOMEM, "synth image buffer");
@@ -496,27 +476,20 @@ mmp_err mmp_synth_write(const char *out_dir, int samples, uint64_t seed, int ima
         snprintf(rel, sizeof rel, "images/%06lld.png", (long long)i);
         snprintf(path, sizeof path, "%s/%s", out_dir, rel);
         MMP_TRY_GOTO(mmp_png_write(path, rgb, image_size, image_size), ret, exit);
-        FILE *f = i < samples ? train : val;
+        FILE *f = i < samples ? train.f : val.f;
         fputs("{\"image\": ", f);
         mmp_json_put_string(f, rel);
         fputs(", \"text\": ", f);
         mmp_json_put_string(f, caption);
         fputs("}\n", f);
     }
+    MMP_TRY_GOTO(mmp_atomic_commit(&train), ret, exit);
+    if ((ret = mmp_atomic_commit(&val)) != MMP_OK) {
+        unlink(train_path); /* no train manifest without its val one */
+    }
 exit:
-    ret = close_checked(train, train_tmp, ret);
-    ret = close_checked(val, val_tmp, ret);
-    if (ret == MMP_OK && rename(train_tmp, train_path) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "rename %s: %s", train_tmp, strerror(errno));
-    }
-    if (ret == MMP_OK && rename(val_tmp, val_path) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "rename %s: %s", val_tmp, strerror(errno));
-    }
-    if (ret != MMP_OK) {
-        unlink(train_tmp);
-        unlink(val_tmp);
-        unlink(train_path);
-    }
+    mmp_atomic_abort(&train);
+    mmp_atomic_abort(&val);
     free(rgb);
     return ret;
 }
