@@ -123,7 +123,13 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
     while ((got = fread(buf, 1, sizeof buf, r)) > 0) {
         h = mmp_fnv1a(h, buf, got);
     }
+    int read_failed = ferror(r);
     fclose(r);
+    if (read_failed) { /* a checksum of part of the file would pass the write, fail every read */
+        w->err = mmp_errorf(MMP_ERR_IO, "read back %s: %s", w->file.tmp, strerror(EIO));
+        mmp_ckpt_writer_abort(w);
+        return w->err;
+    }
     if (fseek(f, 0, SEEK_END) != 0 || fwrite(&h, 8, 1, f) != 1) {
         w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
         mmp_ckpt_writer_abort(w);
