@@ -4,7 +4,7 @@
 # the first time. On this build (MMP_GPU_CHECK_BUILD_DIR, the build step
 # skipped), twice:
 #  - with a 100 s deadline: it says "no GPU", runs the device steps it can
-#    (they fail or skip by name), counts a step none of whose parts ran
+#    (they fail or skip by name: the NCCL tests' skip is a failure), counts a step none of whose parts ran
 #    (profile: no bench data) as no pass, names the steps MMP_GPU_CHECK_SKIP
 #    left out, ends with the FAILED verdict, exits 1, and brings back
 #    report.txt and a readable logs.tar.gz holding the steps' logs;
@@ -42,8 +42,8 @@ for s in build tests transport again bench memcheck; do
 done
 [ -z "$miss" ] && ok "every step in MMP_GPU_CHECK_SKIP named as skipped" \
   || fail "steps not named as skipped by MMP_GPU_CHECK_SKIP:$miss"
-grep -q '^  failed: reduce_nccl: gpu_reduce_nccl' "$R" && ok "gpu_reduce_nccl ran and failed by name (a skip on the GPU machine is a failure)" \
-  || fail "reduce_nccl: $(grep -i reduce_nccl "$R" | tail -2 | tr '\n' ';')"
+grep -q '^  failed: nccl: an nccl test skipped on the GPU machine' "$R" && ok "the NCCL tests ran and their skip is a failure" \
+  || fail "nccl: $(grep -i nccl "$R" | tail -3 | tr '\n' ';')"
 if [ -e /tmp/mmpipe-bench-gpu/data32/train.jsonl ] || [ -e /tmp/mmpipe-bench-gpu/data224/train.jsonl ]; then
   ok "profile: bench data from an earlier run is here; its pass is not judged"
 else
@@ -54,8 +54,8 @@ else
     || fail "profile counted as passed (or no summary): '$passed'"
 fi
 if tar -tzf "$W/dry/logs.tar.gz" >"$W/list" 2>&1; then
-  grep -q 'gpu_reduce_nccl.log' "$W/list" && ok "logs.tar.gz holds the steps' logs" \
-    || fail "logs.tar.gz lacks gpu_reduce_nccl.log: $(tr '\n' ' ' <"$W/list")"
+  grep -q 'ctest-nccl.log' "$W/list" && ok "logs.tar.gz holds the steps' logs" \
+    || fail "logs.tar.gz lacks ctest-nccl.log: $(tr '\n' ' ' <"$W/list")"
 else
   fail "logs.tar.gz missing or unreadable"
 fi
@@ -64,7 +64,7 @@ check short 5 "build"
 R=$W/short/report.txt
 [ "$rc" -eq 1 ] && ok "short deadline: exit 1" || fail "short deadline: exit $rc"
 miss=""
-for s in tests:120 reduce_nccl:30 transport:60 memcheck:60; do
+for s in tests:120 nccl:60 transport:60 memcheck:60; do
   grep -qE "^skipped: ${s%%:*} \(needs ~${s##*:} s, -?[0-9]+ s left of the 5 s deadline\)" "$R" \
     || miss="$miss ${s%%:*}"
 done
