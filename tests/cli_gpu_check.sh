@@ -10,6 +10,8 @@
 #    report.txt and a readable logs.tar.gz holding the steps' logs;
 #  - with a 5 s deadline: the steps that cannot fit are skipped and named
 #    with the time they need;
+#  - with a configure that fails: exit 1, the report still ends with a
+#    verdict line, cmake.log comes back;
 #  - neither leaves its logs folder (/tmp/mmpipe-gpu-logs.*) behind.
 # Skips (77) on a machine whose nvidia-smi lists a GPU (scripts/gpu-check is
 # the real thing there).
@@ -71,6 +73,17 @@ done
 [ -z "$miss" ] && ok "steps that cannot fit in the deadline are skipped with the time they need" \
   || fail "not skipped for time:$miss"
 grep -q '^gpu-check: FAILED' "$R" && ok "short deadline: a verdict line" || fail "short deadline: no verdict"
+
+# a configure that fails (no such generator): the report still ends with a verdict
+OUT=$W/nocmake MMP_GPU_CHECK_BUILD_DIR=$W/bgpu MMP_GPU_CMAKE_FLAGS="-G NoSuchGenerator" \
+  MMP_GPU_CHECK_DEVICE_ENV=0 timeout 120 bash scripts/gpu-check >"$W/nocmake.log" 2>&1
+rc=$?
+last=$(tail -1 "$W/nocmake/report.txt" 2>/dev/null)
+[ "$rc" -eq 1 ] && [ "$last" = "gpu-check: FAILED: cmake (nothing built or run)" ] \
+  && ok "a failed configure: exit 1, the report's last line is the verdict" \
+  || fail "a failed configure: exit $rc, last line '$last'"
+tar -tzf "$W/nocmake/logs.tar.gz" 2>/dev/null | grep -q cmake.log && ok "a failed configure: cmake.log comes back" \
+  || fail "a failed configure: no cmake.log in logs.tar.gz"
 
 logs_after=$(ls -d /tmp/mmpipe-gpu-logs.* 2>/dev/null | sort)
 [ "$logs_after" = "$logs_before" ] && ok "no logs folder left in /tmp" \
