@@ -4,7 +4,8 @@
 # the first time. On this build (MMP_GPU_CHECK_BUILD_DIR, the build step
 # skipped), twice:
 #  - with a 100 s deadline: it says "no GPU", runs the device steps it can
-#    (they fail or skip by name: the NCCL tests' skip is a failure), counts a step none of whose parts ran
+#    (they fail or skip by name: the NCCL tests' skip is a failure; the
+#    transport suite's cuda_ipc cases alone), counts a step none of whose parts ran
 #    (profile: no bench data) as no pass, names the steps MMP_GPU_CHECK_SKIP
 #    left out, ends with the FAILED verdict, exits 1, and brings back
 #    report.txt and a readable logs.tar.gz holding the steps' logs;
@@ -30,7 +31,7 @@ check() { # NAME DEADLINE SKIP: runs gpu-check into $W/NAME, its exit status in 
     >"$W/$1.log" 2>&1
   rc=$?
 }
-check dry 100 "build tests transport again bench memcheck"
+check dry 100 "build tests again bench memcheck"
 R=$W/dry/report.txt
 [ "$rc" -eq 1 ] && ok "dry run: exit 1" || fail "dry run: exit $rc"
 [ -s "$R" ] && ok "report.txt came back" || fail "no report.txt in \$OUT"
@@ -39,13 +40,23 @@ grep -q '^no GPU: nvidia-smi lists none here' "$R" && ok "it says there is no GP
 grep -q '^gpu-check: FAILED: no GPU here' "$R" && ok "the verdict names the missing GPU" \
   || fail "verdict: $(tail -1 "$R")"
 miss=""
-for s in build tests transport again bench memcheck; do
+for s in build tests again bench memcheck; do
   grep -q "^  skipped: $s (MMP_GPU_CHECK_SKIP)" "$R" || miss="$miss $s"
 done
 [ -z "$miss" ] && ok "every step in MMP_GPU_CHECK_SKIP named as skipped" \
   || fail "steps not named as skipped by MMP_GPU_CHECK_SKIP:$miss"
 grep -q '^  failed: nccl: an nccl test skipped on the GPU machine' "$R" && ok "the NCCL tests ran and their skip is a failure" \
   || fail "nccl: $(grep -i nccl "$R" | tail -3 | tr '\n' ';')"
+# the transport step runs the suite's cuda_ipc cases alone (in a CUDA build;
+# a CPU build's suite has none, and the step says so)
+if grep -q 'test_transport lists no cuda_ipc case' "$R"; then
+  ok "transport: this build has no cuda_ipc case, named"
+else
+  mkdir -p "$W/logs" && tar -C "$W/logs" -xzf "$W/dry/logs.tar.gz" 2>/dev/null
+  T=$W/logs/test_transport-memops.log
+  grep -q '^-- cuda_ipc/ordered$' "$T" && ! grep -q '^-- \(shm\|tcp\)/' "$T" \
+    && ok "transport: the cuda_ipc cases alone" || fail "transport ran: $(grep '^-- ' "$T" | head -3 | tr '\n' ' ')"
+fi
 if [ -e /tmp/mmpipe-bench-gpu/data32/train.jsonl ] || [ -e /tmp/mmpipe-bench-gpu/data224/train.jsonl ]; then
   ok "profile: bench data from an earlier run is here; its pass is not judged"
 else
