@@ -23,7 +23,14 @@ if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   exit 77
 fi
 workdir
-B=$(cd "$(dirname "$BIN")" && pwd)
+# the build's binaries and test list, seen from a folder of the test's own:
+# the ctest that gpu-check runs writes its Testing/ logs there, not into the
+# build tree of the ctest running this test
+R0=$(cd "$(dirname "$BIN")" && pwd)
+B=$W/build
+mkdir -p "$B"
+cp "$R0/CTestTestfile.cmake" "$B/" 2>/dev/null
+for f in mmpipe tests bench; do ln -s "$R0/$f" "$B/$f"; done
 logs_before=$(ls -d /tmp/mmpipe-gpu-logs.* 2>/dev/null | sort)
 check() { # NAME DEADLINE SKIP: runs gpu-check into $W/NAME, its exit status in rc
   OUT=$W/$1 MMP_GPU_CHECK_BUILD_DIR=$B MMP_GPU_CHECK_DEADLINE_S=$2 MMP_GPU_CHECK_SKIP=$3 \
