@@ -8,7 +8,8 @@
 #    transport suite's cuda_ipc cases alone), counts a step none of whose parts ran
 #    (profile: no bench data) as no pass, names the steps MMP_GPU_CHECK_SKIP
 #    left out, ends with the FAILED verdict, exits 1, and brings back
-#    report.txt and a readable logs.tar.gz holding the steps' logs;
+#    report.txt and a readable logs.tar.gz holding the steps' logs and the
+#    run logs a failed whole-run test left;
 #  - with a 5 s deadline: the steps that cannot fit are skipped and named
 #    with the time they need;
 #  - with a configure that fails: exit 1, the report still ends with a
@@ -38,6 +39,8 @@ check() { # NAME DEADLINE SKIP: runs gpu-check into $W/NAME, its exit status in 
     >"$W/$1.log" 2>&1
   rc=$?
 }
+# a failed whole-run test keeps its folder of run logs: they travel back
+mkdir -p "$B/testtmp/gpu_two_hosts" && echo "a run's log" >"$B/testtmp/gpu_two_hosts/two.log"
 check dry 100 "build tests again bench memcheck"
 R=$W/dry/report.txt
 [ "$rc" -eq 1 ] && ok "dry run: exit 1" || fail "dry run: exit $rc"
@@ -76,6 +79,8 @@ fi
 if tar -tzf "$W/dry/logs.tar.gz" >"$W/list" 2>&1; then
   grep -q 'ctest-nccl.log' "$W/list" && ok "logs.tar.gz holds the steps' logs" \
     || fail "logs.tar.gz lacks ctest-nccl.log: $(tr '\n' ' ' <"$W/list")"
+  grep -q 'gpu_two_hosts/two.log' "$W/list" && ok "logs.tar.gz holds a failed whole-run test's run logs" \
+    || fail "logs.tar.gz lacks gpu_two_hosts/two.log: $(tr '\n' ' ' <"$W/list")"
 else
   fail "logs.tar.gz missing or unreadable"
 fi
