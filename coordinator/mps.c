@@ -10,8 +10,11 @@
  * stopped ("quit") and its directories removed when the job ends.
  * MMP_GPU_SHARING=timeslice turns it off; without nvidia-cuda-mps-control,
  * or when it does not start (another MPS server owns the GPU, say), the job
- * runs time-sliced with a warning. The coordinator itself never touches
- * CUDA. */
+ * runs time-sliced with a warning. Before the directories go, the lines of
+ * the daemon's and server's logs that tell of trouble (errors, failures,
+ * faults, a server exiting with a status other than 0) are warned in the
+ * job's log: the only account of an MPS server that refused or lost the
+ * stages. The coordinator itself never touches CUDA. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -100,6 +103,44 @@ static void remove_dir(const char *dir)
     rmdir(dir);
 }
 
+/* A line of the daemon's or server's log that tells of trouble: an error, a
+ * failure, a fault, or a server that exited with a status other than 0. */
+static int troubled(const char *line)
+{
+    const char *st = strstr(line, "exited with status ");
+    if (st) {
+        return atoi(st + strlen("exited with status ")) != 0;
+    }
+    return strcasestr(line, "error") || strcasestr(line, "fail") || strcasestr(line, "fault");
+}
+
+/* Warns with the troubled lines of the MPS logs in dir (control.log,
+ * server.log; at most 8 a file) before the directory goes: they are the
+ * only account of an MPS server that refused or lost the stages. */
+static void report_logs(const char *dir)
+{
+    static const char *files[] = {"control.log", "server.log"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char p[200], line[512];
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        FILE *f = fopen(p, "r");
+        if (!f) {
+            continue;
+        }
+        int shown = 0;
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = 0;
+            if (troubled(line) && shown++ < 8) {
+                MMP_WARN("MPS %s: %s", files[i], line);
+            }
+        }
+        if (shown > 8) {
+            MMP_WARN("MPS %s: %d more such lines", files[i], shown - 8);
+        }
+        fclose(f);
+    }
+}
+
 void coord_mps_start(coord *c, const char *run_id, int n_procs)
 {
     const char *mode = getenv("MMP_GPU_SHARING");
@@ -164,6 +205,7 @@ void coord_mps_stop(coord *c)
         snprintf(d, sizeof d, "%s/pipe", c->mps_dir);
         remove_dir(d);
         snprintf(d, sizeof d, "%s/log", c->mps_dir);
+        report_logs(d);
         remove_dir(d);
         rmdir(c->mps_dir);
         c->mps_dir[0] = 0;

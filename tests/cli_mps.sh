@@ -51,5 +51,25 @@ PATH="$W/bin:$PATH" "$BIN" launch "$W/plan.yaml" --out "$W/run4" --force \
 grep -q '^start /tmp/mmpipe-mps-' "$W/calls" 2>/dev/null && grep -q '^quit ' "$W/calls" \
   && ok "three processes dealt onto one cuda:0 slot: the daemon starts and quits" \
   || fail "one slot, three processes: calls '$(cat "$W/calls" 2>/dev/null)'"
-left_behind "the failed GPU runs" "$W/run.log" "$W/run2.log" "$W/run3.log" "$W/run4.log"
+# the daemon's logs go with its directories: their lines that tell of
+# trouble reach the job's log first (and only those)
+cat > "$W/bin/nvidia-cuda-mps-control" <<SH
+#!/bin/sh
+if [ "\$1" = -d ]; then
+  touch "\$CUDA_MPS_PIPE_DIRECTORY/control"
+  printf '%s\n' '[t Control 7] Starting control daemon' '[t Control 7] Server 77 exited with status 0' \
+    '[t Control 7] Server 78 exited with status 1' > "\$CUDA_MPS_LOG_DIRECTORY/control.log"
+  printf '%s\n' '[t Server 78] Server has started' '[t Server 78] ERROR: mmp-test client fault' \
+    > "\$CUDA_MPS_LOG_DIRECTORY/server.log"
+else
+  read cmd; rm -f "\$CUDA_MPS_PIPE_DIRECTORY/control"
+fi
+SH
+PATH="$W/bin:$PATH" "$BIN" launch "$W/plan.yaml" --out "$W/run5" --force --set "$one_gpu" >"$W/run5.log" 2>&1
+grep -q 'MPS control.log: \[t Control 7\] Server 78 exited with status 1' "$W/run5.log" \
+  && grep -q 'MPS server.log: \[t Server 78\] ERROR: mmp-test client fault' "$W/run5.log" \
+  && ok "the MPS logs' trouble reaches the job's log" || fail "MPS log lines: $(grep 'MPS ' "$W/run5.log" | tr '\n' ';')"
+! grep -q 'status 0\|Server has started\|Starting control' "$W/run5.log" && ok "and only the trouble" \
+  || fail "untroubled MPS lines in the job's log: $(grep 'MPS ' "$W/run5.log" | tr '\n' ';')"
+left_behind "the failed GPU runs" "$W/run.log" "$W/run2.log" "$W/run3.log" "$W/run4.log" "$W/run5.log"
 finish

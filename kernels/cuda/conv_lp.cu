@@ -21,23 +21,19 @@
  * images ~350 MB at the first stage's 3x3 convolutions. */
 #include "kernels/cuda/internal.cuh"
 
+#include "kernels/cuda/conv_lp_index.cuh" /* the index math, tested on the host too */
+
 /* dst[n * n_stride + r * ld + p] = inp's im2col element (n, r, p) rounded
- * to prec (1 bf16, 2 fp16); zero padding reads 0. Padding columns of a row
- * (p >= OH*OW) are not written (never read: the GEMMs' K and N stop short). */
+ * to prec (1 bf16, 2 fp16); zero padding reads 0 (conv_lp_im2col_at).
+ * Padding columns of a row (p >= OH*OW) are not written (never read: the
+ * GEMMs' K and N stop short). */
 static __global__ void im2col_lp_kernel(unsigned short *dst, const float *inp, mmp_conv_shape s,
                                         long long n_stride, int ld, size_t total, int prec)
 {
-    const int P = s.OH * s.OW, KK = s.KH * s.KW, CKK = s.C * KK;
     for (size_t i = thread_index(); i < total; i += thread_count()) {
-        const int p = (int)(i % P);
-        const int r = (int)((i / P) % CKK);
-        const size_t n = i / ((size_t)P * CKK);
-        const int c = r / KK, kh = (r / s.KW) % s.KH, kw = r % s.KW;
-        const int h = (p / s.OW) * s.stride - s.pad + kh, w = (p % s.OW) * s.stride - s.pad + kw;
-        const float x = h >= 0 && h < s.H && w >= 0 && w < s.W
-                            ? inp[((n * s.C + c) * s.H + h) * s.W + w]
-                            : 0.0f;
-        dst[n * n_stride + (size_t)r * ld + p] = lp_pack(x, prec);
+        size_t at;
+        const long long src = conv_lp_im2col_at(s, i, n_stride, ld, &at);
+        dst[at] = lp_pack(src >= 0 ? inp[src] : 0.0f, prec);
     }
 }
 
@@ -66,14 +62,6 @@ static size_t im2col_bytes(const mmp_conv_shape *s, int merged)
     return merged ? lp_packed_bytes(rows, s->N * P, 1) : lp_packed_bytes(rows, P, s->N);
 }
 
-/* The shape that makes im2col pack an (N, C, H, W) tensor as it is: C rows
- * of H*W per image. */
-static mmp_conv_shape plain(int N, int C, int H, int W)
-{
-    mmp_conv_shape t = {N, C, H, W, C, 1, 1, 1, 0, H, W};
-    return t;
-}
-
 /* out (N,OC,P) = b (OC) broadcast. */
 static __global__ void conv_bias_fill_kernel(float *out, const float *b, size_t total, int OC,
                                              int P)
@@ -83,30 +71,13 @@ static __global__ void conv_bias_fill_kernel(float *out, const float *b, size_t 
     }
 }
 
-/* dinp (N,C,H,W) += the taps of dcol (N, C*KH*KW, OH*OW), kh then kw. */
+/* dinp (N,C,H,W) += the taps of dcol (N, C*KH*KW, OH*OW), kh then kw
+ * (conv_lp_col2im_sum). */
 static __global__ void col2im_add_kernel(float *dinp, const float *dcol, mmp_conv_shape s,
                                          size_t total)
 {
-    const int P = s.OH * s.OW, KK = s.KH * s.KW;
     for (size_t i = thread_index(); i < total; i += thread_count()) {
-        const int w = (int)(i % s.W), h = (int)((i / s.W) % s.H);
-        const size_t nc = i / ((size_t)s.H * s.W); /* n * C + c */
-        const float *d = dcol + nc * KK * P;       /* (n, c*KK, .) */
-        float sum = 0.0f;
-        for (int kh = 0; kh < s.KH; kh++) {
-            const int y = h + s.pad - kh;
-            if (y < 0 || y % s.stride != 0 || y / s.stride >= s.OH) {
-                continue;
-            }
-            for (int kw = 0; kw < s.KW; kw++) {
-                const int x = w + s.pad - kw;
-                if (x < 0 || x % s.stride != 0 || x / s.stride >= s.OW) {
-                    continue;
-                }
-                sum += d[(size_t)(kh * s.KW + kw) * P + (y / s.stride) * s.OW + x / s.stride];
-            }
-        }
-        dinp[i] += sum;
+        dinp[i] += conv_lp_col2im_sum(dcol, s, i);
     }
 }
 
@@ -143,7 +114,7 @@ mmp_err mmp_cuda_conv2d_fwd_lp(mmp_cuda_ctx *ctx, float *out, const float *inp, 
     void *ws;
     MMP_TRY(mmp_cuda_lp_ws_get(ctx, w_bytes + im2col_bytes(s, 0), &ws));
     mmp_cuda_packed pw, pc;
-    const mmp_conv_shape w_shape = plain(1, s->OC, 1, CKK); /* w: OC rows of CKK */
+    const mmp_conv_shape w_shape = conv_lp_plain(1, s->OC, 1, CKK); /* w: OC rows of CKK */
     MMP_TRY(im2col(ctx, prec, ws, w, &w_shape, 0, &pw));
     pw.stride = 0; /* every image's GEMM reads the same weights */
     MMP_TRY(im2col(ctx, prec, (char *)ws + w_bytes, inp, s, 0, &pc));
@@ -169,8 +140,8 @@ mmp_err mmp_cuda_conv2d_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
     }
     ARG_CHECK(SHAPE_OK(s));
     const int P = s->OH * s->OW, CKK = s->C * s->KH * s->KW;
-    const mmp_conv_shape d_shape = plain(s->N, s->OC, s->OH, s->OW);
-    const mmp_conv_shape w_shape = plain(1, s->OC, 1, CKK); /* w: OC rows of CKK */
+    const mmp_conv_shape d_shape = conv_lp_plain(s->N, s->OC, s->OH, s->OW);
+    const mmp_conv_shape w_shape = conv_lp_plain(1, s->OC, 1, CKK); /* w: OC rows of CKK */
     /* the lp workspace: dout merged (dw, db), then for dw the merged
      * im2col, for dinp w and dout per image */
     const size_t dm_bytes = im2col_bytes(&d_shape, 1);
