@@ -7,7 +7,8 @@
  * page, where its connector picks it up; "no creator" cases use a port this
  * process holds bound and never listens on; names in /dev/shm are not
  * theirs to check; the forged-headers case plays the hostile peer with a
- * raw socket speaking transport/tcp.h's wire; tcp/host-lost (root and ip(8),
+ * raw socket speaking transport/tcp.h's wire; tcp/idle-strangers opens 34
+ * silent connections before the real connector; tcp/host-lost (root and ip(8),
  * ~20 s) puts the two ends in two network namespaces and takes one's link
  * down.
  *
