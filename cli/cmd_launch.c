@@ -85,7 +85,9 @@ static const char USAGE[] =
     "  --out DIR          run directory (default runs/<job.name>-<YYYYmmdd-HHMMSS>)\n"
     "  --set KEY=VALUE    override a plan key, e.g. --set train.microbatches=8\n"
     "                     (repeatable; checked like the file)\n"
-    "  --force            replace DIR if it already holds a run\n"
+    "  --force            replace DIR if it already holds a run with steps or\n"
+    "                     checkpoints (a run that stopped before its first step,\n"
+    "                     with neither, is replaced without it, and says so)\n"
     "  -h, --help         this text\n"
     "\n"
     "Relative paths in the plan (data.manifest, data.vocab, data.val_manifest)\n"
@@ -122,6 +124,33 @@ static const char USAGE[] =
     "                     relaunch all from ckpt/latest, up to N times (default 0);\n"
     "                     each restart is logged (\"restarts\" in metrics.jsonl, a\n"
     "                     \"restart\" mark in trace.json).\n";
+
+/* Whether the run in dir got anywhere: a step in its metrics.jsonl (any
+ * byte of it) or anything under its ckpt/. A run that failed during
+ * start-up (a stage died before step 1) has neither, and a new launch may
+ * replace it without --force: there is nothing to lose. 1 when it cannot
+ * tell (an unreadable file or folder): then it counts as progress. */
+static int run_made_progress(const char *dir)
+{
+    char path[1200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    if (stat(path, &st) != 0 || st.st_size > 0) {
+        return 1;
+    }
+    snprintf(path, sizeof path, "%s/ckpt", dir);
+    DIR *d = opendir(path);
+    if (!d) {
+        return errno != ENOENT;
+    }
+    int any = 0;
+    struct dirent *de;
+    while (!any && (de = readdir(d)) != NULL) {
+        any = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+    }
+    closedir(d);
+    return any;
+}
 
 /* Removes a previous run's outputs from dir (only the files a run writes,
  * trace parts of a killed run included). No shell: dir is any bytes. */
@@ -339,6 +368,8 @@ int mmp_cmd_launch(int argc, char **argv)
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);
     int held = !resume && access(probe, F_OK) == 0;
+    /* a run that failed before its first step: replaced as if with --force */
+    int failed_start = held && !force && !run_made_progress(out);
     snprintf(probe, sizeof probe, "%s/ckpt", out);
     if (init && !held && !force && access(probe, F_OK) == 0) {
         /* never repoint another run's ckpt/latest at step 0 */
@@ -349,8 +380,11 @@ int mmp_cmd_launch(int argc, char **argv)
     if (resume && check_resume(&plan, out) != 0) {
         goto exit;
     }
-    if (held && !force) {
-        fprintf(stderr, "mmpipe launch: %s already holds a run; pass --force to replace it\n", out);
+    if (held && !force && !failed_start) {
+        fprintf(stderr,
+                "mmpipe launch: %s already holds a run (with steps or checkpoints); pass --force "
+                "to replace it, or --resume to continue it\n",
+                out);
         goto exit;
     }
     if (mmp_mkdirs(out) != MMP_OK) {
@@ -363,6 +397,12 @@ int mmp_cmd_launch(int argc, char **argv)
     if (mmp_run_lock_take(&lock, out, &holder) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
         goto exit;
+    }
+    if (failed_start) { /* under the lock: a live run that has not finished step 1 is refused */
+        fprintf(stderr,
+                "mmpipe launch: %s holds a run that stopped before its first step (no step in "
+                "metrics.jsonl, no checkpoint): replacing it\n",
+                out);
     }
     if ((held || (init && force)) && clear_run(out) != 0) {
         goto exit;

@@ -256,6 +256,30 @@ int mmp_balancer_may_act(const mmp_balancer *b, int done)
            replans(b, seen) || (routes(b) && seen >= 2);
 }
 
+/* Whether placement pl, put into the current plan as *out, is a plan that
+ * runs: a branch's first sub-stage with no more replicas than micro-batches
+ * (common/plan.c), and a schedule that compiles (at most
+ * MMP_SCHED_MAX_STAGES processes, MMP_SCHED_MAX_EDGES channels). A
+ * proposal that does not would stop the run (coordinator/steps.c). 0 with
+ * the reason in mmp_last_error(). */
+static int runnable(const mmp_balancer *b, const mmp_placement *pl, mmp_plan *out)
+{
+    *out = b->cur;
+    out->stages_auto = 0;
+    mmp_placement_to_plan(pl, out);
+    for (int br = 0; br < 2; br++) {
+        if (pl->sub[br][0].replicas > b->cur.train.microbatches) {
+            mmp_errorf(MMP_ERR_INVALID, "%d replicas of %s.0, more than the %d micro-batches",
+                       pl->sub[br][0].replicas, br ? "text" : "image", b->cur.train.microbatches);
+            return 0;
+        }
+    }
+    static mmp_sched probe;
+    mmp_err e = mmp_sched_compile(&probe, out);
+    mmp_sched_fini(&probe);
+    return e == MMP_OK;
+}
+
 mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, char *why,
                             size_t why_n, double *gain)
 {
@@ -290,28 +314,47 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     lc.fusion_bwd *= per_unit;
     mmp_planner_input in;
     mmp_costs_planner_input(p, &lc, &in);
-    in.devices = b->slots;
+    /* A plan runs at most MMP_SCHED_MAX_STAGES - 1 processes (what the
+     * schedule compiler takes, coordinator/schedule_compile.c), however many
+     * slots its hosts list. */
+    in.devices = b->slots < MMP_SCHED_MAX_STAGES - 1 ? b->slots : MMP_SCHED_MAX_STAGES - 1;
     in.batch = p->train.microbatches * PLAN_UNITS;
     in.send_ms = SEND_MS;
     mmp_placement now;
     mmp_placement_of_sched(b->sched, &now);
     mmp_planner_eval cur_ev;
     mmp_planner_result res;
+    static mmp_plan proposal;
     if (b->cores > 0) {
         mmp_cores_input ci = {.in = in, .cores = b->cores};
         MMP_TRY(mmp_planner_cores_evaluate(&ci, &now, &cur_ev, NULL));
         MMP_TRY(mmp_planner_cores_plan(&ci, &res));
+        if (!runnable(b, &res.placement, &proposal)) {
+            MMP_WARN("balancer: the placement planned on cores does not compile (%s): keeping "
+                     "the current one",
+                     mmp_last_error());
+            return MMP_OK;
+        }
     } else {
         MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
-        MMP_TRY(mmp_planner_plan(&in, &res));
-    }
-    /* The planner splits a micro-batch's samples among replicas; the runtime
-     * deals whole micro-batches, so a branch's first sub-stage (it loads the
-     * data) with more replicas than micro-batches cannot run: one replica's
-     * loader would own none (common/plan.c refuses such a plan too). */
-    for (int br = 0; br < 2; br++) {
-        if (res.placement.sub[br][0].replicas > p->train.microbatches) {
-            return MMP_OK;
+        /* The planner keeps within each stage's limits; the schedule's (its
+         * channels: every replica pair of consecutive stages needs two) may
+         * still refuse a placement with many replicas on both sides of a
+         * cut: then fewer devices are asked for, down to the processes
+         * running now. */
+        for (;;) {
+            MMP_TRY(mmp_planner_plan(&in, &res));
+            if (runnable(b, &res.placement, &proposal)) {
+                break;
+            }
+            if (in.devices <= b->sched->n_stages) {
+                MMP_WARN("balancer: no placement the planner proposed compiles (the last: %s): "
+                         "keeping the current one",
+                         mmp_last_error());
+                return MMP_OK;
+            }
+            int fewer = in.devices * 3 / 4;
+            in.devices = fewer > b->sched->n_stages ? fewer : b->sched->n_stages;
         }
     }
     double g = cur_ev.step_ms / res.eval.step_ms - 1;
@@ -336,9 +379,7 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
             memset(b->next_nice, 0, sizeof b->next_nice);
         }
     }
-    *next = b->cur;
-    next->stages_auto = 0;
-    mmp_placement_to_plan(&res.placement, next);
+    *next = proposal;
     *go = 1;
     *gain = g;
     snprintf(why, why_n,

@@ -226,11 +226,21 @@ static double allreduce_ms(const ctx *c, double grad_bytes, int r)
     return r > 1 && bw > 0 ? 2.0 * (r - 1) / r * grad_bytes / bw : 0;
 }
 
+/* The most replicas a plan lets the stage starting at layer `first` of s
+ * have (common/plan.c refuses more): MMP_MAX_REPLICAS, and for a branch's
+ * first sub-stage, which loads the data, no more than the micro-batches (the
+ * runtime deals whole micro-batches to its replicas: one more would load
+ * none). */
+static int most_replicas(const ctx *c, int unit, int first)
+{
+    return unit < 2 && first == 0 && c->m < MMP_MAX_REPLICAS ? c->m : MMP_MAX_REPLICAS;
+}
+
 /* The fewest replicas that let the stage holding [first, last) of s, at
  * depth, take at most T ms per micro-batch (T = INFINITY: any time) and fit
- * the memory cap; NO_FIT when no count up to the device count does. Grows
- * with last, for a fixed first: the programme below stops at the first
- * NO_FIT. */
+ * the memory cap; NO_FIT when no count up to the device count and the
+ * stage's most_replicas does. Grows with last, for a fixed first: the
+ * programme below stops at the first NO_FIT. */
 static int min_replicas(const ctx *c, const sums *s, int first, int last, int depth, double T)
 {
     int q = c->q0; /* the most samples one replica may take */
@@ -258,7 +268,7 @@ static int min_replicas(const ctx *c, const sums *s, int first, int last, int de
         }
     }
     int r = ceil_div(c->q0, q);
-    return r <= c->in->devices ? r : NO_FIT;
+    return r <= c->in->devices && r <= most_replicas(c, (int)(s - c->unit), first) ? r : NO_FIT;
 }
 
 /* Stage views of a placement, image sub-stages, text sub-stages, fusion. */
@@ -266,6 +276,7 @@ typedef struct flat {
     int n;
     int unit[MAX_STAGES]; /* 0 image, 1 text, 2 fusion */
     int *rep[MAX_STAGES]; /* into the placement */
+    int most[MAX_STAGES]; /* most_replicas of each */
     double cost[MAX_STAGES], grad[MAX_STAGES];
 } flat;
 
@@ -277,6 +288,7 @@ static void flatten(const ctx *c, mmp_placement *pl, flat *f)
             mmp_planner_stage *g = &pl->sub[b][j];
             f->unit[f->n] = b;
             f->rep[f->n] = &g->replicas;
+            f->most[f->n] = most_replicas(c, b, g->first);
             f->cost[f->n] = range_sum(&c->unit[b], Q_COST, g->first, g->last);
             f->grad[f->n] = range_sum(&c->unit[b], Q_GRAD, g->first, g->last);
             f->n++;
@@ -285,6 +297,7 @@ static void flatten(const ctx *c, mmp_placement *pl, flat *f)
     const sums *fu = &c->unit[2];
     f->unit[f->n] = 2;
     f->rep[f->n] = &pl->fusion_replicas;
+    f->most[f->n] = most_replicas(c, 2, 0);
     f->cost[f->n] = range_sum(fu, Q_COST, 0, fu->n);
     f->grad[f->n] = range_sum(fu, Q_GRAD, 0, fu->n);
     f->n++;
@@ -479,8 +492,8 @@ static double fill(const ctx *c, mmp_placement *pl)
                     continue;
                 }
                 int q = ceil_div(c->q0, *f.rep[s]);
-                if (q <= 1) {
-                    ok = 0;
+                if (q <= 1 || ceil_div(c->q0, q - 1) > f.most[s]) {
+                    ok = 0; /* no fewer samples per replica within what a plan allows */
                     break;
                 }
                 members[n_members] = s;
@@ -588,7 +601,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                 int left = spare + was - *tf.rep[a];
                 while (g != a && ceil_div(c->q0, *tf.rep[g]) > 1) {
                     int up = ceil_div(c->q0, ceil_div(c->q0, *tf.rep[g]) - 1);
-                    if (up - *tf.rep[g] > left) {
+                    if (up - *tf.rep[g] > left || up > tf.most[g]) {
                         break;
                     }
                     left -= up - *tf.rep[g];
@@ -962,8 +975,9 @@ mmp_err mmp_planner_plan(const mmp_planner_input *in, mmp_planner_result *out)
             ret = mmp_errorf(MMP_ERR_INVALID,
                              "planner: no placement fits the memory cap of %.4g bytes per device "
                              "in %d devices (a layer range holds more than the cap, or needs "
-                             "more replicas than there are devices)",
-                             in->mem_cap_bytes, D);
+                             "more replicas than there are devices or than a stage may have: "
+                             "%d, a branch's first sub-stage no more than the %d micro-batches)",
+                             in->mem_cap_bytes, D, MMP_MAX_REPLICAS, c.m);
         } else {
             ret = mmp_errorf(MMP_ERR_INVALID,
                              "planner: no placement fits the memory cap of %.4g bytes per device "

@@ -77,6 +77,14 @@
  *    term; against exhaustive search on small cases (tests/test_planner.c)
  *    it finds the best closed-form step in more than 99% of cases and is
  *    within 1% in the rest.
+ * Every step keeps within what a plan can hold (common/plan.c): at most
+ * MMP_MAX_REPLICAS replicas a stage, and a branch's first sub-stage (it
+ * loads the data; the runtime deals it whole micro-batches) at most m. A
+ * stage that would need more to meet a bound does not fit that bound; spare
+ * devices are left unused rather than given past these limits. (How many
+ * processes a schedule holds, MMP_SCHED_MAX_STAGES, is not a limit here:
+ * `mmpipe simulate --plan-devices` plans clusters on paper; the live
+ * balancer asks for no more devices than a schedule holds.)
  * 4. Ranking: candidates by the closed form; ties (within 1e-9 relative) go
  *    to fewer sub-stages, then fewer devices. With MMP_PLANNER_AUTO or
  *    MMP_PLANNER_SIMULATED the best MMP_PLANNER_RESCORE are simulated and the

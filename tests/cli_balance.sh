@@ -122,13 +122,19 @@ ge "$ratio" 1.2 && ok "dynamic steady throughput $t_dyn vs static $t_static samp
   || fail "dynamic only $ratio x static ($t_dyn vs $t_static samples/s, efficiency $eff_dyn)"
 left_behind "dynamic, after the relaunch" "$W/dynamic.log"
 # With 2 micro-batches the placement above (image.0:4) cannot run: a replica takes whole
-# micro-batches. The balancer keeps the placement it has rather than relaunch into one
-# whose replicas would have none.
+# micro-batches. The planner proposes only placements whose loading sub-stages have at
+# most 2 replicas (here it cuts the image branch and replicates the second part; the old
+# planner proposed image.0:4, which the balancer then dropped: no re-placement at all).
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/few_mbs" --set job.steps=12 \
   --set train.microbatches=2 --set train.batch=8 >"$W/few_mbs.log" 2>&1 \
   && steps_once "$W/few_mbs/metrics.jsonl" 12 && ! grep -q "owns none" "$W/few_mbs.log" \
   && ok "dynamic, 2 micro-batches: no re-placement to more loading replicas than micro-batches" \
   || { fail "dynamic, 2 micro-batches"; grep error "$W/few_mbs.log" | tail -2 | sed 's/^/    /'; }
+to=$(grep -o '"action":"replace","to":"[^"]*"' "$W/few_mbs/metrics.jsonl" | head -1 | sed 's/.*"to":"//; s/"$//')
+loading=$(tr ' ' '\n' <<<"$to" | grep -E '^(image|text)\.0[[:punct:][:digit:]]*:' | sed 's/.*://' | sort -n | tail -1)
+[ -n "$to" ] && [ "${loading:-9}" -le 2 ] \
+  && ok "dynamic, 2 micro-batches: re-placed to $to (loading sub-stages within the 2 micro-batches)" \
+  || fail "dynamic, 2 micro-batches: re-placed to '${to:-nothing}' (want a re-placement, image.0 and text.0 at most 2 replicas)"
 
 # --- 4. cost drift: text x3 at step 100 ---------------------------------------------
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/drift" --set job.steps=125 \

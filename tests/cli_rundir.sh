@@ -2,6 +2,9 @@
 # The run directory and what launch does before it trains (issue 11):
 #  lock:        --force or --resume into a live run is refused naming the
 #               holder's pid, and changes nothing; a dead holder does not block;
+#  failed start: a run whose stage died before step 1 (no step, no
+#               checkpoint) is replaced by the next launch without --force,
+#               which says so; a run with steps or a checkpoint still needs it;
 #  no shell:    --force on paths with quotes, spaces, an apostrophe and a
 #               newline replaces that run's outputs and nothing else
 #               (--out "runs/victim' 'x" leaves runs/victim alone);
@@ -86,6 +89,32 @@ for _ in $(seq 100); do [ -s "$W/dead/.mmpipe.lock" ] && break; sleep 0.1; done
 kill -KILL "$DPID"; wait "$DPID" 2>/dev/null
 "$BIN" launch "$W/plan.yaml" --out "$W/dead" --force --single-process >"$W/dead2.log" 2>&1 \
   && ok "a killed run's lock does not block --force" || { fail "stale lock blocked"; tail -3 "$W/dead2.log"; }
+
+# --- a failed start: replaced without --force; steps or checkpoints still need it -------------
+# A stage that dies before step 1 (here: the first image of the manifest is missing, which
+# preflight does not open) leaves plan.json, trace.json and an empty metrics.jsonl: no step,
+# no checkpoint. The same launch again, with the data fixed, replaces it and says so.
+S=$W/started
+sed '1s|images/[^"]*|images/missing.png|' "$W/data/train.jsonl" >"$W/data/bad_first.jsonl"
+"$BIN" launch "$W/plan.yaml" --out "$S" --set data.manifest="$W/data/bad_first.jsonl" >"$W/started.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "missing image" "$W/started.log" && [ -e "$S/metrics.jsonl" ] && [ ! -s "$S/metrics.jsonl" ] \
+  && [ ! -e "$S/ckpt" ] && ok "a launch whose stage dies before step 1 fails (rc $rc), no step, no checkpoint" \
+  || { fail "the failed start (rc $rc)"; tail -3 "$W/started.log"; }
+"$BIN" launch "$W/plan.yaml" --out "$S" >"$W/started2.log" 2>&1 \
+  && grep -q "stopped before its first step .*replacing it" "$W/started2.log" \
+  && [ "$(wc -l < "$S/metrics.jsonl")" -eq 2 ] && [ -e "$S/ckpt/latest" ] \
+  && ok "the same launch again replaces the failed start without --force, saying so" \
+  || { fail "re-launch after a failed start"; tail -3 "$W/started2.log"; }
+before=$(state "$S")
+expect_fail "a run with steps still needs --force" "already holds a run .*pass --force" \
+  "$BIN" launch "$W/plan.yaml" --out "$S"
+"$BIN" launch "$W/plan.yaml" --out "$W/zero" --steps 0 >"$W/zero.log" 2>&1 || fail "a 0-step run"
+before0=$(state "$W/zero")
+expect_fail "a run with a checkpoint and no step still needs --force" "already holds a run .*pass --force" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/zero"
+[ "$before" = "$(state "$S")" ] && [ "$before0" = "$(state "$W/zero")" ] \
+  && ok "... and the refusals changed nothing" || fail "a refused launch changed a run"
 
 # --- no shell: odd paths ----------------------------------------------------------------------
 R=$W/runs

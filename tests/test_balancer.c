@@ -5,6 +5,7 @@
 #include "coordinator/balancer.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/pin.h"
@@ -64,4 +65,80 @@ static void test_core_each(void)
     mmp_sched_fini(&s);
 }
 
-MMP_TEST_LIST("test_balancer", MMP_TEST_CASE(test_shared_cores), MMP_TEST_CASE(test_core_each))
+/* The live re-planning on hosts with more device slots than a plan can run
+ * processes (2 hosts x 64 GPUs: 128 slots; a schedule holds at most
+ * MMP_SCHED_MAX_STAGES) and few micro-batches, the image branch far the
+ * dearest: the placement it proposes must compile as a plan (it would
+ * otherwise stop the run: coordinator/steps.c), no stage over
+ * MMP_MAX_REPLICAS, a branch's first sub-stage with no more replicas than
+ * micro-batches (common/plan.c refuses those). The old balancer asked the
+ * planner for all 128 slots, got a first sub-stage with more replicas than
+ * micro-batches, and silently kept the 1/1/1 placement (20x slower here);
+ * had it passed that check, a placement over the schedule's limits would
+ * have stopped the run. */
+static void replan_within_plan_limits(int microbatches)
+{
+    static mmp_plan p, next;
+    static mmp_sched s, probe;
+    static mmp_balancer b;
+    mmp_plan_defaults(&p);
+    p.n_hosts = 2;
+    for (int h = 0; h < 2; h++) {
+        snprintf(p.hosts[h].name, sizeof p.hosts[h].name, "node%d", h);
+        p.hosts[h].n_devices = MMP_MAX_DEVICES;
+        for (int d = 0; d < MMP_MAX_DEVICES; d++) {
+            p.hosts[h].devices[d] = d;
+        }
+    }
+    p.train.microbatches = microbatches;
+    p.balance.mode = MMP_BALANCE_DYNAMIC;
+    p.balance.window = 2;
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    mmp_balancer_reset(&b, &p, &s, "{}");
+    CHECK(b.cores == 0 && b.slots == 2 * MMP_MAX_DEVICES && s.n_stages == 3);
+    int per_proc = p.train.batch; /* 1/1/1: each process sees every sample */
+    mmp_bal_proc pr[3] = {{.fwd_ms = 4000, .bwd_ms = 8000, .samples = per_proc, .busy_ms = 12000},
+                          {.fwd_ms = 40, .bwd_ms = 80, .samples = per_proc, .busy_ms = 120},
+                          {.fwd_ms = 20, .bwd_ms = 40, .samples = per_proc, .busy_ms = 60}};
+    for (int k = 0; k < 3; k++) {
+        mmp_balancer_observe(&b, pr, 12500);
+    }
+    int go = 0;
+    char why[1024];
+    double gain;
+    CHECK_OK(mmp_balancer_replan(&b, 3, &next, &go, why, sizeof why, &gain));
+    CHECK(go == 1);
+    if (go) {
+        printf("  re-placed: %s\n", why);
+        mmp_err e = mmp_sched_compile(&probe, &next);
+        CHECK_OK(e);
+        if (e == MMP_OK) {
+            CHECK(probe.n_stages > 3 && probe.n_stages <= MMP_SCHED_MAX_STAGES);
+        }
+        mmp_sched_fini(&probe);
+        const mmp_stage_cfg *br[2] = {&next.stages.image, &next.stages.text};
+        for (int k = 0; k < 2; k++) {
+            CHECK(br[k]->n_replicas >= 1 && br[k]->replicas[0] <= p.train.microbatches);
+            for (int j = 0; j < br[k]->n_replicas; j++) {
+                CHECK(br[k]->replicas[j] >= 1 && br[k]->replicas[j] <= MMP_MAX_REPLICAS);
+            }
+        }
+        CHECK(next.stages.fusion.replicas[0] <= MMP_MAX_REPLICAS);
+    }
+    mmp_sched_fini(&s);
+}
+
+static void test_replan_within_plan_limits(void)
+{
+    /* few micro-batches: the old balancer dropped the planner's proposal
+     * (image.0 with more replicas than micro-batches) and never re-placed */
+    replan_within_plan_limits(4);
+    /* one sample a micro-batch (the old balancer did not re-place either) */
+    static mmp_plan d;
+    mmp_plan_defaults(&d);
+    replan_within_plan_limits(d.train.batch < MMP_MAX_MICROBATCHES ? d.train.batch
+                                                                   : MMP_MAX_MICROBATCHES);
+}
+
+MMP_TEST_LIST("test_balancer", MMP_TEST_CASE(test_shared_cores), MMP_TEST_CASE(test_core_each),
+              MMP_TEST_CASE(test_replan_within_plan_limits))

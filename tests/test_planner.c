@@ -222,7 +222,13 @@ static void brute_replicas(brute *B, int stage, int left)
     int *r = stage < n_img           ? &B->pl.sub[0][stage].replicas
              : stage < n_img + n_txt ? &B->pl.sub[1][stage - n_img].replicas
                                      : &B->pl.fusion_replicas;
-    for (*r = 1; *r <= left - (stages - stage - 1); (*r)++) {
+    /* what a plan allows (common/plan.c): a branch's first sub-stage no
+     * more replicas than micro-batches, every stage MMP_MAX_REPLICAS */
+    int most = MMP_MAX_REPLICAS;
+    if ((stage == 0 || stage == n_img) && B->M->in.microbatches < most) {
+        most = B->M->in.microbatches;
+    }
+    for (*r = 1; *r <= left - (stages - stage - 1) && *r <= most; (*r)++) {
         brute_replicas(B, stage + 1, left - *r);
     }
 }
@@ -503,7 +509,115 @@ static void test_invalid(void)
     CHECK(strstr(mmp_last_error(), "text.0 has 0 replicas") != NULL);
 }
 
+/* ---- what a plan can hold ------------------------------------------------------
+ * The planner proposes placements users paste into plans (simulate prints
+ * them "as plan keys") and the live balancer runs: never one the plan's
+ * checks refuse (common/plan.c): a stage over MMP_MAX_REPLICAS, or a
+ * branch's first sub-stage (it loads the data, dealt whole micro-batches)
+ * with more replicas than micro-batches. The old planner gave 256-replica
+ * stages for 1024 devices and 37 replicas of image.0 with 2 micro-batches. */
+
+static int within_plan_limits(const mmp_placement *pl, int m)
+{
+    int ok = pl->fusion_replicas >= 1 && pl->fusion_replicas <= MMP_MAX_REPLICAS;
+    for (int b = 0; b < 2; b++) {
+        ok &= pl->n_sub[b] >= 1 && pl->sub[b][0].replicas <= m;
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            ok &= pl->sub[b][j].replicas >= 1 && pl->sub[b][j].replicas <= MMP_MAX_REPLICAS;
+        }
+    }
+    return ok;
+}
+
+/* The "as plan keys:" line of simulate's output as --set arguments into
+ * sets[n]; 0 when there is none. */
+static int keys_as_sets(const char *out, char *sets, size_t n)
+{
+    const char *at = strstr(out, "as plan keys: ");
+    if (!at) {
+        return 0;
+    }
+    at += strlen("as plan keys: ");
+    const char *end = strchr(at, '\n');
+    size_t len = 0;
+    sets[0] = 0;
+    while (at && at < end) {
+        const char *next = strstr(at, ", stages.");
+        if (!next || next > end) {
+            next = end;
+        }
+        const char *colon = strstr(at, ": ");
+        if (!colon || colon > next) {
+            return 0;
+        }
+        len += (size_t)snprintf(sets + len, len < n ? n - len : 0, " --set '%.*s=%.*s'",
+                                (int)(colon - at), at, (int)(next - colon - 2), colon + 2);
+        at = next < end ? next + 2 : NULL;
+    }
+    return len < n;
+}
+
+static void test_plan_limits(void)
+{
+    const int devices[] = {200, 1024}, mbs[] = {4, 32};
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 2; k++) {
+            model M;
+            big_model(&M, devices[i]);
+            M.in.microbatches = mbs[k];
+            mmp_planner_result r;
+            CHECK_OK(mmp_planner_plan(&M.in, &r));
+            CHECK(within_plan_limits(&r.placement, mbs[k]));
+            if (!within_plan_limits(&r.placement, mbs[k])) {
+                print_placement("over a plan's limits", &r.placement, &r.eval);
+            }
+        }
+    }
+    /* simulate's proposal, pasted back as --set: the plan loads and runs on
+     * paper (few micro-batches, devices a schedule holds) */
+    const char *bin = mmp_test_bin();
+    if (access(bin, X_OK) != 0 || access("configs/cluster-64.yaml", R_OK) != 0) {
+        printf("  (no %s or no configs/cluster-64.yaml here: CLI check left out)\n", bin);
+        return;
+    }
+    static char out[65536], sets[2048], cmd[4096];
+    const int plan_devices[] = {8, 12, 20};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s simulate configs/cluster-64.yaml --set train.microbatches=2 --plan-devices %d",
+                 bin, plan_devices[i]);
+        CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+        CHECK(keys_as_sets(out, sets, sizeof sets));
+        snprintf(cmd, sizeof cmd,
+                 "%s simulate configs/cluster-64.yaml --set train.microbatches=2%s", bin, sets);
+        int rc = mmp_test_run(cmd, out, sizeof out);
+        CHECK(rc == 0);
+        if (rc != 0) {
+            fprintf(stderr, "  %s\n  -> %s\n", cmd, out);
+        }
+    }
+    /* on paper for 200 devices: every stage within MMP_MAX_REPLICAS, the
+     * first sub-stages within the 8 micro-batches */
+    snprintf(cmd, sizeof cmd,
+             "%s simulate configs/cluster-1024.yaml --set train.microbatches=8 --plan-devices 200",
+             bin);
+    CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+    const char *keys[2] = {"stages.image.replicas: [", "stages.text.replicas: ["};
+    for (int b = 0; b < 2; b++) {
+        const char *at = strstr(out, keys[b]);
+        CHECK(at != NULL);
+        char *p = at ? (char *)at + strlen(keys[b]) : NULL;
+        for (int j = 0; p; j++) {
+            long v = strtol(p, &p, 10);
+            CHECK(v >= 1 && v <= (j == 0 ? 8 : MMP_MAX_REPLICAS));
+            p = *p == ',' ? p + 1 : NULL;
+        }
+    }
+    const char *f = strstr(out, "stages.fusion.replicas: ");
+    CHECK(f && atoi(f + strlen("stages.fusion.replicas: ")) <= MMP_MAX_REPLICAS);
+}
+
 MMP_TEST_LIST("test_planner", MMP_TEST_CASE(test_balance_4_1_1), MMP_TEST_CASE(test_memory_cap),
               MMP_TEST_CASE(test_three_devices), MMP_TEST_CASE(test_brute_force),
               MMP_TEST_CASE(test_closed_vs_simulated), MMP_TEST_CASE(test_scale),
-              MMP_TEST_CASE(test_cli), MMP_TEST_CASE(test_invalid))
+              MMP_TEST_CASE(test_cli), MMP_TEST_CASE(test_invalid), MMP_TEST_CASE(test_plan_limits))

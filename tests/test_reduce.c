@@ -973,6 +973,124 @@ static void both_sum(forged_rank *fr)
     pthread_join(th, NULL);
 }
 
+/* ---- (5c) over tcp: idle strangers at rank 0's door -----------------------
+ * Connections to rank 0's port that say nothing must not hold the door:
+ * before the gate (transport/auth.h) rank 0's thread served one connection
+ * at a time, each for up to 5 s, so rank 1 (timeout 3 s) behind three of
+ * them never attached. Now it attaches, a sum goes through, and each
+ * stranger is refused (the first handshake part, then the end) and logged
+ * with its address. */
+
+/* Runs fn with stderr going to a file of the test's tmpdir; returns that
+ * output (the caller frees it), also shown on the real stderr. */
+static char *stderr_of(void (*fn)(void *), void *arg)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/stderr.txt", mmp_test_tmpdir("reduce-strangers"));
+    fflush(stderr);
+    int saved = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (saved < 0 || f < 0 || dup2(f, 2) < 0) {
+        CHECK(!"stderr to a file");
+        if (f >= 0) {
+            close(f);
+        }
+        if (saved >= 0) {
+            close(saved);
+        }
+        fn(arg);
+        return NULL;
+    }
+    close(f);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *text = (char *)mmp_test_slurp(path, &n);
+    if (text) {
+        fputs(text, stderr);
+    }
+    return text;
+}
+
+enum { IDLE_STRANGERS = 3 };
+
+typedef struct strangers_run {
+    int fd[IDLE_STRANGERS];
+    char at[96];
+} strangers_run;
+
+static int idle_connect(const char *address)
+{
+    const char *colon = strrchr(address, ':');
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)atoi(colon ? colon + 1 : "0")),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    if (fd >= 0) {
+        struct timeval tv = {10, 0}; /* a bound for the test, never reached when it passes */
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    return fd;
+}
+
+static void strangers_body(void *arg)
+{
+    strangers_run *sr = arg;
+    forged_rank fr[2] = {0};
+    mmp_reduce_cfg c0 = make_cfg(TCP_NAME, 2, 0, 64, 3000);
+    CHECK_OK(mmp_reduce_open(&fr[0].r, &c0));
+    snprintf(sr->at, sizeof sr->at, "%s", fr[0].r ? mmp_reduce_address(fr[0].r) : "127.0.0.1:1");
+    for (int i = 0; i < IDLE_STRANGERS; i++) {
+        sr->fd[i] = idle_connect(sr->at);
+        CHECK(sr->fd[i] >= 0);
+    }
+    mmp_reduce_cfg c1 = make_cfg(sr->at, 2, 1, 64, 3000);
+    CHECK_OK(mmp_reduce_open(&fr[1].r, &c1));
+    if (fr[0].r && fr[1].r) {
+        for (int i = 0; i < 64; i++) {
+            fr[0].v[i] = 1.0f;
+            fr[1].v[i] = (float)i;
+        }
+        both_sum(fr);
+        CHECK_OK(fr[0].e);
+        CHECK_OK(fr[1].e);
+        CHECK(fr[0].v[5] == 6.0f && fr[1].v[63] == 64.0f);
+    }
+    for (int i = 0; i < IDLE_STRANGERS; i++) {
+        unsigned char part[128];
+        ssize_t got = sr->fd[i] >= 0 ? recv(sr->fd[i], part, sizeof part, MSG_WAITALL) : -1;
+        CHECK(sr->fd[i] < 0 || (got == 40 && memcmp(part, "MMPAUTH1", 8) == 0));
+    }
+    mmp_reduce_close(fr[1].r);
+    mmp_reduce_close(fr[0].r);
+}
+
+static void test_idle_strangers(void)
+{
+    strangers_run sr;
+    memset(&sr, 0, sizeof sr);
+    char *log = stderr_of(strangers_body, &sr);
+    CHECK(log != NULL);
+    int refused = 0;
+    for (const char *p = log; p && (p = strstr(p, "every rank is attached; refused")); p++) {
+        refused++;
+    }
+    char tag[160];
+    snprintf(tag, sizeof tag, "reduce %s rank 0: connector 127.0.0.1:", sr.at);
+    CHECK(refused == IDLE_STRANGERS && log && strstr(log, tag));
+    free(log);
+    for (int i = 0; i < IDLE_STRANGERS; i++) {
+        if (sr.fd[i] >= 0) {
+            close(sr.fd[i]);
+        }
+    }
+}
+
 static void test_forged(void)
 {
     char name[96];
@@ -1078,6 +1196,7 @@ TCP_CASE(killed, "tcp/killed")
 TCP_CASE(mismatch, "tcp/n-mismatch")
 TCP_CASE(tcp_geometry, "tcp/geometry")
 TCP_CASE(buckets, "tcp/buckets")
+TCP_CASE(idle_strangers, "tcp/idle-strangers")
 
 static const mmp_test_case cases[] = {
     {"single", case_single},
@@ -1096,6 +1215,7 @@ static const mmp_test_case cases[] = {
     {"tcp/n-mismatch", case_tcp_mismatch},
     {"tcp/geometry", case_tcp_tcp_geometry},
     {"tcp/buckets", case_tcp_buckets},
+    {"tcp/idle-strangers", case_tcp_idle_strangers},
 };
 
 int main(int argc, char **argv)

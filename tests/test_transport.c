@@ -7,7 +7,8 @@
  * page, where its connector picks it up; "no creator" cases use a port this
  * process holds bound and never listens on; names in /dev/shm are not
  * theirs to check; the forged-headers case plays the hostile peer with a
- * raw socket speaking transport/tcp.h's wire; tcp/host-lost (root and ip(8),
+ * raw socket speaking transport/tcp.h's wire; tcp/idle-strangers opens 34
+ * silent connections before the real connector; tcp/host-lost (root and ip(8),
  * ~20 s) puts the two ends in two network namespaces and takes one's link
  * down.
  *
@@ -2311,6 +2312,123 @@ static void test_forged_tcp(const mmp_transport *t)
     }
 }
 
+/* ---- (9b') idle strangers at the door ---------------------------------------
+ * Connections that open the creator's port and then say nothing (a port
+ * scanner, a hung process) must not hold the door: before the gate
+ * (transport/auth.h) the creator's thread served one connection at a time,
+ * each for up to 5 s, so the real connector behind them timed out. Here
+ * MMP_AUTH_PENDING + 2 idle strangers connect first, then the real connector
+ * (the gate, full, drops the three oldest for newcomers), whose timeout (3 s) is
+ * shorter than one stranger's 5 s: it gets in, a message flows, and every
+ * stranger is refused (its socket sees the creator's first handshake part,
+ * then the end) and logged with its address. */
+
+/* Runs fn with this process's stderr going to a file of tmpdir, then
+ * returns that output (the caller frees it; NULL when it cannot be had). */
+static char *stderr_of(void (*fn)(void *), void *arg)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/stderr.txt", mmp_test_tmpdir("transport-strangers"));
+    fflush(stderr);
+    int saved = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (saved < 0 || f < 0 || dup2(f, 2) < 0) {
+        CHECK(!"stderr to a file");
+        if (f >= 0) {
+            close(f);
+        }
+        if (saved >= 0) {
+            close(saved);
+        }
+        fn(arg);
+        return NULL;
+    }
+    close(f);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *text = (char *)mmp_test_slurp(path, &n);
+    if (text) {
+        fputs(text, stderr); /* still shown in the test's log */
+    }
+    return text;
+}
+
+enum { IDLE_STRANGERS = MMP_AUTH_PENDING + 2 };
+
+typedef struct strangers_run {
+    const mmp_transport *t;
+    int fd[IDLE_STRANGERS];
+    char at[128];
+} strangers_run;
+
+static void strangers_body(void *arg)
+{
+    strangers_run *sr = arg;
+    enum { SLOT = 4096, SLOTS = 2 };
+    char addr[96];
+    address_for(sr->t, addr, sizeof addr);
+    mmp_channel_cfg cr = make_cfg(addr, SLOT, SLOTS, 0, 3000);
+    mmp_channel *a = NULL, *b = NULL;
+    CHECK_OK(mmp_channel_open_with(&b, sr->t, &cr, 1));
+    snprintf(sr->at, sizeof sr->at, "%s", b ? mmp_channel_address(b) : "127.0.0.1:1");
+    for (int i = 0; i < IDLE_STRANGERS; i++) {
+        sr->fd[i] = raw_connect(sr->at, -1, 0, 0, NULL); /* connects, says nothing */
+        CHECK(sr->fd[i] >= 0);
+    }
+    mmp_channel_cfg cs = make_cfg(sr->at, SLOT, SLOTS, 1, 3000);
+    CHECK_OK(mmp_channel_open_with(&a, sr->t, &cs, 0));
+    if (a && b) {
+        static unsigned char src[SLOT];
+        mmp_msg_header h = message(7, SLOT), got;
+        const void *p;
+        fill(src, h.bytes, 7);
+        CHECK_OK(mmp_channel_send(a, &h, src));
+        CHECK_OK(mmp_channel_recv(b, &got, &p));
+        CHECK(same_header(&h, &got) && first_bad(p, got.bytes, 7) == got.bytes);
+        CHECK_OK(mmp_channel_release(b));
+    }
+    for (int i = 0; i < IDLE_STRANGERS; i++) {
+        unsigned char part[128];
+        CHECK(sr->fd[i] < 0 || (recv_to_eof(sr->fd[i], part, sizeof part) == 40 &&
+                                memcmp(part, "MMPAUTH1", 8) == 0));
+    }
+    mmp_channel_close(a);
+    mmp_channel_close(b);
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = text; p && (p = strstr(p, what)); p += strlen(what)) {
+        n++;
+    }
+    return n;
+}
+
+static void test_idle_strangers(const mmp_transport *t)
+{
+    strangers_run sr = {.t = t};
+    char *log = stderr_of(strangers_body, &sr);
+    CHECK(log != NULL);
+    if (log) {
+        char tag[160];
+        snprintf(tag, sizeof tag, "tcp %s: connector 127.0.0.1:", sr.at);
+        CHECK(count_of(log, tag) == IDLE_STRANGERS);
+        /* the real connector made the gate drop one more */
+        int dropped = IDLE_STRANGERS + 1 - MMP_AUTH_PENDING;
+        CHECK(count_of(log, "the oldest dropped; refused") == dropped);
+        CHECK(count_of(log, "the channel has its connector; refused") == IDLE_STRANGERS - dropped);
+    }
+    free(log);
+    for (int i = 0; i < IDLE_STRANGERS; i++) {
+        if (sr.fd[i] >= 0) {
+            close(sr.fd[i]);
+        }
+    }
+}
+
 /* ---- (9c) a host that vanishes: two network namespaces -----------------------
  * The sender's and the receiver's processes in two namespaces joined by a
  * veth pair (made here with ip(8), removed whatever happens); mid-stream the
@@ -2711,6 +2829,7 @@ static void run_global(const char *name, void (*fn)(void))
 TRANSPORT_CASES(shm)
 TRANSPORT_CASES(tcp)
 CASE(tcp, host_lost, 0)
+CASE(tcp, idle_strangers, 0)
 #ifdef MMP_HAVE_CUDA
 TRANSPORT_CASES(cuda_ipc)
 CASE(cuda_ipc, ordered_streams, DEV)
@@ -2748,6 +2867,7 @@ static const mmp_test_case cases[] = {
     TRANSPORT_TABLE(shm),
     TRANSPORT_TABLE(tcp),
     {"tcp/host-lost", tcp_host_lost},
+    {"tcp/idle-strangers", tcp_idle_strangers},
 #ifdef MMP_HAVE_CUDA
     TRANSPORT_TABLE(cuda_ipc),
     {"cuda_ipc/ordered-streams", cuda_ipc_ordered_streams},

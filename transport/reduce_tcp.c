@@ -7,7 +7,9 @@
  * job-key handshake with each (transport/auth.h: a process without the
  * job's secret is refused and logged before it can claim a rank), checks
  * each one's hello (replicas, capacity, rank free) and answers it, so a rank
- * that opens is answered whatever rank 0's process is doing. A sum: every
+ * that opens is answered whatever rank 0's process is doing (all pending
+ * connections at once: transport/auth.h's gate, so a silent stranger holds
+ * up no rank). A sum: every
  * rank k > 0 sends (round, n, its vector) to rank 0; rank 0 reads them in
  * rank order, adding each as it comes in -- ((v0 + v1) + v2) + ... element by
  * element exactly as the shm reduce does (so the bits are the same whichever
@@ -93,66 +95,59 @@ struct mmp_reduce_tcp {
                     * region read as doubles is aligned whatever the capacity */
 };
 
-/* close asked rank 0's thread to stop (the eventfd stays readable). */
-static int stop_asked(const mmp_reduce_tcp *r)
+/* The gate's judge (transport/auth.h) of an authenticated rank's hello;
+ * runs on rank 0's thread, which alone writes fd[]. */
+static int judge_hello(void *ctx, const void *hello, void *reply, const char **why)
 {
-    struct pollfd p = {.fd = r->stop_fd, .events = POLLIN};
-    return poll(&p, 1, 0) == 1;
+    const mmp_reduce_tcp *r = ctx;
+    rt_hello h;
+    memcpy(&h, hello, sizeof h);
+    if (h.magic != RT_MAGIC || h.version != RT_VERSION) {
+        *why = "not an mmpipe reduce rank";
+        return -1;
+    }
+    int status = RT_OK;
+    if (h.replicas != (uint32_t)r->replicas || h.capacity != r->capacity) {
+        status = RT_GEOMETRY;
+        *why = "replicas or capacity differ";
+    } else if (h.rank < 1 || h.rank >= r->replicas || r->fd[h.rank] >= 0) {
+        status = RT_RANK_TAKEN;
+        *why = "rank out of range or already attached";
+    }
+    rt_hello mine = {.magic = RT_MAGIC,
+                     .version = RT_VERSION,
+                     .replicas = (uint32_t)r->replicas,
+                     .capacity = r->capacity,
+                     .rank = 0,
+                     .status = status};
+    memcpy(reply, &mine, sizeof mine);
+    return status;
 }
 
+/* Rank 0's thread: takes ranks through the job-key gate (every connection
+ * at once, each with its own HELLO_MS: a silent stranger does not hold up
+ * the ranks behind it) until every rank attached. */
 static void *accept_thread(void *arg)
 {
     mmp_reduce_tcp *r = arg;
+    mmp_auth_gate *gate = NULL;
+    mmp_err e = mmp_auth_gate_create(&gate, r->lfd, r->what, r->secret, sizeof(rt_hello),
+                                     sizeof(rt_hello), HELLO_MS, judge_hello, r);
+    if (e != MMP_OK) {
+        MMP_WARN("%s", mmp_last_error());
+        return NULL;
+    }
     while (r->attached < r->replicas - 1) {
         int fd = -1;
         char peer[MMP_SOCK_ADDR_MAX];
-        mmp_err e = mmp_sock_accept(r->lfd, &fd, peer, sizeof peer, 0, r->stop_fd);
+        rt_hello h;
+        e = mmp_auth_gate_next(gate, r->stop_fd, &fd, peer, sizeof peer, &h);
         if (e != MMP_OK) {
-            if (e != MMP_ERR_TIMEOUT) {
+            if (e != MMP_ERR_TIMEOUT) { /* MMP_ERR_TIMEOUT: stopped by close */
                 MMP_WARN("%s", mmp_last_error());
             }
+            mmp_auth_gate_destroy(gate, NULL);
             return NULL;
-        }
-        rt_hello h;
-        char what[sizeof r->what + MMP_SOCK_ADDR_MAX + 16];
-        snprintf(what, sizeof what, "%s: rank at %s", r->what, peer);
-        double hello_by = mmp_sock_deadline(HELLO_MS);
-        e = mmp_auth_handshake(fd, what, r->secret, 0, hello_by, r->stop_fd);
-        if (e != MMP_OK) {
-            if (e != MMP_ERR_TIMEOUT || !stop_asked(r)) {
-                MMP_WARN("%s; refused",
-                         e == MMP_ERR_TIMEOUT ? "nothing from it in time" : mmp_last_error());
-            }
-            close(fd);
-            continue;
-        }
-        e = mmp_sock_read(fd, what, &h, sizeof h, hello_by, r->stop_fd, NULL);
-        if (e != MMP_OK || h.magic != RT_MAGIC || h.version != RT_VERSION) {
-            MMP_WARN("%s: refused %s: not an mmpipe reduce rank", r->what, peer);
-            close(fd);
-            continue;
-        }
-        int status = RT_OK;
-        if (h.replicas != (uint32_t)r->replicas || h.capacity != r->capacity) {
-            status = RT_GEOMETRY;
-        } else if (h.rank < 1 || h.rank >= r->replicas || r->fd[h.rank] >= 0) {
-            status = RT_RANK_TAKEN;
-        }
-        rt_hello reply = {.magic = RT_MAGIC,
-                          .version = RT_VERSION,
-                          .replicas = (uint32_t)r->replicas,
-                          .capacity = r->capacity,
-                          .rank = 0,
-                          .status = status};
-        struct iovec iov = {&reply, sizeof reply};
-        e = mmp_sock_writev(fd, what, &iov, 1, mmp_sock_deadline(HELLO_MS), r->stop_fd);
-        if (e != MMP_OK || status != RT_OK) {
-            MMP_WARN("%s: refused rank %d at %s: %s", r->what, h.rank, peer,
-                     e != MMP_OK             ? mmp_last_error()
-                     : status == RT_GEOMETRY ? "replicas or capacity differ"
-                                             : "rank out of range or already attached");
-            close(fd);
-            continue;
         }
         pthread_mutex_lock(&r->mu);
         r->fd[h.rank] = fd;
@@ -161,6 +156,7 @@ static void *accept_thread(void *arg)
         pthread_cond_broadcast(&r->cv);
         pthread_mutex_unlock(&r->mu);
     }
+    mmp_auth_gate_destroy(gate, "every rank is attached");
     return NULL;
 }
 

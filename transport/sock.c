@@ -27,6 +27,7 @@
 
 #include <linux/sockios.h>
 
+#include "transport/auth.h"
 #include "transport/channel.h"
 #include "transport/reduce_nccl.h"
 
@@ -235,7 +236,7 @@ mmp_err mmp_sock_listen(int *fd, const char *what, const char *address, char *bo
         (void)setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         int buf = SOCK_BUF; /* inherited by accepted sockets, before the handshake */
         (void)setsockopt(s, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-        if (bind(s, ai->ai_addr, ai->ai_addrlen) != 0 || listen(s, 8) != 0) {
+        if (bind(s, ai->ai_addr, ai->ai_addrlen) != 0 || listen(s, MMP_AUTH_PENDING) != 0) {
             err = errno;
             close(s);
             continue;

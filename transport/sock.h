@@ -44,7 +44,9 @@ mmp_err mmp_sock_listen(int *fd, const char *what, const char *address, char *bo
 
 /* Accepts one connection (waits until the deadline or the stop fd):
  * MMP_ERR_TIMEOUT when neither came, else *out (non-blocking, tuned) and the
- * peer's "host:port" in peer[peer_n]. */
+ * peer's "host:port" in peer[peer_n]. A deadline already past (e.g. 1.0)
+ * takes a connection that is waiting, or returns MMP_ERR_TIMEOUT at once.
+ * A listener's backlog holds MMP_AUTH_PENDING connections (transport/auth.h). */
 mmp_err mmp_sock_accept(int lfd, int *out, char *peer, size_t peer_n, double deadline, int stop_fd);
 
 /* Connects to address, retrying a refused or unreachable one every few ms

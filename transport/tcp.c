@@ -9,7 +9,9 @@
  * which connects, retrying a refused port until timeout_ms. setup never
  * blocks: a thread of the creator accepts and checks connectors (a refused
  * one is told why and the creator listens on), so a connector is answered
- * even while its creator's process waits elsewhere. Before its hello, every
+ * even while its creator's process waits elsewhere; it serves every pending
+ * connection at once (transport/auth.h's gate), so connections that open the
+ * port and say nothing do not hold up the real one. Before its hello, every
  * connector proves it holds the job's secret and checks that the creator
  * does (transport/auth.h): a process of another job, or none, is refused
  * and logged before a byte of the channel crosses.
@@ -55,7 +57,8 @@
 #define TCP_ALIGN 64
 #define TCP_MAX_SLOTS 4096
 #define MMP_TCP_SECRET_MAX 256
-/* How long the creator waits for a connector's hello before dropping it. */
+/* How long the creator waits for a connector's handshake and hello before
+ * dropping it (each connector its own wait, transport/auth.h's gate). */
 #define HELLO_MS 5000
 /* A receiver polls for the next message this long before sleeping (ns), as
  * the shm channel does (transport/shm.c has the measurements). Measured here
@@ -214,12 +217,6 @@ static void fail(tcp_channel *ch, mmp_err e, uint64_t at)
     pthread_mutex_unlock(&ch->mu);
 }
 
-static int stopped(const tcp_channel *ch)
-{
-    uint64_t v;
-    return read(ch->stop_fd, &v, sizeof v) == (ssize_t)sizeof v;
-}
-
 /* The receiving loop (the thread of a receiving end): message k into slot
  * k % slots, checked, then head = k + 1. */
 static void receive_loop(tcp_channel *ch)
@@ -296,70 +293,60 @@ static mmp_tcp_hello my_hello(const tcp_channel *ch, int status)
                            .status = status};
 }
 
-/* The creator's thread: accepts until one connector's hello fits, answering
- * every one; then, on a receiving end, receives. */
+/* The gate's judge (transport/auth.h) of an authenticated connector's hello. */
+static int judge_hello(void *ctx, const void *hello, void *reply, const char **why)
+{
+    const tcp_channel *ch = ctx;
+    mmp_tcp_hello h;
+    memcpy(&h, hello, sizeof h);
+    if (h.magic != MMP_TCP_MAGIC) {
+        *why = "not an mmpipe tcp channel (magic)";
+        return -1;
+    }
+    int status = judge(ch, &h);
+    mmp_tcp_hello mine = my_hello(ch, status);
+    memcpy(reply, &mine, sizeof mine);
+    *why = status == MMP_TCP_GEOMETRY    ? "geometry differs"
+           : status == MMP_TCP_DIRECTION ? "both ends have the same direction"
+                                         : "version differs";
+    return status;
+}
+
+/* The creator's thread: takes connectors through the job-key gate (all of
+ * them at once, each with its own HELLO_MS: a silent stranger does not hold
+ * up the real connector behind it) until one's hello fits, answering every
+ * one; then, on a receiving end, receives. */
 static void *creator_thread(void *arg)
 {
     tcp_channel *ch = arg;
-    for (;;) {
-        int fd = -1;
-        char peer[MMP_SOCK_ADDR_MAX];
-        mmp_err e = mmp_sock_accept(ch->lfd, &fd, peer, sizeof peer, 0, ch->stop_fd);
-        if (e == MMP_ERR_TIMEOUT) {
-            return NULL; /* stopped by close */
-        }
-        if (e != MMP_OK) {
-            fail(ch, mmp_error_prefix(e, "tcp %s", ch->address), 0);
-            return NULL;
-        }
-        mmp_tcp_hello h = {0};
-        char what[sizeof ch->what];
-        snprintf(what, sizeof what, "tcp %s: connector %s", ch->address, peer);
-        double hello_by = mmp_sock_deadline(HELLO_MS);
-        e = mmp_auth_handshake(fd, what, ch->secret, 0, hello_by, ch->stop_fd);
-        if (e == MMP_OK) {
-            e = mmp_sock_read(fd, what, &h, sizeof h, hello_by, ch->stop_fd, NULL);
-        }
-        if (e == MMP_ERR_TIMEOUT) { /* or stopped: looked at below */
-            e = mmp_errorf(MMP_ERR_PEER, "%s: nothing from it in %d ms", what, HELLO_MS);
-        }
-        int status = -1;
-        if (e == MMP_OK && h.magic == MMP_TCP_MAGIC) {
-            status = judge(ch, &h);
-            mmp_tcp_hello reply = my_hello(ch, status);
-            struct iovec iov = {&reply, sizeof reply};
-            e = mmp_sock_writev(fd, what, &iov, 1, mmp_sock_deadline(HELLO_MS), ch->stop_fd);
-        }
-        if (e != MMP_OK || status != MMP_TCP_OK) {
-            if (stopped(ch)) {
-                close(fd);
-                return NULL;
-            }
-            if (e != MMP_OK) { /* the message names the channel and the connector */
-                MMP_WARN("%s; refused", mmp_last_error());
-                close(fd);
-                continue;
-            }
-            MMP_WARN("tcp %s: refused connector %s: %s", ch->address, peer,
-                     status < 0    ? "not an mmpipe tcp channel (magic)"
-                     : status == 1 ? "geometry differs"
-                     : status == 2 ? "both ends have the same direction"
-                                   : "version differs");
-            close(fd);
-            continue;
-        }
-        pthread_mutex_lock(&ch->mu);
-        ch->fd = fd;
-        snprintf(ch->peer, sizeof ch->peer, "%s", peer);
-        set_what(ch);
-        atomic_store_explicit(&ch->connected, 1, memory_order_release);
-        pthread_cond_broadcast(&ch->cv);
-        pthread_mutex_unlock(&ch->mu);
-        /* One connector per channel: later ones are refused by the kernel. */
-        close(ch->lfd);
-        ch->lfd = -1;
-        break;
+    mmp_auth_gate *gate = NULL;
+    mmp_err e = mmp_auth_gate_create(&gate, ch->lfd, ch->what, ch->secret, sizeof(mmp_tcp_hello),
+                                     sizeof(mmp_tcp_hello), HELLO_MS, judge_hello, ch);
+    int fd = -1;
+    char peer[MMP_SOCK_ADDR_MAX];
+    mmp_tcp_hello h;
+    if (e == MMP_OK) {
+        e = mmp_auth_gate_next(gate, ch->stop_fd, &fd, peer, sizeof peer, &h);
     }
+    if (e != MMP_OK) {
+        mmp_auth_gate_destroy(gate, NULL);
+        if (e != MMP_ERR_TIMEOUT) { /* MMP_ERR_TIMEOUT: stopped by close */
+            fail(ch, e, 0);
+        }
+        return NULL;
+    }
+    /* One connector per channel: later ones are refused by the kernel, and
+     * those still in the handshake now. */
+    mmp_auth_gate_destroy(gate, "the channel has its connector");
+    close(ch->lfd);
+    ch->lfd = -1;
+    pthread_mutex_lock(&ch->mu);
+    ch->fd = fd;
+    snprintf(ch->peer, sizeof ch->peer, "%s", peer);
+    set_what(ch);
+    atomic_store_explicit(&ch->connected, 1, memory_order_release);
+    pthread_cond_broadcast(&ch->cv);
+    pthread_mutex_unlock(&ch->mu);
     if (!ch->send) {
         receive_loop(ch);
     }

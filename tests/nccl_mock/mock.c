@@ -137,6 +137,7 @@ struct mock_comm {
     /* The all-gather in progress (ag = 1): phase 0 every rank's bytes to
      * rank 0, phase 1 rank 0's whole buffer back to every rank; moved by
      * non-blocking I/O at each ncclCommGetAsyncError. */
+    int finalizing; /* ncclCommFinalize was called */
     int ag, ag_phase;
     const char *ag_in;
     char *ag_out;
@@ -145,8 +146,10 @@ struct mock_comm {
 };
 static char last_error[256];
 /* Test hooks: a process that sets one dies inside its next all-gather
- * (SIGKILL), or never moves a byte of it (a rank hung in NCCL). */
-int mock_nccl_die_in_collective, mock_nccl_stall_collectives;
+ * (SIGKILL), or never moves a byte of it (a rank hung in NCCL), or has its
+ * ncclCommFinalize never finish (what a real one does while a peer that
+ * vanished still owes it a transfer). */
+int mock_nccl_die_in_collective, mock_nccl_stall_collectives, mock_nccl_stall_finalize;
 
 static socklen_t name_addr(struct sockaddr_un *sa, const char *name)
 {
@@ -361,6 +364,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state)
         *state = c->state;
         return ncclSuccess;
     }
+    if (c->finalizing && mock_nccl_stall_finalize) {
+        *state = ncclInProgress;
+        return ncclSuccess;
+    }
     if (c->ag) {
         if (!mock_nccl_stall_collectives) {
             progress_ag(c);
@@ -421,6 +428,7 @@ ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclC
 
 ncclResult_t ncclCommFinalize(ncclComm_t c)
 {
+    c->finalizing = 1;
     c->state = ncclInProgress;
     return ncclInProgress;
 }

@@ -18,7 +18,9 @@
  *     MMP_ERR_PEER within its timeout, the communicator aborted;
  *  4. a forged side-channel size (slot_bytes + 1): MMP_ERR_PROTO naming it;
  *  5. a creator whose connector never comes: acquire gives MMP_ERR_PEER
- *     naming the communicator init after its timeout.
+ *     naming the communicator init after its timeout;
+ *  5b. a close whose ncclCommFinalize never finishes (the mock stalls it),
+ *     on a channel without a timeout: aborted after the close's own bound.
  * The replicas' reduce over NCCL (transport/cuda/reduce_nccl.c: all-gather,
  * then the rank-order sum):
  *  6. cfg checks, the id in rank 0's address read back whole, a 1-rank
@@ -50,7 +52,7 @@
 #include "transport/reduce_nccl.h"
 
 extern int mock_nccl_aborts, mock_nccl_destroys;
-extern int mock_nccl_die_in_collective, mock_nccl_stall_collectives;
+extern int mock_nccl_die_in_collective, mock_nccl_stall_collectives, mock_nccl_stall_finalize;
 
 #define SLOT 4096
 #define N 300
@@ -207,6 +209,35 @@ static void test_roundtrip(int creator_sends)
     CHECK((creator_sends ? sender(ch, -1) : receiver(ch, N)) == 0);
     mmp_channel_close(ch);
     CHECK(mock_nccl_aborts == before); /* finalized and destroyed, not aborted */
+    CHECK(child_problems(pid) == 0);
+}
+
+/* A close whose ncclCommFinalize never finishes (a peer that vanished
+ * still owes it a transfer; the mock's finalize stalls), on a channel with
+ * no timeout (timeout_ms 0: its calls wait for ever, as channel.h allows):
+ * close gives up after its own bound (NC_CLOSE_MS) and aborts the
+ * communicator. The old close waited the channel's timeout: here for ever
+ * (the alarm ends the test), with the default 60 s a minute per channel. */
+static void test_close_bounded(void)
+{
+    mmp_channel_cfg c = cfg_of("127.0.0.1:0", 1, 0);
+    mmp_channel *ch = NULL;
+    CHECK_OK(mmp_channel_open_with(&ch, &mmp_transport_nccl, &c, 1));
+    if (!ch) {
+        return;
+    }
+    pid_t pid = child(mmp_channel_address(ch), 0);
+    CHECK(sender(ch, -1) == 0);
+    int before = mock_nccl_aborts;
+    mock_nccl_stall_finalize = 1;
+    double t0 = mmp_test_now_s();
+    alarm(100); /* a close that never returns fails the test (SIGALRM) */
+    mmp_channel_close(ch);
+    alarm(0);
+    mock_nccl_stall_finalize = 0;
+    printf("  close with a finalize that never finishes: aborted after %.1f s\n",
+           mmp_test_now_s() - t0);
+    CHECK(mock_nccl_aborts == before + 1);
     CHECK(child_problems(pid) == 0);
 }
 
@@ -755,6 +786,7 @@ static void test_reduce_init_never(void)
 MMP_TEST_LIST("test_nccl_mock", MMP_TEST_CASE(test_roundtrip_creator_sends),
               MMP_TEST_CASE(test_roundtrip_creator_receives), MMP_TEST_CASE(test_sender_killed),
               MMP_TEST_CASE(test_forged_size), MMP_TEST_CASE(test_creator_alone),
-              MMP_TEST_CASE(test_reduce_cfg_and_one_rank), MMP_TEST_CASE(test_reduce_three_ranks),
-              MMP_TEST_CASE(test_reduce_disagree), MMP_TEST_CASE(test_reduce_peer_killed),
-              MMP_TEST_CASE(test_reduce_peer_stalled), MMP_TEST_CASE(test_reduce_init_never))
+              MMP_TEST_CASE(test_close_bounded), MMP_TEST_CASE(test_reduce_cfg_and_one_rank),
+              MMP_TEST_CASE(test_reduce_three_ranks), MMP_TEST_CASE(test_reduce_disagree),
+              MMP_TEST_CASE(test_reduce_peer_killed), MMP_TEST_CASE(test_reduce_peer_stalled),
+              MMP_TEST_CASE(test_reduce_init_never))

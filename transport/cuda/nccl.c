@@ -16,7 +16,9 @@
  * followed by polling ncclCommGetAsyncError until it settles, bounded by
  * cfg->timeout_ms; an error or the bound ends in ncclCommAbort and
  * MMP_ERR_PEER naming what NCCL said. The creator's init completes at its
- * first acquire (it cannot finish before the connector joins).
+ * first acquire (it cannot finish before the connector joins). Close waits
+ * NC_CLOSE_MS at most in all, then aborts (a dead peer's transfers and
+ * ncclCommFinalize never finish).
  *
  * The data path, message k in slot i = k % slots of this end's device slots
  * (cudaMalloc'd once, `slots` x slot_bytes rounded up to 256). The NCCL
@@ -89,6 +91,13 @@
 #define NC_MAX_SLOTS 256
 #define NC_TAG "#nccl:"
 #define NC_ADDR_MAX 600 /* as stages/worker_build.c ENDPOINT_MAX */
+/* Close waits this long at most in all (less when cfg.timeout_ms is less)
+ * for the channel's NCCL calls to drain and ncclCommFinalize to finish,
+ * then aborts the communicator: after a peer died they never finish, and a
+ * stage's shutdown or restart must not wait a whole timeout (or forever,
+ * timeout_ms 0) per channel. In a clean close there is nothing in flight
+ * (the step that sent the last message completed at its receiver). */
+#define NC_CLOSE_MS 5000
 
 typedef struct nccl_channel {
     mmp_channel_impl *side; /* the tcp end: headers, sizes, credits */
@@ -107,6 +116,7 @@ typedef struct nccl_channel {
     uint64_t seq;        /* messages acquired (sender) or received (receiver) */
     uint64_t released;   /* receiver: messages released */
     void *side_slot;     /* sender: the side channel's acquired slot */
+    double close_by;     /* in close: every wait ends by then (monotonic ms) */
     char address[NC_ADDR_MAX];
 } nccl_channel;
 
@@ -151,11 +161,28 @@ static mmp_err cuda_fail(const nccl_channel *ch, cudaError_t e, const char *what
     return mmp_errorf(MMP_ERR_IO, "nccl %s: %s: %s", ch->address, what, cudaGetErrorString(e));
 }
 
+/* A wait's deadline: cfg.timeout_ms from now (<= 0: none, as channel.h
+ * says), and in close no later than close_by. */
+static double deadline_of(const nccl_channel *ch)
+{
+    double d = ch->timeout_ms > 0 ? mmp_sock_now_ms() + ch->timeout_ms : 0;
+    return ch->close_by > 0 && (d <= 0 || ch->close_by < d) ? ch->close_by : d;
+}
+
+/* The bound a wait that ended at its deadline had, for its message. */
+static int bound_ms(const nccl_channel *ch)
+{
+    return ch->close_by > 0 && (ch->timeout_ms <= 0 || ch->timeout_ms > NC_CLOSE_MS)
+               ? NC_CLOSE_MS
+               : ch->timeout_ms;
+}
+
 /* Polls the communicator until the last call settles (ncclInProgress gone),
- * for at most cfg.timeout_ms (<= 0: no bound, as channel.h says). */
+ * for at most cfg.timeout_ms (<= 0: no bound, as channel.h says; in close,
+ * NC_CLOSE_MS at most). */
 static mmp_err settle(nccl_channel *ch, ncclResult_t r, const char *what)
 {
-    double deadline = ch->timeout_ms > 0 ? mmp_sock_now_ms() + ch->timeout_ms : 0;
+    double deadline = deadline_of(ch);
     while (r == ncclInProgress) {
         if (!ch->comm) {
             return gone(ch);
@@ -163,7 +190,7 @@ static mmp_err settle(nccl_channel *ch, ncclResult_t r, const char *what)
         if (deadline > 0 && mmp_sock_now_ms() > deadline) {
             nc_abort(ch);
             return mmp_errorf(MMP_ERR_PEER, "nccl %s: %s: no progress after %d ms (peer gone?)",
-                              ch->address, what, ch->timeout_ms);
+                              ch->address, what, bound_ms(ch));
         }
         nap();
         ncclResult_t st = ncclInProgress;
@@ -508,7 +535,7 @@ static mmp_err nc_fill(mmp_channel_impl *c, void *dst, const void *src, size_t b
  * MMP_ERR_PEER rather than a hung host. */
 static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
 {
-    double deadline = ch->timeout_ms > 0 ? mmp_sock_now_ms() + ch->timeout_ms : 0;
+    double deadline = deadline_of(ch);
     for (;;) {
         if (!ch->comm) {
             return gone(ch);
@@ -527,7 +554,7 @@ static mmp_err wait_event(nccl_channel *ch, cudaEvent_t ev, const char *what)
         if (deadline > 0 && mmp_sock_now_ms() > deadline) {
             nc_abort(ch);
             return mmp_errorf(MMP_ERR_PEER, "nccl %s: %s: not done after %d ms", ch->address, what,
-                              ch->timeout_ms);
+                              bound_ms(ch));
         }
         nap();
     }
@@ -553,8 +580,9 @@ static const char *nc_address(const mmp_channel_impl *c)
 }
 
 /* Closes the side channel (the peer sees MMP_ERR_PEER once drained), ends
- * the communicator (finalize and destroy when its stream drained within the
- * bound, else abort) and frees the slots, events and stream. NULL is a no-op. */
+ * the communicator (finalize and destroy when its stream drained and the
+ * finalize finished within NC_CLOSE_MS in all, else abort, logged) and
+ * frees the slots, events and stream. NULL is a no-op. */
 static void nc_close(mmp_channel_impl *c)
 {
     nccl_channel *ch = nc_of(c);
@@ -562,9 +590,13 @@ static void nc_close(mmp_channel_impl *c)
         return;
     }
     if (ch->comm && !ch->aborted) {
+        ch->close_by = mmp_sock_now_ms() + NC_CLOSE_MS;
         if (!ch->comm_ready || settle_send(ch) != MMP_OK ||
             wait_event(ch, NULL, "close: the channel's NCCL calls") != MMP_OK ||
             settle(ch, ncclCommFinalize(ch->comm), "ncclCommFinalize") != MMP_OK) {
+            if (ch->comm_ready) {
+                MMP_WARN("%s; communicator aborted at close", mmp_last_error());
+            }
             nc_abort(ch);
         } else {
             ncclCommDestroy(ch->comm);
