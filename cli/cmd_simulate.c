@@ -269,6 +269,19 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
         printf("],");
     }
     printf(" stages.fusion.replicas: %d\n", r.placement.fusion_replicas);
+    /* The planner scales to any device count; one plan holds at most
+     * MMP_SCHED_MAX_STAGES processes and MMP_SCHED_MAX_EDGES channels: say
+     * when these keys would be refused (what a launch of them would say). */
+    static mmp_plan keyed;
+    static mmp_sched probe;
+    keyed = *p;
+    keyed.stages_auto = 0;
+    mmp_placement_to_plan(&r.placement, &keyed);
+    if (mmp_sched_compile(&probe, &keyed) != MMP_OK) {
+        printf("(not one plan: %s; a job this large needs a smaller --plan-devices)\n",
+               mmp_last_error());
+    }
+    mmp_sched_fini(&probe);
     printf("\npredicted step time %.3f ms (%s; closed form %.3f ms), %.1f samples/s, balance "
            "efficiency %.1f%% (busy / (%d devices x step)); %d of %d devices used; bottleneck "
            "%.3f ms per micro-batch (the least any placement reaches: %.3f)\n",

@@ -314,10 +314,10 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     lc.fusion_bwd *= per_unit;
     mmp_planner_input in;
     mmp_costs_planner_input(p, &lc, &in);
-    /* A plan runs at most MMP_SCHED_MAX_STAGES - 1 processes (what the
-     * schedule compiler takes, coordinator/schedule_compile.c), however many
-     * slots its hosts list. */
-    in.devices = b->slots < MMP_SCHED_MAX_STAGES - 1 ? b->slots : MMP_SCHED_MAX_STAGES - 1;
+    /* A plan runs at most MMP_SCHED_MAX_STAGES processes (what the schedule
+     * compiler takes, coordinator/schedule_compile.c), however many slots its
+     * hosts list. */
+    in.devices = b->slots < MMP_SCHED_MAX_STAGES ? b->slots : MMP_SCHED_MAX_STAGES;
     in.batch = p->train.microbatches * PLAN_UNITS;
     in.send_ms = SEND_MS;
     mmp_placement now;

@@ -63,7 +63,7 @@ void mmp_sched_fini(mmp_sched *s)
 /* Appends replicas processes of the stage g describes. */
 static mmp_err add_replicas(mmp_sched *s, const mmp_sched_stage *g, int replicas, const char *key)
 {
-    if (replicas > MMP_SCHED_MAX_STAGES - 1 - s->n_stages) { /* no overflow at INT_MAX */
+    if (replicas > MMP_SCHED_MAX_STAGES - s->n_stages) { /* no overflow at INT_MAX */
         return mmp_errorf(MMP_ERR_CONFIG,
                           "%s: %d replicas of %s make more than the %d processes a schedule may "
                           "have",

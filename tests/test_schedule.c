@@ -283,6 +283,21 @@ static void test_rejects(void)
     CHECK(strstr(mmp_last_error(), "more than the 64 processes") != NULL);
     mmp_sched_fini(&s);
     p.stages.fusion = fusion;
+    /* the bound itself: 64 processes compile (62 image replicas, text,
+     * fusion), 65 do not */
+    const mmp_stage_cfg image = p.stages.image;
+    p.train.microbatches = 64;
+    p.stages.image.n_replicas = 1;
+    p.stages.image.replicas[0] = 62;
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    CHECK(s.n_stages == 64);
+    mmp_sched_fini(&s);
+    p.stages.image.replicas[0] = 63;
+    CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
+    CHECK(strstr(mmp_last_error(), "the 64 stages a schedule may have") != NULL);
+    mmp_sched_fini(&s);
+    p.stages.image = image;
+    p.train.microbatches = 4;
 
     /* a missing send, a missing receive: the error names the other end's instr */
     static const struct {
