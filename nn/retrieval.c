@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nn/model.h"
 
@@ -22,7 +23,7 @@
 enum {
     PANEL = 16,      /* texts per packed panel: two AVX vectors */
     TILE_COLS = 256, /* texts per packed tile (16 panels) */
-    GROUP = 4,       /* image rows per kernel call */
+    GROUP = 8,       /* image rows per kernel call */
     DEFAULT_ROWS = 64,
 };
 
@@ -48,11 +49,12 @@ static void panel_scalar(const float *img, int rows, int E, const float *panel,
 
 #ifdef HAVE_AVX2_PATH
 /* panel_scalar with AVX2 FMA: each lane is one (r, j) sum, fused
- * multiply-add per term in the same k order, so the bits are the same. */
+ * multiply-add per term in the same k order, so the bits are the same. Four
+ * rows at a time, then one. */
 __attribute__((target("avx2,fma"))) static void
 panel_avx2(const float *img, int rows, int E, const float *panel, float out[GROUP][PANEL])
 {
-    if (rows == GROUP) {
+    for (; rows >= 4; rows -= 4, img += 4 * (size_t)E, out += 4) {
         __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
         __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
         __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
@@ -82,7 +84,6 @@ panel_avx2(const float *img, int rows, int E, const float *panel, float out[GROU
         _mm256_storeu_ps(out[2] + 8, c21);
         _mm256_storeu_ps(out[3], c30);
         _mm256_storeu_ps(out[3] + 8, c31);
-        return;
     }
     for (int r = 0; r < rows; r++) {
         __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps();
@@ -97,20 +98,88 @@ panel_avx2(const float *img, int rows, int E, const float *panel, float out[GROU
         _mm256_storeu_ps(out[r] + 8, c1);
     }
 }
+
+/* panel_scalar with AVX-512: one 16-lane accumulator per row, eight rows at
+ * once; the same fused multiply-add per term in the same order. */
+__attribute__((target("avx512f"))) static void
+panel_avx512(const float *img, int rows, int E, const float *panel, float out[GROUP][PANEL])
+{
+    if (rows == GROUP) {
+        __m512 c0 = _mm512_setzero_ps(), c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps(),
+               c3 = _mm512_setzero_ps(), c4 = _mm512_setzero_ps(), c5 = _mm512_setzero_ps(),
+               c6 = _mm512_setzero_ps(), c7 = _mm512_setzero_ps();
+        const size_t e = (size_t)E;
+        for (int k = 0; k < E; k++) {
+            __m512 b = _mm512_loadu_ps(panel + (size_t)k * PANEL);
+            c0 = _mm512_fmadd_ps(_mm512_set1_ps(img[k]), b, c0);
+            c1 = _mm512_fmadd_ps(_mm512_set1_ps(img[e + k]), b, c1);
+            c2 = _mm512_fmadd_ps(_mm512_set1_ps(img[2 * e + k]), b, c2);
+            c3 = _mm512_fmadd_ps(_mm512_set1_ps(img[3 * e + k]), b, c3);
+            c4 = _mm512_fmadd_ps(_mm512_set1_ps(img[4 * e + k]), b, c4);
+            c5 = _mm512_fmadd_ps(_mm512_set1_ps(img[5 * e + k]), b, c5);
+            c6 = _mm512_fmadd_ps(_mm512_set1_ps(img[6 * e + k]), b, c6);
+            c7 = _mm512_fmadd_ps(_mm512_set1_ps(img[7 * e + k]), b, c7);
+        }
+        _mm512_storeu_ps(out[0], c0);
+        _mm512_storeu_ps(out[1], c1);
+        _mm512_storeu_ps(out[2], c2);
+        _mm512_storeu_ps(out[3], c3);
+        _mm512_storeu_ps(out[4], c4);
+        _mm512_storeu_ps(out[5], c5);
+        _mm512_storeu_ps(out[6], c6);
+        _mm512_storeu_ps(out[7], c7);
+        return;
+    }
+    for (int r = 0; r < rows; r++) {
+        __m512 c = _mm512_setzero_ps();
+        const float *a = img + (size_t)r * E;
+        for (int k = 0; k < E; k++) {
+            c = _mm512_fmadd_ps(_mm512_set1_ps(a[k]), _mm512_loadu_ps(panel + (size_t)k * PANEL),
+                                c);
+        }
+        _mm512_storeu_ps(out[r], c);
+    }
+}
 #endif
 
 typedef void (*panel_fn)(const float *img, int rows, int E, const float *panel,
                          float out[GROUP][PANEL]);
 
-static panel_fn pick_panel(void)
+/* The kernel for this CPU, or the one a test forced (mmp_retrieval_force_isa). */
+static panel_fn forced;
+
+static panel_fn isa_panel(const char *isa)
 {
 #ifdef HAVE_AVX2_PATH
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        return panel_avx2;
+    int avx512 = __builtin_cpu_supports("avx512f");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!isa) {
+        return avx512 ? panel_avx512 : avx2 ? panel_avx2 : panel_scalar;
+    }
+    if (strcmp(isa, "avx512") == 0) {
+        return avx512 ? panel_avx512 : NULL;
+    }
+    if (strcmp(isa, "avx2") == 0) {
+        return avx2 ? panel_avx2 : NULL;
     }
 #endif
-    return panel_scalar;
+    return !isa || strcmp(isa, "scalar") == 0 ? panel_scalar : NULL;
+}
+
+int mmp_retrieval_force_isa(const char *isa)
+{
+    panel_fn f = isa ? isa_panel(isa) : NULL;
+    if (isa && !f) {
+        return 0;
+    }
+    forced = f;
+    return 1;
+}
+
+static panel_fn pick_panel(void)
+{
+    return forced ? forced : isa_panel(NULL);
 }
 
 /* best = the larger of best and x, NaN x never taken; a NaN best means none
@@ -122,9 +191,11 @@ static inline void keep_max(float *best, float x)
     }
 }
 
-mmp_err mmp_retrieval_r1_blocked(const float *img_emb, const float *txt_emb, int n, int E, int rows,
-                                 mmp_retrieval_progress progress, void *ctx, double *i2t,
-                                 double *t2i)
+/* mmp_retrieval_r1_blocked, also writing every similarity to all (n,n)
+ * when all is not NULL (mmp_retrieval_similarities). */
+static mmp_err r1_core(const float *img_emb, const float *txt_emb, int n, int E, int rows,
+                       mmp_retrieval_progress progress, void *ctx, double *i2t, double *t2i,
+                       float *all)
 {
     *i2t = *t2i = 0;
     if (n <= 0) {
@@ -177,6 +248,9 @@ mmp_err mmp_retrieval_r1_blocked(const float *img_emb, const float *txt_emb, int
                         for (int j = 0; j < pw; j++) {
                             int b = b0 + p * PANEL + j;
                             float x = out[r][j];
+                            if (all) {
+                                all[(size_t)a * nn + b] = x;
+                            }
                             if (a == b) {
                                 diag[a] = x;
                             } else {
@@ -204,6 +278,20 @@ mmp_err mmp_retrieval_r1_blocked(const float *img_emb, const float *txt_emb, int
     *i2t = (double)hit_i / n;
     *t2i = (double)hit_t / n;
     return MMP_OK;
+}
+
+mmp_err mmp_retrieval_r1_blocked(const float *img_emb, const float *txt_emb, int n, int E, int rows,
+                                 mmp_retrieval_progress progress, void *ctx, double *i2t,
+                                 double *t2i)
+{
+    return r1_core(img_emb, txt_emb, n, E, rows, progress, ctx, i2t, t2i, NULL);
+}
+
+mmp_err mmp_retrieval_similarities(const float *img_emb, const float *txt_emb, int n, int E,
+                                   int rows, float *sim)
+{
+    double i2t, t2i;
+    return r1_core(img_emb, txt_emb, n, E, rows, NULL, NULL, &i2t, &t2i, sim);
 }
 
 mmp_err mmp_retrieval_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,

@@ -33,4 +33,16 @@ mmp_err mmp_retrieval_r1_blocked(const float *img_emb, const float *txt_emb, int
                                  mmp_retrieval_progress progress, void *ctx, double *i2t,
                                  double *t2i);
 
+/* For tests (n small): every similarity the recall compares, sim (n,n),
+ * sim[a*n + b] = image a . text b, computed with rows per block as
+ * mmp_retrieval_r1_blocked computes it. */
+mmp_err mmp_retrieval_similarities(const float *img_emb, const float *txt_emb, int n, int E,
+                                   int rows, float *sim);
+
+/* For tests: the similarity kernel to use from now on in this process,
+ * "scalar", "avx2" or "avx512" (NULL: the best this CPU has, the default).
+ * Returns 0, changing nothing, when this CPU or build lacks it. Every kernel
+ * computes the same bits. Not thread-safe. */
+int mmp_retrieval_force_isa(const char *isa);
+
 #endif
