@@ -38,6 +38,37 @@ void coord_fail(coord *c, const char *fmt, ...)
     va_end(ap);
 }
 
+/* 1234 -> "1234", 12345 -> "12.3k", 12345678 -> "12.3M" ... */
+static const char *human(uint64_t v, char *buf, size_t n)
+{
+    if (v < 10000) {
+        snprintf(buf, n, "%llu", (unsigned long long)v);
+    } else if (v < 1000000) {
+        snprintf(buf, n, "%.1fk", (double)v / 1e3);
+    } else if (v < 1000000000) {
+        snprintf(buf, n, "%.1fM", (double)v / 1e6);
+    } else {
+        snprintf(buf, n, "%.1fG", (double)v / 1e9);
+    }
+    return buf;
+}
+
+/* A start-up heartbeat (fields checked on arrival: transport/control.c) as
+ * "manifest /d/train.jsonl: 12.3M of 30.0M lines". */
+static void describe_startup(char *out, size_t n, const Mmpipe__Heartbeat *h)
+{
+    char done[32], total[32];
+    const char *unit = h->unit ? h->unit : "";
+    if (h->total > 0) {
+        snprintf(out, n, "%s: %s of %s %s", h->phase, human(h->done, done, sizeof done),
+                 human(h->total, total, sizeof total), unit);
+    } else if (h->done > 0) {
+        snprintf(out, n, "%s: %s %s", h->phase, human(h->done, done, sizeof done), unit);
+    } else {
+        snprintf(out, n, "%s", h->phase);
+    }
+}
+
 static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
 {
     int i = find_proc(c, from);
@@ -88,6 +119,9 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
         }
         break;
     case MMPIPE__ENVELOPE__BODY_HEARTBEAT:
+        if (env->heartbeat->phase && env->heartbeat->phase[0]) {
+            describe_startup(p->doing, sizeof p->doing, env->heartbeat);
+        }
         break;
     case MMPIPE__ENVELOPE__BODY_ERROR:
         /* Judged in settle: a stage's error is often the echo of a peer's
@@ -226,8 +260,8 @@ static int watch(coord *c, done_fn done, void *arg, const char *what, double sin
                                 .last_seen = p->last_seen > since ? p->last_seen : since};
     }
     char why[1024];
-    if (mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what, why,
-                           sizeof why) < 0) {
+    if (mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what,
+                           "train.stall_timeout", why, sizeof why) < 0) {
         return 0;
     }
     c->fault |= !c->failure[0];
@@ -235,11 +269,64 @@ static int watch(coord *c, done_fn done, void *arg, const char *what, double sin
     return 1;
 }
 
+/* The start-up limit: READY_SILENCE_S, or shorter for a test. */
+static double ready_silence_s(void)
+{
+    const char *t = getenv("MMP_TEST_READY_SILENCE_S");
+    double v = t ? atof(t) : 0;
+    return v > 0 && v < READY_SILENCE_S ? v : READY_SILENCE_S;
+}
+
+/* The start-up's watchdog: names a stage not ready yet that has been silent
+ * (no progress heartbeat, stages/worker.c worker_startup) for the limit since
+ * the wait began, with what it last reported doing. */
+static int watch_startup(coord *c, double since)
+{
+    mmp_watch_proc w[MMP_SCHED_MAX_STAGES];
+    for (int i = 0; i < c->n; i++) {
+        const proc *p = &c->procs[i];
+        w[i] = (mmp_watch_proc){.name = p->name,
+                                .pid = (int)p->pid,
+                                .alive = p->alive,
+                                .awaited = !p->have_ready,
+                                .last_seen = p->last_seen > since ? p->last_seen : since,
+                                .doing = p->doing};
+    }
+    char why[1400];
+    if (mmp_watchdog_check(w, c->n, mmp_now(), ready_silence_s(), "stages to be ready",
+                           "the start-up silence limit", why, sizeof why) < 0) {
+        return 0;
+    }
+    c->fault |= !c->failure[0];
+    coord_fail(c, "start-up: %s", why);
+    return 1;
+}
+
+/* A long start-up's progress, per stage not ready yet: once the wait is
+ * READY_SHOW_S old, then at most every READY_SHOW_EVERY_S. */
+static void show_startup(coord *c, double t0)
+{
+    double now = mmp_now();
+    if (now - t0 < READY_SHOW_S) {
+        return;
+    }
+    for (int i = 0; i < c->n; i++) {
+        proc *p = &c->procs[i];
+        if (!p->have_ready && p->doing[0] &&
+            (p->shown == 0 || now - p->shown >= READY_SHOW_EVERY_S)) {
+            MMP_INFO("starting %s: %s", p->name, p->doing);
+            p->shown = now;
+        }
+    }
+}
+
 /* Serves the control socket until done(c) holds, a failure, or a timeout.
  * A first SIGINT/SIGTERM ends the wait only before training (a step in
  * flight is finished and checkpointed: see run_steps); a second ends it at
- * once. Returns 0 when done. */
-int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what)
+ * once. startup: the start-up's watchdog and progress instead of the
+ * training's watchdog. Returns 0 when done. */
+static int wait_loop(coord *c, done_fn done, void *arg, double timeout_s, const char *what,
+                     int startup)
 {
     double t0 = mmp_now();
     while (!done(c, arg)) {
@@ -263,14 +350,30 @@ int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const 
             coord_fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
             return 1;
         }
-        if (c->in_steps && watch(c, done, arg, what, t0)) {
+        if (c->in_steps && !startup && watch(c, done, arg, what, t0)) {
             return 1;
+        }
+        if (startup && watch_startup(c, t0)) {
+            return 1;
+        }
+        if (startup) {
+            show_startup(c, t0);
         }
         take_one(c, 200);
     }
     /* The message that completed done() may itself have failed the run (a
      * stage's checkpoint ack saying it could not write): done, but not ok. */
     return c->failure[0] ? 1 : 0;
+}
+
+int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what)
+{
+    return wait_loop(c, done, arg, timeout_s, what, 0);
+}
+
+int coord_wait_ready(coord *c)
+{
+    return wait_loop(c, coord_all_flag, ALL(have_ready), 0, "stages to be ready", 1);
 }
 
 int coord_all_flag(coord *c, void *arg)

@@ -26,7 +26,15 @@
 #include "transport/control.h"
 
 #define HELLO_TIMEOUT_S 30.0
-#define READY_TIMEOUT_S 120.0
+/* Start-up: a stage not ready yet that has said nothing (no progress
+ * heartbeat, coordinator/control_loop.c coord_wait_ready) for this long is
+ * stuck; a load that keeps reporting progress may take as long as it needs.
+ * MMP_TEST_READY_SILENCE_S (tests only) may shorten it, never lengthen it. */
+#define READY_SILENCE_S 120.0
+/* Long start-ups: each stage's progress is shown once the wait is this
+ * old, and then at most every READY_SHOW_EVERY_S. */
+#define READY_SHOW_S 5.0
+#define READY_SHOW_EVERY_S 15.0
 
 typedef struct proc {
     char name[64]; /* "image.0/0" */
@@ -35,6 +43,11 @@ typedef struct proc {
     int exit_status;
     int reported; /* its end has been judged */
     double last_seen;
+    /* start-up: what it last said it was doing ("manifest /d/train.jsonl:
+     * 12.3M of 30.0M lines"), empty before its first progress heartbeat;
+     * when that was last shown to the user */
+    char doing[400];
+    double shown;
     /* tcp control: the write end of its stdin pipe (secrets, then kept open
      * so that its end tells the stage we are gone), plus one; 0 for none */
     int pipe_w1;
@@ -139,6 +152,11 @@ void coord_settle(coord *c);
  * timeout_s (0: none); the watchdog while training. Returns 0 when done
  * with no failure recorded (c->failure), else 1. */
 int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what);
+/* Serves the control socket until every process is ready (Ready), a
+ * failure, or one not ready yet has been silent for READY_SILENCE_S (it is
+ * named, with what it last reported doing); shows the progress of a long
+ * start-up. Returns 0 when all are ready. */
+int coord_wait_ready(coord *c);
 /* done_fn: every process has the int flag at offset arg (ALL(field)) set. */
 int coord_all_flag(coord *c, void *arg);
 #define ALL(field) ((void *)offsetof(proc, field))

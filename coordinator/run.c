@@ -61,9 +61,7 @@ static int launch(coord *c, int first_step, const char *resume_dir)
              c->shm_prefix);
     if (coord_wait_until(c, coord_all_flag, ALL(have_hello), HELLO_TIMEOUT_S,
                          "stage processes to connect") ||
-        coord_assign(c, c->plan_json, resume_dir) != MMP_OK ||
-        coord_wait_until(c, coord_all_flag, ALL(have_ready), READY_TIMEOUT_S,
-                         "stages to be ready") ||
+        coord_assign(c, c->plan_json, resume_dir) != MMP_OK || coord_wait_ready(c) ||
         coord_run_steps(c, first_step) != 0) {
         return 1;
     }

@@ -22,7 +22,7 @@ char mmp_watchdog_proc_state(int pid)
 }
 
 int mmp_watchdog_check(const mmp_watch_proc *p, int n, double now, double timeout_s,
-                       const char *what, char *why, size_t why_n)
+                       const char *what, const char *limit, char *why, size_t why_n)
 {
     if (timeout_s <= 0) {
         return -1;
@@ -41,17 +41,20 @@ int mmp_watchdog_check(const mmp_watch_proc *p, int n, double now, double timeou
     for (int i = 0; i < n; i++) {
         char st = p[i].alive ? mmp_watchdog_proc_state(p[i].pid) : '?';
         if (st == 'T' || st == 't') {
+            int said = p[i].doing && p[i].doing[0];
             snprintf(why, why_n,
                      "stage %s (pid %d) is stopped (state %c: SIGSTOP or a debugger); no progress "
-                     "for %.0f s (waiting for %s)",
-                     p[i].name, p[i].pid, st, quiet, what);
+                     "for %.0f s (waiting for %s%s%s)",
+                     p[i].name, p[i].pid, st, quiet, what, said ? "; it last reported: " : "",
+                     said ? p[i].doing : "");
             return i;
         }
     }
+    int said = p[oldest].doing && p[oldest].doing[0];
     snprintf(why, why_n,
-             "stage %s (pid %d, state %c) made no progress for %.0f s (waiting for %s); "
-             "train.stall_timeout is %.0f s",
+             "stage %s (pid %d, state %c) made no progress for %.0f s (waiting for %s%s%s); "
+             "%s is %.0f s",
              p[oldest].name, p[oldest].pid, mmp_watchdog_proc_state(p[oldest].pid), quiet, what,
-             timeout_s);
+             said ? "; it last reported: " : "", said ? p[oldest].doing : "", limit, timeout_s);
     return oldest;
 }

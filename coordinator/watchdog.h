@@ -17,18 +17,21 @@
 typedef struct mmp_watch_proc {
     const char *name; /* "text.0/0" */
     int pid;
-    int alive;        /* not reaped yet */
-    int awaited;      /* the coordinator waits for something from it */
-    double last_seen; /* mmp_now() of its last message */
+    int alive;         /* not reaped yet */
+    int awaited;       /* the coordinator waits for something from it */
+    double last_seen;  /* mmp_now() of its last message */
+    const char *doing; /* what it last reported doing (start-up), or NULL / "" */
 } mmp_watch_proc;
 
 /* Checks n processes at time now (mmp_now()). Returns -1 while no awaited,
  * alive process has been silent for more than timeout_s (or timeout_s <= 0:
  * the watchdog is off); else the index of the process to blame, with a
- * sentence naming it, its pid, its state and how long the job has made no
- * progress in why (what: what the coordinator is waiting for). */
+ * sentence naming it, its pid, its state, how long the job has made no
+ * progress and what the blamed process last reported doing in why (what:
+ * what the coordinator is waiting for; limit: the setting timeout_s comes
+ * from, "train.stall_timeout"). */
 int mmp_watchdog_check(const mmp_watch_proc *p, int n, double now, double timeout_s,
-                       const char *what, char *why, size_t why_n);
+                       const char *what, const char *limit, char *why, size_t why_n);
 
 /* The scheduler state letter of a local process ('R', 'S', 'D', 'T', 't',
  * 'Z', ...) from /proc/<pid>/stat; '?' when it cannot be read. */

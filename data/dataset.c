@@ -90,6 +90,12 @@ static mmp_err check_image(void *user, const mmp_manifest_entry *e, const char *
 mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vocab,
                          const mmp_plan *plan)
 {
+    return mmp_dataset_open_progress(out, manifest, vocab, plan, NULL, NULL);
+}
+
+mmp_err mmp_dataset_open_progress(mmp_dataset **out, const char *manifest, const char *vocab,
+                                  const mmp_plan *plan, mmp_manifest_progress progress, void *ctx)
+{
     mmp_err ret = MMP_OK;
     *out = NULL;
     const int size = plan->data.image_size, len = plan->data.max_text_len;
@@ -133,8 +139,9 @@ mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vo
     /* The manifest first: when it is missing, that is the error to report,
      * not the vocab that would be beside it. */
     ret = d->policy == MMP_BAD_SKIP
-              ? mmp_manifest_open_skip(&d->manifest, manifest, NULL, NULL)
-              : mmp_manifest_open(&d->manifest, manifest, check_image, (void *)manifest);
+              ? mmp_manifest_open_progress(&d->manifest, manifest, NULL, NULL, 1, progress, ctx)
+              : mmp_manifest_open_progress(&d->manifest, manifest, check_image, (void *)manifest, 0,
+                                           progress, ctx);
     MMP_TRY_GOTO(ret, ret, fail);
     MMP_TRY_GOTO(mmp_tokenizer_load(&d->tok, vocab), ret, fail);
     *out = d;

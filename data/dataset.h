@@ -33,6 +33,9 @@ typedef struct mmp_dataset mmp_dataset;
 /* Opens manifest with vocab and plan->data's preprocessing settings. */
 mmp_err mmp_dataset_open(mmp_dataset **out, const char *manifest, const char *vocab,
                          const mmp_plan *plan);
+/* The same, reporting the manifest's progress (data/manifest.h; may be NULL). */
+mmp_err mmp_dataset_open_progress(mmp_dataset **out, const char *manifest, const char *vocab,
+                                  const mmp_plan *plan, mmp_manifest_progress progress, void *ctx);
 void mmp_dataset_close(mmp_dataset *d);
 
 int64_t mmp_dataset_size(const mmp_dataset *d);

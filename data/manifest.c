@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data/manifest_json.h"
@@ -140,6 +141,9 @@ typedef struct open_state {
     mmp_manifest_visit check;
     void *user;
     int skip;
+    mmp_manifest_progress progress;
+    void *ctx;
+    int64_t lines; /* counted before the walk */
 } open_state;
 
 /* Grows *buf (of *cap elements of size elem) to hold at least need. */
@@ -174,6 +178,10 @@ static mmp_err index_line(void *user, const mmp_manifest_entry *e, const char *p
 {
     open_state *st = user;
     mmp_manifest *m = st->m;
+    if (st->progress && e->line % MMP_MANIFEST_PROGRESS_LINES == 0) {
+        /* a file that grew since it was counted: never done > total */
+        st->progress(st->ctx, "lines", e->line, e->line > st->lines ? e->line : st->lines);
+    }
     if (problem) {
         return st->skip ? drop_line(st, problem) : mmp_errorf(MMP_ERR_DATA, "%s", problem);
     }
@@ -210,7 +218,8 @@ static mmp_err index_line(void *user, const mmp_manifest_entry *e, const char *p
  * one). The index is allocated once at this size: growing it by doubling
  * would leave freed copies resident when the allocator serves it from the
  * heap, making memory depend on allocation history. */
-static mmp_err count_lines(const char *path, int64_t *out)
+static mmp_err count_lines(const char *path, int64_t *out, mmp_manifest_progress progress,
+                           void *ctx)
 {
     enum { CHUNK = 1 << 18 };
     mmp_err ret = MMP_OK;
@@ -219,6 +228,8 @@ static mmp_err count_lines(const char *path, int64_t *out)
     if (fd < 0) {
         return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }
+    struct stat sb;
+    int64_t size = fstat(fd, &sb) == 0 ? (int64_t)sb.st_size : 0, bytes = 0;
     char *buf = malloc(CHUNK);
     if (!buf) {
         close(fd);
@@ -242,6 +253,10 @@ static mmp_err count_lines(const char *path, int64_t *out)
             lines++;
         }
         last = buf[got - 1];
+        bytes += got;
+        if (progress) {
+            progress(ctx, "bytes counted", bytes, bytes > size ? bytes : size);
+        }
     }
     *out = lines + (last != '\n');
     free(buf);
@@ -250,7 +265,7 @@ static mmp_err count_lines(const char *path, int64_t *out)
 }
 
 static mmp_err open_index(mmp_manifest **out, const char *path, mmp_manifest_visit check,
-                          void *user, int skip)
+                          void *user, int skip, mmp_manifest_progress progress, void *ctx)
 {
     mmp_err ret = MMP_OK;
     *out = NULL;
@@ -265,7 +280,7 @@ static mmp_err open_index(mmp_manifest **out, const char *path, mmp_manifest_vis
         goto fail;
     }
     int64_t lines;
-    MMP_TRY_GOTO(count_lines(path, &lines), ret, fail);
+    MMP_TRY_GOTO(count_lines(path, &lines, progress, ctx), ret, fail);
     if (lines > 0) {
         m->slot = malloc((size_t)lines * sizeof *m->slot);
         if (!m->slot) {
@@ -275,8 +290,17 @@ static mmp_err open_index(mmp_manifest **out, const char *path, mmp_manifest_vis
         }
         m->cap = lines;
     }
-    open_state st = {.m = m, .check = check, .user = user, .skip = skip};
+    open_state st = {.m = m,
+                     .check = check,
+                     .user = user,
+                     .skip = skip,
+                     .progress = progress,
+                     .ctx = ctx,
+                     .lines = lines};
     MMP_TRY_GOTO(mmp_manifest_scan(path, index_line, &st), ret, fail);
+    if (progress) {
+        progress(ctx, "lines", lines, lines);
+    }
     if (m->n == 0) {
         ret = m->dropped ? mmp_errorf(MMP_ERR_DATA, "%s: no samples (all %lld lines are bad)", path,
                                       (long long)m->dropped)
@@ -308,13 +332,19 @@ fail:
 mmp_err mmp_manifest_open(mmp_manifest **out, const char *path, mmp_manifest_visit check,
                           void *user)
 {
-    return open_index(out, path, check, user, 0);
+    return open_index(out, path, check, user, 0, NULL, NULL);
 }
 
 mmp_err mmp_manifest_open_skip(mmp_manifest **out, const char *path, mmp_manifest_visit check,
                                void *user)
 {
-    return open_index(out, path, check, user, 1);
+    return open_index(out, path, check, user, 1, NULL, NULL);
+}
+
+mmp_err mmp_manifest_open_progress(mmp_manifest **out, const char *path, mmp_manifest_visit check,
+                                   void *user, int skip, mmp_manifest_progress progress, void *ctx)
+{
+    return open_index(out, path, check, user, skip != 0, progress, ctx);
 }
 
 void mmp_manifest_close(mmp_manifest *m)

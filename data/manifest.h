@@ -97,6 +97,18 @@ mmp_err mmp_manifest_open(mmp_manifest **out, const char *path, mmp_manifest_vis
  * same samples in the same order. */
 mmp_err mmp_manifest_open_skip(mmp_manifest **out, const char *path, mmp_manifest_visit check,
                                void *user);
+/* Progress of an open that takes a while (tens of millions of lines):
+ * called with unit "bytes counted" (done of total bytes) every 256 KiB while
+ * the lines are counted first, then with unit "lines" (done of total lines)
+ * every MMP_MANIFEST_PROGRESS_LINES lines and once at the end. Runs on the
+ * opening thread; must not call back into the manifest. */
+#define MMP_MANIFEST_PROGRESS_LINES 4096
+typedef void (*mmp_manifest_progress)(void *ctx, const char *unit, int64_t done, int64_t total);
+
+/* mmp_manifest_open (skip 0) or mmp_manifest_open_skip (skip 1), reporting
+ * progress (may be NULL) with ctx. */
+mmp_err mmp_manifest_open_progress(mmp_manifest **out, const char *path, mmp_manifest_visit check,
+                                   void *user, int skip, mmp_manifest_progress progress, void *ctx);
 /* NULL-safe. */
 void mmp_manifest_close(mmp_manifest *m);
 

@@ -178,7 +178,8 @@ void mmp_fusion_net_embed(mmp_fusion_net *net, mmp_fusion_acts *acts, const floa
 
 /* Retrieval recall@1 both ways over n pairs of HOST embeddings (n,E): pair i is a
  * hit when its own partner scores strictly above every other candidate
- * (ties count against the model). Allocates an n x n similarity matrix. */
+ * (ties count against the model). mmp_retrieval_r1_blocked (nn/retrieval.h)
+ * with its default blocks: O(n) memory, never the n x n matrix. */
 mmp_err mmp_retrieval_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,
                          double *t2i);
 

@@ -58,6 +58,44 @@ void worker_heartbeat(worker *w, int step, int instr)
     worker_send_env(w, &env);
 }
 
+void worker_startup(worker *w, const char *phase, int64_t done, int64_t total, const char *unit)
+{
+    double now = mmp_now();
+    int same = strcmp(phase, w->startup_phase) == 0;
+    if (same && now - w->last_beat < 1.0) {
+        return;
+    }
+    if (!same) {
+        /* shown to the user: no control characters (a file name may hold any) */
+        size_t i = 0;
+        for (; phase[i] && i + 1 < sizeof w->startup_phase; i++) {
+            unsigned char ch = (unsigned char)phase[i];
+            w->startup_phase[i] = ch < 0x20 || ch == 0x7f ? '?' : (char)ch;
+        }
+        w->startup_phase[i] = 0;
+    }
+    w->last_beat = now;
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Heartbeat hb = MMPIPE__HEARTBEAT__INIT;
+    hb.phase = w->startup_phase; /* cut at 255 bytes, as the receiver wants */
+    hb.done = done > 0 ? (uint64_t)done : 0;
+    hb.total = total > 0 ? (uint64_t)total : 0;
+    hb.total = hb.total && hb.total < hb.done ? hb.done : hb.total;
+    hb.unit = (char *)unit;
+    env.body_case = MMPIPE__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    worker_send_env(w, &env);
+}
+
+void worker_manifest_progress(void *ctx, const char *unit, int64_t done, int64_t total)
+{
+    worker *w = ctx;
+    worker_startup(w, w->startup_phase, done, total, unit); /* the phase set before the open */
+    if (w->test_slow_start_ms > 0) {
+        mmp_sleep_ms(w->test_slow_start_ms);
+    }
+}
+
 /* The next control message; wakes every second to check that the
  * coordinator is still there (PR_SET_PDEATHSIG covers its death too). */
 static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
@@ -204,6 +242,10 @@ int mmp_worker_main(const mmp_worker_args *args)
     static worker w;
     memset(&w, 0, sizeof w);
     w.loaded_mb = w.out_mb = -1;
+    /* Test hook (tests/cli_startup.sh): a manifest open that pauses this
+     * long at each progress report, a slow load that still makes progress. */
+    const char *slow = getenv("MMP_TEST_SLOW_START_MS");
+    w.test_slow_start_ms = slow ? atof(slow) : 0;
     w.pin_index = args->pin_index;
     w.nice = args->nice;
     w.token = args->token;

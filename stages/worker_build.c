@@ -426,6 +426,47 @@ mmp_err worker_set_program(worker *w, Mmpipe__Instr **prog, size_t n)
     return MMP_OK;
 }
 
+/* What takes long to read, after the data channels are connected (a peer
+ * waits for those for a bounded time, a load may take many minutes): the
+ * data sets' manifests and the checkpoint to resume from, each announced to
+ * the coordinator (worker_startup) with its progress. Branch stages that
+ * load data open the training set; every stage opens the validation set's
+ * index to know how many evaluation chunks come. */
+static mmp_err load_data(worker *w)
+{
+    const Mmpipe__Assignment *a = w->asg;
+    const mmp_plan *p = &w->plan;
+    char phase[1200];
+    if (w->kind != MMP_BRANCH_FUSION && w->sub == 0) {
+        snprintf(phase, sizeof phase, "manifest %s", p->data.manifest);
+        worker_startup(w, phase, 0, 0, "");
+        MMP_TRY(mmp_dataset_open_progress(&w->train, p->data.manifest, p->data.vocab, p,
+                                          worker_manifest_progress, w));
+    }
+    if (mmp_plan_evaluates(p)) { /* only then is there a validation set to read */
+        snprintf(phase, sizeof phase, "manifest %s", p->data.val_manifest);
+        worker_startup(w, phase, 0, 0, "");
+        MMP_TRY(mmp_dataset_open_progress(&w->val, p->data.val_manifest, p->data.vocab, p,
+                                          worker_manifest_progress, w));
+    }
+    if (a->resume_dir && a->resume_dir[0]) {
+        snprintf(phase, sizeof phase, "checkpoint %s", a->resume_dir);
+        worker_startup(w, phase, 0, 0, "");
+        /* By name from every file of the step: a re-placement may have cut
+         * the branch elsewhere than the processes that wrote it. */
+        mmp_ckpt c = {0};
+        mmp_err e = mmp_ckpt_read_dir(&c, a->resume_dir);
+        if (e == MMP_OK) {
+            e = mmp_params_load(w->params, &c);
+        }
+        mmp_ckpt_fini(&c);
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "resume from %s", a->resume_dir);
+        }
+    }
+    return MMP_OK;
+}
+
 mmp_err worker_build(worker *w)
 {
     const Mmpipe__Assignment *a = w->asg;
@@ -468,18 +509,11 @@ mmp_err worker_build(worker *w)
     w->B = p->train.batch;
     w->batch_scope = w->kind == MMP_BRANCH_FUSION && p->model.fusion.itc_scope == MMP_ITC_BATCH &&
                      p->compute != MMP_COMPUTE_SIMULATED;
-    /* Branch stages that load data open the training set; every stage opens
-     * the validation set's index to know how many evaluation chunks come. */
-    if (w->kind != MMP_BRANCH_FUSION && w->sub == 0) {
-        MMP_TRY(mmp_dataset_open(&w->train, p->data.manifest, p->data.vocab, p));
-    }
+    /* The vocab the data sets below open too (the plan names it: data.vocab
+     * or the one beside the manifest). */
+    worker_startup(w, "model and data channels", 0, 0, "");
     int V;
-    if (mmp_plan_evaluates(p)) { /* only then is there a validation set to read */
-        MMP_TRY(mmp_dataset_open(&w->val, p->data.val_manifest, p->data.vocab, p));
-        V = mmp_dataset_vocab_size(w->val);
-    } else if (w->train) {
-        V = mmp_dataset_vocab_size(w->train);
-    } else {
+    {
         mmp_tokenizer *tok;
         MMP_TRY(mmp_tokenizer_load(&tok, p->data.vocab));
         V = mmp_tokenizer_vocab_size(tok);
@@ -498,19 +532,6 @@ mmp_err worker_build(worker *w)
     } else {
         MMP_TRY(mmp_fusion_net_create_on(&w->fus, w->be, p, seed));
         w->params = mmp_fusion_net_params(w->fus);
-    }
-    if (a->resume_dir && a->resume_dir[0]) {
-        /* By name from every file of the step: a re-placement may have cut
-         * the branch elsewhere than the processes that wrote it. */
-        mmp_ckpt c = {0};
-        mmp_err e = mmp_ckpt_read_dir(&c, a->resume_dir);
-        if (e == MMP_OK) {
-            e = mmp_params_load(w->params, &c);
-        }
-        mmp_ckpt_fini(&c);
-        if (e != MMP_OK) {
-            return mmp_error_prefix(e, "resume from %s", a->resume_dir);
-        }
     }
     w->n_fl = program_max_inflight(a->program, a->n_program);
     if (a->inflight_bound > w->n_fl) {
@@ -604,7 +625,8 @@ mmp_err worker_build(worker *w)
     }
     MMP_TRY(err);
     MMP_TRY(worker_set_program(w, a->program, a->n_program));
-    return open_data_plane(w);
+    MMP_TRY(open_data_plane(w));
+    return load_data(w);
 }
 
 void worker_teardown(worker *w)

@@ -2,7 +2,23 @@
  * recall at the fusion stage) and a stage's checkpoint file. */
 #include "stages/worker_internal.h"
 
+#include "nn/retrieval.h"
+
 /* ---- evaluation and checkpoints --------------------------------------------------------- */
+
+typedef struct eval_beat {
+    worker *w;
+    int step, chunks;
+} eval_beat;
+
+/* The retrieval over a large validation set takes a while (n^2 dot
+ * products): it keeps talking too (worker_heartbeat: at most once a second). */
+static void retrieval_progress(void *ctx, int64_t done, int64_t n)
+{
+    eval_beat *b = ctx;
+    (void)done, (void)n;
+    worker_heartbeat(b->w, b->step, b->chunks);
+}
 
 mmp_err worker_run_eval(worker *w, int step)
 {
@@ -107,7 +123,9 @@ mmp_err worker_run_eval(worker *w, int step)
                      (long long)(nv - kept), (long long)nv);
         }
         if (!worker_simulated(w) && kept > 0 &&
-            (err = mmp_retrieval_r1(ie, te, (int)kept, E, &i2t, &t2i)) != MMP_OK) {
+            (err = mmp_retrieval_r1_blocked(ie, te, (int)kept, E, 0, retrieval_progress,
+                                            &(eval_beat){.w = w, .step = step, .chunks = chunks},
+                                            &i2t, &t2i)) != MMP_OK) {
             goto exit;
         }
         Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;

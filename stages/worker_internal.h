@@ -201,11 +201,24 @@ typedef struct worker {
     int skip_opt, opt_step;
     mmp_trace trace;
     double last_beat;
+    /* start-up (worker_startup): the phase being reported, and the test
+     * hook's pause per progress report (MMP_TEST_SLOW_START_MS; 0: none) */
+    char startup_phase[256];
+    double test_slow_start_ms;
 } worker;
 
 /* ---- worker.c (control plane, serve loop) ---- */
 /* Progress for the coordinator's watchdog (rate-limited). */
 void worker_heartbeat(worker *w, int step, int instr);
+/* Start-up progress (before Ready) for the coordinator, which names a stage
+ * silent for its start-up limit and shows long loads: phase is what the
+ * stage does now ("manifest PATH"), done of total unit how far (total 0:
+ * not known). A new phase is sent at once, progress within one at most once
+ * a second. */
+void worker_startup(worker *w, const char *phase, int64_t done, int64_t total, const char *unit);
+/* A manifest open's progress (data/manifest.h) as worker_startup; ctx: the
+ * worker. */
+void worker_manifest_progress(void *ctx, const char *unit, int64_t done, int64_t total);
 mmp_err worker_send_env(worker *w, Mmpipe__Envelope *env);
 /* Waits for a message of body want (*out: the caller frees it); Abort and
  * Shutdown end the wait with MMP_ERR_PEER (w->ended_by_coordinator set). */

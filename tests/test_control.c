@@ -671,6 +671,66 @@ static void test_close_does_not_hang(void)
     zmq_close(f);
 }
 
+/* A Heartbeat's start-up progress is text the coordinator prints: bounded,
+ * no control characters, done within total. */
+static void test_heartbeat_progress(void)
+{
+    CHECK_OK(mmp_ctl_new_token(token));
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Heartbeat hb = MMPIPE__HEARTBEAT__INIT;
+    env.version = MMP_CTL_VERSION;
+    env.job_token = token;
+    env.body_case = MMPIPE__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    char phase[300], why[300];
+    unsigned char buf[1024];
+    struct {
+        const char *phase, *unit;
+        uint64_t done, total;
+        int ok;
+    } cases[] = {
+        {"", "", 0, 0, 1}, /* a heartbeat of the steps */
+        {"manifest /d/train.jsonl", "lines", 4096, 30000000, 1},
+        {"manifest /d/train.jsonl", "lines", 4096, 0, 1}, /* total not known */
+        {"manifest /d/train.jsonl", "lines", 5, 4, 0},    /* done over total */
+        {"manifest /d/\x1b[2Jx", "lines", 0, 0, 0},       /* replaced below: an escape */
+        {"manifest", "lines\n", 0, 0, 0},                 /* replaced below: a newline */
+        {NULL, "lines", 0, 0, 0},                         /* a phase of 256 bytes */
+        {NULL, "lines", 0, 0, 1},                         /* of 255 */
+        {"checkpoint", "bytes of the checkpoint file!!", 1, 2, 1},
+        {"checkpoint", "bytes of the checkpoint files!!!", 1, 2, 0}, /* a unit of 32 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (cases[k].phase) {
+            snprintf(phase, sizeof phase, "%s", cases[k].phase);
+        } else {
+            memset(phase, 'p', sizeof phase);
+            phase[cases[k].ok ? 255 : 256] = 0;
+        }
+        if (k == 4) {
+            phase[13] = 0x1b;
+        }
+        char unit[64];
+        snprintf(unit, sizeof unit, "%s", cases[k].unit);
+        if (k == 5) {
+            unit[5] = '\n', unit[6] = 0;
+        }
+        hb.phase = phase;
+        hb.unit = unit;
+        hb.done = cases[k].done;
+        hb.total = cases[k].total;
+        size_t n = mmpipe__envelope__pack(&env, buf);
+        Mmpipe__Envelope *e = NULL;
+        mmp_ctl_verdict v = mmp_ctl_decode(buf, n, token, &e, why, sizeof why);
+        if ((v == MMP_CTL_OK) != cases[k].ok) {
+            fprintf(stderr, "  heartbeat case %zu: verdict %d (%s)\n", k, (int)v, why);
+        }
+        CHECK((v == MMP_CTL_OK) == cases[k].ok);
+        CHECK(cases[k].ok ? e != NULL : (v == MMP_CTL_BAD_BODY && !e && strstr(why, "heartbeat")));
+        mmp_ctl_free(e);
+    }
+}
+
 static void test_new_token(void)
 {
     char a[33], b[33];
@@ -898,6 +958,7 @@ OVER_TCP(test_lost_on_pipe_eof)
 
 static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_new_token),
+    MMP_TEST_CASE(test_heartbeat_progress),
     MMP_TEST_CASE(test_round_trip),
     MMP_TEST_CASE(test_limits_and_misuse),
     MMP_TEST_CASE(test_untrusted_router),

@@ -100,6 +100,50 @@ static int write_big_manifest(const char *path)
     return ok;
 }
 
+typedef struct progress_seen {
+    int64_t counted, count_reports, line, line_reports, last_total;
+    int bad; /* out of order, done over total, an unknown unit */
+} progress_seen;
+
+static void on_progress(void *ctx, const char *unit, int64_t done, int64_t total)
+{
+    progress_seen *s = ctx;
+    if (strcmp(unit, "bytes counted") == 0) {
+        s->bad |= s->line_reports > 0 || done < s->counted || done > total;
+        s->counted = done;
+        s->count_reports++;
+    } else if (strcmp(unit, "lines") == 0) {
+        s->bad |= done < s->line || done > total;
+        s->line = done;
+        s->last_total = total;
+        s->line_reports++;
+    } else {
+        s->bad = 1;
+    }
+}
+
+/* The open's progress (a stage reports it to the coordinator while it
+ * starts): bytes while counting, up to the file's size; then lines every
+ * MMP_MANIFEST_PROGRESS_LINES, ending at the count. The index is the same. */
+static void check_progress(const char *manifest, const mmp_plan *plan)
+{
+    FILE *f = fopen(manifest, "rb");
+    CHECK(f && fseek(f, 0, SEEK_END) == 0);
+    long size = f ? ftell(f) : -1;
+    if (f) {
+        fclose(f);
+    }
+    progress_seen seen = {0};
+    mmp_dataset *d = NULL;
+    CHECK_OK(mmp_dataset_open_progress(&d, manifest, NULL, plan, on_progress, &seen));
+    CHECK(d && mmp_dataset_size(d) == LINES);
+    mmp_dataset_close(d);
+    CHECK(!seen.bad);
+    CHECK(seen.counted == size && seen.count_reports >= size / (1 << 18));
+    CHECK(seen.line == LINES && seen.last_total == LINES);
+    CHECK(seen.line_reports == LINES / MMP_MANIFEST_PROGRESS_LINES + 1);
+}
+
 /* One million lines: size, index bytes, resident and peak growth, last line. */
 static void test_million_lines(void)
 {
@@ -154,6 +198,7 @@ static void test_million_lines(void)
         CHECK_OK(mmp_dataset_load(d, &last, 1, NULL, ids, mask));
         mmp_dataset_close(d);
     }
+    check_progress(manifest, &plan);
     CHECK(unlink(manifest) == 0);
 }
 

@@ -612,6 +612,19 @@ static int finite_nonneg(double x)
     return isfinite(x) && x >= 0;
 }
 
+/* A string field shown to the user: NULL or empty, or at most max bytes
+ * with no control character (a terminal's escape sequences among them). */
+static int plain_text(const char *s, size_t max)
+{
+    size_t n = 0;
+    for (; s && s[n]; n++) {
+        if ((unsigned char)s[n] < 0x20 || s[n] == 0x7f || n >= max) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The body's fields that no sender may write, whatever the receiver's
  * geometry; 0 with why set when one is out of range. */
 static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
@@ -699,10 +712,20 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         }
         return 1;
     }
-    case MMPIPE__ENVELOPE__BODY_HEARTBEAT:
-        return env->heartbeat && env->heartbeat->step >= 0 && env->heartbeat->instr >= 0
-                   ? 1
-                   : BAD("heartbeat: field step or instr below 0");
+    case MMPIPE__ENVELOPE__BODY_HEARTBEAT: {
+        const Mmpipe__Heartbeat *h = env->heartbeat;
+        if (!h || h->step < 0 || h->instr < 0) {
+            return BAD("heartbeat: field step or instr below 0");
+        }
+        /* start-up progress: text the coordinator prints */
+        if (!plain_text(h->phase, 255) || !plain_text(h->unit, 31) ||
+            (h->total > 0 && h->done > h->total)) {
+            return BAD("heartbeat: field phase or unit too long or with control characters, or "
+                       "done %llu over total %llu",
+                       (unsigned long long)h->done, (unsigned long long)h->total);
+        }
+        return 1;
+    }
     case MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST:
         return env->checkpoint_request && env->checkpoint_request->step >= 0
                    ? 1

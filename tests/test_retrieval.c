@@ -1,0 +1,311 @@
+/* Validation recall@1 (nn/retrieval.h): equal to the algorithm it replaced
+ * (an n x n sgemm and a scan of it, kept below as the reference) on random
+ * embeddings and on embeddings full of exact ties, duplicates, zeros and
+ * NaNs; independent of the block size; and, in a child whose address space
+ * is too small for the n x n matrix, the reference fails where the blocked
+ * one answers. */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "nn/model.h"
+#include "nn/retrieval.h"
+#include "tests/harness.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+
+/* The pre-blocking mmp_retrieval_r1, verbatim but for the backend call
+ * (the CPU backend's gemm is this cblas_sgemm). */
+static mmp_err reference_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,
+                            double *t2i)
+{
+    float *sim = malloc((size_t)n * (size_t)n * sizeof(float) + 1);
+    if (!sim) {
+        return mmp_errorf(MMP_ERR_NOMEM, "similarity matrix %d x %d", n, n);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, E, 1.0f, img_emb, E, txt_emb, E,
+                0.0f, sim, n);
+    int hit_i = 0, hit_t = 0;
+    for (int a = 0; a < n; a++) {
+        int ok_i = 1, ok_t = 1;
+        float own = sim[(size_t)a * n + a];
+        for (int b = 0; b < n; b++) {
+            if (b == a) {
+                continue;
+            }
+            if (sim[(size_t)a * n + b] >= own) {
+                ok_i = 0;
+            }
+            if (sim[(size_t)b * n + a] >= own) {
+                ok_t = 0;
+            }
+        }
+        hit_i += ok_i;
+        hit_t += ok_t;
+    }
+    free(sim);
+    *i2t = n ? (double)hit_i / n : 0;
+    *t2i = n ? (double)hit_t / n : 0;
+    return MMP_OK;
+}
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t next_u32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+/* kind 0: uniform in [-1, 1); 1: quarters in -2..2 (exact sums: many exact
+ * ties); 2: like 1 with duplicated rows, zero rows, the partner copied to
+ * another candidate, a NaN or an infinity here and there. */
+static void fill(float *x, int n, int E, int kind)
+{
+    for (size_t i = 0; i < (size_t)n * E; i++) {
+        x[i] = kind == 0 ? (float)(next_u32() % 65536) / 32768.0f - 1.0f
+                         : (float)((int)(next_u32() % 17) - 8) / 4.0f;
+    }
+    if (kind == 2) {
+        for (int r = 0; r < n; r++) {
+            uint32_t u = next_u32() % 16;
+            float *row = x + (size_t)r * E;
+            if (u == 0 && n > 1) {
+                memcpy(row, x + (size_t)(next_u32() % n) * E, (size_t)E * sizeof(float));
+            } else if (u == 1) {
+                memset(row, 0, (size_t)E * sizeof(float));
+            } else if (u == 2) {
+                row[next_u32() % E] = NAN;
+            } else if (u == 3) {
+                row[next_u32() % E] = (next_u32() & 1) ? INFINITY : -INFINITY;
+            }
+        }
+    }
+}
+
+static void compare(int n, int E, int kind)
+{
+    float *img = malloc((size_t)n * E * sizeof(float) + 1);
+    float *txt = malloc((size_t)n * E * sizeof(float) + 1);
+    fill(img, n, E, kind);
+    fill(txt, n, E, kind);
+    if (kind == 2 && n > 2) {
+        /* text 1 is image 0's partner too: an exact tie for pair 0 */
+        memcpy(txt + E, txt, (size_t)E * sizeof(float));
+    }
+    double ri = -1, rt = -1;
+    CHECK_OK(reference_r1(img, txt, n, E, &ri, &rt));
+    const int rows[] = {0, 1, 3, 4, 64, n};
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+        double i2t = -1, t2i = -1;
+        CHECK_OK(mmp_retrieval_r1_blocked(img, txt, n, E, rows[k], NULL, NULL, &i2t, &t2i));
+        if (i2t != ri || t2i != rt) {
+            fprintf(stderr,
+                    "  n %d E %d kind %d rows %d: recall %.17g/%.17g, reference %.17g/%.17g\n", n,
+                    E, kind, rows[k], i2t, t2i, ri, rt);
+        }
+        CHECK(i2t == ri && t2i == rt);
+    }
+    double i2t = -1, t2i = -1;
+    CHECK_OK(mmp_retrieval_r1(img, txt, n, E, &i2t, &t2i));
+    CHECK(i2t == ri && t2i == rt);
+    free(img);
+    free(txt);
+}
+
+/* The similarities' bits: each is the header's order, s = fma(img[k],
+ * txt[k], s) for k from 0 (computed here one by one), whatever the block
+ * size and kernel. Where OpenBLAS's n x n sgemm (the old code's matrix)
+ * gives other bits, that is counted and printed, not judged: its order
+ * depends on its version and CPU (it splits long sums, E > 448 on this
+ * machine's AVX-512 kernels). */
+static void check_similarities(int n, int E)
+{
+    float *img = malloc((size_t)n * E * sizeof(float));
+    float *txt = malloc((size_t)n * E * sizeof(float));
+    float *sim = malloc((size_t)n * n * sizeof(float));
+    float *ref = malloc((size_t)n * n * sizeof(float));
+    fill(img, n, E, 0);
+    fill(txt, n, E, 0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, E, 1.0f, img, E, txt, E, 0.0f, ref,
+                n);
+    const int rows[] = {1, 5, 64};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        CHECK_OK(mmp_retrieval_similarities(img, txt, n, E, rows[r], sim));
+        size_t wrong = 0, blas = 0;
+        for (int a = 0; a < n; a++) {
+            for (int b = 0; b < n; b++) {
+                float s = 0;
+                for (int k = 0; k < E; k++) {
+                    s = fmaf(img[(size_t)a * E + k], txt[(size_t)b * E + k], s);
+                }
+                float x = sim[(size_t)a * n + b];
+                wrong += memcmp(&x, &s, sizeof x) != 0;
+                blas += memcmp(&x, &ref[(size_t)a * n + b], sizeof x) != 0;
+            }
+        }
+        if (wrong || (blas && r == 0)) {
+            fprintf(stderr,
+                    "  n %d E %d rows %d: %zu similarities off the fma order, %zu differ "
+                    "from sgemm's\n",
+                    n, E, rows[r], wrong, blas);
+        }
+        CHECK(wrong == 0);
+    }
+    free(img);
+    free(txt);
+    free(sim);
+    free(ref);
+}
+
+/* Every kernel this CPU has (scalar fmaf, AVX2, AVX-512), each against the
+ * reference. */
+static void test_equal_to_reference(void)
+{
+    const int ns[] = {1, 2, 3, 17, 64, 100, 259, 517};
+    const int Es[] = {1, 3, 16, 64, 100, 256};
+    const char *isas[] = {"scalar", "avx2", "avx512"};
+    for (size_t s = 0; s < 3; s++) {
+        if (!mmp_retrieval_force_isa(isas[s])) {
+            fprintf(stderr, "  (%s: not on this CPU)\n", isas[s]);
+            continue;
+        }
+        int failed = mmp_test_failures;
+        check_similarities(100, 64);
+        check_similarities(37, 256);
+        check_similarities(70, 500);
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            for (size_t j = 0; j < sizeof Es / sizeof Es[0]; j++) {
+                for (int kind = 0; kind < 3; kind++) {
+                    compare(ns[i], Es[j], kind);
+                }
+            }
+        }
+        if (mmp_test_failures > failed) {
+            fprintf(stderr, "  ... with the %s kernel\n", isas[s]);
+        }
+    }
+    CHECK(mmp_retrieval_force_isa(NULL));
+}
+
+/* All similarities equal (every pair ties with every other): no hit at
+ * all; orthogonal partners (identity embeddings): every pair a hit. */
+static void test_tie_rule(void)
+{
+    enum { N = 40, E = 40 };
+    static float img[N * E], txt[N * E];
+    for (int i = 0; i < N * E; i++) {
+        img[i] = txt[i] = 0.5f;
+    }
+    double i2t = -1, t2i = -1;
+    CHECK_OK(mmp_retrieval_r1(img, txt, N, E, &i2t, &t2i));
+    CHECK(i2t == 0 && t2i == 0);
+    memset(img, 0, sizeof img);
+    memset(txt, 0, sizeof txt);
+    for (int i = 0; i < N; i++) {
+        img[i * E + i] = txt[i * E + i] = 1;
+    }
+    CHECK_OK(mmp_retrieval_r1(img, txt, N, E, &i2t, &t2i));
+    CHECK(i2t == 1 && t2i == 1);
+    /* pair 7's text copied onto text 8: image 7 and image 8 tie on text 8 */
+    memcpy(txt + 8 * E, txt + 7 * E, E * sizeof(float));
+    CHECK_OK(mmp_retrieval_r1(img, txt, N, E, &i2t, &t2i));
+    CHECK(i2t == (double)(N - 2) / N && t2i == (double)(N - 1) / N);
+}
+
+static void count_progress(void *ctx, int64_t done, int64_t n)
+{
+    int64_t *last = ctx;
+    if (done > last[0] && done <= n) {
+        last[0] = done;
+        last[1]++;
+    } else {
+        last[1] = -1000000; /* out of order or past the end */
+    }
+}
+
+static void test_progress(void)
+{
+    enum { N = 100, E = 8 };
+    static float img[N * E], txt[N * E];
+    fill(img, N, E, 0);
+    fill(txt, N, E, 0);
+    int64_t seen[2] = {0, 0};
+    double i2t, t2i;
+    CHECK_OK(mmp_retrieval_r1_blocked(img, txt, N, E, 30, count_progress, seen, &i2t, &t2i));
+    CHECK(seen[0] == N && seen[1] == 4); /* rows 30, 60, 90, 100 */
+}
+
+/* n pairs whose n x n matrix (n*n*4 bytes) is over the address space a
+ * child is left: the reference cannot allocate it, the blocked one answers
+ * (and equals the reference's answer computed without the limit). */
+static void test_memory_limit(void)
+{
+#ifdef UNDER_ASAN
+    fprintf(stderr, "  (memory limit part skipped: RLIMIT_AS and ASan's shadow do not mix)\n");
+#else
+    enum { N = 12000, E = 8 }; /* the matrix: 576 MB; the embeddings: 768 KB */
+    float *img = malloc((size_t)N * E * sizeof(float));
+    float *txt = malloc((size_t)N * E * sizeof(float));
+    fill(img, N, E, 0);
+    fill(txt, N, E, 0);
+    /* the answer, computed first without a limit */
+    double ri = -1, rt = -1;
+    CHECK_OK(reference_r1(img, txt, N, E, &ri, &rt));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        long pages = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        if (!f || fscanf(f, "%ld", &pages) != 1) {
+            _exit(10);
+        }
+        fclose(f);
+        /* what the child maps now, plus 256 MB: less than half the matrix */
+        rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)256 << 20);
+        struct rlimit rl = {.rlim_cur = cap, .rlim_max = cap};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) {
+            _exit(11);
+        }
+        int problems = 0;
+        double i2t = -1, t2i = -1;
+        if (reference_r1(img, txt, N, E, &i2t, &t2i) != MMP_ERR_NOMEM) {
+            PROBLEM(problems, "the reference found %zu bytes under the limit",
+                    (size_t)N * N * sizeof(float));
+        }
+        mmp_err e = mmp_retrieval_r1(img, txt, N, E, &i2t, &t2i);
+        if (e != MMP_OK) {
+            PROBLEM(problems, "under the limit: %s", mmp_last_error());
+        } else if (i2t != ri || t2i != rt) {
+            PROBLEM(problems, "under the limit: recall %g/%g, reference %g/%g", i2t, t2i, ri, rt);
+        }
+        _exit(problems ? 1 : 0);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    free(img);
+    free(txt);
+#endif
+}
+
+int main(void)
+{
+    test_equal_to_reference();
+    test_tie_rule();
+    test_progress();
+    test_memory_limit();
+    return mmp_test_finish("test_retrieval");
+}
