@@ -75,6 +75,20 @@ for c in launch simulate bench; do
 done
 expect_fail "data check: --max-pixels without --decode is refused" "applies with --decode" \
   "$BIN" data check /dev/null --max-pixels 5
+# a usage error: the message, the synopsis and where the rest is, not a whole
+# --help that scrolls the message away (launch's is over 100 lines)
+for c in launch simulate bench; do
+  for a in "--steps" "--bogus" ""; do
+    case $a in --steps) [ $c = simulate ] && a=--costs; want="^mmpipe $c: $a needs a value\$" ;;
+      --bogus) want="^mmpipe $c: unknown option '--bogus'\$" ;; *) want="^mmpipe $c: no plan given\$" ;; esac
+    args=(); [ -n "$a" ] && args=(x.yaml "$a")
+    out=$("$BIN" $c "${args[@]}" 2>&1); rc=$?
+    if [ $rc -eq 2 ] && head -1 <<<"$out" | grep -qE -- "$want" && [ "$(wc -l <<<"$out")" -le 8 ] &&
+      tail -1 <<<"$out" | grep -qF "mmpipe $c --help"; then
+      ok "$c ${args[*]}: a usage error in $(wc -l <<<"$out") lines: $(head -1 <<<"$out")"
+    else fail "$c ${args[*]}: rc=$rc, $(wc -l <<<"$out") lines, first: $(head -1 <<<"$out")"; fi
+  done
+done
 
 # ---- bench/*.sh and scripts/*: --help ----------------------------------------------
 for s in bench/*.sh scripts/*; do
