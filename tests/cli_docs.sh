@@ -9,7 +9,8 @@
 #    that command's --help;
 #  - README "Plan keys": its keys are the keys plan.json holds, its literal
 #    defaults are plan.json's values for a plan that sets only data.manifest,
-#    and each key takes its documented default through --set;
+#    each key takes its documented default through --set, and each numeric
+#    key's documented range is the schema's;
 #  - README "metrics.jsonl schema": every field a pipeline run (zb-h1, a
 #    scripted re-placement) and a --single-process run write is named there,
 #    of the type common/metrics.h gives, and every field it lists is written
@@ -192,6 +193,66 @@ while IFS= read -r kv; do
     { fail "--set $kv (README's default) is refused: $(head -1 "$W/set.err")"; bad=1; }
 done < <(sed -n 's/^SET //p' "$W/keys.out")
 [ $bad = 1 ] || ok "every documented default is taken by --set"
+
+# README "Plan keys" ranges against the schema's: each numeric key's values
+# cell names the range the key's out-of-range error gives ("a .. b", "[a, b)",
+# "≥ a" for an upper bound of 10^9 or more).
+"$PY" - "$BIN" "$W/min/plan.yaml" README.md >"$W/ranges.out" <<'PY'
+import re, subprocess, sys
+binp, plan, readme = sys.argv[1:4]
+# the schema's range of a key is in its error for a value below any range
+sec = open(readme).read().split("\n### Plan keys\n", 1)[1].split("\n## ", 1)[0]
+rows = [l for l in sec.splitlines() if l.startswith("| `")]
+NUM = r"-?[0-9][0-9.e+]*"
+def num(t):
+    t = t.replace("10^9", "1000000000").replace("10^6", "1000000").replace("2^20", "1048576")
+    t = t.replace("16384²", "268435456")
+    return float(t)
+def doc_range(cell):
+    c = cell.replace("`", "")
+    for a, b in (("10^9", "1000000000"), ("10^6", "1000000"), ("2^20", "1048576"), ("16384²", "268435456")):
+        c = c.replace(a, b)
+    m = re.search(r"([\[(])\s*(%s),\s*(%s)\s*([\])])" % (NUM, NUM), c)
+    if m:
+        return m.group(1), float(m.group(2)), float(m.group(3)), m.group(4)
+    m = re.search(r"(%s) \.\. (?:min\([^,]*, *)?(%s)" % (NUM, NUM), c)
+    if m:
+        return "[", float(m.group(1)), float(m.group(2)), "]"
+    m = re.search(r"(≥|>) *(%s)" % NUM, c)
+    if m:
+        return "[" if m.group(1) == "≥" else "(", float(m.group(2)), float("inf"), ")"
+    return None
+bad = 0
+n = 0
+for r in rows:
+    cells = [x.strip() for x in r.strip("|").split(" | ")]
+    key, values = cells[0].strip("`"), cells[1]
+    if values.startswith("as "):
+        continue
+    tries = ["-3000000000", "[-3000000000]", "[-3e9,-3e9,-3e9]"]
+    code = None
+    for v in tries:
+        p = subprocess.run([binp, "simulate", plan, "--set", f"{key}={v}"], capture_output=True, text=True)
+        m = re.search(r"is out of range ([\[(])(%s), (%s)([\])])" % (NUM, NUM), p.stderr)
+        if m:
+            code = m.group(1), float(m.group(2)), float(m.group(3)), m.group(4)
+            break
+        if not re.search(r"list|values", p.stderr):  # not a list key: no range to find
+            break
+    if not code:
+        continue
+    n += 1
+    doc = doc_range(values)
+    if not doc:
+        print(f"FAIL README Plan keys: {key}: no range in '{values}', the schema's is {code[0]}{code[1]:g}, {code[2]:g}{code[3]}")
+        continue
+    lo_ok = doc[0] == code[0] and doc[1] == code[1]
+    hi_ok = (doc[2] == float("inf") and code[2] >= 1e9) or (doc[2] == code[2] and doc[3] == code[3])
+    if not (lo_ok and hi_ok):
+        print(f"FAIL README Plan keys: {key}: '{values}', the schema's range is {code[0]}{code[1]:g}, {code[2]:g}{code[3]}")
+print(f"OK {n} ranges")
+PY
+checked "$W/ranges.out" "README Plan keys: $(grep '^OK' "$W/ranges.out" | cut -d' ' -f2) ranges = the schema's"
 
 # ---- README "metrics.jsonl schema" against real runs ------------------------------
 balance_plan "$W/bal.yaml" 4 0 'step: 2, set: "stages.image.replicas=[1, 1]"'
