@@ -10,7 +10,7 @@
 #  - README "Plan keys": its keys are the keys plan.json holds, its literal
 #    defaults are plan.json's values for a plan that sets only data.manifest,
 #    each key takes its documented default through --set, and each numeric
-#    key's documented range is the schema's;
+#    key's documented range (each enum's values) is the schema's;
 #  - README "metrics.jsonl schema": every field a pipeline run (zb-h1, a
 #    scripted re-placement) and a --single-process run write is named there,
 #    of the type common/metrics.h gives, and every field it lists is written
@@ -196,7 +196,8 @@ done < <(sed -n 's/^SET //p' "$W/keys.out")
 
 # README "Plan keys" ranges against the schema's: each numeric key's values
 # cell names the range the key's out-of-range error gives ("a .. b", "[a, b)",
-# "≥ a" for an upper bound of 10^9 or more).
+# "≥ a" for an upper bound of 10^9 or more); an enum's cell lists exactly the
+# values its error accepts.
 "$PY" - "$BIN" "$W/min/plan.yaml" README.md >"$W/ranges.out" <<'PY'
 import re, subprocess, sys
 binp, plan, readme = sys.argv[1:4]
@@ -237,6 +238,12 @@ for r in rows:
         if m:
             code = m.group(1), float(m.group(2)), float(m.group(3)), m.group(4)
             break
+        m = re.search(r"unknown value '[^']*' \(accepted: ([^)]*)\)", p.stderr)
+        if m:  # an enum: the cell's `words` are its values
+            n += 1
+            if set(m.group(1).split(", ")) != set(re.findall(r"`([^`]*)`", values)):
+                print(f"FAIL README Plan keys: {key}: '{values}', the schema accepts {m.group(1)}")
+            break
         if not re.search(r"list|values", p.stderr):  # not a list key: no range to find
             break
     if not code:
@@ -252,7 +259,7 @@ for r in rows:
         print(f"FAIL README Plan keys: {key}: '{values}', the schema's range is {code[0]}{code[1]:g}, {code[2]:g}{code[3]}")
 print(f"OK {n} ranges")
 PY
-checked "$W/ranges.out" "README Plan keys: $(grep '^OK' "$W/ranges.out" | cut -d' ' -f2) ranges = the schema's"
+checked "$W/ranges.out" "README Plan keys: $(grep '^OK' "$W/ranges.out" | cut -d' ' -f2) ranges and value lists = the schema's"
 
 # ---- README "metrics.jsonl schema" against real runs ------------------------------
 balance_plan "$W/bal.yaml" 4 0 'step: 2, set: "stages.image.replicas=[1, 1]"'
