@@ -72,7 +72,13 @@ for c in launch simulate bench; do
     grep -oE -- '--[a-z][a-z-]*' | sort -u); do
     in_help "$o" "$("$BIN" $c --help)" || { fail "mmpipe --help: $c $o is not in $c --help"; bad=1; }
   done
-  [ $bad = 1 ] || ok "mmpipe --help: $c's options are $c's"
+  # and the other way: every option of the command's synopsis is in its line
+  for o in $(awk 'NF == 0 { exit } { print }' <<<"$("$BIN" $c --help)" |
+    grep -oE -- '(^|[ [|])--?[a-z][a-z-]*' | sed 's/^[ [|]//' | sort -u); do
+    awk -v c="  $c " 'index($0, c) == 1 { f = 1 } f && /^                     [a-z]/ { exit } f' <<<"$top" |
+      grep -qE -- "(^|[^-a-z])$o([^-a-z]|$)" || { fail "mmpipe --help: $c's line lacks $o"; bad=1; }
+  done
+  [ $bad = 1 ] || ok "mmpipe --help: $c's options are $c's, and its line has every one"
 done
 expect_fail "data check: --max-pixels without --decode is refused" "applies with --decode" \
   "$BIN" data check /dev/null --max-pixels 5
