@@ -473,6 +473,9 @@ static void test_overrides(void)
         {DIR "minimal.yaml", "model.heads=2",
          "--set model.heads=2: unknown key 'model.heads' (did you mean 'model.text.heads' or "
          "'model.fusion.heads'?)"},
+        {DIR "minimal.yaml", "job.name=../../x",
+         "--set job.name=../../x: job.name: '../../x' names the run directory "
+         "(runs/<job.name>-<time>): no '/' in it"},
         {DIR "minimal.yaml", "train.batch=abc",
          "--set train.batch=abc: train.batch: expected an integer, got 'abc'"},
         {DIR "minimal.yaml", "train.batch", "--set train.batch: expected KEY=VALUE"},
