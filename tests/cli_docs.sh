@@ -6,7 +6,7 @@
 #  - bench/*.sh and scripts/* answer --help with their header comment (exit 0,
 #    nothing else run) and list every option their parser takes;
 #  - every option of a command line quoted in README.md's code blocks is in
-#    that command's --help;
+#    that command's --help; every configs/*.yaml it names exists and loads;
 #  - README "Plan keys": its keys are the keys plan.json holds, its literal
 #    defaults are plan.json's values for a plan that sets only data.manifest,
 #    each key takes its documented default through --set, and each numeric
@@ -137,6 +137,14 @@ while IFS= read -r line; do
 done < <({ awk '/^```/ { f = !f; next } f' README.md; grep -oE '`[^`]+`' README.md | tr -d '`'; } |
   sed 's/\\|/|/g' | grep -E "^$CMD")
 [ $bad = 1 ] || ok "README: every option of its quoted command lines is in that command's --help"
+
+# every plan README.md names exists and loads (simulate: no data needed)
+bad=0; n=0
+for f in $(grep -oE 'configs/[A-Za-z0-9_.-]+\.yaml' README.md | sort -u); do
+  n=$((n + 1))
+  "$BIN" simulate "$f" >/dev/null 2>"$W/cfg.err" || { fail "README names $f: $(head -1 "$W/cfg.err")"; bad=1; }
+done
+[ $bad = 1 ] || ok "README: the $n plans it names exist and load"
 
 # checked FILE MESSAGE: a checker's output (FAIL lines, then an OK line) into
 # the tally: each FAIL a failed check, else MESSAGE as one passed check (a
