@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "common/schema.h"
 
 int mmp_cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
 {
@@ -66,7 +67,17 @@ int mmp_cli_dispatch(const char *prog, const char *usage, const mmp_cli_sub *sub
             return subs[k].run(argc - 1, argv + 1);
         }
     }
-    fprintf(stderr, "%s: unknown command '%s'\n\n%s", prog, argv[1], usage);
+    const char *near = NULL;
+    for (int k = 0; k < n_subs && !near; k++) {
+        if (mmp_schema_edit_distance(argv[1], subs[k].name) <= 2) {
+            near = subs[k].name;
+        }
+    }
+    if (near) {
+        fprintf(stderr, "%s: unknown command '%s' (did you mean '%s'?)\n", prog, argv[1], near);
+    } else {
+        fprintf(stderr, "%s: unknown command '%s'\n\n%s", prog, argv[1], usage);
+    }
     return 2;
 }
 

@@ -106,7 +106,8 @@ typedef struct {
 
 /* Runs the subcommand argv[1] names with argv[1..argc). No argument: usage
  * on stderr, 2; -h/--help: usage on stdout, 0; an unknown name: "<prog>:
- * unknown command '<name>'" and usage on stderr, 2. */
+ * unknown command '<name>'" and usage on stderr (or, for a name within two
+ * edits of a subcommand's, "(did you mean '<sub>'?)" instead of usage), 2. */
 int mmp_cli_dispatch(const char *prog, const char *usage, const mmp_cli_sub *subs, int n_subs,
                      int argc, char **argv);
 

@@ -82,6 +82,10 @@ for c in launch simulate bench; do
 done
 expect_fail "data check: --max-pixels without --decode is refused" "applies with --decode" \
   "$BIN" data check /dev/null --max-pixels 5
+expect_fail "mmpipe lanch: a near command is named" "^mmpipe: unknown command 'lanch' \(did you mean 'launch'\?\)$" \
+  "$BIN" lanch x.yaml
+expect_fail "mmpipe data chek: a near subcommand is named" "unknown command 'chek' \(did you mean 'check'\?\)$" \
+  "$BIN" data chek x.jsonl
 # a usage error: the message, the synopsis and where the rest is, not a whole
 # --help that scrolls the message away (launch's is over 100 lines)
 for c in launch simulate bench; do
