@@ -111,10 +111,10 @@ static int take_opt(int argc, char **argv, int *i, const char *name, const char 
 
 static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *what)
 {
-    fprintf(stderr, "mmpipe data %s: ", cmd);
-    fprintf(stderr, fmt, what);
-    fprintf(stderr, "\n\n%s", usage);
-    return 2;
+    char name[32], msg[256];
+    snprintf(name, sizeof name, "data %s", cmd);
+    snprintf(msg, sizeof msg, fmt, what);
+    return mmp_cli_usage_error(name, usage, "%s", msg);
 }
 
 /* A value option of a data subcommand and where its value goes. */

@@ -100,6 +100,14 @@ for c in launch simulate bench; do
     else fail "$c ${args[*]}: rc=$rc, $(wc -l <<<"$out") lines, first: $(head -1 <<<"$out")"; fi
   done
 done
+for args in "ckpt diff A" "ckpt export X" "data synth --samples 3" "data check A B"; do
+  out=$("$BIN" $args 2>&1); rc=$?
+  c=$(cut -d' ' -f1-2 <<<"$args")
+  if [ $rc -eq 2 ] && head -1 <<<"$out" | grep -q "^mmpipe $c: " && [ "$(wc -l <<<"$out")" -le 6 ] &&
+    tail -1 <<<"$out" | grep -qF "mmpipe $c --help"; then
+    ok "$args: a usage error in $(wc -l <<<"$out") lines: $(head -1 <<<"$out")"
+  else fail "$args: rc=$rc, $(wc -l <<<"$out") lines, first: $(head -1 <<<"$out")"; fi
+done
 
 # ---- bench/*.sh and scripts/*: --help ----------------------------------------------
 for s in bench/*.sh scripts/*; do
