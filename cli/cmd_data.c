@@ -46,8 +46,9 @@ static const char SYNTH_USAGE[] =
     "  vocab.txt          BERT vocab of the caption words\n"
     "The same seed always writes the same bytes.\n"
     "\n"
-    "  --samples N      training samples, 1..10000000\n"
-    "  --seed S         default 1\n"
+    "  --out DIR        where to write (required)\n"
+    "  --samples N      training samples, 1..10000000 (required)\n"
+    "  --seed S         an integer >= 0, default 1\n"
     "  --image-size N   pixels per side, 16..1024, default 32\n";
 
 static const char TOKENIZE_USAGE[] =
