@@ -1,16 +1,31 @@
 /* Argument handling shared by the commands: subcommand dispatch, and the
  * options of those that take a plan. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "common/schema.h"
+
+int mmp_cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "mmpipe %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    /* the synopsis only: a whole --help would scroll the message away */
+    const char *end = strstr(usage, "\n\n");
+    int n = end ? (int)(end - usage) : (int)strlen(usage);
+    fprintf(stderr, "\n%.*s\n(mmpipe %s --help: every option)\n", n, usage, cmd);
+    return 2;
+}
 
 int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const char **plan_path)
 {
     if (arg[0] == '-') {
-        fprintf(stderr, "mmpipe %s: unknown or incomplete option '%s'\n\n%s", cmd, arg, usage);
-        return 2;
+        return mmp_cli_usage_error(cmd, usage, "unknown option '%s'", arg);
     }
     if (*plan_path) {
         fprintf(stderr, "mmpipe %s: one plan only ('%s' and '%s')\n", cmd, *plan_path, arg);
@@ -23,8 +38,7 @@ int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const
 int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path)
 {
     if (!plan_path) {
-        fprintf(stderr, "mmpipe %s: no plan given\n\n%s", cmd, usage);
-        return 2;
+        return mmp_cli_usage_error(cmd, usage, "no plan given");
     }
     return 0;
 }
@@ -53,7 +67,17 @@ int mmp_cli_dispatch(const char *prog, const char *usage, const mmp_cli_sub *sub
             return subs[k].run(argc - 1, argv + 1);
         }
     }
-    fprintf(stderr, "%s: unknown command '%s'\n\n%s", prog, argv[1], usage);
+    const char *near = NULL;
+    for (int k = 0; k < n_subs && !near; k++) {
+        if (mmp_schema_edit_distance(argv[1], subs[k].name) <= 2) {
+            near = subs[k].name;
+        }
+    }
+    if (near) {
+        fprintf(stderr, "%s: unknown command '%s' (did you mean '%s'?)\n", prog, argv[1], near);
+    } else {
+        fprintf(stderr, "%s: unknown command '%s'\n\n%s", prog, argv[1], usage);
+    }
     return 2;
 }
 
@@ -102,9 +126,12 @@ int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, i
         }
         const mmp_cli_opt *o = NULL;
         for (int k = 0; k < n_opts && !o; k++) {
-            if (strcmp(a, opts[k].name) == 0 && (opts[k].kind == MMP_CLI_FLAG || i + 1 < argc)) {
+            if (strcmp(a, opts[k].name) == 0) {
                 o = &opts[k];
             }
+        }
+        if (o && o->kind != MMP_CLI_FLAG && i + 1 >= argc) {
+            return mmp_cli_usage_error(cmd, usage, "%s needs a value", a);
         }
         int rc = o ? take_option(cmd, o, o->kind == MMP_CLI_FLAG ? NULL : argv[++i], args)
                    : mmp_cli_take_plan(cmd, usage, a, &args->plan);

@@ -41,7 +41,7 @@ typedef struct {
 
 /* Parses argv[1..argc) of `mmpipe cmd`: -h/--help anywhere an option may
  * stand prints usage on stdout; every other argument is one of opts (a value
- * option with no value left is an unknown option) or the plan. Returns
+ * option with no value left is a usage error) or the plan. Returns
  * MMP_CLI_GO to go on, or the exit status to return now: 0 after --help, 1
  * out of memory, 2 a usage error (printed with usage where it helps). Either
  * way the caller owns args and frees it with mmp_cli_args_fini (also safe on
@@ -88,6 +88,10 @@ void mmp_init_weights_destroy(mmp_init_weights *w);
  * plan (the first non-option) or prints the usage error; returns 0, or 2
  * (the exit status) when arg is an unknown option or a second plan. */
 int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const char **plan_path);
+/* Prints "mmpipe <cmd>: <message>", then usage's synopsis (its text up to
+ * the first blank line) and a pointer to --help, on stderr; returns 2. */
+__attribute__((format(printf, 3, 4))) int mmp_cli_usage_error(const char *cmd, const char *usage,
+                                                              const char *fmt, ...);
 /* 0 when a plan was given, else prints "no plan given" with usage and returns 2. */
 int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path);
 
@@ -102,7 +106,8 @@ typedef struct {
 
 /* Runs the subcommand argv[1] names with argv[1..argc). No argument: usage
  * on stderr, 2; -h/--help: usage on stdout, 0; an unknown name: "<prog>:
- * unknown command '<name>'" and usage on stderr, 2. */
+ * unknown command '<name>'" and usage on stderr (or, for a name within two
+ * edits of a subcommand's, "(did you mean '<sub>'?)" instead of usage), 2. */
 int mmp_cli_dispatch(const char *prog, const char *usage, const mmp_cli_sub *subs, int n_subs,
                      int argc, char **argv);
 

@@ -122,6 +122,20 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return 2;
 }
 
+/* 1 when opt is one of bench's options that take a value. */
+static int takes_value(const char *opt)
+{
+    static const char *const with_value[] = {
+        "--plan",         "--out",     "--steps",      "--warmup", "--schedules",
+        "--microbatches", "--balance", "--precisions", "--set",    "--placement"};
+    for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+        if (strcmp(opt, with_value[k]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int name_index(const char *const *names, int n, const char *s, size_t len)
 {
     for (int i = 0; i < n; i++) {
@@ -345,6 +359,9 @@ int mmp_cmd_bench(int argc, char **argv)
                     goto exit;
                 }
             }
+        } else if (!v && takes_value(a)) {
+            mmp_cli_usage_error("bench", USAGE, "%s needs a value", a);
+            goto exit;
         } else {
             int rc = mmp_cli_take_plan("bench", USAGE, a, &b.plan_path);
             if (rc) {

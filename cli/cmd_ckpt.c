@@ -165,7 +165,8 @@ static int convert(int argc, char **argv)
         } else if (strcmp(a, "--optimizer") == 0 && cmd[0] == 'e') {
             optimizer = 1;
         } else if (a[0] == '-' || src) {
-            fprintf(stderr, "mmpipe ckpt %s: unexpected '%s'\n\n%s", cmd, a, USAGE);
+            mmp_cli_usage_error(cmd[0] == 'e' ? "ckpt export" : "ckpt import", USAGE,
+                                "unexpected '%s'", a);
             goto exit;
         } else {
             src = a;
@@ -174,8 +175,8 @@ static int convert(int argc, char **argv)
     if (format && strcmp(format, "safetensors") != 0) {
         fprintf(stderr, "mmpipe ckpt %s: --format %s: only safetensors is known\n", cmd, format);
     } else if (!src || !out) {
-        fprintf(stderr, "mmpipe ckpt %s: needs a %s and -o\n\n%s", cmd,
-                cmd[0] == 'e' ? "checkpoint" : "safetensors file", USAGE);
+        mmp_cli_usage_error(cmd[0] == 'e' ? "ckpt export" : "ckpt import", USAGE,
+                            "needs a %s and -o", cmd[0] == 'e' ? "checkpoint" : "safetensors file");
     } else if (cmd[0] == 'i' && !plan) {
         fprintf(stderr, "mmpipe ckpt import: needs --plan PLAN.yaml (the model to load into)\n");
     } else {
@@ -197,8 +198,7 @@ int mmp_cmd_ckpt(int argc, char **argv)
         return convert(argc, argv);
     }
     if (strcmp(argv[1], "diff") != 0) {
-        fprintf(stderr, "mmpipe ckpt: unknown subcommand '%s'\n\n%s", argv[1], USAGE);
-        return 2;
+        return mmp_cli_usage_error("ckpt", USAGE, "unknown subcommand '%s'", argv[1]);
     }
     const char *paths[2] = {NULL, NULL};
     int np = 0, quiet = 0;
@@ -217,15 +217,13 @@ int mmp_cmd_ckpt(int argc, char **argv)
             fputs(USAGE, stdout);
             return 0;
         } else if (argv[i][0] == '-' || np == 2) {
-            fprintf(stderr, "mmpipe ckpt diff: unexpected '%s'\n\n%s", argv[i], USAGE);
-            return 2;
+            return mmp_cli_usage_error("ckpt diff", USAGE, "unexpected '%s'", argv[i]);
         } else {
             paths[np++] = argv[i];
         }
     }
     if (np != 2) {
-        fprintf(stderr, "mmpipe ckpt diff: needs two checkpoints\n\n%s", USAGE);
-        return 2;
+        return mmp_cli_usage_error("ckpt diff", USAGE, "needs two checkpoints");
     }
     return diff(paths[0], paths[1], tol, quiet);
 }

@@ -247,6 +247,26 @@ mmp_err mmp_init_weights_save(const mmp_init_weights *w, const mmp_plan *plan, c
     return mmp_ckpt_mark_latest(run_dir, 0);
 }
 
+/* Prints s on stdout as one POSIX shell word: as it is when it holds only
+ * characters no shell treats specially, else single-quoted. */
+static void put_shell_word(const char *s)
+{
+    if (*s && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                        "_./=:,+-@%") == strlen(s)) {
+        fputs(s, stdout);
+        return;
+    }
+    putchar('\'');
+    for (; *s; s++) {
+        if (*s == '\'') {
+            fputs("'\\''", stdout); /* close, an escaped quote, reopen */
+        } else {
+            putchar(*s);
+        }
+    }
+    putchar('\'');
+}
+
 int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *sets, int n_sets,
                     const char *out)
 {
@@ -269,8 +289,18 @@ int mmp_ckpt_import(const char *file, const char *plan_path, const char *const *
         goto exit;
     }
     mmp_ckpt_step_dir(dir, sizeof dir, out, 0);
-    printf("imported %s into %s (step 0%s); train on with: mmpipe launch %s --resume %s\n", file,
-           dir, filled ? ", fresh optimizer moments" : "", plan_path, out);
+    /* the --set overrides too: the checkpoint's fingerprint holds them, so a
+     * resume without them would be refused */
+    printf("imported %s into %s (step 0%s); train on with: mmpipe launch ", file, dir,
+           filled ? ", fresh optimizer moments" : "");
+    put_shell_word(plan_path);
+    for (int i = 0; i < n_sets; i++) {
+        fputs(" --set ", stdout);
+        put_shell_word(sets[i]);
+    }
+    fputs(" --resume ", stdout);
+    put_shell_word(out);
+    putchar('\n');
 exit:
     if (err != MMP_OK) {
         fprintf(stderr, "mmpipe ckpt import: %s\n", mmp_last_error());

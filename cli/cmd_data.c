@@ -46,8 +46,9 @@ static const char SYNTH_USAGE[] =
     "  vocab.txt          BERT vocab of the caption words\n"
     "The same seed always writes the same bytes.\n"
     "\n"
-    "  --samples N      training samples, 1..10000000\n"
-    "  --seed S         default 1\n"
+    "  --out DIR        where to write (required)\n"
+    "  --samples N      training samples, 1..10000000 (required)\n"
+    "  --seed S         an integer >= 0, default 1\n"
     "  --image-size N   pixels per side, 16..1024, default 32\n";
 
 static const char TOKENIZE_USAGE[] =
@@ -111,10 +112,10 @@ static int take_opt(int argc, char **argv, int *i, const char *name, const char 
 
 static int usage_error(const char *cmd, const char *usage, const char *fmt, const char *what)
 {
-    fprintf(stderr, "mmpipe data %s: ", cmd);
-    fprintf(stderr, fmt, what);
-    fprintf(stderr, "\n\n%s", usage);
-    return 2;
+    char name[32], msg[256];
+    snprintf(name, sizeof name, "data %s", cmd);
+    snprintf(msg, sizeof msg, fmt, what);
+    return mmp_cli_usage_error(name, usage, "%s", msg);
 }
 
 /* A value option of a data subcommand and where its value goes. */

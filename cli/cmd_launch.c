@@ -22,7 +22,8 @@
 #include "stages/single.h"
 
 static const char USAGE[] =
-    "usage: mmpipe launch PLAN.yaml [options]\n"
+    "usage: mmpipe launch PLAN.yaml [--single-process] [--steps N] [--out DIR] [--force]\n"
+    "                     [--resume DIR | --init-from FILE.safetensors] [--set KEY=VALUE]...\n"
     "\n"
     "Trains the model the plan describes and writes the run directory:\n"
     "metrics.jsonl, plan.json, ckpt/step_NNNNNNN/ and ckpt/latest.\n"

@@ -197,6 +197,14 @@ static mmp_err check_replicas_mbs(mmp_schema_loader *L, const char *key, const m
 
 static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
 {
+    /* job.name is a file name (runs/<job.name>-<time>): a '/' would put the
+     * run elsewhere ("../../x" outside runs/) */
+    if (strchr(p->job.name, '/')) {
+        return mmp_schema_fail_at(L, "job.name", NULL,
+                                  "job.name: '%s' names the run directory "
+                                  "(runs/<job.name>-<time>): no '/' in it",
+                                  p->job.name);
+    }
     if (p->train.microbatches > p->train.batch) {
         return mmp_schema_fail_at(L, "train.microbatches", "train.batch",
                                   "train.microbatches (%d) is more than train.batch (%d)",

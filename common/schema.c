@@ -116,6 +116,26 @@ static void suggest(const mmp_schema *s, const char *key, size_t parent_len, cha
     }
     if (best_path) {
         snprintf(hint, size, " (did you mean '%.*s'?)", (int)best_len, best_path);
+        return;
+    }
+    /* Nothing spelled alike: a key of that name in another section
+     * ("train.steps", "steps": job.steps; "train.lr": train.optimizer.lr),
+     * named when one or two keys have it. */
+    const char *leaf = strrchr(key, '.');
+    leaf = leaf ? leaf + 1 : key;
+    const char *same[3];
+    int n_same = 0;
+    for (int i = 0; i < s->n_keys; i++) {
+        const char *c = s->keys[i].path, *cl = strrchr(c, '.');
+        cl = cl ? cl + 1 : c;
+        if (strcmp(cl, leaf) == 0 && strcmp(c, key) != 0 && n_same < 3) {
+            same[n_same++] = c;
+        }
+    }
+    if (n_same == 1) {
+        snprintf(hint, size, " (did you mean '%s'?)", same[0]);
+    } else if (n_same == 2) {
+        snprintf(hint, size, " (did you mean '%s' or '%s'?)", same[0], same[1]);
     }
 }
 
@@ -202,7 +222,7 @@ static mmp_err load_mapping(mmp_schema_loader *L, void *obj, mmp_schema_site at,
         } else if (is_section(s, path)) {
             MMP_TRY(load_mapping(L, obj, vs, path));
         } else {
-            char hint[KEY_MAX + 32];
+            char hint[2 * KEY_MAX + 48];
             suggest(s, path, prefix[0] ? strlen(prefix) + 1 : 0, hint, sizeof hint);
             return mmp_schema_fail(L, ks, "unknown key '%s'%s", path, hint);
         }
@@ -322,7 +342,7 @@ static mmp_err apply_override(mmp_schema_loader *L, int i)
 {
     const char *s = L->overrides[i];
     const char *eq = strchr(s, '=');
-    char key[KEY_MAX], hint[KEY_MAX + 32], got[96];
+    char key[KEY_MAX], hint[2 * KEY_MAX + 48], got[96];
     if (!eq || eq == s) {
         return mmp_errorf(MMP_ERR_CONFIG, "--set %s: expected KEY=VALUE", s);
     }

@@ -24,7 +24,13 @@ SET=(--set data.manifest="$W/data/train.jsonl" --set train.eval_every=0 --set tr
 out=$("$BIN" ckpt diff "$W/run" "$W/back")
 [ "$(grep -c 'differ' <<<"$out")" -eq 1 ] && grep -q '^meta.step: 1 of 1 differ' <<<"$out" \
   && ok "round trip: every tensor bit for bit, but meta.step" || { fail "round trip"; echo "$out" | head; }
-"$BIN" launch $P --single-process --resume "$W/back" --steps 2 "${SET[@]}" >"$W/res.log" 2>&1 \
+# the command the import prints (its --set overrides included: the
+# checkpoint's fingerprint holds them), as a shell reads it
+hint=$(sed -n 's/.*; train on with: mmpipe launch //p' "$W/imp.log")
+eval "set -- $hint"
+[ "$*" = "$P ${SET[*]} --resume $W/back" ] && ok "import prints the resume command with its --set overrides" \
+  || fail "import's resume hint: $hint"
+"$BIN" launch "$@" --single-process --steps 2 >"$W/res.log" 2>&1 \
   && [ "$(grep -c '"step"' "$W/back/metrics.jsonl")" -eq 2 ] \
   && ok "launch --resume trains on from an import" || { fail "resume from an import"; tail -3 "$W/res.log"; }
 

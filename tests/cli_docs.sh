@@ -6,10 +6,11 @@
 #  - bench/*.sh and scripts/* answer --help with their header comment (exit 0,
 #    nothing else run) and list every option their parser takes;
 #  - every option of a command line quoted in README.md's code blocks is in
-#    that command's --help;
+#    that command's --help; every configs/*.yaml it names exists and loads;
 #  - README "Plan keys": its keys are the keys plan.json holds, its literal
 #    defaults are plan.json's values for a plan that sets only data.manifest,
-#    and each key takes its documented default through --set;
+#    each key takes its documented default through --set, and each numeric
+#    key's documented range (each enum's values) is the schema's;
 #  - README "metrics.jsonl schema": every field a pipeline run (zb-h1, a
 #    scripted re-placement) and a --single-process run write is named there,
 #    of the type common/metrics.h gives, and every field it lists is written
@@ -71,10 +72,42 @@ for c in launch simulate bench; do
     grep -oE -- '--[a-z][a-z-]*' | sort -u); do
     in_help "$o" "$("$BIN" $c --help)" || { fail "mmpipe --help: $c $o is not in $c --help"; bad=1; }
   done
-  [ $bad = 1 ] || ok "mmpipe --help: $c's options are $c's"
+  # and the other way: every option of the command's synopsis is in its line
+  for o in $(awk 'NF == 0 { exit } { print }' <<<"$("$BIN" $c --help)" |
+    grep -oE -- '(^|[ [|])--?[a-z][a-z-]*' | sed 's/^[ [|]//' | sort -u); do
+    awk -v c="  $c " 'index($0, c) == 1 { f = 1 } f && /^                     [a-z]/ { exit } f' <<<"$top" |
+      grep -qE -- "(^|[^-a-z])$o([^-a-z]|$)" || { fail "mmpipe --help: $c's line lacks $o"; bad=1; }
+  done
+  [ $bad = 1 ] || ok "mmpipe --help: $c's options are $c's, and its line has every one"
 done
 expect_fail "data check: --max-pixels without --decode is refused" "applies with --decode" \
   "$BIN" data check /dev/null --max-pixels 5
+expect_fail "mmpipe lanch: a near command is named" "^mmpipe: unknown command 'lanch' \(did you mean 'launch'\?\)$" \
+  "$BIN" lanch x.yaml
+expect_fail "mmpipe data chek: a near subcommand is named" "unknown command 'chek' \(did you mean 'check'\?\)$" \
+  "$BIN" data chek x.jsonl
+# a usage error: the message, the synopsis and where the rest is, not a whole
+# --help that scrolls the message away (launch's is over 100 lines)
+for c in launch simulate bench; do
+  for a in "--steps" "--bogus" ""; do
+    case $a in --steps) [ $c = simulate ] && a=--costs; want="^mmpipe $c: $a needs a value\$" ;;
+      --bogus) want="^mmpipe $c: unknown option '--bogus'\$" ;; *) want="^mmpipe $c: no plan given\$" ;; esac
+    args=(); [ -n "$a" ] && args=(x.yaml "$a")
+    out=$("$BIN" $c "${args[@]}" 2>&1); rc=$?
+    if [ $rc -eq 2 ] && head -1 <<<"$out" | grep -qE -- "$want" && [ "$(wc -l <<<"$out")" -le 8 ] &&
+      tail -1 <<<"$out" | grep -qF "mmpipe $c --help"; then
+      ok "$c ${args[*]}: a usage error in $(wc -l <<<"$out") lines: $(head -1 <<<"$out")"
+    else fail "$c ${args[*]}: rc=$rc, $(wc -l <<<"$out") lines, first: $(head -1 <<<"$out")"; fi
+  done
+done
+for args in "ckpt diff A" "ckpt export X" "data synth --samples 3" "data check A B"; do
+  out=$("$BIN" $args 2>&1); rc=$?
+  c=$(cut -d' ' -f1-2 <<<"$args")
+  if [ $rc -eq 2 ] && head -1 <<<"$out" | grep -q "^mmpipe $c: " && [ "$(wc -l <<<"$out")" -le 6 ] &&
+    tail -1 <<<"$out" | grep -qF "mmpipe $c --help"; then
+    ok "$args: a usage error in $(wc -l <<<"$out") lines: $(head -1 <<<"$out")"
+  else fail "$args: rc=$rc, $(wc -l <<<"$out") lines, first: $(head -1 <<<"$out")"; fi
+done
 
 # ---- bench/*.sh and scripts/*: --help ----------------------------------------------
 for s in bench/*.sh scripts/*; do
@@ -116,6 +149,14 @@ while IFS= read -r line; do
 done < <({ awk '/^```/ { f = !f; next } f' README.md; grep -oE '`[^`]+`' README.md | tr -d '`'; } |
   sed 's/\\|/|/g' | grep -E "^$CMD")
 [ $bad = 1 ] || ok "README: every option of its quoted command lines is in that command's --help"
+
+# every plan README.md names exists and loads (simulate: no data needed)
+bad=0; n=0
+for f in $(grep -oE 'configs/[A-Za-z0-9_.-]+\.yaml' README.md | sort -u); do
+  n=$((n + 1))
+  "$BIN" simulate "$f" >/dev/null 2>"$W/cfg.err" || { fail "README names $f: $(head -1 "$W/cfg.err")"; bad=1; }
+done
+[ $bad = 1 ] || ok "README: the $n plans it names exist and load"
 
 # checked FILE MESSAGE: a checker's output (FAIL lines, then an OK line) into
 # the tally: each FAIL a failed check, else MESSAGE as one passed check (a
@@ -178,6 +219,73 @@ while IFS= read -r kv; do
     { fail "--set $kv (README's default) is refused: $(head -1 "$W/set.err")"; bad=1; }
 done < <(sed -n 's/^SET //p' "$W/keys.out")
 [ $bad = 1 ] || ok "every documented default is taken by --set"
+
+# README "Plan keys" ranges against the schema's: each numeric key's values
+# cell names the range the key's out-of-range error gives ("a .. b", "[a, b)",
+# "≥ a" for an upper bound of 10^9 or more); an enum's cell lists exactly the
+# values its error accepts.
+"$PY" - "$BIN" "$W/min/plan.yaml" README.md >"$W/ranges.out" <<'PY'
+import re, subprocess, sys
+binp, plan, readme = sys.argv[1:4]
+# the schema's range of a key is in its error for a value below any range
+sec = open(readme).read().split("\n### Plan keys\n", 1)[1].split("\n## ", 1)[0]
+rows = [l for l in sec.splitlines() if l.startswith("| `")]
+NUM = r"-?[0-9][0-9.e+]*"
+def num(t):
+    t = t.replace("10^9", "1000000000").replace("10^6", "1000000").replace("2^20", "1048576")
+    t = t.replace("16384²", "268435456")
+    return float(t)
+def doc_range(cell):
+    c = cell.replace("`", "")
+    for a, b in (("10^9", "1000000000"), ("10^6", "1000000"), ("2^20", "1048576"), ("16384²", "268435456")):
+        c = c.replace(a, b)
+    m = re.search(r"([\[(])\s*(%s),\s*(%s)\s*([\])])" % (NUM, NUM), c)
+    if m:
+        return m.group(1), float(m.group(2)), float(m.group(3)), m.group(4)
+    m = re.search(r"(%s) \.\. (?:min\([^,]*, *)?(%s)" % (NUM, NUM), c)
+    if m:
+        return "[", float(m.group(1)), float(m.group(2)), "]"
+    m = re.search(r"(≥|>) *(%s)" % NUM, c)
+    if m:
+        return "[" if m.group(1) == "≥" else "(", float(m.group(2)), float("inf"), ")"
+    return None
+bad = 0
+n = 0
+for r in rows:
+    cells = [x.strip() for x in r.strip("|").split(" | ")]
+    key, values = cells[0].strip("`"), cells[1]
+    if values.startswith("as "):
+        continue
+    tries = ["-3000000000", "[-3000000000]", "[-3e9,-3e9,-3e9]"]
+    code = None
+    for v in tries:
+        p = subprocess.run([binp, "simulate", plan, "--set", f"{key}={v}"], capture_output=True, text=True)
+        m = re.search(r"is out of range ([\[(])(%s), (%s)([\])])" % (NUM, NUM), p.stderr)
+        if m:
+            code = m.group(1), float(m.group(2)), float(m.group(3)), m.group(4)
+            break
+        m = re.search(r"unknown value '[^']*' \(accepted: ([^)]*)\)", p.stderr)
+        if m:  # an enum: the cell's `words` are its values
+            n += 1
+            if set(m.group(1).split(", ")) != set(re.findall(r"`([^`]*)`", values)):
+                print(f"FAIL README Plan keys: {key}: '{values}', the schema accepts {m.group(1)}")
+            break
+        if not re.search(r"list|values", p.stderr):  # not a list key: no range to find
+            break
+    if not code:
+        continue
+    n += 1
+    doc = doc_range(values)
+    if not doc:
+        print(f"FAIL README Plan keys: {key}: no range in '{values}', the schema's is {code[0]}{code[1]:g}, {code[2]:g}{code[3]}")
+        continue
+    lo_ok = doc[0] == code[0] and doc[1] == code[1]
+    hi_ok = (doc[2] == float("inf") and code[2] >= 1e9) or (doc[2] == code[2] and doc[3] == code[3])
+    if not (lo_ok and hi_ok):
+        print(f"FAIL README Plan keys: {key}: '{values}', the schema's range is {code[0]}{code[1]:g}, {code[2]:g}{code[3]}")
+print(f"OK {n} ranges")
+PY
+checked "$W/ranges.out" "README Plan keys: $(grep '^OK' "$W/ranges.out" | cut -d' ' -f2) ranges and value lists = the schema's"
 
 # ---- README "metrics.jsonl schema" against real runs ------------------------------
 balance_plan "$W/bal.yaml" 4 0 'step: 2, set: "stages.image.replicas=[1, 1]"'

@@ -294,6 +294,8 @@ static void test_file_errors(void)
     } fixtures[] = {
         {"typo.yaml", ":6:3: unknown key 'train.microbatchs' "
                       "(did you mean 'train.microbatches'?)"},
+        /* nothing spelled alike in train: the key of that name elsewhere */
+        {"misplaced.yaml", ":6:3: unknown key 'train.steps' (did you mean 'job.steps'?)"},
         {"wrongtype.yaml", ":4:10: train.batch: expected an integer, got 'abc'"},
         {"range.yaml", ":2:35: train.microbatches: 0 is out of range [1, 1024]"},
         {"badenum.yaml", ":3:13: train.schedule: unknown value 'pipedream' "
@@ -463,6 +465,17 @@ static void test_overrides(void)
         {DIR "minimal.yaml", "train.microbatchs=4",
          "--set train.microbatchs=4: unknown key 'train.microbatchs' "
          "(did you mean 'train.microbatches'?)"},
+        {DIR "minimal.yaml", "steps=5",
+         "--set steps=5: unknown key 'steps' (did you mean "
+         "'job.steps'?)"},
+        {DIR "minimal.yaml", "train.lr=0.1",
+         "--set train.lr=0.1: unknown key 'train.lr' (did you mean 'train.optimizer.lr'?)"},
+        {DIR "minimal.yaml", "model.heads=2",
+         "--set model.heads=2: unknown key 'model.heads' (did you mean 'model.text.heads' or "
+         "'model.fusion.heads'?)"},
+        {DIR "minimal.yaml", "job.name=../../x",
+         "--set job.name=../../x: job.name: '../../x' names the run directory "
+         "(runs/<job.name>-<time>): no '/' in it"},
         {DIR "minimal.yaml", "train.batch=abc",
          "--set train.batch=abc: train.batch: expected an integer, got 'abc'"},
         {DIR "minimal.yaml", "train.batch", "--set train.batch: expected KEY=VALUE"},
