@@ -351,7 +351,7 @@ int mmp_cmd_launch(int argc, char **argv)
         goto exit;
     }
     if (mmp_data_preflight(&plan) != MMP_OK) {
-        fprintf(stderr, "mmpipe launch: %s: %s\n", plan_path, mmp_last_error());
+        fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error()); /* it names file:line:col */
         goto exit;
     }
     warn_unknown_words(&plan);

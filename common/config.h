@@ -98,9 +98,15 @@ typedef struct mmp_plan {
          * "" (no validation set: evaluation is off, mmp_plan_evaluates) */
         char val_manifest[MMP_PATH_MAX];
         char vocab[MMP_PATH_MAX]; /* default: vocab.txt beside the manifest */
-        int image_size;           /* default 32, [8, 1024] */
-        int max_text_len;         /* default 32, [4, 512] (includes [CLS] and [SEP]) */
-        float mean[3];            /* default ImageNet's */
+        /* Where manifest, val_manifest and vocab were given ("FILE:LINE:COL"
+         * or "--set KEY=..."; a default beside the manifest names the
+         * manifest's), for the data preflight's errors after loading. */
+        char manifest_site[MMP_PATH_MAX + 64];
+        char val_manifest_site[MMP_PATH_MAX + 64];
+        char vocab_site[MMP_PATH_MAX + 64];
+        int image_size;   /* default 32, [8, 1024] */
+        int max_text_len; /* default 32, [4, 512] (includes [CLS] and [SEP]) */
+        float mean[3];    /* default ImageNet's */
         float std[3];
         int workers;                  /* default 1, [0, 64] */
         int augment;                  /* training: random resized crop + flip; default 0 */

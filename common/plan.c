@@ -116,6 +116,16 @@ static mmp_err resolve_paths(mmp_schema_loader *L, mmp_plan *p)
     if (!mmp_schema_given(L, "data.val_manifest") && access(p->data.val_manifest, F_OK) != 0) {
         p->data.val_manifest[0] = 0;
     }
+    /* a default beside the manifest is placed where the manifest was given */
+    mmp_schema_where(L, "data.manifest", p->data.manifest_site, sizeof p->data.manifest_site);
+    if (!mmp_schema_where(L, "data.val_manifest", p->data.val_manifest_site,
+                          sizeof p->data.val_manifest_site)) {
+        snprintf(p->data.val_manifest_site, sizeof p->data.val_manifest_site, "%s",
+                 p->data.manifest_site);
+    }
+    if (!mmp_schema_where(L, "data.vocab", p->data.vocab_site, sizeof p->data.vocab_site)) {
+        snprintf(p->data.vocab_site, sizeof p->data.vocab_site, "%s", p->data.manifest_site);
+    }
     return MMP_OK;
 }
 

@@ -2,6 +2,7 @@
 #include "data/preflight.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,39 +40,50 @@ static int has_text(int fd)
 /* Whether path is a regular file this process can read; a manifest must
  * also hold something (an empty one fails every stage after the run
  * directory exists). */
-static mmp_err readable(const char *key, const char *path, int manifest, const char *hint)
+/* site: where the key was given ("FILE:LINE:COL", "--set ...", or "" when
+ * the plan was not loaded from a file); it leads the error when known. */
+static mmp_err readable(const char *site, const char *key, const char *path, int manifest,
+                        const char *hint)
 {
     struct stat st;
+    const char *sep = site[0] ? ": " : "";
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: cannot read %s: %s%s", key, path, strerror(errno),
-                          hint);
+        return mmp_errorf(MMP_ERR_DATA, "%s%s%s: cannot read %s: %s%s", site, sep, key, path,
+                          strerror(errno), hint);
     }
     int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
     int empty = ok && manifest && !has_text(fd);
     close(fd);
     if (!ok) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: %s is not a regular file%s", key, path, hint);
+        return mmp_errorf(MMP_ERR_DATA, "%s%s%s: %s is not a regular file%s", site, sep, key, path,
+                          hint);
     }
     if (empty) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: %s: no samples (the manifest is empty)%s", key, path,
-                          hint);
+        return mmp_errorf(MMP_ERR_DATA, "%s%s%s: %s: no samples (the manifest is empty)%s", site,
+                          sep, key, path, hint);
     }
     return MMP_OK;
 }
 
 mmp_err mmp_data_preflight(const mmp_plan *p)
 {
-    MMP_TRY(readable("data.manifest", p->data.manifest, 1, ""));
-    MMP_TRY(readable("data.vocab", p->data.vocab, 0, ""));
+    const char *beside = " (the default: beside data.manifest)";
+    int vocab_default = strcmp(p->data.vocab_site, p->data.manifest_site) == 0;
+    MMP_TRY(readable(p->data.manifest_site, "data.manifest", p->data.manifest, 1, ""));
+    MMP_TRY(
+        readable(p->data.vocab_site, "data.vocab", p->data.vocab, 0, vocab_default ? beside : ""));
     mmp_tokenizer *tok = NULL;
     mmp_err e = mmp_tokenizer_load(&tok, p->data.vocab);
     mmp_tokenizer_destroy(tok);
     if (e != MMP_OK) {
-        return mmp_error_prefix(MMP_ERR_DATA, "data.vocab");
+        char what[MMP_PATH_MAX + 80];
+        snprintf(what, sizeof what, "%s%sdata.vocab", p->data.vocab_site,
+                 p->data.vocab_site[0] ? ": " : "");
+        return mmp_error_prefix(MMP_ERR_DATA, "%s", what);
     }
     if (mmp_plan_evaluates(p)) {
-        MMP_TRY(readable("data.val_manifest", p->data.val_manifest, 1,
+        MMP_TRY(readable(p->data.val_manifest_site, "data.val_manifest", p->data.val_manifest, 1,
                          " (evaluation reads it; with train.eval_every: 0 and train.final_eval: "
                          "false it is not needed)"));
     }

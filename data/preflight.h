@@ -18,7 +18,9 @@
 
 #include <stdint.h>
 
-/* MMP_OK, or MMP_ERR_DATA with "KEY: PATH: reason" in mmp_last_error(). */
+/* MMP_OK, or MMP_ERR_DATA with "SITE: KEY: PATH: reason" in mmp_last_error(),
+ * SITE where the plan gave the key (p->data.*_site: FILE:LINE:COL or the
+ * --set; a default beside the manifest names the manifest's). */
 mmp_err mmp_data_preflight(const mmp_plan *p);
 
 /* How well data.vocab covers the captions: the first `lines` good lines of

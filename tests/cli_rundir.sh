@@ -163,6 +163,16 @@ expect_fail "missing manifest: one error naming data.manifest" "data.manifest: .
 n=$("$BIN" launch "$W/plan.yaml" --out "$W/pf1" --set data.manifest="$W/nope.jsonl" 2>&1 | grep -c nope.jsonl)
 [ "$n" -eq 1 ] && [ ! -e "$W/pf1" ] && ok "... printed once, no run directory" \
   || fail "missing manifest printed $n times or left $W/pf1"
+# where the key was given leads the error: file:line:column, or the --set
+printf 'job: { name: pf, steps: 2 }\ndata:\n  manifest: nope.jsonl\n' >"$W/pf8.yaml"
+expect_fail "missing manifest: the error names file:line:column" "^mmpipe launch: $W/pf8.yaml:3:13: data.manifest: cannot read $W/nope.jsonl" \
+  "$BIN" launch "$W/pf8.yaml" --out "$W/pf8"
+expect_fail "missing manifest from --set: the error names the --set" "^mmpipe launch: --set data.manifest=$W/nope.jsonl: data.manifest: cannot read" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/pf8" --set data.manifest="$W/nope.jsonl"
+mkdir -p "$W/novocab" && cp "$W/data/train.jsonl" "$W/novocab/" && printf 'job: { name: pf, steps: 2 }\ndata: { manifest: novocab/train.jsonl }\n' >"$W/pf9.yaml"
+expect_fail "missing default vocab: named at the manifest's position, as a default" \
+  "^mmpipe launch: $W/pf9.yaml:2:19: data.vocab: cannot read $W/novocab/vocab.txt: .*\\(the default: beside data.manifest\\)" \
+  "$BIN" launch "$W/pf9.yaml" --out "$W/pf9"
 expect_fail "missing vocab: error naming data.vocab" "data.vocab: .*$W/none.txt" \
   "$BIN" launch "$W/plan.yaml" --out "$W/pf2" --set data.vocab="$W/none.txt"
 mkdir -p "$W/noval" && cp "$W/data/train.jsonl" "$W/data/vocab.txt" "$W/noval/" && ln -s "$W/data/images" "$W/noval/images"
@@ -176,7 +186,7 @@ cp "$W/data/train.jsonl" "$W/empty/train.jsonl" && ln -s "$W/data/images" "$W/em
 expect_fail "empty val.jsonl beside the manifest: error naming data.val_manifest" \
   "data.val_manifest: .*empty/val.jsonl: no samples" \
   "$BIN" launch "$W/plan.yaml" --out "$W/pf7" --set data.manifest="$W/empty/train.jsonl"
-[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && [ ! -e "$W/pf6" ] && [ ! -e "$W/pf7" ] \
+[ ! -e "$W/pf2" ] && [ ! -e "$W/pf3" ] && [ ! -e "$W/pf6" ] && [ ! -e "$W/pf7" ] && [ ! -e "$W/pf8" ] && [ ! -e "$W/pf9" ] \
   && ok "no run directory after a preflight error" || fail "preflight left a directory"
 "$BIN" launch "$W/plan.yaml" --out "$W/pf4" --set data.manifest="$W/noval/train.jsonl" \
   --set train.final_eval=false >"$W/pf4.log" 2>&1 \
