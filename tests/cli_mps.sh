@@ -37,6 +37,8 @@ case "$dir" in /tmp/mmpipe-mps-*/pipe) ok "the job started its MPS daemon ($dir)
 grep -qx "quit $dir" "$W/calls" 2>/dev/null && ok "and told it to quit at the end" || fail "no quit: $(cat "$W/calls" 2>/dev/null)"
 [ -n "$dir" ] && [ ! -e "$(dirname "$dir")" ] && ok "its directories are gone" || fail "left: $(dirname "$dir")"
 grep -q 'CUDA MPS daemon started' "$W/run.log" && ok "the log says so" || fail "log: no MPS line"
+grep -q 'error run.c:[0-9]*: [a-z.0-9]*/0: .*cuda:0: 0 CUDA devices are visible to this process' "$W/run.log" \
+  && ok "no GPU here: the stage's error says cuda:0 is not visible" || { fail "stage error"; grep error "$W/run.log" | head -2; }
 rm -f "$W/calls"
 MMP_GPU_SHARING=timeslice PATH="$W/bin:$PATH" "$BIN" launch "$W/plan.yaml" --out "$W/run2" --force \
   --set "$one_gpu" >"$W/run2.log" 2>&1

@@ -71,6 +71,21 @@ static void ws_free(cudaStream_t stream, int pools, void *buf)
 static mmp_err ctx_init(mmp_cuda_ctx *ctx, int device)
 {
     ctx->device = device;
+    /* A device this process cannot see gets an error that says so, not the
+     * runtime's "driver version is insufficient" (what no driver reads as). */
+    int count = 0;
+    cudaError_t ce = cudaGetDeviceCount(&count);
+    if (ce != cudaSuccess || device >= count) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        (void)cudaGetLastError(); /* the runtime's last error, cleared */
+        return mmp_errorf(MMP_ERR_CUDA,
+                          "cuda:%d: %d CUDA devices are visible to this process%s%s%s (%s; "
+                          "`mmpipe devices` lists what this build sees)",
+                          device, ce == cudaSuccess ? count : 0,
+                          cvd ? " (CUDA_VISIBLE_DEVICES=" : "", cvd ? cvd : "", cvd ? ")" : "",
+                          ce == cudaSuccess ? "devices are numbered from 0"
+                                            : cudaGetErrorString(ce));
+    }
     CU_TRY(cudaSetDevice(device));
     /* A blocking stream: code that still uses the legacy default stream
      * (a plain cudaMemcpy) stays ordered with the kernels queued here. */
