@@ -116,6 +116,12 @@ if [ "$n" -ge 2 ]; then
   got=$(grep -c "pinned to cores ${allowed[0]},${allowed[1]} (train.pin)" "$W/t2.log")
   [ "$got" -eq 3 ] && ok "train.threads 2: each of the 3 stage processes takes 2 cores" \
     || fail "train.threads 2: $got of 3 processes pinned to cores ${allowed[0]},${allowed[1]}"
+  # the kernels compute every element the same way in any thread's range:
+  # the same run at 1 thread ends with the same checkpoint, bit for bit
+  "$BIN" launch "$W/plan.yaml" --out "$W/t1" --set job.steps=2 --set train.threads=1 \
+    >"$W/t1.log" 2>&1 || { fail "threads 1 run"; tail -3 "$W/t1.log"; }
+  d=$(same_ckpt "$W/t1/ckpt/latest" "$W/t2/ckpt/latest") \
+    && ok "train.threads 1 and 2: the same checkpoint ($d)" || fail "train.threads 1 vs 2: $d"
 fi
 
 # --- simulate --plan-cores: the same planner on the run's measured costs, on paper -------
