@@ -207,18 +207,21 @@ static mmp_err r1_core(const float *img_emb, const float *txt_emb, int n, int E,
     size_t nn = (size_t)n;
     /* diag[a] = sim(a, a); row_best[a] = max over b != a of sim(a, b) (image
      * a's best other text); col_best[b] = max over a != b of sim(a, b). */
-    float *diag = malloc(3 * nn * sizeof(float));
+    float *diag = malloc(nn * sizeof(float));
+    float *row_best = malloc(nn * sizeof(float));
+    float *col_best = malloc(nn * sizeof(float));
     float *pack = malloc((size_t)TILE_COLS * (size_t)(E > 0 ? E : 1) * sizeof(float));
-    if (!diag || !pack) {
+    if (!diag || !row_best || !col_best || !pack) {
         free(diag);
+        free(row_best);
+        free(col_best);
         free(pack);
         return mmp_errorf(MMP_ERR_NOMEM,
                           "retrieval over %d pairs: %zu bytes of best scores and %zu of tile", n,
                           3 * nn * sizeof(float), (size_t)TILE_COLS * (size_t)E * sizeof(float));
     }
-    float *row_best = diag + nn, *col_best = diag + 2 * nn;
-    for (size_t i = 0; i < 3 * nn; i++) {
-        diag[i] = NAN;
+    for (size_t i = 0; i < nn; i++) {
+        diag[i] = row_best[i] = col_best[i] = NAN;
     }
     panel_fn kernel = pick_panel();
     for (int a0 = 0; a0 < n; a0 += rows) {
@@ -274,6 +277,8 @@ static mmp_err r1_core(const float *img_emb, const float *txt_emb, int n, int E,
         hit_t += !(col_best[a] >= diag[a]);
     }
     free(diag);
+    free(row_best);
+    free(col_best);
     free(pack);
     *i2t = (double)hit_i / n;
     *t2i = (double)hit_t / n;

@@ -220,7 +220,9 @@ static void test_tie_rule(void)
     CHECK_OK(mmp_retrieval_r1(img, txt, N, E, &i2t, &t2i));
     CHECK(i2t == 1 && t2i == 1);
     /* pair 7's text copied onto text 8: image 7 and image 8 tie on text 8 */
-    memcpy(txt + 8 * E, txt + 7 * E, E * sizeof(float));
+    for (int k = 0; k < E; k++) {
+        txt[8 * E + k] = txt[7 * E + k];
+    }
     CHECK_OK(mmp_retrieval_r1(img, txt, N, E, &i2t, &t2i));
     CHECK(i2t == (double)(N - 2) / N && t2i == (double)(N - 1) / N);
 }
