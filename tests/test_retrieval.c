@@ -174,7 +174,13 @@ static void check_similarities(int n, int E)
  * reference. */
 static void test_equal_to_reference(void)
 {
+    /* 259 crosses a 256-text tile; 517 two (Release only: under the
+     * sanitizers it alone took 30 s of this test's 41) */
+#ifdef UNDER_ASAN
+    const int ns[] = {1, 2, 3, 17, 64, 100, 259};
+#else
     const int ns[] = {1, 2, 3, 17, 64, 100, 259, 517};
+#endif
     const int Es[] = {1, 3, 16, 64, 100, 256};
     const char *isas[] = {"scalar", "avx2", "avx512"};
     for (size_t s = 0; s < 3; s++) {
