@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/parallel.h"
 #include "nn/model.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -191,8 +192,111 @@ static inline void keep_max(float *best, float x)
     }
 }
 
+/* One block of image rows [a0, a1) against every text, split across the
+ * kernels' pool (kernels/cpu/parallel.h) by texts: part p of parts takes
+ * panels [p*panels/parts, (p+1)*panels/parts), packs them a tile at a time
+ * into its own pack buffer and compares every row of the block with them.
+ * Splitting by texts keeps the packing work what one thread does (each text
+ * packed once per block) and needs no per-part array of n: col_best, diag
+ * and all are per text, so each part writes its own texts' entries, in the
+ * same row order as one thread; row_best is per image row, so each part
+ * keeps its maxima over its texts in part_best (parts, a1 - a0) and the
+ * caller merges them in part order (merge_rows). */
+typedef struct {
+    const float *img, *txt;
+    int n, E, a0, a1, parts, panels;
+    panel_fn kernel;
+    float *diag, *col_best, *all;
+    float *part_best; /* (parts, rows) */
+    float *packs;     /* (parts, TILE_COLS * E) */
+    int rows;
+} block_job;
+
+static void block_part(const block_job *j, int part)
+{
+    const int n = j->n, E = j->E, a0 = j->a0, a1 = j->a1;
+    const size_t nn = (size_t)n;
+    float *pack = j->packs + (size_t)part * TILE_COLS * (size_t)(E > 0 ? E : 1);
+    float *best = j->part_best + (size_t)part * (size_t)j->rows;
+    for (int r = 0; r < a1 - a0; r++) {
+        best[r] = NAN;
+    }
+    int p_lo = (int)((int64_t)j->panels * part / j->parts);
+    int p_hi = (int)((int64_t)j->panels * (part + 1) / j->parts);
+    for (int t0 = p_lo; t0 < p_hi; t0 += TILE_COLS / PANEL) {
+        int panels = p_hi - t0 < TILE_COLS / PANEL ? p_hi - t0 : TILE_COLS / PANEL;
+        int b0 = t0 * PANEL;
+        int bw = n - b0 < panels * PANEL ? n - b0 : panels * PANEL;
+        /* pack[p][k][j] = txt[b0 + p*PANEL + j][k], zeros past the last text */
+        for (int p = 0; p < panels; p++) {
+            float *dst = pack + (size_t)p * E * PANEL;
+            for (int jj = 0; jj < PANEL; jj++) {
+                int b = b0 + p * PANEL + jj;
+                const float *src = b < n ? j->txt + (size_t)b * E : NULL;
+                for (int k = 0; k < E; k++) {
+                    dst[(size_t)k * PANEL + jj] = src ? src[k] : 0.0f;
+                }
+            }
+        }
+        for (int g = a0; g < a1; g += GROUP) {
+            int gr = a1 - g < GROUP ? a1 - g : GROUP;
+            for (int p = 0; p < panels; p++) {
+                float out[GROUP][PANEL];
+                j->kernel(j->img + (size_t)g * E, gr, E, pack + (size_t)p * E * PANEL, out);
+                int pw = bw - p * PANEL < PANEL ? bw - p * PANEL : PANEL;
+                for (int r = 0; r < gr; r++) {
+                    int a = g + r;
+                    for (int jj = 0; jj < pw; jj++) {
+                        int b = b0 + p * PANEL + jj;
+                        float x = out[r][jj];
+                        if (j->all) {
+                            j->all[(size_t)a * nn + b] = x;
+                        }
+                        if (a == b) {
+                            j->diag[a] = x;
+                        } else {
+                            keep_max(&best[a - a0], x);
+                            keep_max(&j->col_best[b], x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* mmp_cpu_range_fn over parts: a pool that runs fewer ranges than parts
+ * (busy, or a fork child) hands one thread several, each with its own
+ * scratch, so the bits never depend on how many ran. */
+static void block_range(void *ctx, size_t lo, size_t hi)
+{
+    for (size_t p = lo; p < hi; p++) {
+        block_part(ctx, (int)p);
+    }
+}
+
+/* row_best[a] over the block's parts in part order, i.e. in text order as
+ * one thread scans them: keep_max keeps the first of equal maxima (+0 and
+ * -0 among them) and never takes a part's NaN (none of its texts
+ * comparable), so the result has one thread's bits. */
+static void merge_rows(const block_job *j, float *row_best)
+{
+    for (int p = 0; p < j->parts; p++) {
+        const float *best = j->part_best + (size_t)p * (size_t)j->rows;
+        for (int a = j->a0; a < j->a1; a++) {
+            keep_max(&row_best[a], best[a - j->a0]);
+        }
+    }
+}
+
+/* Fused multiply-adds a part should have at least, per block: far above
+ * what waking a worker costs. */
+#define PART_MIN_FMAS (1 << 20)
+
 /* mmp_retrieval_r1_blocked, also writing every similarity to all (n,n)
- * when all is not NULL (mmp_retrieval_similarities). */
+ * when all is not NULL (mmp_retrieval_similarities). Blocks run one after
+ * another on the calling thread (which alone calls progress), each split
+ * across the kernels' pool (block_part). */
 static mmp_err r1_core(const float *img_emb, const float *txt_emb, int n, int E, int rows,
                        mmp_retrieval_progress progress, void *ctx, double *i2t, double *t2i,
                        float *all)
@@ -204,67 +308,60 @@ static mmp_err r1_core(const float *img_emb, const float *txt_emb, int n, int E,
     if (rows <= 0) {
         rows = DEFAULT_ROWS;
     }
+    if (rows > n) {
+        rows = n;
+    }
     size_t nn = (size_t)n;
+    int panels = (n + PANEL - 1) / PANEL;
+    int threads = mmp_cpu_pool_threads();
+    int max_parts = threads < panels ? threads : panels;
+    size_t pack_floats = (size_t)TILE_COLS * (size_t)(E > 0 ? E : 1);
     /* diag[a] = sim(a, a); row_best[a] = max over b != a of sim(a, b) (image
      * a's best other text); col_best[b] = max over a != b of sim(a, b). */
     float *diag = malloc(nn * sizeof(float));
     float *row_best = malloc(nn * sizeof(float));
     float *col_best = malloc(nn * sizeof(float));
-    float *pack = malloc((size_t)TILE_COLS * (size_t)(E > 0 ? E : 1) * sizeof(float));
-    if (!diag || !row_best || !col_best || !pack) {
+    float *packs = malloc((size_t)max_parts * pack_floats * sizeof(float));
+    float *part_best = malloc((size_t)max_parts * (size_t)rows * sizeof(float));
+    if (!diag || !row_best || !col_best || !packs || !part_best) {
         free(diag);
         free(row_best);
         free(col_best);
-        free(pack);
+        free(packs);
+        free(part_best);
         return mmp_errorf(MMP_ERR_NOMEM,
-                          "retrieval over %d pairs: %zu bytes of best scores and %zu of tile", n,
-                          3 * nn * sizeof(float), (size_t)TILE_COLS * (size_t)E * sizeof(float));
+                          "retrieval over %d pairs: %zu bytes of best scores and %zu of tiles and "
+                          "partial maxima for %d threads",
+                          n, 3 * nn * sizeof(float),
+                          (size_t)max_parts * (pack_floats + (size_t)rows) * sizeof(float),
+                          max_parts);
     }
     for (size_t i = 0; i < nn; i++) {
         diag[i] = row_best[i] = col_best[i] = NAN;
     }
-    panel_fn kernel = pick_panel();
+    block_job job = {.img = img_emb,
+                     .txt = txt_emb,
+                     .n = n,
+                     .E = E,
+                     .panels = panels,
+                     .kernel = pick_panel(),
+                     .diag = diag,
+                     .col_best = col_best,
+                     .all = all,
+                     .part_best = part_best,
+                     .packs = packs,
+                     .rows = rows};
     for (int a0 = 0; a0 < n; a0 += rows) {
         int a1 = n - a0 < rows ? n : a0 + rows;
-        for (int b0 = 0; b0 < n; b0 += TILE_COLS) {
-            int bw = n - b0 < TILE_COLS ? n - b0 : TILE_COLS;
-            int panels = (bw + PANEL - 1) / PANEL;
-            /* pack[p][k][j] = txt[b0 + p*PANEL + j][k], zeros past the last text */
-            for (int p = 0; p < panels; p++) {
-                float *dst = pack + (size_t)p * E * PANEL;
-                for (int j = 0; j < PANEL; j++) {
-                    int b = b0 + p * PANEL + j;
-                    const float *src = b < n ? txt_emb + (size_t)b * E : NULL;
-                    for (int k = 0; k < E; k++) {
-                        dst[(size_t)k * PANEL + j] = src ? src[k] : 0.0f;
-                    }
-                }
-            }
-            for (int g = a0; g < a1; g += GROUP) {
-                int gr = a1 - g < GROUP ? a1 - g : GROUP;
-                for (int p = 0; p < panels; p++) {
-                    float out[GROUP][PANEL];
-                    kernel(img_emb + (size_t)g * E, gr, E, pack + (size_t)p * E * PANEL, out);
-                    int pw = bw - p * PANEL < PANEL ? bw - p * PANEL : PANEL;
-                    for (int r = 0; r < gr; r++) {
-                        int a = g + r;
-                        for (int j = 0; j < pw; j++) {
-                            int b = b0 + p * PANEL + j;
-                            float x = out[r][j];
-                            if (all) {
-                                all[(size_t)a * nn + b] = x;
-                            }
-                            if (a == b) {
-                                diag[a] = x;
-                            } else {
-                                keep_max(&row_best[a], x);
-                                keep_max(&col_best[b], x);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        /* panels per part: at least PART_MIN_FMAS of work each */
+        int64_t per_panel = (int64_t)(a1 - a0) * PANEL * (E > 0 ? E : 1);
+        int64_t grain = (PART_MIN_FMAS + per_panel - 1) / per_panel;
+        int64_t parts = panels / grain;
+        job.a0 = a0;
+        job.a1 = a1;
+        job.parts = parts < 1 ? 1 : parts > max_parts ? max_parts : (int)parts;
+        mmp_cpu_parallel_for((size_t)job.parts, 1, block_range, &job);
+        merge_rows(&job, row_best);
         if (progress) {
             progress(ctx, a1, n);
         }
@@ -279,7 +376,8 @@ static mmp_err r1_core(const float *img_emb, const float *txt_emb, int n, int E,
     free(diag);
     free(row_best);
     free(col_best);
-    free(pack);
+    free(packs);
+    free(part_best);
     *i2t = (double)hit_i / n;
     *t2i = (double)hit_t / n;
     return MMP_OK;

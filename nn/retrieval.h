@@ -12,7 +12,12 @@
  * (E <= 448 with 0.3.21's AVX-512 kernels; a longer E they sum in two
  * parts), so the n x n sgemm this replaced gave the same bits there. Never
  * holds more than one tile of similarities: three floats per pair plus a
- * fixed scratch. */
+ * fixed scratch per thread.
+ *
+ * Threads: each block of image rows is split by texts across the CPU
+ * kernels' pool (mmp_cpu_set_threads, i.e. train.threads; kernels/cpu/
+ * parallel.h), and the recall and every similarity are the same bits
+ * whatever the thread count. */
 #ifndef MMP_NN_RETRIEVAL_H
 #define MMP_NN_RETRIEVAL_H
 
@@ -21,14 +26,17 @@
 #include "common/err.h"
 
 /* Called after each block of image rows (done of n rows compared against
- * every text); may be NULL. Evaluation uses it to keep talking to the
+ * every text), always on the thread that called mmp_retrieval_r1_blocked,
+ * never on a pool worker; may be NULL. Evaluation uses it to keep talking to the
  * coordinator's stall watchdog while a large set is compared. */
 typedef void (*mmp_retrieval_progress)(void *ctx, int64_t done, int64_t n);
 
 /* Recall@1 both ways over n pairs of HOST embeddings img_emb (n,E), txt_emb
  * (n,E) into *i2t and *t2i (hits / n; 0 when n is 0). rows: image rows per
  * block (<= 0: the default); results do not depend on it. MMP_ERR_NOMEM
- * names the bytes it could not get (O(n + E) of them). */
+ * names the bytes it could not get (O(n + threads * E) of them). Returns
+ * when done; called from a second thread while the pool is busy, it
+ * computes alone (the same bits). */
 mmp_err mmp_retrieval_r1_blocked(const float *img_emb, const float *txt_emb, int n, int E, int rows,
                                  mmp_retrieval_progress progress, void *ctx, double *i2t,
                                  double *t2i);

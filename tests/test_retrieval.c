@@ -3,9 +3,11 @@
  * embeddings and on embeddings full of exact ties, duplicates, zeros and
  * NaNs; independent of the block size; and, in a child whose address space
  * is too small for the n x n matrix, the reference fails where the blocked
- * one answers. */
+ * one answers; the same bits with 1, 2 and 4 threads, progress on the
+ * caller. */
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/cpu.h"
 #include "nn/model.h"
 #include "nn/retrieval.h"
 #include "tests/harness.h"
@@ -256,6 +259,81 @@ static void test_progress(void)
     CHECK(seen[0] == N && seen[1] == 4); /* rows 30, 60, 90, 100 */
 }
 
+/* progress must come on the thread that called (it talks to the
+ * coordinator): ctx[0] counts calls, ctx[1] calls from another thread */
+static pthread_t caller;
+static void progress_thread(void *ctx, int64_t done, int64_t n)
+{
+    int *seen = ctx;
+    (void)done, (void)n;
+    seen[0]++;
+    seen[1] += !pthread_equal(pthread_self(), caller);
+}
+
+/* With 1, 2 and 4 threads (the kernels' pool splits each block of image
+ * rows by texts, parts not on tile boundaries): the same recall and every
+ * similarity the same bits. Sizes big enough for several parts per block;
+ * ties, duplicates, NaNs and infinities (fill kind 2), and texts from 128
+ * on all NaN, so that the parts holding only those find no comparable text
+ * for any image (their partial maxima NaN, which the merge must not take). */
+static void test_threads(void)
+{
+    static const struct {
+        int n, E, rows, kind, nan_from;
+    } cases[] = {
+        {259, 256, 0, 0, -1},  {259, 256, 0, 2, -1},   {259, 256, 0, 1, 128}, {700, 100, 64, 2, -1},
+        {700, 100, 64, 1, -1}, {700, 100, 64, 2, 128}, {517, 64, 37, 2, -1},  {64, 16, 0, 2, -1},
+    };
+    caller = pthread_self();
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int n = cases[c].n, E = cases[c].E;
+        float *img = malloc((size_t)n * E * sizeof(float));
+        float *txt = malloc((size_t)n * E * sizeof(float));
+        float *sim1 = malloc((size_t)n * n * sizeof(float));
+        float *sim = malloc((size_t)n * n * sizeof(float));
+        fill(img, n, E, cases[c].kind);
+        fill(txt, n, E, cases[c].kind);
+        memcpy(txt + E, txt, (size_t)E * sizeof(float)); /* an exact tie for pair 0 */
+        for (int b = cases[c].nan_from; b >= 0 && b < n; b++) {
+            txt[(size_t)b * E + (size_t)b % E] = NAN;
+        }
+        double r1[2] = {-1, -1};
+        const int threads[] = {1, 2, 4};
+        for (size_t t = 0; t < 3; t++) {
+            mmp_cpu_set_threads(threads[t]);
+            double r[2] = {-1, -1};
+            int seen[2] = {0, 0};
+            CHECK_OK(mmp_retrieval_r1_blocked(img, txt, n, E, cases[c].rows, progress_thread, seen,
+                                              &r[0], &r[1]));
+            CHECK_OK(
+                mmp_retrieval_similarities(img, txt, n, E, cases[c].rows, t == 0 ? sim1 : sim));
+            int rows = cases[c].rows > 0 ? cases[c].rows : 64;
+            CHECK(seen[0] == (n + rows - 1) / rows && seen[1] == 0);
+            if (t == 0) {
+                memcpy(r1, r, sizeof r);
+                continue;
+            }
+            size_t diff = 0;
+            for (size_t i = 0; i < (size_t)n * n; i++) {
+                diff += memcmp(&sim[i], &sim1[i], sizeof(float)) != 0;
+            }
+            if (memcmp(r, r1, sizeof r) != 0 || diff) {
+                fprintf(stderr,
+                        "  n %d E %d rows %d kind %d nan_from %d, %d threads: recall "
+                        "%.17g/%.17g, 1 thread %.17g/%.17g; %zu similarities differ\n",
+                        n, E, cases[c].rows, cases[c].kind, cases[c].nan_from, threads[t], r[0],
+                        r[1], r1[0], r1[1], diff);
+            }
+            CHECK(memcmp(r, r1, sizeof r) == 0 && diff == 0);
+        }
+        mmp_cpu_set_threads(1);
+        free(img);
+        free(txt);
+        free(sim1);
+        free(sim);
+    }
+}
+
 /* n pairs whose n x n matrix (n*n*4 bytes) is over the address space a
  * child is left: the reference cannot allocate it, the blocked one answers
  * (and equals the reference's answer computed without the limit). */
@@ -314,6 +392,7 @@ int main(void)
     test_equal_to_reference();
     test_tie_rule();
     test_progress();
+    test_threads();
     test_memory_limit();
     return mmp_test_finish("test_retrieval");
 }

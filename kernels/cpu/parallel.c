@@ -89,6 +89,17 @@ void mmp_cpu_pool_resize(int n)
     pthread_mutex_unlock(&pool.mu);
 }
 
+int mmp_cpu_pool_threads(void)
+{
+    pthread_mutex_lock(&pool.mu);
+    int t = pool.threads < pool.workers + 1 ? pool.threads : pool.workers + 1;
+    if (pool.pid != getpid()) {
+        t = 1;
+    }
+    pthread_mutex_unlock(&pool.mu);
+    return t;
+}
+
 void mmp_cpu_parallel_for(size_t n, size_t grain, mmp_cpu_range_fn fn, void *ctx)
 {
     if (grain < 1) {

@@ -1,5 +1,6 @@
 /* The CPU kernels' own threads, for their loops that are not GEMMs (OpenBLAS
- * threads those). Private to kernels/cpu/.
+ * threads those). Private to kernels/cpu/ and nn/retrieval.c (a metric the
+ * host computes between kernels, with the same thread count).
  *
  * mmp_cpu_set_threads(n) sizes the pool: n - 1 workers that sleep on a
  * condition variable between loops. They never spin, so they do not compete
@@ -23,6 +24,12 @@ typedef void (*mmp_cpu_range_fn)(void *ctx, size_t lo, size_t hi);
  * n < 2 grain, the pool is busy (a second calling thread) or the process
  * is a fork child of the one that started the workers. */
 void mmp_cpu_parallel_for(size_t n, size_t grain, mmp_cpu_range_fn fn, void *ctx);
+
+/* How many ranges mmp_cpu_parallel_for splits a large enough loop into now:
+ * the chosen thread count, less workers that could not be started; 1 in a
+ * fork child of the process that started them. A caller keeping scratch per
+ * range sizes it by this (a busy pool runs every range on the caller). */
+int mmp_cpu_pool_threads(void);
 
 /* Starts workers until the pool has n - 1 (never stops any); n <= 1 makes
  * later loops run on the caller. Called by mmp_cpu_set_threads. */
