@@ -149,8 +149,18 @@ trace_ok() {
 # finish: prints the summary; a test that passed removes its work dir W (a
 # seed-scale run leaves 3 GB of checkpoints; CI's disk holds two builds' worth
 # of tests), one that failed keeps it to look at, and MMP_KEEP_TMP=1 keeps all.
+# A test with an EXIT trap (hosts_down, slurm's cleanup) stops what it started
+# from pid files in W: W then goes after that trap, not before it.
+finish_rm_w() { rm -rf "$W"; }
 finish() {
   echo "$(basename "$0"): $checks checks, $fails failed"
   [ $checks -gt 0 ] && [ $fails -eq 0 ] || return 1
-  [ "${MMP_KEEP_TMP:-0}" = 1 ] || [ -z "${W:-}" ] || rm -rf "$W"
+  [ "${MMP_KEEP_TMP:-0}" = 1 ] || [ -z "${W:-}" ] && return 0
+  local t
+  t=$(trap -p EXIT)
+  if [ -n "$t" ]; then
+    eval "${t% EXIT}"\''; finish_rm_w'\'' EXIT'
+  else
+    finish_rm_w
+  fi
 }
