@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -473,4 +474,34 @@ void mmp_test_image_step(mmp_image_net *net, mmp_image_acts *acts, const float *
     mmp_image_net_backward(net, acts, dout, B, din);
     mmp_params_mb_end(p);
     mmp_params_grad_finish(p);
+}
+
+char *mmp_test_stderr_of(const char *name, void (*fn)(void *), void *arg)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/stderr.txt", mmp_test_tmpdir(name));
+    fflush(stderr);
+    int saved = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (saved < 0 || f < 0 || dup2(f, 2) < 0) {
+        CHECK(!"stderr to a file");
+        if (f >= 0) {
+            close(f);
+        }
+        if (saved >= 0) {
+            close(saved);
+        }
+        fn(arg);
+        return NULL;
+    }
+    close(f);
+    fn(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *text = (char *)mmp_test_slurp(path, &n);
+    if (text) {
+        fputs(text, stderr);
+    }
+    return text;
 }

@@ -83,6 +83,11 @@ int mmp_test_same_file(const char *a, const char *b);
  * opened and returns 1, else 0. */
 int mmp_test_write_text(const char *path, const char *text);
 
+/* Runs fn with stderr going to a file of mmp_test_tmpdir(name); returns that
+ * output (the caller frees it; NULL when it cannot be had), also shown on the
+ * real stderr. */
+char *mmp_test_stderr_of(const char *name, void (*fn)(void *), void *arg);
+
 /* A fresh empty directory under $MMP_TMP (or /tmp) for this test; returns its
  * path. mmp_test_finish removes it when every check passed (MMP_KEEP_TMP=1 keeps it). */
 const char *mmp_test_tmpdir(const char *name);

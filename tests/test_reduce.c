@@ -981,38 +981,6 @@ static void both_sum(forged_rank *fr)
  * stranger is refused (the first handshake part, then the end) and logged
  * with its address. */
 
-/* Runs fn with stderr going to a file of the test's tmpdir; returns that
- * output (the caller frees it), also shown on the real stderr. */
-static char *stderr_of(void (*fn)(void *), void *arg)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/stderr.txt", mmp_test_tmpdir("reduce-strangers"));
-    fflush(stderr);
-    int saved = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (saved < 0 || f < 0 || dup2(f, 2) < 0) {
-        CHECK(!"stderr to a file");
-        if (f >= 0) {
-            close(f);
-        }
-        if (saved >= 0) {
-            close(saved);
-        }
-        fn(arg);
-        return NULL;
-    }
-    close(f);
-    fn(arg);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    size_t n = 0;
-    char *text = (char *)mmp_test_slurp(path, &n);
-    if (text) {
-        fputs(text, stderr);
-    }
-    return text;
-}
-
 enum { IDLE_STRANGERS = 3 };
 
 typedef struct strangers_run {
@@ -1074,7 +1042,7 @@ static void test_idle_strangers(void)
 {
     strangers_run sr;
     memset(&sr, 0, sizeof sr);
-    char *log = stderr_of(strangers_body, &sr);
+    char *log = mmp_test_stderr_of("reduce-strangers", strangers_body, &sr);
     CHECK(log != NULL);
     int refused = 0;
     for (const char *p = log; p && (p = strstr(p, "every rank is attached; refused")); p++) {

@@ -2323,38 +2323,6 @@ static void test_forged_tcp(const mmp_transport *t)
  * stranger is refused (its socket sees the creator's first handshake part,
  * then the end) and logged with its address. */
 
-/* Runs fn with this process's stderr going to a file of tmpdir, then
- * returns that output (the caller frees it; NULL when it cannot be had). */
-static char *stderr_of(void (*fn)(void *), void *arg)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/stderr.txt", mmp_test_tmpdir("transport-strangers"));
-    fflush(stderr);
-    int saved = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (saved < 0 || f < 0 || dup2(f, 2) < 0) {
-        CHECK(!"stderr to a file");
-        if (f >= 0) {
-            close(f);
-        }
-        if (saved >= 0) {
-            close(saved);
-        }
-        fn(arg);
-        return NULL;
-    }
-    close(f);
-    fn(arg);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    size_t n = 0;
-    char *text = (char *)mmp_test_slurp(path, &n);
-    if (text) {
-        fputs(text, stderr); /* still shown in the test's log */
-    }
-    return text;
-}
-
 enum { IDLE_STRANGERS = MMP_AUTH_PENDING + 2 };
 
 typedef struct strangers_run {
@@ -2410,7 +2378,7 @@ static int count_of(const char *text, const char *what)
 static void test_idle_strangers(const mmp_transport *t)
 {
     strangers_run sr = {.t = t};
-    char *log = stderr_of(strangers_body, &sr);
+    char *log = mmp_test_stderr_of("transport-strangers", strangers_body, &sr);
     CHECK(log != NULL);
     if (log) {
         char tag[160];
