@@ -145,51 +145,125 @@ static int cmp_entry(const void *a, const void *b)
     return strcmp(((const mmp_ckpt_entry *)a)->name, ((const mmp_ckpt_entry *)b)->name);
 }
 
-typedef struct cursor {
-    const unsigned char *p, *end;
-} cursor;
+/* A checkpoint file read front to back once: every byte goes through the
+ * checksum as it arrives, tensor data straight into its tensor (no second
+ * copy of the file in memory), and progress is reported as it goes. */
+typedef struct reader {
+    const char *path;
+    int fd;
+    uint64_t h;        /* FNV-1a of the bytes consumed so far */
+    uint64_t off, end; /* consumed; where the footer starts */
+    unsigned char buf[1 << 16];
+    size_t bpos, blen; /* buffered, not yet consumed: buf[bpos, blen) */
+    int io_failed;     /* errno of a failed read; EIO for a short file */
+    const mmp_ckpt_read_opts *o;
+    int64_t done_base, total; /* what earlier files of the directory read; all of it */
+} reader;
 
-static int take(cursor *c, void *out, size_t n)
+/* 64 MiB: a tensor's data is read (and reported) in pieces of at most this */
+#define READ_PIECE ((size_t)64 << 20)
+
+static void report(reader *r)
 {
-    if ((size_t)(c->end - c->p) < n) {
-        return 0;
+    if (r->o->progress) {
+        r->o->progress(r->o->progress_ctx, "bytes", r->done_base + (int64_t)r->off, r->total);
     }
-    memcpy(out, c->p, n);
-    c->p += n;
+}
+
+/* Reads exactly n bytes of the file into p; 0 on an error or early end. */
+static int read_raw(reader *r, unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t got = read(r->fd, p, n);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            r->io_failed = got < 0 ? errno : EIO;
+            return 0;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
     return 1;
 }
 
-mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
+/* Consumes n bytes before the footer into out (hashing them); 0 when fewer
+ * than n are left before the footer or the read fails. */
+static int take(reader *r, void *out, size_t n)
 {
-    mmp_err ret = MMP_OK;
-    unsigned char *buf = NULL;
-    size_t size = 0;
-    MMP_TRY(mmp_fs_read_file(path, MMP_ERR_IO, SIZE_MAX, &buf, &size));
-    if (size < 24) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: too short to be a checkpoint", path);
-        goto exit;
+    if (r->end - r->off < n) {
+        return 0;
     }
-    if (memcmp(buf, MAGIC, 8) != 0) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: not an mmpipe checkpoint (bad magic)", path);
-        goto exit;
+    if (n == 0) { /* an empty tensor's data may be NULL */
+        return 1;
     }
-    uint64_t want;
-    memcpy(&want, buf + size - 8, 8);
-    if (mmp_fnv1a(MMP_FNV1A_INIT, buf, size - 8) != want) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: checksum mismatch (file corrupt or truncated)", path);
-        goto exit;
+    unsigned char *o = out;
+    size_t have = r->blen - r->bpos;
+    size_t first = have < n ? have : n;
+    memcpy(o, r->buf + r->bpos, first);
+    r->bpos += first;
+    size_t left = n - first;
+    if (left >= sizeof r->buf) { /* large: straight into out, a piece at a time */
+        r->off += first;
+        for (size_t at = first; left > 0;) {
+            size_t piece = left < READ_PIECE ? left : READ_PIECE;
+            if (!read_raw(r, o + at, piece)) {
+                return 0;
+            }
+            at += piece;
+            left -= piece;
+            r->off += piece;
+            report(r);
+        }
+    } else if (left > 0) {
+        size_t want = r->end - r->off - first; /* never past the footer */
+        want = want < sizeof r->buf ? want : sizeof r->buf;
+        if (!read_raw(r, r->buf, want)) {
+            return 0;
+        }
+        r->bpos = left;
+        r->blen = want;
+        memcpy(o + first, r->buf, left);
+        r->off += n;
+    } else {
+        r->off += n;
     }
-    cursor cur = {buf + 8, buf + size - 8};
-    uint32_t version = 0, count = 0; /* size >= 24: take() fills both */
-    take(&cur, &version, 4);
-    take(&cur, &count, 4);
-    if (version != MMP_CKPT_VERSION) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: checkpoint version %u, this mmpipe reads %u", path,
-                         version, MMP_CKPT_VERSION);
-        goto exit;
+    r->h = mmp_fnv1a(r->h, out, n);
+    return 1;
+}
+
+/* Consumes n bytes (hashing them) without keeping them. */
+static int skip(reader *r, uint64_t n)
+{
+    unsigned char tmp[1 << 12];
+    while (n > 0) {
+        size_t k = n < sizeof tmp ? (size_t)n : sizeof tmp;
+        if (!take(r, tmp, k)) {
+            return 0;
+        }
+        n -= k;
+        if ((r->off & (READ_PIECE - 1)) < k) { /* crossed a 64 MiB mark */
+            report(r);
+        }
     }
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
+    return 1;
+}
+
+/* The footer's checksum against the bytes before it; the rest of the body is
+ * hashed first (after a record error: a corrupt file is named as such). */
+static int checksum_ok(reader *r)
+{
+    if (!skip(r, r->end - r->off)) {
+        return 0;
+    }
+    uint64_t want; /* the buffer never holds footer bytes: take stops at end */
+    return read_raw(r, (unsigned char *)&want, 8) && want == r->h;
+}
+
+static mmp_err read_records(reader *r, mmp_ckpt *c, int *cap, uint32_t count, const char *base)
+{
+    const char *path = r->path;
     for (uint32_t i = 0; i < count; i++) {
         mmp_ckpt_entry e;
         memset(&e, 0, sizeof e);
@@ -197,27 +271,24 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
         uint8_t dt, nd;
         int64_t shape[MMP_MAX_DIMS];
         uint64_t nbytes;
-        if (!take(&cur, &nl, 2) || nl == 0 || nl >= sizeof e.name || !take(&cur, e.name, nl) ||
-            !take(&cur, &dt, 1) || !take(&cur, &nd, 1) || dt > MMP_I32 || nd > MMP_MAX_DIMS) {
-            ret = mmp_errorf(MMP_ERR_DATA, "%s: tensor %u: bad record header", path, i);
-            goto exit;
+        if (!take(r, &nl, 2) || nl == 0 || nl >= sizeof e.name || !take(r, e.name, nl) ||
+            !take(r, &dt, 1) || !take(r, &nd, 1) || dt > MMP_I32 || nd > MMP_MAX_DIMS) {
+            return mmp_errorf(MMP_ERR_DATA, "%s: tensor %u: bad record header", path, i);
         }
         for (int d = 0; d < nd; d++) {
-            if (!take(&cur, &shape[d], 8) || shape[d] < 0) {
-                ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: bad shape", path, e.name);
-                goto exit;
+            if (!take(r, &shape[d], 8) || shape[d] < 0) {
+                return mmp_errorf(MMP_ERR_DATA, "%s: %s: bad shape", path, e.name);
             }
         }
-        if (!take(&cur, &nbytes, 8)) {
-            ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: truncated", path, e.name);
-            goto exit;
+        if (!take(r, &nbytes, 8)) {
+            return mmp_errorf(MMP_ERR_DATA, "%s: %s: truncated", path, e.name);
         }
         /* The shape is the file's word: its size must be the record's bytes
          * and fit in what is left of the file before anything is allocated
          * (a forged shape would overflow the element count or ask for TBs). */
         /* The product of the non-zero dims is bounded too: with a zero dim
          * the tensor is empty, but its shape is still multiplied out. */
-        uint64_t numel = 1, left = (uint64_t)(cur.end - cur.p);
+        uint64_t numel = 1, left = r->end - r->off;
         uint64_t esize = mmp_dtype_size((mmp_dtype)dt);
         int empty = 0;
         for (int d = 0; d < nd && numel != UINT64_MAX; d++) {
@@ -226,42 +297,156 @@ mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
             numel = s == 0 ? numel : numel > left / esize / s ? UINT64_MAX : numel * s;
         }
         if (numel == UINT64_MAX || (empty ? 0 : numel * esize) != nbytes || nbytes > left) {
-            ret = mmp_errorf(MMP_ERR_DATA,
-                             "%s: %s: shape and size disagree (%llu bytes recorded, %llu left)",
-                             path, e.name, (unsigned long long)nbytes, (unsigned long long)left);
-            goto exit;
+            return mmp_errorf(MMP_ERR_DATA,
+                              "%s: %s: shape and size disagree (%llu bytes recorded, %llu left)",
+                              path, e.name, (unsigned long long)nbytes, (unsigned long long)left);
         }
-        ret = mmp_tensor_init(&e.t, (mmp_dtype)dt, nd, shape);
-        if (ret != MMP_OK) {
-            goto exit;
+        if (r->o->want && !r->o->want(r->o->want_ctx, e.name)) {
+            if (!skip(r, nbytes)) {
+                return mmp_errorf(MMP_ERR_DATA, "%s: %s: truncated", path, e.name);
+            }
+            report(r);
+            continue;
         }
-        if (nbytes != mmp_tensor_bytes(&e.t) || !take(&cur, e.t.data, nbytes)) {
+        MMP_TRY(mmp_tensor_init(&e.t, (mmp_dtype)dt, nd, shape));
+        if (nbytes != mmp_tensor_bytes(&e.t) || !take(r, e.t.data, nbytes)) {
             mmp_tensor_fini(&e.t);
-            ret = mmp_errorf(MMP_ERR_DATA, "%s: %s: size does not match its shape", path, e.name);
-            goto exit;
+            return mmp_errorf(MMP_ERR_DATA, "%s: %s: size does not match its shape", path, e.name);
         }
         snprintf(e.file, sizeof e.file, "%s", base);
-        if (mmp_ckpt_find(c, e.name)) {
-            mmp_tensor_fini(&e.t);
-            ret = mmp_errorf(MMP_ERR_DATA, "%s: tensor %s appears twice", path, e.name);
-            goto exit;
+        if (c->count == *cap) {
+            int grow = *cap ? 2 * *cap : 16;
+            mmp_ckpt_entry *grown = realloc(c->entries, (size_t)grow * sizeof *grown);
+            if (!grown) {
+                mmp_tensor_fini(&e.t);
+                return mmp_errorf(MMP_ERR_NOMEM, "checkpoint index");
+            }
+            c->entries = grown;
+            *cap = grow;
         }
-        mmp_ckpt_entry *grown = realloc(c->entries, (size_t)(c->count + 1) * sizeof *grown);
-        if (!grown) {
-            mmp_tensor_fini(&e.t);
-            ret = mmp_errorf(MMP_ERR_NOMEM, "checkpoint index");
-            goto exit;
-        }
-        c->entries = grown;
         c->entries[c->count++] = e;
+        report(r);
+    }
+    if (r->off != r->end) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: trailing bytes after %u tensors", path, count);
+    }
+    if (c->count > 1) {
         qsort(c->entries, (size_t)c->count, sizeof *c->entries, cmp_entry);
     }
-    if (cur.p != cur.end) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: trailing bytes after %u tensors", path, count);
+    for (int i = 1; i < c->count; i++) {
+        if (strcmp(c->entries[i - 1].name, c->entries[i].name) == 0) {
+            return mmp_errorf(MMP_ERR_DATA, "%s: tensor %s appears twice", path,
+                              c->entries[i].name);
+        }
     }
-exit:
-    free(buf);
+    return MMP_OK;
+}
+
+/* Moves every entry of from into c (from ends empty); a name c holds
+ * already is an error naming path. */
+static mmp_err merge(mmp_ckpt *c, mmp_ckpt *from, const char *path)
+{
+    for (int i = 0; i < from->count; i++) {
+        if (mmp_ckpt_find(c, from->entries[i].name)) {
+            return mmp_errorf(MMP_ERR_DATA, "%s: tensor %s appears twice", path,
+                              from->entries[i].name);
+        }
+    }
+    if (from->count == 0) {
+        return MMP_OK;
+    }
+    mmp_ckpt_entry *grown = realloc(c->entries, (size_t)(c->count + from->count) * sizeof *grown);
+    if (!grown) {
+        return mmp_errorf(MMP_ERR_NOMEM, "checkpoint index");
+    }
+    memcpy(grown + c->count, from->entries, (size_t)from->count * sizeof *grown);
+    c->entries = grown;
+    c->count += from->count;
+    free(from->entries);
+    from->entries = NULL;
+    from->count = 0;
+    qsort(c->entries, (size_t)c->count, sizeof *c->entries, cmp_entry);
+    return MMP_OK;
+}
+
+/* One file's tensors into *got (empty on entry). The order of the checks
+ * is the reader's contract: too short, bad magic, then a checksum mismatch
+ * before anything the records or the version say. */
+static mmp_err read_one(reader *r, mmp_ckpt *got)
+{
+    const char *path = r->path;
+    struct stat st;
+    if (fstat(r->fd, &st) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        return mmp_errorf(MMP_ERR_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size < 24) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: too short to be a checkpoint", path);
+    }
+    r->end = (uint64_t)st.st_size - 8;
+    char magic[8];
+    uint32_t version = 0, count = 0;
+    mmp_err ret = MMP_OK;
+    if (take(r, magic, 8) && take(r, &version, 4) && take(r, &count, 4)) {
+        if (memcmp(magic, MAGIC, 8) != 0) {
+            return mmp_errorf(MMP_ERR_DATA, "%s: not an mmpipe checkpoint (bad magic)", path);
+        }
+        const char *base = strrchr(path, '/');
+        int cap = 0;
+        ret = version == MMP_CKPT_VERSION
+                  ? read_records(r, got, &cap, count, base ? base + 1 : path)
+                  : MMP_OK;
+        if (!r->io_failed && !checksum_ok(r) && !r->io_failed) {
+            return mmp_errorf(MMP_ERR_DATA, "%s: checksum mismatch (file corrupt or truncated)",
+                              path);
+        }
+    }
+    if (r->io_failed) {
+        return mmp_errorf(MMP_ERR_IO, "read %s: %s", path, strerror(r->io_failed));
+    }
+    if (version != MMP_CKPT_VERSION) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: checkpoint version %u, this mmpipe reads %u", path,
+                          version, MMP_CKPT_VERSION);
+    }
     return ret;
+}
+
+static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts *o,
+                         int64_t done_base, int64_t total)
+{
+    reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        return mmp_errorf(MMP_ERR_NOMEM, "checkpoint reader");
+    }
+    r->path = path;
+    r->h = MMP_FNV1A_INIT;
+    r->o = o;
+    r->done_base = done_base;
+    r->total = total;
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) {
+        mmp_err e = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+        free(r);
+        return e;
+    }
+    mmp_ckpt got = {0};
+    mmp_err ret = read_one(r, &got);
+    if (ret == MMP_OK) {
+        ret = merge(c, &got, path); /* nothing of a file that failed is kept */
+    }
+    mmp_ckpt_fini(&got);
+    close(r->fd);
+    free(r);
+    return ret;
+}
+
+static const mmp_ckpt_read_opts every_tensor = {0};
+
+mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
+{
+    return read_file(c, path, &every_tensor, 0, 0);
 }
 
 static int has_suffix(const char *s, const char *suf)
@@ -270,9 +455,20 @@ static int has_suffix(const char *s, const char *suf)
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir)
 {
+    return mmp_ckpt_read_dir_opts(c, dir, NULL);
+}
+
+mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read_opts *o)
+{
     memset(c, 0, sizeof *c);
+    o = o ? o : &every_tensor;
     char path[1024];
     struct stat st;
     /* Accept a run directory or its ckpt/ folder by following latest. */
@@ -291,34 +487,66 @@ mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir)
     if (!d) {
         return mmp_errorf(MMP_ERR_IO, "%s: %s", resolved, strerror(errno));
     }
-    /* Read files in name order so errors and entries do not depend on readdir. */
-    char names[64][256];
-    int n = 0;
+    /* Every *.ckpt file (one per stage process that holds weights: no fixed
+     * cap), read in name order so errors and entries do not depend on
+     * readdir; their sizes first, for the progress's total. */
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    mmp_err ret = MMP_OK;
     struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        if (has_suffix(de->d_name, ".ckpt") && n < 64) {
-            snprintf(names[n++], sizeof names[0], "%s", de->d_name);
+    while (ret == MMP_OK && (de = readdir(d)) != NULL) {
+        if (!has_suffix(de->d_name, ".ckpt")) {
+            continue;
         }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **grown = realloc(names, cap * sizeof *names);
+            if (!grown) {
+                ret = mmp_errorf(MMP_ERR_NOMEM, "%s: file list", resolved);
+                break;
+            }
+            names = grown;
+        }
+        if (!(names[n] = strdup(de->d_name))) {
+            ret = mmp_errorf(MMP_ERR_NOMEM, "%s: file list", resolved);
+            break;
+        }
+        n++;
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
-    if (n == 0) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: no .ckpt files (not a checkpoint directory)",
-                          resolved);
+    if (ret == MMP_OK && n == 0) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: no .ckpt files (not a checkpoint directory)", resolved);
     }
-    for (int i = 0; i < n; i++) {
-        char file[1400];
+    if (n > 1) {
+        qsort(names, n, sizeof *names, cmp_name);
+    }
+    int64_t total = 0, done = 0;
+    char file[1400];
+    for (size_t i = 0; ret == MMP_OK && i < n; i++) {
         if (snprintf(file, sizeof file, "%s/%s", resolved, names[i]) >= (int)sizeof file) {
-            mmp_ckpt_fini(c);
-            return mmp_errorf(MMP_ERR_INVALID, "%s: path too long", resolved);
-        }
-        mmp_err e = mmp_ckpt_read_file(c, file);
-        if (e != MMP_OK) {
-            mmp_ckpt_fini(c);
-            return e;
+            ret = mmp_errorf(MMP_ERR_INVALID, "%s: path too long", resolved);
+        } else if (stat(file, &st) == 0 && S_ISREG(st.st_mode)) {
+            total += st.st_size;
         }
     }
-    return MMP_OK;
+    for (size_t i = 0; ret == MMP_OK && i < n; i++) {
+        snprintf(file, sizeof file, "%s/%s", resolved, names[i]);
+        ret = read_file(c, file, o, done, total);
+        if (ret == MMP_OK && stat(file, &st) == 0) {
+            done += st.st_size;
+        }
+    }
+    if (ret == MMP_OK && o->progress) {
+        o->progress(o->progress_ctx, "bytes", total, total);
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(names[i]);
+    }
+    free(names);
+    if (ret != MMP_OK) {
+        mmp_ckpt_fini(c);
+    }
+    return ret;
 }
 
 void mmp_ckpt_fini(mmp_ckpt *c)

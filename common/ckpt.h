@@ -62,9 +62,26 @@ typedef struct mmp_ckpt {
 /* Reads every *.ckpt file of dir (a step directory, or a symlink such as
  * ckpt/latest; a run directory's ckpt/latest is followed when dir is a run
  * or its ckpt folder). Verifies magic, version, checksum; a tensor name found
- * in two files is an error. */
+ * in two files is an error. Each file is read once, front to back: tensor
+ * data goes straight into its tensor (memory: the tensors, not the file
+ * twice). On failure c is empty. */
 mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir);
-/* Reads one file and appends its tensors. */
+/* How far a read is: done of total bytes of the directory's files (unit
+ * "bytes"), reported after every tensor, every 64 MiB within one, and once
+ * at the end. */
+typedef void (*mmp_ckpt_progress)(void *ctx, const char *unit, int64_t done, int64_t total);
+typedef struct mmp_ckpt_read_opts {
+    mmp_ckpt_progress progress; /* NULL: none */
+    void *progress_ctx;
+    /* NULL: keep every tensor; else only those it answers 1 for. The others
+     * are checked (record, size, checksum) but their data is not kept, so a
+     * stage holds its own tensors only, not the whole step's. */
+    int (*want)(void *want_ctx, const char *name);
+    void *want_ctx;
+} mmp_ckpt_read_opts;
+/* mmp_ckpt_read_dir with options (o may be NULL: as mmp_ckpt_read_dir). */
+mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read_opts *o);
+/* Reads one file and appends its tensors; on failure none of them. */
 mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path);
 void mmp_ckpt_fini(mmp_ckpt *c);
 const mmp_ckpt_entry *mmp_ckpt_find(const mmp_ckpt *c, const char *name);

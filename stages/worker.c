@@ -87,7 +87,7 @@ void worker_startup(worker *w, const char *phase, int64_t done, int64_t total, c
     worker_send_env(w, &env);
 }
 
-void worker_manifest_progress(void *ctx, const char *unit, int64_t done, int64_t total)
+void worker_load_progress(void *ctx, const char *unit, int64_t done, int64_t total)
 {
     worker *w = ctx;
     worker_startup(w, w->startup_phase, done, total, unit); /* the phase set before the open */

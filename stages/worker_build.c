@@ -426,6 +426,25 @@ mmp_err worker_set_program(worker *w, Mmpipe__Instr **prog, size_t n)
     return MMP_OK;
 }
 
+/* Whether the checkpoint tensor named name is one this stage loads (a
+ * parameter of its own or one of its AdamW moments, as mmp_params_load
+ * reads them): the rest of the step's tensors are checked, not kept. */
+static int ckpt_wants(void *params, const char *name)
+{
+    char base[MMP_NAME_MAX + 16];
+    if (snprintf(base, sizeof base, "%s", name) >= (int)sizeof base) {
+        return 0;
+    }
+    size_t n = strlen(base);
+    int moment =
+        n > 7 && (strcmp(base + n - 7, ".adam_m") == 0 || strcmp(base + n - 7, ".adam_v") == 0);
+    if (moment) {
+        base[n - 7] = 0;
+    }
+    const mmp_param *q = mmp_params_find(params, base);
+    return q && (!moment || q->trainable);
+}
+
 /* What takes long to read, after the data channels are connected (a peer
  * waits for those for a bounded time, a load may take many minutes): the
  * data sets' manifests and the checkpoint to resume from, each announced to
@@ -441,13 +460,13 @@ static mmp_err load_data(worker *w)
         snprintf(phase, sizeof phase, "manifest %s", p->data.manifest);
         worker_startup(w, phase, 0, 0, "");
         MMP_TRY(mmp_dataset_open_progress(&w->train, p->data.manifest, p->data.vocab, p,
-                                          worker_manifest_progress, w));
+                                          worker_load_progress, w));
     }
     if (mmp_plan_evaluates(p)) { /* only then is there a validation set to read */
         snprintf(phase, sizeof phase, "manifest %s", p->data.val_manifest);
         worker_startup(w, phase, 0, 0, "");
         MMP_TRY(mmp_dataset_open_progress(&w->val, p->data.val_manifest, p->data.vocab, p,
-                                          worker_manifest_progress, w));
+                                          worker_load_progress, w));
     }
     if (a->resume_dir && a->resume_dir[0]) {
         snprintf(phase, sizeof phase, "checkpoint %s", a->resume_dir);
@@ -455,7 +474,11 @@ static mmp_err load_data(worker *w)
         /* By name from every file of the step: a re-placement may have cut
          * the branch elsewhere than the processes that wrote it. */
         mmp_ckpt c = {0};
-        mmp_err e = mmp_ckpt_read_dir(&c, a->resume_dir);
+        mmp_ckpt_read_opts o = {.progress = worker_load_progress,
+                                .progress_ctx = w,
+                                .want = ckpt_wants,
+                                .want_ctx = w->params};
+        mmp_err e = mmp_ckpt_read_dir_opts(&c, a->resume_dir, &o);
         if (e == MMP_OK) {
             e = mmp_params_load(w->params, &c);
         }

@@ -216,9 +216,10 @@ void worker_heartbeat(worker *w, int step, int instr);
  * not known). A new phase is sent at once, progress within one at most once
  * a second. */
 void worker_startup(worker *w, const char *phase, int64_t done, int64_t total, const char *unit);
-/* A manifest open's progress (data/manifest.h) as worker_startup; ctx: the
- * worker. */
-void worker_manifest_progress(void *ctx, const char *unit, int64_t done, int64_t total);
+/* A long load's progress (a manifest open, data/manifest.h; a checkpoint
+ * read, common/ckpt.h) as worker_startup in the phase set before it; ctx:
+ * the worker. */
+void worker_load_progress(void *ctx, const char *unit, int64_t done, int64_t total);
 mmp_err worker_send_env(worker *w, Mmpipe__Envelope *env);
 /* Waits for a message of body want (*out: the caller frees it); Abort and
  * Shutdown end the wait with MMP_ERR_PEER (w->ended_by_coordinator set). */

@@ -9,7 +9,8 @@
 # callback of a manifest open pauses 250 ms (MMP_TEST_SLOW_START_MS; 26
 # while counting the lines of this 64k-line, 6.6 MB manifest, 16 while
 # indexing them): it takes about 10 s to open, and its stage tells the
-# coordinator how far it is once a second.
+# coordinator how far it is once a second. A resume's checkpoint read reports
+# its bytes the same way.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -31,6 +32,21 @@ else
   fail "slow start-up: rc=$rc after ${dt}s"; grep -E "error|starting" "$W/slow.log" | tail -4 | sed 's/^/    /'
 fi
 left_behind "slow start-up" "$W/slow.log"
+
+# --- a slow checkpoint read: it reports bytes, so it outlasts the limit -----------------
+# Every stage reads the whole step (keeping only its own tensors) and reports
+# after each tensor: at 40 ms a report, about 9 s of reading here.
+t0=$(date +%s.%N)
+MMP_TEST_SLOW_START_MS=40 "$BIN" launch "$W/plan.yaml" --resume "$W/slow" --set job.steps=3 \
+  >"$W/resume.log" 2>&1; rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+if [ $rc -eq 0 ] && steps_once "$W/slow/metrics.jsonl" 3 && awk -v d="$dt" 'BEGIN { exit !(d > 6) }' \
+   && grep -q "starting fusion/0: checkpoint $W/slow/ckpt/step_0000002: [0-9.]*[kM]\? of [0-9.]*[kM]\? bytes$" "$W/resume.log"; then
+  ok "a checkpoint read of ${dt}s with progress (limit 6 s of silence): resumed, bytes shown"
+else
+  fail "slow checkpoint read: rc=$rc after ${dt}s"; grep -E "error|starting" "$W/resume.log" | tail -4 | sed 's/^/    /'
+fi
+left_behind "slow checkpoint read" "$W/resume.log"
 
 # --- a stage stopped while it reads its manifest: named within the limit ----------------
 "$BIN" launch "$W/plan.yaml" --out "$W/stop" >"$W/stop.log" 2>&1 &

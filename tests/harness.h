@@ -12,6 +12,16 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+/* MMP_TEST_UNDER_ASAN: defined in an AddressSanitizer build (whose shadow
+ * memory rules out RLIMIT_AS checks). */
+#if defined(__SANITIZE_ADDRESS__)
+#define MMP_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MMP_TEST_UNDER_ASAN 1
+#endif
+#endif
+
 extern int mmp_test_failures;
 extern int mmp_test_checks;
 

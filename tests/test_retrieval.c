@@ -20,14 +20,6 @@
 #include "nn/retrieval.h"
 #include "tests/harness.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-
 /* The pre-blocking mmp_retrieval_r1, verbatim but for the backend call
  * (the CPU backend's gemm is this cblas_sgemm). */
 static mmp_err reference_r1(const float *img_emb, const float *txt_emb, int n, int E, double *i2t,
@@ -179,7 +171,7 @@ static void test_equal_to_reference(void)
 {
     /* 259 crosses a 256-text tile; 517 two (Release only: under the
      * sanitizers it alone took 30 s of this test's 41) */
-#ifdef UNDER_ASAN
+#ifdef MMP_TEST_UNDER_ASAN
     const int ns[] = {1, 2, 3, 17, 64, 100, 259};
 #else
     const int ns[] = {1, 2, 3, 17, 64, 100, 259, 517};
@@ -339,7 +331,7 @@ static void test_threads(void)
  * (and equals the reference's answer computed without the limit). */
 static void test_memory_limit(void)
 {
-#ifdef UNDER_ASAN
+#ifdef MMP_TEST_UNDER_ASAN
     fprintf(stderr, "  (memory limit part skipped: RLIMIT_AS and ASan's shadow do not mix)\n");
 #else
     enum { N = 12000, E = 8 }; /* the matrix: 576 MB; the embeddings: 768 KB */
