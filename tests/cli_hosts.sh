@@ -88,9 +88,8 @@ nothing_left refuse "$W/refuse.log"
 ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
 cpid=$!
 wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
-prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$W/kill.log" | head -1 | sed 's/.*memory //')
-tpid=$(pgrep -f -- "--stage text.0 --replica 0 --shm-prefix $prefix" | head -1)
-kill -9 "$tpid"
+tpid=$(stage_pid "$W/kill.log" text.0)
+if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
 wait $cpid; rc=$?
 [ $rc -ne 0 ] && grep -q 'stage text.0/0 (pid [0-9]*, ssh to host tx at 10.77.0.4) died' "$W/kill.log" \
   && ok "killed remote stage named with its host (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }

@@ -105,13 +105,14 @@ timeout 300 salloc -N1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set lau
   --set hosts=slurm --set job.steps=400 >"$W/kill.log" 2>&1 &
 cpid=$!
 wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
-prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$W/kill.log" | head -1 | sed 's/.*memory //')
-kill -9 "$(pgrep -f -- "--stage text.0 --replica 0 --shm-prefix $prefix" | head -1)"
+prefix=$(run_prefix "$W/kill.log")
+tpid=$(stage_pid "$W/kill.log" text.0)
+if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
 wait $cpid; rc=$?
 [ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, srun to host $node at $node) died" "$W/kill.log" \
   && ok "killed srun stage named (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
 sleep 1
-[ "$(pgrep -f -- "--shm-prefix $prefix" | wc -l)" -eq 0 ] && ok "kill: no stage left" || fail "kill: stages left"
+[ -n "$prefix" ] && [ "$(pgrep -f -- "--shm-prefix $prefix( |\$)" | wc -l)" -eq 0 ] && ok "kill: no stage left" || fail "kill: stages left (prefix ${prefix:-not in the log})"
 left_behind kill "$W/kill.log"
 cleanup
 for i in $(seq 50); do

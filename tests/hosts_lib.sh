@@ -90,7 +90,7 @@ CONF
 # namespaces share this pid space; the run's shm prefix is on their lines)
 remote_left() {
   local prefix
-  prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$1" | head -1 | sed 's/.*memory //')
+  prefix=$(run_prefix "$1")
   [ -n "$prefix" ] || { echo 0; return; }
   pgrep -f -- "--shm-prefix $prefix" | wc -l
 }

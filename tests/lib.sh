@@ -136,6 +136,18 @@ wait_step() {
 steps_once() {
   [ "$(grep -o '^{"step":[0-9]*' "$1" | grep -o '[0-9]*$' | tr '\n' ' ')" = "$(seq -s ' ' 1 "$2") " ]
 }
+# run_prefix LOG: the run's shared-memory prefix (/mmpipe-<hex>) from its
+# coordinator log; empty while the log does not say it yet.
+run_prefix() { grep -o 'shared memory /mmpipe-[0-9a-f]*' "$1" | head -1 | sed 's/.*memory //'; }
+# stage_pid LOG STAGE: the pid of replica 0 of STAGE ("text.0") of that run
+# only: fails, printing nothing, while the log names no prefix (a pattern
+# without one would match the stages of any run on this machine: another
+# test's under ctest -j, a user's job).
+stage_pid() {
+  local p; p=$(run_prefix "$1")
+  [ -n "$p" ] || return 1
+  pgrep -f -- "--stage $2 --replica 0 --shm-prefix $p( |\$)" | head -1
+}
 # trace_ok FILE: trace.json is one Chrome-trace JSON object, one event per line
 # (the writer's format); python3's json parser too when there is one.
 trace_ok() {
