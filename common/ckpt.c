@@ -44,7 +44,9 @@ static void put(mmp_ckpt_writer *w, const void *p, size_t n)
     }
     if (fwrite(p, 1, n, w->file.f) != n) {
         w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
+        return;
     }
+    mmp_xxh64_update(&w->hash, p, n);
 }
 
 mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path)
@@ -54,10 +56,11 @@ mmp_err mmp_ckpt_writer_open(mmp_ckpt_writer *w, const char *path)
     if ((w->err = mmp_atomic_open(&w->file, path, MMP_ATOMIC_DURABLE)) != MMP_OK) {
         return w->err;
     }
-    uint32_t version = MMP_CKPT_VERSION, count = 0;
+    mmp_xxh64_init(&w->hash);
+    uint32_t version = MMP_CKPT_VERSION, reserved = 0;
     put(w, MAGIC, sizeof MAGIC);
     put(w, &version, 4);
-    put(w, &count, 4); /* patched at close */
+    put(w, &reserved, 4);
     if (w->err != MMP_OK) {
         mmp_ckpt_writer_abort(w); /* callers only close a writer that opened */
     }
@@ -103,35 +106,12 @@ mmp_err mmp_ckpt_writer_close(mmp_ckpt_writer *w)
         mmp_ckpt_writer_abort(w);
         return w->err;
     }
-    /* The count is part of the checksummed header: rewrite it, then hash the
-     * whole file once more so the footer covers what is on disk. */
-    FILE *f = w->file.f;
-    if (fseek(f, 12, SEEK_SET) != 0 || fwrite(&w->count, 4, 1, f) != 1 || fflush(f) != 0) {
+    put(w, &w->count, 4); /* the trailer: every byte before the footer is hashed */
+    uint64_t h = mmp_xxh64_digest(&w->hash);
+    if (w->err == MMP_OK && fwrite(&h, 8, 1, w->file.f) != 1) {
         w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
-        mmp_ckpt_writer_abort(w);
-        return w->err;
     }
-    uint64_t h = MMP_FNV1A_INIT;
-    FILE *r = fopen(w->file.tmp, "rb");
-    if (!r) {
-        w->err = mmp_errorf(MMP_ERR_IO, "reopen %s: %s", w->file.tmp, strerror(errno));
-        mmp_ckpt_writer_abort(w);
-        return w->err;
-    }
-    char buf[1 << 16];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, r)) > 0) {
-        h = mmp_fnv1a(h, buf, got);
-    }
-    int read_failed = ferror(r);
-    fclose(r);
-    if (read_failed) { /* a checksum of part of the file would pass the write, fail every read */
-        w->err = mmp_errorf(MMP_ERR_IO, "read back %s: %s", w->file.tmp, strerror(EIO));
-        mmp_ckpt_writer_abort(w);
-        return w->err;
-    }
-    if (fseek(f, 0, SEEK_END) != 0 || fwrite(&h, 8, 1, f) != 1) {
-        w->err = mmp_errorf(MMP_ERR_IO, "write %s: %s", w->file.tmp, strerror(errno));
+    if (w->err != MMP_OK) {
         mmp_ckpt_writer_abort(w);
         return w->err;
     }
@@ -151,8 +131,11 @@ static int cmp_entry(const void *a, const void *b)
 typedef struct reader {
     const char *path;
     int fd;
-    uint64_t h;        /* FNV-1a of the bytes consumed so far */
-    uint64_t off, end; /* consumed; where the footer starts */
+    int version;        /* the file's; 0 while its header is read (not hashed yet) */
+    uint64_t h;         /* version 1: FNV-1a of the bytes consumed so far */
+    mmp_xxh64_state xh; /* version 2: their XXH64 */
+    uint64_t off, end;  /* consumed; where the part being read ends */
+    uint64_t footer;    /* where the footer starts */
     unsigned char buf[1 << 16];
     size_t bpos, blen; /* buffered, not yet consumed: buf[bpos, blen) */
     int io_failed;     /* errno of a failed read; EIO for a short file */
@@ -186,6 +169,15 @@ static int read_raw(reader *r, unsigned char *p, size_t n)
         n -= (size_t)got;
     }
     return 1;
+}
+
+static void hash(reader *r, const void *p, size_t n)
+{
+    if (r->version == 1) {
+        r->h = mmp_fnv1a(r->h, p, n);
+    } else if (r->version == 2) {
+        mmp_xxh64_update(&r->xh, p, n);
+    }
 }
 
 /* Consumes n bytes before the footer into out (hashing them); 0 when fewer
@@ -229,7 +221,7 @@ static int take(reader *r, void *out, size_t n)
     } else {
         r->off += n;
     }
-    r->h = mmp_fnv1a(r->h, out, n);
+    hash(r, out, n);
     return 1;
 }
 
@@ -254,17 +246,26 @@ static int skip(reader *r, uint64_t n)
  * hashed first (after a record error: a corrupt file is named as such). */
 static int checksum_ok(reader *r)
 {
+    r->end = r->footer;
     if (!skip(r, r->end - r->off)) {
         return 0;
     }
     uint64_t want; /* the buffer never holds footer bytes: take stops at end */
-    return read_raw(r, (unsigned char *)&want, 8) && want == r->h;
+    if (!read_raw(r, (unsigned char *)&want, 8)) {
+        return 0;
+    }
+    return want == (r->version == 1 ? r->h : mmp_xxh64_digest(&r->xh));
 }
 
-static mmp_err read_records(reader *r, mmp_ckpt *c, int *cap, uint32_t count, const char *base)
+/* The records of a file: count of them (version 1), or as many as there are
+ * before r->end (version 2: count UINT32_MAX); *found: how many were read. */
+static mmp_err read_records(reader *r, mmp_ckpt *c, int *cap, uint32_t count, const char *base,
+                            uint32_t *found)
 {
     const char *path = r->path;
-    for (uint32_t i = 0; i < count; i++) {
+    uint32_t i = 0;
+    for (; count == UINT32_MAX ? r->off < r->end : i < count; i++) {
+        *found = i;
         mmp_ckpt_entry e;
         memset(&e, 0, sizeof e);
         uint16_t nl;
@@ -327,6 +328,7 @@ static mmp_err read_records(reader *r, mmp_ckpt *c, int *cap, uint32_t count, co
         c->entries[c->count++] = e;
         report(r);
     }
+    *found = i;
     if (r->off != r->end) {
         return mmp_errorf(MMP_ERR_DATA, "%s: trailing bytes after %u tensors", path, count);
     }
@@ -385,30 +387,57 @@ static mmp_err read_one(reader *r, mmp_ckpt *got)
     if (st.st_size < 24) {
         return mmp_errorf(MMP_ERR_DATA, "%s: too short to be a checkpoint", path);
     }
-    r->end = (uint64_t)st.st_size - 8;
-    char magic[8];
-    uint32_t version = 0, count = 0;
-    mmp_err ret = MMP_OK;
-    if (take(r, magic, 8) && take(r, &version, 4) && take(r, &count, 4)) {
-        if (memcmp(magic, MAGIC, 8) != 0) {
-            return mmp_errorf(MMP_ERR_DATA, "%s: not an mmpipe checkpoint (bad magic)", path);
+    r->footer = r->end = (uint64_t)st.st_size - 8;
+    unsigned char hdr[16];
+    uint32_t version = 0, count = 0; /* version 2: count is the trailer's */
+    if (!take(r, hdr, 16)) {
+        return mmp_errorf(MMP_ERR_IO, "read %s: %s", path, strerror(r->io_failed));
+    }
+    if (memcmp(hdr, MAGIC, 8) != 0) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: not an mmpipe checkpoint (bad magic)", path);
+    }
+    memcpy(&version, hdr + 8, 4);
+    memcpy(&count, hdr + 12, 4);
+    if (version != 1 && version != 2) { /* nor its checksum known */
+        return mmp_errorf(MMP_ERR_DATA, "%s: checkpoint version %u, this mmpipe reads 1 and 2",
+                          path, version);
+    }
+    if (version == 2 && st.st_size < 28) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: too short to be a checkpoint", path);
+    }
+    r->version = (int)version;
+    if (version == 1) {
+        r->h = mmp_fnv1a(MMP_FNV1A_INIT, hdr, 16);
+    } else {
+        mmp_xxh64_init(&r->xh);
+        mmp_xxh64_update(&r->xh, hdr, 16);
+        r->end = r->footer - 4; /* the records end at the trailer */
+    }
+    const char *base = strrchr(path, '/');
+    int cap = 0;
+    uint32_t found = 0, trailer = 0;
+    mmp_err ret = read_records(r, got, &cap, version == 1 ? count : UINT32_MAX,
+                               base ? base + 1 : path, &found);
+    if (ret == MMP_OK && version == 2) {
+        r->end = r->footer;
+        if (!take(r, &trailer, 4)) {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s: truncated", path);
         }
-        const char *base = strrchr(path, '/');
-        int cap = 0;
-        ret = version == MMP_CKPT_VERSION
-                  ? read_records(r, got, &cap, count, base ? base + 1 : path)
-                  : MMP_OK;
-        if (!r->io_failed && !checksum_ok(r) && !r->io_failed) {
-            return mmp_errorf(MMP_ERR_DATA, "%s: checksum mismatch (file corrupt or truncated)",
-                              path);
-        }
+    }
+    /* A corrupt file is named by its checksum, whatever its records said. */
+    if (!r->io_failed && !checksum_ok(r) && !r->io_failed) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: checksum mismatch (file corrupt or truncated)", path);
     }
     if (r->io_failed) {
         return mmp_errorf(MMP_ERR_IO, "read %s: %s", path, strerror(r->io_failed));
     }
-    if (version != MMP_CKPT_VERSION) {
-        return mmp_errorf(MMP_ERR_DATA, "%s: checkpoint version %u, this mmpipe reads %u", path,
-                          version, MMP_CKPT_VERSION);
+    if (ret == MMP_OK && version == 2 && count != 0) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: header field after the version is %u, not 0", path,
+                          count);
+    }
+    if (ret == MMP_OK && version == 2 && trailer != found) {
+        return mmp_errorf(MMP_ERR_DATA, "%s: %u tensors, the trailer says %u", path, found,
+                          trailer);
     }
     return ret;
 }
@@ -421,7 +450,6 @@ static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts
         return mmp_errorf(MMP_ERR_NOMEM, "checkpoint reader");
     }
     r->path = path;
-    r->h = MMP_FNV1A_INIT;
     r->o = o;
     r->done_base = done_base;
     r->total = total;

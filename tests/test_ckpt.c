@@ -18,6 +18,7 @@
 
 #include "common/ckpt.h"
 #include "common/rng.h"
+#include "common/xxh64.h"
 #include "harness.h"
 
 static const char *dir_of(const char *name)
@@ -172,8 +173,8 @@ static void test_select(void)
     write_ckpt(b, "b", 3, (int64_t)5 << 20); /* pieces beyond the skip's buffer */
     int asked = 0;
     prog p = {0};
-    mmp_ckpt_read_opts o = {.want = only_a, .want_ctx = &asked, .progress = on_progress,
-                            .progress_ctx = &p};
+    mmp_ckpt_read_opts o = {
+        .want = only_a, .want_ctx = &asked, .progress = on_progress, .progress_ctx = &p};
     mmp_ckpt c;
     CHECK_OK(mmp_ckpt_read_dir_opts(&c, d, &o));
     CHECK(asked == 6 && c.count == 3 && holds(&c, "a.t2", 100, 2) && !mmp_ckpt_find(&c, "b.t0"));
@@ -195,7 +196,7 @@ static void reseal(const char *path)
     size_t len = 0;
     unsigned char *buf = mmp_test_slurp(path, &len);
     CHECK(buf && len >= 24);
-    uint64_t h = mmp_fnv1a(MMP_FNV1A_INIT, buf, len - 8);
+    uint64_t h = mmp_xxh64(buf, len - 8);
     memcpy(buf + len - 8, &h, 8);
     FILE *f = fopen(path, "wb");
     CHECK(f && fwrite(buf, 1, len, f) == len);
@@ -203,8 +204,10 @@ static void reseal(const char *path)
     free(buf);
 }
 
+/* off < 0: from the end of the file */
 static void patch(const char *path, long off, const void *bytes, size_t n)
 {
+    off = off < 0 ? (long)file_size(path) + off : off;
     int fd = open(path, O_WRONLY);
     CHECK(fd >= 0 && pwrite(fd, bytes, n, off) == (ssize_t)n);
     close(fd);
@@ -226,25 +229,29 @@ static void expect_refused(const char *what, const char *dir, const char *reason
 /* Damage of every kind, in a directory whose other file is whole (what that
  * one added must not stay behind either). Offsets: header 16 bytes; the
  * first record: u16 name length, "x.t0" (4), dtype, ndim, shape (8), nbytes
- * (8), then its data from byte 40. */
+ * (8), then its data from byte 40; the trailer's count 12 bytes before the
+ * end. */
 static void test_damage(void)
 {
     struct {
         const char *what, *reason;
-        long off;      /* where to write */
+        long off;      /* where to write (< 0: from the end) */
         uint64_t val;  /* what (len bytes) */
         int len, seal; /* reseal: the damage passes the checksum */
     } cases[] = {
         {"a flipped data byte", "checksum mismatch", 41, 0x5a, 1, 0},
         {"a flipped header byte", "checksum mismatch", 13, 0x7f, 1, 0},
+        {"a header field forged", "header field after the version is 5, not 0", 12, 5, 4, 1},
         {"bad magic", "bad magic", 0, 'X', 1, 0},
-        {"another version", "checkpoint version 9", 8, 9, 4, 1},
+        {"another version", "checkpoint version 9, this mmpipe reads 1 and 2", 8, 9, 4, 0},
         {"a forged shape", "shape and size disagree", 24, (uint64_t)1 << 40, 8, 1},
         {"a negative shape", "bad shape", 24, UINT64_MAX, 8, 1},
         {"a forged size", "shape and size disagree", 32, 12, 8, 1},
         {"a bad dtype", "bad record header", 22, 200, 1, 1},
-        {"more tensors than written", "checksum mismatch", 12, 3, 4, 0},
-        {"fewer tensors than written", "trailing bytes after 1 tensors", 12, 1, 4, 1},
+        {"a flipped trailer", "checksum mismatch", -12, 3, 4, 0},
+        {"more tensors than written", "2 tensors, the trailer says 3", -12, 3, 4, 1},
+        {"fewer tensors than written", "2 tensors, the trailer says 1", -12, 1, 4, 1},
+        {"a flipped footer", "checksum mismatch", -3, 0x11, 1, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char name[32], path[1200], other[1200];
@@ -307,8 +314,8 @@ static void test_memory(void)
             _exit(10);
         }
         fclose(f);
-        rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) +
-                     (rlim_t)n * sizeof(float) + ((rlim_t)96 << 20);
+        rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (rlim_t)n * sizeof(float) +
+                     ((rlim_t)96 << 20);
         struct rlimit rl = {.rlim_cur = cap, .rlim_max = cap};
         if (setrlimit(RLIMIT_AS, &rl) != 0) {
             _exit(11);
@@ -330,8 +337,77 @@ static void test_memory(void)
 #endif
 }
 
+/* XXH64 (seed 0) against the reference implementation's values (python
+ * xxhash 3.x: xxh64(b).hexdigest()), whole and fed in every split. */
+static void test_xxh64(void)
+{
+    unsigned char big[1283];
+    for (int i = 0; i < 1280; i++) {
+        big[i] = (unsigned char)i;
+    }
+    memcpy(big + 1280, "xyz", 3);
+    struct {
+        const void *p;
+        size_t n;
+        uint64_t want;
+    } kat[] = {
+        {"", 0, 0xef46db3751d8e999ull},
+        {"a", 1, 0xd24ec4f1a98c6e5bull},
+        {"abc", 3, 0x44bc2cf5ad770999ull},
+        {big, sizeof big, 0xafd18a3957d3670aull},
+    };
+    for (size_t k = 0; k < sizeof kat / sizeof kat[0]; k++) {
+        CHECK(mmp_xxh64(kat[k].p, kat[k].n) == kat[k].want);
+    }
+    int bad = 0;
+    for (size_t a = 0; a <= 70; a++) {
+        for (size_t b = a; b <= 140; b += 7) {
+            mmp_xxh64_state st;
+            mmp_xxh64_init(&st);
+            mmp_xxh64_update(&st, big, a);
+            mmp_xxh64_update(&st, big + a, b - a);
+            mmp_xxh64_update(&st, big + b, sizeof big - b);
+            bad += mmp_xxh64_digest(&st) != 0xafd18a3957d3670aull;
+        }
+    }
+    CHECK(bad == 0);
+}
+
+/* A version-1 file (header count, byte-wise FNV-1a footer), as mmpipe wrote
+ * them before, still reads: made here from a version-2 file's records. */
+static void test_version1(void)
+{
+    const char *d = dir_of("v1");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/x.ckpt", d);
+    write_ckpt(path, "x", 3, 1000);
+    size_t len = 0;
+    unsigned char *buf = mmp_test_slurp(path, &len);
+    CHECK(buf && len > 28);
+    uint32_t one = 1, count = 0;
+    memcpy(&count, buf + len - 12, 4);
+    memcpy(buf + 8, &one, 4);
+    memcpy(buf + 12, &count, 4);
+    len -= 4; /* the trailer goes: records, then the footer */
+    uint64_t h = mmp_fnv1a(MMP_FNV1A_INIT, buf, len - 8);
+    memcpy(buf + len - 8, &h, 8);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(buf, 1, len, f) == len);
+    fclose(f);
+    free(buf);
+    mmp_ckpt c;
+    CHECK_OK(mmp_ckpt_read_dir(&c, d));
+    CHECK(c.count == 3 && holds(&c, "x.t0", 1000, 0) && holds(&c, "x.t2", 1000, 2));
+    mmp_ckpt_fini(&c);
+    unsigned char x = 0x42; /* its FNV-1a still guards it */
+    patch(path, 100, &x, 1);
+    expect_refused("a damaged version-1 file", d, "checksum mismatch");
+}
+
 int main(void)
 {
+    test_xxh64();
+    test_version1();
     test_many_files();
     test_progress();
     test_select();

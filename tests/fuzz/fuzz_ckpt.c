@@ -1,10 +1,11 @@
 /* Checkpoint files (common/ckpt.c): the input is one .ckpt file, read with
  * mmp_ckpt_read_file (magic, version, records, checksum), every tensor then
  * looked up by name. The harness rewrites the trailing checksum to match
- * (on a copy), so mutations reach the record parser instead of dying at
- * the checksum. */
+ * (on a copy; FNV-1a for version 1, XXH64 for version 2), so mutations
+ * reach the record parser instead of dying at the checksum. */
 #include "common/ckpt.h"
 #include "common/rng.h"
+#include "common/xxh64.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -14,8 +15,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!copy) {
         return 0;
     }
-    if (size >= 24) {
-        uint64_t h = mmp_fnv1a(MMP_FNV1A_INIT, copy, size - 8);
+    if (size >= 24) { /* the footer each version's reader checks */
+        uint32_t version;
+        memcpy(&version, copy + 8, 4);
+        uint64_t h =
+            version == 2 ? mmp_xxh64(copy, size - 8) : mmp_fnv1a(MMP_FNV1A_INIT, copy, size - 8);
         memcpy(copy + size - 8, &h, 8);
     }
     const char *path = fuzz_file(".ckpt", copy, size);
