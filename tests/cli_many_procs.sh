@@ -4,12 +4,12 @@
 # launched on this host (2 cores, 24 GB): 132 stage processes (image cut in
 # two sub-stages of 33 replicas each, text 33, fusion 33; 33 micro-batches of
 # one sample), 6534 shm channels. The run starts under a soft RLIMIT_NOFILE
-# of 256, below what the coordinator needs for 132 control connections: it
+# of 132, fewer than the coordinator needs for 132 control connections: it
 # raises the soft limit to the hard one. Checked: the run completes, every
 # step's metrics.jsonl line lists all 132 processes (it kept 128 before),
 # the checkpoint equals --single-process bitwise (max_abs_diff=0), and no
 # stage process or /dev/shm segment is left. With the hard limit below the
-# need, the launch fails at once naming the limits. Prints the stage
+# need (32 + one a process), the launch fails at once naming the limits. Prints the stage
 # processes' memory (RSS and PSS, summed over all of them at their peak).
 #
 # Memory: a stage process of a CUDA build holds about 95 MB (PSS) even on
@@ -38,7 +38,7 @@ stages:
 YAML
 
 # --- the run, its memory sampled while it goes --------------------------------------
-(ulimit -Sn 256 && exec "$BIN" launch "$W/plan.yaml" --out "$W/many") >"$W/many.log" 2>&1 &
+(ulimit -Sn $P && exec "$BIN" launch "$W/plan.yaml" --out "$W/many") >"$W/many.log" 2>&1 &
 cpid=$!
 peak_rss=0 peak_pss=0 peak_n=0
 while kill -0 $cpid 2>/dev/null; do
@@ -71,8 +71,8 @@ out=$(same_ckpt "$W/single" "$W/many") && ok "$P processes vs single-process: $o
   || fail "$P processes differ from single-process: $out"
 
 # --- more descriptors than the hard limit allows: a clear error, nothing started -------
-need=$((64 + 2 * P))
-expect_fail "hard RLIMIT_NOFILE 200 < $need" \
-  "$P stage processes need about $need open files, more than this process may have \(RLIMIT_NOFILE: soft 200, hard 200" \
-  bash -c "ulimit -n 200 && exec \"$BIN\" launch \"$W/plan.yaml\" --out \"$W/nofile\""
+need=$((64 + 2 * P)) lim=$((32 + P))
+expect_fail "hard RLIMIT_NOFILE $lim < $need" \
+  "$P stage processes need about $need open files, more than this process may have \(RLIMIT_NOFILE: soft $lim, hard $lim" \
+  bash -c "ulimit -n $lim && exec \"$BIN\" launch \"$W/plan.yaml\" --out \"$W/nofile\""
 finish
