@@ -21,7 +21,7 @@
 #define MMP_MAX_DEVICES 64
 #define MMP_MAX_IMAGE_STAGES 4 /* ResNet stages (blocks/channels entries) */
 #define MMP_MAX_SPLITS 8
-#define MMP_MAX_REPLICAS 64  /* stages.*.replicas' upper bound */
+#define MMP_MAX_REPLICAS 256 /* stages.*.replicas' upper bound (the reduces' rank limits) */
 #define MMP_MAX_PIN_LIST 256 /* train.pin entries */
 
 typedef enum mmp_schedule {

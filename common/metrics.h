@@ -64,7 +64,7 @@
 
 #include "common/err.h"
 
-#define MMP_METRICS_MAX_STAGES 128     /* process entries per step */
+#define MMP_METRICS_MAX_STAGES 1024    /* process entries per step (MMP_SCHED_MAX_STAGES) */
 #define MMP_METRICS_PLACEMENT_MAX 1024 /* the placement string, NUL included */
 
 /* Every number is NAN (ints: -1) when its field is absent. */

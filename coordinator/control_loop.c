@@ -325,10 +325,28 @@ static void show_startup(coord *c, double t0)
  * flight is finished and checkpointed: see run_steps); a second ends it at
  * once. startup: the start-up's watchdog and progress instead of the
  * training's watchdog. Returns 0 when done. */
+/* How many processes have the flag coord_all_flag(c, arg) waits for. */
+static int count_flag(const coord *c, void *arg)
+{
+    size_t off = (size_t)arg;
+    int n = 0;
+    for (int i = 0; i < c->n; i++) {
+        n += *(const int *)((const char *)&c->procs[i] + off) != 0;
+    }
+    return n;
+}
+
 static int wait_loop(coord *c, done_fn done, void *arg, double timeout_s, const char *what,
                      int startup)
 {
     double t0 = mmp_now();
+    /* Waiting for every process (coord_all_flag): timeout_s counts from the
+     * last process that got there, not from the start. Hundreds of processes
+     * starting on a few cores take longer than any fixed bound, and keep
+     * arriving; one that never comes still ends the wait timeout_s after
+     * the last one did. */
+    int counted = done == coord_all_flag, have = counted ? count_flag(c, arg) : 0;
+    double t_last = t0;
     while (!done(c, arg)) {
         if (mmp_interrupt_count() >= 2) {
             coord_fail(c, "stopped at once by a second signal");
@@ -346,8 +364,20 @@ static int wait_loop(coord *c, done_fn done, void *arg, double timeout_s, const 
             return 1;
         }
         double now = mmp_now();
-        if (timeout_s > 0 && now - t0 > timeout_s) {
-            coord_fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
+        if (counted) {
+            int n = count_flag(c, arg);
+            t_last = n > have ? now : t_last;
+            have = n;
+        }
+        if (timeout_s > 0 && now - t_last > timeout_s) {
+            if (counted) {
+                coord_fail(c,
+                           "timed out waiting for %s: %d of %d there, none more in the last "
+                           "%.0f s",
+                           what, have, c->n, timeout_s);
+            } else {
+                coord_fail(c, "timed out after %.0f s waiting for %s", timeout_s, what);
+            }
             return 1;
         }
         if (c->in_steps && !startup && watch(c, done, arg, what, t0)) {

@@ -63,7 +63,10 @@
 
 #include "coordinator/planner.h"
 
-/* Processes a cores placement has at most: the schedule's limit. */
+/* Processes a cores placement has at most. Its own limit, below the
+ * schedule's (MMP_SCHED_MAX_STAGES, 1024): the search's cost grows steeply
+ * with the processes it may use (configs/cluster-64.yaml --plan-cores 64:
+ * 40 s on a loaded 2-core machine at this limit, over 100 s at 131). */
 #define MMP_CORES_MAX_PROCS 64
 /* More processes must buy a step this much shorter (see The search). */
 #define MMP_CORES_PROC_TOLERANCE 0.03

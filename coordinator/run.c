@@ -46,6 +46,14 @@ static int launch(coord *c, int first_step, const char *resume_dir)
         return 1;
     }
     c->killed = 0;
+    /* a control connection for each process (ZeroMQ holds one descriptor a
+     * peer), its start-up pipe, and the coordinator's own files */
+    char what[MMP_PATH_MAX + 64];
+    snprintf(what, sizeof what, "%s: %d stage processes", c->plan->path, c->n);
+    if (mmp_ctl_reserve_fds(64 + 2L * c->n, what) != MMP_OK) {
+        coord_fail(c, "%s", mmp_last_error());
+        return 1;
+    }
     char note[96];
     snprintf(note, sizeof note, "launch %d from step %d", c->launch, first_step);
     mmp_trace_instant(&c->trace, "launch", mmp_trace_now_us(), note);

@@ -6,6 +6,7 @@
  * Everything here is bookkeeping over small integer lists: it never touches
  * tensors, processes or channels and never blocks. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "coordinator/schedule_internal.h"
@@ -160,4 +161,49 @@ int mmp_sched_list_inflight(const mmp_sched_stage *g, int bound, int *at)
         }
     }
     return max;
+}
+
+void mmp_sched_adj_fini(mmp_sched_adj *a)
+{
+    free(a->in_at);
+    free(a->in);
+    free(a->out_at);
+    free(a->out);
+    *a = (mmp_sched_adj){0};
+}
+
+mmp_err mmp_sched_adj_init(mmp_sched_adj *a, const mmp_sched *s)
+{
+    int n = s->n_stages, E = s->n_edges;
+    a->in_at = calloc((size_t)n + 1, sizeof *a->in_at);
+    a->out_at = calloc((size_t)n + 1, sizeof *a->out_at);
+    a->in = malloc(((size_t)E + 1) * sizeof *a->in);
+    a->out = malloc(((size_t)E + 1) * sizeof *a->out);
+    if (!a->in_at || !a->out_at || !a->in || !a->out) {
+        mmp_sched_adj_fini(a);
+        return mmp_errorf(MMP_ERR_NOMEM, "schedule: the index of %d edges", E);
+    }
+    for (int e = 0; e < E; e++) {
+        a->in_at[s->edges[e].to + 1]++;
+        a->out_at[s->edges[e].from + 1]++;
+    }
+    for (int i = 0; i < n; i++) {
+        a->in_at[i + 1] += a->in_at[i];
+        a->out_at[i + 1] += a->out_at[i];
+    }
+    int *in_n = calloc((size_t)n + 1, sizeof *in_n), *out_n = calloc((size_t)n + 1, sizeof *out_n);
+    if (!in_n || !out_n) {
+        free(in_n);
+        free(out_n);
+        mmp_sched_adj_fini(a);
+        return mmp_errorf(MMP_ERR_NOMEM, "schedule: the index of %d edges", E);
+    }
+    for (int e = 0; e < E; e++) {
+        int t = s->edges[e].to, f = s->edges[e].from;
+        a->in[a->in_at[t] + in_n[t]++] = e;
+        a->out[a->out_at[f] + out_n[f]++] = e;
+    }
+    free(in_n);
+    free(out_n);
+    return MMP_OK;
 }

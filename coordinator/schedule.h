@@ -82,8 +82,13 @@
 #include "common/config.h"
 #include "common/err.h"
 
-#define MMP_SCHED_MAX_STAGES 64 /* processes: sub-stages x replicas, fusion's included */
-#define MMP_SCHED_MAX_EDGES 512
+/* Processes: sub-stages x replicas, fusion's included. A schedule holds its
+ * stages inline (about 160 bytes each) and its edges on the heap: every
+ * replica pair of consecutive stages has two, so the edges grow with the
+ * product of the replica counts (at most 2 (3 x 256^2 + 256) with
+ * MMP_MAX_REPLICAS = 256, well under MMP_SCHED_MAX_EDGES). */
+#define MMP_SCHED_MAX_STAGES 1024
+#define MMP_SCHED_MAX_EDGES (1 << 20)
 
 /* Values equal the proto's mmpipe.Op. */
 typedef enum mmp_op {
@@ -149,7 +154,10 @@ typedef struct mmp_sched {
     int batch_loss;
     int n_stages, n_edges;
     mmp_sched_stage stages[MMP_SCHED_MAX_STAGES];
-    mmp_sched_edge edges[MMP_SCHED_MAX_EDGES];
+    /* [n_edges], malloc'ed by the compiler (mmp_sched_fini frees it; a
+     * hand-made schedule sets a malloc'ed array, or its own and NULLs it
+     * before mmp_sched_fini). A struct copy moves it with the lists. */
+    mmp_sched_edge *edges;
 } mmp_sched;
 
 /* Builds the stage graph from plan->stages (splits, replicas), plan->train

@@ -56,6 +56,9 @@ void mmp_sched_fini(mmp_sched *s)
         s->stages[i].owns = NULL;
         s->stages[i].n_prog = 0;
     }
+    free(s->edges);
+    s->edges = NULL;
+    s->n_edges = 0;
 }
 
 /* ---- the stage graph ------------------------------------------------------------ */
@@ -91,7 +94,7 @@ static mmp_err add_branch(mmp_sched *s, mmp_stage_kind kind, const char *branch,
     if (s->n_stages + n_sub + 1 > MMP_SCHED_MAX_STAGES) {
         return mmp_errorf(MMP_ERR_CONFIG,
                           "stages.%s.split: %d sub-stages leave no room for the "
-                          "rest of the %d stages a schedule may have",
+                          "rest of the %d processes a schedule may have",
                           branch, n_sub, MMP_SCHED_MAX_STAGES);
     }
     int first = 0;
@@ -224,9 +227,9 @@ static mmp_err check_graph(const mmp_sched *s, int *fusion)
     return MMP_OK;
 }
 
-static void add_edge(mmp_sched *s, int from, int to, int grad)
+static void add_edge(mmp_sched *s, int cap, int from, int to, int grad)
 {
-    MMP_ASSERT(s->n_edges < MMP_SCHED_MAX_EDGES);
+    MMP_ASSERT(s->n_edges < cap);
     s->edges[s->n_edges++] = (mmp_sched_edge){.from = from, .to = to, .grad = grad, .slots = 0};
 }
 
@@ -235,6 +238,7 @@ static void add_edge(mmp_sched *s, int from, int to, int grad)
 typedef struct builder {
     mmp_instr *p;
     int n, cap;
+    const mmp_sched_adj *adj;
 } builder;
 
 static void put(builder *b, mmp_op op, int mb, int edge)
@@ -244,10 +248,10 @@ static void put(builder *b, mmp_op op, int mb, int edge)
 }
 
 /* Whether stage st receives activations (else it loads its inputs). */
-static int has_inputs(const mmp_sched *s, int st)
+static int has_inputs(const mmp_sched *s, const mmp_sched_adj *a, int st)
 {
-    for (int e = 0; e < s->n_edges; e++) {
-        if (!s->edges[e].grad && s->edges[e].to == st) {
+    for (int k = a->in_at[st]; k < a->in_at[st + 1]; k++) {
+        if (!s->edges[a->in[k]].grad) {
             return 1;
         }
     }
@@ -259,17 +263,20 @@ static int has_inputs(const mmp_sched *s, int st)
  * text at fusion); then FWD; then a SEND_ACT per output. */
 static void put_forward(const mmp_sched *s, int st, builder *b, int mb)
 {
-    for (int e = 0; e < s->n_edges; e++) {
-        if (!s->edges[e].grad && s->edges[e].to == st && mmp_sched_edge_carries(s, e, mb)) {
+    const mmp_sched_adj *a = b->adj;
+    for (int k = a->in_at[st]; k < a->in_at[st + 1]; k++) {
+        int e = a->in[k];
+        if (!s->edges[e].grad && mmp_sched_edge_carries(s, e, mb)) {
             put(b, MMP_OP_RECV_ACT, mb, e);
         }
     }
-    if (!has_inputs(s, st)) {
+    if (!has_inputs(s, a, st)) {
         put(b, MMP_OP_LOAD, mb, -1);
     }
     put(b, MMP_OP_FWD, mb, -1);
-    for (int e = 0; e < s->n_edges; e++) {
-        if (!s->edges[e].grad && s->edges[e].from == st && mmp_sched_edge_carries(s, e, mb)) {
+    for (int k = a->out_at[st]; k < a->out_at[st + 1]; k++) {
+        int e = a->out[k];
+        if (!s->edges[e].grad && mmp_sched_edge_carries(s, e, mb)) {
             put(b, MMP_OP_SEND_ACT, mb, e);
         }
     }
@@ -287,14 +294,17 @@ static int split_bwd(const mmp_sched *s, int st)
 
 static void put_backward(const mmp_sched *s, int st, builder *b, int mb)
 {
-    for (int e = 0; e < s->n_edges; e++) {
-        if (s->edges[e].grad && s->edges[e].to == st && mmp_sched_edge_carries(s, e, mb)) {
+    const mmp_sched_adj *a = b->adj;
+    for (int k = a->in_at[st]; k < a->in_at[st + 1]; k++) {
+        int e = a->in[k];
+        if (s->edges[e].grad && mmp_sched_edge_carries(s, e, mb)) {
             put(b, MMP_OP_RECV_GRAD, mb, e);
         }
     }
     put(b, split_bwd(s, st) ? MMP_OP_BWD_INPUT : MMP_OP_BWD, mb, -1);
-    for (int e = 0; e < s->n_edges; e++) {
-        if (s->edges[e].grad && s->edges[e].from == st && mmp_sched_edge_carries(s, e, mb)) {
+    for (int k = a->out_at[st]; k < a->out_at[st + 1]; k++) {
+        int e = a->out[k];
+        if (s->edges[e].grad && mmp_sched_edge_carries(s, e, mb)) {
             put(b, MMP_OP_SEND_GRAD, mb, e);
         }
     }
@@ -326,13 +336,13 @@ static void put_weights(builder *b, wqueue *q, int mb, int defer)
  * with the rest, e.g. defer 1: F0 F1 Bi0 F2 Bi1 W0 F3 Bi2 W1 Bi3 W2 W3; the
  * fusion under the batch-wide loss defers all its W's: F0 .. Fm-1 Bi0 ..
  * Bim-1 W0 .. Wm-1. */
-static mmp_err build_list(mmp_sched *s, int st)
+static mmp_err build_list(mmp_sched *s, const mmp_sched_adj *adj, int st)
 {
     mmp_sched_stage *g = &s->stages[st];
     int m = s->microbatches;
     /* A micro-batch's forward and backward each take at most one receive,
      * one load and one send per branch input plus the compute. */
-    builder b = {.n = 0, .cap = g->n_owned * 9 + 2};
+    builder b = {.n = 0, .cap = g->n_owned * 9 + 2, .adj = adj};
     b.p = malloc((size_t)b.cap * sizeof *b.p);
     wqueue q = {.mb = malloc((size_t)(g->n_owned + 1) * sizeof *q.mb), .head = 0, .tail = 0};
     if (!b.p || !q.mb) {
@@ -381,6 +391,7 @@ static mmp_err build_list(mmp_sched *s, int st)
 mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatches)
 {
     s->n_edges = 0;
+    s->edges = NULL;
     for (int i = 0; i < MMP_SCHED_MAX_STAGES; i++) {
         s->stages[i].prog = NULL;
         s->stages[i].n_prog = 0;
@@ -443,11 +454,11 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
     }
     free(owner);
     /* Per replica pair of consecutive stages, edge 2k carries activations,
-     * edge 2k+1 the paired gradients back. */
+     * edge 2k+1 the paired gradients back. Counted first: one allocation. */
+    long n_edges = 0;
     for (int i = 0; i < s->n_stages; i++) {
         mmp_sched_stage *g = &s->stages[i];
         if (g->kind == MMP_KIND_FUSION) {
-            g->depth = 1;
             continue;
         }
         int next = next_stage(s, i, fusion);
@@ -455,16 +466,28 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
             return mmp_errorf(MMP_ERR_CONFIG, "schedule: stage %s: no sub-stage %d after it",
                               g->name, g->sub + 1);
         }
-        int R = s->stages[next].n_replicas;
-        if (s->n_edges + 2 * R > MMP_SCHED_MAX_EDGES) {
-            return mmp_errorf(MMP_ERR_CONFIG,
-                              "schedule: the replicas' edges are more than the %d a schedule may "
-                              "have (every replica pair of consecutive stages needs two)",
-                              MMP_SCHED_MAX_EDGES);
+        n_edges += 2L * s->stages[next].n_replicas;
+    }
+    if (n_edges > MMP_SCHED_MAX_EDGES) {
+        return mmp_errorf(MMP_ERR_CONFIG,
+                          "schedule: the replicas' %ld edges are more than the %d a schedule may "
+                          "have (every replica pair of consecutive stages needs two)",
+                          n_edges, MMP_SCHED_MAX_EDGES);
+    }
+    s->edges = malloc(((size_t)n_edges + 1) * sizeof *s->edges);
+    if (!s->edges) {
+        return mmp_errorf(MMP_ERR_NOMEM, "schedule: %ld edges", n_edges);
+    }
+    for (int i = 0; i < s->n_stages; i++) {
+        mmp_sched_stage *g = &s->stages[i];
+        if (g->kind == MMP_KIND_FUSION) {
+            g->depth = 1;
+            continue;
         }
-        for (int r = 0; r < R; r++) {
-            add_edge(s, i, next + r, 0);
-            add_edge(s, next + r, i, 1);
+        int next = next_stage(s, i, fusion);
+        for (int r = 0; r < s->stages[next].n_replicas; r++) {
+            add_edge(s, (int)n_edges, i, next + r, 0);
+            add_edge(s, (int)n_edges, next + r, i, 1);
         }
         g->depth = g->n_sub - g->sub + 1;
     }
@@ -526,11 +549,18 @@ mmp_err mmp_sched_compile_stages(mmp_sched *s, mmp_schedule kind, int microbatch
             g->inflight_bound = 1; /* a replica routed no micro-batch holds none */
         }
     }
+    mmp_sched_adj adj;
+    MMP_TRY(mmp_sched_adj_init(&adj, s));
     for (int i = 0; i < s->n_stages; i++) {
-        MMP_TRY(build_list(s, i));
+        mmp_err e = build_list(s, &adj, i);
+        if (e != MMP_OK) {
+            mmp_sched_adj_fini(&adj);
+            return e;
+        }
         int at;
         s->stages[i].max_inflight =
             mmp_sched_list_inflight(&s->stages[i], s->stages[i].inflight_bound, &at);
     }
+    mmp_sched_adj_fini(&adj);
     return mmp_sched_validate(s);
 }

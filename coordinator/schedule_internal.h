@@ -26,6 +26,18 @@ int mmp_op_is_bwd(mmp_op op);  /* BWD, BWD_INPUT: the backward other stages wait
 int mmp_sched_owns(const mmp_sched_stage *g, int mb);
 /* Whether micro-batch mb travels on edge e: both ends handle it. */
 int mmp_sched_edge_carries(const mmp_sched *s, int e, int mb);
+/* Each process's edges, in edge order, by role: with R replicas on both
+ * sides of a stage pair there are 2 R^2 edges, so the compiler and the
+ * checker must not scan them all for every process (1024 processes:
+ * hundreds of thousands of edges). CSR: process st's incoming edges are
+ * in[in_at[st] .. in_at[st+1]), its outgoing out[out_at[st] .. out_at[st+1]).
+ * The edges' ends must be in range (0 .. n_stages-1). MMP_ERR_NOMEM;
+ * mmp_sched_adj_fini is valid after a failure. */
+typedef struct mmp_sched_adj {
+    int *in_at, *in, *out_at, *out;
+} mmp_sched_adj;
+mmp_err mmp_sched_adj_init(mmp_sched_adj *a, const mmp_sched *s);
+void mmp_sched_adj_fini(mmp_sched_adj *a);
 /* The process's name for messages ("image.0/1"), or the stage's. */
 const char *mmp_sched_pname(const mmp_sched_stage *g);
 /* Most micro-batches forwarded and not yet backwarded at any point of g's
@@ -64,7 +76,7 @@ typedef struct mmp_sched_exec_stage {
 typedef struct mmp_sched_exec {
     const mmp_sched *s;
     const mmp_sim_costs *c;
-    mmp_sched_exec_edge edges[MMP_SCHED_MAX_EDGES];
+    mmp_sched_exec_edge *edges; /* [s->n_edges] */
     mmp_sched_exec_stage stages[MMP_SCHED_MAX_STAGES];
     int n_at_barrier;
     double barrier_t;

@@ -13,8 +13,10 @@ void mmp_sched_exec_fini(mmp_sched_exec *x)
 {
     free(x->times);
     free(x->held);
+    free(x->edges);
     x->times = NULL;
     x->held = NULL;
+    x->edges = NULL;
 }
 
 /* s must have passed check_structure. */
@@ -23,6 +25,10 @@ mmp_err mmp_sched_exec_init(mmp_sched_exec *x, const mmp_sched *s, const mmp_sim
     memset(x, 0, sizeof *x);
     x->s = s;
     x->c = c;
+    x->edges = calloc((size_t)s->n_edges + 1, sizeof *x->edges);
+    if (!x->edges) {
+        return mmp_errorf(MMP_ERR_NOMEM, "schedule: executing %d edges", s->n_edges);
+    }
     size_t msgs = 0, instrs = 0;
     for (int st = 0; st < s->n_stages; st++) {
         const mmp_sched_stage *g = &s->stages[st];

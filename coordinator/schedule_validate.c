@@ -60,7 +60,7 @@ static mmp_err check_structure(const mmp_sched *s)
         return sched_err(s, "%d micro-batches", m);
     }
     if (s->n_stages < 1 || s->n_stages > MMP_SCHED_MAX_STAGES || s->n_edges < 0 ||
-        s->n_edges > MMP_SCHED_MAX_EDGES) {
+        s->n_edges > MMP_SCHED_MAX_EDGES || (s->n_edges > 0 && !s->edges)) {
         return sched_err(s, "%d stages and %d edges (at most %d and %d)", s->n_stages, s->n_edges,
                          MMP_SCHED_MAX_STAGES, MMP_SCHED_MAX_EDGES);
     }
@@ -146,16 +146,16 @@ static mmp_err check_structure(const mmp_sched *s)
     return MMP_OK;
 }
 
-/* Per edge: every receive has its send and vice versa, in the same order. */
+/* Per edge: every receive has its send and vice versa, in the same order.
+ * sent_n and recv_n ([microbatches]) are zero on entry and, on success,
+ * again on return (cleared where this edge touched them: hundreds of
+ * thousands of edges must not clear m counters each). */
 static mmp_err check_edge(const mmp_sched *s, int e, int *sent_n, int *recv_n)
 {
     const mmp_sched_edge *E = &s->edges[e];
     const mmp_sched_stage *src = &s->stages[E->from], *dst = &s->stages[E->to];
     mmp_op sop = E->grad ? MMP_OP_SEND_GRAD : MMP_OP_SEND_ACT;
     mmp_op rop = E->grad ? MMP_OP_RECV_GRAD : MMP_OP_RECV_ACT;
-    int m = s->microbatches;
-    memset(sent_n, 0, (size_t)m * sizeof *sent_n);
-    memset(recv_n, 0, (size_t)m * sizeof *recv_n);
     for (int pc = 0; pc < src->n_prog; pc++) {
         if (src->prog[pc].op == sop && src->prog[pc].edge == e) {
             sent_n[src->prog[pc].mb]++;
@@ -204,6 +204,16 @@ static mmp_err check_edge(const mmp_sched *s, int e, int *sent_n, int *recv_n)
         }
         sp++;
         rp++;
+    }
+    for (int pc = 0; pc < src->n_prog; pc++) {
+        if (src->prog[pc].op == sop && src->prog[pc].edge == e) {
+            sent_n[src->prog[pc].mb] = 0;
+        }
+    }
+    for (int pc = 0; pc < dst->n_prog; pc++) {
+        if (dst->prog[pc].op == rop && dst->prog[pc].edge == e) {
+            recv_n[dst->prog[pc].mb] = 0;
+        }
     }
     return MMP_OK;
 }
@@ -305,7 +315,8 @@ static mmp_err check_split(const mmp_sched *s, int st, const int *bwd_at, int *w
     return MMP_OK;
 }
 
-static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at, int *at)
+static mmp_err check_stage(const mmp_sched *s, const mmp_sched_adj *adj, int st, int *fwd_at,
+                           int *bwd_at, int *at)
 {
     const mmp_sched_stage *g = &s->stages[st];
     int m = s->microbatches, n = g->n_prog;
@@ -313,8 +324,8 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
         fwd_at[mb] = bwd_at[mb] = -1;
     }
     int inputs = 0;
-    for (int e = 0; e < s->n_edges; e++) {
-        inputs += !s->edges[e].grad && s->edges[e].to == st;
+    for (int k = adj->in_at[st]; k < adj->in_at[st + 1]; k++) {
+        inputs += !s->edges[adj->in[k]].grad;
     }
     if (n < 2 || g->prog[n - 2].op != MMP_OP_GRAD_NORM || g->prog[n - 1].op != MMP_OP_OPT_STEP) {
         return stage_err(s, st, -1, "the list must end with GRAD_NORM, OPT_STEP");
@@ -358,13 +369,21 @@ static mmp_err check_stage(const mmp_sched *s, int st, int *fwd_at, int *bwd_at,
     if (!inputs) {
         MMP_TRY(check_role(s, st, MMP_OP_LOAD, -1, fwd_at, "FWD", 1, at));
     }
-    for (int e = 0; e < s->n_edges; e++) {
+    /* in edge order, the incoming and outgoing edges merged (the first
+     * error is the one a scan of every edge would find) */
+    for (int i = adj->in_at[st], o = adj->out_at[st];
+         i < adj->in_at[st + 1] || o < adj->out_at[st + 1];) {
+        int ei = i < adj->in_at[st + 1] ? adj->in[i] : s->n_edges;
+        int eo = o < adj->out_at[st + 1] ? adj->out[o] : s->n_edges;
+        int e = ei < eo ? ei : eo;
         const mmp_sched_edge *E = &s->edges[e];
-        if (E->to == st) {
+        if (ei == e) {
+            i++;
             MMP_TRY(check_role(s, st, E->grad ? MMP_OP_RECV_GRAD : MMP_OP_RECV_ACT, e,
                                E->grad ? bwd_at : fwd_at, E->grad ? "BWD" : "FWD", 1, at));
         }
-        if (E->from == st) {
+        if (eo == e) {
+            o++;
             MMP_TRY(check_role(s, st, E->grad ? MMP_OP_SEND_GRAD : MMP_OP_SEND_ACT, e,
                                E->grad ? bwd_at : fwd_at, E->grad ? "BWD" : "FWD", 0, at));
         }
@@ -481,17 +500,19 @@ mmp_err mmp_sched_validate(const mmp_sched *s)
 {
     MMP_TRY(check_structure(s));
     int m = s->microbatches;
-    int *scratch = malloc((size_t)m * 3 * sizeof *scratch);
+    int *scratch = calloc((size_t)m * 3, sizeof *scratch);
     if (!scratch) {
         return mmp_errorf(MMP_ERR_NOMEM, "schedule: %d micro-batches", m);
     }
-    mmp_err ret = MMP_OK;
+    mmp_sched_adj adj;
+    mmp_err ret = mmp_sched_adj_init(&adj, s);
     for (int e = 0; e < s->n_edges && ret == MMP_OK; e++) {
         ret = check_edge(s, e, scratch, scratch + m);
     }
     for (int st = 0; st < s->n_stages && ret == MMP_OK; st++) {
-        ret = check_stage(s, st, scratch, scratch + m, scratch + 2 * m);
+        ret = check_stage(s, &adj, st, scratch, scratch + m, scratch + 2 * m);
     }
+    mmp_sched_adj_fini(&adj);
     free(scratch);
     if (ret != MMP_OK) {
         return ret;

@@ -198,10 +198,33 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
     }
     MMP_INFO("data channels: %d over cuda_ipc, %d over shm, %d over tcp, %d over nccl", ipc,
              s->n_edges - ipc - tcp - nccl, tcp, nccl);
+    /* Each process's channels, in edge order. The arrays are sized for the
+     * process with the most (2 (R_before + R_after) edges: up to a thousand
+     * at MMP_MAX_REPLICAS), on the heap. */
+    int *deg = calloc((size_t)c->n + 1, sizeof *deg), most = 0;
+    if (!deg) {
+        return mmp_errorf(MMP_ERR_NOMEM, "assignments of %d processes", c->n);
+    }
+    for (int e = 0; e < s->n_edges; e++) {
+        deg[s->edges[e].from]++;
+        deg[s->edges[e].to]++;
+    }
     for (int i = 0; i < c->n; i++) {
+        most = deg[i] > most ? deg[i] : most;
+    }
+    free(deg);
+    typedef char addr_buf[MMP_ADDRESS_MAX + 16];
+    typedef char peer_buf[64];
+    Mmpipe__Channel *chans = malloc(((size_t)most + 1) * sizeof *chans);
+    Mmpipe__Channel **chp = malloc(((size_t)most + 1) * sizeof *chp);
+    addr_buf *addr = malloc(((size_t)most + 1) * sizeof *addr);
+    peer_buf *peer = malloc(((size_t)most + 1) * sizeof *peer);
+    mmp_err ret = MMP_OK;
+    if (!chans || !chp || !addr || !peer) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "assignments: %d channels a process", most);
+    }
+    for (int i = 0; i < c->n && ret == MMP_OK; i++) {
         const mmp_sched_stage *st = &s->stages[i];
-        Mmpipe__Channel chans[MMP_SCHED_MAX_EDGES], *chp[MMP_SCHED_MAX_EDGES];
-        char addr[MMP_SCHED_MAX_EDGES][MMP_ADDRESS_MAX + 16], peer[MMP_SCHED_MAX_EDGES][64];
         int nc = 0;
         for (int e = 0; e < s->n_edges; e++) {
             const mmp_sched_edge *ed = &s->edges[e];
@@ -232,7 +255,10 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
             nc++;
         }
         Mmpipe__Instr *ins, **insp;
-        MMP_TRY(program_msg(st, &ins, &insp));
+        ret = program_msg(st, &ins, &insp);
+        if (ret != MMP_OK) {
+            break;
+        }
         Mmpipe__Assignment a = MMPIPE__ASSIGNMENT__INIT;
         static const char *const kind_names[] = {"image", "text", "fusion"};
         static_assert(MMP_KIND_IMAGE == (int)MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE &&
@@ -280,12 +306,15 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir)
         Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
         env.body_case = MMPIPE__ENVELOPE__BODY_ASSIGNMENT;
         env.assignment = &a;
-        mmp_err e = coord_send_to(c, i, &env);
+        ret = coord_send_to(c, i, &env);
         free(ins);
         free(insp);
-        MMP_TRY(e);
     }
-    return MMP_OK;
+    free(chans);
+    free(chp);
+    free(addr);
+    free(peer);
+    return ret;
 }
 
 static const Mmpipe__StepDone *done_of(const coord *c, int i)

@@ -254,6 +254,11 @@ static mmp_err open_data_plane(worker *w)
     if (a->n_channels > MAX_CHANNELS) {
         return mmp_errorf(MMP_ERR_PROTO, "%zu channels (at most %d)", a->n_channels, MAX_CHANNELS);
     }
+    /* a tcp channel holds its socket, a reduce a pidfd a replica */
+    char what[120];
+    snprintf(what, sizeof what, "stage %s: %zu channels and %d replicas", w->name, a->n_channels,
+             w->replicas);
+    MMP_TRY(mmp_ctl_reserve_fds(64 + (long)a->n_channels + 2L * w->replicas, what));
     static char addr[MAX_CHANNELS][ENDPOINT_MAX];
     char reduce_addr[ENDPOINT_MAX];
     for (size_t i = 0; i < a->n_channels; i++) {

@@ -43,7 +43,10 @@
 #include "transport/reduce.h"
 #include "transport/reduce_nccl.h"
 
-#define MAX_CHANNELS 256
+/* A process's channels: two per replica of the stage before it and of the
+ * stage after it (fusion: of both branches' last sub-stages), so at most
+ * 2 (2 MMP_MAX_REPLICAS) (coordinator/schedule.h). The worker is static. */
+#define MAX_CHANNELS (4 * MMP_MAX_REPLICAS)
 #define MAX_INFLIGHT MMP_MAX_MICROBATCHES /* the plan and the assignment check allow no more */
 
 typedef struct chan {

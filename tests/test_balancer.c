@@ -76,14 +76,15 @@ static void test_core_each(void)
  * micro-batches, and silently kept the 1/1/1 placement (20x slower here);
  * had it passed that check, a placement over the schedule's limits would
  * have stopped the run. */
-static void replan_within_plan_limits(int microbatches)
+static void replan_within_plan_limits(int hosts, int microbatches, int batch, int least_procs,
+                                      int most_procs)
 {
     static mmp_plan p, next;
     static mmp_sched s, probe;
     static mmp_balancer b;
     mmp_plan_defaults(&p);
-    p.n_hosts = 2;
-    for (int h = 0; h < 2; h++) {
+    p.n_hosts = hosts;
+    for (int h = 0; h < hosts; h++) {
         snprintf(p.hosts[h].name, sizeof p.hosts[h].name, "node%d", h);
         p.hosts[h].n_devices = MMP_MAX_DEVICES;
         for (int d = 0; d < MMP_MAX_DEVICES; d++) {
@@ -91,11 +92,12 @@ static void replan_within_plan_limits(int microbatches)
         }
     }
     p.train.microbatches = microbatches;
+    p.train.batch = batch > 0 ? batch : p.train.batch;
     p.balance.mode = MMP_BALANCE_DYNAMIC;
     p.balance.window = 2;
     CHECK_OK(mmp_sched_compile(&s, &p));
     mmp_balancer_reset(&b, &p, &s, "{}");
-    CHECK(b.cores == 0 && b.slots == 2 * MMP_MAX_DEVICES && s.n_stages == 3);
+    CHECK(b.cores == 0 && b.slots == hosts * MMP_MAX_DEVICES && s.n_stages == 3);
     int per_proc = p.train.batch; /* 1/1/1: each process sees every sample */
     mmp_bal_proc pr[3] = {{.fwd_ms = 4000, .bwd_ms = 8000, .samples = per_proc, .busy_ms = 12000},
                           {.fwd_ms = 40, .bwd_ms = 80, .samples = per_proc, .busy_ms = 120},
@@ -114,6 +116,9 @@ static void replan_within_plan_limits(int microbatches)
         CHECK_OK(e);
         if (e == MMP_OK) {
             CHECK(probe.n_stages > 3 && probe.n_stages <= MMP_SCHED_MAX_STAGES);
+            CHECK(probe.n_stages >= least_procs && probe.n_stages <= most_procs);
+            printf("  %d slots, %d micro-batches: %d processes\n", b.slots, microbatches,
+                   probe.n_stages);
         }
         mmp_sched_fini(&probe);
         const mmp_stage_cfg *br[2] = {&next.stages.image, &next.stages.text};
@@ -132,13 +137,24 @@ static void test_replan_within_plan_limits(void)
 {
     /* few micro-batches: the old balancer dropped the planner's proposal
      * (image.0 with more replicas than micro-batches) and never re-placed */
-    replan_within_plan_limits(4);
+    replan_within_plan_limits(2, 4, 0, 4, 128);
     /* one sample a micro-batch (the old balancer did not re-place either) */
     static mmp_plan d;
     mmp_plan_defaults(&d);
-    replan_within_plan_limits(d.train.batch < MMP_MAX_MICROBATCHES ? d.train.batch
-                                                                   : MMP_MAX_MICROBATCHES);
+    replan_within_plan_limits(
+        2, d.train.batch < MMP_MAX_MICROBATCHES ? d.train.batch : MMP_MAX_MICROBATCHES, 0, 4, 128);
+}
+
+/* A plan's most slots (16 hosts x 64 devices = MMP_SCHED_MAX_STAGES) and
+ * micro-batches enough to feed them: the balancer asks the planner for all
+ * 1024 and re-places to far more than the 64 processes a plan held before,
+ * a placement that compiles (the old schedule compiler refused anything over
+ * 64, so the balancer asked for 64 devices at most). */
+static void test_replan_thousand_slots(void)
+{
+    replan_within_plan_limits(MMP_MAX_HOSTS, 256, 256 * 64, 512, MMP_SCHED_MAX_STAGES);
 }
 
 MMP_TEST_LIST("test_balancer", MMP_TEST_CASE(test_shared_cores), MMP_TEST_CASE(test_core_each),
-              MMP_TEST_CASE(test_replan_within_plan_limits))
+              MMP_TEST_CASE(test_replan_within_plan_limits),
+              MMP_TEST_CASE(test_replan_thousand_slots))

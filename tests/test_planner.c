@@ -416,6 +416,8 @@ static void test_scale(void)
     }
 }
 
+static int keys_as_sets(const char *out, char *sets, size_t n);
+
 /* `mmpipe simulate configs/cluster-1024.yaml --plan-devices all`: the whole
  * path from a plan with 1024 devices, under 2 s, with an efficiency. */
 static void test_cli(void)
@@ -443,6 +445,34 @@ static void test_cli(void)
     CHECK(eff > 0 && eff <= 100);
     if (rc != 0 || !at || !e) {
         fprintf(stderr, "%s\n", out);
+    }
+    /* One plan now holds 1024 processes and 256 replicas a stage: the
+     * placement uses (nearly) every device (598 while a plan held 64
+     * replicas a stage, fusion the bottleneck at 64), and its keys are one
+     * plan: simulate adds no "(not one plan: ...)" note, and the keys pasted
+     * back load and compile as a plan of that many processes. */
+    const char *u = strstr(out, "devices used");
+    int used = -1;
+    while (u && u > out && u[-1] != ';') {
+        u--;
+    }
+    CHECK(u && sscanf(u, " %d of 1024 devices used", &used) == 1);
+    printf("  cli: %d of 1024 devices used\n", used);
+    CHECK(used >= 1000 && used <= 1024);
+    CHECK(strstr(out, "not one plan") == NULL);
+    static char sets[2048], cmd2[4096];
+    CHECK(keys_as_sets(out, sets, sizeof sets));
+    snprintf(cmd2, sizeof cmd2, "%s simulate configs/cluster-1024.yaml%s", bin, sets);
+    static char back[262144];
+    rc = mmp_test_run(cmd2, back, sizeof back);
+    CHECK(rc == 0);
+    int procs = -1;
+    const char *st = strstr(back, "micro-batches of ");
+    st = st ? strstr(st, "), ") : NULL;
+    CHECK(st && sscanf(st, "), %d stages", &procs) == 1);
+    CHECK(procs == used);
+    if (rc != 0 || procs != used) {
+        fprintf(stderr, "  %s\n  -> %.2000s\n", cmd2, back);
     }
     snprintf(cmd, sizeof cmd, "%s simulate configs/cluster-1024.yaml --plan-devices 2", bin);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 1);

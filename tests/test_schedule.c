@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/progress.h"
 #include "tests/harness.h"
 
 /* A plan with image layers 10 (stem, 8 blocks, projection), text layers 6
@@ -77,6 +78,8 @@ static void check_list(const mmp_sched *s, const char *stage, int fb_only, const
 static void clone(mmp_sched *dst, const mmp_sched *src)
 {
     *dst = *src;
+    dst->edges = malloc(((size_t)src->n_edges + 1) * sizeof *dst->edges);
+    memcpy(dst->edges, src->edges, (size_t)src->n_edges * sizeof *dst->edges);
     for (int i = 0; i < src->n_stages; i++) {
         size_t bytes = (size_t)src->stages[i].n_prog * sizeof(mmp_instr);
         dst->stages[i].prog = malloc(bytes);
@@ -280,22 +283,30 @@ static void test_rejects(void)
     p.stages.fusion.n_replicas = 1;
     p.stages.fusion.replicas[0] = INT_MAX;
     CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
-    CHECK(strstr(mmp_last_error(), "more than the 64 processes") != NULL);
+    CHECK(strstr(mmp_last_error(), "more than the 1024 processes") != NULL);
     mmp_sched_fini(&s);
     p.stages.fusion = fusion;
-    /* the bound itself: 64 processes compile (62 image replicas, text,
-     * fusion), 65 do not */
+    /* the bound itself: 1024 processes compile (1022 image replicas, text,
+     * fusion), 1025 do not */
     const mmp_stage_cfg image = p.stages.image;
     p.train.microbatches = 64;
     p.stages.image.n_replicas = 1;
-    p.stages.image.replicas[0] = 62;
+    p.stages.image.replicas[0] = 1022;
     CHECK_OK(mmp_sched_compile(&s, &p));
-    CHECK(s.n_stages == 64);
+    CHECK(s.n_stages == 1024 && s.n_stages == MMP_SCHED_MAX_STAGES);
+    CHECK(s.n_edges == 2 * (1022 + 1));
     mmp_sched_fini(&s);
-    p.stages.image.replicas[0] = 63;
+    p.stages.image.replicas[0] = 1023;
     CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
-    CHECK(strstr(mmp_last_error(), "the 64 stages a schedule may have") != NULL);
+    CHECK(strstr(mmp_last_error(), "the 1024 processes a schedule may have") != NULL);
     mmp_sched_fini(&s);
+    p.stages.image.replicas[0] = 1;
+    p.stages.fusion.replicas[0] = 1023;
+    CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
+    CHECK(strcmp(mmp_last_error(), "stages.fusion.replicas: 1023 replicas of fusion make more "
+                                   "than the 1024 processes a schedule may have") == 0);
+    mmp_sched_fini(&s);
+    p.stages.fusion = fusion;
     p.stages.image = image;
     p.train.microbatches = 4;
 
@@ -425,6 +436,8 @@ static void test_rejects(void)
     s.microbatches = 1;
     s.n_stages = 2;
     s.n_edges = 2;
+    static mmp_sched_edge hand_edges[2]; /* never freed: s is not fini'd */
+    s.edges = hand_edges;
     s.stages[0] = hand_stage("image.0", MMP_KIND_IMAGE, 2, a, 7);
     s.stages[1] = hand_stage("fusion", MMP_KIND_FUSION, 1, f, 6);
     s.edges[0] = (mmp_sched_edge){.from = 0, .to = 1, .grad = 0, .slots = 1};
@@ -1187,8 +1200,108 @@ static void test_zb_h1(void)
     }
 }
 
+/* ---- a thousand processes ---------------------------------------------------------------- */
+
+/* The most processes a plan holds (MMP_SCHED_MAX_STAGES = 1024), spread as a
+ * large cluster would: image cut in 3 sub-stages of 256, 256 and 200
+ * replicas, text in 2 of 100, fusion 112. Every replica pair of consecutive
+ * stages has its edge pair (320672 edges), the routing deals each
+ * micro-batch to one replica of every stage, backwards stay in ascending
+ * order on every process, and one step simulates; 1025 processes are
+ * refused. */
+static void test_thousand_processes(void)
+{
+    static const int is[2] = {3, 6}, ts[1] = {2};
+    static const int reps[6] = {256, 256, 200, 100, 100, 112};
+    static const mmp_schedule kinds[3] = {MMP_SCHED_1F1B, MMP_SCHED_ZB_H1, MMP_SCHED_GPIPE};
+    for (int k = 0; k < 3; k++) {
+        int m = k == 2 ? 64 : 256;
+        mmp_plan p;
+        make_plan(&p, kinds[k], m, 2, is, 1, ts);
+        p.train.batch = 1024;
+        p.stages.image.n_replicas = 3;
+        p.stages.text.n_replicas = 2;
+        p.stages.fusion.n_replicas = 1;
+        for (int j = 0; j < 3; j++) {
+            p.stages.image.replicas[j] = reps[j];
+        }
+        p.stages.text.replicas[0] = reps[3];
+        p.stages.text.replicas[1] = reps[4];
+        p.stages.fusion.replicas[0] = reps[5];
+        static mmp_sched s;
+        double t0 = mmp_now();
+        mmp_err e = mmp_sched_compile(&s, &p);
+        double t1 = mmp_now();
+        if (e != MMP_OK) {
+            fprintf(stderr, "  %s: %s\n", mmp_schedule_name(kinds[k]), mmp_last_error());
+        }
+        CHECK_OK(e);
+        CHECK(s.n_stages == 1024);
+        CHECK(s.n_edges == 2 * (256 * 256 + 256 * 200 + 200 * 112 + 100 * 100 + 100 * 112));
+        CHECK(s.n_edges <= MMP_SCHED_MAX_EDGES);
+        CHECK(strcmp(s.stages[1023].proc, "fusion/111") == 0);
+        CHECK(mmp_sched_find(&s, "image.2/199") == 256 + 256 + 199);
+        CHECK(mmp_sched_find(&s, "text.1/0") == 812 && mmp_sched_find(&s, "fusion") == 912);
+        /* each micro-batch forwarded and backwarded once per stage, by the
+         * replica it is routed to, backwards ascending, lists ending the step */
+        for (int st = 0; st < s.n_stages; st += s.stages[st].n_replicas) {
+            for (int mb = 0; mb < m; mb++) {
+                int n = 0;
+                for (int r = 0; r < s.stages[st].n_replicas; r++) {
+                    n += s.stages[st + r].owns[mb];
+                }
+                CHECK(n == 1);
+            }
+        }
+        long fwds = 0, bwds = 0;
+        for (int st = 0; st < s.n_stages; st++) {
+            const mmp_sched_stage *g = &s.stages[st];
+            int last_b = -1;
+            for (int pc = 0; pc < g->n_prog; pc++) {
+                const mmp_instr *in = &g->prog[pc];
+                if (in->op == MMP_OP_FWD) {
+                    CHECK(g->owns[in->mb]);
+                    fwds++;
+                }
+                if (in->op == MMP_OP_BWD || in->op == MMP_OP_BWD_INPUT) {
+                    CHECK(g->owns[in->mb] && in->mb > last_b);
+                    last_b = in->mb;
+                    bwds++;
+                }
+            }
+            CHECK(g->max_inflight <= g->inflight_bound);
+            CHECK(g->n_prog >= 2 && g->prog[g->n_prog - 2].op == MMP_OP_GRAD_NORM &&
+                  g->prog[g->n_prog - 1].op == MMP_OP_OPT_STEP);
+        }
+        CHECK(fwds == 6L * m && bwds == 6L * m);
+        for (int e = 0; e < s.n_edges; e++) {
+            const mmp_sched_edge *E = &s.edges[e];
+            CHECK(E->slots == s.stages[E->grad ? E->to : E->from].stage_bound ||
+                  kinds[k] == MMP_SCHED_ZB_H1);
+        }
+        static mmp_sim_costs c;
+        for (int i = 0; i < s.n_stages; i++) {
+            c.fwd_ms[i] = 1;
+            c.bwd_ms[i] = 2;
+        }
+        static mmp_sim_result r;
+        CHECK_OK(mmp_sched_simulate(&s, &c, &r));
+        CHECK(r.step_ms > 0 && r.bubble >= 0 && r.bubble < 1);
+        printf("1024 processes, %d edges, m=%d, %s: compile %.3f s, simulate %.3f s\n", s.n_edges,
+               m, mmp_schedule_name(kinds[k]), t1 - t0, mmp_now() - t1);
+        mmp_sched_fini(&s);
+        /* one more is refused, naming the limit */
+        p.stages.fusion.replicas[0] = reps[5] + 1;
+        CHECK(mmp_sched_compile(&s, &p) == MMP_ERR_CONFIG);
+        CHECK(strcmp(mmp_last_error(), "stages.fusion.replicas: 113 replicas of fusion make more "
+                                       "than the 1024 processes a schedule may have") == 0);
+        mmp_sched_fini(&s);
+    }
+}
+
 MMP_TEST_LIST("test_schedule", MMP_TEST_CASE(test_zb_h1), MMP_TEST_CASE(test_batch_loss),
               MMP_TEST_CASE(test_route), MMP_TEST_CASE(test_replicas),
               MMP_TEST_CASE(test_all_shapes), MMP_TEST_CASE(test_exact_lists),
               MMP_TEST_CASE(test_rejects), MMP_TEST_CASE(test_sim_textbook),
-              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large))
+              MMP_TEST_CASE(test_sim_branches), MMP_TEST_CASE(test_sim_large),
+              MMP_TEST_CASE(test_thousand_processes))

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -1028,5 +1029,33 @@ mmp_err mmp_ctl_new_token(char tok[33])
     }
     tok[32] = 0;
     explicit_bzero(raw, sizeof raw);
+    return MMP_OK;
+}
+
+mmp_err mmp_ctl_reserve_fds(long need, const char *what)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "%s: getrlimit(RLIMIT_NOFILE): %s", what, strerror(errno));
+    }
+    if (rl.rlim_cur == RLIM_INFINITY || (rlim_t)need <= rl.rlim_cur) {
+        return MMP_OK;
+    }
+    if (rl.rlim_max != RLIM_INFINITY && (rlim_t)need > rl.rlim_max) {
+        return mmp_errorf(MMP_ERR_CONFIG,
+                          "%s need about %ld open files, more than this process may have "
+                          "(RLIMIT_NOFILE: soft %llu, hard %llu; raise the hard limit, e.g. "
+                          "ulimit -Hn, or run fewer processes)",
+                          what, need, (unsigned long long)rl.rlim_cur,
+                          (unsigned long long)rl.rlim_max);
+    }
+    struct rlimit up = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &up) != 0) {
+        return mmp_errorf(MMP_ERR_IO,
+                          "%s need about %ld open files: raising RLIMIT_NOFILE from %llu "
+                          "to %llu: %s",
+                          what, need, (unsigned long long)rl.rlim_cur,
+                          (unsigned long long)rl.rlim_max, strerror(errno));
+    }
     return MMP_OK;
 }

@@ -156,6 +156,15 @@ void mmp_ctl_last_refused(mmp_ctl *c, char *buf, size_t n);
 /* Fills tok (33 bytes) with a fresh random hex job token. */
 mmp_err mmp_ctl_new_token(char tok[33]);
 
+/* Makes sure this process may hold `need` open file descriptors (a control
+ * connection per stage process in the coordinator, a tcp socket per
+ * channel and a pidfd per replica in a stage): raises the soft
+ * RLIMIT_NOFILE up to the hard limit when it is lower than need, and
+ * returns MMP_ERR_CONFIG, naming `what` (e.g. "1024 stage processes"),
+ * need and both limits, when even the hard limit is lower. Never lowers
+ * a limit. */
+mmp_err mmp_ctl_reserve_fds(long need, const char *what);
+
 /* The environment variable a stage process gets its job token from (the
  * coordinator sets it for each stage it spawns; the stage reads it, wipes it
  * and unsets it). Never on a command line: any user can read argv with ps. */

@@ -81,9 +81,9 @@
 #endif
 
 #define REDUCE_MAGIC 0x32304452504d4d00ull /* "\0MMPRD02" */
-#define REDUCE_VERSION 2u
-#define MAX_RANKS 64
-#define REGION_ALIGN 16 /* floats: 64 bytes */
+#define REDUCE_VERSION 3u                  /* 3: 256 ranks (2: 64) */
+#define MAX_RANKS 256                      /* MMP_MAX_REPLICAS */
+#define REGION_ALIGN 16                    /* floats: 64 bytes */
 #define PAGE 4096
 /* Far beyond any model; keeps 2 * capacity * 4 + header far from overflow. */
 #define MAX_CAPACITY ((size_t)1 << 36)
@@ -120,7 +120,7 @@ typedef struct reduce_header {
 } reduce_header;
 
 static_assert(offsetof(reduce_header, magic) == 0, "a segment's magic comes first (segment.h)");
-static_assert(sizeof(reduce_header) == 5312, "reduce_header is part of the segment layout");
+static_assert(sizeof(reduce_header) == 8384, "reduce_header is part of the segment layout");
 
 struct mmp_reduce {
     reduce_header *hdr; /* NULL when R == 1: no segment */

@@ -38,7 +38,7 @@ typedef struct mmp_reduce_cfg {
      * (port 0: a free port, mmp_reduce_address says which) and which the
      * other ranks are given (transport/reduce_tcp.c; the same bits). */
     const char *name;
-    int replicas;    /* R, 1 to 64 */
+    int replicas;    /* R, 1 to 256 (MMP_MAX_REPLICAS) */
     int rank;        /* 0 .. R-1 */
     size_t capacity; /* floats per rank, the largest n mmp_reduce_sum is given */
     int timeout_ms;  /* attach and every wait; <= 0: 60000 */

@@ -62,7 +62,8 @@ typedef struct mmp_reduce_nccl_cfg {
     mmp_reduce *side; /* the same ranks' host reduce (not owned); NULL only when R = 1 */
     const void *id;   /* rank > 0: rank 0's id, MMP_NCCL_ID_BYTES; rank 0: NULL (made here) */
     int timeout_ms;   /* each wait; <= 0: 60000 */
-    size_t chunk;     /* doubles per all-gather; 0: 1 << 22 (R x 32 MiB of receive buffer) */
+    size_t chunk;     /* doubles per all-gather; 0: 1 << 22 (R x 32 MiB of receive buffer),
+                         at most 2^28 / R (a 2 GiB buffer) */
 } mmp_reduce_nccl_cfg;
 
 typedef struct mmp_reduce_nccl mmp_reduce_nccl;

@@ -45,7 +45,7 @@
 #define RT_MAGIC 0x3130544452504d4dull /* "MMPRDT01" */
 #define RT_VERSION 2u                  /* 2: the job-key handshake first */
 #define RT_SECRET_MAX 256
-#define RT_MAX_RANKS 64
+#define RT_MAX_RANKS 256 /* MMP_MAX_REPLICAS */
 #define HELLO_MS 5000
 
 enum { RT_OK = 0, RT_GEOMETRY = 1, RT_RANK_TAKEN = 2 };

@@ -46,7 +46,10 @@
 
 _Static_assert(MMP_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "the id's size on the wire");
 
-#define RN_MAX_RANKS 64
+#define RN_MAX_RANKS 256 /* MMP_MAX_REPLICAS */
+/* The receive buffer's bound, R x chunk doubles: 64 ranks x RN_CHUNK (2 GiB);
+ * more ranks all-gather smaller chunks. */
+#define RN_GATHER_MAX ((size_t)64 << 22)
 #define RN_CHUNK ((size_t)1 << 22) /* doubles: 32 MiB a rank per all-gather */
 #define RN_TAG "#nccl:"
 #define RN_FINALIZE_MS 10000 /* at most, at close: a job's end must not wait a full timeout */
@@ -195,6 +198,8 @@ mmp_err mmp_reduce_nccl_open(mmp_reduce_nccl **out, const mmp_reduce_nccl_cfg *c
     r->side = cfg->side;
     r->chunk = cfg->chunk ? cfg->chunk : RN_CHUNK;
     r->chunk = r->chunk < r->capacity ? r->chunk : r->capacity;
+    r->chunk = r->chunk < RN_GATHER_MAX / (size_t)r->replicas ? r->chunk
+                                                              : RN_GATHER_MAX / (size_t)r->replicas;
     r->chunk = r->chunk ? r->chunk : 1;
     snprintf(r->what, sizeof r->what, "nccl reduce rank %d of %d", r->rank, r->replicas);
     mmp_err e = MMP_OK;
