@@ -103,16 +103,16 @@ int main(int argc, char **argv)
         for (int i = 0; i < n_tensors && !failed; i++) {
             char name[32];
             snprintf(name, sizeof name, "t%d", i);
-            failed |= mmp_ckpt_write(&w, name, MMP_F32, 1, &numel, data + (size_t)i * numel) !=
-                      MMP_OK;
+            failed |=
+                mmp_ckpt_write(&w, name, MMP_F32, 1, &numel, data + (size_t)i * numel) != MMP_OK;
         }
         failed |= failed ? 1 : mmp_ckpt_writer_close(&w) != MMP_OK;
         t_w[k] = now() - t0;
 
         t0 = now();
         FILE *f = fopen(raw, "wb");
-        failed |= !f || fwrite(data, 1, bytes, f) != bytes || fflush(f) != 0 ||
-                  fsync(fileno(f)) != 0;
+        failed |=
+            !f || fwrite(data, 1, bytes, f) != bytes || fflush(f) != 0 || fsync(fileno(f)) != 0;
         if (f) {
             fclose(f);
         }
@@ -160,8 +160,8 @@ int main(int argc, char **argv)
     double gib = (double)bytes / (1 << 30);
     double w = median(t_w, reps), rw = median(t_rw, reps), rd = median(t_r, reps),
            rr = median(t_rr, reps), fnv = median(t_fnv, reps), xxh = median(t_xxh, reps);
-    printf("checkpoint of %.2f GiB (%d tensors of %ld MiB) in %s, median of %d\n\n", gib,
-           n_tensors, tensor_mb, dir, reps);
+    printf("checkpoint of %.2f GiB (%d tensors of %ld MiB) in %s, median of %d\n\n", gib, n_tensors,
+           tensor_mb, dir, reps);
     printf("| operation | mmpipe s | GiB/s | plain s | plain / mmpipe |\n");
     printf("|---|---|---|---|---|\n");
     printf("| write (fsync'd) | %.3f | %.2f | %.3f | %.2f |\n", w, gib / w, rw, rw / w);

@@ -11,9 +11,9 @@
 #include <stdint.h>
 
 typedef struct mmp_xxh64_state {
-    uint64_t v[4];          /* the four lanes */
-    uint64_t total;         /* bytes fed so far */
-    unsigned char buf[32];  /* a stripe not yet complete */
+    uint64_t v[4];         /* the four lanes */
+    uint64_t total;        /* bytes fed so far */
+    unsigned char buf[32]; /* a stripe not yet complete */
     unsigned nbuf;
 } mmp_xxh64_state;
 

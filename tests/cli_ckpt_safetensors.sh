@@ -7,7 +7,8 @@
 #  untrusted:  a truncated file, a file for another model and a file with a
 #              stray tensor are refused naming the file, offset or tensor,
 #              and leave no checkpoint behind; an import never lands in a
-#              directory that already holds checkpoints.
+#              directory that already holds checkpoints;
+#  verify:     whole checkpoints pass, a changed byte fails naming its file.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_ckpt_safetensors
@@ -63,4 +64,18 @@ fi
 expect_fail "import into a run that has checkpoints refused" "already holds checkpoints" \
   "$BIN" ckpt import "$W/w.safetensors" --plan $P -o "$W/run"
 expect_fail "unknown format refused" "only safetensors" "$BIN" ckpt export "$W/run" --format onnx -o "$W/x.onnx"
+
+# ckpt verify: whole checkpoints pass; a byte changed in one file of a copy
+# fails it, naming that file; every argument gets its line
+n_tensors=$("$BIN" ckpt diff "$W/run" "$W/run" | sed -n 's/^tensors: \([0-9]*\) in A.*/\1/p')
+out=$("$BIN" ckpt verify "$W/run" "$W/back"); rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c ': ok: ' <<<"$out")" -eq 2 ] && grep -q "^$W/run: ok: ${n_tensors:-x} tensors, [0-9]* bytes" <<<"$out" \
+  && ok "verify: two whole checkpoints ($n_tensors tensors in the run's)" || { fail "verify: rc $rc"; echo "$out"; }
+cp -rL "$W/run/ckpt/latest" "$W/hurt"
+f=$(ls "$W/hurt"/*.ckpt | head -1)
+printf '\x5a' | dd of="$f" bs=1 seek=200 conv=notrunc 2>/dev/null
+out=$("$BIN" ckpt verify "$W/run" "$W/hurt"); rc=$?
+[ $rc -eq 1 ] && grep -q "^$W/run: ok: " <<<"$out" && grep -q "^$W/hurt: bad: $f: checksum mismatch" <<<"$out" \
+  && ok "verify: a changed byte is named with its file (rc 1)" || { fail "verify damaged: rc $rc"; echo "$out"; }
+"$BIN" ckpt verify >/dev/null 2>&1; [ $? -eq 2 ] && ok "verify without a checkpoint: usage error" || fail "verify without arguments"
 finish
