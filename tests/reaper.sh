@@ -12,6 +12,7 @@ R=${MMP_REAPER:-build/tests/reaper}
 [ -x "$R" ] || { echo "no $R (build first)"; exit 1; }
 workdir
 ulimit -c 0
+unset MMP_REAPER_LOG # the guard around this script keeps its own log line
 # run SCRIPT: the guard on `bash -c SCRIPT`; sets rc and out (its stderr and stdout)
 run() { out=$(MMP_REAPER_LOG="$W/log" "$R" t bash -c "$1" 2>&1); rc=$?; }
 gone() { ! kill -0 "$1" 2>/dev/null; }
