@@ -11,8 +11,8 @@
  * the test machines), it also gives the test a mount namespace of its own
  * with a private, empty /dev/shm of the same size, so whatever is in there
  * when the test ends is the test's (ctest -j runs tests side by side; a
- * shared /dev/shm could not tell their segments apart), and network
- * namespaces the test mounts under /run/netns stay visible to it alone.
+ * shared /dev/shm could not tell their segments apart), and the network
+ * namespaces mounted under /run/netns that it sees appear are the test's.
  *
  * After the test's own process exits: descendants still running get a grace
  * period (they may be on their way out), then each is named on stderr
@@ -181,21 +181,19 @@ static struct proc *descendants(size_t *n)
     return all;
 }
 
-/* Live (not zombie) descendants; with sig, each is sent sig. */
-static size_t live(int sig)
+/* Descendants, zombies included (one of ours not reaped yet still shows in
+ * /proc: kill -0 finds it); with sig, each live one is sent sig. */
+static size_t below(int sig)
 {
-    size_t n, alive = 0;
+    size_t n;
     struct proc *p = descendants(&n);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && sig; i++) {
         if (p[i].state != 'Z' && p[i].state != 'X') {
-            alive++;
-            if (sig) {
-                kill(p[i].pid, sig);
-            }
+            kill(p[i].pid, sig);
         }
     }
     free(p);
-    return alive;
+    return n;
 }
 
 static void describe(pid_t pid, char *out, size_t size)
@@ -237,7 +235,7 @@ static void stop_descendants(pid_t test)
     long t0 = now_ms();
     for (;;) {
         reap(0, test);
-        if (live(0) == 0) {
+        if (below(0) == 0) {
             return;
         }
         if (now_ms() - t0 > GRACE_MS) {
@@ -257,31 +255,33 @@ static void stop_descendants(pid_t test)
     }
     free(p);
     t0 = now_ms();
-    live(SIGTERM);
+    below(SIGTERM);
     while (now_ms() - t0 < TERM_MS) {
         reap(0, test);
-        if (live(0) == 0) {
+        if (below(0) == 0) {
             return;
         }
         nap();
     }
     t0 = now_ms();
     while (now_ms() - t0 < KILL_MS) {
-        live(SIGKILL);
+        below(SIGKILL);
         reap(0, test);
-        if (live(0) == 0) {
+        if (below(0) == 0) {
             return;
         }
         nap();
     }
-    say("%zu processes did not die on SIGKILL", live(0));
+    say("%zu processes did not die on SIGKILL", below(0));
 }
 
 /* ---- a private /dev/shm and /run/netns mounts -------------------------------- */
 
-/* A mount namespace of this process's own (mounts made here do not reach the
- * rest of the machine, the machine's still reach here) with an empty tmpfs on
- * /dev/shm as large as the machine's. 0, or -1 saying why not. */
+/* A mount namespace of this process's own with an empty tmpfs on /dev/shm as
+ * large as the machine's. Private, not a slave: mounts made here do not reach
+ * the rest of the machine, and those made elsewhere while the test runs (the
+ * network namespaces of a test run outside a guard) do not reach here, where
+ * they would be taken for the test's. 0, or -1 saying why not. */
 static int private_shm(void)
 {
     struct statvfs sv;
@@ -292,7 +292,7 @@ static int private_shm(void)
     }
     snprintf(opts, sizeof opts, "mode=1777,size=%llu",
              (unsigned long long)sv.f_blocks * (unsigned long long)sv.f_frsize);
-    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0 ||
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
         say("/dev/shm not checked (no private one here: %s)", strerror(errno));
         return -1;

@@ -90,5 +90,21 @@ else
     && [ ! -e "/run/netns/$ns" ] && ! ip netns list | grep -q "^$ns" \
     && ok "a process in a network namespace and the namespace: 1, both named and removed" \
     || { fail "netns: rc=$rc, pid '$p'"; show; ip netns del "$ns" 2>/dev/null; }
+  # a namespace made outside while the test runs (another test's, the machine's)
+  # is not the test's: neither named nor touched (mrpa first makes /run/netns a
+  # shared mount, as on a machine where ip netns was used before)
+  if ip netns add "mrpa$$"; then
+    rm -f "$W/in" "$W/added"
+    "$R" t bash -c "touch $W/in; for i in \$(seq 200); do [ -e $W/added ] && exit 0; sleep 0.05; done; exit 8" \
+      >"$W/o.out" 2>&1 &
+    g=$!
+    for _ in $(seq 200); do [ -e "$W/in" ] && break; sleep 0.05; done
+    ip netns add "mrpb$$"; touch "$W/added"
+    wait $g; rc=$?
+    [ $rc -eq 0 ] && [ ! -s "$W/o.out" ] && ip netns exec "mrpb$$" true \
+      && ok "a namespace made outside meanwhile: not named, still there" \
+      || { fail "outside namespace: rc=$rc"; sed 's/^/    /' "$W/o.out"; }
+    ip netns del "mrpb$$"; ip netns del "mrpa$$"
+  fi
 fi
 finish
