@@ -24,8 +24,9 @@
  * Exit status: the test's own when it failed (a signal is raised again, 77,
  * ctest's skip, passes through); else 1 when it left anything behind; else 0.
  * MMP_REAPER_LOG=FILE appends one line per test ("NAME: N left behind") for
- * scripts/test's summary. SIGTERM, SIGINT, SIGHUP and SIGQUIT (ctest's
- * timeout, ^C) are passed on to the test's process group.
+ * scripts/test's summary (the test does not inherit it: scripts/gpu-check's
+ * ctest inside cli_gpu_check adds no lines). SIGTERM, SIGINT, SIGHUP and
+ * SIGQUIT (ctest's timeout, ^C) are passed on to the test's process group.
  *
  * It must never kill what is not the test's: only descendants of its own
  * process are touched, and only the private /dev/shm is cleaned (without one,
@@ -394,7 +395,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (test == 0) {
-        setpgid(0, 0); /* its own group: a `kill 0` in the test stays in the test */
+        setpgid(0, 0);              /* its own group: a `kill 0` in the test stays in the test */
+        unsetenv("MMP_REAPER_LOG"); /* one line per test, not per ctest run inside it */
         sigprocmask(SIG_SETMASK, &old, NULL);
         execvp(argv[2], argv + 2);
         say("cannot run %s: %s", argv[2], strerror(errno));

@@ -12,7 +12,6 @@ R=${MMP_REAPER:-build/tests/reaper}
 [ -x "$R" ] || { echo "no $R (build first)"; exit 1; }
 workdir
 ulimit -c 0
-unset MMP_REAPER_LOG # the guard around this script keeps its own log line
 # run SCRIPT: the guard on `bash -c SCRIPT`; sets rc and out (its stderr and stdout)
 run() { out=$(MMP_REAPER_LOG="$W/log" "$R" t bash -c "$1" 2>&1); rc=$?; }
 gone() { ! kill -0 "$1" 2>/dev/null; }
@@ -20,6 +19,11 @@ show() { echo "$out" | sed 's/^/    /'; }
 
 run 'echo hello >/dev/null'
 [ $rc -eq 0 ] && [ -z "$out" ] && ok "a clean test: 0, nothing said" || { fail "clean: rc=$rc"; show; }
+: >"$W/log"
+run "$R inner true; echo \${MMP_REAPER_LOG:-unset}"
+[ "$(cat "$W/log")" = "t: 0 left behind" ] && [ "$out" = unset ] \
+  && ok "MMP_REAPER_LOG: one line per test, the test does not inherit it" \
+  || { fail "log: '$(cat "$W/log")', test saw '$out'"; }
 
 run "sleep 300 >/dev/null 2>&1 & echo \$! >$W/p1"
 p=$(cat "$W/p1")
