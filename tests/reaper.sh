@@ -81,7 +81,13 @@ run 'echo x >/dev/shm/mmpipe-reaper-test; echo y >/dev/shm/other-reaper-test'
 [ $rc -eq 1 ] && grep -q "left in /dev/shm: mmpipe-reaper-test$" <<<"$out" \
   && grep -q "note: /dev/shm/other-reaper-test remained" <<<"$out" && [ "$(grep -c 'left' <<<"$out")" = 1 ] \
   && ok "an mmpipe /dev/shm entry: 1, named; another name only noted" || { fail "shm: rc=$rc"; show; }
-[ ! -e /dev/shm/mmpipe-reaper-test ] && ok "the test's /dev/shm was its own" || fail "/dev/shm entry seen outside"
+: >/dev/shm/mmpipe-reaper-outside
+run '[ ! -e /dev/shm/mmpipe-reaper-outside ] && : >/dev/shm/mmpipe-reaper-inside-$$ && sleep 0.2 && ls /dev/shm'
+[ $rc -eq 1 ] && grep -q "^mmpipe-reaper-inside-[0-9]*$" <<<"$out" && [ -e /dev/shm/mmpipe-reaper-outside ] \
+  && ! ls /dev/shm | grep -q "mmpipe-reaper-inside" \
+  && ok "the test's /dev/shm is its own: the entry outside not in it and left alone" \
+  || { fail "private /dev/shm: rc=$rc"; show; }
+rm -f /dev/shm/mmpipe-reaper-outside
 
 ns=mrp$$
 run "ip netns add $ns || exit 9; ip netns exec $ns setsid sleep 302 </dev/null >/dev/null 2>&1 & echo \$! >$W/p5"
