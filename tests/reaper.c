@@ -23,7 +23,10 @@
  *
  * Exit status: the test's own when it failed (a signal is raised again, 77,
  * ctest's skip, passes through); else 1 when it left anything behind; else 0.
- * MMP_REAPER_LOG=FILE appends one line per test ("NAME: N left behind") for
+ * MMP_REAPER_PRIVATE_SHM=0 leaves the test in this mount namespace (only
+ * processes are checked then): for a machine where a private /dev/shm or
+ * mount namespace gets in the way of something (not seen: the GPU tests have
+ * not run under the guard yet). MMP_REAPER_LOG=FILE appends one line per test ("NAME: N left behind") for
  * scripts/test's summary (the test does not inherit it: scripts/gpu-check's
  * ctest inside cli_gpu_check adds no lines). SIGTERM, SIGINT, SIGHUP and
  * SIGQUIT (ctest's timeout, ^C) are passed on to the test's process group.
@@ -287,6 +290,11 @@ static int private_shm(void)
 {
     struct statvfs sv;
     char opts[64];
+    const char *off = getenv("MMP_REAPER_PRIVATE_SHM");
+    if (off && strcmp(off, "0") == 0) { /* an escape hatch, for a device where it misbehaves */
+        say("/dev/shm not checked (MMP_REAPER_PRIVATE_SHM=0)");
+        return -1;
+    }
     if (statvfs("/dev/shm", &sv) != 0) {
         say("/dev/shm not checked: %s", strerror(errno));
         return -1;

@@ -46,6 +46,13 @@ p=$(cat "$W/p3")
   && ok "a failing test keeps its status (3), its leftover still named and killed" \
   || { fail "failing: rc=$rc"; show; }
 
+out=$(MMP_REAPER_PRIVATE_SHM=0 "$R" t bash -c "sleep 305 >/dev/null 2>&1 & echo \$! >$W/p5" 2>&1); rc=$?
+p=$(cat "$W/p5")
+[ $rc -eq 1 ] && grep -q "^reaper: t: /dev/shm not checked (MMP_REAPER_PRIVATE_SHM=0)" <<<"$out" \
+  && grep -q "left behind: pid $p: sleep 305" <<<"$out" && gone "$p" \
+  && ok "MMP_REAPER_PRIVATE_SHM=0: /dev/shm said unchecked, processes still caught" \
+  || { fail "MMP_REAPER_PRIVATE_SHM=0: rc=$rc"; show; }
+
 run 'exit 77'
 [ $rc -eq 77 ] && ok "77 (skip) passes through" || fail "skip: rc=$rc"
 
