@@ -26,10 +26,10 @@
  * MMP_REAPER_PRIVATE_SHM=0 leaves the test in this mount namespace (only
  * processes are checked then): for a machine where a private /dev/shm or
  * mount namespace gets in the way of something (not seen: the GPU tests have
- * not run under the guard yet). MMP_REAPER_LOG=FILE appends one line per test ("NAME: N left behind") for
- * scripts/test's summary (the test does not inherit it: scripts/gpu-check's
- * ctest inside cli_gpu_check adds no lines). SIGTERM, SIGINT, SIGHUP and
- * SIGQUIT (ctest's timeout, ^C) are passed on to the test's process group.
+ * not run under the guard yet). MMP_REAPER_LOG=FILE appends one line per test ("NAME: N left
+ * behind") for scripts/test's summary (the test does not inherit it: scripts/gpu-check's ctest
+ * inside cli_gpu_check adds no lines). SIGTERM, SIGINT, SIGHUP and SIGQUIT (ctest's timeout, ^C)
+ * are passed on to the test's process group.
  *
  * It must never kill what is not the test's: only descendants of its own
  * process are touched, and only the private /dev/shm is cleaned (without one,
