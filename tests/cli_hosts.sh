@@ -89,7 +89,9 @@ ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.ste
 cpid=$!
 wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
 prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$W/kill.log" | head -1 | sed 's/.*memory //')
-tpid=$(pgrep -f -- "--stage text.0 --replica 0 --shm-prefix $prefix" | head -1)
+# Only with this run's prefix: an empty one would match any test's text.0/0.
+tpid=
+[ -n "$prefix" ] && tpid=$(pgrep -f -- "--stage text.0 --replica 0 --shm-prefix $prefix" | head -1)
 kill -9 "$tpid"
 wait $cpid; rc=$?
 [ $rc -ne 0 ] && grep -q 'stage text.0/0 (pid [0-9]*, ssh to host tx at 10.77.0.4) died' "$W/kill.log" \

@@ -106,7 +106,8 @@ timeout 300 salloc -N1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set lau
 cpid=$!
 wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
 prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$W/kill.log" | head -1 | sed 's/.*memory //')
-kill -9 "$(pgrep -f -- "--stage text.0 --replica 0 --shm-prefix $prefix" | head -1)"
+# Only with this run's prefix: an empty one would match any test's text.0/0.
+[ -n "$prefix" ] && kill -9 "$(pgrep -f -- "--stage text.0 --replica 0 --shm-prefix $prefix" | head -1)"
 wait $cpid; rc=$?
 [ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, srun to host $node at $node) died" "$W/kill.log" \
   && ok "killed srun stage named (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
