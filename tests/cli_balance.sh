@@ -24,9 +24,12 @@
 #     placement that balances 4:1:1 on six slots; predicted efficiency
 #     > 0.7), and runs faster than the static 2/2/2 at all
 #     (> 1.2x, expected ~1.8x);
-#  4. cost drift: text triples at step 100; within 15 steps the balancer
-#     re-plans to image.0:3 text.0:2 fusion:1 (the best for 4:3:1 on six
-#     slots; predicted efficiency > 0.7).
+#  4. cost drift: text triples at step 31 of that same dynamic run (its
+#     steps 1-30 are section 3's; the costs change only from step 31 on);
+#     within 15 steps the balancer re-plans to image.0:3 text.0:2 fusion:1
+#     (the best for 4:3:1 on six slots; predicted efficiency > 0.7).
+# Sections 3 and 4 share one launch: this test's wall time is mostly
+# simulated compute (sleeps), and CI runs it on 2 cores beside the others.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_balance
@@ -64,8 +67,12 @@ expect_fail "balance.force.set may only change stages.*" "only stages.\* keys" \
   || fail "a refused balance.force.set left a run directory (the next launch there needs --force)"
 
 # --- 2. weighted routing vs round robin, one slow replica --------------------------
+# The config's costs at half scale (2:0.5:0.5 ms, still 4:1:1): what is
+# checked is the slow replica's measured speed, its share and the ratio of the
+# two runs' image stage throughputs (sleeps), none of them the absolute cost.
 route() { # NAME ROUTING: configs/sim-slow-replica.yaml (image.0 x2, its replica 1 2x slower)
   "$BIN" launch configs/sim-slow-replica.yaml --set "data.manifest=$W/data/train.jsonl" --out "$W/$1" \
+    --set sim.cost.image=2.0 --set sim.cost.text=0.5 --set sim.cost.fusion=0.5 \
     --set balance.routing=$2 >"$W/$1.log" 2>&1 || { fail "$1 run failed"; tail -5 "$W/$1.log"; }
 }
 route rr round_robin
@@ -101,18 +108,23 @@ echo "     end to end, weighted vs round-robin: $ratio x ($wt vs $rr samples/s; 
 SU="--set data.manifest=$W/data/train.jsonl"
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/static" --set job.steps=8 \
   --set balance.mode=off >"$W/static.log" 2>&1 || { fail "static run failed"; tail -5 "$W/static.log"; }
-"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/dynamic" --set job.steps=30 >"$W/dynamic.log" 2>&1 \
+# The dynamic run is also section 4's drift run: text x3 from step 31 on
+# (sim.change_step), 50 steps. Section 3 looks only at its steps 1-30
+# (dyn30.jsonl), which ran the unchanged 4:1:1 costs.
+"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/dynamic" --set job.steps=50 \
+  --set sim.change_step=31 --set sim.change.text=3.0 >"$W/dynamic.log" 2>&1 \
   || { fail "dynamic run failed"; tail -5 "$W/dynamic.log"; }
+head -30 "$W/dynamic/metrics.jsonl" >"$W/dyn30.jsonl"
 t_static=$(metric "$W/static/metrics.jsonl" samples_per_s 2 8 | median)
-t_dyn=$(metric "$W/dynamic/metrics.jsonl" samples_per_s 21 30 | median)
-eff_dyn=$(metric "$W/dynamic/metrics.jsonl" efficiency 21 30 | median)
-at=$(grep -n '"action":"replace"' "$W/dynamic/metrics.jsonl" | head -1 | cut -d: -f1)
-[ -n "$at" ] && [ "$at" -le 30 ] && ok "dynamic: re-placed after step $at: $(grep -o '"to":"[^"]*"' "$W/dynamic/metrics.jsonl" | head -1)" \
+t_dyn=$(metric "$W/dyn30.jsonl" samples_per_s 21 30 | median)
+eff_dyn=$(metric "$W/dyn30.jsonl" efficiency 21 30 | median)
+at=$(grep -n '"action":"replace"' "$W/dyn30.jsonl" | head -1 | cut -d: -f1)
+[ -n "$at" ] && [ "$at" -le 30 ] && ok "dynamic: re-placed after step $at: $(grep -o '"to":"[^"]*"' "$W/dyn30.jsonl" | head -1)" \
   || fail "dynamic: no re-placement within 30 steps"
-pred=$(grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' "$W/dynamic/metrics.jsonl" | head -1 | sed 's/.*efficiency //')
-grep -q '"action":"replace","to":"image.0:4 text.0:1 fusion:1"' "$W/dynamic/metrics.jsonl" \
+pred=$(grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' "$W/dyn30.jsonl" | head -1 | sed 's/.*efficiency //')
+grep -q '"action":"replace","to":"image.0:4 text.0:1 fusion:1"' "$W/dyn30.jsonl" \
   && ok "dynamic: the new placement is image.0:4 text.0:1 fusion:1" \
-  || fail "dynamic: re-placed to $(grep -o '"to":"[^"]*"' "$W/dynamic/metrics.jsonl" | head -1), not image.0:4 text.0:1 fusion:1"
+  || fail "dynamic: re-placed to $(grep -o '"to":"[^"]*"' "$W/dyn30.jsonl" | head -1), not image.0:4 text.0:1 fusion:1"
 # Far bar: the prediction comes from measured costs (0.96-0.98 on an idle machine).
 ge "${pred:-0}" 0.7 && ok "the new placement's predicted balance efficiency $pred (bar 0.7)" \
   || fail "predicted efficiency ${pred:-none} < 0.7"
@@ -136,26 +148,24 @@ loading=$(tr ' ' '\n' <<<"$to" | grep -E '^(image|text)\.0[[:punct:][:digit:]]*:
   && ok "dynamic, 2 micro-batches: re-placed to $to (loading sub-stages within the 2 micro-batches)" \
   || fail "dynamic, 2 micro-batches: re-placed to '${to:-nothing}' (want a re-placement, image.0 and text.0 at most 2 replicas)"
 
-# --- 4. cost drift: text x3 at step 100 ---------------------------------------------
-"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/drift" --set job.steps=125 \
-  --set sim.change_step=100 --set sim.change.text=3.0 >"$W/drift.log" 2>&1 \
-  || { fail "drift run failed"; tail -5 "$W/drift.log"; }
-re=$(grep -n '"action":"replace"' "$W/drift/metrics.jsonl" | cut -d: -f1 | awk '$1 >= 100' | head -1)
-[ -n "$re" ] && [ "$re" -le 115 ] && ok "text cost x3 at step 100: re-planned after step $re ($(sed -n ${re}p "$W/drift/metrics.jsonl" | grep -o '"to":"[^"]*"'))" \
+# --- 4. cost drift: text x3 at step 31 (the dynamic run of section 3) ---------------
+D=$W/dynamic/metrics.jsonl
+re=$(grep -n '"action":"replace"' "$D" | cut -d: -f1 | awk '$1 >= 31' | head -1)
+[ -n "$re" ] && [ "$re" -le 46 ] && ok "text cost x3 at step 31: re-planned after step $re ($(sed -n ${re}p "$D" | grep -o '"to":"[^"]*"'))" \
   || fail "no re-plan within 15 steps of the drift (at: ${re:-none})"
-pred=$(sed -n "${re:-1}p" "$W/drift/metrics.jsonl" | grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' | sed 's/.*efficiency //')
-sed -n "${re:-1}p" "$W/drift/metrics.jsonl" | grep -q '"action":"replace","to":"image.0:3 text.0:2 fusion:1"' \
+pred=$(sed -n "${re:-1}p" "$D" | grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' | sed 's/.*efficiency //')
+sed -n "${re:-1}p" "$D" | grep -q '"action":"replace","to":"image.0:3 text.0:2 fusion:1"' \
   && ok "after the drift the new placement is image.0:3 text.0:2 fusion:1" \
-  || fail "after the drift: $(sed -n "${re:-1}p" "$W/drift/metrics.jsonl" | grep -o '"to":"[^"]*"'), not image.0:3 text.0:2 fusion:1"
+  || fail "after the drift: $(sed -n "${re:-1}p" "$D" | grep -o '"to":"[^"]*"'), not image.0:3 text.0:2 fusion:1"
 ge "${pred:-0}" 0.7 && ok "the re-plan after the drift is predicted $pred efficient (bar 0.7; 0.88 on an idle machine)" \
   || fail "re-plan after the drift predicted ${pred:-none} < 0.7"
-eff=$(metric "$W/drift/metrics.jsonl" efficiency 118 125 | median)
+eff=$(metric "$D" efficiency 44 50 | median)
 echo "     measured efficiency after the drift: $eff (not asserted; bench/balance.sh)"
 # --- 5. stages: auto -------------------------------------------------------------------
 sed 's/^stages:$/stages: auto/; /^  image:  { replicas/d; /^  text:   { replicas/d; /^  fusion: { replicas/d' \
   configs/sim-uneven.yaml > "$W/auto.yaml"
 grep -q '^stages: auto$' "$W/auto.yaml" || fail "could not make the stages: auto plan"
-"$BIN" launch "$W/auto.yaml" $SU --out "$W/auto" --set job.steps=10 --set balance.mode=off >"$W/auto.log" 2>&1 \
+"$BIN" launch "$W/auto.yaml" $SU --out "$W/auto" --set job.steps=6 --set balance.mode=off >"$W/auto.log" 2>&1 \
   || { fail "stages: auto run failed"; tail -5 "$W/auto.log"; }
 head -1 "$W/auto/metrics.jsonl" | grep -q '"placement":"image.0:1 text.0:1 fusion:1"' \
   && sed -n 4p "$W/auto/metrics.jsonl" | grep -q '"action":"replace".*stages: auto, after profiling' \

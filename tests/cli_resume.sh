@@ -10,7 +10,13 @@ cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
 synth 400 4
-tiny_plan "name: r, steps: 60, seed: 9" \
+# 60 steps (a span of step 55 is the second launch's); under the sanitizers
+# 30 and step 25: the same runs and checks (kills after step 14, checkpoints
+# every 10, the failed checkpoint at step 20), a sanitized step costing ten
+# times a Release one
+steps=60 lstep=55
+[ "$SANITIZED" = 1 ] && steps=30 lstep=25
+tiny_plan "name: r, steps: $steps, seed: 9" \
   "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
   2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 5 }, eval_every: 20, ckpt_every: 10"
 
@@ -23,13 +29,13 @@ for mode in pipeline single; do
   kill -KILL $cpid; wait $cpid 2>/dev/null
   sleep 0.3
   at=$(last_step "$R/metrics.jsonl"); latest=$(readlink "$R/ckpt/latest")
-  if [ -n "$latest" ] && [ "$at" -gt "$((10#${latest#step_}))" ] && [ "$at" -lt 60 ]; then
+  if [ -n "$latest" ] && [ "$at" -gt "$((10#${latest#step_}))" ] && [ "$at" -lt "$steps" ]; then
     ok "$mode: killed with metrics at step $at, ahead of $latest"
   else fail "$mode: the kill did not leave metrics ahead of a checkpoint (step $at, latest '$latest')"; fi
   head -n "$((10#${latest#step_}))" "$R/metrics.jsonl" > "$W/$mode.kept"
   "$BIN" launch "$W/plan.yaml" --resume "$R" "${extra[@]}" >"$W/${mode}_resumed.log" 2>&1 \
     || { fail "$mode: resume"; tail -3 "$W/${mode}_resumed.log"; }
-  steps_once "$R/metrics.jsonl" 60 && ok "$mode: metrics.jsonl holds steps 1..60 once each" \
+  steps_once "$R/metrics.jsonl" $steps && ok "$mode: metrics.jsonl holds steps 1..$steps once each" \
     || fail "$mode: metrics.jsonl steps: $(grep -o '^{"step":[0-9]*' "$R/metrics.jsonl" | grep -o '[0-9]*$' | tr '\n' ' ')"
   cmp -s "$W/$mode.kept" <(head -n "$((10#${latest#step_}))" "$R/metrics.jsonl") \
     && ok "$mode: the lines up to the checkpoint are kept as they were" || fail "$mode: earlier lines changed"
@@ -40,9 +46,9 @@ trace_ok "$T" && ok "trace.json is valid after resume" || fail "trace.json is no
 segs=$(grep -c '"name":"launch"' "$T")
 grep -q '"note":"launch 1 from step 0"' "$T" && grep -q '"note":"launch 1 from step [1-9][0-9]*"' "$T" && [ "$segs" -eq 2 ] \
   && ok "trace.json keeps both launch segments ($segs launch marks)" || fail "trace.json segments: $segs launch marks"
-early=$(grep -c '"name":"F".*"args":{"step":3,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":55,' "$T")
-[ "$early" -gt 0 ] && [ "$late" -gt 0 ] && ok "trace.json has spans of step 3 (first launch) and 55 (second)" \
-  || fail "trace.json spans: step 3: $early, step 55: $late"
+early=$(grep -c '"name":"F".*"args":{"step":3,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":'$lstep, "$T")
+[ "$early" -gt 0 ] && [ "$late" -gt 0 ] && ok "trace.json has spans of step 3 (first launch) and $lstep (second)" \
+  || fail "trace.json spans: step 3: $early, step $lstep: $late"
 ls "$W/pipeline"/trace.*.part >/dev/null 2>&1 && fail "trace parts left" || ok "trace parts merged"
 # A launch that ended cleanly (stopped by SIGINT: trace.json already merged),
 # then resumed: the first segment's events stay in trace.json.
@@ -53,10 +59,10 @@ kill -INT $cpid; wait $cpid
 at=$(last_step "$W/int/metrics.jsonl")
 "$BIN" launch "$W/plan.yaml" --resume "$W/int" >"$W/int_resumed.log" 2>&1 || fail "int: resume"
 T=$W/int/trace.json
-early=$(grep -c '"name":"F".*"args":{"step":2,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":55,' "$T")
+early=$(grep -c '"name":"F".*"args":{"step":2,' "$T"); late=$(grep -c '"name":"F".*"args":{"step":'$lstep, "$T")
 trace_ok "$T" && [ "$early" -gt 0 ] && [ "$late" -gt 0 ] \
-  && ok "stopped at step $at by SIGINT, resumed: trace.json keeps both segments (step 2 and 55 spans)" \
-  || fail "stopped and resumed: trace.json spans: step 2: $early, step 55: $late"
+  && ok "stopped at step $at by SIGINT, resumed: trace.json keeps both segments (step 2 and $lstep spans)" \
+  || fail "stopped and resumed: trace.json spans: step 2: $early, step $lstep: $late"
 left_behind "resume" "$W/pipeline.log" "$W/pipeline_resumed.log" "$W/int.log" "$W/int_resumed.log"
 
 # A checkpoint one stage could not write never becomes latest, even when that
@@ -74,7 +80,7 @@ for mode in pipeline single; do
     || { fail "$mode: rc=$rc, latest '$latest' after a failed checkpoint write"; tail -2 "$R.log"; }
   rm -rf "$R/ckpt/step_0000020"
   "$BIN" launch "$W/plan.yaml" --resume "$R" "${extra[@]}" >"$R.resumed.log" 2>&1 \
-    && [ "$(readlink "$R/ckpt/latest")" = step_0000060 ] && ok "$mode: ... and resumes from it" \
+    && [ "$(readlink "$R/ckpt/latest")" = "$(printf 'step_%07d' "$steps")" ] && ok "$mode: ... and resumes from it" \
     || { fail "$mode: resume after a failed checkpoint"; tail -2 "$R.resumed.log"; }
 done
 left_behind "failed checkpoint" "$W/badck_pipeline.log" "$W/badck_pipeline.resumed.log"
