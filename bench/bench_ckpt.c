@@ -88,12 +88,13 @@ int main(int argc, char **argv)
     snprintf(sub, sizeof sub, "%s/bench_ckpt.%d", dir, (int)getpid());
     if (mmp_mkdirs(sub) != MMP_OK) {
         fprintf(stderr, "bench_ckpt: %s\n", mmp_last_error());
+        free(data);
         return 1;
     }
     snprintf(path, sizeof path, "%s/x.ckpt", sub);
     snprintf(raw, sizeof raw, "%s/raw.bin", sub);
-    double t_w[MAX_REPS], t_r[MAX_REPS], t_rw[MAX_REPS], t_rr[MAX_REPS], t_fnv[MAX_REPS],
-        t_xxh[MAX_REPS];
+    double t_w[MAX_REPS] = {0}, t_r[MAX_REPS] = {0}, t_rw[MAX_REPS] = {0}, t_rr[MAX_REPS] = {0},
+           t_fnv[MAX_REPS] = {0}, t_xxh[MAX_REPS] = {0};
     int failed = 0;
     volatile uint64_t sink = 0;
     for (int k = 0; k < reps && !failed; k++) {
