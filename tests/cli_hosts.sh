@@ -129,8 +129,8 @@ ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/ck" --set job.steps
 cpid=$!
 wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
 kill -9 $cpid; wait $cpid 2>/dev/null
-for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" -eq 0 ] && break; sleep 0.1; done
-[ "$(remote_left "$W/ck.log")" -eq 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
+for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" = 0 ] && break; sleep 0.1; done
+[ "$(remote_left "$W/ck.log")" = 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
   || fail "coordinator SIGKILLed: remote stages still running after 10 s"
 nothing_left ck "$W/ck.log"
 finish

@@ -87,16 +87,19 @@ CONF
   echo "ssh does not reach 10.77.0.$last"; return 1
 }
 # remote_left LOG: stage processes of that run still alive on any host (the
-# namespaces share this pid space; the run's shm prefix is on their lines)
+# namespaces share this pid space; the run's shm prefix is on their lines);
+# "?" when the log names no prefix (nothing can be counted: not a 0)
 remote_left() {
   local prefix
   prefix=$(run_prefix "$1")
-  [ -n "$prefix" ] || { echo 0; return; }
-  pgrep -f -- "--shm-prefix $prefix" | wc -l
+  [ -n "$prefix" ] || { echo "?"; return; }
+  pgrep -f -- "--shm-prefix $prefix( |\$)" | wc -l
 }
 # nothing_left NAME LOG: no stage (local ssh client or remote stage) and no shm
 nothing_left() {
   local r; r=$(remote_left "$2")
-  [ "$r" -eq 0 ] && ok "$1: no remote stage left" || { fail "$1: $r remote stages left"; pgrep -af -- --shm-prefix; }
+  if [ "$r" = "?" ]; then fail "$1: $2 names no shm prefix: remote stages not counted"
+  elif [ "$r" -eq 0 ]; then ok "$1: no remote stage left"
+  else fail "$1: $r remote stages left"; pgrep -af -- --shm-prefix; fi
   left_behind "$1" "$2"
 }
