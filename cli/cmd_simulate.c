@@ -277,9 +277,18 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
     keyed = *p;
     keyed.stages_auto = 0;
     mmp_placement_to_plan(&r.placement, &keyed);
+    static mmp_sim_result keyed_sim;
+    int have_keyed_sim = 0;
     if (mmp_sched_compile(&probe, &keyed) != MMP_OK) {
         printf("(not one plan: %s; a job this large needs a smaller --plan-devices)\n",
                mmp_last_error());
+    } else if (!measured) {
+        /* The planner's model lets a stage's replicas split each micro-batch;
+         * the runtime deals whole micro-batches to them. The keys' own
+         * schedule, simulated with the same costs, is what a launch would do. */
+        static mmp_sim_costs kc;
+        mmp_costs_nominal(&keyed, &probe, &kc);
+        have_keyed_sim = mmp_sched_simulate(&probe, &kc, &keyed_sim) == MMP_OK;
     }
     mmp_sched_fini(&probe);
     printf("\npredicted step time %.3f ms (%s; closed form %.3f ms), %.1f samples/s, balance "
@@ -287,6 +296,13 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
            "%.3f ms per micro-batch (the least any placement reaches: %.3f)\n",
            v->step_ms, mmp_planner_method_name(v->method), v->closed_form_ms, v->samples_per_s,
            100 * v->efficiency, devices, v->devices_used, devices, v->bottleneck_ms, r.bound_ms);
+    if (have_keyed_sim) {
+        double off = v->step_ms > 0 ? keyed_sim.step_ms / v->step_ms : 0;
+        printf("these keys' own schedule simulates to %.3f ms a step (the runtime deals whole "
+               "micro-batches to a stage's replicas; the planner lets them split each one)%s\n",
+               keyed_sim.step_ms,
+               off > 1.1 ? ": the planner's figure is optimistic here, trust this one" : "");
+    }
     return 0;
 }
 

@@ -75,4 +75,18 @@ grep -q "^as plan keys" "$W/big.txt" && grep -q "^(not one plan: .* more than th
 "$BIN" simulate configs/sim-uneven.yaml --plan-devices 6 >"$W/six.txt" 2>&1
 grep -q "^as plan keys" "$W/six.txt" && ! grep -q "not one plan" "$W/six.txt" \
   && ok "--plan-devices 6: runnable keys, no note" || { fail "--plan-devices 6"; tail -4 "$W/six.txt"; }
+grep -q "^these keys' own schedule simulates to [0-9.]* ms a step" "$W/six.txt" && ! grep -q "not one plan" "$W/six.txt" \
+  && ok "--plan-devices 6: the keys' own schedule simulated beside the planner's figure" \
+  || { fail "--plan-devices 6: no simulation of the keys"; tail -2 "$W/six.txt"; }
+# ... and it is the figure `simulate --set <the keys>` gives: at 1024
+# devices the planner's model (replicas split a micro-batch) is far from
+# the runtime's (whole micro-batches), and the output says which to trust
+"$BIN" simulate configs/cluster-1024.yaml --plan-devices all >"$W/k.txt" 2>&1
+own=$(sed -n "s/^these keys' own schedule simulates to \([0-9.]*\) ms.*/\1/p" "$W/k.txt")
+keys=$(sed -n 's/^as plan keys: //p' "$W/k.txt" | sed 's/, stages\./\nstages./g' | sed 's/: /=/')
+sets=(); while IFS= read -r kv; do sets+=(--set "$kv"); done <<<"$keys"
+again=$("$BIN" simulate configs/cluster-1024.yaml "${sets[@]}" 2>&1 | sed -n 's/^predicted step time \([0-9.]*\) ms.*/\1/p')
+[ -n "$own" ] && [ "$own" = "$again" ] && grep -q "the planner's figure is optimistic here, trust this one" "$W/k.txt" \
+  && ok "--plan-devices all at 1024: the keys simulate to $own ms, as simulate --set of them says, and flagged" \
+  || { fail "1024: own '$own' vs --set '$again'"; tail -2 "$W/k.txt"; }
 finish
