@@ -442,8 +442,10 @@ static mmp_err read_one(reader *r, mmp_ckpt *got)
     return ret;
 }
 
-static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts *o,
-                         int64_t done_base, int64_t total)
+/* One file's tensors into c; *done (bytes of the directory read before this
+ * file) grows by the file's size once it is read whole. */
+static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts *o, int64_t *done,
+                         int64_t total)
 {
     reader *r = calloc(1, sizeof *r);
     if (!r) {
@@ -451,7 +453,7 @@ static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts
     }
     r->path = path;
     r->o = o;
-    r->done_base = done_base;
+    r->done_base = *done;
     r->total = total;
     r->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0) {
@@ -463,6 +465,7 @@ static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts
     mmp_err ret = read_one(r, &got);
     if (ret == MMP_OK) {
         ret = merge(c, &got, path); /* nothing of a file that failed is kept */
+        *done += (int64_t)(r->footer + 8);
     }
     mmp_ckpt_fini(&got);
     close(r->fd);
@@ -474,7 +477,8 @@ static const mmp_ckpt_read_opts every_tensor = {0};
 
 mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
 {
-    return read_file(c, path, &every_tensor, 0, 0);
+    int64_t done = 0;
+    return read_file(c, path, &every_tensor, &done, 0);
 }
 
 static int has_suffix(const char *s, const char *suf)
@@ -559,10 +563,7 @@ mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read
     }
     for (size_t i = 0; ret == MMP_OK && i < n; i++) {
         snprintf(file, sizeof file, "%s/%s", resolved, names[i]);
-        ret = read_file(c, file, o, done, total);
-        if (ret == MMP_OK && stat(file, &st) == 0) {
-            done += st.st_size;
-        }
+        ret = read_file(c, file, o, &done, total);
     }
     if (ret == MMP_OK && o->progress) {
         o->progress(o->progress_ctx, "bytes", total, total);

@@ -21,32 +21,40 @@ tiny_plan "name: su, steps: 2, seed: 3" \
   1 "batch: 16, microbatches: 4, eval_every: 0, final_eval: false"
 export MMP_TEST_READY_SILENCE_S=6 MMP_TEST_SLOW_START_MS=250
 
+# slow_start LOG METRICS STEPS PROGRESS WHAT NAME SAID CMD...: runs CMD
+# (output in LOG), which must succeed with METRICS holding steps 1..STEPS
+# once, take more than the 6 s silence limit and show a PROGRESS line (a
+# grep pattern); WHAT and SAID make the ok line, NAME the failure and
+# leftover lines.
+slow_start() {
+  local log=$1 metrics=$2 steps=$3 progress=$4 what=$5 name=$6 said=$7 rc dt t0
+  shift 7
+  t0=$(date +%s.%N)
+  "$@" >"$log" 2>&1; rc=$?
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  if [ $rc -eq 0 ] && steps_once "$metrics" "$steps" && awk -v d="$dt" 'BEGIN { exit !(d > 6) }' \
+     && grep -q "$progress" "$log"; then
+    ok "a ${what} of ${dt}s with progress (limit 6 s of silence): $said"
+  else
+    fail "$name: rc=$rc after ${dt}s"; grep -E "error|starting" "$log" | tail -4 | sed 's/^/    /'
+  fi
+  left_behind "$name" "$log"
+}
+N='[0-9.]*[kM]\?'
+
 # --- a slow start-up that makes progress: the job runs ------------------------------------
-t0=$(date +%s.%N)
-"$BIN" launch "$W/plan.yaml" --out "$W/slow" >"$W/slow.log" 2>&1; rc=$?
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
-if [ $rc -eq 0 ] && steps_once "$W/slow/metrics.jsonl" 2 && awk -v d="$dt" 'BEGIN { exit !(d > 6) }' \
-   && grep -q "starting image.0/0: manifest $W/data/big.jsonl: [0-9.]*[kM]\? of [0-9.]*[kM]\? \(lines\|bytes counted\)$" "$W/slow.log"; then
-  ok "a start-up of ${dt}s with progress (limit 6 s of silence): ran, progress shown"
-else
-  fail "slow start-up: rc=$rc after ${dt}s"; grep -E "error|starting" "$W/slow.log" | tail -4 | sed 's/^/    /'
-fi
-left_behind "slow start-up" "$W/slow.log"
+slow_start "$W/slow.log" "$W/slow/metrics.jsonl" 2 \
+  "starting image.0/0: manifest $W/data/big.jsonl: $N of $N \(lines\|bytes counted\)$" \
+  start-up "slow start-up" "ran, progress shown" \
+  "$BIN" launch "$W/plan.yaml" --out "$W/slow"
 
 # --- a slow checkpoint read: it reports bytes, so it outlasts the limit -----------------
 # Every stage reads the whole step (keeping only its own tensors) and reports
 # after each tensor: at 40 ms a report, about 9 s of reading here.
-t0=$(date +%s.%N)
-MMP_TEST_SLOW_START_MS=40 "$BIN" launch "$W/plan.yaml" --resume "$W/slow" --set job.steps=3 \
-  >"$W/resume.log" 2>&1; rc=$?
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
-if [ $rc -eq 0 ] && steps_once "$W/slow/metrics.jsonl" 3 && awk -v d="$dt" 'BEGIN { exit !(d > 6) }' \
-   && grep -q "starting fusion/0: checkpoint $W/slow/ckpt/step_0000002: [0-9.]*[kM]\? of [0-9.]*[kM]\? bytes$" "$W/resume.log"; then
-  ok "a checkpoint read of ${dt}s with progress (limit 6 s of silence): resumed, bytes shown"
-else
-  fail "slow checkpoint read: rc=$rc after ${dt}s"; grep -E "error|starting" "$W/resume.log" | tail -4 | sed 's/^/    /'
-fi
-left_behind "slow checkpoint read" "$W/resume.log"
+slow_start "$W/resume.log" "$W/slow/metrics.jsonl" 3 \
+  "starting fusion/0: checkpoint $W/slow/ckpt/step_0000002: $N of $N bytes$" \
+  "checkpoint read" "slow checkpoint read" "resumed, bytes shown" \
+  env MMP_TEST_SLOW_START_MS=40 "$BIN" launch "$W/plan.yaml" --resume "$W/slow" --set job.steps=3
 
 # --- a stage stopped while it reads its manifest: named within the limit ----------------
 "$BIN" launch "$W/plan.yaml" --out "$W/stop" >"$W/stop.log" 2>&1 &

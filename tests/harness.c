@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -376,6 +377,23 @@ double mmp_test_order_value(int rank, int round, size_t i)
     h ^= h >> 32;
     double m = (double)(long long)(h % 2000001ull) - 1000000.0;
     return ldexp(m / 3.0, (int)((h >> 24) % 41) - 20);
+}
+
+int mmp_test_limit_address_space(size_t extra)
+{
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) {
+        return -1;
+    }
+    int got = fscanf(f, "%ld", &pages);
+    fclose(f);
+    if (got != 1) {
+        return -1;
+    }
+    rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (rlim_t)extra;
+    struct rlimit rl = {.rlim_cur = cap, .rlim_max = cap};
+    return setrlimit(RLIMIT_AS, &rl);
 }
 
 int mmp_test_shm_count(const char *p, int show)

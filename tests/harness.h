@@ -69,6 +69,11 @@ int mmp_test_close(const char *label, const float *got, const float *ref, size_t
         }                                                                                          \
     } while (0)
 
+/* Limits this process's address space (RLIMIT_AS) to what it maps now plus
+ * extra bytes: for a forked child that must show an algorithm fits in less
+ * memory (not under ASan, whose shadow maps terabytes). 0, or -1. */
+int mmp_test_limit_address_space(size_t extra);
+
 /* Entries of /dev/shm whose name starts with the shm name prefix p (given
  * with its leading '/'); prints each on stderr when show. -1 when /dev/shm
  * cannot be read. Tests use it to prove nothing was left behind. */

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -324,16 +323,7 @@ static void test_memory(void)
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
-        long pages = 0;
-        FILE *f = fopen("/proc/self/statm", "r");
-        if (!f || fscanf(f, "%ld", &pages) != 1) {
-            _exit(10);
-        }
-        fclose(f);
-        rlim_t cap = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE) + (rlim_t)n * sizeof(float) +
-                     ((rlim_t)96 << 20);
-        struct rlimit rl = {.rlim_cur = cap, .rlim_max = cap};
-        if (setrlimit(RLIMIT_AS, &rl) != 0) {
+        if (mmp_test_limit_address_space((size_t)n * sizeof(float) + ((size_t)96 << 20)) != 0) {
             _exit(11);
         }
         int problems = 0;
