@@ -162,6 +162,10 @@ typedef struct mmp_plan {
         int ckpt_every; /* default 50 (an interrupted run loses at most that much);
                            0 = only at the end and when stopped by a signal */
         int ckpt_keep;  /* step directories kept (the newest); default 3, 0 = all */
+        /* pipeline runs: a stage snapshots its state to host memory and
+         * writes the file while the next steps run (the last checkpoint and
+         * a stop's are written at once); default 1 (true) */
+        int ckpt_async;
         /* Pipeline runs: seconds a stage the coordinator waits on may go
          * without a report (a heartbeat, a result) before the watchdog names
          * it and stops (or restarts) the job; default 60, 0 = off. Stages

@@ -111,13 +111,34 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
         c->eval_i2t = env->eval_done->i2t_r1;
         c->eval_t2i = env->eval_done->t2i_r1;
         break;
-    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK:
-        p->have_ack = 1;
-        if (!env->checkpoint_ack->ok) {
-            coord_fail(c, "stage %s could not write its checkpoint: %s", p->name,
-                       env->checkpoint_ack->error);
+    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK: {
+        const Mmpipe__CheckpointAck *a = env->checkpoint_ack;
+        if (!a->ok) {
+            coord_fail(c, "stage %s could not write its checkpoint of step %d: %s", p->name,
+                       a->step, a->error);
+            break;
+        }
+        /* An ack for a checkpoint asked for, in order: the snapshot of the
+         * newest (pending: its file follows), or a file on disk (the newest,
+         * or the one before, still being written when the newest was asked). */
+        int wanted = a->step == c->ckpt_req || (!a->pending && a->step == c->ckpt_pending);
+        if (!wanted || (a->pending && p->have_ack) || (!a->pending && p->ckpt_written > a->step)) {
+            coord_fail(c,
+                       "stage %s acknowledged a checkpoint of step %d %s, which was not asked "
+                       "for",
+                       p->name, a->step, a->pending ? "taken" : "written");
+            break;
+        }
+        if (a->step == c->ckpt_req) {
+            p->have_ack = 1;
+        }
+        if (!a->pending) {
+            p->ckpt_written = a->step + 1;
+            p->have_on_disk = a->step == c->ckpt_req;
+            coord_ckpt_publish(c);
         }
         break;
+    }
     case MMPIPE__ENVELOPE__BODY_HEARTBEAT:
         if (env->heartbeat->phase && env->heartbeat->phase[0]) {
             describe_startup(p->doing, sizeof p->doing, env->heartbeat);

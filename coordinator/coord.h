@@ -55,6 +55,9 @@ typedef struct proc {
                160]; /* ", ssh to HOST at ADDRESS" for error messages; "" locally */
     /* per-step inbox */
     int have_norm, have_done, have_ack, have_ready, have_hello;
+    /* the checkpoint asked for (coord.ckpt_req) is on disk; the steps of the
+     * newest checkpoint whose file it wrote, + 1 (0: none) */
+    int have_on_disk, ckpt_written;
     double sumsq;
     uint64_t norm_seq; /* the order the step's gradient norms arrived in */
     /* the next step's norm, come early: it started before this step's
@@ -111,9 +114,22 @@ typedef struct coord {
     int in_steps;   /* stages are training (the watchdog and graceful stop apply) */
     int steps_done; /* steps completed (of the whole run) */
     int ckpt_step;  /* steps the newest checkpoint of this launch holds; -1 none */
-    int stopped;    /* run_steps stopped for a signal, after checkpointing */
+    /* Checkpoints asked for and not yet published (ckpt/latest): the newest
+     * asked for, and the oldest being written in the background (-1 none);
+     * at most two: a stage finishes one before it snapshots the next. */
+    int ckpt_req, ckpt_pending;
+    /* the loss-scale state after each of those steps: what its train.ckpt
+     * holds, written when the step is published (c->ls has moved on by then) */
+    mmp_loss_scale ckpt_req_ls, ckpt_pending_ls;
+    int stopped; /* run_steps stopped for a signal, after checkpointing */
     mmp_restarts restarts;
 } coord;
+
+/* ---- steps.c ---- */
+/* Publishes every checkpoint whose files all stages have written: its
+ * meta.json, ckpt/latest, the pruning of old ones (control_loop.c calls it
+ * as acknowledgements come in). */
+void coord_ckpt_publish(coord *c);
 
 /* Records the run's failure (the first one sticks). */
 void coord_fail(coord *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

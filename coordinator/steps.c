@@ -405,8 +405,60 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
     return 0;
 }
 
-static int checkpoint(coord *c, int steps_done)
+void coord_ckpt_publish(coord *c)
 {
+    while (c->ckpt_pending >= 0 && !c->failure[0]) {
+        int step = c->ckpt_pending;
+        for (int i = 0; i < c->n; i++) {
+            if (c->procs[i].ckpt_written <= step) {
+                return; /* its file of step is not on disk yet */
+            }
+        }
+        /* latest moves only after every stage wrote its file. */
+        char dir[1100];
+        mmp_ckpt_step_dir(dir, sizeof dir, c->out_dir, step);
+        if (mmp_ckpt_write_meta_scaled(dir, step, c->plan, &c->ckpt_pending_ls) != MMP_OK ||
+            mmp_ckpt_mark_latest(c->out_dir, step) != MMP_OK ||
+            mmp_ckpt_prune(c->out_dir, step, c->plan->train.ckpt_keep) != MMP_OK) {
+            coord_fail(c, "checkpoint: %s", mmp_last_error());
+            return;
+        }
+        mmp_trace_instant(&c->trace, "checkpoint", mmp_trace_now_us(), dir);
+        c->ckpt_step = step;
+        c->ckpt_pending = c->ckpt_req > step ? c->ckpt_req : -1;
+        c->ckpt_pending_ls = c->ckpt_req_ls;
+    }
+}
+
+/* Waits until every stage's file of the checkpoint asked for (step) is on
+ * disk, and coord_ckpt_publish, run by the last acknowledgement, published
+ * it. */
+static int wait_published(coord *c, int step)
+{
+    if (coord_wait_until(c, coord_all_flag, ALL(have_on_disk), 600, "checkpoint files")) {
+        return 1;
+    }
+    if (c->ckpt_step != step) {
+        coord_fail(c,
+                   "checkpoint of step %d: every stage wrote its file, but it was not "
+                   "published",
+                   step);
+        return 1;
+    }
+    return 0;
+}
+
+/* Asks every stage for its checkpoint of steps_done. In the background
+ * (train.ckpt_async), it waits only for their snapshots: the files are
+ * written while the next steps run, and coord_ckpt_publish publishes the
+ * step once all are on disk. Otherwise, and for the run's last checkpoint,
+ * it waits until the step is published (the one before it too: a stage
+ * finishes a background write before it starts the next checkpoint). */
+static int checkpoint(coord *c, int steps_done, int background)
+{
+    if (c->ckpt_req == steps_done && !background) {
+        return wait_published(c, steps_done); /* asked in the background; a stop came since */
+    }
     char dir[1100];
     mmp_ckpt_step_dir(dir, sizeof dir, c->out_dir, steps_done);
     if (mmp_mkdirs(dir) != MMP_OK) {
@@ -414,28 +466,32 @@ static int checkpoint(coord *c, int steps_done)
         return 1;
     }
     for (int i = 0; i < c->n; i++) {
-        c->procs[i].have_ack = 0;
+        c->procs[i].have_ack = c->procs[i].have_on_disk = 0;
+    }
+    c->ckpt_req = steps_done;
+    c->ckpt_req_ls = c->ls;
+    if (c->ckpt_pending < 0) {
+        c->ckpt_pending = steps_done;
+        c->ckpt_pending_ls = c->ls;
     }
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__CheckpointRequest r = MMPIPE__CHECKPOINT_REQUEST__INIT;
     r.step = steps_done;
     r.dir = dir;
+    r.background = background;
     env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST;
     env.checkpoint_request = &r;
-    if (coord_broadcast(c, &env) != MMP_OK ||
-        coord_wait_until(c, coord_all_flag, ALL(have_ack), 600, "checkpoint acks")) {
+    if (coord_broadcast(c, &env) != MMP_OK) {
         return 1;
     }
-    /* latest moves only after every stage acknowledged its file. */
-    if (mmp_ckpt_write_meta_scaled(dir, steps_done, c->plan, &c->ls) != MMP_OK ||
-        mmp_ckpt_mark_latest(c->out_dir, steps_done) != MMP_OK ||
-        mmp_ckpt_prune(c->out_dir, steps_done, c->plan->train.ckpt_keep) != MMP_OK) {
-        coord_fail(c, "checkpoint: %s", mmp_last_error());
-        return 1;
+    if (background) {
+        if (coord_wait_until(c, coord_all_flag, ALL(have_ack), 600, "checkpoint snapshots")) {
+            return 1;
+        }
+        mmp_trace_instant(&c->trace, "checkpoint snapshot", mmp_trace_now_us(), dir);
+        return 0;
     }
-    mmp_trace_instant(&c->trace, "checkpoint", mmp_trace_now_us(), dir);
-    c->ckpt_step = steps_done;
-    return 0;
+    return wait_published(c, steps_done);
 }
 
 /* Sends every process its list under the routing c->speed, from step on. */
@@ -722,7 +778,10 @@ int coord_run_steps(coord *c, int first_step)
         }
         if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps ||
             c->replan) {
-            if (checkpoint(c, done)) {
+            /* in the background unless the run (or this launch) ends here */
+            int background =
+                p->train.ckpt_async && done < p->job.steps && !c->replan && !mmp_interrupt_signal();
+            if (checkpoint(c, done, background)) {
                 break;
             }
         }
@@ -747,7 +806,7 @@ int coord_run_steps(coord *c, int first_step)
             MMP_INFO("%s: step %d finished; checkpointing and stopping (a second signal stops "
                      "at once)",
                      strsignal(mmp_interrupt_signal()), done);
-            if (c->ckpt_step != done && checkpoint(c, done)) {
+            if (c->ckpt_step != done && checkpoint(c, done, 0)) {
                 break;
             }
             c->stopped = 1;

@@ -238,12 +238,47 @@ static size_t largest(const mmp_params *p)
     return n;
 }
 
-/* Copies one backend tensor to host and appends it. */
-static void write_one(mmp_ckpt_writer *w, const mmp_params *p, const char *name, const mmp_param *q,
+/* Appends one tensor; src is backend memory copied through host (be set) or
+ * host memory written as it is (be NULL). */
+static void write_one(mmp_ckpt_writer *w, mmp_backend *be, const char *name, const mmp_param *q,
                       const float *src, float *host)
 {
-    p->be->ops->to_host(p->be, host, src, q->n * sizeof(float));
-    mmp_ckpt_write(w, name, MMP_F32, q->ndim, q->shape, host);
+    if (be) {
+        be->ops->to_host(be, host, src, q->n * sizeof(float));
+        src = host;
+    }
+    mmp_ckpt_write(w, name, MMP_F32, q->ndim, q->shape, src);
+}
+
+/* Writes items in the file's order (each value, then a trainable one's two
+ * moments). be/host as for write_one; cancel (may be NULL) stops it between
+ * tensors, leaving no file. */
+static mmp_err save_items(const mmp_param *items, int count, mmp_backend *be, float *host,
+                          const atomic_int *cancel, const char *path)
+{
+    mmp_ckpt_writer w;
+    MMP_TRY(mmp_ckpt_writer_open(&w, path));
+    for (int i = 0; i < count; i++) {
+        const mmp_param *q = &items[i];
+        char name[MMP_NAME_MAX + 16];
+        if (cancel && atomic_load(cancel)) {
+            mmp_ckpt_writer_abort(&w);
+            return mmp_errorf(MMP_ERR_IO, "%s: checkpoint write cancelled", path);
+        }
+        write_one(&w, be, q->name, q, q->w, host);
+        if (q->trainable) {
+            snprintf(name, sizeof name, "%s.adam_m", q->name);
+            write_one(&w, be, name, q, q->m, host);
+            snprintf(name, sizeof name, "%s.adam_v", q->name);
+            write_one(&w, be, name, q, q->v, host);
+        }
+    }
+    mmp_err e = be ? mmp_backend_error(be) : MMP_OK;
+    if (e != MMP_OK) {
+        mmp_ckpt_writer_abort(&w); /* a device copy failed: never publish what it wrote */
+        return e;
+    }
+    return mmp_ckpt_writer_close(&w);
 }
 
 mmp_err mmp_params_save(const mmp_params *p, const char *path)
@@ -252,29 +287,71 @@ mmp_err mmp_params_save(const mmp_params *p, const char *path)
     if (!host) {
         return mmp_errorf(MMP_ERR_NOMEM, "checkpoint staging buffer");
     }
-    mmp_ckpt_writer w;
-    mmp_err e = mmp_ckpt_writer_open(&w, path);
-    if (e != MMP_OK) {
-        free(host);
-        return e;
-    }
-    for (int i = 0; i < p->count; i++) {
-        const mmp_param *q = &p->items[i];
-        char name[MMP_NAME_MAX + 16];
-        write_one(&w, p, q->name, q, q->w, host);
-        if (q->trainable) {
-            snprintf(name, sizeof name, "%s.adam_m", q->name);
-            write_one(&w, p, name, q, q->m, host);
-            snprintf(name, sizeof name, "%s.adam_v", q->name);
-            write_one(&w, p, name, q, q->v, host);
-        }
-    }
+    mmp_err e = save_items(p->items, p->count, p->be, host, NULL, path);
     free(host);
-    if ((e = mmp_backend_error(p->be)) != MMP_OK) {
-        mmp_ckpt_writer_abort(&w); /* a device copy failed: never publish what it wrote */
-        return e;
+    return e;
+}
+
+mmp_err mmp_params_snapshot(const mmp_params *p, mmp_params_snap *s)
+{
+    size_t total = p->total ? p->total : 1;
+    if (s->total != total) {
+        free(s->host);
+        s->total = 0;
+        if (!(s->host = malloc(3 * total * sizeof(float)))) {
+            return mmp_errorf(MMP_ERR_NOMEM, "checkpoint snapshot: %zu bytes",
+                              3 * total * sizeof(float));
+        }
+        s->total = total;
     }
-    return mmp_ckpt_writer_close(&w);
+    if (s->count != p->count) {
+        mmp_param *items = realloc(s->items, (size_t)(p->count ? p->count : 1) * sizeof *items);
+        if (!items) {
+            return mmp_errorf(MMP_ERR_NOMEM, "checkpoint snapshot: %d entries", p->count);
+        }
+        s->items = items;
+        s->count = p->count;
+    }
+    float *values = s->host, *m = s->host + total, *v = s->host + 2 * total;
+    mmp_backend *be = p->be;
+    be->ops->to_host(be, values, p->values, p->total * sizeof(float));
+    be->ops->to_host(be, m, p->adam_m, p->total * sizeof(float));
+    be->ops->to_host(be, v, p->adam_v, p->total * sizeof(float));
+    MMP_TRY(mmp_backend_error(be));
+    s->bytes = 0;
+    for (int i = 0; i < p->count; i++) {
+        mmp_param *q = &s->items[i];
+        *q = p->items[i];
+        q->w = values + q->offset;
+        q->g = NULL;
+        q->m = q->trainable ? m + q->offset : NULL;
+        q->v = q->trainable ? v + q->offset : NULL;
+        s->bytes += (q->trainable ? 3 : 1) * q->n * sizeof(float);
+    }
+    atomic_store(&s->cancel, 0);
+    return MMP_OK;
+}
+
+mmp_err mmp_params_snap_save(const mmp_params_snap *s, const char *path)
+{
+    return save_items(s->items, s->count, NULL, NULL, &s->cancel, path);
+}
+
+void mmp_params_snap_cancel(mmp_params_snap *s)
+{
+    atomic_store(&s->cancel, 1);
+}
+
+void mmp_params_snap_fini(mmp_params_snap *s)
+{
+    if (s) {
+        free(s->items);
+        free(s->host);
+        s->items = NULL;
+        s->host = NULL;
+        s->count = 0;
+        s->total = 0;
+    }
 }
 
 static mmp_err load_one(mmp_params *p, const mmp_ckpt *c, const char *name, const mmp_param *q,

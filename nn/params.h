@@ -19,6 +19,7 @@
 #ifndef MMP_NN_PARAMS_H
 #define MMP_NN_PARAMS_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,6 +110,30 @@ double mmp_params_grad_sumsq(const mmp_params *p);
 /* Writes every entry (values; for trainable ones also "<name>.adam_m" and
  * "<name>.adam_v") to a checkpoint file at path (common/ckpt.h format). */
 mmp_err mmp_params_save(const mmp_params *p, const char *path);
+/* A host copy of a network's checkpointed state (values and AdamW moments)
+ * at one instant, so a checkpoint can be written while training goes on
+ * (stages/ckpt_writer.h). mmp_params_snapshot copies the arenas to host
+ * memory it keeps for the next snapshot (3 x total floats: the price of an
+ * asynchronous checkpoint), together with the parameter table, so the
+ * snapshot is writable without p (which may be changed or freed meanwhile).
+ * mmp_params_snap_save writes exactly the file mmp_params_save writes from
+ * the same state. */
+typedef struct mmp_params_snap {
+    mmp_param *items; /* copied table: w/m/v point into host */
+    int count;
+    float *host; /* values | adam_m | adam_v, total floats each */
+    size_t total;
+    size_t bytes;      /* of the tensors the file will hold */
+    atomic_int cancel; /* mmp_params_snap_cancel */
+} mmp_params_snap;
+
+mmp_err mmp_params_snapshot(const mmp_params *p, mmp_params_snap *s);
+mmp_err mmp_params_snap_save(const mmp_params_snap *s, const char *path);
+/* Stops a save in progress at its next tensor (from another thread; the
+ * save then fails, leaving no file). */
+void mmp_params_snap_cancel(mmp_params_snap *s);
+void mmp_params_snap_fini(mmp_params_snap *s);
+
 /* Loads every entry of p from c by name; a missing tensor or a shape that
  * differs is an error naming it. */
 struct mmp_ckpt;

@@ -102,10 +102,13 @@ static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
 {
     for (;;) {
         char from[MMP_CTL_ID_MAX];
-        mmp_err e = mmp_ctl_recv(w->ctl, 1000, env, from, sizeof from);
+        /* short waits while a checkpoint is written: its ack goes out soon
+         * after the file is on disk, not at the next message */
+        mmp_err e = mmp_ctl_recv(w->ctl, worker_ckpt_busy(w) ? 20 : 1000, env, from, sizeof from);
         if (e != MMP_ERR_TIMEOUT) {
             return e;
         }
+        MMP_TRY(worker_ckpt_settle(w, 0));
         if (getppid() == 1) {
             w->ended_by_coordinator = 1;
             return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
@@ -208,6 +211,7 @@ static mmp_err serve(worker *w)
         }
         mmp_ctl_free(env);
         MMP_TRY(e);
+        MMP_TRY(worker_ckpt_settle(w, 0));
     }
 }
 
@@ -241,6 +245,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     }
     static worker w;
     memset(&w, 0, sizeof w);
+    mmp_ckpt_bg_init(&w.ckpt);
     w.loaded_mb = w.out_mb = -1;
     /* Test hook (tests/cli_startup.sh): a manifest open that pauses this
      * long at each progress report, a slow load that still makes progress. */

@@ -659,6 +659,7 @@ mmp_err worker_build(worker *w)
 
 void worker_teardown(worker *w)
 {
+    mmp_ckpt_bg_fini(&w->ckpt); /* a write still in flight is abandoned, no file published */
     mmp_backend *be = w->be ? w->be : mmp_backend_cpu();
     for (int i = 0; i < w->n_chans; i++) {
         mmp_channel_close(w->chans[i].ch);

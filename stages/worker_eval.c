@@ -143,23 +143,69 @@ exit:
     return err;
 }
 
-mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
+static mmp_err send_ckpt_ack(worker *w, int step, mmp_err e, const char *why, int pending)
 {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file);
-    mmp_err e = MMP_OK;
-    if (w->asg->replica == 0) { /* replicas hold identical state: one file */
-        e = mmp_mkdirs(r->dir);
-        if (e == MMP_OK) {
-            e = mmp_params_save(w->params, path);
-        }
-    }
     Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
     Mmpipe__CheckpointAck ack = MMPIPE__CHECKPOINT_ACK__INIT;
-    ack.step = r->step;
+    ack.step = step;
     ack.ok = e == MMP_OK;
-    ack.error = e == MMP_OK ? "" : (char *)mmp_last_error();
+    ack.error = e == MMP_OK ? "" : (char *)why;
+    ack.pending = pending;
     env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK;
     env.checkpoint_ack = &ack;
     return worker_send_env(w, &env);
+}
+
+mmp_err worker_ckpt_settle(worker *w, int wait)
+{
+    int step;
+    mmp_err result;
+    const char *why;
+    int done = wait ? mmp_ckpt_bg_wait(&w->ckpt, &step, &result, &why)
+                    : mmp_ckpt_bg_poll(&w->ckpt, &step, &result, &why);
+    if (!done) {
+        return MMP_OK;
+    }
+    if (result != MMP_OK) {
+        MMP_ERROR("checkpoint of step %d: %s", step, why);
+    }
+    /* the write's own row of the trace: it ran beside the steps */
+    mmp_trace_span(&w->trace, "CKPT WRITE", "io", 1, w->ckpt.t_start_us,
+                   w->ckpt.t_end_us - w->ckpt.t_start_us, step, -1);
+    return send_ckpt_ack(w, step, result, why, 0);
+}
+
+int worker_ckpt_busy(const worker *w)
+{
+    return w->ckpt.busy;
+}
+
+mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
+{
+    /* the one before first: the coordinator takes the acks in order */
+    MMP_TRY(worker_ckpt_settle(w, 1));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file);
+    if (w->asg->replica != 0) { /* replicas hold identical state: one file */
+        return send_ckpt_ack(w, r->step, MMP_OK, "", 0);
+    }
+    mmp_err e = mmp_mkdirs(r->dir);
+    if (e == MMP_OK && r->background) {
+        /* a host copy now; the file is written while the next steps run */
+        double t0 = mmp_trace_now_us();
+        e = mmp_params_snapshot(w->params, &w->ckpt.snap);
+        if (e == MMP_OK) {
+            mmp_trace_span(&w->trace, "CKPT SNAPSHOT", "io", 0, t0, mmp_trace_now_us() - t0,
+                           r->step, -1);
+            e = mmp_ckpt_bg_start(&w->ckpt, r->step, path);
+        }
+        if (e == MMP_OK) {
+            return send_ckpt_ack(w, r->step, MMP_OK, "", 1);
+        }
+    } else if (e == MMP_OK) {
+        double t0 = mmp_trace_now_us();
+        e = mmp_params_save(w->params, path);
+        mmp_trace_span(&w->trace, "CKPT WRITE", "io", 0, t0, mmp_trace_now_us() - t0, r->step, -1);
+    }
+    return send_ckpt_ack(w, r->step, e, e == MMP_OK ? "" : mmp_last_error(), 0);
 }

@@ -35,6 +35,7 @@
 #include "nn/model.h"
 #include "nn/optim.h"
 #include "nn/wgrad.h"
+#include "stages/ckpt_writer.h"
 #include "stages/fuse.h"
 #include "stages/pairing.h"
 #include "stages/peer.h"
@@ -208,6 +209,7 @@ typedef struct worker {
      * hook's pause per progress report (MMP_TEST_SLOW_START_MS; 0: none) */
     char startup_phase[256];
     double test_slow_start_ms;
+    mmp_ckpt_bg ckpt; /* a checkpoint written in the background (train.ckpt_async) */
 } worker;
 
 /* ---- worker.c (control plane, serve loop) ---- */
@@ -264,6 +266,10 @@ int worker_simulated(const worker *w);
 /* ---- worker_eval.c (evaluation, checkpoints) ---- */
 /* Writes this process's checkpoint file into r->dir and acknowledges. */
 mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r);
+/* A background checkpoint's file, once written (wait: waiting for it): its
+ * acknowledgement to the coordinator. Nothing when none is in flight. */
+mmp_err worker_ckpt_settle(worker *w, int wait);
+int worker_ckpt_busy(const worker *w);
 /* One evaluation pass over the validation pairs (fusion reports recall@1). */
 mmp_err worker_run_eval(worker *w, int step);
 
