@@ -27,10 +27,10 @@ static void *write_main(void *arg)
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
     }
-    mmp_err e = b->fail_step > 0 && b->step == b->fail_step
-                    ? mmp_errorf(MMP_ERR_IO, "%s: not written (test hook MMP_TEST_CKPT_FAIL_STEP)",
-                                 b->path)
-                    : mmp_params_snap_save(&b->snap, b->path);
+    mmp_err e =
+        b->fail_step > 0 && b->step == b->fail_step
+            ? mmp_errorf(MMP_ERR_IO, "%s: not written (test hook MMP_TEST_CKPT_FAIL_STEP)", b->path)
+            : mmp_params_snap_save(&b->snap, b->path);
     double end = mmp_trace_now_us();
     pthread_mutex_lock(&b->lock);
     b->t_end_us = end;
@@ -45,8 +45,10 @@ static void *write_main(void *arg)
 mmp_err mmp_ckpt_bg_start(mmp_ckpt_bg *b, int step, const char *path)
 {
     if (b->busy) {
-        return mmp_errorf(MMP_ERR_INVALID, "checkpoint of step %d: the write of step %d is "
-                                           "still in flight", step, b->step);
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "checkpoint of step %d: the write of step %d is "
+                          "still in flight",
+                          step, b->step);
     }
     if (snprintf(b->path, sizeof b->path, "%s", path) >= (int)sizeof b->path) {
         return mmp_errorf(MMP_ERR_INVALID, "checkpoint path too long: %s", path);

@@ -20,15 +20,15 @@ typedef struct mmp_ckpt_bg {
     mmp_params_snap snap; /* the state being written (reused by the next snapshot) */
     pthread_t thread;
     pthread_mutex_t lock;
-    int busy;       /* a write was started and its result not yet taken */
-    int finished;   /* under lock: the thread is done; result and error set */
-    int step;       /* of the write in flight */
+    int busy;     /* a write was started and its result not yet taken */
+    int finished; /* under lock: the thread is done; result and error set */
+    int step;     /* of the write in flight */
     char path[1200];
     mmp_err result;
     char error[512];
     double t_start_us, t_end_us; /* of the write (common/trace.h clock) */
-    double delay_ms; /* test hook: MMP_TEST_CKPT_WRITE_DELAY_MS, a slow disk */
-    int fail_step;   /* test hook: MMP_TEST_CKPT_FAIL_STEP, a write that fails (0: none) */
+    double delay_ms;             /* test hook: MMP_TEST_CKPT_WRITE_DELAY_MS, a slow disk */
+    int fail_step; /* test hook: MMP_TEST_CKPT_FAIL_STEP, a write that fails (0: none) */
 } mmp_ckpt_bg;
 
 void mmp_ckpt_bg_init(mmp_ckpt_bg *b);
