@@ -1,10 +1,13 @@
 /* Backend instances: creation, the shared CPU instance, the sticky error.
  * The implementations themselves are the tables in kernels/cpu/backend.c and
- * kernels/cuda/backend.cu; nothing here knows a device. */
+ * kernels/cuda/backend.c (in the CUDA module, common/cuda_module.h); nothing
+ * here knows a device. */
 #include "kernels/backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "common/cuda_module.h"
 
 static mmp_backend cpu_instance = {.ops = &mmp_backend_cpu_ops, .ctx = NULL, .err = MMP_OK};
 
@@ -35,6 +38,14 @@ mmp_err mmp_backend_create(mmp_backend **out, const mmp_backend_ops *ops, int de
     }
     *out = be;
     return MMP_OK;
+}
+
+mmp_err mmp_backend_create_cuda(mmp_backend **out, int device)
+{
+    *out = NULL;
+    void *ops = NULL;
+    MMP_TRY(mmp_cuda_module_sym("mmp_backend_cuda_ops", &ops));
+    return mmp_backend_create(out, ops, device);
 }
 
 void mmp_backend_destroy(mmp_backend *be)

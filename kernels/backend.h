@@ -2,8 +2,8 @@
  * kernels of a device. nn/ allocates, copies and computes only through it, so
  * the same model code runs on the CPU reference kernels (kernels/cpu.h,
  * mmp_backend_cpu_ops in kernels/cpu/backend.c) and on the CUDA kernels
- * (kernels/cuda.h, mmp_backend_cuda_ops in kernels/cuda/backend.cu, only in a
- * build with MMP_HAVE_CUDA).
+ * (kernels/cuda.h, mmp_backend_cuda_ops in kernels/cuda/backend.c, in the
+ * CUDA module of a build with MMP_HAVE_CUDA: common/cuda_module.h).
  *
  * An implementation is a const table of function pointers (mmp_backend_ops,
  * written with designated initializers, one exported table per file); a
@@ -248,8 +248,9 @@ struct mmp_backend {
     char err_msg[512]; /* mmp_last_error() when err was recorded */
 };
 
-/* The implementations. mmp_backend_cuda_ops exists only where the build
- * defines MMP_HAVE_CUDA. */
+/* The implementations. mmp_backend_cuda_ops exists only in the CUDA module
+ * (common/cuda_module.h): code outside it reaches it through
+ * mmp_backend_create_cuda, which loads the module. */
 extern const mmp_backend_ops mmp_backend_cpu_ops;
 extern const mmp_backend_ops mmp_backend_cuda_ops;
 
@@ -261,6 +262,10 @@ mmp_backend *mmp_backend_cpu(void);
 
 /* An instance of ops on device (CPU: device ignored). *out NULL on failure. */
 mmp_err mmp_backend_create(mmp_backend **out, const mmp_backend_ops *ops, int device);
+/* An instance of the CUDA module's table on device (loading the module
+ * first): as mmp_backend_create, or the module's load error
+ * (MMP_ERR_UNSUPPORTED in a build without CUDA). */
+mmp_err mmp_backend_create_cuda(mmp_backend **out, int device);
 /* Waits for queued work and frees the device state; NULL-safe; never frees
  * the shared CPU instance. */
 void mmp_backend_destroy(mmp_backend *be);

@@ -225,7 +225,7 @@ static mmp_err trainer_init(trainer *t, const mmp_plan *plan, const char *out_di
     t->be = mmp_backend_cpu(); /* the CPU reference, unless the plan's first device is a GPU */
     if (t->gpu >= 0) {
 #ifdef MMP_HAVE_CUDA
-        MMP_TRY(mmp_backend_create(&t->be, &mmp_backend_cuda_ops, t->gpu));
+        MMP_TRY(mmp_backend_create_cuda(&t->be, t->gpu));
         MMP_INFO("single-process training on cuda:%d", t->gpu);
 #else
         return mmp_errorf(MMP_ERR_INVALID,

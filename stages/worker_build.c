@@ -227,7 +227,8 @@ static mmp_err open_reduce(worker *w, const char *address)
                                   .side = w->reduce,
                                   .id = a->replica > 0 ? id : NULL,
                                   .timeout_ms = peer_timeout_ms(w)};
-        return mmp_reduce_nccl_open(&w->reduce_dev, &nc);
+        MMP_TRY(mmp_reduce_nccl_load(&w->nccl));
+        return w->nccl->open(&w->reduce_dev, &nc);
     }
     if (address[0] != '/') {
         MMP_INFO("%s: replicas' reduce over tcp via %s (rank %d of %d)", w->name,
@@ -291,8 +292,8 @@ static mmp_err open_data_plane(worker *w)
     if (reduce_tcp && a->replica == 0) {
         snprintf(reduce_at, sizeof reduce_at, "%s", mmp_reduce_address(w->reduce));
         if (w->reduce_dev) { /* "host:port#nccl:<the id>" */
-            MMP_TRY(mmp_reduce_nccl_address(w->reduce_dev, mmp_reduce_address(w->reduce), reduce_at,
-                                            sizeof reduce_at));
+            MMP_TRY(w->nccl->address(w->reduce_dev, mmp_reduce_address(w->reduce), reduce_at,
+                                     sizeof reduce_at));
         }
         mmpipe__endpoint__init(&eps[n_eps]);
         eps[n_eps].channel = -1;
@@ -374,7 +375,7 @@ static mmp_err open_backend(worker *w)
         return MMP_OK;
     }
 #ifdef MMP_HAVE_CUDA
-    MMP_TRY(mmp_backend_create(&w->be, &mmp_backend_cuda_ops, w->gpu));
+    MMP_TRY(mmp_backend_create_cuda(&w->be, w->gpu));
     MMP_INFO("%s: on cuda:%d", w->name, w->gpu);
     return MMP_OK;
 #else
@@ -691,8 +692,10 @@ void worker_teardown(worker *w)
         mmp_loader_release(w->loader, w->batch);
     }
     mmp_loader_destroy(w->loader);
-    mmp_reduce_nccl_close(w->reduce_dev); /* before its side reduce */
-    w->reduce_dev = NULL;
+    if (w->reduce_dev) {
+        w->nccl->close(w->reduce_dev); /* before its side reduce */
+        w->reduce_dev = NULL;
+    }
     mmp_reduce_close(w->reduce);
     mmp_backend_host_free(be, w->reduce_host);
     w->reduce_host = NULL;

@@ -884,7 +884,7 @@ static mmp_err reduce_replicas(worker *w, int step)
     if (w->reduce_dev) {
         /* GPU replicas across hosts: NCCL all-gather, then the same
          * rank-order sum on the device (transport/reduce_nccl.h) */
-        MMP_TRY(mmp_reduce_nccl_sum_f64(w->reduce_dev, w->params->grad_acc, w->params->total));
+        MMP_TRY(w->nccl->sum_f64(w->reduce_dev, w->params->grad_acc, w->params->total));
     } else if (w->reduce_host) {
         /* a GPU stage: the double sums go through the host's shared-memory
          * reduce (the same fixed rank order, so still bitwise one process) */

@@ -124,6 +124,7 @@ typedef struct worker {
      * sums over NCCL on the device; reduce then carries the small host
      * vectors (batch-norm rows, fusion's gather) and each sum's n check */
     mmp_reduce_nccl *reduce_dev;
+    const mmp_reduce_nccl_ops *nccl; /* reduce_dev's calls (the CUDA module's) */
     float *bn_rows; /* image replicas: [microbatches][bn_row] batch-norm statistics */
     int64_t bn_row;
     mmp_plan plan;

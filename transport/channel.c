@@ -13,22 +13,44 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "common/cuda_module.h"
 #include "transport/channel.h"
 #include "transport/reduce_nccl.h"
 #include "transport/sock.h"
 
-/* Highest priority first. nccl and cuda_ipc accept only cfgs with on_gpu
- * set and ask nothing of CUDA otherwise, so host channels still reach shm
- * without touching the driver. shm and cuda_ipc take POSIX names ("/..."),
- * tcp and nccl "host:port": the address says which of each two. */
-static const mmp_transport *const transports[] = {
-#ifdef MMP_HAVE_CUDA
-    &mmp_transport_nccl,
-    &mmp_transport_cuda_ipc,
-#endif
+/* Highest priority first: nccl and cuda_ipc (the CUDA module's, build with
+ * CUDA only), then shm and tcp. nccl and cuda_ipc accept only cfgs with
+ * on_gpu set, so a host channel never looks at them: it reaches shm without
+ * loading the module or touching the driver. shm and cuda_ipc take POSIX
+ * names ("/..."), tcp and nccl "host:port": the address says which of each
+ * two. */
+static const char *const gpu_transports[] = {"mmp_transport_nccl", "mmp_transport_cuda_ipc"};
+enum { N_GPU = sizeof gpu_transports / sizeof gpu_transports[0] };
+static const mmp_transport *const host_transports[] = {
     &mmp_transport_shm,
     &mmp_transport_tcp,
 };
+enum { N_HOST = sizeof host_transports / sizeof host_transports[0] };
+
+/* The transports a cfg's walk visits, in priority order, into list (room
+ * for N_GPU + N_HOST); *n their count. An on_gpu edge in a CUDA build needs
+ * the module: when it cannot load, that is the error (both ends of an edge
+ * must see the same list, and a GPU stage has loaded it already for its
+ * backend, so this is a broken install, not a choice). */
+static mmp_err walk_list(const mmp_channel_cfg *cfg, const mmp_transport **list, size_t *n)
+{
+    *n = 0;
+    if (cfg && cfg->on_gpu && mmp_cuda_module_built()) {
+        for (int i = 0; i < N_GPU; i++) {
+            MMP_TRY(mmp_transport_gpu(gpu_transports[i], &list[*n]));
+            (*n)++;
+        }
+    }
+    for (int i = 0; i < N_HOST; i++) {
+        list[(*n)++] = host_transports[i];
+    }
+    return MMP_OK;
+}
 
 mmp_err mmp_channel_check_endpoint(const char *address)
 {
@@ -45,12 +67,6 @@ mmp_err mmp_channel_check_endpoint(const char *address)
                           address ? address : "(null)");
     }
     return MMP_OK;
-}
-
-const mmp_transport *const *mmp_transports(size_t *n)
-{
-    *n = sizeof transports / sizeof transports[0];
-    return transports;
 }
 
 /* The handle: the transport's table travels with its state. */
@@ -104,8 +120,14 @@ mmp_err mmp_channel_open(mmp_channel **out, const char *name, const mmp_channel_
     const char *addr = cfg && cfg->address ? cfg->address : "(no address)";
     int any = !name || !*name;
     *out = NULL;
-    for (size_t i = 0; i < sizeof transports / sizeof transports[0]; i++) {
-        const mmp_transport *t = transports[i];
+    const mmp_transport *list[N_GPU + N_HOST];
+    size_t n = 0;
+    mmp_err le = walk_list(cfg, list, &n);
+    if (le != MMP_OK) {
+        return mmp_error_prefix(le, "channel %s (on the GPU)", addr);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const mmp_transport *t = list[i];
         const char *why = NULL;
         if (!any && strcmp(name, t->name) != 0) {
             MMP_DEBUG("channel %s: transport %s passed over: %s was asked for", addr, t->name,

@@ -139,15 +139,20 @@ extern const mmp_transport mmp_transport_shm;
 /* Host memory between two processes on any two hosts: one TCP connection
  * ("host:port"; transport/tcp.c states the rendezvous and the wire). */
 extern const mmp_transport mmp_transport_tcp;
-#ifdef MMP_HAVE_CUDA
-/* Device-memory slots between two GPU processes of one host (cfg.on_gpu);
+/* In the CUDA module only (common/cuda_module.h; code outside it gets them
+ * with mmp_transport_gpu, mmp_channel_open walks them for on_gpu cfgs):
+ * Device-memory slots between two GPU processes of one host (cfg.on_gpu);
  * transport/cuda/cuda_ipc.c states the stream-ordering contract of its calls. */
 extern const mmp_transport mmp_transport_cuda_ipc;
 /* Device-memory slots between two GPU processes on different hosts (cfg.on_gpu,
  * a "host:port" address): ncclSend/ncclRecv, headers and credits over tcp;
  * transport/cuda/nccl.c states the rendezvous and its ordering. */
 extern const mmp_transport mmp_transport_nccl;
-#endif
+/* *out: the CUDA module's transport table of that symbol name
+ * ("mmp_transport_cuda_ipc", "mmp_transport_nccl"), loading the module
+ * (transport/cuda_entry.c); its load error otherwise (MMP_ERR_UNSUPPORTED
+ * in a build without CUDA). */
+mmp_err mmp_transport_gpu(const char *symbol, const mmp_transport **out);
 /* Splits a nccl creator's address "host:port#nccl:<hex id>" (untrusted: it
  * crossed the control plane) into host_port (cap bytes) and the
  * NCCL_UNIQUE_ID_BYTES (MMP_NCCL_ID_BYTES) of its ncclUniqueId; MMP_ERR_PROTO
@@ -159,10 +164,6 @@ mmp_err mmp_nccl_parse_address(const char *address, char *host_port, size_t cap,
  * naming the fault otherwise, so that a stage never takes a shm name, port 0
  * or other text from another process for the network end it connects. */
 mmp_err mmp_channel_check_endpoint(const char *address);
-
-/* The transports this build has, highest priority first (the order
- * mmp_channel_open walks); *n is their count. */
-const mmp_transport *const *mmp_transports(size_t *n);
 
 /* ---- the channel handle ----------------------------------------------------
  * One end of one channel: its transport's ops, the transport's state and the

@@ -68,8 +68,9 @@ typedef struct mmp_reduce_nccl_cfg {
 
 typedef struct mmp_reduce_nccl mmp_reduce_nccl;
 
-#ifdef MMP_HAVE_CUDA
-
+/* These calls live in the CUDA module (common/cuda_module.h), with the
+ * rank-order sum kernel; code outside the module (the stages) reaches them
+ * through the module's table, mmp_reduce_nccl_load. */
 /* Checks cfg (MMP_ERR_INVALID, named, before any CUDA or NCCL call), makes
  * the device buffers on cfg.device and starts this rank's communicator init
  * (rank 0: with an id made here). Does not wait for the other ranks: the
@@ -104,31 +105,20 @@ void mmp_reduce_nccl_close(mmp_reduce_nccl *r);
  * (a cudaStream_t). Returns the cudaError_t of the launch (0: queued). */
 int mmp_rank_sum_f64_launch(double *out, const double *gathered, size_t n, size_t stride, int ranks,
                             void *stream);
-#else
-/* A build without CUDA has no NCCL: the coordinator never asks for this
- * reduce (coordinator/steps.c), a stage that is asked anyway says so, and
- * no reduce is ever open, so sum and close are never reached with one. */
-static inline mmp_err mmp_reduce_nccl_open(mmp_reduce_nccl **out, const mmp_reduce_nccl_cfg *cfg)
-{
-    (void)cfg;
-    *out = NULL;
-    return mmp_errorf(MMP_ERR_UNSUPPORTED, "replicas' reduce over nccl: built without CUDA");
-}
-static inline mmp_err mmp_reduce_nccl_sum_f64(mmp_reduce_nccl *r, double *v, size_t n)
-{
-    (void)r, (void)v, (void)n;
-    return mmp_errorf(MMP_ERR_UNSUPPORTED, "replicas' reduce over nccl: built without CUDA");
-}
-static inline mmp_err mmp_reduce_nccl_address(const mmp_reduce_nccl *r, const char *host_port,
-                                              char *out, size_t cap)
-{
-    (void)r, (void)host_port, (void)out, (void)cap;
-    return mmp_errorf(MMP_ERR_UNSUPPORTED, "replicas' reduce over nccl: built without CUDA");
-}
-static inline void mmp_reduce_nccl_close(mmp_reduce_nccl *r)
-{
-    (void)r;
-}
-#endif
+
+/* The calls above as one table: the module's mmp_reduce_nccl_ops_cuda. */
+typedef struct mmp_reduce_nccl_ops {
+    mmp_err (*open)(mmp_reduce_nccl **out, const mmp_reduce_nccl_cfg *cfg);
+    mmp_err (*sum_f64)(mmp_reduce_nccl *r, double *v, size_t n);
+    mmp_err (*address)(const mmp_reduce_nccl *r, const char *host_port, char *out, size_t cap);
+    void (*close)(mmp_reduce_nccl *r);
+} mmp_reduce_nccl_ops;
+extern const mmp_reduce_nccl_ops mmp_reduce_nccl_ops_cuda;
+
+/* *out: the module's table, loading the module (transport/cuda_entry.c).
+ * MMP_ERR_UNSUPPORTED in a build without CUDA (the coordinator never asks
+ * for this reduce there, coordinator/steps.c; a stage asked anyway says
+ * so), MMP_ERR_CUDA when the module cannot be loaded. */
+mmp_err mmp_reduce_nccl_load(const mmp_reduce_nccl_ops **out);
 
 #endif

@@ -353,3 +353,10 @@ void mmp_reduce_nccl_close(mmp_reduce_nccl *r)
     free(r->ns);
     free(r);
 }
+
+const mmp_reduce_nccl_ops mmp_reduce_nccl_ops_cuda = {
+    .open = mmp_reduce_nccl_open,
+    .sum_f64 = mmp_reduce_nccl_sum_f64,
+    .address = mmp_reduce_nccl_address,
+    .close = mmp_reduce_nccl_close,
+};
