@@ -14,7 +14,7 @@
 #endif
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static void *handle;      /* the module, once loaded */
+static void *handle;       /* the module, once loaded */
 static char failure[2048]; /* why it could not be, once tried */
 
 int mmp_cuda_module_built(void)
@@ -116,8 +116,7 @@ mmp_err mmp_cuda_module_sym(const char *name, void **out)
     }
     void *p = dlsym(handle, name);
     if (!p) {
-        return mmp_errorf(MMP_ERR_CUDA, "the CUDA module %s has no %s", MMP_CUDA_MODULE_FILE,
-                          name);
+        return mmp_errorf(MMP_ERR_CUDA, "the CUDA module %s has no %s", MMP_CUDA_MODULE_FILE, name);
     }
     *out = p;
     return MMP_OK;
