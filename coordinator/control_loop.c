@@ -79,9 +79,17 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
     proc *p = &c->procs[i];
     p->last_seen = mmp_now();
     switch (env->body_case) {
-    case MMPIPE__ENVELOPE__BODY_HELLO:
+    case MMPIPE__ENVELOPE__BODY_HELLO: {
+        /* from another process: kept as printable text only, cut to size */
+        const char *b = env->hello->blas ? env->hello->blas : "";
+        size_t k = 0;
+        for (; b[k] && k + 1 < sizeof p->blas; k++) {
+            p->blas[k] = b[k] >= 0x20 && b[k] < 0x7f ? b[k] : '?';
+        }
+        p->blas[k] = 0;
         p->have_hello = 1;
         break;
+    }
     case MMPIPE__ENVELOPE__BODY_READY:
         p->have_ready = 1;
         break;

@@ -55,6 +55,7 @@ typedef struct proc {
                160]; /* ", ssh to HOST at ADDRESS" for error messages; "" locally */
     /* per-step inbox */
     int have_norm, have_done, have_ack, have_ready, have_hello;
+    char blas[160]; /* its Hello's BLAS kernels (printable ASCII only, cut) */
     /* the checkpoint asked for (coord.ckpt_req) is on disk; the steps of the
      * newest checkpoint whose file it wrote, + 1 (0: none) */
     int have_on_disk, ckpt_written;

@@ -4,6 +4,7 @@
 #include "coordinator/launcher.h"
 
 #include <stdarg.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -94,6 +95,49 @@ static mmp_err stage_words(mmp_launch_line *l, const mmp_launch_stage *s, int se
     return MMP_OK;
 }
 
+static const char *const forwarded[] = {"OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"};
+
+/* Whether "NAME=VALUE" names a forwarded variable with a value of
+ * [A-Za-z0-9_.-] (what such values are), nothing else on a command line. */
+static int forwardable(const char *kv)
+{
+    const char *eq = kv ? strchr(kv, '=') : NULL;
+    if (!eq || !eq[1]) {
+        return 0;
+    }
+    int known = 0;
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) {
+        known |= strlen(forwarded[i]) == (size_t)(eq - kv) &&
+                 strncmp(kv, forwarded[i], (size_t)(eq - kv)) == 0;
+    }
+    for (const char *c = eq + 1; known && *c; c++) {
+        known = isalnum((unsigned char)*c) || *c == '_' || *c == '.' || *c == '-';
+    }
+    return known && strlen(eq + 1) < 64;
+}
+
+int mmp_launch_forward_env(char *const *envp, const char **out, int cap)
+{
+    int n = 0;
+    for (int i = 0; envp && envp[i] && n + 1 < cap; i++) {
+        if (forwardable(envp[i])) {
+            out[n++] = envp[i];
+        }
+    }
+    if (cap > 0) {
+        out[n] = NULL;
+    }
+    return n;
+}
+
+static mmp_err env_word(mmp_launch_line *l, const char *kv)
+{
+    if (!forwardable(kv)) {
+        return mmp_errorf(MMP_ERR_INVALID, "launcher: '%.80s' is not a variable to forward", kv);
+    }
+    return push(l, "%s", kv);
+}
+
 /* Replaces {address} and {name} in one template word. */
 static mmp_err template_word(mmp_launch_line *l, const char *w, size_t len, const mmp_host *h)
 {
@@ -170,6 +214,12 @@ mmp_err mmp_launch_line_build(mmp_launch_line *l, const mmp_plan *p, int host,
         /* the remote command: built as a local line, then quoted word by word */
         mmp_launch_line inner;
         memset(&inner, 0, sizeof inner);
+        if (s->env && s->env[0]) {
+            MMP_TRY(push(&inner, "env"));
+            for (int i = 0; s->env[i]; i++) {
+                MMP_TRY(env_word(&inner, s->env[i]));
+            }
+        }
         MMP_TRY(push(&inner, "%s", bin));
         MMP_TRY(stage_words(&inner, s, 1));
         char cmd[4096];

@@ -7,7 +7,10 @@
  *   ssh:   the plan's launcher_command split on spaces ({address}, {name}
  *          replaced), then ONE argument, the remote command for the remote
  *          user's shell: cd 'WORKDIR' && exec 'BINARY' stage ... --secrets stdin
- *          with every value single-quoted ('\'' for a quote) after checking it
+ *          with every value single-quoted ('\'' for a quote) after checking it;
+ *          with forwarded variables (s.env): exec env 'K=V'... 'BINARY' ...
+ *          (ssh starts the remote command with the remote login's
+ *          environment, not ours; srun and a local start pass ours on)
  *   slurm: srun --nodes=1 --ntasks=1 --nodelist=ADDRESS --overlap
  *          --kill-on-bad-exit=1 --quiet --job-name=mmpipe-NAME --chdir=WORKDIR
  *          BINARY stage ... (srun runs it without a shell)
@@ -44,7 +47,20 @@ typedef struct mmp_launch_stage {
     int pinned;             /* train.pin is on: --pin-index pin_index (common/pin.h) */
     int pin_index;          /* the process's index on its host */
     int nice;               /* > 0: --nice nice (train.priority) */
+    /* "NAME=VALUE" words the remote command sets (ssh only; NULL-terminated,
+     * may be NULL): the variables that decide a stage's arithmetic, so a
+     * stage on another host computes as this one (mmp_launch_forward_env) */
+    const char *const *env;
 } mmp_launch_stage;
+
+/* The variables of envp (NULL-terminated, "NAME=VALUE") a remote stage must
+ * see as the coordinator does: OpenBLAS's kernel choice and cache sizes
+ * (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE), which decide the bits of every
+ * GEMM, so without them a stage started by ssh on the same machine can pick
+ * other kernels and the run no longer equals --single-process. Copies
+ * pointers to those set (with a value of [A-Za-z0-9_.-] only; others are
+ * skipped) into out (room for cap - 1, NULL-terminated); returns how many. */
+int mmp_launch_forward_env(char *const *envp, const char **out, int cap);
 
 /* Builds the line that starts stage s on plan host `host` with the plan's
  * launcher. MMP_ERR_INVALID naming the value when one is unusable on a

@@ -108,6 +108,9 @@ mmp_err coord_spawn_all(coord *c)
     if (!c->tcp) {
         envp[k++] = token_env;
     }
+    /* what decides a remote stage's arithmetic, as here (launcher.h) */
+    const char *fwd[8];
+    mmp_launch_forward_env(environ, fwd, (int)(sizeof fwd / sizeof fwd[0]));
     mmp_err ret = MMP_OK;
     int slots = mmp_plan_slots(&c->cur);
     for (int i = 0; i < c->n; i++) {
@@ -128,7 +131,8 @@ mmp_err coord_spawn_all(coord *c)
                                .secrets_stdin = c->tcp,
                                .pinned = c->cur.train.pin.mode != MMP_PIN_OFF,
                                .pin_index = pin_index,
-                               .nice = c->nice[i]};
+                               .nice = c->nice[i],
+                               .env = fwd};
         static mmp_launch_line line;
         if ((ret = mmp_launch_line_build(&line, &c->cur, host, &ls)) != MMP_OK) {
             break;

@@ -21,6 +21,21 @@
 #include "common/metrics.h"
 #include "coordinator/placement.h"
 
+/* Stages whose BLAS picked other kernels than the first stage's compute
+ * GEMMs to other bits: the run is still correct but no longer equals
+ * --single-process bitwise. Said once per launch, naming each. */
+static void warn_blas(const coord *c)
+{
+    for (int i = 1; i < c->n; i++) {
+        if (strcmp(c->procs[i].blas, c->procs[0].blas) != 0) {
+            MMP_WARN("stage %s computes with BLAS kernels '%s', stage %s with '%s': their GEMMs "
+                     "round differently, so this run will not equal --single-process bitwise "
+                     "(give every host the same OPENBLAS_CORETYPE)",
+                     c->procs[i].name, c->procs[i].blas, c->procs[0].name, c->procs[0].blas);
+        }
+    }
+}
+
 /* One launch of the current placement: compile, spawn, hello, coord_assign, ready,
  * run; stops the stages. Returns 0 when the run ended or a re-placement is
  * due (c->replan), 1 on a failure. */
@@ -69,8 +84,11 @@ static int launch(coord *c, int first_step, const char *resume_dir)
              mmp_schedule_name(c->cur.train.schedule), c->cur.train.microbatches, c->out_dir,
              c->shm_prefix);
     if (coord_wait_until(c, coord_all_flag, ALL(have_hello), HELLO_TIMEOUT_S,
-                         "stage processes to connect") ||
-        coord_assign(c, c->plan_json, resume_dir) != MMP_OK || coord_wait_ready(c) ||
+                         "stage processes to connect")) {
+        return 1;
+    }
+    warn_blas(c);
+    if (coord_assign(c, c->plan_json, resume_dir) != MMP_OK || coord_wait_ready(c) ||
         coord_run_steps(c, first_step) != 0) {
         return 1;
     }

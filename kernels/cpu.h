@@ -1,8 +1,9 @@
 /* CPU reference kernels: the numerical spec of every op mmpipe runs.
  *
  * Plain C over contiguous fp32 arrays, shapes in the signatures, GEMMs through
- * OpenBLAS; OpenBLAS and the kernels' own pool (kernels/cpu/parallel.h) are
- * single-threaded unless mmp_cpu_set_threads says otherwise. Every CUDA
+ * OpenBLAS (one thread per call: kernels/cpu/gemm.c); the kernels' own pool
+ * (kernels/cpu/parallel.h) is single-threaded unless mmp_cpu_set_threads
+ * says otherwise. Every CUDA
  * kernel in kernels/cuda.h is tested against the function of the same name
  * here. Results are deterministic: a fixed reduction order, no threads racing
  * on a sum, the same bits at any thread count.
@@ -25,10 +26,17 @@
 
 #include "kernels/shape.h" /* mmp_conv_shape */
 
-/* Threads OpenBLAS may use in a GEMM, and threads the other loops of conv2d
- * (im2col / col2im), batch norm and the elementwise ops use (default 1).
- * The two take turns, never running at once; results do not depend on n. */
+/* Threads the kernels use (default 1): for a GEMM's blocks (each one
+ * single-threaded OpenBLAS call) and for the other loops of conv2d
+ * (im2col / col2im), batch norm and the elementwise ops. Results do not
+ * depend on n. */
 void mmp_cpu_set_threads(int n);
+
+/* The BLAS and the kernels it picked for this CPU, e.g. "OpenBLAS 0.3.21
+ * DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64 / Haswell": GEMM bits
+ * depend on them, so processes that must agree bitwise must agree on this
+ * (OpenBLAS reads OPENBLAS_CORETYPE when it loads). Never NULL. */
+const char *mmp_cpu_blas_kernels(void);
 
 /* ---- low precision ----------------------------------------------------- */
 /* prec is an mmp_precision (common/config.h): 0 fp32, 1 bf16, 2 fp16.

@@ -271,6 +271,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     Mmpipe__Hello hello = MMPIPE__HELLO__INIT;
     hello.name = w.name;
     hello.pid = getpid();
+    hello.blas = (char *)mmp_cpu_blas_kernels();
     env.body_case = MMPIPE__ENVELOPE__BODY_HELLO;
     env.hello = &hello;
     e = worker_send_env(&w, &env);

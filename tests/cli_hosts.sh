@@ -6,7 +6,12 @@
 # and starts every stage with the ssh launcher, the control plane over tcp
 # with CURVE. Checked:
 #  1. image replica 0, image replica 1, text and fusion on four hosts: the
-#     final checkpoint equals --single-process (max_abs_diff=0); a foreign
+#     final checkpoint equals --single-process (max_abs_diff=0), the
+#     coordinator's OPENBLAS_CORETYPE forwarded to every remote stage (ssh
+#     gives a remote command the login's environment: without it a stage may
+#     pick other GEMM kernels, and it did on an AVX-512 machine whose
+#     environment set Haswell); a host whose BLAS picks other kernels is
+#     warned about, naming the stage and the kernels; a foreign
 #     ZeroMQ client without the keys, connecting mid-run, is refused and
 #     logged, and changes nothing; with control.on_refused: stop it stops
 #     the job, named;
@@ -71,6 +76,19 @@ same_ckpt "$W/multi/ckpt/latest" "$W/single/ckpt/latest" && ok "four hosts == si
   || fail "four hosts != single process"
 ps -eo args | grep -v grep | grep -q 'secrets-1\|MMP_JOB_TOKEN' && fail "a secret in a process list" || ok "no secret in argv"
 nothing_left multi "$W/multi.log"
+grep -q 'BLAS kernels' "$W/multi.log" && fail "multi: a BLAS kernels warning: $(grep -m1 'BLAS kernels' "$W/multi.log")" \
+  || ok "multi: every stage computes with the same BLAS kernels (no warning)"
+
+# 1a. host fu's login sets another OPENBLAS_CORETYPE (and the coordinator
+# forwards none): the run goes on, and the coordinator names the stage
+{ printf 'Host 10.77.0.5\n  SetEnv OPENBLAS_CORETYPE=Nehalem\nHost *\n'; cat "$SSHCFG"; } >"$W/ssh/config-mixed"
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" \
+  --out "$W/mixed" --set job.steps=3 --set "launcher_command=ssh -F $W/ssh/config-mixed {address}" \
+  >"$W/mixed.log" 2>&1 || fail "mixed BLAS run failed: $(tail -2 "$W/mixed.log")"
+grep -q "stage fusion/0 computes with BLAS kernels '.*Nehalem', stage image.0/0 with" "$W/mixed.log" \
+  && ok "a stage with other BLAS kernels is named: $(grep -o "stage fusion/0 computes with BLAS kernels '[^']*'" "$W/mixed.log" | head -1)" \
+  || fail "no warning naming fusion's BLAS kernels: $(grep -m1 'BLAS' "$W/mixed.log")"
+nothing_left mixed "$W/mixed.log"
 
 # 1b. with control.on_refused: stop, the same foreign client stops the job, named
 ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/refuse" --set job.steps=400 \

@@ -61,6 +61,7 @@ StrictModes no
 ClientAliveInterval 1
 ClientAliveCountMax 3
 LogLevel ERROR
+AcceptEnv OPENBLAS_CORETYPE
 CONF
     ip netns exec "${P}$h" "$sshd" -f "$W/ssh/sshd-$h.conf" -E "$W/ssh/sshd-$h.log" || return 1
     echo "10.77.0.$n $(cut -d' ' -f1-2 "$W/ssh/host.pub")" >>"$W/ssh/known_hosts"

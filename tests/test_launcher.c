@@ -103,6 +103,35 @@ static void test_lines(void)
     mmp_launch_line l;
     CHECK_OK(mmp_launch_line_build(&l, &p, 1, &stage));
     CHECK(strcmp(l.argv[5], "10.9.0.2") == 0); /* the destination is one word of its own */
+    /* OpenBLAS's kernel choice travels to the remote command (ssh gives it
+     * the remote login's environment), through env, quoted like the rest */
+    const char *fwd[] = {"OPENBLAS_CORETYPE=Haswell", "OPENBLAS_L2_SIZE=512", NULL};
+    mmp_launch_stage env = stage;
+    env.env = fwd;
+    expect_line(&p, 1, &env, 7,
+                "ssh -F /etc/mm/ssh_config -l beta-user 10.9.0.2 cd '/srv/it'\\''s here' && exec "
+                "'env' 'OPENBLAS_CORETYPE=Haswell' 'OPENBLAS_L2_SIZE=512' '/opt/mm/mmpipe' "
+                "'stage' '--connect' 'tcp://10.9.0.1:40000' '--stage' 'image.0' '--replica' '1' "
+                "'--shm-prefix' '/mmpipe-abc' '--secrets' 'stdin'");
+    /* anything but those variables, or a value with other characters, is refused */
+    const char *other[] = {"LD_PRELOAD=/tmp/x.so", NULL};
+    env.env = other;
+    CHECK(mmp_launch_line_build(&l, &p, 1, &env) == MMP_ERR_INVALID);
+    const char *odd[] = {"OPENBLAS_CORETYPE=Has'well", NULL};
+    env.env = odd;
+    CHECK(mmp_launch_line_build(&l, &p, 1, &env) == MMP_ERR_INVALID);
+    /* which of an environment are forwarded */
+    char *envp[] = {"PATH=/bin",
+                    "OPENBLAS_CORETYPE=SkylakeX",
+                    "OPENBLAS_NUM_THREADS=4",
+                    "OPENBLAS_L2_SIZE=$(reboot)",
+                    "OPENBLAS_L2_SIZE=1024",
+                    NULL};
+    const char *got[4];
+    CHECK(mmp_launch_forward_env(envp, got, 4) == 2);
+    CHECK(strcmp(got[0], "OPENBLAS_CORETYPE=SkylakeX") == 0);
+    CHECK(strcmp(got[1], "OPENBLAS_L2_SIZE=1024") == 0 && got[2] == NULL);
+    CHECK(mmp_launch_forward_env(envp, got, 2) == 1 && got[1] == NULL); /* room for one */
 
     p.launcher = MMP_LAUNCH_SLURM;
     expect_line(&p, 1, &stage, 21,

@@ -1,11 +1,13 @@
-/* The CPU kernels' own threads, for their loops that are not GEMMs (OpenBLAS
- * threads those). Private to kernels/cpu/ and nn/retrieval.c (a metric the
- * host computes between kernels, with the same thread count).
+/* The CPU kernels' own threads, for their loops and for the blocks a GEMM
+ * is cut into (kernels/cpu/gemm.c: OpenBLAS itself runs one thread).
+ * Private to kernels/cpu/ and nn/retrieval.c (a metric the host computes
+ * between kernels, with the same thread count).
  *
  * mmp_cpu_set_threads(n) sizes the pool: n - 1 workers that sleep on a
- * condition variable between loops. They never spin, so they do not compete
- * with OpenBLAS's threads, and the two never have work at once: a kernel
- * returns only after its loop, and GEMMs run between kernels' loops.
+ * condition variable between loops, after looking for the next one for up
+ * to 0.1 ms (yielding the CPU between looks: parallel.c). A GEMM called from
+ * inside a loop's range finds the pool busy and runs its blocks on that
+ * thread.
  *
  * A loop is split into contiguous ranges, one per thread; every kernel that
  * uses this computes each element (or channel) the same way whichever range
