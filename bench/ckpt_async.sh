@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What background checkpoints (train.ckpt_async) buy, one run, medians;
 # judges nothing. Launches PLAN `--pairs` times with checkpoints written in
-# the background (on, the default) and at once (off), alternating, every
+# the background (on) and at once (off, the default), alternating, every
 # `--every` steps, and prints the median wall time of a run, the time a
 # checkpoint cost the run ((off - on) / checkpoints, for on: the stall it
 # kept) and the largest stage peak memory (the snapshot's host copy is the
@@ -40,8 +40,8 @@ on=$(med "$OUT/true.wall"); off=$(med "$OUT/false.wall")
 n=$(( (STEPS - 1) / EVERY )) # checkpoints before the last (which is written at once either way)
 echo "| checkpoints | run wall s (median) | largest stage peak memory |"
 echo "|---|--:|--:|"
-echo "| background (ckpt_async: true, default) | $on | $(awk -v b="$(med "$OUT/true.mem")" 'BEGIN{printf "%.2f GB", b/1e9}') |"
-echo "| at once (ckpt_async: false) | $off | $(awk -v b="$(med "$OUT/false.mem")" 'BEGIN{printf "%.2f GB", b/1e9}') |"
+echo "| background (ckpt_async: true) | $on | $(awk -v b="$(med "$OUT/true.mem")" 'BEGIN{printf "%.2f GB", b/1e9}') |"
+echo "| at once (ckpt_async: false, default) | $off | $(awk -v b="$(med "$OUT/false.mem")" 'BEGIN{printf "%.2f GB", b/1e9}') |"
 awk -v a="$on" -v b="$off" -v n="$n" -v s="$(cat "$OUT/ckpt.bytes")" \
   'BEGIN { printf "\nstall kept off the run per checkpoint: %.2f s (%d background checkpoints of %.2f GB a run)\n", (b - a) / n, n, s / 1e9 }'
 echo "$PAIRS runs each, alternating, $STEPS steps a run, a checkpoint every $EVERY; plan $PLAN (${sets[*]})"

@@ -121,16 +121,3 @@ mmp_err mmp_cuda_module_sym(const char *name, void **out)
     *out = p;
     return MMP_OK;
 }
-
-int mmp_cuda_module_loaded(void)
-{
-    if (!mmp_cuda_module_built()) {
-        return 0;
-    }
-    void *h = dlopen(MMP_CUDA_MODULE_FILE, RTLD_NOW | RTLD_NOLOAD);
-    if (h) {
-        dlclose(h); /* drops only the reference NOLOAD took */
-        return 1;
-    }
-    return 0;
-}

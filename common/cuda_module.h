@@ -39,7 +39,4 @@ int mmp_cuda_module_built(void);
  * another build (its ABI number), or has no such symbol. *out NULL then. */
 mmp_err mmp_cuda_module_sym(const char *name, void **out);
 
-/* Whether the module is loaded in this process (never loads it). */
-int mmp_cuda_module_loaded(void);
-
 #endif

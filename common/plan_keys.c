@@ -457,7 +457,7 @@ static const mmp_key_spec keys[] = {
     BOOL("train.final_eval", train.final_eval, 1),
     INT("train.ckpt_every", train.ckpt_every, 0, 1000000000, 50),
     INT("train.ckpt_keep", train.ckpt_keep, 0, 1000000000, 3),
-    BOOL("train.ckpt_async", train.ckpt_async, 1),
+    BOOL("train.ckpt_async", train.ckpt_async, 0),
     INT("train.stall_timeout", train.stall_timeout, 0, 86400, 60),
     INT("train.max_restarts", train.max_restarts, 0, 1000, 0),
     INT("train.threads", train.threads, 1, 256, 1),

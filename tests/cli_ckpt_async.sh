@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Background checkpoints (train.ckpt_async, the default): a stage snapshots
+# Background checkpoints (train.ckpt_async: true): a stage snapshots
 # its state between steps and a thread writes the file while the next steps
 # run; ckpt/latest moves only once every stage's file is on disk.
 #  - every checkpoint equals the one written at once (ckpt_async: false) and
@@ -23,9 +23,10 @@ tiny_plan "name: a, steps: 8, seed: 3" \
   2 "batch: 16, microbatches: 4, optimizer: { lr: 1.0e-3, warmup: 2 }, eval_every: 0, ckpt_every: 2, ckpt_keep: 0,
          precision: fp16, loss_scale_window: 3, debug_overflow_step: 3"
 
-MMP_TEST_CKPT_WRITE_DELAY_MS=1500 "$BIN" launch "$W/plan.yaml" --out "$W/bg" >"$W/bg.log" 2>&1 \
+MMP_TEST_CKPT_WRITE_DELAY_MS=1500 "$BIN" launch "$W/plan.yaml" --out "$W/bg" --set train.ckpt_async=true \
+  >"$W/bg.log" 2>&1 \
   && ok "background checkpoints: run" || { fail "background run"; tail -5 "$W/bg.log"; }
-"$BIN" launch "$W/plan.yaml" --out "$W/fg" --set train.ckpt_async=false >"$W/fg.log" 2>&1 \
+"$BIN" launch "$W/plan.yaml" --out "$W/fg" >"$W/fg.log" 2>&1 \
   && ok "synchronous checkpoints: run" || { fail "synchronous run"; tail -5 "$W/fg.log"; }
 "$BIN" launch "$W/plan.yaml" --out "$W/one" --single-process >"$W/one.log" 2>&1 \
   || { fail "single-process run"; tail -5 "$W/one.log"; }
@@ -73,7 +74,7 @@ grep -q '"name":"CKPT WRITE"' "$W/fg/trace.json" && ok "synchronous writes are t
 
 # A background write that fails: the job stops, naming it; latest stays.
 MMP_TEST_CKPT_FAIL_STEP=4 MMP_TEST_CKPT_WRITE_DELAY_MS=300 \
-  "$BIN" launch "$W/plan.yaml" --out "$W/bad" >"$W/bad.log" 2>&1; rc=$?
+  "$BIN" launch "$W/plan.yaml" --out "$W/bad" --set train.ckpt_async=true >"$W/bad.log" 2>&1; rc=$?
 if [ $rc -ne 0 ] && grep -q "could not write its checkpoint of step 4: .*test hook" "$W/bad.log"; then
   ok "a failed background write stops the job (rc=$rc): $(grep -o 'stage [^ ]* could not write its checkpoint of step 4' "$W/bad.log" | head -1)"
 else fail "failed background write: rc=$rc"; tail -4 "$W/bad.log" | sed 's/^/    /'; fi
@@ -86,6 +87,7 @@ left_behind "failed write" "$W/bad.log"
 # SIGINT while a write of step 2 is in flight (each takes 4 s): the stop
 # waits for it, then checkpoints the step it stopped at; both are published.
 MMP_TEST_CKPT_WRITE_DELAY_MS=4000 "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=100 \
+  --set train.ckpt_async=true \
   >"$W/int.log" 2>&1 &
 cpid=$!
 wait_step "$W/int/metrics.jsonl" 3 || fail "int: no step 3"
