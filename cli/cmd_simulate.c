@@ -196,6 +196,13 @@ static int plan_cores(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs
     return 0;
 }
 
+/* Micro-batches the busiest of r replicas takes a step: the runtime deals
+ * them whole and in turn. */
+static int rounds(const mmp_plan *p, int r)
+{
+    return (p->train.microbatches + r - 1) / r;
+}
+
 static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
                           int measured, int devices, double mem_cap)
 {
@@ -241,7 +248,7 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
             snprintf(name, sizeof name, "%s.%d", names[b], j);
             snprintf(layers, sizeof layers, "[%d,%d)", g->first, g->last);
             printf("%-10s %-9s %8d %12.3f %9.1f%% ", name, layers, g->replicas, v->stage_ms[b][j],
-                   100 * p->train.microbatches * v->stage_ms[b][j] / v->step_ms);
+                   100 * rounds(p, g->replicas) * v->stage_ms[b][j] / v->step_ms);
             if (mem_cap > 0) {
                 printf("%7.2f GiB", v->stage_bytes[b][j] / (1 << 30));
             }
@@ -249,14 +256,14 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
         }
     }
     printf("%-10s %-9s %8d %12.3f %9.1f%% ", "fusion", "[0,1)", r.placement.fusion_replicas,
-           v->fusion_ms, 100 * p->train.microbatches * v->fusion_ms / v->step_ms);
+           v->fusion_ms, 100 * rounds(p, r.placement.fusion_replicas) * v->fusion_ms / v->step_ms);
     if (mem_cap > 0) {
         printf("%7.2f GiB (cap %.2f GiB per device)", v->fusion_bytes / (1 << 30),
                mem_cap / (1 << 30));
     }
     printf("\n");
-    printf("(ms/mb/repl: one replica's forward + backward per micro-batch; busy: its share of "
-           "the step)\nas plan keys:");
+    printf("(ms/mb/repl: one replica's forward + backward per micro-batch; busy: its busiest "
+           "replica's share of the step)\nas plan keys:");
     for (int b = 0; b < 2; b++) {
         printf(" stages.%s.split: [", names[b]);
         for (int j = 1; j < r.placement.n_sub[b]; j++) {
@@ -283,23 +290,24 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
         printf("(not one plan: %s; a job this large needs a smaller --plan-devices)\n",
                mmp_last_error());
     } else if (!measured) {
-        /* The planner's model lets a stage's replicas split each micro-batch;
-         * the runtime deals whole micro-batches to them. The keys' own
-         * schedule, simulated with the same costs, is what a launch would do. */
+        /* The keys' own schedule, simulated with the same costs, is what a
+         * launch would do; the planner's figure should agree with it (both
+         * deal whole micro-batches to a stage's replicas), and is flagged
+         * where it does not. */
         static mmp_sim_costs kc;
         mmp_costs_nominal(&keyed, &probe, &kc);
         have_keyed_sim = mmp_sched_simulate(&probe, &kc, &keyed_sim) == MMP_OK;
     }
     mmp_sched_fini(&probe);
     printf("\npredicted step time %.3f ms (%s; closed form %.3f ms), %.1f samples/s, balance "
-           "efficiency %.1f%% (busy / (%d devices x step)); %d of %d devices used; bottleneck "
-           "%.3f ms per micro-batch (the least any placement reaches: %.3f)\n",
+           "efficiency %.1f%% (busy / (%d devices x step)); %d of %d devices used; queueing at "
+           "the bottleneck %.3f ms a step (the least any placement reaches: %.3f)\n",
            v->step_ms, mmp_planner_method_name(v->method), v->closed_form_ms, v->samples_per_s,
            100 * v->efficiency, devices, v->devices_used, devices, v->bottleneck_ms, r.bound_ms);
     if (have_keyed_sim) {
         double off = v->step_ms > 0 ? keyed_sim.step_ms / v->step_ms : 0;
-        printf("these keys' own schedule simulates to %.3f ms a step (the runtime deals whole "
-               "micro-batches to a stage's replicas; the planner lets them split each one)%s\n",
+        printf("these keys' own schedule simulates to %.3f ms a step (the schedule a launch of "
+               "them compiles, with the same costs)%s\n",
                keyed_sim.step_ms,
                off > 1.1 ? ": the planner's figure is optimistic here, trust this one" : "");
     }

@@ -16,14 +16,6 @@
 
 #define ROUTE_TOLERANCE 0.10 /* a speed this far from the routed one re-routes */
 #define SEND_MS 0.05         /* planner: one hand-off between stages */
-/* The planner splits each micro-batch's samples among a stage's replicas, a
- * replica taking whole samples; the runtime deals whole micro-batches to the
- * replicas, which over a step divides the same work r ways. So that the
- * planner's whole-sample rounding (2 samples a micro-batch: a third replica
- * "buys nothing") does not stand in for the runtime's, it is asked with
- * PLAN_UNITS units a micro-batch, each 1/PLAN_UNITS of its cost: divisible by
- * every replica count up to 6 and by 8, 10, 12. */
-#define PLAN_UNITS 120
 
 static int window_of(const mmp_balancer *b)
 {
@@ -303,22 +295,15 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         return MMP_OK;
     }
     const mmp_plan *p = &b->cur;
-    double per_unit = (double)p->train.batch / p->train.microbatches / PLAN_UNITS;
-    for (int br = 0; br < 2; br++) {
-        for (int l = 0; l < MMP_PLANNER_MAX_LAYERS; l++) {
-            lc.fwd[br][l] *= per_unit;
-            lc.bwd[br][l] *= per_unit;
-        }
-    }
-    lc.fusion_fwd *= per_unit;
-    lc.fusion_bwd *= per_unit;
+    /* The planner deals whole micro-batches to a stage's replicas, as the
+     * runtime does: per-sample costs and the plan's own batch. */
     mmp_planner_input in;
     mmp_costs_planner_input(p, &lc, &in);
     /* A plan runs at most MMP_SCHED_MAX_STAGES processes (what the schedule
      * compiler takes, coordinator/schedule_compile.c), however many slots its
      * hosts list. */
     in.devices = b->slots < MMP_SCHED_MAX_STAGES ? b->slots : MMP_SCHED_MAX_STAGES;
-    in.batch = p->train.microbatches * PLAN_UNITS;
+    in.batch = p->train.batch;
     in.send_ms = SEND_MS;
     mmp_placement now;
     mmp_placement_of_sched(b->sched, &now);
@@ -383,7 +368,7 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     *go = 1;
     *gain = g;
     snprintf(why, why_n,
-             "%s%smeasured costs predict step %.1f ms now (bottleneck %.2f ms per micro-batch, "
+             "%s%smeasured costs predict step %.1f ms now (bottleneck %.2f ms queued a step, "
              "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency "
              "%.2f)%s",
              profiling ? "stages: auto, after profiling: " : "", cores_note, cur_ev.step_ms,

@@ -209,15 +209,39 @@ static int inflight(const ctx *c, int depth)
     return c->in->schedule == MMP_SCHED_GPIPE ? c->m : depth < c->m ? depth : c->m;
 }
 
+/* Micro-batches one of r replicas takes a step: the runtime deals whole
+ * micro-batches in turn (mmp_sched_route), so the busiest takes ceil(m / r)
+ * and runs them one after another. */
+static int rounds(const ctx *c, int r)
+{
+    return ceil_div(c->m, r);
+}
+
+/* The fewest replicas that take m micro-batches in n rounds. */
+static int replicas_for(const ctx *c, int n)
+{
+    return ceil_div(c->m, n);
+}
+
+/* Micro-batches one of r replicas of a stage at depth holds at once: the
+ * stage's window (inflight) dealt in turn, never more than it owns. */
+static int held(const ctx *c, int depth, int r)
+{
+    int w = inflight(c, depth), own = rounds(c, r);
+    return w < own ? w : own;
+}
+
 static double stage_bytes(const ctx *c, const sums *s, int first, int last, int depth, int r)
 {
     return range_sum(s, Q_STATE, first, last) +
-           (double)inflight(c, depth) * ceil_div(c->q0, r) * range_sum(s, Q_ACT, first, last);
+           (double)held(c, depth, r) * c->q0 * range_sum(s, Q_ACT, first, last);
 }
 
-static double stage_ms(const ctx *c, const sums *s, int first, int last, int r)
+/* One micro-batch through [first, last) on one replica: all its q0 samples,
+ * however many replicas the stage has. */
+static double stage_ms(const ctx *c, const sums *s, int first, int last)
 {
-    return ceil_div(c->q0, r) * range_sum(s, Q_COST, first, last);
+    return c->q0 * range_sum(s, Q_COST, first, last);
 }
 
 static double allreduce_ms(const ctx *c, double grad_bytes, int r)
@@ -237,37 +261,38 @@ static int most_replicas(const ctx *c, int unit, int first)
 }
 
 /* The fewest replicas that let the stage holding [first, last) of s, at
- * depth, take at most T ms per micro-batch (T = INFINITY: any time) and fit
- * the memory cap; NO_FIT when no count up to the device count and the
- * stage's most_replicas does. Grows with last, for a fixed first: the
- * programme below stops at the first NO_FIT. */
+ * depth, queue at most T ms a step -- (rounds - 1) t, the time its busiest
+ * replica spends on micro-batches other than the one it is the path of
+ * (T = INFINITY: any time) -- and fit the memory cap; NO_FIT when no count
+ * up to the device count and the stage's most_replicas does. Grows with
+ * last, for a fixed first: the programme below stops at the first NO_FIT. */
 static int min_replicas(const ctx *c, const sums *s, int first, int last, int depth, double T)
 {
-    int q = c->q0; /* the most samples one replica may take */
-    double cost = range_sum(s, Q_COST, first, last);
-    if (cost > 0 && T < INFINITY) {
-        double fit = floor(T / cost * (1 + 1e-12));
-        if (fit < 1) {
-            return NO_FIT;
-        }
-        q = fit < q ? (int)fit : q;
+    int n = c->m; /* the most rounds (micro-batches) one replica may take */
+    double t = stage_ms(c, s, first, last);
+    if (t > 0 && T < INFINITY) {
+        double fit = floor(T / t * (1 + 1e-12)) + 1;
+        n = fit < n ? (int)fit : n;
     }
     double cap = c->in->mem_cap_bytes;
     if (cap > 0) {
         double fixed = range_sum(s, Q_STATE, first, last);
-        double act = range_sum(s, Q_ACT, first, last) * inflight(c, depth);
+        double act = range_sum(s, Q_ACT, first, last) * c->q0;
         if (fixed > cap) {
             return NO_FIT;
         }
         if (act > 0) {
+            /* a replica holds min(window, its rounds) micro-batches */
             double fit = floor((cap - fixed) / act);
             if (fit < 1) {
                 return NO_FIT;
             }
-            q = fit < q ? (int)fit : q;
+            if (fit < inflight(c, depth)) {
+                n = fit < n ? (int)fit : n;
+            }
         }
     }
-    int r = ceil_div(c->q0, q);
+    int r = replicas_for(c, n);
     return r <= c->in->devices && r <= most_replicas(c, (int)(s - c->unit), first) ? r : NO_FIT;
 }
 
@@ -277,7 +302,8 @@ typedef struct flat {
     int unit[MAX_STAGES]; /* 0 image, 1 text, 2 fusion */
     int *rep[MAX_STAGES]; /* into the placement */
     int most[MAX_STAGES]; /* most_replicas of each */
-    double cost[MAX_STAGES], grad[MAX_STAGES];
+    int depth[MAX_STAGES];
+    double cost[MAX_STAGES], fwd[MAX_STAGES], grad[MAX_STAGES];
 } flat;
 
 static void flatten(const ctx *c, mmp_placement *pl, flat *f)
@@ -289,7 +315,9 @@ static void flatten(const ctx *c, mmp_placement *pl, flat *f)
             f->unit[f->n] = b;
             f->rep[f->n] = &g->replicas;
             f->most[f->n] = most_replicas(c, b, g->first);
+            f->depth[f->n] = pl->n_sub[b] - j + 1;
             f->cost[f->n] = range_sum(&c->unit[b], Q_COST, g->first, g->last);
+            f->fwd[f->n] = range_sum(&c->unit[b], Q_FWD, g->first, g->last);
             f->grad[f->n] = range_sum(&c->unit[b], Q_GRAD, g->first, g->last);
             f->n++;
         }
@@ -298,26 +326,76 @@ static void flatten(const ctx *c, mmp_placement *pl, flat *f)
     f->unit[f->n] = 2;
     f->rep[f->n] = &pl->fusion_replicas;
     f->most[f->n] = most_replicas(c, 2, 0);
+    f->depth[f->n] = 1;
     f->cost[f->n] = range_sum(fu, Q_COST, 0, fu->n);
+    f->fwd[f->n] = range_sum(fu, Q_FWD, 0, fu->n);
     f->grad[f->n] = range_sum(fu, Q_GRAD, 0, fu->n);
     f->n++;
 }
 
-/* The closed form of planner.h; *bottleneck gets B. */
-static double closed_step(const ctx *c, const flat *f, double *bottleneck)
+/* The closed form of planner.h: the step; *bottleneck gets W, the most any
+ * stage queues; val[s] (when not NULL) what stage s alone makes the step,
+ * before AR and overhead. */
+static double stage_values(const ctx *c, const flat *f, double *bottleneck, double *val)
 {
-    double B = 0, path[3] = {0, 0, 0}, ar = 0;
+    const double send = c->in->send_ms;
+    /* per branch: the forward and backward halves of its path, each with
+     * one hand-off a hop */
+    double pf[3] = {0, 0, 0}, pb[3] = {0, 0, 0};
     for (int s = 0; s < f->n; s++) {
-        int r = *f->rep[s];
-        double t = ceil_div(c->q0, r) * f->cost[s];
-        B = t > B ? t : B;
-        path[f->unit[s]] += t + (f->unit[s] < 2 ? 2 * c->in->send_ms : 0);
+        int u = f->unit[s];
+        pf[u] += c->q0 * f->fwd[s] + (u < 2 ? send : 0);
+        pb[u] += c->q0 * (f->cost[s] - f->fwd[s]) + (u < 2 ? send : 0);
+    }
+    double tf = pf[2] + pb[2];
+    double long_f = pf[0] > pf[1] ? pf[0] : pf[1], long_b = pb[0] > pb[1] ? pb[0] : pb[1];
+    double long_path = (pf[0] + pb[0] > pf[1] + pb[1] ? pf[0] + pb[0] : pf[1] + pb[1]) + tf;
+    double W = 0, worst = 0, ar = 0, up_b = 0, down_f = 0, down_b = 0;
+    for (int s = 0; s < f->n; s++) {
+        int r = *f->rep[s], u = f->unit[s], n = rounds(c, r);
+        double fs = c->q0 * f->fwd[s], bs = c->q0 * (f->cost[s] - f->fwd[s]);
+        if (u < 2 && (s == 0 || f->unit[s - 1] != u)) {
+            up_b = 0; /* a branch's first sub-stage */
+            down_f = pf[u];
+            down_b = pb[u];
+        }
+        if (u < 2) {
+            down_f -= fs + send;
+            down_b -= bs + send;
+        }
+        double q = (n - 1) * (fs + bs);
+        double v = q + (u < 2 ? pf[u] + pb[u] + tf : long_path);
+        int w = held(c, f->depth[s], r);
+        if (u < 2 && n > w) {
+            /* 1F1B: a replica runs its (w + 1)-th forward only after its
+             * first backward, whose gradient comes back once the step's
+             * first micro-batch has crossed the longer branch and fusion;
+             * the rounds after the window alternate F and B; the last one's
+             * activations then cross fusion and the longer backward. */
+            double first_grad = long_f + tf + down_b + send;
+            double last_fwd = first_grad + (n - w) * (fs + bs);
+            double rest = w * bs + up_b;
+            double after = down_f + send + tf + (long_b > rest ? long_b : rest);
+            v = fmax(v, last_fwd + after);
+        }
+        if (u < 2) {
+            up_b += bs + send;
+        }
+        W = q > W ? q : W;
+        worst = v > worst ? v : worst;
+        if (val) {
+            val[s] = v;
+        }
         double a = allreduce_ms(c, f->grad[s], r);
         ar = a > ar ? a : ar;
     }
-    *bottleneck = B;
-    return (c->m - 1) * B + (path[0] > path[1] ? path[0] : path[1]) + path[2] + ar +
-           c->in->step_overhead_ms;
+    *bottleneck = W;
+    return worst + ar + c->in->step_overhead_ms;
+}
+
+static double closed_step(const ctx *c, const flat *f, double *bottleneck)
+{
+    return stage_values(c, f, bottleneck, NULL);
 }
 
 int mmp_placement_procs(const mmp_placement *pl)
@@ -352,7 +430,7 @@ static int branch_need(const ctx *c, int b, double T, dp *d, int *best_k)
     for (int l = 0; l < n; l++) {
         int r = min_replicas(c, s, l, n, 2, T);
         d->need[W + l] = r;
-        d->path[W + l] = r == NO_FIT ? INFINITY : stage_ms(c, s, l, n, r);
+        d->path[W + l] = r == NO_FIT ? INFINITY : stage_ms(c, s, l, n);
         d->cut[W + l] = n;
     }
     for (int k = 2; k <= K; k++) {
@@ -369,7 +447,7 @@ static int branch_need(const ctx *c, int b, double T, dp *d, int *best_k)
                 if (prev[e] == NO_FIT || r + prev[e] > best) {
                     continue;
                 }
-                double p = stage_ms(c, s, l, e, r) + prev_path[e];
+                double p = stage_ms(c, s, l, e) + prev_path[e];
                 if (r + prev[e] < best || p < best_path) {
                     best = r + prev[e];
                     best_path = p;
@@ -468,36 +546,39 @@ static int seen_before(search *S, const mmp_placement *pl)
 }
 
 /* Hands the devices pl leaves unused to its stages, a move at a time: a
- * move lowers one stage's samples per replica by one (or every stage tied
- * at the bottleneck together, since lowering one of them alone gains
- * nothing) and is taken when it shortens the closed-form step most per
- * device spent. Stops when no move that fits shortens it. */
+ * move takes one round (micro-batch) off the busiest replica of one stage
+ * (or of every stage tied at the step together, since lowering one of them
+ * alone gains nothing) and is taken when it shortens the closed-form step
+ * most per device spent. Stops when no move that fits shortens it. */
 static double fill(const ctx *c, mmp_placement *pl)
 {
     flat f;
     flatten(c, pl, &f);
     int left = c->in->devices - mmp_placement_procs(pl);
-    double B, cur = closed_step(c, &f, &B);
+    double B, val[MAX_STAGES], cur = stage_values(c, &f, &B, val);
     while (left > 0) {
         int best_mask_n = 0, best_mask[MAX_STAGES], best_to[MAX_STAGES];
-        double best_rate = 0, best_step = cur;
+        double best_rate = 0, best_step = cur, worst = 0;
         int best_d = 0;
-        /* candidates 0..n-1: one stage; n: the bottleneck group */
+        for (int s = 0; s < f.n; s++) {
+            worst = val[s] > worst ? val[s] : worst;
+        }
+        /* candidates 0..n-1: one stage; n: the stages that make the step */
         for (int cand = 0; cand <= f.n; cand++) {
             int members[MAX_STAGES], to[MAX_STAGES], n_members = 0, d = 0, ok = 1;
             for (int s = 0; s < f.n; s++) {
-                double t = ceil_div(c->q0, *f.rep[s]) * f.cost[s];
-                int in_move = cand < f.n ? s == cand : B > 0 && t >= B * (1 - TIE_RTOL);
+                int in_move =
+                    cand < f.n ? s == cand : worst > 0 && val[s] >= worst * (1 - TIE_RTOL);
                 if (!in_move) {
                     continue;
                 }
-                int q = ceil_div(c->q0, *f.rep[s]);
-                if (q <= 1 || ceil_div(c->q0, q - 1) > f.most[s]) {
-                    ok = 0; /* no fewer samples per replica within what a plan allows */
+                int n = rounds(c, *f.rep[s]);
+                if (n <= 1 || replicas_for(c, n - 1) > f.most[s] || f.cost[s] <= 0) {
+                    ok = 0; /* no fewer rounds within what a plan allows, or no gain */
                     break;
                 }
                 members[n_members] = s;
-                to[n_members] = ceil_div(c->q0, q - 1);
+                to[n_members] = replicas_for(c, n - 1);
                 d += to[n_members] - *f.rep[s];
                 n_members++;
             }
@@ -530,7 +611,7 @@ static double fill(const ctx *c, mmp_placement *pl)
             *f.rep[best_mask[k]] = best_to[k];
         }
         left -= best_d;
-        cur = closed_step(c, &f, &B);
+        cur = stage_values(c, &f, &B, val);
         MMP_ASSERT(fabs(cur - best_step) <= 1e-9 * (1 + cur));
     }
     return cur;
@@ -564,14 +645,71 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
         double best_step = step;
         for (int b = 0; b < 2; b++) {
             for (int j = 0; j + 1 < pl->n_sub[b]; j++) {
-                for (int delta = -1; delta <= 1; delta += 2) {
+                /* the cut by a layer, and with it (shift -1, 1) a replica
+                 * from one of the two stages it parts to the other */
+                for (int move = 0; move < 6; move++) {
+                    int delta = move % 2 ? 1 : -1, shift = move / 2 - 1;
                     t = *pl;
                     int cut = t.sub[b][j].last + delta;
                     if (cut <= t.sub[b][j].first || cut >= t.sub[b][j + 1].last) {
                         continue;
                     }
                     t.sub[b][j].last = t.sub[b][j + 1].first = cut;
+                    int *from = shift < 0 ? &t.sub[b][j].replicas : &t.sub[b][j + 1].replicas;
+                    int *to = shift < 0 ? &t.sub[b][j + 1].replicas : &t.sub[b][j].replicas;
+                    if (shift != 0) {
+                        if (*from <= 1 ||
+                            *to >= most_replicas(c, b, to == &t.sub[b][0].replicas ? 0 : 1)) {
+                            continue;
+                        }
+                        (*from)--;
+                        (*to)++;
+                    }
                     if (!stage_fits(c, &t, b, j) || !stage_fits(c, &t, b, j + 1)) {
+                        continue;
+                    }
+                    double s = fill(c, &t);
+                    if (s < best_step * (1 - TIE_RTOL)) {
+                        best = t;
+                        best_step = s;
+                    }
+                }
+            }
+        }
+        /* split a layer off either end of a sub-stage into a sub-stage of
+         * one replica, a spare device's or one the stage gives up (it moves
+         * a gradient all-reduce's bytes, or a layer's queueing, off a
+         * crowded stage) */
+        int spare_now = c->in->devices - mmp_placement_procs(pl);
+        for (int b = 0; b < 2; b++) {
+            for (int j = 0; j < pl->n_sub[b] && pl->n_sub[b] < c->max_sub; j++) {
+                const mmp_planner_stage g = pl->sub[b][j];
+                if (g.last - g.first < 2) {
+                    continue;
+                }
+                for (int move = 0; move < 4; move++) {
+                    int tail = move % 2, give = move / 2;
+                    if ((give && g.replicas <= 1) || (!give && spare_now < 1)) {
+                        continue;
+                    }
+                    t = *pl;
+                    memmove(&t.sub[b][j + 1], &t.sub[b][j],
+                            (size_t)(t.n_sub[b] - j) * sizeof t.sub[b][j]);
+                    t.n_sub[b]++;
+                    int cut = tail ? g.last - 1 : g.first + 1;
+                    mmp_planner_stage *lo = &t.sub[b][j], *hi = &t.sub[b][j + 1];
+                    lo->last = hi->first = cut;
+                    mmp_planner_stage *one = tail ? hi : lo, *rest = tail ? lo : hi;
+                    one->replicas = 1;
+                    rest->replicas = g.replicas - give;
+                    if (t.sub[b][0].replicas > most_replicas(c, b, 0)) {
+                        continue;
+                    }
+                    int ok = 1;
+                    for (int k = 0; k < t.n_sub[b]; k++) {
+                        ok &= stage_fits(c, &t, b, k);
+                    }
+                    if (!ok) {
                         continue;
                     }
                     double s = fill(c, &t);
@@ -597,10 +735,10 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                 t = *pl;
                 flatten(c, &t, &tf);
                 int was = *tf.rep[a];
-                *tf.rep[a] = ceil_div(c->q0, ceil_div(c->q0, was - 1)); /* fewest for that share */
+                *tf.rep[a] = replicas_for(c, rounds(c, was - 1)); /* fewest for those rounds */
                 int left = spare + was - *tf.rep[a];
-                while (g != a && ceil_div(c->q0, *tf.rep[g]) > 1) {
-                    int up = ceil_div(c->q0, ceil_div(c->q0, *tf.rep[g]) - 1);
+                while (g != a && rounds(c, *tf.rep[g]) > 1) {
+                    int up = replicas_for(c, rounds(c, *tf.rep[g]) - 1);
                     if (up - *tf.rep[g] > left || up > tf.most[g]) {
                         break;
                     }
@@ -625,6 +763,45 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
         step = best_step;
     }
     return step;
+}
+
+/* Gives back the devices pl's step does not need: one stage at a time, the
+ * one that frees the most, goes to the fewest replicas for its rounds, or
+ * takes one round more, while the closed-form step does not grow (a stage
+ * off the longest path may queue the difference; replicas past the
+ * micro-batches buy nothing). Returns pl's step. */
+static double trim(const ctx *c, mmp_placement *pl, double step)
+{
+    const double most = step * (1 + 1e-12);
+    for (;;) {
+        flat f;
+        flatten(c, pl, &f);
+        int best = -1, best_to = 0, best_free = 0;
+        for (int s = 0; s < f.n; s++) {
+            int was = *f.rep[s], n = rounds(c, was);
+            if (was <= 1) {
+                continue;
+            }
+            int to = replicas_for(c, n) < was ? replicas_for(c, n) : replicas_for(c, n + 1);
+            *f.rep[s] = to;
+            int b = f.unit[s], j = b < 2 ? s - (b ? pl->n_sub[0] : 0) : 0;
+            double B, t = closed_step(c, &f, &B);
+            if (t <= most && was - to > best_free && stage_fits(c, pl, b, j)) {
+                best = s;
+                best_to = to;
+                best_free = was - to;
+            }
+            *f.rep[s] = was;
+        }
+        if (best < 0) {
+            break;
+        }
+        *f.rep[best] = best_to;
+    }
+    flat f;
+    flatten(c, pl, &f);
+    double B;
+    return closed_step(c, &f, &B);
 }
 
 /* Keeps pl among the best MMP_PLANNER_RESCORE distinct placements. */
@@ -770,61 +947,93 @@ static mmp_err search_init(search *S, ctx *c)
 
 /* ---- scoring ------------------------------------------------------------------ */
 
-/* One step of pl through the schedule compiler and the simulator, each
- * replicated stage folded into one with its per-replica times. */
-static mmp_err simulate(const ctx *c, const mmp_placement *pl, double ar_ms, double *step_ms)
+/* Edges the schedule compiler makes for pl: an activation and a gradient
+ * edge between every replica pair of consecutive stages. */
+static long sched_edges(const mmp_placement *pl)
 {
-    mmp_sched s;
-    mmp_sim_costs sc;
-    mmp_sim_result r;
-    memset(&s, 0, sizeof s);
-    memset(&sc, 0, sizeof sc);
-    int n = 0;
+    long n = 0;
     for (int b = 0; b < 2; b++) {
         for (int j = 0; j < pl->n_sub[b]; j++) {
-            const mmp_planner_stage *g = &pl->sub[b][j];
-            mmp_sched_stage *st = &s.stages[n];
-            snprintf(st->name, sizeof st->name, "%s.%d", branch_names[b], j);
-            st->kind = b == MMP_PLANNER_IMAGE ? MMP_KIND_IMAGE : MMP_KIND_TEXT;
-            st->sub = j;
-            st->n_sub = pl->n_sub[b];
-            st->layer_first = g->first;
-            st->layer_last = g->last;
-            int q = ceil_div(c->q0, g->replicas);
-            sc.fwd_ms[n] = q * range_sum(&c->unit[b], Q_FWD, g->first, g->last);
-            sc.bwd_ms[n] = q * range_sum(&c->unit[b], Q_BWD, g->first, g->last);
-            n++;
+            int next = j + 1 < pl->n_sub[b] ? pl->sub[b][j + 1].replicas : pl->fusion_replicas;
+            n += 2L * pl->sub[b][j].replicas * next;
         }
     }
-    const sums *fu = &c->unit[2];
-    mmp_sched_stage *st = &s.stages[n];
-    snprintf(st->name, sizeof st->name, "fusion");
-    st->kind = MMP_KIND_FUSION;
-    st->n_sub = 1;
-    st->layer_last = 1;
-    int q = ceil_div(c->q0, pl->fusion_replicas);
-    sc.fwd_ms[n] = q * range_sum(fu, Q_FWD, 0, fu->n);
-    sc.bwd_ms[n] = q * range_sum(fu, Q_BWD, 0, fu->n);
-    s.n_stages = ++n;
-    sc.send_ms = c->in->send_ms;
-    sc.step_overhead_ms = c->in->step_overhead_ms + ar_ms;
-    s.batch_loss = c->in->batch_loss;
-    mmp_err ret = mmp_sched_compile_stages(&s, c->in->schedule, c->m);
-    if (ret == MMP_OK) {
-        ret = mmp_sched_simulate(&s, &sc, &r);
-    }
-    mmp_sched_fini(&s);
-    if (ret != MMP_OK) {
-        return mmp_error_prefix(ret, "planner: simulating the placement");
-    }
-    *step_ms = r.step_ms;
-    return MMP_OK;
+    return n;
 }
 
+/* Whether pl's replicated stage graph fits one schedule. */
 static int simulable(const mmp_placement *pl)
 {
-    int stages = mmp_placement_subs(pl) + 1;
-    return stages <= MMP_SCHED_MAX_STAGES && 2 * (stages - 1) <= MMP_SCHED_MAX_EDGES;
+    return mmp_placement_procs(pl) <= MMP_SCHED_MAX_STAGES &&
+           sched_edges(pl) <= MMP_SCHED_MAX_EDGES;
+}
+
+/* Whether AUTO simulates pl: it fits, and its lists are short enough that
+ * the simulations stay a small part of planning. */
+static int auto_simulates(const ctx *c, const mmp_placement *pl)
+{
+    return simulable(pl) && (long)mmp_placement_procs(pl) * c->m <= MMP_PLANNER_SIM_BUDGET;
+}
+
+/* One step of pl through the schedule compiler and the simulator, every
+ * replica a process of its own as the runtime compiles it (micro-batches
+ * dealt whole and in turn, equal speeds), each taking a whole micro-batch's
+ * time per micro-batch. The schedule (about 1024 stages inline) is the
+ * caller's scratch. */
+static mmp_err simulate(const ctx *c, const mmp_placement *pl, double ar_ms, mmp_sched *s,
+                        double *step_ms)
+{
+    static const mmp_stage_kind kinds[3] = {MMP_KIND_IMAGE, MMP_KIND_TEXT, MMP_KIND_FUSION};
+    mmp_sim_costs *sc = calloc(1, sizeof *sc);
+    mmp_sim_result *r = malloc(sizeof *r);
+    if (!sc || !r) {
+        free(sc);
+        free(r);
+        return mmp_errorf(MMP_ERR_NOMEM, "planner: simulation costs");
+    }
+    memset(s, 0, sizeof *s);
+    int n = 0;
+    for (int u = 0; u < 3; u++) {
+        const sums *su = &c->unit[u];
+        int subs = u < 2 ? pl->n_sub[u] : 1;
+        for (int j = 0; j < subs; j++) {
+            int first = u < 2 ? pl->sub[u][j].first : 0, last = u < 2 ? pl->sub[u][j].last : su->n;
+            int R = u < 2 ? pl->sub[u][j].replicas : pl->fusion_replicas;
+            for (int k = 0; k < R; k++) {
+                mmp_sched_stage *st = &s->stages[n];
+                if (u < 2) {
+                    snprintf(st->name, sizeof st->name, "%s.%d", branch_names[u], j);
+                } else {
+                    snprintf(st->name, sizeof st->name, "fusion");
+                }
+                st->kind = kinds[u];
+                st->sub = j;
+                st->n_sub = subs;
+                st->layer_first = u < 2 ? first : 0;
+                st->layer_last = u < 2 ? last : 1;
+                st->replica = k;
+                st->n_replicas = R;
+                sc->fwd_ms[n] = c->q0 * range_sum(su, Q_FWD, first, last);
+                sc->bwd_ms[n] = c->q0 * range_sum(su, Q_BWD, first, last);
+                n++;
+            }
+        }
+    }
+    s->n_stages = n;
+    sc->send_ms = c->in->send_ms;
+    sc->step_overhead_ms = c->in->step_overhead_ms + ar_ms;
+    s->batch_loss = c->in->batch_loss;
+    mmp_err ret = mmp_sched_compile_stages(s, c->in->schedule, c->m);
+    if (ret == MMP_OK) {
+        ret = mmp_sched_simulate(s, sc, r);
+    }
+    mmp_sched_fini(s);
+    if (ret == MMP_OK) {
+        *step_ms = r->step_ms;
+    }
+    free(sc);
+    free(r);
+    return ret == MMP_OK ? MMP_OK : mmp_error_prefix(ret, "planner: simulating the placement");
 }
 
 static mmp_err check_placement(const ctx *c, const mmp_placement *pl)
@@ -883,7 +1092,7 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
         for (int j = 0; j < pl->n_sub[b]; j++) {
             const mmp_planner_stage *g = &pl->sub[b][j];
             int depth = pl->n_sub[b] - j + 1;
-            e.stage_ms[b][j] = stage_ms(c, s, g->first, g->last, g->replicas);
+            e.stage_ms[b][j] = stage_ms(c, s, g->first, g->last);
             e.stage_bytes[b][j] = stage_bytes(c, s, g->first, g->last, depth, g->replicas);
             if (cap > 0 && e.stage_bytes[b][j] > cap * (1 + 1e-12)) {
                 return mmp_errorf(MMP_ERR_INVALID,
@@ -898,7 +1107,7 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
         }
     }
     const sums *fu = &c->unit[2];
-    e.fusion_ms = stage_ms(c, fu, 0, fu->n, pl->fusion_replicas);
+    e.fusion_ms = stage_ms(c, fu, 0, fu->n);
     e.fusion_bytes = stage_bytes(c, fu, 0, fu->n, 1, pl->fusion_replicas);
     if (cap > 0 && e.fusion_bytes > cap * (1 + 1e-12)) {
         return mmp_errorf(MMP_ERR_INVALID,
@@ -916,17 +1125,25 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
     e.closed_form_ms = closed_step(c, &f, &e.bottleneck_ms);
     e.devices_used = mmp_placement_procs(pl);
     if (method == MMP_PLANNER_AUTO) {
-        method = simulable(pl) ? MMP_PLANNER_SIMULATED : MMP_PLANNER_CLOSED_FORM;
+        method = auto_simulates(c, pl) ? MMP_PLANNER_SIMULATED : MMP_PLANNER_CLOSED_FORM;
     }
     e.method = method;
     e.step_ms = e.closed_form_ms;
     if (method == MMP_PLANNER_SIMULATED) {
         if (!simulable(pl)) {
             return mmp_errorf(MMP_ERR_INVALID,
-                              "planner: %d stages are more than the schedule compiler holds (%d)",
-                              mmp_placement_subs(pl) + 1, MMP_SCHED_MAX_STAGES);
+                              "planner: %d processes (%ld edges) are more than a schedule holds "
+                              "(%d, %d)",
+                              mmp_placement_procs(pl), sched_edges(pl), MMP_SCHED_MAX_STAGES,
+                              MMP_SCHED_MAX_EDGES);
         }
-        MMP_TRY(simulate(c, pl, ar, &e.step_ms));
+        mmp_sched *sch = malloc(sizeof *sch);
+        if (!sch) {
+            return mmp_errorf(MMP_ERR_NOMEM, "planner: a schedule to simulate");
+        }
+        mmp_err ret = simulate(c, pl, ar, sch, &e.step_ms);
+        free(sch);
+        MMP_TRY(ret);
     }
     e.samples_per_s = e.step_ms > 0 ? in->batch / (e.step_ms / 1000) : 0;
     e.efficiency = e.step_ms > 0 ? e.busy_ms / (in->devices * e.step_ms) : 0;
@@ -988,21 +1205,11 @@ mmp_err mmp_planner_plan(const mmp_planner_input *in, mmp_planner_result *out)
     }
     mmp_placement pl;
     cheapest_at(&S, INFINITY, &pl);
-    double hi = bottleneck_of(&c, &pl);
-    /* No bottleneck is below the busiest single layer, nor below the work of
-     * a micro-batch spread over every device. */
-    double work = 0, layer = 0;
-    for (int u = 0; u < 3; u++) {
-        const sums *s = &c.unit[u];
-        int n = u < 2 ? s->n : 1;
-        for (int i = 0; i < n; i++) {
-            double v = u < 2 ? range_sum(s, Q_COST, i, i + 1) : range_sum(s, Q_COST, 0, s->n);
-            layer = v > layer ? v : layer;
-        }
-        work += range_sum(s, Q_COST, 0, s->n);
-    }
-    double lo = fmax(layer, work * c.q0 / D) * (1 - 1e-9);
-    if (lo < hi && devices_at(&S, lo, k) <= D) {
+    double hi = bottleneck_of(&c, &pl), loose = hi;
+    /* No stage queues less than nothing: with a replica per micro-batch
+     * everywhere none queues at all. */
+    double lo = 0;
+    if (devices_at(&S, lo, k) <= D) {
         hi = lo;
     }
     for (int it = 0; it < 200 && hi - lo > 1e-9 * hi; it++) {
@@ -1017,16 +1224,14 @@ mmp_err mmp_planner_plan(const mmp_planner_input *in, mmp_planner_result *out)
     cheapest_at(&S, hi, &pl);
     double bound = bottleneck_of(&c, &pl);
 
-    /* 2. Cuts and fills for a grid of bounds above it: step >= m B, so a
-     * bottleneck past bound (1 + K / m) cannot beat the path of K + 1 stages
-     * at the bound. */
-    int K = c.max_sub;
-    double top = bound * (1 + (double)K / c.m);
-    double ratio = bound > 0 ? top / bound : 1;
+    /* 2. Cuts and fills for a grid of bounds from it to the queueing of the
+     * cheapest placement: a looser bound takes fewer devices, so more are
+     * left for the fill, and cuts the branches differently. */
     for (int j = 0; j < GRID; j++) {
-        double T = j == 0 ? bound : bound * pow(ratio, (double)j / (GRID - 1));
+        double x = (double)j / (GRID - 1);
+        double T = bound + (loose - bound) * x * x;
         try_bound(&S, T);
-        if (ratio <= 1) {
+        if (loose <= bound) {
             break;
         }
     }
@@ -1042,6 +1247,8 @@ mmp_err mmp_planner_plan(const mmp_planner_input *in, mmp_planner_result *out)
     }
     for (int i = 0; i < finalists; i++) {
         offer(&S, &polished[i], polished_step[i]);
+        double t = trim(&c, &polished[i], polished_step[i]);
+        offer(&S, &polished[i], t);
     }
 
     /* 4. The winner, simulated where asked. */

@@ -139,8 +139,12 @@ echo "     dynamic steady throughput $t_dyn vs static $t_static samples/s: $rati
 left_behind "dynamic, after the relaunch" "$W/dynamic.log"
 # With 2 micro-batches the placement above (image.0:4) cannot run: a replica takes whole
 # micro-batches. The planner proposes only placements whose loading sub-stages have at
-# most 2 replicas (here it cuts the image branch and replicates the second part; the old
-# planner proposed image.0:4, which the balancer then dropped: no re-placement at all).
+# most 2 replicas. From 2/2/2 every micro-batch already has a replica of its own on every
+# stage, so each crosses its branch and fusion without queueing and no placement on six
+# slots shortens the step (a cut or more replicas do not shorten a micro-batch's path):
+# the planner, dealing whole micro-batches as the runtime does, proposes no re-placement.
+# (The planner before 2026-11-28 let replicas split a micro-batch and re-placed to a cut
+# image branch with its second part replicated, predicting a gain the runtime cannot give.)
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/few_mbs" --set job.steps=12 \
   --set train.microbatches=2 --set train.batch=8 >"$W/few_mbs.log" 2>&1 \
   && steps_once "$W/few_mbs/metrics.jsonl" 12 && ! grep -q "owns none" "$W/few_mbs.log" \
@@ -148,9 +152,9 @@ left_behind "dynamic, after the relaunch" "$W/dynamic.log"
   || { fail "dynamic, 2 micro-batches"; grep error "$W/few_mbs.log" | tail -2 | sed 's/^/    /'; }
 to=$(grep -o '"action":"replace","to":"[^"]*"' "$W/few_mbs/metrics.jsonl" | head -1 | sed 's/.*"to":"//; s/"$//')
 loading=$(tr ' ' '\n' <<<"$to" | grep -E '^(image|text)\.0[[:punct:][:digit:]]*:' | sed 's/.*://' | sort -n | tail -1)
-[ -n "$to" ] && [ "${loading:-9}" -le 2 ] \
-  && ok "dynamic, 2 micro-batches: re-placed to $to (loading sub-stages within the 2 micro-batches)" \
-  || fail "dynamic, 2 micro-batches: re-placed to '${to:-nothing}' (want a re-placement, image.0 and text.0 at most 2 replicas)"
+[ -z "$to" ] && grep -q '"image.0","replica":1' "$W/few_mbs/metrics.jsonl" \
+  && ok "dynamic, 2 micro-batches: no re-placement from 2/2/2 (nothing to gain with whole micro-batches)" \
+  || fail "dynamic, 2 micro-batches: re-placed to '${to:-nothing}' (want none: 2/2/2 already gives each micro-batch its own replica)"
 
 # --- 4. cost drift: text x3 at step 31 (the dynamic run of section 3) ---------------
 D=$W/dynamic/metrics.jsonl

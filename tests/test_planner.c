@@ -1,8 +1,10 @@
 /* The placement planner: hand-checkable balances (image:text:fusion =
- * 4:1:1 on 6 devices, about twice the 2/2/2 placement), a cost change
+ * 4:1:1 on 6 devices, 1.6 times the 2/2/2 placement), a cost change
  * moving devices, a memory cap forcing sub-stages, 3 devices giving one
  * process per stage, the exact bottleneck and near-best step against brute
- * force on small cases, the closed form against the simulator, 64 and 1024
+ * force on small cases, the closed form against the simulator (of the
+ * replicated graph, as the runtime compiles it), the planner's figure
+ * against `mmpipe simulate --set` of its keys for four configs, 64 and 1024
  * devices in well under the 2 s target (times printed; also through
  * `mmpipe simulate configs/cluster-1024.yaml --plan-devices all`),
  * determinism, and invalid input rejected with a message that says what is
@@ -102,18 +104,26 @@ static void test_balance_4_1_1(void)
     CHECK_OK(mmp_planner_evaluate(&M.in, &base, &be));
     print_placement("4:1:1 on 6, 2/2/2  ", &base, &be);
     CHECK(r.eval.method == MMP_PLANNER_SIMULATED && be.method == MMP_PLANNER_SIMULATED);
-    CHECK(r.eval.efficiency >= 0.9 && r.eval.efficiency <= 1.0);
-    CHECK(r.eval.samples_per_s >= 1.8 * be.samples_per_s);
+    CHECK(r.eval.efficiency >= 0.79 && r.eval.efficiency <= 1.0);
+    CHECK(r.eval.samples_per_s >= 1.55 * be.samples_per_s);
     CHECK(r.eval.devices_used == 6);
-    /* by hand: image 4 replicas of 4 samples x 4 ms = 16 ms; text and fusion
-     * 16 x 1 = 16 ms each; bottleneck 16, step (16 - 1) 16 + 16 + 16 = 272 */
+    /* by hand: the runtime deals whole micro-batches of 16 samples, so a
+     * micro-batch takes 16 x 4 = 64 ms on any image replica, 16 on text and
+     * fusion. Image 4 replicas of 4 micro-batches each queue 3 x 64 = 192 ms;
+     * text and fusion, one replica each, 15 x 16 = 240 (the bottleneck's
+     * queueing, and the least any placement on 6 reaches); the step is
+     * fusion's 240 plus the longest path, image 64 + fusion 16: 320, as the
+     * simulator says */
     CHECK(branch_replicas(&r.placement, 0) == 4 && r.placement.n_sub[0] == 1);
-    CHECK(fabs(r.eval.bottleneck_ms - 16) < 1e-9 && fabs(r.bound_ms - 16) < 1e-9);
-    CHECK(fabs(r.eval.closed_form_ms - 272) < 1e-9);
+    CHECK(r.placement.sub[1][0].replicas == 1 && r.placement.fusion_replicas == 1);
+    CHECK(fabs(r.eval.bottleneck_ms - 240) < 1e-9 && fabs(r.bound_ms - 240) < 1e-9);
+    CHECK(fabs(r.eval.closed_form_ms - 320) < 1e-9);
+    CHECK(fabs(r.eval.step_ms - 320) < 1e-6);
     CHECK(fabs(r.eval.busy_ms - 256 * 6.0) < 1e-6);
     CHECK(fabs(r.eval.efficiency - r.eval.busy_ms / (6 * r.eval.step_ms)) < 1e-12);
-    /* the baseline by hand: image 8 samples x 4 = 32 ms, step 15 x 32 + 32 + 8 */
-    CHECK(fabs(be.closed_form_ms - (15 * 32 + 32 + 8)) < 1e-9);
+    /* the baseline by hand: image 2 replicas of 8 micro-batches, 7 x 64
+     * queued + 64 + 16 */
+    CHECK(fabs(be.closed_form_ms - (7 * 64 + 64 + 16)) < 1e-9);
 
     /* text three times dearer: devices move to text */
     model M3;
@@ -330,8 +340,8 @@ static void test_brute_force(void)
 static void test_closed_vs_simulated(void)
 {
     model M;
-    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 12);
-    const int shapes[][3] = {{1, 1, 1}, {4, 1, 1}, {2, 2, 2}, {8, 2, 2}};
+    uniform(&M, 8, 4.0, 4, 1.0, 1.0, 24);
+    const int shapes[][3] = {{1, 1, 1}, {4, 1, 1}, {2, 2, 2}, {8, 2, 2}, {16, 4, 4}, {3, 5, 2}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         mmp_placement pl = flat_placement(&M, shapes[i][0], shapes[i][1], shapes[i][2]);
         mmp_planner_eval e;
@@ -354,6 +364,69 @@ static void test_closed_vs_simulated(void)
     CHECK_OK(mmp_planner_evaluate(&M.in, &pl, &e));
     CHECK(fabs(e.closed_form_ms - (16 + 5 - 1) * 16.0) < 1e-9);
     CHECK(fabs(e.step_ms - e.closed_form_ms) < 1e-6);
+}
+
+/* The planner's own placements, and random ones with sub-stages and
+ * replicas, scored both ways: the closed form within 10% of the simulated
+ * replicated graph for what the planner proposes (it ranks by the closed
+ * form; the simulator rescores its finalists), the worst over the random
+ * ones printed. */
+static void big_model(model *M, int D);
+
+static void test_closed_vs_simulated_replicas(void)
+{
+    const int devices[] = {6, 12, 40, 64, 200};
+    const int mbs[] = {4, 8, 16, 32};
+    mmp_rng rng;
+    mmp_rng_seed(&rng, 11, 1);
+    double worst_planned = 0, worst_random = 0;
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+        for (size_t k = 0; k < sizeof mbs / sizeof mbs[0]; k++) {
+            model M;
+            big_model(&M, devices[i]);
+            M.in.mem_cap_bytes = 0;
+            M.in.microbatches = mbs[k];
+            mmp_planner_result r;
+            CHECK_OK(mmp_planner_plan(&M.in, &r));
+            CHECK(r.eval.method == MMP_PLANNER_SIMULATED);
+            double err = fabs(r.eval.closed_form_ms - r.eval.step_ms) / r.eval.step_ms;
+            worst_planned = fmax(worst_planned, err);
+            if (err > 0.1) {
+                print_placement("planned, closed form off", &r.placement, &r.eval);
+            }
+            CHECK(err <= 0.1);
+            /* a random placement on the same devices */
+            mmp_placement pl;
+            memset(&pl, 0, sizeof pl);
+            for (int b = 0; b < 2; b++) {
+                int n = M.in.branch[b].n, subs = 1 + (int)(mmp_rng_uniform(&rng) * 3);
+                pl.n_sub[b] = subs;
+                for (int j = 0; j < subs; j++) {
+                    pl.sub[b][j] = (mmp_planner_stage){j * n / subs, (j + 1) * n / subs, 1};
+                }
+            }
+            pl.fusion_replicas = 1;
+            if (mmp_placement_procs(&pl) > devices[i]) {
+                pl.n_sub[0] = pl.n_sub[1] = 1;
+                memset(&pl.sub[0][1], 0, sizeof pl.sub[0] - sizeof pl.sub[0][0]);
+                memset(&pl.sub[1][1], 0, sizeof pl.sub[1] - sizeof pl.sub[1][0]);
+                pl.sub[0][0] = (mmp_planner_stage){0, M.in.branch[0].n, 1};
+                pl.sub[1][0] = (mmp_planner_stage){0, M.in.branch[1].n, 1};
+            }
+            int spare = devices[i] - mmp_placement_procs(&pl);
+            for (int d = 0; d < spare; d++) {
+                int b = (int)(mmp_rng_uniform(&rng) * 3);
+                int *rep = b == 2 ? &pl.fusion_replicas
+                                  : &pl.sub[b][(int)(mmp_rng_uniform(&rng) * pl.n_sub[b])].replicas;
+                *rep += *rep < mbs[k];
+            }
+            mmp_planner_eval e;
+            CHECK_OK(mmp_planner_evaluate(&M.in, &pl, &e));
+            worst_random = fmax(worst_random, fabs(e.closed_form_ms - e.step_ms) / e.step_ms);
+        }
+    }
+    printf("  closed form vs simulated: planned within %.1f%%, random placements within %.1f%%\n",
+           100 * worst_planned, 100 * worst_random);
 }
 
 /* ---- scale --------------------------------------------------------------------- */
@@ -446,11 +519,14 @@ static void test_cli(void)
     if (rc != 0 || !at || !e) {
         fprintf(stderr, "%s\n", out);
     }
-    /* One plan now holds 1024 processes and 256 replicas a stage: the
-     * placement uses (nearly) every device (598 while a plan held 64
-     * replicas a stage, fusion the bottleneck at 64), and its keys are one
-     * plan: simulate adds no "(not one plan: ...)" note, and the keys pasted
-     * back load and compile as a plan of that many processes. */
+    /* With 64 micro-batches of 256 samples every micro-batch crosses the
+     * image branch (35 layers x 256 x 0.3 ms) and fusion on one replica of
+     * each stage: 3148.8 ms a step, however many devices. The planner says
+     * so and gives back the devices that buy nothing (1019 were used while
+     * it let replicas split a micro-batch: 302.1 ms predicted, 3148.8
+     * simulated); its keys are one plan: simulate adds no "(not one plan:
+     * ...)" note, and the keys pasted back load and compile as a plan of
+     * that many processes. */
     const char *u = strstr(out, "devices used");
     int used = -1;
     while (u && u > out && u[-1] != ';') {
@@ -458,7 +534,7 @@ static void test_cli(void)
     }
     CHECK(u && sscanf(u, " %d of 1024 devices used", &used) == 1);
     printf("  cli: %d of 1024 devices used\n", used);
-    CHECK(used >= 1000 && used <= 1024);
+    CHECK(used >= 3 && used <= 1024);
     CHECK(strstr(out, "not one plan") == NULL);
     static char sets[2048], cmd2[4096];
     CHECK(keys_as_sets(out, sets, sizeof sets));
@@ -479,6 +555,55 @@ static void test_cli(void)
     CHECK(strstr(out, "2 devices (3 to") != NULL);
     snprintf(cmd, sizeof cmd, "%s simulate configs/cluster-1024.yaml --plan-devices many", bin);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
+}
+
+/* `mmpipe simulate CONFIG --plan-devices N`: the planner's predicted step
+ * (simulated: the replicated graph as the runtime compiles it) is the
+ * figure simulate prints for the keys' own schedule, to the printed
+ * 0.001 ms, and the one `simulate --set <the keys>` gives; its closed form
+ * within 10% of it; no "optimistic" flag. The planner's figures and the
+ * keys' simulation before the model dealt whole micro-batches (2026-11-25),
+ * planned / simulated ms: cluster-1024 302.1 / 3148.8, cluster-64 568.8 /
+ * 1190.4, demo on 5 62.4 / 67.2. */
+static void test_cli_keys_simulate(void)
+{
+    const char *bin = mmp_test_bin();
+    static const char *const cases[][2] = {{"configs/cluster-1024.yaml", "all"},
+                                           {"configs/cluster-64.yaml", "all"},
+                                           {"configs/demo.yaml", "5"},
+                                           {"configs/sim-uneven.yaml", "all"}};
+    if (access(bin, X_OK) != 0 || access(cases[0][0], R_OK) != 0) {
+        printf("  (no %s or no configs here: CLI check left out)\n", bin);
+        return;
+    }
+    static char out[65536], back[262144], sets[2048], cmd[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s simulate %s --plan-devices %s", bin, cases[i][0],
+                 cases[i][1]);
+        CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
+        const char *at = strstr(out, "\npredicted step time ");
+        at = at ? strstr(at + 1, "\npredicted step time ")
+                : NULL; /* the planner's, after the plan's */
+        double step = -1, closed = -1, own = -2, again = -3;
+        char method[32] = "";
+        CHECK(at && sscanf(at, "\npredicted step time %lf ms (%31[a-z ]; closed form %lf ms", &step,
+                           method, &closed) == 3);
+        const char *k = strstr(out, "these keys' own schedule simulates to ");
+        CHECK(k && sscanf(k, "these keys' own schedule simulates to %lf", &own) == 1);
+        CHECK(strstr(out, "optimistic") == NULL);
+        CHECK(keys_as_sets(out, sets, sizeof sets));
+        snprintf(cmd, sizeof cmd, "%s simulate %s%s", bin, cases[i][0], sets);
+        CHECK(mmp_test_run(cmd, back, sizeof back) == 0);
+        const char *b = strstr(back, "\npredicted step time ");
+        CHECK(b && sscanf(b, "\npredicted step time %lf", &again) == 1);
+        printf("  %s --plan-devices %s: planned %.3f ms (%s; closed form %.3f), keys simulate to "
+               "%.3f, --set %.3f\n",
+               cases[i][0], cases[i][1], step, method, closed, own, again);
+        CHECK(strcmp(method, "simulated") == 0);
+        CHECK(fabs(step - own) <= 0.0005 + 1e-9 * own);
+        CHECK(fabs(own - again) <= 0.0005 + 1e-9 * own);
+        CHECK(fabs(closed - step) <= 0.1 * step);
+    }
 }
 
 /* ---- invalid input ------------------------------------------------------------- */
@@ -649,5 +774,7 @@ static void test_plan_limits(void)
 
 MMP_TEST_LIST("test_planner", MMP_TEST_CASE(test_balance_4_1_1), MMP_TEST_CASE(test_memory_cap),
               MMP_TEST_CASE(test_three_devices), MMP_TEST_CASE(test_brute_force),
-              MMP_TEST_CASE(test_closed_vs_simulated), MMP_TEST_CASE(test_scale),
-              MMP_TEST_CASE(test_cli), MMP_TEST_CASE(test_invalid), MMP_TEST_CASE(test_plan_limits))
+              MMP_TEST_CASE(test_closed_vs_simulated),
+              MMP_TEST_CASE(test_closed_vs_simulated_replicas), MMP_TEST_CASE(test_scale),
+              MMP_TEST_CASE(test_cli), MMP_TEST_CASE(test_cli_keys_simulate),
+              MMP_TEST_CASE(test_invalid), MMP_TEST_CASE(test_plan_limits))
