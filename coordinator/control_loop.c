@@ -267,6 +267,37 @@ void coord_settle(coord *c)
     }
 }
 
+/* How long a stage's control connection may stay dropped while its process
+ * (its ssh or srun) lives on before the stage is called lost: a stage that
+ * dies closes its connection first and is reaped well within this. */
+#define LINK_GRACE_S 2.0
+
+/* Over tcp: a stage whose control connection ZeroMQ dropped (its heartbeats
+ * unanswered for 5 s: its host or link is gone) while the process that
+ * started it lives on. ssh notices a lost host by its own keepalive; srun
+ * does not (SLURM calls a node down after minutes), and without this check
+ * only the stall watchdog (train.stall_timeout) would end the wait. */
+static int watch_links(coord *c)
+{
+    if (!c->tcp || c->failure[0]) {
+        return 0;
+    }
+    for (int i = 0; i < c->n; i++) {
+        const proc *p = &c->procs[i];
+        double t = p->alive ? mmp_ctl_peer_dropped_s(c->ctl, p->name) : -1;
+        if (t >= LINK_GRACE_S) {
+            c->fault |= !c->failure[0];
+            coord_fail(c,
+                       "stage %s (pid %d%s) lost: its control connection dropped %.0f s ago "
+                       "(no heartbeat answer within %d s: its host or link is down) and its "
+                       "process has not ended",
+                       p->name, (int)p->pid, p->where, t, MMP_CTL_HEARTBEAT_TIMEOUT_S);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* The stall watchdog's turn (while training): names the stage to blame when
  * one the coordinator waits on has been silent for train.stall_timeout since
  * the wait began (since: a stage that finished its part of an evaluation or
@@ -384,6 +415,7 @@ static int wait_loop(coord *c, done_fn done, void *arg, double timeout_s, const 
         }
         coord_reap(c);
         coord_settle(c);
+        watch_links(c);
         if (c->tcp && c->plan->control.stop_on_refused && mmp_ctl_get_stats(c->ctl).refused > 0) {
             char why[400];
             mmp_ctl_last_refused(c->ctl, why, sizeof why);

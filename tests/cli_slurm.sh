@@ -1,37 +1,62 @@
 #!/usr/bin/env bash
 # ctest-labels: slow
-# The slurm launcher inside a real allocation: munged, slurmctld and slurmd
-# (Debian's munge and slurm-wlm) started by this test with its own key,
-# config, ports and state under $W (nothing in /etc touched), one node (this
-# machine: Debian's slurmd runs one node per host). Checked: `hosts: slurm`
-# outside an allocation is a clear error; inside `salloc`, `--set
-# launcher=slurm --set hosts=slurm` starts each stage as an srun step and the
-# checkpoint equals --single-process (max_abs_diff=0); a SIGKILLed stage is
-# named with its srun host and the job stops; nothing is left (processes,
-# /dev/shm, daemons). Several nodes (hostlist expansion, one step per node)
-# are unit-tested only: tests/test_hostlist.c, tests/test_launcher.c.
+# The slurm launcher inside real allocations of a four-node SLURM cluster
+# that this test makes on one machine: Debian's munge and slurm-wlm, a
+# slurmctld in the network namespace "ctl" (10.77.0.1) and one slurmd per
+# node n1..n4 (10.77.0.2..5), each in a network and UTS namespace of its own
+# (its host name is its node name), joined by a bridge (tests/hosts_lib.sh).
+# The node names resolve through an /etc/hosts of this test's own, bind-
+# mounted in a private mount namespace; key, config, ports, state and logs
+# live under $W (nothing in /etc touched). Checked:
+#  1. `hosts: slurm` / `launcher: slurm` outside an allocation: clear errors;
+#  2. `salloc -N3` + `--set launcher=slurm --set hosts=slurm`: image, text
+#     and fusion each an srun step on its own node, every data channel over
+#     tcp, the checkpoint equals --single-process (max_abs_diff=0);
+#  3. `salloc -N4` with two image replicas: the replicas on two nodes reduce
+#     their gradients over tcp, = --single-process bitwise;
+#  4. the sample batch script configs/slurm.sbatch under `sbatch --wait`:
+#     the coordinator on the batch node (n1), the stages reaching it by its
+#     host name (control.address's default), = --single-process bitwise;
+#  5. a stage SIGKILLed inside its srun step: named with its node, the job
+#     stops;
+#  6. a node's link taken down mid-run: the coordinator names the stage and
+#     its node within 15 s (its control connection dropped: ZMTP heartbeats
+#     unanswered) and the job stops;
+# and after each run: no stage process and no /dev/shm entry left; at the
+# end no slurm daemon, step or namespace left. Skips (77) where namespaces
+# cannot be made (not root).
 cd "$(dirname "$0")/.." || exit 1
+# A private mount namespace for the test's /etc/hosts (the daemons, salloc,
+# srun and the stages inherit it; it ends with the test's last process).
+if [ -z "${MMP_SLURM_MNTNS:-}" ]; then
+  [ "$(id -u)" -eq 0 ] || { echo "skip: needs root (namespaces)"; exit 77; }
+  unshare --mount --propagation private true 2>/dev/null \
+    || { echo "skip: cannot make a mount namespace here"; exit 77; }
+  exec unshare --mount --propagation private env MMP_SLURM_MNTNS=1 bash "$0" "$@"
+fi
 . tests/lib.sh
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, nothing_left
 workdir
 BIN=$(realpath "$BIN")
-for d in munged slurmctld slurmd salloc srun; do
+for d in munged slurmctld slurmd salloc srun sbatch scancel sinfo; do
   command -v "$d" >/dev/null || { fail "$d not installed (scripts/setup installs munge, slurm-wlm)"; finish; exit 1; }
 done
 S=$W/slurm
-mkdir -p "$S/state" "$S/spool"
-# ours: a process whose environment names this test's slurm.conf (slurmstepd
-# ignores SIGTERM and may outlive a step whose srun was killed)
+NODES=(n1 n2 n3 n4)
+mkdir -p "$S/state"
+# ours NAME: the processes NAME whose environment names this test's
+# slurm.conf (slurmstepd ignores SIGTERM and may outlive a killed srun)
 ours() {
   local p
   for p in $(pgrep -x "$1"); do
     { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx "SLURM_CONF=$S/slurm.conf" && echo "$p"
   done
 }
-cleanup() {
+slurm_down() {
   local f p i
-  scancel --quiet --full --user=root 2>/dev/null
-  for f in slurmd slurmctld munged; do [ -f "$S/$f.pid" ] && kill "$(cat "$S/$f.pid" 2>/dev/null)" 2>/dev/null; done
-  for i in $(seq 20); do
+  [ -f "$S/slurm.conf" ] && ipc scancel --quiet --full --user=root 2>/dev/null
+  for f in "$S"/slurmd.*.pid "$S/slurmctld.pid"; do [ -f "$f" ] && kill "$(cat "$f" 2>/dev/null)" 2>/dev/null; done
+  for i in $(seq 30); do
     [ -z "$(ours slurmd)$(ours slurmctld)" ] && break
     sleep 0.1
   done
@@ -40,26 +65,38 @@ cleanup() {
   [ -f "$S/munged.pid" ] && kill -9 "$(cat "$S/munged.pid" 2>/dev/null)" 2>/dev/null
   return 0
 }
-trap cleanup EXIT
+trap 'slurm_down; hosts_down' EXIT
+HOSTS_SSHD=0 hosts_up "${NODES[@]}"; rc=$?
+[ $rc -eq 77 ] && exit 77
+[ $rc -eq 0 ] || { fail "namespace hosts: rc $rc"; finish; exit 1; }
+# the names: this machine's /etc/hosts and the cluster's, bound over it here only
+{ cat /etc/hosts; echo "10.77.0.1 ctl"; for i in "${!NODES[@]}"; do echo "10.77.0.$((i + 2)) ${NODES[$i]}"; done; } >"$W/hosts"
+mount --bind "$W/hosts" /etc/hosts || { fail "bind-mount of the test's /etc/hosts"; finish; exit 1; }
+# in_ns NS NAME CMD...: CMD in namespace host NS's network, under host name NAME
+# (nsenter, not ip netns exec: slurmd needs this machine's /sys/fs/cgroup)
+in_ns() {
+  local ns=$1 name=$2; shift 2
+  nsenter --net="/run/netns/${P}$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+}
+
 head -c 1024 /dev/urandom >"$S/munge.key" && chmod 400 "$S/munge.key"
 munged -f --key-file="$S/munge.key" --socket="$S/munge.sock" --pid-file="$S/munged.pid" \
   --log-file="$S/munged.log" --seed-file="$S/munge.seed" || fail "munged"
-node=$(hostname -s)
 port=$((20000 + RANDOM % 20000))
 cat >"$S/slurm.conf" <<CONF
 ClusterName=mmptest
-SlurmctldHost=$node
+SlurmctldHost=ctl(10.77.0.1)
 AuthType=auth/munge
 AuthInfo=socket=$S/munge.sock
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$S/state
-SlurmdSpoolDir=$S/spool
+SlurmdSpoolDir=$S/spool.%n
 SlurmctldPidFile=$S/slurmctld.pid
-SlurmdPidFile=$S/slurmd.pid
+SlurmdPidFile=$S/slurmd.%n.pid
 SlurmctldLogFile=$S/slurmctld.log
-SlurmdLogFile=$S/slurmd.log
+SlurmdLogFile=$S/slurmd.%n.log
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 ProctrackType=proctrack/linuxproc
@@ -70,51 +107,118 @@ ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
-NodeName=$node CPUs=$(nproc) State=UNKNOWN
+NodeName=n[1-${#NODES[@]}] CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
 export SLURM_CONF=$S/slurm.conf
-slurmctld -c -i || fail "slurmctld"
-slurmd || fail "slurmd"
-for i in $(seq 100); do sinfo -h -o %t 2>/dev/null | grep -q idle && break; sleep 0.1; done
-sinfo -h -o %t | grep -q idle && ok "slurm daemons up (node $node)" || { fail "slurm not idle"; tail -3 "$S"/*.log; }
+in_ns c ctl slurmctld -c -i || fail "slurmctld"
+for n in "${NODES[@]}"; do
+  mkdir -p "$S/spool.$n"
+  in_ns "$n" "$n" slurmd || fail "slurmd on $n"
+done
+for i in $(seq 150); do [ "$(ipc sinfo -h -o %t 2>/dev/null)" = idle ] && break; sleep 0.2; done
+[ "$(ipc sinfo -h -o '%D %t' 2>/dev/null)" = "${#NODES[@]} idle" ] && ok "slurm cluster up: ${#NODES[@]} nodes idle" \
+  || { fail "slurm not idle: $(ipc sinfo -h -o '%D %t %N' 2>&1 | tr '\n' ' ')"; tail -3 "$S"/*.log; }
 
 synth 200 4
-tiny_plan "name: slurm, steps: 6, seed: 5" \
-  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
-  2 "batch: 16, microbatches: 4, eval_every: 0, ckpt_every: 0" \
-  "control: { address: 127.0.0.1 }"
+DATA="manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32"
+TRAIN="batch: 16, microbatches: 4, eval_every: 0, ckpt_every: 0"
+# the batch script's plan: the coordinator runs on the batch node, and the
+# stages reach it by that node's host name (control.address's default)
+tiny_plan "name: slurm, steps: 6, seed: 5" "$DATA" 2 "$TRAIN"
+cp "$W/plan.yaml" "$W/plan-batch.yaml"
+# salloc's plan: the coordinator runs on the "login node" ctl
+tiny_plan "name: slurm, steps: 6, seed: 5" "$DATA" 2 "$TRAIN" "control: { address: 10.77.0.1 }"
+
+# 1. outside an allocation
 expect_fail "hosts: slurm outside an allocation" "hosts: slurm: not inside a SLURM allocation" \
   env -u SLURM_JOB_NODELIST -u SLURM_JOB_ID "$BIN" launch "$W/plan.yaml" --out "$W/none" \
   --set launcher=slurm --set hosts=slurm
 expect_fail "launcher: slurm outside an allocation" "launcher: slurm: not inside a SLURM allocation" \
   env -u SLURM_JOB_NODELIST -u SLURM_JOB_ID "$BIN" launch "$W/plan.yaml" --out "$W/none2" \
   --set launcher=slurm
-
-timeout 300 salloc -N1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/srun" --set launcher=slurm \
-  --set hosts=slurm >"$W/srun.log" 2>&1 && ok "launch inside salloc" || { fail "salloc launch"; tail -5 "$W/srun.log"; }
-grep -q "started fusion/0 (pid [0-9]*, srun to host $node" "$W/srun.log" && ok "stages started as srun steps" \
-  || fail "no srun steps in the log"
 "$BIN" launch "$W/plan.yaml" --out "$W/single" --single-process >"$W/single.log" 2>&1 || fail "single"
-same_ckpt "$W/srun/ckpt/latest" "$W/single/ckpt/latest" && ok "slurm launcher == single process" \
-  || fail "slurm launcher != single process"
-left_behind srun "$W/srun.log"
 
-# a stage SIGKILLed inside its srun step
-timeout 300 salloc -N1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set launcher=slurm \
-  --set hosts=slurm --set job.steps=400 >"$W/kill.log" 2>&1 &
+# 2. three nodes: image, text, fusion one on each
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/n3" \
+  --set launcher=slurm --set hosts=slurm >"$W/n3.log" 2>&1 && ok "launch inside salloc -N3" \
+  || { fail "salloc -N3 launch"; tail -5 "$W/n3.log"; }
+grep -q 'image.0/0 (pid [0-9]*, srun to host n1' "$W/n3.log" && grep -q 'text.0/0 (pid [0-9]*, srun to host n2' "$W/n3.log" \
+  && grep -q 'fusion/0 (pid [0-9]*, srun to host n3' "$W/n3.log" && ok "n3: one srun step a stage, on nodes n1, n2, n3" \
+  || { fail "n3: placement over the nodes"; grep started "$W/n3.log"; }
+grep -q 'data channels: 0 over cuda_ipc, 0 over shm, [1-9][0-9]* over tcp' "$W/n3.log" \
+  && ok "n3: every data channel over tcp between nodes" || fail "n3: $(grep 'data channels' "$W/n3.log")"
+same_ckpt "$W/n3/ckpt/latest" "$W/single/ckpt/latest" && ok "n3: three nodes == single process" \
+  || fail "n3: three nodes != single process"
+nothing_left n3 "$W/n3.log"
+
+# 3. four nodes, the image replicas on n1 and n2
+timeout 300 ip netns exec "${P}c" salloc -N4 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/rep" \
+  --set launcher=slurm --set hosts=slurm --set 'stages={image: {replicas: 2}}' >"$W/rep.log" 2>&1 \
+  && ok "launch inside salloc -N4, two image replicas" || { fail "salloc -N4 launch"; tail -5 "$W/rep.log"; }
+grep -q 'image.0/0 (pid [0-9]*, srun to host n1' "$W/rep.log" && grep -q 'image.0/1 (pid [0-9]*, srun to host n2' "$W/rep.log" \
+  && ok "rep: the image replicas on nodes n1 and n2" || { fail "rep: placement"; grep started "$W/rep.log"; }
+grep -q 'reduce.* over tcp' "$W/rep.log" && ok "rep: the replicas reduce over tcp" \
+  || fail "rep: no tcp reduce in the log: $(grep -i reduce "$W/rep.log" | head -2)"
+"$BIN" launch "$W/plan.yaml" --out "$W/rep-single" --single-process --set 'stages={image: {replicas: 2}}' \
+  >"$W/rep-single.log" 2>&1 || fail "rep: single"
+same_ckpt "$W/rep/ckpt/latest" "$W/rep-single/ckpt/latest" && ok "rep: replicas on two nodes == single process" \
+  || fail "rep: replicas on two nodes != single process"
+nothing_left rep "$W/rep.log"
+
+# 4. the sample batch script, as a user submits it (its GPU request taken
+# back: this cluster has none; the binary through MMPIPE, as it says)
+sbatch_script=$PWD/configs/slurm.sbatch
+jobid=$(cd "$W" && timeout 300 ip netns exec "${P}c" sbatch --wait --parsable -N3 --ntasks-per-node=1 \
+  --gpus-per-node=0 --export=ALL,MMPIPE="$BIN" "$sbatch_script" "$W/plan-batch.yaml" 2>"$W/sbatch.err" | tail -1)
+blog=$W/mmpipe-$jobid.log
+if [ -n "$jobid" ] && [ -f "$blog" ] && [ -e "$W/runs/slurm-$jobid/ckpt/latest" ]; then
+  ok "sbatch --wait configs/slurm.sbatch: job $jobid finished"
+else
+  fail "sbatch: job '${jobid}': $(tail -2 "$W/sbatch.err" "$blog" 2>/dev/null | tr '\n' ' ')"
+fi
+grep -q 'control plane: tcp://n1:[0-9]*' "$blog" 2>/dev/null && grep -q 'fusion/0 (pid [0-9]*, srun to host n3' "$blog" \
+  && ok "sbatch: the coordinator on the batch node n1, reached by its host name" \
+  || fail "sbatch: $(grep -m1 'control plane' "$blog" 2>/dev/null)"
+same_ckpt "$W/runs/slurm-$jobid/ckpt/latest" "$W/single/ckpt/latest" && ok "sbatch: == single process" \
+  || fail "sbatch: != single process"
+nothing_left sbatch "$blog"
+
+# 5. a stage SIGKILLed inside its srun step
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/kill" \
+  --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/kill.log" 2>&1 &
 cpid=$!
 wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
-prefix=$(run_prefix "$W/kill.log")
 tpid=$(stage_pid "$W/kill.log" text.0)
 if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
 wait $cpid; rc=$?
-[ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, srun to host $node at $node) died" "$W/kill.log" \
-  && ok "killed srun stage named (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
+[ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, srun to host n2 at n2) died" "$W/kill.log" \
+  && ok "kill: the killed srun stage named with its node (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
 sleep 1
-[ -n "$prefix" ] && [ "$(pgrep -f -- "--shm-prefix $prefix( |\$)" | wc -l)" -eq 0 ] && ok "kill: no stage left" || fail "kill: stages left (prefix ${prefix:-not in the log})"
-left_behind kill "$W/kill.log"
-cleanup
+nothing_left kill "$W/kill.log"
+
+# 6. a node's link goes down mid-run (fusion's node)
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/down" \
+  --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/down.log" 2>&1 &
+cpid=$!
+wait_step "$W/down/metrics.jsonl" 2 60 || fail "down: no step 2"
+node=$(grep -o 'started fusion/0 (pid [0-9]*, srun to host n[0-9]*' "$W/down.log" | grep -o 'n[0-9]*$')
+t0=$(date +%s.%N)
+ip netns exec "${P}${node:-n3}" ip link set eth0 down
+wait $cpid; rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+# its heartbeats unanswered for 5 s, then 2 s for its process to end: about
+# 7 s; 15 s is the bound held here (srun itself would wait for SLURM to call
+# the node down, minutes; before this check the stall watchdog took 60 s)
+grep -q "stage fusion/0 (pid [0-9]*, srun to host $node at $node) lost: its control connection dropped" "$W/down.log" \
+  && [ $rc -ne 0 ] && [ "$(echo "$dt < 15" | bc)" -eq 1 ] \
+  && ok "down: the lost node $node named, the job stopped after ${dt}s (rc $rc)" \
+  || { fail "down: rc $rc after ${dt}s (fusion on '${node}')"; tail -5 "$W/down.log"; }
+sleep 8 # the cut-off stage: its heartbeat (MMP_CTL_LOST_S, 7 s) ends it
+nothing_left down "$W/down.log"
+ip netns exec "${P}${node:-n3}" ip link set eth0 up
+
+slurm_down
 for i in $(seq 50); do
   n=0
   for d in slurmd slurmctld slurmstepd; do n=$((n + $(ours $d | wc -l))); done

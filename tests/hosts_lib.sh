@@ -4,6 +4,7 @@
 # 10.77.0.1 and one namespace per NAME (10.77.0.2, .3, ... in order), each
 # running its own sshd with keys made here (config in $W/ssh, nothing in
 # /root/.ssh or /etc touched); hosts_down undoes it (trap it on EXIT).
+# HOSTS_SSHD=0: no sshd (tests/cli_slurm.sh starts slurmd there instead).
 # Returns 77 when network namespaces cannot be made here, 1 on another failure.
 # Sets P (the unique name prefix), HOSTS, SSHCFG ($W/ssh/config); ipc CMD runs
 # CMD in the coordinator's namespace. Needs W (tests/lib.sh workdir).
@@ -41,6 +42,7 @@ hosts_up() {
     ip netns exec "${P}$h" ip link set eth0 up
     n=$((n + 1))
   done
+  [ "${HOSTS_SSHD:-1}" = 0 ] && return 0
   mkdir -p "$W/ssh" && chmod 700 "$W/ssh"
   ssh-keygen -q -t ed25519 -N '' -f "$W/ssh/host" && ssh-keygen -q -t ed25519 -N '' -f "$W/ssh/id" || return 1
   cp "$W/ssh/id.pub" "$W/ssh/authorized_keys"

@@ -922,16 +922,28 @@ static void test_lost_on_silent_link(void)
     mmp_ctl_free(got);
     sleep(2); /* heartbeats flow: no loss while the link is up */
     CHECK(atomic_load(&lost_calls) == 0);
-    double t0 = now_ms();
+    CHECK(mmp_ctl_peer_dropped_s(r, "image.0/0") < 0);
+    CHECK(mmp_ctl_peer_dropped_s(r, "text.0/0") < 0); /* never heard from */
+    double t0 = now_ms(), r_dropped = -1;
     atomic_store(&proxy_silent, 1);
-    while (!atomic_load(&lost_calls) && now_ms() - t0 < (MMP_CTL_LOST_S + 4) * 1000.0) {
+    /* both ends: the stage calls lost, the coordinator sees the peer's
+     * connection dropped (what it names a lost stage by) */
+    while ((!atomic_load(&lost_calls) || r_dropped < 0) &&
+           now_ms() - t0 < (MMP_CTL_LOST_S + 4) * 1000.0) {
         usleep(20 * 1000);
+        if (r_dropped < 0 && mmp_ctl_peer_dropped_s(r, "image.0/0") >= 0) {
+            r_dropped = (now_ms() - t0) / 1000;
+        }
     }
     double dt = (lost_at - t0) / 1000;
     CHECK(atomic_load(&lost_calls) == 1 && dt <= MMP_CTL_LOST_S);
     CHECK(strstr(lost_why, "lost the coordinator") != NULL);
-    fprintf(stderr, "  silent link noticed after %.1f s (bound %d s): %s\n",
-            atomic_load(&lost_calls) ? dt : -1.0, MMP_CTL_LOST_S, lost_why);
+    CHECK(r_dropped >= 0 && r_dropped <= MMP_CTL_LOST_S);
+    CHECK(mmp_ctl_peer_dropped_s(r, "text.0/0") < 0);
+    fprintf(stderr,
+            "  silent link noticed after %.1f s by the stage (%s), %.1f s by the coordinator "
+            "(bound %d s)\n",
+            atomic_load(&lost_calls) ? dt : -1.0, lost_why, r_dropped, MMP_CTL_LOST_S);
     mmp_ctl_close(d);
     mmp_ctl_close(r);
     atomic_store(&proxy_stop, 1);

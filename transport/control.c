@@ -29,13 +29,19 @@
  * the limit still reach check() and are logged and counted. */
 #define ZMQ_MAX_FRAME ((int64_t)MMP_CTL_MAX_BYTES + 4096)
 #define HEARTBEAT_IVL_MS 1000
-#define HEARTBEAT_TIMEOUT_MS 5000
+#define HEARTBEAT_TIMEOUT_MS (MMP_CTL_HEARTBEAT_TIMEOUT_S * 1000)
 #define SEND_TIMEOUT_MS 5000
 #define TOKEN_MAX 128
 #define PEER_TEXT_MAX 256
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01" /* where libzmq asks (RFC 27) */
 #define MONITOR_ENDPOINT "inproc://mmpipe-control-monitor"
+
+typedef struct ctl_peer {
+    char id[2 * MMP_CTL_ID_MAX + 8]; /* as id_text writes it */
+    int fd;
+    double dropped_ms; /* 0: its connection stands */
+} ctl_peer;
 
 struct mmp_ctl {
     void *ctx, *sock;
@@ -57,6 +63,12 @@ struct mmp_ctl {
     int watch_fd;
     void (*lost)(const char *why, void *arg);
     void *lost_arg;
+    /* CURVE ROUTER: each peer's connection (the descriptor its last valid
+     * message came on) and when ZeroMQ dropped it; guarded by peers_lock
+     * (the helper thread marks drops, mmp_ctl_recv records descriptors). */
+    pthread_mutex_t peers_lock;
+    ctl_peer *peers;
+    int n_peers, cap_peers;
 };
 
 static double now_ms(void)
@@ -279,7 +291,17 @@ static void on_event(mmp_ctl *c, int *connected, int *fired)
         atomic_fetch_add(&c->refused, 1);
         break;
     case ZMQ_EVENT_DISCONNECTED:
-        if (!c->router && *connected) {
+        if (c->router) {
+            /* the descriptor is the event's value: the peer whose messages
+             * came on it has lost its connection */
+            pthread_mutex_lock(&c->peers_lock);
+            for (int i = 0; i < c->n_peers; i++) {
+                if (c->peers[i].fd == (int)value && c->peers[i].dropped_ms == 0) {
+                    c->peers[i].dropped_ms = now_ms();
+                }
+            }
+            pthread_mutex_unlock(&c->peers_lock);
+        } else if (*connected) {
             char why[PEER_TEXT_MAX + 96];
             snprintf(why, sizeof why,
                      "lost the coordinator at %s (no heartbeat answer within %d s, or it closed)",
@@ -355,6 +377,7 @@ static mmp_err ctl_open(mmp_ctl **out, int type, const char *job_token)
     memcpy(c->token, job_token, n + 1);
     c->token_len = n;
     pthread_mutex_init(&c->refused_lock, NULL);
+    pthread_mutex_init(&c->peers_lock, NULL);
     c->router = type == ZMQ_ROUTER;
     c->ctx = zmq_ctx_new();
     if (!c->ctx) {
@@ -517,6 +540,8 @@ void mmp_ctl_close(mmp_ctl *c)
     }
     explicit_bzero(c->token, sizeof c->token);
     pthread_mutex_destroy(&c->refused_lock);
+    pthread_mutex_destroy(&c->peers_lock);
+    free(c->peers);
     free(c);
 }
 
@@ -818,6 +843,55 @@ static Mmpipe__Envelope *check(mmp_ctl *c, zmq_msg_t *payload, size_t extra, cha
     return NULL;
 }
 
+/* A CURVE ROUTER: peer id's messages come on descriptor fd (a new one after
+ * a reconnect: its connection stands again). Peers past what memory allows
+ * are not tracked (mmp_ctl_peer_dropped_s then says -1 for them). */
+static void note_peer(mmp_ctl *c, const char *id, int fd)
+{
+    if (fd < 0) {
+        return;
+    }
+    pthread_mutex_lock(&c->peers_lock);
+    int i = 0;
+    while (i < c->n_peers && strcmp(c->peers[i].id, id) != 0) {
+        i++;
+    }
+    if (i == c->n_peers && c->n_peers == c->cap_peers) {
+        int cap = c->cap_peers ? 2 * c->cap_peers : 16;
+        ctl_peer *more = realloc(c->peers, (size_t)cap * sizeof *more);
+        if (more) {
+            c->peers = more;
+            c->cap_peers = cap;
+        }
+    }
+    if (i == c->n_peers && i < c->cap_peers) {
+        snprintf(c->peers[i].id, sizeof c->peers[i].id, "%s", id);
+        c->peers[i].fd = fd;
+        c->peers[i].dropped_ms = 0;
+        c->n_peers++;
+    } else if (i < c->n_peers && c->peers[i].fd != fd) {
+        c->peers[i].fd = fd; /* reconnected (ZMQ_ROUTER_HANDOVER) */
+        c->peers[i].dropped_ms = 0;
+    }
+    pthread_mutex_unlock(&c->peers_lock);
+}
+
+double mmp_ctl_peer_dropped_s(mmp_ctl *c, const char *id)
+{
+    double t = -1;
+    if (!c || !c->router || !c->curve) {
+        return t;
+    }
+    pthread_mutex_lock(&c->peers_lock);
+    for (int i = 0; i < c->n_peers; i++) {
+        if (strcmp(c->peers[i].id, id) == 0 && c->peers[i].dropped_ms > 0) {
+            t = (now_ms() - c->peers[i].dropped_ms) / 1e3;
+        }
+    }
+    pthread_mutex_unlock(&c->peers_lock);
+    return t;
+}
+
 /* Takes one message off the socket without waiting. 1: a valid envelope in
  * *env; 0: a message came and was rejected; -1: nothing queued, or a signal
  * (errno says which). `from` gets the sender's routing id on a ROUTER. */
@@ -863,6 +937,9 @@ static int take_one(mmp_ctl *c, Mmpipe__Envelope **env, char *from, size_t from_
         goto exit;
     }
     c->stats.received++;
+    if (c->router && c->curve) {
+        note_peer(c, who, zmq_msg_get(&payload, ZMQ_SRCFD));
+    }
     if (from && from_n > 0) {
         if (c->router) {
             id_text(from, from_n, zmq_msg_data(&id), zmq_msg_size(&id));

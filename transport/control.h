@@ -48,6 +48,9 @@ typedef struct mmp_ctl mmp_ctl;
  * heartbeat interval (1 s) + timeout (5 s), and 1 s for the helper thread
  * to be scheduled on a loaded machine (measured: 5.0 to 6.0 s). */
 #define MMP_CTL_LOST_S 7
+/* The ZMTP heartbeat: a ping every second; a connection that answers
+ * nothing for this long is dropped (on both ends). */
+#define MMP_CTL_HEARTBEAT_TIMEOUT_S 5
 
 /* CURVE keys as Z85 text (40 characters and a NUL), made per job by
  * mmp_ctl_new_keys. The coordinator needs server_secret and client_public;
@@ -152,6 +155,12 @@ void *mmp_ctl_socket(mmp_ctl *c);
 mmp_ctl_stats mmp_ctl_get_stats(const mmp_ctl *c);
 /* The last refused handshake, as logged ("" when none), into buf. */
 void mmp_ctl_last_refused(mmp_ctl *c, char *buf, size_t n);
+/* Coordinator over CURVE (tcp): seconds since ZeroMQ dropped the connection
+ * that peer `id`'s last valid message came on (its ZMTP heartbeats went
+ * unanswered for 5 s: its host or link is gone; or it closed), -1 while it
+ * stands, for a peer never heard from, and without CURVE (ipc: no heartbeat
+ * watch). A peer that reconnects and sends again stands again. */
+double mmp_ctl_peer_dropped_s(mmp_ctl *c, const char *id);
 
 /* Fills tok (33 bytes) with a fresh random hex job token. */
 mmp_err mmp_ctl_new_token(char tok[33]);
