@@ -4,24 +4,28 @@
 #  1. samples/s of the demo model (configs/gpu-1.yaml) and of the seed-scale
 #     model (configs/seed-scale.yaml on cuda:0) as one process, and as the
 #     three-process pipeline on one GPU with gpipe and 1f1b (under the
-#     coordinator's MPS daemon, and 1f1b once more time-sliced): the median
-#     of steps 4..N of metrics.jsonl's samples_per_s;
+#     coordinator's MPS daemon; with --timeslice 1 the 1f1b pipeline once
+#     more time-sliced): the median of steps 4..N of metrics.jsonl's
+#     samples_per_s;
 #  2. peak device memory of each stage (arena + workspace) at the last step;
 #  3. where python3 has a CUDA PyTorch: the PyTorch reference of the same
 #     model (bench/torch/mmpipe_ref.py, built from the mmpipe run's
 #     plan.json; same batch, micro-batches, clipping and AdamW) timed by
 #     bench/torch/time_step.py: eager fp32, eager with autocast bf16, and
-#     torch.compile fp32 (where it compiles within 150 s); samples/s =
+#     with --compile 1 torch.compile fp32 (where it compiles within 150 s:
+#     it did not on an H100, so it is off by default, to keep the bench
+#     within a short GPU lease); samples/s =
 #     batch / median step time, peak = torch.cuda.max_memory_allocated;
 #  4. mmpipe with train.precision: bf16 (tensor-core GEMMs, kernels/cuda/gemm.cu)
 #     single process and 1f1b, and the ratios mmpipe bf16 / PyTorch AMP bf16
 #     and mmpipe bf16 / mmpipe fp32 (single process) of each model.
 # Prints a Markdown table (for the README), then the ratios.
 #   bench/gpu.sh [--bin build/mmpipe] [--out runs/bench-gpu] [--steps N] [--seed-steps N]
+#                [--timeslice 0|1] [--compile 0|1]
 set -uo pipefail
 . "$(dirname "$0")/lib.sh" || exit 1
 bench_args bench/gpu.sh --bin=BIN=build/mmpipe --out=OUT=runs/bench-gpu --steps=STEPS=40 \
-  --seed-steps=SEED_STEPS=10 -- "$@"
+  --seed-steps=SEED_STEPS=10 --timeslice=TIMESLICE=0 --compile=COMPILE=0 -- "$@"
 bench_need_bin
 "$BIN" devices | grep -q '^cuda:0' || { echo "bench/gpu.sh: no CUDA device here" >&2; exit 77; }
 . tests/lib.sh # median, metric
@@ -115,11 +119,15 @@ fi
 print_ratios # before the rows below, so that a timeout there still leaves them
 # The pipelines time-sliced (no MPS: MMP_GPU_SHARING=timeslice), against the
 # rows above where the coordinator ran its private MPS daemon.
-export MMP_GPU_SHARING=timeslice
-row demo "1f1b, time-sliced" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
-row seed-scale "1f1b, time-sliced" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
-unset MMP_GPU_SHARING
-if "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+if [ "$TIMESLICE" = 1 ]; then
+  export MMP_GPU_SHARING=timeslice
+  row demo "1f1b, time-sliced" configs/gpu-1.yaml "$OUT/data32/train.jsonl" "$STEPS" --set train.schedule=1f1b
+  row seed-scale "1f1b, time-sliced" configs/seed-scale.yaml "$OUT/data224/train.jsonl" "$SEED_STEPS" --set train.schedule=1f1b
+  unset MMP_GPU_SHARING
+fi
+if [ "$COMPILE" != 1 ]; then
+  say "torch.compile rows left out (--compile 1 adds them)"
+elif "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
   for model in demo seed-scale; do # compiling takes longest: last
     torch_row $model "compile fp32" $([ $model = demo ] && echo 20 || echo 8) --compile
   done
