@@ -17,11 +17,16 @@
 #  4. the sample batch script configs/slurm.sbatch under `sbatch --wait`:
 #     the coordinator on the batch node (n1), the stages reaching it by its
 #     host name (control.address's default), = --single-process bitwise;
+#     and a long one stopped by `scancel --batch --signal=INT`: checkpoint,
+#     exit 130;
 #  5. a stage SIGKILLed inside its srun step: named with its node, the job
 #     stops;
 #  6. a node's link taken down mid-run: the coordinator names the stage and
 #     its node within 15 s (its control connection dropped: ZMTP heartbeats
 #     unanswered) and the job stops;
+#  7. SIGINT to the coordinator: checkpoint, exit 130; SIGINT to salloc:
+#     the allocation revoked, every step ended by SLURM, no checkpoint;
+#  8. the coordinator SIGKILLed: every stage and srun gone;
 # and after each run: no stage process and no /dev/shm entry left; at the
 # end no slurm daemon, step or namespace left. Skips (77) where namespaces
 # cannot be made (not root).
@@ -184,6 +189,28 @@ same_ckpt "$W/runs/slurm-$jobid/ckpt/latest" "$W/single/ckpt/latest" && ok "sbat
   || fail "sbatch: != single process"
 nothing_left sbatch "$blog"
 
+# 4b. a batch job stopped the way the README says: SIGINT to the batch step
+# alone (scancel --batch; the script exec'd the coordinator), which
+# checkpoints the step in flight and exits 130 (a plain scancel signals
+# every step: the stages end with no checkpoint)
+sed 's/steps: 6,/steps: 400,/' "$W/plan-batch.yaml" >"$W/plan-batch-long.yaml"
+(cd "$W" && timeout 300 ip netns exec "${P}c" sbatch --wait --parsable -N3 --ntasks-per-node=1 --gpus-per-node=0 \
+  --export=ALL,MMPIPE="$BIN" "$sbatch_script" "$W/plan-batch-long.yaml" >"$W/sbatch2.out" 2>"$W/sbatch2.err") &
+spid=$!
+for i in $(seq 100); do
+  jobid2=$(head -1 "$W/sbatch2.out" 2>/dev/null)
+  [ -n "$jobid2" ] && break
+  sleep 0.1
+done
+wait_step "$W/runs/slurm-$jobid2/metrics.jsonl" 2 60 || fail "sbatch stop: no step 2 (job '$jobid2')"
+ipc scancel --batch --signal=INT "$jobid2"
+wait $spid; rc=$?
+blog2=$W/mmpipe-$jobid2.log
+[ $rc -eq 130 ] && grep -q 'stopped by Interrupt; checkpoint' "$blog2" && [ -e "$W/runs/slurm-$jobid2/ckpt/latest" ] \
+  && ok "sbatch: scancel --batch --signal=INT checkpoints, the job exits 130" \
+  || { fail "sbatch stop: rc $rc"; tail -4 "$blog2" "$W/sbatch2.err" 2>/dev/null; }
+nothing_left "sbatch stop" "$blog2"
+
 # 5. a stage SIGKILLed inside its srun step
 timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/kill" \
   --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/kill.log" 2>&1 &
@@ -217,6 +244,58 @@ grep -q "stage fusion/0 (pid [0-9]*, srun to host $node at $node) lost: its cont
 sleep 8 # the cut-off stage: its heartbeat (MMP_CTL_LOST_S, 7 s) ends it
 nothing_left down "$W/down.log"
 ip netns exec "${P}${node:-n3}" ip link set eth0 up
+
+# coord_pid OUT: the pid of the coordinator writing run directory OUT (under
+# salloc: not salloc's, which on SIGINT revokes the allocation and ends every
+# step at once; a terminal's Ctrl-C reaches the command salloc runs)
+coord_pid() {
+  local i p
+  for i in $(seq 100); do
+    p=$(pgrep -f -- "^$BIN launch $W/plan.yaml --out $1( |\$)" | head -1)
+    [ -n "$p" ] && { echo "$p"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
+# 7. Ctrl-C (SIGINT to the coordinator inside salloc): the step in flight is
+# checkpointed, every srun step ends, exit 130
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/int" \
+  --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/int.log" 2>&1 &
+cpid=$!
+wait_step "$W/int/metrics.jsonl" 2 60 || fail "int: no step 2"
+kpid=$(coord_pid "$W/int") && kill -INT "$kpid" || fail "int: no coordinator process"
+wait $cpid; rc=$?
+[ $rc -eq 130 ] && [ -e "$W/int/ckpt/latest" ] && ok "SIGINT: checkpoint and exit 130 (through salloc)" \
+  || { fail "SIGINT: rc $rc"; tail -5 "$W/int.log"; }
+nothing_left int "$W/int.log"
+
+# 7b. SIGINT to salloc itself: it revokes the allocation, SLURM ends every
+# step at once; the run stops without a checkpoint, nothing left
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/rv" \
+  --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/rv.log" 2>&1 &
+cpid=$!
+wait_step "$W/rv/metrics.jsonl" 2 60 || fail "rv: no step 2"
+kpid=$(coord_pid "$W/rv") && spid=$(ps -o ppid= -p "$kpid" | tr -d ' ') && [ "$(ps -o comm= -p "$spid")" = salloc ] \
+  && kill -INT "$spid" || fail "rv: no salloc above the coordinator"
+wait $cpid; rc=$?
+[ $rc -ne 0 ] && [ ! -e "$W/rv/ckpt/latest" ] && grep -q 'died' "$W/rv.log" \
+  && ok "SIGINT to salloc: the steps end, no checkpoint (rc $rc)" || { fail "rv: rc $rc"; tail -4 "$W/rv.log"; }
+nothing_left rv "$W/rv.log"
+
+# 8. the coordinator SIGKILLed: its pipes close, srun passes the end of file
+# on (and salloc, its command gone, ends the allocation): every stage exits
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/ck" \
+  --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/ck.log" 2>&1 &
+cpid=$!
+wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
+kpid=$(coord_pid "$W/ck") && kill -9 "$kpid" || fail "ck: no coordinator process"
+wait $cpid 2>/dev/null
+for i in $(seq 150); do [ "$(remote_left "$W/ck.log")" = 0 ] && [ "$(procs_left "$W/ck.log")" = 0 ] && break; sleep 0.1; done
+[ "$(remote_left "$W/ck.log")" = 0 ] && [ "$(procs_left "$W/ck.log")" = 0 ] \
+  && ok "coordinator SIGKILLed: stages and their srun gone within $i tenths of a second" \
+  || fail "coordinator SIGKILLed: $(remote_left "$W/ck.log") stages, $(procs_left "$W/ck.log") srun left after 15 s"
+nothing_left ck "$W/ck.log"
 
 slurm_down
 for i in $(seq 50); do
