@@ -20,7 +20,7 @@
 #     and a long one stopped by `scancel --batch --signal=INT`: checkpoint,
 #     exit 130;
 #  5. a stage SIGKILLed inside its srun step: named with its node, the job
-#     stops;
+#     stops; with train.max_restarts it restarts and = --single-process;
 #  6. a node's link taken down mid-run: the coordinator names the stage and
 #     its node within 15 s (its control connection dropped: ZMTP heartbeats
 #     unanswered) and the job stops;
@@ -223,6 +223,27 @@ wait $cpid; rc=$?
   && ok "kill: the killed srun stage named with its node (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
 sleep 1
 nothing_left kill "$W/kill.log"
+
+# 5b. the same with train.max_restarts: the coordinator relaunches every
+# srun step from the latest checkpoint and the run finishes = single process
+# (the new stages connect under the old names, often on the dead
+# connections' descriptor numbers: they must not count as lost)
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/rs" \
+  --set launcher=slurm --set hosts=slurm --set job.steps=12 --set train.ckpt_every=3 \
+  --set train.max_restarts=2 >"$W/rs.log" 2>&1 &
+cpid=$!
+wait_step "$W/rs/metrics.jsonl" 4 60 || fail "rs: no step 4"
+tpid=$(stage_pid "$W/rs.log" text.0)
+if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "rs: no pid for this run's text.0/0"; fi
+wait $cpid; rc=$?
+"$BIN" launch "$W/plan.yaml" --out "$W/rs-single" --single-process --set job.steps=12 --set train.ckpt_every=3 \
+  >"$W/rs-single.log" 2>&1 || fail "rs: single"
+[ $rc -eq 0 ] && grep -q 'restart 1 of 2 after step' "$W/rs.log" && ! grep -q ') lost: ' "$W/rs.log" \
+  && ok "restart: the killed srun stage's job relaunched and finished (rc 0)" \
+  || { fail "restart: rc $rc"; grep -E 'error|restart' "$W/rs.log" | tail -4; }
+same_ckpt "$W/rs/ckpt/latest" "$W/rs-single/ckpt/latest" && ok "restart: == single process" \
+  || fail "restart: != single process"
+nothing_left rs "$W/rs.log"
 
 # 6. a node's link goes down mid-run (fusion's node)
 timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/down" \

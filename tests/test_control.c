@@ -951,6 +951,45 @@ static void test_lost_on_silent_link(void)
     close(proxy_listen_fd);
 }
 
+/* The coordinator's view of a stage's connection: standing while it lives,
+ * dropped once it closes (a dead process: the same event as heartbeats
+ * going unanswered), standing again when a process under the same name
+ * connects and sends (a restart; its connection often gets the dropped
+ * one's descriptor number, which must not keep it dropped). */
+static void test_peer_dropped_and_back(void)
+{
+    int port = mmp_test_free_port();
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    mmp_ctl *r = NULL;
+    mmp_ctl_opts server = {.curve = &keys, .watch_fd = -1};
+    CHECK_OK(mmp_ctl_bind_opts(&r, ep, token, &server));
+    mmp_ctl_opts o = {.curve = &keys, .watch_fd = -1};
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Ready ready = MMPIPE__READY__INIT;
+    env.body_case = MMPIPE__ENVELOPE__BODY_READY;
+    env.ready = &ready;
+    for (int round = 0; round < 3; round++) {
+        mmp_ctl *d = NULL;
+        CHECK_OK(mmp_ctl_connect_opts(&d, ep, "text.0/0", token, &o));
+        CHECK_OK(mmp_ctl_send(d, NULL, &env));
+        Mmpipe__Envelope *got = NULL;
+        char from[MMP_CTL_ID_MAX];
+        CHECK_OK(mmp_ctl_recv(r, 3000, &got, from, sizeof from));
+        mmp_ctl_free(got);
+        CHECK(mmp_ctl_peer_dropped_s(r, "text.0/0") < 0);
+        usleep(300 * 1000);
+        CHECK(mmp_ctl_peer_dropped_s(r, "text.0/0") < 0);
+        mmp_ctl_close(d);
+        double t0 = now_ms();
+        while (mmp_ctl_peer_dropped_s(r, "text.0/0") < 0 && now_ms() - t0 < 3000) {
+            usleep(10 * 1000);
+        }
+        CHECK(mmp_ctl_peer_dropped_s(r, "text.0/0") >= 0);
+    }
+    mmp_ctl_close(r);
+}
+
 /* Each shared case once more, over tcp with CURVE. */
 #define OVER_TCP(fn)                                                                               \
     static void fn##_tcp(void)                                                                     \
@@ -986,6 +1025,7 @@ static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_curve_refuses_tcp),
     MMP_TEST_CASE(test_lost_on_pipe_eof_tcp),
     MMP_TEST_CASE(test_lost_on_silent_link),
+    MMP_TEST_CASE(test_peer_dropped_and_back),
 };
 
 int main(int argc, char **argv)

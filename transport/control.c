@@ -39,8 +39,8 @@
 
 typedef struct ctl_peer {
     char id[2 * MMP_CTL_ID_MAX + 8]; /* as id_text writes it */
-    int fd;
-    double dropped_ms; /* 0: its connection stands */
+    int fd;                          /* -1 once dropped */
+    double dropped_ms;               /* 0: its connection stands */
 } ctl_peer;
 
 struct mmp_ctl {
@@ -293,10 +293,13 @@ static void on_event(mmp_ctl *c, int *connected, int *fired)
     case ZMQ_EVENT_DISCONNECTED:
         if (c->router) {
             /* the descriptor is the event's value: the peer whose messages
-             * came on it has lost its connection */
+             * came on it has lost its connection. It forgets the number: a
+             * process started in its place (a restart, a re-placement) may
+             * well connect on the same one, and stands again once heard. */
             pthread_mutex_lock(&c->peers_lock);
             for (int i = 0; i < c->n_peers; i++) {
-                if (c->peers[i].fd == (int)value && c->peers[i].dropped_ms == 0) {
+                if (c->peers[i].fd == (int)value) {
+                    c->peers[i].fd = -1;
                     c->peers[i].dropped_ms = now_ms();
                 }
             }
@@ -870,7 +873,9 @@ static void note_peer(mmp_ctl *c, const char *id, int fd)
         c->peers[i].dropped_ms = 0;
         c->n_peers++;
     } else if (i < c->n_peers && c->peers[i].fd != fd) {
-        c->peers[i].fd = fd; /* reconnected (ZMQ_ROUTER_HANDOVER) */
+        /* a new connection: reconnected (ZMQ_ROUTER_HANDOVER), or a new
+         * process under the same name */
+        c->peers[i].fd = fd;
         c->peers[i].dropped_ms = 0;
     }
     pthread_mutex_unlock(&c->peers_lock);
