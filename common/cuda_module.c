@@ -68,31 +68,25 @@ static void load(void)
     if (handle) {
         return;
     }
+    /* beside the binary, then one folder up (a test or bench binary in
+     * build/tests, build/bench): the first file there is the one to use,
+     * or to fail on */
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     char path[PATH_MAX + 64];
-    if (n > 0) {
-        exe[n] = 0;
+    exe[n > 0 ? n : 0] = 0;
+    for (int up = 0; up < 2; up++) {
         char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = 0;
-            snprintf(path, sizeof path, "%s/%s", exe, MMP_CUDA_MODULE_FILE);
-            if (access(path, F_OK) == 0) {
-                handle = try_open(path);
-                return; /* the one beside the binary is the one to use, or fail on */
-            }
-            note(path, "no such file");
-            slash = strrchr(exe, '/');
-            if (slash) {
-                *slash = 0;
-                snprintf(path, sizeof path, "%s/%s", exe, MMP_CUDA_MODULE_FILE);
-                if (access(path, F_OK) == 0) {
-                    handle = try_open(path);
-                    return;
-                }
-                note(path, "no such file");
-            }
+        if (!slash) {
+            break;
         }
+        *slash = 0;
+        snprintf(path, sizeof path, "%s/%s", exe, MMP_CUDA_MODULE_FILE);
+        if (access(path, F_OK) == 0) {
+            handle = try_open(path);
+            return;
+        }
+        note(path, "no such file");
     }
     if (MMP_CUDA_MODULE_DIR[0]) {
         snprintf(path, sizeof path, "%s/%s", MMP_CUDA_MODULE_DIR, MMP_CUDA_MODULE_FILE);
