@@ -193,6 +193,44 @@ static int parse_count(const char *v, long *out)
     return 1;
 }
 
+/* SLURM_GPUS_PER_NODE, as --gpus-per-node gave it: "[type:]count" items,
+ * comma-separated ("2", "a100:2", "gpu:a100:2", "a100:1,v100:1"); the
+ * counts summed.
+ * 1 and *out on a well-formed value, else 0. */
+static int gpus_per_node(const char *v, long *out)
+{
+    long total = 0;
+    while (*v) {
+        size_t w = strcspn(v, ",");
+        const char *colon = NULL; /* the last one: "gpu:a100:2" too */
+        for (size_t k = 0; k < w; k++) {
+            colon = v[k] == ':' ? v + k : colon;
+        }
+        const char *num = colon ? colon + 1 : v;
+        size_t nw = w - (size_t)(num - v);
+        long c;
+        int digits;
+        if (w == 0 || nw == 0 || !number(num, &c, &digits) || (size_t)digits != nw) {
+            return 0;
+        }
+        for (const char *t = v; colon && t < colon; t++) {
+            if (!isalnum((unsigned char)*t) && *t != '_' && *t != '-' && *t != ':') {
+                return 0;
+            }
+        }
+        total += c;
+        if (total > 100000) {
+            return 0;
+        }
+        v += w + (v[w] == ',');
+        if (v[-1] == ',' && !*v) {
+            return 0;
+        }
+    }
+    *out = total;
+    return 1;
+}
+
 mmp_err mmp_hostlist_from_slurm(mmp_slurm_env *out, const char *(*getenv_fn)(const char *))
 {
     memset(out, 0, sizeof *out);
@@ -244,6 +282,37 @@ mmp_err mmp_hostlist_from_slurm(mmp_slurm_env *out, const char *(*getenv_fn)(con
             out->gpu[out->gpus] = out->gpus;
             out->gpus++;
             s += w + (s[w] == ',');
+        }
+    }
+    const char *req = getenv_fn("SLURM_GPUS_PER_NODE");
+    if (out->gpus == 0 && !(gpn && *gpn) && req && *req) {
+        /* salloc's shell runs on the login node, where SLURM sets neither
+         * of the above: the request says how many each node has */
+        if (!gpus_per_node(req, &g) || g > max_gpus) {
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "hosts: slurm: SLURM_GPUS_PER_NODE='%.40s' is not [type:]count "
+                              "items with 0..%d GPUs in all",
+                              req, max_gpus);
+        }
+        out->gpus = (int)g;
+        for (int i = 0; i < out->gpus; i++) {
+            out->gpu[i] = i;
+        }
+    }
+    if (out->gpus == 0 && !(gpn && *gpn)) {
+        /* GPUs asked for in a way that leaves each node's count unknown here */
+        static const char *const asked[] = {"SLURM_GPUS", "SLURM_GPUS_PER_TASK",
+                                            "SLURM_GPUS_PER_SOCKET"};
+        for (size_t i = 0; i < sizeof asked / sizeof asked[0]; i++) {
+            const char *v = getenv_fn(asked[i]);
+            if (v && *v && strcmp(v, "0") != 0) {
+                return mmp_errorf(MMP_ERR_INVALID,
+                                  "hosts: slurm: the allocation asks for GPUs (%s=%.40s) but how "
+                                  "many each node has is not known here: allocate with "
+                                  "--gpus-per-node=N, or run mmpipe launch on the allocation's "
+                                  "first node (an sbatch script, srun --pty)",
+                                  asked[i], v);
+            }
         }
     }
     long t = 1;

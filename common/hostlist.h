@@ -26,12 +26,18 @@ mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MA
 
 /* What an allocation offers each node, from the environment SLURM gives a
  * batch script or salloc shell: the nodes (SLURM_JOB_NODELIST), GPUs per
- * node (SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES; 0
- * when neither is set, or it is SLURM's "NoDevFiles": each node then has
- * cpu_slots cpu devices, from
+ * node (SLURM_GPUS_ON_NODE, else the entries of CUDA_VISIBLE_DEVICES: what
+ * a node of the allocation sees, in a batch script; else the request
+ * SLURM_GPUS_PER_NODE, "[type:]count" items summed: all an salloc shell on
+ * the login node has; 0 when none is set, or CUDA_VISIBLE_DEVICES is
+ * SLURM's "NoDevFiles": each node then has cpu_slots cpu devices, from
  * SLURM_NTASKS_PER_NODE, else 1). MMP_ERR_INVALID naming the variable when
- * SLURM_JOB_NODELIST is unset (not inside an allocation) or a value is
- * malformed. `getenv_fn` is getenv, or a table in tests. */
+ * SLURM_JOB_NODELIST is unset (not inside an allocation), a value is
+ * malformed, or GPUs were asked for without a per-node count known here
+ * (SLURM_GPUS, SLURM_GPUS_PER_TASK, SLURM_GPUS_PER_SOCKET only: placing
+ * the stages on CPUs would be wrong). `getenv_fn` is getenv, or a table in
+ * tests. (`--gres=gpu:N` leaves an salloc shell no trace at all: such an
+ * allocation reads as cpu slots there; README says to use --gpus-per-node.) */
 typedef struct mmp_slurm_env {
     int n_nodes;
     char nodes[64][MMP_HOSTLIST_NAME_MAX];

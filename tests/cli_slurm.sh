@@ -9,6 +9,9 @@
 # mounted in a private mount namespace; key, config, ports, state and logs
 # live under $W (nothing in /etc touched). Checked:
 #  1. `hosts: slurm` / `launcher: slurm` outside an allocation: clear errors;
+#     inside salloc (two stand-in GPUs a node, SLURM's gres), the nodes' GPUs
+#     from --gpus-per-node (all the login node's shell is told), what a step
+#     sees (CUDA_VISIBLE_DEVICES=0,1), --gpus=N refused (no per-node count);
 #  2. `salloc -N3` + `--set launcher=slurm --set hosts=slurm`: image, text
 #     and fusion each an srun step on its own node, every data channel over
 #     tcp, the checkpoint equals --single-process (max_abs_diff=0);
@@ -112,9 +115,14 @@ ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
-NodeName=n[1-${#NODES[@]}] CPUs=$(nproc) State=UNKNOWN
+GresTypes=gpu
+NodeName=n[1-${#NODES[@]}] CPUs=$(nproc) Gres=gpu:2 State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
+# two stand-in GPUs a node (character devices no driver serves: SLURM only
+# counts them and sets the steps' CUDA_VISIBLE_DEVICES; no stage here opens them)
+mkdir -p "$S/dev" && mknod "$S/dev/nvidia0" c 195 0 && mknod "$S/dev/nvidia1" c 195 1 || fail "mknod"
+echo "NodeName=n[1-${#NODES[@]}] Name=gpu File=$S/dev/nvidia[0-1]" >"$S/gres.conf"
 export SLURM_CONF=$S/slurm.conf
 in_ns c ctl slurmctld -c -i || fail "slurmctld"
 for n in "${NODES[@]}"; do
@@ -143,6 +151,26 @@ expect_fail "launcher: slurm outside an allocation" "launcher: slurm: not inside
   env -u SLURM_JOB_NODELIST -u SLURM_JOB_ID "$BIN" launch "$W/plan.yaml" --out "$W/none2" \
   --set launcher=slurm
 "$BIN" launch "$W/plan.yaml" --out "$W/single" --single-process >"$W/single.log" 2>&1 || fail "single"
+
+# 1b. GPUs, seen from salloc's shell on the login node: SLURM sets only the
+# request there (SLURM_GPUS_PER_NODE), each node's count in the steps
+sim() { # ARGS...: what the planner sees of `hosts: slurm` inside salloc ARGS
+  timeout 60 ip netns exec "${P}c" salloc -Q "$@" "$BIN" simulate "$W/plan.yaml" --set hosts=slurm \
+    --plan-devices all 2>&1 | grep -E 'planner: [0-9]+ devices|hosts: slurm:' | head -1
+}
+got=$(sim -N2 --gpus-per-node=2)
+grep -q 'planner: 4 devices' <<<"$got" && ok "salloc -N2 --gpus-per-node=2: hosts: slurm has 2 GPUs on each of 2 nodes" \
+  || fail "salloc --gpus-per-node=2: '$got'"
+got=$(timeout 60 ip netns exec "${P}c" salloc -Q -N1 --gpus-per-node=2 srun --overlap -N1 -n1 --quiet \
+  sh -c 'echo "$CUDA_VISIBLE_DEVICES"' 2>&1)
+[ "$got" = "0,1" ] && ok "a step on that node sees CUDA_VISIBLE_DEVICES=0,1 (the stages' cuda:0, cuda:1)" \
+  || fail "a step's CUDA_VISIBLE_DEVICES: '$got'"
+got=$(sim -N2 --gpus=2)
+grep -q 'SLURM_GPUS=2.*--gpus-per-node' <<<"$got" && ok "salloc --gpus=2: refused, naming SLURM_GPUS and --gpus-per-node" \
+  || fail "salloc --gpus=2: '$got'"
+got=$(sim -N2 --ntasks-per-node=2)
+grep -q 'planner: 4 devices' <<<"$got" && ok "salloc -N2 --ntasks-per-node=2 (no GPUs): 2 cpu slots on each node" \
+  || fail "cpu slots: '$got'"
 
 # 2. three nodes: image, text, fusion one on each
 timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/n3" \

@@ -166,5 +166,60 @@ static void test_slurm_env(void)
     CHECK(strstr(mmp_last_error(), "CUDA_VISIBLE_DEVICES") != NULL);
 }
 
+/* An salloc shell on the login node: SLURM sets the request
+ * (SLURM_GPUS_PER_NODE, as --gpus-per-node gave it) and neither
+ * SLURM_GPUS_ON_NODE nor CUDA_VISIBLE_DEVICES (seen with slurm-wlm 22.05,
+ * tests/cli_slurm.sh); a node's own count wins where there is one. */
+static void test_slurm_login_shell(void)
+{
+    mmp_slurm_env s;
+    static const struct {
+        const char *value;
+        int gpus; /* -1: refused, naming the variable */
+    } req[] = {{"2", 2},      {"a100:2", 2},  {"gpu:a100:1,v100:3", 4}, {"0", 0},  {"a100:", -1},
+               {"2,", -1},    {"", 0},        {"a1 00:2", -1},          {":2", 2}, {"two", -1},
+               {"99999", -1}, {"a100:1,", -1}};
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
+        const char *env[] = {"SLURM_JOB_NODELIST", "n[1-2]", "SLURM_GPUS_PER_NODE", req[i].value,
+                             NULL};
+        fake_env = env;
+        mmp_err e = mmp_hostlist_from_slurm(&s, fake_getenv);
+        if (req[i].gpus < 0) {
+            CHECK(e == MMP_ERR_INVALID && strstr(mmp_last_error(), "SLURM_GPUS_PER_NODE"));
+        } else {
+            CHECK(e == MMP_OK && s.gpus == req[i].gpus && s.n_nodes == 2);
+            CHECK(s.gpus == 0 || s.gpu[s.gpus - 1] == s.gpus - 1);
+        }
+        if ((e == MMP_OK) != (req[i].gpus >= 0)) {
+            fprintf(stderr, "  SLURM_GPUS_PER_NODE='%s': %s\n", req[i].value,
+                    e == MMP_OK ? "taken" : mmp_last_error());
+        }
+    }
+    static const char *const both[] = {
+        "SLURM_JOB_NODELIST", "n1", "SLURM_GPUS_ON_NODE", "4", "SLURM_GPUS_PER_NODE", "2", NULL};
+    fake_env = both;
+    CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
+    CHECK(s.gpus == 4);
+    /* GPUs asked for with no per-node count here: refused, not cpu slots */
+    static const char *const asked[] = {"SLURM_GPUS", "SLURM_GPUS_PER_TASK",
+                                        "SLURM_GPUS_PER_SOCKET"};
+    for (size_t i = 0; i < sizeof asked / sizeof asked[0]; i++) {
+        const char *env[] = {"SLURM_JOB_NODELIST", "n[1-2]", asked[i], "2", NULL};
+        fake_env = env;
+        CHECK(mmp_hostlist_from_slurm(&s, fake_getenv) == MMP_ERR_INVALID);
+        CHECK(strstr(mmp_last_error(), asked[i]) && strstr(mmp_last_error(), "--gpus-per-node"));
+        const char *with_count[] = {"SLURM_JOB_NODELIST",  "n[1-2]", asked[i], "2",
+                                    "SLURM_GPUS_PER_NODE", "1",      NULL};
+        fake_env = with_count;
+        CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
+        CHECK(s.gpus == 1);
+    }
+    static const char *const zero[] = {"SLURM_JOB_NODELIST", "n1", "SLURM_GPUS", "0", NULL};
+    fake_env = zero;
+    CHECK_OK(mmp_hostlist_from_slurm(&s, fake_getenv));
+    CHECK(s.gpus == 0 && s.cpu_slots == 1);
+}
+
 MMP_TEST_LIST("test_hostlist", MMP_TEST_CASE(test_expand_table),
-              MMP_TEST_CASE(test_malformed_table), MMP_TEST_CASE(test_slurm_env))
+              MMP_TEST_CASE(test_malformed_table), MMP_TEST_CASE(test_slurm_env),
+              MMP_TEST_CASE(test_slurm_login_shell))

@@ -2,12 +2,18 @@
  * SLURM_JOB_NODELIST, expanded with room for 64 names and for 3 (each in a
  * heap block of exactly that many, so a write past the end is caught);
  * the next lines are SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES,
- * SLURM_NTASKS_PER_NODE and SLURM_JOB_ID for mmp_hostlist_from_slurm. */
+ * SLURM_NTASKS_PER_NODE, SLURM_JOB_ID, SLURM_GPUS_PER_NODE and SLURM_GPUS
+ * for mmp_hostlist_from_slurm. */
 #include "common/hostlist.h"
 #include "tests/fuzz/fuzz.h"
 
-static const char *const vars[] = {"SLURM_JOB_NODELIST", "SLURM_GPUS_ON_NODE",
-                                   "CUDA_VISIBLE_DEVICES", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID"};
+static const char *const vars[] = {"SLURM_JOB_NODELIST",
+                                   "SLURM_GPUS_ON_NODE",
+                                   "CUDA_VISIBLE_DEVICES",
+                                   "SLURM_NTASKS_PER_NODE",
+                                   "SLURM_JOB_ID",
+                                   "SLURM_GPUS_PER_NODE",
+                                   "SLURM_GPUS"};
 #define N_VARS (sizeof vars / sizeof vars[0])
 static const char *values[N_VARS];
 
