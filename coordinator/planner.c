@@ -231,12 +231,6 @@ static int held(const ctx *c, int depth, int r)
     return w < own ? w : own;
 }
 
-static double stage_bytes(const ctx *c, const sums *s, int first, int last, int depth, int r)
-{
-    return range_sum(s, Q_STATE, first, last) +
-           (double)held(c, depth, r) * c->q0 * range_sum(s, Q_ACT, first, last);
-}
-
 /* One micro-batch through [first, last) on one replica: all its q0 samples,
  * however many replicas the stage has. */
 static double stage_ms(const ctx *c, const sums *s, int first, int last)
@@ -550,6 +544,11 @@ static int seen_before(search *S, const mmp_placement *pl)
  * (or of every stage tied at the step together, since lowering one of them
  * alone gains nothing) and is taken when it shortens the closed-form step
  * most per device spent. Stops when no move that fits shortens it. */
+static int placement_fits(const ctx *c, const mmp_placement *pl);
+
+/* Spends pl's spare devices, a move at a time, on the one that shortens the
+ * closed-form step most per device, among those that keep every stage
+ * within the memory cap. */
 static double fill(const ctx *c, mmp_placement *pl)
 {
     flat f;
@@ -591,8 +590,12 @@ static double fill(const ctx *c, mmp_placement *pl)
                 *f.rep[members[k]] = to[k];
             }
             double B2, step = closed_step(c, &f, &B2);
+            int fits = placement_fits(c, pl);
             for (int k = 0; k < n_members; k++) {
                 *f.rep[members[k]] = was[k];
+            }
+            if (!fits) {
+                continue;
             }
             double rate = (cur - step) / d;
             if (cur - step > TIE_RTOL * cur && rate > best_rate) {
@@ -617,20 +620,79 @@ static double fill(const ctx *c, mmp_placement *pl)
     return cur;
 }
 
+static int bound_of(const ctx *c, int warm)
+{
+    return c->in->schedule == MMP_SCHED_GPIPE || warm + 1 >= c->m ? c->m : warm + 1;
+}
+
+/* The micro-batches one replica of stage j of branch b (b == 2: fusion)
+ * may hold at once in pl, as the schedule compiler bounds them
+ * (coordinator/schedule_compile.c): from fusion back along each branch a
+ * stage runs ahead by R * depth - 1 micro-batches (its R replicas' share of
+ * its pipeline depth), and at least one more than the next stage takes in
+ * before its first backward; all m under GPipe or a batch-wide loss; under
+ * ZB-H1 every stage holds up to the largest 1F1B bound (its deferred weight
+ * passes); the fusion itself backs each micro-batch off right after its
+ * forward. Then no more than the replica owns (rounds). A stage with more
+ * replicas below it runs further ahead than its depth: `inflight` (the
+ * programme's view, one stage at a time) is a lower bound of this. */
+static int held_at(const ctx *c, const mmp_placement *pl, int b, int j)
+{
+    int m = c->m, gpipe = c->in->schedule == MMP_SCHED_GPIPE;
+    int fusion_warm = c->in->batch_loss ? m : 0;
+    int want = c->in->batch_loss ? m : 1, peak = bound_of(c, fusion_warm);
+    for (int u = 0; u < 2; u++) {
+        int after = fusion_warm + 1;
+        for (int k = pl->n_sub[u] - 1; k >= 0; k--) {
+            int depth = pl->n_sub[u] - k + 1;
+            int w = pl->sub[u][k].replicas * depth - 1;
+            w = gpipe ? m : w > after ? w : after;
+            w = w < m ? w : m;
+            int bound = bound_of(c, w);
+            peak = bound > peak ? bound : peak;
+            want = u == b && k == j ? bound : want;
+            after = w + 1;
+        }
+    }
+    if (c->in->schedule == MMP_SCHED_ZB_H1) {
+        want = peak > want ? peak : want;
+    }
+    int own = rounds(c, b < 2 ? pl->sub[b][j].replicas : pl->fusion_replicas);
+    return want < own ? want : own;
+}
+
+/* Bytes on each device of stage j of branch b (b == 2: fusion) in pl. */
+static double bytes_at(const ctx *c, const mmp_placement *pl, int b, int j)
+{
+    const sums *s = &c->unit[b];
+    int first = b < 2 ? pl->sub[b][j].first : 0, last = b < 2 ? pl->sub[b][j].last : s->n;
+    return range_sum(s, Q_STATE, first, last) +
+           (double)held_at(c, pl, b, j) * c->q0 * range_sum(s, Q_ACT, first, last);
+}
+
 /* Whether stage j of branch b (b == 2: fusion) fits the memory cap. */
 static int stage_fits(const ctx *c, const mmp_placement *pl, int b, int j)
 {
     double cap = c->in->mem_cap_bytes;
-    if (cap <= 0) {
+    return cap <= 0 || bytes_at(c, pl, b, j) <= cap * (1 + 1e-12);
+}
+
+/* Whether every stage of pl fits: a replica more on one stage lets the
+ * stages above it run further ahead, so a change anywhere is checked
+ * everywhere. */
+static int placement_fits(const ctx *c, const mmp_placement *pl)
+{
+    if (c->in->mem_cap_bytes <= 0) {
         return 1;
     }
-    if (b == 2) {
-        const sums *fu = &c->unit[2];
-        return stage_bytes(c, fu, 0, fu->n, 1, pl->fusion_replicas) <= cap * (1 + 1e-12);
+    for (int b = 0; b < 2; b++) {
+        for (int j = 0; j < pl->n_sub[b]; j++) {
+            if (!stage_fits(c, pl, b, j)) {
+                return 0;
+            }
+        }
     }
-    const mmp_planner_stage *g = &pl->sub[b][j];
-    return stage_bytes(c, &c->unit[b], g->first, g->last, pl->n_sub[b] - j + 1, g->replicas) <=
-           cap * (1 + 1e-12);
+    return stage_fits(c, pl, 2, 0);
 }
 
 /* Local search from a filled placement: move one cut by a layer, or take
@@ -665,7 +727,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                         (*from)--;
                         (*to)++;
                     }
-                    if (!stage_fits(c, &t, b, j) || !stage_fits(c, &t, b, j + 1)) {
+                    if (!placement_fits(c, &t)) {
                         continue;
                     }
                     double s = fill(c, &t);
@@ -705,11 +767,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                     if (t.sub[b][0].replicas > most_replicas(c, b, 0)) {
                         continue;
                     }
-                    int ok = 1;
-                    for (int k = 0; k < t.n_sub[b]; k++) {
-                        ok &= stage_fits(c, &t, b, k);
-                    }
-                    if (!ok) {
+                    if (!placement_fits(c, &t)) {
                         continue;
                     }
                     double s = fill(c, &t);
@@ -745,8 +803,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                     left -= up - *tf.rep[g];
                     *tf.rep[g] = up;
                 }
-                int ab = tf.unit[a], aj = ab < 2 ? a - (ab ? t.n_sub[0] : 0) : 0;
-                if (!stage_fits(c, &t, ab, aj)) {
+                if (!placement_fits(c, &t)) {
                     continue;
                 }
                 double s = fill(c, &t);
@@ -784,9 +841,8 @@ static double trim(const ctx *c, mmp_placement *pl, double step)
             }
             int to = replicas_for(c, n) < was ? replicas_for(c, n) : replicas_for(c, n + 1);
             *f.rep[s] = to;
-            int b = f.unit[s], j = b < 2 ? s - (b ? pl->n_sub[0] : 0) : 0;
             double B, t = closed_step(c, &f, &B);
-            if (t <= most && was - to > best_free && stage_fits(c, pl, b, j)) {
+            if (t <= most && was - to > best_free && placement_fits(c, pl)) {
                 best = s;
                 best_to = to;
                 best_free = was - to;
@@ -804,9 +860,13 @@ static double trim(const ctx *c, mmp_placement *pl, double step)
     return closed_step(c, &f, &B);
 }
 
-/* Keeps pl among the best MMP_PLANNER_RESCORE distinct placements. */
+/* Keeps pl among the best MMP_PLANNER_RESCORE distinct placements, when
+ * every stage of it fits the memory cap. */
 static void offer(search *S, const mmp_placement *pl, double step)
 {
+    if (!placement_fits(S->c, pl)) {
+        return;
+    }
     for (int i = 0; i < S->n_top; i++) {
         if (memcmp(&S->top[i], pl, sizeof *pl) == 0) {
             return;
@@ -1091,9 +1151,8 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
         const sums *s = &c->unit[b];
         for (int j = 0; j < pl->n_sub[b]; j++) {
             const mmp_planner_stage *g = &pl->sub[b][j];
-            int depth = pl->n_sub[b] - j + 1;
             e.stage_ms[b][j] = stage_ms(c, s, g->first, g->last);
-            e.stage_bytes[b][j] = stage_bytes(c, s, g->first, g->last, depth, g->replicas);
+            e.stage_bytes[b][j] = bytes_at(c, pl, b, j);
             if (cap > 0 && e.stage_bytes[b][j] > cap * (1 + 1e-12)) {
                 return mmp_errorf(MMP_ERR_INVALID,
                                   "planner: %s.%d (layers [%d, %d), %d replicas) needs %.4g bytes "
@@ -1108,7 +1167,7 @@ static mmp_err score(const ctx *c, const mmp_placement *pl, mmp_planner_method m
     }
     const sums *fu = &c->unit[2];
     e.fusion_ms = stage_ms(c, fu, 0, fu->n);
-    e.fusion_bytes = stage_bytes(c, fu, 0, fu->n, 1, pl->fusion_replicas);
+    e.fusion_bytes = bytes_at(c, pl, 2, 0);
     if (cap > 0 && e.fusion_bytes > cap * (1 + 1e-12)) {
         return mmp_errorf(MMP_ERR_INVALID,
                           "planner: fusion (%d replicas) needs %.4g bytes per device, over the "
@@ -1235,7 +1294,19 @@ mmp_err mmp_planner_plan(const mmp_planner_input *in, mmp_planner_result *out)
             break;
         }
     }
-    MMP_ASSERT(S.n_top > 0); /* the bound itself fits */
+    if (S.n_top == 0) {
+        /* the programme's window is a stage's depth; with replicas below
+         * it a stage runs further ahead (held_at), and every candidate it
+         * cut was over the cap then */
+        MMP_ASSERT(in->mem_cap_bytes > 0);
+        ret = mmp_errorf(MMP_ERR_INVALID,
+                         "planner: no placement found fits the memory cap of %.4g bytes per "
+                         "device in %d devices once the stages above replicated ones hold "
+                         "their schedule's micro-batches in flight: raise the cap, or plan "
+                         "more devices",
+                         in->mem_cap_bytes, D);
+        goto exit;
+    }
 
     /* 3. Polish the finalists. */
     int finalists = S.n_top;

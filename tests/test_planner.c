@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/rng.h"
+#include "coordinator/schedule.h"
 #include "tests/harness.h"
 
 #define MAXL 128
@@ -185,6 +186,176 @@ static void test_memory_cap(void)
     M.in.max_sub = 0;
     CHECK_OK(mmp_planner_plan(&M.in, &capped));
     CHECK(capped.placement.n_sub[0] == 4);
+}
+
+/* What the runtime compiles for pl (the replicated graph, routed in turn):
+ * over the replicas of stage j of branch b (b == 2: fusion), the largest
+ * in-flight bound (*bound) and what the compiled lists hold at most
+ * (*actual). 0 when it compiled. */
+static int compiled_held(const model *M, const mmp_placement *pl, int b, int j, int *bound,
+                         int *actual)
+{
+    static const mmp_stage_kind kinds[3] = {MMP_KIND_IMAGE, MMP_KIND_TEXT, MMP_KIND_FUSION};
+    mmp_sched *s = calloc(1, sizeof *s);
+    if (!s) {
+        return -1;
+    }
+    int n = 0;
+    for (int u = 0; u < 3; u++) {
+        int subs = u < 2 ? pl->n_sub[u] : 1;
+        for (int k = 0; k < subs; k++) {
+            int R = u < 2 ? pl->sub[u][k].replicas : pl->fusion_replicas;
+            for (int r = 0; r < R; r++) {
+                mmp_sched_stage *st = &s->stages[n++];
+                snprintf(st->name, sizeof st->name, "%s.%d", u == 0 ? "image" : "text", k);
+                if (u == 2) {
+                    snprintf(st->name, sizeof st->name, "fusion");
+                }
+                st->kind = kinds[u];
+                st->sub = k;
+                st->n_sub = subs;
+                st->layer_first = u < 2 ? pl->sub[u][k].first : 0;
+                st->layer_last = u < 2 ? pl->sub[u][k].last : 1;
+                st->replica = r;
+                st->n_replicas = R;
+            }
+        }
+    }
+    s->n_stages = n;
+    s->batch_loss = M->in.batch_loss;
+    mmp_err e = mmp_sched_compile_stages(s, M->in.schedule, M->in.microbatches);
+    *bound = *actual = 0;
+    for (int i = 0; e == MMP_OK && i < s->n_stages; i++) {
+        const mmp_sched_stage *st = &s->stages[i];
+        if (st->kind == kinds[b] && (b == 2 || st->sub == j)) {
+            *bound = st->inflight_bound > *bound ? st->inflight_bound : *bound;
+            *actual = st->max_inflight > *actual ? st->max_inflight : *actual;
+        }
+    }
+    mmp_sched_fini(s);
+    free(s);
+    return e == MMP_OK ? 0 : -1;
+}
+
+/* The planner's memory per device is the compiled schedule's: for random
+ * placements (splits, replicas, GPipe / 1F1B / ZB-H1, per-micro-batch and
+ * batch-wide loss), each branch stage holds exactly the compiler's in-flight
+ * bound of micro-batches (1 byte a sample a layer here, no state), never
+ * less than its lists hold; the fusion never less either. Before, a stage
+ * above a replicated one was counted as holding its depth: image.0 over
+ * three image.1 replicas in 8 micro-batches holds 7, not 3, and a plan
+ * under a cap between the two was accepted. */
+static void test_memory_is_the_schedules(void)
+{
+    model M;
+    uniform(&M, 6, 3.0, 4, 1.0, 0.5, 64);
+    for (int u = 0; u < 3; u++) {
+        for (int i = 0; i < MAXL; i++) {
+            M.act[u][i] = 1;
+        }
+    }
+    M.in.branch[0].act_bytes = M.act[0];
+    M.in.branch[1].act_bytes = M.act[1];
+    M.in.fusion.act_bytes = M.act[2];
+    M.in.batch = 64;
+    mmp_rng rng;
+    mmp_rng_seed(&rng, 11, 0);
+    static const mmp_schedule kinds[3] = {MMP_SCHED_GPIPE, MMP_SCHED_1F1B, MMP_SCHED_ZB_H1};
+    static const int ms[3] = {4, 8, 16};
+    int checked = 0, bad = 0, above_depth = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        M.in.schedule = kinds[mmp_rng_u64(&rng) % 3];
+        M.in.batch_loss = (int)(mmp_rng_u64(&rng) % 2);
+        M.in.microbatches = ms[mmp_rng_u64(&rng) % 3];
+        int m = M.in.microbatches, q0 = M.in.batch / m;
+        mmp_placement pl;
+        memset(&pl, 0, sizeof pl);
+        for (int b = 0; b < 2; b++) {
+            int layers = M.in.branch[b].n;
+            pl.n_sub[b] = 1 + (int)(mmp_rng_u64(&rng) % (b ? 2 : 3));
+            for (int k = 0; k < pl.n_sub[b]; k++) {
+                pl.sub[b][k].first = k * layers / pl.n_sub[b];
+                pl.sub[b][k].last = (k + 1) * layers / pl.n_sub[b];
+                int most = k == 0 && m < 4 ? m : 4;
+                pl.sub[b][k].replicas = 1 + (int)(mmp_rng_u64(&rng) % (unsigned)most);
+            }
+        }
+        pl.fusion_replicas = 1 + (int)(mmp_rng_u64(&rng) % 2);
+        mmp_planner_eval ev;
+        if (mmp_planner_evaluate(&M.in, &pl, &ev) != MMP_OK) {
+            bad++;
+            continue;
+        }
+        for (int b = 0; b < 3; b++) {
+            for (int j = 0; j < (b < 2 ? pl.n_sub[b] : 1); j++) {
+                int bound, actual;
+                if (compiled_held(&M, &pl, b, j, &bound, &actual) != 0) {
+                    bad++;
+                    continue;
+                }
+                double layers = b < 2 ? pl.sub[b][j].last - pl.sub[b][j].first : 1;
+                double bytes = b < 2 ? ev.stage_bytes[b][j] : ev.fusion_bytes;
+                int held = (int)lround(bytes / (q0 * layers));
+                int ok = held >= actual && (b == 2 || held == bound);
+                if (!ok && bad < 5) {
+                    printf("  %s, batch loss %d, m %d: stage %d.%d held %d, compiled bound %d, "
+                           "lists %d\n",
+                           M.in.schedule == MMP_SCHED_GPIPE  ? "gpipe"
+                           : M.in.schedule == MMP_SCHED_1F1B ? "1f1b"
+                                                             : "zb-h1",
+                           M.in.batch_loss, m, b, j, held, bound, actual);
+                }
+                bad += !ok;
+                checked++;
+                above_depth += b < 2 && M.in.schedule == MMP_SCHED_1F1B && !M.in.batch_loss &&
+                               held > pl.n_sub[b] - j + 1;
+            }
+        }
+    }
+    printf("  %d stages of 400 random placements: %d off the compiled schedule; %d (1F1B) hold "
+           "more than their depth\n",
+           checked, bad, above_depth);
+    CHECK(checked > 1000 && bad == 0 && above_depth > 0);
+
+    /* image [0,3) x1 over [3,6) x3, 8 micro-batches, 1F1B: image.0 holds 7 */
+    M.in.schedule = MMP_SCHED_1F1B;
+    M.in.batch_loss = 0;
+    M.in.microbatches = 8;
+    M.in.devices = 7;
+    mmp_placement pl;
+    memset(&pl, 0, sizeof pl);
+    pl.n_sub[0] = 2;
+    pl.sub[0][0] = (mmp_planner_stage){0, 3, 1};
+    pl.sub[0][1] = (mmp_planner_stage){3, 6, 3};
+    pl.n_sub[1] = 1;
+    pl.sub[1][0] = (mmp_planner_stage){0, 4, 1};
+    pl.fusion_replicas = 1;
+    mmp_planner_eval ev;
+    CHECK_OK(mmp_planner_evaluate(&M.in, &pl, &ev));
+    CHECK(fabs(ev.stage_bytes[0][0] - 7 * 8 * 3) < 1e-9); /* 7 micro-batches of 8, 3 layers */
+    /* a cap the depth's 3 would meet: refused, naming the stage */
+    M.in.mem_cap_bytes = 5 * 8 * 3;
+    CHECK(mmp_planner_evaluate(&M.in, &pl, &ev) == MMP_ERR_INVALID);
+    CHECK(strstr(mmp_last_error(), "image.0") && strstr(mmp_last_error(), "over the cap"));
+    /* the planner's own choice under that cap fits as compiled, everywhere */
+    mmp_planner_result r;
+    mmp_err e = mmp_planner_plan(&M.in, &r);
+    CHECK(e == MMP_OK || (e == MMP_ERR_INVALID && strstr(mmp_last_error(), "memory cap")));
+    if (e == MMP_OK) {
+        print_placement("7 devices, cap 120 bytes", &r.placement, &r.eval);
+        for (int b = 0; b < 3; b++) {
+            for (int j = 0; j < (b < 2 ? r.placement.n_sub[b] : 1); j++) {
+                int bound, actual;
+                CHECK(compiled_held(&M, &r.placement, b, j, &bound, &actual) == 0);
+                double layers =
+                    b < 2 ? r.placement.sub[b][j].last - r.placement.sub[b][j].first : 1;
+                CHECK(actual * 8 * layers <= M.in.mem_cap_bytes * (1 + 1e-12));
+            }
+        }
+    } else {
+        printf("  7 devices, cap 120 bytes: %s\n", mmp_last_error());
+    }
+    M.in.mem_cap_bytes = 0;
 }
 
 static void test_three_devices(void)
@@ -773,8 +944,8 @@ static void test_plan_limits(void)
 }
 
 MMP_TEST_LIST("test_planner", MMP_TEST_CASE(test_balance_4_1_1), MMP_TEST_CASE(test_memory_cap),
-              MMP_TEST_CASE(test_three_devices), MMP_TEST_CASE(test_brute_force),
-              MMP_TEST_CASE(test_closed_vs_simulated),
+              MMP_TEST_CASE(test_memory_is_the_schedules), MMP_TEST_CASE(test_three_devices),
+              MMP_TEST_CASE(test_brute_force), MMP_TEST_CASE(test_closed_vs_simulated),
               MMP_TEST_CASE(test_closed_vs_simulated_replicas), MMP_TEST_CASE(test_scale),
               MMP_TEST_CASE(test_cli), MMP_TEST_CASE(test_cli_keys_simulate),
               MMP_TEST_CASE(test_invalid), MMP_TEST_CASE(test_plan_limits))
