@@ -16,7 +16,8 @@
 #     and fusion each an srun step on its own node, every data channel over
 #     tcp, the checkpoint equals --single-process (max_abs_diff=0);
 #  3. `salloc -N4` with two image replicas: the replicas on two nodes reduce
-#     their gradients over tcp, = --single-process bitwise;
+#     their gradients over tcp, = --single-process bitwise; a scripted
+#     re-placement (new srun steps after a checkpoint) = --single-process;
 #  4. the sample batch script configs/slurm.sbatch under `sbatch --wait`:
 #     the coordinator on the batch node (n1), the stages reaching it by its
 #     host name (control.address's default), = --single-process bitwise;
@@ -198,6 +199,24 @@ grep -q 'reduce.* over tcp' "$W/rep.log" && ok "rep: the replicas reduce over tc
 same_ckpt "$W/rep/ckpt/latest" "$W/rep-single/ckpt/latest" && ok "rep: replicas on two nodes == single process" \
   || fail "rep: replicas on two nodes != single process"
 nothing_left rep "$W/rep.log"
+
+# 3b. a scripted re-placement (balance.force) under SLURM: checkpoint, stop,
+# relaunch every stage as new srun steps on the allocation's nodes, resume;
+# = --single-process bitwise
+balance_plan "$W/bal.yaml" 16 0 'step: 8, set: "stages.image.replicas=[1,2]"'
+echo "control: { address: 10.77.0.1 }" >>"$W/bal.yaml"
+"$BIN" launch "$W/bal.yaml" --single-process --out "$W/bal-single" >"$W/bal-single.log" 2>&1 \
+  || fail "bal: single"
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=2 -Q "$BIN" launch "$W/bal.yaml" --out "$W/bal" \
+  --set launcher=slurm --set hosts=slurm >"$W/bal.log" 2>&1 && ok "bal: a re-placement under SLURM completes" \
+  || { fail "bal: salloc launch"; tail -5 "$W/bal.log"; }
+grep -q 'started image.1/1 (pid [0-9]*, srun to host n[0-9]' "$W/bal.log" \
+  && grep -q '"placement":"image.0\[0:2):1 image.1\[2:5):2 text.0:1 fusion:1"' "$W/bal/metrics.jsonl" \
+  && ok "bal: after step 8 image.1's second replica runs as a new srun step" \
+  || fail "bal: no re-placement ($(grep -c started "$W/bal.log") starts)"
+same_ckpt "$W/bal/ckpt/latest" "$W/bal-single/ckpt/latest" && ok "bal: re-placed under SLURM == single process" \
+  || fail "bal: != single process"
+nothing_left bal "$W/bal.log"
 
 # 4. the sample batch script, as a user submits it (its GPU request taken
 # back: this cluster has none; the binary through MMPIPE, as it says)
