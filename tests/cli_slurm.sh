@@ -14,7 +14,8 @@
 #     sees (CUDA_VISIBLE_DEVICES=0,1), --gpus=N refused (no per-node count);
 #  2. `salloc -N3` + `--set launcher=slurm --set hosts=slurm`: image, text
 #     and fusion each an srun step on its own node, every data channel over
-#     tcp, the checkpoint equals --single-process (max_abs_diff=0);
+#     tcp, the checkpoint equals --single-process (max_abs_diff=0); the same
+#     with the coordinator itself in an srun step on n1;
 #  3. `salloc -N4` with two image replicas: the replicas on two nodes reduce
 #     their gradients over tcp, = --single-process bitwise; a scripted
 #     re-placement (new srun steps after a checkpoint) = --single-process;
@@ -185,6 +186,18 @@ grep -q 'data channels: 0 over cuda_ipc, 0 over shm, [1-9][0-9]* over tcp' "$W/n
 same_ckpt "$W/n3/ckpt/latest" "$W/single/ckpt/latest" && ok "n3: three nodes == single process" \
   || fail "n3: three nodes != single process"
 nothing_left n3 "$W/n3.log"
+
+# 2b. the coordinator itself inside a step on the allocation's first node
+# (`srun mmpipe launch`, as the GPU refusal above advises): its stages are
+# steps of the same job, and they reach it by n1's host name
+timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q srun -N1 -n1 --overlap --quiet \
+  "$BIN" launch "$W/plan-batch.yaml" --out "$W/instep" --set launcher=slurm --set hosts=slurm \
+  >"$W/instep.log" 2>&1 && ok "launch inside an srun step" || { fail "instep"; tail -5 "$W/instep.log"; }
+grep -q 'control plane: tcp://n1:[0-9]*' "$W/instep.log" && grep -q 'fusion/0 (pid [0-9]*, srun to host n3' "$W/instep.log" \
+  && ok "instep: the coordinator on n1, the stages srun steps on n1..n3" || fail "instep: $(grep -m1 'control plane' "$W/instep.log")"
+same_ckpt "$W/instep/ckpt/latest" "$W/single/ckpt/latest" && ok "instep: == single process" \
+  || fail "instep: != single process"
+nothing_left instep "$W/instep.log"
 
 # 3. four nodes, the image replicas on n1 and n2
 timeout 300 ip netns exec "${P}c" salloc -N4 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/rep" \
