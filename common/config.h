@@ -17,7 +17,9 @@
 #define MMP_PATH_MAX 1024
 /* train.microbatches at most: every process sizes its per-step tables by it. */
 #define MMP_MAX_MICROBATCHES 1024
-#define MMP_MAX_HOSTS 16
+/* hosts in a plan: a plan's 1024 processes on nodes of 8 GPUs (common/hostlist.h
+ * takes as many SLURM nodes) */
+#define MMP_MAX_HOSTS 128
 #define MMP_MAX_DEVICES 64
 #define MMP_MAX_IMAGE_STAGES 4 /* ResNet stages (blocks/channels entries) */
 #define MMP_MAX_SPLITS 8

@@ -14,6 +14,8 @@
 #include "common/err.h"
 
 #define MMP_HOSTLIST_NAME_MAX 128
+/* nodes of an allocation mmp_hostlist_from_slurm takes (a plan's hosts, MMP_MAX_HOSTS) */
+#define MMP_HOSTLIST_MAX_NODES 128
 
 /* Expands `list` into names[0..max) (each MMP_HOSTLIST_NAME_MAX bytes);
  * *n gets the count. MMP_ERR_INVALID with the offending text and column in
@@ -40,7 +42,7 @@ mmp_err mmp_hostlist_expand(const char *list, char (*names)[MMP_HOSTLIST_NAME_MA
  * allocation reads as cpu slots there; README says to use --gpus-per-node.) */
 typedef struct mmp_slurm_env {
     int n_nodes;
-    char nodes[64][MMP_HOSTLIST_NAME_MAX];
+    char nodes[MMP_HOSTLIST_MAX_NODES][MMP_HOSTLIST_NAME_MAX];
     int gpus;      /* GPUs on each node */
     int gpu[64];   /* their ordinals as a stage sees them: 0..gpus-1 (CUDA renumbers the devices
                     * CUDA_VISIBLE_DEVICES lists, and srun each step's, from 0) */

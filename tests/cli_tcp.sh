@@ -7,7 +7,8 @@
 # logs say tcp; nothing is left in /dev/shm; a SIGKILLed stage stops the job
 # with the stage named (whether its peers' channels report the lost address
 # before the coordinator stops them is a race: test_transport tcp/peer-death
-# checks those messages).
+# checks those messages). A plan of 20 "hosts" of this machine (more than the
+# 16 a plan once held), 18 processes over tcp, = --single-process bitwise.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -55,6 +56,38 @@ grep -q 'data channels: 0 over cuda_ipc, 4 over shm, 0 over tcp' "$W/auto.log" \
   && ok "transport.data: auto on one host is shm" || fail "auto: $(grep -o 'data channels:.*' "$W/auto.log")"
 expect_fail "a bad transport.data is named" "transport.data" \
   "$BIN" launch "$W/plan.yaml" --out "$W/bad" --set transport.data=carrier-pigeon
+
+# --- more hosts than the 16 a plan once held: 20 "hosts" of this machine --------------
+# (launcher: ssh with `env MMP_HOST={address} sh -c` for a command: each
+# host's stages start here, and an edge between two hosts is tcp); 18
+# processes on 18 of them:
+# image.0 x8, image.1 x8, text, fusion = --single-process bitwise
+{
+  cat <<YAML
+job:   { name: many, steps: 4, seed: 7 }
+data:  { manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32 }
+model: { width: 32, image: { blocks: [1, 1], channels: [8, 16] },
+         text: { layers: 1, heads: 2 }, fusion: { layers: 1, heads: 2 } }
+train: { batch: 16, microbatches: 8, eval_every: 0, ckpt_every: 0, final_eval: false }
+stages: { image: { split: [1], replicas: [8, 8] } }
+launcher: ssh
+launcher_command: env MMP_HOST={address} sh -c
+control: { address: 127.0.0.1 }
+hosts:
+YAML
+  for h in $(seq -w 0 19); do echo "  - { name: h$h, address: 127.0.0.1, devices: [cpu] }"; done
+} >"$W/many.yaml"
+"$BIN" launch "$W/many.yaml" --single-process --out "$W/many-single" >"$W/many-single.log" 2>&1 \
+  || { fail "20 hosts: single"; tail -3 "$W/many-single.log"; }
+"$BIN" launch "$W/many.yaml" --out "$W/many" >"$W/many.log" 2>&1 \
+  && ok "20 hosts: 18 stage processes on 18 hosts ran" || { fail "20 hosts: launch"; tail -5 "$W/many.log"; }
+grep -q 'started fusion/0 (pid [0-9]*, ssh to host h17 at 127.0.0.1)' "$W/many.log" \
+  && grep -q 'data channels: 0 over cuda_ipc, 0 over shm, [1-9][0-9]* over tcp' "$W/many.log" \
+  && ok "20 hosts: fusion on the 18th host, every channel tcp" \
+  || fail "20 hosts: $(grep -o 'started fusion[^)]*)' "$W/many.log"); $(grep -o 'data channels:.*' "$W/many.log")"
+out=$(same_ckpt "$W/many-single" "$W/many") && ok "20 hosts == single process: $out" \
+  || fail "20 hosts != single process: $out"
+left_behind "20 hosts" "$W/many.log"
 
 # --- SIGKILL to one stage: noticed, named, nothing left ---------------------------------
 for victim in text.0 fusion; do

@@ -145,9 +145,10 @@ static void test_replan_within_plan_limits(void)
         2, d.train.batch < MMP_MAX_MICROBATCHES ? d.train.batch : MMP_MAX_MICROBATCHES, 0, 4, 128);
 }
 
-/* A plan's most slots (16 hosts x 64 devices = MMP_SCHED_MAX_STAGES) and
- * micro-batches enough to feed them: the balancer asks the planner for all
- * 1024 and re-places to far more than the 64 processes a plan held before,
+/* A plan's most slots (MMP_MAX_HOSTS x 64 devices: 8192, past the
+ * MMP_SCHED_MAX_STAGES processes a schedule holds) and micro-batches enough
+ * to feed them: the balancer asks the planner for 1024 (no more) and
+ * re-places to far more than the 64 processes a plan held before,
  * a placement that compiles (the old schedule compiler refused anything over
  * 64, so the balancer asked for 64 devices at most). */
 static void test_replan_thousand_slots(void)

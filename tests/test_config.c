@@ -662,20 +662,51 @@ static void test_hosts_slurm(void)
     setenv("SLURM_JOB_NODELIST", "gpu[01-", 1);
     CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
     CHECK(strstr(mmp_last_error(), "SLURM_JOB_NODELIST: hostlist 'gpu[01-'") != NULL);
+    /* as many nodes as a plan takes hosts (MMP_MAX_HOSTS), not one more */
+    setenv("SLURM_JOB_NODELIST", "n[001-128]", 1);
+    CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
+    CHECK(p.n_hosts == 128 && strcmp(p.hosts[127].name, "n128") == 0 && mmp_plan_slots(&p) == 256);
+    setenv("SLURM_JOB_NODELIST", "n[001-129]", 1);
+    CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
+    CHECK(strstr(mmp_last_error(), "SLURM_JOB_NODELIST") != NULL);
     unsetenv("SLURM_JOB_NODELIST");
     unsetenv("SLURM_GPUS_ON_NODE");
 }
 
+/* A plan's hosts: up to MMP_MAX_HOSTS (128: a plan's 1024 processes on
+ * nodes of 8 GPUs), one more refused at the key's place. */
+static void test_many_hosts(void)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/hosts.yaml", tmp);
+    static mmp_plan p;
+    for (int n = MMP_MAX_HOSTS; n <= MMP_MAX_HOSTS + 1; n++) {
+        static char text[64 * (MMP_MAX_HOSTS + 1) + 256];
+        size_t at = (size_t)snprintf(text, sizeof text,
+                                     "data: { manifest: t.jsonl }\nlauncher: ssh\nhosts:\n");
+        for (int h = 0; h < n; h++) {
+            at += (size_t)snprintf(text + at, sizeof text - at,
+                                   "  - { name: node%03d, devices: [cuda:0, cuda:1] }\n", h);
+        }
+        CHECK(mmp_test_write_text(path, text));
+        mmp_err e = mmp_plan_load(&p, path, NULL, 0);
+        if (n == MMP_MAX_HOSTS) {
+            CHECK(e == MMP_OK && p.n_hosts == n && mmp_plan_slots(&p) == 2 * n &&
+                  strcmp(p.hosts[n - 1].name, "node127") == 0 &&
+                  mmp_plan_slot_host(&p, 2 * n - 1) == n - 1);
+        } else {
+            CHECK(e == MMP_ERR_CONFIG && strstr(mmp_last_error(), "hosts.yaml:4:3: ") &&
+                  strstr(mmp_last_error(), "expected 1 to 128 hosts, got 129"));
+        }
+    }
+}
+
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_hosts_slurm),
-    MMP_TEST_CASE(test_full_plan),
-    MMP_TEST_CASE(test_defaults),
-    MMP_TEST_CASE(test_paths),
-    MMP_TEST_CASE(test_demo),
-    MMP_TEST_CASE(test_file_errors),
-    {"test_written_errors", test_written_errors_case},
-    MMP_TEST_CASE(test_overrides),
-    {"test_sim", test_sim_case},
+    MMP_TEST_CASE(test_hosts_slurm), MMP_TEST_CASE(test_many_hosts),
+    MMP_TEST_CASE(test_full_plan),   MMP_TEST_CASE(test_defaults),
+    MMP_TEST_CASE(test_paths),       MMP_TEST_CASE(test_demo),
+    MMP_TEST_CASE(test_file_errors), {"test_written_errors", test_written_errors_case},
+    MMP_TEST_CASE(test_overrides),   {"test_sim", test_sim_case},
     {"test_json", test_json_case},
 };
 

@@ -110,8 +110,8 @@ static void check_env(void)
         return;
     }
     if (mmp_hostlist_from_slurm(env, fake_getenv) == MMP_OK) {
-        if (env->n_nodes < 1 || env->n_nodes > 64 || env->gpus < 0 || env->gpus > 64 ||
-            env->cpu_slots < 1 || env->cpu_slots > 64 ||
+        if (env->n_nodes < 1 || env->n_nodes > MMP_HOSTLIST_MAX_NODES || env->gpus < 0 ||
+            env->gpus > 64 || env->cpu_slots < 1 || env->cpu_slots > 64 ||
             strspn(env->job_id, "0123456789_") != strlen(env->job_id)) {
             __builtin_trap();
         }
