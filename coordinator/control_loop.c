@@ -279,9 +279,13 @@ void coord_settle(coord *c)
  * only the stall watchdog (train.stall_timeout) would end the wait. */
 static int watch_links(coord *c)
 {
-    if (!c->tcp || c->failure[0]) {
+    /* twice a second is plenty against a 2 s grace: the loop turns once a
+     * message, and a look walks every stage's entry */
+    double now = mmp_now();
+    if (!c->tcp || c->failure[0] || now - c->links_checked < 0.5) {
         return 0;
     }
+    c->links_checked = now;
     for (int i = 0; i < c->n; i++) {
         const proc *p = &c->procs[i];
         double t = p->alive ? mmp_ctl_peer_dropped_s(c->ctl, p->name) : -1;

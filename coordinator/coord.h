@@ -110,11 +110,12 @@ typedef struct coord {
     FILE *metrics;
     mmp_trace trace;
     /* supervision */
-    int fault;      /* the failure is a stage's death or stall: a restart may help */
-    int killed;     /* a stage of this launch died by a signal we did not send */
-    int in_steps;   /* stages are training (the watchdog and graceful stop apply) */
-    int steps_done; /* steps completed (of the whole run) */
-    int ckpt_step;  /* steps the newest checkpoint of this launch holds; -1 none */
+    int fault;            /* the failure is a stage's death or stall: a restart may help */
+    int killed;           /* a stage of this launch died by a signal we did not send */
+    int in_steps;         /* stages are training (the watchdog and graceful stop apply) */
+    double links_checked; /* when the control-connection watch last looked (control_loop.c) */
+    int steps_done;       /* steps completed (of the whole run) */
+    int ckpt_step;        /* steps the newest checkpoint of this launch holds; -1 none */
     /* Checkpoints asked for and not yet published (ckpt/latest): the newest
      * asked for, and the oldest being written in the background (-1 none);
      * at most two: a stage finishes one before it snapshots the next. */

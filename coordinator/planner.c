@@ -695,6 +695,20 @@ static int placement_fits(const ctx *c, const mmp_placement *pl)
     return stage_fits(c, pl, 2, 0);
 }
 
+/* One move of polish: t, when every stage fits, filled; kept in *best when
+ * that shortens the step past the tie tolerance. */
+static void consider(const ctx *c, mmp_placement *t, mmp_placement *best, double *best_step)
+{
+    if (!placement_fits(c, t)) {
+        return;
+    }
+    double s = fill(c, t);
+    if (s < *best_step * (1 - TIE_RTOL)) {
+        *best = *t;
+        *best_step = s;
+    }
+}
+
 /* Local search from a filled placement: move one cut by a layer, or take
  * one replica off a stage and fill again, while either shortens the step.
  * It mends what the greedy fill and the cheapest-cut programme miss (a cut
@@ -727,14 +741,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                         (*from)--;
                         (*to)++;
                     }
-                    if (!placement_fits(c, &t)) {
-                        continue;
-                    }
-                    double s = fill(c, &t);
-                    if (s < best_step * (1 - TIE_RTOL)) {
-                        best = t;
-                        best_step = s;
-                    }
+                    consider(c, &t, &best, &best_step);
                 }
             }
         }
@@ -767,14 +774,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                     if (t.sub[b][0].replicas > most_replicas(c, b, 0)) {
                         continue;
                     }
-                    if (!placement_fits(c, &t)) {
-                        continue;
-                    }
-                    double s = fill(c, &t);
-                    if (s < best_step * (1 - TIE_RTOL)) {
-                        best = t;
-                        best_step = s;
-                    }
+                    consider(c, &t, &best, &best_step);
                 }
             }
         }
@@ -803,14 +803,7 @@ static double polish(const ctx *c, mmp_placement *pl, double step)
                     left -= up - *tf.rep[g];
                     *tf.rep[g] = up;
                 }
-                if (!placement_fits(c, &t)) {
-                    continue;
-                }
-                double s = fill(c, &t);
-                if (s < best_step * (1 - TIE_RTOL)) {
-                    best = t;
-                    best_step = s;
-                }
+                consider(c, &t, &best, &best_step);
             }
         }
         if (best_step >= step) {
