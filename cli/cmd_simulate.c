@@ -70,9 +70,13 @@ static const char USAGE[] =
     "                   than SIZE bytes (suffix K, M, G or T: powers of 1024, e.g.\n"
     "                   80G). A stage's memory is the most the run measured for it\n"
     "                   (peak_mem_bytes: device memory on GPU stages, RSS on CPU\n"
-    "                   ones) spread evenly over its layers, the same on every\n"
-    "                   replica: an upper bound, as a replica holds fewer samples'\n"
-    "                   activations. Prints each stage's memory beside its time\n"
+    "                   ones): its parameter arenas (state_bytes) spread evenly\n"
+    "                   over its layers, the rest per activation slot (act_slots)\n"
+    "                   and sample, charged for the micro-batches the placement's\n"
+    "                   schedule lets it hold (a run without those two fields: the\n"
+    "                   whole peak spread over the layers). The balancer plans the\n"
+    "                   same way under balance.device_memory_gib. Prints each\n"
+    "                   stage's memory beside its time\n"
     "  --plan-cores N|all\n"
     "                   also choose a placement for N CPU cores where stage\n"
     "                   processes may share cores (what stages: auto does on a\n"
@@ -210,7 +214,9 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
     static mmp_layer_costs lc;
     layer_costs(p, s, c, &lc);
     if (mem_cap > 0) {
-        mmp_costs_per_layer_mem(s, c->mem_bytes, &lc);
+        mmp_costs_per_layer_mem(
+            s, c->mem_bytes, c->state_bytes, c->act_slots,
+            (p->train.batch + p->train.microbatches - 1) / p->train.microbatches, &lc);
         if (!lc.have_mem) {
             fprintf(stderr, "mmpipe simulate: --device-memory: the run recorded no peak_mem_bytes "
                             "for some stage\n");

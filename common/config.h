@@ -210,6 +210,11 @@ typedef struct mmp_plan {
         int window;     /* steps measured before a decision (after a relaunch, one more
                            to warm up); default 3, >= 1 */
         float min_gain; /* predicted step-time gain a re-placement must promise; default 0.1 */
+        /* Memory a re-placement may use per device, in GiB: every process's
+         * predicted peak under it (processes sharing a device share it).
+         * 0 (default): a GPU plan's smallest GPU less 1 GiB, no cap on a CPU
+         * plan. */
+        float device_memory_gib;
         /* A scripted re-placement (tests, experiments): after step force.step
          * completes, the stages are relaunched with the plan's stages.* keys
          * overridden by force.set ("stages.image.split=[3];stages.image.replicas=2").

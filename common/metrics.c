@@ -22,7 +22,8 @@
 static void stage_clear(mmp_metrics_stage *s)
 {
     memset(s, 0, sizeof *s);
-    s->replica = s->microbatches = s->max_inflight = -1;
+    s->replica = s->microbatches = s->max_inflight = s->act_slots = -1;
+    s->state_bytes = NAN;
     s->busy_ms = s->idle_ms = s->wall_ms = s->data_wait_ms = NAN;
     s->fwd_ms = s->bwd_ms = s->load_ms = s->peak_mem_bytes = s->wgt_ms = s->cpu_ms = NAN;
 }
@@ -140,6 +141,8 @@ static const field FIELDS[] = {
     STAGE_INT(max_inflight, 1),
     {"peak_mem_bytes", IN_STAGE, offsetof(mmp_metrics_stage, peak_mem_bytes), 0, "%.0f", 1, 0},
     STAGE(cpu_ms),
+    {"state_bytes", IN_STAGE, offsetof(mmp_metrics_stage, state_bytes), 0, "%.0f", 1, 0},
+    STAGE_INT(act_slots, 1),
     {"efficiency", IN_BALANCE, offsetof(mmp_metrics_step, efficiency), 0, "%.4f", 0, 0},
     {"val_i2t_r1", IN_EVAL, offsetof(mmp_metrics_step, val_i2t_r1), 0, "%.4f", 0, 1},
     {"val_t2i_r1", IN_EVAL, offsetof(mmp_metrics_step, val_t2i_r1), 0, "%.4f", 0, 1},

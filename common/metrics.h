@@ -76,7 +76,9 @@ typedef struct mmp_metrics_stage {
     double wgt_ms; /* zb-h1: the weight passes' part of bwd_ms; NAN when fused */
     int max_inflight;
     double peak_mem_bytes;
-    double cpu_ms; /* CPU time of the process over the step; NAN when absent */
+    double cpu_ms;      /* CPU time of the process over the step; NAN when absent */
+    double state_bytes; /* its parameter arenas (values, gradients, moments); NAN when absent */
+    int act_slots;      /* micro-batches' activations it keeps room for; -1 when absent */
 } mmp_metrics_stage;
 
 typedef struct mmp_metrics_step {

@@ -473,6 +473,7 @@ static const mmp_key_spec keys[] = {
     ENUM("balance.routing", balance.routing, routing_names, MMP_ROUTE_WEIGHTED),
     INT("balance.window", balance.window, 1, 1000, 3),
     FLOAT("balance.min_gain", balance.min_gain, '[', 0, 10, ']', 0.1),
+    FLOAT("balance.device_memory_gib", balance.device_memory_gib, '[', 0, 1e6, ']', 0),
     INT("balance.force.step", balance.force.step, 0, 1000000000, 0),
     STR("balance.force.set", balance.force.set, "", false),
 

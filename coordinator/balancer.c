@@ -70,6 +70,18 @@ void mmp_balancer_observe(mmp_balancer *b, const mmp_bal_proc *procs, double ste
         busy += shared ? fmin(procs[i].busy_ms, procs[i].cpu_ms) : procs[i].busy_ms;
     }
     b->efficiency = step_ms > 0 ? busy / (b->slots * step_ms) : 0;
+    for (int i = 0; i < n; i++) {
+        const mmp_bal_proc *q = &procs[i];
+        if (q->peak_mem_bytes > b->mem_peak[i]) {
+            b->mem_peak[i] = q->peak_mem_bytes;
+            b->mem_state[i] = q->state_bytes > 0 ? q->state_bytes : 0;
+            b->mem_slots[i] = q->act_slots > 0 ? q->act_slots : 0;
+        }
+        if (q->device_total_bytes > 0 &&
+            (b->device_total == 0 || q->device_total_bytes < b->device_total)) {
+            b->device_total = q->device_total_bytes;
+        }
+    }
     b->steps_seen++;
     if (b->steps_seen == 1) {
         return; /* a launch's first step warms up: not a measure */
@@ -114,6 +126,68 @@ static int routes(const mmp_balancer *b)
         }
     }
     return 0;
+}
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+#define GIB 1073741824.0
+#define GPU_RESERVE_BYTES GIB /* CUDA context, library handles: not in a stage's peak */
+
+/* The memory a re-placement may use per device (balancer.h), 0: no cap. */
+static double device_cap(const mmp_balancer *b)
+{
+    if (b->cur.balance.device_memory_gib > 0) {
+        return b->cur.balance.device_memory_gib * GIB;
+    }
+    if (b->device_total > 0) {
+        return b->device_total > 2 * GPU_RESERVE_BYTES ? b->device_total - GPU_RESERVE_BYTES
+                                                       : b->device_total / 2;
+    }
+    return 0;
+}
+
+/* The devices a plan's slots name: one per cpu slot, one per distinct GPU
+ * of a host (two slots may name one). */
+static int distinct_devices(const mmp_plan *p)
+{
+    int n = 0, S = mmp_plan_slots(p);
+    for (int s = 0; s < S; s++) {
+        int d = mmp_plan_slot_device(p, s), seen = 0;
+        for (int t = 0; d >= 0 && t < s && !seen; t++) {
+            seen = mmp_plan_slot_device(p, t) == d &&
+                   mmp_plan_slot_host(p, t) == mmp_plan_slot_host(p, s);
+        }
+        n += !seen;
+    }
+    return n > 0 ? n : 1;
+}
+
+/* One process's share of a device's cap when `procs` processes are dealt in
+ * turn over the plan's devices: the most that land on one device divide it. */
+static double per_process_cap(const mmp_balancer *b, double cap, int procs)
+{
+    int devs = distinct_devices(&b->cur);
+    int most = (procs + devs - 1) / devs;
+    return cap / (most > 1 ? most : 1);
+}
+
+/* Puts the measured memory into lc; 0 (and a reason in why) when some
+ * process has no measured peak. */
+static int measured_memory(const mmp_balancer *b, mmp_layer_costs *lc, char *why, size_t why_n)
+{
+    const mmp_plan *p = &b->cur;
+    int q0 = (p->train.batch + p->train.microbatches - 1) / p->train.microbatches;
+    mmp_costs_per_layer_mem(b->sched, b->mem_peak, b->mem_state, b->mem_slots, q0, lc);
+    if (!lc->have_mem) {
+        for (int i = 0; i < b->sched->n_stages; i++) {
+            if (!(b->mem_peak[i] > 0)) {
+                snprintf(why, why_n, "%s reported no peak memory", b->sched->stages[i].proc);
+                break;
+            }
+        }
+        return 0;
+    }
+    return 1;
 }
 
 /* Whether the planner is asked, with `seen` steps observed: dynamic mode or
@@ -295,6 +369,17 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         return MMP_OK;
     }
     const mmp_plan *p = &b->cur;
+    /* Memory (balancer.h): the cap, and the stages' measured memory. */
+    double cap = device_cap(b);
+    char reason[200] = "";
+    if (cap > 0 && !measured_memory(b, &lc, reason, sizeof reason)) {
+        if (!b->mem_warned++) {
+            MMP_WARN("balancer: re-placing under a memory cap of %.2f GiB a device needs every "
+                     "stage's measured memory, and %s: keeping the current placement",
+                     cap / GIB, reason);
+        }
+        return MMP_OK;
+    }
     /* The planner deals whole micro-batches to a stage's replicas, as the
      * runtime does: per-sample costs and the plan's own batch. */
     mmp_planner_input in;
@@ -320,15 +405,42 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
                      mmp_last_error());
             return MMP_OK;
         }
+        if (cap > 0) {
+            /* the planner on cores knows no memory: a placement over the cap
+             * (each process its own share of it) is not taken */
+            mmp_planner_input mi = in;
+            mmp_planner_eval mev;
+            mi.devices = mmp_placement_procs(&res.placement);
+            mi.mem_cap_bytes = cap;
+            mi.method = MMP_PLANNER_CLOSED_FORM;
+            if (mmp_planner_evaluate(&mi, &res.placement, &mev) != MMP_OK) {
+                if (!b->mem_warned++) {
+                    MMP_WARN("balancer: the placement planned on cores is over the memory cap of "
+                             "%.2f GiB a process (%s): keeping the current one",
+                             cap / GIB, mmp_last_error());
+                }
+                return MMP_OK;
+            }
+        }
     } else {
-        MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev));
+        MMP_TRY(mmp_planner_evaluate(&in, &now, &cur_ev)); /* no cap yet: whatever its memory */
         /* The planner keeps within each stage's limits; the schedule's (its
          * channels: every replica pair of consecutive stages needs two) may
          * still refuse a placement with many replicas on both sides of a
          * cut: then fewer devices are asked for, down to the processes
          * running now. */
         for (;;) {
-            MMP_TRY(mmp_planner_plan(&in, &res));
+            in.mem_cap_bytes = cap > 0 ? per_process_cap(b, cap, in.devices) : 0;
+            mmp_err e = mmp_planner_plan(&in, &res);
+            if (e != MMP_OK && cap > 0) {
+                if (!b->mem_warned++) {
+                    MMP_WARN("balancer: no re-placement within the memory cap of %.2f GiB a device "
+                             "(%.2f GiB a process): %s: keeping the current one",
+                             cap / GIB, in.mem_cap_bytes / GIB, mmp_last_error());
+                }
+                return MMP_OK;
+            }
+            MMP_TRY(e);
             if (runnable(b, &res.placement, &proposal)) {
                 break;
             }
@@ -347,7 +459,23 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
         !(g >= (profiling ? 0 : p->balance.min_gain))) {
         return MMP_OK;
     }
-    char cores_note[64] = "", nice_note[160] = "";
+    char cores_note[64] = "", nice_note[160] = "", mem_note[160] = "";
+    mmp_planner_input mi = in;
+    mmp_planner_eval mev;
+    mi.devices = mmp_placement_procs(&res.placement);
+    mi.mem_cap_bytes = 0;
+    mi.method = MMP_PLANNER_CLOSED_FORM;
+    if (cap > 0 && mmp_planner_evaluate(&mi, &res.placement, &mev) == MMP_OK) {
+        double most = mev.fusion_bytes;
+        for (int bb = 0; bb < 2; bb++) {
+            for (int j = 0; j < res.placement.n_sub[bb]; j++) {
+                most = fmax(most, mev.stage_bytes[bb][j]);
+            }
+        }
+        snprintf(mem_note, sizeof mem_note,
+                 "; memory: %.2f GiB the largest process predicted, cap %.2f GiB a device",
+                 most / GIB, cap / GIB);
+    }
     if (b->cores > 0) {
         snprintf(cores_note, sizeof cores_note, "on %d cores, ", b->cores);
         mmp_cores_input ci = {.in = in, .cores = b->cores};
@@ -370,9 +498,9 @@ mmp_err mmp_balancer_replan(mmp_balancer *b, int done, mmp_plan *next, int *go, 
     snprintf(why, why_n,
              "%s%smeasured costs predict step %.1f ms now (bottleneck %.2f ms queued a step, "
              "efficiency %.2f) and %.1f ms after re-placing (bottleneck %.2f ms, efficiency "
-             "%.2f)%s",
+             "%.2f)%s%s",
              profiling ? "stages: auto, after profiling: " : "", cores_note, cur_ev.step_ms,
              cur_ev.bottleneck_ms, cur_ev.efficiency, res.eval.step_ms, res.eval.bottleneck_ms,
-             res.eval.efficiency, nice_note);
+             res.eval.efficiency, nice_note, mem_note);
     return MMP_OK;
 }

@@ -35,6 +35,16 @@
  *    planner's placement after the first balance.window measured steps,
  *    whatever the gain and the mode.
  *
+ *    Memory: where there is a cap (balance.device_memory_gib, or on a GPU
+ *    plan its smallest GPU's memory less 1 GiB), the planner is also given
+ *    each stage's measured memory (its largest peak since the launch: its
+ *    parameter arenas spread over its layers, the rest per micro-batch held,
+ *    coordinator/costs.h mmp_costs_per_layer_mem) and the cap, shared by the
+ *    processes that share a device, and keeps every stage of its placement
+ *    under it (on cores, a placement over it is not taken). When no
+ *    placement fits, or a stage has no measured peak, the current placement
+ *    stays, with a warning.
+ *
  * Balance efficiency, measured: sum over processes of busy time / (device
  * slots x step time) -- the share of the devices' time spent working (for a
  * CPU plan, slots are its cores). Busy time is wall time inside compute;
@@ -56,6 +66,12 @@ typedef struct mmp_bal_proc {
     int samples;           /* samples in them */
     double busy_ms;        /* wall time in compute over the step */
     double cpu_ms;         /* CPU time of the process over the step (0: not known) */
+    /* memory (0: not reported): its peak (device memory on a GPU, RSS on the
+     * CPU), its parameter arenas, the micro-batches whose activations it
+     * keeps room for, and its GPU's memory in all */
+    double peak_mem_bytes, state_bytes;
+    int act_slots;
+    double device_total_bytes;
 } mmp_bal_proc;
 
 typedef struct mmp_balancer {
@@ -73,6 +89,12 @@ typedef struct mmp_balancer {
     /* after mmp_balancer_replan said go on cores: each new process's nice
      * value (coordinator/planner_cores.h, Priorities), all 0 otherwise */
     int next_nice[MMP_SCHED_MAX_STAGES];
+    /* memory since the (re)launch, per process: the largest peak and the
+     * state and slots reported with it; the smallest GPU seen (0: none) */
+    double mem_peak[MMP_SCHED_MAX_STAGES], mem_state[MMP_SCHED_MAX_STAGES];
+    int mem_slots[MMP_SCHED_MAX_STAGES];
+    double device_total;
+    int mem_warned; /* a memory warning was logged since the (re)launch (once is enough) */
 } mmp_balancer;
 
 /* Starts over for a (re)launched placement: cur is copied; sched (its

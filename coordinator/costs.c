@@ -40,7 +40,9 @@ typedef struct measured {
     double *fwd[MMP_SCHED_MAX_STAGES], *bwd[MMP_SCHED_MAX_STAGES], *load[MMP_SCHED_MAX_STAGES];
     double *wgt[MMP_SCHED_MAX_STAGES];
     double *step;
-    double mem[MMP_SCHED_MAX_STAGES]; /* the most peak_mem_bytes any record gave */
+    double mem[MMP_SCHED_MAX_STAGES];   /* the most peak_mem_bytes any record gave */
+    double state[MMP_SCHED_MAX_STAGES]; /* that record's state_bytes (0: none) */
+    int slots[MMP_SCHED_MAX_STAGES];    /* and act_slots (0: none) */
 } measured;
 
 static void measured_fini(measured *m)
@@ -104,6 +106,8 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
         sum[3][st] += isnan(g->wgt_ms) ? 0 : g->wgt_ms;
         if (!isnan(g->peak_mem_bytes) && g->peak_mem_bytes > m->mem[st]) {
             m->mem[st] = g->peak_mem_bytes;
+            m->state[st] = isnan(g->state_bytes) ? 0 : g->state_bytes;
+            m->slots[st] = g->act_slots > 0 ? g->act_slots : 0;
         }
         count[st]++;
     }
@@ -206,12 +210,16 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
             c->load_ms[st] = steady_median(m.load[st], m.n);
             c->wgt_ms[st] = steady_median(m.wgt[st], m.n); /* 0: fused, simulated as 1:1 */
             c->mem_bytes[st] = m.mem[st];
+            c->state_bytes[st] = m.state[st];
+            c->act_slots[st] = m.slots[st];
         }
         for (int st = 0; st < s->n_stages; st++) {
             /* a replica without its own figure: its stage's others' */
             for (int r = 0; c->mem_bytes[st] == 0 && r < s->n_stages; r++) {
                 if (strcmp(s->stages[r].name, s->stages[st].name) == 0) {
                     c->mem_bytes[st] = c->mem_bytes[r];
+                    c->state_bytes[st] = c->state_bytes[r];
+                    c->act_slots[st] = c->act_slots[r];
                 }
             }
         }
@@ -257,24 +265,37 @@ int mmp_costs_per_layer(const mmp_sched *s, const double *fwd_ms, const double *
     return 1;
 }
 
-void mmp_costs_per_layer_mem(const mmp_sched *s, const double *mem_bytes, mmp_layer_costs *out)
+void mmp_costs_per_layer_mem(const mmp_sched *s, const double *mem_bytes, const double *state_bytes,
+                             const int *act_slots, int q0, mmp_layer_costs *out)
 {
     out->have_mem = 1;
     for (int i = 0; i < s->n_stages; i += s->stages[i].n_replicas) {
         const mmp_sched_stage *g = &s->stages[i];
-        double most = 0;
+        int top = i;
         for (int r = 0; r < g->n_replicas; r++) {
-            most = mem_bytes[i + r] > most ? mem_bytes[i + r] : most;
+            top = mem_bytes[i + r] > mem_bytes[top] ? i + r : top;
         }
-        out->have_mem &= most > 0;
+        double peak = mem_bytes[top] > 0 ? mem_bytes[top] : 0;
+        double state = state_bytes ? state_bytes[top] : 0;
+        int slots = act_slots ? act_slots[top] : 0;
+        out->have_mem &= peak > 0;
+        double act = 0; /* per slot */
+        if (state > 0 && state <= peak && slots > 0 && q0 > 0) {
+            act = (peak - state) / slots;
+        } else {
+            state = peak;
+        }
+        int nl = g->kind == MMP_KIND_FUSION ? 1 : g->layer_last - g->layer_first;
+        double per_sample = q0 > 0 ? act / q0 / nl : 0;
         if (g->kind == MMP_KIND_FUSION) {
-            out->fusion_mem = most;
+            out->fusion_mem = state;
+            out->fusion_act = per_sample;
             continue;
         }
         int br = g->kind == MMP_KIND_IMAGE ? MMP_PLANNER_IMAGE : MMP_PLANNER_TEXT;
-        int nl = g->layer_last - g->layer_first;
         for (int l = g->layer_first; l < g->layer_last && l < MMP_PLANNER_MAX_LAYERS; l++) {
-            out->mem[br][l] = most / nl;
+            out->mem[br][l] = state / nl;
+            out->act[br][l] = per_sample;
         }
     }
 }
@@ -286,15 +307,18 @@ void mmp_costs_planner_input(const mmp_plan *p, const mmp_layer_costs *lc, mmp_p
     in->branch[MMP_PLANNER_IMAGE] = (mmp_planner_layers){.n = mmp_plan_image_layers(p),
                                                          .fwd_ms = lc->fwd[0],
                                                          .bwd_ms = lc->bwd[0],
-                                                         .state_bytes = mem ? lc->mem[0] : NULL};
+                                                         .state_bytes = mem ? lc->mem[0] : NULL,
+                                                         .act_bytes = mem ? lc->act[0] : NULL};
     in->branch[MMP_PLANNER_TEXT] = (mmp_planner_layers){.n = mmp_plan_text_layers(p),
                                                         .fwd_ms = lc->fwd[1],
                                                         .bwd_ms = lc->bwd[1],
-                                                        .state_bytes = mem ? lc->mem[1] : NULL};
+                                                        .state_bytes = mem ? lc->mem[1] : NULL,
+                                                        .act_bytes = mem ? lc->act[1] : NULL};
     in->fusion = (mmp_planner_layers){.n = 1,
                                       .fwd_ms = &lc->fusion_fwd,
                                       .bwd_ms = &lc->fusion_bwd,
-                                      .state_bytes = mem ? &lc->fusion_mem : NULL};
+                                      .state_bytes = mem ? &lc->fusion_mem : NULL,
+                                      .act_bytes = mem ? &lc->fusion_act : NULL};
     in->microbatches = p->train.microbatches;
     in->schedule = p->train.schedule;
     in->batch_loss = p->model.fusion.itc_scope == MMP_ITC_BATCH;

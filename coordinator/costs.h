@@ -54,9 +54,10 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
 typedef struct mmp_layer_costs {
     double fwd[2][MMP_PLANNER_MAX_LAYERS], bwd[2][MMP_PLANNER_MAX_LAYERS];
     double fusion_fwd, fusion_bwd;
-    /* memory: a stage's measured peak spread evenly over its layers, as the
-     * planner's state_bytes (0: not measured) */
+    /* memory (0: not measured), the planner's state_bytes and act_bytes:
+     * see mmp_costs_per_layer_mem */
     double mem[2][MMP_PLANNER_MAX_LAYERS], fusion_mem;
+    double act[2][MMP_PLANNER_MAX_LAYERS], fusion_act;
     int have_mem; /* every stage had a measured peak */
 } mmp_layer_costs;
 
@@ -67,10 +68,20 @@ typedef struct mmp_layer_costs {
  * or 0 when a stage has no measured replica. */
 int mmp_costs_per_layer(const mmp_sched *s, const double *fwd_ms, const double *bwd_ms,
                         mmp_layer_costs *out);
-/* Adds the memory: mem_bytes[i] is process i's measured peak (0: none); a
- * stage takes its replicas' largest, spread evenly over its layers (fusion:
- * its unit). Sets out->have_mem when every stage had one. */
-void mmp_costs_per_layer_mem(const mmp_sched *s, const double *mem_bytes, mmp_layer_costs *out);
+/* Adds the memory. Process i reported mem_bytes[i], its peak (0: none);
+ * state_bytes[i], its parameter arenas; act_slots[i], the micro-batches of q0
+ * samples whose activations it keeps room for (state_bytes and act_slots may
+ * be NULL, or 0 for a process: not reported). A stage takes its replica with
+ * the largest peak. Where that replica reported both, its state is spread
+ * evenly over the stage's layers as state_bytes and the rest of its peak
+ * (activations, and whatever else the process holds) per slot and sample,
+ * spread evenly too, as act_bytes: the planner then charges a placement
+ * state + held * q0 * act, where held is what its schedule lets the stage
+ * hold, so the measured placement comes back as measured and a stage given
+ * more micro-batches in flight grows. Otherwise the whole peak is state.
+ * Sets out->have_mem when every stage had a peak. */
+void mmp_costs_per_layer_mem(const mmp_sched *s, const double *mem_bytes, const double *state_bytes,
+                             const int *act_slots, int q0, mmp_layer_costs *out);
 
 /* The planner's input for plan p with lc's costs (lc must outlive in's
  * use): the branches' layer counts, fusion as one unit, p's micro-batches

@@ -225,6 +225,11 @@ typedef struct mmp_sim_costs {
      * one), the most any measured step recorded; 0 when not measured. The
      * simulator ignores it; the planner's memory cap reads it. */
     double mem_bytes[MMP_SCHED_MAX_STAGES];
+    /* With it (0: not reported): the process's parameter arenas, and the
+     * micro-batches whose activations it keeps room for (coordinator/costs.h,
+     * mmp_costs_per_layer_mem). */
+    double state_bytes[MMP_SCHED_MAX_STAGES];
+    int act_slots[MMP_SCHED_MAX_STAGES];
 } mmp_sim_costs;
 
 typedef struct mmp_sim_result {

@@ -385,6 +385,8 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
         st->load_ms = d->data_ms / n_mb;
         st->max_inflight = d->max_inflight;
         st->peak_mem_bytes = (double)d->peak_mem_bytes;
+        st->state_bytes = d->state_bytes > 0 ? (double)d->state_bytes : NAN;
+        st->act_slots = d->act_slots > 0 ? d->act_slots : -1;
         st->cpu_ms = d->cpu_ms;
         m.cpu_ms += d->cpu_ms;
     }
@@ -565,7 +567,12 @@ static int balance(coord *c, int done, double step_ms)
     mmp_bal_proc bp[MMP_SCHED_MAX_STAGES];
     for (int i = 0; i < c->n; i++) {
         const Mmpipe__StepDone *d = done_of(c, i);
-        bp[i] = (mmp_bal_proc){.busy_ms = d->busy_ms, .cpu_ms = d->cpu_ms};
+        bp[i] = (mmp_bal_proc){.busy_ms = d->busy_ms,
+                               .cpu_ms = d->cpu_ms,
+                               .peak_mem_bytes = (double)d->peak_mem_bytes,
+                               .state_bytes = (double)d->state_bytes,
+                               .act_slots = d->act_slots,
+                               .device_total_bytes = (double)d->device_total_bytes};
         for (size_t k = 0; k < d->n_mbs; k++) {
             bp[i].fwd_ms += d->mbs[k]->fwd_ms;
             bp[i].bwd_ms += d->mbs[k]->bwd_ms;

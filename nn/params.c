@@ -216,6 +216,11 @@ void mmp_params_grad_unscale(mmp_params *p, float loss_scale)
     }
 }
 
+size_t mmp_params_bytes(const mmp_params *p)
+{
+    return (p->total ? p->total : 16) * (4 * sizeof(float) + sizeof(double)); /* as alloc */
+}
+
 double mmp_params_grad_sumsq(const mmp_params *p)
 {
     double s = 0;

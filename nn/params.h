@@ -106,6 +106,9 @@ void mmp_params_grad_finish(mmp_params *p);
 void mmp_params_grad_unscale(mmp_params *p, float loss_scale);
 /* Sum of squares of all trainable gradients (double; waits for the backend). */
 double mmp_params_grad_sumsq(const mmp_params *p);
+/* Bytes of p's arenas on its backend once allocated: values, gradients, the
+ * two AdamW moments (floats) and the step accumulator (doubles). */
+size_t mmp_params_bytes(const mmp_params *p);
 
 /* Writes every entry (values; for trainable ones also "<name>.adam_m" and
  * "<name>.adam_v") to a checkpoint file at path (common/ckpt.h format). */

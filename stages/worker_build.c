@@ -4,6 +4,7 @@
  * teardown that undoes all of it, valid after a failed set-up. */
 #include "stages/worker_internal.h"
 
+#include "common/cuda_module.h"
 #include "common/pin.h"
 
 #include <sys/resource.h>
@@ -376,7 +377,17 @@ static mmp_err open_backend(worker *w)
     }
 #ifdef MMP_HAVE_CUDA
     MMP_TRY(mmp_backend_create_cuda(&w->be, w->gpu));
-    MMP_INFO("%s: on cuda:%d", w->name, w->gpu);
+    /* the device's memory in all, for the balancer's cap (StepDone) */
+    void *sym = NULL;
+    char name[256];
+    if (mmp_cuda_module_sym("mmp_cuda_device_info", &sym) == MMP_OK) {
+        mmp_err (*info)(int, char *, size_t, size_t *);
+        memcpy(&info, &sym, sizeof info);
+        if (info(w->gpu, name, sizeof name, &w->device_total) != MMP_OK) {
+            w->device_total = 0;
+        }
+    }
+    MMP_INFO("%s: on cuda:%d (%.1f GiB)", w->name, w->gpu, (double)w->device_total / (1 << 30));
     return MMP_OK;
 #else
     return mmp_errorf(MMP_ERR_INVALID, "%s: placed on cuda:%d, but built without CUDA", w->name,

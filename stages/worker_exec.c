@@ -1087,6 +1087,12 @@ mmp_err worker_run_step(worker *w, int step)
     d.itc = w->loss.itc;
     d.itm = w->loss.itm;
     d.max_inflight = w->max_inflight;
+    d.state_bytes = (uint64_t)mmp_params_bytes(w->params);
+    /* batch scope: the fusion's one activation store holds the whole batch */
+    d.act_slots = w->kind == MMP_BRANCH_FUSION && w->batch_scope
+                      ? (w->B + w->mb_max - 1) / (w->mb_max > 0 ? w->mb_max : 1)
+                      : w->n_fl;
+    d.device_total_bytes = (uint64_t)w->device_total;
     d.skipped = w->skipped;
     double cpu = mmp_metrics_cpu_ms();
     d.cpu_ms = (float)(cpu - w->cpu_mark);

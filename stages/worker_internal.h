@@ -197,6 +197,7 @@ typedef struct worker {
     mmp_sim_clock sim_clock;         /* compute: simulated: the sleeps' carried lateness */
     float *fwd_ms, *bwd_ms, *wgt_ms; /* wgt_ms: zb-h1 W passes, also counted in bwd_ms */
     int inflight, max_inflight;
+    size_t device_total; /* a GPU stage's device memory in all; 0 */
     mmp_loss_parts loss;
     float clip_coef;
     /* fp16 loss scaling (common/loss_scale.h), the coordinator's word: the

@@ -20,7 +20,10 @@
 #  3. configs/sim-uneven.yaml (4:1:1, six slots, from 2/2/2): dynamic
 #     re-places within 30 steps to image.0:4 text.0:1 fusion:1 (the one
 #     placement that balances 4:1:1 on six slots; predicted efficiency
-#     > 0.7); the static 2/2/2 run never re-places;
+#     > 0.7), planned under a generous memory cap; the static 2/2/2 run
+#     never re-places;
+#  3b. memory: every process reports its peak, parameter arenas and
+#     activation slots; under a 1 MiB cap nothing fits and 2/2/2 stays;
 #  4. cost drift: text triples at step 31 of that same dynamic run (its
 #     steps 1-30 are section 3's; the costs change only from step 31 on);
 #     within 15 steps the balancer re-plans to image.0:3 text.0:2 fusion:1
@@ -112,8 +115,11 @@ SU="--set data.manifest=$W/data/train.jsonl"
   --set balance.mode=off >"$W/static.log" 2>&1 || { fail "static run failed"; tail -5 "$W/static.log"; }
 # The dynamic run is also section 4's drift run: text x3 from step 31 on
 # (sim.change_step), 50 steps. Section 3 looks only at its steps 1-30
-# (dyn30.jsonl), which ran the unchanged 4:1:1 costs.
+# (dyn30.jsonl), which ran the unchanged 4:1:1 costs. It re-places under a
+# memory cap (balance.device_memory_gib) far above what any process holds,
+# so the cap is applied and changes nothing; section 3b takes one under them.
 "$BIN" launch configs/sim-uneven.yaml $SU --out "$W/dynamic" --set job.steps=50 \
+  --set balance.device_memory_gib=64 \
   --set sim.change_step=31 --set sim.change.text=3.0 >"$W/dynamic.log" 2>&1 \
   || { fail "dynamic run failed"; tail -5 "$W/dynamic.log"; }
 head -30 "$W/dynamic/metrics.jsonl" >"$W/dyn30.jsonl"
@@ -137,6 +143,32 @@ ge "${pred:-0}" 0.7 && ok "the new placement's predicted balance efficiency $pre
 ratio=$(awk -v a="$t_dyn" -v b="$t_static" 'BEGIN { printf "%.3f", a / b }')
 echo "     dynamic steady throughput $t_dyn vs static $t_static samples/s: $ratio x (not asserted, bench/balance.sh; measured efficiency $eff_dyn)"
 left_behind "dynamic, after the relaunch" "$W/dynamic.log"
+# --- 3b. memory: what each stage reports, and a cap under every process ------------
+# Every stage entry of a step record carries its parameter arenas
+# (state_bytes) and activation slots (act_slots) beside its peak: the
+# balancer's memory model (coordinator/costs.h). The decision above names
+# the cap it planned under. A cap of 1 MiB, under every process's peak and
+# under any layer's share of it: no placement fits, the run keeps 2/2/2, says
+# why once, and finishes.
+line=$(sed -n 2p "$W/dynamic/metrics.jsonl")
+n_peak=$(grep -o '"peak_mem_bytes":[0-9]' <<<"$line" | wc -l)
+n_state=$(grep -o '"state_bytes":[1-9][0-9]*' <<<"$line" | wc -l)
+n_slots=$(grep -o '"act_slots":[1-9][0-9]*' <<<"$line" | wc -l)
+[ "$n_peak" -eq 6 ] && [ "$n_state" -eq 6 ] && [ "$n_slots" -eq 6 ] \
+  && ok "metrics.jsonl: each of the 6 processes reports peak_mem_bytes, state_bytes and act_slots" \
+  || fail "metrics.jsonl stage memory: $n_peak peaks, $n_state state_bytes, $n_slots act_slots (want 6 each)"
+grep -q '"action":"replace".*cap 64.00 GiB a device' "$W/dyn30.jsonl" \
+  && ok "dynamic: the re-placement was planned under the 64 GiB cap: $(grep -o 'memory: [^"]*' "$W/dyn30.jsonl" | head -1)" \
+  || fail "dynamic: the decision names no memory cap"
+"$BIN" launch configs/sim-uneven.yaml $SU --out "$W/mem_cap" --set job.steps=8 \
+  --set balance.device_memory_gib=0.0009765625 >"$W/mem_cap.log" 2>&1 \
+  && ! grep -q '"action":"replace"' "$W/mem_cap/metrics.jsonl" \
+  && [ "$(grep -c '"placement":"image.0:2 text.0:2 fusion:2"' "$W/mem_cap/metrics.jsonl")" -eq 8 ] \
+  && [ "$(grep -c 'no re-placement within the memory cap of 0.00 GiB a device' "$W/mem_cap.log")" -eq 1 ] \
+  && ok "a 1 MiB cap: no placement fits, 2/2/2 on all 8 steps, said once" \
+  || { fail "1 MiB cap"; grep -E 'warn|error' "$W/mem_cap.log" | tail -3 | sed 's/^/    /'; }
+left_behind "memory cap run" "$W/mem_cap.log"
+
 # With 2 micro-batches the placement above (image.0:4) cannot run: a replica takes whole
 # micro-batches. The planner proposes only placements whose loading sub-stages have at
 # most 2 replicas. From 2/2/2 every micro-batch already has a replica of its own on every

@@ -13,7 +13,9 @@
 #    within 1e-4 relative; after 20 steps the loss within 2e-2 relative
 #    (Adam amplifies rounding on near-zero gradients: the weights then differ
 #    by more than rounding, and the diff is printed, not bounded);
-#  - peak device memory is reported per stage; nothing is left behind.
+#  - peak device memory is reported per stage, with its parameter arenas
+#    and activation slots, and the GPU's memory reaches the balancer's cap
+#    (a dynamic run on six slots of the GPU); nothing is left behind.
 # Skips (77) where no CUDA device is visible or the build has no CUDA.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -43,6 +45,10 @@ run gpu_step1 configs/gpu-1.yaml --single-process --set job.steps=1
 run gpu_bf16_step1 configs/gpu-1.yaml --single-process --set job.steps=1 --set train.precision=bf16
 run cpu_bf16_step1 configs/demo.yaml --single-process --set job.steps=1 --set train.precision=bf16
 run cpu_step1 configs/demo.yaml --single-process --set job.steps=1
+# dynamic balancing on six slots of the one GPU: the balancer's memory cap
+# is the GPU's own memory (each stage reports it) less 1 GiB
+run gpu_dynamic configs/gpu-1.yaml --set balance.mode=dynamic --set job.steps=10 \
+  --set "hosts=[{name: localhost, devices: [cuda:0, cuda:0, cuda:0, cuda:0, cuda:0, cuda:0]}]"
 # the text stage on the CPU between GPU stages: shm there, staged through the host
 run mixed configs/gpu-1.yaml --set "hosts=[{name: localhost, devices: [cuda:0, cpu, cuda:0]}]"
 grep -q "data channels: 2 over cuda_ipc, 2 over shm" "$W/mixed.log" && ok "mixed: 2 cuda_ipc and 2 shm channels" \
@@ -88,7 +94,24 @@ peaks=$(tail -1 "$W/gpu_1f1b/metrics.jsonl" | grep -o '"name":"[a-z.0-9]*","repl
 echo "    peak device memory: $peaks"
 n=$(wc -w <<<"$peaks"); bad=$(tr ' ' '\n' <<<"$peaks" | awk -F= 'NF == 2 && !($2 > 0 && $2 < 200e9)' | wc -l)
 [ "$n" -eq 3 ] && [ "$bad" -eq 0 ] && ok "peak device memory of the 3 stages reported" || fail "peak memory: '$peaks'"
+# what the balancer's memory model reads: parameter arenas and activation
+# slots beside the peak, and the GPU's memory in all
+st=$(tail -1 "$W/gpu_1f1b/metrics.jsonl" | grep -o '"peak_mem_bytes":[0-9]*,"cpu_ms":[0-9.e+-]*,"state_bytes":[1-9][0-9]*,"act_slots":[1-9][0-9]*' \
+  | awk -F'[:,]' '$6 < $2' | wc -l)
+[ "$st" -eq 3 ] && ok "each GPU stage reports state_bytes (under its peak) and act_slots" \
+  || fail "state_bytes/act_slots: $st of 3 stages"
+gib=$(grep -o 'on cuda:0 ([0-9.]* GiB)' "$W/gpu_dynamic.log" | head -1 | grep -o '[0-9.]* GiB' | cut -d' ' -f1)
+awk -v g="${gib:-0}" 'BEGIN { exit !(g > 1) }' && ok "a GPU stage knows its GPU's memory: $gib GiB" \
+  || fail "no GPU memory in the stage log: $(grep -o 'on cuda:0.*' "$W/gpu_dynamic.log" | head -1)"
+cap=$(grep -o 'cap [0-9.]* GiB a device' "$W/gpu_dynamic/metrics.jsonl" | head -1 | cut -d' ' -f2)
+if [ -n "$cap" ]; then
+  awk -v c="$cap" -v g="${gib:-0}" 'BEGIN { d = g - 1 - c; exit !(d > -0.02 && d < 0.02) }' \
+    && ok "dynamic on the GPU re-placed under a cap of $cap GiB (the GPU's $gib less 1)" \
+    || fail "dynamic on the GPU: cap $cap GiB, GPU $gib GiB"
+else
+  echo "    dynamic on the GPU: no re-placement ($(grep -c '"action":"replace"' "$W/gpu_dynamic/metrics.jsonl") decisions; the cap shows only in one)"
+fi
 mps_left=$(grep -ho '/tmp/mmpipe-mps-[0-9a-f]*' "$W"/*.log | sort -u | while read -r d; do [ -e "$d" ] && echo "$d"; done)
 [ -z "$mps_left" ] && ok "no MPS directory left" || fail "MPS directories left: $mps_left"
-left_behind "GPU pipelines" "$W/gpu_bf16_1f1b.log" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/gpu_replicas.log" "$W/mixed.log"
+left_behind "GPU pipelines" "$W/gpu_bf16_1f1b.log" "$W/gpu_dynamic.log" "$W/gpu_1f1b.log" "$W/gpu_gpipe.log" "$W/gpu_replicas.log" "$W/mixed.log"
 finish

@@ -156,6 +156,127 @@ static void test_replan_thousand_slots(void)
     replan_within_plan_limits(MMP_MAX_HOSTS, 256, 256 * 64, 512, MMP_SCHED_MAX_STAGES);
 }
 
+/* ---- memory ------------------------------------------------------------------------ */
+
+#define GIB 1073741824.0
+#define IMAGE_STATE_GIB 5.0
+
+/* One host whose slots name the CUDA devices dev[0..n-1], the demo's model,
+ * 1/1/1, dynamic; three steps where the image stage is 10x the text's and
+ * holds IMAGE_STATE_GIB of parameter arenas (7 GiB at its peak, 2 slots),
+ * text 1 GiB, fusion 0.5. cap_gib: balance.device_memory_gib; gpu_gib: the
+ * device memory the stages report (0: none). Returns go; *next, why. */
+static int mem_replan(const int *dev, int n, double cap_gib, double gpu_gib, mmp_plan *next,
+                      char *why, size_t why_n)
+{
+    static mmp_plan p;
+    static mmp_sched s;
+    static mmp_balancer b;
+    mmp_plan_defaults(&p);
+    p.n_hosts = 1;
+    snprintf(p.hosts[0].name, sizeof p.hosts[0].name, "node0");
+    p.hosts[0].n_devices = n;
+    for (int d = 0; d < n; d++) {
+        p.hosts[0].devices[d] = dev[d];
+    }
+    p.train.microbatches = 8;
+    p.balance.mode = MMP_BALANCE_DYNAMIC;
+    p.balance.window = 2;
+    p.balance.device_memory_gib = (float)cap_gib;
+    CHECK_OK(mmp_sched_compile(&s, &p));
+    mmp_balancer_reset(&b, &p, &s, "{}");
+    mmp_bal_proc pr[3];
+    for (int i = 0; i < 3; i++) {
+        int k = s.stages[i].kind;
+        double ms = k == MMP_KIND_IMAGE ? 4000 : k == MMP_KIND_TEXT ? 400 : 20;
+        double peak = k == MMP_KIND_IMAGE ? 7 : k == MMP_KIND_TEXT ? 1 : 0.5;
+        double state = k == MMP_KIND_IMAGE ? IMAGE_STATE_GIB : k == MMP_KIND_TEXT ? 0.5 : 0.1;
+        pr[i] = (mmp_bal_proc){.fwd_ms = ms,
+                               .bwd_ms = 2 * ms,
+                               .samples = p.train.batch,
+                               .busy_ms = 3 * ms,
+                               .peak_mem_bytes = peak * GIB,
+                               .state_bytes = state * GIB,
+                               .act_slots = 2,
+                               .device_total_bytes = gpu_gib * GIB};
+    }
+    for (int k = 0; k < 3; k++) {
+        mmp_balancer_observe(&b, pr, 12500);
+    }
+    int go = 0;
+    double gain;
+    why[0] = 0;
+    CHECK_OK(mmp_balancer_replan(&b, 3, next, &go, why, why_n, &gain));
+    mmp_sched_fini(&s);
+    return go;
+}
+
+/* The most layers an image sub-stage of next holds. */
+static int widest_image_stage(const mmp_plan *next)
+{
+    int n = mmp_plan_image_layers(next), at = 0, most = 0;
+    for (int j = 0; j <= next->stages.image.n_split; j++) {
+        int end = j < next->stages.image.n_split ? next->stages.image.split[j] : n;
+        most = end - at > most ? end - at : most;
+        at = end;
+    }
+    return most;
+}
+
+/* Whether every image sub-stage's parameter arenas alone (its share of
+ * IMAGE_STATE_GIB: the least it can hold) fit cap_gib. */
+static int image_state_fits(const mmp_plan *next, double cap_gib)
+{
+    return IMAGE_STATE_GIB * widest_image_stage(next) / mmp_plan_image_layers(next) <=
+           cap_gib * (1 + 1e-9);
+}
+
+/* Re-placement under a memory cap: the planner is given the measured
+ * memory and the cap, shared by processes that share a device; a cap no
+ * placement fits keeps the current one (no error); a GPU's reported memory
+ * is the cap when the plan sets none. Each case checks the state-only
+ * bound (independent of the planner's activation model), and the
+ * unconstrained choice breaks it, so the cap is what changed the choice. */
+static void test_replan_under_memory_cap(void)
+{
+    static mmp_plan next;
+    char why[1024];
+    static const int eight[8] = {0, 1, 2, 3, 4, 5, 6, 7}, shared[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+    CHECK(mem_replan(eight, 8, 0, 0, &next, why, sizeof why) == 1);
+    printf("  no cap: %s\n  image: widest sub-stage %d of %d layers\n", why,
+           widest_image_stage(&next), mmp_plan_image_layers(&next));
+    CHECK(!image_state_fits(&next, 2.5)); /* the cases below change it */
+    CHECK(strstr(why, "memory:") == NULL);
+
+    CHECK(mem_replan(eight, 8, 2.5, 0, &next, why, sizeof why) == 1);
+    printf("  cap 2.5 GiB: %s\n  image: widest sub-stage %d\n", why, widest_image_stage(&next));
+    CHECK(image_state_fits(&next, 2.5));
+    CHECK(strstr(why, "cap 2.50 GiB a device") != NULL);
+
+    /* twice that cap on 8 slots that name 4 GPUs: two processes a GPU */
+    CHECK(mem_replan(eight, 8, 5.0, 0, &next, why, sizeof why) == 1);
+    int alone = widest_image_stage(&next);
+    printf("  cap 5 GiB, 8 GPUs: image: widest sub-stage %d\n", alone);
+    CHECK(image_state_fits(&next, 5.0) && !image_state_fits(&next, 2.5)); /* sharing changes it */
+    CHECK(mem_replan(shared, 8, 5.0, 0, &next, why, sizeof why) == 1);
+    printf("  cap 5 GiB, 4 GPUs in 8 slots: image: widest sub-stage %d\n",
+           widest_image_stage(&next));
+    CHECK(image_state_fits(&next, 2.5));
+
+    /* a GPU's own memory, less 1 GiB, when the plan sets no cap */
+    CHECK(mem_replan(eight, 8, 0, 3.5, &next, why, sizeof why) == 1);
+    printf("  3.5 GiB GPUs: %s\n", why);
+    CHECK(image_state_fits(&next, 2.5));
+    CHECK(strstr(why, "cap 2.50 GiB a device") != NULL);
+    /* the plan's cap wins over the GPU's */
+    CHECK(mem_replan(eight, 8, 20, 3.5, &next, why, sizeof why) == 1);
+    CHECK(strstr(why, "cap 20.00 GiB a device") != NULL);
+
+    /* under every layer's own state: nothing fits, the placement stays */
+    CHECK(mem_replan(eight, 8, 0.5, 0, &next, why, sizeof why) == 0);
+}
+
 MMP_TEST_LIST("test_balancer", MMP_TEST_CASE(test_shared_cores), MMP_TEST_CASE(test_core_each),
               MMP_TEST_CASE(test_replan_within_plan_limits),
-              MMP_TEST_CASE(test_replan_thousand_slots))
+              MMP_TEST_CASE(test_replan_thousand_slots),
+              MMP_TEST_CASE(test_replan_under_memory_cap))

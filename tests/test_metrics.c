@@ -20,7 +20,7 @@ static const char PIPE_LINE[] =
     "\"stages\":["
     "{\"name\":\"image.0\",\"replica\":0,\"microbatches\":4,\"busy_ms\":150.2,\"idle_ms\":54.6,"
     "\"wall_ms\":204.8,\"data_wait_ms\":0.1,\"fwd_ms\":12.5,\"bwd_ms\":25.1,\"load_ms\":0.375,"
-    "\"max_inflight\":3,\"peak_mem_bytes\":71000000},"
+    "\"max_inflight\":3,\"peak_mem_bytes\":71000000,\"state_bytes\":1200000,\"act_slots\":3},"
     "{\"name\":\"fusion\",\"replica\":1,\"microbatches\":2,\"busy_ms\":30,\"idle_ms\":174.8,"
     "\"wall_ms\":204.8,\"data_wait_ms\":0,\"fwd_ms\":3,\"bwd_ms\":6,\"load_ms\":0,"
     "\"max_inflight\":1,\"peak_mem_bytes\":18400000}],"
@@ -40,6 +40,8 @@ static void test_read_pipeline_line(void)
     CHECK(m.stages[0].fwd_ms == 12.5 && m.stages[0].bwd_ms == 25.1 && m.stages[0].load_ms == 0.375);
     CHECK(m.stages[0].microbatches == 4 && m.stages[0].max_inflight == 3);
     CHECK(m.stages[0].peak_mem_bytes == 71000000);
+    CHECK(m.stages[0].state_bytes == 1200000 && m.stages[0].act_slots == 3);
+    CHECK(isnan(m.stages[1].state_bytes) && m.stages[1].act_slots == -1); /* absent */
     CHECK(strcmp(m.stages[1].name, "fusion") == 0 && m.stages[1].replica == 1);
     CHECK(m.has_balance && m.efficiency == 0.44);
     CHECK(strcmp(m.placement, "image.0[0:3):1 image.1[3:6):1 text.0:1 fusion:2") == 0);
