@@ -12,6 +12,8 @@ int mmp_cmd_stage(int argc, char **argv);
 int mmp_cmd_simulate(int argc, char **argv);
 int mmp_cmd_bench(int argc, char **argv);
 int mmp_cmd_devices(int argc, char **argv);
+int mmp_cmd_agent(int argc, char **argv);
+int mmp_cmd_rexec(int argc, char **argv);
 
 /* Commands that take one PLAN.yaml (launch, simulate) describe their
  * options in a table and parse with mmp_cli_parse, so flags, values, --set

@@ -24,14 +24,17 @@ static const char USAGE[] =
     "  ckpt export CKPT --format safetensors -o FILE | ckpt import FILE --plan PLAN -o RUN\n"
     "                     weights to and from safetensors (PyTorch's names and layouts)\n"
     "  devices            the CPU and the CUDA devices a plan can name here\n"
+    "  agent --key-file FILE [--listen [HOST:]PORT] | agent --new-key FILE\n"
+    "                     start stages on this node for plans with launcher: agent\n"
     "  stage ...          one stage process (started by launch)\n"
+    "  rexec ...          run a stage through an agent (started by launch)\n"
     "\n"
     "mmpipe <command> --help shows a command's options.\n";
 
 static const mmp_cli_sub COMMANDS[] = {
     {"launch", mmp_cmd_launch},     {"data", mmp_cmd_data},   {"stage", mmp_cmd_stage},
     {"simulate", mmp_cmd_simulate}, {"bench", mmp_cmd_bench}, {"devices", mmp_cmd_devices},
-    {"ckpt", mmp_cmd_ckpt},
+    {"ckpt", mmp_cmd_ckpt},         {"agent", mmp_cmd_agent}, {"rexec", mmp_cmd_rexec},
 };
 
 int main(int argc, char **argv)

@@ -53,8 +53,15 @@ typedef enum mmp_branch { MMP_BRANCH_IMAGE = 0, MMP_BRANCH_TEXT, MMP_BRANCH_FUSI
 
 /* How the coordinator starts stage processes (README "Launching on several
  * hosts"): local: posix_spawn here; ssh: one `launcher_command` per stage;
- * slurm: one `srun` step per stage inside the allocation. */
-typedef enum mmp_launcher { MMP_LAUNCH_LOCAL = 0, MMP_LAUNCH_SSH, MMP_LAUNCH_SLURM } mmp_launcher;
+ * slurm: one `srun` step per stage inside the allocation; agent: one
+ * `mmpipe rexec` per stage to the `mmpipe agent` on its host
+ * (transport/rexec.h). */
+typedef enum mmp_launcher {
+    MMP_LAUNCH_LOCAL = 0,
+    MMP_LAUNCH_SSH,
+    MMP_LAUNCH_SLURM,
+    MMP_LAUNCH_AGENT
+} mmp_launcher;
 /* The control plane's endpoint: auto is tcp (ZeroMQ CURVE) when the plan
  * has more than one host or a launcher other than local, else ipc. */
 typedef enum mmp_ctl_transport { MMP_CTLT_AUTO = 0, MMP_CTLT_IPC, MMP_CTLT_TCP } mmp_ctl_transport;
@@ -263,6 +270,10 @@ typedef struct mmp_plan {
     mmp_launcher launcher;      /* default local */
     char launcher_command[512]; /* ssh: the command before the remote one; words split on
                                    spaces, {address} and {name} replaced; no shell */
+    struct {
+        int port;                    /* the agents' port (default MMP_REXEC_PORT) */
+        char key_file[MMP_PATH_MAX]; /* the agents' key, read by the relays here */
+    } agent;
     struct {
         mmp_ctl_transport transport;   /* default auto */
         char address[MMP_ADDRESS_MAX]; /* tcp: what stages connect to (default: this host's name) */

@@ -104,6 +104,7 @@ static mmp_err resolve_paths(mmp_schema_loader *L, mmp_plan *p)
     MMP_TRY(make_absolute(L, p, "data.vocab", p->data.vocab, sizeof p->data.vocab));
     MMP_TRY(make_absolute(L, p, "data.val_manifest", p->data.val_manifest,
                           sizeof p->data.val_manifest));
+    MMP_TRY(make_absolute(L, p, "agent.key_file", p->agent.key_file, sizeof p->agent.key_file));
     if ((!mmp_schema_given(L, "data.val_manifest") &&
          !beside(p->data.manifest, "val.jsonl", p->data.val_manifest,
                  sizeof p->data.val_manifest)) ||
@@ -276,6 +277,19 @@ static mmp_err check_launcher(mmp_schema_loader *L, mmp_plan *p)
                                       t);
         }
     }
+    if (p->launcher == MMP_LAUNCH_AGENT) {
+        const char *k = p->agent.key_file;
+        if (!k[0]) {
+            return mmp_schema_fail_at(L, "agent.key_file", "launcher",
+                                      "launcher: agent needs agent.key_file, the key the hosts' "
+                                      "agents were started with (mmpipe agent --new-key FILE "
+                                      "makes one)");
+        }
+        if (strpbrk(k, "\n\r\t")) { /* absolute by now (resolve_paths): never an option */
+            return mmp_schema_fail_at(L, "agent.key_file", NULL,
+                                      "agent.key_file: '%s' cannot stand on a command line", k);
+        }
+    }
     if (p->control.address[0] && !mmp_plan_address_ok(p->control.address)) {
         return mmp_schema_fail_at(L, "control.address", NULL,
                                   "control.address: '%s' is not a host name or address",
@@ -286,8 +300,8 @@ static mmp_err check_launcher(mmp_schema_loader *L, mmp_plan *p)
         if (p->launcher == MMP_LAUNCH_LOCAL && (ho->binary[0] || ho->workdir[0])) {
             /* never silently ignored: a local stage is this binary, here */
             return mmp_schema_fail_at(L, "hosts", NULL,
-                                      "hosts[%d].%s: only launcher: ssh or slurm starts stages "
-                                      "from it (launcher: local runs this mmpipe in this "
+                                      "hosts[%d].%s: only launcher: ssh, slurm or agent starts "
+                                      "stages from it (launcher: local runs this mmpipe in this "
                                       "directory); drop it or set launcher",
                                       h, ho->binary[0] ? "binary" : "workdir");
         }
@@ -340,7 +354,7 @@ mmp_err mmp_plan_check_runnable(const mmp_plan *p)
         const char *key, *why;
     } rules[] = {
         {p->n_hosts > 1 && p->launcher == MMP_LAUNCH_LOCAL, "hosts",
-         "more than one host with launcher: local (set launcher: ssh or slurm)"},
+         "more than one host with launcher: local (set launcher: ssh, slurm or agent)"},
     };
     /* the rules concern hosts: say where the plan gave them */
     const char *site = p->hosts_site[0] ? p->hosts_site : p->path, *sep = site[0] ? ": " : "";

@@ -317,7 +317,7 @@ static const char *const compute_names[] = {"real", "simulated", NULL};
 static const char *const data_transport_names[] = {"auto", "shm", "tcp", NULL};
 static const char *const itc_scope_names[] = {"batch", "microbatch", NULL};
 static const char *const layers_names[] = {"all", NULL}; /* only whole branches, for now */
-static const char *const launcher_names[] = {"local", "ssh", "slurm", NULL};
+static const char *const launcher_names[] = {"local", "ssh", "slurm", "agent", NULL};
 static const char *const ctl_transport_names[] = {"auto", "ipc", "tcp", NULL};
 static const char *const on_refused_names[] = {"log", "stop", NULL};
 
@@ -328,7 +328,8 @@ static_assert(MMP_PREC_FP32 == 0 && MMP_PREC_BF16 == 1 && MMP_PREC_FP16 == 2,
 static_assert(MMP_BALANCE_OFF == 0 && MMP_BALANCE_DYNAMIC == 1, "balance_names order");
 static_assert(MMP_BAD_FAIL == 0 && MMP_BAD_SKIP == 1, "bad_sample_names order");
 static_assert(MMP_COMPUTE_REAL == 0 && MMP_COMPUTE_SIMULATED == 1, "compute_names order");
-static_assert(MMP_LAUNCH_LOCAL == 0 && MMP_LAUNCH_SSH == 1 && MMP_LAUNCH_SLURM == 2,
+static_assert(MMP_LAUNCH_LOCAL == 0 && MMP_LAUNCH_SSH == 1 && MMP_LAUNCH_SLURM == 2 &&
+                  MMP_LAUNCH_AGENT == 3,
               "launcher_names order");
 static_assert(MMP_CTLT_AUTO == 0 && MMP_CTLT_IPC == 1 && MMP_CTLT_TCP == 2,
               "ctl_transport_names order");
@@ -494,6 +495,9 @@ static const mmp_key_spec keys[] = {
     /* checked in plan.c (check_launcher): {address} present, no quotes */
     STR("launcher_command", launcher_command,
         "ssh -o BatchMode=yes -o ServerAliveInterval=1 -o ServerAliveCountMax=3 {address}", false),
+    INT("agent.port", agent.port, 1, 65535, 29470), /* MMP_REXEC_PORT */
+    /* checked in plan.c (check_launcher): set for launcher: agent, a usable word */
+    STR("agent.key_file", agent.key_file, "", false),
     ENUM("control.transport", control.transport, ctl_transport_names, MMP_CTLT_AUTO),
     STR("control.address", control.address, "", false),
     INT("control.port", control.port, 0, 65535, 0),

@@ -170,6 +170,44 @@ static mmp_err template_word(mmp_launch_line *l, const char *w, size_t len, cons
     return push(l, "%s", out);
 }
 
+/* The command a remote shell runs for stage s (ssh, agent): cd 'DIR' &&
+ * exec [env 'K=V'...] 'BIN' stage ... --secrets stdin, every word quoted. */
+static mmp_err remote_command(const mmp_launch_stage *s, const char *bin, const char *dir,
+                              char *cmd, size_t cap)
+{
+    mmp_launch_line inner;
+    memset(&inner, 0, sizeof inner);
+    if (s->env && s->env[0]) {
+        MMP_TRY(push(&inner, "env"));
+        for (int i = 0; s->env[i]; i++) {
+            MMP_TRY(env_word(&inner, s->env[i]));
+        }
+    }
+    MMP_TRY(push(&inner, "%s", bin));
+    MMP_TRY(stage_words(&inner, s, 1));
+    size_t o = 0;
+    int ok = snprintf(cmd, cap, "cd ") < (int)cap;
+    o = 3;
+    ok = ok && quote(cmd, cap, &o, dir);
+    const char *mid = " && exec";
+    ok = ok && o + strlen(mid) < cap;
+    if (ok) {
+        memcpy(cmd + o, mid, strlen(mid) + 1);
+        o += strlen(mid);
+    }
+    for (int i = 0; ok && i < inner.argc; i++) {
+        ok = o + 1 < cap;
+        if (ok) {
+            cmd[o++] = ' ';
+            ok = quote(cmd, cap, &o, inner.argv[i]);
+        }
+    }
+    if (!ok) {
+        return mmp_errorf(MMP_ERR_INVALID, "launcher: remote command longer than %zu bytes", cap);
+    }
+    return MMP_OK;
+}
+
 mmp_err mmp_launch_line_build(mmp_launch_line *l, const mmp_plan *p, int host,
                               const mmp_launch_stage *s)
 {
@@ -211,39 +249,25 @@ mmp_err mmp_launch_line_build(mmp_launch_line *l, const mmp_plan *p, int host,
         if (l->argc == 0) {
             return mmp_errorf(MMP_ERR_INVALID, "launcher_command: empty");
         }
-        /* the remote command: built as a local line, then quoted word by word */
-        mmp_launch_line inner;
-        memset(&inner, 0, sizeof inner);
-        if (s->env && s->env[0]) {
-            MMP_TRY(push(&inner, "env"));
-            for (int i = 0; s->env[i]; i++) {
-                MMP_TRY(env_word(&inner, s->env[i]));
-            }
-        }
-        MMP_TRY(push(&inner, "%s", bin));
-        MMP_TRY(stage_words(&inner, s, 1));
         char cmd[4096];
-        size_t o = 0;
-        int ok = snprintf(cmd, sizeof cmd, "cd ") < (int)sizeof cmd;
-        o = 3;
-        ok = ok && quote(cmd, sizeof cmd, &o, dir);
-        const char *mid = " && exec";
-        ok = ok && o + strlen(mid) < sizeof cmd;
-        if (ok) {
-            memcpy(cmd + o, mid, strlen(mid) + 1);
-            o += strlen(mid);
+        MMP_TRY(remote_command(s, bin, dir, cmd, sizeof cmd));
+        return push(l, "%s", cmd);
+    }
+    case MMP_LAUNCH_AGENT: {
+        const char *addr = h->address[0] ? h->address : h->name;
+        if (!mmp_plan_address_ok(addr) || !word_ok(p->agent.key_file)) {
+            return mmp_errorf(MMP_ERR_INVALID,
+                              "launcher: agent: host '%s' or key file '%s' cannot "
+                              "stand on a command line",
+                              addr, p->agent.key_file);
         }
-        for (int i = 0; ok && i < inner.argc; i++) {
-            ok = o + 1 < sizeof cmd;
-            if (ok) {
-                cmd[o++] = ' ';
-                ok = quote(cmd, sizeof cmd, &o, inner.argv[i]);
-            }
-        }
-        if (!ok) {
-            return mmp_errorf(MMP_ERR_INVALID, "launcher: remote command longer than %zu bytes",
-                              sizeof cmd);
-        }
+        char cmd[4096];
+        MMP_TRY(remote_command(s, bin, dir, cmd, sizeof cmd));
+        MMP_TRY(push(l, "%s", s->exe));
+        MMP_TRY(push(l, "rexec"));
+        MMP_TRY(push(l, "--key-file"));
+        MMP_TRY(push(l, "%s", p->agent.key_file));
+        MMP_TRY(push(l, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, p->agent.port));
         return push(l, "%s", cmd);
     }
     case MMP_LAUNCH_SLURM: {

@@ -140,8 +140,10 @@ mmp_err coord_spawn_all(coord *c)
         p->where[0] = 0;
         if (c->cur.launcher != MMP_LAUNCH_LOCAL) {
             snprintf(p->where, sizeof p->where, ", %s to host %s at %s",
-                     c->cur.launcher == MMP_LAUNCH_SSH ? "ssh" : "srun", h->name,
-                     h->address[0] ? h->address : h->name);
+                     c->cur.launcher == MMP_LAUNCH_SSH     ? "ssh"
+                     : c->cur.launcher == MMP_LAUNCH_AGENT ? "agent"
+                                                           : "srun",
+                     h->name, h->address[0] ? h->address : h->name);
         }
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
@@ -152,10 +154,11 @@ mmp_err coord_spawn_all(coord *c)
                 break;
             }
         }
-        /* A local stage runs this very binary (/proc/self/exe), even when
-         * the file at its path was replaced since: a restart or re-placement
-         * relaunches the code the run started with, not a newer build. */
-        int rc = c->cur.launcher == MMP_LAUNCH_LOCAL
+        /* A local stage (and an agent's relay) runs this very binary
+         * (/proc/self/exe), even when the file at its path was replaced
+         * since: a restart or re-placement relaunches the code the run
+         * started with, not a newer build. */
+        int rc = c->cur.launcher == MMP_LAUNCH_LOCAL || c->cur.launcher == MMP_LAUNCH_AGENT
                      ? posix_spawn(&p->pid, "/proc/self/exe", &fa, &attr, line.argv, envp)
                      : posix_spawnp(&p->pid, line.argv[0], &fa, &attr, line.argv, envp);
         posix_spawn_file_actions_destroy(&fa);

@@ -20,6 +20,7 @@
 #include "common/json.h"
 #include "common/metrics.h"
 #include "coordinator/placement.h"
+#include "transport/rexec.h"
 
 /* Stages whose BLAS picked other kernels than the first stage's compute
  * GEMMs to other bits: the run is still correct but no longer equals
@@ -172,6 +173,12 @@ static mmp_err open_tcp_control(coord *c)
     if (c->plan->launcher == MMP_LAUNCH_SLURM && !getenv("SLURM_JOB_ID")) {
         return mmp_errorf(MMP_ERR_INVALID, "launcher: slurm: not inside a SLURM allocation "
                                            "(SLURM_JOB_ID is not set; use sbatch or salloc)");
+    }
+    if (c->plan->launcher == MMP_LAUNCH_AGENT) {
+        /* every stage's relay reads it: a key it refuses stops the launch here */
+        char key[MMP_REXEC_KEY_MAX + 1];
+        MMP_TRY(mmp_rexec_key_load(c->plan->agent.key_file, key, sizeof key));
+        explicit_bzero(key, sizeof key);
     }
     MMP_TRY(mmp_ctl_new_keys(&c->keys));
     mmp_ctl_opts o = {.curve = &c->keys, .watch_fd = -1};

@@ -379,7 +379,8 @@ static void test_written_errors(const char *tmp)
          "characters, got 'rel/dir'"},
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binary: /opt/mmpipe, devices: [cpu] "
          "}\n",
-         "%s:3:3: hosts[0].binary: only launcher: ssh or slurm starts stages from it (launcher: "
+         "%s:3:3: hosts[0].binary: only launcher: ssh, slurm or agent starts stages from it "
+         "(launcher: "
          "local runs this mmpipe in this directory); drop it or set launcher"},
         {"data: { manifest: t.jsonl }\nhosts:\n  - { name: a, binray: /x, devices: [cpu] }\n",
          "%s:3:16: unknown key 'hosts[0].binray' (did you mean 'hosts[0].binary'?)"},
@@ -389,7 +390,12 @@ static void test_written_errors(const char *tmp)
         {"data: { manifest: t.jsonl }\nlauncher: ssh\nlauncher_command: ssh host\n",
          "%s:3:19: launcher_command: 'ssh host' must start with a program and name {address}"},
         {"data: { manifest: t.jsonl }\nlauncher: pdsh\n",
-         "%s:2:11: launcher: unknown value 'pdsh' (accepted: local, ssh, slurm)"},
+         "%s:2:11: launcher: unknown value 'pdsh' (accepted: local, ssh, slurm, agent)"},
+        {"data: { manifest: t.jsonl }\nlauncher: agent\n",
+         "%s:2:11: launcher: agent needs agent.key_file, the key the hosts' agents were started "
+         "with (mmpipe agent --new-key FILE makes one)"},
+        {"data: { manifest: t.jsonl }\nlauncher: agent\nagent: { key_file: /k, port: 0 }\n",
+         "%s:3:30: agent.port: 0 is out of range [1, 65535]"},
         {"data: { manifest: t.jsonl }\ncontrol: { address: 'a b' }\n",
          "%s:2:21: control.address: 'a b' is not a host name or address"},
         {"data: { manifest: t.jsonl }\nhosts: slurmm\n",

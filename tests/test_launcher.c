@@ -142,6 +142,25 @@ static void test_lines(void)
     /* srun passes words without a shell: the path with a space is one word */
     CHECK_OK(mmp_launch_line_build(&l, &p, 1, &stage));
     CHECK(strcmp(l.argv[8], "--chdir=/srv/it's here") == 0);
+
+    /* agent: this binary's relay to the host's agent, the key by its path
+     * (the key itself never on a line), then the remote command as for ssh,
+     * one word; an IPv6 address in brackets */
+    p.launcher = MMP_LAUNCH_AGENT;
+    p.agent.port = 29470;
+    snprintf(p.agent.key_file, sizeof p.agent.key_file, "/etc/mm/agent.key");
+    env.env = fwd;
+    expect_line(&p, 1, &env, 6,
+                "/usr/bin/mmpipe rexec --key-file /etc/mm/agent.key 10.9.0.2:29470 cd "
+                "'/srv/it'\\''s here' && exec 'env' 'OPENBLAS_CORETYPE=Haswell' "
+                "'OPENBLAS_L2_SIZE=512' '/opt/mm/mmpipe' 'stage' '--connect' "
+                "'tcp://10.9.0.1:40000' '--stage' 'image.0' '--replica' '1' '--shm-prefix' "
+                "'/mmpipe-abc' '--secrets' 'stdin'");
+    snprintf(p.hosts[1].address, sizeof p.hosts[1].address, "fd00::2");
+    CHECK_OK(mmp_launch_line_build(&l, &p, 1, &stage));
+    CHECK(strcmp(l.argv[4], "[fd00::2]:29470") == 0);
+    snprintf(p.agent.key_file, sizeof p.agent.key_file, "-oops");
+    CHECK(mmp_launch_line_build(&l, &p, 1, &stage) == MMP_ERR_INVALID);
 }
 
 static void test_refused(void)

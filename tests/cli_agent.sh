@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# ctest-labels: slow
+# launcher: agent (transport/rexec.h), for nodes with no sshd and no SLURM:
+# network namespaces joined by a bridge act as hosts, each running `mmpipe
+# agent` with a key made here (no sshd anywhere); the coordinator runs in a
+# namespace of its own and starts every stage through `mmpipe rexec` to the
+# agent on the stage's host, the control plane over tcp with CURVE. Checked:
+#  1. image replica 0, image replica 1, text and fusion on four hosts: the
+#     final checkpoint equals --single-process (max_abs_diff=0), every data
+#     channel over tcp, no secret in any process's argv;
+#  2. strangers: a connection that does not hold the key (random bytes;
+#     rexec with another key) is refused by the agent and logged with its
+#     address, and runs nothing; a key file others may read is refused by
+#     launch before anything starts, and by the agent;
+#  3. SIGKILL of a remote stage: noticed, named with its host, job stopped;
+#  4. a host's link taken down mid-run: named within 15 s, job stopped, and
+#     the cut-off stage ends (its agent closes its input, then SIGTERM);
+#  5. an agent stopped (SIGTERM) mid-run: its stage ends, the job stops
+#     naming it;
+#  6. SIGINT to the coordinator: checkpoint, exit 130;
+#  7. the coordinator SIGKILLed: every remote stage exits (its input ends);
+# and after each run: no stage process and no /dev/shm entry left anywhere.
+# Skips (77) only when network namespaces cannot be made here.
+cd "$(dirname "$0")/.." || exit 1
+. tests/lib.sh
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, remote_left, nothing_left
+workdir
+BIN=$(realpath "$BIN")
+AGENTS=()
+agents_down() {
+  local p
+  for p in "${AGENTS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${AGENTS[@]}"; do wait "$p" 2>/dev/null; done
+  hosts_down
+}
+trap agents_down EXIT
+HOSTS_SSHD=0 hosts_up ia ib tx fu; rc=$? # image replica 0, image replica 1, text, fusion
+[ $rc -eq 77 ] && exit 77
+[ $rc -eq 0 ] || { fail "hosts: rc $rc"; finish; exit 1; }
+KEY=$W/agent.key
+"$BIN" agent --new-key "$KEY" >/dev/null && [ "$(stat -c %a "$KEY")" = 600 ] \
+  && ok "agent --new-key: a key of mode 600" || fail "agent --new-key"
+# agent_up HOST N: the agent of namespace HOST at 10.77.0.N, its pid in AGENT_PID
+agent_up() {
+  ip netns exec "${P}$1" "$BIN" agent --key-file "$KEY" --listen "10.77.0.$2:29470" \
+    >"$W/agent-$1.log" 2>&1 &
+  AGENT_PID=$!
+  AGENTS+=("$AGENT_PID")
+  local i
+  for i in $(seq 100); do grep -q 'listening on' "$W/agent-$1.log" && return 0; sleep 0.05; done
+  return 1
+}
+n=2
+for h in ia ib tx fu; do agent_up "$h" $n || fail "agent on $h"; n=$((n + 1)); done
+FU_AGENT=$AGENT_PID
+ok "four agents listening"
+
+synth 300 4
+tiny_plan "name: agents, steps: 30, seed: 5" \
+  "manifest: $W/data/train.jsonl, image_size: 32, max_text_len: 24, val_samples: 32" \
+  2 "batch: 16, microbatches: 4, eval_every: 0, ckpt_every: 0" \
+  "launcher: agent" \
+  "agent: { key_file: $KEY }" \
+  "control: { address: 10.77.0.1 }" \
+  "hosts:" \
+  "  - { name: ia, address: 10.77.0.2, devices: [cpu], workdir: $PWD, binary: $BIN }" \
+  "  - { name: ib, address: 10.77.0.3, devices: [cpu] }" \
+  "  - { name: tx, address: 10.77.0.4, devices: [cpu] }" \
+  "  - { name: fu, address: 10.77.0.5, devices: [cpu] }" \
+  "stages: { image: { replicas: 2 } }"
+
+# 1. the run across four hosts equals one process
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/multi" >"$W/multi.log" 2>&1 &
+cpid=$!
+wait_step "$W/multi/metrics.jsonl" 3 60 || fail "multi: no step 3"
+secret_in_argv=$(ps -eo args | grep -v grep | grep -c 'secrets-1\|MMP_JOB_TOKEN')
+key_in_argv=$(ps -eo args | grep -v grep | grep -c -- "$(cat "$KEY")")
+wait $cpid && ok "multi-host run through agents" || { fail "multi-host run"; tail -20 "$W/multi.log"; }
+grep -q 'data channels: 0 over cuda_ipc, 0 over shm, [1-9][0-9]* over tcp' "$W/multi.log" \
+  && ok "every data channel over tcp between hosts" || fail "data channels: $(grep 'data channels' "$W/multi.log")"
+grep -q 'fusion/0 (pid [0-9]*, agent to host fu at 10.77.0.5)' "$W/multi.log" \
+  && grep -q 'image.0/1 (pid [0-9]*, agent to host ib at 10.77.0.3)' "$W/multi.log" \
+  && grep -q "agent: 10.77.0.1:[0-9]*: pid [0-9]*: cd '$PWD' && exec" "$W/agent-fu.log" \
+  && ok "stages started by the agents on their hosts" || fail "placement over hosts: $(grep -m2 started "$W/multi.log")"
+"$BIN" launch "$W/plan.yaml" --out "$W/single" --single-process >"$W/single.log" 2>&1 || fail "single"
+same_ckpt "$W/multi/ckpt/latest" "$W/single/ckpt/latest" && ok "four hosts through agents == single process" \
+  || fail "four hosts != single process"
+[ "$secret_in_argv" -eq 0 ] && [ "$key_in_argv" -eq 0 ] && ok "no secret and no agent key in any argv" \
+  || fail "a secret ($secret_in_argv) or the agent key ($key_in_argv) in a process list"
+nothing_left multi "$W/multi.log"
+
+# 2. strangers at the agent's door
+ip netns exec "${P}ib" bash -c 'exec 3<>/dev/tcp/10.77.0.5/29470 || exit 1
+  head -c 200 /dev/urandom >&3; timeout 2 cat <&3 >/dev/null; exec 3>&-'
+"$BIN" agent --new-key "$W/other.key" >/dev/null
+ip netns exec "${P}ib" "$BIN" rexec --key-file "$W/other.key" 10.77.0.5:29470 "touch $W/pwned" \
+  >"$W/other.out" 2>&1; rc=$?
+sleep 0.3
+[ $rc -eq 255 ] && [ ! -e "$W/pwned" ] && grep -q 'does not hold' "$W/other.out" \
+  && [ "$(grep -c 'refused 10.77.0.3:[0-9]*' "$W/agent-fu.log")" -ge 2 ] \
+  && ok "strangers refused and logged by the agent (random bytes, another key), nothing run" \
+  || { fail "strangers: rc $rc, $(cat "$W/other.out")"; grep refused "$W/agent-fu.log"; }
+ip netns exec "${P}ib" "$BIN" rexec --key-file "$KEY" 10.77.0.5:29470 "echo out; echo err >&2; exit 3" \
+  >"$W/good.out" 2>"$W/good.err"; rc=$?
+[ $rc -eq 3 ] && [ "$(cat "$W/good.out")" = out ] && [ "$(cat "$W/good.err")" = err ] \
+  && ok "rexec with the key: output, error and exit status relayed" || fail "rexec: rc $rc"
+cp "$KEY" "$W/open.key"; chmod 644 "$W/open.key"
+expect_fail "a key file others may read is refused by launch" "agent key .*open.key: mode 644" \
+  ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/open" --set "agent.key_file=$W/open.key"
+expect_fail "... and by the agent" "mode 644 lets its group or others read it" \
+  "$BIN" agent --key-file "$W/open.key" --listen 127.0.0.1:0
+grep -v '^agent:' "$W/plan.yaml" >"$W/nokey.yaml"
+expect_fail "launcher: agent without agent.key_file" "nokey.yaml:[0-9]+:[0-9]+: launcher: agent needs agent.key_file" \
+  "$BIN" launch "$W/nokey.yaml" --out "$W/nokey"
+
+# 3. SIGKILL of a remote stage (text, on host tx)
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
+cpid=$!
+wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
+tpid=$(stage_pid "$W/kill.log" text.0)
+if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
+wait $cpid; rc=$?
+[ $rc -ne 0 ] && grep -q 'stage text.0/0 (pid [0-9]*, agent to host tx at 10.77.0.4) died' "$W/kill.log" \
+  && ok "killed remote stage named with its host (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
+sleep 1
+nothing_left kill "$W/kill.log"
+
+# 4. a host's link goes down mid-run (fusion's host)
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/down" --set job.steps=400 >"$W/down.log" 2>&1 &
+cpid=$!
+wait_step "$W/down/metrics.jsonl" 2 60 || fail "down: no step 2"
+t0=$(date +%s.%N)
+ip netns exec "${P}fu" ip link set eth0 down
+wait $cpid; rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+grep -q 'fusion/0 (pid [0-9]*, agent to host fu at 10.77.0.5)' "$W/down.log" && [ $rc -ne 0 ] \
+  && [ "$(echo "$dt < 15" | bc)" -eq 1 ] \
+  && ok "lost host named, job stopped after ${dt}s (rc $rc)" || { fail "down: rc $rc after ${dt}s"; tail -5 "$W/down.log"; }
+# the cut-off stage: its heartbeat (MMP_CTL_LOST_S, 7 s) ends it, or the
+# agent once the relay's connection is gone (keepalive, 20 s)
+for i in $(seq 300); do [ "$(remote_left "$W/down.log")" = 0 ] && break; sleep 0.1; done
+nothing_left down "$W/down.log"
+ip netns exec "${P}fu" ip link set eth0 up # the link comes back for the cases below
+
+# 5. the agent of fu stopped mid-run: its stage ends, the job stops naming it
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/agentstop" --set job.steps=400 \
+  >"$W/agentstop.log" 2>&1 &
+cpid=$!
+wait_step "$W/agentstop/metrics.jsonl" 2 60 || fail "agentstop: no step 2"
+kill -TERM "$FU_AGENT"; wait "$FU_AGENT" 2>/dev/null
+wait $cpid; rc=$?
+[ $rc -ne 0 ] && grep -q 'fusion/0 (pid [0-9]*, agent to host fu at 10.77.0.5)' "$W/agentstop.log" \
+  && grep -q 'stopping: ending 1 command' "$W/agent-fu.log" \
+  && ok "agent stopped: its stage ended, the job stopped naming it (rc $rc)" \
+  || { fail "agentstop: rc $rc"; tail -5 "$W/agentstop.log"; tail -3 "$W/agent-fu.log"; }
+nothing_left agentstop "$W/agentstop.log"
+agent_up fu 5 || fail "agent on fu again"
+
+# 6. Ctrl-C (SIGINT to the coordinator): checkpoint, exit 130, every host stopped
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=400 >"$W/int.log" 2>&1 &
+cpid=$!
+wait_step "$W/int/metrics.jsonl" 2 60 || fail "int: no step 2"
+kill -INT $cpid; wait $cpid; rc=$?
+[ $rc -eq 130 ] && [ -e "$W/int/ckpt/latest" ] && ok "SIGINT: checkpoint and exit 130" \
+  || { fail "SIGINT: rc $rc"; tail -5 "$W/int.log"; }
+nothing_left int "$W/int.log"
+
+# 7. the coordinator SIGKILLed: its pipes close, each relay passes the end of
+# its input on, every remote stage removes its shm and exits
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/ck" --set job.steps=400 >"$W/ck.log" 2>&1 &
+cpid=$!
+wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
+kill -9 $cpid; wait $cpid 2>/dev/null
+for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" = 0 ] && break; sleep 0.1; done
+[ "$(remote_left "$W/ck.log")" = 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
+  || fail "coordinator SIGKILLed: remote stages still running after 10 s"
+nothing_left ck "$W/ck.log"
+agents_down; trap - EXIT
+for h in ia ib tx fu; do grep -q 'stopped$' "$W/agent-$h.log" || fail "agent $h did not stop cleanly"; done
+ok "agents stopped"
+finish
