@@ -34,7 +34,8 @@ static const char AGENT_USAGE[] =
     "  --listen ADDR      where to listen: PORT or HOST:PORT (default 0.0.0.0:29470)\n"
     "  --new-key FILE     write a new random key to FILE (mode 600) and exit\n"
     "\n"
-    "SIGINT or SIGTERM stops the agent and every stage it started.\n";
+    "SIGINT, SIGTERM or SIGHUP (not under nohup) stops the agent and every stage it\n"
+    "started.\n";
 
 static int stop_fd = -1;
 
@@ -129,7 +130,10 @@ int mmp_cmd_agent(int argc, char **argv)
     sa.sa_handler = on_stop;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    struct sigaction hup;
+    if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) {
+        sigaction(SIGHUP, &sa, NULL); /* a closed terminal stops it, except under nohup */
+    }
     MMP_INFO("listening on %s (pid %d)", bound, (int)getpid());
     static pid_t serving[MAX_SERVING];
     int n = 0;

@@ -303,7 +303,7 @@ int mmp_rexec_serve(int fd, const char *peer, const char *key)
     sa.sa_handler = on_serve_stop;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGHUP, SIG_IGN); /* a terminal's hangup is the agent's to judge (nohup) */
     signal(SIGPIPE, SIG_IGN);
     char what[MMP_SOCK_ADDR_MAX + 32];
     snprintf(what, sizeof what, "agent: %s", peer);

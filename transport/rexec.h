@@ -103,8 +103,8 @@ mmp_err mmp_rexec_key_new(const char *path);
 
 /* The agent's side of one accepted connection fd (from peer, "host:port"),
  * as described above, in a process of its own: it installs handlers for
- * SIGTERM, SIGINT and SIGHUP, each of which ends the connection as if it
- * were lost (the command stops as described), and ignores SIGPIPE. Returns
+ * SIGTERM and SIGINT, each of which ends the connection as if it were lost
+ * (the command stops as described), and ignores SIGHUP and SIGPIPE. Returns
  * when the command has ended and its status was sent, or the connection
  * failed (its command then stopped). Logs what it starts, how it ended and
  * every refusal. Closes fd. Returns 0 when a command ran and its status was
