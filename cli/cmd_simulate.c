@@ -207,6 +207,17 @@ static int rounds(const mmp_plan *p, int r)
     return (p->train.microbatches + r - 1) / r;
 }
 
+/* A memory figure: GiB from 1 GiB up, else MiB (a small model's stages hold
+ * tens of MB: "0.07 GiB" would hide what a cap compares). */
+static void print_bytes(double b)
+{
+    if (b >= (double)(1 << 30)) {
+        printf("%8.3f GiB", b / (1 << 30));
+    } else {
+        printf("%8.1f MiB", b / (1 << 20));
+    }
+}
+
 static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c,
                           int measured, int devices, double mem_cap)
 {
@@ -256,7 +267,7 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
             printf("%-10s %-9s %8d %12.3f %9.1f%% ", name, layers, g->replicas, v->stage_ms[b][j],
                    100 * rounds(p, g->replicas) * v->stage_ms[b][j] / v->step_ms);
             if (mem_cap > 0) {
-                printf("%7.2f GiB", v->stage_bytes[b][j] / (1 << 30));
+                print_bytes(v->stage_bytes[b][j]);
             }
             printf("\n");
         }
@@ -264,8 +275,10 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
     printf("%-10s %-9s %8d %12.3f %9.1f%% ", "fusion", "[0,1)", r.placement.fusion_replicas,
            v->fusion_ms, 100 * rounds(p, r.placement.fusion_replicas) * v->fusion_ms / v->step_ms);
     if (mem_cap > 0) {
-        printf("%7.2f GiB (cap %.2f GiB per device)", v->fusion_bytes / (1 << 30),
-               mem_cap / (1 << 30));
+        print_bytes(v->fusion_bytes);
+        printf(" (cap ");
+        print_bytes(mem_cap);
+        printf(" per device)");
     }
     printf("\n");
     printf("(ms/mb/repl: one replica's forward + backward per micro-batch; busy: its busiest "
