@@ -2,7 +2,9 @@
  * `launcher: agent` (transport/rexec.h), and mmpipe rexec, the relay the
  * coordinator runs in place of ssh. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "transport/auth.h"
 #include "transport/rexec.h"
 #include "transport/sock.h"
 
@@ -37,15 +40,28 @@ static const char AGENT_USAGE[] =
     "SIGINT, SIGTERM or SIGHUP (not under nohup) stops the agent and every stage it\n"
     "started.\n";
 
-static int stop_fd = -1;
+static int wake_fd = -1;
+static volatile sig_atomic_t stopping;
+
+static void wake(void)
+{
+    int saved = errno;
+    uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof one);
+    errno = saved;
+}
 
 static void on_stop(int sig)
 {
     (void)sig;
-    int saved = errno;
-    uint64_t one = 1;
-    (void)!write(stop_fd, &one, sizeof one);
-    errno = saved;
+    stopping = 1;
+    wake();
+}
+
+static void on_child(int sig)
+{
+    (void)sig;
+    wake(); /* a serving process ended: reap it */
 }
 
 static int reap(pid_t *serving, int n)
@@ -117,12 +133,18 @@ int mmp_cmd_agent(int argc, char **argv)
     }
     mmp_log_set_name("agent");
     signal(SIGPIPE, SIG_IGN);
-    stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     int lfd = -1;
     char bound[MMP_SOCK_ADDR_MAX];
-    if (stop_fd < 0 ||
+    if (wake_fd < 0 ||
         mmp_sock_listen(&lfd, "mmpipe agent", address, bound, sizeof bound) != MMP_OK) {
-        fprintf(stderr, "mmpipe agent: %s\n", stop_fd < 0 ? strerror(errno) : mmp_last_error());
+        fprintf(stderr, "mmpipe agent: %s\n", wake_fd < 0 ? strerror(errno) : mmp_last_error());
+        return 1;
+    }
+    struct mmp_auth_gate *gate = NULL;
+    if (mmp_rexec_gate_create(&gate, lfd, key) != MMP_OK) {
+        fprintf(stderr, "mmpipe agent: %s\n", mmp_last_error());
+        close(lfd);
         return 1;
     }
     struct sigaction sa;
@@ -134,26 +156,27 @@ int mmp_cmd_agent(int argc, char **argv)
     if (sigaction(SIGHUP, NULL, &hup) == 0 && hup.sa_handler != SIG_IGN) {
         sigaction(SIGHUP, &sa, NULL); /* a closed terminal stops it, except under nohup */
     }
+    sa.sa_handler = on_child;
+    sa.sa_flags = SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
     MMP_INFO("listening on %s (pid %d)", bound, (int)getpid());
     static pid_t serving[MAX_SERVING];
     int n = 0;
-    for (;;) {
+    while (!stopping) {
         int fd = -1;
-        char peer[MMP_SOCK_ADDR_MAX];
-        mmp_err e = mmp_sock_accept(lfd, &fd, peer, sizeof peer, mmp_sock_deadline(500), stop_fd);
-        n = reap(serving, n);
-        uint64_t stopped = 0;
-        if (read(stop_fd, &stopped, sizeof stopped) == sizeof stopped && stopped) {
-            if (fd >= 0) {
-                close(fd);
-            }
-            break;
-        }
-        if (e == MMP_ERR_TIMEOUT) {
+        char peer[MMP_SOCK_ADDR_MAX], hello[MMP_AUTH_HELLO_MAX];
+        /* strangers wait in the gate, all at once, never in a process */
+        mmp_err e = mmp_auth_gate_next(gate, wake_fd, &fd, peer, sizeof peer, hello);
+        if (e == MMP_ERR_TIMEOUT) { /* woken: a signal */
+            uint64_t v;
+            (void)!read(wake_fd, &v, sizeof v);
+            n = reap(serving, n);
             continue;
         }
+        n = reap(serving, n);
         if (e != MMP_OK) {
             MMP_WARN("%s", mmp_last_error());
+            usleep(100 * 1000); /* accepting failed (out of descriptors?): not a busy loop */
             continue;
         }
         if (n == MAX_SERVING) {
@@ -163,10 +186,16 @@ int mmp_cmd_agent(int argc, char **argv)
         }
         pid_t pid = fork();
         if (pid == 0) {
-            close(lfd);
-            close(stop_fd);
+            /* only its connection: not the listener, nor the others waiting in the gate */
+            if (fd != 3 && dup2(fd, 3) == 3) {
+                close(fd);
+                fd = 3;
+            }
+            fcntl(fd, F_SETFD, FD_CLOEXEC); /* never the command's */
+            close_range((unsigned)fd + 1, ~0U, 0);
+            signal(SIGCHLD, SIG_DFL);
             prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent gone: end what it started */
-            _exit(mmp_rexec_serve(fd, peer, key));
+            _exit(mmp_rexec_serve(fd, peer, key, 1));
         }
         close(fd);
         if (pid < 0) {
@@ -175,6 +204,7 @@ int mmp_cmd_agent(int argc, char **argv)
         }
         serving[n++] = pid;
     }
+    mmp_auth_gate_destroy(gate, NULL);
     close(lfd);
     if (n > 0) {
         MMP_INFO("stopping: ending %d command%s", n, n > 1 ? "s" : "");

@@ -10,7 +10,8 @@
 #     channel over tcp, no secret in any process's argv;
 #  2. strangers: a connection that does not hold the key (random bytes;
 #     rexec with another key) is refused by the agent and logged with its
-#     address, and runs nothing; a key file others may read is refused by
+#     address, and runs nothing; 40 idle connections do not keep a relay
+#     out (the agent's gate: transport/auth.h); a key file others may read is refused by
 #     launch before anything starts, and by the agent;
 #  3. SIGKILL of a remote stage: noticed, named with its host, job stopped;
 #  4. a host's link taken down mid-run: named within 15 s, job stopped, and
@@ -97,13 +98,28 @@ ip netns exec "${P}ib" "$BIN" rexec --key-file "$W/other.key" 10.77.0.5:29470 "t
   >"$W/other.out" 2>&1; rc=$?
 sleep 0.3
 [ $rc -eq 255 ] && [ ! -e "$W/pwned" ] && grep -q 'does not hold' "$W/other.out" \
-  && [ "$(grep -c 'refused 10.77.0.3:[0-9]*' "$W/agent-fu.log")" -ge 2 ] \
+  && [ "$(grep -c 'connector 10.77.0.3:[0-9]*: .*refused' "$W/agent-fu.log")" -ge 2 ] \
   && ok "strangers refused and logged by the agent (random bytes, another key), nothing run" \
   || { fail "strangers: rc $rc, $(cat "$W/other.out")"; grep refused "$W/agent-fu.log"; }
 ip netns exec "${P}ib" "$BIN" rexec --key-file "$KEY" 10.77.0.5:29470 "echo out; echo err >&2; exit 3" \
   >"$W/good.out" 2>"$W/good.err"; rc=$?
 [ $rc -eq 3 ] && [ "$(cat "$W/good.out")" = out ] && [ "$(cat "$W/good.err")" = err ] \
   && ok "rexec with the key: output, error and exit status relayed" || fail "rexec: rc $rc"
+# 40 strangers that connect and say nothing (more than the gate's 32
+# places) do not keep a relay out: they wait in the agent's gate, each
+# dropped after 5 s, and never get a process of their own
+ip netns exec "${P}ib" bash -c 'for i in $(seq 40); do exec {fd}<>/dev/tcp/10.77.0.5/29470 || exit 1; done
+  sleep 6' &
+idle=$!
+sleep 1
+served_before=$(pgrep -P "$FU_AGENT" | wc -l)
+t0=$(date +%s.%N)
+ip netns exec "${P}ib" "$BIN" rexec --key-file "$KEY" 10.77.0.5:29470 "exit 0"; rc=$?
+dt=$(echo "$(date +%s.%N) - $t0" | bc)
+wait $idle
+[ $rc -eq 0 ] && [ "$(echo "$dt < 2" | bc)" -eq 1 ] && [ "$served_before" -eq 0 ] \
+  && ok "40 idle strangers: a relay still runs in ${dt}s, no process for any of them" \
+  || fail "idle strangers: rc $rc after ${dt}s, $served_before serving processes"
 cp "$KEY" "$W/open.key"; chmod 644 "$W/open.key"
 expect_fail "a key file others may read is refused by launch" "agent key .*open.key: mode 644" \
   ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/open" --set "agent.key_file=$W/open.key"

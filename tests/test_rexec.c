@@ -74,7 +74,7 @@ static int serve(void)
     server = fork();
     if (server == 0) {
         close(sv[0]);
-        _exit(mmp_rexec_serve(sv[1], "test", KEY));
+        _exit(mmp_rexec_serve(sv[1], "test", KEY, 0));
     }
     close(sv[1]);
     return sv[0];

@@ -105,7 +105,30 @@ static void direction_key(unsigned char out[32], const char *key, const char *di
     crypto_auth_hmacsha256_final(&st, out);
 }
 
-mmp_err mmp_rexec_open(mmp_rexec_conn *c, int fd, const char *what, const char *key, int relay,
+/* The hello after the handshake: the relay's 8 bytes, the agent's answer
+ * (the same bytes: taken; anything else: refused). */
+static const char HELLO[8] = {'M', 'M', 'P', 'R', 'X', '0', '0', '1'};
+static const char REFUSED[8] = {'M', 'M', 'P', 'R', 'X', 'N', 'O', '!'};
+
+static int judge(void *ctx, const void *hello, void *reply, const char **why)
+{
+    (void)ctx;
+    if (memcmp(hello, HELLO, sizeof HELLO) != 0) {
+        *why = "not an mmpipe rexec relay of this version";
+        memcpy(reply, REFUSED, sizeof REFUSED);
+        return 1;
+    }
+    memcpy(reply, HELLO, sizeof HELLO);
+    return 0;
+}
+
+mmp_err mmp_rexec_gate_create(mmp_auth_gate **gate, int lfd, const char *key)
+{
+    return mmp_auth_gate_create(gate, lfd, "mmpipe agent", key, sizeof HELLO, sizeof HELLO,
+                                HANDSHAKE_MS, judge, NULL);
+}
+
+mmp_err mmp_rexec_open(mmp_rexec_conn *c, int fd, const char *what, const char *key, int side,
                        int timeout_ms)
 {
     memset(c, 0, sizeof *c);
@@ -114,7 +137,33 @@ mmp_err mmp_rexec_open(mmp_rexec_conn *c, int fd, const char *what, const char *
     if (sodium_init() < 0) {
         return mmp_errorf(MMP_ERR_IO, "%s: libsodium does not start", what);
     }
-    MMP_TRY(mmp_auth_handshake(fd, c->what, key, relay, mmp_sock_deadline(timeout_ms), -1));
+    int relay = side == MMP_REXEC_RELAY;
+    char hello[sizeof HELLO];
+    struct iovec hv = {hello, sizeof hello};
+    if (side != MMP_REXEC_AGENT_GATED) {
+        MMP_TRY(mmp_auth_handshake(fd, c->what, key, relay, mmp_sock_deadline(timeout_ms), -1));
+        if (relay) {
+            memcpy(hello, HELLO, sizeof HELLO);
+            MMP_TRY(mmp_sock_writev(fd, c->what, &hv, 1, mmp_sock_deadline(timeout_ms), -1));
+            MMP_TRY(mmp_sock_read(fd, c->what, hello, sizeof hello, mmp_sock_deadline(timeout_ms),
+                                  -1, NULL));
+            if (memcmp(hello, HELLO, sizeof HELLO) != 0) {
+                return mmp_errorf(MMP_ERR_PROTO, "%s: refused this relay (another mmpipe version?)",
+                                  c->what);
+            }
+        } else {
+            const char *why = NULL;
+            char reply[sizeof HELLO];
+            MMP_TRY(mmp_sock_read(fd, c->what, hello, sizeof hello, mmp_sock_deadline(timeout_ms),
+                                  -1, NULL));
+            int refused = judge(NULL, hello, reply, &why);
+            struct iovec rv = {reply, sizeof reply};
+            MMP_TRY(mmp_sock_writev(fd, c->what, &rv, 1, mmp_sock_deadline(timeout_ms), -1));
+            if (refused) {
+                return mmp_errorf(MMP_ERR_PROTO, "%s: %s", c->what, why);
+            }
+        }
+    }
     unsigned char mine[SALT], theirs[SALT];
     randombytes_buf(mine, SALT);
     struct iovec iov = {mine, SALT};
@@ -296,7 +345,7 @@ static void on_serve_stop(int sig)
     serve_stop = 1;
 }
 
-int mmp_rexec_serve(int fd, const char *peer, const char *key)
+int mmp_rexec_serve(int fd, const char *peer, const char *key, int gated)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -308,7 +357,8 @@ int mmp_rexec_serve(int fd, const char *peer, const char *key)
     char what[MMP_SOCK_ADDR_MAX + 32];
     snprintf(what, sizeof what, "agent: %s", peer);
     static mmp_rexec_conn conn;
-    if (mmp_rexec_open(&conn, fd, what, key, 0, HANDSHAKE_MS) != MMP_OK) {
+    if (mmp_rexec_open(&conn, fd, what, key, gated ? MMP_REXEC_AGENT_GATED : MMP_REXEC_AGENT,
+                       HANDSHAKE_MS) != MMP_OK) {
         MMP_WARN("agent: refused %s: %s", peer, mmp_last_error());
         close(fd);
         return 1;
@@ -478,7 +528,7 @@ int mmp_rexec_run(const char *address, const char *key, const char *command, int
     int fd = -1;
     static mmp_rexec_conn conn;
     if (mmp_sock_connect(&fd, what, address, mmp_sock_deadline(connect_ms)) != MMP_OK ||
-        mmp_rexec_open(&conn, fd, what, key, 1, HANDSHAKE_MS) != MMP_OK ||
+        mmp_rexec_open(&conn, fd, what, key, MMP_REXEC_RELAY, HANDSHAKE_MS) != MMP_OK ||
         mmp_rexec_send(&conn, MMP_REXEC_EXEC, command, (uint32_t)clen) != MMP_OK) {
         fprintf(stderr, "mmpipe rexec: %s\n", mmp_last_error());
         if (fd >= 0) {

@@ -3,12 +3,14 @@
  * pods: every node starts `mmpipe agent` itself, as torchrun is started on
  * every node).
  *
- *   agent (one per node, cli/cmd_agent.c): listens on a tcp port; each
- *     connection is served by a process of its own (mmp_rexec_serve): the
- *     job-key handshake of transport/auth.h with the agent key, then one
- *     command, run as `sh -c COMMAND` in a process group of its own with its
- *     standard input, output and error relayed over the connection, and its
- *     exit status sent back.
+ *   agent (one per node, cli/cmd_agent.c): listens on a tcp port; every
+ *     connection goes through its gate (mmp_rexec_gate_create: the job-key
+ *     handshake of transport/auth.h with the agent key and a hello, all
+ *     pending connections at once), and each one that passes is served by a
+ *     process of its own (mmp_rexec_serve): one command, run as `sh -c
+ *     COMMAND` in a process group of its own with its standard input,
+ *     output and error relayed over the connection, and its exit status sent
+ *     back.
  *   relay (`mmpipe rexec`, mmp_rexec_run): what the coordinator starts for
  *     each remote stage in place of ssh: connects, proves it holds the key,
  *     sends the command, relays its own standard input, output and error,
@@ -78,11 +80,27 @@ typedef struct mmp_rexec_conn {
     unsigned long long ntx, nrx; /* frames sealed and opened */
 } mmp_rexec_conn;
 
-/* The handshake with key on connected fd (relay: 1 on the relay's end)
- * and the session keys; MMP_OK or the handshake's errors (transport/auth.h),
- * MMP_ERR_PEER when the 32 bytes do not come within timeout_ms. c->fd = fd,
- * still the caller's. */
-mmp_err mmp_rexec_open(mmp_rexec_conn *c, int fd, const char *what, const char *key, int relay,
+/* Which end mmp_rexec_open opens. */
+enum {
+    MMP_REXEC_RELAY = 1,       /* the relay: handshake, hello, session keys */
+    MMP_REXEC_AGENT = 0,       /* the agent, on a connection as accepted: the same */
+    MMP_REXEC_AGENT_GATED = 2, /* the agent, on a connection its gate took: session keys only */
+};
+
+/* The agent's door (transport/auth.h's gate on the listening lfd): every
+ * connection at once through the handshake with key and the relay's 8-byte
+ * hello, each given 5 s, so strangers that connect and wait do not keep a
+ * relay out (they hold one of MMP_AUTH_PENDING places until dropped); each
+ * refusal logged with its address. key must outlive the gate. */
+struct mmp_auth_gate;
+mmp_err mmp_rexec_gate_create(struct mmp_auth_gate **gate, int lfd, const char *key);
+
+/* Opens side's end of the connection on fd: the handshake with key and the
+ * hello (not for MMP_REXEC_AGENT_GATED: its gate did them), then the 32
+ * bytes each way and the session keys. MMP_OK, or the handshake's errors
+ * (transport/auth.h), MMP_ERR_PROTO for a hello refused, MMP_ERR_PEER when
+ * the bytes do not come within timeout_ms. c->fd = fd, still the caller's. */
+mmp_err mmp_rexec_open(mmp_rexec_conn *c, int fd, const char *what, const char *key, int side,
                        int timeout_ms);
 /* Seals and sends one frame (len <= MMP_REXEC_FRAME_MAX). */
 mmp_err mmp_rexec_send(mmp_rexec_conn *c, uint32_t type, const void *buf, uint32_t len);
@@ -101,15 +119,16 @@ mmp_err mmp_rexec_key_load(const char *path, char *key, size_t n);
  * MMP_ERR_IO when path exists or cannot be written. */
 mmp_err mmp_rexec_key_new(const char *path);
 
-/* The agent's side of one accepted connection fd (from peer, "host:port"),
- * as described above, in a process of its own: it installs handlers for
+/* The agent's side of one connection fd (from peer, "host:port"), as
+ * described above (gated: it came through mmp_rexec_gate_create's gate, so
+ * the handshake and hello are done), in a process of its own: it installs handlers for
  * SIGTERM and SIGINT, each of which ends the connection as if it were lost
  * (the command stops as described), and ignores SIGHUP and SIGPIPE. Returns
  * when the command has ended and its status was sent, or the connection
  * failed (its command then stopped). Logs what it starts, how it ended and
  * every refusal. Closes fd. Returns 0 when a command ran and its status was
  * delivered, 1 otherwise. */
-int mmp_rexec_serve(int fd, const char *peer, const char *key);
+int mmp_rexec_serve(int fd, const char *peer, const char *key, int gated);
 
 /* The relay: runs command on the agent at address ("host:port") with key,
  * trying to connect for connect_ms. Returns the command's exit status, or
