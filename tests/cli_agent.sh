@@ -24,7 +24,7 @@
 # Skips (77) only when network namespaces cannot be made here.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, remote_left, nothing_left
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, remote_left, nothing_left, case_*
 workdir
 BIN=$(realpath "$BIN")
 AGENTS=()
@@ -130,33 +130,12 @@ expect_fail "launcher: agent without agent.key_file" "nokey.yaml:[0-9]+:[0-9]+: 
   "$BIN" launch "$W/nokey.yaml" --out "$W/nokey"
 
 # 3. SIGKILL of a remote stage (text, on host tx)
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
-cpid=$!
-wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
-tpid=$(stage_pid "$W/kill.log" text.0)
-if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
-wait $cpid; rc=$?
-[ $rc -ne 0 ] && grep -q 'stage text.0/0 (pid [0-9]*, agent to host tx at 10.77.0.4) died' "$W/kill.log" \
-  && ok "killed remote stage named with its host (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
-sleep 1
-nothing_left kill "$W/kill.log"
+case_stage_killed agent
 
-# 4. a host's link goes down mid-run (fusion's host)
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/down" --set job.steps=400 >"$W/down.log" 2>&1 &
-cpid=$!
-wait_step "$W/down/metrics.jsonl" 2 60 || fail "down: no step 2"
-t0=$(date +%s.%N)
-ip netns exec "${P}fu" ip link set eth0 down
-wait $cpid; rc=$?
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
-grep -q 'fusion/0 (pid [0-9]*, agent to host fu at 10.77.0.5)' "$W/down.log" && [ $rc -ne 0 ] \
-  && [ "$(echo "$dt < 15" | bc)" -eq 1 ] \
-  && ok "lost host named, job stopped after ${dt}s (rc $rc)" || { fail "down: rc $rc after ${dt}s"; tail -5 "$W/down.log"; }
-# the cut-off stage: its heartbeat (MMP_CTL_LOST_S, 7 s) ends it, or the
-# agent once the relay's connection is gone (keepalive, 20 s)
-for i in $(seq 300); do [ "$(remote_left "$W/down.log")" = 0 ] && break; sleep 0.1; done
-nothing_left down "$W/down.log"
-ip netns exec "${P}fu" ip link set eth0 up # the link comes back for the cases below
+# 4. a host's link goes down mid-run (fusion's host): the coordinator's
+# watch of the stage's control connection names it (the relay's keepalive
+# would take 20 s)
+case_link_down agent 15
 
 # 5. the agent of fu stopped mid-run: its stage ends, the job stops naming it
 ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/agentstop" --set job.steps=400 \
@@ -173,24 +152,10 @@ nothing_left agentstop "$W/agentstop.log"
 agent_up fu 5 || fail "agent on fu again"
 
 # 6. Ctrl-C (SIGINT to the coordinator): checkpoint, exit 130, every host stopped
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=400 >"$W/int.log" 2>&1 &
-cpid=$!
-wait_step "$W/int/metrics.jsonl" 2 60 || fail "int: no step 2"
-kill -INT $cpid; wait $cpid; rc=$?
-[ $rc -eq 130 ] && [ -e "$W/int/ckpt/latest" ] && ok "SIGINT: checkpoint and exit 130" \
-  || { fail "SIGINT: rc $rc"; tail -5 "$W/int.log"; }
-nothing_left int "$W/int.log"
+case_sigint
 
-# 7. the coordinator SIGKILLed: its pipes close, each relay passes the end of
-# its input on, every remote stage removes its shm and exits
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/ck" --set job.steps=400 >"$W/ck.log" 2>&1 &
-cpid=$!
-wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
-kill -9 $cpid; wait $cpid 2>/dev/null
-for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" = 0 ] && break; sleep 0.1; done
-[ "$(remote_left "$W/ck.log")" = 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
-  || fail "coordinator SIGKILLed: remote stages still running after 10 s"
-nothing_left ck "$W/ck.log"
+# 7. the coordinator SIGKILLed: each relay passes the end of its input on, every stage exits
+case_coordinator_killed
 agents_down; trap - EXIT
 for h in ia ib tx fu; do grep -q 'stopped$' "$W/agent-$h.log" || fail "agent $h did not stop cleanly"; done
 ok "agents stopped"

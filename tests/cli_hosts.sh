@@ -26,7 +26,7 @@
 # only when network namespaces cannot be made here.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
-. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, remote_left, nothing_left
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, remote_left, nothing_left, case_*
 workdir
 BIN=$(realpath "$BIN")
 trap hosts_down EXIT
@@ -103,52 +103,16 @@ wait $cpid; rc=$?
 nothing_left refuse "$W/refuse.log"
 
 # 2. SIGKILL of a remote stage (text, on host tx)
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
-cpid=$!
-wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
-tpid=$(stage_pid "$W/kill.log" text.0)
-if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
-wait $cpid; rc=$?
-[ $rc -ne 0 ] && grep -q 'stage text.0/0 (pid [0-9]*, ssh to host tx at 10.77.0.4) died' "$W/kill.log" \
-  && ok "killed remote stage named with its host (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
-sleep 1
-nothing_left kill "$W/kill.log"
+case_stage_killed ssh
 
-# 3. a host's link goes down mid-run (fusion's host)
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/down" --set job.steps=400 >"$W/down.log" 2>&1 &
-cpid=$!
-wait_step "$W/down/metrics.jsonl" 2 60 || fail "down: no step 2"
-t0=$(date +%s.%N)
-ip netns exec "${P}fu" ip link set eth0 down
-wait $cpid; rc=$?
-dt=$(echo "$(date +%s.%N) - $t0" | bc)
-# ssh's keepalive (1 s x 3 in the plan's ssh config) ends that stage's ssh:
-# about 4 to 5 s; 10 s is the bound this test holds it to
-grep -q 'fusion/0 (pid [0-9]*, ssh to host fu at 10.77.0.5)' "$W/down.log" && [ $rc -ne 0 ] \
-  && [ "$(echo "$dt < 10" | bc)" -eq 1 ] \
-  && ok "lost host named, job stopped after ${dt}s (rc $rc)" || { fail "down: rc $rc"; tail -5 "$W/down.log"; }
-sleep 8 # the cut-off stage: its heartbeat (MMP_CTL_LOST_S, 7 s) or sshd's ClientAlive (3 s) ends it
-nothing_left down "$W/down.log"
-ip netns exec "${P}fu" ip link set eth0 up # the link comes back for the cases below
+# 3. a host's link goes down mid-run (fusion's host): ssh's keepalive (1 s x
+# 3 in the plan's ssh config) ends that stage's ssh: about 4 to 5 s; 10 s is
+# the bound this test holds it to
+case_link_down ssh 10
 
-# 4. Ctrl-C (SIGINT to the coordinator): the step in flight finishes, is
-# checkpointed, every stage on every host ends; exit 130
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=400 >"$W/int.log" 2>&1 &
-cpid=$!
-wait_step "$W/int/metrics.jsonl" 2 60 || fail "int: no step 2"
-kill -INT $cpid; wait $cpid; rc=$?
-[ $rc -eq 130 ] && [ -e "$W/int/ckpt/latest" ] && ok "SIGINT: checkpoint and exit 130" \
-  || { fail "SIGINT: rc $rc"; tail -5 "$W/int.log"; }
-nothing_left int "$W/int.log"
+# 4. Ctrl-C (SIGINT to the coordinator): checkpoint, exit 130, every host stopped
+case_sigint
 
-# 5. the coordinator SIGKILLed: its pipes close, ssh passes the end of file
-# on, every remote stage removes its shm and exits
-ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/ck" --set job.steps=400 >"$W/ck.log" 2>&1 &
-cpid=$!
-wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
-kill -9 $cpid; wait $cpid 2>/dev/null
-for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" = 0 ] && break; sleep 0.1; done
-[ "$(remote_left "$W/ck.log")" = 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
-  || fail "coordinator SIGKILLed: remote stages still running after 10 s"
-nothing_left ck "$W/ck.log"
+# 5. the coordinator SIGKILLed: ssh passes the end of its input on, every remote stage exits
+case_coordinator_killed
 finish

@@ -6,6 +6,9 @@
 # /root/.ssh or /etc touched); hosts_down undoes it (trap it on EXIT).
 # HOSTS_SSHD=0: no sshd (tests/cli_slurm.sh starts slurmd there instead).
 # Returns 77 when network namespaces cannot be made here, 1 on another failure.
+# case_stage_killed, case_link_down, case_sigint, case_coordinator_killed:
+# the failure cases tests/cli_hosts.sh (ssh) and tests/cli_agent.sh (agent)
+# both run (below).
 # Sets P (the unique name prefix), HOSTS, SSHCFG ($W/ssh/config); ipc CMD runs
 # CMD in the coordinator's namespace. Needs W (tests/lib.sh workdir).
 hosts_down() {
@@ -105,4 +108,70 @@ nothing_left() {
   elif [ "$r" -eq 0 ]; then ok "$1: no remote stage left"
   else fail "$1: $r remote stages left"; pgrep -af -- --shm-prefix; fi
   left_behind "$1" "$2"
+}
+# The failure cases every launcher across the namespace hosts must pass, for
+# the plan in $W/plan.yaml (text on tx at 10.77.0.4), the coordinator in the
+# coordinator's namespace; VIA is what the log says started a stage ("ssh",
+# "agent"). Each ends with nothing_left.
+# case_stage_killed VIA: SIGKILL of the remote text stage: noticed, named
+# with its host, the job stopped.
+case_stage_killed() {
+  local cpid tpid rc
+  ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
+  tpid=$(stage_pid "$W/kill.log" text.0)
+  if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
+  wait $cpid; rc=$?
+  [ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, $1 to host tx at 10.77.0.4) died" "$W/kill.log" \
+    && ok "killed remote stage named with its host (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
+  sleep 1
+  nothing_left kill "$W/kill.log"
+}
+# case_sigint: Ctrl-C (SIGINT to the coordinator): the step in flight
+# finishes, is checkpointed, every stage on every host ends; exit 130.
+case_sigint() {
+  local cpid rc
+  ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/int" --set job.steps=400 >"$W/int.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/int/metrics.jsonl" 2 60 || fail "int: no step 2"
+  kill -INT $cpid; wait $cpid; rc=$?
+  [ $rc -eq 130 ] && [ -e "$W/int/ckpt/latest" ] && ok "SIGINT: checkpoint and exit 130" \
+    || { fail "SIGINT: rc $rc"; tail -5 "$W/int.log"; }
+  nothing_left int "$W/int.log"
+}
+# case_coordinator_killed: the coordinator SIGKILLed: its pipes close, the
+# launcher (ssh, the agent's relay) passes the end of file on, every remote
+# stage removes its shm and exits.
+case_coordinator_killed() {
+  local cpid i
+  ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/ck" --set job.steps=400 >"$W/ck.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/ck/metrics.jsonl" 2 60 || fail "ck: no step 2"
+  kill -9 $cpid; wait $cpid 2>/dev/null
+  for i in $(seq 100); do [ "$(remote_left "$W/ck.log")" = 0 ] && break; sleep 0.1; done
+  [ "$(remote_left "$W/ck.log")" = 0 ] && ok "coordinator SIGKILLed: remote stages gone within $i tenths of a second" \
+    || fail "coordinator SIGKILLed: remote stages still running after 10 s"
+  nothing_left ck "$W/ck.log"
+}
+# case_link_down VIA BOUND: fusion's host (fu, 10.77.0.5) loses its link
+# mid-run: the stage and its host named, the job stopped within BOUND
+# seconds; the cut-off stage ends on its own (its heartbeat, MMP_CTL_LOST_S,
+# 7 s, or its launcher's keepalive); the link comes back after.
+case_link_down() {
+  local cpid rc t0 dt i
+  ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/down" --set job.steps=400 >"$W/down.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/down/metrics.jsonl" 2 60 || fail "down: no step 2"
+  t0=$(date +%s.%N)
+  ip netns exec "${P}fu" ip link set eth0 down
+  wait $cpid; rc=$?
+  dt=$(echo "$(date +%s.%N) - $t0" | bc)
+  grep -q "fusion/0 (pid [0-9]*, $1 to host fu at 10.77.0.5)" "$W/down.log" && [ $rc -ne 0 ] \
+    && [ "$(echo "$dt < $2" | bc)" -eq 1 ] \
+    && ok "lost host named, job stopped after ${dt}s (rc $rc, bound $2 s)" \
+    || { fail "down: rc $rc after ${dt}s"; tail -5 "$W/down.log"; }
+  for i in $(seq 300); do [ "$(remote_left "$W/down.log")" = 0 ] && break; sleep 0.1; done
+  nothing_left down "$W/down.log"
+  ip netns exec "${P}fu" ip link set eth0 up
 }
