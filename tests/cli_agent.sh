@@ -138,6 +138,9 @@ case_stage_killed agent
 case_link_down agent 15
 
 # 5. the agent of fu stopped mid-run: its stage ends, the job stops naming it
+# (the agent may still be serving the link-down case's connection, whose
+# stage has ended but whose status waits up to 5 s for the gone relay's ack:
+# it ends one command or more)
 ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/agentstop" --set job.steps=400 \
   >"$W/agentstop.log" 2>&1 &
 cpid=$!
@@ -145,7 +148,7 @@ wait_step "$W/agentstop/metrics.jsonl" 2 60 || fail "agentstop: no step 2"
 kill -TERM "$FU_AGENT"; wait "$FU_AGENT" 2>/dev/null
 wait $cpid; rc=$?
 [ $rc -ne 0 ] && grep -q 'fusion/0 (pid [0-9]*, agent to host fu at 10.77.0.5)' "$W/agentstop.log" \
-  && grep -q 'stopping: ending 1 command' "$W/agent-fu.log" \
+  && grep -q 'stopping: ending [1-9][0-9]* command' "$W/agent-fu.log" \
   && ok "agent stopped: its stage ended, the job stopped naming it (rc $rc)" \
   || { fail "agentstop: rc $rc"; tail -5 "$W/agentstop.log"; tail -3 "$W/agent-fu.log"; }
 nothing_left agentstop "$W/agentstop.log"
