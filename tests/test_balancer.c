@@ -173,11 +173,19 @@ static int mem_replan(const int *dev, int n, double cap_gib, double gpu_gib, mmp
     static mmp_sched s;
     static mmp_balancer b;
     mmp_plan_defaults(&p);
-    p.n_hosts = 1;
-    snprintf(p.hosts[0].name, sizeof p.hosts[0].name, "node0");
-    p.hosts[0].n_devices = n;
-    for (int d = 0; d < n; d++) {
-        p.hosts[0].devices[d] = dev[d];
+    if (dev) {
+        p.n_hosts = 1;
+        snprintf(p.hosts[0].name, sizeof p.hosts[0].name, "node0");
+        p.hosts[0].n_devices = n;
+        for (int d = 0; d < n; d++) {
+            p.hosts[0].devices[d] = dev[d];
+        }
+    } else { /* a CPU plan on n cores (train.pin's list): the planner on cores */
+        p.train.pin.mode = MMP_PIN_LIST;
+        p.train.pin.n_cores = n;
+        for (int k = 0; k < n; k++) {
+            p.train.pin.cores[k] = k;
+        }
     }
     p.train.microbatches = 8;
     p.balance.mode = MMP_BALANCE_DYNAMIC;
@@ -206,6 +214,7 @@ static int mem_replan(const int *dev, int n, double cap_gib, double gpu_gib, mmp
     int go = 0;
     double gain;
     why[0] = 0;
+    CHECK(dev || b.cores == n); /* the planner on cores it is */
     CHECK_OK(mmp_balancer_replan(&b, 3, next, &go, why, why_n, &gain));
     mmp_sched_fini(&s);
     return go;
@@ -274,6 +283,15 @@ static void test_replan_under_memory_cap(void)
 
     /* under every layer's own state: nothing fits, the placement stays */
     CHECK(mem_replan(eight, 8, 0.5, 0, &next, why, sizeof why) == 0);
+
+    /* a CPU plan on 4 cores: the planner on cores knows no memory; its
+     * placement is taken under a cap it fits, not under one it breaks */
+    CHECK(mem_replan(NULL, 4, 100, 0, &next, why, sizeof why) == 1);
+    printf("  4 cores, cap 100 GiB: %s\n", why);
+    CHECK(strstr(why, "cap 100.00 GiB a device") != NULL);
+    CHECK(mem_replan(NULL, 4, 0.5, 0, &next, why, sizeof why) == 0);
+    /* and no cap on a CPU plan unless the plan sets one */
+    CHECK(mem_replan(NULL, 4, 0, 0, &next, why, sizeof why) == 1 && !strstr(why, "memory:"));
 }
 
 MMP_TEST_LIST("test_balancer", MMP_TEST_CASE(test_shared_cores), MMP_TEST_CASE(test_core_each),
