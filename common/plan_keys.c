@@ -20,7 +20,8 @@
 #include "common/pin.h"
 #include "common/plan_schema.h"
 
-/* ---- hosts: [{name, address?, devices, workdir?, binary?}, ...] | slurm --- */
+/* ---- hosts: [{name, address?, devices, workdir?, binary?} | {nodes, devices, ...}, ...]
+ * | slurm ---- */
 
 /* A remote path: absolute, printable, no quote (it is quoted for the remote
  * shell, but a path with a quote is a mistake worth naming). */
@@ -77,16 +78,67 @@ static mmp_err load_devices(mmp_schema_loader *L, mmp_host *h, int i, mmp_schema
     return MMP_OK;
 }
 
-static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_site at)
+static_assert(sizeof(((mmp_host *)0)->name) >= MMP_HOSTLIST_NAME_MAX &&
+                  sizeof(((mmp_host *)0)->address) >= MMP_HOSTLIST_NAME_MAX,
+              "a hostlist's node names fit a host's name and address");
+
+/* Entry i of the list gave `nodes`: its hostlist, expanded into hosts
+ * first.. (the entry's own, p->hosts[first], is the template: devices,
+ * workdir, binary), each named and addressed by its node. *n gets how many. */
+static mmp_err expand_nodes(mmp_schema_loader *L, mmp_plan *p, int i, int first, const char *list,
+                            mmp_schema_site at, int *n)
+{
+    static char names[MMP_MAX_HOSTS][MMP_HOSTLIST_NAME_MAX];
+    int room = MMP_MAX_HOSTS - first, count = 0;
+    if (mmp_hostlist_expand(list, names, room, &count) != MMP_OK) {
+        return mmp_schema_fail(L, at, "hosts[%d].nodes: %s%s", i, mmp_last_error(),
+                               strstr(mmp_last_error(), "more than") ? " (a plan holds at most "
+                                                                       "128 hosts in all)"
+                                                                     : "");
+    }
+    mmp_host tmpl = p->hosts[first];
+    for (int k = 0; k < count; k++) {
+        mmp_host *h = &p->hosts[first + k];
+        *h = tmpl;
+        size_t len = strnlen(names[k], MMP_HOSTLIST_NAME_MAX - 1); /* < both fields */
+        memcpy(h->name, names[k], len);
+        h->name[len] = 0;
+        memcpy(h->address, names[k], len);
+        h->address[len] = 0;
+        for (int j = 0; j < first + k; j++) {
+            if (strcmp(p->hosts[j].name, h->name) == 0) {
+                return mmp_schema_fail(L, at,
+                                       "hosts[%d].nodes: '%s' is already the name of "
+                                       "another host",
+                                       i, h->name);
+            }
+        }
+    }
+    *n = count;
+    return MMP_OK;
+}
+
+/* Entry i of the hosts list into p->hosts[first..]: one host, or with
+ * `nodes` one per node of its hostlist; *n gets how many. */
+static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, int first, mmp_schema_site at,
+                         int *n)
 {
     char name[MMP_SCHEMA_KEY_MAX], got[96];
-    mmp_host *h = &p->hosts[i];
+    if (first >= MMP_MAX_HOSTS) {
+        return mmp_schema_fail(L, at, "hosts[%d]: past the %d hosts a plan holds", i,
+                               MMP_MAX_HOSTS);
+    }
+    mmp_host *h = &p->hosts[first];
     memset(h, 0, sizeof *h);
+    *n = 1;
     if (!mmp_schema_is_mapping(at)) {
         return mmp_schema_fail(L, at, "hosts[%d]: expected a mapping {name, devices}, got %s", i,
                                mmp_schema_describe(at, got, sizeof got));
     }
-    bool have_name = false, have_devices = false;
+    bool have_name = false, have_devices = false, have_address = false;
+    static char nodes[1024];
+    nodes[0] = 0;
+    mmp_schema_site nodes_at = at;
     void *iter = NULL;
     mmp_schema_site ks, vs;
     while (mmp_schema_next_pair(at, &iter, &ks, &vs)) {
@@ -97,17 +149,22 @@ static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_si
         if (strcmp(key, "name") == 0) {
             snprintf(name, sizeof name, "hosts[%d].name", i);
             MMP_TRY(mmp_schema_parse_string(L, name, vs, h->name, sizeof h->name));
-            for (int j = 0; j < i; j++) {
+            for (int j = 0; j < first; j++) {
                 if (strcmp(p->hosts[j].name, h->name) == 0) {
                     return mmp_schema_fail(L, vs, "%s: '%s' is already the name of hosts[%d]", name,
                                            h->name, j);
                 }
             }
             have_name = true;
+        } else if (strcmp(key, "nodes") == 0) {
+            snprintf(name, sizeof name, "hosts[%d].nodes", i);
+            MMP_TRY(mmp_schema_parse_string(L, name, vs, nodes, sizeof nodes));
+            nodes_at = vs;
         } else if (strcmp(key, "devices") == 0) {
             MMP_TRY(load_devices(L, h, i, vs));
             have_devices = true;
         } else if (strcmp(key, "address") == 0) {
+            have_address = true;
             snprintf(name, sizeof name, "hosts[%d].address", i);
             MMP_TRY(mmp_schema_parse_string(L, name, vs, h->address, sizeof h->address));
             if (!mmp_plan_address_ok(h->address)) {
@@ -127,10 +184,10 @@ static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_si
                                        name, dst);
             }
         } else {
-            static const char *const host_keys[] = {"name", "devices", "address", "workdir",
-                                                    "binary"};
+            static const char *const host_keys[] = {"name",    "devices", "address",
+                                                    "workdir", "binary",  "nodes"};
             char hint[128] = "";
-            for (int c = 0; c < 5; c++) {
+            for (int c = 0; c < 6; c++) {
                 if (mmp_schema_edit_distance(key, host_keys[c]) <= 2) {
                     snprintf(hint, sizeof hint, " (did you mean 'hosts[%d].%s'?)", i, host_keys[c]);
                     break;
@@ -138,6 +195,18 @@ static mmp_err load_host(mmp_schema_loader *L, mmp_plan *p, int i, mmp_schema_si
             }
             return mmp_schema_fail(L, ks, "unknown key 'hosts[%d].%s'%s", i, key, hint);
         }
+    }
+    if (nodes[0]) {
+        if (have_name || have_address) {
+            return mmp_schema_fail(L, nodes_at,
+                                   "hosts[%d]: nodes names and addresses its hosts: no %s beside "
+                                   "it",
+                                   i, have_name ? "name" : "address");
+        }
+        if (!have_devices) {
+            return mmp_schema_fail(L, at, "hosts[%d].devices: required key is missing", i);
+        }
+        return expand_nodes(L, p, i, first, nodes, nodes_at, n);
     }
     if (!have_name || !have_devices) {
         return mmp_schema_fail(L, at, "hosts[%d].%s: required key is missing", i,
@@ -195,10 +264,13 @@ static mmp_err load_hosts(mmp_schema_loader *L, void *obj, mmp_schema_site at)
     }
     void *iter = NULL;
     mmp_schema_site item;
+    int total = 0;
     for (int i = 0; mmp_schema_next_item(at, &iter, &item); i++) {
-        MMP_TRY(load_host(L, p, i, item));
+        int k = 0;
+        MMP_TRY(load_host(L, p, i, total, item, &k));
+        total += k;
     }
-    p->n_hosts = n;
+    p->n_hosts = total;
     return MMP_OK;
 }
 

@@ -707,12 +707,80 @@ static void test_many_hosts(void)
     }
 }
 
+/* hosts[].nodes: a hostlist (SLURM's syntax) for a run of hosts alike
+ * (Kubernetes pods, a rack), expanded in place among the other entries; its
+ * errors at the key's file:line:column; plan.json holds the expanded hosts
+ * and loads back to the same plan. */
+static void test_hosts_nodes(void)
+{
+    char path[1200], json[1200];
+    snprintf(path, sizeof path, "%s/nodes.yaml", tmp);
+    snprintf(json, sizeof json, "%s/nodes.json", tmp);
+    static mmp_plan p, back;
+    CHECK(mmp_test_write_text(path,
+                              "data: { manifest: t.jsonl }\nlauncher: agent\n"
+                              "agent: { key_file: /k }\nhosts:\n"
+                              "  - { name: head, devices: [cpu] }\n"
+                              "  - { nodes: \"pod-[0-2].mm,gpu07\", devices: [cuda:0, cuda:1], "
+                              "binary: /opt/mm }\n"
+                              "  - { name: tail, address: 10.0.0.9, devices: [cpu] }\n"));
+    CHECK_OK(mmp_plan_load(&p, path, NULL, 0));
+    CHECK(p.n_hosts == 6 && mmp_plan_slots(&p) == 10);
+    static const char *const want[] = {"head", "pod-0.mm", "pod-1.mm", "pod-2.mm", "gpu07", "tail"};
+    for (int h = 0; h < 6 && h < p.n_hosts; h++) {
+        CHECK(strcmp(p.hosts[h].name, want[h]) == 0);
+    }
+    CHECK(strcmp(p.hosts[2].address, "pod-1.mm") == 0 && p.hosts[2].n_devices == 2 &&
+          p.hosts[2].devices[1] == 1 && strcmp(p.hosts[4].binary, "/opt/mm") == 0);
+    CHECK(strcmp(p.hosts[5].address, "10.0.0.9") == 0 && p.hosts[0].address[0] == 0);
+    CHECK(mmp_plan_slot_host(&p, 9) == 5 && mmp_plan_slot_device(&p, 8) == 1);
+    CHECK_OK(mmp_plan_write_json(&p, json));
+    CHECK_OK(mmp_plan_load(&back, json, NULL, 0));
+    CHECK(back.n_hosts == 6 && strcmp(back.hosts[3].name, "pod-2.mm") == 0 &&
+          strcmp(back.hosts[3].address, "pod-2.mm") == 0);
+    struct {
+        const char *hosts, *want;
+    } bad[] = {
+        {"  - { nodes: \"n[3-1]\", devices: [cpu] }\n", "nodes.yaml:5:14: hosts[0].nodes: "},
+        {"  - { nodes: \"n[1-2]\", name: x, devices: [cpu] }\n",
+         "nodes.yaml:5:14: hosts[0]: nodes names and addresses its hosts: no name beside it"},
+        {"  - { nodes: \"n[1-2]\", address: a, devices: [cpu] }\n", "no address beside it"},
+        {"  - { nodes: \"n[1-2]\" }\n",
+         "nodes.yaml:5:5: hosts[0].devices: required key is missing"},
+        {"  - { name: n2, devices: [cpu] }\n  - { nodes: \"n[1-3]\", devices: [cpu] }\n",
+         "nodes.yaml:6:14: hosts[1].nodes: 'n2' is already the name of another host"},
+        {"  - { nodes: \"n[1-128]\", devices: [cpu] }\n  - { name: x, devices: [cpu] }\n",
+         "nodes.yaml:6:5: hosts[1]: past the 128 hosts a plan holds"},
+        {"  - { name: x, devices: [cpu] }\n  - { nodes: \"n[1-128]\", devices: [cpu] }\n",
+         "a plan holds at most 128 hosts in all"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        char text[512];
+        snprintf(
+            text, sizeof text,
+            "data: { manifest: t.jsonl }\nlauncher: agent\nagent: { key_file: /k }\nhosts:\n%s",
+            bad[k].hosts);
+        CHECK(mmp_test_write_text(path, text));
+        mmp_err e = mmp_plan_load(&p, path, NULL, 0);
+        CHECK(e == MMP_ERR_CONFIG && strstr(mmp_last_error(), bad[k].want));
+        if (e != MMP_ERR_CONFIG || !strstr(mmp_last_error(), bad[k].want)) {
+            fprintf(stderr, "  case %zu: got %s\n  want %s\n", k, mmp_last_error(), bad[k].want);
+        }
+    }
+}
+
 static const mmp_test_case cases[] = {
-    MMP_TEST_CASE(test_hosts_slurm), MMP_TEST_CASE(test_many_hosts),
-    MMP_TEST_CASE(test_full_plan),   MMP_TEST_CASE(test_defaults),
-    MMP_TEST_CASE(test_paths),       MMP_TEST_CASE(test_demo),
-    MMP_TEST_CASE(test_file_errors), {"test_written_errors", test_written_errors_case},
-    MMP_TEST_CASE(test_overrides),   {"test_sim", test_sim_case},
+    MMP_TEST_CASE(test_hosts_slurm),
+    MMP_TEST_CASE(test_many_hosts),
+    MMP_TEST_CASE(test_hosts_nodes),
+    MMP_TEST_CASE(test_full_plan),
+    MMP_TEST_CASE(test_defaults),
+    MMP_TEST_CASE(test_paths),
+    MMP_TEST_CASE(test_demo),
+    MMP_TEST_CASE(test_file_errors),
+    {"test_written_errors", test_written_errors_case},
+    MMP_TEST_CASE(test_overrides),
+    {"test_sim", test_sim_case},
     {"test_json", test_json_case},
 };
 
