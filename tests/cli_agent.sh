@@ -14,6 +14,8 @@
 #     out (the agent's gate: transport/auth.h); a key file others may read is refused by
 #     launch before anything starts, and by the agent;
 #  3. SIGKILL of a remote stage: noticed, named with its host, job stopped;
+#     with train.max_restarts the job restarts through the agents and
+#     equals --single-process;
 #  4. a host's link taken down mid-run: named within 15 s, job stopped, and
 #     the cut-off stage ends (its agent closes its input, then SIGTERM);
 #  5. an agent stopped (SIGTERM) mid-run: its stage ends, the job stops
@@ -131,6 +133,25 @@ expect_fail "launcher: agent without agent.key_file" "nokey.yaml:[0-9]+:[0-9]+: 
 
 # 3. SIGKILL of a remote stage (text, on host tx)
 case_stage_killed agent
+
+# 3b. the same with train.max_restarts: the coordinator relaunches every
+# stage through the agents from the latest checkpoint, and the run equals
+# the single process
+ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/rs" --set job.steps=12 \
+  --set train.ckpt_every=3 --set train.max_restarts=2 >"$W/rs.log" 2>&1 &
+cpid=$!
+wait_step "$W/rs/metrics.jsonl" 4 60 || fail "rs: no step 4"
+tpid=$(stage_pid "$W/rs.log" text.0)
+if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "rs: no pid for this run's text.0/0"; fi
+wait $cpid; rc=$?
+"$BIN" launch "$W/plan.yaml" --out "$W/rs-single" --single-process --set job.steps=12 \
+  --set train.ckpt_every=3 >"$W/rs-single.log" 2>&1 || fail "rs: single"
+[ $rc -eq 0 ] && grep -q 'restart 1 of 2 after step' "$W/rs.log" && ! grep -q ') lost: ' "$W/rs.log" \
+  && ok "restart: the killed stage's job relaunched through the agents and finished (rc 0)" \
+  || { fail "restart: rc $rc"; grep -E 'error|restart' "$W/rs.log" | tail -4; }
+same_ckpt "$W/rs/ckpt/latest" "$W/rs-single/ckpt/latest" && ok "restart: == single process" \
+  || fail "restart: != single process"
+nothing_left rs "$W/rs.log"
 
 # 4. a host's link goes down mid-run (fusion's host): the coordinator's
 # watch of the stage's control connection names it (the relay's keepalive
