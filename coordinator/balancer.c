@@ -146,29 +146,11 @@ static double device_cap(const mmp_balancer *b)
     return 0;
 }
 
-/* The devices a plan's slots name: one per cpu slot, one per distinct GPU
- * of a host (two slots may name one). */
-static int distinct_devices(const mmp_plan *p)
-{
-    int n = 0, S = mmp_plan_slots(p);
-    for (int s = 0; s < S; s++) {
-        int d = mmp_plan_slot_device(p, s), seen = 0;
-        for (int t = 0; d >= 0 && t < s && !seen; t++) {
-            seen = mmp_plan_slot_device(p, t) == d &&
-                   mmp_plan_slot_host(p, t) == mmp_plan_slot_host(p, s);
-        }
-        n += !seen;
-    }
-    return n > 0 ? n : 1;
-}
-
-/* One process's share of a device's cap when `procs` processes are dealt in
- * turn over the plan's devices: the most that land on one device divide it. */
+/* One process's share of a device's cap when `procs` processes are dealt
+ * over the plan's slots: the most that land on one device divide it. */
 static double per_process_cap(const mmp_balancer *b, double cap, int procs)
 {
-    int devs = distinct_devices(&b->cur);
-    int most = (procs + devs - 1) / devs;
-    return cap / (most > 1 ? most : 1);
+    return cap / mmp_procs_most_on_device(&b->cur, procs);
 }
 
 /* Puts the measured memory into lc; 0 (and a reason in why) when some

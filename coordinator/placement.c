@@ -193,3 +193,19 @@ int mmp_procs_share_gpu(const mmp_plan *p, int n_procs)
     }
     return 0;
 }
+
+int mmp_procs_most_on_device(const mmp_plan *p, int n_procs)
+{
+    int slots = mmp_plan_slots(p), most = 1;
+    for (int i = 0; slots > 0 && i < n_procs; i++) {
+        int si = i % slots, di = mmp_plan_slot_device(p, si), here = 1;
+        for (int j = 0; j < i; j++) {
+            int sj = j % slots;
+            here += di < 0 ? sj == si
+                           : mmp_plan_slot_device(p, sj) == di &&
+                                 mmp_plan_slot_host(p, sj) == mmp_plan_slot_host(p, si);
+        }
+        most = here > most ? here : most;
+    }
+    return most;
+}

@@ -81,4 +81,9 @@ int mmp_replicas_own_gpus(const int *host, const int *device, int n);
  * same ordinal on two hosts is two GPUs. 0 for no GPU slot at all. */
 int mmp_procs_share_gpu(const mmp_plan *p, int n_procs);
 
+/* The most of n_procs stage processes of plan p that land on one device,
+ * dealt as above (a cpu slot is a device of its own; one GPU is every slot
+ * naming its ordinal on its host); 1 when n_procs < 1. */
+int mmp_procs_most_on_device(const mmp_plan *p, int n_procs);
+
 #endif

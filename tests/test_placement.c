@@ -187,7 +187,32 @@ static void test_procs_share_gpu(void)
     CHECK(!mmp_procs_share_gpu(&p, 5));
 }
 
+/* The most processes on one device, for the balancer's memory cap: dealt in
+ * turn over the slots, a GPU named by several slots counted once (three of
+ * four slots on cuda:0: three of four processes there, not an even two). */
+static void test_procs_most_on_device(void)
+{
+    static mmp_plan p;
+    make_plan(&p);
+    const int four[] = {4}, uneven[][4] = {{0, 0, 0, 1}};
+    set_hosts(&p, 1, four, uneven);
+    CHECK(mmp_procs_most_on_device(&p, 4) == 3);
+    CHECK(mmp_procs_most_on_device(&p, 2) == 2);
+    CHECK(mmp_procs_most_on_device(&p, 0) == 1);
+    const int distinct[][4] = {{0, 1, 2, 3}};
+    set_hosts(&p, 1, four, distinct);
+    CHECK(mmp_procs_most_on_device(&p, 4) == 1);
+    CHECK(mmp_procs_most_on_device(&p, 9) == 3); /* dealt around twice, then slot 0 again */
+    const int cpus[][4] = {{-1, -1, -1}}, three[] = {3};
+    set_hosts(&p, 1, three, cpus);
+    CHECK(mmp_procs_most_on_device(&p, 3) == 1);
+    CHECK(mmp_procs_most_on_device(&p, 4) == 2);
+    const int two_hosts[][4] = {{0, 0}, {0, 0}}, n22[] = {2, 2};
+    set_hosts(&p, 2, n22, two_hosts);
+    CHECK(mmp_procs_most_on_device(&p, 4) == 2); /* cuda:0 of each host: two GPUs */
+}
+
 MMP_TEST_LIST("test_placement", MMP_TEST_CASE(test_round_trip), MMP_TEST_CASE(test_bad_text),
               MMP_TEST_CASE(test_per_layer), MMP_TEST_CASE(test_edge_transport),
               MMP_TEST_CASE(test_replicas_own_gpus), MMP_TEST_CASE(test_reduce_transport),
-              MMP_TEST_CASE(test_procs_share_gpu))
+              MMP_TEST_CASE(test_procs_share_gpu), MMP_TEST_CASE(test_procs_most_on_device))
