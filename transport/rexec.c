@@ -281,30 +281,24 @@ static int command_ok(const char *cmd, uint32_t len)
 /* `sh -c cmd` in a process group of its own, its stdio on pipes. */
 static pid_t spawn(const char *cmd, int *in, int *out, int *err)
 {
-    int pi[2], po[2], pe[2];
-    if (pipe2(pi, O_CLOEXEC) != 0) {
-        return -1;
-    }
-    if (pipe2(po, O_CLOEXEC) != 0) {
-        close(pi[0]);
-        close(pi[1]);
-        return -1;
-    }
-    if (pipe2(pe, O_CLOEXEC) != 0) {
-        close(pi[0]);
-        close(pi[1]);
-        close(po[0]);
-        close(po[1]);
-        return -1;
+    int pp[3][2]; /* the command's stdin, stdout, stderr */
+    for (int k = 0; k < 3; k++) {
+        if (pipe2(pp[k], O_CLOEXEC) != 0) {
+            for (int j = 0; j < k; j++) {
+                close(pp[j][0]);
+                close(pp[j][1]);
+            }
+            return -1;
+        }
     }
     pid_t pid = fork();
     if (pid == 0) {
         setsid();
         /* the serving process killed outright: the command is told to stop */
         prctl(PR_SET_PDEATHSIG, SIGTERM);
-        dup2(pi[0], 0);
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
+        for (int k = 0; k < 3; k++) {
+            dup2(pp[k][k == 0 ? 0 : 1], k);
+        }
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -315,18 +309,18 @@ static pid_t spawn(const char *cmd, int *in, int *out, int *err)
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    close(pi[0]);
-    close(po[1]);
-    close(pe[1]);
+    for (int k = 0; k < 3; k++) {
+        close(pp[k][k == 0 ? 0 : 1]); /* the command's ends */
+    }
     if (pid < 0) {
-        close(pi[1]);
-        close(po[0]);
-        close(pe[0]);
+        for (int k = 0; k < 3; k++) {
+            close(pp[k][k == 0 ? 1 : 0]);
+        }
         return -1;
     }
-    *in = pi[1];
-    *out = po[0];
-    *err = pe[0];
+    *in = pp[0][1];
+    *out = pp[1][0];
+    *err = pp[2][0];
     fcntl(*out, F_SETFL, O_NONBLOCK);
     fcntl(*err, F_SETFL, O_NONBLOCK);
     return pid;
