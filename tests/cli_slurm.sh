@@ -45,7 +45,7 @@ if [ -z "${MMP_SLURM_MNTNS:-}" ]; then
   exec unshare --mount --propagation private env MMP_SLURM_MNTNS=1 bash "$0" "$@"
 fi
 . tests/lib.sh
-. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, nothing_left
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, nothing_left, case_restarted
 workdir
 BIN=$(realpath "$BIN")
 for d in munged slurmctld slurmd salloc srun sbatch scancel sinfo; do
@@ -284,31 +284,10 @@ wait $cpid; rc=$?
 sleep 1
 nothing_left kill "$W/kill.log"
 
-# RS_STEPS: long enough that the kill lands mid-run. A step of this plan
-# takes about 8 ms here, so 12 steps left the kill after step 4 a window of
-# ~60 ms, and now and then it came after the last step (rc 0, no restart).
-RS_STEPS=200
 # 5b. the same with train.max_restarts: the coordinator relaunches every
 # srun step from the latest checkpoint and the run finishes = single process
-# (the new stages connect under the old names, often on the dead
-# connections' descriptor numbers: they must not count as lost)
-timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/rs" \
-  --set launcher=slurm --set hosts=slurm --set job.steps=$RS_STEPS --set train.ckpt_every=5 \
-  --set train.max_restarts=2 >"$W/rs.log" 2>&1 &
-cpid=$!
-wait_step "$W/rs/metrics.jsonl" 7 60 || fail "rs: no step 7"
-tpid=$(stage_pid "$W/rs.log" text.0)
-if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "rs: no pid for this run's text.0/0"; fi
-killed_at=$(last_step "$W/rs/metrics.jsonl")
-wait $cpid; rc=$?
-"$BIN" launch "$W/plan.yaml" --out "$W/rs-single" --single-process --set job.steps=$RS_STEPS --set train.ckpt_every=5 \
-  >"$W/rs-single.log" 2>&1 || fail "rs: single"
-[ $rc -eq 0 ] && grep -q 'restart 1 of 2 after step' "$W/rs.log" && ! grep -q ') lost: ' "$W/rs.log" \
-  && ok "restart: the killed srun stage's job relaunched and finished (rc 0)" \
-  || { fail "restart: rc $rc (killed after step $killed_at of $RS_STEPS)"; grep -E 'error|restart' "$W/rs.log" | tail -4; }
-same_ckpt "$W/rs/ckpt/latest" "$W/rs-single/ckpt/latest" && ok "restart: == single process" \
-  || fail "restart: != single process"
-nothing_left rs "$W/rs.log"
+case_restarted "as new srun steps" timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q \
+  "$BIN" launch "$W/plan.yaml" --set launcher=slurm --set hosts=slurm
 
 # 6. a node's link goes down mid-run (fusion's node)
 timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/down" \

@@ -128,6 +128,35 @@ case_stage_killed() {
   sleep 1
   nothing_left kill "$W/kill.log"
 }
+# case_restarted WHAT LAUNCH...: with train.max_restarts, a SIGKILL of the
+# text stage mid-run makes the coordinator relaunch every stage (WHAT says
+# through what, for the log) from the latest checkpoint; the run finishes
+# (rc 0) and equals --single-process. LAUNCH is the command up to and
+# including "launch PLAN"; the run's options are appended. The new stages
+# connect under the old names, often on the dead connections' descriptor
+# numbers: they must not count as lost. 200 steps: a step of the test plans
+# takes about 8 ms, and with 12 the kill after step 4 sometimes came after
+# the last step (rc 0, no restart).
+case_restarted() {
+  local what=$1 steps=200 cpid tpid rc at
+  shift
+  "$@" --out "$W/rs" --set job.steps=$steps --set train.ckpt_every=5 --set train.max_restarts=2 \
+    >"$W/rs.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/rs/metrics.jsonl" 7 60 || fail "rs: no step 7"
+  tpid=$(stage_pid "$W/rs.log" text.0)
+  if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "rs: no pid for this run's text.0/0"; fi
+  at=$(last_step "$W/rs/metrics.jsonl")
+  wait $cpid; rc=$?
+  "$BIN" launch "$W/plan.yaml" --out "$W/rs-single" --single-process --set job.steps=$steps \
+    --set train.ckpt_every=5 >"$W/rs-single.log" 2>&1 || fail "rs: single"
+  [ $rc -eq 0 ] && grep -q 'restart 1 of 2 after step' "$W/rs.log" && ! grep -q ') lost: ' "$W/rs.log" \
+    && ok "restart: the killed stage's job relaunched $what and finished (rc 0)" \
+    || { fail "restart: rc $rc (killed after step $at of $steps)"; grep -E 'error|restart' "$W/rs.log" | tail -4; }
+  same_ckpt "$W/rs/ckpt/latest" "$W/rs-single/ckpt/latest" && ok "restart: == single process" \
+    || fail "restart: != single process"
+  nothing_left rs "$W/rs.log"
+}
 # case_sigint: Ctrl-C (SIGINT to the coordinator): the step in flight
 # finishes, is checkpointed, every stage on every host ends; exit 130.
 case_sigint() {
