@@ -156,6 +156,7 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
         /* Judged in settle: a stage's error is often the echo of a peer's
          * death (its channel saw the peer go). */
         if (env->error->peer_lost) {
+            p->peer_lost = 1;
             if (!c->peer_error[0]) {
                 snprintf(c->peer_error, sizeof c->peer_error, "%s", env->error->message);
             }
@@ -219,6 +220,28 @@ static int take_one(coord *c, int timeout_ms)
     return 1;
 }
 
+/* How long a stage's control connection may stay dropped while its process
+ * (its ssh or srun) lives on before the stage is called lost: a stage that
+ * dies closes its connection first and is reaped well within this. */
+#define LINK_GRACE_S 2.0
+
+/* An end not judged yet that no report of the stage's own explains: a
+ * stage that reported a peer gone and then exited on its own is that
+ * peer's echo (the peer is the one to name); killed, it is not. */
+static int unexplained_end(const proc *p)
+{
+    return !p->alive && !p->reported && (!p->peer_lost || coord_abrupt_end(p));
+}
+
+static int unexplained_ends(const coord *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->n; i++) {
+        n += unexplained_end(&c->procs[i]);
+    }
+    return n;
+}
+
 /* Judges stage ends and errors, most telling cause first: a stage killed by
  * a signal; the first failure a stage reported of its own (a stage that exits
  * on its own sends its reason first: the control messages it sent are read
@@ -226,19 +249,25 @@ static int take_one(coord *c, int timeout_ms)
  * that could not report); last, a stage's report that a peer went away. */
 void coord_settle(coord *c)
 {
-    int dead = 0;
-    for (int i = 0; i < c->n; i++) {
-        dead += !c->procs[i].alive && !c->procs[i].reported;
-    }
-    if (!dead && !c->stage_error[0] && !c->peer_error[0]) {
+    if (!unexplained_ends(c) && !c->stage_error[0] && !c->peer_error[0]) {
         return;
     }
-    if (!c->stage_error[0]) {
-        /* Give the stage at fault a moment to be reaped or to be heard. */
-        double t0 = mmp_now();
-        while (!c->stage_error[0] && mmp_now() - t0 < 0.3) {
-            take_one(c, 20);
-            coord_reap(c);
+    /* Give the stage at fault a moment to be reaped or to be heard: 0.3 s
+     * after an end, for its reason. With only peers' reports so far, the
+     * stage they saw go may be remote, whose end comes through its relay
+     * (ssh, srun, an agent), later on a busy host: up to LINK_GRACE_S. */
+    double t0 = mmp_now(), t_end = unexplained_ends(c) ? t0 : 0;
+    while (!c->stage_error[0]) {
+        double now = mmp_now();
+        if (now - t0 >= (c->tcp ? LINK_GRACE_S : 0.3) || (t_end > 0 && now - t_end >= 0.3)) {
+            break;
+        }
+        take_one(c, 20);
+        coord_reap(c);
+        if (!unexplained_ends(c)) {
+            t_end = 0; /* the end seen was a peer's echo after all */
+        } else if (!t_end) {
+            t_end = mmp_now();
         }
     }
     for (int signalled = 1; signalled >= 0; signalled--) {
@@ -247,7 +276,7 @@ void coord_settle(coord *c)
         }
         for (int i = 0; i < c->n; i++) {
             proc *p = &c->procs[i];
-            if (!p->alive && !p->reported && coord_abrupt_end(p) == signalled) {
+            if (unexplained_end(p) && coord_abrupt_end(p) == signalled) {
                 char why[128];
                 c->fault |= !c->failure[0];
                 coord_fail(c, "stage %s (pid %d%s) died: %s%s", p->name, (int)p->pid, p->where,
@@ -267,11 +296,6 @@ void coord_settle(coord *c)
     }
 }
 
-/* How long a stage's control connection may stay dropped while its process
- * (its ssh or srun) lives on before the stage is called lost: a stage that
- * dies closes its connection first and is reaped well within this. */
-#define LINK_GRACE_S 2.0
-
 /* Over tcp: a stage whose control connection ZeroMQ dropped (its heartbeats
  * unanswered for 5 s: its host or link is gone) while the process that
  * started it lives on. ssh notices a lost host by its own keepalive; srun
@@ -288,7 +312,9 @@ static int watch_links(coord *c)
     c->links_checked = now;
     for (int i = 0; i < c->n; i++) {
         const proc *p = &c->procs[i];
-        double t = p->alive ? mmp_ctl_peer_dropped_s(c->ctl, p->name) : -1;
+        /* Not before its hello: until then a drop under its name is its
+         * predecessor's (the process a restart or re-placement replaced). */
+        double t = p->alive && p->have_hello ? mmp_ctl_peer_dropped_s(c->ctl, p->name) : -1;
         if (t >= LINK_GRACE_S) {
             c->fault |= !c->failure[0];
             coord_fail(c,
@@ -516,11 +542,24 @@ mmp_err coord_send_to(coord *c, int i, Mmpipe__Envelope *env)
 {
     mmp_err e = mmp_ctl_send(c->ctl, c->procs[i].name, env);
     if (e != MMP_OK) {
-        /* Most often the peer just died: let its death be the reported cause. */
-        usleep(50000);
-        coord_reap(c);
+        /* Most often the peer just died and its connection closed before its
+         * end was heard: a local child is reaped within milliseconds, but a
+         * remote one's end comes through its ssh, srun or agent relay, later
+         * on a busy host. Wait for it (as long as a dropped link is allowed)
+         * so that the death is the reported cause and a restart may follow. */
+        char why[256];
+        snprintf(why, sizeof why, "%s", mmp_last_error());
+        double t0 = mmp_now();
+        while (!c->stage_error[0] && !c->peer_error[0] && mmp_now() - t0 < LINK_GRACE_S) {
+            coord_reap(c);
+            if (unexplained_ends(c)) {
+                break;
+            }
+            take_one(c, 20);
+        }
         coord_settle(c);
-        coord_fail(c, "sending to %s: %s", c->procs[i].name, mmp_last_error());
+        c->fault |= !c->failure[0]; /* a stage gone from the control plane */
+        coord_fail(c, "sending to %s: %s", c->procs[i].name, why);
     }
     return e;
 }

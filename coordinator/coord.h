@@ -41,7 +41,8 @@ typedef struct proc {
     pid_t pid;
     int alive;
     int exit_status;
-    int reported; /* its end has been judged */
+    int reported;  /* its end has been judged */
+    int peer_lost; /* it reported a peer gone: its own plain exit is that echo */
     double last_seen;
     /* start-up: what it last said it was doing ("manifest /d/train.jsonl:
      * 12.3M of 30.0M lines"), empty before its first progress heartbeat;

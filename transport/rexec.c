@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -17,6 +18,7 @@
 
 #include <sodium.h>
 
+#include "common/progress.h"
 #include "transport/auth.h"
 #include "transport/sock.h"
 
@@ -424,7 +426,10 @@ int mmp_rexec_serve(int fd, const char *peer, const char *key, int gated)
             at_err = np;
             pf[np++] = (struct pollfd){.fd = err, .events = POLLIN};
         }
-        if (poll(pf, (nfds_t)np, 100) < 0 && errno != EINTR) {
+        /* its output closed: it is ending, and nothing here wakes at its
+         * exit: look again soon, so that its status goes out at once */
+        int wait_ms = !exited && out < 0 && err < 0 ? 5 : 100;
+        if (poll(pf, (nfds_t)np, wait_ms) < 0 && errno != EINTR) {
             break;
         }
         if (at_sock >= 0 && pf[at_sock].revents) {
@@ -478,6 +483,10 @@ int mmp_rexec_serve(int fd, const char *peer, const char *key, int gated)
     if (!exited) {
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
+    }
+    const char *slow = getenv("MMP_TEST_AGENT_STATUS_DELAY_MS"); /* a slow host, for tests */
+    if (slow) {
+        mmp_sleep_ms(atof(slow));
     }
     int code = exit_code(status);
     kill(-pid, SIGTERM); /* whatever it left running in its group ends with it */
