@@ -70,14 +70,16 @@ left_behind "after $kills kills" "$L"
 
 # The binary replaced on disk mid-run (a rebuild, an upgrade): a restart relaunches the code
 # the run started with (the old file's path reads "PATH (deleted)": spawning that failed).
+# $STEPS steps: with 30, a step of ~8 ms left the kill after step 5 a window of
+# about 0.2 s, which a loaded machine may miss (no restart to see).
 cp "$BIN" "$W/mmpipe_copy"
-"$W/mmpipe_copy" launch "$W/plan.yaml" --out "$W/rebuilt" --set job.steps=30 >"$W/rebuilt.log" 2>&1 &
+"$W/mmpipe_copy" launch "$W/plan.yaml" --out "$W/rebuilt" --set job.steps=$STEPS >"$W/rebuilt.log" 2>&1 &
 cpid=$!
 wait_step "$W/rebuilt/metrics.jsonl" 5 || fail "rebuilt: no step 5"
 rm "$W/mmpipe_copy" && cp "$BIN" "$W/mmpipe_copy"
 vpid=$(grep -o "started text.0/0 (pid [0-9]*)" "$W/rebuilt.log" | head -1 | grep -o '[0-9]*)$' | tr -d ')')
 kill -KILL "$vpid"; wait $cpid; rc=$?
-[ $rc -eq 0 ] && grep -q "restart 1 of" "$W/rebuilt.log" && steps_once "$W/rebuilt/metrics.jsonl" 30 \
+[ $rc -eq 0 ] && grep -q "restart 1 of" "$W/rebuilt.log" && steps_once "$W/rebuilt/metrics.jsonl" $STEPS \
   && ok "binary replaced mid-run, a stage killed: restarted and finished" \
   || { fail "binary replaced mid-run: rc=$rc"; grep error "$W/rebuilt.log" | tail -2 | sed 's/^/    /'; }
 sleep 0.2

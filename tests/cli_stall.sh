@@ -35,15 +35,17 @@ for victim in text.0/0 fusion/0; do
 done
 
 # --- restart: the job goes on from the latest checkpoint ----------------------------------
-"$BIN" launch "$W/plan.yaml" --out "$W/restart" --steps 40 --set train.max_restarts=1 >"$W/restart.log" 2>&1 &
+# 100 steps, the stop after step 12: the stop must come before the last one
+# (a step takes ~8 ms; with 40 the window was about 0.2 s on a loaded machine)
+"$BIN" launch "$W/plan.yaml" --out "$W/restart" --steps 100 --set train.max_restarts=1 >"$W/restart.log" 2>&1 &
 cpid=$!
 wait_step "$W/restart/metrics.jsonl" 12 || fail "restart: no step 12"
 vpid=$(stage_pid "$W/restart.log" image.0/0)
 kill -STOP "$vpid"
 wait $cpid; rc=$?
 [ $rc -eq 0 ] && grep -q "restart 1 of 1 after step [0-9]*: watchdog: stage image.0/0 (pid $vpid) is stopped" "$W/restart.log" \
-  && steps_once "$W/restart/metrics.jsonl" 40 \
-  && ok "SIGSTOP image.0 with max_restarts 1: restarted, finished 40 steps" \
+  && steps_once "$W/restart/metrics.jsonl" 100 \
+  && ok "SIGSTOP image.0 with max_restarts 1: restarted, finished 100 steps" \
   || { fail "SIGSTOP with restarts: rc=$rc"; grep -E "restart|error" "$W/restart.log" | tail -3 | sed 's/^/    /'; }
 sleep 0.2
 left_behind "SIGSTOP + restart" "$W/restart.log"
