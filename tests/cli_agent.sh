@@ -143,7 +143,7 @@ expect_fail "launcher: agent without agent.key_file" "nokey.yaml:[0-9]+:[0-9]+: 
   "$BIN" launch "$W/nokey.yaml" --out "$W/nokey"
 
 # 3. SIGKILL of a remote stage (text, on host tx)
-case_stage_killed agent
+case_stage_killed "agent to host tx at 10.77.0.4" ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml"
 
 # 3b. the same with train.max_restarts: the coordinator relaunches every
 # stage through the agents from the latest checkpoint, and the run equals

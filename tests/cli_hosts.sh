@@ -103,7 +103,7 @@ wait $cpid; rc=$?
 nothing_left refuse "$W/refuse.log"
 
 # 2. SIGKILL of a remote stage (text, on host tx)
-case_stage_killed ssh
+case_stage_killed "ssh to host tx at 10.77.0.4" ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml"
 
 # 3. a host's link goes down mid-run (fusion's host): ssh's keepalive (1 s x
 # 3 in the plan's ssh config) ends that stage's ssh: about 4 to 5 s; 10 s is

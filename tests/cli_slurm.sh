@@ -45,7 +45,7 @@ if [ -z "${MMP_SLURM_MNTNS:-}" ]; then
   exec unshare --mount --propagation private env MMP_SLURM_MNTNS=1 bash "$0" "$@"
 fi
 . tests/lib.sh
-. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, nothing_left, case_restarted
+. tests/hosts_lib.sh # hosts_up, hosts_down, ipc, nothing_left, case_stage_killed, case_restarted
 workdir
 BIN=$(realpath "$BIN")
 for d in munged slurmctld slurmd salloc srun sbatch scancel sinfo; do
@@ -272,17 +272,8 @@ blog2=$W/mmpipe-$jobid2.log
 nothing_left "sbatch stop" "$blog2"
 
 # 5. a stage SIGKILLed inside its srun step
-timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q "$BIN" launch "$W/plan.yaml" --out "$W/kill" \
-  --set launcher=slurm --set hosts=slurm --set job.steps=400 >"$W/kill.log" 2>&1 &
-cpid=$!
-wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
-tpid=$(stage_pid "$W/kill.log" text.0)
-if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
-wait $cpid; rc=$?
-[ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, srun to host n2 at n2) died" "$W/kill.log" \
-  && ok "kill: the killed srun stage named with its node (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
-sleep 1
-nothing_left kill "$W/kill.log"
+case_stage_killed "srun to host n2 at n2" timeout 300 ip netns exec "${P}c" salloc -N3 --ntasks-per-node=1 -Q \
+  "$BIN" launch "$W/plan.yaml" --set launcher=slurm --set hosts=slurm
 
 # 5b. the same with train.max_restarts: the coordinator relaunches every
 # srun step from the latest checkpoint and the run finishes = single process

@@ -8,7 +8,8 @@
 # Returns 77 when network namespaces cannot be made here, 1 on another failure.
 # case_stage_killed, case_link_down, case_sigint, case_coordinator_killed:
 # the failure cases tests/cli_hosts.sh (ssh) and tests/cli_agent.sh (agent)
-# both run (below).
+# both run (below); case_restarted runs in cli_agent.sh, and it and
+# case_stage_killed in tests/cli_slurm.sh (through salloc).
 # Sets P (the unique name prefix), HOSTS, SSHCFG ($W/ssh/config); ipc CMD runs
 # CMD in the coordinator's namespace. Needs W (tests/lib.sh workdir).
 hosts_down() {
@@ -113,17 +114,20 @@ nothing_left() {
 # the plan in $W/plan.yaml (text on tx at 10.77.0.4), the coordinator in the
 # coordinator's namespace; VIA is what the log says started a stage ("ssh",
 # "agent"). Each ends with nothing_left.
-# case_stage_killed VIA: SIGKILL of the remote text stage: noticed, named
-# with its host, the job stopped.
+# case_stage_killed WHERE LAUNCH...: SIGKILL of the remote text stage:
+# noticed, named with WHERE (how it was started and on which host, as the
+# coordinator's log says it: "agent to host tx at 10.77.0.4"), the job
+# stopped. LAUNCH is the command up to and including "launch PLAN".
 case_stage_killed() {
-  local cpid tpid rc
-  ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
+  local where=$1 cpid tpid rc
+  shift
+  "$@" --out "$W/kill" --set job.steps=400 >"$W/kill.log" 2>&1 &
   cpid=$!
   wait_step "$W/kill/metrics.jsonl" 2 60 || fail "kill: no step 2"
   tpid=$(stage_pid "$W/kill.log" text.0)
   if [ -n "$tpid" ]; then kill -9 "$tpid"; else fail "kill: no pid for this run's text.0/0"; kill $cpid; fi
   wait $cpid; rc=$?
-  [ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, $1 to host tx at 10.77.0.4) died" "$W/kill.log" \
+  [ $rc -ne 0 ] && grep -q "stage text.0/0 (pid [0-9]*, $where) died" "$W/kill.log" \
     && ok "killed remote stage named with its host (rc $rc)" || { fail "kill: rc $rc"; tail -5 "$W/kill.log"; }
   sleep 1
   nothing_left kill "$W/kill.log"
