@@ -18,7 +18,11 @@
 #     batch / median step time, peak = torch.cuda.max_memory_allocated;
 #  4. mmpipe with train.precision: bf16 (tensor-core GEMMs, kernels/cuda/gemm.cu)
 #     single process and 1f1b, and the ratios mmpipe bf16 / PyTorch AMP bf16
-#     and mmpipe bf16 / mmpipe fp32 (single process) of each model.
+#     and mmpipe bf16 / mmpipe fp32 (single process) of each model;
+#  5. seed-scale bf16 single process once more with its convolutions as
+#     im2col GEMMs (MMP_CUDA_CONV_LP=im2col) instead of the default, cuDNN
+#     with TF32 on the rounded operands (kernels/cuda/conv_lp.cu), and the
+#     ratio of the two: which of the two ways is the faster default.
 # Prints a Markdown table (for the README), then the ratios.
 #   bench/gpu.sh [--bin build/mmpipe] [--out runs/bench-gpu] [--steps N] [--seed-steps N]
 #                [--timeslice 0|1] [--compile 0|1]
@@ -72,6 +76,8 @@ for model in demo seed-scale; do
   row $model "single bf16" "$@" --single-process --set train.precision=bf16
   row $model "1f1b bf16" "$@" --set train.schedule=1f1b --set train.precision=bf16
 done
+MMP_CUDA_CONV_LP=im2col row seed-scale "single bf16, im2col convs" configs/seed-scale.yaml \
+  "$OUT/data224/train.jsonl" "$SEED_STEPS" --single-process --set train.precision=bf16
 ratio() { # LABEL A B: A / B of the rows named, or why not
   local a=${SPS[$2]:-} b=${SPS[$3]:-}
   if [ -n "$a" ] && [ -n "$b" ] && awk -v b="$b" 'BEGIN { exit !(b > 0) }'; then
@@ -88,6 +94,8 @@ print_ratios() {
     ratio "$model: mmpipe bf16 1f1b / mmpipe bf16 single" "$model|1f1b bf16" "$model|single bf16"
     ratio "$model: mmpipe bf16 / mmpipe fp32 (single)" "$model|single bf16" "$model|single"
   done
+  ratio "seed-scale: bf16 convs by cuDNN TF32 (default) / by im2col GEMMs" "seed-scale|single bf16" \
+    "seed-scale|single bf16, im2col convs"
   echo
   echo "| model | run | samples/s | peak device memory per stage (MiB) |"
   echo "|---|---|---:|---|"

@@ -137,14 +137,30 @@ mmp_err mmp_cuda_conv2d_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db
                             const float *inp, const float *w, const mmp_conv_shape *s);
 
 /* As above with inp, w (and dout) rounded to prec first (1 bf16, 2 fp16; 0
- * is the fp32 cuDNN path above): im2col GEMMs on the tensor cores, fp32
- * accumulation and outputs, deterministic (conv_lp.cu). Uses the lp
- * workspace and, for dinp, N*C*KH*KW*OH*OW floats of the workspace. */
+ * is the fp32 cuDNN path above): products of the rounded values, fp32
+ * accumulation and outputs, deterministic, by the context's conv_lp path
+ * (below). Uses the lp workspace (and cuDNN's, or for dinp
+ * N*C*KH*KW*OH*OW floats of the workspace). */
 mmp_err mmp_cuda_conv2d_fwd_lp(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
                                const float *b, const mmp_conv_shape *s, int prec);
 mmp_err mmp_cuda_conv2d_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db,
                                const float *dout, const float *inp, const float *w,
                                const mmp_conv_shape *s, int prec);
+
+/* How conv2d_*_lp computes (conv_lp.cu's top comment):
+ *  CUDNN   the rounded operands as fp32 through cuDNN with TF32 tensor
+ *          ops allowed: a bf16 or fp16 value is exact in TF32 (8-bit
+ *          exponent, 10-bit mantissa), so the products are those of the
+ *          rounded values, accumulated in fp32 (implicit GEMM, no im2col
+ *          matrix); the default
+ *  IM2COL  im2col into 16-bit storage, then tensor-core GEMMs (gemm.cu)
+ * A context takes MMP_CUDA_CONV_LP=cudnn|im2col from the environment when
+ * it is made (anything else there is an error of mmp_cuda_ctx_create). */
+typedef enum mmp_cuda_conv_lp {
+    MMP_CUDA_CONV_LP_CUDNN = 0,
+    MMP_CUDA_CONV_LP_IM2COL = 1,
+} mmp_cuda_conv_lp;
+void mmp_cuda_set_conv_lp(mmp_cuda_ctx *ctx, mmp_cuda_conv_lp path);
 
 /* ---- batch norm ----------------------------------------------------------- */
 mmp_err mmp_cuda_batchnorm_fwd_train(mmp_cuda_ctx *ctx, float *out, float *mean, float *rstd,

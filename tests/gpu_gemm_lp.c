@@ -1,7 +1,8 @@
 /* The bf16/fp16 tensor-core GEMMs (kernels/cuda/gemm.cu) against the CPU
  * reference on inputs rounded to the training precision: mmp_cuda_gemm_lp,
  * the linear and conv2d ops nn/lowp.h calls on a GPU (mmp_cuda_linear_*_lp,
- * mmp_cuda_conv2d_*_lp: im2col GEMMs) and attention with prec, at the demo's and seed-scale's
+ * mmp_cuda_conv2d_*_lp: each of its two paths, cuDNN with TF32 on the rounded operands and
+ * im2col GEMMs) and attention with prec, at the demo's and seed-scale's
  * shapes and at shapes whose K (and leading dimensions) are not multiples of 8. Every call runs
  * twice and must give the same bits. Skips (exit 77) when built without
  * CUDA or when no device is visible.
@@ -419,7 +420,8 @@ static void conv_exact_free(conv_exact *e)
 /* conv2d_fwd_lp / conv2d_bwd_lp on raw inputs against the exact conv and
  * the CPU's conv of the rounded inputs, each within the bound of its
  * number of terms; twice the same bits. */
-static void conv_case(int prec, int N, int C, int H, int W, int OC, int k, int stride, int pad)
+static void conv_case(const char *path, int prec, int N, int C, int H, int W, int OC, int k,
+                      int stride, int pad)
 {
     mmp_conv_shape s;
     mmp_conv_shape_set(&s, N, C, H, W, OC, k, k, stride, pad);
@@ -434,8 +436,8 @@ static void conv_case(int prec, int N, int C, int H, int W, int OC, int k, int s
     float *d_out = dev(NULL, no), *d_dinp = dev(dinp0, ni), *d_dw = dev(dw0, nw);
     float *d_db = dev(db0, OC);
     char label[160];
-    snprintf(label, sizeof label, "%s conv N%d C%d %dx%d OC%d k%d s%d p%d", prec_name(prec), N, C,
-             H, W, OC, k, stride, pad);
+    snprintf(label, sizeof label, "%s conv (%s) N%d C%d %dx%d OC%d k%d s%d p%d", prec_name(prec),
+             path, N, C, H, W, OC, k, stride, pad);
     const int K_out = C * k * k, K_dinp = OC * k * k + 1, K_dw = N * s.OH * s.OW;
     float *got[2][4];
     for (int run = 0; run < 2; run++) {
@@ -478,15 +480,26 @@ static void conv_case(int prec, int N, int C, int H, int W, int OC, int k, int s
     }
 }
 
+/* Each path of conv2d_*_lp (kernels/cuda.h: MMP_CUDA_CONV_LP), then back
+ * to the default (cudnn). */
 static void test_conv_lp(void)
 {
-    for (int prec = 1; prec <= 2; prec++) {
-        conv_case(prec, 2, 5, 9, 9, 7, 3, 2, 1);     /* odd everything: CKK 45, P 25 */
-        conv_case(prec, 3, 16, 8, 8, 24, 1, 1, 0);   /* a 1x1 bottleneck convolution */
-        conv_case(prec, 2, 16, 9, 9, 32, 1, 2, 0);   /* a strided 1x1 projection */
-        conv_case(prec, 2, 3, 32, 32, 16, 7, 2, 3);  /* a stem: CKK 147 */
-        conv_case(prec, 2, 64, 14, 14, 64, 3, 1, 1); /* ResNet's 3x3 at 64 channels */
+    static const struct {
+        mmp_cuda_conv_lp path;
+        const char *name;
+    } paths[] = {{MMP_CUDA_CONV_LP_CUDNN, "cudnn tf32"}, {MMP_CUDA_CONV_LP_IM2COL, "im2col"}};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        mmp_cuda_set_conv_lp(ctx, paths[i].path);
+        const char *p = paths[i].name;
+        for (int prec = 1; prec <= 2; prec++) {
+            conv_case(p, prec, 2, 5, 9, 9, 7, 3, 2, 1);     /* odd everything: CKK 45, P 25 */
+            conv_case(p, prec, 3, 16, 8, 8, 24, 1, 1, 0);   /* a 1x1 bottleneck convolution */
+            conv_case(p, prec, 2, 16, 9, 9, 32, 1, 2, 0);   /* a strided 1x1 projection */
+            conv_case(p, prec, 2, 3, 32, 32, 16, 7, 2, 3);  /* a stem: CKK 147 */
+            conv_case(p, prec, 2, 64, 14, 14, 64, 3, 1, 1); /* ResNet's 3x3 at 64 channels */
+        }
     }
+    mmp_cuda_set_conv_lp(ctx, MMP_CUDA_CONV_LP_CUDNN);
 }
 
 static void test_gemm_odd(void)

@@ -71,6 +71,18 @@ static void ws_free(cudaStream_t stream, int pools, void *buf)
 static mmp_err ctx_init(mmp_cuda_ctx *ctx, int device)
 {
     ctx->device = device;
+    /* how bf16/fp16 convolutions compute (kernels/cuda.h) */
+    const char *conv_lp = getenv("MMP_CUDA_CONV_LP");
+    if (!conv_lp || !conv_lp[0] || strcmp(conv_lp, "cudnn") == 0) {
+        ctx->conv_lp = MMP_CUDA_CONV_LP_CUDNN;
+    } else if (strcmp(conv_lp, "im2col") == 0) {
+        ctx->conv_lp = MMP_CUDA_CONV_LP_IM2COL;
+    } else {
+        return mmp_errorf(MMP_ERR_INVALID,
+                          "MMP_CUDA_CONV_LP=%.40s: the bf16/fp16 convolutions are 'cudnn' (the "
+                          "default) or 'im2col'",
+                          conv_lp);
+    }
     /* A device this process cannot see gets an error that says so, not the
      * runtime's "driver version is insufficient" (what no driver reads as). */
     int count = 0;

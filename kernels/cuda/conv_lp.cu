@@ -1,12 +1,25 @@
-/* conv2d at bf16/fp16 as tensor-core GEMMs (im2col into 16-bit storage).
+/* conv2d at bf16/fp16: products of the rounded operands on the tensor
+ * cores, fp32 accumulation and results, as the CPU reference computes them
+ * (kernels/cpu.h: products of rounded inputs, fp32 results). cuDNN's legacy
+ * API keeps x, w and y of one type, so a bf16 convolution there would round
+ * its OUTPUT too. Two ways around that, the context's conv_lp choosing
+ * (kernels/cuda.h, MMP_CUDA_CONV_LP):
  *
- * cuDNN's legacy API keeps x, w and y of one type, so a bf16 convolution
- * there would round its OUTPUT too, which the CPU reference does not
- * (kernels/cpu.h: products of rounded inputs, fp32 results). So the
- * training precision's convolutions are GEMMs on the tensor cores instead
- * (gemm.cu's mmp_cuda_gemm_packed: 16-bit operands, fp32 accumulation and
- * output), over an im2col matrix packed straight from the fp32 input with
- * the rounding on the way (exact: the CPU rounds the same values):
+ * CUDNN (the default): the operands rounded into fp32 copies (the lp
+ * workspace), then cuDNN's fp32 convolution with TF32 tensor ops allowed
+ * (conv.cu's TF32 plans). A bf16 value (8-bit exponent, 7-bit mantissa)
+ * and an fp16 value (5-bit exponent, 10-bit mantissa, subnormals included)
+ * are exact in TF32 (8-bit exponent, 10-bit mantissa), so the tensor cores
+ * see exactly the rounded values and their products are exact in fp32:
+ * the same values as the GEMMs below, cuDNN's implicit GEMM reading the
+ * input in place (no im2col matrix), half the tensor cores' bf16 rate.
+ * Deterministic: the backward algorithms are cuDNN's deterministic ones,
+ * db is cudnnConvolutionBackwardBias of the rounded dout.
+ *
+ * IM2COL: GEMMs on the tensor cores (gemm.cu's mmp_cuda_gemm_packed:
+ * 16-bit operands, fp32 accumulation and output), over an im2col matrix
+ * packed straight from the fp32 input with the rounding on the way (exact:
+ * the CPU rounds the same values):
  *   col (C*KH*KW, OH*OW) per image, row r = (c*KH + kh)*KW + kw, as the CPU's
  *   forward   out_n (OC, OH*OW) = w (OC, CKK) @ col_n, batched over n
  *   dinp      dcol_n = w^T @ dout_n (fp32, the context's workspace), then a
@@ -96,6 +109,52 @@ static __global__ void rowsum_lp_kernel(float *db, const unsigned short *dout, i
     }
 }
 
+/* The CUDNN path (top comment): rounded fp32 copies of inp and w, then
+ * the TF32 plan's forward. */
+static mmp_err tf32_fwd(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
+                        const float *b, const mmp_conv_shape *s, int prec)
+{
+    const size_t ni = (size_t)s->N * s->C * s->H * s->W, nw = (size_t)s->OC * s->C * s->KH * s->KW;
+    void *ws;
+    MMP_TRY(mmp_cuda_lp_ws_get(ctx, ws_align(ni * sizeof(float)) + nw * sizeof(float), &ws));
+    float *ri = (float *)ws, *rw = (float *)((char *)ws + ws_align(ni * sizeof(float)));
+    MMP_TRY(mmp_cuda_round_lp(ctx, ri, inp, ni, prec));
+    MMP_TRY(mmp_cuda_round_lp(ctx, rw, w, nw, prec));
+    return mmp_cuda_conv2d_fwd_tf32(ctx, out, ri, rw, b, s);
+}
+
+/* The CUDNN path's backward: dout rounded, inp rounded for dw, w for dinp. */
+static mmp_err tf32_bwd(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, const mmp_conv_shape *s, int prec)
+{
+    const size_t ni = (size_t)s->N * s->C * s->H * s->W, nw = (size_t)s->OC * s->C * s->KH * s->KW;
+    const size_t nd = (size_t)s->N * s->OC * s->OH * s->OW;
+    const size_t d_bytes = ws_align(nd * sizeof(float));
+    const size_t i_bytes = dw ? ws_align(ni * sizeof(float)) : 0;
+    const size_t w_bytes = dinp ? nw * sizeof(float) : 0;
+    void *ws;
+    MMP_TRY(mmp_cuda_lp_ws_get(ctx, d_bytes + i_bytes + w_bytes, &ws));
+    float *rd = (float *)ws;
+    const float *ri = inp, *rw = w; /* as given where unused (no dw, no dinp) */
+    MMP_TRY(mmp_cuda_round_lp(ctx, rd, dout, nd, prec));
+    if (dw) {
+        float *r = (float *)((char *)ws + d_bytes);
+        MMP_TRY(mmp_cuda_round_lp(ctx, r, inp, ni, prec));
+        ri = r;
+    }
+    if (dinp) {
+        float *r = (float *)((char *)ws + d_bytes + i_bytes);
+        MMP_TRY(mmp_cuda_round_lp(ctx, r, w, nw, prec));
+        rw = r;
+    }
+    return mmp_cuda_conv2d_bwd_tf32(ctx, dinp, dw, db, rd, ri, rw, s);
+}
+
+void mmp_cuda_set_conv_lp(mmp_cuda_ctx *ctx, mmp_cuda_conv_lp path)
+{
+    ctx->conv_lp = path;
+}
+
 #define SHAPE_OK(s)                                                                                \
     ((s)->N > 0 && (s)->C > 0 && (s)->OC > 0 && (s)->KH > 0 && (s)->KW > 0 && (s)->stride > 0 &&   \
      (s)->pad >= 0 && (s)->OH > 0 && (s)->OW > 0)
@@ -109,6 +168,9 @@ mmp_err mmp_cuda_conv2d_fwd_lp(mmp_cuda_ctx *ctx, float *out, const float *inp, 
         return mmp_cuda_conv2d_fwd(ctx, out, inp, w, b, s);
     }
     ARG_CHECK(SHAPE_OK(s));
+    if (ctx->conv_lp == MMP_CUDA_CONV_LP_CUDNN) {
+        return tf32_fwd(ctx, out, inp, w, b, s, prec);
+    }
     const int P = s->OH * s->OW, CKK = s->C * s->KH * s->KW;
     const size_t w_bytes = lp_packed_bytes(s->OC, CKK, 1);
     void *ws;
@@ -139,6 +201,9 @@ mmp_err mmp_cuda_conv2d_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
         return mmp_cuda_conv2d_bwd(ctx, dinp, dw, db, dout, inp, w, s);
     }
     ARG_CHECK(SHAPE_OK(s));
+    if (ctx->conv_lp == MMP_CUDA_CONV_LP_CUDNN) {
+        return tf32_bwd(ctx, dinp, dw, db, dout, inp, w, s, prec);
+    }
     const int P = s->OH * s->OW, CKK = s->C * s->KH * s->KW;
     const mmp_conv_shape d_shape = conv_lp_plain(s->N, s->OC, s->OH, s->OW);
     const mmp_conv_shape w_shape = conv_lp_plain(1, s->OC, 1, CKK); /* w: OC rows of CKK */

@@ -44,12 +44,16 @@ mmp_err mmp_cuda_status(cudnnStatus_t e, const char *call, const char *file, int
 /* One convolution shape's cuDNN descriptors and chosen algorithms. */
 typedef struct mmp_cuda_conv_plan {
     mmp_conv_shape shape;
+    int tf32; /* TF32 tensor ops allowed (operands rounded to bf16/fp16 by the caller) */
     cudnnTensorDescriptor_t x, y, bias;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    /* the math each direction runs with, set on conv before its call (the
+     * workspace sizes are asked with it set too) */
+    cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
     size_t fwd_ws, bwd_data_ws, bwd_filter_ws; /* bytes */
 } mmp_cuda_conv_plan;
 
@@ -83,8 +87,9 @@ struct mmp_cuda_ctx {
     cudaEvent_t upload_done; /* recorded after the last mmp_cuda_upload; NULL until one */
     size_t arena_bytes;      /* reserved in chunks */
     mmp_cuda_conv_plan conv[MMP_CUDA_CONV_PLANS];
-    int n_conv;    /* plans in use */
-    int conv_next; /* the plan evicted next once all are in use */
+    int n_conv;               /* plans in use */
+    int conv_next;            /* the plan evicted next once all are in use */
+    mmp_cuda_conv_lp conv_lp; /* how conv2d_*_lp computes (kernels/cuda.h) */
 };
 
 /* A workspace of at least bytes, valid until the next call that asks for
@@ -104,6 +109,14 @@ static inline size_t ws_align(size_t bytes)
 
 /* Destroys every cached conv plan (conv.cu). */
 void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx);
+/* conv2d through cuDNN with TF32 tensor ops allowed (conv.cu), for
+ * operands the caller rounded to bf16/fp16 (exact in TF32): conv_lp.cu's
+ * CUDNN path. As mmp_cuda_conv2d_fwd/_bwd otherwise. */
+mmp_err mmp_cuda_conv2d_fwd_tf32(mmp_cuda_ctx *ctx, float *out, const float *inp, const float *w,
+                                 const float *b, const mmp_conv_shape *s);
+mmp_err mmp_cuda_conv2d_bwd_tf32(mmp_cuda_ctx *ctx, float *dinp, float *dw, float *db,
+                                 const float *dout, const float *inp, const float *w,
+                                 const mmp_conv_shape *s);
 
 /* Row-major strided-batched GEMM on the context's stream (gemm.cu):
  * for i < batch: C_i (M,N) = alpha op(A_i) @ op(B_i) + beta C_i,
