@@ -104,8 +104,11 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     CU_TRY(cudnnSetConvolutionMathType(p->conv, base));
     CU_TRY(cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, p->x, p->w, p->conv, p->y,
                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
-    p->fwd = first_algo(fwd, got, fwd_algo_ok, 0, p->tf32, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-                        &p->fwd_math);
+    /* an fp32 plan takes the first forward choice (bitwise run to run on
+     * the H100); a TF32 plan also asks for the determinism cuDNN reports (a
+     * split-K tensor-op kernel may add its parts in any order) */
+    p->fwd = first_algo(fwd, got, fwd_algo_ok, p->tf32, p->tf32,
+                        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &p->fwd_math);
     CU_TRY(cudnnSetConvolutionMathType(p->conv, p->fwd_math));
     CU_TRY(cudnnGetConvolutionForwardWorkspaceSize(ctx->cudnn, p->x, p->w, p->conv, p->y, p->fwd,
                                                    &p->fwd_ws));
