@@ -15,6 +15,8 @@
  * 1, as every backward in kernels/ does. */
 #include "kernels/cuda/internal.cuh"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int fwd_algo_ok(cudnnConvolutionFwdAlgo_t a)
@@ -135,6 +137,24 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     return MMP_OK;
 }
 
+/* With MMP_CUDA_PROFILE set (backend.c's op table), one line per plan on
+ * stderr: the algorithm, math (0 default, 1 tensor ops, 3 FMA) and
+ * workspace of each direction, to read the table's conv rows by. */
+static void plan_log(const mmp_cuda_conv_plan *p)
+{
+    const char *e = getenv("MMP_CUDA_PROFILE");
+    if (!e || !e[0] || strcmp(e, "0") == 0) {
+        return;
+    }
+    const mmp_conv_shape *s = &p->shape;
+    fprintf(stderr,
+            "cuda conv plan%s (%d,%d,%d,%d) k%dx%d s%d p%d -> %d: fwd algo %d math %d ws %zu, "
+            "bwd data algo %d math %d ws %zu, bwd filter algo %d math %d ws %zu\n",
+            p->tf32 ? " tf32" : "", s->N, s->C, s->H, s->W, s->KH, s->KW, s->stride, s->pad, s->OC,
+            (int)p->fwd, (int)p->fwd_math, p->fwd_ws, (int)p->bwd_data, (int)p->bwd_data_math,
+            p->bwd_data_ws, (int)p->bwd_filter, (int)p->bwd_filter_math, p->bwd_filter_ws);
+}
+
 /* Fills a zeroed plan for shape s (tf32: TF32 tensor ops allowed); on
  * failure what was made is left for plan_fini. */
 static mmp_err plan_init(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p, const mmp_conv_shape *s,
@@ -164,7 +184,9 @@ static mmp_err plan_init(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p, const mmp_con
                           "conv2d: cuDNN's output (%d,%d,%d,%d) is not (%d,%d,%d,%d)", n, c, h, w,
                           s->N, s->OC, s->OH, s->OW);
     }
-    return choose_algos(ctx, p);
+    MMP_TRY(choose_algos(ctx, p));
+    plan_log(p);
+    return MMP_OK;
 }
 
 /* The cached plan for s (tf32: a TF32 plan), made on first use; the oldest
