@@ -72,8 +72,10 @@ struct mmp_cuda_ctx {
     int pools;
     void *ws; /* workspace: grows, never shrinks */
     size_t ws_bytes;
-    /* The 16-bit operands of bf16/fp16 GEMMs (gemm.cu): grows, never
-     * shrinks; apart from ws, which may hold one of a GEMM's fp32 inputs. */
+    /* The 16-bit operands of bf16/fp16 GEMMs (gemm.cu), or the rounded fp32
+     * operands of a bf16/fp16 cuDNN convolution (conv_lp.cu): grows, never
+     * shrinks; apart from ws, which may hold one of a GEMM's fp32 inputs
+     * (and holds cuDNN's workspace). */
     void *lp_ws;
     size_t lp_ws_bytes;
     /* cuBLAS's own workspace (cublasSetWorkspace), made once with the
