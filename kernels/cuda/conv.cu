@@ -7,12 +7,13 @@
  * reference judges this file. The TF32 plans (mmp_cuda_conv2d_*_tf32, for
  * operands already rounded to bf16/fp16, which TF32 holds exactly) ask for
  * the default math, under which cuDNN may use TF32 tensor ops for fp32 data
- * (never a conversion to fp16: that takes CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION,
- * refused below), and pass over FFT / Winograd too: they transform the
- * operands, so the products would no longer be those of the rounded values. Backward algorithms
- * must also be CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 / ALGO_3 add with
- * atomics), so the fallbacks are the deterministic ALGO_1 of each. Backward accumulates with beta =
- * 1, as every backward in kernels/ does. */
+ * (never a conversion to fp16: that takes
+ * CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, refused below), and pass over FFT /
+ * Winograd too: they transform the operands, so the products would no
+ * longer be those of the rounded values. Backward algorithms must also be
+ * CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 / ALGO_3 add
+ * with atomics), so the fallbacks are the deterministic ALGO_1 of each.
+ * Backward accumulates with beta = 1, as every backward in kernels/ does. */
 #include "kernels/cuda/internal.cuh"
 
 #include <stdio.h>
