@@ -1,28 +1,125 @@
-/* Multi-head scaled dot-product attention: strided-batched cuBLAS GEMMs for
- * the two products, a warp-per-row masked softmax between them.
+/* Multi-head scaled dot-product attention: batched cuBLAS GEMMs for the
+ * two products, a warp-per-row masked softmax between them.
  *
  * As on the CPU, head h of q/k/v is the column block [h*hs, (h+1)*hs) read
  * in place with a row stride of C: no transposed copies. A GEMM per (b, h)
- * pair is one cuBLAS batch; one stride cannot step over both b and h, so
- * the smaller of the two is looped over and the larger is batched.
+ * pair is one cuBLAS batch. In fp32 one stride cannot step over both b and
+ * h, so the smaller of the two is looped over and the larger is batched
+ * (strided). At bf16/fp16 each operand is packed to 16 bits once, whole,
+ * and every (b, h) product of the call is one cublasGemmBatchedEx over
+ * pointers a small kernel writes on the device (where every pointer falls
+ * on 16 bytes, bh_ptrs_aligned; else the loop): four launches a product,
+ * not three per b (a pack of each operand and a GEMM) as the loop would
+ * take; at BERT-base's 12 heads and a micro-batch of 8 that is 4 launches
+ * instead of 24 for products of 2 MFLOP each, which the launches, not the
+ * tensor cores, would pace.
  * Backward needs one (B,NH,Tq,Tk) buffer, taken from the workspace. This is
  * the straightforward version (the probabilities are materialised), not a
  * fused flash-attention kernel. */
 #include "kernels/cuda/internal.cuh"
+
+#include <stdint.h>
 
 /* Element strides of one operand between consecutive batches b and heads h. */
 typedef struct bh_stride {
     long long b, h;
 } bh_stride;
 
+/* Element e of a matrix of rows of ld floats, in its copy packed with rows
+ * of pld 16-bit values. */
+static __device__ inline long long packed_at(long long e, int ld, int pld)
+{
+    return e / ld * pld + e % ld;
+}
+
+/* The pointers of a batched GEMM's (b, h) products, b major: A_bh and B_bh
+ * inside their packed copies (rows of pa_ld / pb_ld, from rows of lda /
+ * ldb), C_bh in place. */
+static __global__ void bh_ptrs_kernel(const void **pa, const void **pb, void **pc,
+                                      const unsigned short *A, int lda, int pa_ld, bh_stride sa,
+                                      const unsigned short *B, int ldb, int pb_ld, bh_stride sb,
+                                      float *C, bh_stride sc, int nb, int nh)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nb * nh) {
+        return;
+    }
+    const long long b = i / nh, h = i % nh;
+    pa[i] = A + packed_at(b * sa.b + h * sa.h, lda, pa_ld);
+    pb[i] = B + packed_at(b * sb.b + h * sb.h, ldb, pb_ld);
+    pc[i] = C + b * sc.b + h * sc.h;
+}
+
+/* Whether each (b, h) operand of a matrix of rows of ld floats, at b * s.b +
+ * h * s.h, starts on a whole row of its packed copy or 8 values (16 bytes)
+ * into one, inside the row: s.b a number of rows, and s.h whole rows or a
+ * column step of 8s that nh steps keep within the row. */
+static int packed_aligned(int ld, bh_stride s, int nh)
+{
+    if (ld <= 0) {
+        return 0;
+    }
+    const long long col = s.h % ld;
+    return s.b % ld == 0 && col % 8 == 0 && (col == 0 || (long long)nh * s.h <= ld);
+}
+
+/* Whether gemm_bh_lp's pointers and rows all fall on 16 bytes: the packed
+ * operands' (packed_aligned; their rows are padded to 8 values) and C's
+ * (its base, both strides and its rows in 4-float steps).
+ * cuBLAS cannot see pointers that live on the device, so they must be
+ * what its tensor-core kernels assume of them; otherwise the loop. */
+static int bh_ptrs_aligned(int lda, bh_stride sa, int ldb, bh_stride sb, const float *C, int ldc,
+                           bh_stride sc, int nh)
+{
+    return packed_aligned(lda, sa, nh) && packed_aligned(ldb, sb, nh) && (uintptr_t)C % 16 == 0 &&
+           ldc % 4 == 0 && sc.b % 4 == 0 && sc.h % 4 == 0;
+}
+
+/* gemm_bh at prec 1/2 (top comment): A as nb * (sa.b / lda) rows of lda
+ * floats (likewise B), each packed whole into the lp workspace, then one
+ * cublasGemmBatchedEx over the nb * nh products, 16-bit operands, fp32
+ * accumulation and C (gemm.cu's row-major-as-transposed convention). */
+static mmp_err gemm_bh_lp(mmp_cuda_ctx *ctx, int prec, int ta, int tb, int M, int N, int K,
+                          float alpha, const float *A, int lda, bh_stride sa, const float *Bm,
+                          int ldb, bh_stride sb, float beta, float *Cm, int ldc, bh_stride sc,
+                          int nb, int nh)
+{
+    ARG_CHECK(nb > 0 && nh > 0 && lda > 0 && ldb > 0); /* and bh_ptrs_aligned */
+    const int a_rows = (int)(nb * (sa.b / lda)), b_rows = (int)(nb * (sb.b / ldb));
+    const int n = nb * nh;
+    const size_t a_bytes = lp_packed_bytes(a_rows, lda, 1),
+                 b_bytes = lp_packed_bytes(b_rows, ldb, 1);
+    void *ws;
+    MMP_TRY(mmp_cuda_lp_ws_get(ctx, a_bytes + b_bytes + 3 * sizeof(void *) * (size_t)n, &ws));
+    char *at = (char *)ws;
+    mmp_cuda_packed pa, pb;
+    MMP_TRY(mmp_cuda_pack_rows(ctx, prec, at, A, a_rows, lda, lda, 0, 1, &pa));
+    MMP_TRY(mmp_cuda_pack_rows(ctx, prec, at + a_bytes, Bm, b_rows, ldb, ldb, 0, 1, &pb));
+    void **ptrs = (void **)(at + a_bytes + b_bytes);
+    bh_ptrs_kernel<<<(n + BLOCK - 1) / BLOCK, BLOCK, 0, ctx->stream>>>(
+        (const void **)ptrs, (const void **)ptrs + n, ptrs + 2 * n, (const unsigned short *)pa.p,
+        lda, pa.ld, sa, (const unsigned short *)pb.p, ldb, pb.ld, sb, Cm, sc, nb, nh);
+    LAUNCH_CHECK();
+    const cudaDataType t = prec == 1 ? CUDA_R_16BF : CUDA_R_16F;
+    CU_TRY(cublasGemmBatchedEx(
+        ctx->cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+        &alpha, (const void *const *)(ptrs + n), t, pb.ld, (const void *const *)ptrs, t, pa.ld,
+        &beta, ptrs + 2 * n, CUDA_R_32F, ldc, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MMP_OK;
+}
+
 /* For every (b, h): C_bh = alpha op(A_bh) op(B_bh) + beta C_bh (row-major),
  * X_bh = X + b * sX.b + h * sX.h. prec: every operand here comes rounded to
  * it (q, k, v, dout by the caller, att and the score gradients by the
- * kernels below), so bf16/fp16 run on the tensor cores (gemm.cu). */
+ * kernels below), so bf16/fp16 run on the tensor cores (gemm_bh_lp). */
 static mmp_err gemm_bh(mmp_cuda_ctx *ctx, int prec, int ta, int tb, int M, int N, int K,
                        float alpha, const float *A, int lda, bh_stride sa, const float *Bm, int ldb,
                        bh_stride sb, float beta, float *Cm, int ldc, bh_stride sc, int nb, int nh)
 {
+    if (prec != 0 && bh_ptrs_aligned(lda, sa, ldb, sb, Cm, ldc, sc, nh)) {
+        return gemm_bh_lp(ctx, prec, ta, tb, M, N, K, alpha, A, lda, sa, Bm, ldb, sb, beta, Cm, ldc,
+                          sc, nb, nh);
+    }
     if (nb <= nh) {
         for (int b = 0; b < nb; b++) {
             MMP_TRY(mmp_cuda_gemm_batched(ctx, prec, ta, tb, M, N, K, alpha, A + b * sa.b, lda,

@@ -44,9 +44,8 @@ static __global__ void pack_kernel(unsigned short *dst, const float *src, int ro
 
 typedef mmp_cuda_packed packed;
 
-/* Packs src (batch at stride, rows at ld, cols) into dst (lp_packed_bytes). */
-static mmp_err pack(mmp_cuda_ctx *ctx, int prec, void *dst, const float *src, int rows, int cols,
-                    int ld, long long stride, int batch, packed *out)
+mmp_err mmp_cuda_pack_rows(mmp_cuda_ctx *ctx, int prec, void *dst, const float *src, int rows,
+                           int cols, int ld, long long stride, int batch, packed *out)
 {
     const int ldd = lp_ld(cols);
     const size_t total = (size_t)batch * rows * ldd;
@@ -93,8 +92,9 @@ mmp_err mmp_cuda_gemm_batched(mmp_cuda_ctx *ctx, int prec, int trans_a, int tran
         void *ws;
         MMP_TRY(mmp_cuda_lp_ws_get(ctx, a_bytes + lp_packed_bytes(br, bc, batch), &ws));
         packed pa, pb;
-        MMP_TRY(pack(ctx, prec, ws, A, ar, ac, lda, stride_a, batch, &pa));
-        MMP_TRY(pack(ctx, prec, (char *)ws + a_bytes, B, br, bc, ldb, stride_b, batch, &pb));
+        MMP_TRY(mmp_cuda_pack_rows(ctx, prec, ws, A, ar, ac, lda, stride_a, batch, &pa));
+        MMP_TRY(mmp_cuda_pack_rows(ctx, prec, (char *)ws + a_bytes, B, br, bc, ldb, stride_b, batch,
+                                   &pb));
         return mmp_cuda_gemm_packed(ctx, prec, trans_a, trans_b, M, N, K, alpha, pa, pb, beta, C,
                                     ldc, stride_c, batch);
     }
@@ -257,14 +257,14 @@ mmp_err mmp_cuda_linear_bwd_lp(mmp_cuda_ctx *ctx, float *dinp, float *dw, float 
     MMP_TRY(mmp_cuda_lp_ws_get(ctx, d_bytes + w_bytes + i_bytes, &ws));
     char *at = (char *)ws;
     packed pd, pw, pi;
-    MMP_TRY(pack(ctx, prec, at, dout, N, OC, OC, 0, 1, &pd));
+    MMP_TRY(mmp_cuda_pack_rows(ctx, prec, at, dout, N, OC, OC, 0, 1, &pd));
     if (w_bytes) {
-        MMP_TRY(pack(ctx, prec, at + d_bytes, w, OC, C, C, 0, 1, &pw));
+        MMP_TRY(mmp_cuda_pack_rows(ctx, prec, at + d_bytes, w, OC, C, C, 0, 1, &pw));
         // dinp (N,C) += dout (N,OC) @ w (OC,C)
         MMP_TRY(mmp_cuda_gemm_packed(ctx, prec, 0, 0, N, C, OC, 1.0f, pd, pw, 1.0f, dinp, C, 0, 1));
     }
     if (i_bytes) {
-        MMP_TRY(pack(ctx, prec, at + d_bytes + w_bytes, inp, N, C, C, 0, 1, &pi));
+        MMP_TRY(mmp_cuda_pack_rows(ctx, prec, at + d_bytes + w_bytes, inp, N, C, C, 0, 1, &pi));
         // dw (OC,C) += dout^T (OC,N) @ inp (N,C)
         MMP_TRY(mmp_cuda_gemm_packed(ctx, prec, 1, 0, OC, C, N, 1.0f, pd, pi, 1.0f, dw, C, 0, 1));
     }

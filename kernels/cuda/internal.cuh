@@ -146,6 +146,11 @@ static inline size_t lp_packed_bytes(int rows, int cols, int batch)
 {
     return ws_align((size_t)batch * rows * lp_ld(cols) * 2);
 }
+/* Packs src (batch at stride, rows at ld, cols) into dst (lp_packed_bytes
+ * of rows, cols, batch), rounded to prec (1 bf16, 2 fp16) on the way;
+ * padding columns 0 (gemm.cu). */
+mmp_err mmp_cuda_pack_rows(mmp_cuda_ctx *ctx, int prec, void *dst, const float *src, int rows,
+                           int cols, int ld, long long stride, int batch, mmp_cuda_packed *out);
 /* Row-major C_i (M,N) = alpha op(A_i) op(B_i) + beta C_i on packed operands
  * (prec 1 bf16, 2 fp16), fp32 accumulation and C (gemm.cu). */
 mmp_err mmp_cuda_gemm_packed(mmp_cuda_ctx *ctx, int prec, int trans_a, int trans_b, int M, int N,
