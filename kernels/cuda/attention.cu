@@ -158,7 +158,9 @@ static __global__ void attention_softmax_kernel(float *att, const float *key_mas
 }
 
 /* dp rows (B*NH*Tq, Tk) in place: d probabilities -> d scores, including the
- * 1/sqrt(hs) the scores were scaled by. Masked keys (a == 0) get 0. */
+ * 1/sqrt(hs) the scores were scaled by. Masked keys (a == 0) get exactly 0
+ * and stay out of the sum, as on the CPU: an inf in their d (an fp16
+ * overflow) must not turn the row into NaN. */
 static __global__ void attention_softmax_bwd_kernel(float *dp, const float *att, int rows, int Tk,
                                                     float scale, int prec)
 {
@@ -169,9 +171,15 @@ static __global__ void attention_softmax_bwd_kernel(float *dp, const float *att,
     const int lane = threadIdx.x % WARP;
     const float *a = att + (size_t)row * Tk;
     float *d = dp + (size_t)row * Tk;
-    const float s = warp_dot<float>(a, d, Tk);
+    float part = 0.0f;
     for (int j = lane; j < Tk; j += WARP) {
-        d[j] = lp_round(a[j] * (d[j] - s) * scale, prec);
+        if (a[j] != 0.0f) {
+            part += a[j] * d[j];
+        }
+    }
+    const float s = warp_reduce(part, sum_op());
+    for (int j = lane; j < Tk; j += WARP) {
+        d[j] = a[j] != 0.0f ? lp_round(a[j] * (d[j] - s) * scale, prec) : 0.0f;
     }
 }
 

@@ -10,9 +10,10 @@
  * (never a conversion to fp16: that takes
  * CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, refused below), and pass over FFT /
  * Winograd too: they transform the operands, so the products would no
- * longer be those of the rounded values. Backward algorithms must also be
- * CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 / ALGO_3 add
- * with atomics), so the fallbacks are the deterministic ALGO_1 of each.
+ * longer be those of the rounded values. Every direction's algorithm must
+ * also be CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 /
+ * ALGO_3 add with atomics), so the fallbacks are the deterministic
+ * IMPLICIT_GEMM forward and ALGO_1 backward.
  * Backward accumulates with beta = 1, as every backward in kernels/ does. */
 #include "kernels/cuda/internal.cuh"
 
@@ -75,19 +76,18 @@ void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx)
 }
 
 /* The first of cuDNN's ranked choices perf[0..got) that ran, passes ok and
- * math_ok and, when deterministic, is deterministic; else fallback. *math:
+ * math_ok and is deterministic; else fallback. *math:
  * the math to run it with: FMA on fp32 plans whatever cuDNN says (its
  * default math would allow TF32 for fp32 data); on TF32 plans the choice's
  * own (as cuDNN's samples and PyTorch set it), the default for fallback. */
 template <typename Perf, typename Algo>
-static Algo first_algo(const Perf *perf, int got, int (*ok)(Algo), int deterministic, int tf32,
-                       Algo fallback, cudnnMathType_t *math)
+static Algo first_algo(const Perf *perf, int got, int (*ok)(Algo), int tf32, Algo fallback,
+                       cudnnMathType_t *math)
 {
     *math = tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     for (int i = 0; i < got; i++) {
         if (perf[i].status == CUDNN_STATUS_SUCCESS && ok(perf[i].algo) &&
-            (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC) &&
-            math_ok(perf[i].mathType, tf32)) {
+            perf[i].determinism == CUDNN_DETERMINISTIC && math_ok(perf[i].mathType, tf32)) {
             if (tf32) {
                 *math = perf[i].mathType;
             }
@@ -107,11 +107,11 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     CU_TRY(cudnnSetConvolutionMathType(p->conv, base));
     CU_TRY(cudnnGetConvolutionForwardAlgorithm_v7(ctx->cudnn, p->x, p->w, p->conv, p->y,
                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, fwd));
-    /* an fp32 plan takes the first forward choice (bitwise run to run on
-     * the H100); a TF32 plan also asks for the determinism cuDNN reports (a
-     * split-K tensor-op kernel may add its parts in any order) */
-    p->fwd = first_algo(fwd, got, fwd_algo_ok, p->tf32, p->tf32,
-                        CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, &p->fwd_math);
+    /* forward too takes only what cuDNN reports deterministic (a split-K
+     * tensor-op kernel may add its parts in any order; and another cuDNN
+     * or GPU may rank such a kernel first for fp32 as well) */
+    p->fwd = first_algo(fwd, got, fwd_algo_ok, p->tf32, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                        &p->fwd_math);
     CU_TRY(cudnnSetConvolutionMathType(p->conv, p->fwd_math));
     CU_TRY(cudnnGetConvolutionForwardWorkspaceSize(ctx->cudnn, p->x, p->w, p->conv, p->y, p->fwd,
                                                    &p->fwd_ws));
@@ -120,8 +120,8 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     CU_TRY(cudnnSetConvolutionMathType(p->conv, base));
     CU_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         ctx->cudnn, p->w, p->y, p->conv, p->x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, bd));
-    p->bwd_data = first_algo(bd, got, bwd_data_algo_ok, 1, p->tf32,
-                             CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, &p->bwd_data_math);
+    p->bwd_data = first_algo(bd, got, bwd_data_algo_ok, p->tf32, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                             &p->bwd_data_math);
     CU_TRY(cudnnSetConvolutionMathType(p->conv, p->bwd_data_math));
     CU_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(ctx->cudnn, p->w, p->y, p->conv, p->x,
                                                         p->bwd_data, &p->bwd_data_ws));
@@ -130,7 +130,7 @@ static mmp_err choose_algos(mmp_cuda_ctx *ctx, mmp_cuda_conv_plan *p)
     CU_TRY(cudnnSetConvolutionMathType(p->conv, base));
     CU_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         ctx->cudnn, p->x, p->y, p->conv, p->w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, bf));
-    p->bwd_filter = first_algo(bf, got, bwd_filter_algo_ok, 1, p->tf32,
+    p->bwd_filter = first_algo(bf, got, bwd_filter_algo_ok, p->tf32,
                                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, &p->bwd_filter_math);
     CU_TRY(cudnnSetConvolutionMathType(p->conv, p->bwd_filter_math));
     CU_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(ctx->cudnn, p->x, p->y, p->conv, p->w,
