@@ -15,12 +15,14 @@ static const char USAGE[] =
     "       mmpipe ckpt export CKPT [--format safetensors] -o|--out FILE [--optimizer]\n"
     "       mmpipe ckpt import FILE.safetensors --plan PLAN.yaml [--set k=v]... -o|--out RUN_DIR\n"
     "\n"
-    "verify: reads every file of each checkpoint (a step directory, a run's\n"
-    "ckpt/latest or a run directory) front to back and checks each record and\n"
-    "the file's checksum, keeping no tensor (memory does not grow with the\n"
-    "checkpoint), then prints one line per checkpoint: its files, tensors and\n"
-    "bytes, or what is wrong and where. Exit status: 0 when every one is whole;\n"
-    "1 otherwise; 2 on usage errors.\n"
+    "verify: checks each checkpoint's files (a step directory, a run's ckpt/latest\n"
+    "or a run directory) against its files.txt (every stage's file there, at the\n"
+    "size it was written with, no other), then reads each front to back and\n"
+    "checks each record and the file's checksum, keeping no tensor (memory does\n"
+    "not grow with the checkpoint), and prints one line per checkpoint: its\n"
+    "tensors and bytes, or what is wrong and where. A step written before mmpipe\n"
+    "wrote files.txt is checked file by file and says so (a lost file would not\n"
+    "show). Exit status: 0 when every one is whole; 1 otherwise; 2 on usage errors.\n"
     "\n"
     "diff: A and B are checkpoint directories (ckpt/step_NNNNNNN), a run's ckpt/latest,\n"
     "or run directories (their ckpt/latest is used). Prints one line per tensor\n"
@@ -231,15 +233,23 @@ static int verify(int argc, char **argv)
     }
     for (int i = 2; i < argc; i++, n++) {
         verify_count k = {0, 0};
-        mmp_ckpt_read_opts o = {
-            .progress = verify_progress, .progress_ctx = &k, .want = count_none, .want_ctx = &k};
+        int listed = 0;
+        mmp_ckpt_read_opts o = {.progress = verify_progress,
+                                .progress_ctx = &k,
+                                .want = count_none,
+                                .want_ctx = &k,
+                                .file_list = &listed};
         mmp_ckpt c;
         if (mmp_ckpt_read_dir_opts(&c, argv[i], &o) != MMP_OK) {
             printf("%s: bad: %s\n", argv[i], mmp_last_error());
             bad++;
+        } else if (listed) {
+            printf("%s: ok: %ld tensors, %lld bytes, every file, checksum and record checked\n",
+                   argv[i], k.tensors, (long long)k.bytes);
         } else {
-            printf("%s: ok: %ld tensors, %lld bytes, every checksum and record checked\n", argv[i],
-                   k.tensors, (long long)k.bytes);
+            printf("%s: ok: %ld tensors, %lld bytes, every checksum and record checked (no %s: "
+                   "written before mmpipe listed a step's files, so a lost file would not show)\n",
+                   argv[i], k.tensors, (long long)k.bytes, MMP_CKPT_FILE_LIST);
         }
         mmp_ckpt_fini(&c);
     }
@@ -271,8 +281,9 @@ int mmp_cmd_ckpt(int argc, char **argv)
         if (strcmp(argv[i], "--tol") == 0 && i + 1 < argc) {
             char *end;
             tol = strtod(argv[++i], &end);
-            if (*end || tol < 0) {
-                fprintf(stderr, "mmpipe ckpt diff: --tol wants a number >= 0\n");
+            if (end == argv[i] || *end || !(tol >= 0) || isinf(tol)) {
+                fprintf(stderr, "mmpipe ckpt diff: --tol %s: wants a finite number >= 0\n",
+                        argv[i]);
                 return 2;
             }
         } else if (strcmp(argv[i], "--quiet") == 0) {

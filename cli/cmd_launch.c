@@ -189,13 +189,15 @@ static int clear_run(const char *dir)
 }
 
 /* Checks, reading only, that DIR's latest checkpoint can continue under
- * plan: it exists and was trained with the same fingerprinted keys
- * (common/fingerprint.h). 0 ok, 1 refused (printed). */
+ * plan: it exists, its files are those its files.txt lists, and it was
+ * trained with the same fingerprinted keys (common/fingerprint.h). 0 ok, 1
+ * refused (printed). */
 static int check_resume(const mmp_plan *plan, const char *dir)
 {
     char step_dir[1200];
-    int step, checked;
+    int step, checked, listed;
     if (mmp_ckpt_latest(dir, step_dir, sizeof step_dir, &step) != MMP_OK ||
+        mmp_ckpt_check_files(step_dir, &listed) != MMP_OK ||
         mmp_fingerprint_check(step_dir, plan, &checked) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: --resume %s: %s\n", dir, mmp_last_error());
         return 1;

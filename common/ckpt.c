@@ -1,8 +1,9 @@
 /* Checkpoint file format: writer (temp + fsync + rename) and verifying reader. */
 #include "common/ckpt.h"
 
-#include <math.h>
+#include <ctype.h>
 #include <dirent.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -497,31 +498,49 @@ mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir)
     return mmp_ckpt_read_dir_opts(c, dir, NULL);
 }
 
-mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read_opts *o)
+/* dir itself, or the step its ckpt/latest (a run directory) or latest (a
+ * ckpt folder) names, into out; a latest naming a step that is gone is an
+ * error that says so. */
+static mmp_err resolve_dir(const char *dir, char *out, size_t n)
 {
-    memset(c, 0, sizeof *c);
-    o = o ? o : &every_tensor;
-    char path[1024];
+    static const char *const links[] = {"%s/ckpt/latest", "%s/latest"};
+    char path[1024], target[256];
     struct stat st;
-    /* Accept a run directory or its ckpt/ folder by following latest. */
-    snprintf(path, sizeof path, "%s/ckpt/latest", dir);
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        dir = path;
-    } else {
-        snprintf(path, sizeof path, "%s/latest", dir);
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-            dir = path;
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, links[i], dir);
+        int found = stat(path, &st) == 0;
+        int why = errno;
+        if (found && S_ISDIR(st.st_mode)) {
+            snprintf(out, n, "%s", path);
+            return MMP_OK;
+        }
+        ssize_t len = found ? -1 : readlink(path, target, sizeof target - 1);
+        if (len > 0) {
+            target[len] = 0;
+            return mmp_errorf(MMP_ERR_IO, "%s -> %s: %s (the step it names is gone)", path, target,
+                              strerror(why));
         }
     }
-    char resolved[1024];
-    snprintf(resolved, sizeof resolved, "%s", dir);
-    DIR *d = opendir(resolved);
-    if (!d) {
-        return mmp_errorf(MMP_ERR_IO, "%s: %s", resolved, strerror(errno));
+    snprintf(out, n, "%s", dir);
+    return MMP_OK;
+}
+
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(names[i]);
     }
-    /* Every *.ckpt file (one per stage process that holds weights: no fixed
-     * cap), read in name order so errors and entries do not depend on
-     * readdir; their sizes first, for the progress's total. */
+    free(names);
+}
+
+/* The *.ckpt files of dir, sorted by name (so errors and entries do not
+ * depend on readdir): *names (for free_names) and *n; none is an error. */
+static mmp_err list_ckpt_files(const char *dir, char ***names_out, size_t *n_out)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", dir, strerror(errno));
+    }
     char **names = NULL;
     size_t n = 0, cap = 0;
     mmp_err ret = MMP_OK;
@@ -534,26 +553,167 @@ mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read
             cap = cap ? 2 * cap : 16;
             char **grown = realloc(names, cap * sizeof *names);
             if (!grown) {
-                ret = mmp_errorf(MMP_ERR_NOMEM, "%s: file list", resolved);
+                ret = mmp_errorf(MMP_ERR_NOMEM, "%s: file list", dir);
                 break;
             }
             names = grown;
         }
         if (!(names[n] = strdup(de->d_name))) {
-            ret = mmp_errorf(MMP_ERR_NOMEM, "%s: file list", resolved);
+            ret = mmp_errorf(MMP_ERR_NOMEM, "%s: file list", dir);
             break;
         }
         n++;
     }
     closedir(d);
     if (ret == MMP_OK && n == 0) {
-        ret = mmp_errorf(MMP_ERR_DATA, "%s: no .ckpt files (not a checkpoint directory)", resolved);
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: no .ckpt files (not a checkpoint directory)", dir);
+    }
+    if (ret != MMP_OK) {
+        free_names(names, n);
+        return ret;
     }
     if (n > 1) {
         qsort(names, n, sizeof *names, cmp_name);
     }
+    *names_out = names;
+    *n_out = n;
+    return MMP_OK;
+}
+
+/* A listed file's name: a plain *.ckpt name, no path. */
+static int list_name_ok(const char *s, size_t len)
+{
+    if (len < 6 || len >= 64 || !has_suffix(s, ".ckpt") || s[0] == '.') {
+        return 0;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '.' || s[i] == '_' || s[i] == '-')) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Holds dir's files (names[0..n), sorted) to its files.txt when it has one
+ * (*listed 1): every listed file present with its recorded size, every
+ * *.ckpt file listed. Without one (checkpoints written before it existed)
+ * *listed is 0 and nothing is checked. */
+static mmp_err check_file_list(const char *dir, char **names, size_t n, int *listed)
+{
+    char path[1200];
+    *listed = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, MMP_CKPT_FILE_LIST);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        return errno == ENOENT ? MMP_OK : mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    *listed = 1;
+    unsigned char *seen = calloc(n, 1);
+    if (!seen) {
+        fclose(f);
+        return mmp_errorf(MMP_ERR_NOMEM, "%s", path);
+    }
+    mmp_err ret = MMP_OK;
+    char line[256];
+    int line_no = 0, entries = 0;
+    while (ret == MMP_OK && fgets(line, sizeof line, f)) {
+        line_no++;
+        size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s:%d: line longer than %zu bytes", path, line_no,
+                             sizeof line - 2);
+            break;
+        }
+        if (line[0] == '#' || line[0] == '\n') {
+            continue;
+        }
+        char *sp = strchr(line, ' ');
+        char *end = NULL;
+        long long size = -1;
+        if (sp) {
+            *sp = 0;
+            errno = 0;
+            size = isdigit((unsigned char)sp[1]) ? strtoll(sp + 1, &end, 10) : -1;
+        }
+        if (!sp || !list_name_ok(line, strlen(line)) || size < 0 || errno || !end ||
+            (*end != '\n' && *end != 0)) {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s:%d: not \"NAME.ckpt BYTES\"", path, line_no);
+            break;
+        }
+        const char *key = line;
+        char **hit = n ? bsearch(&key, names, n, sizeof *names, cmp_name) : NULL;
+        if (!hit) {
+            ret = mmp_errorf(MMP_ERR_DATA,
+                             "%s/%s is missing (%s:%d lists it): this checkpoint is incomplete; "
+                             "resume from an earlier step",
+                             dir, line, MMP_CKPT_FILE_LIST, line_no);
+            break;
+        }
+        size_t k = (size_t)(hit - names);
+        if (seen[k]) {
+            ret = mmp_errorf(MMP_ERR_DATA, "%s:%d: %s listed twice", path, line_no, line);
+            break;
+        }
+        seen[k] = 1;
+        entries++;
+        char file[1400];
+        struct stat st;
+        snprintf(file, sizeof file, "%s/%s", dir, line);
+        if (stat(file, &st) != 0) {
+            ret = mmp_errorf(MMP_ERR_IO, "%s: %s", file, strerror(errno));
+        } else if ((long long)st.st_size != size) {
+            ret = mmp_errorf(MMP_ERR_DATA,
+                             "%s: %lld bytes, %s:%d recorded %lld (cut short or replaced)", file,
+                             (long long)st.st_size, MMP_CKPT_FILE_LIST, line_no, size);
+        }
+    }
+    if (ret == MMP_OK && ferror(f)) {
+        ret = mmp_errorf(MMP_ERR_IO, "%s: read failed", path);
+    }
+    fclose(f);
+    if (ret == MMP_OK && entries == 0) {
+        ret = mmp_errorf(MMP_ERR_DATA, "%s: lists no file", path);
+    }
+    for (size_t i = 0; ret == MMP_OK && i < n; i++) {
+        if (!seen[i]) {
+            ret = mmp_errorf(MMP_ERR_DATA,
+                             "%s/%s: not in %s (not part of this checkpoint: move it away)", dir,
+                             names[i], MMP_CKPT_FILE_LIST);
+        }
+    }
+    free(seen);
+    return ret;
+}
+
+mmp_err mmp_ckpt_check_files(const char *step_dir, int *listed)
+{
+    char **names = NULL;
+    size_t n = 0;
+    MMP_TRY(list_ckpt_files(step_dir, &names, &n));
+    mmp_err ret = check_file_list(step_dir, names, n, listed);
+    free_names(names, n);
+    return ret;
+}
+
+mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read_opts *o)
+{
+    memset(c, 0, sizeof *c);
+    o = o ? o : &every_tensor;
+    char resolved[1024];
+    MMP_TRY(resolve_dir(dir, resolved, sizeof resolved));
+    /* Every *.ckpt file (one per stage process that holds weights: no fixed
+     * cap), in name order; their sizes first, for the progress's total. */
+    char **names = NULL;
+    size_t n = 0;
+    MMP_TRY(list_ckpt_files(resolved, &names, &n));
+    int listed = 0;
+    mmp_err ret = check_file_list(resolved, names, n, &listed);
+    if (o->file_list) {
+        *o->file_list = listed;
+    }
     int64_t total = 0, done = 0;
     char file[1400];
+    struct stat st;
     for (size_t i = 0; ret == MMP_OK && i < n; i++) {
         if (snprintf(file, sizeof file, "%s/%s", resolved, names[i]) >= (int)sizeof file) {
             ret = mmp_errorf(MMP_ERR_INVALID, "%s: path too long", resolved);
@@ -568,10 +728,7 @@ mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read
     if (ret == MMP_OK && o->progress) {
         o->progress(o->progress_ctx, "bytes", total, total);
     }
-    for (size_t i = 0; i < n; i++) {
-        free(names[i]);
-    }
-    free(names);
+    free_names(names, n);
     if (ret != MMP_OK) {
         mmp_ckpt_fini(c);
     }
@@ -729,6 +886,40 @@ mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step
     return MMP_OK;
 }
 
+/* <dir>/files.txt, written last: each *.ckpt file of dir and its size, by
+ * which a reader tells a whole step from one with a file missing, cut short
+ * or added (check_file_list). */
+static mmp_err write_file_list(const char *dir)
+{
+    char **names = NULL;
+    size_t n = 0;
+    MMP_TRY(list_ckpt_files(dir, &names, &n));
+    char path[1200], file[1400];
+    snprintf(path, sizeof path, "%s/%s", dir, MMP_CKPT_FILE_LIST);
+    mmp_atomic_file a;
+    mmp_err ret = mmp_atomic_open(&a, path, MMP_ATOMIC_DURABLE); /* part of the checkpoint */
+    if (ret == MMP_OK) {
+        fputs("# the files of this checkpoint and their bytes (mmpipe ckpt verify checks "
+              "them)\n",
+              a.f);
+    }
+    for (size_t i = 0; ret == MMP_OK && i < n; i++) {
+        struct stat st;
+        snprintf(file, sizeof file, "%s/%s", dir, names[i]);
+        if (stat(file, &st) != 0) {
+            ret = mmp_errorf(MMP_ERR_IO, "%s: %s", file, strerror(errno));
+            mmp_atomic_abort(&a);
+        } else {
+            fprintf(a.f, "%s %lld\n", names[i], (long long)st.st_size);
+        }
+    }
+    if (ret == MMP_OK) {
+        ret = mmp_atomic_commit(&a);
+    }
+    free_names(names, n);
+    return ret;
+}
+
 mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *plan)
 {
     return mmp_ckpt_write_meta_scaled(dir, steps_done, plan, NULL);
@@ -754,7 +945,8 @@ mmp_err mmp_ckpt_write_meta_scaled(const char *dir, int steps_done, const mmp_pl
         mmp_ckpt_write(&w, "meta.loss_scale_good", MMP_I32, 1, &one, &good);
         mmp_ckpt_write(&w, "meta.opt_skipped", MMP_I32, 1, &one, &skipped);
     }
-    return mmp_ckpt_writer_close(&w);
+    MMP_TRY(mmp_ckpt_writer_close(&w));
+    return write_file_list(dir);
 }
 
 /* The one-element entry name of c with dtype, or NULL. */

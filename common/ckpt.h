@@ -18,7 +18,13 @@
  * it (byte-wise FNV-1a hashed at about a quarter of XXH64's speed, and its
  * header count forced the writer to hash the whole file again at close).
  * Files are written to a temporary name, fsynced and renamed into place, so a
- * crash leaves either the old file or the new one, never half of one. */
+ * crash leaves either the old file or the new one, never half of one.
+ *
+ * The step's last file, files.txt (after train.ckpt, before ckpt/latest
+ * names the step), lists each *.ckpt file and its size, "NAME BYTES" a line
+ * ('#' lines are comments): a reader refuses a step with a listed file
+ * missing or of another size, or a *.ckpt file not listed, naming it. A step
+ * without files.txt (written before it existed) is read as before. */
 #ifndef MMP_COMMON_CKPT_H
 #define MMP_COMMON_CKPT_H
 
@@ -67,12 +73,15 @@ typedef struct mmp_ckpt {
     int count;
 } mmp_ckpt;
 
+#define MMP_CKPT_FILE_LIST "files.txt"
+
 /* Reads every *.ckpt file of dir (a step directory, or a symlink such as
  * ckpt/latest; a run directory's ckpt/latest is followed when dir is a run
- * or its ckpt folder). Verifies magic, version, checksum; a tensor name found
- * in two files is an error. Each file is read once, front to back: tensor
- * data goes straight into its tensor (memory: the tensors, not the file
- * twice). On failure c is empty. */
+ * or its ckpt folder; a latest naming a step that is gone is an error).
+ * Verifies the files against files.txt when there is one, then magic,
+ * version, checksum; a tensor name found in two files is an error. Each file is read once, front to
+ * back: tensor data goes straight into its tensor (memory: the tensors, not the file twice). On
+ * failure c is empty. */
 mmp_err mmp_ckpt_read_dir(mmp_ckpt *c, const char *dir);
 /* How far a read is: done of total bytes of the directory's files (unit
  * "bytes"), reported after every tensor, every 64 MiB within one, and once
@@ -86,9 +95,16 @@ typedef struct mmp_ckpt_read_opts {
      * stage holds its own tensors only, not the whole step's. */
     int (*want)(void *want_ctx, const char *name);
     void *want_ctx;
+    /* NULL, or set to whether the step had a files.txt to check its files
+     * by (0: written before there was one; nothing told a missing file) */
+    int *file_list;
 } mmp_ckpt_read_opts;
 /* mmp_ckpt_read_dir with options (o may be NULL: as mmp_ckpt_read_dir). */
 mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read_opts *o);
+/* Checks step_dir's files against its files.txt (*listed 1), reading
+ * nothing but the list and the sizes: what a resume checks before it starts
+ * the stages. Without files.txt, *listed 0 and MMP_OK. */
+mmp_err mmp_ckpt_check_files(const char *step_dir, int *listed);
 /* Reads one file and appends its tensors; on failure none of them. */
 mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path);
 void mmp_ckpt_fini(mmp_ckpt *c);

@@ -95,11 +95,13 @@ mmp_err mmp_fingerprint_check(const char *step_dir, const mmp_plan *p, int *chec
     }
     stored[len] = 0;
     char value[MMP_PATH_MAX + 64], old[MMP_PATH_MAX + 64];
+    int found = 0;
     for (int i = 0; i < mmp_plan_key_count(); i++) {
         const char *key = mmp_plan_key_name(i);
         if (!mmp_fingerprint_has(key) || !lookup(stored, key, old, sizeof old)) {
             continue; /* a key newer than the checkpoint is not checked */
         }
+        found++;
         MMP_TRY(mmp_plan_key_text(p, i, value, sizeof value));
         if (strcmp(old, value) != 0) {
             return mmp_errorf(MMP_ERR_CONFIG,
@@ -108,6 +110,15 @@ mmp_err mmp_fingerprint_check(const char *step_dir, const mmp_plan *p, int *chec
                               "back, or start a new run)",
                               key, step_dir, key, old, key, value);
         }
+    }
+    if (found == 0) {
+        /* every checkpoint's fingerprint holds model and data keys: none
+         * at all is a damaged file, which must not pass as "checked" */
+        return mmp_errorf(MMP_ERR_DATA,
+                          "%s: holds none of the fingerprinted plan keys (damaged?): the "
+                          "checkpoint's plan cannot be checked; remove the file to resume "
+                          "without the check",
+                          path);
     }
     *checked = 1;
     return MMP_OK;

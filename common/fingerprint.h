@@ -48,8 +48,9 @@ mmp_err mmp_fingerprint_write(const char *step_dir, const mmp_plan *p);
  * every key the file holds has p's value (*checked = 1), or when the file
  * is absent (*checked = 0: a checkpoint from before fingerprints; the caller
  * warns). MMP_ERR_CONFIG when a key differs: "KEY: the checkpoint in DIR was
- * trained with KEY=A; this plan has KEY=B ...". MMP_ERR_IO when the file
- * exists but cannot be read. Reads only. */
+ * trained with KEY=A; this plan has KEY=B ...". MMP_ERR_DATA when the file
+ * holds none of the fingerprinted keys (damaged). MMP_ERR_IO when it exists
+ * but cannot be read. Reads only. */
 mmp_err mmp_fingerprint_check(const char *step_dir, const mmp_plan *p, int *checked);
 
 #endif

@@ -8,7 +8,10 @@
 #              stray tensor are refused naming the file, offset or tensor,
 #              and leave no checkpoint behind; an import never lands in a
 #              directory that already holds checkpoints;
-#  verify:     whole checkpoints pass, a changed byte fails naming its file.
+#  verify:     whole checkpoints pass, a changed byte fails naming its file;
+#              files.txt: a lost, cut-short or stray file is named (verify,
+#              export, resume), a step without the list is read as before;
+#  resume:     a damaged fingerprint.txt is refused; diff --tol nan too.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 W=$TMP/cli_ckpt_safetensors
@@ -78,4 +81,44 @@ out=$("$BIN" ckpt verify "$W/run" "$W/hurt"); rc=$?
 [ $rc -eq 1 ] && grep -q "^$W/run: ok: " <<<"$out" && grep -q "^$W/hurt: bad: $f: checksum mismatch" <<<"$out" \
   && ok "verify: a changed byte is named with its file (rc 1)" || { fail "verify damaged: rc $rc"; echo "$out"; }
 "$BIN" ckpt verify >/dev/null 2>&1; [ $? -eq 2 ] && ok "verify without a checkpoint: usage error" || fail "verify without arguments"
+
+# files.txt: a step lists its files and sizes; a lost, cut-short or stray
+# file is named by verify, refused by export and by a resume before any
+# stage starts; a step without the list is read as before and says so
+grep -q "^train.ckpt [0-9]*$" "$W/run/ckpt/latest/files.txt" && grep -q "^image.ckpt [0-9]*$" "$W/run/ckpt/latest/files.txt" \
+  && grep -q ": ok: .*every file, checksum and record checked" <<<"$out" \
+  && ok "verify: the step's files.txt lists its files; verify checks them" || { fail "files.txt"; cat "$W/run/ckpt/latest/files.txt"; }
+for f in train.ckpt text.ckpt; do
+  rm -rf "$W/lost"; cp -r "$W/run" "$W/lost"; rm "$W/lost/ckpt/latest/$f"
+  expect_fail "verify: a lost $f is named" "lost/ckpt/latest/$f is missing \\(files.txt:[0-9]+ lists it\\)" "$BIN" ckpt verify "$W/lost"
+done
+expect_fail "export refuses a checkpoint with a lost file" "text.ckpt is missing" "$BIN" ckpt export "$W/lost" -o "$W/lost.safetensors"
+[ ! -e "$W/lost.safetensors" ] && ok "refused export writes nothing" || fail "refused export wrote a file"
+rm -rf "$W/lost"; cp -r "$W/run" "$W/lost"; rm "$W/lost/ckpt/latest/text.ckpt"
+expect_fail "resume refuses a checkpoint with a lost file, before starting stages" "^mmpipe launch: --resume .*text.ckpt is missing" \
+  "$BIN" launch $P --single-process --resume "$W/lost" --steps 3 "${SET[@]}"
+rm -rf "$W/cut"; cp -r "$W/run" "$W/cut"; f=$W/cut/ckpt/latest/fusion.ckpt
+truncate -s -8 "$f"
+expect_fail "verify: a file cut short is named with both sizes" "fusion.ckpt: [0-9]+ bytes, files.txt:[0-9]+ recorded [0-9]+ \\(cut short" "$BIN" ckpt verify "$W/cut"
+rm -rf "$W/stray"; cp -r "$W/run" "$W/stray"; cp "$W/stray/ckpt/latest/image.ckpt" "$W/stray/ckpt/latest/image.0.ckpt"
+expect_fail "verify: a stray *.ckpt file is named" "image.0.ckpt: not in files.txt" "$BIN" ckpt verify "$W/stray"
+rm -rf "$W/junk"; cp -r "$W/run" "$W/junk"; echo "image.ckpt twelve" >>"$W/junk/ckpt/latest/files.txt"
+expect_fail "verify: a damaged files.txt is named with its line" "files.txt:[0-9]+: not \"NAME.ckpt BYTES\"" "$BIN" ckpt verify "$W/junk"
+rm -rf "$W/old"; cp -r "$W/run" "$W/old"; rm "$W/old/ckpt/latest/files.txt"
+out=$("$BIN" ckpt verify "$W/old"); rc=$?
+[ $rc -eq 0 ] && grep -q ": ok: .*(no files.txt: written before" <<<"$out" \
+  && ok "verify: a step without files.txt is read as before, and says so" || { fail "verify legacy: rc $rc"; echo "$out"; }
+rm -rf "$W/gone"; cp -r "$W/run" "$W/gone"; ln -sfn step_0000099 "$W/gone/ckpt/latest"
+expect_fail "verify: a latest naming a step that is gone says so" "latest -> step_0000099: No such file or directory \\(the step it names is gone\\)" "$BIN" ckpt verify "$W/gone"
+
+# a fingerprint.txt holding no plan key is damaged: a resume refuses it
+# rather than train on unchecked
+rm -rf "$W/fp"; cp -r "$W/run" "$W/fp"; echo garbage >"$W/fp/ckpt/latest/fingerprint.txt"
+expect_fail "resume refuses a damaged fingerprint.txt" "fingerprint.txt: holds none of the fingerprinted plan keys" \
+  "$BIN" launch $P --single-process --resume "$W/fp" --steps 3 "${SET[@]}"
+for t in nan inf -1 x; do
+  "$BIN" ckpt diff "$W/run" "$W/back" --tol $t >/dev/null 2>&1; rc=$?
+  [ $rc -eq 2 ] && ok "diff --tol $t: usage error" || fail "diff --tol $t: rc $rc"
+done
+rm -rf "$W/lost" "$W/cut" "$W/stray" "$W/junk" "$W/old" "$W/gone" "$W/fp"
 finish
