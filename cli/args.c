@@ -1,5 +1,6 @@
 /* Argument handling shared by the commands: subcommand dispatch, and the
  * options of those that take a plan. */
+#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,11 @@ int mmp_cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...
     int n = end ? (int)(end - usage) : (int)strlen(usage);
     fprintf(stderr, "\n%.*s\n(mmpipe %s --help: every option)\n", n, usage, cmd);
     return 2;
+}
+
+int mmp_cli_is_option(const char *arg)
+{
+    return arg[0] == '-' && (arg[1] == '-' || isalpha((unsigned char)arg[1]));
 }
 
 int mmp_cli_take_plan(const char *cmd, const char *usage, const char *arg, const char **plan_path)
@@ -132,6 +138,10 @@ int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, i
         }
         if (o && o->kind != MMP_CLI_FLAG && i + 1 >= argc) {
             return mmp_cli_usage_error(cmd, usage, "%s needs a value", a);
+        }
+        if (o && o->kind != MMP_CLI_FLAG && mmp_cli_is_option(argv[i + 1])) {
+            return mmp_cli_usage_error(cmd, usage, "%s needs a value, not the option '%s'", a,
+                                       argv[i + 1]);
         }
         int rc = o ? take_option(cmd, o, o->kind == MMP_CLI_FLAG ? NULL : argv[++i], args)
                    : mmp_cli_take_plan(cmd, usage, a, &args->plan);

@@ -97,6 +97,12 @@ __attribute__((format(printf, 3, 4))) int mmp_cli_usage_error(const char *cmd, c
 /* 0 when a plan was given, else prints "no plan given" with usage and returns 2. */
 int mmp_cli_need_plan(const char *cmd, const char *usage, const char *plan_path);
 
+/* 1 when arg reads as an option ("--x", "-x"; not "-1"): what an option
+ * that takes a value refuses as its value, so a forgotten value is an error
+ * rather than the next option swallowed ("--out --force" made a directory
+ * named --force). A value that starts with - is written ./-x or key=-x. */
+int mmp_cli_is_option(const char *arg);
+
 /* 1 after printing usage on stdout when arg is -h or --help, else 0. */
 int mmp_cli_help(const char *arg, const char *usage);
 

@@ -92,7 +92,7 @@ int mmp_cmd_agent(int argc, char **argv)
                             : strcmp(a, "--listen") == 0  ? &listen_at
                             : strcmp(a, "--new-key") == 0 ? &new_key
                                                           : NULL;
-        if (!slot || i + 1 >= argc) {
+        if (!slot || i + 1 >= argc || mmp_cli_is_option(argv[i + 1])) {
             fprintf(stderr, "mmpipe agent: %s: %s\n%s", a,
                     slot ? "needs a value" : "unknown argument", AGENT_USAGE);
             return 2;

@@ -15,8 +15,8 @@
 #include "common/config.h"
 
 static const char USAGE[] =
-    "usage: mmpipe bench PLAN.yaml [--out DIR] [--force] [--steps N] [--warmup W]\n"
-    "                    [--schedules LIST] [--microbatches LIST] [--balance LIST]\n"
+    "usage: mmpipe bench PLAN.yaml|--plan PLAN.yaml [--out DIR] [--force] [--steps N]\n"
+    "                    [--warmup W] [--schedules LIST] [--microbatches LIST] [--balance LIST]\n"
     "                    [--precisions LIST]\n"
     "                    [--placement NAME[=KEY=VALUE[,KEY=VALUE]...]]... [--set KEY=VALUE]...\n"
     "                    [--no-single] [--dry-run]\n"
@@ -48,8 +48,11 @@ static const char USAGE[] =
     "  runs/ID/        each run's directory as launch wrote it (metrics.jsonl,\n"
     "                  trace.json, ...), with log.txt (its output) and\n"
     "                  simulate.txt (the prediction)\n"
-    "A failed run is reported in its row and the grid goes on. The charts are\n"
-    "drawn by gnuplot (charts.gp and its .dat files stay in DIR).\n"
+    "Every run's plan (the plan with its overrides) is loaded and checked before\n"
+    "the first run, --dry-run too: one the plan refuses stops the bench, naming\n"
+    "the run. A run that fails when it runs is reported in its row and the grid\n"
+    "goes on. The charts are drawn by gnuplot (charts.gp and its .dat files stay\n"
+    "in DIR).\n"
     "\n"
     "options:\n"
     "  --out DIR          bench directory (default runs/bench-<plan file name>)\n"
@@ -297,7 +300,7 @@ int mmp_cmd_bench(int argc, char **argv)
     }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *v = i + 1 < argc && !mmp_cli_is_option(argv[i + 1]) ? argv[i + 1] : NULL;
         if (mmp_cli_help(a, USAGE)) {
             ret = 0;
             goto exit;
@@ -360,7 +363,12 @@ int mmp_cmd_bench(int argc, char **argv)
                 }
             }
         } else if (!v && takes_value(a)) {
-            mmp_cli_usage_error("bench", USAGE, "%s needs a value", a);
+            if (i + 1 < argc) {
+                mmp_cli_usage_error("bench", USAGE, "%s needs a value, not the option '%s'", a,
+                                    argv[i + 1]);
+            } else {
+                mmp_cli_usage_error("bench", USAGE, "%s needs a value", a);
+            }
             goto exit;
         } else {
             int rc = mmp_cli_take_plan("bench", USAGE, a, &b.plan_path);
@@ -433,7 +441,7 @@ int mmp_cmd_bench(int argc, char **argv)
     }
     self[n] = 0;
     b.self = self;
-    if (mmp_bench_build_grid(&b, &plan) != MMP_OK) {
+    if (mmp_bench_build_grid(&b, &plan) != MMP_OK || mmp_bench_check_runs(&b) != MMP_OK) {
         fprintf(stderr, "mmpipe bench: %s\n", mmp_last_error());
         goto exit;
     }

@@ -160,7 +160,7 @@ static int convert(int argc, char **argv)
     }
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        int has_value = i + 1 < argc;
+        int has_value = i + 1 < argc && !mmp_cli_is_option(argv[i + 1]);
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(USAGE, stdout);
             ret = 0;
@@ -175,6 +175,14 @@ static int convert(int argc, char **argv)
             sets[n_sets++] = argv[++i];
         } else if (strcmp(a, "--optimizer") == 0 && cmd[0] == 'e') {
             optimizer = 1;
+        } else if (!has_value &&
+                   (strcmp(a, "-o") == 0 || strcmp(a, "--out") == 0 || strcmp(a, "--format") == 0 ||
+                    strcmp(a, "--plan") == 0 || strcmp(a, "--set") == 0)) {
+            mmp_cli_usage_error(cmd[0] == 'e' ? "ckpt export" : "ckpt import", USAGE,
+                                "%s needs a value%s%s%s", a,
+                                i + 1 < argc ? ", not the option '" : "",
+                                i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
+            goto exit;
         } else if (a[0] == '-' || src) {
             mmp_cli_usage_error(cmd[0] == 'e' ? "ckpt export" : "ckpt import", USAGE,
                                 "unexpected '%s'", a);

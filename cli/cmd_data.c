@@ -68,7 +68,8 @@ static const char CHECK_USAGE[] =
     "Reads a JSONL manifest line by line (in constant memory) and prints each\n"
     "problem as MANIFEST:LINE: reason: malformed JSON, a missing, duplicate or\n"
     "non-string field, invalid UTF-8, an empty caption, a missing or zero-size\n"
-    "image file. Then one summary line: N lines, K problems (by kind ...).\n"
+    "image file. Then one summary line: N non-blank lines, K problems (by\n"
+    "kind ...).\n"
     "Progress goes to stderr when it is a terminal.\n"
     "\n"
     "  --vocab FILE     also tokenize every caption: a caption with no tokens is\n"
@@ -385,11 +386,11 @@ static mmp_err check_line(void *user, const mmp_manifest_entry *e, const char *p
     return MMP_OK;
 }
 
-/* "N lines, K problems (by kind: ...); G good samples; ..." */
+/* "N non-blank lines, K problems (by kind: ...); G good samples; ..." */
 static void print_summary(const check_state *st)
 {
     const int64_t good = st->lines - st->problems;
-    printf("%s: %lld lines, %lld problems", st->manifest, (long long)st->lines,
+    printf("%s: %lld non-blank lines, %lld problems", st->manifest, (long long)st->lines,
            (long long)st->problems);
     if (st->problems) {
         const char *sep = " (by kind: ";

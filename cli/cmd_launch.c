@@ -83,7 +83,8 @@ static const char USAGE[] =
     "                     or --init-from's), plan.json and an empty metrics.jsonl,\n"
     "                     and starts no stage: `mmpipe ckpt export` hands it to\n"
     "                     PyTorch\n"
-    "  --out DIR          run directory (default runs/<job.name>-<YYYYmmdd-HHMMSS>)\n"
+    "  --out DIR          run directory (default runs/<job.name>-<YYYYmmdd-HHMMSS>, or\n"
+    "                     with -2, -3 ... when a launch that second made it)\n"
     "  --set KEY=VALUE    override a plan key, e.g. --set train.microbatches=8\n"
     "                     (repeatable; checked like the file)\n"
     "  --force            replace DIR if it already holds a run with steps or\n"
@@ -188,6 +189,36 @@ static int clear_run(const char *dir)
     return bad;
 }
 
+/* Makes the default run directory dir (runs/<job.name>-<time>), or dir-2,
+ * dir-3 ... when a launch in the same second (a sweep) already made it:
+ * mkdir claims a name atomically, so two launches never share one. dir is
+ * rewritten to the name made. */
+static mmp_err claim_run_dir(char *dir, size_t n)
+{
+    char parent[1024];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) {
+        *slash = 0;
+        MMP_TRY(mmp_mkdirs(parent));
+    }
+    char base[1024];
+    snprintf(base, sizeof base, "%s", dir);
+    for (int k = 1; k <= 1000; k++) {
+        if (k > 1 && snprintf(dir, n, "%s-%d", base, k) >= (int)n) {
+            return mmp_errorf(MMP_ERR_INVALID, "%s: name too long", base);
+        }
+        if (mkdir(dir, 0777) == 0) {
+            return MMP_OK;
+        }
+        if (errno != EEXIST) {
+            return mmp_errorf(MMP_ERR_IO, "%s: %s", dir, strerror(errno));
+        }
+    }
+    return mmp_errorf(MMP_ERR_IO, "%s: it and %s-2 ... %s-1000 all exist: pass --out DIR", base,
+                      base, base);
+}
+
 /* Checks, reading only, that DIR's latest checkpoint can continue under
  * plan: it exists, its files are those its files.txt lists, and it was
  * trained with the same fingerprinted keys (common/fingerprint.h). 0 ok, 1
@@ -220,15 +251,18 @@ static int check_resume(const mmp_plan *plan, const char *dir)
     return 0;
 }
 
-/* Captions the vocab cannot spell train the text branch on [UNK]s: say so
+/* Captions the vocab cannot spell train the text branch on [UNK]s, and a
+ * manifest smaller than a batch repeats samples within every batch: say so
  * (once, before anything starts) rather than let a user find out from a
  * flat recall curve. Problems reading the files are preflight's to report. */
 #define UNK_SCAN_LINES 1000
 
-static void warn_unknown_words(const mmp_plan *plan)
+static void warn_about_data(const mmp_plan *plan)
 {
+    /* as far as one batch too, to tell a manifest smaller than a batch */
+    int64_t lines = plan->train.batch >= UNK_SCAN_LINES ? plan->train.batch : UNK_SCAN_LINES;
     mmp_vocab_coverage cov;
-    if (mmp_data_vocab_coverage(plan, UNK_SCAN_LINES, &cov) != MMP_OK || cov.pieces == 0) {
+    if (mmp_data_vocab_coverage(plan, lines, &cov) != MMP_OK || cov.pieces == 0) {
         return;
     }
     double share = (double)cov.unk / (double)cov.pieces;
@@ -240,6 +274,16 @@ static void warn_unknown_words(const mmp_plan *plan)
                 "data.vocab=data/bert-base-uncased/vocab.txt (README: Data)\n",
                 100.0 * share, (long long)cov.captions, plan->data.manifest, plan->data.vocab,
                 cov.vocab_size);
+    }
+    if (cov.captions < plan->train.batch) {
+        /* the whole manifest was read: every batch repeats samples, and a
+         * repeat is a false negative of itself in the contrastive loss */
+        fprintf(stderr,
+                "mmpipe launch: warning: train.batch %d is more than the %lld samples of %s: "
+                "each batch holds some of them twice, which the contrastive loss counts as "
+                "negatives of themselves (a train.batch of at most %lld avoids it)\n",
+                plan->train.batch, (long long)cov.captions, plan->data.manifest,
+                (long long)cov.captions);
     }
 }
 
@@ -334,7 +378,8 @@ int mmp_cmd_launch(int argc, char **argv)
         goto exit;
     }
     char out_buf[1024];
-    if (!out) {
+    const int auto_out = !out; /* runs/<job.name>-<time>, claimed below */
+    if (auto_out) {
         time_t now = time(NULL);
         struct tm tm;
         localtime_r(&now, &tm);
@@ -356,7 +401,7 @@ int mmp_cmd_launch(int argc, char **argv)
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error()); /* it names file:line:col */
         goto exit;
     }
-    warn_unknown_words(&plan);
+    warn_about_data(&plan);
     if ((plan.train.eval_every > 0 || plan.train.final_eval) && !plan.data.val_manifest[0]) {
         fprintf(stderr,
                 "mmpipe launch: no validation set (data.val_manifest is not set and there is no "
@@ -370,11 +415,11 @@ int mmp_cmd_launch(int argc, char **argv)
     }
     char probe[1100];
     snprintf(probe, sizeof probe, "%s/metrics.jsonl", out);
-    int held = !resume && access(probe, F_OK) == 0;
+    int held = !auto_out && !resume && access(probe, F_OK) == 0;
     /* a run that failed before its first step: replaced as if with --force */
     int failed_start = held && !force && !run_made_progress(out);
     snprintf(probe, sizeof probe, "%s/ckpt", out);
-    if (init && !held && !force && access(probe, F_OK) == 0) {
+    if (init && !auto_out && !held && !force && access(probe, F_OK) == 0) {
         /* never repoint another run's ckpt/latest at step 0 */
         fprintf(stderr,
                 "mmpipe launch: %s already holds checkpoints; pass --force to replace them\n", out);
@@ -390,7 +435,7 @@ int mmp_cmd_launch(int argc, char **argv)
                 out);
         goto exit;
     }
-    if (mmp_mkdirs(out) != MMP_OK) {
+    if ((auto_out ? claim_run_dir(out_buf, sizeof out_buf) : mmp_mkdirs(out)) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error());
         goto exit;
     }

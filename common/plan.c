@@ -209,11 +209,15 @@ static mmp_err check_replicas_mbs(mmp_schema_loader *L, const char *key, const m
 static mmp_err check_plan(mmp_schema_loader *L, mmp_plan *p)
 {
     /* job.name is a file name (runs/<job.name>-<time>): a '/' would put the
-     * run elsewhere ("../../x" outside runs/) */
-    if (strchr(p->job.name, '/')) {
+     * run elsewhere ("../../x" outside runs/), a leading '-' or '.' makes a
+     * name that rm and ls take for an option or hide, and "" one that
+     * starts with '-' */
+    if (strchr(p->job.name, '/') || !p->job.name[0] || p->job.name[0] == '-' ||
+        p->job.name[0] == '.') {
         return mmp_schema_fail_at(L, "job.name", NULL,
                                   "job.name: '%s' names the run directory "
-                                  "(runs/<job.name>-<time>): no '/' in it",
+                                  "(runs/<job.name>-<time>): not empty, no '/' in it, not "
+                                  "starting with '-' or '.'",
                                   p->job.name);
     }
     if (p->train.microbatches > p->train.batch) {

@@ -80,6 +80,12 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
     if (isnan(rec->step_ms)) {
         return mmp_errorf(MMP_ERR_DATA, "%s: no step_ms number", where);
     }
+    if (rec->n_stages == 1 && strcmp(rec->stages[0].name, "single") == 0) {
+        return mmp_errorf(MMP_ERR_DATA,
+                          "%s: a --single-process run's step: it measures no stage of its own "
+                          "(costs come from a pipeline run of the plan)",
+                          where);
+    }
     MMP_ASSERT(m->n < m->cap);
     int k = m->n;
     m->step[k] = rec->step_ms;

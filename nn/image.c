@@ -465,7 +465,10 @@ mmp_err mmp_image_acts_create(mmp_image_acts **out, mmp_image_net *net, int max_
     layout_acts(a, &c);
     a->mem = be_alloc(net->be, c.used, &ret);
     if (ret != MMP_OK) {
-        mmp_error_prefix(ret, "image branch acts: %zu bytes for %d samples", c.used, max_batch);
+        mmp_error_prefix(ret,
+                         "image branch activations: %zu bytes for a micro-batch of %d samples "
+                         "(train.batch / train.microbatches: more micro-batches need less)",
+                         c.used, max_batch);
         goto fail;
     }
     c = (carver){.base = a->mem, .used = 0};

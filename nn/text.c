@@ -215,7 +215,13 @@ mmp_err mmp_text_acts_create(mmp_text_acts **out, mmp_text_net *net, int max_bat
         ret = mmp_errorf(MMP_ERR_NOMEM, "text acts tables");
         goto fail;
     }
-    MMP_TRY_GOTO(mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a), ret, fail);
+    if ((ret = mmp_tf_slab_alloc(&a->slab, net->be, carve_acts, a)) != MMP_OK) {
+        mmp_error_prefix(ret,
+                         "text branch activations for a micro-batch of %d samples "
+                         "(train.batch / train.microbatches: more micro-batches need less)",
+                         max_batch);
+        goto fail;
+    }
     /* the largest product: attention's D x D projections or the FFN's two */
     int N = max_batch * net->T;
     size_t lp = mmp_lowp_linear_floats(N, net->D, net->D);

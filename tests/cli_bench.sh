@@ -4,7 +4,8 @@
 # the single-process baseline writes results.csv (9 rows with numbers),
 # results.md, a run directory with trace.json per pipeline run, and two PNG
 # charts; --dry-run runs nothing; a bad --placement or --schedules value is a
-# usage error; a run that fails is reported in the table, the others still
+# usage error, a placement the plan refuses is refused before any run; a run
+# that fails is reported in the table, the others still
 # run, and the exit status is 1; an existing bench needs --force, which
 # replaces it.
 # Needs gnuplot (scripts/setup installs gnuplot-nox).
@@ -63,6 +64,17 @@ usage_error "unknown --precisions value" "--precisions: unknown value 'fp8' \(on
   --precisions bf16,fp8
 usage_error "--set train.precision: the precision axis owns it" \
   "--set 'train.precision=bf16': the grid sets this key; use --precisions" --set train.precision=bf16
+usage_error "--placement without a value does not take the next option" \
+  "--placement needs a value, not the option '--dry-run'" --placement --dry-run
+# every run's plan is loaded before any runs (and by --dry-run): a typo in a
+# placement, or a value the plan refuses, is found in a second, not after
+# the baseline ran
+for pl in 'typo=train.batchsize=4' 'beyond=stages.image.split=[9]'; do
+  out=$("$BIN" bench "$W/plan.yaml" --out "$W/usage" --placement "$pl" --dry-run 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -qE "run [a-z0-9-]*-${pl%%=*}-[a-z]* \(.*\): .*(batchsize|split)" <<<"$out" && [ ! -e "$W/usage" ] \
+    && ok "--placement '$pl' refused before any run, naming the run" \
+    || { fail "--placement '$pl' (rc=$rc)"; echo "$out" | head -3 | sed 's/^/    /'; }
+done
 
 # --- the grid ------------------------------------------------------------------------------------
 t0=$(date +%s.%N)
@@ -153,14 +165,14 @@ grep -q '^| 1f1b-m2-plan-off-bf16 | 1f1b | 2 | [^|]* | off | bf16 |' "$W/prec/re
 expect_fail "a second bench into the same DIR is refused" "pass --force" \
   "$BIN" bench "$W/plan.yaml" --out "$W/grid" --steps 1 --warmup 0
 
-# --- a failing run ----------------------------------------------------------------------------------
+# --- a failing run (a plan that loads; its launch fails: no manifest) ---------------------------------
 "$BIN" bench "$W/plan.yaml" --out "$W/fail" --steps 2 --warmup 1 --schedules 1f1b --microbatches 2 \
-  --placement plan --placement 'beyond=stages.image.split=[9]' >"$W/fail.out" 2>"$W/fail.err"; rc=$?
+  --placement plan --placement "beyond=data.manifest=$W/none.jsonl" >"$W/fail.out" 2>"$W/fail.err"; rc=$?
 [ $rc -eq 1 ] && ok "a failed run makes the exit status 1" || fail "failing grid rc=$rc, want 1"
-grep -q '^| 1f1b-m2-beyond-off |.*| failed: .*split' "$W/fail/results.md" 2>/dev/null \
+grep -q '^| 1f1b-m2-beyond-off |.*| failed: .*none.jsonl' "$W/fail/results.md" 2>/dev/null \
   && ok "the failed run is in the table with its error" \
   || { fail "no failed row in results.md:"; cat "$W/fail/results.md" 2>/dev/null | sed 's/^/    /'; }
-grep -q '^1f1b-m2-beyond-off,.*,"failed: ' "$W/fail/results.csv" 2>/dev/null \
+grep -qE '^1f1b-m2-beyond-off,.*,"?failed: .*none.jsonl' "$W/fail/results.csv" 2>/dev/null \
   && ok "results.csv: failed status" || fail "results.csv: no failed status"
 okrows=$(grep -c ',ok$' "$W/fail/results.csv" 2>/dev/null)
 [ "$okrows" -eq 2 ] && ok "the other runs completed (baseline + plan)" || fail "$okrows ok rows, want 2"

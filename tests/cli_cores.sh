@@ -132,6 +132,9 @@ grep -qE '^placement image\.0[^ ]* .*fusion:[0-9]+ \(process k on core k % 2\)$'
   || { fail "simulate --plan-cores 2"; tail -5 <<<"$out" | sed 's/^/    /'; }
 expect_fail "simulate --plan-cores 0 is a usage error" "--plan-cores '0': expected a core count" \
   "$BIN" simulate "$W/auto.yaml" --plan-cores 0
+expect_fail "simulate --costs of a --single-process run says it measures no stage" \
+  "a --single-process run's step: it measures no stage of its own" \
+  "$BIN" simulate "$W/auto.yaml" --costs "$W/single"
 
 # --- 3. a core id this machine does not give ------------------------------------------------
 sed "s/pin: auto/pin: [${allowed[0]}, 1023]/" "$W/auto.yaml" >"$W/badpin.yaml"

@@ -62,9 +62,11 @@ check_cmd "data check" "data check --help" <(sed -n '/^static int cmd_check/,/^}
 check_cmd stage "stage --help" cli/cmd_stage.c
 check_cmd devices "devices --help" cli/cmd_devices.c
 top=$("$BIN" --help)
-for c in launch data simulate bench ckpt devices stage; do
+for c in launch data simulate bench ckpt devices stage "ckpt verify" "ckpt diff" "ckpt export"; do
   grep -qE "^  $c " <<<"$top" || fail "mmpipe --help lists no '$c'"
 done
+"$BIN" --version | grep -qxE 'mmpipe [0-9]+\.[0-9]+\.[0-9]+' && ok "mmpipe --version: $("$BIN" --version)" \
+  || fail "mmpipe --version: '$("$BIN" --version 2>&1)'"
 for c in launch simulate bench; do
   bad=0
   # the command's lines, up to its description (indented 21 spaces)

@@ -25,7 +25,12 @@
 #  vocab:       English captions under the synthetic 64-token vocab make
 #               launch warn about [UNK] (naming scripts/vocab); the real
 #               bert-base-uncased vocab does not;
-#  token:       no stage process has the job token in its argv or environ.
+#  token:       no stage process has the job token in its argv or environ;
+#               stage processes are named mmpipe (not exe);
+#  batch:       a train.batch above the manifest's samples is warned about;
+#  defaults:    a default run directory taken in the same second gets -2;
+#               job.name "", "-rf", ".hidden" refused; an option's value is
+#               never the next option (--out --force).
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -48,6 +53,9 @@ for _ in $(seq 200); do [ -e "$L/ckpt/latest" ] && break; sleep 0.1; done
 [ -e "$L/ckpt/latest" ] || fail "the live run wrote no checkpoint"
 kids=$(pgrep -P "$LPID" | tr '\n' ' ')
 [ -n "$kids" ] && ok "live run has stage processes ($kids)" || fail "no stage processes under $LPID"
+names=$(for k in $kids; do cat "/proc/$k/comm" 2>/dev/null; done | sort -u | tr '\n' ' ')
+[ "$names" = "mmpipe " ] && ok "stage processes are named mmpipe (pgrep -x mmpipe, killall find them)" \
+  || fail "stage process names: '$names' (want mmpipe)"
 leak=0
 for k in $kids; do
   args=$(tr '\0' ' ' < "/proc/$k/cmdline" 2>/dev/null)
@@ -268,5 +276,38 @@ for mode in "" --single-process; do
 done
 expect_fail "fail: a bad validation image still stops the run, naming it" "val.jsonl:3" \
   "$BIN" launch "$W/plan.yaml" --single-process --out "$W/bvf" --set data.manifest="$B/train.jsonl" --set train.eval_every=1
+
+# a batch larger than the manifest: warned once (every batch repeats samples)
+"$BIN" launch "$W/plan.yaml" --single-process --out "$W/bigb" --steps 1 --set train.batch=400 >"$W/bigb.log" 2>&1 \
+  && grep -q "warning: train.batch 400 is more than the 300 samples of .*train.jsonl" "$W/bigb.log" \
+  && ! grep -q "is more than the" "$W/pf4.log" \
+  && ok "a batch larger than the manifest is warned about, naming both counts" || { fail "no small-manifest warning"; tail -3 "$W/bigb.log"; }
+
+# default run directories: a launch in the same second as another gets
+# <name>-<time>-2 (mkdir claims it), never the other's; the name must make a
+# plain directory name
+D=$W/defaults; mkdir -p "$D/runs"
+t0=$(date +%s)
+for s in $(seq 0 5); do # the next seconds' names already taken by runs with steps
+  d=$D/runs/r-$(date -d "@$((t0 + s))" +%Y%m%d-%H%M%S); mkdir -p "$d"; echo '{"step":1}' >"$d/metrics.jsonl"
+done
+taken() { for d in "$D"/runs/r-*; do case $d in *-2) ;; *) state "$d" ;; esac; done; }
+before=$(taken)
+(cd "$D" && "$BIN" launch "$W/plan.yaml" --steps 0) >"$W/def.log" 2>&1; rc=$?
+made=$(cd "$D/runs" && ls -d r-*-2 2>/dev/null)
+[ $rc -eq 0 ] && [ -n "$made" ] && [ -e "$D/runs/$made/ckpt/latest" ] && [ "$before" = "$(taken)" ] \
+  && ok "a default run directory taken that second: the launch makes $made, the other is untouched" \
+  || { fail "default run directory collision (rc $rc, made '$made')"; tail -3 "$W/def.log"; ls "$D/runs"; }
+for name in "''" "-rf" ".hidden"; do
+  expect_fail "job.name $name refused" "job.name: '${name//\'/}' names the run directory" \
+    "$BIN" launch "$W/plan.yaml" --steps 0 --set "job.name=$name"
+done
+
+# an option that takes a value never swallows the next option
+expect_fail "launch --out --force: a usage error, no directory named --force" "--out needs a value, not the option '--force'" \
+  env -C "$W" "$BIN" launch "$W/plan.yaml" --out --force
+[ ! -e "$W/--force" ] && ok "... and nothing was made" || fail "a directory named --force"
+expect_fail "ckpt export -o --optimizer: a usage error" "-o needs a value, not the option '--optimizer'" \
+  "$BIN" ckpt export "$L" -o --optimizer
 
 finish

@@ -481,7 +481,13 @@ static void test_overrides(void)
          "'model.fusion.heads'?)"},
         {DIR "minimal.yaml", "job.name=../../x",
          "--set job.name=../../x: job.name: '../../x' names the run directory "
-         "(runs/<job.name>-<time>): no '/' in it"},
+         "(runs/<job.name>-<time>): not empty, no '/' in it, not starting with '-' or '.'"},
+        {DIR "minimal.yaml", "job.name=''",
+         "--set job.name='': job.name: '' names the run directory "
+         "(runs/<job.name>-<time>): not empty, no '/' in it, not starting with '-' or '.'"},
+        {DIR "minimal.yaml", "job.name=-rf",
+         "--set job.name=-rf: job.name: '-rf' names the run directory "
+         "(runs/<job.name>-<time>): not empty, no '/' in it, not starting with '-' or '.'"},
         {DIR "minimal.yaml", "train.batch=abc",
          "--set train.batch=abc: train.batch: expected an integer, got 'abc'"},
         {DIR "minimal.yaml", "train.batch", "--set train.batch: expected KEY=VALUE"},

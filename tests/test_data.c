@@ -658,7 +658,7 @@ static void test_cli(void)
     snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --vocab %s/set/vocab.txt --decode",
              bin, dir, dir);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
-    CHECK(contains(out, "64 lines, 0 problems; 64 good samples; images 32x32"));
+    CHECK(contains(out, "64 non-blank lines, 0 problems; 64 good samples; images 32x32"));
     CHECK(contains(out, "0 with [UNK]"));
 
     /* The pixel limit: every 32x32 image is over 1000 pixels, each reported
@@ -668,7 +668,8 @@ static void test_cli(void)
     CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
     CHECK(contains(out, "/set/images/000000.png: 32x32 image has 1024 pixels, more than the "
                         "limit of 1000 (data.max_image_pixels)"));
-    CHECK(contains(out, "64 lines, 64 problems (by kind: 64 image over the pixel limit)"));
+    CHECK(
+        contains(out, "64 non-blank lines, 64 problems (by kind: 64 image over the pixel limit)"));
     snprintf(cmd, sizeof cmd, "%s data check %s/set/train.jsonl --decode --max-pixels 0", bin, dir);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
 
@@ -690,7 +691,7 @@ static void test_cli(void)
     }
     snprintf(cmd, sizeof cmd, "%s data check %s --decode", bin, manifest);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
-    CHECK(contains(out, "5 lines, 0 problems; 5 good samples"));
+    CHECK(contains(out, "5 non-blank lines, 0 problems; 5 good samples"));
 
     snprintf(cmd, sizeof cmd, "%s data check " FIXTURES "/many_problems.jsonl --decode", bin);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
@@ -699,7 +700,7 @@ static void test_cli(void)
         ":5: ",  ":6: ",
         ":8: ",  ":9: ",
         ":10: ", ":11: missing image " FIXTURES "/missing.png (No such file",
-        ":13: ", "13 lines, 9 problems"};
+        ":13: ", "13 non-blank lines, 9 problems"};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         CHECK(contains(out, lines[i]));
     }

@@ -607,7 +607,8 @@ static void test_check_cli(void)
         "bad_samples.jsonl:5: " FIXTURES "/truncated.png: truncated",
         "bad_samples.jsonl:6: " FIXTURES "/not_image.png: not a",
         "bad_samples.jsonl:7: caption has no tokens",
-        ("8 lines, 5 problems (by kind: 1 missing image, 1 zero-size image, 2 undecodable image, "
+        ("8 non-blank lines, 5 problems (by kind: 1 missing image, 1 zero-size image, 2 "
+         "undecodable image, "
          "1 caption without tokens); 3 good samples"),
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -616,7 +617,8 @@ static void test_check_cli(void)
     /* Without --decode the images are only looked at, not decoded. */
     snprintf(cmd, sizeof cmd, "%s data check %s/bad_samples.jsonl", bin, FIXTURES);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 1);
-    CHECK(contains(out, "8 lines, 2 problems (by kind: 1 missing image, 1 zero-size image)"));
+    CHECK(contains(out,
+                   "8 non-blank lines, 2 problems (by kind: 1 missing image, 1 zero-size image)"));
     CHECK(!contains(out, ":5: "));
 
     snprintf(cmd, sizeof cmd, "%s data check %s/bad_lines.jsonl", bin, FIXTURES);
@@ -628,7 +630,8 @@ static void test_check_cli(void)
         ":6: empty caption",
         ":7: not valid JSON at column 33: invalid UTF-8 in a string",
         ":10: not valid JSON at column 40: \\ud800 is a high surrogate",
-        ("10 lines, 6 problems (by kind: 1 malformed JSON, 1 missing field, 1 non-string field, "
+        ("10 non-blank lines, 6 problems (by kind: 1 malformed JSON, 1 missing field, 1 non-string "
+         "field, "
          "2 invalid UTF-8, 1 empty caption); 4 good samples"),
     };
     for (size_t i = 0; i < sizeof want_lines / sizeof want_lines[0]; i++) {
@@ -641,7 +644,8 @@ static void test_check_cli(void)
     snprintf(cmd, sizeof cmd, "%s data check %s --decode --vocab %s/vocab.txt", bin, manifest,
              FIXTURES);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 0);
-    CHECK(contains(out, "9 lines, 0 problems; 9 good samples; images 8x8 (and 6 of other sizes"));
+    CHECK(contains(
+        out, "9 non-blank lines, 0 problems; 9 good samples; images 8x8 (and 6 of other sizes"));
     snprintf(cmd, sizeof cmd, "%s data check --decode", bin);
     CHECK(mmp_test_run(cmd, out, sizeof out) == 2);
 }

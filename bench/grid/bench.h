@@ -120,6 +120,12 @@ const char *mmp_bench_grid_key_option(const char *kv);
  * sets train.precision. MMP_ERR_NOMEM, MMP_ERR_INVALID (too many overrides). */
 mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan);
 
+/* Loads the plan with each run's overrides and checks it runnable, as its
+ * launch will: a placement's typo or a value one grid point cannot take is
+ * refused before any run (and by --dry-run), not found after the baseline
+ * ran. The error names the run. */
+mmp_err mmp_bench_check_runs(const mmp_bench *b);
+
 /* Fills argv (MMP_BENCH_ARGV_MAX entries, NULL-terminated) with r's
  * `mmpipe launch PLAN --out run_dir --force [--single-process] --set ...`;
  * returns the count. argv borrows every string. */

@@ -138,6 +138,21 @@ mmp_err mmp_bench_build_grid(mmp_bench *b, const mmp_plan *plan)
     return MMP_OK;
 }
 
+mmp_err mmp_bench_check_runs(const mmp_bench *b)
+{
+    static mmp_plan plan;
+    char label[256];
+    for (int i = 0; i < b->n_runs; i++) {
+        const mmp_bench_run *r = &b->runs[i];
+        if (mmp_plan_load(&plan, b->plan_path, (const char *const *)r->sets, r->n_sets) != MMP_OK ||
+            mmp_plan_check_runnable(&plan) != MMP_OK) {
+            return mmp_error_prefix(MMP_ERR_CONFIG, "run %s (%s)", r->id,
+                                    mmp_bench_run_label(b, r, label, sizeof label));
+        }
+    }
+    return MMP_OK;
+}
+
 int mmp_bench_run_argv(const mmp_bench *b, const mmp_bench_run *r, char *run_dir, char **argv)
 {
     int n = 0;

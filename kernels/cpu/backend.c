@@ -18,7 +18,8 @@ static mmp_err cpu_alloc(mmp_backend *be, void **out, size_t bytes)
     size_t rounded = (bytes + 63) / 64 * 64;
     *out = aligned_alloc(64, rounded ? rounded : 64);
     if (!*out) {
-        return mmp_errorf(MMP_ERR_NOMEM, "cpu backend: %zu bytes", bytes);
+        return mmp_errorf(MMP_ERR_NOMEM, "out of host memory for %zu bytes (%.1f GiB)", bytes,
+                          (double)bytes / (1u << 30));
     }
     memset(*out, 0, rounded ? rounded : 64);
     return MMP_OK;
