@@ -210,12 +210,14 @@ exit:
 typedef struct verify_count {
     long tensors;
     int64_t bytes;
+    int has_step; /* meta.step seen: train.ckpt, written after the stages' files */
 } verify_count;
 
 static int count_none(void *ctx, const char *name)
 {
-    (void)name;
-    ((verify_count *)ctx)->tensors++;
+    verify_count *k = ctx;
+    k->tensors++;
+    k->has_step |= strcmp(name, "meta.step") == 0;
     return 0; /* checked, not kept */
 }
 
@@ -240,7 +242,7 @@ static int verify(int argc, char **argv)
         }
     }
     for (int i = 2; i < argc; i++, n++) {
-        verify_count k = {0, 0};
+        verify_count k = {0, 0, 0};
         int listed = 0;
         mmp_ckpt_read_opts o = {.progress = verify_progress,
                                 .progress_ctx = &k,
@@ -250,6 +252,11 @@ static int verify(int argc, char **argv)
         mmp_ckpt c;
         if (mmp_ckpt_read_dir_opts(&c, argv[i], &o) != MMP_OK) {
             printf("%s: bad: %s\n", argv[i], mmp_last_error());
+            bad++;
+        } else if (!listed && !k.has_step) {
+            printf("%s: bad: no meta.step (train.ckpt), and no %s: not a whole checkpoint (both "
+                   "are written after the stages' files)\n",
+                   argv[i], MMP_CKPT_FILE_LIST);
             bad++;
         } else if (listed) {
             printf("%s: ok: %ld tensors, %lld bytes, every file, checksum and record checked\n",

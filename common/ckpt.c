@@ -129,6 +129,39 @@ static int cmp_entry(const void *a, const void *b)
 /* A checkpoint file read front to back once: every byte goes through the
  * checksum as it arrives, tensor data straight into its tensor (no second
  * copy of the file in memory), and progress is reported as it goes. */
+/* Every tensor name of a directory's files with its file, kept or not: the
+ * tensors a want callback leaves out must not appear twice either. */
+typedef struct name_seen {
+    char name[128];
+    char file[64];
+} name_seen;
+typedef struct names_seen {
+    name_seen *v;
+    size_t n, cap;
+} names_seen;
+
+static int cmp_seen(const void *a, const void *b)
+{
+    return strcmp(((const name_seen *)a)->name, ((const name_seen *)b)->name);
+}
+
+static mmp_err note_name(names_seen *s, const char *name, const char *file)
+{
+    if (s->n == s->cap) {
+        size_t grow = s->cap ? 2 * s->cap : 256;
+        name_seen *v = realloc(s->v, grow * sizeof *v);
+        if (!v) {
+            return mmp_errorf(MMP_ERR_NOMEM, "checkpoint names");
+        }
+        s->v = v;
+        s->cap = grow;
+    }
+    snprintf(s->v[s->n].name, sizeof s->v[s->n].name, "%s", name);
+    snprintf(s->v[s->n].file, sizeof s->v[s->n].file, "%s", file);
+    s->n++;
+    return MMP_OK;
+}
+
 typedef struct reader {
     const char *path;
     int fd;
@@ -142,6 +175,7 @@ typedef struct reader {
     int io_failed;     /* errno of a failed read; EIO for a short file */
     const mmp_ckpt_read_opts *o;
     int64_t done_base, total; /* what earlier files of the directory read; all of it */
+    names_seen *seen;         /* NULL, or where every tensor name goes */
 } reader;
 
 /* 64 MiB: a tensor's data is read (and reported) in pieces of at most this */
@@ -303,6 +337,9 @@ static mmp_err read_records(reader *r, mmp_ckpt *c, int *cap, uint32_t count, co
                               "%s: %s: shape and size disagree (%llu bytes recorded, %llu left)",
                               path, e.name, (unsigned long long)nbytes, (unsigned long long)left);
         }
+        if (r->seen) {
+            MMP_TRY(note_name(r->seen, e.name, base));
+        }
         if (r->o->want && !r->o->want(r->o->want_ctx, e.name)) {
             if (!skip(r, nbytes)) {
                 return mmp_errorf(MMP_ERR_DATA, "%s: %s: truncated", path, e.name);
@@ -446,7 +483,7 @@ static mmp_err read_one(reader *r, mmp_ckpt *got)
 /* One file's tensors into c; *done (bytes of the directory read before this
  * file) grows by the file's size once it is read whole. */
 static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts *o, int64_t *done,
-                         int64_t total)
+                         int64_t total, names_seen *seen)
 {
     reader *r = calloc(1, sizeof *r);
     if (!r) {
@@ -456,6 +493,7 @@ static mmp_err read_file(mmp_ckpt *c, const char *path, const mmp_ckpt_read_opts
     r->o = o;
     r->done_base = *done;
     r->total = total;
+    r->seen = seen;
     r->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0) {
         mmp_err e = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
@@ -479,7 +517,7 @@ static const mmp_ckpt_read_opts every_tensor = {0};
 mmp_err mmp_ckpt_read_file(mmp_ckpt *c, const char *path)
 {
     int64_t done = 0;
-    return read_file(c, path, &every_tensor, &done, 0);
+    return read_file(c, path, &every_tensor, &done, 0, NULL);
 }
 
 static int has_suffix(const char *s, const char *suf)
@@ -721,10 +759,23 @@ mmp_err mmp_ckpt_read_dir_opts(mmp_ckpt *c, const char *dir, const mmp_ckpt_read
             total += st.st_size;
         }
     }
+    /* tensors left out by want are checked for repeats here (merge checks
+     * the kept ones) */
+    names_seen seen = {0};
     for (size_t i = 0; ret == MMP_OK && i < n; i++) {
         snprintf(file, sizeof file, "%s/%s", resolved, names[i]);
-        ret = read_file(c, file, o, &done, total);
+        ret = read_file(c, file, o, &done, total, o->want ? &seen : NULL);
     }
+    if (ret == MMP_OK && seen.n > 1) {
+        qsort(seen.v, seen.n, sizeof *seen.v, cmp_seen);
+        for (size_t i = 1; ret == MMP_OK && i < seen.n; i++) {
+            if (strcmp(seen.v[i - 1].name, seen.v[i].name) == 0) {
+                ret = mmp_errorf(MMP_ERR_DATA, "%s: tensor %s is in both %s and %s", resolved,
+                                 seen.v[i].name, seen.v[i - 1].file, seen.v[i].file);
+            }
+        }
+    }
+    free(seen.v);
     if (ret == MMP_OK && o->progress) {
         o->progress(o->progress_ctx, "bytes", total, total);
     }
@@ -783,8 +834,9 @@ mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step)
     return mmp_fs_sync_dir(tmp);
 }
 
-/* Removes one step directory: its files (checkpoints are flat), then it. */
-static mmp_err remove_step_dir(const char *dir)
+/* Unlinks the files of a step directory (checkpoints are flat; anything
+ * else in it stays, and is the writer's to trip over, by name). */
+static mmp_err unlink_files(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) {
@@ -799,8 +851,46 @@ static mmp_err remove_step_dir(const char *dir)
         }
     }
     closedir(d);
+    return MMP_OK;
+}
+
+/* Removes one step directory: its files, then it. */
+static mmp_err remove_step_dir(const char *dir)
+{
+    MMP_TRY(unlink_files(dir));
     if (rmdir(dir) != 0) {
         return mmp_errorf(MMP_ERR_IO, "remove %s: %s", dir, strerror(errno));
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_ckpt_step_begin(const char *run_dir, int64_t step, char *dir, size_t n)
+{
+    struct stat st;
+    if (stat(run_dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        return mmp_errorf(MMP_ERR_IO,
+                          "run directory %s: %s (removed while the run wrote it? nothing more "
+                          "can be saved there)",
+                          run_dir, stat(run_dir, &st) != 0 ? strerror(errno) : "not a directory");
+    }
+    char ckpt[1100], target[64], named[64];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", run_dir);
+    if (mkdir(ckpt, 0777) != 0 && errno != EEXIST) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", ckpt, strerror(errno));
+    }
+    mmp_ckpt_step_dir(dir, n, run_dir, step);
+    snprintf(target, sizeof target, "step_%07lld", (long long)step);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt/latest", run_dir);
+    ssize_t len = readlink(ckpt, named, sizeof named - 1);
+    named[len > 0 ? len : 0] = 0;
+    if (stat(dir, &st) == 0 && strcmp(named, target) != 0) {
+        /* left by an earlier attempt at this step (a crash or a full disk
+         * mid-checkpoint, then a resume, perhaps with another placement):
+         * none of its files may pass for this checkpoint's */
+        MMP_TRY(unlink_files(dir));
+    }
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", dir, strerror(errno));
     }
     return MMP_OK;
 }

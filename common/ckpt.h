@@ -113,6 +113,13 @@ const mmp_ckpt_entry *mmp_ckpt_find(const mmp_ckpt *c, const char *name);
 /* ---- step directories ------------------------------------------------------ */
 /* "<run>/ckpt/step_0000042" into buf. */
 void mmp_ckpt_step_dir(char *buf, size_t n, const char *run_dir, int64_t step);
+/* Makes step's directory, empty, for a checkpoint's files (its path into
+ * dir): one left by an earlier attempt at the same step (a crash or a full
+ * disk mid-checkpoint, then a resume, perhaps with another placement) is
+ * emptied first, unless ckpt/latest names it. run_dir must exist: it is
+ * never re-created (a run whose directory was removed must stop, not write
+ * a new one that passes for it). */
+mmp_err mmp_ckpt_step_begin(const char *run_dir, int64_t step, char *dir, size_t n);
 /* Points <run>/ckpt/latest at step_NNNNNNN atomically (symlink + rename)
  * and durably (fsync of <run>/ckpt). */
 mmp_err mmp_ckpt_mark_latest(const char *run_dir, int64_t step);

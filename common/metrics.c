@@ -382,7 +382,8 @@ static int put_fields(FILE *f, int in, const void *base, int first)
     return !first;
 }
 
-mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
+/* m as one JSON line, newline included, onto f. */
+static void put_line(FILE *f, const mmp_metrics_step *m)
 {
     fputc('{', f);
     put_fields(f, IN_STEP, m, 1);
@@ -408,8 +409,54 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
         fprintf(f, ",\"restarts\":%s", m->restarts);
     }
     fputs("}\n", f);
-    if (fflush(f) != 0 || ferror(f)) {
-        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+}
+
+mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
+{
+    /* the line is made in memory and written at once; a write that fails
+     * part way (a full disk) is cut back off, so the file keeps whole
+     * lines only */
+    char *line = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&line, &len);
+    if (!mem) {
+        return mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: a line");
+    }
+    put_line(mem, m);
+    if (fclose(mem) != 0 || !line) {
+        free(line);
+        return mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: a line");
+    }
+    off_t at = ftello(f);
+    size_t put = fwrite(line, 1, len, f);
+    int bad = put != len || fflush(f) != 0 || ferror(f);
+    int why = errno;
+    free(line);
+    if (!bad) {
+        return MMP_OK;
+    }
+    clearerr(f);
+    if (at >= 0 && ftruncate(fileno(f), at) == 0) {
+        (void)fseeko(f, at, SEEK_SET);
+    }
+    return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s (this step's line left out)",
+                      strerror(why ? why : EIO));
+}
+
+mmp_err mmp_metrics_same_file(FILE *f, const char *run_dir)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    struct stat open_st, path_st;
+    if (fstat(fileno(f), &open_st) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
+    }
+    int gone = stat(path, &path_st) != 0;
+    if (gone || path_st.st_ino != open_st.st_ino || path_st.st_dev != open_st.st_dev) {
+        return mmp_errorf(MMP_ERR_IO,
+                          "%s is not the file this run writes (%s): was the run directory "
+                          "removed? stopping, nothing more can be saved there",
+                          path, gone ? "gone" : "replaced");
     }
     return MMP_OK;
 }

@@ -146,8 +146,13 @@ mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m);
 
 /* Appends m as one line to f in the order of the schema above and flushes.
  * Absent stage fields (NAN / -1) are left out; balance only when
- * has_balance, val_* only when has_eval. MMP_ERR_IO when the write fails. */
+ * has_balance, val_* only when has_eval. MMP_ERR_IO when the write fails;
+ * then the part written is cut off again: the file holds whole lines. */
 mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m);
+/* MMP_OK when f is still <run_dir>/metrics.jsonl; else (the run directory
+ * removed, or the file replaced) MMP_ERR_IO saying so: a run checks it each
+ * step, so it stops rather than write on into a file nobody can see. */
+mmp_err mmp_metrics_same_file(FILE *f, const char *run_dir);
 
 /* ---- continuing a run's file ---------------------------------------------
  * How a run opens its metrics.jsonl, so that a resumed or restarted run

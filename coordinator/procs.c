@@ -92,7 +92,7 @@ mmp_err coord_spawn_all(coord *c)
     while (environ[n_env]) {
         n_env++;
     }
-    char **envp = calloc(n_env + 2, sizeof *envp);
+    char **envp = calloc(n_env + 3, sizeof *envp);
     if (!envp) {
         posix_spawnattr_destroy(&attr);
         return mmp_errorf(MMP_ERR_NOMEM, "stage environment");
@@ -105,8 +105,11 @@ mmp_err coord_spawn_all(coord *c)
             envp[k++] = environ[e];
         }
     }
+    char parent_env[sizeof MMP_CTL_PARENT_ENV + 24];
+    snprintf(parent_env, sizeof parent_env, "%s=%ld", MMP_CTL_PARENT_ENV, (long)getpid());
     if (!c->tcp) {
         envp[k++] = token_env;
+        envp[k++] = parent_env;
     }
     /* what decides a remote stage's arithmetic, as here (launcher.h) */
     const char *fwd[8];

@@ -400,6 +400,10 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
         m.val_t2i_r1 = c->eval_t2i;
     }
     m.restarts = mmp_restart_field(&c->restarts, step + 1, restarts, sizeof restarts);
+    if (mmp_metrics_same_file(c->metrics, c->out_dir) != MMP_OK) {
+        coord_fail(c, "%s", mmp_last_error());
+        return 1;
+    }
     if (mmp_metrics_write(c->metrics, &m) != MMP_OK) {
         coord_fail(c, "%s: %s", c->out_dir, mmp_last_error()); /* RUN: metrics.jsonl: why */
         return 1;
@@ -462,9 +466,8 @@ static int checkpoint(coord *c, int steps_done, int background)
         return wait_published(c, steps_done); /* asked in the background; a stop came since */
     }
     char dir[1100];
-    mmp_ckpt_step_dir(dir, sizeof dir, c->out_dir, steps_done);
-    if (mmp_mkdirs(dir) != MMP_OK) {
-        coord_fail(c, "%s", mmp_last_error());
+    if (mmp_ckpt_step_begin(c->out_dir, steps_done, dir, sizeof dir) != MMP_OK) {
+        coord_fail(c, "checkpoint: %s", mmp_last_error());
         return 1;
     }
     for (int i = 0; i < c->n; i++) {

@@ -403,8 +403,7 @@ static mmp_err write_params(const char *dir, const char *file, mmp_params *p)
 static mmp_err write_checkpoint(trainer *t, int steps_done)
 {
     char dir[1100];
-    mmp_ckpt_step_dir(dir, sizeof dir, t->out_dir, steps_done);
-    MMP_TRY(mmp_mkdirs(dir));
+    MMP_TRY(mmp_ckpt_step_begin(t->out_dir, steps_done, dir, sizeof dir));
     MMP_TRY(write_params(dir, "image.ckpt", mmp_image_net_params(t->img)));
     MMP_TRY(write_params(dir, "text.ckpt", mmp_text_net_params(t->txt)));
     MMP_TRY(write_params(dir, "fusion.ckpt", mmp_fusion_net_params(t->fus)));
@@ -705,6 +704,9 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             rec.val_t2i_r1 = t2i;
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done, i2t, t2i);
+        }
+        if ((err = mmp_metrics_same_file(t.metrics, out_dir)) != MMP_OK) {
+            goto exit;
         }
         if ((err = mmp_metrics_write(t.metrics, &rec)) != MMP_OK) {
             err = mmp_error_prefix(err, "%s", out_dir); /* RUN: metrics.jsonl: why */

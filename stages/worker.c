@@ -231,15 +231,55 @@ static void on_coordinator_lost(const char *why, void *arg)
     _exit(3);
 }
 
+/* The death signal of a local stage (PR_SET_PDEATHSIG): its coordinator
+ * died, maybe SIGKILLed during start-up, when segments this stage made
+ * still have their names. They go (system calls only: this may have
+ * interrupted malloc), then the stage. */
+static void on_parent_death(int sig)
+{
+    (void)sig;
+    if (lost_shm_prefix[0]) {
+        mmp_shm_unlink_prefix_signal_safe(lost_shm_prefix);
+    }
+    _exit(3);
+}
+
+/* 1 when the coordinator that spawned this stage is gone already: the
+ * parent is not the pid it left in MMP_PARENT_PID (a subreaper or init
+ * took the stage), or, without it, init. */
+static int orphaned(void)
+{
+    const char *e = getenv(MMP_CTL_PARENT_ENV);
+    char *end;
+    long want = e ? strtol(e, &end, 10) : 0;
+    if (e && (end == e || *end || want <= 0)) {
+        want = 0;
+    }
+    return want > 0 ? getppid() != (pid_t)want : getppid() == 1;
+}
+
 int mmp_worker_main(const mmp_worker_args *args)
 {
-    /* Die with the coordinator: a SIGKILLed coordinator must not leave us.
-     * A stage with a watched pipe (tcp control: maybe another host, where
-     * the parent is sshd or slurmstepd) learns it from the pipe's end
-     * instead, and removes the job's shared memory there before exiting. */
+    if (args->shm_prefix && strncmp(args->shm_prefix, "/mmpipe-", 8) == 0) {
+        snprintf(lost_shm_prefix, sizeof lost_shm_prefix, "%s", args->shm_prefix);
+    }
+    /* Die with the coordinator: a SIGKILLed coordinator must not leave us,
+     * nor the job's shared memory (on_parent_death). A stage with a watched
+     * pipe (tcp control: maybe another host, where the parent is sshd or
+     * slurmstepd) learns it from the pipe's end instead, and removes the
+     * job's shared memory there before exiting. */
     if (args->watch_fd < 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() == 1) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_parent_death;
+        sigfillset(&sa.sa_mask);
+        sigaction(SIGUSR2, &sa, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGUSR2);
+        if (orphaned()) {
+            const char *was = getenv(MMP_CTL_PARENT_ENV);
+            MMP_ERROR("the coordinator that started this stage (pid %s) is gone; its parent is "
+                      "now pid %ld: exiting",
+                      was ? was : "?", (long)getppid());
             return 1;
         }
     }
@@ -258,9 +298,6 @@ int mmp_worker_main(const mmp_worker_args *args)
     mmp_log_set_name(w.name);
     mmp_ctl_opts opts = {
         .curve = args->curve, .watch_fd = args->watch_fd, .lost = on_coordinator_lost};
-    if (args->shm_prefix && strncmp(args->shm_prefix, "/mmpipe-", 8) == 0) {
-        snprintf(lost_shm_prefix, sizeof lost_shm_prefix, "%s", args->shm_prefix);
-    }
     mmp_err e = mmp_ctl_connect_opts(&w.ctl, args->endpoint, w.name, args->token,
                                      args->curve ? &opts : NULL);
     if (e != MMP_OK) {

@@ -11,6 +11,9 @@
 #  verify:     whole checkpoints pass, a changed byte fails naming its file;
 #              files.txt: a lost, cut-short or stray file is named (verify,
 #              export, resume), a step without the list is read as before;
+#              a tensor in two files, or no train.ckpt, in a step without
+#              files.txt, is not whole; a step directory left by an earlier
+#              attempt is emptied before the step is written again;
 #  resume:     a damaged fingerprint.txt is refused; diff --tol nan too.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
@@ -120,5 +123,26 @@ for t in nan inf -1 x; do
   "$BIN" ckpt diff "$W/run" "$W/back" --tol $t >/dev/null 2>&1; rc=$?
   [ $rc -eq 2 ] && ok "diff --tol $t: usage error" || fail "diff --tol $t: rc $rc"
 done
-rm -rf "$W/lost" "$W/cut" "$W/stray" "$W/junk" "$W/old" "$W/gone" "$W/fp"
+# a step written without files.txt (an old mmpipe): a tensor in two files,
+# or no train.ckpt, is not a whole checkpoint either
+rm -rf "$W/dup"; cp -r "$W/old" "$W/dup"; cp "$W/dup/ckpt/latest/image.ckpt" "$W/dup/ckpt/latest/image.0.ckpt"
+expect_fail "verify: a tensor in two files is named with both" "tensor image\.[a-z0-9_.]* is in both image\.0\.ckpt and image\.ckpt" \
+  "$BIN" ckpt verify "$W/dup"
+rm -rf "$W/nometa"; cp -r "$W/old" "$W/nometa"; rm "$W/nometa/ckpt/latest/train.ckpt"
+expect_fail "verify: no files.txt and no train.ckpt is not whole" "no meta.step \(train.ckpt\), and no files.txt" \
+  "$BIN" ckpt verify "$W/nometa"
+
+# a step directory left by an earlier attempt at the step (a crash mid-
+# checkpoint, then a resume with another placement) is emptied before the
+# step is written again: none of its files pass for the new checkpoint's
+for mode in --single-process ""; do
+  R=$W/again${mode:+-single}; rm -rf "$R"; cp -r "$W/run" "$R"; mkdir "$R/ckpt/step_0000002"
+  cp "$R/ckpt/latest/image.ckpt" "$R/ckpt/step_0000002/image.0.ckpt"
+  "$BIN" launch $P $mode --resume "$R" --steps 2 "${SET[@]}" >"$R.log" 2>&1 \
+    && [ "$(readlink "$R/ckpt/latest")" = step_0000002 ] && [ ! -e "$R/ckpt/step_0000002/image.0.ckpt" ] \
+    && "$BIN" ckpt verify "$R" | grep -q ": ok: .*every file" \
+    && ok "a step left by an earlier attempt is emptied before it is written (${mode:-pipeline})" \
+    || { fail "stale step directory (${mode:-pipeline})"; tail -3 "$R.log"; ls "$R/ckpt/step_0000002"; }
+done
+rm -rf "$W/lost" "$W/cut" "$W/stray" "$W/junk" "$W/old" "$W/gone" "$W/fp" "$W/dup" "$W/nometa" "$W"/again*
 finish

@@ -28,6 +28,7 @@
 #  token:       no stage process has the job token in its argv or environ;
 #               stage processes are named mmpipe (not exe);
 #  batch:       a train.batch above the manifest's samples is warned about;
+#  vanished:    a run whose directory is removed mid-run stops, saying so;
 #  defaults:    a default run directory taken in the same second gets -2;
 #               job.name "", "-rf", ".hidden" refused; an option's value is
 #               never the next option (--out --force).
@@ -301,6 +302,22 @@ made=$(cd "$D/runs" && ls -d r-*-2 2>/dev/null)
 for name in "''" "-rf" ".hidden"; do
   expect_fail "job.name $name refused" "job.name: '${name//\'/}' names the run directory" \
     "$BIN" launch "$W/plan.yaml" --steps 0 --set "job.name=$name"
+done
+
+# the run directory removed while the run writes it: the run stops, saying
+# so, rather than write on into files nobody sees or make the directory anew
+for mode in "" --single-process; do
+  G=$W/vanish${mode:+-single}
+  "$BIN" launch "$W/plan.yaml" $mode --out "$G" --steps 100000 --set train.ckpt_every=0 >"$W/vanish.log" 2>&1 &
+  VP=$!
+  for _ in $(seq 300); do [ -s "$G/metrics.jsonl" ] && break; sleep 0.1; done
+  rm -rf "$G"
+  for _ in $(seq 300); do kill -0 $VP 2>/dev/null || break; sleep 0.1; done
+  kill -0 $VP 2>/dev/null && kill -KILL $VP
+  wait $VP; rc=$?
+  [ $rc -eq 1 ] && grep -q "metrics.jsonl is not the file this run writes (gone): was the run directory removed?" "$W/vanish.log" \
+    && [ ! -e "$G" ] && ok "a run whose directory is removed stops (rc 1), saying so, and makes none anew (${mode:-pipeline})" \
+    || { fail "run directory removed mid-run (${mode:-pipeline}): rc $rc"; tail -3 "$W/vanish.log"; ls -R "$G" 2>/dev/null | head -5; }
 done
 
 # an option that takes a value never swallows the next option

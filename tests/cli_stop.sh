@@ -6,6 +6,7 @@
 # command continues to a result equal to an uninterrupted run's. A second
 # signal stops at once. Nothing is left behind either way. A plan without
 # train.ckpt_every still checkpoints (the default), so a killed run resumes.
+# A coordinator paused for longer than the heartbeat timeout goes on.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 workdir
@@ -131,4 +132,40 @@ sleep 0.3
 [ "$(readlink "$W/killed/ckpt/latest")" = step_0000050 ] && ok "default train.ckpt_every: step 50 checkpointed before the kill" \
   || fail "default train.ckpt_every: latest is '$(readlink "$W/killed/ckpt/latest")'"
 left_behind "coordinator SIGKILL" "$W/killed.log"
+
+# --- the coordinator SIGKILLed: every stage's death signal removes the job's
+# shared memory on its way out, so a segment that still has its name (as
+# during start-up, before the peers attach) goes too: one is planted here
+"$BIN" launch "$W/plan.yaml" --out "$W/killed2" --steps 100000 >"$W/killed2.log" 2>&1 &
+cpid=$!
+wait_step "$W/killed2/metrics.jsonl" 2 || fail "killed2: no step 2"
+prefix=$(grep -o 'shared memory /mmpipe-[0-9a-f]*' "$W/killed2.log" | head -1 | sed 's#.*/##')
+[ -n "$prefix" ] && : >"/dev/shm/$prefix-planted"
+kill -KILL $cpid; wait $cpid 2>/dev/null
+for _ in $(seq 50); do [ -e "/dev/shm/$prefix-planted" ] || break; sleep 0.1; done
+[ -n "$prefix" ] && [ ! -e "/dev/shm/$prefix-planted" ] \
+  && ok "coordinator SIGKILL: the stages' death signal removes the job's named segments" \
+  || { fail "coordinator SIGKILL: /dev/shm/$prefix-planted left"; rm -f "/dev/shm/$prefix-planted"; }
+left_behind "coordinator SIGKILL (planted segment)" "$W/killed2.log"
+# a stage whose coordinator is gone before it could ask to die with it (a
+# subreaper, not init, took it): it exits at once, saying so
+out=$(timeout 10 env MMP_JOB_TOKEN=00 MMP_PARENT_PID=1 "$BIN" stage --connect ipc://@mmpipe-none \
+  --stage image.0 --replica 0 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "the coordinator that started this stage (pid 1) is gone" <<<"$out" \
+  && ok "an orphaned stage (parent not its coordinator) exits at once" || { fail "orphaned stage: rc $rc"; echo "$out" | tail -2; }
+
+# --- a paused coordinator (Ctrl-Z, a debugger) longer than the ZMTP heartbeat
+# timeout (5 s): over ipc its stages keep their connections, so the run goes
+# on when it continues (it lost messages and hung, blaming a stage)
+"$BIN" launch "$W/plan.yaml" --out "$W/paused" --steps 100000 >"$W/paused.log" 2>&1 &
+cpid=$!
+wait_step "$W/paused/metrics.jsonl" 3 || fail "paused: no step 3"
+kill -STOP $cpid; sleep 8; kill -CONT $cpid
+s0=$(last_step "$W/paused/metrics.jsonl")
+wait_step "$W/paused/metrics.jsonl" $((s0 + 5)) 30; grew=$?
+kill -INT $cpid; wait $cpid; rc=$?
+[ $grew -eq 0 ] && [ $rc -eq 130 ] && ! grep -q "unknown process\|no peer" "$W/paused.log" \
+  && ok "a coordinator paused for 8 s goes on when continued (steps $s0 -> $(last_step "$W/paused/metrics.jsonl")), stops on SIGINT" \
+  || { fail "paused coordinator: grew=$grew rc=$rc"; tail -3 "$W/paused.log"; }
+left_behind "paused coordinator" "$W/paused.log"
 finish

@@ -4,9 +4,13 @@
  * single-process line leaves the pipeline-only fields absent; malformed
  * lines are errors naming path:line; medians. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/metrics.h"
 #include "common/stats.h"
@@ -197,12 +201,78 @@ static void test_errors_case(void)
     test_errors(tmp);
 }
 
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* A write the file system refuses part way (RLIMIT_FSIZE here, as a full
+ * disk) is cut back off: the file keeps whole lines, and the next write
+ * goes after them. */
+static void test_write_cut_short(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/cut.jsonl", tmp);
+    mmp_metrics_step m;
+    CHECK_OK(mmp_metrics_parse(PIPE_LINE, strlen(PIPE_LINE), &m));
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) {
+        return;
+    }
+    CHECK_OK(mmp_metrics_write(f, &m));
+    const long whole = file_size(path);
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)whole + 100; /* room for 100 bytes of the next line */
+    void (*was)(int) = signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    mmp_err e = mmp_metrics_write(f, &m);
+    CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    signal(SIGXFSZ, was);
+    CHECK(e == MMP_ERR_IO && strstr(mmp_last_error(), "this step's line left out"));
+    CHECK(file_size(path) == whole);
+    CHECK_OK(mmp_metrics_write(f, &m));
+    fclose(f);
+    CHECK(file_size(path) == 2 * whole);
+}
+
+/* The run checks each step that its metrics.jsonl is still the file it
+ * writes: removed (the run directory deleted) or replaced is an error. */
+static void test_same_file(void)
+{
+    char dir[1024], path[1100], moved[1100];
+    snprintf(dir, sizeof dir, "%s/samefile", tmp);
+    mkdir(dir, 0777);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(moved, sizeof moved, "%s/old.jsonl", dir);
+    FILE *f = fopen(path, "a");
+    CHECK(f != NULL);
+    if (!f) {
+        return;
+    }
+    CHECK_OK(mmp_metrics_same_file(f, dir));
+    CHECK(rename(path, moved) == 0);
+    CHECK(mmp_metrics_same_file(f, dir) == MMP_ERR_IO && strstr(mmp_last_error(), "(gone)"));
+    FILE *other = fopen(path, "w");
+    CHECK(other != NULL);
+    if (other) {
+        fclose(other);
+    }
+    CHECK(mmp_metrics_same_file(f, dir) == MMP_ERR_IO && strstr(mmp_last_error(), "(replaced)"));
+    fclose(f);
+}
+
 static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_read_pipeline_line),
     MMP_TEST_CASE(test_write_round_trip),
     MMP_TEST_CASE(test_single_line),
     {"test_errors", test_errors_case},
     MMP_TEST_CASE(test_median),
+    MMP_TEST_CASE(test_write_cut_short),
+    MMP_TEST_CASE(test_same_file),
 };
 
 int main(int argc, char **argv)

@@ -8,10 +8,13 @@
  * after an earlier one failed to set up (the peer would not follow). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "common/cuda_module.h"
 #include "transport/channel.h"
@@ -373,6 +376,45 @@ mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_byt
         return mmp_errorf(MMP_ERR_PROTO, "channel %s: header field %s = %d, below 0", what, f, v);
     }
     return MMP_OK;
+}
+
+/* getdents64's record (linux/dirent.h names it linux_dirent64) */
+struct shm_dirent64 {
+    unsigned long long ino;
+    long long off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[];
+};
+
+void mmp_shm_unlink_prefix_signal_safe(const char *prefix)
+{
+    const char *p = prefix && prefix[0] == '/' ? prefix + 1 : prefix;
+    size_t n = p ? strlen(p) : 0;
+    if (n == 0) {
+        return; /* an empty prefix would remove every segment on the host */
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '/') {
+            return;
+        }
+    }
+    int dir = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        return;
+    }
+    char buf[4096] __attribute__((aligned(8)));
+    long got;
+    while ((got = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+        for (long at = 0; at < got;) {
+            const struct shm_dirent64 *d = (const struct shm_dirent64 *)(buf + at);
+            if (strncmp(d->name, p, n) == 0) {
+                (void)unlinkat(dir, d->name, 0);
+            }
+            at += d->reclen;
+        }
+    }
+    close(dir);
 }
 
 int mmp_shm_unlink_prefix(const char *prefix)

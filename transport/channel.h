@@ -261,5 +261,9 @@ mmp_err mmp_msg_check(const char *what, const mmp_msg_header *h, size_t slot_byt
 /* Removes every shm segment whose name starts with prefix (crash clean-up by
  * the coordinator). Returns how many were removed. */
 int mmp_shm_unlink_prefix(const char *prefix);
+/* The same with system calls only (open, getdents64, unlinkat, close) and
+ * no logging: safe in a signal handler, which may have interrupted malloc
+ * (a stage's death signal when its coordinator dies). prefix as above. */
+void mmp_shm_unlink_prefix_signal_safe(const char *prefix);
 
 #endif

@@ -397,8 +397,6 @@ static mmp_err ctl_open(mmp_ctl **out, int type, const char *job_token)
      * may still hold the dead connection's id when the new one arrives, and
      * then ignores the new connection for good (seen with libzmq 4.3.4). */
     if ((ret = SET_INT(c->sock, ZMQ_LINGER, 0)) != MMP_OK ||
-        (ret = SET_INT(c->sock, ZMQ_HEARTBEAT_IVL, HEARTBEAT_IVL_MS)) != MMP_OK ||
-        (ret = SET_INT(c->sock, ZMQ_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)) != MMP_OK ||
         (ret = SET_INT(c->sock, ZMQ_SNDTIMEO, SEND_TIMEOUT_MS)) != MMP_OK ||
         (c->router && (ret = SET_INT(c->sock, ZMQ_ROUTER_MANDATORY, 1)) != MMP_OK) ||
         (c->router && (ret = SET_INT(c->sock, ZMQ_ROUTER_HANDOVER, 1)) != MMP_OK)) {
@@ -465,6 +463,19 @@ static mmp_err ctl_finish(mmp_ctl *c, mmp_err ret, mmp_ctl **out)
     return MMP_OK;
 }
 
+/* ZMTP heartbeats, on tcp only: they tell a host or link that vanished,
+ * which over ipc (one host) the kernel tells at once, and there they would
+ * drop the connections of a coordinator merely paused (Ctrl-Z, a debugger)
+ * for longer than the timeout, losing the messages in flight. */
+static mmp_err set_heartbeat(mmp_ctl *c, const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) == 0) {
+        return MMP_OK;
+    }
+    mmp_err ret = SET_INT(c->sock, ZMQ_HEARTBEAT_IVL, HEARTBEAT_IVL_MS);
+    return ret == MMP_OK ? SET_INT(c->sock, ZMQ_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS) : ret;
+}
+
 mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token)
 {
     return mmp_ctl_bind_opts(out, endpoint, job_token, NULL);
@@ -479,6 +490,9 @@ mmp_err mmp_ctl_bind_opts(mmp_ctl **out, const char *endpoint, const char *job_t
         return mmp_errorf(MMP_ERR_INVALID, "control: bind: no endpoint");
     }
     mmp_err ret = ctl_prepare(&c, ZMQ_ROUTER, job_token, NULL, opts);
+    if (ret == MMP_OK) {
+        ret = set_heartbeat(c, endpoint);
+    }
     if (ret == MMP_OK && zmq_bind(c->sock, endpoint) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: bind %s: %s", endpoint, zmq_strerror(errno));
     }
@@ -508,6 +522,9 @@ mmp_err mmp_ctl_connect_opts(mmp_ctl **out, const char *endpoint, const char *id
                           MMP_CTL_ID_MAX - 1, identity ? identity : "(null)");
     }
     mmp_err ret = ctl_prepare(&c, ZMQ_DEALER, job_token, endpoint, opts);
+    if (ret == MMP_OK) {
+        ret = set_heartbeat(c, endpoint);
+    }
     if (ret == MMP_OK && zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, identity, n) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: routing id '%s': %s", identity, zmq_strerror(errno));
     }

@@ -14,8 +14,10 @@
  *
  * Each mmp_ctl owns its own ZeroMQ context (one I/O thread), so closing one
  * tears down only its own threads. Sockets are not thread-safe: one thread
- * per mmp_ctl. LINGER is 0 so closing never hangs on a dead peer, and ZMTP
- * heartbeats (every 1 s, 5 s timeout) drop dead connections.
+ * per mmp_ctl. LINGER is 0 so closing never hangs on a dead peer, and over
+ * tcp ZMTP heartbeats (every 1 s, 5 s timeout) drop dead connections (not
+ * over ipc: one host, where the kernel tells a closed end at once and a
+ * heartbeat would only drop a coordinator paused by Ctrl-Z or a debugger).
  *
  * Over tcp (several hosts) the channel is authenticated and encrypted with
  * ZeroMQ CURVE (mmp_ctl_opts.curve): the coordinator is the CURVE server
@@ -178,5 +180,10 @@ mmp_err mmp_ctl_reserve_fds(long need, const char *what);
  * coordinator sets it for each stage it spawns; the stage reads it, wipes it
  * and unsets it). Never on a command line: any user can read argv with ps. */
 #define MMP_CTL_TOKEN_ENV "MMP_JOB_TOKEN"
+/* The pid of the coordinator that spawned a local stage, in its
+ * environment: a stage whose parent is another (the coordinator died before
+ * the stage could ask to die with it, and a subreaper, not init, took the
+ * stage) knows it is orphaned. */
+#define MMP_CTL_PARENT_ENV "MMP_PARENT_PID"
 
 #endif
