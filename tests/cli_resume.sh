@@ -23,12 +23,19 @@ tiny_plan "name: r, steps: $steps, seed: 9" \
 for mode in pipeline single; do
   extra=(); [ $mode = single ] && extra=(--single-process)
   R=$W/$mode
-  "$BIN" launch "$W/plan.yaml" --out "$R" "${extra[@]}" >"$W/$mode.log" 2>&1 &
-  cpid=$!
-  wait_step "$R/metrics.jsonl" 14 || fail "$mode: no step 14"
-  kill -KILL $cpid; wait $cpid 2>/dev/null
-  sleep 0.3
-  at=$(last_step "$R/metrics.jsonl"); latest=$(readlink "$R/ckpt/latest")
+  # the kill lands some steps after 14 (steps take milliseconds); one that
+  # lands right on a checkpoint step leaves no metrics ahead of it: a
+  # timing miss, not the behaviour under test, so the run is made again
+  for try in 1 2 3; do
+    "$BIN" launch "$W/plan.yaml" --out "$R" --force "${extra[@]}" >"$W/$mode.log" 2>&1 &
+    cpid=$!
+    wait_step "$R/metrics.jsonl" 14 || fail "$mode: no step 14"
+    kill -KILL $cpid; wait $cpid 2>/dev/null
+    sleep 0.3
+    at=$(last_step "$R/metrics.jsonl"); latest=$(readlink "$R/ckpt/latest")
+    [ "$latest" != "$(printf 'step_%07d' "$at")" ] && break
+    echo "    try $try: the kill landed on checkpoint step $at: again"
+  done
   if [ -n "$latest" ] && [ "$at" -gt "$((10#${latest#step_}))" ] && [ "$at" -lt "$steps" ]; then
     ok "$mode: killed with metrics at step $at, ahead of $latest"
   else fail "$mode: the kill did not leave metrics ahead of a checkpoint (step $at, latest '$latest')"; fi
