@@ -178,10 +178,10 @@ static int convert(int argc, char **argv)
         } else if (!has_value &&
                    (strcmp(a, "-o") == 0 || strcmp(a, "--out") == 0 || strcmp(a, "--format") == 0 ||
                     strcmp(a, "--plan") == 0 || strcmp(a, "--set") == 0)) {
+            const char *next = i + 1 < argc ? argv[i + 1] : NULL;
             mmp_cli_usage_error(cmd[0] == 'e' ? "ckpt export" : "ckpt import", USAGE,
-                                "%s needs a value%s%s%s", a,
-                                i + 1 < argc ? ", not the option '" : "",
-                                i + 1 < argc ? argv[i + 1] : "", i + 1 < argc ? "'" : "");
+                                next ? "%s needs a value, not the option '%s'" : "%s needs a value",
+                                a, next ? next : "");
             goto exit;
         } else if (a[0] == '-' || src) {
             mmp_cli_usage_error(cmd[0] == 'e' ? "ckpt export" : "ckpt import", USAGE,

@@ -3,9 +3,9 @@
 
 #include <ctype.h>
 #include <dirent.h>
-#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -126,9 +126,6 @@ static int cmp_entry(const void *a, const void *b)
     return strcmp(((const mmp_ckpt_entry *)a)->name, ((const mmp_ckpt_entry *)b)->name);
 }
 
-/* A checkpoint file read front to back once: every byte goes through the
- * checksum as it arrives, tensor data straight into its tensor (no second
- * copy of the file in memory), and progress is reported as it goes. */
 /* Every tensor name of a directory's files with its file, kept or not: the
  * tensors a want callback leaves out must not appear twice either. */
 typedef struct name_seen {
@@ -162,6 +159,9 @@ static mmp_err note_name(names_seen *s, const char *name, const char *file)
     return MMP_OK;
 }
 
+/* A checkpoint file read front to back once: every byte goes through the
+ * checksum as it arrives, tensor data straight into its tensor (no second
+ * copy of the file in memory), and progress is reported as it goes. */
 typedef struct reader {
     const char *path;
     int fd;
@@ -619,8 +619,9 @@ static mmp_err list_ckpt_files(const char *dir, char ***names_out, size_t *n_out
 }
 
 /* A listed file's name: a plain *.ckpt name, no path. */
-static int list_name_ok(const char *s, size_t len)
+static int list_name_ok(const char *s)
 {
+    size_t len = strlen(s);
     if (len < 6 || len >= 64 || !has_suffix(s, ".ckpt") || s[0] == '.') {
         return 0;
     }
@@ -673,7 +674,7 @@ static mmp_err check_file_list(const char *dir, char **names, size_t n, int *lis
             errno = 0;
             size = isdigit((unsigned char)sp[1]) ? strtoll(sp + 1, &end, 10) : -1;
         }
-        if (!sp || !list_name_ok(line, strlen(line)) || size < 0 || errno || !end ||
+        if (!sp || !list_name_ok(line) || size < 0 || errno || !end ||
             (*end != '\n' && *end != 0)) {
             ret = mmp_errorf(MMP_ERR_DATA, "%s:%d: not \"NAME.ckpt BYTES\"", path, line_no);
             break;

@@ -387,18 +387,22 @@ struct shm_dirent64 {
     char name[];
 };
 
-void mmp_shm_unlink_prefix_signal_safe(const char *prefix)
+/* The /dev/shm name prefix of a segment prefix (glibc's shm_open("/x") is
+ * /dev/shm/x), or NULL for one that is empty (it would remove every segment
+ * on the host) or holds another '/'. Signal-safe (strchr). */
+static const char *shm_file_prefix(const char *prefix)
 {
     const char *p = prefix && prefix[0] == '/' ? prefix + 1 : prefix;
-    size_t n = p ? strlen(p) : 0;
-    if (n == 0) {
-        return; /* an empty prefix would remove every segment on the host */
+    return p && *p && !strchr(p, '/') ? p : NULL;
+}
+
+void mmp_shm_unlink_prefix_signal_safe(const char *prefix)
+{
+    const char *p = shm_file_prefix(prefix);
+    if (!p) {
+        return;
     }
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] == '/') {
-            return;
-        }
-    }
+    const size_t n = strlen(p);
     int dir = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0) {
         return;
@@ -419,10 +423,8 @@ void mmp_shm_unlink_prefix_signal_safe(const char *prefix)
 
 int mmp_shm_unlink_prefix(const char *prefix)
 {
-    /* glibc's shm_open("/x") is /dev/shm/x. */
-    const char *p = prefix && prefix[0] == '/' ? prefix + 1 : prefix;
-    if (!p || !*p || strchr(p, '/')) {
-        /* An empty prefix would remove every segment on the host. */
+    const char *p = shm_file_prefix(prefix);
+    if (!p) {
         MMP_WARN("shm clean-up: refusing prefix '%s'", prefix ? prefix : "(null)");
         return 0;
     }
