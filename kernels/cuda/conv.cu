@@ -13,7 +13,8 @@
  * longer be those of the rounded values. Every direction's algorithm must
  * also be CUDNN_DETERMINISTIC (backward data ALGO_0 and filter ALGO_0 /
  * ALGO_3 add with atomics), so the fallbacks are the deterministic
- * IMPLICIT_GEMM forward and ALGO_1 backward.
+ * IMPLICIT_GEMM forward and ALGO_1 backward. A choice asking for more than
+ * CONV_WS_CAP of workspace is passed over too (a fixed cap: see there).
  * Backward accumulates with beta = 1, as every backward in kernels/ does. */
 #include "kernels/cuda/internal.cuh"
 
@@ -75,8 +76,19 @@ void mmp_cuda_conv_plans_clear(mmp_cuda_ctx *ctx)
     ctx->conv_next = 0;
 }
 
+/* The most workspace an algorithm may ask for: a fixed figure, never the
+ * memory free at the time, so that every process of a job (the pipeline's
+ * stages and the single process it must equal bitwise) picks the same
+ * algorithm for the same shape, however full the GPU is. An explicit im2col
+ * GEMM forward, the hungriest of the algorithms allowed here, asks
+ * N*C*KH*KW*OH*OW*4 bytes: 220 MiB for ResNet-50's 3x3, 64-channel
+ * convolution at 56^2 and batch 32, well under the cap. The fallbacks
+ * (implicit GEMM forward, ALGO_1 backward) are taken whatever they ask. */
+#define CONV_WS_CAP ((size_t)1 << 30)
+
 /* The first of cuDNN's ranked choices perf[0..got) that ran, passes ok and
- * math_ok and is deterministic; else fallback. *math:
+ * math_ok, is deterministic and asks for at most CONV_WS_CAP bytes of
+ * workspace; else fallback. *math:
  * the math to run it with: FMA on fp32 plans whatever cuDNN says (its
  * default math would allow TF32 for fp32 data); on TF32 plans the choice's
  * own (as cuDNN's samples and PyTorch set it), the default for fallback. */
@@ -87,7 +99,8 @@ static Algo first_algo(const Perf *perf, int got, int (*ok)(Algo), int tf32, Alg
     *math = tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     for (int i = 0; i < got; i++) {
         if (perf[i].status == CUDNN_STATUS_SUCCESS && ok(perf[i].algo) &&
-            perf[i].determinism == CUDNN_DETERMINISTIC && math_ok(perf[i].mathType, tf32)) {
+            perf[i].determinism == CUDNN_DETERMINISTIC && math_ok(perf[i].mathType, tf32) &&
+            perf[i].memory <= CONV_WS_CAP) {
             if (tf32) {
                 *math = perf[i].mathType;
             }
