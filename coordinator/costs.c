@@ -195,7 +195,10 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
     if (ret == MMP_OK) {
         ret = mmp_metrics_open(&r, run);
     }
-    while (ret == MMP_OK && (ret = mmp_metrics_next(&r, &rec, &got)) == MMP_OK && got) {
+    /* Only the records the first pass counted: a run still training appends
+     * more in between, and they wait for the next reading. */
+    while (ret == MMP_OK && m.n < m.cap && (ret = mmp_metrics_next(&r, &rec, &got)) == MMP_OK &&
+           got) {
         /* only step records, and only the steps of the placement simulated */
         if (!rec.has_stages || (info->placement[0] && strcmp(rec.placement, info->placement))) {
             continue;

@@ -135,6 +135,29 @@ expect_fail "simulate --plan-cores 0 is a usage error" "--plan-cores '0': expect
 expect_fail "simulate --costs of a --single-process run says it measures no stage" \
   "a --single-process run's step: it measures no stage of its own" \
   "$BIN" simulate "$W/auto.yaml" --costs "$W/single"
+# a metrics.jsonl that grows between simulate's two readings (a run still
+# training): here a FIFO gives the first reading 1 record and the second all
+# of them, handed over only once the first reading has closed it
+mkfifo "$W/grows.jsonl"
+"$BIN" simulate "$W/auto.yaml" --costs "$W/grows.jsonl" >"$W/grows.txt" 2>&1 &
+sim=$!
+(
+  head -1 "$W/auto/metrics.jsonl" >"$W/grows.jsonl"
+  for _ in $(seq 200); do # until the first reading has let go of it
+    ls -l /proc/$sim/fd 2>/dev/null | grep -q grows.jsonl || break
+    sleep 0.05
+  done
+  kill -0 $sim 2>/dev/null && cat "$W/auto/metrics.jsonl" >"$W/grows.jsonl"
+) &
+feeder=$!
+wait $sim
+rc=$?
+kill $feeder 2>/dev/null
+wait $feeder 2>/dev/null
+[ "$(wc -l <"$W/auto/metrics.jsonl")" -gt 1 ] && [ $rc = 0 ] \
+  && grep -q '(median of 1 step)' "$W/grows.txt" \
+  && ok "simulate --costs of a metrics.jsonl that grows while read: the records first counted" \
+  || { fail "simulate --costs of a growing metrics.jsonl (exit $rc)"; tail -3 "$W/grows.txt" | sed 's/^/    /'; }
 
 # --- 3. a core id this machine does not give ------------------------------------------------
 sed "s/pin: auto/pin: [${allowed[0]}, 1023]/" "$W/auto.yaml" >"$W/badpin.yaml"
