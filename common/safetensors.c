@@ -525,7 +525,8 @@ static mmp_err check_descs(const char *path, st_desc *d, int n, uint64_t data_le
                     : numel > data_len / esize / s + 1 ? UINT64_MAX
                                                        : numel * s;
         }
-        uint64_t bytes = empty ? 0 : numel == UINT64_MAX ? UINT64_MAX : numel * esize;
+        /* an empty tensor too: its other dims are multiplied out where it is used */
+        uint64_t bytes = numel == UINT64_MAX ? UINT64_MAX : empty ? 0 : numel * esize;
         if (d[i].begin > d[i].end || d[i].end > data_len) {
             return mmp_errorf(MMP_ERR_DATA,
                               "%s:%lld: tensor %s: data_offsets [%llu, %llu] outside the %llu "

@@ -142,6 +142,8 @@ static void test_forged(void)
          "tensor a: shape and dtype make 12 bytes, data_offsets span 8"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
          "shape product overflows", "more bytes than the file holds"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,0],\"data_offsets\":[0,0]}}",
+         0, "an empty tensor whose other dims overflow", "more bytes than the file holds"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 8,
          "offsets past the end", "tensor a: data_offsets"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
