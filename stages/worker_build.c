@@ -69,8 +69,6 @@ static int peer_timeout_ms(const worker *w)
     return stall > 30 ? 2000 * stall : 60000;
 }
 
-#define ENDPOINT_MAX 600 /* "host:port"; nccl: "host:port#nccl:<256 hex digits>" */
-
 /* A tcp end given port 0 whose creator has not reported its port yet (the
  * creator itself listens there; a connector waits for an Endpoints message). */
 static int port_zero(const char *address)
@@ -87,7 +85,7 @@ static int network(const char *transport)
 
 /* Opens the channel ends of one pass: 0 the creators, 1 the others, with
  * addr[i] the address of a->channels[i]. */
-static mmp_err open_channels(worker *w, int pass, char (*addr)[ENDPOINT_MAX])
+static mmp_err open_channels(worker *w, int pass, char (*addr)[MMP_ENDPOINT_MAX])
 {
     const Mmpipe__Assignment *a = w->asg;
     {
@@ -172,13 +170,13 @@ static mmp_err split_nccl(const worker *w, const char *address, char *host, unsi
     }
 #ifdef MMP_HAVE_CUDA
     if (w->asg->replica > 0) {
-        return mmp_nccl_parse_address(address, host, ENDPOINT_MAX, id);
+        return mmp_nccl_parse_address(address, host, MMP_ENDPOINT_MAX, id);
     }
     if (!nccl_waiting(address)) {
         return mmp_errorf(MMP_ERR_PROTO, "reduce address '%s': rank 0 wants \"host:0#nccl\"",
                           address);
     }
-    snprintf(host, ENDPOINT_MAX, "%.*s", (int)(strlen(address) - 5), address);
+    snprintf(host, MMP_ENDPOINT_MAX, "%.*s", (int)(strlen(address) - 5), address);
     (void)id;
     return MMP_OK;
 #else
@@ -194,7 +192,7 @@ static mmp_err split_nccl(const worker *w, const char *address, char *host, unsi
 static mmp_err open_reduce(worker *w, const char *address)
 {
     const Mmpipe__Assignment *a = w->asg;
-    char host[ENDPOINT_MAX];
+    char host[MMP_ENDPOINT_MAX];
     unsigned char id[MMP_NCCL_ID_BYTES];
     int nccl = address[0] != '/' && strstr(address, "#nccl") != NULL;
     snprintf(host, sizeof host, "%s", address);
@@ -261,8 +259,8 @@ static mmp_err open_data_plane(worker *w)
     snprintf(what, sizeof what, "stage %s: %zu channels and %d replicas", w->name, a->n_channels,
              w->replicas);
     MMP_TRY(mmp_ctl_reserve_fds(64 + (long)a->n_channels + 2L * w->replicas, what));
-    static char addr[MAX_CHANNELS][ENDPOINT_MAX];
-    char reduce_addr[ENDPOINT_MAX];
+    static char addr[MAX_CHANNELS][MMP_ENDPOINT_MAX];
+    char reduce_addr[MMP_ENDPOINT_MAX];
     for (size_t i = 0; i < a->n_channels; i++) {
         snprintf(addr[i], sizeof addr[i], "%s", a->channels[i]->address);
     }
@@ -289,7 +287,7 @@ static mmp_err open_data_plane(worker *w)
             n_eps++;
         }
     }
-    char reduce_at[ENDPOINT_MAX];
+    char reduce_at[MMP_ENDPOINT_MAX];
     if (reduce_tcp && a->replica == 0) {
         snprintf(reduce_at, sizeof reduce_at, "%s", mmp_reduce_address(w->reduce));
         if (w->reduce_dev) { /* "host:port#nccl:<the id>" */
@@ -344,7 +342,7 @@ static mmp_err open_data_plane(worker *w)
                 /* never a shm name: the reduce would join whatever segment it names */
                 e = mmp_error_prefix(MMP_ERR_PROTO, "endpoints: field channel = %d", ep->channel);
             } else {
-                snprintf(slot, ENDPOINT_MAX, "%s", ep->address);
+                snprintf(slot, MMP_ENDPOINT_MAX, "%s", ep->address);
                 needed--;
             }
         }

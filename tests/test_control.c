@@ -9,6 +9,7 @@
  * the keys are refused and counted; a stage notices its coordinator's pipe
  * closing and its link going silent (heartbeats) within MMP_CTL_LOST_S. */
 #include "transport/control.h"
+#include "transport/channel.h"
 
 #include <math.h>
 #include <netinet/in.h>
@@ -731,6 +732,88 @@ static void test_heartbeat_progress(void)
     }
 }
 
+/* Text a receiver prints (a stage's error, an abort's reason, a checkpoint
+ * ack's error, a hello's name) arrives whole but harmless: escape and other
+ * control bytes as '?', line breaks as spaces, so no peer can forge a line
+ * of the coordinator's or drive the terminal. Endpoint addresses up to the
+ * transports' own MMP_ENDPOINT_MAX (a nccl creator's, a long host name)
+ * pass; one with a control byte is refused. */
+static void test_printed_text(void)
+{
+    CHECK_OK(mmp_ctl_new_token(token));
+    char why[300];
+    static unsigned char buf[4096];
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    env.version = MMP_CTL_VERSION;
+    env.job_token = token;
+    char text[] = "boom\x1b[2J\r\n[coordinator] step 400/400 done\x07\t!";
+    const char *want = "boom?[2J  [coordinator] step 400/400 done? !";
+    Mmpipe__Error err = MMPIPE__ERROR__INIT;
+    Mmpipe__Abort ab = MMPIPE__ABORT__INIT;
+    Mmpipe__CheckpointAck ack = MMPIPE__CHECKPOINT_ACK__INIT;
+    Mmpipe__Hello hello = MMPIPE__HELLO__INIT;
+    err.message = ab.reason = ack.error = hello.name = hello.blas = text;
+    for (int k = 0; k < 4; k++) {
+        /* the bodies share a union: set the one the case sends */
+        if (k == 0) {
+            env.body_case = MMPIPE__ENVELOPE__BODY_ERROR, env.error = &err;
+        } else if (k == 1) {
+            env.body_case = MMPIPE__ENVELOPE__BODY_ABORT, env.abort = &ab;
+        } else if (k == 2) {
+            env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK, env.checkpoint_ack = &ack;
+        } else {
+            env.body_case = MMPIPE__ENVELOPE__BODY_HELLO, env.hello = &hello;
+        }
+        size_t n = mmpipe__envelope__pack(&env, buf);
+        Mmpipe__Envelope *e = NULL;
+        CHECK(mmp_ctl_decode(buf, n, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+        if (!e) {
+            continue;
+        }
+        const char *got = k == 0   ? e->error->message
+                          : k == 1 ? e->abort->reason
+                          : k == 2 ? e->checkpoint_ack->error
+                                   : e->hello->name;
+        if (strcmp(got, want) != 0) {
+            fprintf(stderr, "  text case %d: '%s'\n", k, got);
+        }
+        CHECK(strcmp(got, want) == 0);
+        CHECK(k != 3 || strcmp(e->hello->blas, want) == 0);
+        mmp_ctl_free(e);
+    }
+    CHECK(strstr(text, "\x1b") != NULL); /* the sender's own copy is untouched */
+
+    Mmpipe__Endpoint ep = MMPIPE__ENDPOINT__INIT, *eps = &ep;
+    Mmpipe__Endpoints all = MMPIPE__ENDPOINTS__INIT;
+    all.n_endpoints = 1;
+    all.endpoints = &eps;
+    env.body_case = MMPIPE__ENVELOPE__BODY_ENDPOINTS;
+    env.endpoints = &all;
+    char addr[MMP_ENDPOINT_MAX + 1];
+    for (int len = MMP_ENDPOINT_MAX - 1; len <= MMP_ENDPOINT_MAX; len++) {
+        memset(addr, 'a', (size_t)len);
+        addr[len] = 0;
+        ep.address = addr;
+        size_t n = mmpipe__envelope__pack(&env, buf);
+        Mmpipe__Envelope *e = NULL;
+        mmp_ctl_verdict v = mmp_ctl_decode(buf, n, token, &e, why, sizeof why);
+        CHECK(len < MMP_ENDPOINT_MAX ? v == MMP_CTL_OK : v == MMP_CTL_BAD_BODY);
+        mmp_ctl_free(e);
+    }
+    /* a nccl creator's address on a 40-character host name: 302 bytes */
+    snprintf(addr, sizeof addr, "gpu-node-017.rack3.dc1.example.org:41234#nccl:%0256d", 0);
+    ep.address = addr;
+    size_t n = mmpipe__envelope__pack(&env, buf);
+    Mmpipe__Envelope *e = NULL;
+    CHECK(mmp_ctl_decode(buf, n, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+    mmp_ctl_free(e);
+    CHECK_OK(mmp_channel_check_endpoint(addr));
+    snprintf(addr, sizeof addr, "host:1\x1b[2J");
+    n = mmpipe__envelope__pack(&env, buf);
+    CHECK(mmp_ctl_decode(buf, n, token, &e, why, sizeof why) == MMP_CTL_BAD_BODY && !e);
+    CHECK(strstr(why, "control characters") != NULL);
+}
+
 static void test_new_token(void)
 {
     char a[33], b[33];
@@ -1010,6 +1093,7 @@ OVER_TCP(test_lost_on_pipe_eof)
 static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_new_token),
     MMP_TEST_CASE(test_heartbeat_progress),
+    MMP_TEST_CASE(test_printed_text),
     MMP_TEST_CASE(test_round_trip),
     MMP_TEST_CASE(test_limits_and_misuse),
     MMP_TEST_CASE(test_untrusted_router),

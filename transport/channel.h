@@ -164,6 +164,11 @@ mmp_err mmp_nccl_parse_address(const char *address, char *host_port, size_t cap,
  * naming the fault otherwise, so that a stage never takes a shm name, port 0
  * or other text from another process for the network end it connects. */
 mmp_err mmp_channel_check_endpoint(const char *address);
+/* Room for an endpoint address and its NUL: a tcp creator's "host:port"
+ * (MMP_SOCK_ADDR_MAX) or a nccl creator's "host:port#nccl:" and 256 hex
+ * digits. The control plane's decoder (transport/control.c), the stages'
+ * buffers (stages/worker_build.c) and the nccl transport all hold to it. */
+#define MMP_ENDPOINT_MAX 600
 
 /* ---- the channel handle ----------------------------------------------------
  * One end of one channel: its transport's ops, the transport's state and the

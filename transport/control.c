@@ -24,6 +24,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "transport/channel.h"
+
 /* ZeroMQ disconnects a peer whose frame is bigger than this before buffering
  * it whole. It sits a little above our own limit so that messages just over
  * the limit still reach check() and are logged and counted. */
@@ -671,6 +673,45 @@ static int plain_text(const char *s, size_t max)
     return 1;
 }
 
+/* A text field the receiver prints (an error, a reason, a name), made
+ * harmless in place: a control character (a terminal's escape sequences,
+ * a line break that would forge a line of the coordinator's own) becomes
+ * '?', tab and line breaks a space. The text is kept: a stage's error
+ * must reach the user even when it holds such a byte. */
+static void plain_in_place(char *s)
+{
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '\n' || c == '\r' || c == '\t') {
+            *s = ' ';
+        } else if (c < 0x20 || c == 0x7f) {
+            *s = '?';
+        }
+    }
+}
+
+/* The printed text fields of an envelope that passed body_ok. */
+static void plain_fields(Mmpipe__Envelope *env)
+{
+    switch (env->body_case) {
+    case MMPIPE__ENVELOPE__BODY_HELLO:
+        plain_in_place(env->hello->name);
+        plain_in_place(env->hello->blas);
+        break;
+    case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK:
+        plain_in_place(env->checkpoint_ack->error);
+        break;
+    case MMPIPE__ENVELOPE__BODY_ABORT:
+        plain_in_place(env->abort ? env->abort->reason : NULL);
+        break;
+    case MMPIPE__ENVELOPE__BODY_ERROR:
+        plain_in_place(env->error ? env->error->message : NULL);
+        break;
+    default:
+        break;
+    }
+}
+
 /* The body's fields that no sender may write, whatever the receiver's
  * geometry; 0 with why set when one is out of range. */
 static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
@@ -784,10 +825,14 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         const Mmpipe__Endpoints *e = env->endpoints;
         for (size_t i = 0; e && i < e->n_endpoints; i++) {
             const Mmpipe__Endpoint *p = e->endpoints[i];
-            if (!p || p->channel < -1 || !p->address || strlen(p->address) >= 300) {
-                return BAD("endpoints: endpoint %zu: field channel = %d below -1, or its address "
-                           "missing or over 299 characters",
-                           i, p ? p->channel : -2);
+            if (!p || p->channel < -1) {
+                return BAD("endpoints: endpoint %zu: %s", i,
+                           p ? "field channel below -1" : "missing");
+            }
+            if (!p->address || !p->address[0] || !plain_text(p->address, MMP_ENDPOINT_MAX - 1)) {
+                return BAD("endpoints: endpoint %zu (channel %d): address missing, over %d "
+                           "characters or with control characters",
+                           i, p->channel, MMP_ENDPOINT_MAX - 1);
             }
         }
         return e ? 1 : BAD("endpoints: missing");
@@ -822,6 +867,7 @@ mmp_ctl_verdict mmp_ctl_decode(const void *data, size_t size, const char *job_to
     } else if (!body_ok(env, why, why_n)) {
         v = MMP_CTL_BAD_BODY;
     } else {
+        plain_fields(env);
         *out = env;
         return MMP_CTL_OK;
     }

@@ -90,7 +90,6 @@
 #define NC_ALIGN 256
 #define NC_MAX_SLOTS 256
 #define NC_TAG "#nccl:"
-#define NC_ADDR_MAX 600 /* as stages/worker_build.c ENDPOINT_MAX */
 /* Close waits this long at most in all (less when cfg.timeout_ms is less)
  * for the channel's NCCL calls to drain and ncclCommFinalize to finish,
  * then aborts the communicator: after a peer died they never finish, and a
@@ -117,7 +116,7 @@ typedef struct nccl_channel {
     uint64_t released;   /* receiver: messages released */
     void *side_slot;     /* sender: the side channel's acquired slot */
     double close_by;     /* in close: every wait ends by then (monotonic ms) */
-    char address[NC_ADDR_MAX];
+    char address[MMP_ENDPOINT_MAX];
 } nccl_channel;
 
 static nccl_channel *nc_of(mmp_channel_impl *c)
@@ -384,7 +383,7 @@ static mmp_err nc_setup(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 static mmp_err nc_connect(mmp_channel_impl **out, const mmp_channel_cfg *cfg)
 {
     *out = NULL;
-    char host_port[NC_ADDR_MAX];
+    char host_port[MMP_ENDPOINT_MAX];
     ncclUniqueId id;
     MMP_TRY(mmp_nccl_parse_address(cfg->address, host_port, sizeof host_port, id.internal));
     nccl_channel *ch;
