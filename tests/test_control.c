@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -814,6 +815,80 @@ static void test_printed_text(void)
     CHECK(strstr(why, "control characters") != NULL);
 }
 
+/* Over ipc another user's process cannot connect: it would take a stage's
+ * routing id over (ROUTER_HANDOVER) before its token is read, and the
+ * coordinator's messages to the stage would go to it. Here a process of
+ * user nobody connects under the routing id of a stage that is talking to
+ * the coordinator; the stage still gets what the coordinator sends it.
+ * Needs root (to become nobody); ipc only (over tcp CURVE refuses it). */
+static void test_ipc_other_user(void)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "  skipped: not root (the case becomes another user)\n");
+        return;
+    }
+    const char *ep = endpoint("other-user");
+    mmp_ctl *r = NULL, *d = NULL;
+    CHECK_OK(bind_ctl(&r, ep, token));
+    CHECK_OK(connect_ctl(&d, ep, "image.0/0", token));
+    if (!r || !d) {
+        goto exit;
+    }
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT, *got = NULL;
+    Mmpipe__Hello hello = MMPIPE__HELLO__INIT;
+    hello.name = "image.0/0";
+    env.body_case = MMPIPE__ENVELOPE__BODY_HELLO;
+    env.hello = &hello;
+    char from[MMP_CTL_ID_MAX];
+    CHECK_OK(mmp_ctl_send(d, NULL, &env));
+    CHECK_OK(mmp_ctl_recv(r, 2000, &got, from, sizeof from));
+    mmp_ctl_free(got);
+
+    pid_t child = fork();
+    if (child == 0) {
+        if (setgid(65534) != 0 || setuid(65534) != 0) {
+            _exit(3);
+        }
+        void *ctx = zmq_ctx_new();
+        void *s = zmq_socket(ctx, ZMQ_DEALER);
+        int zero = 0;
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_ROUTING_ID, "image.0/0", 9);
+        zmq_connect(s, ep);
+        size_t n;
+        unsigned char *buf = pack_hello(MMP_CTL_VERSION, "not-the-token", 1, &n);
+        zmq_send(s, buf, n, 0);
+        char sink[64];
+        int wait_ms = 3000;
+        zmq_setsockopt(s, ZMQ_RCVTIMEO, &wait_ms, sizeof wait_ms);
+        /* exit 5: it was handed what the coordinator sent the stage */
+        _exit(zmq_recv(s, sink, sizeof sink, 0) >= 0 ? 5 : 0);
+    }
+    usleep(500 * 1000); /* the stranger has connected (or been turned away) */
+    Mmpipe__Envelope start_env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Start start = MMPIPE__START__INIT;
+    start.steps = 5;
+    start_env.body_case = MMPIPE__ENVELOPE__BODY_START;
+    start_env.start = &start;
+    CHECK_OK(mmp_ctl_send(r, "image.0/0", &start_env));
+    got = NULL;
+    CHECK_OK(mmp_ctl_recv(d, 2000, &got, from, sizeof from));
+    CHECK(got && got->body_case == MMPIPE__ENVELOPE__BODY_START && got->start->steps == 5);
+    mmp_ctl_free(got);
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr,
+                "  the other user's process: status 0x%x (exit 5: it got the stage's message)\n",
+                status);
+    }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(mmp_ctl_get_stats(r).bad_token == 0); /* its message never arrived */
+exit:
+    mmp_ctl_close(d);
+    mmp_ctl_close(r);
+}
+
 static void test_new_token(void)
 {
     char a[33], b[33];
@@ -1094,6 +1169,7 @@ static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_new_token),
     MMP_TEST_CASE(test_heartbeat_progress),
     MMP_TEST_CASE(test_printed_text),
+    MMP_TEST_CASE(test_ipc_other_user),
     MMP_TEST_CASE(test_round_trip),
     MMP_TEST_CASE(test_limits_and_misuse),
     MMP_TEST_CASE(test_untrusted_router),

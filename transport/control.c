@@ -478,6 +478,23 @@ static mmp_err set_heartbeat(mmp_ctl *c, const char *endpoint)
     return ret == MMP_OK ? SET_INT(c->sock, ZMQ_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS) : ret;
 }
 
+/* Over ipc only processes of this user may connect. The socket lives in
+ * the abstract namespace, which has no file permissions: without this any
+ * local user could connect under a stage's routing id, and ROUTER_HANDOVER
+ * hands a routing id to its newest connection before a single message (and
+ * its job token) is read, so the coordinator's messages to that stage would
+ * go to the stranger and the run would stall. ZeroMQ checks the peer's
+ * credentials (SO_PEERCRED) as it accepts and closes any other user's
+ * connection unseen. A process of the same user could still do it, as it
+ * could signal the stages; over tcp CURVE keeps every stranger out. */
+static mmp_err set_ipc_owner_only(mmp_ctl *c, const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) != 0) {
+        return MMP_OK;
+    }
+    return SET_INT(c->sock, ZMQ_IPC_FILTER_UID, (int)geteuid());
+}
+
 mmp_err mmp_ctl_bind(mmp_ctl **out, const char *endpoint, const char *job_token)
 {
     return mmp_ctl_bind_opts(out, endpoint, job_token, NULL);
@@ -494,6 +511,9 @@ mmp_err mmp_ctl_bind_opts(mmp_ctl **out, const char *endpoint, const char *job_t
     mmp_err ret = ctl_prepare(&c, ZMQ_ROUTER, job_token, NULL, opts);
     if (ret == MMP_OK) {
         ret = set_heartbeat(c, endpoint);
+    }
+    if (ret == MMP_OK) {
+        ret = set_ipc_owner_only(c, endpoint);
     }
     if (ret == MMP_OK && zmq_bind(c->sock, endpoint) != 0) {
         ret = mmp_errorf(MMP_ERR_IO, "control: bind %s: %s", endpoint, zmq_strerror(errno));

@@ -11,6 +11,9 @@
  * message is never seen here, so not counted); it reconnects on its own,
  * and a reconnecting routing id takes over from the old connection
  * (ROUTER_HANDOVER). Messages in flight when a connection drops are lost.
+ * An ipc ROUTER admits connections of its own user only (ZeroMQ's
+ * IPC_FILTER_UID): another user's process could otherwise take a stage's
+ * routing id over before its token is ever checked.
  *
  * Each mmp_ctl owns its own ZeroMQ context (one I/O thread), so closing one
  * tears down only its own threads. Sockets are not thread-safe: one thread
