@@ -281,6 +281,66 @@ static mmp_err check_duplicates(mmp_schema_loader *L, struct fy_node *n, const c
     return MMP_OK;
 }
 
+/* ---- alias expansion --------------------------------------------------------
+ * fy_document_resolve copies every alias's anchored node in place. A few
+ * nested anchors, each listing the one before nine times ("billion laughs"),
+ * would make billions of nodes and take the memory and the minutes that
+ * copying them needs, before any key is read. So the expansion is counted
+ * first, and refused past a budget no plan comes near (the 1024-host plan in
+ * configs/ has a few thousand nodes), naming the alias that goes over it. */
+#define EXPANDED_NODES_MAX 200000
+#define EXPANDED_DEPTH_MAX 256
+
+/* Adds n's nodes, aliases expanded, to *nodes; 0 (with *blame: the
+ * outermost alias on the way, or n) once over the budget or the depth. */
+static int expansion_ok(struct fy_node *n, struct fy_node *via, int depth, long *nodes,
+                        struct fy_node **blame)
+{
+    if (!n) {
+        return 1;
+    }
+    if (++*nodes > EXPANDED_NODES_MAX || depth > EXPANDED_DEPTH_MAX) {
+        *blame = via ? via : n;
+        return 0;
+    }
+    if (fy_node_is_alias(n)) {
+        /* NULL for an anchor never defined: fy_document_resolve says so */
+        return expansion_ok(fy_node_resolve_alias(n), via ? via : n, depth + 1, nodes, blame);
+    }
+    void *iter = NULL;
+    if (fy_node_get_type(n) == FYNT_SEQUENCE) {
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(n, &iter)) != NULL) {
+            if (!expansion_ok(item, via, depth + 1, nodes, blame)) {
+                return 0;
+            }
+        }
+    } else if (fy_node_get_type(n) == FYNT_MAPPING) {
+        struct fy_node_pair *pair;
+        while ((pair = fy_node_mapping_iterate(n, &iter)) != NULL) {
+            if (!expansion_ok(fy_node_pair_key(pair), via, depth + 1, nodes, blame) ||
+                !expansion_ok(fy_node_pair_value(pair), via, depth + 1, nodes, blame)) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+static mmp_err check_expansion(mmp_schema_loader *L, struct fy_node *root)
+{
+    long nodes = 0;
+    struct fy_node *blame = NULL;
+    if (expansion_ok(root, NULL, 0, &nodes, &blame)) {
+        return MMP_OK;
+    }
+    mmp_schema_site at = {.node = blame, .key = NULL, .origin = -1};
+    return mmp_schema_fail(L, at,
+                           "aliases expand past %d nodes or %d levels here (anchors that "
+                           "repeat each other?); a plan needs a few thousand",
+                           EXPANDED_NODES_MAX, EXPANDED_DEPTH_MAX);
+}
+
 /* ---- --set overrides ------------------------------------------------------- */
 
 /* Puts node into map under name, or into pair's value when pair is given;
@@ -599,6 +659,7 @@ static mmp_err parse_text(mmp_schema_loader *L, const char *text, size_t len)
 /* Everything after the file is parsed: the overrides, the walk, the checks. */
 static mmp_err load_tree(mmp_schema_loader *L, void *obj, mmp_schema_check check)
 {
+    MMP_TRY(check_expansion(L, fy_document_root(L->fyd)));
     MMP_TRY(check_duplicates(L, fy_document_root(L->fyd), "", -1));
     int before = mmp_yaml_diag_count(L->diag);
     if (fy_document_resolve(L->fyd) != 0) {

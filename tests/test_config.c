@@ -642,6 +642,46 @@ static void test_written_errors_case(void)
     test_written_errors(tmp);
 }
 
+/* Aliases that expand past any plan's size are refused before the
+ * document is resolved (which would copy them all: 4.8 million nodes for
+ * the 7 levels of nine below, a billion for 10), at the alias that goes
+ * over; so is a chain of anchors nested deeper than any plan. */
+static void test_alias_bombs(void)
+{
+    static char yaml[64 * 1024];
+    char path[1200];
+    snprintf(path, sizeof path, "%s/laughs.yaml", tmp);
+    for (int deep = 0; deep < 2; deep++) {
+        int n = snprintf(yaml, sizeof yaml,
+                         "data: { manifest: t.jsonl }\nhosts:\n"
+                         "  - { name: a, devices: [cpu] }\n"
+                         "x:\n  l0: &l0 [a, a, a, a, a, a, a, a, a]\n");
+        int levels = deep ? 300 : 7;
+        for (int l = 1; l <= levels; l++) {
+            n += snprintf(yaml + n, sizeof yaml - (size_t)n, "  l%d: &l%d [", l, l);
+            for (int k = 0; k < (deep ? 1 : 9); k++) {
+                n += snprintf(yaml + n, sizeof yaml - (size_t)n, "%s*l%d", k ? ", " : "", l - 1);
+            }
+            n += snprintf(yaml + n, sizeof yaml - (size_t)n, "]\n");
+        }
+        if (!mmp_test_write_text(path, yaml)) {
+            return;
+        }
+        mmp_plan p;
+        CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
+        const char *msg = mmp_last_error();
+        /* 7 levels: l5 (9^6 nodes, with 74732 before it) goes over in its list */
+        char where[1300];
+        snprintf(where, sizeof where, "%s:%d:", path, deep ? 5 + 256 / 2 : 5 + 5);
+        int ok =
+            strstr(msg, "aliases expand past") && (deep || strncmp(msg, where, strlen(where)) == 0);
+        if (!ok) {
+            fprintf(stderr, "  %s: got: %s\n", deep ? "deep chain" : "nested nines", msg);
+        }
+        CHECK(ok);
+    }
+}
+
 static void test_sim_case(void)
 {
     test_sim(tmp);
@@ -785,6 +825,7 @@ static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_demo),
     MMP_TEST_CASE(test_file_errors),
     {"test_written_errors", test_written_errors_case},
+    {"test_alias_bombs", test_alias_bombs},
     MMP_TEST_CASE(test_overrides),
     {"test_sim", test_sim_case},
     {"test_json", test_json_case},
