@@ -5,17 +5,31 @@
 
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 
 static volatile sig_atomic_t first_sig = 0;
 static volatile sig_atomic_t count = 0;
 static volatile sig_atomic_t die_second = 0;
+static struct timespec first_at; /* written by the handler before count = 1 */
+
+/* ms since the first signal (clock_gettime is async-signal-safe) */
+static long since_first_ms(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long)(now.tv_sec - first_at.tv_sec) * 1000 + (now.tv_nsec - first_at.tv_nsec) / 1000000;
+}
 
 static void on_signal(int sig)
 {
     if (count == 0) {
+        clock_gettime(CLOCK_MONOTONIC, &first_at);
         first_sig = sig;
         count = 1;
         return;
+    }
+    if (count == 1 && sig == first_sig && since_first_ms() < MMP_INTERRUPT_REPEAT_MS) {
+        return; /* the first one again: sent to this process and to its group */
     }
     count = 2;
     if (die_second) {

@@ -2,6 +2,10 @@
  * closed terminal or ssh session; dying of it lost every step since the
  * last checkpoint) asks the run to stop at the next step boundary (after
  * checkpointing the step in flight); a second one asks it to stop at once.
+ * The first signal again within MMP_INTERRUPT_REPEAT_MS of it is the same
+ * request delivered twice, not a second one: GNU timeout, and scripts like
+ * it, signal the process and then its whole process group, and nobody
+ * presses Ctrl-C twice within a fifth of a second.
  *
  * The handler only records; the trainer polls. One process-wide state (a
  * signal is process-wide): the coordinator and the single-process trainer
@@ -9,6 +13,8 @@
  * when the coordinator tells them, or when it dies). */
 #ifndef MMP_COMMON_INTERRUPT_H
 #define MMP_COMMON_INTERRUPT_H
+
+#define MMP_INTERRUPT_REPEAT_MS 200
 
 /* Installs the SIGINT/SIGTERM/SIGHUP handler (SIGHUP not where it is
  * ignored: nohup) and clears any earlier record;

@@ -122,6 +122,21 @@ dt=$(echo "$(date +%s.%N) - $t0" | bc)
   || { fail "second SIGINT: rc=$rc after ${dt}s, ckpt: $(ls "$W/twice/ckpt" 2>/dev/null)"; tail -3 "$W/twice.log"; }
 left_behind "second SIGINT" "$W/twice.log"
 
+# --- the same signal twice at once is one request: GNU timeout sends it to the command and
+# then to its process group (timeout -s INT), microseconds apart; the run still finishes its
+# step and checkpoints. Done here as timeout does it, at a step of our choosing.
+setsid "$BIN" launch "$W/plan.yaml" --out "$W/group" --set compute=simulated --set sim.cost.image=40 \
+  --set sim.cost.text=5 --set sim.cost.fusion=5 >"$W/group.log" 2>&1 &
+cpid=$!
+wait_step "$W/group/metrics.jsonl" 1 || fail "group: no step 1"
+kill -INT $cpid; kill -INT -- -$cpid; wait $cpid; rc=$?
+step=$(last_step "$W/group/metrics.jsonl")
+[ $rc -eq 130 ] && [ "$(readlink "$W/group/ckpt/latest")" = "$(printf 'step_%07d' "$step")" ] \
+  && ! grep -q "stopped at once" "$W/group.log" \
+  && ok "SIGINT to the process and at once to its group (as timeout -s INT): step $step checkpointed, rc 130" \
+  || { fail "SIGINT to the process and its group: rc=$rc, latest $(readlink "$W/group/ckpt/latest"), step $step"; tail -3 "$W/group.log"; }
+left_behind "SIGINT to the process and its group" "$W/group.log"
+
 # --- the default train.ckpt_every: a killed run has something to resume from ---------------
 grep -v ckpt_every "$W/plan.yaml" | sed 's/eval_every: 0,/eval_every: 0 }/' > "$W/default.yaml"
 "$BIN" launch "$W/default.yaml" --out "$W/killed" --steps 100000 >"$W/killed.log" 2>&1 &
