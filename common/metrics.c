@@ -443,6 +443,15 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
                       strerror(why ? why : EIO));
 }
 
+mmp_err mmp_metrics_rewrite(FILE *f, off_t at, const mmp_metrics_step *m)
+{
+    if (fflush(f) != 0 || ftruncate(fileno(f), at) != 0 || fseeko(f, at, SEEK_SET) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: cutting back the step's line: %s",
+                          strerror(errno));
+    }
+    return mmp_metrics_write(f, m);
+}
+
 mmp_err mmp_metrics_same_file(FILE *f, const char *run_dir)
 {
     char path[1100];

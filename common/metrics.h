@@ -61,6 +61,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "common/err.h"
 
@@ -149,6 +150,11 @@ mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m);
  * has_balance, val_* only when has_eval. MMP_ERR_IO when the write fails;
  * then the part written is cut off again: the file holds whole lines. */
 mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m);
+/* Cuts f back to byte `at` (where its last line starts: ftello before the
+ * mmp_metrics_write that wrote it) and writes m there instead: a step's
+ * line gets its evaluation's recall after its checkpoint. A reader may see
+ * the line without them for a while, never a part of one. */
+mmp_err mmp_metrics_rewrite(FILE *f, off_t at, const mmp_metrics_step *m);
 /* MMP_OK when f is still <run_dir>/metrics.jsonl; else (the run directory
  * removed, or the file replaced) MMP_ERR_IO saying so: a run checks it each
  * step, so it stops rather than write on into a file nobody can see. */

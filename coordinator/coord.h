@@ -109,6 +109,7 @@ typedef struct coord {
     char stage_error[2048]; /* the first Error a stage sent of its own failure (see settle) */
     char peer_error[2048];  /* the first Error that echoes a peer's end */
     FILE *metrics;
+    off_t line_at; /* where the last step's line starts in metrics (steps.c add_eval) */
     mmp_trace trace;
     /* supervision */
     int fault;            /* the failure is a stage's death or stall: a restart may help */

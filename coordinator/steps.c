@@ -326,45 +326,49 @@ static const Mmpipe__StepDone *done_of(const coord *c, int i)
  * reports. Returns 1 (c->failure set) when it cannot be written. */
 /* coord_cpu_ms: the coordinator's own CPU time over the step (from the end
  * of the previous step's record to this one's). */
-static int write_metrics(coord *c, int step, double step_ms, double grad_norm, int eval,
-                         double coord_cpu_ms)
+/* The step's line of metrics.jsonl, as last written: add_eval writes it
+ * again with the evaluation's recall. */
+static mmp_metrics_step line;
+
+/* The step's line, without evaluation: it is written before the step's
+ * checkpoint (what resume keeps), the evaluation comes after both. */
+static int write_metrics(coord *c, int step, double step_ms, double grad_norm, double coord_cpu_ms)
 {
     const mmp_plan *p = c->plan;
-    static mmp_metrics_step m;
     static char restarts[MMP_RESTART_FIELD_MAX];
-    mmp_metrics_step_clear(&m);
+    mmp_metrics_step_clear(&line);
     double idle = 0, wall = 0;
-    m.step = step + 1;
-    m.loss = m.itc_loss = m.itm_loss = m.data_ms = 0;
-    m.skipped_samples = 0;
+    line.step = step + 1;
+    line.loss = line.itc_loss = line.itm_loss = line.data_ms = 0;
+    line.skipped_samples = 0;
     for (int i = 0; i < c->n; i++) {
         const Mmpipe__StepDone *d = done_of(c, i);
         if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
             /* Each fusion replica sums its micro-batches' losses, already
              * divided by the global batch: the step's loss is their sum. */
-            m.loss += d->loss;
-            m.itc_loss += d->itc;
-            m.itm_loss += d->itm;
-            m.skipped_samples += d->skipped;
+            line.loss += d->loss;
+            line.itc_loss += d->itc;
+            line.itm_loss += d->itm;
+            line.skipped_samples += d->skipped;
         }
         idle += d->idle_ms;
         wall += d->wall_ms;
-        m.data_ms = fmax(m.data_ms, d->data_ms);
+        line.data_ms = fmax(line.data_ms, d->data_ms);
     }
-    m.lr = mmp_lr_at(p, step);
-    m.grad_norm = grad_norm;
-    m.samples_per_s = p->train.batch / (step_ms / 1e3);
-    m.step_ms = step_ms;
-    m.bubble = wall > 0 ? idle / wall : 0;
-    m.loss_scale = c->ls.scale;
-    m.step_skipped = c->step_skipped;
-    m.chained = c->step_chained;
-    m.cpu_ms = coord_cpu_ms;
-    m.has_stages = 1;
-    m.n_stages = c->n;
+    line.lr = mmp_lr_at(p, step);
+    line.grad_norm = grad_norm;
+    line.samples_per_s = p->train.batch / (step_ms / 1e3);
+    line.step_ms = step_ms;
+    line.bubble = wall > 0 ? idle / wall : 0;
+    line.loss_scale = c->ls.scale;
+    line.step_skipped = c->step_skipped;
+    line.chained = c->step_chained;
+    line.cpu_ms = coord_cpu_ms;
+    line.has_stages = 1;
+    line.n_stages = c->n;
     for (int i = 0; i < c->n && i < MMP_METRICS_MAX_STAGES; i++) {
         const Mmpipe__StepDone *d = done_of(c, i);
-        mmp_metrics_stage *st = &m.stages[i];
+        mmp_metrics_stage *st = &line.stages[i];
         double fwd = 0, bwd = 0, wgt = 0;
         for (size_t k = 0; k < d->n_mbs; k++) {
             fwd += d->mbs[k]->fwd_ms;
@@ -388,24 +392,39 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, i
         st->state_bytes = d->state_bytes > 0 ? (double)d->state_bytes : NAN;
         st->act_slots = d->act_slots > 0 ? d->act_slots : -1;
         st->cpu_ms = d->cpu_ms;
-        m.cpu_ms += d->cpu_ms;
+        line.cpu_ms += d->cpu_ms;
     }
-    m.has_balance = 1;
-    m.efficiency = c->bal.efficiency;
-    mmp_placement_str(&c->sched, m.placement, sizeof m.placement);
-    m.decision = c->decision[0] ? c->decision : NULL;
-    if (eval) {
-        m.has_eval = 1;
-        m.val_i2t_r1 = c->eval_i2t;
-        m.val_t2i_r1 = c->eval_t2i;
-    }
-    m.restarts = mmp_restart_field(&c->restarts, step + 1, restarts, sizeof restarts);
+    line.has_balance = 1;
+    line.efficiency = c->bal.efficiency;
+    mmp_placement_str(&c->sched, line.placement, sizeof line.placement);
+    line.decision = c->decision[0] ? c->decision : NULL;
+    line.restarts = mmp_restart_field(&c->restarts, step + 1, restarts, sizeof restarts);
     if (mmp_metrics_same_file(c->metrics, c->out_dir) != MMP_OK) {
         coord_fail(c, "%s", mmp_last_error());
         return 1;
     }
-    if (mmp_metrics_write(c->metrics, &m) != MMP_OK) {
+    /* (an append stream's position is the end once it has written) */
+    if (fseeko(c->metrics, 0, SEEK_END) != 0 || (c->line_at = ftello(c->metrics)) < 0 ||
+        mmp_metrics_write(c->metrics, &line) != MMP_OK) {
         coord_fail(c, "%s: %s", c->out_dir, mmp_last_error()); /* RUN: metrics.jsonl: why */
+        return 1;
+    }
+    return 0;
+}
+
+/* The recall of the step's evaluation into its line: the line written by
+ * write_metrics is cut off and written again, whole, with them. */
+static int add_eval(coord *c)
+{
+    line.has_eval = 1;
+    line.val_i2t_r1 = c->eval_i2t;
+    line.val_t2i_r1 = c->eval_t2i;
+    if (mmp_metrics_same_file(c->metrics, c->out_dir) != MMP_OK) {
+        coord_fail(c, "%s", mmp_last_error());
+        return 1;
+    }
+    if (mmp_metrics_rewrite(c->metrics, c->line_at, &line) != MMP_OK) {
+        coord_fail(c, "%s: %s", c->out_dir, mmp_last_error());
         return 1;
     }
     return 0;
@@ -753,6 +772,31 @@ int coord_run_steps(coord *c, int first_step)
         double step_ms = (t_done - t0) * 1e3;
         int done = step + 1;
         int eval = mmp_plan_eval_due(p, done);
+        if (balance(c, done, step_ms)) {
+            break;
+        }
+        if (c->ahead && (c->replan || c->decision[0])) {
+            /* can_chain asked mmp_balancer_may_act, which must agree */
+            coord_fail(c, "balancer acted after step %d, whose successor had started", done);
+            break;
+        }
+        /* The step's line and checkpoint come before its evaluation: a
+         * validation sample that fails (its stage stops on it) must not take
+         * the finished step with it; the line gets the recall after. */
+        double cpu_now = mmp_metrics_cpu_ms();
+        if (write_metrics(c, step, step_ms, norm, cpu_now - cpu_prev)) {
+            break;
+        }
+        cpu_prev = cpu_now;
+        if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps ||
+            c->replan) {
+            /* in the background unless the run (or this launch) ends here */
+            int background =
+                p->train.ckpt_async && done < p->job.steps && !c->replan && !mmp_interrupt_signal();
+            if (checkpoint(c, done, background)) {
+                break;
+            }
+        }
         if (eval) {
             c->have_eval = 0;
             Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
@@ -764,36 +808,14 @@ int coord_run_steps(coord *c, int first_step)
              * takes; the stages talk after every chunk, so the watchdog
              * (train.stall_timeout) still names a stalled one */
             if (coord_broadcast(c, &eenv) != MMP_OK ||
-                coord_wait_until(c, coord_got_eval, NULL, 0, "evaluation")) {
+                coord_wait_until(c, coord_got_eval, NULL, 0, "evaluation") || add_eval(c)) {
                 break;
             }
         }
-        if (balance(c, done, step_ms)) {
-            break;
-        }
-        if (c->ahead && (c->replan || c->decision[0])) {
-            /* can_chain asked mmp_balancer_may_act, which must agree */
-            coord_fail(c, "balancer acted after step %d, whose successor had started", done);
-            break;
-        }
-        double cpu_now = mmp_metrics_cpu_ms();
-        if (write_metrics(c, step, step_ms, norm, eval, cpu_now - cpu_prev)) {
-            break;
-        }
-        cpu_prev = cpu_now;
         if (eval) {
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done,
                      (double)c->eval_i2t, (double)c->eval_t2i);
-        }
-        if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps ||
-            c->replan) {
-            /* in the background unless the run (or this launch) ends here */
-            int background =
-                p->train.ckpt_async && done < p->job.steps && !c->replan && !mmp_interrupt_signal();
-            if (checkpoint(c, done, background)) {
-                break;
-            }
         }
         double lsum = 0;
         for (int i = 0; i < c->n; i++) {

@@ -694,6 +694,26 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         st->cpu_ms = cpu_ms;
         st->peak_mem_bytes =
             t.gpu >= 0 ? (double)mmp_backend_device_bytes(t.be) : (double)peak_rss_bytes();
+        /* The step's line and checkpoint before its evaluation (as the
+         * coordinator does): a validation sample that fails must not take
+         * the finished step with it; the line gets the recall after. */
+        off_t line_at = -1;
+        if ((err = mmp_metrics_same_file(t.metrics, out_dir)) != MMP_OK) {
+            goto exit;
+        }
+        if (fseeko(t.metrics, 0, SEEK_END) != 0 || (line_at = ftello(t.metrics)) < 0 ||
+            (err = mmp_metrics_write(t.metrics, &rec)) != MMP_OK) {
+            err = line_at < 0 ? mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno)) : err;
+            err = mmp_error_prefix(err, "%s", out_dir); /* RUN: metrics.jsonl: why */
+            goto exit;
+        }
+        int stop = mmp_interrupt_signal() && done != plan->job.steps;
+        if ((plan->train.ckpt_every > 0 && done % plan->train.ckpt_every == 0) ||
+            done == plan->job.steps || stop) {
+            if ((err = write_checkpoint(&t, done)) != MMP_OK) {
+                goto exit;
+            }
+        }
         if (mmp_plan_eval_due(plan, done)) {
             double i2t = 0, t2i = 0;
             if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK) {
@@ -704,20 +724,11 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             rec.val_t2i_r1 = t2i;
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done, i2t, t2i);
-        }
-        if ((err = mmp_metrics_same_file(t.metrics, out_dir)) != MMP_OK) {
-            goto exit;
-        }
-        if ((err = mmp_metrics_write(t.metrics, &rec)) != MMP_OK) {
-            err = mmp_error_prefix(err, "%s", out_dir); /* RUN: metrics.jsonl: why */
-            goto exit;
-        }
-        fflush(t.metrics);
-        int stop = mmp_interrupt_signal() && done != plan->job.steps;
-        if ((plan->train.ckpt_every > 0 && done % plan->train.ckpt_every == 0 &&
-             done != plan->job.steps) ||
-            stop) {
-            if ((err = write_checkpoint(&t, done)) != MMP_OK) {
+            if ((err = mmp_metrics_same_file(t.metrics, out_dir)) != MMP_OK) {
+                goto exit;
+            }
+            if ((err = mmp_metrics_rewrite(t.metrics, line_at, &rec)) != MMP_OK) {
+                err = mmp_error_prefix(err, "%s", out_dir);
                 goto exit;
             }
         }
@@ -738,7 +749,8 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         mmp_progress_update(&progress, done, text);
     }
     mmp_progress_end(&progress);
-    if ((err = write_checkpoint(&t, plan->job.steps)) != MMP_OK) {
+    /* the last step wrote it; a launch with no step left writes it here */
+    if (first_step >= plan->job.steps && (err = write_checkpoint(&t, plan->job.steps)) != MMP_OK) {
         goto exit;
     }
     char summary[256];

@@ -47,6 +47,33 @@ expect_fail "fail: truncated image stops the pipeline naming its line" "trunc.js
   "$BIN" launch "$W/plan.yaml" --out "$W/f3" --set data.manifest="$W/trunc.jsonl"
 expect_fail "fail: same in one process" "trunc.jsonl:21" \
   "$BIN" launch "$W/plan.yaml" --single-process --out "$W/f4" --set data.manifest="$W/trunc.jsonl"
+# A truncated image in the validation set, met by the evaluation at step 4: the run
+# stops naming it, but step 4 (due a checkpoint too) is saved first, its line in
+# metrics.jsonl without recall; with the image mended the run resumes from it.
+sed '21d' "$W/trunc.jsonl" >"$W/good.jsonl"
+sed '3s|"image": "[^"]*"|"image": "images/000020.png"|' "$D/val.jsonl" >"$W/badval.jsonl"
+for mode in pipe single; do
+  flag=; [ $mode = single ] && flag=--single-process
+  R=$W/val_$mode
+  expect_fail "fail ($mode): a truncated validation image stops the run naming its line" \
+    "badval.jsonl:3" "$BIN" launch "$W/plan.yaml" $flag --out "$R" --set data.manifest="$W/good.jsonl" \
+    --set data.val_manifest="$W/badval.jsonl" --set job.steps=8 --set train.eval_every=4 \
+    --set train.ckpt_every=4
+  [ "$(readlink "$R/ckpt/latest")" = step_0000004 ] && steps_once "$R/metrics.jsonl" 4 \
+    && ! grep -q val_i2t "$R/metrics.jsonl" \
+    && ok "fail ($mode): the evaluated step was checkpointed first (step 4, its line without recall)" \
+    || fail "fail ($mode): latest '$(readlink "$R/ckpt/latest")', last line step $(last_step "$R/metrics.jsonl")"
+done
+cp "$D/images/000024.png" "$D/images/000020.png" # mended
+for mode in pipe single; do
+  flag=; [ $mode = single ] && flag=--single-process
+  R=$W/val_$mode
+  "$BIN" launch "$R/plan.json" $flag --resume "$R" >"$R.resumed.log" 2>&1 && steps_once "$R/metrics.jsonl" 8 \
+    && [ "$(grep -c val_i2t "$R/metrics.jsonl")" = 1 ] \
+    && ok "fail ($mode): resumed from step 4 to 8, step 8 evaluated" \
+    || { fail "fail ($mode): resume"; tail -3 "$R.resumed.log"; }
+done
+head -c 60 "$D/images/000021.png" >"$D/images/000020.png" # truncated again, for what follows
 
 # --- skip ----------------------------------------------------------------------------
 rm "$D/images/000010.png"; : > "$D/images/000030.png"; echo "not a picture" > "$D/images/000040.png"
