@@ -148,6 +148,11 @@ static int origin_of(const mmp_schema_loader *L, struct fy_node *n)
             return i;
         }
     }
+    for (int k = 0; k < L->n_merged; k++) {
+        if (L->merged_nodes[k] == n) {
+            return L->merged_from[k];
+        }
+    }
     return -1;
 }
 
@@ -398,6 +403,56 @@ static size_t complex_key_at(const char *text, size_t len)
 
 /* Puts override i ("a.b.c=value") into the tree: the value is parsed as YAML
  * (so "[1,2]" is a list) and missing mappings on the way are created. */
+/* Override i's mapping `from` merged into the plan's mapping `into`: each
+ * key of from replaces the same key of into, where both are mappings key
+ * by key; the rest of into stays. So `--set train={batch: 8}` changes the
+ * batch, not every other train key back to its default. */
+static mmp_err merge_mapping(mmp_schema_loader *L, struct fy_node *into, struct fy_node *from,
+                             int i)
+{
+    void *iter = NULL;
+    struct fy_node_pair *fp;
+    while ((fp = fy_node_mapping_iterate(from, &iter)) != NULL) {
+        struct fy_node *k = fy_node_pair_key(fp), *v = fy_node_pair_value(fp);
+        size_t len = 0;
+        const char *name = mmp_yaml_is_scalar(k) ? fy_node_get_scalar(k, &len) : NULL;
+        if (!name) {
+            return mmp_errorf(MMP_ERR_CONFIG, "--set %s: a key that is not a name",
+                              L->overrides[i]);
+        }
+        struct fy_node_pair *tp = lookup_pair(into, name, len);
+        struct fy_node *tv = tp ? fy_node_pair_value(tp) : NULL;
+        if (tv && v && fy_node_get_type(tv) == FYNT_MAPPING &&
+            fy_node_get_type(v) == FYNT_MAPPING) {
+            MMP_TRY(merge_mapping(L, tv, v, i));
+            continue;
+        }
+        struct fy_node *copy = v ? fy_node_copy(L->fyd, v) : fy_node_create_scalar(L->fyd, "~", 1);
+        if (L->n_merged == L->cap_merged) {
+            int cap = L->cap_merged ? 2 * L->cap_merged : 16;
+            struct fy_node **nodes = realloc(L->merged_nodes, (size_t)cap * sizeof *nodes);
+            if (nodes) {
+                L->merged_nodes = nodes;
+            }
+            int *from_i = nodes ? realloc(L->merged_from, (size_t)cap * sizeof *from_i) : NULL;
+            if (from_i) {
+                L->merged_from = from_i;
+                L->cap_merged = cap;
+            }
+        }
+        if (!copy || L->n_merged == L->cap_merged ||
+            attach(L->fyd, into, tp, name, len, copy) != 0) {
+            if (copy) {
+                fy_node_free(copy);
+            }
+            return mmp_errorf(MMP_ERR_NOMEM, "--set %s: out of memory", L->overrides[i]);
+        }
+        L->merged_nodes[L->n_merged] = copy;
+        L->merged_from[L->n_merged++] = i;
+    }
+    return MMP_OK;
+}
+
 static mmp_err apply_override(mmp_schema_loader *L, int i)
 {
     const char *s = L->overrides[i];
@@ -460,6 +515,13 @@ static mmp_err apply_override(mmp_schema_loader *L, int i)
     }
     mmp_err ret = check_duplicates(L, value, key, i);
     if (ret != MMP_OK) {
+        fy_node_free(value);
+        return ret;
+    }
+    if (pair && !strchr(part, '.') && fy_node_get_type(value) == FYNT_MAPPING &&
+        fy_node_pair_value(pair) && fy_node_get_type(fy_node_pair_value(pair)) == FYNT_MAPPING) {
+        /* a section (or a mapping in one) the plan already has: merged */
+        ret = merge_mapping(L, fy_node_pair_value(pair), value, i);
         fy_node_free(value);
         return ret;
     }
@@ -729,6 +791,8 @@ exit:
     }
     free(L.keys);
     free(L.override_nodes);
+    free(L.merged_nodes);
+    free(L.merged_from);
     free(text);
     return ret;
 }

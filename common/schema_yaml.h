@@ -27,7 +27,11 @@ struct mmp_schema_loader {
     struct fy_document *fyd;
     bool fyd_parsed;                 /* fyd came from fyp (else fy_document_create) */
     struct fy_node **override_nodes; /* [n_overrides]: the subtree each override added */
-    mmp_schema_key_state *keys;      /* [schema->n_keys] */
+    /* the subtrees an override of a whole section merged in, key by key,
+     * and the override each came from */
+    struct fy_node **merged_nodes;
+    int *merged_from, n_merged, cap_merged;
+    mmp_schema_key_state *keys; /* [schema->n_keys] */
 };
 
 /* libfyaml's collected diagnostics: how many, and the i-th (NULL past them). */

@@ -464,6 +464,16 @@ static void test_overrides(void)
     const char *const section[] = {"train={batch: 8, microbatches: 2}"};
     CHECK_OK(mmp_plan_load(&p, DIR "minimal.yaml", section, 1));
     CHECK(p.train.batch == 8 && p.train.microbatches == 2);
+    /* merged into the section the file has, key by key, mappings in it too:
+     * the file's other keys stay (they used to fall back to the defaults) */
+    const char *const merged[] = {"train={batch: 8, optimizer: {warmup: 3}}"};
+    CHECK_OK(mmp_plan_load(&p, DIR "good.yaml", merged, 1));
+    CHECK(p.train.batch == 8 && p.train.optimizer.warmup == 3);
+    CHECK(feq(p.train.optimizer.lr, 3e-4) && feq(p.train.optimizer.min_lr, 1e-5));
+    /* a key it merges in is checked and named as the override's */
+    const char *const merged_bad[] = {"train={optimizer: {warmup: -1}}"};
+    expect_error_prefix(DIR "good.yaml", merged_bad, 1,
+                        "--set train={optimizer: {warmup: -1}}: train.optimizer.warmup: -1");
 
     static const struct {
         const char *file, *set, *msg;
