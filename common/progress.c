@@ -60,10 +60,11 @@ void mmp_sim_sleep(mmp_sim_clock *c, double ms)
     c->late_ms = late < 0 ? 0 : late > MMP_SIM_CARRY_MAX_MS ? MMP_SIM_CARRY_MAX_MS : late;
 }
 
-void mmp_progress_init(mmp_progress *p, int total, int plain_every)
+void mmp_progress_init(mmp_progress *p, int first, int total, int plain_every)
 {
     p->tty = isatty(2);
     p->plain_every = plain_every > 0 ? plain_every : 1;
+    p->first = first > 0 ? first : 0;
     p->total = total;
     p->t0 = mmp_now();
     p->last_len = 0;
@@ -86,7 +87,8 @@ void mmp_progress_update(mmp_progress *p, int done, const char *text)
     }
     double el = mmp_now() - p->t0;
     char eta[32];
-    fmt_eta(eta, sizeof eta, done > 0 ? el / done * (p->total - done) : 0);
+    int here = done - p->first; /* the steps this launch did */
+    fmt_eta(eta, sizeof eta, here > 0 ? el / here * (p->total - done) : 0);
     char line[512];
     int len = snprintf(line, sizeof line, "step %d/%d  %s  eta %s", done, p->total, text, eta);
     if (p->tty) {

@@ -9,12 +9,14 @@
 typedef struct mmp_progress {
     int tty;
     int plain_every;
-    int total;
+    int first, total; /* steps done when this launch began, and in all */
     double t0;
     int last_len;
 } mmp_progress;
 
-void mmp_progress_init(mmp_progress *p, int total, int plain_every);
+/* first: the steps already done when the work starts (a resumed run's
+ * checkpoint): the eta is this launch's pace over the steps left. */
+void mmp_progress_init(mmp_progress *p, int first, int total, int plain_every);
 /* done of total finished; text is appended after "step done/total". */
 void mmp_progress_update(mmp_progress *p, int done, const char *text);
 /* Ends the live line (a newline on a terminal). */

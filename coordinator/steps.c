@@ -690,7 +690,7 @@ int coord_run_steps(coord *c, int first_step)
 {
     const mmp_plan *p = c->plan;
     mmp_progress progress;
-    mmp_progress_init(&progress, p->job.steps, 10);
+    mmp_progress_init(&progress, first_step, p->job.steps, 10);
     c->in_steps = 1;
     double cpu_prev = mmp_metrics_cpu_ms();
     double t_done = 0; /* when the last step's results were all in */

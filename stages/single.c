@@ -647,7 +647,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
              (long long)mmp_dataset_size(t.train),
              (long long)(t.val ? mmp_dataset_size(t.val) : 0));
     mmp_progress progress;
-    mmp_progress_init(&progress, plan->job.steps, 10);
+    mmp_progress_init(&progress, first_step, plan->job.steps, 10);
     double run_t0 = mmp_now(), cpu_mark = mmp_metrics_cpu_ms();
     for (int step = first_step; step < plan->job.steps; step++) {
         double t0 = mmp_now(), data_s = 0, grad_norm = 0;
