@@ -118,7 +118,10 @@ for d in "$W"/grid/runs/*-m*-*; do [ -s "$d/simulate.txt" ] && sims=$((sims+1));
   && ok "each run's log.txt, the pipeline runs' simulate.txt, charts.gp (as --help says)" \
   || fail "$logs log.txt (want 9), $sims simulate.txt (want 8), charts.gp: $(ls "$W/grid" | paste -sd' ')"
 [ "$(grep -c '^\[[0-9]/9\] .*samples/s (step [0-9]* ms)' "$W/grid.err")" -eq 9 ] \
-  && ok "one progress line per run" || { fail "progress lines:"; head -12 "$W/grid.err" | sed 's/^/    /'; }
+  && [ "$(grep -c "^\[[0-9]/9\] .*: running (its progress: $W/grid/runs/.*/log.txt)$" "$W/grid.err")" -eq 9 ] \
+  && [ "$(sed -n 2p "$W/grid.err" | grep -c '^\[1/9\] .*: running')" -eq 1 ] \
+  && ok "a line as each run starts (naming its log.txt), one with its result" \
+  || { fail "progress lines:"; head -12 "$W/grid.err" | sed 's/^/    /'; }
 for c in throughput stages; do
   png "$W/grid/$c.png" && ok "$c.png is a PNG" || fail "$c.png missing or not a PNG ($(tail -2 "$W/grid/gnuplot.log" 2>/dev/null))"
 done

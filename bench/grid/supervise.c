@@ -229,6 +229,10 @@ void mmp_bench_run_all(mmp_bench *b, int *failed, int *interrupted)
     for (int i = 0; i < b->n_runs && !g_signal; i++) {
         mmp_bench_run *r = &b->runs[i];
         char label[400], what[400];
+        /* a run takes minutes at seed scale: say what runs, and where its
+         * progress goes, before waiting on it */
+        fprintf(stderr, "[%d/%d] %s: running (its progress: %s/runs/%s/log.txt)\n", i + 1,
+                b->n_runs, mmp_bench_run_label(b, r, label, sizeof label), b->out, r->id);
         do_run(b, r);
         if (r->state == MMP_BENCH_OK) {
             snprintf(what, sizeof what, "%.1f samples/s (step %.0f ms)", r->sps, r->step_ms);
