@@ -182,11 +182,19 @@ static mmp_err load_file(mmp_init_weights *w, const mmp_plan *plan, const char *
     for (int k = 0; k < 3 && err == MMP_OK; k++) {
         err = fill_moments(&c, tables[k], filled);
     }
+    int reset = 0;
     for (int i = 0; fresh && i < c.count; i++) {
         mmp_tensor *t = &c.entries[i].t;
         if (is_moment(c.entries[i].name) && t->data) {
             memset(t->data, 0, (size_t)mmp_tensor_numel(t) * mmp_dtype_size(t->dtype));
+            reset++;
         }
+    }
+    if (reset > 0 && err == MMP_OK) {
+        MMP_WARN("%s holds AdamW moments too (%d tensors: an export with --optimizer); a new "
+                 "run starts with fresh ones (to go on with them: mmpipe ckpt import, then "
+                 "launch --resume)",
+                 file, reset);
     }
     for (int k = 0; k < 3 && err == MMP_OK; k++) {
         err = mmp_params_load(tables[k], &c);
