@@ -125,16 +125,26 @@ int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, i
     if (!args->sets) {
         return 1;
     }
+    unsigned long long given = 0; /* the value options seen, by index */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (mmp_cli_help(a, usage)) {
             return 0;
         }
         const mmp_cli_opt *o = NULL;
-        for (int k = 0; k < n_opts && !o; k++) {
+        int k = 0;
+        for (; k < n_opts && !o; k++) {
             if (strcmp(a, opts[k].name) == 0) {
                 o = &opts[k];
             }
+        }
+        /* a value option twice (`--steps 2 ... --steps 3`): which one was
+         * meant? (--set is made to repeat) */
+        if (o && (o->kind == MMP_CLI_VALUE || o->kind == MMP_CLI_STEPS) && k - 1 < 64) {
+            if (given & (1ull << (k - 1))) {
+                return mmp_cli_usage_error(cmd, usage, "%s given twice", a);
+            }
+            given |= 1ull << (k - 1);
         }
         if (o && o->kind != MMP_CLI_FLAG && i + 1 >= argc) {
             return mmp_cli_usage_error(cmd, usage, "%s needs a value", a);
@@ -142,6 +152,9 @@ int mmp_cli_parse(const char *cmd, const char *usage, const mmp_cli_opt *opts, i
         if (o && o->kind != MMP_CLI_FLAG && mmp_cli_is_option(argv[i + 1])) {
             return mmp_cli_usage_error(cmd, usage, "%s needs a value, not the option '%s'", a,
                                        argv[i + 1]);
+        }
+        if (o && o->kind == MMP_CLI_VALUE && !argv[i + 1][0]) {
+            return mmp_cli_usage_error(cmd, usage, "%s needs a value, got an empty one", a);
         }
         int rc = o ? take_option(cmd, o, o->kind == MMP_CLI_FLAG ? NULL : argv[++i], args)
                    : mmp_cli_take_plan(cmd, usage, a, &args->plan);

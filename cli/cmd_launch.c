@@ -378,6 +378,15 @@ int mmp_cmd_launch(int argc, char **argv)
             goto exit;
         }
         out = resume;
+        struct stat rs;
+        int found = stat(resume, &rs) == 0;
+        if (!found || !S_ISDIR(rs.st_mode)) {
+            fprintf(stderr,
+                    "mmpipe launch: --resume %s: %s (give the run directory a launch "
+                    "wrote)\n",
+                    resume, found ? "not a directory" : strerror(errno));
+            goto exit;
+        }
     }
     if (mmp_plan_check_runnable(&plan) != MMP_OK) {
         fprintf(stderr, "mmpipe launch: %s\n", mmp_last_error()); /* it names the plan */

@@ -67,7 +67,11 @@ static void name_process(void)
 int main(int argc, char **argv)
 {
     name_process();
-    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+    if (argc >= 2 && strcmp(argv[1], "--version") == 0) {
+        if (argc > 2) {
+            fprintf(stderr, "mmpipe: --version takes nothing after it, got '%s'\n", argv[2]);
+            return 2;
+        }
         printf("mmpipe %s\n", MMP_VERSION);
         return 0;
     }

@@ -326,5 +326,20 @@ expect_fail "launch --out --force: a usage error, no directory named --force" "-
 [ ! -e "$W/--force" ] && ok "... and nothing was made" || fail "a directory named --force"
 expect_fail "ckpt export -o --optimizer: a usage error" "-o needs a value, not the option '--optimizer'" \
   "$BIN" ckpt export "$L" -o --optimizer
+# an empty value, a value option twice, --resume of what is no run directory
+expect_fail "launch --out '': a usage error" "--out needs a value, got an empty one" \
+  "$BIN" launch "$W/plan.yaml" --out ''
+expect_fail "launch --steps twice: a usage error (which one was meant?)" "--steps given twice" \
+  "$BIN" launch "$W/plan.yaml" --steps 2 --out "$W/twice" --steps 3
+[ ! -e "$W/twice" ] && ok "... and nothing was made" || fail "a run directory for the --steps given twice"
+expect_fail "simulate --costs twice: a usage error" "--costs given twice" \
+  "$BIN" simulate "$W/plan.yaml" --costs "$L" --costs "$L"
+expect_fail "--resume of a missing directory says so" "--resume $W/nothere: No such file or directory" \
+  "$BIN" launch "$W/plan.yaml" --resume "$W/nothere"
+expect_fail "--resume of a file says it is not a directory" "--resume $W/plan.yaml: not a directory" \
+  "$BIN" launch "$W/plan.yaml" --resume "$W/plan.yaml"
+out=$("$BIN" --version extra 2>&1); rc=$?
+[ $rc -eq 2 ] && [ "$out" = "mmpipe: --version takes nothing after it, got 'extra'" ] \
+  && ok "--version with more after it: a usage error saying so" || fail "--version extra: rc $rc: $out"
 
 finish
