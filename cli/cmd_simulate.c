@@ -41,8 +41,10 @@ static const char USAGE[] =
     "                   directory. Uses the median over steps (the first, warm-up,\n"
     "                   left out) of each stage's fwd_ms, bwd_ms (of a zb-h1 run\n"
     "                   also wgt_ms, its weight passes' part) and load_ms per\n"
-    "                   micro-batch, on the placement of the run's last step;\n"
-    "                   send and step overhead are not measured (0). Shows the\n"
+    "                   micro-batch, on the placement of the run's last step,\n"
+    "                   its replicas' micro-batches dealt as they were then\n"
+    "                   (weighted routing); send and step overhead are not\n"
+    "                   measured (0). Shows the\n"
     "                   measured step time beside the prediction.\n"
     "                   Without it: nominal costs, forward 0.1 ms per layer per\n"
     "                   sample, backward twice that, load/send/overhead free\n"
@@ -411,8 +413,11 @@ int mmp_cmd_simulate(int argc, char **argv)
         printf("costs: measured, medians over %d step%s of %s (first step left out as warm-up); "
                "send and step overhead not measured (0 ms)\n",
                run.n_steps, run.n_steps == 1 ? "" : "s", run.path);
-        printf("placement: %s (the run's last)\n\n",
-               run.placement[0] ? run.placement : "the plan's");
+        printf("placement: %s (the run's last)\n", run.placement[0] ? run.placement : "the plan's");
+        if (run.routing[0]) {
+            printf("routing: the run's last step's, %s micro-batches\n", run.routing);
+        }
+        printf("\n");
     } else if (plan.compute == MMP_COMPUTE_SIMULATED) {
         printf("costs: the plan's sim.* (compute: simulated), per device slot's slowdown; "
                "load/send/step overhead free\n\n");

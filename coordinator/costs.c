@@ -43,6 +43,7 @@ typedef struct measured {
     double mem[MMP_SCHED_MAX_STAGES];   /* the most peak_mem_bytes any record gave */
     double state[MMP_SCHED_MAX_STAGES]; /* that record's state_bytes (0: none) */
     int slots[MMP_SCHED_MAX_STAGES];    /* and act_slots (0: none) */
+    int mbs[MMP_SCHED_MAX_STAGES];      /* micro-batches each had in the last step (0: none) */
 } measured;
 
 static void measured_fini(measured *m)
@@ -108,6 +109,7 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
         }
         sum[0][st] += g->fwd_ms;
         sum[1][st] += g->bwd_ms;
+        m->mbs[st] = g->microbatches > 0 ? g->microbatches : 0;
         sum[2][st] += isnan(g->load_ms) ? 0 : g->load_ms;
         sum[3][st] += isnan(g->wgt_ms) ? 0 : g->wgt_ms;
         if (!isnan(g->peak_mem_bytes) && g->peak_mem_bytes > m->mem[st]) {
@@ -140,6 +142,40 @@ static mmp_err take_record(const mmp_sched *s, const mmp_metrics_step *rec, cons
     }
     m->n++;
     return MMP_OK;
+}
+
+/* Replicas the balancer routed unevenly (metrics' per-process micro-batch
+ * counts of the last step, e.g. 32:16 to a fast and a slow replica) are
+ * simulated so: *s compiled again with those counts as routing speeds,
+ * which mmp_sched_route deals back out in the same proportion. Nothing to
+ * do where every replica of a stage had as many as the others. */
+static mmp_err route_as_measured(mmp_plan *plan, mmp_sched *s, const measured *m,
+                                 mmp_costs_run *info)
+{
+    double speed[MMP_SCHED_MAX_STAGES];
+    int uneven = 0;
+    for (int i = 0; i < s->n_stages; i++) {
+        const mmp_sched_stage *g = &s->stages[i];
+        int first = i - g->replica; /* the stage's replica 0 */
+        if (m->mbs[i] <= 0 || (g->n_replicas > 1 && m->mbs[first] <= 0)) {
+            return MMP_OK; /* a process without its count: the plan's own deal */
+        }
+        speed[i] = m->mbs[i];
+        uneven |= g->n_replicas > 1 && m->mbs[i] != m->mbs[first];
+    }
+    if (!uneven) {
+        return MMP_OK;
+    }
+    int len = 0;
+    for (int i = 0; i < s->n_stages; i++) {
+        const mmp_sched_stage *g = &s->stages[i];
+        if (g->n_replicas > 1 && len < (int)sizeof info->routing - 40) {
+            len += snprintf(info->routing + len, sizeof info->routing - (size_t)len, "%s%s/%d %d",
+                            len ? ", " : "", g->name, g->replica, m->mbs[i]);
+        }
+    }
+    mmp_sched_fini(s);
+    return mmp_sched_compile_routed(s, plan, speed);
 }
 
 /* The median after the first value (a launch's warm-up step) when there are two or more. */
@@ -210,6 +246,9 @@ mmp_err mmp_costs_measure(const char *run, mmp_plan *plan, mmp_sched *s, mmp_sim
     mmp_metrics_close(&r);
     if (ret == MMP_OK && m.n == 0) {
         ret = mmp_errorf(MMP_ERR_DATA, "%s: no step records (lines with \"stages\")", info->path);
+    }
+    if (ret == MMP_OK) {
+        ret = route_as_measured(plan, s, &m, info);
     }
     if (ret == MMP_OK) {
         memset(c, 0, sizeof *c);

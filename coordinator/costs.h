@@ -35,6 +35,10 @@ typedef struct mmp_costs_run {
     char placement[MMP_METRICS_PLACEMENT_MAX]; /* the run's last; "" when it records none */
     int n_steps;                               /* steps the medians are over */
     double step_ms;                            /* their median measured step time */
+    /* the replicas' micro-batches in the last step where they were routed
+     * unevenly ("image.0/0 32, image.0/1 16"), the deal simulated; "" when
+     * every replica had as many as the others */
+    char routing[256];
 } mmp_costs_run;
 
 /* A run's measured costs: run is its directory or its metrics.jsonl. Sets
