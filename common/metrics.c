@@ -504,14 +504,27 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
+    long lineno = 0, odd = 0, first_odd = 0;
     while ((n = getline(&line, &cap, in)) > 0) {
+        lineno++;
         long step = mmp_metrics_line_step(line);
         int whole = n >= 2 && line[n - 1] == '\n' && line[n - 2] == '}';
         if (whole && step >= 0 && step <= keep_steps) {
             fwrite(line, 1, (size_t)n, a.f);
+        } else if (line[n - 1] == '\n' && !(whole && step >= 0)) {
+            /* a whole line but no step's record (the cut-off last one a
+             * killed writer leaves has no newline): something else wrote
+             * here; said, not lost without a word */
+            odd++;
+            first_odd = first_odd ? first_odd : lineno;
         }
     }
     free(line);
+    if (odd > 0) {
+        MMP_WARN("%s: %ld line%s that %s no step's record (line %ld first) left out as the "
+                 "run continues from step %d",
+                 path, odd, odd == 1 ? "" : "s", odd == 1 ? "is" : "are", first_odd, keep_steps);
+    }
     if (ferror(in)) {
         ret = mmp_errorf(MMP_ERR_IO, "read %s: %s", path, strerror(errno));
         mmp_atomic_abort(&a);

@@ -61,6 +61,21 @@ static void case_dir(const char *name, char *buf, size_t n)
     snprintf(buf, n, "%s", mmp_test_tmpdir(sub));
 }
 
+typedef struct continue_args {
+    const char *dir;
+    int keep;
+} continue_args;
+
+static void continue_run(void *arg)
+{
+    continue_args *c = arg;
+    FILE *f = NULL;
+    CHECK_OK(mmp_metrics_continue(c->dir, c->keep, &f));
+    if (f) {
+        fclose(f);
+    }
+}
+
 static void test_metrics(void)
 {
     char dir[1100];
@@ -84,6 +99,22 @@ static void test_metrics(void)
     const char *s = slurp(path);
     CHECK(s && strcmp(s, "{\"step\":1,\"a\":1}\n{\"step\":2,\"a\":2}\n{\"step\":3,\"a\":3}\n"
                          "{\"step\":4,\"a\":40}\n") == 0);
+
+    /* A line that is no step's record (another writer's, a mangled one):
+     * left out, but said, naming the first. The crash's cut-off last line
+     * above is expected, and said nothing. */
+    write_file(path,
+               "{\"step\":1,\"a\":1}\nsome note\n{\"step\":2,\"a\":2\n{\"step\":3,\"a\":3}\n");
+    continue_args ca = {dir, 3};
+    char *said = mmp_test_stderr_of("test_records_said", continue_run, &ca);
+    CHECK(said && strstr(said, "metrics.jsonl: 2 lines that are no step's record (line 2 first) "
+                               "left out as the run continues from step 3"));
+    free(said);
+    s = slurp(path);
+    CHECK(s && strcmp(s, "{\"step\":1,\"a\":1}\n{\"step\":3,\"a\":3}\n") == 0);
+    said = mmp_test_stderr_of("test_records_said", continue_run, &ca);
+    CHECK(said && !strstr(said, "left out"));
+    free(said);
 
     /* A new run starts empty; a resume of a run without metrics creates it. */
     CHECK_OK(mmp_metrics_continue(dir, -1, &f));
