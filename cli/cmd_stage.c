@@ -128,6 +128,19 @@ int mmp_cmd_stage(int argc, char **argv)
                 return 2;
             }
         } else if (strcmp(argv[i - 1], "--shm-prefix") == 0) {
+            /* exactly a job's ("/mmpipe-" and 12 hex digits, coordinator/run.c):
+             * the stage removes everything under it when its coordinator is
+             * gone, and "/mmpipe-" alone would be every job's on the host */
+            size_t n = strlen(v);
+            int ok = n == 20 && strncmp(v, "/mmpipe-", 8) == 0 &&
+                     strspn(v + 8, "0123456789abcdef") == 12;
+            if (!ok) {
+                fprintf(stderr,
+                        "mmpipe stage: --shm-prefix takes a job's prefix, /mmpipe- and 12 hex "
+                        "digits, got '%s'\n\n%s",
+                        v, USAGE);
+                return 2;
+            }
             a.shm_prefix = v;
         } else if (strcmp(argv[i - 1], "--secrets") == 0) {
             if (strcmp(v, "stdin") != 0) {

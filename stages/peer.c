@@ -140,9 +140,12 @@ mmp_err mmp_peer_check_assignment(const Mmpipe__Assignment *a)
                           "assignment: field kind = %d, not image|text|fusion (0..2)",
                           (int)a->kind);
     }
-    if (a->sub < 0 || a->layer_first < 0 || a->layer_last < a->layer_first) {
+    /* (a branch has at most as many sub-stages as layers: 1024 is far past
+     * any, and keeps the trace's row number of a stage in range) */
+    if (a->sub < 0 || a->sub >= 1024 || a->layer_first < 0 || a->layer_last < a->layer_first) {
         return mmp_errorf(MMP_ERR_PROTO,
-                          "assignment: fields sub = %d, layers = [%d, %d): negative or empty",
+                          "assignment: fields sub = %d (0..1023), layers = [%d, %d): out of range "
+                          "or empty",
                           a->sub, a->layer_first, a->layer_last);
     }
     if (a->inflight_bound < 0 || a->inflight_bound > a->microbatches) {

@@ -185,7 +185,10 @@ mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
     /* the one before first: the coordinator takes the acks in order */
     MMP_TRY(worker_ckpt_settle(w, 1));
     char path[1200];
-    snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file);
+    if (snprintf(path, sizeof path, "%s/%s", r->dir, w->asg->ckpt_file) >= (int)sizeof path) {
+        return mmp_errorf(MMP_ERR_PROTO, "checkpoint request: directory '%.200s...' too long",
+                          r->dir);
+    }
     if (w->asg->replica != 0) { /* replicas hold identical state: one file */
         return send_ckpt_ack(w, r->step, MMP_OK, "", 0);
     }

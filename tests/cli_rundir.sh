@@ -74,6 +74,12 @@ for bad in x -1 2x; do # an index the coordinator never writes is refused before
   expect_fail "stage --replica '$bad' is a usage error" "--replica takes a replica index, got '$bad'" \
     env MMP_JOB_TOKEN=00 "$BIN" stage --connect ipc://@nowhere --stage image.0 --replica "$bad"
 done
+# a stage removes everything under its --shm-prefix when its coordinator is gone: only a
+# job's own prefix is taken ("/mmpipe-" alone would be every job's on the host)
+for bad in /mmpipe- /mmpipe-0123456789ab-x /tmp/x /mmpipe-0123456789AB; do
+  expect_fail "stage --shm-prefix '$bad' is a usage error" "--shm-prefix takes a job's prefix" \
+    env MMP_JOB_TOKEN=00 "$BIN" stage --connect ipc://@nowhere --stage image.0 --replica 0 --shm-prefix "$bad"
+done
 
 before=$(state "$L/ckpt/step_0000001"; state "$L/plan.json"; ls -a "$L")
 expect_fail "--force into a live run is refused naming its pid" "in use .*pid $LPID" \

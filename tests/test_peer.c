@@ -145,6 +145,9 @@ static void test_program(void)
     a.kind = (Mmpipe__StageKind)7;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO);
     a.kind = MMPIPE__STAGE_KIND__STAGE_KIND_IMAGE;
+    a.sub = 1024; /* no branch has so many: the trace's row number would overflow */
+    CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "sub = 1024"));
+    a.sub = 0;
     out.id = 3;
     CHECK(mmp_peer_check_assignment(&a) == MMP_ERR_PROTO && strstr(mmp_last_error(), "twice"));
     /* an id of -1 would let a send or receive of edge -1 (no channel) pass
