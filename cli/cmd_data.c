@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "common/progress.h"
+#include "common/utf8.h"
 #include "data/dataset.h"
 #include "data/image.h"
 #include "data/manifest.h"
@@ -255,9 +256,22 @@ static int cmd_tokenize(int argc, char **argv)
         goto exit;
     }
     ssize_t got;
+    long lineno = 0;
     while ((got = getline(&line, &cap, stdin)) >= 0) {
+        lineno++;
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) {
             line[--got] = 0;
+        }
+        /* tokenized all the same (one output line per input line), but said:
+         * a manifest refuses such a caption, so it is not what a run sees */
+        size_t bad = mmp_utf8_check(line, (size_t)got);
+        const char *nul = memchr(line, 0, bad);
+        if (nul || bad < (size_t)got) {
+            fprintf(stderr,
+                    "mmpipe data tokenize: stdin:%ld:%zu: %s; the tokenizer drops it (a "
+                    "manifest refuses such a caption)\n",
+                    lineno, (size_t)((nul ? (size_t)(nul - line) : bad) + 1),
+                    nul ? "a NUL byte" : "not UTF-8 text");
         }
         int n_real = 0;
         /* by length: a NUL byte in the line is text too (the tokenizer drops it) */

@@ -268,6 +268,15 @@ done < "$W/data/train.jsonl" > "$E/train.jsonl"
   || { fail "[UNK] warning with the real vocab"; tail -3 "$W/unk2.log"; }
 ! grep -q "UNK" "$W/pf4.log" && ok "... nor for the synthetic captions with their own vocab" \
   || fail "[UNK] warning on the synthetic set"
+# data tokenize: a line a manifest would refuse (not UTF-8, a NUL) is tokenized all the same,
+# one output line per input line, and said with its line and column
+printf 'a red \xff square\nhello\0world\na red square\n' \
+  | "$BIN" data tokenize --vocab tests/tokenizer/vocab.txt >"$W/tok.out" 2>"$W/tok.err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l <"$W/tok.out")" -eq 3 ] && [ "$(wc -l <"$W/tok.err")" -eq 2 ] \
+  && grep -q "^mmpipe data tokenize: stdin:1:7: not UTF-8 text; the tokenizer drops it" "$W/tok.err" \
+  && grep -q "^mmpipe data tokenize: stdin:2:6: a NUL byte; the tokenizer drops it" "$W/tok.err" \
+  && ok "data tokenize: bytes a manifest refuses are tokenized, said with line:column" \
+  || { fail "data tokenize of bad bytes: rc $rc"; cat "$W/tok.err"; }
 
 # a bad validation image under on_bad_sample: skip is skipped, not fatal
 B=$W/badval
