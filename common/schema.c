@@ -297,7 +297,8 @@ static mmp_err check_duplicates(mmp_schema_loader *L, struct fy_node *n, const c
 #define EXPANDED_DEPTH_MAX 256
 
 /* Adds n's nodes, aliases expanded, to *nodes; 0 (with *blame: the
- * outermost alias on the way, or n) once over the budget or the depth. */
+ * outermost alias on the way, or n) once over the budget or the depth, or
+ * (*blame the alias, *nodes -1) at an alias whose anchor is nowhere. */
 static int expansion_ok(struct fy_node *n, struct fy_node *via, int depth, long *nodes,
                         struct fy_node **blame)
 {
@@ -309,8 +310,13 @@ static int expansion_ok(struct fy_node *n, struct fy_node *via, int depth, long 
         return 0;
     }
     if (fy_node_is_alias(n)) {
-        /* NULL for an anchor never defined: fy_document_resolve says so */
-        return expansion_ok(fy_node_resolve_alias(n), via ? via : n, depth + 1, nodes, blame);
+        struct fy_node *target = fy_node_resolve_alias(n);
+        if (!target) {
+            *blame = n;
+            *nodes = -1;
+            return 0;
+        }
+        return expansion_ok(target, via ? via : n, depth + 1, nodes, blame);
     }
     void *iter = NULL;
     if (fy_node_get_type(n) == FYNT_SEQUENCE) {
@@ -340,6 +346,13 @@ static mmp_err check_expansion(mmp_schema_loader *L, struct fy_node *root)
         return MMP_OK;
     }
     mmp_schema_site at = {.node = blame, .key = NULL, .origin = -1};
+    if (nodes < 0) {
+        size_t len = 0;
+        const char *name = fy_node_get_scalar(blame, &len);
+        return mmp_schema_fail(L, at, "alias *%.*s: no anchor &%.*s before it",
+                               name ? (int)len : 0, name ? name : "", name ? (int)len : 0,
+                               name ? name : "");
+    }
     return mmp_schema_fail(L, at,
                            "aliases expand past %d nodes or %d levels here (anchors that "
                            "repeat each other?); a plan needs a few thousand",

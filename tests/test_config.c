@@ -410,6 +410,8 @@ static void test_written_errors(const char *tmp)
          "%s:2:10: compute: unknown value 'fake' (accepted: real, simulated)"},
         {"data: { manifest: t.jsonl }\ntrian: {}\n",
          "%s:2:1: unknown key 'trian' (did you mean 'train'?)"},
+        {"data: { manifest: t.jsonl }\ntrain: { batch: *nope }\n",
+         "%s:2:18: alias *nope: no anchor &nope before it"},
     };
     char path[1200], want[2048];
     snprintf(path, sizeof path, "%s/plan.yaml", tmp);
