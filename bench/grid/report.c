@@ -66,10 +66,12 @@ static mmp_err write_csv(const mmp_bench *b, const char *path)
         char t[9][64];
         snprintf(t[0], sizeof t[0], "%d", r->mb);
         csv_field(f, r->id, 0);
-        csv_field(f, MMP_BENCH_SCHED_NAMES[r->sched], 0);
+        /* the baseline as results.md shows it: one process, no schedule to
+         * balance */
+        csv_field(f, r->single ? "single-process" : MMP_BENCH_SCHED_NAMES[r->sched], 0);
         csv_field(f, t[0], 0);
         csv_field(f, placement_of(b, r), 0);
-        csv_field(f, MMP_BENCH_BALANCE_NAMES[r->balance], 0);
+        csv_field(f, r->single ? "" : MMP_BENCH_BALANCE_NAMES[r->balance], 0);
         csv_field(f, MMP_BENCH_PREC_NAMES[r->prec], 0);
         csv_field(f, num(t[1], 64, r->sps, 2), 0);
         csv_field(f, num(t[2], 64, r->sps / base, 4), 0);
