@@ -165,6 +165,14 @@ static void layer_costs(const mmp_plan *p, const mmp_sched *s, const mmp_sim_cos
 
 /* Plans a placement on `cores` CPU cores (coordinator/planner_cores.h) and
  * prints it. 0 ok, 1 error (printed). */
+/* Where the planner's per-layer costs come from, for its report line. */
+static const char *costs_word(const mmp_plan *p, int measured)
+{
+    return measured                              ? "measured"
+           : p->compute == MMP_COMPUTE_SIMULATED ? "the plan's sim.*"
+                                                 : "nominal";
+}
+
 static int plan_cores(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs *c, int measured,
                       int cores)
 {
@@ -191,7 +199,7 @@ static int plan_cores(const mmp_plan *p, const mmp_sched *s, const mmp_sim_costs
     const mmp_planner_eval *v = &r.eval;
     printf("\nplanner on cores: %d cores, %s per-layer costs, planned in %.1f ms (%d candidates)\n"
            "placement %s (process k on core k %% %d)\ncore loads per step (ms):",
-           cores, measured ? "measured" : "nominal", 1000 * took, r.candidates,
+           cores, costs_word(p, measured), 1000 * took, r.candidates,
            mmp_placement_format(&r.placement, text, sizeof text), cores);
     for (int k = 0; k < cores && k < MMP_CORES_MAX_PROCS; k++) {
         printf(" %.1f", core_ms[k]);
@@ -254,7 +262,7 @@ static int plan_placement(const mmp_plan *p, const mmp_sched *s, const mmp_sim_c
     const mmp_planner_eval *v = &r.eval;
     printf("\nplanner: %d devices, %s per-layer costs, %d micro-batches of %d samples at most; "
            "planned in %.1f ms (%d candidates, %d simulated)\n",
-           devices, measured ? "measured" : "nominal", p->train.microbatches,
+           devices, costs_word(p, measured), p->train.microbatches,
            (p->train.batch + p->train.microbatches - 1) / p->train.microbatches, 1000 * took,
            r.candidates, r.simulated);
     printf("%-10s %-9s %8s %12s %10s %10s\n", "stage", "layers", "replicas", "ms/mb/repl", "busy",

@@ -349,9 +349,8 @@ static mmp_err check_expansion(mmp_schema_loader *L, struct fy_node *root)
     if (nodes < 0) {
         size_t len = 0;
         const char *name = fy_node_get_scalar(blame, &len);
-        return mmp_schema_fail(L, at, "alias *%.*s: no anchor &%.*s before it",
-                               name ? (int)len : 0, name ? name : "", name ? (int)len : 0,
-                               name ? name : "");
+        return mmp_schema_fail(L, at, "alias *%.*s: no anchor &%.*s before it", name ? (int)len : 0,
+                               name ? name : "", name ? (int)len : 0, name ? name : "");
     }
     return mmp_schema_fail(L, at,
                            "aliases expand past %d nodes or %d levels here (anchors that "

@@ -77,6 +77,9 @@ grep -q "^as plan keys" "$W/big.txt" && grep -q "^(not one plan: .* more than th
 "$BIN" simulate configs/sim-uneven.yaml --plan-devices 6 >"$W/six.txt" 2>&1
 grep -q "^as plan keys" "$W/six.txt" && ! grep -q "not one plan" "$W/six.txt" \
   && ok "--plan-devices 6: runnable keys, no note" || { fail "--plan-devices 6"; tail -4 "$W/six.txt"; }
+grep -q "^planner: 6 devices, the plan's sim.\* per-layer costs," "$W/six.txt" \
+  && ok "--plan-devices 6 of a compute: simulated plan names the sim.* costs it plans with" \
+  || { fail "--plan-devices 6: the costs named"; grep "^planner" "$W/six.txt"; }
 grep -q "^these keys' own schedule simulates to [0-9.]* ms a step" "$W/six.txt" && ! grep -q "not one plan" "$W/six.txt" \
   && ok "--plan-devices 6: the keys' own schedule simulated beside the planner's figure" \
   || { fail "--plan-devices 6: no simulation of the keys"; tail -2 "$W/six.txt"; }
