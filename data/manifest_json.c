@@ -465,7 +465,7 @@ const char *mmp_sample_problem_name(mmp_sample_problem p)
         [MMP_PROBLEM_MISSING_FIELD] = "missing field",
         [MMP_PROBLEM_FIELD_TYPE] = "non-string field",
         [MMP_PROBLEM_DUPLICATE_FIELD] = "duplicate field",
-        [MMP_PROBLEM_UTF8] = "invalid UTF-8",
+        [MMP_PROBLEM_UTF8] = "text not UTF-8 or with a NUL",
         [MMP_PROBLEM_EMPTY_PATH] = "empty image path",
         [MMP_PROBLEM_EMPTY_CAPTION] = "empty caption",
         [MMP_PROBLEM_LONG_LINE] = "line too long",

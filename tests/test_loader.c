@@ -632,7 +632,7 @@ static void test_check_cli(void)
         ":10: not valid JSON at column 40: \\ud800 is a high surrogate",
         ("10 non-blank lines, 6 problems (by kind: 1 malformed JSON, 1 missing field, 1 non-string "
          "field, "
-         "2 invalid UTF-8, 1 empty caption); 4 good samples"),
+         "2 text not UTF-8 or with a NUL, 1 empty caption); 4 good samples"),
     };
     for (size_t i = 0; i < sizeof want_lines / sizeof want_lines[0]; i++) {
         CHECK(contains(out, want_lines[i]));
