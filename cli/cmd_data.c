@@ -404,8 +404,8 @@ static mmp_err check_line(void *user, const mmp_manifest_entry *e, const char *p
 static void print_summary(const check_state *st)
 {
     const int64_t good = st->lines - st->problems;
-    printf("%s: %lld non-blank lines, %lld problems", st->manifest, (long long)st->lines,
-           (long long)st->problems);
+    printf("%s: %lld non-blank line%s, %lld problem%s", st->manifest, (long long)st->lines,
+           st->lines == 1 ? "" : "s", (long long)st->problems, st->problems == 1 ? "" : "s");
     if (st->problems) {
         const char *sep = " (by kind: ";
         for (int k = 1; k < MMP_PROBLEM_KINDS; k++) {
@@ -417,7 +417,7 @@ static void print_summary(const check_state *st)
         }
         printf(")");
     }
-    printf("; %lld good samples", (long long)good);
+    printf("; %lld good sample%s", (long long)good, good == 1 ? "" : "s");
     if (st->decode && good > 0) {
         printf("; images %dx%d", st->width, st->height);
         if (st->other_sizes) {
