@@ -27,8 +27,8 @@ static int write_all(const char *path, const uint8_t *data, size_t size)
 
 static void cleanup(void)
 {
-    static const char *const names[] = {"image.ckpt", "train.ckpt", "plan.yaml",
-                                        MMP_CKPT_FILE_LIST, MMP_FINGERPRINT_FILE};
+    static const char *const names[] = {"image.ckpt", "train.ckpt", "plan.yaml", MMP_CKPT_FILE_LIST,
+                                        MMP_FINGERPRINT_FILE};
     char path[700];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);

@@ -147,6 +147,25 @@ static void find_memops(void)
     }
 }
 
+/* cuMemGetAddressRange through the runtime's entry point (no link to the
+ * driver library: this module loads where there is none); NULL when the
+ * driver lacks it. */
+typedef CUresult (*cipc_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+static cipc_range_fn cipc_range;
+static pthread_once_t cipc_range_once = PTHREAD_ONCE_INIT;
+
+static void find_range(void)
+{
+    void *f = NULL;
+    enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    cipc_range = q == cudaDriverEntryPointSuccess ? (cipc_range_fn)f : NULL;
+}
+
 static int memops_available(void)
 {
     pthread_once(&cipc_memops_once, find_memops);
@@ -191,6 +210,7 @@ struct cipc_channel {
     int32_t sync;                /* CIPC_SYNC_* (the creator's, read from the header) */
     uint32_t *ready_f, *freed_f; /* MEMOPS: the flag words, device memory after the slots */
     size_t slot_bytes, stride;
+    size_t dev_bytes;                     /* the slots and flags, as this end's geometry has them */
     size_t msg_off, ready_off, freed_off; /* in the control segment */
     uint32_t slots;
     int send;           /* this end sends */
@@ -341,6 +361,7 @@ static mmp_err new_channel(cipc_channel **out, const mmp_channel_cfg *cfg, const
     ch->slots = (uint32_t)cfg->slots;
     ch->send = cfg->send != 0;
     ch->map_bytes = g->total;
+    ch->dev_bytes = g->device;
     ch->msg_off = g->msg_off;
     ch->ready_off = g->ready_off;
     ch->freed_off = g->freed_off;
@@ -591,6 +612,21 @@ static mmp_err import_device(cipc_channel *ch)
         return cuda_fail(ce, ch->name, "cudaIpcOpenMemHandle");
     }
     ch->dev = dev;
+    /* The mapping is the creator's allocation: it must hold what this end's
+     * geometry will address (the header's geometry was checked, the handle
+     * is another process's word too). */
+    pthread_once(&cipc_range_once, find_range);
+    CUdeviceptr base = 0;
+    size_t have = 0;
+    if (cipc_range && cipc_range(&base, &have, (CUdeviceptr)(uintptr_t)dev) == CUDA_SUCCESS &&
+        (base != (CUdeviceptr)(uintptr_t)dev || have < ch->dev_bytes)) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "cuda_ipc %s: the creator's device memory holds %zu bytes from the "
+                          "mapping%s; the channel's geometry needs %zu",
+                          ch->name, have,
+                          base != (CUdeviceptr)(uintptr_t)dev ? " (not its start)" : "",
+                          ch->dev_bytes);
+    }
     mmp_ring_slots(&ch->ring, ch->dev, ch->stride);
     point_flags(ch);
     ch->sync = ch->hdr->sync; /* the creator's word: checked before use */
