@@ -324,6 +324,12 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         mmp_sched_fini(&c.sched);
         c.cur = c.next;
         first_step = c.replan_step;
+        /* plan.json is the plan that runs: the `resume with` command it is
+         * named in continues on this placement, not the first one */
+        if (mmp_plan_write_json(&c.cur, c.plan_json) != MMP_OK) {
+            coord_fail(&c, "%s", mmp_last_error());
+            break;
+        }
         mmp_ckpt_step_dir(resume_dir, sizeof resume_dir, out_dir, first_step);
     }
     coord_stop_all(&c, 0);

@@ -144,6 +144,17 @@ pred=$(grep -o 'after re-placing (bottleneck [0-9.]* ms, efficiency [0-9.]*' "$W
 grep -q '"action":"replace","to":"image.0:4 text.0:1 fusion:1"' "$W/dyn30.jsonl" \
   && ok "dynamic: the new placement is image.0:4 text.0:1 fusion:1" \
   || fail "dynamic: re-placed to $(grep -o '"to":"[^"]*"' "$W/dyn30.jsonl" | head -1), not image.0:4 text.0:1 fusion:1"
+# plan.json is the plan that ran last: its stages are the last step's placement, so the
+# `resume with` command continues there (it named the first placement before)
+last=$(grep -o '"placement":"[^"]*"' "$W/dynamic/metrics.jsonl" | tail -1 | cut -d'"' -f4)
+sim=$("$BIN" simulate "$W/dynamic/plan.json" 2>&1)
+same=1
+for part in $last; do
+  name=${part%:*} k=${part##*:}
+  [ "$(grep -cE "^${name//./\\.}(/[0-9]+)? " <<<"$sim")" -eq "$k" ] || same=0
+done
+[ -n "$last" ] && [ $same = 1 ] && ok "plan.json holds the last placement ($last)" \
+  || { fail "plan.json's placement is not the last one ($last)"; grep -E '^(image|text|fusion)' <<<"$sim" | sed 's/^/    /'; }
 # Far bar: the prediction comes from measured costs (0.96-0.98 on an idle machine).
 ge "${pred:-0}" 0.7 && ok "the new placement's predicted balance efficiency $pred (bar 0.7)" \
   || fail "predicted efficiency ${pred:-none} < 0.7"
