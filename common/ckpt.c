@@ -1035,6 +1035,8 @@ mmp_err mmp_ckpt_write_meta_scaled(const char *dir, int steps_done, const mmp_pl
         mmp_ckpt_write(&w, "meta.loss_scale", MMP_F32, 1, &one, &ls->scale);
         mmp_ckpt_write(&w, "meta.loss_scale_good", MMP_I32, 1, &one, &good);
         mmp_ckpt_write(&w, "meta.opt_skipped", MMP_I32, 1, &one, &skipped);
+        int32_t scaled = mmp_loss_scale_active(plan);
+        mmp_ckpt_write(&w, "meta.loss_scaled", MMP_I32, 1, &one, &scaled);
     }
     MMP_TRY(mmp_ckpt_writer_close(&w));
     return write_file_list(dir);
@@ -1047,7 +1049,7 @@ static const void *meta_scalar(const mmp_ckpt *c, const char *name, mmp_dtype dt
     return e && e->t.dtype == dtype && mmp_tensor_numel(&e->t) == 1 ? e->t.data : NULL;
 }
 
-mmp_err mmp_ckpt_read_loss_scale(const char *dir, mmp_loss_scale *ls)
+mmp_err mmp_ckpt_read_loss_scale(const char *dir, const mmp_plan *plan, mmp_loss_scale *ls)
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/train.ckpt", dir);
@@ -1056,13 +1058,21 @@ mmp_err mmp_ckpt_read_loss_scale(const char *dir, mmp_loss_scale *ls)
     const float *scale = meta_scalar(&ck, "meta.loss_scale", MMP_F32);
     const int32_t *good = meta_scalar(&ck, "meta.loss_scale_good", MMP_I32);
     const int32_t *skipped = meta_scalar(&ck, "meta.opt_skipped", MMP_I32);
+    const int32_t *scaled = meta_scalar(&ck, "meta.loss_scaled", MMP_I32);
     mmp_err ret = MMP_OK;
     if (scale && good && skipped) {
         if (!(*scale > 0) || !isfinite(*scale) || *good < 0 || *skipped < 0) {
             ret = mmp_errorf(MMP_ERR_DATA, "%s: loss scale %g, %d clean steps, %d skipped", path,
                              (double)*scale, (int)*good, (int)*skipped);
         } else {
-            *ls = (mmp_loss_scale){.scale = *scale, .good_steps = *good, .skipped = *skipped};
+            /* (a checkpoint from before meta.loss_scaled: an unscaled run's
+             * state is scale 1 with no clean steps counted) */
+            int was = scaled ? *scaled != 0 : !(*scale == 1.0f && *good == 0);
+            ls->skipped = *skipped;
+            if (was && mmp_loss_scale_active(plan)) {
+                ls->scale = *scale;
+                ls->good_steps = *good;
+            }
         }
     }
     mmp_ckpt_fini(&ck);

@@ -140,13 +140,19 @@ mmp_err mmp_ckpt_latest(const char *run_dir, char *step_dir, size_t n, int *step
 mmp_err mmp_ckpt_write_meta(const char *dir, int steps_done, const mmp_plan *plan);
 /* As mmp_ckpt_write_meta, with the loss-scale state (common/loss_scale.h)
  * after steps_done steps: meta.loss_scale, meta.loss_scale_good and
- * meta.opt_skipped, which a resumed run continues from. */
+ * meta.opt_skipped, which a resumed run continues from, and
+ * meta.loss_scaled (1: the run scaled its loss, fp16). */
 mmp_err mmp_ckpt_write_meta_scaled(const char *dir, int steps_done, const mmp_plan *plan,
                                    const mmp_loss_scale *ls);
-/* The loss-scale state of step directory dir into *ls; a checkpoint written
- * without one (before loss scaling, or by `ckpt import`) leaves *ls as the
- * caller initialised it. MMP_ERR_IO/DATA when train.ckpt cannot be read. */
-mmp_err mmp_ckpt_read_loss_scale(const char *dir, mmp_loss_scale *ls);
+/* The loss-scale state of step directory dir into *ls, which the caller
+ * initialised for plan (mmp_loss_scale_init): the optimizer steps skipped
+ * always; the scale and its clean-step count only when the checkpoint's run
+ * and plan's both scale (fp16): a run resumed in another precision starts
+ * its scale afresh (bf16/fp32 never scale; fp16 after bf16 starts at 2^16,
+ * as a new GradScaler). A checkpoint written without the state (before loss
+ * scaling, or by `ckpt import`) leaves *ls as it is. MMP_ERR_IO/DATA when
+ * train.ckpt cannot be read. */
+mmp_err mmp_ckpt_read_loss_scale(const char *dir, const mmp_plan *plan, mmp_loss_scale *ls);
 
 /* mkdir -p. */
 mmp_err mmp_mkdirs(const char *path);

@@ -58,7 +58,7 @@ static int launch(coord *c, int first_step, const char *resume_dir)
     c->ckpt_req = c->ckpt_pending = -1;
     /* the loss scale of the state this launch starts from (a restart rewinds it too) */
     mmp_loss_scale_init(&c->ls, c->plan);
-    if (resume_dir && mmp_ckpt_read_loss_scale(resume_dir, &c->ls) != MMP_OK) {
+    if (resume_dir && mmp_ckpt_read_loss_scale(resume_dir, c->plan, &c->ls) != MMP_OK) {
         coord_fail(c, "%s", mmp_last_error());
         return 1;
     }

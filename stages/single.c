@@ -548,7 +548,9 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
         mmp_params_grad_sumsq(pi) + mmp_params_grad_sumsq(pt) + mmp_params_grad_sumsq(pf);
     *grad_norm = sqrt(sumsq);
     *step_skipped = mmp_loss_scale_update(&t->ls, plan, sumsq);
-    if ((!*step_skipped && !isfinite(*grad_norm)) || !isfinite(out->loss)) {
+    /* a skipped fp16 step's loss may be inf or NaN too (an overflow in the
+     * forward), as in the pipeline, whose coordinator judges the norm only */
+    if (!*step_skipped && (!isfinite(*grad_norm) || !isfinite(out->loss))) {
         return mmp_errorf(MMP_ERR_DATA, "step %d: loss or gradient is not finite (loss %g)",
                           step + 1, (double)out->loss);
     }
@@ -600,7 +602,7 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             err = mmp_params_load(mmp_fusion_net_params(t.fus), &c);
         }
         if (err == MMP_OK) {
-            err = mmp_ckpt_read_loss_scale(dir, &t.ls);
+            err = mmp_ckpt_read_loss_scale(dir, plan, &t.ls);
         }
         mmp_ckpt_fini(&c);
         if (err != MMP_OK) {

@@ -102,4 +102,45 @@ expect_fail "bf16: an inf gradient is an error, not a skip" "not finite" \
   --set train.debug_overflow_step=0 --set job.steps=2 >"$W/bf16ok.log" 2>&1 || fail "bf16 run"
 got=$(metric "$W/bf16ok/metrics.jsonl" loss_scale 1 2 | tr '\n' ' ')
 [ "$got" = "1 1 " ] && ok "bf16: loss_scale 1" || fail "bf16: loss_scale '$got'"
+
+# --- a resume in another precision starts the scale afresh ---------------------------------
+# fp16 (its scale 65536 at step 7) resumed in bf16: no scaling (the fp16 scale was carried);
+# the bf16 run's checkpoint resumed in fp16: 2^16, as a new GradScaler (1 was carried)
+cp -r "$W/single" "$W/to_bf16"
+rm -rf "$W/to_bf16"/ckpt/step_0000008 && ln -sfn step_0000007 "$W/to_bf16/ckpt/latest"
+"$BIN" launch "$W/plan.yaml" --single-process --resume "$W/to_bf16" --set train.precision=bf16 \
+  --set train.debug_overflow_step=0 >"$W/to_bf16.log" 2>&1 || fail "fp16 run resumed in bf16"
+got=$(metric "$W/to_bf16/metrics.jsonl" loss_scale 8 8)
+[ "$got" = 1 ] && ok "an fp16 checkpoint resumed in bf16: loss_scale 1" || fail "fp16 resumed in bf16: loss_scale '$got'"
+"$BIN" launch "$W/plan.yaml" --single-process --resume "$W/bf16ok" --set job.steps=3 \
+  --set train.debug_overflow_step=0 >"$W/to_fp16.log" 2>&1 || fail "bf16 run resumed in fp16"
+got=$(metric "$W/bf16ok/metrics.jsonl" loss_scale 3 3)
+[ "$got" = 65536 ] && ok "a bf16 checkpoint resumed in fp16: loss_scale starts at 65536" \
+  || fail "bf16 resumed in fp16: loss_scale '$got'"
+
+# --- an overflow in the forward (a weight past fp16's range): the loss is not finite, and
+# the step is skipped as GradScaler does, by the single process as by the pipeline -----------
+if command -v python3 >/dev/null; then
+  "$BIN" ckpt export "$W/single" -o "$W/w.safetensors" --optimizer >/dev/null
+  python3 - "$W/w.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+struct.pack_into('<f', b, 8 + n + h['fusion.itm_head.weight']['data_offsets'][0], 70000.0)
+open(p, 'wb').write(b)
+PY
+  for mode in single pipe; do
+    flag=; [ $mode = single ] && flag=--single-process
+    "$BIN" ckpt import "$W/w.safetensors" --plan "$W/plan.yaml" -o "$W/big_$mode" >/dev/null
+    "$BIN" launch "$W/plan.yaml" $flag --resume "$W/big_$mode" --set job.steps=2 \
+      --set train.debug_overflow_step=0 >"$W/big_$mode.log" 2>&1; rc=$?
+    got=$(metric "$W/big_$mode/metrics.jsonl" loss_scale 1 2 | tr '\n' ' ')
+    [ $rc -eq 0 ] && [ "$got" = "32768 16384 " ] \
+      && ok "$mode: a forward overflow skips the step and halves the scale ($got)" \
+      || { fail "$mode: forward overflow: rc $rc, loss_scale '$got'"; tail -2 "$W/big_$mode.log"; }
+  done
+  out=$("$BIN" ckpt diff "$W/big_single" "$W/big_pipe" --quiet); rc=$?
+  [ $rc -eq 0 ] && [ "$(tail -1 <<<"$out")" = "max_abs_diff=0 max_rel_diff=0" ] \
+    && ok "forward overflow: pipeline = single process" || fail "forward overflow: pipeline vs single: $(tail -1 <<<"$out")"
+else echo "skip: forward overflow (no python3 to forge the weight)"; fi
 finish

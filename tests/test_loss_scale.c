@@ -72,12 +72,25 @@ static void test_ckpt_round_trip(void)
     mmp_loss_scale ls = {.scale = 0.25f, .good_steps = 17, .skipped = 5}, back;
     CHECK_OK(mmp_ckpt_write_meta_scaled(dir, 40, &p, &ls));
     mmp_loss_scale_init(&back, &p);
-    CHECK_OK(mmp_ckpt_read_loss_scale(dir, &back));
+    CHECK_OK(mmp_ckpt_read_loss_scale(dir, &p, &back));
     CHECK(back.scale == 0.25f && back.good_steps == 17 && back.skipped == 5);
+    /* resumed in bf16 or fp32: no scale (it was carried, 2^20 in bf16, seen
+     * in an audit), the optimizer's skipped steps still counted */
+    mmp_plan bf = plan_of(MMP_PREC_BF16, 2000);
+    mmp_loss_scale_init(&back, &bf);
+    CHECK_OK(mmp_ckpt_read_loss_scale(dir, &bf, &back));
+    CHECK(back.scale == 1.0f && back.good_steps == 0 && back.skipped == 5);
+    /* a bf16 run's checkpoint resumed in fp16: the scale starts at 2^16, as
+     * a new GradScaler's (it was carried as 1) */
+    mmp_loss_scale unscaled = {.scale = 1.0f, .good_steps = 0, .skipped = 0};
+    CHECK_OK(mmp_ckpt_write_meta_scaled(dir, 40, &bf, &unscaled));
+    mmp_loss_scale_init(&back, &p);
+    CHECK_OK(mmp_ckpt_read_loss_scale(dir, &p, &back));
+    CHECK(back.scale == 65536.0f && back.good_steps == 0 && back.skipped == 0);
     /* a checkpoint without the state (import, older runs) leaves the caller's */
     CHECK_OK(mmp_ckpt_write_meta(dir, 40, &p));
     mmp_loss_scale_init(&back, &p);
-    CHECK_OK(mmp_ckpt_read_loss_scale(dir, &back));
+    CHECK_OK(mmp_ckpt_read_loss_scale(dir, &p, &back));
     CHECK(back.scale == 65536.0f && back.good_steps == 0 && back.skipped == 0);
 }
 
