@@ -90,10 +90,10 @@ static const char USAGE[] =
     "\n"
     "Progress, one line per run, goes to stderr. Ctrl-C (SIGINT) is passed to\n"
     "the running child, which stops its stages and cleans up; the results so\n"
-    "far are written and bench exits 130.\n"
+    "far are written and bench exits 130 (SIGTERM likewise: 143).\n"
     "\n"
     "Exit status: 0 every run ok, 1 a run failed (or the plan, DIR or gnuplot\n"
-    "did), 2 usage error, 130 interrupted.\n";
+    "did), 2 usage error, 130 / 143 interrupted by SIGINT / SIGTERM.\n";
 
 /* s as a directory-name piece: [A-Za-z0-9._-], others become '_'. */
 static void slugify(const char *s, char *out, size_t n)

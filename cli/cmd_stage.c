@@ -99,6 +99,17 @@ int mmp_cmd_stage(int argc, char **argv)
             fputs(USAGE, stdout);
             return 0;
         }
+        /* the options below, each with a value */
+        static const char *const known[] = {"--connect", "--stage",      "--replica", "--pin-index",
+                                            "--nice",    "--shm-prefix", "--secrets"};
+        int is_known = 0;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+            is_known |= strcmp(argv[i], known[k]) == 0;
+        }
+        if (!is_known) {
+            fprintf(stderr, "mmpipe stage: unknown option '%s'\n\n%s", argv[i], USAGE);
+            return 2;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "mmpipe stage: '%s' needs a value\n\n%s", argv[i], USAGE);
             return 2;
@@ -148,9 +159,6 @@ int mmp_cmd_stage(int argc, char **argv)
                 return 2;
             }
             secrets_stdin = 1;
-        } else {
-            fprintf(stderr, "mmpipe stage: unknown option '%s'\n\n%s", argv[i - 1], USAGE);
-            return 2;
         }
     }
     if (!a.endpoint || !a.stage) {

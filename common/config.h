@@ -187,7 +187,7 @@ typedef struct mmp_plan {
          * coordinator stop the others and relaunch them all from ckpt/latest
          * before giving up; default 0, at most 1000. */
         int max_restarts;
-        int threads; /* OpenBLAS threads per process, default 1 */
+        int threads; /* the CPU kernels' own threads per process (OpenBLAS one a call), default 1 */
         /* train.pin: off (default) | auto | [core ids]: which cores each
          * stage process (and the single process) runs on (common/pin.h) */
         struct {

@@ -36,12 +36,16 @@
  *     data_wait_ms   number  -  waiting on its loader
  *     fwd_ms, bwd_ms number  -  forward, backward per micro-batch (mean over its own)
  *     wgt_ms         number  -  zb-h1: the weight-gradient passes' part of bwd_ms
- *     load_ms        number  -  loading per micro-batch
+ *     load_ms        number  -  data_wait_ms per micro-batch: waiting on the loader,
+ *                            not its decoding (that runs ahead, on its workers)
  *     max_inflight   int     -  most micro-batches held between F and B (zb-h1: W)
- *     peak_mem_bytes int     peak resident memory
+ *     peak_mem_bytes int     peak resident memory (GPU stages: device memory)
  *     cpu_ms         number  CPU time (user + system, all its threads) the process
  *                            used over the step (getrusage: what load does not
  *                            inflate the way it does wall time)
+ *     state_bytes    number  -  its parameter arenas (values, gradients, AdamW
+ *                            moments, the step accumulator)
+ *     act_slots      int     -  the micro-batches whose activations it has room for
  *   balance          object  -  {efficiency: number, placement: string
  *                               ("image.0[0:3):2 image.1[3:6):1 text.0:1 fusion:1",
  *                               coordinator/placement.h), decision: object or null}

@@ -74,6 +74,8 @@ for bad in x -1 2x; do # an index the coordinator never writes is refused before
   expect_fail "stage --replica '$bad' is a usage error" "--replica takes a replica index, got '$bad'" \
     env MMP_JOB_TOKEN=00 "$BIN" stage --connect ipc://@nowhere --stage image.0 --replica "$bad"
 done
+expect_fail "stage with an unknown option says so" "unknown option '--bogus'" \
+  env MMP_JOB_TOKEN=00 "$BIN" stage --bogus x
 # a stage removes everything under its --shm-prefix when its coordinator is gone: only a
 # job's own prefix is taken ("/mmpipe-" alone would be every job's on the host)
 for bad in /mmpipe- /mmpipe-0123456789ab-x /tmp/x /mmpipe-0123456789AB; do
