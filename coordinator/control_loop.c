@@ -15,6 +15,7 @@
 #include "common/progress.h"
 #include "coordinator/coord.h"
 #include "common/interrupt.h"
+#include "common/test_hooks.h"
 #include "coordinator/watchdog.h"
 
 static int find_proc(coord *c, const char *name)
@@ -362,8 +363,7 @@ static int watch(coord *c, done_fn done, void *arg, const char *what, double sin
 /* The start-up limit: READY_SILENCE_S, or shorter for a test. */
 static double ready_silence_s(void)
 {
-    const char *t = getenv("MMP_TEST_READY_SILENCE_S");
-    double v = t ? atof(t) : 0;
+    double v = mmp_test_hook_value(MMP_HOOK_READY_SILENCE_S);
     return v > 0 && v < READY_SILENCE_S ? v : READY_SILENCE_S;
 }
 

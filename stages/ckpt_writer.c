@@ -7,15 +7,14 @@
 #include <time.h>
 
 #include "common/trace.h"
+#include "common/test_hooks.h"
 
 void mmp_ckpt_bg_init(mmp_ckpt_bg *b)
 {
     memset(b, 0, sizeof *b);
     pthread_mutex_init(&b->lock, NULL);
-    const char *d = getenv("MMP_TEST_CKPT_WRITE_DELAY_MS");
-    b->delay_ms = d ? atof(d) : 0;
-    const char *f = getenv("MMP_TEST_CKPT_FAIL_STEP");
-    b->fail_step = f ? atoi(f) : 0;
+    b->delay_ms = mmp_test_hook_value(MMP_HOOK_CKPT_WRITE_DELAY_MS);
+    b->fail_step = (int)mmp_test_hook_value(MMP_HOOK_CKPT_FAIL_STEP);
 }
 
 static void *write_main(void *arg)

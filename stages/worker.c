@@ -8,6 +8,7 @@
 #include "stages/worker.h"
 
 #include "stages/worker_internal.h"
+#include "common/test_hooks.h"
 
 /* The loader's tensor memory on a GPU stage: the backend's pinned memory. */
 static void *loader_host_alloc(void *ctx, size_t bytes)
@@ -289,8 +290,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     w.loaded_mb = w.out_mb = -1;
     /* Test hook (tests/cli_startup.sh): a manifest open that pauses this
      * long at each progress report, a slow load that still makes progress. */
-    const char *slow = getenv("MMP_TEST_SLOW_START_MS");
-    w.test_slow_start_ms = slow ? atof(slow) : 0;
+    w.test_slow_start_ms = mmp_test_hook_value(MMP_HOOK_SLOW_START_MS);
     w.pin_index = args->pin_index;
     w.nice = args->nice;
     w.token = args->token;

@@ -19,6 +19,7 @@
 #include <sodium.h>
 
 #include "common/progress.h"
+#include "common/test_hooks.h"
 #include "transport/auth.h"
 #include "transport/sock.h"
 
@@ -484,10 +485,7 @@ int mmp_rexec_serve(int fd, const char *peer, const char *key, int gated)
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
     }
-    const char *slow = getenv("MMP_TEST_AGENT_STATUS_DELAY_MS"); /* a slow host, for tests */
-    if (slow) {
-        mmp_sleep_ms(atof(slow));
-    }
+    mmp_sleep_ms(mmp_test_hook_value(MMP_HOOK_AGENT_STATUS_DELAY_MS)); /* a slow host, for tests */
     int code = exit_code(status);
     kill(-pid, SIGTERM); /* whatever it left running in its group ends with it */
     int delivered = 0;
