@@ -47,8 +47,27 @@ mmp_err mmp_plan_write_json(const mmp_plan *p, const char *path)
     char open[DEPTH][64]; /* the sections now open, outermost first */
     bool first[DEPTH + 1] = {true};
     int n_open = 0;
+    /* A section given as its word (`stages: auto`) is written so, not as
+     * the keys it stands for: a resume from this file plans again, as the
+     * launch did (the placement it chose goes in when it is taken). */
+    const char *ws = s->word_section.path;
+    size_t ws_len = ws ? strlen(ws) : 0;
+    int word = ws && *(const int *)((const char *)p + s->word_section.field);
+    int word_done = 0;
     fputs("{", f);
     for (int i = 0; i < s->n_keys; i++) {
+        if (word && strncmp(s->keys[i].path, ws, ws_len) == 0 && s->keys[i].path[ws_len] == '.') {
+            while (!word_done && n_open > 0) {
+                n_open--;
+                fprintf(f, "\n%*s}", 2 * (n_open + 1), "");
+            }
+            if (!word_done) {
+                next_item(f, first, 0);
+                fprintf(f, "\"%s\": \"%s\"", ws, s->word_section.word);
+                word_done = 1;
+            }
+            continue;
+        }
         char parts[DEPTH][64];
         int n = split_path(s->keys[i].path, parts, DEPTH);
         int common = 0;

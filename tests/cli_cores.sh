@@ -62,6 +62,13 @@ else
     && ok "stages: auto plans on the $n cores: $why" || fail "stages: auto: '${why:-no decision}'"
 fi
 placement=$(tail -1 "$W/auto/metrics.jsonl" | grep -o '"placement":"[^"]*"' | sed 's/.*:"//; s/"$//')
+# plan.json says `stages: auto` until a placement is taken (a resume before then plans
+# again, as the launch did: it resumed on one process per stage), then holds that one
+"$BIN" launch "$W/auto.yaml" --out "$W/auto0" --steps 0 >/dev/null 2>&1
+grep -q '^  "stages": "auto"$' "$W/auto0/plan.json" \
+  && { [ "$n" -eq 1 ] || ! grep -q '"stages": "auto"' "$W/auto/plan.json"; } \
+  && ok "plan.json: stages: auto before the planner's placement, the placement after" \
+  || fail "plan.json: stages: auto $(grep -c '"stages": "auto"' "$W/auto0/plan.json") before, $(grep -c '"stages": "auto"' "$W/auto/plan.json") after"
 # The processes in stage order: image.0:2 -> image.0/0 image.0/1 ...
 procs=()
 for tok in $placement; do
