@@ -443,13 +443,107 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
                       strerror(why ? why : EIO));
 }
 
-mmp_err mmp_metrics_rewrite(FILE *f, off_t at, const mmp_metrics_step *m)
+mmp_err mmp_metrics_last(FILE *f, mmp_metrics_step *m, off_t *at)
 {
-    if (fflush(f) != 0 || ftruncate(fileno(f), at) != 0 || fseeko(f, at, SEEK_SET) != 0) {
-        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: cutting back the step's line: %s",
-                          strerror(errno));
+    *at = -1;
+    struct stat st;
+    if (fflush(f) != 0 || fstat(fileno(f), &st) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
     }
-    return mmp_metrics_write(f, m);
+    off_t end = st.st_size;
+    /* the file holds whole lines (mmp_metrics_continue, mmp_metrics_write):
+     * its last byte is the last line's newline */
+    if (end <= 0) {
+        return MMP_OK;
+    }
+    char buf[4096];
+    off_t start = 0;
+    for (off_t pos = end - 1; pos > 0 && !start;) {
+        size_t n = pos > (off_t)sizeof buf ? sizeof buf : (size_t)pos;
+        pos -= (off_t)n;
+        if (pread(fileno(f), buf, n, pos) != (ssize_t)n) {
+            return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+        }
+        for (size_t k = n; k-- > 0;) {
+            if (buf[k] == '\n') {
+                start = pos + (off_t)k + 1;
+                break;
+            }
+        }
+    }
+    size_t len = (size_t)(end - start);
+    char *line = malloc(len + 1);
+    if (!line) {
+        return mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: its last line");
+    }
+    mmp_err ret = pread(fileno(f), line, len, start) == (ssize_t)len
+                      ? MMP_OK
+                      : mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) {
+        len--;
+    }
+    line[len] = 0;
+    if (ret == MMP_OK) {
+        ret = mmp_metrics_parse(line, len, m);
+    }
+    free(line);
+    if (ret == MMP_OK) {
+        *at = start;
+    }
+    return ret;
+}
+
+mmp_err mmp_metrics_add_eval(FILE *f, off_t at, double i2t, double t2i)
+{
+    struct stat st;
+    if (fflush(f) != 0 || fstat(fileno(f), &st) != 0 || at < 0 || at >= st.st_size) {
+        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: no line to add the evaluation to");
+    }
+    size_t len = (size_t)(st.st_size - at);
+    char *line = malloc(len + 1), *eval = NULL, *out = NULL;
+    size_t eval_len = 0, out_len = 0;
+    mmp_err ret = MMP_OK;
+    if (!line || pread(fileno(f), line, len, at) != (ssize_t)len) {
+        ret = line ? mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno))
+                   : mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: its last line");
+        goto exit;
+    }
+    line[len] = 0;
+    /* after everything but "restarts" (put_line's order); the key with its
+     * quotes bare is never inside a string, where they are escaped */
+    char *cut = strstr(line, ",\"restarts\":");
+    if (!cut) {
+        cut = strrchr(line, '}');
+    }
+    static mmp_metrics_step e;
+    mmp_metrics_step_clear(&e);
+    e.val_i2t_r1 = i2t;
+    e.val_t2i_r1 = t2i;
+    FILE *mem = open_memstream(&eval, &eval_len);
+    if (mem) {
+        put_fields(mem, IN_EVAL, &e, 0);
+    }
+    FILE *o = mem && fclose(mem) == 0 && cut ? open_memstream(&out, &out_len) : NULL;
+    if (!o) {
+        ret = mmp_errorf(cut ? MMP_ERR_NOMEM : MMP_ERR_DATA, "metrics.jsonl: the last line");
+        goto exit;
+    }
+    fwrite(line, 1, (size_t)(cut - line), o);
+    fwrite(eval, 1, eval_len, o);
+    fputs(cut, o);
+    if (fclose(o) != 0) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: the last line");
+        goto exit;
+    }
+    if (ftruncate(fileno(f), at) != 0 || fseeko(f, at, SEEK_SET) != 0 ||
+        fwrite(out, 1, out_len, f) != out_len || fflush(f) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+    }
+exit:
+    free(line);
+    free(eval);
+    free(out);
+    return ret;
 }
 
 mmp_err mmp_metrics_same_file(FILE *f, const char *run_dir)
@@ -493,7 +587,7 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
         if (keep_steps >= 0 && errno != ENOENT) {
             return mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
         }
-        *out = fopen(path, "w");
+        *out = fopen(path, "w+");
         return *out ? MMP_OK : mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }
     /* Durable: the rewrite happens once a launch, and a power cut must not
@@ -531,7 +625,7 @@ mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out)
         goto exit;
     }
     MMP_TRY_GOTO(mmp_atomic_commit(&a), ret, exit);
-    *out = fopen(path, "a");
+    *out = fopen(path, "a+");
     if (!*out) {
         ret = mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }

@@ -154,11 +154,14 @@ mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m);
  * has_balance, val_* only when has_eval. MMP_ERR_IO when the write fails;
  * then the part written is cut off again: the file holds whole lines. */
 mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m);
-/* Cuts f back to byte `at` (where its last line starts: ftello before the
- * mmp_metrics_write that wrote it) and writes m there instead: a step's
- * line gets its evaluation's recall after its checkpoint. A reader may see
- * the line without them for a while, never a part of one. */
-mmp_err mmp_metrics_rewrite(FILE *f, off_t at, const mmp_metrics_step *m);
+/* The last line of f (a run's metrics.jsonl, open for appending) read into
+ * *m, and where it starts into *at; *at is -1 and m untouched when f holds
+ * no line. MMP_ERR_IO, or the parser's error. */
+mmp_err mmp_metrics_last(FILE *f, mmp_metrics_step *m, off_t *at);
+/* Puts an evaluation's recall into f's last line, which starts at `at`
+ * (mmp_metrics_last) and has none, as its writer would have placed them;
+ * every other byte of the line stays (the reader keeps not all of them). */
+mmp_err mmp_metrics_add_eval(FILE *f, off_t at, double i2t, double t2i);
 /* MMP_OK when f is still <run_dir>/metrics.jsonl; else (the run directory
  * removed, or the file replaced) MMP_ERR_IO saying so: a run checks it each
  * step, so it stops rather than write on into a file nobody can see. */
@@ -175,7 +178,8 @@ mmp_err mmp_metrics_same_file(FILE *f, const char *run_dir);
  * <= keep_steps are kept, in order; later steps, and a last line a killed
  * writer left incomplete, are dropped (rewritten through mmp_atomic_file,
  * durably, so a crash leaves either the old or the new file). A missing
- * file is created. *out is the caller's to fclose. */
+ * file is created. *out is the caller's to fclose; it reads too
+ * (mmp_metrics_last). */
 mmp_err mmp_metrics_continue(const char *run_dir, int keep_steps, FILE **out);
 
 /* The step of one metrics line ({"step":N,...}), -1 when it has none. */

@@ -326,15 +326,12 @@ static const Mmpipe__StepDone *done_of(const coord *c, int i)
  * reports. Returns 1 (c->failure set) when it cannot be written. */
 /* coord_cpu_ms: the coordinator's own CPU time over the step (from the end
  * of the previous step's record to this one's). */
-/* The step's line of metrics.jsonl, as last written: add_eval writes it
- * again with the evaluation's recall. */
-static mmp_metrics_step line;
-
 /* The step's line, without evaluation: it is written before the step's
  * checkpoint (what resume keeps), the evaluation comes after both. */
 static int write_metrics(coord *c, int step, double step_ms, double grad_norm, double coord_cpu_ms)
 {
     const mmp_plan *p = c->plan;
+    static mmp_metrics_step line;
     static char restarts[MMP_RESTART_FIELD_MAX];
     mmp_metrics_step_clear(&line);
     double idle = 0, wall = 0;
@@ -412,21 +409,62 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, d
     return 0;
 }
 
-/* The recall of the step's evaluation into its line: the line written by
- * write_metrics is cut off and written again, whole, with them. */
+/* The recall of the step's evaluation (c->eval_*) into its line, the last
+ * of metrics.jsonl, which starts at c->line_at. */
 static int add_eval(coord *c)
 {
-    line.has_eval = 1;
-    line.val_i2t_r1 = c->eval_i2t;
-    line.val_t2i_r1 = c->eval_t2i;
     if (mmp_metrics_same_file(c->metrics, c->out_dir) != MMP_OK) {
         coord_fail(c, "%s", mmp_last_error());
         return 1;
     }
-    if (mmp_metrics_rewrite(c->metrics, c->line_at, &line) != MMP_OK) {
+    if (mmp_metrics_add_eval(c->metrics, c->line_at, c->eval_i2t, c->eval_t2i) != MMP_OK) {
         coord_fail(c, "%s: %s", c->out_dir, mmp_last_error());
         return 1;
     }
+    return 0;
+}
+
+/* Evaluates the model as of `done` steps (every stage, EvalRequest): its
+ * recall into c->eval_*. 0, or 1 after coord_fail. */
+static int evaluate(coord *c, int done)
+{
+    c->have_eval = 0;
+    Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__EvalRequest er = MMPIPE__EVAL_REQUEST__INIT;
+    er.step = done - 1;
+    eenv.body_case = MMPIPE__ENVELOPE__BODY_EVAL_REQUEST;
+    eenv.eval_request = &er;
+    /* no time limit of its own: a large validation set takes what it takes;
+     * the stages talk after every chunk, so the watchdog
+     * (train.stall_timeout) still names a stalled one */
+    return coord_broadcast(c, &eenv) != MMP_OK ||
+           coord_wait_until(c, coord_got_eval, NULL, 0, "evaluation");
+}
+
+/* A launch from a step whose evaluation was due but is not in its line (a
+ * stage died or the run was stopped during it; the step's checkpoint came
+ * first): that evaluation now, its recall into the line. 0, or 1. */
+static int evaluate_resumed(coord *c, int first_step)
+{
+    if (first_step <= 0 || !mmp_plan_eval_due(c->plan, first_step)) {
+        return 0;
+    }
+    static mmp_metrics_step last;
+    off_t at = -1;
+    if (mmp_metrics_last(c->metrics, &last, &at) != MMP_OK) {
+        coord_fail(c, "%s/metrics.jsonl: %s", c->out_dir, mmp_last_error());
+        return 1;
+    }
+    if (at < 0 || last.step != first_step || last.has_eval) {
+        return 0;
+    }
+    MMP_INFO("step %d: its evaluation was cut short; evaluating it now", first_step);
+    c->line_at = at;
+    if (evaluate(c, first_step) || add_eval(c)) {
+        return 1;
+    }
+    MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", first_step,
+             (double)c->eval_i2t, (double)c->eval_t2i);
     return 0;
 }
 
@@ -695,6 +733,10 @@ int coord_run_steps(coord *c, int first_step)
     double cpu_prev = mmp_metrics_cpu_ms();
     double t_done = 0; /* when the last step's results were all in */
     c->ahead = 0;
+    if (!mmp_interrupt_signal() && evaluate_resumed(c, first_step)) {
+        c->in_steps = 0;
+        return 1;
+    }
     for (int step = first_step; step < p->job.steps; step++) {
         if (step == first_step && mmp_interrupt_signal()) {
             c->stopped = 1; /* nothing trained since the state this launch started from */
@@ -788,6 +830,7 @@ int coord_run_steps(coord *c, int first_step)
             break;
         }
         cpu_prev = cpu_now;
+        c->steps_done = done; /* its line is written: a fault from here on comes after it */
         if ((p->train.ckpt_every > 0 && done % p->train.ckpt_every == 0) || done == p->job.steps ||
             c->replan) {
             /* in the background unless the run (or this launch) ends here */
@@ -797,20 +840,8 @@ int coord_run_steps(coord *c, int first_step)
                 break;
             }
         }
-        if (eval) {
-            c->have_eval = 0;
-            Mmpipe__Envelope eenv = MMPIPE__ENVELOPE__INIT;
-            Mmpipe__EvalRequest er = MMPIPE__EVAL_REQUEST__INIT;
-            er.step = step;
-            eenv.body_case = MMPIPE__ENVELOPE__BODY_EVAL_REQUEST;
-            eenv.eval_request = &er;
-            /* no time limit of its own: a large validation set takes what it
-             * takes; the stages talk after every chunk, so the watchdog
-             * (train.stall_timeout) still names a stalled one */
-            if (coord_broadcast(c, &eenv) != MMP_OK ||
-                coord_wait_until(c, coord_got_eval, NULL, 0, "evaluation") || add_eval(c)) {
-                break;
-            }
+        if (eval && (evaluate(c, done) || add_eval(c))) {
+            break;
         }
         if (eval) {
             mmp_progress_end(&progress);
@@ -828,7 +859,6 @@ int coord_run_steps(coord *c, int first_step)
         snprintf(text, sizeof text, "loss %.4f  %.*f samples/s  efficiency %.2f", lsum,
                  sps < 10 ? 2 : 0, sps, c->bal.efficiency);
         mmp_progress_update(&progress, done, text);
-        c->steps_done = done;
         if (c->replan) {
             c->replan_step = done;
             break;

@@ -648,6 +648,26 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
              plan->job.steps, plan->train.batch, plan->train.microbatches,
              (long long)mmp_dataset_size(t.train),
              (long long)(t.val ? mmp_dataset_size(t.val) : 0));
+    if (first_step > 0 && mmp_plan_eval_due(plan, first_step)) {
+        /* the step resumed from had its evaluation due and its line has
+         * none (the run stopped during it; the checkpoint came first) */
+        static mmp_metrics_step last;
+        off_t at = -1;
+        double i2t = 0, t2i = 0;
+        if ((err = mmp_metrics_last(t.metrics, &last, &at)) != MMP_OK) {
+            err = mmp_error_prefix(err, "%s/metrics.jsonl", out_dir);
+            goto exit;
+        }
+        if (at >= 0 && last.step == first_step && !last.has_eval) {
+            MMP_INFO("step %d: its evaluation was cut short; evaluating it now", first_step);
+            if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK ||
+                (err = mmp_metrics_add_eval(t.metrics, at, i2t, t2i)) != MMP_OK) {
+                goto exit;
+            }
+            MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", first_step, i2t,
+                     t2i);
+        }
+    }
     mmp_progress progress;
     mmp_progress_init(&progress, first_step, plan->job.steps, 10);
     double run_t0 = mmp_now(), cpu_mark = mmp_metrics_cpu_ms();
@@ -721,15 +741,12 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
             if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK) {
                 goto exit;
             }
-            rec.has_eval = 1;
-            rec.val_i2t_r1 = i2t;
-            rec.val_t2i_r1 = t2i;
             mmp_progress_end(&progress);
             MMP_INFO("step %d: val recall@1 image->text %.3f, text->image %.3f", done, i2t, t2i);
             if ((err = mmp_metrics_same_file(t.metrics, out_dir)) != MMP_OK) {
                 goto exit;
             }
-            if ((err = mmp_metrics_rewrite(t.metrics, line_at, &rec)) != MMP_OK) {
+            if ((err = mmp_metrics_add_eval(t.metrics, line_at, i2t, t2i)) != MMP_OK) {
                 err = mmp_error_prefix(err, "%s", out_dir);
                 goto exit;
             }

@@ -49,7 +49,8 @@ expect_fail "fail: same in one process" "trunc.jsonl:21" \
   "$BIN" launch "$W/plan.yaml" --single-process --out "$W/f4" --set data.manifest="$W/trunc.jsonl"
 # A truncated image in the validation set, met by the evaluation at step 4: the run
 # stops naming it, but step 4 (due a checkpoint too) is saved first, its line in
-# metrics.jsonl without recall; with the image mended the run resumes from it.
+# metrics.jsonl without recall; with the image mended the run resumes from it, evaluates
+# step 4 first (its line gets the recall) and goes on.
 sed '21d' "$W/trunc.jsonl" >"$W/good.jsonl"
 sed '3s|"image": "[^"]*"|"image": "images/000020.png"|' "$D/val.jsonl" >"$W/badval.jsonl"
 for mode in pipe single; do
@@ -69,8 +70,9 @@ for mode in pipe single; do
   flag=; [ $mode = single ] && flag=--single-process
   R=$W/val_$mode
   "$BIN" launch "$R/plan.json" $flag --resume "$R" >"$R.resumed.log" 2>&1 && steps_once "$R/metrics.jsonl" 8 \
-    && [ "$(grep -c val_i2t "$R/metrics.jsonl")" = 1 ] \
-    && ok "fail ($mode): resumed from step 4 to 8, step 8 evaluated" \
+    && [ "$(grep -c val_i2t "$R/metrics.jsonl")" = 2 ] && sed -n 4p "$R/metrics.jsonl" | grep -q val_i2t \
+    && grep -q "step 4: its evaluation was cut short; evaluating it now" "$R.resumed.log" \
+    && ok "fail ($mode): resumed from step 4, evaluated it first, then to 8, evaluated" \
     || { fail "fail ($mode): resume"; tail -3 "$R.resumed.log"; }
 done
 head -c 60 "$D/images/000021.png" >"$D/images/000020.png" # truncated again, for what follows
