@@ -637,12 +637,33 @@ static int list_name_ok(const char *s)
  * (*listed 1): every listed file present with its recorded size, every
  * *.ckpt file listed. Without one (checkpoints written before it existed)
  * *listed is 0 and nothing is checked. */
+static const void *meta_scalar(const mmp_ckpt *c, const char *name, mmp_dtype dtype);
+
+/* Whether dir's train.ckpt says its step was written with a files.txt
+ * (meta.files_listed): then one missing is a damage, not an older step. */
+static int says_listed(const char *dir)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/train.ckpt", dir);
+    mmp_ckpt ck = {0};
+    int yes = mmp_ckpt_read_file(&ck, path) == MMP_OK &&
+              meta_scalar(&ck, "meta.files_listed", MMP_I32) != NULL;
+    mmp_ckpt_fini(&ck);
+    return yes;
+}
+
 static mmp_err check_file_list(const char *dir, char **names, size_t n, int *listed)
 {
     char path[1200];
     *listed = 0;
     snprintf(path, sizeof path, "%s/%s", dir, MMP_CKPT_FILE_LIST);
     FILE *f = fopen(path, "r");
+    if (!f && errno == ENOENT && says_listed(dir)) {
+        return mmp_errorf(MMP_ERR_DATA,
+                          "%s is missing, and train.ckpt says this step was written with one: "
+                          "the step is damaged or incomplete; resume from an earlier step",
+                          path);
+    }
     if (!f) {
         return errno == ENOENT ? MMP_OK : mmp_errorf(MMP_ERR_IO, "%s: %s", path, strerror(errno));
     }
@@ -1038,6 +1059,8 @@ mmp_err mmp_ckpt_write_meta_scaled(const char *dir, int steps_done, const mmp_pl
         int32_t scaled = mmp_loss_scale_active(plan);
         mmp_ckpt_write(&w, "meta.loss_scaled", MMP_I32, 1, &one, &scaled);
     }
+    int32_t listed = 1; /* files.txt follows (write_file_list) */
+    mmp_ckpt_write(&w, "meta.files_listed", MMP_I32, 1, &one, &listed);
     MMP_TRY(mmp_ckpt_writer_close(&w));
     return write_file_list(dir);
 }

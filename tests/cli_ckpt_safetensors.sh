@@ -108,9 +108,13 @@ expect_fail "verify: a stray *.ckpt file is named" "image.0.ckpt: not in files.t
 rm -rf "$W/junk"; cp -r "$W/run" "$W/junk"; echo "image.ckpt twelve" >>"$W/junk/ckpt/latest/files.txt"
 expect_fail "verify: a damaged files.txt is named with its line" "files.txt:[0-9]+: not \"NAME.ckpt BYTES\"" "$BIN" ckpt verify "$W/junk"
 rm -rf "$W/old"; cp -r "$W/run" "$W/old"; rm "$W/old/ckpt/latest/files.txt"
-out=$("$BIN" ckpt verify "$W/old"); rc=$?
-[ $rc -eq 0 ] && grep -q ": ok: .*(no files.txt: written before" <<<"$out" \
-  && ok "verify: a step without files.txt is read as before, and says so" || { fail "verify legacy: rc $rc"; echo "$out"; }
+expect_fail "verify: a step whose files.txt is lost (its train.ckpt says it had one) is refused" \
+  "files.txt is missing, and train.ckpt says this step was written with one" "$BIN" ckpt verify "$W/old"
+expect_fail "... and so is a resume from it, before any stage starts" \
+  "files.txt is missing, and train.ckpt says this step was written with one" \
+  "$BIN" launch $P --single-process --resume "$W/old" --steps 3 "${SET[@]}"
+# (a step written before files.txt, whose train.ckpt says nothing of one, is read as
+# before: tests/test_ckpt.c test_file_list_legacy)
 rm -rf "$W/gone"; cp -r "$W/run" "$W/gone"; ln -sfn step_0000099 "$W/gone/ckpt/latest"
 expect_fail "verify: a latest naming a step that is gone says so" "latest -> step_0000099: No such file or directory \\(the step it names is gone\\)" "$BIN" ckpt verify "$W/gone"
 
@@ -123,12 +127,12 @@ for t in nan inf -1 x; do
   "$BIN" ckpt diff "$W/run" "$W/back" --tol $t >/dev/null 2>&1; rc=$?
   [ $rc -eq 2 ] && ok "diff --tol $t: usage error" || fail "diff --tol $t: rc $rc"
 done
-# a step written without files.txt (an old mmpipe): a tensor in two files,
-# or no train.ckpt, is not a whole checkpoint either
-rm -rf "$W/dup"; cp -r "$W/old" "$W/dup"; cp "$W/dup/ckpt/latest/image.ckpt" "$W/dup/ckpt/latest/image.0.ckpt"
+# a step without files.txt nor a train.ckpt (as an old mmpipe's, with its train.ckpt
+# lost): a tensor in two files, or no train.ckpt, is not a whole checkpoint either
+rm -rf "$W/nometa"; cp -r "$W/old" "$W/nometa"; rm "$W/nometa/ckpt/latest/train.ckpt"
+rm -rf "$W/dup"; cp -r "$W/nometa" "$W/dup"; cp "$W/dup/ckpt/latest/image.ckpt" "$W/dup/ckpt/latest/image.0.ckpt"
 expect_fail "verify: a tensor in two files is named with both" "tensor image\.[a-z0-9_.]* is in both image\.0\.ckpt and image\.ckpt" \
   "$BIN" ckpt verify "$W/dup"
-rm -rf "$W/nometa"; cp -r "$W/old" "$W/nometa"; rm "$W/nometa/ckpt/latest/train.ckpt"
 expect_fail "verify: no files.txt and no train.ckpt is not whole" "no meta.step \(train.ckpt\), and no files.txt" \
   "$BIN" ckpt verify "$W/nometa"
 

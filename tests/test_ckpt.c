@@ -412,6 +412,35 @@ static void test_version1(void)
     expect_refused("a damaged version-1 file", d, "checksum mismatch");
 }
 
+/* A step without files.txt: one written before mmpipe listed a step's files
+ * (its train.ckpt says nothing of one) is read as before, listed 0; one
+ * whose train.ckpt says it was written with one (meta.files_listed) has
+ * lost it, and is refused. */
+static void test_file_list_legacy(void)
+{
+    const char *d = dir_of("legacy");
+    char path[1200];
+    snprintf(path, sizeof path, "%s/image.ckpt", d);
+    write_ckpt(path, "image", 2, 10);
+    snprintf(path, sizeof path, "%s/train.ckpt", d);
+    mmp_ckpt_writer w;
+    int64_t one = 1;
+    int32_t step = 3, listed = 1;
+    CHECK_OK(mmp_ckpt_writer_open(&w, path));
+    CHECK_OK(mmp_ckpt_write(&w, "meta.step", MMP_I32, 1, &one, &step));
+    CHECK_OK(mmp_ckpt_writer_close(&w));
+    int got = -1;
+    CHECK_OK(mmp_ckpt_check_files(d, &got));
+    CHECK(got == 0);
+    CHECK_OK(mmp_ckpt_writer_open(&w, path));
+    CHECK_OK(mmp_ckpt_write(&w, "meta.step", MMP_I32, 1, &one, &step));
+    CHECK_OK(mmp_ckpt_write(&w, "meta.files_listed", MMP_I32, 1, &one, &listed));
+    CHECK_OK(mmp_ckpt_writer_close(&w));
+    CHECK(mmp_ckpt_check_files(d, &got) == MMP_ERR_DATA &&
+          strstr(mmp_last_error(), "files.txt is missing, and train.ckpt says"));
+    expect_refused("a lost files.txt", d, "files.txt is missing, and train.ckpt says");
+}
+
 int main(void)
 {
     test_xxh64();
@@ -421,5 +450,6 @@ int main(void)
     test_select();
     test_damage();
     test_memory();
+    test_file_list_legacy();
     return mmp_test_finish("test_ckpt");
 }
