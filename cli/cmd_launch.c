@@ -440,6 +440,13 @@ int mmp_cmd_launch(int argc, char **argv)
                 "mmpipe launch: %s already holds checkpoints; pass --force to replace them\n", out);
         goto exit;
     }
+    pid_t live = resume ? mmp_run_lock_holder(out) : 0;
+    if (live > 0) {
+        /* a live run first: its pid says more than "no checkpoint yet" would */
+        fprintf(stderr, "mmpipe launch: %s is in use by another run (pid %d holds its lock)\n", out,
+                (int)live);
+        goto exit;
+    }
     if (resume && check_resume(&plan, out) != 0) {
         goto exit;
     }

@@ -202,6 +202,22 @@ mmp_err mmp_fs_rmtree(const char *path)
     return MMP_OK;
 }
 
+pid_t mmp_run_lock_holder(const char *dir)
+{
+    char path[1200];
+    if (snprintf(path, sizeof path, "%s/%s", dir, MMP_RUN_LOCK_FILE) >= (int)sizeof path) {
+        return 0;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return 0;
+    }
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    pid_t pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? q.l_pid : 0;
+    close(fd);
+    return pid;
+}
+
 mmp_err mmp_run_lock_take(mmp_run_lock *l, const char *dir, pid_t *holder)
 {
     char path[1200];

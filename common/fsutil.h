@@ -118,6 +118,9 @@ typedef struct mmp_run_lock {
  * pid. Other failures (dir missing, unwritable): MMP_ERR_IO, *holder = 0.
  * l->held is 0 after any failure. */
 mmp_err mmp_run_lock_take(mmp_run_lock *l, const char *dir, pid_t *holder);
+/* The pid holding dir's run lock, 0 when none holds it (or there is no lock
+ * file). Reads only: nothing on disk changes. */
+pid_t mmp_run_lock_holder(const char *dir);
 /* Releases the lock (closes the descriptor; the file stays). NULL-safe,
  * idempotent, valid on a zeroed struct and after a failed take. */
 void mmp_run_unlock(mmp_run_lock *l);

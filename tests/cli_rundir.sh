@@ -90,6 +90,18 @@ expect_fail "--resume of a live run is refused naming its pid" "in use .*pid $LP
   "$BIN" launch "$W/plan.yaml" --resume "$L" --steps 500
 expect_fail "--single-process --force into a live run is refused" "in use .*pid $LPID" \
   "$BIN" launch "$W/plan.yaml" --out "$L" --force --single-process
+# ... and one that has no checkpoint yet: named by its pid, not "no checkpoint" (its
+# lock held here by a stand-in: the same kind of lock, fcntl's)
+if command -v python3 >/dev/null; then
+  mkdir -p "$W/young"
+  python3 -c 'import fcntl, sys, time
+f = open(sys.argv[1] + "/.mmpipe.lock", "w"); fcntl.lockf(f, fcntl.LOCK_EX); time.sleep(30)' "$W/young" &
+  holder=$!
+  for _ in $(seq 50); do [ -e "$W/young/.mmpipe.lock" ] && break; sleep 0.1; done; sleep 0.2
+  expect_fail "--resume of a live run without a checkpoint yet names its pid" "in use .*pid $holder" \
+    "$BIN" launch "$W/plan.yaml" --resume "$W/young"
+  kill $holder; wait $holder 2>/dev/null
+else echo "skip: --resume of a young live run (no python3 to hold its lock)"; fi
 after=$(state "$L/ckpt/step_0000001"; state "$L/plan.json"; ls -a "$L")
 [ "$before" = "$after" ] && [ -e "$L/ckpt/step_0000001" ] && ok "refused launches left the live run alone" \
   || fail "a refused launch changed the live run"
