@@ -652,6 +652,25 @@ static int says_listed(const char *dir)
     return yes;
 }
 
+/* A checkpoint file's footer: its last 8 bytes, the checksum of all before
+ * them (as it is stored); 0 when unreadable. Two files of different
+ * contents differ in it: files.txt records it, so a file of another step
+ * copied in, of the same size, is found. */
+static uint64_t file_footer(const char *path)
+{
+    uint64_t h = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size >= 8 &&
+        pread(fd, &h, sizeof h, st.st_size - 8) != (ssize_t)sizeof h) {
+        h = 0;
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    return h;
+}
+
 static mmp_err check_file_list(const char *dir, char **names, size_t n, int *listed)
 {
     char path[1200];
@@ -688,16 +707,25 @@ static mmp_err check_file_list(const char *dir, char **names, size_t n, int *lis
             continue;
         }
         char *sp = strchr(line, ' ');
-        char *end = NULL;
+        char *end = NULL, *hex_end = NULL;
         long long size = -1;
+        unsigned long long footer = 0;
+        int has_footer = 0;
         if (sp) {
             *sp = 0;
             errno = 0;
             size = isdigit((unsigned char)sp[1]) ? strtoll(sp + 1, &end, 10) : -1;
         }
+        if (end && *end == ' ' && strspn(end + 1, "0123456789abcdef") == 16) {
+            /* the file's checksum (written since; a step from before has none) */
+            footer = strtoull(end + 1, &hex_end, 16);
+            has_footer = 1;
+            end = hex_end;
+        }
         if (!sp || !list_name_ok(line) || size < 0 || errno || !end ||
             (*end != '\n' && *end != 0)) {
-            ret = mmp_errorf(MMP_ERR_DATA, "%s:%d: not \"NAME.ckpt BYTES\"", path, line_no);
+            ret =
+                mmp_errorf(MMP_ERR_DATA, "%s:%d: not \"NAME.ckpt BYTES CHECKSUM\"", path, line_no);
             break;
         }
         const char *key = line;
@@ -725,6 +753,12 @@ static mmp_err check_file_list(const char *dir, char **names, size_t n, int *lis
             ret = mmp_errorf(MMP_ERR_DATA,
                              "%s: %lld bytes, %s:%d recorded %lld (cut short or replaced)", file,
                              (long long)st.st_size, MMP_CKPT_FILE_LIST, line_no, size);
+        } else if (has_footer && file_footer(file) != footer) {
+            ret = mmp_errorf(MMP_ERR_DATA,
+                             "%s: its checksum %016llx is not the %016llx %s:%d recorded (a file "
+                             "of another step, or changed since)",
+                             file, (unsigned long long)file_footer(file), footer,
+                             MMP_CKPT_FILE_LIST, line_no);
         }
     }
     if (ret == MMP_OK && ferror(f)) {
@@ -1011,8 +1045,8 @@ static mmp_err write_file_list(const char *dir)
     mmp_atomic_file a;
     mmp_err ret = mmp_atomic_open(&a, path, MMP_ATOMIC_DURABLE); /* part of the checkpoint */
     if (ret == MMP_OK) {
-        fputs("# the files of this checkpoint and their bytes (mmpipe ckpt verify checks "
-              "them)\n",
+        fputs("# the files of this checkpoint, their bytes and checksums (mmpipe ckpt verify "
+              "checks them)\n",
               a.f);
     }
     for (size_t i = 0; ret == MMP_OK && i < n; i++) {
@@ -1022,7 +1056,8 @@ static mmp_err write_file_list(const char *dir)
             ret = mmp_errorf(MMP_ERR_IO, "%s: %s", file, strerror(errno));
             mmp_atomic_abort(&a);
         } else {
-            fprintf(a.f, "%s %lld\n", names[i], (long long)st.st_size);
+            fprintf(a.f, "%s %lld %016llx\n", names[i], (long long)st.st_size,
+                    (unsigned long long)file_footer(file));
         }
     }
     if (ret == MMP_OK) {

@@ -85,10 +85,10 @@ out=$("$BIN" ckpt verify "$W/run" "$W/hurt"); rc=$?
   && ok "verify: a changed byte is named with its file (rc 1)" || { fail "verify damaged: rc $rc"; echo "$out"; }
 "$BIN" ckpt verify >/dev/null 2>&1; [ $? -eq 2 ] && ok "verify without a checkpoint: usage error" || fail "verify without arguments"
 
-# files.txt: a step lists its files and sizes; a lost, cut-short or stray
-# file is named by verify, refused by export and by a resume before any
-# stage starts; a step without the list is read as before and says so
-grep -q "^train.ckpt [0-9]*$" "$W/run/ckpt/latest/files.txt" && grep -q "^image.ckpt [0-9]*$" "$W/run/ckpt/latest/files.txt" \
+# files.txt: a step lists its files, sizes and checksums; a lost, cut-short,
+# stray or swapped file is named by verify, refused by export and by a resume
+# before any stage starts
+grep -q "^train.ckpt [0-9]* [0-9a-f]\{16\}$" "$W/run/ckpt/latest/files.txt" && grep -q "^image.ckpt [0-9]* [0-9a-f]\{16\}$" "$W/run/ckpt/latest/files.txt" \
   && grep -q ": ok: .*every file, checksum and record checked" <<<"$out" \
   && ok "verify: the step's files.txt lists its files; verify checks them" || { fail "files.txt"; cat "$W/run/ckpt/latest/files.txt"; }
 for f in train.ckpt text.ckpt; do
@@ -105,8 +105,20 @@ truncate -s -8 "$f"
 expect_fail "verify: a file cut short is named with both sizes" "fusion.ckpt: [0-9]+ bytes, files.txt:[0-9]+ recorded [0-9]+ \\(cut short" "$BIN" ckpt verify "$W/cut"
 rm -rf "$W/stray"; cp -r "$W/run" "$W/stray"; cp "$W/stray/ckpt/latest/image.ckpt" "$W/stray/ckpt/latest/image.0.ckpt"
 expect_fail "verify: a stray *.ckpt file is named" "image.0.ckpt: not in files.txt" "$BIN" ckpt verify "$W/stray"
+# a file of another checkpoint (same shapes, so the same size) copied in: its checksum tells
+"$BIN" launch $P --single-process --out "$W/seed8" "${SET[@]}" --set job.seed=8 >"$W/seed8.log" 2>&1 \
+  || fail "a run with another seed"
+rm -rf "$W/swap"; cp -r "$W/run" "$W/swap"; cp "$W/seed8/ckpt/latest/image.ckpt" "$W/swap/ckpt/latest/image.ckpt"
+[ "$(stat -c %s "$W/seed8/ckpt/latest/image.ckpt")" = "$(stat -c %s "$W/run/ckpt/latest/image.ckpt")" ] \
+  && expect_fail "verify: a file of another checkpoint, of the same size, is named by its checksum" \
+    "image.ckpt: its checksum [0-9a-f]{16} is not the [0-9a-f]{16} files.txt:[0-9]+ recorded" "$BIN" ckpt verify "$W/swap" \
+  || fail "the other seed's image.ckpt is not of the same size"
+# a files.txt of before (no checksums) is still read
+rm -rf "$W/nosum"; cp -r "$W/run" "$W/nosum"; sed -i -E 's/^([a-z0-9.]+ [0-9]+) [0-9a-f]{16}$/\1/' "$W/nosum/ckpt/latest/files.txt"
+"$BIN" ckpt verify "$W/nosum" >/dev/null && ok "verify: a files.txt without checksums (written before them) is read" \
+  || fail "verify of a files.txt without checksums"
 rm -rf "$W/junk"; cp -r "$W/run" "$W/junk"; echo "image.ckpt twelve" >>"$W/junk/ckpt/latest/files.txt"
-expect_fail "verify: a damaged files.txt is named with its line" "files.txt:[0-9]+: not \"NAME.ckpt BYTES\"" "$BIN" ckpt verify "$W/junk"
+expect_fail "verify: a damaged files.txt is named with its line" "files.txt:[0-9]+: not \"NAME.ckpt BYTES CHECKSUM\"" "$BIN" ckpt verify "$W/junk"
 rm -rf "$W/old"; cp -r "$W/run" "$W/old"; rm "$W/old/ckpt/latest/files.txt"
 expect_fail "verify: a step whose files.txt is lost (its train.ckpt says it had one) is refused" \
   "files.txt is missing, and train.ckpt says this step was written with one" "$BIN" ckpt verify "$W/old"

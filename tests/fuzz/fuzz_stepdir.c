@@ -1,5 +1,5 @@
 /* A checkpoint step directory's own text files: the input is its files.txt
- * (common/ckpt.c: each *.ckpt and its bytes, checked against the files the
+ * (common/ckpt.c: each *.ckpt, its bytes and checksum, checked against the files the
  * directory holds) when its first byte is odd ('#', 'i'), else its fingerprint.txt
  * (common/fingerprint.c: key=value lines, compared with a plan's). The
  * directory holds two small .ckpt files and the plan is a minimal one, made
