@@ -85,7 +85,7 @@ last=$(tail -1 <<<"$out")
 # --- ckpt diff structure --------------------------------------------------------
 mkdir -p "$W/partial"; cp "$W/a/ckpt/latest/image.ckpt" "$W/partial/"
 expect_fail "ckpt diff: missing tensors exit non-zero" "only in A" "$BIN" ckpt diff "$W/a" "$W/partial"
-mkdir -p "$W/corrupt"; cp "$W/a/ckpt/latest/"*.ckpt "$W/corrupt/"
+mkdir -p "$W/corrupt"; cp "$W/a/ckpt/latest/"* "$W/corrupt/" # the step, files.txt with it
 printf 'garbage' | dd of="$W/corrupt/text.ckpt" bs=1 seek=100 conv=notrunc 2>/dev/null
 expect_fail "ckpt diff: corrupt file is named" "text.ckpt: checksum" "$BIN" ckpt diff "$W/a" "$W/corrupt"
 expect_fail "existing run is not overwritten without --force" "already holds a run" \
