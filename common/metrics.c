@@ -155,7 +155,7 @@ static mmp_err read_fields(struct fy_node *node, int in, void *base, const char 
 {
     for (int k = 0; k < N_FIELDS; k++) {
         const field *f = &FIELDS[k];
-        double v;
+        double v = 0; /* set by json_number when it returns 1 */
         int got = f->in == in ? json_number(node, f->key, &v) : 0;
         if (got < 0 && !f->lenient) {
             return mmp_errorf(MMP_ERR_DATA, "%s%s is not a number", what, f->key);
