@@ -753,12 +753,14 @@ static mmp_err check_file_list(const char *dir, char **names, size_t n, int *lis
             ret = mmp_errorf(MMP_ERR_DATA,
                              "%s: %lld bytes, %s:%d recorded %lld (cut short or replaced)", file,
                              (long long)st.st_size, MMP_CKPT_FILE_LIST, line_no, size);
-        } else if (has_footer && file_footer(file) != footer) {
-            ret = mmp_errorf(MMP_ERR_DATA,
-                             "%s: its checksum %016llx is not the %016llx %s:%d recorded (a file "
-                             "of another step, or changed since)",
-                             file, (unsigned long long)file_footer(file), footer,
-                             MMP_CKPT_FILE_LIST, line_no);
+        } else if (has_footer) {
+            unsigned long long have = file_footer(file);
+            if (have != footer) {
+                ret = mmp_errorf(MMP_ERR_DATA,
+                                 "%s: its checksum %016llx is not the %016llx %s:%d recorded (a "
+                                 "file of another step, or changed since)",
+                                 file, have, footer, MMP_CKPT_FILE_LIST, line_no);
+            }
         }
     }
     if (ret == MMP_OK && ferror(f)) {

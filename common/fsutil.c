@@ -202,6 +202,13 @@ mmp_err mmp_fs_rmtree(const char *path)
     return MMP_OK;
 }
 
+/* The pid whose lock on fd's file stops a write lock, 0 when none. */
+static pid_t lock_holder_of(int fd)
+{
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    return fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? q.l_pid : 0;
+}
+
 pid_t mmp_run_lock_holder(const char *dir)
 {
     char path[1200];
@@ -212,8 +219,7 @@ pid_t mmp_run_lock_holder(const char *dir)
     if (fd < 0) {
         return 0;
     }
-    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
-    pid_t pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? q.l_pid : 0;
+    pid_t pid = lock_holder_of(fd);
     close(fd);
     return pid;
 }
@@ -251,10 +257,7 @@ mmp_err mmp_run_lock_take(mmp_run_lock *l, const char *dir, pid_t *holder)
         close(fd);
         return mmp_errorf(MMP_ERR_IO, "cannot lock %s: %s", path, strerror(e));
     }
-    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
-    if (fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK) {
-        *holder = q.l_pid;
-    }
+    *holder = lock_holder_of(fd);
     close(fd);
     if (*holder > 0) {
         return mmp_errorf(MMP_ERR_IO, "%s is in use by another run (pid %d holds %s)", dir,

@@ -443,7 +443,7 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
                       strerror(why ? why : EIO));
 }
 
-mmp_err mmp_metrics_last(FILE *f, mmp_metrics_step *m, off_t *at)
+mmp_err mmp_metrics_eval_pending(FILE *f, int step, off_t *at)
 {
     *at = -1;
     struct stat st;
@@ -483,11 +483,12 @@ mmp_err mmp_metrics_last(FILE *f, mmp_metrics_step *m, off_t *at)
         len--;
     }
     line[len] = 0;
+    static mmp_metrics_step m;
     if (ret == MMP_OK) {
-        ret = mmp_metrics_parse(line, len, m);
+        ret = mmp_metrics_parse(line, len, &m);
     }
     free(line);
-    if (ret == MMP_OK) {
+    if (ret == MMP_OK && m.step == step && !m.has_eval) {
         *at = start;
     }
     return ret;

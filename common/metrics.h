@@ -154,12 +154,12 @@ mmp_err mmp_metrics_parse(const char *line, size_t len, mmp_metrics_step *m);
  * has_balance, val_* only when has_eval. MMP_ERR_IO when the write fails;
  * then the part written is cut off again: the file holds whole lines. */
 mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m);
-/* The last line of f (a run's metrics.jsonl, open for appending) read into
- * *m, and where it starts into *at; *at is -1 and m untouched when f holds
- * no line. MMP_ERR_IO, or the parser's error. */
-mmp_err mmp_metrics_last(FILE *f, mmp_metrics_step *m, off_t *at);
+/* Whether f's last line (a run's metrics.jsonl, open for appending) is
+ * step's and holds no evaluation: *at is where it starts, else -1 (no line,
+ * another step's, or evaluated). MMP_ERR_IO, or the parser's error. */
+mmp_err mmp_metrics_eval_pending(FILE *f, int step, off_t *at);
 /* Puts an evaluation's recall into f's last line, which starts at `at`
- * (mmp_metrics_last) and has none, as its writer would have placed them;
+ * (mmp_metrics_eval_pending) and has none, as its writer would have placed them;
  * every other byte of the line stays (the reader keeps not all of them). */
 mmp_err mmp_metrics_add_eval(FILE *f, off_t at, double i2t, double t2i);
 /* MMP_OK when f is still <run_dir>/metrics.jsonl; else (the run directory

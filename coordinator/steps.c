@@ -449,13 +449,12 @@ static int evaluate_resumed(coord *c, int first_step)
     if (first_step <= 0 || !mmp_plan_eval_due(c->plan, first_step)) {
         return 0;
     }
-    static mmp_metrics_step last;
     off_t at = -1;
-    if (mmp_metrics_last(c->metrics, &last, &at) != MMP_OK) {
+    if (mmp_metrics_eval_pending(c->metrics, first_step, &at) != MMP_OK) {
         coord_fail(c, "%s/metrics.jsonl: %s", c->out_dir, mmp_last_error());
         return 1;
     }
-    if (at < 0 || last.step != first_step || last.has_eval) {
+    if (at < 0) {
         return 0;
     }
     MMP_INFO("step %d: its evaluation was cut short; evaluating it now", first_step);

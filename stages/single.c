@@ -651,14 +651,13 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
     if (first_step > 0 && mmp_plan_eval_due(plan, first_step)) {
         /* the step resumed from had its evaluation due and its line has
          * none (the run stopped during it; the checkpoint came first) */
-        static mmp_metrics_step last;
         off_t at = -1;
         double i2t = 0, t2i = 0;
-        if ((err = mmp_metrics_last(t.metrics, &last, &at)) != MMP_OK) {
+        if ((err = mmp_metrics_eval_pending(t.metrics, first_step, &at)) != MMP_OK) {
             err = mmp_error_prefix(err, "%s/metrics.jsonl", out_dir);
             goto exit;
         }
-        if (at >= 0 && last.step == first_step && !last.has_eval) {
+        if (at >= 0) {
             MMP_INFO("step %d: its evaluation was cut short; evaluating it now", first_step);
             if ((err = evaluate(&t, &i2t, &t2i)) != MMP_OK ||
                 (err = mmp_metrics_add_eval(t.metrics, at, i2t, t2i)) != MMP_OK) {

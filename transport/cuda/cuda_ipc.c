@@ -127,48 +127,40 @@ static_assert(sizeof(cipc_header) == 320, "cipc_header is part of the segment la
 enum { CIPC_SYNC_EVENTS = 1, CIPC_SYNC_MEMOPS = 2 };
 
 typedef CUresult (*cipc_memop_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+/* cuMemGetAddressRange: the connector checks the creator's allocation */
+typedef CUresult (*cipc_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 static cipc_memop_fn cipc_wait32, cipc_write32;
-static pthread_once_t cipc_memops_once = PTHREAD_ONCE_INIT;
+static cipc_range_fn cipc_range;
+static pthread_once_t cipc_driver_once = PTHREAD_ONCE_INIT;
 
-static void find_memops(void)
-{
-    void *w = NULL, *r = NULL;
-    enum cudaDriverEntryPointQueryResult qw = cudaDriverEntryPointSymbolNotFound, qr = qw;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &w, 12000, cudaEnableDefault,
-                                         &qw) != cudaSuccess ||
-        cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &r, 12000, cudaEnableDefault,
-                                         &qr) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return;
-    }
-    if (qw == cudaDriverEntryPointSuccess && qr == cudaDriverEntryPointSuccess) {
-        cipc_wait32 = (cipc_memop_fn)w;
-        cipc_write32 = (cipc_memop_fn)r;
-    }
-}
-
-/* cuMemGetAddressRange through the runtime's entry point (no link to the
+/* A driver function through the runtime's entry point (no link to the
  * driver library: this module loads where there is none); NULL when the
  * driver lacks it. */
-typedef CUresult (*cipc_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
-static cipc_range_fn cipc_range;
-static pthread_once_t cipc_range_once = PTHREAD_ONCE_INIT;
-
-static void find_range(void)
+static void *driver_entry(const char *name)
 {
     void *f = NULL;
     enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess) {
+    if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess) {
         (void)cudaGetLastError();
-        return;
+        return NULL;
     }
-    cipc_range = q == cudaDriverEntryPointSuccess ? (cipc_range_fn)f : NULL;
+    return q == cudaDriverEntryPointSuccess ? f : NULL;
+}
+
+static void find_driver(void)
+{
+    cipc_memop_fn w = (cipc_memop_fn)driver_entry("cuStreamWaitValue32");
+    cipc_memop_fn r = (cipc_memop_fn)driver_entry("cuStreamWriteValue32");
+    if (w && r) { /* both or neither */
+        cipc_wait32 = w;
+        cipc_write32 = r;
+    }
+    cipc_range = (cipc_range_fn)driver_entry("cuMemGetAddressRange");
 }
 
 static int memops_available(void)
 {
-    pthread_once(&cipc_memops_once, find_memops);
+    pthread_once(&cipc_driver_once, find_driver);
     return cipc_wait32 && cipc_write32;
 }
 
@@ -615,7 +607,7 @@ static mmp_err import_device(cipc_channel *ch)
     /* The mapping is the creator's allocation: it must hold what this end's
      * geometry will address (the header's geometry was checked, the handle
      * is another process's word too). */
-    pthread_once(&cipc_range_once, find_range);
+    pthread_once(&cipc_driver_once, find_driver);
     CUdeviceptr base = 0;
     size_t have = 0;
     if (cipc_range && cipc_range(&base, &have, (CUdeviceptr)(uintptr_t)dev) == CUDA_SUCCESS &&
