@@ -96,16 +96,16 @@ want=$(awk -v s="${slow:-0}" 'BEGIN { printf "%.2f", 48 * s / (1 + s) }')
   && ok "routing shares follow the measured speed: $n_fast:$n_slow (slow replica ~$want of 48)" \
   || fail "routing shares ${n_fast:-?}:${n_slow:-?} do not follow speed $slow (want ~$want of 48)"
 # simulate --costs of the weighted run simulates its last step's routing (it
-# used to deal 24:24 and predict the step 48% slow): the deal is named, and
-# the prediction lands near the measured step (sleeps; 20% leaves room for
-# a loaded machine; round robin's 24:24 would be about 1.5x)
+# used to deal 24:24, and predicted the step 48% slow): the deal is named and
+# the simulated schedule gives each replica its measured share (the
+# prediction error is printed, not judged: a timing)
 out=$("$BIN" simulate configs/sim-slow-replica.yaml --set "data.manifest=$W/data/train.jsonl" \
   --costs "$W/wt" 2>&1)
 err=$(grep -o 'prediction error [-+0-9.]*%' <<<"$out" | grep -o '[-+0-9.]*')
 grep -q "^routing: the run's last step's, image.0/0 $n_fast, image.0/1 $n_slow micro-batches$" <<<"$out" \
-  && [ -n "$err" ] && awk -v e="$err" 'BEGIN { e = e < 0 ? -e : e; exit !(e <= 20) }' \
-  && ok "simulate --costs of the weighted run: its $n_fast:$n_slow routing, prediction error $err%" \
-  || { fail "simulate --costs of the weighted run (error ${err:-none}%)"; grep -E "routing|error" <<<"$out" | sed 's/^/    /'; }
+  && grep -qE "^image\.0/0 .* $n_fast/$n_fast " <<<"$out" && grep -qE "^image\.0/1 .* $n_slow/$n_slow " <<<"$out" \
+  && ok "simulate --costs of the weighted run simulates its $n_fast:$n_slow routing (prediction error ${err:-?}%, not asserted)" \
+  || { fail "simulate --costs of the weighted run"; grep -E "routing|^image" <<<"$out" | sed 's/^/    /'; }
 # Round robin: the same 24:24 on every step, whatever the speeds (no routing
 # decision is made); that is what weighted routing is measured against.
 rr_bad=$(grep -c . "$W/rr/metrics.jsonl")
