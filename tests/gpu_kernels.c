@@ -842,8 +842,8 @@ static void test_precision(void)
         CHECK(bad_r == 0);
         CHECK(bad_p == 0);
         CHECK(bad_u == 0);
-        release();
     }
+    release(); /* after both precisions: x is one of the buffers */
 }
 
 /* The conversions' NaN (and every other edge) bit for bit with the CPU's:

@@ -1,0 +1,2 @@
+/* The CUDA emulator's stand-in for <cudnn.h>: tests/cuda_emu/include/mmp_cuda_emu.h. */
+#include "mmp_cuda_emu.h"
