@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <mutex>
 #include <map>
 #include <vector>
 
@@ -70,6 +72,8 @@ struct allocation {
     size_t bytes;   /* as asked */
     char *map;      /* the mapping (no ASan) */
     size_t map_len; /* its length, the guard page included */
+    int fd;         /* the memfd behind the data pages (no ASan; -1 once imported) */
+    bool imported;  /* mapped from another process's handle (cudaIpcOpenMemHandle) */
 };
 std::map<uintptr_t, allocation> device; /* by base */
 int access_depth;                       /* > 0 while the emulator may touch device memory */
@@ -82,9 +86,13 @@ void protect(const allocation &a, int prot)
     }
 }
 
+/* One thread in the emulator at a time (a stage's loader thread uploads
+ * while its main thread computes): every entry takes this. */
+std::recursive_mutex emu_lock;
+
 /* Device memory readable and writable for the life of one of these. */
 struct device_access {
-    explicit device_access(const char *what) : saved(doing)
+    explicit device_access(const char *what) : hold(emu_lock), saved(doing)
     {
         doing = what;
         if (access_depth++ == 0) {
@@ -102,6 +110,7 @@ struct device_access {
         }
         doing = saved;
     }
+    std::lock_guard<std::recursive_mutex> hold;
     const char *saved;
 };
 
@@ -124,7 +133,7 @@ bool is_device(const void *p)
     return device_range(p, 0) != nullptr;
 }
 
-cudaError_t last_error = cudaSuccess;
+thread_local cudaError_t last_error = cudaSuccess;
 cudaError_t fail(cudaError_t e, const char *fmt, ...)
 {
     va_list ap;
@@ -189,8 +198,33 @@ void install_segv(void)
     sigaction(SIGBUS, &sa, nullptr);
 }
 
+/* Maps the data pages of an allocation of bytes: `fd`'s pages (shared, an
+ * IPC handle's importer maps them too) ending one page before a guard page,
+ * base 256-byte aligned so that the bytes end where the rounding to 256
+ * does. */
+cudaError_t map_pages(allocation &a, int fd, size_t bytes, char **base)
+{
+    const size_t rounded = (bytes + 255) & ~(size_t)255;
+    const size_t data_pages = (rounded + page - 1) / page * page;
+    a.map_len = data_pages + page;
+    a.map = (char *)mmap(nullptr, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a.map == MAP_FAILED) {
+        return fail(cudaErrorMemoryAllocation, "%zu bytes: mmap: %s", bytes, strerror(errno));
+    }
+    const int prot = access_depth > 0 ? PROT_READ | PROT_WRITE : PROT_NONE;
+    if (mmap(a.map, data_pages, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        const int e = errno;
+        munmap(a.map, a.map_len);
+        return fail(cudaErrorMemoryAllocation, "%zu bytes: mmap of the memfd: %s", bytes,
+                    strerror(e));
+    }
+    *base = a.map + data_pages - rounded;
+    return cudaSuccess;
+}
+
 cudaError_t device_alloc(void **p, size_t bytes)
 {
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
     *p = nullptr;
     install_segv();
     if (bytes > ((size_t)1 << 40)) {
@@ -198,7 +232,7 @@ cudaError_t device_alloc(void **p, size_t bytes)
                     "cudaMalloc(%zu bytes): more than the emulator holds", bytes);
     }
     const size_t rounded = (bytes + 255) & ~(size_t)255;
-    allocation a = {bytes, nullptr, 0};
+    allocation a = {bytes, nullptr, 0, -1, false};
     char *base;
     if (EMU_ASAN) {
         /* exactly bytes: a read one past them is ASan's to report (as
@@ -210,14 +244,20 @@ cudaError_t device_alloc(void **p, size_t bytes)
         base = (char *)m;
     } else {
         const size_t data_pages = (rounded + page - 1) / page * page;
-        a.map_len = data_pages + page;
-        a.map = (char *)mmap(nullptr, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (a.map == MAP_FAILED) {
-            return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu bytes): %s", bytes,
-                        strerror(errno));
+        a.fd = memfd_create("mmpipe-cuda-emu", MFD_CLOEXEC);
+        if (a.fd < 0 || ftruncate(a.fd, (off_t)(data_pages ? data_pages : page)) != 0) {
+            const int e = errno;
+            if (a.fd >= 0) {
+                close(a.fd);
+            }
+            return fail(cudaErrorMemoryAllocation, "cudaMalloc(%zu bytes): memfd: %s", bytes,
+                        strerror(e));
         }
-        base = a.map + data_pages - rounded;
-        protect(a, access_depth > 0 ? PROT_READ | PROT_WRITE : PROT_NONE);
+        cudaError_t ce = map_pages(a, a.fd, bytes ? bytes : 1, &base);
+        if (ce != cudaSuccess) {
+            close(a.fd);
+            return ce;
+        }
     }
     device[(uintptr_t)base] = a;
     {
@@ -230,18 +270,22 @@ cudaError_t device_alloc(void **p, size_t bytes)
 
 cudaError_t device_free(void *p)
 {
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
     if (!p) {
         return cudaSuccess;
     }
     auto it = device.find((uintptr_t)p);
-    if (it == device.end()) {
+    if (it == device.end() || it->second.imported) {
         return fail(cudaErrorInvalidValue, "cudaFree(%p): not a device allocation%s", p,
-                    is_device(p) ? " (inside one, not its start)" : "");
+                    it != device.end() ? " of this process (cudaIpcCloseMemHandle unmaps it)"
+                    : is_device(p)     ? " (inside one, not its start)"
+                                       : "");
     }
     if (EMU_ASAN) {
         free(p);
     } else {
         munmap(it->second.map, it->second.map_len);
+        close(it->second.fd);
     }
     device.erase(it);
     return cudaSuccess;
@@ -781,6 +825,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t)
 {
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
     if (bytes == 0) {
         return cudaSuccess;
     }
@@ -810,6 +855,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind 
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t)
 {
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
     if (bytes == 0) {
         return cudaSuccess;
     }
@@ -883,6 +929,204 @@ const char *cudaGetErrorString(cudaError_t e)
         return "invalid device ordinal";
     }
     return "unknown error";
+}
+
+/* ---- interprocess memory and events; driver entry points ---------------------- */
+namespace
+{
+
+const uint64_t IPC_MAGIC = 0x314350494d554d4dull; /* "MMUMIPC1" */
+struct ipc_mem {
+    uint64_t magic;
+    int32_t pid, fd; /* the exporter's memfd: /proc/PID/fd/FD */
+    uint64_t bytes;  /* the allocation's size as asked */
+    uint64_t reserved[5];
+};
+static_assert(sizeof(ipc_mem) <= sizeof(cudaIpcMemHandle_t), "an IPC handle holds 64 bytes");
+
+CUresult drv_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
+    const uintptr_t u = (uintptr_t)p;
+    auto it = device.upper_bound(u);
+    if (it == device.begin()) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    --it;
+    if (u - it->first >= (it->second.bytes ? it->second.bytes : 1)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (base) {
+        *base = (CUdeviceptr)it->first;
+    }
+    if (size) {
+        *size = it->second.bytes;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult drv_write32(CUstream, CUdeviceptr addr, cuuint32_t value, unsigned)
+{
+    device_access rw("cuStreamWriteValue32");
+    if (!device_range((const void *)(uintptr_t)addr, 4)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    __atomic_store_n((uint32_t *)(uintptr_t)addr, value, __ATOMIC_SEQ_CST);
+    return CUDA_SUCCESS;
+}
+
+/* A stream's work is done when its call returns, so a wait is for a value
+ * the other process wrote before telling this one to wait: it is there, or
+ * soon (the bound only keeps a protocol error from hanging a test). */
+CUresult drv_wait32(CUstream, CUdeviceptr addr, cuuint32_t value, unsigned)
+{
+    for (long i = 0; i < 200000; i++) {
+        {
+            device_access rw("cuStreamWaitValue32");
+            if (!device_range((const void *)(uintptr_t)addr, 4)) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            const uint32_t v = __atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_SEQ_CST);
+            if ((int32_t)(v - value) >= 0) {
+                return CUDA_SUCCESS;
+            }
+        }
+        usleep(100);
+    }
+    fprintf(stderr, "cuda emulator: cuStreamWaitValue32: %u never reached in 20 s\n", value);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+} // namespace
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
+    auto it = device.find((uintptr_t)p);
+    if (it == device.end() || it->second.imported || it->second.fd < 0) {
+        return fail(cudaErrorInvalidValue, "cudaIpcGetMemHandle(%p): %s", p,
+                    EMU_ASAN ? "no IPC in the sanitizer build"
+                             : "not the start of this process's device allocation");
+    }
+    ipc_mem m = {};
+    m.magic = IPC_MAGIC;
+    m.pid = (int32_t)getpid();
+    m.fd = it->second.fd;
+    m.bytes = it->second.bytes;
+    memset(h, 0, sizeof *h);
+    memcpy(h, &m, sizeof m);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned)
+{
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
+    *p = nullptr;
+    ipc_mem m;
+    memcpy(&m, &h, sizeof m);
+    if (m.magic != IPC_MAGIC || m.pid <= 0 || m.fd < 0) {
+        return fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: not a handle of this emulator");
+    }
+    if (m.pid == (int32_t)getpid()) {
+        return fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: a handle of this process");
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)m.pid, (int)m.fd);
+    const int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        return fail(cudaErrorInvalidValue, "cudaIpcOpenMemHandle: %s: %s", path, strerror(errno));
+    }
+    allocation a = {(size_t)m.bytes, nullptr, 0, -1, true};
+    char *base = nullptr;
+    cudaError_t ce = map_pages(a, fd, m.bytes ? m.bytes : 1, &base);
+    close(fd);
+    if (ce != cudaSuccess) {
+        return ce;
+    }
+    device[(uintptr_t)base] = a;
+    *p = base;
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p)
+{
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
+    auto it = device.find((uintptr_t)p);
+    if (it == device.end() || !it->second.imported) {
+        return fail(cudaErrorInvalidValue, "cudaIpcCloseMemHandle(%p): not an opened handle", p);
+    }
+    munmap(it->second.map, it->second.map_len);
+    device.erase(it);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
+{
+    if (!e) {
+        return fail(cudaErrorInvalidValue, "cudaIpcGetEventHandle(NULL)");
+    }
+    memset(h, 0, sizeof *h);
+    memcpy(h, &IPC_MAGIC, sizeof IPC_MAGIC);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
+{
+    if (memcmp(&h, &IPC_MAGIC, sizeof IPC_MAGIC) != 0) {
+        *e = nullptr;
+        return fail(cudaErrorInvalidValue, "cudaIpcOpenEventHandle: not a handle of this emulator");
+    }
+    return cudaEventCreateWithFlags(e, cudaEventInterprocess | cudaEventDisableTiming);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned)
+{
+    return e ? cudaSuccess : fail(cudaErrorInvalidValue, "cudaStreamWaitEvent(NULL)");
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t bytes)
+{
+    return cudaMemsetAsync(p, value, bytes, nullptr);
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    return cudaSuccess;
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess:
+        return "cudaSuccess";
+    case cudaErrorInvalidValue:
+        return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+        return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+        return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+        return "cudaErrorInvalidDevice";
+    }
+    return "cudaErrorUnknown";
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **f, unsigned,
+                                             unsigned long long,
+                                             cudaDriverEntryPointQueryResult *status)
+{
+    *f = nullptr;
+    if (strcmp(symbol, "cuMemGetAddressRange") == 0) {
+        *f = (void *)drv_range;
+    } else if (strcmp(symbol, "cuStreamWriteValue32") == 0) {
+        *f = (void *)drv_write32;
+    } else if (strcmp(symbol, "cuStreamWaitValue32") == 0) {
+        *f = (void *)drv_wait32;
+    }
+    if (status) {
+        *status = *f ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    }
+    return cudaSuccess;
 }
 
 /* ---- numbers ------------------------------------------------------------- */
@@ -1089,14 +1333,21 @@ cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
     if (!h) {
         return CUBLAS_STATUS_NOT_INITIALIZED;
     }
-    doing = "cublasSetWorkspace";
-    cublasStatus_t s = bytes && !device_range(ws, bytes) ? blas_fail(CUBLAS_STATUS_INVALID_VALUE,
-                                                                     "%zu bytes at %p: not device "
-                                                                     "memory",
-                                                                     bytes, ws)
-                                                         : CUBLAS_STATUS_SUCCESS;
-    doing = "host code";
-    return s;
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
+    if (bytes && !device_range(ws, bytes)) {
+        doing = "cublasSetWorkspace";
+        blas_fail(CUBLAS_STATUS_INVALID_VALUE, "%zu bytes at %p: not device memory", bytes, ws);
+        doing = "host code";
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    /* The emulated GEMMs never use it: its pages go (nothing to protect and
+     * unprotect around every call). */
+    auto it = device.find((uintptr_t)ws);
+    if (it != device.end() && it->second.fd >= 0) {
+        (void)fallocate(it->second.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                        (off_t)(it->second.map_len - page));
+    }
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 const char *cublasGetStatusString(cublasStatus_t s)
@@ -1477,10 +1728,10 @@ template <typename Perf> void rank(Perf *out, int want, int *got, const std::vec
     }
 }
 
-template <typename Algo>
-mmp_emu_perf<Algo> perf(Algo a, cudnnStatus_t s, size_t mem, bool det, cudnnMathType_t m)
+template <typename Perf>
+Perf perf(decltype(Perf::algo) a, cudnnStatus_t s, size_t mem, bool det, cudnnMathType_t m)
 {
-    mmp_emu_perf<Algo> p = {};
+    Perf p = {};
     p.algo = a;
     p.status = s;
     p.time = 1.0f;
@@ -1664,23 +1915,24 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, cudnnTensorD
     const cudnnMathType_t m = reported(cv);
     typedef cudnnConvolutionFwdAlgoPerf_t P;
     std::vector<P> list = {
-        perf(CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, CUDNN_STATUS_NOT_SUPPORTED, 0, true, m),
-        perf(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, CUDNN_STATUS_SUCCESS,
-             fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED), true, m),
-        perf(CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_SUCCESS,
-             fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_FFT), true, m),
+        perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_DIRECT, CUDNN_STATUS_NOT_SUPPORTED, 0, true, m),
+        perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED, CUDNN_STATUS_SUCCESS,
+                fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED), true, m),
+        perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_FFT, CUDNN_STATUS_SUCCESS,
+                fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_FFT), true, m),
     };
     if (cv->math != CUDNN_FMA_MATH) {
-        list.push_back(perf(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_STATUS_SUCCESS,
-                            fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM), true,
-                            CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+        list.push_back(perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+                               CUDNN_STATUS_SUCCESS,
+                               fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM), true,
+                               CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
     }
-    list.push_back(perf(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_STATUS_SUCCESS,
-                        fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM), true, m));
-    list.push_back(perf(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_STATUS_SUCCESS,
-                        fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_GEMM), true, m));
+    list.push_back(perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_STATUS_SUCCESS,
+                           fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM), true, m));
+    list.push_back(perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_STATUS_SUCCESS,
+                           fwd_ws(g, CUDNN_CONVOLUTION_FWD_ALGO_GEMM), true, m));
     list.push_back(
-        perf(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, 0, true, m));
+        perf<P>(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_STATUS_SUCCESS, 0, true, m));
     rank(out, want, got, list);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1702,11 +1954,14 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, cudnnFi
     const cudnnMathType_t m = reported(cv);
     rank(out, want, got,
          std::vector<cudnnConvolutionBwdDataAlgoPerf_t>{
-             perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_STATUS_SUCCESS, 0, false, m),
-             perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, CUDNN_STATUS_SUCCESS,
-                  bwd_data_ws(g, CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED), true, m),
-             perf(CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_STATUS_SUCCESS,
-                  bwd_data_ws(g, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1), true, m),
+             perf<cudnnConvolutionBwdDataAlgoPerf_t>(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+                                                     CUDNN_STATUS_SUCCESS, 0, false, m),
+             perf<cudnnConvolutionBwdDataAlgoPerf_t>(
+                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED, CUDNN_STATUS_SUCCESS,
+                 bwd_data_ws(g, CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED), true, m),
+             perf<cudnnConvolutionBwdDataAlgoPerf_t>(
+                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_STATUS_SUCCESS,
+                 bwd_data_ws(g, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1), true, m),
          });
     return CUDNN_STATUS_SUCCESS;
 }
@@ -1726,13 +1981,17 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnMathType_t m = reported(cv);
     rank(out, want, got,
          std::vector<cudnnConvolutionBwdFilterAlgoPerf_t>{
-             perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, CUDNN_STATUS_SUCCESS,
-                  bwd_filter_ws(g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3), false, m),
-             perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_STATUS_SUCCESS, 0, false, m),
-             perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, CUDNN_STATUS_SUCCESS,
-                  bwd_filter_ws(g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING), true, m),
-             perf(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_STATUS_SUCCESS,
-                  bwd_filter_ws(g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1), true, m),
+             perf<cudnnConvolutionBwdFilterAlgoPerf_t>(
+                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, CUDNN_STATUS_SUCCESS,
+                 bwd_filter_ws(g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3), false, m),
+             perf<cudnnConvolutionBwdFilterAlgoPerf_t>(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+                                                       CUDNN_STATUS_SUCCESS, 0, false, m),
+             perf<cudnnConvolutionBwdFilterAlgoPerf_t>(
+                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING, CUDNN_STATUS_SUCCESS,
+                 bwd_filter_ws(g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING), true, m),
+             perf<cudnnConvolutionBwdFilterAlgoPerf_t>(
+                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_STATUS_SUCCESS,
+                 bwd_filter_ws(g, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1), true, m),
          });
     return CUDNN_STATUS_SUCCESS;
 }
