@@ -661,14 +661,15 @@ void run_grid(const char *kernel, const config &c, void (*body)(void *), void *a
     warps.resize((size_t)(n_threads + 31) / 32);
     cur_body = body;
     cur_arg = arg;
-    unsigned long long block = 0;
-    for (unsigned z = 0; z < c.grid.z; z++) {
-        for (unsigned y = 0; y < c.grid.y; y++) {
-            for (unsigned x = 0; x < c.grid.x; x++) {
-                blockIdx = uint3{x, y, z};
-                run_block(block++ % 2 == 1);
-            }
-        }
+    /* Blocks from the last to the first: a GPU tends to start them in
+     * order, so a block that reads what a lower block writes, which nothing
+     * orders, tends to work there; here it reads what that block has not
+     * written yet. */
+    const unsigned long long blocks = (unsigned long long)c.grid.x * c.grid.y * c.grid.z;
+    for (unsigned long long b = blocks; b-- > 0;) {
+        blockIdx = uint3{(unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y),
+                         (unsigned)(b / ((unsigned long long)c.grid.x * c.grid.y))};
+        run_block(b % 2 == 1);
     }
 }
 

@@ -5,13 +5,14 @@
  * without a GPU and the gpu_* tests can judge it there.
  *
  * What it is:
- *  - Kernels run on the CPU, one block after another, each thread of a block
- *    a fiber of one OS thread. A thread runs until it reaches
- *    __syncthreads, a warp operation or its end, then the next runs:
- *    memory is shared as a block's is, and a missing barrier shows, as
- *    thread 0 runs ahead of every other. Blocks alternate between running
- *    their threads in ascending and descending order, so a read of another
- *    thread's write without a barrier between them shows either way.
+ *  - Kernels run on the CPU, one block after another, the last first (a
+ *    block that reads what a lower one writes, unordered, sees it
+ *    unwritten). Each thread of a block is a fiber of one OS thread; the
+ *    lowest runnable thread runs until it reaches __syncthreads, a warp
+ *    operation or its end, so a thread and its warp run as far ahead of
+ *    the others as the barriers let them: a missing barrier shows. Blocks
+ *    alternate between lowest-first and highest-first, so a read of
+ *    another thread's write without a barrier between shows either way.
  *  - Found and reported (the process stops, naming the kernel, block and
  *    thread): a deadlock (a barrier some threads never reach), a warp
  *    operation whose mask names a lane that exited or does not exist, or
