@@ -358,6 +358,160 @@ static mmp_err check_expansion(mmp_schema_loader *L, struct fy_node *root)
                            EXPANDED_NODES_MAX, EXPANDED_DEPTH_MAX);
 }
 
+/* ---- merge keys ---------------------------------------------------------------
+ * `<<: *anchor` (or `<<: [*a, *b]`, or an inline mapping) puts the merged
+ * mappings' keys into the mapping that holds it, YAML's merge key: a key the
+ * mapping gives itself wins, then the sources in their order. So a host of
+ * a plan can be another's with one key changed. libfyaml's resolve refuses
+ * a key given both ways ("duplicate key after resolving"), which is what a
+ * merge is for: so the merges are done here, before it, each source's pairs
+ * copied (its scalars keep their place in the file, for messages). */
+
+static bool is_merge_key(struct fy_node *k)
+{
+    size_t len = 0;
+    const char *t = fy_node_get_type(k) == FYNT_SCALAR && fy_node_get_style(k) == FYNS_PLAIN
+                        ? fy_node_get_scalar(k, &len)
+                        : NULL;
+    return t && len == 2 && memcmp(t, "<<", 2) == 0;
+}
+
+/* Records copy's collections against orig's, in step (scalars keep their
+ * own place). */
+static mmp_err note_copy(mmp_schema_loader *L, struct fy_node *copy, struct fy_node *orig)
+{
+    if (!copy || !orig || fy_node_get_type(copy) == FYNT_SCALAR || fy_node_is_alias(copy)) {
+        return MMP_OK;
+    }
+    if (L->n_copies == L->cap_copies) {
+        int cap = L->cap_copies ? 2 * L->cap_copies : 16;
+        struct fy_node **c = realloc(L->copies, (size_t)cap * sizeof *c);
+        if (c) {
+            L->copies = c;
+        }
+        struct fy_node **o = c ? realloc(L->copy_of, (size_t)cap * sizeof *o) : NULL;
+        if (!o) {
+            return mmp_errorf(MMP_ERR_NOMEM, "%s: out of memory", L->path);
+        }
+        L->copy_of = o;
+        L->cap_copies = cap;
+    }
+    L->copies[L->n_copies] = copy;
+    L->copy_of[L->n_copies++] = orig;
+    void *ic = NULL, *io = NULL;
+    if (fy_node_get_type(copy) == FYNT_SEQUENCE) {
+        struct fy_node *a, *b;
+        while ((a = fy_node_sequence_iterate(copy, &ic)) != NULL &&
+               (b = fy_node_sequence_iterate(orig, &io)) != NULL) {
+            MMP_TRY(note_copy(L, a, b));
+        }
+    } else {
+        struct fy_node_pair *a, *b;
+        while ((a = fy_node_mapping_iterate(copy, &ic)) != NULL &&
+               (b = fy_node_mapping_iterate(orig, &io)) != NULL) {
+            MMP_TRY(note_copy(L, fy_node_pair_value(a), fy_node_pair_value(b)));
+        }
+    }
+    return MMP_OK;
+}
+
+mmp_err mmp_yaml_touch(mmp_schema_loader *L, struct fy_node *n)
+{
+    if (L->n_touched == L->cap_touched) {
+        int cap = L->cap_touched ? 2 * L->cap_touched : 16;
+        struct fy_node **t = realloc(L->touched, (size_t)cap * sizeof *t);
+        if (!t) {
+            return mmp_errorf(MMP_ERR_NOMEM, "%s: out of memory", L->path);
+        }
+        L->touched = t;
+        L->cap_touched = cap;
+    }
+    L->touched[L->n_touched++] = n;
+    return MMP_OK;
+}
+
+struct fy_node *mmp_yaml_original(const mmp_schema_loader *L, struct fy_node *n)
+{
+    for (int k = L->n_copies - 1; k >= 0; k--) {
+        if (L->copies[k] == n) {
+            n = L->copy_of[k]; /* which may be a copy itself, made earlier */
+        }
+    }
+    return n;
+}
+
+/* Adds source's pairs to map where map has no such key yet. */
+static mmp_err merge_from(mmp_schema_loader *L, struct fy_node *map, struct fy_node *source,
+                          struct fy_node *site)
+{
+    struct fy_node *src = fy_node_is_alias(source) ? fy_node_resolve_alias(source) : source;
+    if (!src || fy_node_get_type(src) != FYNT_MAPPING) {
+        mmp_schema_site at = {.node = site, .key = NULL, .origin = -1};
+        return mmp_schema_fail(L, at, "<<: merges mappings (an alias of one, or a list of them)");
+    }
+    void *iter = NULL;
+    struct fy_node_pair *pair;
+    while ((pair = fy_node_mapping_iterate(src, &iter)) != NULL) {
+        struct fy_node *k = fy_node_pair_key(pair);
+        size_t len = 0;
+        const char *name = fy_node_get_type(k) == FYNT_SCALAR ? fy_node_get_scalar(k, &len) : NULL;
+        if (!name || is_merge_key(k) || fy_node_mapping_lookup_pair_by_string(map, name, len)) {
+            continue; /* given already (or a merge the source had: done when it was walked) */
+        }
+        struct fy_node *kc = fy_node_copy(L->fyd, k);
+        struct fy_node *vc = kc ? fy_node_copy(L->fyd, fy_node_pair_value(pair)) : NULL;
+        if (!vc || fy_node_mapping_append(map, kc, vc) != 0) {
+            fy_node_free(kc);
+            fy_node_free(vc);
+            return mmp_errorf(MMP_ERR_NOMEM, "%s: out of memory", L->path);
+        }
+        MMP_TRY(note_copy(L, vc, fy_node_pair_value(pair)));
+    }
+    return MMP_OK;
+}
+
+/* Does every merge under n, innermost first (an anchored mapping comes
+ * before its aliases, so its own merges are done when they are copied). */
+static mmp_err merge_keys(mmp_schema_loader *L, struct fy_node *n)
+{
+    if (!n || fy_node_is_alias(n)) {
+        return MMP_OK;
+    }
+    void *iter = NULL;
+    if (fy_node_get_type(n) == FYNT_SEQUENCE) {
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(n, &iter)) != NULL) {
+            MMP_TRY(merge_keys(L, item));
+        }
+        return MMP_OK;
+    }
+    if (fy_node_get_type(n) != FYNT_MAPPING) {
+        return MMP_OK;
+    }
+    struct fy_node_pair *pair, *merge = NULL;
+    while ((pair = fy_node_mapping_iterate(n, &iter)) != NULL) {
+        MMP_TRY(merge_keys(L, fy_node_pair_value(pair)));
+        if (!merge && is_merge_key(fy_node_pair_key(pair))) {
+            merge = pair; /* one: a second is check_duplicates' */
+        }
+    }
+    if (!merge) {
+        return MMP_OK;
+    }
+    struct fy_node *v = fy_node_pair_value(merge);
+    if (v && !fy_node_is_alias(v) && fy_node_get_type(v) == FYNT_SEQUENCE) {
+        void *it = NULL;
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(v, &it)) != NULL) {
+            MMP_TRY(merge_from(L, n, item, item));
+        }
+    } else {
+        MMP_TRY(merge_from(L, n, v, v ? v : fy_node_pair_key(merge)));
+    }
+    fy_node_free(fy_node_mapping_remove_by_key(n, fy_node_pair_key(merge)));
+    return mmp_yaml_touch(L, n);
+}
+
 /* ---- --set overrides ------------------------------------------------------- */
 
 /* Puts node into map under name, or into pair's value when pair is given;
@@ -422,6 +576,7 @@ static size_t complex_key_at(const char *text, size_t len)
 static mmp_err merge_mapping(mmp_schema_loader *L, struct fy_node *into, struct fy_node *from,
                              int i)
 {
+    MMP_TRY(mmp_yaml_touch(L, into)); /* changed: libfyaml can no longer place it */
     void *iter = NULL;
     struct fy_node_pair *fp;
     while ((fp = fy_node_mapping_iterate(from, &iter)) != NULL) {
@@ -735,6 +890,7 @@ static mmp_err load_tree(mmp_schema_loader *L, void *obj, mmp_schema_check check
 {
     MMP_TRY(check_expansion(L, fy_document_root(L->fyd)));
     MMP_TRY(check_duplicates(L, fy_document_root(L->fyd), "", -1));
+    MMP_TRY(merge_keys(L, fy_document_root(L->fyd)));
     int before = mmp_yaml_diag_count(L->diag);
     if (fy_document_resolve(L->fyd) != 0) {
         return yaml_error(L, before);
@@ -805,6 +961,9 @@ exit:
     free(L.override_nodes);
     free(L.merged_nodes);
     free(L.merged_from);
+    free(L.copies);
+    free(L.copy_of);
+    free(L.touched);
     free(text);
     return ret;
 }

@@ -42,8 +42,60 @@ struct fy_diag_error *mmp_yaml_diag_error(struct fy_diag *diag, int i)
 /* The public API gives marks only for scalar tokens, so collections are
  * located by asking libfyaml to report at the node and reading back the
  * position. */
+/* Whether collection n is, or holds, one changed after parsing. */
+static bool touched(const mmp_schema_loader *L, struct fy_node *n)
+{
+    if (!n || fy_node_get_type(n) == FYNT_SCALAR || L->n_touched == 0) {
+        return false;
+    }
+    for (int k = 0; k < L->n_touched; k++) {
+        if (L->touched[k] == n) {
+            return true;
+        }
+    }
+    void *iter = NULL;
+    if (fy_node_get_type(n) == FYNT_SEQUENCE) {
+        struct fy_node *item;
+        while ((item = fy_node_sequence_iterate(n, &iter)) != NULL) {
+            if (touched(L, item)) {
+                return true;
+            }
+        }
+        return false;
+    }
+    struct fy_node_pair *pair;
+    while ((pair = fy_node_mapping_iterate(n, &iter)) != NULL) {
+        if (touched(L, fy_node_pair_value(pair))) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The first scalar of collection n, keys included, in its order. */
+static struct fy_node *first_scalar(struct fy_node *n)
+{
+    void *iter = NULL;
+    while (n && fy_node_get_type(n) != FYNT_SCALAR) {
+        struct fy_node *next = NULL;
+        if (fy_node_get_type(n) == FYNT_SEQUENCE) {
+            next = fy_node_sequence_iterate(n, &iter);
+        } else {
+            struct fy_node_pair *pair = fy_node_mapping_iterate(n, &iter);
+            next = pair ? fy_node_pair_key(pair) : NULL;
+        }
+        n = next;
+        iter = NULL;
+    }
+    return n;
+}
+
 bool mmp_yaml_node_mark(mmp_schema_loader *L, struct fy_node *n, int *line, int *col)
 {
+    n = mmp_yaml_original(L, n); /* a merge key's copy has no place of its own */
+    if (n && touched(L, n)) {
+        n = first_scalar(n);
+    }
     if (!n) {
         return false;
     }

@@ -31,12 +31,25 @@ struct mmp_schema_loader {
      * and the override each came from */
     struct fy_node **merged_nodes;
     int *merged_from, n_merged, cap_merged;
+    /* the collections a merge key copied, and the original of each (which
+     * has a place in the file: a copy has none of its own) */
+    struct fy_node **copies, **copy_of;
+    int n_copies, cap_copies;
+    /* collections changed after parsing (a merge key's target, a --set
+     * merge's): libfyaml 0.8 crashes placing one, or any collection holding
+     * one, so those are placed by their first scalar instead */
+    struct fy_node **touched;
+    int n_touched, cap_touched;
     mmp_schema_key_state *keys; /* [schema->n_keys] */
 };
 
 /* libfyaml's collected diagnostics: how many, and the i-th (NULL past them). */
 int mmp_yaml_diag_count(struct fy_diag *diag);
 struct fy_diag_error *mmp_yaml_diag_error(struct fy_diag *diag, int i);
+/* Records collection n as changed after parsing (see touched). */
+mmp_err mmp_yaml_touch(mmp_schema_loader *L, struct fy_node *n);
+/* The node a merge key copied n from (n itself when it is no copy). */
+struct fy_node *mmp_yaml_original(const mmp_schema_loader *L, struct fy_node *n);
 /* 1-based line and column of node n in the file; false if it has none. */
 bool mmp_yaml_node_mark(mmp_schema_loader *L, struct fy_node *n, int *line, int *col);
 /* Where site at is: "FILE:LINE:COL", or "--set K=V" for an override. */

@@ -694,6 +694,64 @@ static void test_alias_bombs(void)
     }
 }
 
+/* YAML merge keys: a host that is another with one key changed; a list of
+ * sources, the first giving a key winning; a key the mapping gives itself
+ * winning over every source; a merge of a scalar refused where it stands;
+ * a bad key that came through a merge named at its own line. */
+static void test_merge_keys(void)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/merge.yaml", tmp);
+    const char *good = "launcher: ssh\n"
+                       "data: { manifest: t.jsonl }\n"
+                       "hosts:\n"
+                       "  - &a { name: a, address: node-a, workdir: /w, devices: [cpu, cpu] }\n"
+                       "  - { <<: *a, name: b, address: node-b }\n"
+                       "  - &c { name: c, devices: [cpu] }\n"
+                       "  - { <<: [*c, *a], name: d }\n";
+    if (!mmp_test_write_text(path, good)) {
+        return;
+    }
+    mmp_plan p;
+    mmp_err e = mmp_plan_load(&p, path, NULL, 0);
+    CHECK_OK(e);
+    if (e == MMP_OK) {
+        CHECK(p.n_hosts == 4);
+        CHECK(strcmp(p.hosts[1].name, "b") == 0 && strcmp(p.hosts[1].address, "node-b") == 0);
+        CHECK(strcmp(p.hosts[1].workdir, "/w") == 0 && p.hosts[1].n_devices == 2);
+        /* d: its own name; devices from c (first), workdir and address from a */
+        CHECK(strcmp(p.hosts[3].name, "d") == 0 && p.hosts[3].n_devices == 1);
+        CHECK(strcmp(p.hosts[3].workdir, "/w") == 0 && strcmp(p.hosts[3].address, "node-a") == 0);
+        CHECK(strcmp(p.hosts[0].name, "a") == 0 && strcmp(p.hosts[0].address, "node-a") == 0);
+    }
+    const char *bad[][2] = {
+        {"data: { manifest: t.jsonl }\n"
+         "hosts:\n"
+         "  - { name: a, devices: [cpu] }\n"
+         "train: { batch: &b 8, optimizer: { <<: *b } }\n",
+         ":4:41: <<: merges mappings"},
+        /* a key valid where it was written, not where it was merged to:
+         * the message says where it went and points where it was written */
+        {"data: { manifest: t.jsonl }\n"
+         "train: { optimizer: &o { lr: 1.0e-3 } }\n"
+         "hosts:\n"
+         "  - { <<: *o, name: a, devices: [cpu] }\n",
+         ":2:26: unknown key 'hosts[0].lr'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (!mmp_test_write_text(path, bad[i][0])) {
+            return;
+        }
+        CHECK(mmp_plan_load(&p, path, NULL, 0) == MMP_ERR_CONFIG);
+        const char *msg = mmp_last_error();
+        int ok = strstr(msg, bad[i][1]) != NULL;
+        if (!ok) {
+            fprintf(stderr, "  merge case %zu: want '%s', got: %s\n", i, bad[i][1], msg);
+        }
+        CHECK(ok);
+    }
+}
+
 static void test_sim_case(void)
 {
     test_sim(tmp);
@@ -838,6 +896,7 @@ static const mmp_test_case cases[] = {
     MMP_TEST_CASE(test_file_errors),
     {"test_written_errors", test_written_errors_case},
     {"test_alias_bombs", test_alias_bombs},
+    MMP_TEST_CASE(test_merge_keys),
     MMP_TEST_CASE(test_overrides),
     {"test_sim", test_sim_case},
     {"test_json", test_json_case},
