@@ -378,26 +378,29 @@ static bool is_merge_key(struct fy_node *k)
 
 /* Records copy's collections against orig's, in step (scalars keep their
  * own place). */
+/* Room for one more of *n items of `size` bytes in *items (*cap held). */
+static mmp_err room_for_one(const mmp_schema_loader *L, void **items, int n, int *cap, size_t size)
+{
+    if (n < *cap) {
+        return MMP_OK;
+    }
+    int more = *cap ? 2 * *cap : 16;
+    void *p = realloc(*items, (size_t)more * size);
+    if (!p) {
+        return mmp_errorf(MMP_ERR_NOMEM, "%s: out of memory", L->path);
+    }
+    *items = p;
+    *cap = more;
+    return MMP_OK;
+}
+
 static mmp_err note_copy(mmp_schema_loader *L, struct fy_node *copy, struct fy_node *orig)
 {
     if (!copy || !orig || fy_node_get_type(copy) == FYNT_SCALAR || fy_node_is_alias(copy)) {
         return MMP_OK;
     }
-    if (L->n_copies == L->cap_copies) {
-        int cap = L->cap_copies ? 2 * L->cap_copies : 16;
-        struct fy_node **c = realloc(L->copies, (size_t)cap * sizeof *c);
-        if (c) {
-            L->copies = c;
-        }
-        struct fy_node **o = c ? realloc(L->copy_of, (size_t)cap * sizeof *o) : NULL;
-        if (!o) {
-            return mmp_errorf(MMP_ERR_NOMEM, "%s: out of memory", L->path);
-        }
-        L->copy_of = o;
-        L->cap_copies = cap;
-    }
-    L->copies[L->n_copies] = copy;
-    L->copy_of[L->n_copies++] = orig;
+    MMP_TRY(room_for_one(L, (void **)&L->copies, L->n_copies, &L->cap_copies, sizeof *L->copies));
+    L->copies[L->n_copies++] = (mmp_yaml_copy){copy, orig};
     void *ic = NULL, *io = NULL;
     if (fy_node_get_type(copy) == FYNT_SEQUENCE) {
         struct fy_node *a, *b;
@@ -417,15 +420,8 @@ static mmp_err note_copy(mmp_schema_loader *L, struct fy_node *copy, struct fy_n
 
 mmp_err mmp_yaml_touch(mmp_schema_loader *L, struct fy_node *n)
 {
-    if (L->n_touched == L->cap_touched) {
-        int cap = L->cap_touched ? 2 * L->cap_touched : 16;
-        struct fy_node **t = realloc(L->touched, (size_t)cap * sizeof *t);
-        if (!t) {
-            return mmp_errorf(MMP_ERR_NOMEM, "%s: out of memory", L->path);
-        }
-        L->touched = t;
-        L->cap_touched = cap;
-    }
+    MMP_TRY(
+        room_for_one(L, (void **)&L->touched, L->n_touched, &L->cap_touched, sizeof *L->touched));
     L->touched[L->n_touched++] = n;
     return MMP_OK;
 }
@@ -433,8 +429,8 @@ mmp_err mmp_yaml_touch(mmp_schema_loader *L, struct fy_node *n)
 struct fy_node *mmp_yaml_original(const mmp_schema_loader *L, struct fy_node *n)
 {
     for (int k = L->n_copies - 1; k >= 0; k--) {
-        if (L->copies[k] == n) {
-            n = L->copy_of[k]; /* which may be a copy itself, made earlier */
+        if (L->copies[k].copy == n) {
+            n = L->copies[k].orig; /* which may be a copy itself, made earlier */
         }
     }
     return n;
@@ -962,7 +958,6 @@ exit:
     free(L.merged_nodes);
     free(L.merged_from);
     free(L.copies);
-    free(L.copy_of);
     free(L.touched);
     free(text);
     return ret;

@@ -17,6 +17,11 @@ typedef struct mmp_schema_key_state {
     int list_len;         /* lists: entries given (their default length if not given) */
 } mmp_schema_key_state;
 
+/* A collection a merge key copied, and its original. */
+typedef struct mmp_yaml_copy {
+    struct fy_node *copy, *orig;
+} mmp_yaml_copy;
+
 struct mmp_schema_loader {
     const mmp_schema *schema;
     const char *path;
@@ -33,7 +38,7 @@ struct mmp_schema_loader {
     int *merged_from, n_merged, cap_merged;
     /* the collections a merge key copied, and the original of each (which
      * has a place in the file: a copy has none of its own) */
-    struct fy_node **copies, **copy_of;
+    mmp_yaml_copy *copies;
     int n_copies, cap_copies;
     /* collections changed after parsing (a merge key's target, a --set
      * merge's): libfyaml 0.8 crashes placing one, or any collection holding

@@ -90,11 +90,23 @@ void protect(const allocation &a, int prot)
  * while its main thread computes): every entry takes this. */
 std::recursive_mutex emu_lock;
 
-/* Device memory readable and writable for the life of one of these. */
-struct device_access {
-    explicit device_access(const char *what) : hold(emu_lock), saved(doing)
+/* `doing` names call `what` for the life of one of these (the reports'). */
+struct in_call {
+    explicit in_call(const char *what) : saved(doing)
     {
         doing = what;
+    }
+    ~in_call()
+    {
+        doing = saved;
+    }
+    const char *saved;
+};
+
+/* Device memory readable and writable for the life of one of these. */
+struct device_access {
+    explicit device_access(const char *what) : hold(emu_lock), call(what)
+    {
         if (access_depth++ == 0) {
             for (auto &d : device) {
                 protect(d.second, PROT_READ | PROT_WRITE);
@@ -108,14 +120,14 @@ struct device_access {
                 protect(d.second, PROT_NONE);
             }
         }
-        doing = saved;
     }
     std::lock_guard<std::recursive_mutex> hold;
-    const char *saved;
+    in_call call;
 };
 
-/* The allocation holding [p, p + bytes), or NULL. */
-const allocation *device_range(const void *p, size_t bytes)
+/* The allocation holding [p, p + bytes), or NULL; *base (when given) its
+ * start. */
+const allocation *device_range(const void *p, size_t bytes, uintptr_t *base = nullptr)
 {
     const uintptr_t u = (uintptr_t)p;
     auto it = device.upper_bound(u);
@@ -125,6 +137,9 @@ const allocation *device_range(const void *p, size_t bytes)
     --it;
     if (u - it->first > it->second.bytes || bytes > it->second.bytes - (u - it->first)) {
         return nullptr;
+    }
+    if (base) {
+        *base = it->first;
     }
     return &it->second;
 }
@@ -948,20 +963,16 @@ static_assert(sizeof(ipc_mem) <= sizeof(cudaIpcMemHandle_t), "an IPC handle hold
 CUresult drv_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
     std::lock_guard<std::recursive_mutex> hold(emu_lock);
-    const uintptr_t u = (uintptr_t)p;
-    auto it = device.upper_bound(u);
-    if (it == device.begin()) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    --it;
-    if (u - it->first >= (it->second.bytes ? it->second.bytes : 1)) {
+    uintptr_t at = 0;
+    const allocation *a = device_range((const void *)(uintptr_t)p, 0, &at);
+    if (!a || (uintptr_t)p - at >= (a->bytes ? a->bytes : 1)) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (base) {
-        *base = (CUdeviceptr)it->first;
+        *base = (CUdeviceptr)at;
     }
     if (size) {
-        *size = it->second.bytes;
+        *size = a->bytes;
     }
     return CUDA_SUCCESS;
 }
@@ -1336,9 +1347,8 @@ cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
     }
     std::lock_guard<std::recursive_mutex> hold(emu_lock);
     if (bytes && !device_range(ws, bytes)) {
-        doing = "cublasSetWorkspace";
+        const in_call call("cublasSetWorkspace");
         blas_fail(CUBLAS_STATUS_INVALID_VALUE, "%zu bytes at %p: not device memory", bytes, ws);
-        doing = "host code";
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     /* The emulated GEMMs never use it: its pages go (nothing to protect and
@@ -1394,9 +1404,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
                                           cudaDataType ct, int ldc, long long sc, int batch,
                                           cublasComputeType_t compute, cublasGemmAlgo_t)
 {
-    doing = "cublasGemmEx";
+    const in_call call("cublasGemmEx");
     cublasStatus_t s = compute_ok(compute);
-    doing = "host code";
     if (s != CUBLAS_STATUS_SUCCESS) {
         return s;
     }
@@ -1561,6 +1570,18 @@ operand_rounding math_rounding(cudnnMathType_t m)
 struct conv_geom {
     int N, C, H, W, K, KH, KW, OH, OW;
     const mmp_emu_conv *cv;
+    size_t nx() const /* input elements */
+    {
+        return (size_t)N * C * H * W;
+    }
+    size_t nw() const /* filter elements */
+    {
+        return (size_t)K * C * KH * KW;
+    }
+    size_t ny() const /* output elements */
+    {
+        return (size_t)N * K * OH * OW;
+    }
 };
 
 cudnnStatus_t geom(const mmp_emu_tensor *x, const mmp_emu_filter *w, const mmp_emu_conv *cv,
@@ -1701,6 +1722,24 @@ cudnnStatus_t on_device(const void *p, size_t n_floats, const char *what)
     return CUDNN_STATUS_SUCCESS;
 }
 
+/* What a convolution call checks after its descriptors, as cuDNN does: the
+ * algorithm, its input-, filter- and output-shaped operands (named for
+ * messages) inside device memory, and the workspace it needs. */
+cudnnStatus_t conv_operands(const conv_geom &g, bool known_algo, int algo, const void *x,
+                            const char *xn, const void *w, const char *wn, const void *y,
+                            const char *yn, void *ws, size_t have, size_t need)
+{
+    cudnnStatus_t s;
+    if (!known_algo) {
+        return dnn_fail(CUDNN_STATUS_NOT_SUPPORTED, "algorithm %d", algo);
+    }
+    if ((s = on_device(x, g.nx(), xn)) || (s = on_device(w, g.nw(), wn)) ||
+        (s = on_device(y, g.ny(), yn))) {
+        return s;
+    }
+    return take_ws(ws, have, need);
+}
+
 /* Index of filter tap (kh, kw): flipped for a true convolution. */
 size_t tap(const conv_geom &g, int k, int c, int kh, int kw)
 {
@@ -1798,7 +1837,7 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d)
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t f,
                                          cudnnDataType_t t, int n, int c, int h, int w)
 {
-    doing = "cudnnSetTensor4dDescriptor";
+    const in_call call("cudnnSetTensor4dDescriptor");
     cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
     if (f != CUDNN_TENSOR_NCHW || t != CUDNN_DATA_FLOAT) {
         s = dnn_fail(CUDNN_STATUS_NOT_SUPPORTED, "format %d, type %d (NCHW fp32 emulated)", (int)f,
@@ -1808,7 +1847,6 @@ cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorF
     } else {
         *d = mmp_emu_tensor{true, n, c, h, w};
     }
-    doing = "host code";
     return s;
 }
 
@@ -1827,7 +1865,7 @@ cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d)
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t t,
                                          cudnnTensorFormat_t f, int k, int c, int h, int w)
 {
-    doing = "cudnnSetFilter4dDescriptor";
+    const in_call call("cudnnSetFilter4dDescriptor");
     cudnnStatus_t s = CUDNN_STATUS_SUCCESS;
     if (f != CUDNN_TENSOR_NCHW || t != CUDNN_DATA_FLOAT) {
         s = dnn_fail(CUDNN_STATUS_NOT_SUPPORTED, "format %d, type %d (NCHW fp32 emulated)", (int)f,
@@ -1837,7 +1875,6 @@ cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataTyp
     } else {
         *d = mmp_emu_filter{true, k, c, h, w};
     }
-    doing = "host code";
     return s;
 }
 
@@ -1860,12 +1897,11 @@ cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t d, in
 {
     if (pad_h < 0 || pad_w < 0 || u <= 0 || v <= 0 || dil_h <= 0 || dil_w <= 0 ||
         t != CUDNN_DATA_FLOAT) {
-        doing = "cudnnSetConvolution2dDescriptor";
+        const in_call call("cudnnSetConvolution2dDescriptor");
         cudnnStatus_t s = dnn_fail(CUDNN_STATUS_BAD_PARAM,
                                    "pad %d,%d stride %d,%d dilation %d,%d "
                                    "type %d",
                                    pad_h, pad_w, u, v, dil_h, dil_w, (int)t);
-        doing = "host code";
         return s;
     }
     const cudnnMathType_t math = d->math;
@@ -1885,9 +1921,8 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(cudnnConvolutionDescriptor_t
                                                     int *h, int *wd)
 {
     if (!cv->set || !x->set || !w->set || x->c != w->c) {
-        doing = "cudnnGetConvolution2dForwardOutputDim";
+        const in_call call("cudnnGetConvolution2dForwardOutputDim");
         cudnnStatus_t s = dnn_fail(CUDNN_STATUS_BAD_PARAM, "descriptors unset or channels differ");
-        doing = "host code";
         return s;
     }
     *n = x->n;
@@ -1906,10 +1941,9 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, cudnnTensorD
                                                      cudnnTensorDescriptor_t y, int want, int *got,
                                                      cudnnConvolutionFwdAlgoPerf_t *out)
 {
-    doing = "cudnnGetConvolutionForwardAlgorithm_v7";
+    const in_call call("cudnnGetConvolutionForwardAlgorithm_v7");
     conv_geom g = {};
     cudnnStatus_t s = geom(x, w, cv, y, &g);
-    doing = "host code";
     if (s != CUDNN_STATUS_SUCCESS) {
         return s;
     }
@@ -1945,10 +1979,9 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, cudnnFi
                                                           int *got,
                                                           cudnnConvolutionBwdDataAlgoPerf_t *out)
 {
-    doing = "cudnnGetConvolutionBackwardDataAlgorithm_v7";
+    const in_call call("cudnnGetConvolutionBackwardDataAlgorithm_v7");
     conv_geom g = {};
     cudnnStatus_t s = geom(dx, w, cv, dy, &g);
-    doing = "host code";
     if (s != CUDNN_STATUS_SUCCESS) {
         return s;
     }
@@ -1972,10 +2005,9 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     cudnnConvolutionDescriptor_t cv, cudnnFilterDescriptor_t dw, int want, int *got,
     cudnnConvolutionBwdFilterAlgoPerf_t *out)
 {
-    doing = "cudnnGetConvolutionBackwardFilterAlgorithm_v7";
+    const in_call call("cudnnGetConvolutionBackwardFilterAlgorithm_v7");
     conv_geom g = {};
     cudnnStatus_t s = geom(x, dw, cv, dy, &g);
-    doing = "host code";
     if (s != CUDNN_STATUS_SUCCESS) {
         return s;
     }
@@ -2004,9 +2036,8 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, cudnnTensor
                                                       cudnnConvolutionFwdAlgo_t a, size_t *bytes)
 {
     conv_geom g = {};
-    doing = "cudnnGetConvolutionForwardWorkspaceSize";
+    const in_call call("cudnnGetConvolutionForwardWorkspaceSize");
     cudnnStatus_t s = geom(x, w, cv, y, &g);
-    doing = "host code";
     *bytes = s == CUDNN_STATUS_SUCCESS ? fwd_ws(g, a) : 0;
     return s;
 }
@@ -2019,9 +2050,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, cudnnF
                                                            size_t *bytes)
 {
     conv_geom g = {};
-    doing = "cudnnGetConvolutionBackwardDataWorkspaceSize";
+    const in_call call("cudnnGetConvolutionBackwardDataWorkspaceSize");
     cudnnStatus_t s = geom(dx, w, cv, dy, &g);
-    doing = "host code";
     *bytes = s == CUDNN_STATUS_SUCCESS ? bwd_data_ws(g, a) : 0;
     return s;
 }
@@ -2032,9 +2062,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     size_t *bytes)
 {
     conv_geom g = {};
-    doing = "cudnnGetConvolutionBackwardFilterWorkspaceSize";
+    const in_call call("cudnnGetConvolutionBackwardFilterWorkspaceSize");
     cudnnStatus_t s = geom(x, dw, cv, dy, &g);
-    doing = "host code";
     *bytes = s == CUDNN_STATUS_SUCCESS ? bwd_filter_ws(g, a) : 0;
     return s;
 }
@@ -2048,23 +2077,16 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha,
 {
     device_access rw("cudnnConvolutionForward");
     conv_geom g = {};
-    cudnnStatus_t s = geom(xd, wd, cv, yd, &g);
-    if (s != CUDNN_STATUS_SUCCESS) {
-        return s;
-    }
-    if (a > CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED ||
-        a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT) {
-        return dnn_fail(CUDNN_STATUS_NOT_SUPPORTED, "algorithm %d", (int)a);
-    }
-    const size_t nx = elems(g.N, g.C, g.H, g.W), nw = elems(g.K, g.C, g.KH, g.KW),
-                 ny = elems(g.N, g.K, g.OH, g.OW);
-    if ((s = on_device(xv, nx, "x")) || (s = on_device(wv, nw, "w")) ||
-        (s = on_device(yv, ny, "y")) || (s = take_ws(ws, ws_bytes, fwd_ws(g, a)))) {
+    cudnnStatus_t s;
+    const bool known =
+        a <= CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED && a != CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+    if ((s = geom(xd, wd, cv, yd, &g)) || (s = conv_operands(g, known, (int)a, xv, "x", wv, "w", yv,
+                                                             "y", ws, ws_bytes, fwd_ws(g, a)))) {
         return s;
     }
     const conv_math m = call_math(cv, fwd_transform(a), false);
-    const std::vector<float> x = rounded((const float *)xv, nx, m.r),
-                             w = rounded((const float *)wv, nw, m.r);
+    const std::vector<float> x = rounded((const float *)xv, g.nx(), m.r),
+                             w = rounded((const float *)wv, g.nw(), m.r);
     float *y = (float *)yv;
     summer sum{{}, m.nondet, h->calls++};
     for (int n = 0; n < g.N; n++) {
@@ -2104,23 +2126,16 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha,
 {
     device_access rw("cudnnConvolutionBackwardData");
     conv_geom g = {};
-    cudnnStatus_t s = geom(dxd, wd, cv, dyd, &g);
-    if (s != CUDNN_STATUS_SUCCESS) {
-        return s;
-    }
-    if (a >= CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT) {
-        return dnn_fail(CUDNN_STATUS_NOT_SUPPORTED, "algorithm %d", (int)a);
-    }
-    const size_t nx = elems(g.N, g.C, g.H, g.W), nw = elems(g.K, g.C, g.KH, g.KW),
-                 ny = elems(g.N, g.K, g.OH, g.OW);
-    if ((s = on_device(dxv, nx, "dx")) || (s = on_device(wv, nw, "w")) ||
-        (s = on_device(dyv, ny, "dy")) || (s = take_ws(ws, ws_bytes, bwd_data_ws(g, a)))) {
+    cudnnStatus_t s;
+    if ((s = geom(dxd, wd, cv, dyd, &g)) ||
+        (s = conv_operands(g, a < CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, (int)a, dxv, "dx", wv, "w",
+                           dyv, "dy", ws, ws_bytes, bwd_data_ws(g, a)))) {
         return s;
     }
     const conv_math m =
         call_math(cv, bwd_data_transform(a), a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0);
-    const std::vector<float> w = rounded((const float *)wv, nw, m.r),
-                             dy = rounded((const float *)dyv, ny, m.r);
+    const std::vector<float> w = rounded((const float *)wv, g.nw(), m.r),
+                             dy = rounded((const float *)dyv, g.ny(), m.r);
     float *dx = (float *)dxv;
     summer sum{{}, m.nondet, h->calls++};
     for (int n = 0; n < g.N; n++) {
@@ -2165,24 +2180,17 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t h, const void *alpha,
 {
     device_access rw("cudnnConvolutionBackwardFilter");
     conv_geom g = {};
-    cudnnStatus_t s = geom(xd, dwd, cv, dyd, &g);
-    if (s != CUDNN_STATUS_SUCCESS) {
-        return s;
-    }
-    if (a >= CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT) {
-        return dnn_fail(CUDNN_STATUS_NOT_SUPPORTED, "algorithm %d", (int)a);
-    }
-    const size_t nx = elems(g.N, g.C, g.H, g.W), nw = elems(g.K, g.C, g.KH, g.KW),
-                 ny = elems(g.N, g.K, g.OH, g.OW);
-    if ((s = on_device(xv, nx, "x")) || (s = on_device(dwv, nw, "dw")) ||
-        (s = on_device(dyv, ny, "dy")) || (s = take_ws(ws, ws_bytes, bwd_filter_ws(g, a)))) {
+    cudnnStatus_t s;
+    if ((s = geom(xd, dwd, cv, dyd, &g)) ||
+        (s = conv_operands(g, a < CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, (int)a, xv, "x", dwv,
+                           "dw", dyv, "dy", ws, ws_bytes, bwd_filter_ws(g, a)))) {
         return s;
     }
     const conv_math m = call_math(cv, bwd_filter_transform(a),
                                   a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
                                       a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3);
-    const std::vector<float> x = rounded((const float *)xv, nx, m.r),
-                             dy = rounded((const float *)dyv, ny, m.r);
+    const std::vector<float> x = rounded((const float *)xv, g.nx(), m.r),
+                             dy = rounded((const float *)dyv, g.ny(), m.r);
     float *dw = (float *)dwv;
     summer sum{{}, m.nondet, h->calls++};
     for (int k = 0; k < g.K; k++) {

@@ -280,33 +280,21 @@ typedef enum cudnnConvolutionBwdFilterAlgo_t {
     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING = 6,
     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT = 7,
 } cudnnConvolutionBwdFilterAlgo_t;
-typedef struct cudnnConvolutionFwdAlgoPerf_t {
-    cudnnConvolutionFwdAlgo_t algo;
-    cudnnStatus_t status;
-    float time;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t mathType;
-    int reserved[3];
-} cudnnConvolutionFwdAlgoPerf_t;
-typedef struct cudnnConvolutionBwdDataAlgoPerf_t {
-    cudnnConvolutionBwdDataAlgo_t algo;
-    cudnnStatus_t status;
-    float time;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t mathType;
-    int reserved[3];
-} cudnnConvolutionBwdDataAlgoPerf_t;
-typedef struct cudnnConvolutionBwdFilterAlgoPerf_t {
-    cudnnConvolutionBwdFilterAlgo_t algo;
-    cudnnStatus_t status;
-    float time;
-    size_t memory;
-    cudnnDeterminism_t determinism;
-    cudnnMathType_t mathType;
-    int reserved[3];
-} cudnnConvolutionBwdFilterAlgoPerf_t;
+/* What a heuristic says of one algorithm (the same fields for each
+ * direction). */
+#define MMP_EMU_PERF(Algo, Name)                                                                   \
+    typedef struct Name {                                                                          \
+        Algo algo;                                                                                 \
+        cudnnStatus_t status;                                                                      \
+        float time;                                                                                \
+        size_t memory;                                                                             \
+        cudnnDeterminism_t determinism;                                                            \
+        cudnnMathType_t mathType;                                                                  \
+        int reserved[3];                                                                           \
+    } Name
+MMP_EMU_PERF(cudnnConvolutionFwdAlgo_t, cudnnConvolutionFwdAlgoPerf_t);
+MMP_EMU_PERF(cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdDataAlgoPerf_t);
+MMP_EMU_PERF(cudnnConvolutionBwdFilterAlgo_t, cudnnConvolutionBwdFilterAlgoPerf_t);
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t *h);
 cudnnStatus_t cudnnDestroy(cudnnHandle_t h);
