@@ -156,6 +156,10 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
     case MMPIPE__ENVELOPE__BODY_ERROR:
         /* Judged in settle: a stage's error is often the echo of a peer's
          * death (its channel saw the peer go). */
+        if (env->error->holding) {
+            p->holding = 1;
+            p->held_steps = env->error->held_steps;
+        }
         if (env->error->peer_lost) {
             p->peer_lost = 1;
             if (!c->peer_error[0]) {
@@ -163,6 +167,7 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
             }
         } else if (!c->stage_error[0]) {
             snprintf(c->stage_error, sizeof c->stage_error, "%s", env->error->message);
+            c->stage_error_holds = env->error->holding;
         }
         break;
     default:
@@ -170,9 +175,7 @@ static void handle(coord *c, Mmpipe__Envelope *env, const char *from)
     }
 }
 
-/* Takes one control message (waiting up to timeout_ms) and files it.
- * Returns 1 when one was taken. */
-static int take_one(coord *c, int timeout_ms)
+int coord_take_one(coord *c, int timeout_ms)
 {
     Mmpipe__Envelope *env = NULL;
     char from[MMP_CTL_ID_MAX];
@@ -208,7 +211,7 @@ static int take_one(coord *c, int timeout_ms)
         }
         if (i >= 0) {
             c->procs[i].have_done = 1;
-            c->procs[i].last_seen = mmp_now();
+            c->procs[i].last_seen = c->procs[i].done_at = mmp_now();
             if (c->procs[i].done) {
                 mmp_ctl_free(c->procs[i].done);
             }
@@ -263,7 +266,7 @@ void coord_settle(coord *c)
         if (now - t0 >= (c->tcp ? LINK_GRACE_S : 0.3) || (t_end > 0 && now - t_end >= 0.3)) {
             break;
         }
-        take_one(c, 20);
+        coord_take_one(c, 20);
         coord_reap(c);
         if (!unexplained_ends(c)) {
             t_end = 0; /* the end seen was a peer's echo after all */
@@ -480,7 +483,7 @@ static int wait_loop(coord *c, done_fn done, void *arg, double timeout_s, const 
         if (startup) {
             show_startup(c, t0);
         }
-        take_one(c, 200);
+        coord_take_one(c, 200);
     }
     /* The message that completed done() may itself have failed the run (a
      * stage's checkpoint ack saying it could not write): done, but not ok. */
@@ -555,7 +558,7 @@ mmp_err coord_send_to(coord *c, int i, Mmpipe__Envelope *env)
             if (unexplained_ends(c)) {
                 break;
             }
-            take_one(c, 20);
+            coord_take_one(c, 20);
         }
         coord_settle(c);
         c->fault |= !c->failure[0]; /* a stage gone from the control plane */

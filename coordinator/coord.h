@@ -43,6 +43,10 @@ typedef struct proc {
     int exit_status;
     int reported;  /* its end has been judged */
     int peer_lost; /* it reported a peer gone: its own plain exit is that echo */
+    /* it stopped its step and holds its state as of held_steps steps,
+     * waiting for a checkpoint request (worker.c hold) */
+    int holding, held_steps;
+    double done_at; /* when its StepDone of cur_step came */
     double last_seen;
     /* start-up: what it last said it was doing ("manifest /d/train.jsonl:
      * 12.3M of 30.0M lines"), empty before its first progress heartbeat;
@@ -108,6 +112,12 @@ typedef struct coord {
     char failure[2048];
     char stage_error[2048]; /* the first Error a stage sent of its own failure (see settle) */
     char peer_error[2048];  /* the first Error that echoes a peer's end */
+    int stage_error_holds;  /* the stage that sent stage_error holds its state */
+    /* The running step's start and gradient norm, and the coordinator's CPU
+     * time when the last step's line was written: a chained step's line
+     * written after a failure (steps.c coord_keep_held) takes them. */
+    double step_t0, step_norm, cpu_prev;
+    int kept; /* coord_keep_held checkpointed this many steps; -1: nothing kept */
     FILE *metrics;
     off_t line_at; /* where the last step's line starts in metrics (steps.c add_eval) */
     mmp_trace trace;
@@ -172,6 +182,9 @@ void coord_settle(coord *c);
  * timeout_s (0: none); the watchdog while training. Returns 0 when done
  * with no failure recorded (c->failure), else 1. */
 int coord_wait_until(coord *c, done_fn done, void *arg, double timeout_s, const char *what);
+/* Takes one control message (waiting up to timeout_ms) and files it.
+ * Returns 1 when one was taken. */
+int coord_take_one(coord *c, int timeout_ms);
 /* Serves the control socket until every process is ready (Ready), a
  * failure, or one not ready yet has been silent for READY_SILENCE_S (it is
  * named, with what it last reported doing); shows the progress of a long
@@ -201,5 +214,12 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir);
  * to stop (c->stopped, after finishing the step in flight and checkpointing
  * it), 1 on a failure. */
 int coord_run_steps(coord *c, int first_step);
+/* After a failure whose stage held its state (a bad sample under
+ * data.on_bad_sample: fail; stages/worker.c hold): once every process holds
+ * the same step's state, keeps it: that step's line when it is missing (a
+ * chained step whose results all came), and its checkpoint, with the
+ * failure still recorded. Sets c->kept to the steps kept, else -1 (with a
+ * warning saying why, when a stage held). */
+void coord_keep_held(coord *c);
 
 #endif

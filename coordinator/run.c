@@ -135,7 +135,7 @@ static int prepare_restart(coord *c, int *first_step, char *resume_dir, size_t n
     free_dones(c);
     mmp_sched_fini(&c->sched);
     c->failure[0] = c->stage_error[0] = c->peer_error[0] = 0;
-    c->fault = 0;
+    c->stage_error_holds = c->fault = 0;
     if (mmp_restart_rewind(&c->restarts, c->out_dir, c->steps_done, cause, first_step, resume_dir,
                            n, &c->metrics) != MMP_OK) {
         coord_fail(c, "cannot restart: %s", mmp_last_error());
@@ -267,6 +267,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         unlink(trace_path); /* a new run's trace starts empty; a resumed one appends */
     }
     c.steps_done = first_step;
+    c.kept = -1;
     /* One part file per coordinator process: a killed one's part, left for
      * the resumed run to merge, is not overwritten. */
     char coord_tag[48];
@@ -298,6 +299,7 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
                 prepare_restart(&c, &first_step, resume_dir, sizeof resume_dir) == 0) {
                 continue;
             }
+            coord_keep_held(&c);
             break;
         }
         if (c.stopped) {
@@ -337,6 +339,12 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     if (mmp_interrupt_signal()) {
         rc = mmp_interrupt_status();
         say_how_to_resume(&c);
+    } else if (c.kept > 0) {
+        char dir[1200];
+        mmp_ckpt_step_dir(dir, sizeof dir, out_dir, c.kept);
+        MMP_ERROR("what was trained is kept: step %d of %d in %s; mend what the error names and "
+                  "resume with: mmpipe launch %s --resume %s",
+                  c.kept, plan->job.steps, dir, c.plan_json, out_dir);
     } else if (c.restarts.n > 0 && c.restarts.n >= c.plan->train.max_restarts) {
         MMP_ERROR("no restart left: %d of train.max_restarts %d used", c.restarts.n,
                   c.plan->train.max_restarts);

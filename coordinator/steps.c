@@ -775,6 +775,9 @@ int coord_run_steps(coord *c, int first_step)
             }
         }
         double norm = sqrt(sumsq);
+        c->step_t0 = t0;
+        c->step_norm = norm;
+        c->cpu_prev = cpu_prev;
         /* fp16: an inf/nan anywhere skips the step on every stage and halves
          * the scale (the single process decides the same: stages/single.c) */
         float used = c->ls.scale;
@@ -877,4 +880,87 @@ int coord_run_steps(coord *c, int first_step)
     c->in_steps = 0;
     mmp_progress_end(&progress);
     return c->failure[0] ? 1 : 0;
+}
+
+/* How long coord_keep_held waits for every process to hold: each ends its
+ * step as soon as a channel it waits on closes (a cascade of a few hops). */
+#define KEEP_WAIT_S 20.0
+
+void coord_keep_held(coord *c)
+{
+    c->kept = -1;
+    if (!c->stage_error_holds || c->fault || mmp_interrupt_signal()) {
+        return;
+    }
+    double t0 = mmp_now();
+    const char *late = NULL;
+    for (;;) {
+        coord_reap(c);
+        int holding = 0;
+        late = NULL;
+        for (int i = 0; i < c->n; i++) {
+            const proc *p = &c->procs[i];
+            if (!p->alive && !p->holding) {
+                MMP_WARN("nothing kept of the step in flight: stage %s ended", p->name);
+                return;
+            }
+            holding += p->holding;
+            late = p->holding ? late : p->name;
+        }
+        if (holding == c->n || mmp_now() - t0 > KEEP_WAIT_S || mmp_interrupt_count() > 0) {
+            break;
+        }
+        coord_take_one(c, 50);
+    }
+    if (late) {
+        MMP_WARN("nothing kept: stage %s did not stop its step within %.0f s", late, KEEP_WAIT_S);
+        return;
+    }
+    int held = c->procs[0].held_steps;
+    for (int i = 1; i < c->n; i++) {
+        if (c->procs[i].held_steps != held) {
+            MMP_WARN("nothing kept: stage %s holds the state of step %d, stage %s of step %d",
+                     c->procs[0].name, held, c->procs[i].name, c->procs[i].held_steps);
+            return;
+        }
+    }
+    /* The failure stays; the waits below need it out of the way (and the
+     * errors already judged must not be judged again). */
+    char failure[sizeof c->failure];
+    snprintf(failure, sizeof failure, "%s", c->failure);
+    c->failure[0] = c->stage_error[0] = c->peer_error[0] = 0;
+    int bad = 0;
+    if (c->steps_done == held - 1 && held - 1 == c->cur_step) {
+        /* a chained step: the next one failed before this one's line */
+        double last = 0;
+        for (int i = 0; i < c->n; i++) {
+            bad |= !c->procs[i].have_done;
+            last = fmax(last, c->procs[i].done_at);
+        }
+        if (!bad) {
+            bad = write_metrics(c, held - 1, (last - c->step_t0) * 1e3, c->step_norm,
+                                mmp_metrics_cpu_ms() - c->cpu_prev);
+            c->steps_done = bad ? c->steps_done : held;
+        }
+    }
+    char dir[1200];
+    int latest = -1;
+    if (mmp_ckpt_latest(c->out_dir, dir, sizeof dir, &latest) != MMP_OK) {
+        latest = -1;
+    }
+    if (bad || c->steps_done != held) {
+        MMP_WARN("nothing kept: the stages hold the state of step %d, the run's records end at "
+                 "step %d",
+                 held, c->steps_done);
+    } else if (held == latest) {
+        c->kept = held; /* its checkpoint is there already */
+    } else if (held > 0) {
+        MMP_INFO("keeping what was trained: checkpointing step %d", held);
+        if (checkpoint(c, held, 0) == 0) {
+            c->kept = held;
+        } else {
+            MMP_WARN("the checkpoint of step %d failed: %s", held, c->failure);
+        }
+    }
+    snprintf(c->failure, sizeof c->failure, "%s", failure);
 }

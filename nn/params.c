@@ -155,8 +155,66 @@ void mmp_params_fini(mmp_params *p)
     be->ops->free(be, p->adam_m);
     be->ops->free(be, p->adam_v);
     be->ops->free(be, p->grad_acc);
+    be->ops->free(be, p->marks);
     memset(p, 0, sizeof *p);
     p->be = be;
+}
+
+/* The buffers in runs of adjacent ones (a batch norm's running mean and
+ * variance are one): calls each(p, offset in the arena, offset in the
+ * marks, floats) per run; returns the buffers' floats in all. */
+static size_t buffer_runs(mmp_params *p, void (*each)(mmp_params *, size_t, size_t, size_t))
+{
+    size_t at = 0;
+    for (int i = 0; i < p->count;) {
+        if (p->items[i].trainable) {
+            i++;
+            continue;
+        }
+        size_t from = p->items[i].offset, n = 0;
+        while (i < p->count && !p->items[i].trainable && p->items[i].offset == from + n) {
+            n += p->items[i].n;
+            i++;
+        }
+        if (each) {
+            each(p, from, at, n);
+        }
+        at += n;
+    }
+    return at;
+}
+
+static void mark_run(mmp_params *p, size_t arena, size_t mark, size_t n)
+{
+    p->be->ops->copy(p->be, p->marks + mark, p->values + arena, n * sizeof(float));
+}
+
+static void rewind_run(mmp_params *p, size_t arena, size_t mark, size_t n)
+{
+    p->be->ops->copy(p->be, p->values + arena, p->marks + mark, n * sizeof(float));
+}
+
+mmp_err mmp_params_buffers_mark(mmp_params *p)
+{
+    if (!p->marks) {
+        size_t n = buffer_runs(p, NULL);
+        if (n == 0) {
+            return MMP_OK;
+        }
+        mmp_err e = p->be->ops->alloc(p->be, (void **)&p->marks, n * sizeof(float));
+        if (e != MMP_OK) {
+            return mmp_error_prefix(e, "the buffers' mark of %zu bytes", n * sizeof(float));
+        }
+    }
+    buffer_runs(p, mark_run);
+    return MMP_OK;
+}
+
+void mmp_params_buffers_rewind(mmp_params *p)
+{
+    if (p->marks) {
+        buffer_runs(p, rewind_run);
+    }
 }
 
 mmp_param *mmp_params_find(mmp_params *p, const char *name)

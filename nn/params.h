@@ -62,6 +62,7 @@ typedef struct mmp_params {
     float *grads;  /* total (zero for buffers) */
     float *adam_m, *adam_v;
     double *grad_acc; /* total: gradients summed over a step's micro-batches */
+    float *marks;     /* the buffers as of mmp_params_buffers_mark (lazily made) */
 } mmp_params;
 
 /* An empty table on the CPU backend; _on: on backend be (not owned). */
@@ -109,6 +110,17 @@ double mmp_params_grad_sumsq(const mmp_params *p);
 /* Bytes of p's arenas on its backend once allocated: values, gradients, the
  * two AdamW moments (floats) and the step accumulator (doubles). */
 size_t mmp_params_bytes(const mmp_params *p);
+
+/* Buffers (batch-norm running statistics) move in a training forward, before
+ * the optimizer step: a step cut short (a bad sample met under
+ * data.on_bad_sample: fail, a peer gone) leaves them ahead of the weights.
+ * mmp_params_buffers_mark copies every buffer aside (backend memory made at
+ * the first mark; one queued copy per run of adjacent buffers), and
+ * mmp_params_buffers_rewind copies them back: the state is again exactly
+ * that of the last mark (the end of the last finished step). Nothing when
+ * p has no buffers; rewind without a mark does nothing. */
+mmp_err mmp_params_buffers_mark(mmp_params *p);
+void mmp_params_buffers_rewind(mmp_params *p);
 
 /* Writes every entry (values; for trainable ones also "<name>.adam_m" and
  * "<name>.adam_v") to a checkpoint file at path (common/ckpt.h format). */

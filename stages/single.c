@@ -40,6 +40,7 @@ typedef struct trainer {
     int32_t *d_ids;
     /* GPU: the last micro-batch of each loader, until its upload is done */
     mmp_batch *up_img, *up_txt;
+    int load_failed; /* the last error came from a loader (a bad sample) */
     const char *out_dir;
     mmp_dataset *train, *val;
     mmp_image_net *img;
@@ -134,9 +135,14 @@ static mmp_err get_batches(trainer *t, int step, int mb, mmp_batch **bi, mmp_bat
 {
     double t0 = mmp_now();
     release_uploaded(t);
-    MMP_TRY(mmp_loader_get(t->img_loader, step, mb, bi));
-    mmp_err e = mmp_loader_get(t->txt_loader, step, mb, bt);
+    mmp_err e = mmp_loader_get(t->img_loader, step, mb, bi);
     if (e != MMP_OK) {
+        t->load_failed = 1;
+        return e;
+    }
+    e = mmp_loader_get(t->txt_loader, step, mb, bt);
+    if (e != MMP_OK) {
+        t->load_failed = 1;
         mmp_loader_release(t->img_loader, *bi);
         return e;
     }
@@ -491,6 +497,8 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     int B = plan->train.batch, m = plan->train.microbatches;
     mmp_params *pi = mmp_image_net_params(t->img), *pt = mmp_text_net_params(t->txt),
                *pf = mmp_fusion_net_params(t->fus);
+    /* a step cut short puts back the running statistics it moved (keep_trained) */
+    MMP_TRY(mmp_params_buffers_mark(pi));
     mmp_params_zero_grad(pi);
     mmp_params_zero_grad(pt);
     mmp_params_zero_grad(pf);
@@ -564,6 +572,39 @@ static mmp_err train_step(trainer *t, int step, mmp_loss_parts *out, double *gra
     mmp_optim_step(pt, plan, opt_step, lr, coef);
     mmp_optim_step(pf, plan, opt_step, lr, coef);
     return MMP_OK;
+}
+
+/* A bad sample (data.on_bad_sample: fail) stopped step `step` before its
+ * optimizer step: the running statistics go back to the end of the step
+ * before and, unless a checkpoint holds that state already, it is
+ * checkpointed, so the run resumes there once the sample is mended (the
+ * pipeline keeps it the same way: stages/worker.c hold). Returns err with
+ * its message saying so. */
+static mmp_err keep_trained(trainer *t, int step, mmp_err err)
+{
+    char msg[2048], dir[1200];
+    snprintf(msg, sizeof msg, "%s", mmp_last_error());
+    mmp_params_buffers_rewind(mmp_image_net_params(t->img));
+    int latest = -1;
+    if (step == 0 || mmp_ckpt_latest(t->out_dir, dir, sizeof dir, &latest) != MMP_OK) {
+        latest = -1;
+    }
+    if (step == 0) {
+        return mmp_errorf(err, "%s", msg); /* nothing trained */
+    }
+    if (latest != step) {
+        MMP_INFO("keeping what was trained: checkpointing step %d", step);
+        if (write_checkpoint(t, step) != MMP_OK) {
+            return mmp_errorf(err, "%s (the checkpoint of step %d failed too: %s)", msg, step,
+                              mmp_last_error());
+        }
+    }
+    mmp_ckpt_step_dir(dir, sizeof dir, t->out_dir, step);
+    return mmp_errorf(err,
+                      "%s; what was trained is kept: step %d of %d in %s; mend what the error "
+                      "names and resume with: mmpipe launch %s/plan.json --single-process "
+                      "--resume %s",
+                      msg, step, t->plan->job.steps, dir, t->out_dir, t->out_dir);
 }
 
 static long peak_rss_bytes(void)
@@ -677,6 +718,9 @@ mmp_err mmp_train_single(const mmp_plan *plan, const char *out_dir, int resume)
         err = train_step(&t, step, &parts, &grad_norm, &data_s, &skipped, &step_skipped);
         if (err != MMP_OK) {
             mmp_progress_end(&progress);
+            if (t.load_failed) {
+                err = keep_trained(&t, step, err);
+            }
             goto exit;
         }
         double step_s = mmp_now() - t0, cpu_now = mmp_metrics_cpu_ms();

@@ -98,10 +98,14 @@ void worker_load_progress(void *ctx, const char *unit, int64_t done, int64_t tot
 }
 
 /* The next control message; wakes every second to check that the
- * coordinator is still there (PR_SET_PDEATHSIG covers its death too). */
-static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
+ * coordinator is still there (PR_SET_PDEATHSIG covers its death too).
+ * until > 0: MMP_ERR_TIMEOUT once mmp_now() passes it. */
+static mmp_err next_message_until(worker *w, Mmpipe__Envelope **env, double until)
 {
     for (;;) {
+        if (until > 0 && mmp_now() >= until) {
+            return MMP_ERR_TIMEOUT;
+        }
         char from[MMP_CTL_ID_MAX];
         /* short waits while a checkpoint is written: its ack goes out soon
          * after the file is on disk, not at the next message */
@@ -115,6 +119,11 @@ static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
             return mmp_errorf(MMP_ERR_PEER, "the coordinator is gone");
         }
     }
+}
+
+static mmp_err next_message(worker *w, Mmpipe__Envelope **env)
+{
+    return next_message_until(w, env, 0);
 }
 
 /* Waits for a message of body `want`; Abort and Shutdown end the wait with
@@ -136,6 +145,94 @@ mmp_err worker_wait_for(worker *w, Mmpipe__Envelope__BodyCase want, Mmpipe__Enve
         }
         return mmp_errorf(MMP_ERR_PROTO, "coordinator sent message %d while %d was expected",
                           (int)got, (int)want);
+    }
+}
+
+/* ---- a step cut short ----------------------------------------------------------------------- */
+
+/* How long a holding stage waits for the coordinator's word. */
+#define HOLD_WAIT_S 60.0
+
+/* Whether the failure e of a step leaves this process's state whole, so it
+ * can hold it: a bad sample its loader met (data.on_bad_sample: fail), or a
+ * peer's channel or reduce that closed under it (a peer holding, or gone).
+ * Not when the coordinator ended the step, nor after a device error. */
+static int can_hold(const worker *w, mmp_err e)
+{
+    if (w->ended_by_coordinator || w->steps_done < 0 || !w->params ||
+        (w->be && mmp_backend_error(w->be) != MMP_OK)) {
+        return 0;
+    }
+    return e == MMP_ERR_PEER ||
+           ((e == MMP_ERR_DATA || e == MMP_ERR_IO) && w->fault_op == MMPIPE__OP__LOAD);
+}
+
+/* Step `step` failed with e (can_hold): the state goes back to the end of
+ * the last finished step (nothing but the batch-norm running statistics
+ * moved before the optimizer step; after it, the step is finished), the
+ * coordinator hears the error and what the state holds, and the data plane
+ * closes, so every peer's step ends too (each then holds the same way). The
+ * stage then waits for a CheckpointRequest of those steps (the run keeps
+ * what it trained: coordinator/steps.c coord_keep_held), or Abort /
+ * Shutdown. Returns the error the process ends with. */
+static mmp_err hold(worker *w, int step, mmp_err e)
+{
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", mmp_last_error());
+    int held = w->opt_ran ? step + 1 : step;
+    if (!w->opt_ran) {
+        mmp_params_buffers_rewind(w->params);
+    }
+    MMP_ERROR("%s", msg);
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Error er = MMPIPE__ERROR__INIT;
+    char buf[2300];
+    snprintf(buf, sizeof buf, "%s: %s", w->name, msg);
+    er.message = buf;
+    er.peer_lost = e == MMP_ERR_PEER;
+    er.holding = 1;
+    er.held_steps = held;
+    env.body_case = MMPIPE__ENVELOPE__BODY_ERROR;
+    env.error = &er;
+    /* the cause goes out before the channels close: the coordinator hears
+     * it before the peers' echoes */
+    MMP_TRY(worker_send_env(w, &env));
+    w->error_sent = 1;
+    worker_close_data_plane(w);
+    double until = mmp_now() + HOLD_WAIT_S;
+    for (;;) {
+        Mmpipe__Envelope *m = NULL;
+        mmp_err r = next_message_until(w, &m, until);
+        if (r == MMP_ERR_TIMEOUT) {
+            return mmp_errorf(e, "held the state of step %d for %.0f s and nobody asked for it",
+                              held, HOLD_WAIT_S);
+        }
+        MMP_TRY(r);
+        Mmpipe__Envelope__BodyCase got = m->body_case;
+        if (got == MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST &&
+            m->checkpoint_request->step == held) {
+            r = worker_run_checkpoint(w, m->checkpoint_request);
+            mmp_ctl_free(m);
+            MMP_TRY(r);
+            MMP_TRY(worker_ckpt_settle(w, 1));
+            continue;
+        }
+        int step_asked =
+            got == MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST ? m->checkpoint_request->step : -1;
+        mmp_ctl_free(m);
+        if (got == MMPIPE__ENVELOPE__BODY_ABORT || got == MMPIPE__ENVELOPE__BODY_SHUTDOWN) {
+            w->ended_by_coordinator = 1;
+            return mmp_errorf(e, "%s", msg);
+        }
+        w->error_sent = 0; /* this one is news */
+        return step_asked >= 0 ? mmp_errorf(MMP_ERR_PROTO,
+                                            "asked for a checkpoint of step %d while holding "
+                                            "the state of step %d",
+                                            step_asked, held)
+                               : mmp_errorf(MMP_ERR_PROTO,
+                                            "coordinator sent message %d while this stage "
+                                            "holds the state of step %d",
+                                            (int)got, held);
     }
 }
 
@@ -175,9 +272,15 @@ static mmp_err serve(worker *w)
                                      .alloc_ctx = w->be};
                 e = mmp_loader_create(&w->loader, &lc);
             }
+            w->steps_done = env->start->first_step;
             for (int s = env->start->first_step;
                  e == MMP_OK && s < env->start->first_step + env->start->steps; s++) {
                 e = worker_run_step(w, s);
+                if (e == MMP_OK) {
+                    w->steps_done = s + 1;
+                } else if (can_hold(w, e)) {
+                    e = hold(w, s, e);
+                }
             }
             break;
         case MMPIPE__ENVELOPE__BODY_PROGRAM:
@@ -287,7 +390,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     static worker w;
     memset(&w, 0, sizeof w);
     mmp_ckpt_bg_init(&w.ckpt);
-    w.loaded_mb = w.out_mb = -1;
+    w.loaded_mb = w.out_mb = w.steps_done = -1;
     /* Test hook (tests/cli_startup.sh): a manifest open that pauses this
      * long at each progress report, a slow load that still makes progress. */
     w.test_slow_start_ms = mmp_test_hook_value(MMP_HOOK_SLOW_START_MS);
@@ -343,7 +446,7 @@ int mmp_worker_main(const mmp_worker_args *args)
     int rc = 0;
     if (e != MMP_OK) {
         rc = 1;
-        if (!w.ended_by_coordinator) {
+        if (!w.ended_by_coordinator && !w.error_sent) {
             MMP_ERROR("%s", mmp_last_error());
             send_error(&w, mmp_last_error(), e == MMP_ERR_PEER);
         }

@@ -675,13 +675,38 @@ mmp_err worker_build(worker *w)
     return load_data(w);
 }
 
+void worker_close_data_plane(worker *w)
+{
+    if (w->be) {
+        w->be->ops->sync(w->be); /* nothing queued may still read or write a slot */
+    }
+    for (int i = 0; i < w->n_chans; i++) {
+        mmp_channel_close(w->chans[i].ch);
+        w->chans[i].ch = NULL;
+    }
+    if (w->uploaded) {
+        worker_release_uploaded(w);
+    }
+    if (w->batch) {
+        mmp_loader_release(w->loader, w->batch);
+        w->batch = NULL;
+    }
+    mmp_loader_destroy(w->loader);
+    w->loader = NULL;
+    if (w->reduce_dev) {
+        w->nccl->close(w->reduce_dev); /* before its side reduce */
+        w->reduce_dev = NULL;
+    }
+    mmp_reduce_close(w->reduce);
+    w->reduce = NULL;
+}
+
 void worker_teardown(worker *w)
 {
     mmp_ckpt_bg_fini(&w->ckpt); /* a write still in flight is abandoned, no file published */
     mmp_backend *be = w->be ? w->be : mmp_backend_cpu();
+    worker_close_data_plane(w);
     for (int i = 0; i < w->n_chans; i++) {
-        mmp_channel_close(w->chans[i].ch);
-        w->chans[i].ch = NULL;
         mmp_backend_host_free(be, w->chans[i].stage_host);
         w->chans[i].stage_host = NULL;
         be->ops->free(be, w->chans[i].packed);
@@ -702,18 +727,6 @@ void worker_teardown(worker *w)
         be->ops->free(be, w->fl[i].valid_dev);
         mmp_wgrad_fini(&w->fl[i].wg);
     }
-    if (w->uploaded) {
-        worker_release_uploaded(w);
-    }
-    if (w->batch) {
-        mmp_loader_release(w->loader, w->batch);
-    }
-    mmp_loader_destroy(w->loader);
-    if (w->reduce_dev) {
-        w->nccl->close(w->reduce_dev); /* before its side reduce */
-        w->reduce_dev = NULL;
-    }
-    mmp_reduce_close(w->reduce);
     mmp_backend_host_free(be, w->reduce_host);
     w->reduce_host = NULL;
     free(w->owns);

@@ -971,6 +971,13 @@ mmp_err worker_run_step(worker *w, int step)
      * writes or reads them, not here: the forwards before it (on a first
      * stage, what every later stage waits for) start sooner. */
     int zeroed = 0;
+    w->opt_ran = 0;
+    w->fault_op = -1;
+    if (w->kind == MMP_BRANCH_IMAGE) {
+        /* a step cut short puts back the running statistics its forwards
+         * (or, on replicas, the replay after the reduce) moved: worker.c */
+        MMP_TRY(mmp_params_buffers_mark(w->params));
+    }
     if (w->bn_rows) {
         memset(w->bn_rows, 0, (size_t)a->microbatches * (size_t)w->bn_row * sizeof(float));
     }
@@ -1034,6 +1041,7 @@ mmp_err worker_run_step(worker *w, int step)
             break;
         case MMPIPE__OP__OPT_STEP: {
             double o0 = mmp_now();
+            w->opt_ran = 1; /* from here the state is the step's end */
             if (w->skip_opt) {
                 break; /* an fp16 overflow somewhere: every stage skips this step */
             }
@@ -1048,6 +1056,7 @@ mmp_err worker_run_step(worker *w, int step)
             e = mmp_errorf(MMP_ERR_PROTO, "unknown instruction %d", (int)in->op);
         }
         if (e != MMP_OK) {
+            w->fault_op = in->op;
             return mmp_error_prefix(e, "step %d instruction %zu", step + 1, i);
         }
         worker_heartbeat(w, step, (int)i);

@@ -2,7 +2,8 @@
  * the contract is stages/worker.h):
  *   worker.c        the control plane (messages to and from the coordinator)
  *                   and the serve loop: Assignment, Start, Clip, Program,
- *                   EvalRequest, CheckpointRequest, Shutdown, Abort;
+ *                   EvalRequest, CheckpointRequest, Shutdown, Abort; a step
+ *                   cut short by a bad sample or a peer's end (hold);
  *   worker_build.c  set-up from the assignment: plan, nets on the backend,
  *                   data set and loader, channels, reduce; teardown;
  *   worker_exec.c   one step: the instruction interpreter and the data plane
@@ -212,6 +213,14 @@ typedef struct worker {
     char startup_phase[256];
     double test_slow_start_ms;
     mmp_ckpt_bg ckpt; /* a checkpoint written in the background (train.ckpt_async) */
+    /* A step cut short (worker.c hold): the steps this process's state holds
+     * (-1 before the first Start), whether the running step's optimizer
+     * step ran (or was skipped: fp16), the instruction that failed, and
+     * whether its Error went to the coordinator already. */
+    int steps_done;
+    int opt_ran;
+    int fault_op;
+    int error_sent;
 } worker;
 
 /* ---- worker.c (control plane, serve loop) ---- */
@@ -242,6 +251,10 @@ void *worker_balloc(worker *w, size_t bytes, mmp_err *err);
 /* Checks and installs one step's instruction list (the Assignment's, or a
  * Program from a re-routing). */
 mmp_err worker_set_program(worker *w, Mmpipe__Instr **prog, size_t n);
+/* Closes the data plane (channels, reduces; after the backend's queued
+ * work) and stops the loader: peers blocked on this process's channels get
+ * MMP_ERR_PEER. What stays (nets, checkpoint writer) still serves. */
+void worker_close_data_plane(worker *w);
 /* Frees and closes all of it; NULL-safe parts, valid after a failed build. */
 void worker_teardown(worker *w);
 void *worker_xcalloc(size_t n, size_t size, mmp_err *err);

@@ -75,6 +75,50 @@ for mode in pipe single; do
     && ok "fail ($mode): resumed from step 4, evaluated it first, then to 8, evaluated" \
     || { fail "fail ($mode): resume"; tail -3 "$R.resumed.log"; }
 done
+# A bad sample met while training stops the run, but what it trained is kept: every
+# stage puts its state back to the end of the last finished step (with the batch-norm
+# statistics the cut step's forwards moved) and that step is checkpointed, though no
+# checkpoint was due (ckpt_every 5). Mended and resumed, the run ends on the bits of a
+# run that never met it. Line 21 stops step 4 at its first micro-batch (step 3's results
+# still coming in: step 4 was chained), line 45 stops step 3 at its last (after three
+# forwards). Both in one process, in the pipeline, and with two image replicas.
+keep_flags() {
+  case $1 in
+    single) echo --single-process ;;
+    replicas) echo --set stages.image.replicas=2 ;;
+  esac
+}
+for case in "21 3" "45 2"; do
+  set -- $case
+  line=$1 kept=$2 img=$(printf '%06d' $(($1 - 1)))
+  cp "$D/images/$img.png" "$W/good.png"
+  head -c 60 "$D/images/000021.png" >"$D/images/$img.png"
+  for mode in single pipe replicas; do
+    R=$W/keep${line}_$mode
+    "$BIN" launch "$W/plan.yaml" $(keep_flags $mode) --out "$R" --set data.manifest="$W/trunc.jsonl" \
+      --set train.ckpt_every=5 >"$R.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && grep -q "trunc.jsonl:$line: .*truncated" "$R.log" \
+      && grep -q "what was trained is kept: step $kept of 24" "$R.log" \
+      && [ "$(readlink "$R/ckpt/latest")" = "step_000000$kept" ] && steps_once "$R/metrics.jsonl" "$kept" \
+      && ok "fail ($mode, line $line): stops naming it, keeps step $kept (checkpoint, its line once)" \
+      || { fail "fail ($mode, line $line): rc $rc, latest '$(readlink "$R/ckpt/latest")', last line step $(last_step "$R/metrics.jsonl")"; tail -3 "$R.log"; }
+  done
+  cp "$W/good.png" "$D/images/$img.png" # mended
+  S=$W/keep${line}_straight
+  "$BIN" launch "$W/plan.yaml" --single-process --out "$S" --set data.manifest="$W/trunc.jsonl" \
+    --set train.ckpt_every=5 >"$S.log" 2>&1 || { fail "keep: a straight run"; tail -3 "$S.log"; }
+  for mode in single pipe replicas; do
+    R=$W/keep${line}_$mode
+    flag=
+    [ $mode = single ] && flag=--single-process
+    "$BIN" launch "$R/plan.json" $flag --resume "$R" >"$R.resumed.log" 2>&1 \
+      && steps_once "$R/metrics.jsonl" 24 && same_ckpt "$R" "$S" \
+      && ok "fail ($mode, line $line): mended and resumed from step $kept = never met (max_abs_diff=0)" \
+      || { fail "fail ($mode, line $line): resumed"; tail -3 "$R.resumed.log"; }
+  done
+done
+left_behind "fail: keeping what was trained" "$W"/keep*.log
 head -c 60 "$D/images/000021.png" >"$D/images/000020.png" # truncated again, for what follows
 
 # --- skip ----------------------------------------------------------------------------

@@ -19,7 +19,9 @@
 #    bit for bit (max_abs_diff=0), fp16 with the same loss scales and skip;
 #  - the image stage on cuda:0 between CPU stages (shm, staged through the
 #    host): stopped after two steps and resumed to three = three straight,
-#    its first loss the CPU's within 1e-4; nothing left behind.
+#    its first loss the CPU's within 1e-4;
+#  - a bad sample met in step 3, one process and three GPU stages: step 2
+#    kept, mended and resumed = a run that never met it; nothing left behind.
 # Not modelled here: NCCL, MPS (MMP_GPU_SHARING=timeslice), a GPU's timing.
 # Needs a CUDA build (the module beside a copy of mmpipe).
 # ctest-labels: emu
@@ -104,5 +106,32 @@ same mixed_2 mixed_3 "mixed: 2 steps + resume to 3 == 3 straight"
 lm=$(metric "$W/mixed_3/metrics.jsonl" loss 1 1); lc=$(metric "$W/cpu_step1/metrics.jsonl" loss 1 1)
 r=$(rel "${lm:-nan}" "${lc:-0}")
 below "$r" 1e-4 && ok "mixed step 1 loss $lm vs CPU $lc (rel $r < 1e-4)" || fail "mixed step 1 loss $lm vs CPU $lc: rel $r"
-left_behind "pipelines" "$W"/pipe_*.log "$W"/mixed_*.log
+
+# ---- a bad sample met on cuda:0: what was trained is kept -----------------------------
+# Line 24 stops step 3 at its second micro-batch (one forward ran, its batch-norm
+# statistics moved on the device): every GPU stage puts its state back, closes its
+# cuda_ipc channels, and step 2 is checkpointed; mended and resumed = never met.
+cp "$W/data/images/000023.png" "$W/good.png"
+head -c 60 "$W/data/images/000100.png" >"$W/data/images/000023.png"
+for mode in single pipe; do
+  flag=
+  [ $mode = single ] && flag=--single-process
+  "$EMU" launch configs/gpu-1.yaml $flag --out "$W/keep_$mode" "${common[@]}" --set job.steps=4 \
+    --set train.ckpt_every=4 >"$W/keep_$mode.log" 2>&1
+  grep -q "train.jsonl:24: .*truncated" "$W/keep_$mode.log" \
+    && grep -q "what was trained is kept: step 2 of 4" "$W/keep_$mode.log" \
+    && [ "$(readlink "$W/keep_$mode/ckpt/latest")" = step_0000002 ] \
+    && ok "keep ($mode): a bad sample in step 3 stops the run, step 2 kept" \
+    || { fail "keep ($mode): latest '$(readlink "$W/keep_$mode/ckpt/latest")'"; tail -4 "$W/keep_$mode.log"; }
+done
+cp "$W/good.png" "$W/data/images/000023.png"
+run keep_straight "$EMU" configs/gpu-1.yaml --single-process --set job.steps=4
+for mode in single pipe; do
+  flag=
+  [ $mode = single ] && flag=--single-process
+  "$EMU" launch "$W/keep_$mode/plan.json" $flag --resume "$W/keep_$mode" >"$W/keep_$mode.resumed.log" 2>&1 \
+    || { fail "keep ($mode): resume"; tail -4 "$W/keep_$mode.resumed.log"; }
+  same "keep_$mode" keep_straight "keep ($mode): mended and resumed == never met"
+done
+left_behind "pipelines" "$W"/pipe_*.log "$W"/mixed_*.log "$W"/keep_*.log
 finish

@@ -477,6 +477,26 @@ static void test_untrusted_router(void)
         sn = mmpipe__envelope__pack(&env, sd);
         CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
         mmp_ctl_free(e);
+        /* a holding stage's Error names the steps its state holds: never
+         * below 0 (the coordinator would checkpoint that step) */
+        Mmpipe__Error er = MMPIPE__ERROR__INIT;
+        env.body_case = MMPIPE__ENVELOPE__BODY_ERROR;
+        env.error = &er;
+        er.message = "image/0: a bad sample";
+        er.holding = 1;
+        er.held_steps = -1;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_BAD_BODY && !e);
+        CHECK(strstr(why, "held_steps") != NULL);
+        er.held_steps = 0;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+        mmp_ctl_free(e);
+        er.holding = 0; /* not holding: the field means nothing */
+        er.held_steps = -1;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+        mmp_ctl_free(e);
     }
 
     /* Far over the limit: ZeroMQ itself drops the connection, so the message

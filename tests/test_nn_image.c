@@ -907,6 +907,69 @@ static void test_bn_log(void)
     bn_log_range(&plan, 0, 1, 2 * 4, 1);
 }
 
+/* A step cut short puts the running statistics back (nn/params.h
+ * mmp_params_buffers_mark/rewind): after training forwards moved them, the
+ * rewind gives the marked values bit for bit and leaves the weights alone;
+ * a second mark takes the state as it is then. */
+static void buffers_rewind_range(const mmp_plan *plan, int first, int last, int has_bn)
+{
+    const int B = 3;
+    rig a;
+    if (!rig_init(&a, plan, first, last, 23, B)) {
+        return;
+    }
+    mmp_params *p = mmp_image_net_params(a.net);
+    CHECK(p->count > 0 && p->items[0].trainable);
+    size_t n_in = (size_t)B * a.in_n, n_out = (size_t)B * a.out_n;
+    float *x = mmp_test_floats(n_in), *out = mmp_test_floats(n_out);
+    float *marked = mmp_test_floats(p->total);
+    int moved = 0;
+    for (int round = 0; round < 2; round++) {
+        CHECK(mmp_params_buffers_mark(p) == MMP_OK);
+        CHECK((p->marks != NULL) == has_bn);
+        memcpy(marked, p->values, p->total * sizeof(float));
+        /* the weights change too (as an optimizer step would): a rewind
+         * must leave them where they are */
+        p->values[p->items[0].offset] += 1.0f;
+        for (int k = 0; k < 3; k++) {
+            mmp_test_fill(x, n_in, -1.0f, 1.5f, 700 + (unsigned long long)(10 * round + k));
+            mmp_image_net_forward(a.net, a.acts, x, B, 1, out);
+        }
+        for (int i = 0; i < p->count; i++) {
+            const mmp_param *q = &p->items[i];
+            moved |= !q->trainable && !same_bits(p->values + q->offset, marked + q->offset, q->n);
+        }
+        mmp_params_buffers_rewind(p);
+        int buffers_back = 1, weights_kept = 1;
+        for (int i = 0; i < p->count; i++) {
+            const mmp_param *q = &p->items[i];
+            int same = same_bits(p->values + q->offset, marked + q->offset, q->n);
+            if (q->trainable) {
+                weights_kept &= i == 0 ? !same : same;
+            } else {
+                buffers_back &= same;
+            }
+        }
+        CHECK(buffers_back);
+        CHECK(weights_kept);
+    }
+    CHECK(moved == has_bn); /* the forwards did move them, where there are any */
+    free(x);
+    free(out);
+    free(marked);
+    rig_fini(&a);
+}
+
+static void test_buffers_rewind(void)
+{
+    mmp_plan plan;
+    small_plan(&plan, 2, 1);
+    int L = mmp_image_net_layers(&plan);
+    buffers_rewind_range(&plan, 0, L, 1);
+    buffers_rewind_range(&plan, 2, 4, 1);
+    buffers_rewind_range(&plan, L - 1, L, 0); /* no batch norm: no mark made */
+}
+
 static void test_gradients(void)
 {
     int blocks_11[2] = {1, 1}, blocks_12[2] = {1, 2};
@@ -918,4 +981,4 @@ MMP_TEST_LIST("test_nn_image", MMP_TEST_CASE(test_split_backward), MMP_TEST_CASE
               MMP_TEST_CASE(test_gradients), MMP_TEST_CASE(test_split),
               MMP_TEST_CASE(test_in_flight), MMP_TEST_CASE(test_init),
               MMP_TEST_CASE(test_eval_stem), MMP_TEST_CASE(test_eval_net),
-              MMP_TEST_CASE(test_bn_log))
+              MMP_TEST_CASE(test_bn_log), MMP_TEST_CASE(test_buffers_rewind))

@@ -841,6 +841,10 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         return env->checkpoint_ack && env->checkpoint_ack->step >= 0
                    ? 1
                    : BAD("checkpoint_ack: field step below 0");
+    case MMPIPE__ENVELOPE__BODY_ERROR:
+        return !env->error || !env->error->holding || env->error->held_steps >= 0
+                   ? 1
+                   : BAD("error: field held_steps = %d, below 0", env->error->held_steps);
     case MMPIPE__ENVELOPE__BODY_ENDPOINTS: {
         const Mmpipe__Endpoints *e = env->endpoints;
         for (size_t i = 0; e && i < e->n_endpoints; i++) {
