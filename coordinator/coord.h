@@ -214,12 +214,15 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir);
  * to stop (c->stopped, after finishing the step in flight and checkpointing
  * it), 1 on a failure. */
 int coord_run_steps(coord *c, int first_step);
-/* After a failure whose stage held its state (a bad sample under
- * data.on_bad_sample: fail; stages/worker.c hold): once every process holds
- * the same step's state, keeps it: that step's line when it is missing (a
- * chained step whose results all came), and its checkpoint, with the
- * failure still recorded. Sets c->kept to the steps kept, else -1 (with a
- * warning saying why, when a stage held). */
+/* After a failure that leaves the trained state whole (stages/worker.c
+ * hold): a bad sample under data.on_bad_sample: fail, whose stage holds its
+ * state, or lost processes that were all replicas of stages with another
+ * replica alive. Once every live process holds the same step's state, keeps
+ * it: that step's line when it is missing (a chained step whose results all
+ * came), and its checkpoint (a lost replica's file written by its lowest
+ * sibling alive), with the failure still recorded: a restart then starts
+ * from it. Sets c->kept to the steps kept, else -1 (with a warning saying
+ * why, once a stage held). */
 void coord_keep_held(coord *c);
 
 #endif

@@ -295,11 +295,11 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
         c.launch++;
         int bad = launch(&c, first_step, resume_dir[0] ? resume_dir : NULL);
         if (bad) {
+            coord_keep_held(&c);
             if (should_restart(&c) &&
                 prepare_restart(&c, &first_step, resume_dir, sizeof resume_dir) == 0) {
                 continue;
             }
-            coord_keep_held(&c);
             break;
         }
         if (c.stopped) {
@@ -342,10 +342,13 @@ int mmp_coord_run(const mmp_plan *plan, const char *out_dir, int resume)
     } else if (c.kept > 0) {
         char dir[1200];
         mmp_ckpt_step_dir(dir, sizeof dir, out_dir, c.kept);
-        MMP_ERROR("what was trained is kept: step %d of %d in %s; mend what the error names and "
-                  "resume with: mmpipe launch %s --resume %s",
-                  c.kept, plan->job.steps, dir, c.plan_json, out_dir);
-    } else if (c.restarts.n > 0 && c.restarts.n >= c.plan->train.max_restarts) {
+        MMP_ERROR("what was trained is kept: step %d of %d in %s; %sresume with: mmpipe launch %s "
+                  "--resume %s",
+                  c.kept, plan->job.steps, dir,
+                  c.stage_error_holds ? "mend what the error names and " : "", c.plan_json,
+                  out_dir);
+    }
+    if (!mmp_interrupt_signal() && c.restarts.n > 0 && c.restarts.n >= c.plan->train.max_restarts) {
         MMP_ERROR("no restart left: %d of train.max_restarts %d used", c.restarts.n,
                   c.plan->train.max_restarts);
     }

@@ -339,6 +339,9 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, d
     line.loss = line.itc_loss = line.itm_loss = line.data_ms = 0;
     line.skipped_samples = 0;
     for (int i = 0; i < c->n; i++) {
+        if (!c->procs[i].have_done) {
+            continue; /* a lost replica's, never sent (coord_keep_held) */
+        }
         const Mmpipe__StepDone *d = done_of(c, i);
         if (c->sched.stages[i].kind == MMP_KIND_FUSION) {
             /* Each fusion replica sums its micro-batches' losses, already
@@ -362,10 +365,13 @@ static int write_metrics(coord *c, int step, double step_ms, double grad_norm, d
     line.chained = c->step_chained;
     line.cpu_ms = coord_cpu_ms;
     line.has_stages = 1;
-    line.n_stages = c->n;
-    for (int i = 0; i < c->n && i < MMP_METRICS_MAX_STAGES; i++) {
+    line.n_stages = 0;
+    for (int i = 0; i < c->n && line.n_stages < MMP_METRICS_MAX_STAGES; i++) {
+        if (!c->procs[i].have_done) {
+            continue;
+        }
         const Mmpipe__StepDone *d = done_of(c, i);
-        mmp_metrics_stage *st = &line.stages[i];
+        mmp_metrics_stage *st = &line.stages[line.n_stages++];
         double fwd = 0, bwd = 0, wgt = 0;
         for (size_t k = 0; k < d->n_mbs; k++) {
             fwd += d->mbs[k]->fwd_ms;
@@ -510,6 +516,20 @@ static int wait_published(coord *c, int step)
     return 0;
 }
 
+/* Stage i's replica that writes the stage's checkpoint file: its lowest one
+ * alive (replicas hold the same state; replica 0 unless it was lost). */
+static int writer_of(const coord *c, int i)
+{
+    int w = -1;
+    for (int j = 0; j < c->n; j++) {
+        if (c->procs[j].alive && strcmp(c->sched.stages[j].name, c->sched.stages[i].name) == 0 &&
+            (w < 0 || c->sched.stages[j].replica < w)) {
+            w = c->sched.stages[j].replica;
+        }
+    }
+    return w;
+}
+
 /* Asks every stage for its checkpoint of steps_done. In the background
  * (train.ckpt_async), it waits only for their snapshots: the files are
  * written while the next steps run, and coord_ckpt_publish publishes the
@@ -542,8 +562,18 @@ static int checkpoint(coord *c, int steps_done, int background)
     r.background = background;
     env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST;
     env.checkpoint_request = &r;
-    if (coord_broadcast(c, &env) != MMP_OK) {
-        return 1;
+    for (int i = 0; i < c->n; i++) {
+        proc *p = &c->procs[i];
+        if (!p->alive) {
+            /* a lost replica (coord_keep_held): another of its stage writes */
+            p->have_ack = p->have_on_disk = 1;
+            p->ckpt_written = steps_done + 1;
+            continue;
+        }
+        r.writer = writer_of(c, i);
+        if (coord_send_to(c, i, &env) != MMP_OK) {
+            return 1;
+        }
     }
     if (background) {
         if (coord_wait_until(c, coord_all_flag, ALL(have_ack), 600, "checkpoint snapshots")) {
@@ -883,31 +913,77 @@ int coord_run_steps(coord *c, int first_step)
 }
 
 /* How long coord_keep_held waits for every process to hold: each ends its
- * step as soon as a channel it waits on closes (a cascade of a few hops). */
+ * step as soon as a channel it waits on closes or its peer is seen gone (a
+ * cascade of a few hops). */
 #define KEEP_WAIT_S 20.0
+
+/* Every process that ended is a replica of a stage with another one alive:
+ * the state the run trained still lives in full. 0 when none ended. */
+static int lost_only_replicas(const coord *c)
+{
+    int lost = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (!c->procs[i].alive) {
+            if (writer_of(c, i) < 0) {
+                return 0;
+            }
+            lost = 1;
+        }
+    }
+    return lost;
+}
+
+/* The steps process i's state holds, once known: what it holds (it stopped
+ * its step: stages/worker.c hold), or, between steps (its results of the
+ * last one in, its line written, nothing started since), the steps done: it
+ * serves a checkpoint request as it is. -1 while not known. */
+static int state_of(const coord *c, int i)
+{
+    const proc *p = &c->procs[i];
+    if (p->holding) {
+        return p->held_steps;
+    }
+    return !c->ahead && p->have_done && c->steps_done == c->cur_step + 1 ? c->steps_done : -1;
+}
 
 void coord_keep_held(coord *c)
 {
     c->kept = -1;
-    if (!c->stage_error_holds || c->fault || mmp_interrupt_signal()) {
+    /* a bad sample the stage that met it holds for; or a replica lost (its
+     * siblings hold the same state) */
+    int data = c->stage_error_holds && !c->fault;
+    if (mmp_interrupt_signal() || (!data && !(c->fault && lost_only_replicas(c)))) {
         return;
+    }
+    /* Stages past their part of the step wait for its coefficient: the
+     * step is called off, so they hold too (the others ignore it). */
+    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
+    Mmpipe__Clip off = MMPIPE__CLIP__INIT;
+    off.step = c->cur_step > 0 ? c->cur_step : 0;
+    off.call_off = 1;
+    env.body_case = MMPIPE__ENVELOPE__BODY_CLIP;
+    env.clip = &off;
+    for (int i = 0; i < c->n; i++) {
+        if (c->procs[i].alive && !c->procs[i].holding &&
+            mmp_ctl_send(c->ctl, c->procs[i].name, &env) != MMP_OK) {
+            MMP_WARN("nothing kept of the step in flight: %s", mmp_last_error());
+            return;
+        }
     }
     double t0 = mmp_now();
     const char *late = NULL;
     for (;;) {
         coord_reap(c);
-        int holding = 0;
         late = NULL;
         for (int i = 0; i < c->n; i++) {
             const proc *p = &c->procs[i];
-            if (!p->alive && !p->holding) {
+            if (!p->alive && (data || writer_of(c, i) < 0)) {
                 MMP_WARN("nothing kept of the step in flight: stage %s ended", p->name);
                 return;
             }
-            holding += p->holding;
-            late = p->holding ? late : p->name;
+            late = !p->alive || state_of(c, i) >= 0 ? late : p->name;
         }
-        if (holding == c->n || mmp_now() - t0 > KEEP_WAIT_S || mmp_interrupt_count() > 0) {
+        if (!late || mmp_now() - t0 > KEEP_WAIT_S || mmp_interrupt_count() > 0) {
             break;
         }
         coord_take_one(c, 50);
@@ -916,13 +992,19 @@ void coord_keep_held(coord *c)
         MMP_WARN("nothing kept: stage %s did not stop its step within %.0f s", late, KEEP_WAIT_S);
         return;
     }
-    int held = c->procs[0].held_steps;
-    for (int i = 1; i < c->n; i++) {
-        if (c->procs[i].held_steps != held) {
+    int held = -1;
+    const char *first = NULL;
+    for (int i = 0; i < c->n; i++) {
+        if (!c->procs[i].alive) {
+            continue;
+        }
+        if (held >= 0 && state_of(c, i) != held) {
             MMP_WARN("nothing kept: stage %s holds the state of step %d, stage %s of step %d",
-                     c->procs[0].name, held, c->procs[i].name, c->procs[i].held_steps);
+                     first, held, c->procs[i].name, state_of(c, i));
             return;
         }
+        held = state_of(c, i);
+        first = c->procs[i].name;
     }
     /* The failure stays; the waits below need it out of the way (and the
      * errors already judged must not be judged again). */
@@ -931,11 +1013,17 @@ void coord_keep_held(coord *c)
     c->failure[0] = c->stage_error[0] = c->peer_error[0] = 0;
     int bad = 0;
     if (c->steps_done == held - 1 && held - 1 == c->cur_step) {
-        /* a chained step: the next one failed before this one's line */
+        /* a chained step: the next one failed before this one's line; the
+         * results of a lost replica, sent before it died, may still wait */
+        while (coord_take_one(c, 50)) {
+        }
         double last = 0;
         for (int i = 0; i < c->n; i++) {
-            bad |= !c->procs[i].have_done;
-            last = fmax(last, c->procs[i].done_at);
+            /* a lost replica's results may never have left it (the line
+             * leaves it out), unless it computed the loss */
+            bad |= !c->procs[i].have_done &&
+                   (c->procs[i].alive || c->sched.stages[i].kind == MMP_KIND_FUSION);
+            last = c->procs[i].have_done ? fmax(last, c->procs[i].done_at) : last;
         }
         if (!bad) {
             bad = write_metrics(c, held - 1, (last - c->step_t0) * 1e3, c->step_norm,
@@ -955,7 +1043,8 @@ void coord_keep_held(coord *c)
     } else if (held == latest) {
         c->kept = held; /* its checkpoint is there already */
     } else if (held > 0) {
-        MMP_INFO("keeping what was trained: checkpointing step %d", held);
+        MMP_INFO("keeping what was trained: checkpointing step %d%s", held,
+                 data ? "" : " from the replicas left");
         if (checkpoint(c, held, 0) == 0) {
             c->kept = held;
         } else {

@@ -219,7 +219,11 @@ static mmp_err hold(worker *w, int step, mmp_err e)
         }
         int step_asked =
             got == MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST ? m->checkpoint_request->step : -1;
+        int call_off = got == MMPIPE__ENVELOPE__BODY_CLIP && m->clip->call_off;
         mmp_ctl_free(m);
+        if (call_off) {
+            continue; /* sent to every stage not known to hold yet */
+        }
         if (got == MMPIPE__ENVELOPE__BODY_ABORT || got == MMPIPE__ENVELOPE__BODY_SHUTDOWN) {
             w->ended_by_coordinator = 1;
             return mmp_errorf(e, "%s", msg);
@@ -301,6 +305,11 @@ static mmp_err serve(worker *w)
             break;
         case MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST:
             e = worker_run_checkpoint(w, env->checkpoint_request);
+            break;
+        case MMPIPE__ENVELOPE__BODY_CLIP:
+            if (!env->clip->call_off) {
+                MMP_WARN("ignoring a clip coefficient between steps");
+            } /* a call-off finds this process between steps: nothing to hold */
             break;
         case MMPIPE__ENVELOPE__BODY_SHUTDOWN:
             mmp_ctl_free(env);

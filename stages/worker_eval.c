@@ -189,7 +189,12 @@ mmp_err worker_run_checkpoint(worker *w, const Mmpipe__CheckpointRequest *r)
         return mmp_errorf(MMP_ERR_PROTO, "checkpoint request: directory '%.200s...' too long",
                           r->dir);
     }
-    if (w->asg->replica != 0) { /* replicas hold identical state: one file */
+    if (r->writer >= w->replicas) {
+        return mmp_errorf(MMP_ERR_PROTO,
+                          "checkpoint request: field writer = %d, the stage has %d replicas",
+                          r->writer, w->replicas);
+    }
+    if (w->asg->replica != r->writer) { /* replicas hold identical state: one file */
         return send_ckpt_ack(w, r->step, MMP_OK, "", 0);
     }
     mmp_err e = mmp_mkdirs(r->dir);

@@ -942,6 +942,11 @@ static mmp_err do_grad_norm(worker *w, int step)
     }
     Mmpipe__Envelope *reply;
     MMP_TRY(worker_wait_for(w, MMPIPE__ENVELOPE__BODY_CLIP, &reply));
+    if (reply->clip->call_off) {
+        mmp_ctl_free(reply);
+        /* a peer lost or holding: this process holds too (worker.c) */
+        return mmp_errorf(MMP_ERR_PEER, "step %d called off by the coordinator", step + 1);
+    }
     int ok = reply->clip->step == step;
     w->clip_coef = reply->clip->coef;
     w->skip_opt = reply->clip->skip;

@@ -497,6 +497,20 @@ static void test_untrusted_router(void)
         sn = mmpipe__envelope__pack(&env, sd);
         CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
         mmp_ctl_free(e);
+        /* the replica that writes a stage's checkpoint file: never below 0 */
+        Mmpipe__CheckpointRequest cr = MMPIPE__CHECKPOINT_REQUEST__INIT;
+        env.body_case = MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST;
+        env.checkpoint_request = &cr;
+        cr.step = 3;
+        cr.dir = "run/ckpt/step_0000003";
+        cr.writer = -1;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_BAD_BODY && !e);
+        CHECK(strstr(why, "writer") != NULL);
+        cr.writer = 1;
+        sn = mmpipe__envelope__pack(&env, sd);
+        CHECK(mmp_ctl_decode(sd, sn, token, &e, why, sizeof why) == MMP_CTL_OK && e);
+        mmp_ctl_free(e);
     }
 
     /* Far over the limit: ZeroMQ itself drops the connection, so the message

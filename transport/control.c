@@ -834,9 +834,10 @@ static int body_ok(const Mmpipe__Envelope *env, char *why, size_t why_n)
         return 1;
     }
     case MMPIPE__ENVELOPE__BODY_CHECKPOINT_REQUEST:
-        return env->checkpoint_request && env->checkpoint_request->step >= 0
+        return env->checkpoint_request && env->checkpoint_request->step >= 0 &&
+                       env->checkpoint_request->writer >= 0
                    ? 1
-                   : BAD("checkpoint_request: field step below 0");
+                   : BAD("checkpoint_request: field step or writer below 0");
     case MMPIPE__ENVELOPE__BODY_CHECKPOINT_ACK:
         return env->checkpoint_ack && env->checkpoint_ack->step >= 0
                    ? 1
