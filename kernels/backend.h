@@ -238,7 +238,8 @@ typedef struct mmp_backend_ops {
     // param, grad, m, v (n)
     void (*adamw)(mmp_backend *be, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, int t);
-    double (*sumsq)(mmp_backend *be, const float *x, size_t n); /* HOST result; waits */
+    // out[i] (HOST) = sum of x[i]^2 (n[i] floats) in double, i < count; waits once
+    void (*sumsq)(mmp_backend *be, double *out, const float *const *x, const size_t *n, int count);
 } mmp_backend_ops;
 
 struct mmp_backend {

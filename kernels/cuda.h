@@ -267,6 +267,11 @@ mmp_err mmp_cuda_adamw(mmp_cuda_ctx *ctx, float *param, const float *grad, float
                        int t);
 /* *out (HOST) = sum of x^2 in double, in a fixed order; waits for the stream. */
 mmp_err mmp_cuda_sumsq(mmp_cuda_ctx *ctx, double *out, const float *x, size_t n);
+/* out[i] (HOST) = mmp_cuda_sumsq of x[i] (n[i] floats) for i < count, bit for
+ * bit, with one wait for the stream for all of them (a gradient norm over a
+ * network's tensors: one host synchronisation a step, not one a tensor). */
+mmp_err mmp_cuda_sumsq_many(mmp_cuda_ctx *ctx, double *out, const float *const *x, const size_t *n,
+                            int count);
 
 #ifdef __cplusplus
 }

@@ -281,11 +281,23 @@ size_t mmp_params_bytes(const mmp_params *p)
 
 double mmp_params_grad_sumsq(const mmp_params *p)
 {
-    double s = 0;
-    for (int i = 0; i < p->count; i++) {
-        const mmp_param *q = &p->items[i];
-        if (q->trainable) {
-            s += p->be->ops->sumsq(p->be, q->g, q->n);
+    /* every tensor's sum on the backend, then one wait for all of them,
+     * added here in parameter order (the order the norm always had) */
+    enum { CHUNK = 256 };
+    const float *x[CHUNK];
+    size_t n[CHUNK];
+    double part[CHUNK], s = 0;
+    for (int i = 0; i < p->count;) {
+        int k = 0;
+        for (; i < p->count && k < CHUNK; i++) {
+            if (p->items[i].trainable) {
+                x[k] = p->items[i].g;
+                n[k++] = p->items[i].n;
+            }
+        }
+        p->be->ops->sumsq(p->be, part, x, n, k);
+        for (int j = 0; j < k; j++) {
+            s += part[j];
         }
     }
     return s;

@@ -215,6 +215,7 @@ static mmp_err hold(worker *w, int step, mmp_err e)
             mmp_ctl_free(m);
             MMP_TRY(r);
             MMP_TRY(worker_ckpt_settle(w, 1));
+            until = mmp_now() + HOLD_WAIT_S; /* however long the file took */
             continue;
         }
         int step_asked =

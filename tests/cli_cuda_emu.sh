@@ -20,6 +20,10 @@
 #  - the image stage on cuda:0 between CPU stages (shm, staged through the
 #    host): stopped after two steps and resumed to three = three straight,
 #    its first loss the CPU's within 1e-4;
+#  - host waits (the emulator counts them: MMP_EMU_HOST_WAITS): a GPU stage
+#    synchronises with its device a fixed number of times a step, the same
+#    with 2 and with 4 micro-batches (one, the gradient norm, on the branch
+#    stages); no blocking copy on the data path;
 #  - a bad sample met in step 3, one process and three GPU stages: step 2
 #    kept, mended and resumed = a run that never met it; nothing left behind.
 # Not modelled here: NCCL, MPS (MMP_GPU_SHARING=timeslice), a GPU's timing.
@@ -107,6 +111,55 @@ lm=$(metric "$W/mixed_3/metrics.jsonl" loss 1 1); lc=$(metric "$W/cpu_step1/metr
 r=$(rel "${lm:-nan}" "${lc:-0}")
 below "$r" 1e-4 && ok "mixed step 1 loss $lm vs CPU $lc (rel $r < 1e-4)" || fail "mixed step 1 loss $lm vs CPU $lc: rel $r"
 
+# ---- host waits: per step, not per micro-batch ----------------------------------------
+# What would make a GPU stage's host thread wait for its device (stream, event and
+# device synchronisation, blocking copies, copies to or from pageable memory), counted
+# by the emulator (MMP_EMU_HOST_WAITS): the difference between a 5-step and a 3-step
+# run is two steps' worth. With 2 and with 4 micro-batches a step, each stage reads a
+# device value on the host (a copy that waits) the same number of times a step (the
+# gradient norm once; fusion also its loss values and the similarities it mines
+# negatives from, per step under batch-wide ITC) and synchronises no more than those
+# reads do; only the input uploads' buffer hand-backs (events) come once a micro-batch.
+waits_per_step() { # MB STAGE KIND...: that stage's waits of KINDs a step with MB micro-batches
+  local mb=$1 stage=$2 a b; shift 2
+  a=$(sum_waits "$W/hostwaits_${mb}_3" "$stage" "$@"); b=$(sum_waits "$W/hostwaits_${mb}_5" "$stage" "$@")
+  echo $(((b - a) / 2))
+}
+sum_waits() { # FILE STAGE KIND...
+  local f=$1 stage=$2 k total=0 v; shift 2
+  for k in "$@"; do
+    v=$(grep "^stage=$stage " "$f" 2>/dev/null | grep -o " $k=[0-9]*" | cut -d= -f2)
+    total=$((total + ${v:-1000000}))
+  done
+  echo $total
+}
+for mb in 2 4; do
+  for n in 3 5; do
+    rm -f "$W/hostwaits_${mb}_$n"
+    MMP_EMU_HOST_WAITS=$W/hostwaits_${mb}_$n run "waits_${mb}_$n" "$EMU" configs/gpu-1.yaml --set job.steps=$n \
+      --set train.microbatches=$mb
+  done
+done
+for stage in image.0/0 text.0/0 fusion/0; do
+  # blocking copies (a device value read on the host, through pageable memory)
+  c2=$(waits_per_step 2 $stage memcpy pageable)
+  c4=$(waits_per_step 4 $stage memcpy pageable)
+  # synchronisations besides those copies' own (which the run's teardown adds
+  # to by one now and then: the bound leaves it that)
+  y4=$(waits_per_step 4 $stage stream device)
+  bound=1
+  [ $stage = fusion/0 ] && bound=8
+  [ "$c2" = "$c4" ] && [ "$c2" -le $bound ] && [ "$y4" -le $((c4 + 1)) ] \
+    && ok "$stage: $c2 blocking device reads a step with 2 and with 4 micro-batches; $y4 synchronisations" \
+    || fail "$stage: blocking reads a step $c2 (2 micro-batches) and $c4 (4), bound $bound, the same for both; synchronisations $y4 (at most one more)"
+done
+for stage in image.0/0 text.0/0; do
+  e2=$(waits_per_step 2 $stage event)
+  e4=$(waits_per_step 4 $stage event)
+  [ "$e2" -le 2 ] && [ "$e4" -le 4 ] && ok "$stage: $e2 and $e4 upload hand-back waits a step (one a micro-batch at most)" \
+    || fail "$stage: upload waits a step $e2 (2 micro-batches), $e4 (4)"
+done
+
 # ---- a bad sample met on cuda:0: what was trained is kept -----------------------------
 # Line 24 stops step 3 at its second micro-batch (one forward ran, its batch-norm
 # statistics moved on the device): every GPU stage puts its state back, closes its
@@ -133,5 +186,5 @@ for mode in single pipe; do
     || { fail "keep ($mode): resume"; tail -4 "$W/keep_$mode.resumed.log"; }
   same "keep_$mode" keep_straight "keep ($mode): mended and resumed == never met"
 done
-left_behind "pipelines" "$W"/pipe_*.log "$W"/mixed_*.log "$W"/keep_*.log
+left_behind "pipelines" "$W"/pipe_*.log "$W"/mixed_*.log "$W"/keep_*.log "$W"/waits_*.log
 finish

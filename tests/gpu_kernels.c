@@ -786,6 +786,25 @@ static void test_sumsq(void)
         CHECK(fabs(got - ref) <= 1e-9 * fabs(ref));
         release();
     }
+    /* A network's tensors at once (the gradient norm): each sum the bits of
+     * its own call, an empty tensor 0, one wait for all of them. */
+    const size_t many[] = {1000, 0, 300007, 7};
+    enum { N_MANY = sizeof many / sizeof many[0] };
+    const float *d_xs[N_MANY];
+    double one[N_MANY], got[N_MANY];
+    for (int i = 0; i < N_MANY; i++) {
+        float *x = rnd(many[i] ? many[i] : 1, -1, 1);
+        d_xs[i] = dev(x, many[i] ? many[i] : 1);
+        CHECK_OK(mmp_cuda_sumsq(ctx, &one[i], d_xs[i], many[i]));
+    }
+    CHECK_OK(mmp_cuda_sumsq_many(ctx, got, d_xs, many, N_MANY));
+    int same = 1;
+    for (int i = 0; i < N_MANY; i++) {
+        same &= memcmp(&got[i], &one[i], sizeof got[i]) == 0;
+    }
+    CHECK(same);
+    CHECK(got[1] == 0.0 && got[0] > 0 && got[2] > got[0]);
+    release();
 }
 
 /* ---- low precision (train.precision) -------------------------------------- */

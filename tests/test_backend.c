@@ -119,11 +119,8 @@ static float c_bce_fwd(mmp_backend *be, const float *logits, const float *labels
     return CPU->bce_fwd(be, logits, labels, n);
 }
 
-static double c_sumsq(mmp_backend *be, const float *x, size_t n)
-{
-    calls[K_sumsq]++;
-    return CPU->sumsq(be, x, n);
-}
+FWD(sumsq, (mmp_backend * be, double *out, const float *const *x, const size_t *n, int count),
+    (be, out, x, n, count))
 
 FWD(zero, (mmp_backend * be, void *d, size_t n), (be, d, n))
 FWD(to_device, (mmp_backend * be, void *d, const void *s, size_t n), (be, d, s, n))

@@ -320,10 +320,13 @@ static void cpu_adamw(mmp_backend *be, float *param, const float *grad, float *m
     mmp_cpu_adamw(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
 }
 
-static double cpu_sumsq(mmp_backend *be, const float *x, size_t n)
+static void cpu_sumsq(mmp_backend *be, double *out, const float *const *x, const size_t *n,
+                      int count)
 {
     (void)be;
-    return mmp_cpu_sumsq(x, n);
+    for (int i = 0; i < count; i++) {
+        out[i] = mmp_cpu_sumsq(x[i], n[i]);
+    }
 }
 
 const mmp_backend_ops mmp_backend_cpu_ops = {

@@ -504,11 +504,13 @@ static void cuda_adamw(mmp_backend *be, float *param, const float *grad, float *
     REC(be, mmp_cuda_adamw(CTX(be), param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t));
 }
 
-static double cuda_sumsq(mmp_backend *be, const float *x, size_t n)
+static void cuda_sumsq(mmp_backend *be, double *out, const float *const *x, const size_t *n,
+                       int count)
 {
-    double s = NAN;
-    REC(be, mmp_cuda_sumsq(CTX(be), &s, x, n));
-    return s;
+    for (int i = 0; i < count; i++) {
+        out[i] = NAN; /* what a failed op leaves */
+    }
+    REC(be, mmp_cuda_sumsq_many(CTX(be), out, x, n, count));
 }
 
 const mmp_backend_ops mmp_backend_cuda_ops = {

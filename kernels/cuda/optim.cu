@@ -65,26 +65,38 @@ mmp_err mmp_cuda_adamw(mmp_cuda_ctx *ctx, float *param, const float *grad, float
     return MMP_OK;
 }
 
-mmp_err mmp_cuda_sumsq(mmp_cuda_ctx *ctx, double *out, const float *x, size_t n)
+mmp_err mmp_cuda_sumsq_many(mmp_cuda_ctx *ctx, double *out, const float *const *x, const size_t *n,
+                            int count)
 {
-    // x (n); out on the host
-    ARG_CHECK(out != NULL);
-    if (n == 0) {
-        *out = 0.0;
+    // x[i] (n[i]); out[i] on the host, one copy for all
+    ARG_CHECK(out != NULL && count >= 0 && (count == 0 || (x != NULL && n != NULL)));
+    if (count == 0) {
         return MMP_OK;
     }
-    unsigned blocks = grid_for(n, BLOCK);
-    if (blocks > SUMSQ_MAX_BLOCKS) {
-        blocks = SUMSQ_MAX_BLOCKS;
-    }
     void *ws;
-    const size_t partial_bytes = ws_align(sizeof(double) * blocks);
-    MMP_TRY(mmp_cuda_ws_get(ctx, partial_bytes + sizeof(double), &ws));
-    double *partial = (double *)ws;
+    const size_t partial_bytes = ws_align(sizeof(double) * SUMSQ_MAX_BLOCKS);
+    MMP_TRY(mmp_cuda_ws_get(ctx, partial_bytes + sizeof(double) * (size_t)count, &ws));
+    double *partial = (double *)ws; /* reused by each: the stream orders them */
     double *d_out = (double *)((char *)ws + partial_bytes);
-    sumsq_partial_kernel<<<blocks, BLOCK, 0, ctx->stream>>>(partial, x, n);
-    LAUNCH_CHECK();
-    sumsq_final_kernel<<<1, SUMSQ_MAX_BLOCKS, 0, ctx->stream>>>(d_out, partial, (int)blocks);
-    LAUNCH_CHECK();
-    return mmp_cuda_memcpy_d2h(ctx, out, d_out, sizeof(double));
+    for (int i = 0; i < count; i++) {
+        if (n[i] == 0) {
+            MMP_TRY(mmp_cuda_memset(ctx, d_out + i, 0, sizeof(double)));
+            continue;
+        }
+        unsigned blocks = grid_for(n[i], BLOCK);
+        if (blocks > SUMSQ_MAX_BLOCKS) {
+            blocks = SUMSQ_MAX_BLOCKS;
+        }
+        sumsq_partial_kernel<<<blocks, BLOCK, 0, ctx->stream>>>(partial, x[i], n[i]);
+        LAUNCH_CHECK();
+        sumsq_final_kernel<<<1, SUMSQ_MAX_BLOCKS, 0, ctx->stream>>>(d_out + i, partial,
+                                                                    (int)blocks);
+        LAUNCH_CHECK();
+    }
+    return mmp_cuda_memcpy_d2h(ctx, out, d_out, sizeof(double) * (size_t)count);
+}
+
+mmp_err mmp_cuda_sumsq(mmp_cuda_ctx *ctx, double *out, const float *x, size_t n)
+{
+    return mmp_cuda_sumsq_many(ctx, out, &x, &n, 1);
 }

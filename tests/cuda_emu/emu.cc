@@ -643,6 +643,73 @@ cudaError_t check_config(const mmp_emu::config &c)
     return cudaSuccess;
 }
 
+/* ---- host waits -----------------------------------------------------------
+ * What makes a GPU's host thread wait for the device: stream, event and
+ * device synchronisation (cudaFree's too), the blocking cudaMemcpy, and an "async" copy whose
+ * host side is pageable (not cudaHostAlloc memory: the driver stages it and
+ * the call returns only when the copy is done). Counted per kind; with
+ * MMP_EMU_HOST_WAITS=FILE each process appends one line there at exit,
+ * naming its stage (its --stage and --replica arguments; "-" for another
+ * process), so a test can hold a stage's waits per step to a bound. */
+enum wait_kind { WAIT_STREAM, WAIT_EVENT, WAIT_DEVICE, WAIT_MEMCPY, WAIT_PAGEABLE, WAIT_KINDS };
+long host_waits[WAIT_KINDS];
+std::map<uintptr_t, size_t> pinned; /* cudaHostAlloc memory: base -> bytes */
+
+bool is_pinned(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    auto it = pinned.upper_bound(a);
+    return it != pinned.begin() && a < (--it)->first + it->second;
+}
+
+void host_wait(wait_kind k)
+{
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
+    host_waits[k]++;
+}
+
+/* This process's stage, "image.0/1", from its command line; "-" for none. */
+void stage_name(char *out, size_t n)
+{
+    char args[4096] = {0}, stage[64] = "-", replica[16] = "0";
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    ssize_t len = fd >= 0 ? read(fd, args, sizeof args - 1) : -1;
+    if (fd >= 0) {
+        close(fd);
+    }
+    for (ssize_t i = 0; i < len;) {
+        const char *a = args + i;
+        size_t al = strlen(a);
+        const char *next = i + (ssize_t)al + 1 < len ? a + al + 1 : "";
+        if (strcmp(a, "--stage") == 0) {
+            snprintf(stage, sizeof stage, "%s", next);
+        } else if (strcmp(a, "--replica") == 0) {
+            snprintf(replica, sizeof replica, "%s", next);
+        }
+        i += (ssize_t)al + 1;
+    }
+    snprintf(out, n, strcmp(stage, "-") ? "%s/%s" : "%s", stage, replica);
+}
+
+struct wait_report {
+    ~wait_report()
+    {
+        const char *path = getenv("MMP_EMU_HOST_WAITS");
+        if (!path || !path[0]) {
+            return;
+        }
+        char name[96];
+        stage_name(name, sizeof name);
+        int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            dprintf(fd, "stage=%s pid=%d stream=%ld event=%ld device=%ld memcpy=%ld pageable=%ld\n",
+                    name, (int)getpid(), host_waits[WAIT_STREAM], host_waits[WAIT_EVENT],
+                    host_waits[WAIT_DEVICE], host_waits[WAIT_MEMCPY], host_waits[WAIT_PAGEABLE]);
+            close(fd);
+        }
+    }
+} report_at_exit;
+
 } // namespace
 
 namespace mmp_emu
@@ -815,6 +882,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t)
 {
+    host_wait(WAIT_STREAM);
     return cudaSuccess;
 }
 
@@ -830,6 +898,9 @@ cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t)
 
 cudaError_t cudaFree(void *p)
 {
+    if (p) {
+        host_wait(WAIT_DEVICE); /* cudaFree waits for the whole device */
+    }
     return device_free(p);
 }
 
@@ -859,6 +930,14 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
                         src_dev ? "not inside one device allocation" : "device memory");
         }
     }
+    /* a pageable host side makes the call wait for the copy */
+    const bool to_host = kind == cudaMemcpyDeviceToHost ||
+                         (kind == cudaMemcpyDefault && !is_device(dst) && is_device(src));
+    const bool from_host = kind == cudaMemcpyHostToDevice ||
+                           (kind == cudaMemcpyDefault && is_device(dst) && !is_device(src));
+    if ((to_host && !is_pinned(dst)) || (from_host && !is_pinned(src))) {
+        host_waits[WAIT_PAGEABLE]++;
+    }
     device_access rw("cudaMemcpy");
     memmove(dst, src, bytes);
     return cudaSuccess;
@@ -866,6 +945,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
 {
+    host_wait(WAIT_MEMCPY);
     return cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
 }
 
@@ -888,15 +968,22 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t)
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned)
 {
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
     *p = malloc(bytes ? bytes : 1);
-    return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation, "cudaHostAlloc(%zu bytes)", bytes);
+    if (!*p) {
+        return fail(cudaErrorMemoryAllocation, "cudaHostAlloc(%zu bytes)", bytes);
+    }
+    pinned[(uintptr_t)*p] = bytes ? bytes : 1;
+    return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p)
 {
+    std::lock_guard<std::recursive_mutex> hold(emu_lock);
     if (is_device(p)) {
         return fail(cudaErrorInvalidValue, "cudaFreeHost(%p): device memory", p);
     }
+    pinned.erase((uintptr_t)p);
     free(p);
     return cudaSuccess;
 }
@@ -914,6 +1001,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t)
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
+    host_wait(WAIT_EVENT);
     return e ? cudaSuccess : fail(cudaErrorInvalidValue, "cudaEventSynchronize(NULL)");
 }
 
@@ -1103,6 +1191,7 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    host_wait(WAIT_DEVICE);
     return cudaSuccess;
 }
 

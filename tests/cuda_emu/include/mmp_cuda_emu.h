@@ -43,6 +43,10 @@
  *    pages, and a handle names the exporter's pid and fd, which the
  *    importer maps (cuda_ipc's slots); stream memory operations write and
  *    read those pages. NCCL is not here.
+ *  - Host waits (what would block the host thread on a GPU: stream, event
+ *    and device synchronisation, cudaFree, blocking copies and copies
+ *    through pageable host memory) are counted; MMP_EMU_HOST_WAITS=FILE
+ *    gets one line per process at exit (tests/cli_cuda_emu.sh).
  * What it is not: a GPU. Rounding of expf and friends, the memory model,
  * atomics across blocks, timing, MPS and NCCL are not modelled; a pass here
  * says the code computes what it means to, not that a GPU will run it. */
