@@ -117,7 +117,8 @@ typedef struct coord {
      * time when the last step's line was written: a chained step's line
      * written after a failure (steps.c coord_keep_held) takes them. */
     double step_t0, step_norm, cpu_prev;
-    int kept; /* coord_keep_held checkpointed this many steps; -1: nothing kept */
+    int kept;     /* coord_keep_held checkpointed this many steps; -1: nothing kept */
+    int stepping; /* this launch's stages were sent a step (a Start) */
     FILE *metrics;
     off_t line_at; /* where the last step's line starts in metrics (steps.c add_eval) */
     mmp_trace trace;

@@ -746,6 +746,7 @@ static mmp_err send_start(coord *c, int step)
     st.loss_scale = c->ls.scale;
     env.body_case = MMPIPE__ENVELOPE__BODY_START;
     env.start = &st;
+    c->stepping = 1;
     return coord_broadcast(c, &env);
 }
 
@@ -952,8 +953,8 @@ void coord_keep_held(coord *c)
     /* a bad sample the stage that met it holds for; or a replica lost (its
      * siblings hold the same state) */
     int data = c->stage_error_holds && !c->fault;
-    if (mmp_interrupt_signal() || (!data && !(c->fault && lost_only_replicas(c)))) {
-        return;
+    if (!c->stepping || mmp_interrupt_signal() || (!data && !(c->fault && lost_only_replicas(c)))) {
+        return; /* (nothing trained in this launch: start-up failed) */
     }
     /* Stages past their part of the step wait for its coefficient: the
      * step is called off, so they hold too (the others ignore it). */
