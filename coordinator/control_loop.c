@@ -354,10 +354,12 @@ static int watch(coord *c, done_fn done, void *arg, const char *what, double sin
                                 .last_seen = p->last_seen > since ? p->last_seen : since};
     }
     char why[1024];
-    if (mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what,
-                           "train.stall_timeout", why, sizeof why) < 0) {
+    int k = mmp_watchdog_check(w, c->n, mmp_now(), c->plan->train.stall_timeout, what,
+                               "train.stall_timeout", why, sizeof why);
+    if (k < 0) {
         return 0;
     }
+    c->stalled = c->failure[0] ? c->stalled : k;
     c->fault |= !c->failure[0];
     coord_fail(c, "watchdog: %s", why);
     return 1;

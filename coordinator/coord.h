@@ -119,6 +119,7 @@ typedef struct coord {
     double step_t0, step_norm, cpu_prev;
     int kept;     /* coord_keep_held checkpointed this many steps; -1: nothing kept */
     int stepping; /* this launch's stages were sent a step (a Start) */
+    int stalled;  /* the process the watchdog blamed for this launch's failure, or -1 */
     FILE *metrics;
     off_t line_at; /* where the last step's line starts in metrics (steps.c add_eval) */
     mmp_trace trace;
@@ -218,7 +219,8 @@ int coord_run_steps(coord *c, int first_step);
 /* After a failure that leaves the trained state whole (stages/worker.c
  * hold): a bad sample under data.on_bad_sample: fail, whose stage holds its
  * state, or lost processes that were all replicas of stages with another
- * replica alive. Once every live process holds the same step's state, keeps
+ * replica alive (a replica the watchdog blamed for a stall is SIGKILLed
+ * first, and so lost). Once every live process holds the same step's state, keeps
  * it: that step's line when it is missing (a chained step whose results all
  * came), and its checkpoint (a lost replica's file written by its lowest
  * sibling alive), with the failure still recorded: a restart then starts

@@ -55,6 +55,7 @@ static int launch(coord *c, int first_step, const char *resume_dir)
     mmp_balancer_reset(&c->bal, &c->cur, &c->sched, c->plan_json);
     c->replan = 0;
     c->stepping = 0;
+    c->stalled = -1;
     c->ckpt_step = -1;
     c->ckpt_req = c->ckpt_pending = -1;
     /* the loss scale of the state this launch starts from (a restart rewinds it too) */

@@ -947,9 +947,43 @@ static int state_of(const coord *c, int i)
     return !c->ahead && p->have_done && c->steps_done == c->cur_step + 1 ? c->steps_done : -1;
 }
 
+/* A stalled process that is a replica of a stage with another replica alive
+ * goes (SIGKILL): its siblings hold the state it held, and its peers stop
+ * waiting for it. 1 when it went. */
+static int stop_stalled_replica(coord *c)
+{
+    int k = c->stalled;
+    if (!c->fault || k < 0 || !c->procs[k].alive) {
+        return 0;
+    }
+    int siblings = 0;
+    for (int j = 0; j < c->n; j++) {
+        siblings += j != k && c->procs[j].alive &&
+                    strcmp(c->sched.stages[j].name, c->sched.stages[k].name) == 0;
+    }
+    if (!siblings) {
+        return 0;
+    }
+    proc *p = &c->procs[k];
+    MMP_INFO("stopping the stalled replica %s (pid %d): its siblings hold what was trained",
+             p->name, (int)p->pid);
+    kill(p->pid, SIGKILL);
+    for (double t0 = mmp_now(); p->alive && mmp_now() - t0 < 5.0;) {
+        coord_reap(c);
+        if (p->alive) {
+            usleep(10 * 1000);
+        }
+    }
+    p->reported = 1; /* its end is judged: the watchdog named it */
+    return !p->alive;
+}
+
 void coord_keep_held(coord *c)
 {
     c->kept = -1;
+    if (c->stepping && !mmp_interrupt_signal()) {
+        stop_stalled_replica(c);
+    }
     /* a bad sample the stage that met it holds for; or a replica lost (its
      * siblings hold the same state) */
     int data = c->stage_error_holds && !c->fault;

@@ -11,6 +11,8 @@
 #    metrics.jsonl;
 #  - without, the run stops naming the dead replica, says what is kept, and
 #    resumed from it ends on the same bits;
+#  - a replica stopped (SIGSTOP) is named by the watchdog, SIGKILLed, and the
+#    run goes on from the step its sibling holds, as if it had died;
 #  - a dead stage without a sibling replica keeps nothing (it restarts from
 #    the last checkpoint, as before);
 #  - nothing is left behind.
@@ -70,6 +72,24 @@ k=$(grep -o 'what was trained is kept: step [0-9]*' "$R.log" | grep -o '[0-9]*$'
   && same_ckpt "$R" "$W/ref" && ok "no restarts: resumed from step $k = never interrupted (max_abs_diff=0)" \
   || { fail "no restarts: resumed"; tail -3 "$R.resumed.log"; }
 
+# A stalled replica (SIGSTOP; train.stall_timeout 3): the watchdog names it, it is
+# SIGKILLed (its sibling holds the same state), and the run goes on from the step held.
+R=$W/stall
+"$BIN" launch "$W/plan.yaml" --out "$R" --set train.stall_timeout=3 >"$R.log" 2>&1 &
+cpid=$!
+wait_step "$R/metrics.jsonl" 5 || fail "stall: no step 5"
+vpid=$(grep -o "started image.0/1 (pid [0-9]*)" "$R.log" | grep -o '[0-9]*)$' | tr -d ')')
+AT=$(last_step "$R/metrics.jsonl")
+kill -STOP "$vpid"
+wait $cpid
+RC=$?
+k=$(kept_from "$R.log")
+[ "$RC" = 0 ] && grep -q "watchdog: stage image.0/1 (pid $vpid) is stopped" "$R.log" \
+  && grep -q "stopping the stalled replica image.0/1" "$R.log" && [ "${k:-0}" -ge "$AT" ] \
+  && steps_once "$R/metrics.jsonl" 60 && same_ckpt "$R" "$W/ref" \
+  && ok "a stalled replica (stopped after step $AT): named, stopped, step $k kept and restarted from, = never interrupted" \
+  || { fail "stalled replica: rc $RC, restart from '${k:-}'"; grep -E "watchdog|keep|relaunch|warn" "$R.log" | head -5; }
+
 # A stage with no replica left: nothing to keep; the restart starts from the start.
 R=$W/text
 lose text.0/0 "$R"
@@ -77,5 +97,5 @@ lose text.0/0 "$R"
   && steps_once "$R/metrics.jsonl" 60 && same_ckpt "$R" "$W/ref" \
   && ok "text killed (no sibling replica): nothing kept, restarted from step 0, = never interrupted" \
   || { fail "text killed: rc $RC, restart from '$(kept_from "$R.log")'"; grep -E "keep|relaunch" "$R.log" | head -3; }
-left_behind "replica lost" "$W"/restart_*.log "$W/norestart.log" "$W/text.log"
+left_behind "replica lost" "$W"/restart_*.log "$W/norestart.log" "$W/text.log" "$W/stall.log"
 finish
