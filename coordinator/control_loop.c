@@ -211,6 +211,8 @@ int coord_take_one(coord *c, int timeout_ms)
         }
         if (i >= 0) {
             c->procs[i].have_done = 1;
+            c->procs[i].in_step -= c->procs[i].in_step > 0;
+            c->procs[i].steps = d->step + 1;
             c->procs[i].last_seen = c->procs[i].done_at = mmp_now();
             if (c->procs[i].done) {
                 mmp_ctl_free(c->procs[i].done);

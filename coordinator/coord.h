@@ -47,6 +47,10 @@ typedef struct proc {
      * waiting for a checkpoint request (worker.c hold) */
     int holding, held_steps;
     double done_at; /* when its StepDone of cur_step came */
+    /* Starts sent to it whose StepDone has not come (0: between steps), and
+     * the steps its state holds then (its last StepDone's; the launch's
+     * first step before one) */
+    int in_step, steps;
     double last_seen;
     /* start-up: what it last said it was doing ("manifest /d/train.jsonl:
      * 12.3M of 30.0M lines"), empty before its first progress heartbeat;

@@ -50,6 +50,7 @@ static int launch(coord *c, int first_step, const char *resume_dir)
     memset(c->procs, 0, sizeof c->procs);
     for (int i = 0; i < c->n; i++) {
         snprintf(c->procs[i].name, sizeof c->procs[i].name, "%s", c->sched.stages[i].proc);
+        c->procs[i].steps = first_step;
         c->speed[i] = 1;
     }
     mmp_balancer_reset(&c->bal, &c->cur, &c->sched, c->plan_json);

@@ -747,7 +747,11 @@ static mmp_err send_start(coord *c, int step)
     env.body_case = MMPIPE__ENVELOPE__BODY_START;
     env.start = &st;
     c->stepping = 1;
-    return coord_broadcast(c, &env);
+    for (int i = 0; i < c->n; i++) {
+        MMP_TRY(coord_send_to(c, i, &env));
+        c->procs[i].in_step++;
+    }
+    return MMP_OK;
 }
 
 /* Runs steps from first_step; returns 0 at the end, when the balancer asks
@@ -935,16 +939,16 @@ static int lost_only_replicas(const coord *c)
 }
 
 /* The steps process i's state holds, once known: what it holds (it stopped
- * its step: stages/worker.c hold), or, between steps (its results of the
- * last one in, its line written, nothing started since), the steps done: it
- * serves a checkpoint request as it is. -1 while not known. */
+ * its step: stages/worker.c hold), or, between steps (no step sent to it
+ * whose results have not come), the steps of its last results: it serves a
+ * checkpoint request as it is. -1 while not known. */
 static int state_of(const coord *c, int i)
 {
     const proc *p = &c->procs[i];
     if (p->holding) {
         return p->held_steps;
     }
-    return !c->ahead && p->have_done && c->steps_done == c->cur_step + 1 ? c->steps_done : -1;
+    return p->in_step == 0 ? p->steps : -1;
 }
 
 /* A stalled process that is a replica of a stage with another replica alive
@@ -1080,6 +1084,17 @@ void coord_keep_held(coord *c)
     } else if (held > 0) {
         MMP_INFO("keeping what was trained: checkpointing step %d%s", held,
                  data ? "" : " from the replicas left");
+        if (!data) {
+            /* A checkpoint asked for before may miss a lost replica's file
+             * (it wrote its stage's): never published, asked for anew (the
+             * acks of the live ones taken again). */
+            c->ckpt_req = c->ckpt_pending = -1;
+            for (int i = 0; i < c->n; i++) {
+                if (c->procs[i].ckpt_written > held) {
+                    c->procs[i].ckpt_written = held;
+                }
+            }
+        }
         if (checkpoint(c, held, 0) == 0) {
             c->kept = held;
         } else {

@@ -11,6 +11,8 @@
 #    metrics.jsonl;
 #  - without, the run stops naming the dead replica, says what is kept, and
 #    resumed from it ends on the same bits;
+#  - with a background checkpoint every step, replica 0 (its stage's writer)
+#    killed: no checkpoint is published without its file, all verify;
 #  - a replica stopped (SIGSTOP) is named by the watchdog, SIGKILLed, and the
 #    run goes on from the step its sibling holds, as if it had died;
 #  - a dead stage without a sibling replica keeps nothing (it restarts from
@@ -60,6 +62,21 @@ for victim in image.0/1 image.0/0; do
     || fail "$victim: restarted run differs or its steps repeat"
 done
 
+# Background checkpoints every step (ckpt_async): replica 0, the writer of its stage's
+# files, dies with one in flight or just asked for; that one is never published
+# incomplete, the step held is written by replica 1, and every checkpoint left verifies.
+R=$W/async
+lose image.0/0 "$R" --set train.ckpt_every=1 --set train.ckpt_async=true
+k=$(kept_from "$R.log")
+bad=0
+for d in "$R"/ckpt/step_*; do
+  "$BIN" ckpt verify "$d" >/dev/null 2>&1 || bad=$((bad + 1))
+done
+[ "$RC" = 0 ] && [ "${k:-0}" -ge "$AT" ] && [ $bad = 0 ] && steps_once "$R/metrics.jsonl" 60 \
+  && same_ckpt "$R" "$W/ref" \
+  && ok "background checkpoints: replica 0 killed after step $AT, restart from $k, every checkpoint whole, = never interrupted" \
+  || { fail "background checkpoints: rc $RC, restart from '${k:-}', $bad bad checkpoints"; grep -E "keep|relaunch|warn" "$R.log" | head -5; }
+
 # Without restarts: the run stops, names the dead replica, keeps the step.
 R=$W/norestart
 lose image.0/0 "$R" --set train.max_restarts=0
@@ -97,5 +114,6 @@ lose text.0/0 "$R"
   && steps_once "$R/metrics.jsonl" 60 && same_ckpt "$R" "$W/ref" \
   && ok "text killed (no sibling replica): nothing kept, restarted from step 0, = never interrupted" \
   || { fail "text killed: rc $RC, restart from '$(kept_from "$R.log")'"; grep -E "keep|relaunch" "$R.log" | head -3; }
-left_behind "replica lost" "$W"/restart_*.log "$W/norestart.log" "$W/text.log" "$W/stall.log"
+left_behind "replica lost" "$W"/restart_*.log "$W/norestart.log" "$W/text.log" "$W/stall.log" \
+  "$W/async.log"
 finish
