@@ -20,6 +20,8 @@
 #     named, job stopped, and the cut-off stage exits on its own;
 #  4. SIGINT to the coordinator: checkpoint, exit 130, every host stopped;
 #  5. the coordinator SIGKILLed: every remote stage exits (its stdin ends);
+#  6. image replica 1 SIGKILLed on its host, with restarts: the step the others
+#     hold is kept and the restart starts from it; = --single-process;
 # and after each run: no stage process and no /dev/shm entry left anywhere.
 # Every data channel crosses hosts, so all run over tcp on the namespaces'
 # network (none over shm), and the image replicas reduce over tcp. Skips (77)
@@ -115,4 +117,8 @@ case_sigint
 
 # 5. the coordinator SIGKILLed: ssh passes the end of its input on, every remote stage exits
 case_coordinator_killed
+
+# 6. a remote image replica SIGKILLed: its sibling on another host holds the run's state;
+# kept over the tcp data plane and control plane, the restart starts from it
+case_replica_lost "over ssh and tcp" ip netns exec "${P}c" "$BIN" launch "$W/plan.yaml"
 finish

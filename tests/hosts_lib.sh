@@ -161,6 +161,35 @@ case_restarted() {
     || fail "restart: != single process"
   nothing_left rs "$W/rs.log"
 }
+# case_replica_lost WHAT LAUNCH...: with train.max_restarts, a SIGKILL of image
+# replica 1 (its sibling, replica 0, lives on elsewhere) mid-run: the step every
+# other stage holds is checkpointed, though none was due (ckpt_every 1000), and
+# the restart starts there, not at step 0; the run finishes and equals
+# --single-process. LAUNCH as for case_restarted.
+case_replica_lost() {
+  local what=$1 steps=200 cpid vpid rc at from p
+  shift
+  "$@" --out "$W/rl" --set job.steps=$steps --set train.ckpt_every=1000 --set train.max_restarts=2 \
+    >"$W/rl.log" 2>&1 &
+  cpid=$!
+  wait_step "$W/rl/metrics.jsonl" 7 60 || fail "rl: no step 7"
+  p=$(run_prefix "$W/rl.log")
+  vpid=
+  [ -n "$p" ] && vpid=$(pgrep -f -- "--stage image.0 --replica 1 --shm-prefix $p( |\$)" | head -1)
+  at=$(last_step "$W/rl/metrics.jsonl")
+  if [ -n "$vpid" ]; then kill -9 "$vpid"; else fail "rl: no pid for this run's image.0/1"; fi
+  wait $cpid; rc=$?
+  from=$(grep -o 'relaunching every stage from step [0-9]*' "$W/rl.log" | head -1 | grep -o '[0-9]*$')
+  "$BIN" launch "$W/plan.yaml" --out "$W/rl-single" --single-process --set job.steps=$steps \
+    >"$W/rl-single.log" 2>&1 || fail "rl: single"
+  [ $rc -eq 0 ] && grep -q 'keeping what was trained: checkpointing step [0-9]* from the replicas left' "$W/rl.log" \
+    && [ "${from:-0}" -ge "$at" ] && [ "$at" -ge 7 ] \
+    && ok "a lost replica, $what: step $from kept (killed after step $at), the restart starts there" \
+    || { fail "replica lost: rc $rc, killed after step $at, restart from '${from:-}'"; grep -E 'keep|relaunch|warn|error' "$W/rl.log" | tail -4; }
+  same_ckpt "$W/rl/ckpt/latest" "$W/rl-single/ckpt/latest" && ok "replica lost: == single process" \
+    || fail "replica lost: != single process"
+  nothing_left rl "$W/rl.log"
+}
 # case_sigint: Ctrl-C (SIGINT to the coordinator): the step in flight
 # finishes, is checkpointed, every stage on every host ends; exit 130.
 case_sigint() {
