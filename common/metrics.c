@@ -443,22 +443,26 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
                       strerror(why ? why : EIO));
 }
 
-mmp_err mmp_metrics_eval_pending(FILE *f, int step, off_t *at)
+/* f's last line: where it starts (*start) and its text without the newline
+ * (*line, malloc'd, *len bytes); *line NULL when the file is empty. The file
+ * holds whole lines (mmp_metrics_continue, mmp_metrics_write): its last byte
+ * is the last line's newline. */
+static mmp_err last_line(FILE *f, off_t *start, char **line, size_t *len)
 {
-    *at = -1;
+    *line = NULL;
+    *start = 0;
+    *len = 0;
     struct stat st;
     if (fflush(f) != 0 || fstat(fileno(f), &st) != 0) {
         return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
     }
     off_t end = st.st_size;
-    /* the file holds whole lines (mmp_metrics_continue, mmp_metrics_write):
-     * its last byte is the last line's newline */
     if (end <= 0) {
         return MMP_OK;
     }
     char buf[4096];
-    off_t start = 0;
-    for (off_t pos = end - 1; pos > 0 && !start;) {
+    off_t from = 0;
+    for (off_t pos = end - 1; pos > 0 && !from;) {
         size_t n = pos > (off_t)sizeof buf ? sizeof buf : (size_t)pos;
         pos -= (off_t)n;
         if (pread(fileno(f), buf, n, pos) != (ssize_t)n) {
@@ -466,31 +470,92 @@ mmp_err mmp_metrics_eval_pending(FILE *f, int step, off_t *at)
         }
         for (size_t k = n; k-- > 0;) {
             if (buf[k] == '\n') {
-                start = pos + (off_t)k + 1;
+                from = pos + (off_t)k + 1;
                 break;
             }
         }
     }
-    size_t len = (size_t)(end - start);
-    char *line = malloc(len + 1);
-    if (!line) {
+    size_t n = (size_t)(end - from);
+    char *text = malloc(n + 1);
+    if (!text) {
         return mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: its last line");
     }
-    mmp_err ret = pread(fileno(f), line, len, start) == (ssize_t)len
-                      ? MMP_OK
-                      : mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
-    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) {
-        len--;
+    if (pread(fileno(f), text, n, from) != (ssize_t)n) {
+        free(text);
+        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
     }
-    line[len] = 0;
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r')) {
+        n--;
+    }
+    text[n] = 0;
+    *line = text;
+    *start = from;
+    *len = n;
+    return MMP_OK;
+}
+
+mmp_err mmp_metrics_eval_pending(FILE *f, int step, off_t *at)
+{
+    *at = -1;
+    off_t start;
+    char *line;
+    size_t len;
+    MMP_TRY(last_line(f, &start, &line, &len));
+    if (!line) {
+        return MMP_OK;
+    }
     static mmp_metrics_step m;
-    if (ret == MMP_OK) {
-        ret = mmp_metrics_parse(line, len, &m);
-    }
+    mmp_err ret = mmp_metrics_parse(line, len, &m);
     free(line);
     if (ret == MMP_OK && m.step == step && !m.has_eval) {
         *at = start;
     }
+    return ret;
+}
+
+mmp_err mmp_metrics_add_restarts(FILE *f, const char *array)
+{
+    size_t an = array ? strlen(array) : 0;
+    if (an < 2 || array[0] != '[' || array[an - 1] != ']') {
+        return mmp_errorf(MMP_ERR_INVALID, "metrics.jsonl: restarts '%.40s' is not an array",
+                          array ? array : "");
+    }
+    off_t start;
+    char *line, *out = NULL;
+    size_t len, out_len = 0;
+    MMP_TRY(last_line(f, &start, &line, &len));
+    mmp_err ret = MMP_OK;
+    /* "restarts" is the line's last field (put_line's order): the new
+     * records join its array, or the field goes before the closing brace */
+    char *close = line ? strrchr(line, '}') : NULL;
+    char *has = line ? strstr(line, ",\"restarts\":[") : NULL;
+    char *at = has ? strrchr(line, ']') : close;
+    FILE *o = at ? open_memstream(&out, &out_len) : NULL;
+    if (!o) {
+        ret = mmp_errorf(at ? MMP_ERR_NOMEM : MMP_ERR_DATA,
+                         "metrics.jsonl: no last line to add the restarts to");
+        goto exit;
+    }
+    fwrite(line, 1, (size_t)(at - line), o);
+    if (has) {
+        fputc(',', o);
+        fwrite(array + 1, 1, an - 1, o); /* its records and its "]" */
+        fputs(at + 1, o);
+    } else {
+        fprintf(o, ",\"restarts\":%s%s", array, at);
+    }
+    fputc('\n', o);
+    if (fclose(o) != 0) {
+        ret = mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: the last line");
+        goto exit;
+    }
+    if (ftruncate(fileno(f), start) != 0 || fseeko(f, start, SEEK_SET) != 0 ||
+        fwrite(out, 1, out_len, f) != out_len || fflush(f) != 0) {
+        ret = mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+    }
+exit:
+    free(line);
+    free(out);
     return ret;
 }
 

@@ -54,7 +54,8 @@
  *                               reason} or {action: "route", reason}
  *   val_i2t_r1, val_t2i_r1
  *                    number  validation recall@1, on evaluation steps only
- *   restarts         list    -  pipeline runs, on the first step line after a restart:
+ *   restarts         list    -  pipeline runs, on the first step line after a restart
+ *                               (the last line for one after it):
  *                               [{n, after_step, from_step, cause}] (coordinator/restart.h)
  *
  * No field carries the hand-off latency between stages or the step's
@@ -162,6 +163,11 @@ mmp_err mmp_metrics_eval_pending(FILE *f, int step, off_t *at);
  * (mmp_metrics_eval_pending) and has none, as its writer would have placed them;
  * every other byte of the line stays (the reader keeps not all of them). */
 mmp_err mmp_metrics_add_eval(FILE *f, off_t at, double i2t, double t2i);
+/* Adds restart records (array: a JSON array, mmp_restart_field's) to f's
+ * last line: into its "restarts" when it has one, else as that field. For
+ * restarts no later step line will carry (one during the final evaluation,
+ * after the last step's line). */
+mmp_err mmp_metrics_add_restarts(FILE *f, const char *array);
 /* MMP_OK when f is still <run_dir>/metrics.jsonl; else (the run directory
  * removed, or the file replaced) MMP_ERR_IO saying so: a run checks it each
  * step, so it stops rather than write on into a file nobody can see. */

@@ -914,6 +914,16 @@ int coord_run_steps(coord *c, int first_step)
     }
     c->in_steps = 0;
     mmp_progress_end(&progress);
+    if (!c->failure[0] && c->steps_done == p->job.steps && c->restarts.n > 0) {
+        /* a restart after the last step's line (during the final evaluation
+         * or its checkpoint) has no later line to ride on: it goes on the last */
+        static char field[MMP_RESTART_FIELD_MAX];
+        const char *t = mmp_restart_field(&c->restarts, p->job.steps, field, sizeof field);
+        if (t && (mmp_metrics_same_file(c->metrics, c->out_dir) != MMP_OK ||
+                  mmp_metrics_add_restarts(c->metrics, t) != MMP_OK)) {
+            coord_fail(c, "%s: %s", c->out_dir, mmp_last_error());
+        }
+    }
     return c->failure[0] ? 1 : 0;
 }
 

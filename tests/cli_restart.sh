@@ -6,7 +6,9 @@
 # checkpoint equal to the uninterrupted run's (max_abs_diff=0), every
 # restart recorded in metrics.jsonl (which holds each step once) and in
 # trace.json, and no stage process or /dev/shm segment left. A restart after
-# the binary was replaced on disk relaunches the code the run started with.
+# the binary was replaced on disk relaunches the code the run started with. A
+# stage killed during the final evaluation: the run restarts, evaluates, and
+# records that restart on the last line.
 cd "$(dirname "$0")/.." || exit 1
 . tests/lib.sh
 KILLS=${MMP_RESTART_KILLS:-12}
@@ -84,5 +86,26 @@ kill -KILL "$vpid"; wait $cpid; rc=$?
   || { fail "binary replaced mid-run: rc=$rc"; grep error "$W/rebuilt.log" | tail -2 | sed 's/^/    /'; }
 sleep 0.2
 left_behind "binary replaced mid-run" "$W/rebuilt.log"
+# A stage killed during the final evaluation (1000 validation pairs at 128 px: seconds):
+# the restart relaunches from the last step's checkpoint, evaluates it, and the restart,
+# which no later step line can carry, is recorded on the last line, beside its recall.
+for _ in 1 2 3; do cat "$W/data/train.jsonl"; done >"$W/data/bigval.jsonl"
+F=$W/final
+"$BIN" launch "$W/plan.yaml" --out "$F" --set job.steps=4 --set train.eval_every=0 \
+  --set data.image_size=128 --set data.val_manifest="$W/data/bigval.jsonl" --set data.val_samples=1000 \
+  >"$F.log" 2>&1 &
+cpid=$!
+wait_step "$F/metrics.jsonl" 4 || fail "final: no step 4"
+for _ in $(seq 200); do [ "$(readlink "$F/ckpt/latest")" = step_0000004 ] && break; sleep 0.05; done
+vpid=$(grep -o "started fusion/0 (pid [0-9]*)" "$F.log" | head -1 | grep -o '[0-9]*)$' | tr -d ')')
+kill -KILL "$vpid"; wait $cpid; rc=$?
+last=$(tail -1 "$F/metrics.jsonl")
+[ $rc -eq 0 ] && grep -q "restart 1 of .* after step 4: stage fusion/0 (pid $vpid) died" "$F.log" \
+  && steps_once "$F/metrics.jsonl" 4 && grep -q '"val_i2t_r1"' <<<"$last" \
+  && grep -q '"restarts":\[{"n":1,"after_step":4,"from_step":4,' <<<"$last" \
+  && ok "killed in the final evaluation: restarted, evaluated, the restart on the last line" \
+  || { fail "killed in the final evaluation: rc=$rc, last line: ${last:0:80}...${last: -160}"; grep -E "error|restart" "$F.log" | tail -3; }
+sleep 0.2
+left_behind "killed in the final evaluation" "$F.log"
 echo "cli_restart: $kills kills, ${secs}s"
 finish

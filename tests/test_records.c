@@ -249,6 +249,27 @@ static void test_restarts(void)
     CHECK(s && strstr(s, "{\"step\":7,\"restarts\":[{\"n\":1,\"after_step\":7,\"from_step\":6,"
                          "\"cause\":\"stage text.0/0 died: \\\"killed\\\"\"},{\"n\":2,") != NULL);
 
+    /* restarts no later line carries (one during the final evaluation) join
+     * the last line: as its field, or into the field it has; the lines
+     * before stay, and it still parses */
+    CHECK_OK(mmp_metrics_continue(dir, 7, &f));
+    CHECK_OK(mmp_metrics_add_restarts(f, "[{\"n\":3,\"after_step\":7,\"from_step\":7}]"));
+    CHECK_OK(mmp_metrics_add_restarts(f, "[{\"n\":4,\"after_step\":7,\"from_step\":7}]"));
+    CHECK(mmp_metrics_add_restarts(f, "{\"n\":5}") == MMP_ERR_INVALID); /* not an array */
+    fclose(f);
+    s = slurp(path);
+    CHECK(s && count(s, "\n") == 7 && count(s, "\"restarts\"") == 1);
+    CHECK(s && strstr(s, ",{\"n\":3,\"after_step\":7,\"from_step\":7},{\"n\":4,\"after_step\":7,"
+                         "\"from_step\":7}]}\n") != NULL);
+    CHECK_OK(mmp_metrics_continue(dir, 6, &f)); /* line 7 dropped: 6 has no restarts */
+    CHECK_OK(mmp_metrics_add_restarts(f, "[{\"n\":9}]"));
+    off_t at = 0;
+    CHECK_OK(mmp_metrics_eval_pending(f, 6, &at)); /* (parses the last line) */
+    CHECK(at > 0);
+    fclose(f);
+    s = slurp(path);
+    CHECK(s && count(s, "\n") == 6 && strstr(s, "{\"step\":6,\"restarts\":[{\"n\":9}]}\n") != NULL);
+
     /* no checkpoint yet: from the start */
     char fresh[1400];
     snprintf(fresh, sizeof fresh, "%s/fresh", dir);
