@@ -220,6 +220,20 @@ mmp_err coord_assign(coord *c, const char *plan_json, const char *resume_dir);
  * to stop (c->stopped, after finishing the step in flight and checkpointing
  * it), 1 on a failure. */
 int coord_run_steps(coord *c, int first_step);
+/* Step `step`'s metrics.jsonl line (0-based) from the stages' results
+ * (every process with have_done; a lost replica's missing results are left
+ * out), written before the step's checkpoint. 1 after coord_fail. */
+int coord_write_metrics(coord *c, int step, double step_ms, double grad_norm, double coord_cpu_ms);
+/* Asks every live process for its checkpoint of steps_done (its stage's
+ * file written by coord_writer_of; a lost replica's part counted as done).
+ * In the background (train.ckpt_async) it waits only for the snapshots;
+ * otherwise until the step is published. 1 after coord_fail. */
+int coord_checkpoint(coord *c, int steps_done, int background);
+/* The replica of process i's stage that writes the stage's checkpoint file:
+ * its lowest one alive (replicas hold the same state), -1 when none is. */
+int coord_writer_of(const coord *c, int i);
+
+/* ---- keep.c ---- */
 /* After a failure that leaves the trained state whole (stages/worker.c
  * hold): a bad sample under data.on_bad_sample: fail, whose stage holds its
  * state, or lost processes that were all replicas of stages with another

@@ -328,7 +328,7 @@ static const Mmpipe__StepDone *done_of(const coord *c, int i)
  * of the previous step's record to this one's). */
 /* The step's line, without evaluation: it is written before the step's
  * checkpoint (what resume keeps), the evaluation comes after both. */
-static int write_metrics(coord *c, int step, double step_ms, double grad_norm, double coord_cpu_ms)
+int coord_write_metrics(coord *c, int step, double step_ms, double grad_norm, double coord_cpu_ms)
 {
     const mmp_plan *p = c->plan;
     static mmp_metrics_step line;
@@ -516,9 +516,7 @@ static int wait_published(coord *c, int step)
     return 0;
 }
 
-/* Stage i's replica that writes the stage's checkpoint file: its lowest one
- * alive (replicas hold the same state; replica 0 unless it was lost). */
-static int writer_of(const coord *c, int i)
+int coord_writer_of(const coord *c, int i)
 {
     int w = -1;
     for (int j = 0; j < c->n; j++) {
@@ -530,13 +528,7 @@ static int writer_of(const coord *c, int i)
     return w;
 }
 
-/* Asks every stage for its checkpoint of steps_done. In the background
- * (train.ckpt_async), it waits only for their snapshots: the files are
- * written while the next steps run, and coord_ckpt_publish publishes the
- * step once all are on disk. Otherwise, and for the run's last checkpoint,
- * it waits until the step is published (the one before it too: a stage
- * finishes a background write before it starts the next checkpoint). */
-static int checkpoint(coord *c, int steps_done, int background)
+int coord_checkpoint(coord *c, int steps_done, int background)
 {
     if (c->ckpt_req == steps_done && !background) {
         return wait_published(c, steps_done); /* asked in the background; a stop came since */
@@ -570,7 +562,7 @@ static int checkpoint(coord *c, int steps_done, int background)
             p->ckpt_written = steps_done + 1;
             continue;
         }
-        r.writer = writer_of(c, i);
+        r.writer = coord_writer_of(c, i);
         if (coord_send_to(c, i, &env) != MMP_OK) {
             return 1;
         }
@@ -863,7 +855,7 @@ int coord_run_steps(coord *c, int first_step)
          * validation sample that fails (its stage stops on it) must not take
          * the finished step with it; the line gets the recall after. */
         double cpu_now = mmp_metrics_cpu_ms();
-        if (write_metrics(c, step, step_ms, norm, cpu_now - cpu_prev)) {
+        if (coord_write_metrics(c, step, step_ms, norm, cpu_now - cpu_prev)) {
             break;
         }
         cpu_prev = cpu_now;
@@ -873,7 +865,7 @@ int coord_run_steps(coord *c, int first_step)
             /* in the background unless the run (or this launch) ends here */
             int background =
                 p->train.ckpt_async && done < p->job.steps && !c->replan && !mmp_interrupt_signal();
-            if (checkpoint(c, done, background)) {
+            if (coord_checkpoint(c, done, background)) {
                 break;
             }
         }
@@ -905,7 +897,7 @@ int coord_run_steps(coord *c, int first_step)
             MMP_INFO("%s: step %d finished; checkpointing and stopping (a second signal stops "
                      "at once)",
                      strsignal(mmp_interrupt_signal()), done);
-            if (c->ckpt_step != done && checkpoint(c, done, 0)) {
+            if (c->ckpt_step != done && coord_checkpoint(c, done, 0)) {
                 break;
             }
             c->stopped = 1;
@@ -925,191 +917,4 @@ int coord_run_steps(coord *c, int first_step)
         }
     }
     return c->failure[0] ? 1 : 0;
-}
-
-/* How long coord_keep_held waits for every process to hold: each ends its
- * step as soon as a channel it waits on closes or its peer is seen gone (a
- * cascade of a few hops). */
-#define KEEP_WAIT_S 20.0
-
-/* Every process that ended is a replica of a stage with another one alive:
- * the state the run trained still lives in full. 0 when none ended. */
-static int lost_only_replicas(const coord *c)
-{
-    int lost = 0;
-    for (int i = 0; i < c->n; i++) {
-        if (!c->procs[i].alive) {
-            if (writer_of(c, i) < 0) {
-                return 0;
-            }
-            lost = 1;
-        }
-    }
-    return lost;
-}
-
-/* The steps process i's state holds, once known: what it holds (it stopped
- * its step: stages/worker.c hold), or, between steps (no step sent to it
- * whose results have not come), the steps of its last results: it serves a
- * checkpoint request as it is. -1 while not known. */
-static int state_of(const coord *c, int i)
-{
-    const proc *p = &c->procs[i];
-    if (p->holding) {
-        return p->held_steps;
-    }
-    return p->in_step == 0 ? p->steps : -1;
-}
-
-/* A stalled process that is a replica of a stage with another replica alive
- * goes (SIGKILL): its siblings hold the state it held, and its peers stop
- * waiting for it. 1 when it went. */
-static int stop_stalled_replica(coord *c)
-{
-    int k = c->stalled;
-    if (!c->fault || k < 0 || !c->procs[k].alive) {
-        return 0;
-    }
-    int siblings = 0;
-    for (int j = 0; j < c->n; j++) {
-        siblings += j != k && c->procs[j].alive &&
-                    strcmp(c->sched.stages[j].name, c->sched.stages[k].name) == 0;
-    }
-    if (!siblings) {
-        return 0;
-    }
-    proc *p = &c->procs[k];
-    MMP_INFO("stopping the stalled replica %s (pid %d): its siblings hold what was trained",
-             p->name, (int)p->pid);
-    kill(p->pid, SIGKILL);
-    for (double t0 = mmp_now(); p->alive && mmp_now() - t0 < 5.0;) {
-        coord_reap(c);
-        if (p->alive) {
-            usleep(10 * 1000);
-        }
-    }
-    p->reported = 1; /* its end is judged: the watchdog named it */
-    return !p->alive;
-}
-
-void coord_keep_held(coord *c)
-{
-    c->kept = -1;
-    if (c->stepping && !mmp_interrupt_signal()) {
-        stop_stalled_replica(c);
-    }
-    /* a bad sample the stage that met it holds for; or a replica lost (its
-     * siblings hold the same state) */
-    int data = c->stage_error_holds && !c->fault;
-    if (!c->stepping || mmp_interrupt_signal() || (!data && !(c->fault && lost_only_replicas(c)))) {
-        return; /* (nothing trained in this launch: start-up failed) */
-    }
-    /* Stages past their part of the step wait for its coefficient: the
-     * step is called off, so they hold too (the others ignore it). */
-    Mmpipe__Envelope env = MMPIPE__ENVELOPE__INIT;
-    Mmpipe__Clip off = MMPIPE__CLIP__INIT;
-    off.step = c->cur_step > 0 ? c->cur_step : 0;
-    off.call_off = 1;
-    env.body_case = MMPIPE__ENVELOPE__BODY_CLIP;
-    env.clip = &off;
-    for (int i = 0; i < c->n; i++) {
-        if (c->procs[i].alive && !c->procs[i].holding &&
-            mmp_ctl_send(c->ctl, c->procs[i].name, &env) != MMP_OK) {
-            MMP_WARN("nothing kept of the step in flight: %s", mmp_last_error());
-            return;
-        }
-    }
-    double t0 = mmp_now();
-    const char *late = NULL;
-    for (;;) {
-        coord_reap(c);
-        late = NULL;
-        for (int i = 0; i < c->n; i++) {
-            const proc *p = &c->procs[i];
-            if (!p->alive && (data || writer_of(c, i) < 0)) {
-                MMP_WARN("nothing kept of the step in flight: stage %s ended", p->name);
-                return;
-            }
-            late = !p->alive || state_of(c, i) >= 0 ? late : p->name;
-        }
-        if (!late || mmp_now() - t0 > KEEP_WAIT_S || mmp_interrupt_count() > 0) {
-            break;
-        }
-        coord_take_one(c, 50);
-    }
-    if (late) {
-        MMP_WARN("nothing kept: stage %s did not stop its step within %.0f s", late, KEEP_WAIT_S);
-        return;
-    }
-    int held = -1;
-    const char *first = NULL;
-    for (int i = 0; i < c->n; i++) {
-        if (!c->procs[i].alive) {
-            continue;
-        }
-        if (held >= 0 && state_of(c, i) != held) {
-            MMP_WARN("nothing kept: stage %s holds the state of step %d, stage %s of step %d",
-                     first, held, c->procs[i].name, state_of(c, i));
-            return;
-        }
-        held = state_of(c, i);
-        first = c->procs[i].name;
-    }
-    /* The failure stays; the waits below need it out of the way (and the
-     * errors already judged must not be judged again). */
-    char failure[sizeof c->failure];
-    snprintf(failure, sizeof failure, "%s", c->failure);
-    c->failure[0] = c->stage_error[0] = c->peer_error[0] = 0;
-    int bad = 0;
-    if (c->steps_done == held - 1 && held - 1 == c->cur_step) {
-        /* a chained step: the next one failed before this one's line; the
-         * results of a lost replica, sent before it died, may still wait */
-        while (coord_take_one(c, 50)) {
-        }
-        double last = 0;
-        for (int i = 0; i < c->n; i++) {
-            /* a lost replica's results may never have left it (the line
-             * leaves it out), unless it computed the loss */
-            bad |= !c->procs[i].have_done &&
-                   (c->procs[i].alive || c->sched.stages[i].kind == MMP_KIND_FUSION);
-            last = c->procs[i].have_done ? fmax(last, c->procs[i].done_at) : last;
-        }
-        if (!bad) {
-            bad = write_metrics(c, held - 1, (last - c->step_t0) * 1e3, c->step_norm,
-                                mmp_metrics_cpu_ms() - c->cpu_prev);
-            c->steps_done = bad ? c->steps_done : held;
-        }
-    }
-    char dir[1200];
-    int latest = -1;
-    if (mmp_ckpt_latest(c->out_dir, dir, sizeof dir, &latest) != MMP_OK) {
-        latest = -1;
-    }
-    if (bad || c->steps_done != held) {
-        MMP_WARN("nothing kept: the stages hold the state of step %d, the run's records end at "
-                 "step %d",
-                 held, c->steps_done);
-    } else if (held == latest) {
-        c->kept = held; /* its checkpoint is there already */
-    } else if (held > 0) {
-        MMP_INFO("keeping what was trained: checkpointing step %d%s", held,
-                 data ? "" : " from the replicas left");
-        if (!data) {
-            /* A checkpoint asked for before may miss a lost replica's file
-             * (it wrote its stage's): never published, asked for anew (the
-             * acks of the live ones taken again). */
-            c->ckpt_req = c->ckpt_pending = -1;
-            for (int i = 0; i < c->n; i++) {
-                if (c->procs[i].ckpt_written > held) {
-                    c->procs[i].ckpt_written = held;
-                }
-            }
-        }
-        if (checkpoint(c, held, 0) == 0) {
-            c->kept = held;
-        } else {
-            MMP_WARN("the checkpoint of step %d failed: %s", held, c->failure);
-        }
-    }
-    snprintf(c->failure, sizeof c->failure, "%s", failure);
 }
