@@ -443,6 +443,17 @@ mmp_err mmp_metrics_write(FILE *f, const mmp_metrics_step *m)
                       strerror(why ? why : EIO));
 }
 
+/* Replaces f from offset `at` to its end with text (len bytes, whole
+ * lines): a last line rewritten in place. */
+static mmp_err replace_tail(FILE *f, off_t at, const char *text, size_t len)
+{
+    if (ftruncate(fileno(f), at) != 0 || fseeko(f, at, SEEK_SET) != 0 ||
+        fwrite(text, 1, len, f) != len || fflush(f) != 0) {
+        return mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
+    }
+    return MMP_OK;
+}
+
 /* f's last line: where it starts (*start) and its text without the newline
  * (*line, malloc'd, *len bytes); *line NULL when the file is empty. The file
  * holds whole lines (mmp_metrics_continue, mmp_metrics_write): its last byte
@@ -545,14 +556,8 @@ mmp_err mmp_metrics_add_restarts(FILE *f, const char *array)
         fprintf(o, ",\"restarts\":%s%s", array, at);
     }
     fputc('\n', o);
-    if (fclose(o) != 0) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: the last line");
-        goto exit;
-    }
-    if (ftruncate(fileno(f), start) != 0 || fseeko(f, start, SEEK_SET) != 0 ||
-        fwrite(out, 1, out_len, f) != out_len || fflush(f) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
-    }
+    ret = fclose(o) == 0 ? replace_tail(f, start, out, out_len)
+                         : mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: the last line");
 exit:
     free(line);
     free(out);
@@ -597,14 +602,8 @@ mmp_err mmp_metrics_add_eval(FILE *f, off_t at, double i2t, double t2i)
     fwrite(line, 1, (size_t)(cut - line), o);
     fwrite(eval, 1, eval_len, o);
     fputs(cut, o);
-    if (fclose(o) != 0) {
-        ret = mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: the last line");
-        goto exit;
-    }
-    if (ftruncate(fileno(f), at) != 0 || fseeko(f, at, SEEK_SET) != 0 ||
-        fwrite(out, 1, out_len, f) != out_len || fflush(f) != 0) {
-        ret = mmp_errorf(MMP_ERR_IO, "metrics.jsonl: %s", strerror(errno));
-    }
+    ret = fclose(o) == 0 ? replace_tail(f, at, out, out_len)
+                         : mmp_errorf(MMP_ERR_NOMEM, "metrics.jsonl: the last line");
 exit:
     free(line);
     free(eval);

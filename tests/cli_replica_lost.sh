@@ -30,18 +30,19 @@ tiny_plan "name: lost, steps: 60, seed: 9" \
 "$BIN" launch "$W/plan.yaml" --single-process --out "$W/ref" >"$W/ref.log" 2>&1 \
   || { fail "the run never interrupted"; tail -3 "$W/ref.log"; }
 
-# lose VICTIM OUT [ARG...]: launches the plan into OUT, SIGKILLs process VICTIM
-# ("image.0/1") once step 5 is in metrics.jsonl, waits for the run; rc in RC,
-# the step its metrics had reached at the kill in AT.
+# lose VICTIM OUT [ARG...]: launches the plan into OUT, sends process VICTIM
+# ("image.0/1") SIG (KILL unless set) once step 5 is in metrics.jsonl, waits
+# for the run; rc in RC, its pid in VPID, the step the metrics had reached at
+# the signal in AT.
 lose() {
-  local victim=$1 out=$2 cpid vpid
+  local victim=$1 out=$2 cpid
   shift 2
   "$BIN" launch "$W/plan.yaml" --out "$out" "$@" >"$out.log" 2>&1 &
   cpid=$!
   wait_step "$out/metrics.jsonl" 5 || fail "$victim: no step 5"
-  vpid=$(grep -o "started $victim (pid [0-9]*)" "$out.log" | grep -o '[0-9]*)$' | tr -d ')')
+  VPID=$(grep -o "started $victim (pid [0-9]*)" "$out.log" | grep -o '[0-9]*)$' | tr -d ')')
   AT=$(last_step "$out/metrics.jsonl")
-  kill -KILL "$vpid"
+  kill -"${SIG:-KILL}" "$VPID"
   wait $cpid
   RC=$?
 }
@@ -92,16 +93,9 @@ k=$(grep -o 'what was trained is kept: step [0-9]*' "$R.log" | grep -o '[0-9]*$'
 # A stalled replica (SIGSTOP; train.stall_timeout 3): the watchdog names it, it is
 # SIGKILLed (its sibling holds the same state), and the run goes on from the step held.
 R=$W/stall
-"$BIN" launch "$W/plan.yaml" --out "$R" --set train.stall_timeout=3 >"$R.log" 2>&1 &
-cpid=$!
-wait_step "$R/metrics.jsonl" 5 || fail "stall: no step 5"
-vpid=$(grep -o "started image.0/1 (pid [0-9]*)" "$R.log" | grep -o '[0-9]*)$' | tr -d ')')
-AT=$(last_step "$R/metrics.jsonl")
-kill -STOP "$vpid"
-wait $cpid
-RC=$?
+SIG=STOP lose image.0/1 "$R" --set train.stall_timeout=3
 k=$(kept_from "$R.log")
-[ "$RC" = 0 ] && grep -q "watchdog: stage image.0/1 (pid $vpid) is stopped" "$R.log" \
+[ "$RC" = 0 ] && grep -q "watchdog: stage image.0/1 (pid $VPID) is stopped" "$R.log" \
   && grep -q "stopping the stalled replica image.0/1" "$R.log" && [ "${k:-0}" -ge "$AT" ] \
   && steps_once "$R/metrics.jsonl" 60 && same_ckpt "$R" "$W/ref" \
   && ok "a stalled replica (stopped after step $AT): named, stopped, step $k kept and restarted from, = never interrupted" \
