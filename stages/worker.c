@@ -173,7 +173,7 @@ static int can_hold(const worker *w, mmp_err e)
  * coordinator hears the error and what the state holds, and the data plane
  * closes, so every peer's step ends too (each then holds the same way). The
  * stage then waits for a CheckpointRequest of those steps (the run keeps
- * what it trained: coordinator/steps.c coord_keep_held), or Abort /
+ * what it trained: coordinator/keep.c coord_keep_held), or Abort /
  * Shutdown. Returns the error the process ends with. */
 static mmp_err hold(worker *w, int step, mmp_err e)
 {
