@@ -7,7 +7,7 @@
 #include <math.h>
 #include <signal.h>
 #include <string.h>
-#include <unistd.h>
+#include <sys/wait.h>
 
 #include "common/ckpt.h"
 #include "common/interrupt.h"
@@ -50,13 +50,13 @@ static int state_of(const coord *c, int i)
 }
 
 /* A stalled process that is a replica of a stage with another replica alive
- * goes (SIGKILL): its siblings hold the state it held, and its peers stop
- * waiting for it. 1 when it went. */
-static int stop_stalled_replica(coord *c)
+ * goes (SIGKILL, reaped at once as coord_stop_all does): its siblings hold
+ * the state it held, and its peers stop waiting for it. */
+static void stop_stalled_replica(coord *c)
 {
     int k = c->stalled;
     if (!c->fault || k < 0 || !c->procs[k].alive) {
-        return 0;
+        return;
     }
     int siblings = 0;
     for (int j = 0; j < c->n; j++) {
@@ -64,20 +64,15 @@ static int stop_stalled_replica(coord *c)
                     strcmp(c->sched.stages[j].name, c->sched.stages[k].name) == 0;
     }
     if (!siblings) {
-        return 0;
+        return;
     }
     proc *p = &c->procs[k];
     MMP_INFO("stopping the stalled replica %s (pid %d): its siblings hold what was trained",
              p->name, (int)p->pid);
     kill(p->pid, SIGKILL);
-    for (double t0 = mmp_now(); p->alive && mmp_now() - t0 < 5.0;) {
-        coord_reap(c);
-        if (p->alive) {
-            usleep(10 * 1000);
-        }
-    }
+    waitpid(p->pid, &p->exit_status, 0);
+    p->alive = 0;
     p->reported = 1; /* its end is judged: the watchdog named it */
-    return !p->alive;
 }
 
 /* Calls off the step in flight: stages past their part of it wait for its

@@ -585,14 +585,11 @@ static mmp_err keep_trained(trainer *t, int step, mmp_err err)
     char msg[2048], dir[1200];
     snprintf(msg, sizeof msg, "%s", mmp_last_error());
     mmp_params_buffers_rewind(mmp_image_net_params(t->img));
-    int latest = -1;
-    if (step == 0 || mmp_ckpt_latest(t->out_dir, dir, sizeof dir, &latest) != MMP_OK) {
-        latest = -1;
-    }
     if (step == 0) {
         return mmp_errorf(err, "%s", msg); /* nothing trained */
     }
-    if (latest != step) {
+    int latest = -1;
+    if (mmp_ckpt_latest(t->out_dir, dir, sizeof dir, &latest) != MMP_OK || latest != step) {
         MMP_INFO("keeping what was trained: checkpointing step %d", step);
         if (write_checkpoint(t, step) != MMP_OK) {
             return mmp_errorf(err, "%s (the checkpoint of step %d failed too: %s)", msg, step,
